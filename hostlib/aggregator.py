@@ -1,0 +1,153 @@
+"""``inagg-aggregator``: the host aggregator, a UDP server in front of the aggregation engine.
+
+It serves the jobs the switch has no room for (and every job where there is no switch). Jobs
+come from a JSON file and/or ``--job`` flags for now; the controller feeds them later.
+
+Job JSON: ``{"job_id": 7, "epoch": 1, "slot_base": 0, "slot_count": 64,
+"workers": ["127.0.0.1:47000", "127.0.0.1:47001"]}`` (a list of these, or ``{"jobs": [...]}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Iterable
+
+from .engine import AggregationEngine, JobConfig
+from .grant import parse_address
+from .transport import enlarge_buffers
+
+
+def job_from_dict(d: dict) -> JobConfig:
+    """Build a JobConfig from its JSON form, naming the missing or bad key."""
+    try:
+        members = tuple(parse_address(w) for w in d["workers"])
+        return JobConfig(
+            job_id=int(d["job_id"]), epoch=int(d.get("epoch", 1)),
+            slot_base=int(d["slot_base"]), slot_count=int(d["slot_count"]), members=members,
+        )
+    except KeyError as e:
+        raise ValueError(f"job {d.get('job_id', '?')}: missing key {e.args[0]!r}") from None
+    except (TypeError, AttributeError):
+        raise ValueError(f"job entry must be a JSON object with a list of workers: {d!r}") from None
+
+
+def load_jobs(text: str) -> list[JobConfig]:
+    data = json.loads(text)
+    if isinstance(data, dict):
+        data = data.get("jobs", [data])
+    return [job_from_dict(d) for d in data]
+
+
+class HostAggregator:
+    """Receive loop: datagram -> engine -> datagrams, with optional loss injection (tests)."""
+
+    def __init__(
+        self,
+        bind: tuple[str, int],
+        engine: AggregationEngine,
+        *,
+        drop_rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if not 0.0 <= drop_rate < 1.0:
+            raise ValueError(f"drop rate must be in [0, 1), got {drop_rate}")
+        self.engine = engine
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(bind)
+        enlarge_buffers(self.sock, 32 << 20)
+        self.drop_rate = drop_rate
+        self._rng = random.Random(seed)
+        self.injected_drops = 0
+        self._running = True
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.sock.getsockname()
+
+    def _lost(self) -> bool:
+        if self.drop_rate and self._rng.random() < self.drop_rate:
+            self.injected_drops += 1
+            return True
+        return False
+
+    def serve(self) -> None:
+        buf = bytearray(65536)
+        view = memoryview(buf)
+        sock, engine = self.sock, self.engine
+        while self._running:
+            try:
+                n, sender = sock.recvfrom_into(buf)
+            except OSError:
+                if not self._running:
+                    break
+                raise
+            if not self._running:
+                break
+            if self._lost():
+                continue
+            for emit in engine.process(view[:n], sender):
+                members = emit.job.members
+                for rank in emit.ranks:
+                    if not self._lost():
+                        sock.sendto(emit.data, members[rank])
+
+    def stop(self) -> None:
+        self._running = False
+        try:  # wake the blocking recv
+            self.sock.sendto(b"", self.address)
+        except OSError:
+            pass
+
+    def report(self) -> dict:
+        r = self.engine.snapshot_counters()
+        r["injected_drops"] = self.injected_drops
+        return r
+
+
+def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="inagg-aggregator", description=__doc__.split("\n\n")[0])
+    p.add_argument("--bind", default="127.0.0.1:42666", help="HOST:PORT to listen on (port 0: any)")
+    p.add_argument("--slots", type=int, default=4096, help="slots in the aggregator's pool")
+    p.add_argument("--values-per-packet", type=int, default=1024, help="int32 values per packet (K)")
+    p.add_argument("--jobs", type=Path, help="JSON file with the jobs to serve")
+    p.add_argument("--job", action="append", default=[], help="one job as inline JSON (repeatable)")
+    p.add_argument("--drop-rate", type=float, default=0.0,
+                   help="drop this fraction of packets in each direction (loss injection for tests)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the loss injection")
+    p.add_argument("--stats-file", type=Path, help="write counters here as JSON on exit")
+    return p.parse_args(argv)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = _parse_args(argv)
+    try:
+        engine = AggregationEngine(args.slots, args.values_per_packet, host_mode=True)
+        jobs = load_jobs(args.jobs.read_text()) if args.jobs else []
+        jobs += [j for text in args.job for j in load_jobs(text)]
+        for job in jobs:
+            engine.set_job(job)
+        server = HostAggregator(parse_address(args.bind), engine, drop_rate=args.drop_rate,
+                                seed=args.seed)
+    except (ValueError, OSError) as e:
+        print(f"inagg-aggregator: {e}", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop())
+    host, port = server.address
+    print(f"inagg-aggregator listening on {host}:{port} with {len(jobs)} job(s)", flush=True)
+    server.serve()
+    report = json.dumps(server.report(), indent=2, sort_keys=True)
+    if args.stats_file:
+        args.stats_file.write_text(report)
+    print(report, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""A job's grant: where its workers send contributions and which aggregator slots they may use.
+
+Issued by the controller (or, before the controller exists in a deployment, written in a config
+file). All workers of a job hold the same grant; a new grant always carries a new epoch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .protocol import MAX_SLOT
+
+
+@dataclass(frozen=True)
+class Grant:
+    job_id: int
+    epoch: int
+    slot_base: int
+    slot_count: int
+    values_per_packet: int
+    aggregator: tuple[str, int]
+    mode: str = "host"  # "switch": aggregated in the data plane; "host": by a host aggregator
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.job_id <= 0xFFFF:
+            raise ValueError(f"grant: job_id {self.job_id} not in 1..65535")
+        if not 0 <= self.epoch <= 0xFFFF:
+            raise ValueError(f"grant: epoch {self.epoch} not in 0..65535")
+        if self.slot_count < 1 or self.slot_base < 0 or self.slot_base + self.slot_count > MAX_SLOT + 1:
+            raise ValueError(f"grant: slots [{self.slot_base}, +{self.slot_count}) out of range")
+        if not 1 <= self.values_per_packet <= 0xFFFF:
+            raise ValueError(f"grant: values_per_packet {self.values_per_packet} not in 1..65535")
+        if self.mode not in ("switch", "host"):
+            raise ValueError(f"grant: mode must be 'switch' or 'host', got {self.mode!r}")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"host:port"`` -> ``(host, port)`` with a clear error."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"bad address {text!r}: expected HOST:PORT")
+    return host, int(port)

@@ -1,0 +1,150 @@
+"""Python twin of the inagg wire protocol defined in ``p4/include/``.
+
+The P4 include files are the one definition; this module mirrors them so hosts can build and
+parse packets. ``tests/test_protocol_twin.py`` parses the P4 files and fails on any drift in
+field names, widths, order, signedness or constants.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from typing import NamedTuple
+
+VERSION = 1
+UDP_PORT = 0xA66A
+
+MSG_CONTRIBUTION = 1
+MSG_RESULT = 2
+
+FLAG_RETRANSMIT = 0x01
+FLAG_FROM_HOST = 0x02
+FLAG_CONGESTION = 0x04
+FLAG_OVERFLOW = 0x08
+
+EXP_NONE = -128
+MAX_WORKERS = 32
+HEADER_BYTES = 16
+SWITCH_VALUES_PER_PACKET = 64
+
+# Bytes below the inagg header on an Ethernet/IPv4/UDP path: what each packet costs on the wire
+# beyond its inagg header and payload (Ethernet 14 + IPv4 20 + UDP 8).
+ENCAP_BYTES = 14 + 20 + 8
+
+# (name, width in bits, signed) in wire order; mirrors ``header inagg_h`` in p4/include/headers.p4.
+HEADER_FIELDS: tuple[tuple[str, int, bool], ...] = (
+    ("version", 4, False),
+    ("msg_type", 4, False),
+    ("flags", 8, False),
+    ("job_id", 16, False),
+    ("worker_id", 8, False),
+    ("exp", 8, True),
+    ("epoch", 16, False),
+    ("slot_set", 1, False),
+    ("slot", 15, False),
+    ("count", 16, False),
+    ("offset", 32, False),
+)
+
+# Constants mirrored from p4/include/constants.p4 (P4 name -> value).
+P4_CONSTANTS: dict[str, int] = {
+    "INAGG_VERSION": VERSION,
+    "INAGG_UDP_PORT": UDP_PORT,
+    "MSG_CONTRIBUTION": MSG_CONTRIBUTION,
+    "MSG_RESULT": MSG_RESULT,
+    "FLAG_RETRANSMIT": FLAG_RETRANSMIT,
+    "FLAG_FROM_HOST": FLAG_FROM_HOST,
+    "FLAG_CONGESTION": FLAG_CONGESTION,
+    "FLAG_OVERFLOW": FLAG_OVERFLOW,
+    "EXP_NONE": EXP_NONE,
+    "MAX_WORKERS": MAX_WORKERS,
+    "INAGG_HEADER_BYTES": HEADER_BYTES,
+    "SWITCH_VALUES_PER_PACKET": SWITCH_VALUES_PER_PACKET,
+}
+
+# version|msg_type, flags, job_id, worker_id, exp, epoch, slot_set|slot, count, offset
+HEADER_STRUCT = struct.Struct("!BBHBbHHHI")
+assert HEADER_STRUCT.size == HEADER_BYTES
+
+MAX_SLOT = (1 << 15) - 1
+
+
+class ProtocolError(ValueError):
+    """A packet that is not a well-formed inagg packet."""
+
+
+class Header(NamedTuple):
+    """One inagg header, field for field as on the wire."""
+
+    version: int
+    msg_type: int
+    flags: int
+    job_id: int
+    worker_id: int
+    exp: int
+    epoch: int
+    slot_set: int
+    slot: int
+    count: int
+    offset: int
+
+    def pack(self) -> bytes:
+        return pack_header(*self)
+
+
+def pack_header(
+    version: int,
+    msg_type: int,
+    flags: int,
+    job_id: int,
+    worker_id: int,
+    exp: int,
+    epoch: int,
+    slot_set: int,
+    slot: int,
+    count: int,
+    offset: int,
+) -> bytes:
+    """Serialize a header; raises ``struct.error``/``ProtocolError`` on out-of-range fields."""
+    if not (0 <= version < 16 and 0 <= msg_type < 16):
+        raise ProtocolError(f"version {version} / msg_type {msg_type} do not fit in 4 bits")
+    if slot_set not in (0, 1) or not 0 <= slot <= MAX_SLOT:
+        raise ProtocolError(f"slot {slot} set {slot_set} out of range (slot < 2**15, set 0/1)")
+    return HEADER_STRUCT.pack(
+        (version << 4) | msg_type, flags, job_id, worker_id, exp, epoch,
+        (slot_set << 15) | slot, count, offset,
+    )
+
+
+def unpack_header(buf: bytes | bytearray | memoryview) -> Header:
+    """Parse the first ``HEADER_BYTES`` of ``buf``; raises ``ProtocolError`` when too short."""
+    if len(buf) < HEADER_BYTES:
+        raise ProtocolError(f"truncated inagg header: {len(buf)} < {HEADER_BYTES} bytes")
+    vt, flags, job, worker, exp, epoch, ss, count, offset = HEADER_STRUCT.unpack_from(buf)
+    return Header(vt >> 4, vt & 0xF, flags, job, worker, exp, epoch, ss >> 15, ss & MAX_SLOT,
+                  count, offset)
+
+
+def unpack_raw(buf: bytes | bytearray | memoryview) -> tuple[int, ...]:
+    """Hot-path parse without building a ``Header``: the 9 struct fields as packed on the wire
+    (version|msg_type and slot_set|slot still combined). Caller checks the length first."""
+    return HEADER_STRUCT.unpack_from(buf)
+
+
+def build_contribution(
+    job: int, worker: int, epoch: int, slot: int, slot_set: int, offset: int,
+    values: np.ndarray | None, k: int, *, exp: int = EXP_NONE, flags: int = 0,
+) -> bytes:
+    """A contribution packet: header + ``values`` as big-endian int32 zero-padded to ``k``.
+
+    ``values`` None or empty gives a header-only packet (count 0: an exponent-priming round)."""
+    count = 0 if values is None else len(values)
+    if count > k:
+        raise ProtocolError(f"{count} values do not fit in a packet of {k}")
+    header = pack_header(VERSION, MSG_CONTRIBUTION, flags, job, worker, exp, epoch, slot_set,
+                         slot, count, offset)
+    if not count:
+        return header
+    payload = np.asarray(values).astype(">i4", copy=False).tobytes()
+    return header + payload + bytes(4 * (k - count))

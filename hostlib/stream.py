@@ -1,0 +1,296 @@
+"""Worker side of the inagg protocol: stream a tensor through a window of aggregator slots.
+
+The tensor is cut into blocks of K values (one packet each). Block ``c`` uses slot
+``slot_base + c % W`` and rounds on each slot alternate between the slot's two shadow sets, for
+the life of the grant (not per call), as the aggregator's duplicate logic requires.
+
+Block exponents travel one round ahead (SwitchML): the packet of block ``c`` carries this
+worker's exponent of block ``c + W``, and the result of block ``c`` returns the job-wide maximum,
+which is the exponent every worker then uses to quantize block ``c + W``. Each call opens with a
+header-only "priming" round per slot that fetches the exponents of the first W blocks. int32
+tensors are summed as they are and need no priming.
+
+Loss recovery: every outstanding round has a deadline (RTO from an RTT estimate, Karn's rule,
+doubling backoff per slot); on expiry the same packet is resent with FLAG_RETRANSMIT. The
+aggregator never adds a duplicate twice and answers a duplicate of a finished round with its
+stored result, so results are bit-identical with or without loss.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from . import codec
+from .grant import Grant
+from .protocol import (
+    EXP_NONE,
+    FLAG_FROM_HOST,
+    FLAG_OVERFLOW,
+    FLAG_RETRANSMIT,
+    HEADER_BYTES,
+    MAX_SLOT,
+    MSG_RESULT,
+    VERSION,
+    build_contribution,
+    unpack_raw,
+)
+
+
+class AllreduceError(RuntimeError):
+    """The allreduce could not complete (no progress before the stall timeout)."""
+
+
+class Transport(Protocol):
+    overhead: int
+
+    def send(self, data: bytes) -> None: ...
+    def recv_into(self, buf: bytearray, timeout: float) -> int: ...
+
+
+@dataclass
+class StreamStats:
+    """Counters of one worker's stream. Wire bytes include Ethernet/IPv4/UDP headers."""
+
+    allreduces: int = 0
+    elements: int = 0
+    packets_sent: int = 0
+    packets_received: int = 0
+    wire_bytes_sent: int = 0
+    wire_bytes_received: int = 0
+    retransmissions: int = 0
+    ignored_results: int = 0
+    host_results: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+_PRIME = -1  # chunk index of a slot's priming round
+
+
+@dataclass
+class _Round:
+    """The one outstanding round of a slot."""
+
+    chunk: int
+    slot_set: int
+    offset: int
+    packet: bytes
+    sent_at: float
+    deadline: float
+    rto: float
+    retransmitted: bool = False
+
+
+@dataclass
+class _RttEstimator:
+    """RFC 6298 style smoothed RTT -> retransmission timeout."""
+
+    rto_min: float
+    rto_max: float
+    srtt: float | None = None
+    rttvar: float = 0.0
+    rto: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rto = max(self.rto_min, 0.05)
+
+    def sample(self, rtt: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.rto = min(self.rto_max, max(self.rto_min, self.srtt + 4 * self.rttvar))
+
+
+class SlotStream:
+    """Blocking allreduce (sum) of flat float32/int32 arrays for one worker of one job."""
+
+    def __init__(
+        self,
+        grant: Grant,
+        rank: int,
+        n_workers: int,
+        transport: Transport,
+        *,
+        rto_min: float = 0.005,
+        rto_max: float = 1.0,
+        stall_timeout: float = 30.0,
+    ) -> None:
+        if not 0 <= rank < n_workers:
+            raise ValueError(f"rank {rank} not in 0..{n_workers - 1}")
+        self.rank = rank
+        self.n_workers = n_workers
+        self.transport = transport
+        self.stall_timeout = stall_timeout
+        self.stats = StreamStats()
+        self._rtt = _RttEstimator(rto_min, rto_max)
+        self._buf = bytearray(65536)
+        self.set_grant(grant)
+
+    def set_grant(self, grant: Grant) -> None:
+        """Use a new grant from the next call on. Slots of a new (job, epoch) start fresh."""
+        self.grant = grant
+        self._next_set = [0] * grant.slot_count
+        self._shift = codec.shift_for(self.n_workers)
+
+    # -- public ------------------------------------------------------------------------------
+
+    def allreduce(self, x: np.ndarray) -> np.ndarray:
+        """Sum ``x`` (flat, float32 or int32) over all workers of the job, in place."""
+        if x.dtype not in (np.float32, np.int32):
+            raise TypeError(f"allreduce supports float32 and int32, not {x.dtype}")
+        if x.ndim != 1 or not x.flags.c_contiguous:
+            raise ValueError("allreduce needs a flat contiguous array")
+        started = time.perf_counter()
+        if x.size:
+            bad_chunks = self._run(x)
+            if bad_chunks is not None:
+                raise FloatingPointError(bad_chunks)
+        self.stats.allreduces += 1
+        self.stats.elements += x.size
+        self.stats.seconds += time.perf_counter() - started
+        return x
+
+    # -- the window protocol -----------------------------------------------------------------
+
+    def _run(self, x: np.ndarray) -> str | None:
+        g = self.grant
+        k = g.values_per_packet
+        n_chunks = -(-x.size // k)
+        window = min(g.slot_count, n_chunks)
+        is_float = x.dtype == np.float32
+        if is_float:
+            local_exp, bad = codec.block_exponents(x, k)
+            local_exp = local_exp.tolist()
+            agreed = [EXP_NONE] * n_chunks
+        overflow_chunks: list[int] = []
+
+        def packet_for(slot_idx: int, chunk: int, slot_set: int) -> tuple[bytes, int]:
+            slot = g.slot_base + slot_idx
+            if chunk == _PRIME:
+                offset = slot_idx * k
+                return build_contribution(g.job_id, self.rank, g.epoch, slot, slot_set, offset,
+                                          None, k, exp=local_exp[slot_idx]), offset
+            offset = chunk * k
+            block = x[offset: offset + k]
+            flags = 0
+            exp = EXP_NONE
+            if is_float:
+                nxt = chunk + window
+                exp = local_exp[nxt] if nxt < n_chunks else EXP_NONE
+                if bad[chunk]:
+                    flags = FLAG_OVERFLOW
+                    block = np.zeros(block.size, dtype=np.int32)
+                else:
+                    block = codec.quantize(block, agreed[chunk], self._shift)
+            return build_contribution(g.job_id, self.rank, g.epoch, slot, slot_set, offset,
+                                      block, k, exp=exp, flags=flags), offset
+
+        outstanding: dict[int, _Round] = {}
+        stats = self.stats
+        overhead = self.transport.overhead
+
+        def send_round(slot_idx: int, chunk: int, now: float) -> None:
+            slot_set = self._next_set[slot_idx]
+            pkt, offset = packet_for(slot_idx, chunk, slot_set)
+            self._next_set[slot_idx] = 1 - slot_set
+            rto = self._rtt.rto
+            outstanding[slot_idx] = _Round(chunk, slot_set, offset, pkt, now, now + rto, rto)
+            self.transport.send(pkt)
+            stats.packets_sent += 1
+            stats.wire_bytes_sent += len(pkt) + overhead
+
+        now = time.perf_counter()
+        for i in range(window):
+            send_round(i, _PRIME if is_float else i, now)
+
+        buf = self._buf
+        view = memoryview(buf)
+        remaining = n_chunks
+        last_progress = now
+        tick = self._rtt.rto_min
+        next_scan = now + tick
+        while remaining:
+            n = self.transport.recv_into(buf, tick)
+            now = time.perf_counter()
+            if n:
+                stats.packets_received += 1
+                stats.wire_bytes_received += n + overhead
+                idx = self._match(view, n, outstanding)
+                if idx is None:
+                    stats.ignored_results += 1
+                else:
+                    rnd = outstanding.pop(idx)
+                    _, flags, _, _, exp, _, _, count, _ = unpack_raw(view)
+                    if flags & FLAG_FROM_HOST:
+                        stats.host_results += 1
+                    if not rnd.retransmitted:
+                        self._rtt.sample(now - rnd.sent_at)
+                    last_progress = now
+                    nxt = idx if rnd.chunk == _PRIME else rnd.chunk + window
+                    if rnd.chunk != _PRIME:
+                        remaining -= 1
+                        out = x[rnd.offset: rnd.offset + count]
+                        vals = np.frombuffer(buf, ">i4", count, HEADER_BYTES)
+                        if not is_float:
+                            out[:] = vals
+                        elif flags & FLAG_OVERFLOW:
+                            overflow_chunks.append(rnd.chunk)
+                        else:
+                            codec.dequantize(vals, agreed[rnd.chunk], self._shift, out=out)
+                    if is_float and nxt < n_chunks:
+                        agreed[nxt] = exp
+                    if nxt < n_chunks:
+                        send_round(idx, nxt, now)
+            if now >= next_scan:
+                next_scan = now + tick
+                self._resend_expired(outstanding, now)
+                if now - last_progress > self.stall_timeout:
+                    raise AllreduceError(
+                        f"job {g.job_id} rank {self.rank}: no result for {self.stall_timeout:.1f}s "
+                        f"from {g.mode} aggregator {g.aggregator[0]}:{g.aggregator[1]}; "
+                        f"{remaining} of {n_chunks} blocks missing, slots waiting: "
+                        f"{sorted(g.slot_base + i for i in outstanding)[:8]}"
+                    )
+        if overflow_chunks:
+            first = min(overflow_chunks) * k
+            return (f"allreduce input holds inf/NaN or |x| >= 2**127 on some rank: "
+                    f"{len(overflow_chunks)} block(s) of {k} values, first at element {first}; "
+                    f"those elements are left unchanged")
+        return None
+
+    def _match(self, view: memoryview, n: int, outstanding: dict[int, _Round]) -> int | None:
+        """The slot index a received packet answers, or None for anything else (late or
+        duplicate results, foreign packets)."""
+        if n < HEADER_BYTES:
+            return None
+        vt, _, job, _, _, epoch, ss, count, offset = unpack_raw(view)
+        g = self.grant
+        idx = (ss & MAX_SLOT) - g.slot_base
+        rnd = outstanding.get(idx)
+        if (rnd is None or vt != (VERSION << 4) | MSG_RESULT or job != g.job_id
+                or epoch != g.epoch or ss >> 15 != rnd.slot_set or offset != rnd.offset
+                or n != HEADER_BYTES + (4 * g.values_per_packet if count else 0)):
+            return None
+        return idx
+
+    def _resend_expired(self, outstanding: dict[int, _Round], now: float) -> None:
+        for rnd in outstanding.values():
+            if now < rnd.deadline:
+                continue
+            if not rnd.retransmitted:
+                rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
+                rnd.retransmitted = True
+            self.stats.retransmissions += 1
+            rnd.rto = min(rnd.rto * 2, self._rtt.rto_max)
+            rnd.deadline = now + rnd.rto
+            self.transport.send(rnd.packet)
+            self.stats.packets_sent += 1
+            self.stats.wire_bytes_sent += len(rnd.packet) + self.transport.overhead

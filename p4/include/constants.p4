@@ -1,0 +1,37 @@
+/* inagg wire-protocol constants: the single P4 definition.
+ * hostlib/protocol.py is the Python twin; tests/test_protocol_twin.py fails when they drift.
+ */
+#ifndef _INAGG_CONSTANTS_P4_
+#define _INAGG_CONSTANTS_P4_
+
+/* Protocol version carried in every inagg header. */
+const bit<4>  INAGG_VERSION        = 1;
+
+/* Default UDP destination port of inagg traffic (workers and aggregators may be configured
+ * with another one; the switch learns it from its config table, this is the parser default). */
+const bit<16> INAGG_UDP_PORT       = 0xA66A;
+
+/* Message types. */
+const bit<4>  MSG_CONTRIBUTION     = 1;   /* worker -> aggregator: my values for (slot, set) */
+const bit<4>  MSG_RESULT           = 2;   /* aggregator -> worker: the sum for (slot, set)   */
+
+/* Flag bits. */
+const bit<8>  FLAG_RETRANSMIT      = 0x01; /* sender resent this packet after a timeout       */
+const bit<8>  FLAG_FROM_HOST       = 0x02; /* result computed by a host aggregator            */
+const bit<8>  FLAG_CONGESTION      = 0x04; /* ECN-style mark, ORed into the slot              */
+const bit<8>  FLAG_OVERFLOW        = 0x08; /* some worker's block was not representable       */
+
+/* Block exponent meaning "no value" (all-zero block, no next block). */
+const int<8>  EXP_NONE             = -128;
+
+/* Most workers a job can have: the width of the per-slot worker bitmap. */
+const bit<8>  MAX_WORKERS          = 32;
+
+/* Bytes of the inagg header (without payload). */
+const bit<8>  INAGG_HEADER_BYTES   = 16;
+
+/* int32 values per packet on the BMv2 switch (a compile-time constant of the P4 program;
+ * host aggregators accept any per-job value count). */
+const bit<16> SWITCH_VALUES_PER_PACKET = 64;
+
+#endif /* _INAGG_CONSTANTS_P4_ */

@@ -1,0 +1,65 @@
+/* inagg header declarations (standard headers + the inagg header and payload).
+ * Field order and widths are mirrored by hostlib/protocol.py (HEADER_FIELDS).
+ */
+#ifndef _INAGG_HEADERS_P4_
+#define _INAGG_HEADERS_P4_
+
+#include "constants.p4"
+
+header ethernet_h {
+    bit<48> dst_addr;
+    bit<48> src_addr;
+    bit<16> ether_type;
+}
+
+header ipv4_h {
+    bit<4>  version;
+    bit<4>  ihl;
+    bit<8>  diffserv;
+    bit<16> total_len;
+    bit<16> identification;
+    bit<3>  flags;
+    bit<13> frag_offset;
+    bit<8>  ttl;
+    bit<8>  protocol;
+    bit<16> hdr_checksum;
+    bit<32> src_addr;
+    bit<32> dst_addr;
+}
+
+header udp_h {
+    bit<16> src_port;
+    bit<16> dst_port;
+    bit<16> length;
+    bit<16> checksum;
+}
+
+/* The inagg header: 16 bytes, network byte order.
+ *   version   protocol version (INAGG_VERSION)
+ *   msg_type  MSG_CONTRIBUTION or MSG_RESULT
+ *   flags     FLAG_* bits
+ *   job_id    the job (tenant); 0 is never a valid job
+ *   worker_id rank of the sender (contribution) or of the worker whose packet triggered the result
+ *   exp       block exponent of the slot's NEXT block (contribution: the sender's own,
+ *             result: the maximum over the job's workers); EXP_NONE = none
+ *   epoch     allocation epoch of the job's grant; guards slots against a previous owner
+ *   slot_set  which of the slot's two shadow copies this round uses
+ *   slot      absolute aggregator slot index
+ *   count     meaningful values in the payload; 0 = header only (exponent-priming round)
+ *   offset    element offset of the payload's first value in the tensor
+ */
+header inagg_h {
+    bit<4>  version;
+    bit<4>  msg_type;
+    bit<8>  flags;
+    bit<16> job_id;
+    bit<8>  worker_id;
+    int<8>  exp;
+    bit<16> epoch;
+    bit<1>  slot_set;
+    bit<15> slot;
+    bit<16> count;
+    bit<32> offset;
+}
+
+#endif /* _INAGG_HEADERS_P4_ */
