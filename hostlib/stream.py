@@ -119,7 +119,7 @@ class SlotStream:
         n_workers: int,
         transport: Transport,
         *,
-        rto_min: float = 0.005,
+        rto_min: float = 0.05,
         rto_max: float = 1.0,
         stall_timeout: float = 30.0,
     ) -> None:

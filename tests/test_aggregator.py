@@ -1,0 +1,124 @@
+"""The inagg-aggregator server and the client's error paths, over real sockets."""
+
+import json
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from hostlib.aggregator import HostAggregator, main as aggregator_main
+from hostlib.engine import AggregationEngine, JobConfig
+from hostlib.grant import Grant
+from hostlib.protocol import build_contribution
+from hostlib.stream import AllreduceError, SlotStream
+from hostlib.transport import UdpTransport
+
+K = 64
+
+
+@pytest.fixture
+def served():
+    """An aggregator on loopback with job 1 (2 workers) and job 2 (2 workers)."""
+    workers = [UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0)) for _ in range(4)]
+    eng = AggregationEngine(32, K)
+    eng.set_job(JobConfig(1, 1, 0, 8, tuple(w.address for w in workers[:2])))
+    eng.set_job(JobConfig(2, 1, 8, 8, tuple(w.address for w in workers[2:])))
+    agg = HostAggregator(("127.0.0.1", 0), eng)
+    thread = threading.Thread(target=agg.serve, daemon=True)
+    thread.start()
+    for w in workers:
+        w.retarget(agg.address)
+    yield agg, workers
+    agg.stop()
+    thread.join(5)
+    for w in workers:
+        w.close()
+
+
+def run_ranks(streams, arrays):
+    errors = [None] * len(streams)
+
+    def go(i):
+        try:
+            streams[i].allreduce(arrays[i])
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors[i] = e
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(streams))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
+def test_bad_packets_do_not_disturb_a_running_job(served):
+    agg, w = served
+    g = Grant(2, 1, 8, 8, K, agg.address)
+    streams = [SlotStream(g, r, 2, w[2 + r]) for r in range(2)]
+    xs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(2)]
+    bad = [b"", b"\x00" * 3, b"\x21" + b"\x00" * 40,
+           build_contribution(1, 0, 1, 9, 0, 0, np.ones(K, np.int32), K),   # job 1, job 2's slot
+           build_contribution(2, 0, 1, 9, 0, 0, np.ones(K, np.int32), K),   # forged rank 0 of job 2
+           build_contribution(2, 1, 1, 9, 0, 0, np.ones(3, np.int32), 3),   # wrong payload size
+           build_contribution(77, 0, 1, 0, 0, 0, None, K)]
+    for pkt in bad:
+        w[0].send(pkt)
+    assert run_ranks(streams, xs) == [None, None]
+    assert np.array_equal(xs[0], np.arange(1000, dtype=np.float32) * 3)
+    report = agg.report()
+    assert report["drops"] == {"truncated": 2, "bad_version": 1, "unknown_job": 1}
+    assert report["jobs"][1]["drops"] == {"bad_slot": 1}
+    assert report["jobs"][2]["drops"] == {"bad_worker": 2}
+
+
+def test_non_finite_input_raises_on_every_rank(served):
+    agg, w = served
+    g = Grant(1, 1, 0, 8, K, agg.address)
+    streams = [SlotStream(g, r, 2, w[r]) for r in range(2)]
+    xs = [np.ones(500, np.float32), np.ones(500, np.float32)]
+    xs[1][300] = np.nan
+    errors = run_ranks(streams, xs)
+    assert all(isinstance(e, FloatingPointError) for e in errors), errors
+    assert "element 256" in str(errors[0])
+    assert np.all(xs[0][:256] == 2) and np.all(xs[0][320:] == 2)
+    # the stream stays usable afterwards
+    ys = [np.ones(100, np.float32), np.ones(100, np.float32)]
+    assert run_ranks(streams, ys) == [None, None] and np.all(ys[0] == 2)
+
+
+def test_unreachable_aggregator_is_a_clear_error():
+    t = UdpTransport(("127.0.0.1", 9), bind=("127.0.0.1", 0))
+    s = SlotStream(Grant(1, 1, 0, 4, K, ("127.0.0.1", 9)), 0, 2, t, stall_timeout=0.3)
+    with pytest.raises(AllreduceError, match="no result for 0.3s from host aggregator 127.0.0.1:9"):
+        s.allreduce(np.ones(10, np.float32))
+
+
+def test_wrong_dtype_and_shape_are_refused():
+    t = UdpTransport(("127.0.0.1", 9), bind=("127.0.0.1", 0))
+    s = SlotStream(Grant(1, 1, 0, 4, K, ("127.0.0.1", 9)), 0, 2, t)
+    with pytest.raises(TypeError, match="float64"):
+        s.allreduce(np.ones(10))
+    with pytest.raises(ValueError, match="flat contiguous"):
+        s.allreduce(np.ones((2, 2), np.float32))
+
+
+@pytest.mark.parametrize("job, message", [
+    ({"job_id": 1, "slot_base": 0, "slot_count": 4}, "missing key 'workers'"),
+    ({"job_id": 1, "slot_base": 0, "slot_count": 99, "workers": ["127.0.0.1:1"]}, "outside the pool"),
+    ({"job_id": 1, "slot_base": 0, "slot_count": 4, "workers": ["nohost"]}, "expected HOST:PORT"),
+])
+def test_bad_job_config_is_refused_with_a_clear_error(job, message, capsys):
+    assert aggregator_main(["--slots", "16", "--bind", "127.0.0.1:0", "--job", json.dumps(job)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_reports_counters_on_sigterm():
+    proc = subprocess.Popen([sys.executable, "-m", "hostlib.aggregator", "--bind", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, text=True)
+    assert "listening on" in proc.stdout.readline()
+    proc.terminate()
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and json.loads(out)["jobs"] == {}
