@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .engine import AggregationEngine, JobConfig
-from .grant import parse_address
+from .grant import HOST_VALUES_PER_PACKET, parse_address
 from .transport import enlarge_buffers
 
 
@@ -114,7 +114,8 @@ def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="inagg-aggregator", description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", default="127.0.0.1:42666", help="HOST:PORT to listen on (port 0: any)")
     p.add_argument("--slots", type=int, default=4096, help="slots in the aggregator's pool")
-    p.add_argument("--values-per-packet", type=int, default=1024, help="int32 values per packet (K)")
+    p.add_argument("--values-per-packet", type=int, default=HOST_VALUES_PER_PACKET,
+                   help="int32 values per packet (K)")
     p.add_argument("--jobs", type=Path, help="JSON file with the jobs to serve")
     p.add_argument("--job", action="append", default=[], help="one job as inline JSON (repeatable)")
     p.add_argument("--drop-rate", type=float, default=0.0,

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 
 from .protocol import MAX_SLOT
 
+# Defaults for host aggregation on loopback or jumbo-frame links: 16 KiB of values per datagram
+# keeps per-packet Python work small; on a 1500-byte MTU network use <= 358 values per packet.
+HOST_VALUES_PER_PACKET = 4096
+# Slots per job on a host aggregator: W * K * 4 bytes (512 KiB) in flight per worker.
+HOST_WINDOW = 32
+
 
 @dataclass(frozen=True)
 class Grant:

@@ -1,0 +1,36 @@
+# inagg: make demo | make test | make bench
+# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS.
+
+PYTHON        ?= python3
+VENV          ?= .venv
+TORCH_VERSION ?= 2.13.0
+BIN           := $(VENV)/bin
+STAMP         := $(VENV)/.inagg-installed
+
+.PHONY: all setup demo test bench clean
+
+all: demo
+
+# The virtual environment with inagg (editable), its test tools and a CPU build of torch.
+# On a bare Debian, python3-venv is installed first (needs root).
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c "import ensurepip" 2>/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq python3-venv python3-pip)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q -e ".[dev,torch]"
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/inagg-demo $(DEMO_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python benchmarks/allreduce_bench.py
+
+clean:
+	rm -rf build logs pcaps benchmarks/results .pytest_cache .hypothesis
