@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.inagg-installed
 
-.PHONY: all setup demo test bench clean
+.PHONY: all setup demo test bench build clean
 
 all: demo
 
@@ -34,3 +34,8 @@ bench: setup
 
 clean:
 	rm -rf build logs pcaps benchmarks/results .pytest_cache .hypothesis
+
+# Compile the P4 program and refresh the committed BMv2 JSON + P4Info (needs p4c).
+P4C ?= p4c-bm2-ss
+build:
+	$(P4C) --arch v1model --p4runtime-files p4/inagg.p4info.txtpb -o p4/inagg.json p4/inagg.p4

@@ -128,6 +128,9 @@ class AggregationEngine:
         self.jobs: dict[int, JobConfig] = {}
         self.counters: dict[int, JobCounters] = {}
         self.drops: Counter = Counter()  # drops that belong to no known job
+        # What the last process() call did: "first", "add", "dup_pending", "dup_done" or the
+        # drop reason. The software data plane maps it onto the P4 program's counters.
+        self.last_outcome = ""
         # Per-slot state. Scalars live in Python lists (faster than numpy scalars per packet).
         self._tag: list[int] = [0] * n_slots          # (job_id << 16) | epoch of the owner
         self._bitmap = [[0] * n_slots, [0] * n_slots]
@@ -163,16 +166,13 @@ class AggregationEngine:
     def process(self, data: bytes | bytearray | memoryview, sender: Hashable) -> list[Emit]:
         """Handle one received inagg packet (header + payload) from ``sender``."""
         if len(data) < HEADER_BYTES:
-            self.drops["truncated"] += 1
-            return []
+            return self._drop_global("truncated")
         vt, flags, job_id, worker, exp, epoch, ss, count, offset = unpack_raw(data)
         if vt >> 4 != VERSION:
-            self.drops["bad_version"] += 1
-            return []
+            return self._drop_global("bad_version")
         job = self.jobs.get(job_id)
         if job is None:
-            self.drops["unknown_job"] += 1
-            return []
+            return self._drop_global("unknown_job")
         ctr = self.counters[job_id]
         ctr.packets += 1
         reason = None
@@ -190,6 +190,7 @@ class AggregationEngine:
             reason = "bad_length"
         if reason is not None:
             ctr.drops[reason] += 1
+            self.last_outcome = reason
             return []
 
         tag = (job_id << 16) | epoch
@@ -208,10 +209,13 @@ class AggregationEngine:
         if bitmap[slot] & bit:
             ctr.duplicates += 1
             if not complete:                                   # DUP_PENDING
+                self.last_outcome = "dup_pending"
                 return []
             ctr.resent_results += 1                            # DUP_DONE
+            self.last_outcome = "dup_done"
             return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT))]
         if bitmap[slot] == 0:                                  # FIRST
+            self.last_outcome = "first"
             seen[slot] = 1
             self._exp[s][slot] = exp
             self._flags[s][slot] = flags & _STICKY_FLAGS
@@ -223,8 +227,10 @@ class AggregationEngine:
                 self._values[s, slot] = 0
         elif complete:                                         # STALE
             ctr.drops["stale_round"] += 1
+            self.last_outcome = "stale_round"
             return []
         else:                                                  # ADD
+            self.last_outcome = "add"
             seen[slot] += 1
             if exp > self._exp[s][slot]:
                 self._exp[s][slot] = exp
@@ -238,6 +244,11 @@ class AggregationEngine:
             return []
         ctr.results += 1
         return [Emit(job, tuple(range(n)), self._result(slot, s, job, worker, 0))]
+
+    def _drop_global(self, reason: str) -> list[Emit]:
+        self.drops[reason] += 1
+        self.last_outcome = reason
+        return []
 
     def _result(self, slot: int, s: int, job: JobConfig, worker: int, extra_flags: int) -> bytes:
         count = self._count[s][slot]

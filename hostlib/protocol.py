@@ -28,6 +28,13 @@ MAX_WORKERS = 32
 HEADER_BYTES = 16
 SWITCH_VALUES_PER_PACKET = 64
 
+# Drop reasons, indexed by their P4 code (DROP_<NAME> in constants.p4): per-job counters...
+DROP_REASONS: tuple[str, ...] = (
+    "bad_type", "bad_worker", "stale_epoch", "bad_slot", "bad_length", "stale_round",
+)
+# ...and the drops that belong to no job (GLOBAL_DROP_<NAME>).
+GLOBAL_DROP_REASONS: tuple[str, ...] = ("truncated", "bad_version")
+
 # Bytes below the inagg header on an Ethernet/IPv4/UDP path: what each packet costs on the wire
 # beyond its inagg header and payload (Ethernet 14 + IPv4 20 + UDP 8).
 ENCAP_BYTES = 14 + 20 + 8
@@ -61,6 +68,10 @@ P4_CONSTANTS: dict[str, int] = {
     "MAX_WORKERS": MAX_WORKERS,
     "INAGG_HEADER_BYTES": HEADER_BYTES,
     "SWITCH_VALUES_PER_PACKET": SWITCH_VALUES_PER_PACKET,
+    **{f"DROP_{name.upper()}": code for code, name in enumerate(DROP_REASONS)},
+    "DROP_REASONS": len(DROP_REASONS),
+    **{f"GLOBAL_DROP_{name.upper()}": code for code, name in enumerate(GLOBAL_DROP_REASONS)},
+    "GLOBAL_DROP_REASONS": len(GLOBAL_DROP_REASONS),
 }
 
 # version|msg_type, flags, job_id, worker_id, exp, epoch, slot_set|slot, count, offset

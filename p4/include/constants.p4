@@ -34,4 +34,19 @@ const bit<8>  INAGG_HEADER_BYTES   = 16;
  * host aggregators accept any per-job value count). */
 const bit<16> SWITCH_VALUES_PER_PACKET = 64;
 
+/* Drop reasons of an admitted job: the per-job drop counter's index is
+ * job_index * DROP_REASONS + reason. */
+const bit<8>  DROP_BAD_TYPE        = 0;    /* not a contribution                          */
+const bit<8>  DROP_BAD_WORKER      = 1;    /* rank not bound to this sender               */
+const bit<8>  DROP_STALE_EPOCH     = 2;    /* epoch is not the job's current one          */
+const bit<8>  DROP_BAD_SLOT        = 3;    /* slot outside the job's range                */
+const bit<8>  DROP_BAD_LENGTH      = 4;    /* payload is not 0 or K values, count > K     */
+const bit<8>  DROP_STALE_ROUND     = 5;    /* reordered packet of a finished round        */
+const bit<8>  DROP_REASONS         = 6;
+
+/* Drops that belong to no job: index of the global drop counter. */
+const bit<8>  GLOBAL_DROP_TRUNCATED   = 0; /* shorter than an inagg header                */
+const bit<8>  GLOBAL_DROP_BAD_VERSION = 1; /* unknown protocol version                    */
+const bit<8>  GLOBAL_DROP_REASONS     = 2;
+
 #endif /* _INAGG_CONSTANTS_P4_ */

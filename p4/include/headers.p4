@@ -62,4 +62,18 @@ header inagg_h {
     bit<32> offset;
 }
 
+/* One int32 value of the payload (network byte order); the payload is a stack of
+ * SWITCH_VALUES_PER_PACKET of them, or absent when count == 0. */
+header inagg_value_h {
+    bit<32> v;
+}
+
+struct headers_t {
+    ethernet_h    ethernet;
+    ipv4_h        ipv4;
+    udp_h         udp;
+    inagg_h       inagg;
+    inagg_value_h[SWITCH_VALUES_PER_PACKET] values;
+}
+
 #endif /* _INAGG_HEADERS_P4_ */

@@ -1,0 +1,284 @@
+"""The P4Runtime service of the software data plane: what the controller needs, and a gRPC
+error for everything else (never a silent success).
+
+Implemented: StreamChannel arbitration (primary = highest election id per device), Capabilities,
+Set/GetForwardingPipelineConfig (only the committed inagg P4Info is accepted), Write/Read of
+table entries and multicast groups, Read of counter entries. Not implemented, as in BMv2:
+register entries; also not implemented here: packet-in/out, digests, action profiles, meters.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent import futures
+
+import grpc
+from google.rpc import code_pb2, status_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from controller.p4info import P4Info
+
+from .pipeline import JOB_TABLE, WORKER_TABLE, SoftPipeline
+from .state import StatusError
+
+log = logging.getLogger("inagg.soft_switch.p4runtime")
+API_VERSION = "1.4.1"
+
+
+def _election(eid) -> tuple[int, int]:
+    return (eid.high, eid.low)
+
+
+class SoftSwitchState:
+    """What the P4Runtime service manages: the pipeline (once configured) and its lock."""
+
+    def __init__(self, device_id: int, program: P4Info) -> None:
+        self.device_id = device_id
+        self.program = program          # the only P4Info this data plane can run
+        self.lock = threading.RLock()
+        self.pipeline: SoftPipeline | None = None
+        self.config: p4runtime_pb2.ForwardingPipelineConfig | None = None
+
+
+class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
+    def __init__(self, state: SoftSwitchState) -> None:
+        self.state = state
+        self._streams: dict[int, tuple[tuple[int, int], queue.Queue]] = {}
+        self._streams_lock = threading.Lock()
+        self._next_stream = 0
+
+    # -- arbitration -------------------------------------------------------------------------
+
+    def _primary(self) -> tuple[int, int] | None:
+        with self._streams_lock:
+            ids = [eid for eid, _ in self._streams.values()]
+        return max(ids) if ids else None
+
+    def _notify(self) -> None:
+        primary = self._primary()
+        with self._streams_lock:
+            streams = list(self._streams.values())
+        for eid, q in streams:
+            msg = p4runtime_pb2.StreamMessageResponse()
+            msg.arbitration.device_id = self.state.device_id
+            msg.arbitration.election_id.high, msg.arbitration.election_id.low = primary
+            ok = eid == primary
+            msg.arbitration.status.code = code_pb2.OK if ok else code_pb2.ALREADY_EXISTS
+            msg.arbitration.status.message = "primary" if ok else "backup"
+            q.put(msg)
+
+    def StreamChannel(self, request_iterator, context):
+        out: queue.Queue = queue.Queue()
+        with self._streams_lock:
+            sid = self._next_stream
+            self._next_stream += 1
+
+        def reader() -> None:
+            try:
+                for req in request_iterator:
+                    if req.HasField("arbitration"):
+                        arb = req.arbitration
+                        if arb.device_id != self.state.device_id:
+                            out.put(StatusError(grpc.StatusCode.NOT_FOUND,
+                                                f"no device {arb.device_id}"))
+                            return
+                        if arb.role.name:
+                            out.put(StatusError(grpc.StatusCode.UNIMPLEMENTED, "roles are not supported"))
+                            return
+                        eid = _election(arb.election_id)
+                        with self._streams_lock:
+                            taken = any(e == eid for s, (e, _) in self._streams.items() if s != sid)
+                            if not taken:
+                                self._streams[sid] = (eid, out)
+                        if taken:
+                            out.put(StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                                f"election id {eid} is used by another client"))
+                            return
+                        self._notify()
+                    else:
+                        kind = req.WhichOneof("update")
+                        out.put(StatusError(grpc.StatusCode.UNIMPLEMENTED,
+                                            f"stream message '{kind}' is not supported"))
+                        return
+            except grpc.RpcError:
+                pass
+            finally:
+                out.put(None)
+
+        threading.Thread(target=reader, daemon=True).start()
+        try:
+            while True:
+                msg = out.get()
+                if msg is None:
+                    break
+                if isinstance(msg, StatusError):
+                    context.abort(msg.code, str(msg))
+                yield msg
+        finally:
+            with self._streams_lock:
+                was = self._streams.pop(sid, None)
+            if was is not None:
+                self._notify() if self._streams else None
+
+    def _check_primary(self, device_id: int, election_id) -> None:
+        if device_id != self.state.device_id:
+            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no device {device_id}")
+        primary = self._primary()
+        if primary is None or _election(election_id) != primary:
+            raise StatusError(grpc.StatusCode.PERMISSION_DENIED,
+                              "not the primary controller for this device")
+
+    # -- pipeline ----------------------------------------------------------------------------
+
+    def Capabilities(self, request, context):
+        return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
+
+    def SetForwardingPipelineConfig(self, request, context):
+        A = p4runtime_pb2.SetForwardingPipelineConfigRequest
+        try:
+            self._check_primary(request.device_id, request.election_id)
+            if request.action not in (A.VERIFY, A.VERIFY_AND_COMMIT, A.VERIFY_AND_SAVE, A.COMMIT):
+                raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
+                                  f"pipeline action {A.Action.Name(request.action)} is not supported")
+            if request.action != A.COMMIT:
+                self._verify(request.config)
+            with self.state.lock:
+                if request.action in (A.VERIFY_AND_COMMIT, A.COMMIT):
+                    config = request.config if request.action != A.COMMIT else self.state.config
+                    if config is None:
+                        raise StatusError(grpc.StatusCode.FAILED_PRECONDITION, "nothing saved to commit")
+                    self.state.config = config
+                    self.state.pipeline = SoftPipeline(self.state.program)
+                    log.info("pipeline %s committed", self.state.program.program_name)
+                elif request.action == A.VERIFY_AND_SAVE:
+                    self.state.config = request.config
+        except StatusError as e:
+            context.abort(e.code, str(e))
+        return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+
+    def _verify(self, config) -> None:
+        program = self.state.program
+        if config.p4info.pkg_info.name != program.program_name:
+            raise StatusError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"this software data plane runs program '{program.program_name}', "
+                f"not '{config.p4info.pkg_info.name or '(unnamed)'}'")
+        if config.p4info != program.message:
+            raise StatusError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"P4Info of '{program.program_name}' differs from the committed "
+                f"p4/inagg.p4info.txtpb: rebuild or update the controller")
+
+    def GetForwardingPipelineConfig(self, request, context):
+        R = p4runtime_pb2.GetForwardingPipelineConfigRequest
+        if request.device_id != self.state.device_id:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no device {request.device_id}")
+        rep = p4runtime_pb2.GetForwardingPipelineConfigResponse()
+        with self.state.lock:
+            config = self.state.config
+        if config is None:
+            return rep
+        if request.response_type in (R.ALL, R.COOKIE_ONLY, R.P4INFO_AND_COOKIE, R.DEVICE_CONFIG_AND_COOKIE):
+            rep.config.cookie.CopyFrom(config.cookie)
+        if request.response_type in (R.ALL, R.P4INFO_AND_COOKIE):
+            rep.config.p4info.CopyFrom(config.p4info)
+        if request.response_type in (R.ALL, R.DEVICE_CONFIG_AND_COOKIE):
+            rep.config.p4_device_config = config.p4_device_config
+        return rep
+
+    # -- entities ----------------------------------------------------------------------------
+
+    def _pipeline(self) -> SoftPipeline:
+        if self.state.pipeline is None:
+            raise StatusError(grpc.StatusCode.FAILED_PRECONDITION,
+                              "no forwarding pipeline config has been set")
+        return self.state.pipeline
+
+    def Write(self, request, context):
+        W = p4runtime_pb2.WriteRequest
+        try:
+            self._check_primary(request.device_id, request.election_id)
+            if request.atomicity != W.CONTINUE_ON_ERROR:
+                raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
+                                  "only CONTINUE_ON_ERROR atomicity is supported")
+            with self.state.lock:
+                pipeline = self._pipeline()
+                errors = [self._write_one(pipeline, u) for u in request.updates]
+        except StatusError as e:
+            context.abort(e.code, str(e))
+        if any(err is not None for err in errors):
+            status = status_pb2.Status(code=code_pb2.UNKNOWN, message="write failed")
+            for err in errors:
+                detail = p4runtime_pb2.Error(canonical_code=code_pb2.OK)
+                if err is not None:
+                    detail.canonical_code = err.code.value[0]
+                    detail.message = str(err)
+                status.details.add().Pack(detail)
+            context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+            context.abort(grpc.StatusCode.UNKNOWN,
+                          "; ".join(str(e) for e in errors if e is not None))
+        return p4runtime_pb2.WriteResponse()
+
+    def _write_one(self, pipeline: SoftPipeline, update) -> StatusError | None:
+        entity = update.entity
+        kind = entity.WhichOneof("entity")
+        try:
+            if kind == "table_entry":
+                undo = pipeline.tables.write(update.type, entity.table_entry)
+                name = pipeline.tables._table(entity.table_entry.table_id).name
+                if name in (JOB_TABLE, WORKER_TABLE):
+                    try:
+                        pipeline.sync_jobs()
+                    except StatusError:
+                        undo()
+                        pipeline.sync_jobs()
+                        raise
+            elif kind == "packet_replication_engine_entry" and entity.packet_replication_engine_entry.HasField("multicast_group_entry"):
+                pipeline.pre.write(update.type, entity.packet_replication_engine_entry.multicast_group_entry)
+            else:
+                raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
+                                  f"writing {kind or 'an empty entity'} is not supported")
+        except StatusError as e:
+            log.info("write refused: %s", e)
+            return e
+        return None
+
+    def Read(self, request, context):
+        try:
+            if request.device_id != self.state.device_id:
+                raise StatusError(grpc.StatusCode.NOT_FOUND, f"no device {request.device_id}")
+            with self.state.lock:
+                pipeline = self._pipeline()
+                rep = p4runtime_pb2.ReadResponse()
+                for entity in request.entities:
+                    kind = entity.WhichOneof("entity")
+                    if kind == "table_entry":
+                        found = pipeline.tables.read(entity.table_entry)
+                        rep.entities.extend(p4runtime_pb2.Entity(table_entry=e) for e in found)
+                    elif kind == "counter_entry":
+                        found = pipeline.counters.read(entity.counter_entry)
+                        rep.entities.extend(p4runtime_pb2.Entity(counter_entry=e) for e in found)
+                    elif kind == "packet_replication_engine_entry" and entity.packet_replication_engine_entry.HasField("multicast_group_entry"):
+                        q = entity.packet_replication_engine_entry.multicast_group_entry
+                        for e in pipeline.pre.read(q):
+                            ent = p4runtime_pb2.Entity()
+                            ent.packet_replication_engine_entry.multicast_group_entry.CopyFrom(e)
+                            rep.entities.append(ent)
+                    else:
+                        raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
+                                          f"reading {kind or 'an empty entity'} is not supported")
+        except StatusError as e:
+            context.abort(e.code, str(e))
+        yield rep
+
+
+def serve(state: SoftSwitchState, address: str) -> grpc.Server:
+    """Start the gRPC server (``host:port`` or ``unix:/path``); raises if it cannot bind."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(P4RuntimeService(state), server)
+    if server.add_insecure_port(address) == 0 and not address.startswith("unix:"):
+        raise OSError(f"cannot listen on {address}")
+    server.start()
+    return server

@@ -1,0 +1,166 @@
+"""``inagg-soft-switch``: the software data plane, a stand-in for BMv2's ``simple_switch_grpc``.
+
+Same command-line shape::
+
+    inagg-soft-switch -i 1@veth1 -i 2@veth2 --device-id 0 [--log-console] [--pcap DIR]
+                      [--no-p4 | p4/inagg.json] -- --grpc-server-addr 0.0.0.0:9559 [--cpu-port 255]
+
+It attaches to Linux interfaces with raw sockets, runs ``bmv2_env.pipeline.SoftPipeline`` (the
+inagg program in Python, its slot logic being the shared aggregation engine) and serves
+P4Runtime on the gRPC address. It can run only the inagg program: the pipeline pushed (or the
+JSON given) must be the committed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+from controller.p4info import BMV2_JSON_PATH, P4Info
+
+from .p4runtime_server import SoftSwitchState, serve
+from .pipeline import SoftPipeline
+
+log = logging.getLogger("inagg.soft_switch")
+
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4
+SOL_PACKET = 263
+PACKET_ADD_MEMBERSHIP = 1
+PACKET_MR_PROMISC = 1
+
+
+class PcapWriter:
+    """Minimal pcap (Ethernet) writer, one file per port and direction as BMv2 does."""
+
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "wb")
+        self.f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+
+    def write(self, frame: bytes) -> None:
+        t = time.time()
+        self.f.write(struct.pack("<IIII", int(t), int((t % 1) * 1e6), len(frame), len(frame)))
+        self.f.write(frame)
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def open_port(iface: str) -> socket.socket:
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.bind((iface, 0))
+    mreq = struct.pack("IHH8s", socket.if_nametoindex(iface), PACKET_MR_PROMISC, 0, b"")
+    s.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+    s.setblocking(False)
+    return s
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    if "--" in argv:
+        split = argv.index("--")
+        argv, target_argv = argv[:split], argv[split + 1:]
+    else:
+        target_argv = []
+    p = argparse.ArgumentParser(prog="inagg-soft-switch", description=__doc__.split("\n\n")[0])
+    p.add_argument("-i", "--interface", action="append", default=[], metavar="PORT@IFACE",
+                   help="attach a Linux interface as a switch port (repeatable)")
+    p.add_argument("--device-id", type=int, default=0)
+    p.add_argument("--log-console", action="store_true", help="log every packet to stderr")
+    p.add_argument("--pcap", nargs="?", const=".", metavar="DIR",
+                   help="write <iface>_in.pcap / <iface>_out.pcap per port into DIR")
+    p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
+    p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
+    t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
+    t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
+    t.add_argument("--cpu-port", type=int, default=None, help="accepted for compatibility; unused")
+    args = p.parse_args(argv)
+    args.target = t.parse_args(target_argv)
+    if bool(args.config) == args.no_p4:
+        p.error("give either a BMv2 JSON config or --no-p4")
+    ports = {}
+    for spec in args.interface:
+        num, sep, iface = spec.partition("@")
+        if not sep or not num.isdigit() or not iface:
+            p.error(f"bad interface {spec!r}: expected PORT@IFACE")
+        if int(num) in ports:
+            p.error(f"port {num} given twice")
+        ports[int(num)] = iface
+    args.ports = ports
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    program = P4Info.load()
+    state = SoftSwitchState(args.device_id, program)
+    if args.config:
+        if Path(args.config).read_bytes() != BMV2_JSON_PATH.read_bytes():
+            print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
+                  f"({BMV2_JSON_PATH})", file=sys.stderr)
+            return 2
+        state.pipeline = SoftPipeline(program)
+    try:
+        socks = {port: open_port(iface) for port, iface in args.ports.items()}
+        server = serve(state, args.target.grpc_server_addr)
+    except (OSError, RuntimeError) as e:
+        print(f"inagg-soft-switch: {e}", file=sys.stderr)
+        return 2
+    pcaps = {}
+    if args.pcap:
+        for port, iface in args.ports.items():
+            for direction in ("in", "out"):
+                pcaps[port, direction] = PcapWriter(Path(args.pcap) / f"{iface}_{direction}.pcap")
+
+    running = True
+
+    def stop(*_):
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    sel = selectors.DefaultSelector()
+    for port, s in socks.items():
+        sel.register(s, selectors.EVENT_READ, port)
+    print(f"inagg-soft-switch device {args.device_id}: ports "
+          f"{', '.join(f'{p}@{i}' for p, i in sorted(args.ports.items()))}; "
+          f"P4Runtime on {args.target.grpc_server_addr}", flush=True)
+    while running:
+        for key, _ in sel.select(timeout=0.2):
+            port = key.data
+            try:
+                frame, addr = key.fileobj.recvfrom(65535)
+            except BlockingIOError:
+                continue
+            if addr[2] == PACKET_OUTGOING:
+                continue
+            if pcaps:
+                pcaps[port, "in"].write(frame)
+            with state.lock:
+                out = state.pipeline.process(port, frame) if state.pipeline else []
+            for egress, data in out:
+                s = socks.get(egress)
+                if s is None:
+                    continue
+                log.debug("port %d -> %d: %d bytes", port, egress, len(data))
+                s.send(data)
+                if pcaps:
+                    pcaps[egress, "out"].write(data)
+    server.stop(grace=1)
+    for w in pcaps.values():
+        w.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

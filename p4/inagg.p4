@@ -1,0 +1,52 @@
+/* inagg for BMv2 (v1model): multi-tenant in-network aggregation of int32 gradient blocks.
+ * This file only wires the controls in include/; each one documents its decisions. */
+#include <core.p4>
+#include <v1model.p4>
+
+#include "include/headers.p4"
+#include "include/metadata.p4"
+#include "include/parser.p4"
+#include "include/job_admission.p4"
+#include "include/slot_state.p4"
+#include "include/value_aggregation.p4"
+#include "include/result_replication.p4"
+#include "include/forwarding.p4"
+#include "include/job_counters.p4"
+#include "include/replica_rewrite.p4"
+
+control InaggIngress(inout headers_t hdr, inout metadata_t meta,
+                     inout standard_metadata_t sm) {
+    JobAdmission() admission;
+    SlotState() slot_state;
+    ValueAggregation() value_aggregation;
+    ResultReplication() result_replication;
+    Forwarding() forwarding;
+    JobCounters() job_counters;
+
+    apply {
+        admission.apply(hdr, meta, sm);
+        if (meta.verdict == VERDICT_AGGREGATE) {
+            slot_state.apply(hdr, meta);
+            value_aggregation.apply(hdr, meta);
+            result_replication.apply(hdr, meta, sm);
+        } else if (meta.verdict == VERDICT_FORWARD) {
+            forwarding.apply(hdr, meta, sm);
+        } else {
+            mark_to_drop(sm);
+        }
+        job_counters.apply(hdr, meta);
+    }
+}
+
+control InaggEgress(inout headers_t hdr, inout metadata_t meta,
+                    inout standard_metadata_t sm) {
+    ReplicaRewrite() replica_rewrite;
+
+    apply {
+        replica_rewrite.apply(hdr, meta, sm);
+    }
+}
+
+@pkginfo(name="inagg", version="1")
+V1Switch(InaggParser(), InaggVerifyChecksum(), InaggIngress(), InaggEgress(),
+         InaggComputeChecksum(), InaggDeparser()) main;

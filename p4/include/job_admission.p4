@@ -1,0 +1,107 @@
+/* JobAdmission: which inagg packets the switch aggregates, forwards or drops.
+ *
+ * job_table (job_id -> the job's grant) holds the jobs the controller admitted to the switch;
+ * a job that misses it is forwarded untouched (toward its host aggregator). worker_table binds
+ * each (job, rank) to the one sender (ingress port, IPv4 source) allowed to claim that rank, so
+ * no packet can touch a slot of a job it does not belong to.
+ *
+ * Checks, in order (the aggregation engine in hostlib/engine.py applies the same order):
+ *   not a full inagg header          -> drop GLOBAL_DROP_TRUNCATED
+ *   version != INAGG_VERSION          -> drop GLOBAL_DROP_BAD_VERSION
+ *   job not in job_table              -> forward
+ *   msg_type != MSG_CONTRIBUTION      -> drop DROP_BAD_TYPE
+ *   rank not bound to this sender     -> drop DROP_BAD_WORKER
+ *   epoch != the job's epoch          -> drop DROP_STALE_EPOCH
+ *   slot outside [base, base + count) -> drop DROP_BAD_SLOT
+ *   payload not 0 or K values         -> drop DROP_BAD_LENGTH
+ *   otherwise                         -> aggregate
+ */
+#ifndef _INAGG_JOB_ADMISSION_P4_
+#define _INAGG_JOB_ADMISSION_P4_
+
+#include <core.p4>
+#include <v1model.p4>
+#include "metadata.p4"
+
+control JobAdmission(inout headers_t hdr, inout metadata_t meta,
+                     inout standard_metadata_t sm) {
+    bit<9>  bound_port = 0;
+    bit<32> bound_addr = 0;
+
+    action admit(bit<8> job_index, bit<16> slot_base, bit<16> slot_count, bit<8> n_workers,
+                 bit<16> epoch, bit<16> mcast_grp) {
+        meta.admitted = 1;
+        meta.job_index = job_index;
+        meta.slot_base = slot_base;
+        meta.slot_count = slot_count;
+        meta.n_workers = n_workers;
+        meta.epoch = epoch;
+        meta.mcast_grp = mcast_grp;
+    }
+
+    table job_table {
+        key = { hdr.inagg.job_id: exact @name("job_id"); }
+        actions = { admit; NoAction; }
+        default_action = NoAction();
+        size = INAGG_MAX_JOBS;
+    }
+
+    action bind_worker(bit<9> port, bit<32> addr) {
+        bound_port = port;
+        bound_addr = addr;
+    }
+
+    table worker_table {
+        key = {
+            hdr.inagg.job_id: exact @name("job_id");
+            hdr.inagg.worker_id: exact @name("worker_id");
+        }
+        actions = { bind_worker; NoAction; }
+        default_action = NoAction();
+        size = 2048;
+    }
+
+    /* A GLOBAL_DROP_* reason when meta.admitted is 0, the job's DROP_* reason when 1. */
+    action drop(bit<8> reason) {
+        meta.verdict = VERDICT_DROP;
+        meta.drop_reason = reason;
+    }
+
+    apply {
+        meta.verdict = VERDICT_FORWARD;
+        meta.drop_reason = NO_DROP;
+        if (!hdr.udp.isValid() || hdr.udp.dst_port != INAGG_UDP_PORT) {
+            return;
+        }
+        if (!hdr.inagg.isValid()) {
+            drop(GLOBAL_DROP_TRUNCATED);
+        } else if (hdr.inagg.version != INAGG_VERSION) {
+            drop(GLOBAL_DROP_BAD_VERSION);
+        } else if (job_table.apply().hit) {
+            bit<16> expected_udp_len = 8 + (bit<16>) INAGG_HEADER_BYTES;
+            if (hdr.inagg.count != 0) {
+                expected_udp_len = expected_udp_len + 4 * SWITCH_VALUES_PER_PACKET;
+            }
+            bool bound = worker_table.apply().hit;
+            if (hdr.inagg.msg_type != MSG_CONTRIBUTION) {
+                drop(DROP_BAD_TYPE);
+            } else if (!bound || hdr.inagg.worker_id >= meta.n_workers
+                       || bound_port != sm.ingress_port || bound_addr != hdr.ipv4.src_addr) {
+                drop(DROP_BAD_WORKER);
+            } else if (hdr.inagg.epoch != meta.epoch) {
+                drop(DROP_STALE_EPOCH);
+            } else if ((bit<16>) hdr.inagg.slot < meta.slot_base
+                       || (bit<16>) hdr.inagg.slot >= meta.slot_base + meta.slot_count) {
+                drop(DROP_BAD_SLOT);
+            } else if (sm.parser_error != error.NoError
+                       || hdr.inagg.count > SWITCH_VALUES_PER_PACKET
+                       || hdr.udp.length != expected_udp_len) {
+                drop(DROP_BAD_LENGTH);
+            } else {
+                meta.verdict = VERDICT_AGGREGATE;
+            }
+        }
+    }
+}
+
+#endif /* _INAGG_JOB_ADMISSION_P4_ */

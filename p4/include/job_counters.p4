@@ -1,0 +1,50 @@
+/* JobCounters: every per-job and global counter, counted from the verdicts of the other
+ * controls (so each packet is counted exactly once, in one place).
+ *
+ *   counter           | index                              | counts
+ *   ------------------+------------------------------------+--------------------------------
+ *   job_packets       | job_index                          | admitted-job inagg packets
+ *   job_aggregated    | job_index                          | SLOT_FIRST and SLOT_ADD
+ *   job_duplicates    | job_index                          | SLOT_DUP_PENDING and DUP_DONE
+ *   job_results       | job_index                          | completed rounds (multicasts)
+ *   job_drops         | job_index * DROP_REASONS + reason  | drops of the job, by DROP_*
+ *   global_drops      | reason                             | drops of no job, by GLOBAL_DROP_*
+ */
+#ifndef _INAGG_JOB_COUNTERS_P4_
+#define _INAGG_JOB_COUNTERS_P4_
+
+#include <core.p4>
+#include <v1model.p4>
+#include "metadata.p4"
+
+control JobCounters(inout headers_t hdr, inout metadata_t meta) {
+    counter(INAGG_MAX_JOBS, CounterType.packets) job_packets;
+    counter(INAGG_MAX_JOBS, CounterType.packets) job_aggregated;
+    counter(INAGG_MAX_JOBS, CounterType.packets) job_duplicates;
+    counter(INAGG_MAX_JOBS, CounterType.packets) job_results;
+    counter(INAGG_MAX_JOBS * (bit<32>) DROP_REASONS, CounterType.packets) job_drops;
+    counter((bit<32>) GLOBAL_DROP_REASONS, CounterType.packets) global_drops;
+
+    apply {
+        bit<32> job = (bit<32>) meta.job_index;
+        if (meta.admitted == 0) {
+            if (meta.verdict == VERDICT_DROP) {
+                global_drops.count((bit<32>) meta.drop_reason);
+            }
+            return;
+        }
+        job_packets.count(job);
+        if (meta.verdict == VERDICT_DROP) {
+            job_drops.count(job * (bit<32>) DROP_REASONS + (bit<32>) meta.drop_reason);
+        } else if (meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD) {
+            job_aggregated.count(job);
+            if (meta.send_result == 1) {
+                job_results.count(job);
+            }
+        } else if (meta.outcome == SLOT_DUP_PENDING || meta.outcome == SLOT_DUP_DONE) {
+            job_duplicates.count(job);
+        }
+    }
+}
+
+#endif /* _INAGG_JOB_COUNTERS_P4_ */

@@ -1,0 +1,75 @@
+/* Parser and deparser: Ethernet / IPv4 / UDP, and the inagg header with its K values when
+ * the UDP destination port is INAGG_UDP_PORT. */
+#ifndef _INAGG_PARSER_P4_
+#define _INAGG_PARSER_P4_
+
+#include <core.p4>
+#include <v1model.p4>
+#include "metadata.p4"
+
+parser InaggParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
+                   inout standard_metadata_t sm) {
+    state start {
+        pkt.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {
+            0x0800: parse_ipv4;
+            default: accept;
+        }
+    }
+    state parse_ipv4 {
+        pkt.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (5, 0, 17): parse_udp;
+            default: accept;
+        }
+    }
+    state parse_udp {
+        pkt.extract(hdr.udp);
+        transition select(hdr.udp.dst_port) {
+            INAGG_UDP_PORT: parse_inagg;
+            default: accept;
+        }
+    }
+    state parse_inagg {
+        pkt.extract(hdr.inagg);
+        transition select(hdr.inagg.count) {
+            0: accept;                 /* header-only: exponent priming */
+            default: parse_values;
+        }
+    }
+    state parse_values {
+        pkt.extract(hdr.values.next);
+        transition select(hdr.values.lastIndex) {
+            (bit<32>) SWITCH_VALUES_PER_PACKET - 1: accept;
+            default: parse_values;
+        }
+    }
+}
+
+control InaggDeparser(packet_out pkt, in headers_t hdr) {
+    apply {
+        pkt.emit(hdr.ethernet);
+        pkt.emit(hdr.ipv4);
+        pkt.emit(hdr.udp);
+        pkt.emit(hdr.inagg);
+        pkt.emit(hdr.values);
+    }
+}
+
+control InaggVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply { }
+}
+
+/* Results change IPv4 addresses: recompute the header checksum (UDP checksum is zeroed). */
+control InaggComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply {
+        update_checksum(
+            hdr.ipv4.isValid(),
+            { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.diffserv, hdr.ipv4.total_len,
+              hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,
+              hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
+            hdr.ipv4.hdr_checksum, HashAlgorithm.csum16);
+    }
+}
+
+#endif /* _INAGG_PARSER_P4_ */

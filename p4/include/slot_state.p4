@@ -1,0 +1,120 @@
+/* SlotState: the per-slot bookkeeping of an admitted contribution.
+ *
+ * Registers per slot: the owner tag (job_id << 16 | epoch); per (slot, set): worker bitmap,
+ * contributions seen in the current round, max block exponent, ORed sticky flags, and the
+ * round's offset and count. The first packet of a new (job, epoch) on a slot resets it: no
+ * control-plane register write is ever needed (BMv2's P4Runtime cannot write registers).
+ *
+ * Decision for worker w, set s (o = the other set):
+ *
+ *   bit w in bitmap[s] | bitmap[s] | seen[s] == N | outcome
+ *   -------------------+-----------+--------------+---------------------------------------
+ *   0                  | == 0      | any          | SLOT_FIRST: overwrite set s
+ *   0                  | != 0      | no           | SLOT_ADD: add, max exponent, OR flags
+ *   0                  | != 0      | yes          | SLOT_STALE: drop (old round, reordered)
+ *   1                  | any       | no           | SLOT_DUP_PENDING: drop
+ *   1                  | any       | yes          | SLOT_DUP_DONE: stored result back to w
+ *   after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o]; complete when seen == N.
+ *
+ * FIRST is safe: a worker starts round r+2 of a slot only after round r+1's result, which
+ * needs every worker's round r+1, and each of those cleared the worker's bit in set s.
+ */
+#ifndef _INAGG_SLOT_STATE_P4_
+#define _INAGG_SLOT_STATE_P4_
+
+#include <core.p4>
+#include <v1model.p4>
+#include "metadata.p4"
+
+control SlotState(inout headers_t hdr, inout metadata_t meta) {
+    register<bit<32>>(INAGG_SLOTS)     slot_tag;
+    register<bit<32>>(2 * INAGG_SLOTS) slot_bitmap;
+    register<bit<8>>(2 * INAGG_SLOTS)  slot_seen;
+    register<bit<8>>(2 * INAGG_SLOTS)  slot_exp;
+    register<bit<8>>(2 * INAGG_SLOTS)  slot_flags;
+    register<bit<32>>(2 * INAGG_SLOTS) slot_offset;
+    register<bit<16>>(2 * INAGG_SLOTS) slot_count;
+
+    apply {
+        bit<32> slot = (bit<32>) hdr.inagg.slot;
+        bit<32> idx = slot;
+        bit<32> other = slot + INAGG_SLOTS;
+        if (hdr.inagg.slot_set == 1) {
+            idx = slot + INAGG_SLOTS;
+            other = slot;
+        }
+        meta.value_base = idx * (bit<32>) SWITCH_VALUES_PER_PACKET;
+
+        bit<32> tag;
+        bit<32> my_tag = ((bit<32>) hdr.inagg.job_id << 16) | (bit<32>) hdr.inagg.epoch;
+        slot_tag.read(tag, slot);
+        if (tag != my_tag) {                     /* new owner or epoch: reset both sets */
+            slot_tag.write(slot, my_tag);
+            slot_bitmap.write(slot, 0);
+            slot_bitmap.write(slot + INAGG_SLOTS, 0);
+            slot_seen.write(slot, 0);
+            slot_seen.write(slot + INAGG_SLOTS, 0);
+        }
+
+        bit<32> bitmap;
+        bit<8> seen;
+        slot_bitmap.read(bitmap, idx);
+        slot_seen.read(seen, idx);
+        bit<32> me = (bit<32>) 1 << hdr.inagg.worker_id;
+        bool complete = seen == meta.n_workers;
+
+        if ((bitmap & me) != 0) {
+            meta.outcome = complete ? SLOT_DUP_DONE : SLOT_DUP_PENDING;
+        } else if (bitmap == 0) {
+            meta.outcome = SLOT_FIRST;
+        } else if (complete) {
+            meta.outcome = SLOT_STALE;
+        } else {
+            meta.outcome = SLOT_ADD;
+        }
+
+        bit<8> flags = 0;
+        bit<8> exp = 0;
+        if (meta.outcome == SLOT_FIRST) {
+            seen = 1;
+            flags = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION);
+            exp = (bit<8>) hdr.inagg.exp;
+            slot_offset.write(idx, hdr.inagg.offset);
+            slot_count.write(idx, hdr.inagg.count);
+        } else if (meta.outcome == SLOT_ADD) {
+            seen = seen + 1;
+            slot_flags.read(flags, idx);
+            flags = flags | (hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION));
+            slot_exp.read(exp, idx);
+            if ((int<8>) exp < hdr.inagg.exp) {
+                exp = (bit<8>) hdr.inagg.exp;
+            }
+        }
+        if (meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD) {
+            slot_seen.write(idx, seen);
+            slot_flags.write(idx, flags);
+            slot_exp.write(idx, exp);
+            slot_bitmap.write(idx, bitmap | me);
+            bit<32> other_bitmap;
+            slot_bitmap.read(other_bitmap, other);
+            slot_bitmap.write(other, other_bitmap & ~me);
+        }
+
+        meta.send_result = 0;
+        if (meta.outcome == SLOT_DUP_DONE
+            || ((meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD)
+                && seen == meta.n_workers)) {
+            meta.send_result = 1;
+            slot_flags.read(meta.res_flags, idx);
+            slot_exp.read(meta.res_exp, idx);
+            slot_count.read(meta.res_count, idx);
+            slot_offset.read(meta.res_offset, idx);
+        }
+        if (meta.outcome == SLOT_STALE) {
+            meta.verdict = VERDICT_DROP;
+            meta.drop_reason = DROP_STALE_ROUND;
+        }
+    }
+}
+
+#endif /* _INAGG_SLOT_STATE_P4_ */
