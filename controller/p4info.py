@@ -65,4 +65,8 @@ class P4Info:
         return self.context.get_obj_by_id(obj_id)
 
     def register_size(self, name: str) -> int:
-        return self.obj(P4Type.register, name).size
+        """Entries of a register (p4runtime-shell indexes no registers: searched here)."""
+        for r in self.message.registers:
+            if r.preamble.name == name or r.preamble.name.endswith("." + name):
+                return r.size
+        raise KeyError(f"P4Info has no register named {name!r}")

@@ -1,0 +1,255 @@
+"""One conformance suite for both data planes: the software twin (always) and BMv2 (when
+simple_switch_grpc and p4c-bm2-ss are installed). Same packets in, same packets expected out.
+
+Topology: ports 1-3 are worker hosts h1-h3, port 4 is the host aggregator h4; the switch's
+aggregator address is 10.0.0.254."""
+
+import numpy as np
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import ARP, Ether
+
+from controller.switch import (
+    INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite, ResultReplication,
+    SwitchConnection, SwitchJob, WorkerBinding,
+)
+from hostlib.protocol import (
+    EXP_NONE, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K,
+    UDP_PORT, build_contribution, pack_header, unpack_header,
+)
+from tests.dataplane import Dataplane, bmv2_missing, have_netns
+
+SWITCH_IP, SWITCH_MAC = "10.0.0.254", "00:00:00:00:00:fe"
+
+
+def host(port):
+    return f"00:00:00:00:00:0{port}", f"10.0.0.{port}"
+
+
+def worker(rank, port, udp_port):
+    m, ip = host(port)
+    return WorkerBinding(rank, port, ip, m, udp_port)
+
+
+JOB1 = SwitchJob(1, 0, 1, 0, 8, (worker(0, 1, 50000), worker(1, 2, 50001), worker(2, 3, 50002)))
+JOB2 = SwitchJob(2, 1, 1, 8, 8, (worker(0, 2, 51000), worker(1, 3, 51001)))
+
+
+@pytest.fixture(scope="module", params=["soft", "bmv2"])
+def dp(request):
+    reason = have_netns() or (bmv2_missing() if request.param == "bmv2" else None)
+    if reason:
+        pytest.skip(reason)
+    plane = Dataplane(request.param).start()
+    sw = None
+    try:
+        sw = SwitchConnection(plane.grpc_addr)
+        sw.push_pipeline()
+        fwd = Forwarding(sw)
+        ups = [fwd.host_update(INSERT, host(p)[0], p) for p in range(1, 5)]
+        ups += fwd.flood_updates(INSERT, range(1, 5))
+        for job in (JOB1, JOB2):
+            ups += JobAdmission(sw).updates(INSERT, job)
+            ups += ReplicaRewrite(sw).updates(INSERT, job)
+            ups.append(ResultReplication(sw).job_update(INSERT, job))
+        sw.write(ups)
+        plane.sw = sw
+        yield plane
+    finally:
+        if sw is not None:
+            sw.close()
+        plane.stop()
+
+
+def contribution(job, rank, values, *, slot, slot_set=0, epoch=1, offset=0, exp=EXP_NONE, flags=0,
+                 src_port=None, raw=None):
+    """A worker's contribution frame as it leaves the worker's host."""
+    w = job.workers[rank]
+    payload = raw if raw is not None else build_contribution(
+        job.job_id, rank, epoch, slot, slot_set, offset,
+        None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
+    return bytes(Ether(src=w.mac, dst=SWITCH_MAC) / IP(src=w.ip, dst=SWITCH_IP)
+                 / UDP(sport=w.udp_port, dport=UDP_PORT, chksum=0) / payload), (src_port or w.port)
+
+
+def send(dp, frame_port):
+    frame, port = frame_port
+    dp.send(port, frame)
+
+
+def parse_result(frame):
+    pkt = Ether(frame)
+    data = bytes(pkt[UDP].payload)
+    h = unpack_header(data)
+    values = np.frombuffer(data, ">i4", h.count and K, 16)[: h.count].tolist() if h.count else []
+    return pkt, h, values
+
+
+def expect_results(dp, job, ranks, timeout=1.0):
+    got = dp.recv_all(timeout)
+    ports = {job.workers[r].port for r in ranks}
+    out = {}
+    for port, frames in got.items():
+        frames = [f for f in frames if UDP in Ether(f)]
+        if port not in ports:
+            assert frames == [], f"unexpected frames on port {port}"
+            continue
+        assert len(frames) == sum(job.workers[r].port == port for r in ranks), (port, frames)
+        for f in frames:
+            pkt, h, values = parse_result(f)
+            rank = next(r for r in ranks if job.workers[r].udp_port == pkt[UDP].dport)
+            w = job.workers[rank]
+            assert (pkt[Ether].dst, pkt[IP].dst, pkt[IP].src, pkt[UDP].sport) == (w.mac, w.ip, SWITCH_IP, UDP_PORT)
+            assert h.msg_type == MSG_RESULT and not h.flags & FLAG_FROM_HOST
+            out[rank] = (h, values)
+    assert sorted(out) == sorted(ranks)
+    return out
+
+
+def test_ordinary_traffic_is_forwarded(dp):
+    dp.drain()
+    unicast = bytes(Ether(src=host(1)[0], dst=host(2)[0]) / IP(src=host(1)[1], dst=host(2)[1]) / UDP(sport=1, dport=2) / b"hi")
+    dp.send(1, unicast)
+    got = dp.recv_all()
+    assert got[2] == [unicast] and got[1] == got[3] == got[4] == []
+    arp = bytes(Ether(src=host(1)[0], dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=host(1)[1], pdst=host(2)[1]))
+    dp.send(1, arp)
+    got = dp.recv_all()
+    assert got[1] == [] and all(got[p] == [arp] for p in (2, 3, 4))
+
+
+def test_three_workers_complete_with_multicast(dp):
+    dp.drain()
+    send(dp, contribution(JOB1, 0, range(K), slot=1, exp=-2))
+    send(dp, contribution(JOB1, 1, [10] * K, slot=1, exp=4, flags=FLAG_OVERFLOW))
+    assert all(v == [] for v in dp.recv_all(0.3).values())
+    send(dp, contribution(JOB1, 2, [-1] * K, slot=1, exp=3, offset=0))
+    results = expect_results(dp, JOB1, [0, 1, 2])
+    for h, values in results.values():
+        assert values == [i + 9 for i in range(K)]
+        assert (h.exp, h.slot, h.slot_set, h.count, h.job_id) == (4, 1, 0, K, 1)
+        assert h.flags & FLAG_OVERFLOW
+
+
+def test_two_workers_complete(dp):
+    dp.drain()
+    send(dp, contribution(JOB2, 0, [7] * K, slot=8, offset=640))
+    send(dp, contribution(JOB2, 1, [5] * K, slot=8, offset=640))
+    for h, values in expect_results(dp, JOB2, [0, 1]).values():
+        assert values == [12] * K and h.offset == 640
+
+
+def test_duplicates_before_and_after_completion(dp):
+    dp.drain()
+    send(dp, contribution(JOB2, 0, [1] * K, slot=9))
+    send(dp, contribution(JOB2, 0, [1] * K, slot=9, flags=FLAG_RETRANSMIT))
+    assert all(v == [] for v in dp.recv_all(0.3).values())
+    send(dp, contribution(JOB2, 1, [2] * K, slot=9))
+    for _, values in expect_results(dp, JOB2, [0, 1]).values():
+        assert values == [3] * K                      # the duplicate was not added
+    send(dp, contribution(JOB2, 1, [2] * K, slot=9, flags=FLAG_RETRANSMIT))
+    (h, values), = expect_results(dp, JOB2, [1]).values()   # unicast to the asker only
+    assert values == [3] * K and h.flags & FLAG_RETRANSMIT
+
+
+def test_shadow_sets_alternate(dp):
+    dp.drain()
+    for rnd, s in enumerate([0, 1, 0]):
+        send(dp, contribution(JOB2, 0, [rnd] * K, slot=10, slot_set=s, offset=rnd * K))
+        send(dp, contribution(JOB2, 1, [100] * K, slot=10, slot_set=s, offset=rnd * K))
+        for h, values in expect_results(dp, JOB2, [0, 1]).values():
+            assert values == [100 + rnd] * K and h.slot_set == s and h.offset == rnd * K
+
+
+def test_priming_round_is_header_only(dp):
+    dp.drain()
+    send(dp, contribution(JOB2, 0, None, slot=11, exp=-7))
+    send(dp, contribution(JOB2, 1, None, slot=11, exp=12))
+    for h, values in expect_results(dp, JOB2, [0, 1]).values():
+        assert h.count == 0 and values == [] and h.exp == 12
+
+
+def test_epoch_change_resets_slot(dp):
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    before = counters.job(JOB2.job_index)["drops"].get("stale_epoch", 0)
+    send(dp, contribution(JOB2, 0, [50] * K, slot=12))           # half a round, epoch 1
+    dp.recv_all(0.2)
+    new = SwitchJob(**{**JOB2.__dict__, "epoch": 2})
+    dp.sw.write(JobAdmission(dp.sw).updates(MODIFY, new)[:1])
+    try:
+        send(dp, contribution(JOB2, 1, [1] * K, slot=12))        # old epoch: refused
+        assert all(v == [] for v in dp.recv_all(0.3).values())
+        assert counters.job(JOB2.job_index)["drops"]["stale_epoch"] == before + 1
+        send(dp, contribution(JOB2, 0, [2] * K, slot=12, epoch=2))
+        send(dp, contribution(JOB2, 1, [3] * K, slot=12, epoch=2))
+        for h, values in expect_results(dp, JOB2, [0, 1]).values():
+            assert values == [5] * K and h.epoch == 2              # the epoch-1 50s are gone
+    finally:
+        dp.sw.write(JobAdmission(dp.sw).updates(MODIFY, JOB2)[:1])
+
+
+def test_unadmitted_job_goes_to_the_host_aggregator(dp):
+    dp.drain()
+    agg_mac, agg_ip = host(4)
+    payload = build_contribution(9, 0, 1, 3, 0, 0, np.ones(K, np.int32), K)
+    frame = bytes(Ether(src=host(1)[0], dst=agg_mac) / IP(src=host(1)[1], dst=agg_ip)
+                  / UDP(sport=50000, dport=UDP_PORT, chksum=0) / payload)
+    dp.send(1, frame)
+    got = dp.recv_all()
+    assert got[4] == [frame] and got[1] == got[2] == got[3] == []
+
+
+def test_forged_packets_are_dropped_and_counted_while_other_job_is_exact(dp):
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    before = counters.job(JOB1.job_index)
+    send(dp, contribution(JOB2, 0, [1] * K, slot=13))
+    send(dp, contribution(JOB1, 0, [99] * K, slot=2, src_port=2))      # rank 0 of job 1 from h2's port
+    send(dp, contribution(JOB1, 1, [99] * K, slot=13))                 # job 2's slot
+    send(dp, contribution(JOB1, 1, [99] * K, slot=2, epoch=7))         # wrong epoch
+    forged_rank = build_contribution(1, 5, 1, 2, 0, 0, np.ones(K, np.int32), K)
+    send(dp, contribution(JOB1, 1, None, slot=2, raw=forged_rank))      # rank 5 of a 3-worker job
+    send(dp, contribution(JOB2, 1, [2] * K, slot=13))
+    for _, values in expect_results(dp, JOB2, [0, 1]).values():
+        assert values == [3] * K
+    after = counters.job(JOB1.job_index)
+    drops = {r: after["drops"].get(r, 0) - before["drops"].get(r, 0) for r in after["drops"]}
+    assert drops == {"bad_worker": 2, "bad_slot": 1, "stale_epoch": 1}
+    assert after["packets"] - before["packets"] == 4
+    assert after["aggregated"] == before["aggregated"]
+
+
+def test_malformed_and_truncated_packets(dp):
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    g0, j0 = counters.global_drops(), counters.job(JOB2.job_index)
+    good = build_contribution(2, 0, 1, 14, 0, 0, np.ones(K, np.int32), K)
+    send(dp, contribution(JOB2, 0, None, slot=14, raw=good[:10]))               # short header
+    send(dp, contribution(JOB2, 0, None, slot=14, raw=b"\x21" + good[1:]))      # version 2
+    send(dp, contribution(JOB2, 0, None, slot=14, raw=good[:16 + 40]))          # 10 of 64 values
+    too_many = pack_header(1, 1, 0, 2, 0, EXP_NONE, 1, 0, 14, K + 1, 0) + bytes(4 * K)
+    send(dp, contribution(JOB2, 0, None, slot=14, raw=too_many))                # count > K
+    result = bytes([0x12]) + good[1:]
+    send(dp, contribution(JOB2, 0, None, slot=14, raw=result))                  # a RESULT sent in
+    assert all(v == [] for v in dp.recv_all(0.4).values())
+    g1, j1 = counters.global_drops(), counters.job(JOB2.job_index)
+    assert {r: g1[r] - g0.get(r, 0) for r in g1} == {"truncated": 1, "bad_version": 1}
+    assert {r: j1["drops"][r] - j0["drops"].get(r, 0) for r in ("bad_length", "bad_type")} == \
+        {"bad_length": 2, "bad_type": 1}
+    # the slot is untouched: a clean round still sums exactly
+    send(dp, contribution(JOB2, 0, [4] * K, slot=14))
+    send(dp, contribution(JOB2, 1, [4] * K, slot=14))
+    for _, values in expect_results(dp, JOB2, [0, 1]).values():
+        assert values == [8] * K
+
+
+def test_counters_and_state_read_back(dp):
+    counters = JobCounters(dp.sw)
+    c = counters.job(JOB2.job_index)
+    assert c["results"] >= 1 and c["aggregated"] >= 2 * c["results"] and c["packets"] >= c["aggregated"]
+    entries = dp.sw.table_entries("job_table")
+    assert ({"job_id": 1}, "admit", {"job_index": 0, "slot_base": 0, "slot_count": 8, "n_workers": 3,
+                                     "epoch": 1, "mcast_grp": JOB1.mcast_grp}) in entries
+    groups = ResultReplication(dp.sw).groups()
+    assert sorted(groups[JOB1.mcast_grp]) == [(1, 1), (2, 2), (3, 3)]
