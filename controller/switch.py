@@ -93,6 +93,9 @@ class SwitchConnection:
             self.client.write(req)
         except (P4RuntimeWriteException, P4RuntimeException) as e:
             raise SwitchError(f"switch {self.address} refused a write: {e}") from None
+        except grpc.RpcError as e:
+            raise SwitchError(f"switch {self.address} refused a write: "
+                              f"{e.code().name}: {e.details()}") from None
 
     def read(self, entity: p4runtime_pb2.Entity) -> Iterator[p4runtime_pb2.Entity]:
         try:

@@ -1,0 +1,121 @@
+"""The software data plane's P4Runtime service, driven by the controller's client code."""
+
+import grpc
+import pytest
+from google.protobuf import text_format
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from bmv2_env.p4runtime_server import SoftSwitchState, serve
+from controller.p4info import P4Info
+from controller.switch import (
+    INSERT, JobAdmission, PipelineMismatch, SwitchConnection, SwitchError, SwitchJob, WorkerBinding,
+)
+
+
+@pytest.fixture
+def server(tmp_path):
+    state = SoftSwitchState(0, P4Info.load())
+    addr = f"unix:{tmp_path}/p4rt.sock"
+    srv = serve(state, addr)
+    yield addr, state
+    srv.stop(grace=0)
+
+
+def job(job_id, index, base, count, n=2):
+    return SwitchJob(job_id, index, 1, base, count,
+                     tuple(WorkerBinding(r, r + 1, f"10.0.0.{r + 1}", f"00:00:00:00:00:0{r + 1}", 5000 + r)
+                           for r in range(n)))
+
+
+def test_pipeline_push_and_verify(server):
+    addr, state = server
+    sw = SwitchConnection(addr)
+    try:
+        assert sw.installed_program() is None
+        assert sw.ensure_pipeline() is True
+        assert sw.installed_program() == "inagg"
+        assert sw.ensure_pipeline() is False     # already there: nothing pushed again
+    finally:
+        sw.close()
+
+
+def test_other_program_is_refused(server, tmp_path):
+    addr, _ = server
+    other = P4Info.load().message
+    other.pkg_info.name = "basic"
+    (tmp_path / "other.txtpb").write_text(text_format.MessageToString(other))
+    (tmp_path / "x.json").write_text("{}")
+    sw = SwitchConnection(addr)
+    try:
+        with pytest.raises(PipelineMismatch, match="runs program 'inagg', not 'basic'"):
+            sw.push_pipeline(tmp_path / "other.txtpb", tmp_path / "x.json")
+    finally:
+        sw.close()
+
+
+def test_backup_controller_cannot_write(server):
+    addr, _ = server
+    primary = SwitchConnection(addr, election_id=(0, 5))
+    backup = SwitchConnection(addr, election_id=(0, 2))
+    try:
+        primary.push_pipeline()
+        with pytest.raises(SwitchError, match="not the primary"):
+            backup.write(JobAdmission(backup).updates(INSERT, job(1, 0, 0, 4)))
+        primary.write(JobAdmission(primary).updates(INSERT, job(1, 0, 0, 4)))
+        assert len(backup.table_entries("job_table")) == 1   # reads are open to backups
+    finally:
+        backup.close()
+        primary.close()
+
+
+def test_write_errors_name_the_problem_and_keep_accepted_state(server):
+    addr, state = server
+    sw = SwitchConnection(addr)
+    try:
+        sw.push_pipeline()
+        sw.write(JobAdmission(sw).updates(INSERT, job(1, 0, 0, 8)))
+        with pytest.raises(SwitchError, match="ALREADY_EXISTS|exists"):
+            sw.write(JobAdmission(sw).updates(INSERT, job(1, 0, 0, 8))[:1])
+        with pytest.raises(SwitchError, match="overlap job 1"):
+            sw.write(JobAdmission(sw).updates(INSERT, job(2, 1, 4, 8))[:1])
+        with pytest.raises(SwitchError, match="outside the pool"):
+            sw.write(JobAdmission(sw).updates(INSERT, job(3, 2, 1020, 8))[:1])
+        assert [k["job_id"] for k, _, _ in sw.table_entries("job_table")] == [1]
+        assert set(state.pipeline.engine.jobs) == {1}
+        with pytest.raises(ValueError, match="does not fit in 8 bits"):
+            sw.write(JobAdmission(sw).updates(INSERT, job(4, 300, 100, 8)))
+    finally:
+        sw.close()
+
+
+def test_unsupported_requests_get_a_grpc_status(server):
+    addr, _ = server
+    sw = SwitchConnection(addr)
+    try:
+        stub = p4runtime_pb2_grpc.P4RuntimeStub(grpc.insecure_channel(addr))
+        req = p4runtime_pb2.ReadRequest(device_id=0)
+        req.entities.add().table_entry.table_id = 0
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Read(req))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION   # no pipeline yet
+        sw.push_pipeline()
+        req = p4runtime_pb2.ReadRequest(device_id=0)
+        req.entities.add().register_entry.register_id = 0
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Read(req))
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        req = p4runtime_pb2.ReadRequest(device_id=3)
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Read(req))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(SwitchError, match="not supported"):
+            u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.INSERT)
+            u.entity.register_entry.register_id = 1
+            sw.write([u])
+    finally:
+        sw.close()
+
+
+def test_unreachable_switch_is_a_clear_error(tmp_path):
+    with pytest.raises(SwitchError, match="no P4Runtime server answered at unix:"):
+        SwitchConnection(f"unix:{tmp_path}/nothing.sock")
