@@ -31,6 +31,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/allreduce_bench.py
+	$(BIN)/python benchmarks/dataplane_bench.py
 
 clean:
 	rm -rf build logs pcaps benchmarks/results .pytest_cache .hypothesis

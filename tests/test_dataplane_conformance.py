@@ -9,15 +9,14 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
+from bmv2_env.testbed import Dataplane, bmv2_missing, have_netns, program_testbed
 from controller.switch import (
-    INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite, ResultReplication,
-    SwitchConnection, SwitchJob, WorkerBinding,
+    MODIFY, JobAdmission, JobCounters, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
 )
 from hostlib.protocol import (
     EXP_NONE, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K,
     UDP_PORT, build_contribution, pack_header, unpack_header,
 )
-from tests.dataplane import Dataplane, bmv2_missing, have_netns
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.254", "00:00:00:00:00:fe"
 
@@ -45,14 +44,7 @@ def dp(request):
     try:
         sw = SwitchConnection(plane.grpc_addr)
         sw.push_pipeline()
-        fwd = Forwarding(sw)
-        ups = [fwd.host_update(INSERT, host(p)[0], p) for p in range(1, 5)]
-        ups += fwd.flood_updates(INSERT, range(1, 5))
-        for job in (JOB1, JOB2):
-            ups += JobAdmission(sw).updates(INSERT, job)
-            ups += ReplicaRewrite(sw).updates(INSERT, job)
-            ups.append(ResultReplication(sw).job_update(INSERT, job))
-        sw.write(ups)
+        program_testbed(sw, (JOB1, JOB2), 4)
         plane.sw = sw
         yield plane
     finally:

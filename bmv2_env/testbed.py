@@ -1,7 +1,8 @@
-"""Test harness: a switch (software data plane or BMv2) in a network namespace of its own,
-its ports wired by veth pairs to raw sockets the test sends and receives frames on.
+"""A switch (software data plane or BMv2) in a network namespace of its own, its ports wired by
+veth pairs to raw sockets the caller sends and receives frames on: the conformance suite's and
+the data-plane benchmark's test bed.
 
-Everything lives in a namespace this harness creates and deletes; no traffic leaves it."""
+Everything lives in a namespace this module creates and deletes; no traffic leaves it."""
 
 from __future__ import annotations
 
@@ -49,6 +50,21 @@ def in_netns(name: str):
         _libc.setns(own, CLONE_NEWNET)
         os.close(own)
         os.close(target)
+
+
+def program_testbed(sw, jobs, n_ports: int) -> None:
+    """Forwarding for hosts 00:00:00:00:00:0<p> on port p, flooding, and the given jobs."""
+    from controller.switch import (INSERT, Forwarding, JobAdmission, ReplicaRewrite,
+                                   ResultReplication)
+
+    fwd = Forwarding(sw)
+    ups = [fwd.host_update(INSERT, f"00:00:00:00:00:{p:02x}", p) for p in range(1, n_ports + 1)]
+    ups += fwd.flood_updates(INSERT, range(1, n_ports + 1))
+    for job in jobs:
+        ups += JobAdmission(sw).updates(INSERT, job)
+        ups += ReplicaRewrite(sw).updates(INSERT, job)
+        ups.append(ResultReplication(sw).job_update(INSERT, job))
+    sw.write(ups)
 
 
 def sh(*cmd: str) -> None:
