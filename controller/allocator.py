@@ -1,0 +1,260 @@
+"""Slot allocation across concurrent jobs: pure policy, no I/O.
+
+The switch's slot pool is shared by the jobs the controller admits; a job that finds no room is
+granted host aggregation at once instead of waiting. The policy, and why:
+
+* **Minimum window, in aligned chunks.** A job gets at least ``min_window`` switch slots or none:
+  fewer slots cannot hide the round-trip time and the job would run slower on the switch than
+  on a host. Ranges are whole chunks of ``min_window`` slots on chunk boundaries, so freed space
+  never fragments below a minimum window: a job waiting for the switch fits in any free chunk.
+* **Demand-proportional shares.** Among the jobs on the switch (earliest arrivals first, as many
+  as minimum windows fit), the pool is divided in proportion to demand (bytes per iteration /
+  iteration time: the rate its allreduces must sustain), never beyond what a job can use (its
+  blocks per iteration). A heavier communicator needs a wider window for the same slowdown.
+* **Contiguous ranges, make-before-break.** A job's slots are one range (one table entry).
+  Shrinking keeps the base; growing and upgrading take only slots no other job holds, actively
+  or in a pending grant. A changed grant is *pending* until the job's workers activate it at an
+  allreduce boundary they agree on; the slots it gives up stay held until then. So two jobs
+  never aggregate into the same slot, even while grants change under running traffic.
+* **Every change is a new epoch**, monotonic per job (job ids are never reused), so a slot's
+  owner tag tells a new grant from any earlier one.
+* **Upgrades and growth** happen whenever slots free up (a job leaves, its lease expires, or a
+  shrink is activated): host jobs move to the switch in arrival order, then switch jobs grow.
+
+Invariants (property-tested in tests/test_allocator.py): active switch ranges never overlap,
+no slot is held by two jobs, all slots return to the pool when jobs leave, and every job
+always has a valid grant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SWITCH, HOST = "switch", "host"
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a job declared when it registered."""
+
+    n_workers: int
+    bytes_per_iteration: int = 0
+    iteration_seconds: float = 1.0
+
+    @property
+    def rate(self) -> float:
+        return self.bytes_per_iteration / max(self.iteration_seconds, 1e-9)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job aggregates (``mode``), its slot range there and the grant's epoch."""
+
+    mode: str
+    slot_base: int
+    slot_count: int
+    epoch: int
+
+    def slots(self) -> range:
+        return range(self.slot_base, self.slot_base + self.slot_count)
+
+    def same_place(self, other: "Placement") -> bool:
+        return (self.mode, self.slot_base, self.slot_count) == (other.mode, other.slot_base, other.slot_count)
+
+
+@dataclass
+class JobState:
+    job_id: int
+    demand: Demand
+    active: Placement
+    pending: Placement | None = None
+    drained: bool = False  # pinned to host aggregation by the operator
+    order: int = 0
+
+    @property
+    def intended(self) -> Placement:
+        return self.pending or self.active
+
+
+@dataclass
+class SlotAllocator:
+    """Grants for all jobs over one switch pool and one host-aggregator pool."""
+
+    switch_slots: int
+    min_window: int = 8
+    values_per_packet: int = 64
+    host_slots: int = 4096
+    host_window: int = 32
+    jobs: dict[int, JobState] = field(default_factory=dict)
+    _arrivals: int = 0
+
+    # -- events ------------------------------------------------------------------------------
+
+    def add_job(self, job_id: int, demand: Demand) -> Placement:
+        """Register a job: on the switch if a minimum window is free now, else on host."""
+        if job_id in self.jobs:
+            raise ValueError(f"job {job_id} exists")
+        if demand.n_workers < 1:
+            raise ValueError("a job needs at least one worker")
+        self._arrivals += 1
+        base = self._free_run(SWITCH, self.min_window, job_id)
+        if base is not None and self._on_switch_count() < self.switch_slots // self.min_window:
+            active = Placement(SWITCH, base, self.min_window, 1)
+        else:
+            active = self._host_placement(job_id, 1)
+        self.jobs[job_id] = JobState(job_id, demand, active, order=self._arrivals)
+        self.rebalance()
+        return active
+
+    def restore_job(self, state: JobState) -> None:
+        """Reinstate a job exactly as persisted (controller restart); no rebalancing."""
+        self.jobs[state.job_id] = state
+        self._arrivals = max(self._arrivals, state.order)
+
+    def remove_job(self, job_id: int) -> None:
+        """A job left or its lease expired: its slots return to the pool."""
+        if self.jobs.pop(job_id, None) is not None:
+            self.rebalance()
+
+    def drain(self, job_id: int) -> Placement:
+        """Operator request: move a job to host aggregation (as a pending grant)."""
+        job = self.jobs[job_id]
+        job.drained = True
+        self.rebalance()
+        return job.intended
+
+    def activate(self, job_id: int, epoch: int) -> bool:
+        """The job's workers agreed to use pending grant ``epoch``: True when it is active now,
+        False when the job has no such pending grant (superseded by a newer one)."""
+        job = self.jobs[job_id]
+        if job.active.epoch == epoch:
+            return True
+        if job.pending is None or job.pending.epoch != epoch:
+            return False
+        p = job.pending
+        if p.mode == SWITCH:
+            for other in self.jobs.values():
+                if other.job_id != job_id and other.active.mode == SWITCH and \
+                        set(other.active.slots()) & set(p.slots()):
+                    raise RuntimeError(f"allocator bug: job {job_id} epoch {epoch} overlaps job {other.job_id}")
+        job.active, job.pending = p, None
+        self.rebalance()
+        return True
+
+    # -- policy ------------------------------------------------------------------------------
+
+    def rebalance(self) -> None:
+        """Move every job's pending grant toward the policy's target."""
+        on_switch = self._switch_set()
+        shares = self._shares(on_switch)
+        for job in self._by_arrival():
+            if job.job_id not in shares and job.intended.mode == SWITCH:
+                self._propose(job, self._host_placement(job.job_id, 0))        # drained/evicted
+        for job in on_switch:                                                  # shrink in place
+            cur = job.intended
+            if cur.mode == SWITCH and cur.slot_count > shares[job.job_id]:
+                self._propose(job, Placement(SWITCH, cur.slot_base, shares[job.job_id], 0))
+        for job in on_switch:                                                  # upgrade
+            if job.intended.mode == HOST:
+                base = self._free_run(SWITCH, self.min_window, job.job_id)
+                if base is None:
+                    continue
+                room = self._run_length(SWITCH, base, job.job_id)
+                self._propose(job, Placement(SWITCH, base, min(shares[job.job_id], room), 0))
+        for job in on_switch:                                                  # grow
+            cur = job.intended
+            if cur.mode == SWITCH and cur.slot_count < shares[job.job_id]:
+                end = cur.slot_base + cur.slot_count
+                grow = min(self._run_length(SWITCH, end, job.job_id), shares[job.job_id] - cur.slot_count)
+                if grow > 0:
+                    self._propose(job, Placement(SWITCH, cur.slot_base, cur.slot_count + grow, 0))
+
+    def useful_window(self, demand: Demand) -> int:
+        """Slots beyond the job's blocks per iteration would never be used."""
+        if not demand.bytes_per_iteration:
+            return self.switch_slots
+        blocks = -(-demand.bytes_per_iteration // (4 * self.values_per_packet))
+        return max(self.min_window, blocks)
+
+    def _by_arrival(self) -> list[JobState]:
+        return sorted(self.jobs.values(), key=lambda j: j.order)
+
+    def _on_switch_count(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.intended.mode == SWITCH)
+
+    def _switch_set(self) -> list[JobState]:
+        """Jobs that should be on the switch: earliest arrivals, as many minimum windows fit."""
+        room = self.switch_slots // self.min_window
+        return [j for j in self._by_arrival() if not j.drained][:room]
+
+    def _shares(self, jobs: list[JobState]) -> dict[int, int]:
+        """Demand-proportional shares in slots: whole chunks, at least one, at most the
+        job's useful window (rounded down to chunks)."""
+        chunk = self.min_window
+        useful = {j.job_id: max(1, self.useful_window(j.demand) // chunk) for j in jobs}
+        shares = {j.job_id: 1 for j in jobs}
+        left = self.switch_slots // chunk - len(jobs)
+        while left > 0:
+            open_jobs = [j for j in jobs if shares[j.job_id] < useful[j.job_id]]
+            if not open_jobs:
+                break
+            total = sum(max(j.demand.rate, 1e-9) for j in open_jobs)
+            given = 0
+            for j in open_jobs:
+                room = useful[j.job_id] - shares[j.job_id]
+                add = min(room, int(left * max(j.demand.rate, 1e-9) / total))
+                shares[j.job_id] += add
+                given += add
+            if given == 0:  # rounding remainder: one slot each, earliest first
+                for j in open_jobs[:left]:
+                    shares[j.job_id] += 1
+                    given += 1
+            left -= given
+        return {job_id: n * chunk for job_id, n in shares.items()}
+
+    def _propose(self, job: JobState, p: Placement) -> None:
+        if job.intended.same_place(p):
+            return
+        epoch = max(job.active.epoch, job.pending.epoch if job.pending else 0) + 1
+        if job.active.same_place(p):  # back to where it already is: drop the pending change
+            job.pending = None
+            return
+        job.pending = Placement(p.mode, p.slot_base, p.slot_count, epoch)
+
+    def _held(self, mode: str, exclude: int) -> set[int]:
+        """Slots of ``mode`` held by any other job, actively or in a pending grant."""
+        held: set[int] = set()
+        for j in self.jobs.values():
+            if j.job_id == exclude:
+                continue
+            for p in (j.active, j.pending):
+                if p is not None and p.mode == mode:
+                    held.update(p.slots())
+        return held
+
+    def _free_run(self, mode: str, length: int, job_id: int) -> int | None:
+        """First base, on a ``length`` boundary, of ``length`` slots no other job holds."""
+        held = self._held(mode, job_id)
+        size = self.switch_slots if mode == SWITCH else self.host_slots
+        for base in range(0, size - length + 1, length):
+            if held.isdisjoint(range(base, base + length)):
+                return base
+        return None
+
+    def _run_length(self, mode: str, base: int, job_id: int) -> int:
+        held = self._held(mode, job_id)
+        size = self.switch_slots if mode == SWITCH else self.host_slots
+        n = 0
+        while base + n < size and base + n not in held:
+            n += 1
+        return n
+
+    def _host_placement(self, job_id: int, epoch: int) -> Placement:
+        job = self.jobs.get(job_id)
+        for p in (job.active, job.pending) if job else ():
+            if p is not None and p.mode == HOST:
+                return Placement(HOST, p.slot_base, p.slot_count, epoch)
+        base = self._free_run(HOST, self.host_window, job_id)
+        if base is None:
+            raise RuntimeError("host aggregator pool exhausted")
+        return Placement(HOST, base, self.host_window, epoch)

@@ -1,0 +1,118 @@
+"""Allocation policy: scenarios and property tests (many jobs arriving and leaving)."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.allocator import HOST, SWITCH, Demand, SlotAllocator
+
+
+def check_invariants(a: SlotAllocator) -> None:
+    owner = {}
+    for j in a.jobs.values():
+        assert j.active.epoch >= 1
+        assert 0 <= j.active.slot_base and j.active.slot_count >= 1
+        size = a.switch_slots if j.active.mode == SWITCH else a.host_slots
+        assert j.active.slot_base + j.active.slot_count <= size
+        if j.active.mode == SWITCH:
+            assert j.active.slot_count >= a.min_window
+            assert j.active.slot_base % a.min_window == 0 and j.active.slot_count % a.min_window == 0
+        if j.pending is not None:
+            assert j.pending.epoch > j.active.epoch
+        for p in {j.active, j.pending} - {None}:
+            for s in p.slots():
+                other = owner.setdefault((p.mode, s), j.job_id)
+                assert other == j.job_id, f"slot {p.mode}:{s} held by {other} and {j.job_id}"
+
+
+def settle(a: SlotAllocator) -> None:
+    """Let every job activate its pending grant, as workers would at their next boundary."""
+    for _ in range(4 * len(a.jobs) + 4):
+        pending = [(j.job_id, j.pending.epoch) for j in a.jobs.values() if j.pending]
+        if not pending:
+            return
+        for job_id, epoch in pending:
+            if job_id in a.jobs:
+                a.activate(job_id, epoch)
+                check_invariants(a)
+    raise AssertionError("grants did not settle")
+
+
+def test_two_jobs_fit_third_goes_to_host_and_is_upgraded_after_release():
+    a = SlotAllocator(switch_slots=32, min_window=16)
+    g1 = a.add_job(1, Demand(2, 1 << 20))
+    assert g1.mode == SWITCH and g1.epoch == 1
+    g2 = a.add_job(2, Demand(2, 1 << 20))
+    settle(a)
+    assert a.jobs[2].active.mode == SWITCH
+    assert set(a.jobs[1].active.slots()).isdisjoint(a.jobs[2].active.slots())
+    g3 = a.add_job(3, Demand(2, 1 << 20))
+    assert g3.mode == HOST
+    settle(a)
+    assert a.jobs[3].active.mode == HOST
+    a.remove_job(1)
+    settle(a)
+    assert a.jobs[3].active.mode == SWITCH and a.jobs[3].active.epoch > 1
+    check_invariants(a)
+
+
+def test_shares_follow_demand_and_respect_useful_window():
+    a = SlotAllocator(switch_slots=100, min_window=10, values_per_packet=64)
+    a.add_job(1, Demand(2, 300 * 256, 1.0))    # 300 blocks/iteration, rate 76800
+    a.add_job(2, Demand(2, 100 * 256, 1.0))    # 100 blocks, a third of the rate
+    settle(a)
+    c1, c2 = a.jobs[1].active.slot_count, a.jobs[2].active.slot_count
+    assert c1 + c2 == 100 and 70 <= c1 <= 80, (c1, c2)
+    small = SlotAllocator(switch_slots=100, min_window=4, values_per_packet=64)
+    small.add_job(1, Demand(2, 12 * 256))      # can use only 12 slots
+    settle(small)
+    assert small.jobs[1].active.slot_count == 12
+
+
+def test_shrink_keeps_base_and_is_pending_until_activated():
+    a = SlotAllocator(switch_slots=64, min_window=8)
+    a.add_job(1, Demand(2, 1 << 24))
+    settle(a)
+    assert a.jobs[1].active.slot_count == 64
+    a.add_job(2, Demand(2, 1 << 24))
+    job1 = a.jobs[1]
+    assert job1.active.slot_count == 64 and job1.pending.slot_base == job1.active.slot_base
+    assert a.jobs[2].active.mode == HOST and a.jobs[2].pending is None   # nothing free yet
+    assert a.activate(1, job1.pending.epoch)
+    assert a.jobs[2].pending.mode == SWITCH                              # upgrade proposed now
+    settle(a)
+    assert {a.jobs[1].active.slot_count, a.jobs[2].active.slot_count} == {32}
+
+
+def test_drain_and_superseded_epochs():
+    a = SlotAllocator(switch_slots=32, min_window=8)
+    a.add_job(1, Demand(1, 1 << 20))
+    settle(a)
+    p = a.drain(1)
+    assert p.mode == HOST
+    assert not a.activate(1, p.epoch + 5)         # no such pending grant: refused, nothing changes
+    assert a.activate(1, p.epoch) and a.jobs[1].active.mode == HOST
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "activate", "drain"]),
+                          st.integers(1, 12), st.integers(0, 1 << 22)), max_size=60),
+       st.sampled_from([16, 64, 100]), st.sampled_from([4, 8]))
+def test_invariants_under_random_arrivals_and_departures(events, pool, min_window):
+    a = SlotAllocator(switch_slots=pool, min_window=min_window, host_slots=12 * 32)
+    for kind, job_id, size in events:
+        if kind == "add" and job_id not in a.jobs:
+            a.add_job(job_id, Demand(2, size, 0.5))
+        elif kind == "remove":
+            a.remove_job(job_id)
+        elif kind == "activate" and job_id in a.jobs and a.jobs[job_id].pending:
+            a.activate(job_id, a.jobs[job_id].pending.epoch)
+        elif kind == "drain" and job_id in a.jobs:
+            a.drain(job_id)
+        check_invariants(a)
+    settle(a)
+    switch_jobs = [j for j in a.jobs.values() if j.active.mode == SWITCH]
+    undrained = [j for j in a.jobs.values() if not j.drained]
+    assert len(switch_jobs) == min(len(undrained), pool // min_window)
+    for job_id in list(a.jobs):
+        a.remove_job(job_id)
+    assert a.jobs == {} and a._free_run(SWITCH, pool, 0) == 0
