@@ -96,7 +96,7 @@ class Dataplane:
             if self.target == "soft":
                 cmd = [sys.executable, "-m", "bmv2_env.soft_switch"]
             else:
-                cmd = ["simple_switch_grpc"]
+                cmd = ["simple_switch_grpc", "--log-console"] if os.environ.get("INAGG_SWITCH_LOG") else ["simple_switch_grpc"]
             cmd += ports + ["--device-id", "0", "--no-p4", "--", "--grpc-server-addr", self.grpc_addr]
             self.log = open(self.tmp / "switch.log", "w")
             self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *cmd], cwd=ROOT,
@@ -149,4 +149,5 @@ class Dataplane:
                 self.proc.kill()
                 self.proc.wait()
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if not os.environ.get("INAGG_KEEP_TESTBED"):
+            shutil.rmtree(self.tmp, ignore_errors=True)

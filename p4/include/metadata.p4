@@ -42,6 +42,7 @@ struct metadata_t {
     bit<16> res_count;
     bit<32> res_offset;
     bit<1>  flooded;          /* L2 flood: egress prunes the ingress port */
+    bit<16> values_left;      /* parser: values still to extract */
 }
 
 #endif /* _INAGG_METADATA_P4_ */

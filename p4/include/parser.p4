@@ -32,15 +32,18 @@ parser InaggParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
     }
     state parse_inagg {
         pkt.extract(hdr.inagg);
+        meta.values_left = SWITCH_VALUES_PER_PACKET;
         transition select(hdr.inagg.count) {
             0: accept;                 /* header-only: exponent priming */
             default: parse_values;
         }
     }
+    /* K values (a counter, not lastIndex: BMv2 cannot select on a stack index) */
     state parse_values {
         pkt.extract(hdr.values.next);
-        transition select(hdr.values.lastIndex) {
-            (bit<32>) SWITCH_VALUES_PER_PACKET - 1: accept;
+        meta.values_left = meta.values_left - 1;
+        transition select(meta.values_left) {
+            0: accept;
             default: parse_values;
         }
     }
