@@ -85,6 +85,7 @@ class SlotAllocator:
     values_per_packet: int = 64
     host_slots: int = 4096
     host_window: int = 32
+    host_base: int = 0  # this allocator's share of a host pool shared with other allocators
     jobs: dict[int, JobState] = field(default_factory=dict)
     _arrivals: int = 0
 
@@ -235,8 +236,8 @@ class SlotAllocator:
     def _free_run(self, mode: str, length: int, job_id: int) -> int | None:
         """First base, on a ``length`` boundary, of ``length`` slots no other job holds."""
         held = self._held(mode, job_id)
-        size = self.switch_slots if mode == SWITCH else self.host_slots
-        for base in range(0, size - length + 1, length):
+        start, size = (0, self.switch_slots) if mode == SWITCH else (self.host_base, self.host_slots)
+        for base in range(start, start + size - length + 1, length):
             if held.isdisjoint(range(base, base + length)):
                 return base
         return None

@@ -15,6 +15,7 @@ import random
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -110,6 +111,34 @@ class HostAggregator:
         return r
 
 
+def follow_controller(engine: AggregationEngine, address: str, admin_token: str,
+                      stop: threading.Event) -> None:
+    """Apply the controller's host-mode job snapshots to ``engine`` until ``stop`` (reconnecting
+    when the controller restarts)."""
+    from controller.client import ControllerClient  # the controller's gRPC stubs, only when used
+
+    while not stop.is_set():
+        client = ControllerClient(address)
+        try:
+            for snapshot in client.watch_host_jobs(admin_token):
+                wanted = {j.job_id: JobConfig(j.job_id, j.epoch, j.slot_base, j.slot_count,
+                                              tuple(parse_address(w) for w in j.workers))
+                          for j in snapshot.jobs}
+                for job_id in [j for j in engine.jobs if j not in wanted]:
+                    engine.remove_job(job_id)
+                for job in wanted.values():
+                    if engine.jobs.get(job.job_id) != job:
+                        engine.remove_job(job.job_id)
+                        engine.set_job(job)
+                if stop.is_set():
+                    break
+        except Exception as e:  # noqa: BLE001 - keep serving; say why the feed broke
+            print(f"inagg-aggregator: controller feed from {address}: {e}", file=sys.stderr, flush=True)
+        finally:
+            client.close()
+        stop.wait(1.0)
+
+
 def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="inagg-aggregator", description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", default="127.0.0.1:42666", help="HOST:PORT to listen on (port 0: any)")
@@ -122,6 +151,8 @@ def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
                    help="drop this fraction of packets in each direction (loss injection for tests)")
     p.add_argument("--seed", type=int, default=0, help="seed of the loss injection")
     p.add_argument("--stats-file", type=Path, help="write counters here as JSON on exit")
+    p.add_argument("--controller", help="HOST:PORT of an inagg controller to take host-mode jobs from")
+    p.add_argument("--admin-token", default="", help="the controller's admin token")
     return p.parse_args(argv)
 
 
@@ -140,9 +171,14 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
+    feed_stop = threading.Event()
+    if args.controller:
+        threading.Thread(target=follow_controller, daemon=True,
+                         args=(engine, args.controller, args.admin_token, feed_stop)).start()
     host, port = server.address
     print(f"inagg-aggregator listening on {host}:{port} with {len(jobs)} job(s)", flush=True)
     server.serve()
+    feed_stop.set()
     report = json.dumps(server.report(), indent=2, sort_keys=True)
     if args.stats_file:
         args.stats_file.write_text(report)

@@ -1,0 +1,95 @@
+"""``inagg-controller`` (serve) and ``inaggctl`` (operate)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from .client import ControllerClient, ControllerError
+from .config import load_config
+from .switch import SwitchError
+
+
+def controller_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="inagg-controller", description="Serve the inagg job service "
+                                "and program the switches named in the config file.")
+    p.add_argument("--config", required=True, help="controller config (JSON)")
+    p.add_argument("--listen", help="override the config's listen address")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from .service import Controller, serve  # grpc server imports only when serving
+    try:
+        config = load_config(args.config)
+        listen = args.listen or config.listen
+        ctl = Controller(config)
+        server = serve(ctl, listen)
+    except (ValueError, SwitchError, OSError, RuntimeError) as e:
+        print(f"inagg-controller: {e}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    print(f"inagg-controller serving on {listen}: {len(config.switches)} switch(es), "
+          f"{len(ctl.jobs)} job(s) restored", flush=True)
+    done.wait()
+    server.stop(grace=1)
+    ctl.close()
+    return 0
+
+
+def _grant_text(g) -> str:
+    if not g.mode:
+        return "-"
+    return f"{g.mode} [{g.slot_base},{g.slot_base + g.slot_count}) e{g.epoch} -> {g.aggregator}"
+
+
+def ctl_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.")
+    p.add_argument("--controller", default="127.0.0.1:50051")
+    p.add_argument("--admin-token", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("jobs", help="jobs with mode, slots, epoch and counters")
+    sub.add_parser("slots", help="the switch slot map")
+    for name, text in (("drain", "move a job to host aggregation"), ("release", "end a job")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("job_id", type=int)
+    args = p.parse_args(argv)
+    client = ControllerClient(args.controller)
+    try:
+        if args.cmd == "jobs":
+            listing = client.list_jobs(args.admin_token)
+            print(f"{'job':>5} {'name':<12} {'workers':>7}  {'active grant':<48} {'pending':<14} counters")
+            for j in listing.jobs:
+                pending = f"{j.pending.mode} e{j.pending.epoch}" if j.HasField("pending") else "-"
+                counters = " ".join(f"{k}={v}" for k, v in sorted(j.counters.items()))
+                print(f"{j.job_id:>5} {j.name:<12} {j.joined:>3}/{j.n_workers:<3}  "
+                      f"{_grant_text(j.active):<48} {pending:<14} {counters}")
+        elif args.cmd == "slots":
+            listing = client.list_jobs(args.admin_token)
+            width = 64
+            cells = ["."] * width
+            scale = listing.switch_slots / width if listing.switch_slots else 1
+            for j in listing.jobs:
+                if j.active.mode == "switch":
+                    for c in range(int(j.active.slot_base / scale), int((j.active.slot_base + j.active.slot_count) / scale)):
+                        cells[c] = chr(ord("A") + (j.job_id - 1) % 26)
+            print(f"switch slots 0..{listing.switch_slots} ({scale:g} per cell): |{''.join(cells)}|")
+            for j in listing.jobs:
+                print(f"  {chr(ord('A') + (j.job_id - 1) % 26)} = job {j.job_id} {_grant_text(j.active)}")
+        elif args.cmd == "drain":
+            g = client.drain(args.admin_token, args.job_id)
+            print(f"job {args.job_id}: {'pending' if g.pending else 'active'} {_grant_text(g)}")
+        elif args.cmd == "release":
+            client.release(args.admin_token, args.job_id)
+            print(f"job {args.job_id} released")
+    except ControllerError as e:
+        print(f"inaggctl: {e}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+    return 0

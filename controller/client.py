@@ -1,0 +1,75 @@
+"""Client side of the job service, used by workers (hostlib), host aggregators and inaggctl."""
+
+from __future__ import annotations
+
+import grpc
+
+from hostlib.grant import Grant, parse_address
+
+from .proto import inagg_controller_pb2 as pb
+from .proto import inagg_controller_pb2_grpc as pb_grpc
+
+
+class ControllerError(RuntimeError):
+    """The controller refused a call or could not be reached; the message says which."""
+
+
+def to_grant(g: pb.Grant) -> Grant:
+    return Grant(g.job_id, g.epoch, g.slot_base, g.slot_count, g.values_per_packet,
+                 parse_address(g.aggregator), g.mode)
+
+
+class ControllerClient:
+    def __init__(self, address: str, timeout: float = 10.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.JobServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _call(self, method: str, request):
+        try:
+            return getattr(self.stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise ControllerError(f"controller at {self.address} unreachable: {e.details()}") from None
+            raise ControllerError(f"controller refused {method}: {e.code().name}: {e.details()}") from None
+
+    def create_job(self, n_workers: int, bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
+                   name: str = "") -> tuple[int, str]:
+        r = self._call("CreateJob", pb.CreateJobRequest(
+            n_workers=n_workers, bytes_per_iteration=bytes_per_iteration,
+            iteration_seconds=iteration_seconds, name=name))
+        return r.job_id, r.token
+
+    def join(self, job_id: int, token: str, rank: int, address: str, mac: str = "") -> pb.JoinJobReply:
+        return self._call("JoinJob", pb.JoinJobRequest(job_id=job_id, token=token, rank=rank,
+                                                       address=address, mac=mac))
+
+    def watch(self, job_id: int, token: str):
+        """Iterator of pb.Grant (no deadline: it lasts as long as the job)."""
+        return self.stub.WatchGrant(pb.JobRef(job_id=job_id, token=token))
+
+    def activate(self, job_id: int, token: str, epoch: int, boundary: int) -> pb.ActivateReply:
+        return self._call("ActivateGrant", pb.ActivateRequest(job_id=job_id, token=token, epoch=epoch,
+                                                              boundary=boundary))
+
+    def heartbeat(self, job_id: int, token: str) -> float:
+        return self._call("Heartbeat", pb.JobRef(job_id=job_id, token=token)).lease_seconds
+
+    def leave(self, job_id: int, token: str) -> None:
+        self._call("LeaveJob", pb.JobRef(job_id=job_id, token=token))
+
+    def list_jobs(self, admin_token: str) -> pb.JobList:
+        return self._call("ListJobs", pb.AdminRef(admin_token=admin_token))
+
+    def drain(self, admin_token: str, job_id: int) -> pb.Grant:
+        return self._call("DrainJob", pb.AdminJobRef(admin_token=admin_token, job_id=job_id))
+
+    def release(self, admin_token: str, job_id: int) -> None:
+        self._call("ReleaseJob", pb.AdminJobRef(admin_token=admin_token, job_id=job_id))
+
+    def watch_host_jobs(self, admin_token: str):
+        return self.stub.WatchHostJobs(pb.AdminRef(admin_token=admin_token))

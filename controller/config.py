@@ -1,0 +1,102 @@
+"""The controller's configuration file (JSON): switches, host aggregator, pool policy, service.
+
+Example (bmv2_env/topologies/ ships real ones)::
+
+    {
+      "listen": "127.0.0.1:50051",
+      "admin_token": "change-me",
+      "database": "controller.sqlite",
+      "lease_seconds": 30,
+      "min_window": 8,
+      "host_aggregator": "10.0.0.100:42666",
+      "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
+      "switches": [{
+        "name": "s1", "grpc": "127.0.0.1:9559", "device_id": 0,
+        "aggregator": "10.0.0.254:42602", "aggregator_mac": "00:00:00:00:00:fe",
+        "hosts": {"10.0.0.1": {"port": 1, "mac": "00:00:00:00:00:01"}}
+      }]
+    }
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hostlib.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
+
+
+@dataclass(frozen=True)
+class HostPort:
+    port: int
+    mac: str
+
+
+@dataclass(frozen=True)
+class SwitchConfig:
+    name: str
+    grpc: str
+    device_id: int
+    aggregator: str               # "ip:port" workers send contributions to in switch mode
+    hosts: dict[str, HostPort]    # IPv4 -> where that host is attached
+
+    @property
+    def ports(self) -> list[int]:
+        return sorted({h.port for h in self.hosts.values()})
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    switches: tuple[SwitchConfig, ...]
+    host_aggregator: str
+    listen: str = "127.0.0.1:50051"
+    admin_token: str = ""
+    database: str = "controller.sqlite"
+    lease_seconds: float = 30.0
+    min_window: int = 8
+    host_slots: int = 4096
+    host_window: int = HOST_WINDOW
+    host_values_per_packet: int = HOST_VALUES_PER_PACKET
+    extra: dict = field(default_factory=dict)
+
+
+def _need(d: dict, key: str, where: str):
+    if key not in d:
+        raise ValueError(f"{where}: missing key {key!r}")
+    return d[key]
+
+
+def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
+    """Validate a config dict, naming the first bad entry."""
+    switches = []
+    for i, s in enumerate(data.get("switches", [])):
+        where = f"switches[{i}]"
+        hosts = {}
+        for ip, h in _need(s, "hosts", where).items():
+            ipaddress.IPv4Address(ip)
+            hosts[ip] = HostPort(int(_need(h, "port", f"{where}.hosts[{ip}]")),
+                                 str(_need(h, "mac", f"{where}.hosts[{ip}]")))
+        parse_address(_need(s, "aggregator", where))
+        switches.append(SwitchConfig(str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)),
+                                     int(s.get("device_id", 0)), s["aggregator"], hosts))
+    host_aggregator = _need(data, "host_aggregator", "config")
+    parse_address(host_aggregator)
+    known = {f for f in ControllerConfig.__dataclass_fields__} - {"switches", "host_aggregator", "extra"}
+    unknown = set(data) - known - {"switches", "host_aggregator"}
+    if unknown:
+        raise ValueError(f"config: unknown key(s) {sorted(unknown)}")
+    kwargs = {k: data[k] for k in known if k in data}
+    if "database" in kwargs and base is not None and not Path(kwargs["database"]).is_absolute():
+        kwargs["database"] = str(base / kwargs["database"])
+    return ControllerConfig(switches=tuple(switches), host_aggregator=host_aggregator, **kwargs)
+
+
+def load_config(path: Path | str) -> ControllerConfig:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read controller config {path}: {e}") from None
+    return parse_config(data, path.parent)
