@@ -164,7 +164,7 @@ class SoftPipeline:
         ip[12:20] = d[ETH + 16: ETH + 20] + d[ETH + 12: ETH + 16]
         udp_ports = d[ETH + IP + 2: ETH + IP + 4] + d[ETH + IP: ETH + IP + 2]
         if self.engine.last_outcome == "dup_done":
-            return [(port, _frame(eth, ip, udp_ports, emit.data))]
+            return [(port, build_frame(eth, ip, udp_ports, emit.data))]
         out = []
         replicas = self.pre.groups.get(admit.param("mcast_grp"), ())
         for replica in replicas:
@@ -176,7 +176,7 @@ class SoftPipeline:
                 e = rewrite.param("mac").to_bytes(6, "big") + eth[6:]
                 i[16:20] = rewrite.param("addr").to_bytes(4, "big")
                 u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
-            out.append((replica.port, _frame(e, i, u, emit.data)))
+            out.append((replica.port, build_frame(e, i, u, emit.data)))
         return out
 
     def forwarding(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
@@ -193,7 +193,8 @@ class SoftPipeline:
         return []
 
 
-def _frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes) -> bytes:
+def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes) -> bytes:
+    """Ethernet + IPv4 (length and checksum recomputed) + UDP (checksum 0) + payload."""
     ip[2:4] = (IP + UDP + len(payload)).to_bytes(2, "big")
     ip[10:12] = b"\0\0"
     ip[10:12] = ipv4_checksum(bytes(ip)).to_bytes(2, "big")

@@ -9,6 +9,11 @@ It attaches to Linux interfaces with raw sockets, runs ``bmv2_env.pipeline.SoftP
 inagg program in Python, its slot logic being the shared aggregation engine) and serves
 P4Runtime on the gRPC address. It can run only the inagg program: the pipeline pushed (or the
 JSON given) must be the committed one.
+
+Loopback attachment (no root, no interfaces): ``--udp-bind 127.0.0.254`` listens on that address
+at the inagg UDP port, and ``-i N@udp:127.0.1.N`` makes the host 127.0.1.N port N. Datagrams
+from a host enter its port as Ethernet/IPv4/UDP frames; frames leaving a UDP-attached port are
+sent as datagrams to their IPv4/UDP destination. This is how ``make demo`` runs the switch.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from pathlib import Path
 
 from controller.p4info import BMV2_JSON_PATH, P4Info
 
+from hostlib.protocol import UDP_PORT
+
 from .p4runtime_server import SoftSwitchState, serve
-from .pipeline import SoftPipeline
+from .pipeline import ETH, INAGG_AT, IP, SoftPipeline, build_frame
 
 log = logging.getLogger("inagg.soft_switch")
 
@@ -63,6 +70,59 @@ def open_port(iface: str) -> socket.socket:
     return s
 
 
+class RawPort:
+    """A Linux interface as a switch port (AF_PACKET, promiscuous)."""
+
+    def __init__(self, port: int, iface: str) -> None:
+        self.port, self.name = port, iface
+        self.sock = open_port(iface)
+
+    def recv(self) -> list[tuple[int, bytes]]:
+        try:
+            frame, addr = self.sock.recvfrom(65535)
+        except BlockingIOError:
+            return []
+        return [] if addr[2] == PACKET_OUTGOING else [(self.port, frame)]
+
+    def send(self, port: int, frame: bytes) -> None:
+        self.sock.send(frame)
+
+
+class UdpPorts:
+    """Hosts on loopback as switch ports: one UDP socket at the switch's inagg address."""
+
+    def __init__(self, bind_ip: str, peers: dict[int, str]) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((bind_ip, UDP_PORT))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.sock.setblocking(False)
+        self.name = f"udp:{bind_ip}"
+        self.bind_ip = socket.inet_aton(bind_ip)
+        self.port_of = {socket.inet_aton(ip): port for port, ip in peers.items()}
+        self.dropped = 0
+
+    def recv(self) -> list[tuple[int, bytes]]:
+        try:
+            data, (ip, sport) = self.sock.recvfrom(65535)
+        except BlockingIOError:
+            return []
+        src = socket.inet_aton(ip)
+        port = self.port_of.get(src)
+        if port is None:
+            self.dropped += 1
+            return []
+        eth = b"\x00\x00\x00\x00\x00\xfe" + b"\x02\x00" + src + b"\x08\x00"
+        ip_hdr = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 0, 0, 0, 64, 17, 0, src, self.bind_ip))
+        return [(port, build_frame(eth, ip_hdr, struct.pack("!HH", sport, UDP_PORT), data))]
+
+    def send(self, port: int, frame: bytes) -> None:
+        if len(frame) < INAGG_AT:
+            return
+        dst = socket.inet_ntoa(frame[ETH + 16: ETH + 20])
+        dport, length = struct.unpack_from("!HH", frame, ETH + IP + 2)
+        self.sock.sendto(frame[INAGG_AT: ETH + IP + length], (dst, dport))
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if "--" in argv:
         split = argv.index("--")
@@ -77,6 +137,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pcap", nargs="?", const=".", metavar="DIR",
                    help="write <iface>_in.pcap / <iface>_out.pcap per port into DIR")
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
+    p.add_argument("--udp-bind", metavar="IP", help="switch address for udp: ports (loopback mode)")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -93,6 +154,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if int(num) in ports:
             p.error(f"port {num} given twice")
         ports[int(num)] = iface
+    if any(i.startswith("udp:") for i in ports.values()) and not args.udp_bind:
+        p.error("udp: ports need --udp-bind")
     args.ports = ports
     return args
 
@@ -110,7 +173,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         state.pipeline = SoftPipeline(program)
     try:
-        socks = {port: open_port(iface) for port, iface in args.ports.items()}
+        attach: dict[int, RawPort | UdpPorts] = {}
+        udp_peers = {p: i[4:] for p, i in args.ports.items() if i.startswith("udp:")}
+        if udp_peers:
+            udp = UdpPorts(args.udp_bind, udp_peers)
+            attach.update({p: udp for p in udp_peers})
+        for port, iface in args.ports.items():
+            if port not in udp_peers:
+                attach[port] = RawPort(port, iface)
         server = serve(state, args.target.grpc_server_addr)
     except (OSError, RuntimeError) as e:
         print(f"inagg-soft-switch: {e}", file=sys.stderr)
@@ -119,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.pcap:
         for port, iface in args.ports.items():
             for direction in ("in", "out"):
-                pcaps[port, direction] = PcapWriter(Path(args.pcap) / f"{iface}_{direction}.pcap")
+                name = iface.replace(":", "_")
+                pcaps[port, direction] = PcapWriter(Path(args.pcap) / f"{name}_{direction}.pcap")
 
     running = True
 
@@ -130,32 +201,26 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     sel = selectors.DefaultSelector()
-    for port, s in socks.items():
-        sel.register(s, selectors.EVENT_READ, port)
+    for a in {id(a): a for a in attach.values()}.values():
+        sel.register(a.sock, selectors.EVENT_READ, a)
     print(f"inagg-soft-switch device {args.device_id}: ports "
           f"{', '.join(f'{p}@{i}' for p, i in sorted(args.ports.items()))}; "
           f"P4Runtime on {args.target.grpc_server_addr}", flush=True)
     while running:
         for key, _ in sel.select(timeout=0.2):
-            port = key.data
-            try:
-                frame, addr = key.fileobj.recvfrom(65535)
-            except BlockingIOError:
-                continue
-            if addr[2] == PACKET_OUTGOING:
-                continue
-            if pcaps:
-                pcaps[port, "in"].write(frame)
-            with state.lock:
-                out = state.pipeline.process(port, frame) if state.pipeline else []
-            for egress, data in out:
-                s = socks.get(egress)
-                if s is None:
-                    continue
-                log.debug("port %d -> %d: %d bytes", port, egress, len(data))
-                s.send(data)
+            for port, frame in key.data.recv():
                 if pcaps:
-                    pcaps[egress, "out"].write(data)
+                    pcaps[port, "in"].write(frame)
+                with state.lock:
+                    out = state.pipeline.process(port, frame) if state.pipeline else []
+                for egress, data in out:
+                    a = attach.get(egress)
+                    if a is None:
+                        continue
+                    log.debug("port %d -> %d: %d bytes", port, egress, len(data))
+                    a.send(egress, data)
+                    if pcaps:
+                        pcaps[egress, "out"].write(data)
     server.stop(grace=1)
     for w in pcaps.values():
         w.close()

@@ -7,8 +7,15 @@ the life of the grant (not per call), as the aggregator's duplicate logic requir
 Block exponents travel one round ahead (SwitchML): the packet of block ``c`` carries this
 worker's exponent of block ``c + W``, and the result of block ``c`` returns the job-wide maximum,
 which is the exponent every worker then uses to quantize block ``c + W``. Each call opens with a
-header-only "priming" round per slot that fetches the exponents of the first W blocks. int32
-tensors are summed as they are and need no priming.
+priming round per slot that fetches the exponents of the first W blocks (int32 tensors are summed
+as they are and prime only slot 0).
+
+Slot 0's priming round goes first, alone, and carries a control vector of 2N int32 values: in
+position r, rank r's element count and dtype, and in position N + r the newest pending grant
+epoch rank r has seen. Its (exact, integer) sum gives every rank the same view: a size or dtype
+mismatch fails the call on every rank with the same error before any data moves (and before any
+other slot changes state), and ``agreed_epoch`` = the smallest pending epoch all ranks have seen
+is the grant every rank may switch to after this call, at the same boundary.
 
 Loss recovery: every outstanding round has a deadline (RTO from an RTT estimate, Karn's rule,
 doubling backoff per slot); on expiry the same packet is resent with FLAG_RETRANSMIT. The
@@ -71,6 +78,7 @@ class StreamStats:
 
 
 _PRIME = -1  # chunk index of a slot's priming round
+MAX_ELEMENTS = 1 << 30  # the control vector carries 2 * numel + dtype in an int32
 
 
 @dataclass
@@ -132,27 +140,37 @@ class SlotStream:
         self.stats = StreamStats()
         self._rtt = _RttEstimator(rto_min, rto_max)
         self._buf = bytearray(65536)
+        self.agreed_epoch = 0
         self.set_grant(grant)
 
     def set_grant(self, grant: Grant) -> None:
         """Use a new grant from the next call on. Slots of a new (job, epoch) start fresh."""
+        if 2 * self.n_workers > grant.values_per_packet:
+            raise ValueError(f"{self.n_workers} workers need at least {2 * self.n_workers} values "
+                             f"per packet (the control vector), grant has {grant.values_per_packet}")
         self.grant = grant
         self._next_set = [0] * grant.slot_count
         self._shift = codec.shift_for(self.n_workers)
 
     # -- public ------------------------------------------------------------------------------
 
-    def allreduce(self, x: np.ndarray) -> np.ndarray:
-        """Sum ``x`` (flat, float32 or int32) over all workers of the job, in place."""
+    def allreduce(self, x: np.ndarray, pending_epoch: int = 0) -> np.ndarray:
+        """Sum ``x`` (flat, float32 or int32) over all workers of the job, in place.
+
+        ``pending_epoch``: the newest pending grant this rank has seen (0: none); after the
+        call, ``agreed_epoch`` holds the smallest such epoch over all ranks."""
         if x.dtype not in (np.float32, np.int32):
             raise TypeError(f"allreduce supports float32 and int32, not {x.dtype}")
         if x.ndim != 1 or not x.flags.c_contiguous:
             raise ValueError("allreduce needs a flat contiguous array")
+        if x.size >= MAX_ELEMENTS:
+            raise ValueError(f"allreduce of {x.size} elements: at most {MAX_ELEMENTS - 1} per call")
         started = time.perf_counter()
+        self.agreed_epoch = 0
         if x.size:
-            bad_chunks = self._run(x)
-            if bad_chunks is not None:
-                raise FloatingPointError(bad_chunks)
+            error = self._run(x, pending_epoch)
+            if error is not None:
+                raise error
         self.stats.allreduces += 1
         self.stats.elements += x.size
         self.stats.seconds += time.perf_counter() - started
@@ -160,24 +178,30 @@ class SlotStream:
 
     # -- the window protocol -----------------------------------------------------------------
 
-    def _run(self, x: np.ndarray) -> str | None:
+    def _run(self, x: np.ndarray, pending_epoch: int) -> Exception | None:
         g = self.grant
         k = g.values_per_packet
+        n = self.n_workers
         n_chunks = -(-x.size // k)
         window = min(g.slot_count, n_chunks)
         is_float = x.dtype == np.float32
+        local_exp = [EXP_NONE] * n_chunks
         if is_float:
             local_exp, bad = codec.block_exponents(x, k)
             local_exp = local_exp.tolist()
             agreed = [EXP_NONE] * n_chunks
         overflow_chunks: list[int] = []
+        control = np.zeros(2 * n, np.int32)
+        control[self.rank] = 2 * x.size + int(is_float)
+        control[n + self.rank] = pending_epoch
 
         def packet_for(slot_idx: int, chunk: int, slot_set: int) -> tuple[bytes, int]:
             slot = g.slot_base + slot_idx
             if chunk == _PRIME:
                 offset = slot_idx * k
                 return build_contribution(g.job_id, self.rank, g.epoch, slot, slot_set, offset,
-                                          None, k, exp=local_exp[slot_idx]), offset
+                                          control if slot_idx == 0 else None, k,
+                                          exp=local_exp[slot_idx]), offset
             offset = chunk * k
             block = x[offset: offset + k]
             flags = 0
@@ -208,8 +232,7 @@ class SlotStream:
             stats.wire_bytes_sent += len(pkt) + overhead
 
         now = time.perf_counter()
-        for i in range(window):
-            send_round(i, _PRIME if is_float else i, now)
+        send_round(0, _PRIME, now)  # alone: the control vector is checked before anything else
 
         buf = self._buf
         view = memoryview(buf)
@@ -218,12 +241,12 @@ class SlotStream:
         tick = self._rtt.rto_min
         next_scan = now + tick
         while remaining:
-            n = self.transport.recv_into(buf, tick)
+            got = self.transport.recv_into(buf, tick)
             now = time.perf_counter()
-            if n:
+            if got:
                 stats.packets_received += 1
-                stats.wire_bytes_received += n + overhead
-                idx = self._match(view, n, outstanding)
+                stats.wire_bytes_received += got + overhead
+                idx = self._match(view, got, outstanding)
                 if idx is None:
                     stats.ignored_results += 1
                 else:
@@ -234,11 +257,17 @@ class SlotStream:
                     if not rnd.retransmitted:
                         self._rtt.sample(now - rnd.sent_at)
                     last_progress = now
+                    vals = np.frombuffer(buf, ">i4", count, HEADER_BYTES)
                     nxt = idx if rnd.chunk == _PRIME else rnd.chunk + window
-                    if rnd.chunk != _PRIME:
+                    if rnd.chunk == _PRIME and idx == 0:
+                        error = self._check_control(vals, n)
+                        if error is not None:
+                            return error
+                        for i in range(1, window):  # phase 2: the other slots
+                            send_round(i, _PRIME if is_float else i, now)
+                    elif rnd.chunk != _PRIME:
                         remaining -= 1
                         out = x[rnd.offset: rnd.offset + count]
-                        vals = np.frombuffer(buf, ">i4", count, HEADER_BYTES)
                         if not is_float:
                             out[:] = vals
                         elif flags & FLAG_OVERFLOW:
@@ -261,9 +290,20 @@ class SlotStream:
                     )
         if overflow_chunks:
             first = min(overflow_chunks) * k
-            return (f"allreduce input holds inf/NaN or |x| >= 2**127 on some rank: "
-                    f"{len(overflow_chunks)} block(s) of {k} values, first at element {first}; "
-                    f"those elements are left unchanged")
+            return FloatingPointError(
+                f"allreduce input holds inf/NaN or |x| >= 2**127 on some rank: "
+                f"{len(overflow_chunks)} block(s) of {k} values, first at element {first}; "
+                f"those elements are left unchanged")
+        return None
+
+    def _check_control(self, summed: np.ndarray, n: int) -> ValueError | None:
+        """Every rank's (size, dtype) must agree; records the agreed pending epoch."""
+        shapes = summed[:n].tolist()
+        if len(set(shapes)) != 1:
+            desc = ", ".join(f"rank {r}: {v // 2} x {'float32' if v % 2 else 'int32'}"
+                             for r, v in enumerate(shapes))
+            return ValueError(f"allreduce tensors differ across ranks ({desc})")
+        self.agreed_epoch = int(summed[n:].min())
         return None
 
     def _match(self, view: memoryview, n: int, outstanding: dict[int, _Round]) -> int | None:

@@ -1,0 +1,204 @@
+"""The communicator an ML engineer creates: allreduce through inagg for one rank of a job.
+
+Bootstrap uses torch.distributed's rendezvous store (rank 0 creates the job at the controller
+and publishes its id and token under ``inagg/job``). Every rank binds a UDP socket, joins the
+job, and follows the controller's grant stream in a background thread. Allreduces run on one
+background I/O thread in submission order (every rank submits the same sequence), so
+``allreduce_async`` returns at once with a ``torch.futures.Future``.
+
+Grant changes (host <-> switch, resize, new epoch) are applied at an allreduce boundary all
+ranks agree on: each call carries the newest pending epoch the rank has seen (see
+``hostlib.stream``), all ranks learn the smallest of them, and when it is newer than the active
+grant they all ask the controller to activate it with the same boundary number and switch
+together. Nothing in flight is lost: a call runs entirely under one grant.
+"""
+
+from __future__ import annotations
+
+import enum
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .grant import Grant
+from .stream import SlotStream
+from .transport import UdpTransport
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    AVG = "avg"
+
+
+@dataclass
+class _Request:
+    array: np.ndarray
+    op: ReduceOp
+    future: object  # torch.futures.Future
+    result: object  # what the future resolves to
+    staged_back: object = None  # CUDA tensor to copy the result into...
+    staged_host: object = None  # ...from this pinned host copy
+
+
+class Communicator:
+    """One rank's inagg endpoint. Use ``from_rendezvous`` or pass a torch.distributed Store."""
+
+    def __init__(self, store, rank: int, world_size: int, controller: str, *, bind_ip: str = "127.0.0.1",
+                 mac: str = "", bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
+                 name: str = "", timeout: float = 60.0, stall_timeout: float = 30.0) -> None:
+        from controller.client import ControllerClient, to_grant  # gRPC stubs
+
+        self.rank, self.world_size = rank, world_size
+        self._to_grant = to_grant
+        self.client = ControllerClient(controller)
+        if rank == 0:
+            job_id, token = self.client.create_job(world_size, bytes_per_iteration, iteration_seconds, name)
+            store.set("inagg/job", f"{job_id}:{token}")
+        store.wait(["inagg/job"])
+        job_id_text, self.token = store.get("inagg/job").decode().split(":")
+        self.job_id = int(job_id_text)
+        self.transport = UdpTransport(("127.0.0.1", 9), bind=(bind_ip, 0))
+        address = "%s:%d" % self.transport.address
+        reply = self.client.join(self.job_id, self.token, rank, address, mac)
+        self.lease_seconds = reply.lease_seconds
+
+        self._grants: dict[int, Grant] = {}
+        self._pending_epoch = 0
+        self._active_epoch = 0
+        self._first = threading.Event()
+        self._closed = threading.Event()
+        self._grant_stream = self.client.watch(self.job_id, self.token)
+        threading.Thread(target=self._follow_grants, daemon=True, name="inagg-grants").start()
+        if not self._first.wait(timeout):
+            raise TimeoutError(f"job {self.job_id}: no grant from the controller within {timeout}s "
+                               f"(did all {world_size} ranks join?)")
+        grant = self._grants[self._active_epoch]
+        self.transport.retarget(grant.aggregator)
+        self.stream = SlotStream(grant, rank, world_size, self.transport, stall_timeout=stall_timeout)
+        self.boundary = 0
+        self.grant_changes = 0
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        threading.Thread(target=self._io_loop, daemon=True, name="inagg-io").start()
+        threading.Thread(target=self._heartbeat, daemon=True, name="inagg-lease").start()
+
+    @classmethod
+    def from_rendezvous(cls, url: str, controller: str, **kwargs) -> "Communicator":
+        """``url`` as for ``torch.distributed.rendezvous`` (e.g. ``env://`` or
+        ``tcp://host:port?rank=R&world_size=N``)."""
+        import torch.distributed as dist
+
+        store, rank, world_size = next(dist.rendezvous(url))
+        return cls(store, rank, world_size, controller, **kwargs)
+
+    # -- grants ------------------------------------------------------------------------------
+
+    def _follow_grants(self) -> None:
+        import grpc
+
+        try:
+            for g in self._grant_stream:
+                grant = self._to_grant(g)
+                self._grants[g.epoch] = grant
+                if g.pending:
+                    self._pending_epoch = max(self._pending_epoch, g.epoch)
+                elif not self._first.is_set():
+                    self._active_epoch = g.epoch
+                    self._first.set()
+        except grpc.RpcError:
+            pass  # stream closed (shutdown or controller restart: grants stay as they are)
+
+    def _heartbeat(self) -> None:
+        while not self._closed.wait(max(self.lease_seconds / 3, 0.1)):
+            try:
+                self.client.heartbeat(self.job_id, self.token)
+            except Exception:  # noqa: BLE001 - the next beat retries; the lease has slack
+                pass
+
+    def _switch_if_agreed(self) -> None:
+        agreed = self.stream.agreed_epoch
+        if agreed <= self.stream.grant.epoch:
+            return
+        reply = self.client.activate(self.job_id, self.token, agreed, self.boundary)
+        grant = self._to_grant(reply.grant)
+        if grant.epoch != self.stream.grant.epoch:
+            self.stream.set_grant(grant)
+            self.transport.retarget(grant.aggregator)
+            self.grant_changes += 1
+
+    # -- allreduce ---------------------------------------------------------------------------
+
+    def _io_loop(self) -> None:
+        while True:
+            req = self._queue.get()
+            if req is None:
+                return
+            try:
+                self.stream.allreduce(req.array, self._pending_epoch)
+                self.boundary += 1
+                self._switch_if_agreed()
+                if req.op is ReduceOp.AVG:
+                    req.array /= self.world_size
+                if req.staged_back is not None:
+                    req.staged_back.copy_(req.staged_host)
+                req.future.set_result(req.result)
+            except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
+                self.boundary += 1
+                req.future.set_exception(e)
+
+    def allreduce_async(self, tensor, op: ReduceOp = ReduceOp.SUM):
+        """Queue an allreduce of a torch tensor (float32 or int32, contiguous; CUDA tensors are
+        staged through pinned host memory) or a numpy array; returns a ``torch.futures.Future``
+        resolving to the same tensor, reduced in place."""
+        import torch
+
+        fut = torch.futures.Future()
+        staged_back = None
+        if isinstance(tensor, np.ndarray):
+            array = tensor.reshape(-1)
+            if not np.shares_memory(array, tensor):
+                raise ValueError("allreduce needs a contiguous array")
+        else:
+            if tensor.dtype not in (torch.float32, torch.int32):
+                raise TypeError(f"inagg allreduces float32 and int32 tensors, not {tensor.dtype}")
+            if not tensor.is_contiguous():
+                raise ValueError("allreduce needs a contiguous tensor")
+            host = tensor
+            if tensor.is_cuda:
+                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                host.copy_(tensor)
+                staged_back = tensor
+            array = host.detach().view(-1).numpy()
+        if op is ReduceOp.AVG and array.dtype != np.float32:
+            raise TypeError("AVG needs a float32 tensor")
+        self._queue.put(_Request(array, op, fut, tensor, staged_back, host if staged_back is not None else None))
+        return fut
+
+    def allreduce(self, tensor, op: ReduceOp = ReduceOp.SUM):
+        """Blocking allreduce; raises what went wrong (on every rank alike)."""
+        return self.allreduce_async(tensor, op).wait()
+
+    @property
+    def grant(self) -> Grant:
+        return self.stream.grant
+
+    def stats(self) -> dict:
+        s = self.stream.stats.as_dict()
+        s.update(mode=self.grant.mode, epoch=self.grant.epoch, grant_changes=self.grant_changes,
+                 goodput_MBps=(4 * s["elements"] / s["seconds"] / 1e6) if s["seconds"] else 0.0)
+        return s
+
+    def close(self, leave: bool = True) -> None:
+        """Stop the I/O thread; rank 0 ends the job at the controller when ``leave``."""
+        self._queue.put(None)
+        self._closed.set()
+        self._grant_stream.cancel()
+        if leave and self.rank == 0:
+            try:
+                self.client.leave(self.job_id, self.token)
+            except Exception:  # noqa: BLE001 - the lease expires anyway
+                pass
+        self.transport.close()
+        self.client.close()
