@@ -1,0 +1,104 @@
+"""Training integration: the communicator, the DDP hooks and grant switch-over, on the embedded
+default deployment (software data plane over loopback, controller, host aggregator)."""
+
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from bmv2_env.loopback import LoopbackDeployment, worker_ip
+from controller.client import ControllerClient, ControllerError
+from hostlib.communicator import Communicator, ReduceOp
+from hostlib.train_demo import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def gloo_run():
+    return train(TrainConfig(workers=2, epochs=2, hook="gloo"))
+
+
+def test_ddp_hook_gives_gloo_parameters(gloo_run):
+    with LoopbackDeployment(2) as dep:
+        run = train(TrainConfig(workers=2, epochs=2, hook="inagg"), dep.controller)
+    assert all(s["mode"] == "switch" for s in run.stats)
+    for a, b in zip(run.params, gloo_run.params):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(run.epochs, gloo_run.epochs, atol=1e-4)
+
+
+def test_grant_switch_over_mid_training_loses_nothing(gloo_run):
+    with LoopbackDeployment(2) as dep:
+        run = train(TrainConfig(workers=2, epochs=2, hook="inagg", drain_at_step=20), dep.controller,
+                    admin=(dep.controller, dep.admin_token))
+    assert [s["mode"] for s in run.stats] == ["host", "host"]
+    assert all(s["grant_changes"] >= 2 and s["host_results"] > 0 for s in run.stats)
+    for a, b in zip(run.params, gloo_run.params):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def make_comms(dep, n, **kw):
+    d = tempfile.mkdtemp()
+    store = dist.FileStore(f"{d}/store", n)
+    comms, errors = [None] * n, []
+
+    def mk(r):
+        try:
+            comms[r] = Communicator(store, r, n, dep.controller, bind_ip=worker_ip(r), **kw)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=mk, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return comms
+
+
+def test_many_async_allreduces_in_flight():
+    with LoopbackDeployment(3) as dep:
+        comms = make_comms(dep, 3)
+        try:
+            sizes = [1, 63, 64, 65, 1000, 4097, 20000]
+            futures = []
+            for r, c in enumerate(comms):
+                for i, n in enumerate(sizes):
+                    t = torch.full((n,), float(r + 1 + i), dtype=torch.float32)
+                    futures.append((i, c.allreduce_async(t, ReduceOp.AVG if i % 2 else ReduceOp.SUM)))
+                futures.append((-1, c.allreduce_async(torch.arange(10, dtype=torch.int32) * (r + 1))))
+            for i, f in futures:
+                out = f.wait()
+                if i < 0:
+                    assert out.tolist() == [6 * v for v in range(10)]
+                else:
+                    expect = sum(r + 1 + i for r in range(3)) / (3 if i % 2 else 1)
+                    assert torch.allclose(out, torch.full_like(out, expect), rtol=1e-6)
+            assert all(c.stats()["allreduces"] == len(sizes) + 1 for c in comms)
+        finally:
+            for c in comms:
+                c.close()
+
+
+def test_bad_input_gives_clear_errors():
+    with LoopbackDeployment(2) as dep:
+        comms = make_comms(dep, 2)
+        try:
+            with pytest.raises(TypeError, match="float32 and int32 tensors, not torch.float64"):
+                comms[0].allreduce_async(torch.zeros(3, dtype=torch.float64))
+            with pytest.raises(ValueError, match="contiguous"):
+                comms[0].allreduce_async(torch.zeros(4, 4).t())
+            futs = [comms[0].allreduce_async(torch.zeros(100)), comms[1].allreduce_async(torch.zeros(101))]
+            for f in futs:
+                with pytest.raises(ValueError, match=r"differ across ranks \(rank 0: 100 x float32, rank 1: 101"):
+                    f.wait()
+            futs = [c.allreduce_async(torch.ones(50)) for c in comms]   # still usable afterwards
+            assert all(f.wait().tolist() == [2.0] * 50 for f in futs)
+        finally:
+            for c in comms:
+                c.close()
+    with pytest.raises(ControllerError, match="unreachable"):
+        ControllerClient("127.0.0.1:1", timeout=2).create_job(2)
