@@ -186,7 +186,9 @@ class Communicator:
 
     def stats(self) -> dict:
         s = self.stream.stats.as_dict()
-        s.update(mode=self.grant.mode, epoch=self.grant.epoch, grant_changes=self.grant_changes,
+        g = self.grant
+        s.update(mode=g.mode, epoch=g.epoch, slots=f"[{g.slot_base},{g.slot_base + g.slot_count})",
+                 grant_changes=self.grant_changes,
                  goodput_MBps=(4 * s["elements"] / s["seconds"] / 1e6) if s["seconds"] else 0.0)
         return s
 

@@ -53,8 +53,10 @@ def load_digits_split(seed: int = 0):
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
 
 
-def _worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, controller: str | None,
-            admin: tuple[str, str] | None, q) -> None:
+def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, controller: str | None,
+               admin: tuple[str, str] | None, report, bind_ip: str | None = None) -> None:
+    """One training process. ``report(message)`` receives ("epoch", epoch, loss, accuracy) from
+    rank 0 and ("done", rank, params or None, inagg stats or None, seconds, steps) from all."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -75,7 +77,7 @@ def _worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, controll
         nbytes = 4 * sum(p.numel() for p in model.parameters())
         comm = Communicator.from_rendezvous(
             f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}", controller,
-            bind_ip=worker_ip(rank), bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.hook)
+            bind_ip=bind_ip or worker_ip(rank), bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.hook)
         if cfg.hook == "inagg":
             ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
         else:
@@ -104,10 +106,10 @@ def _worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, controll
         with torch.no_grad():
             acc = (model(torch.from_numpy(xte)).argmax(1).numpy() == yte).mean()
         if rank == 0:
-            q.put(("epoch", epoch, float(np.mean(losses)), float(acc)))
+            report(("epoch", epoch, float(np.mean(losses)), float(acc)))
     seconds = time.perf_counter() - t0
     params = [p.detach().numpy().copy() for p in model.parameters()]
-    q.put(("done", rank, params if rank == 0 else None, comm.stats() if comm else None, seconds, steps))
+    report(("done", rank, params if rank == 0 else None, comm.stats() if comm else None, seconds, steps))
     if comm is not None:
         dist.barrier()
         comm.close()
@@ -121,7 +123,7 @@ def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str
     q = ctx.Queue()
     result = TrainResult()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q),
+        procs = [ctx.Process(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put),
                              daemon=True) for r in range(cfg.workers)]
         for p in procs:
             p.start()
@@ -159,9 +161,36 @@ def _bar(epoch: int, total: int, loss: float, acc: float, width: int = 24) -> st
     return f"  epoch {epoch + 1:>2}/{total} [{'#' * filled}{'.' * (width - filled)}] loss {loss:.4f}  test acc {100 * acc:5.1f}%"
 
 
+def worker_main(argv: list[str]) -> int:
+    """One training process started by the Mininet launcher inside a host's namespace;
+    reports are JSON lines on stdout."""
+    import json
+
+    p = argparse.ArgumentParser(prog="inagg-train-worker")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--dist-file", required=True)
+    p.add_argument("--rdv-file", required=True)
+    p.add_argument("--controller", required=True)
+    p.add_argument("--bind-ip", required=True)
+    p.add_argument("--config", required=True, help="TrainConfig as JSON")
+    args = p.parse_args(argv)
+    cfg = TrainConfig(**json.loads(args.config))
+
+    def report(msg) -> None:
+        if msg[0] == "done":
+            msg = msg[:2] + (None,) + msg[3:]
+        print(json.dumps(msg), flush=True)
+
+    run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from bmv2_env.loopback import LoopbackDeployment
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return worker_main(argv[1:])
     p = argparse.ArgumentParser(prog="inagg-demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=12)
