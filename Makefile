@@ -1,5 +1,6 @@
-# inagg: make demo | make test | make bench
-# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS.
+# inagg: make demo | make test | make bench | make run / stop / clean | make build
+# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS,
+#            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs).
 
 PYTHON        ?= python3
 VENV          ?= .venv
@@ -7,9 +8,15 @@ TORCH_VERSION ?= 2.13.0
 BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.inagg-installed
 
-.PHONY: all setup demo test bench build clean
+P4C           ?= p4c-bm2-ss
+TOPO          ?= bmv2_env/topologies/single_switch.json
+DATAPLANE     ?= auto
+EPOCHS        ?=
 
-all: demo
+.PHONY: all run stop setup setup-emulation demo test bench build clean protos
+
+# As in p4lang/tutorials: `make` = `make run`.
+all: run
 
 # The virtual environment with inagg (editable), its test tools and a CPU build of torch.
 # On a bare Debian, python3-venv is installed first (needs root).
@@ -23,20 +30,45 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Mininet (Debian's package; Open vSwitch is not needed) and ethtool, for `make run`.
+# Without root the emulation tests skip, so this only installs when it can.
+setup-emulation: setup
+	@command -v mnexec >/dev/null && command -v ethtool >/dev/null || [ "$$(id -u)" != 0 ] || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mininet ethtool)
+
+# Compile when p4c is present (else the committed JSON/P4Info are used), then bring up the
+# topology, the controller, the host aggregator and the jobs; prints a per-job summary.
+run: setup-emulation
+	@if command -v $(P4C) >/dev/null; then $(MAKE) --no-print-directory build; fi
+	$(BIN)/python -m bmv2_env.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) $(if $(EPOCHS),--epochs $(EPOCHS))
+
+stop:
+	$(BIN)/python -m bmv2_env.mininet_run --stop
+
 demo: setup
 	$(BIN)/inagg-demo $(DEMO_ARGS)
 
-test: setup
+test: setup-emulation
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/allreduce_bench.py
 	$(BIN)/python benchmarks/dataplane_bench.py
+	$(BIN)/python benchmarks/controller_bench.py
 
-clean:
+clean: stop
 	rm -rf build logs pcaps benchmarks/results .pytest_cache .hypothesis
 
+# Regenerate the job service's Python stubs. p4runtime-shell pins protobuf < 3.21, so the
+# generator (grpcio-tools, which wants a newer protobuf) runs in a throwaway venv.
+protos:
+	$(PYTHON) -m venv build/protoc-venv
+	build/protoc-venv/bin/pip install -q "grpcio-tools==1.59.3"
+	cd controller/proto && ../../build/protoc-venv/bin/python -m grpc_tools.protoc -I. \
+	  --python_out=. --grpc_python_out=. inagg_controller.proto
+	sed -i 's/^import inagg_controller_pb2 as/from . import inagg_controller_pb2 as/' \
+	  controller/proto/inagg_controller_pb2_grpc.py
+
 # Compile the P4 program and refresh the committed BMv2 JSON + P4Info (needs p4c).
-P4C ?= p4c-bm2-ss
 build:
 	$(P4C) --arch v1model --p4runtime-files p4/inagg.p4info.txtpb -o p4/inagg.json p4/inagg.p4

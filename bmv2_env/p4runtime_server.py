@@ -217,8 +217,9 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                     detail.message = str(err)
                 status.details.add().Pack(detail)
             context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
-            context.abort(grpc.StatusCode.UNKNOWN,
-                          "; ".join(str(e) for e in errors if e is not None))
+            failed = [str(e) for e in errors if e is not None]
+            more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
+            context.abort(grpc.StatusCode.UNKNOWN, "; ".join(failed[:3]) + more)
         return p4runtime_pb2.WriteResponse()
 
     def _write_one(self, pipeline: SoftPipeline, update) -> StatusError | None:

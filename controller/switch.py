@@ -66,6 +66,8 @@ class SwitchConnection:
         try:
             p4info = self.client.get_p4info()
         except P4RuntimeException as e:
+            if e.grpc_error.code() == grpc.StatusCode.FAILED_PRECONDITION:  # BMv2: none set yet
+                return None
             raise SwitchError(f"switch {self.address}: cannot read its pipeline: {e}") from None
         if not p4info.tables:
             return None
