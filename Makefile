@@ -55,6 +55,7 @@ bench: setup
 	$(BIN)/python benchmarks/allreduce_bench.py
 	$(BIN)/python benchmarks/dataplane_bench.py
 	$(BIN)/python benchmarks/controller_bench.py
+	$(BIN)/python benchmarks/artopk_bench.py
 
 clean: stop
 	rm -rf build logs pcaps benchmarks/results .pytest_cache .hypothesis

@@ -25,7 +25,7 @@ class TrainConfig:
     epochs: int = 12
     batch: int = 16          # per worker
     lr: float = 0.1
-    hidden: int = 64
+    hidden: int = 128
     hook: str = "inagg"      # "inagg", "artopk" or "gloo" (no hook)
     cr: float = 0.01         # AR-Topk compression ratio
     selection: str = "star"
