@@ -160,13 +160,14 @@ class SlotAllocator:
                 base = self._free_run(SWITCH, self.min_window, job.job_id)
                 if base is None:
                     continue
-                room = self._run_length(SWITCH, base, job.job_id)
-                self._propose(job, Placement(SWITCH, base, min(shares[job.job_id], room), 0))
+                room = self._run_length(base, job.job_id)
+                self._propose(job, Placement(SWITCH, base, min(shares[job.job_id], self._chunks(room)), 0))
         for job in on_switch:                                                  # grow
             cur = job.intended
             if cur.mode == SWITCH and cur.slot_count < shares[job.job_id]:
                 end = cur.slot_base + cur.slot_count
-                grow = min(self._run_length(SWITCH, end, job.job_id), shares[job.job_id] - cur.slot_count)
+                grow = self._chunks(min(self._run_length(end, job.job_id),
+                                        shares[job.job_id] - cur.slot_count))
                 if grow > 0:
                     self._propose(job, Placement(SWITCH, cur.slot_base, cur.slot_count + grow, 0))
 
@@ -213,6 +214,10 @@ class SlotAllocator:
             left -= given
         return {job_id: n * chunk for job_id, n in shares.items()}
 
+    def _chunks(self, slots: int) -> int:
+        """``slots`` rounded down to whole chunks (ranges never end mid-chunk)."""
+        return slots // self.min_window * self.min_window
+
     def _propose(self, job: JobState, p: Placement) -> None:
         if job.intended.same_place(p):
             return
@@ -242,11 +247,11 @@ class SlotAllocator:
                 return base
         return None
 
-    def _run_length(self, mode: str, base: int, job_id: int) -> int:
-        held = self._held(mode, job_id)
-        size = self.switch_slots if mode == SWITCH else self.host_slots
+    def _run_length(self, base: int, job_id: int) -> int:
+        """Free switch slots from ``base`` on, up to the first one another job holds."""
+        held = self._held(SWITCH, job_id)
         n = 0
-        while base + n < size and base + n not in held:
+        while base + n < self.switch_slots and base + n not in held:
             n += 1
         return n
 

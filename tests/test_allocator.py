@@ -93,7 +93,7 @@ def test_drain_and_superseded_epochs():
     assert a.activate(1, p.epoch) and a.jobs[1].active.mode == HOST
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "remove", "activate", "drain"]),
                           st.integers(1, 12), st.integers(0, 1 << 22)), max_size=60),
        st.sampled_from([16, 64, 100]), st.sampled_from([4, 8]))
