@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .testbed import stop_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 SWITCH_IP = "127.0.0.254"
 HOST_AGGREGATOR = "127.0.0.100:42666"
@@ -80,14 +82,7 @@ class LoopbackDeployment:
         return self
 
     def __exit__(self, *exc) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(reversed(self.procs))
         if not os.environ.get("INAGG_KEEP_TESTBED"):
             shutil.rmtree(self.dir, ignore_errors=True)
 

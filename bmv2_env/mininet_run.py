@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from .testbed import stop_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 STATE = Path("/tmp/inagg-mininet")
 GRPC_BASE_PORT = 9559
@@ -78,12 +80,7 @@ def make_switch_class(Switch):
                 time.sleep(0.1)
 
         def stop(self, deleteIntfs=True):
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
+            stop_processes([self.proc])
             Switch.stop(self, deleteIntfs)
 
     return P4Switch
@@ -223,6 +220,7 @@ class Run:
             env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name}
             procs.append(host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                     stderr=open(ROOT / "logs" / f"{name}-{host_name}.log", "w"), text=True))
+        self.procs.extend(procs)
         print(f"job {name}: {len(procs)} workers on {', '.join(spec['workers'])}", flush=True)
         return {"spec": spec, "cfg": cfg, "procs": procs, "epochs": [], "done": {}}
 
@@ -253,14 +251,7 @@ class Run:
         return totals
 
     def teardown(self) -> None:
-        for p in self.procs + [w for w in getattr(self, "_workers", [])]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs)
         if self.net is not None:
             self.net.stop()
         shutil.rmtree(STATE, ignore_errors=True)

@@ -119,8 +119,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         finally:
             with self._streams_lock:
                 was = self._streams.pop(sid, None)
-            if was is not None:
-                self._notify() if self._streams else None
+            if was is not None and self._streams:
+                self._notify()
 
     def _check_primary(self, device_id: int, election_id) -> None:
         if device_id != self.state.device_id:
@@ -228,7 +228,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         try:
             if kind == "table_entry":
                 undo = pipeline.tables.write(update.type, entity.table_entry)
-                name = pipeline.tables._table(entity.table_entry.table_id).name
+                name = pipeline.tables.table_name(entity.table_entry.table_id)
                 if name in (JOB_TABLE, WORKER_TABLE):
                     try:
                         pipeline.sync_jobs()

@@ -68,6 +68,9 @@ class TableStore:
 
     # -- decoding --------------------------------------------------------------------------
 
+    def table_name(self, table_id: int) -> str:
+        return self._table(table_id).name
+
     def _table(self, table_id: int) -> Table:
         for t in self.tables.values():
             if t.info.preamble.id == table_id:

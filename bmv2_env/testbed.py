@@ -67,6 +67,20 @@ def program_testbed(sw, jobs, n_ports: int) -> None:
     sw.write(ups)
 
 
+def stop_processes(procs, timeout: float = 10.0) -> None:
+    """SIGTERM every still-running process, then SIGKILL what has not exited after ``timeout``."""
+    procs = [p for p in procs if p is not None]
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
@@ -141,13 +155,7 @@ class Dataplane:
         for s in self.socks.values():
             s.close()
         self.socks.clear()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_processes([self.proc])
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
         if not os.environ.get("INAGG_KEEP_TESTBED"):
             shutil.rmtree(self.tmp, ignore_errors=True)

@@ -89,15 +89,8 @@ class SwitchRuntime:
         for u in want:
             ent = u.entity
             if ent.HasField("table_entry"):
-                te = ent.table_entry
-                table = self.sw.p4info.by_id(te.table_id).preamble.name.split(".")[-1]
-                t = self.sw.p4info.by_id(te.table_id)
-                names = {mf.id: mf.name for mf in t.match_fields}
-                key = tuple(sorted((names[m.field_id], int.from_bytes(m.exact.value, "big")) for m in te.match))
-                a = self.sw.p4info.by_id(te.action.action.action_id)
-                pnames = {p.id: p.name for p in a.params}
-                value = (a.preamble.name.split(".")[-1],
-                         {pnames[p.param_id]: int.from_bytes(p.value, "big") for p in te.action.action.params})
+                table, key_dict, action, params = self.sw.decode_entry(ent.table_entry)
+                key, value = tuple(sorted(key_dict.items())), (action, params)
                 seen_tables.add((table, key))
                 have = have_tables.get((table, key))
                 if have != value:

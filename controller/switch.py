@@ -128,19 +128,19 @@ class SwitchConnection:
 
     def table_entries(self, table: str) -> list[tuple[dict[str, int], str, dict[str, int]]]:
         """(key, action name, params) of every entry of ``table``."""
-        t = self.p4info.obj(P4Type.table, table)
         q = p4runtime_pb2.Entity()
-        q.table_entry.table_id = t.preamble.id
+        q.table_entry.table_id = self.p4info.id(P4Type.table, table)
+        return [self.decode_entry(ent.table_entry)[1:] for ent in self.read(q)]
+
+    def decode_entry(self, te: p4runtime_pb2.TableEntry) -> tuple[str, dict[str, int], str, dict[str, int]]:
+        """(table, key, action, params) of a TableEntry, with short names."""
+        t = self.p4info.by_id(te.table_id)
         names = {mf.id: mf.name for mf in t.match_fields}
-        out = []
-        for ent in self.read(q):
-            te = ent.table_entry
-            key = {names[m.field_id]: int.from_bytes(m.exact.value, "big") for m in te.match}
-            a = self.p4info.by_id(te.action.action.action_id)
-            pnames = {p.id: p.name for p in a.params}
-            params = {pnames[p.param_id]: int.from_bytes(p.value, "big") for p in te.action.action.params}
-            out.append((key, a.preamble.name.split(".")[-1], params))
-        return out
+        key = {names[m.field_id]: int.from_bytes(m.exact.value, "big") for m in te.match}
+        a = self.p4info.by_id(te.action.action.action_id)
+        pnames = {p.id: p.name for p in a.params}
+        params = {pnames[p.param_id]: int.from_bytes(p.value, "big") for p in te.action.action.params}
+        return t.preamble.name.split(".")[-1], key, a.preamble.name.split(".")[-1], params
 
     def counter(self, name: str, index: int | None = None) -> dict[int, int]:
         """Packet counts of an indexed counter: {index: packets}."""
