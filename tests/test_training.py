@@ -102,3 +102,13 @@ def test_bad_input_gives_clear_errors():
                 c.close()
     with pytest.raises(ControllerError, match="unreachable"):
         ControllerClient("127.0.0.1:1", timeout=2).create_job(2)
+
+
+def test_artopk_hook_trains_with_far_fewer_bytes():
+    with LoopbackDeployment(2) as dep:
+        dense = train(TrainConfig(workers=2, epochs=2, hook="inagg"), dep.controller)
+    with LoopbackDeployment(2) as dep:
+        sparse = train(TrainConfig(workers=2, epochs=2, hook="artopk", cr=0.01), dep.controller)
+    sent = [sum(s["wire_bytes_sent"] for s in r.stats) for r in (dense, sparse)]
+    assert sent[0] > 10 * sent[1]
+    assert sparse.epochs[-1][1] > 0.5          # it learns (2 epochs of a 1 % sparsified gradient)
