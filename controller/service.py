@@ -9,6 +9,7 @@ converges to the same state from the SQLite store.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import secrets
 import threading
@@ -145,7 +146,6 @@ class Controller:
     # -- persistence -------------------------------------------------------------------------
 
     def _restore(self) -> None:
-        import json
         for row in self.store.jobs():
             raw = json.loads(row["state"])
             demand = Demand(**raw["demand"])
@@ -174,21 +174,18 @@ class Controller:
     def _sync(self) -> None:
         """Called with the lock held after any change: job indices, switches, store, watchers."""
         for name, sw in self.switches.items():
-            active = []
-            used = {j.job_index for j in self.jobs.values() if j.place == name and j.job_index is not None
-                    and self.allocators[name].jobs.get(j.job_id) and
-                    self.allocators[name].jobs[j.job_id].active.mode == SWITCH}
-            for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
-                state = self.allocators[name].jobs.get(job.job_id) if job.place == name else None
-                if state is None or state.active.mode != SWITCH:
-                    if job.place == name:
-                        job.job_index = None
-                    continue
+            alloc = self.allocators[name]
+            on_switch = [j for j in sorted(self.jobs.values(), key=lambda j: j.job_id)
+                         if j.place == name and alloc.jobs[j.job_id].active.mode == SWITCH]
+            for job in self.jobs.values():   # a job off the switch gives its counter row back
+                if job.place == name and job not in on_switch:
+                    job.job_index = None
+            used = {j.job_index for j in on_switch}
+            for job in on_switch:
                 if job.job_index is None:
                     job.job_index = min(set(range(MAX_JOBS_PER_SWITCH)) - used)
                     used.add(job.job_index)
-                active.append(self._switch_job(job, sw, state.active))
-            sw.reconcile(active)
+            sw.reconcile([self._switch_job(j, sw, alloc.jobs[j.job_id].active) for j in on_switch])
         for job in self.jobs.values():
             self._persist(job)
         self.version += 1
