@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cost_model import LinkEstimator
 from .grant import Grant
+from .protocol import ENCAP_BYTES, HEADER_BYTES
 from .stream import SlotStream
 from .transport import UdpTransport
 
@@ -80,6 +82,9 @@ class Communicator:
         self.stream = SlotStream(grant, rank, world_size, self.transport, stall_timeout=stall_timeout)
         self.boundary = 0
         self.grant_changes = 0
+        # alpha/beta of this rank's path, measured: every call's control round is a latency
+        # probe and every call a (wire bytes, seconds) transfer sample (hostlib.cost_model)
+        self.link = LinkEstimator(alpha=1e-4, beta=1e-8)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         threading.Thread(target=self._io_loop, daemon=True, name="inagg-io").start()
         threading.Thread(target=self._heartbeat, daemon=True, name="inagg-lease").start()
@@ -136,7 +141,11 @@ class Communicator:
             if req is None:
                 return
             try:
+                sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
                 self.stream.allreduce(req.array, self._pending_epoch)
+                self.link.observe(self.stream.stats.wire_bytes_sent - sent,
+                                  time.perf_counter() - started, latencies=4)
+                self.link.observe(2 * (HEADER_BYTES + ENCAP_BYTES), self.stream.control_rtt, latencies=2)
                 self.boundary += 1
                 self._switch_if_agreed()
                 if req.op is ReduceOp.AVG:

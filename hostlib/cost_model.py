@@ -8,7 +8,8 @@ and adds up. One allreduce of ``b`` payload bytes costs::
     T(b) = 2 * rounds * alpha + fan_in * (1 + h) * beta * b
 
 - ``alpha``: latency of one message (worker -> aggregator or back); a round trip is 2 alpha.
-  float32 allreduces take 2 rounds (the exponent-priming round, then the data); int32 take 1.
+  Every allreduce takes 2 rounds: slot 0's control/priming round (sizes, grant agreement and,
+  for float32, block exponents), then the data.
 - ``beta``: seconds per wire byte of the bottleneck link. A switch aggregates packet by packet
   at line rate and the window keeps the pipe full, so sending b and receiving the sum overlap on
   a full-duplex link: b crosses each worker link once each way (fan_in 1). A host aggregator's
@@ -63,7 +64,7 @@ class CostModel:
 
     def allreduce(self, nbytes: float, *, is_float: bool, path: str) -> float:
         """Seconds of one sum-allreduce of ``nbytes`` payload bytes."""
-        rounds = 2 if is_float else 1
+        rounds = 2  # control/priming round + data, float32 and int32 alike
         fan_in = 1 if path == "ina" else self.n_workers
         return 2 * rounds * self.alpha + fan_in * (1 + self.header_overhead) * self.beta * nbytes
 
@@ -100,7 +101,7 @@ class LinkEstimator:
 
     ``latencies`` is how many alpha a sample paid: 1 for a one-way message (then the fit is
     the plain ``T = alpha + beta * bytes``), 2 per allreduce round trip, so a float32 inagg
-    allreduce is 4 and an int32 one 2; ``nbytes`` are wire bytes of the bottleneck link
+    allreduce is 4 (int32 too: the control round precedes the data); ``nbytes`` are wire bytes of the bottleneck link
     (``StreamStats.wire_bytes_sent`` on a switch path). Real transfers pin beta; tiny probes
     (a one-element int32 allreduce) pin alpha. Until the window holds two samples that are not
     proportional in (latencies, nbytes), the priors given at construction are returned.

@@ -141,6 +141,7 @@ class SlotStream:
         self._rtt = _RttEstimator(rto_min, rto_max)
         self._buf = bytearray(65536)
         self.agreed_epoch = 0
+        self.control_rtt = 0.0  # round trip of the last call's control round: a latency probe
         self.set_grant(grant)
 
     def set_grant(self, grant: Grant) -> None:
@@ -260,6 +261,7 @@ class SlotStream:
                     vals = np.frombuffer(buf, ">i4", count, HEADER_BYTES)
                     nxt = idx if rnd.chunk == _PRIME else rnd.chunk + window
                     if rnd.chunk == _PRIME and idx == 0:
+                        self.control_rtt = now - rnd.sent_at
                         error = self._check_control(vals, n)
                         if error is not None:
                             return error

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .artopk import ARTopk, CompressionSchedule
+from .artopk import ARTopk, CompressionSchedule, broadcast_int32
 from .communicator import Communicator, ReduceOp
+from .cost_model import CollectiveChooser
 
 
 @dataclass
@@ -46,8 +47,11 @@ class ARTopkHookState:
     cr: float | CompressionSchedule = 0.01
     selection: str = "star"
     dense_iterations: int = 2          # DDP rebuilds buckets after the first iteration
+    adaptive: bool = False             # choose dense or AR-Topk per iteration by the cost model
     iteration: int = 0
     artopk: ARTopk | None = None
+    chooser: CollectiveChooser | None = None
+    last_choice: str = ""
     _buckets: dict[int, tuple[torch.Tensor, torch.futures.Future]] = field(default_factory=dict)
     _layout: tuple[tuple[int, int], ...] | None = None  # (bucket index, numel), in index order
 
@@ -73,7 +77,7 @@ def artopk_hook(state: ARTopkHookState, bucket: dist.GradBucket) -> torch.future
         raise RuntimeError(f"DDP bucket layout changed after warm-up: {state._layout} -> {layout}")
     flat = np.concatenate([b.detach().view(-1).numpy() for _, (b, _) in buckets])
     try:
-        update = state.artopk.step(flat)
+        update = state.artopk.step(flat, cr=1.0 if _choose_dense(state, flat.size) else None)
     except Exception as e:  # noqa: BLE001 - every bucket's future carries the error
         for _, (_, f) in buckets:
             f.set_exception(e)
@@ -88,3 +92,23 @@ def artopk_hook(state: ARTopkHookState, bucket: dist.GradBucket) -> torch.future
     state._buckets.clear()
     state.iteration += 1
     return fut
+
+
+def _choose_dense(state: ARTopkHookState, numel: int) -> bool:
+    """With ``adaptive``: rank 0 asks the cost model (alpha/beta measured by its communicator)
+    whether dense or AR-Topk is cheaper on the job's current path, and broadcasts the answer
+    so every rank runs the same collective."""
+    if not state.adaptive:
+        return False
+    comm = state.comm
+    path = "ina" if comm.grant.mode == "switch" else "host"
+    if state.chooser is None:
+        state.chooser = CollectiveChooser(comm.link, comm.world_size, selection=state.selection,
+                                          options=(f"dense_{path}", f"artopk_{path}"))
+    cr = state.cr if isinstance(state.cr, float) else (state.cr.cr or state.cr.target)
+    choice = np.array([0], np.int32)
+    if comm.rank == 0:
+        choice[0] = state.chooser.options.index(state.chooser.choose(4.0 * numel, cr))
+    choice = broadcast_int32(choice, 1, 0, comm.rank, lambda x: comm.allreduce(x))
+    state.last_choice = state.chooser.options[int(choice[0])]
+    return state.last_choice.startswith("dense")

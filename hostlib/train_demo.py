@@ -29,6 +29,7 @@ class TrainConfig:
     hook: str = "inagg"      # "inagg", "artopk" or "gloo" (no hook)
     cr: float = 0.01         # AR-Topk compression ratio
     selection: str = "star"
+    adaptive: bool = False   # AR-Topk hook: pick dense or AR-Topk per step by the cost model
     drain_at_step: int = -1  # ask the controller to move the job to host mode at this step
     seed: int = 0
 
@@ -81,7 +82,8 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
         if cfg.hook == "inagg":
             ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
         else:
-            ddp.register_comm_hook(ARTopkHookState(comm, cr=cfg.cr, selection=cfg.selection), artopk_hook)
+            ddp.register_comm_hook(ARTopkHookState(comm, cr=cfg.cr, selection=cfg.selection,
+                                                   adaptive=cfg.adaptive), artopk_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
     mine = np.arange(rank, len(ytr), cfg.workers)
     xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr)

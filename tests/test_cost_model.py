@@ -50,12 +50,12 @@ def test_equations():
     w = (1 + h) * BETA
     assert star.predict("dense_ina", M, c) == pytest.approx(4 * ALPHA + w * M)
     assert star.predict("dense_host", M, c) == pytest.approx(4 * ALPHA + w * N * M)
-    assert star.predict("artopk_ina", M, c) == pytest.approx(6 * ALPHA + 2 * w * c * M)
-    assert star.predict("artopk_host", M, c) == pytest.approx(6 * ALPHA + 2 * w * N * c * M)
-    assert var.predict("artopk_ina", M, c) == pytest.approx(10 * ALPHA + w * (2 * c * M + 4 * N))
-    assert star.predict("allgather_topk_ina", M, c) == pytest.approx(6 * ALPHA + 2 * w * N * c * M)
+    assert star.predict("artopk_ina", M, c) == pytest.approx(8 * ALPHA + 2 * w * c * M)
+    assert star.predict("artopk_host", M, c) == pytest.approx(8 * ALPHA + 2 * w * N * c * M)
+    assert var.predict("artopk_ina", M, c) == pytest.approx(12 * ALPHA + w * (2 * c * M + 4 * N))
+    assert star.predict("allgather_topk_ina", M, c) == pytest.approx(8 * ALPHA + 2 * w * N * c * M)
     assert star.predict("allgather_topk_host", M, c) == pytest.approx(
-        6 * ALPHA + 2 * w * N * N * c * M)
+        8 * ALPHA + 2 * w * N * N * c * M)
     assert set(star.predict_all(M, c)) == set(OPTIONS)
 
 
@@ -75,8 +75,8 @@ def side(c_star):
 
 
 def test_chooser_flips_at_the_cr_crossover_on_the_switch():
-    # dense_ina = artopk_ina:  4a + (1+h)bM = 6a + 2(1+h)b c M
-    c_star = 0.5 - ALPHA / ((1 + H) * BETA * M)
+    # dense_ina = artopk_ina:  4a + (1+h)bM = 8a + 2(1+h)b c M
+    c_star = 0.5 - 2 * ALPHA / ((1 + H) * BETA * M)
     below, above = side(c_star)
     chooser = CollectiveChooser(estimator_at(ALPHA, BETA), N)
     assert chooser.choose(M, below) == "artopk_ina"
@@ -86,8 +86,8 @@ def test_chooser_flips_at_the_cr_crossover_on_the_switch():
 
 
 def test_chooser_flips_at_the_cr_crossover_on_a_host_aggregator():
-    # dense_host = artopk_host:  4a + N(1+h)bM = 6a + 2N(1+h)b c M
-    c_star = 0.5 - ALPHA / (N * (1 + H) * BETA * M)
+    # dense_host = artopk_host:  4a + N(1+h)bM = 8a + 2N(1+h)b c M
+    c_star = 0.5 - 2 * ALPHA / (N * (1 + H) * BETA * M)
     chooser = CollectiveChooser(estimator_at(ALPHA, BETA), N, options=("dense_host", "artopk_host"))
     below, above = side(c_star)
     assert chooser.choose(M, below) == "artopk_host"
@@ -95,21 +95,21 @@ def test_chooser_flips_at_the_cr_crossover_on_a_host_aggregator():
 
 
 def test_var_selection_moves_the_crossover_by_its_extra_allreduce():
-    # dense_ina = artopk_ina (VAR):  4a + (1+h)bM = 10a + (1+h)b(2cM + 4N)
-    m = 4 * 100_000
-    c_star = ((1 + H) * BETA * (m - 4 * N) - 6 * ALPHA) / (2 * (1 + H) * BETA * m)
+    # dense_ina = artopk_ina (VAR):  4a + (1+h)bM = 12a + (1+h)b(2cM + 4N)
+    m = 4 * 1_000_000
+    c_star = ((1 + H) * BETA * (m - 4 * N) - 8 * ALPHA) / (2 * (1 + H) * BETA * m)
     chooser = CollectiveChooser(estimator_at(ALPHA, BETA), N, selection="var")
     below, above = side(c_star)
     assert chooser.choose(m, below) == "artopk_ina"
     assert chooser.choose(m, above) == "dense_ina"
-    star_c = 0.5 - ALPHA / ((1 + H) * BETA * m)
+    star_c = 0.5 - 2 * ALPHA / ((1 + H) * BETA * m)
     assert c_star < star_c  # VAR needs a lower CR to pay off
 
 
 def test_chooser_flips_at_the_gradient_size_crossover():
-    # for fixed c: artopk_ina wins once (1+h) b M (1 - 2c) > 2a
+    # for fixed c: artopk_ina wins once (1+h) b M (1 - 2c) > 4a
     c = 0.01
-    m_star = 2 * ALPHA / ((1 + H) * BETA * (1 - 2 * c))
+    m_star = 4 * ALPHA / ((1 + H) * BETA * (1 - 2 * c))
     chooser = CollectiveChooser(estimator_at(ALPHA, BETA), N)
     small, large = side(m_star)
     assert chooser.choose(small, c) == "dense_ina"
@@ -117,7 +117,7 @@ def test_chooser_flips_at_the_gradient_size_crossover():
 
 
 def test_allgather_and_host_paths_are_dominated_when_the_switch_is_available():
-    # 6a + 2(1+h)bNcM >= 6a + 2(1+h)bcM, and fan-in N >= 1: the switch path always wins
+    # 8a + 2(1+h)bNcM >= 8a + 2(1+h)bcM, and fan-in N >= 1: the switch path always wins
     chooser = CollectiveChooser(estimator_at(ALPHA, BETA), N)
     for m in (4e3, 4e6, 4e9):
         for c in (0.001, 0.1, 0.49, 1.0):
@@ -126,7 +126,7 @@ def test_allgather_and_host_paths_are_dominated_when_the_switch_is_available():
 
 def test_hysteresis_re_decides_only_when_beta_moves_past_the_threshold():
     c, m = 0.1, 4 * 1_000
-    beta_star = 2 * ALPHA / ((1 + H) * m * (1 - 2 * c))  # artopk wins for beta > beta*
+    beta_star = 4 * ALPHA / ((1 + H) * m * (1 - 2 * c))  # artopk wins for beta > beta*
     est = estimator_at(ALPHA, 0.97 * beta_star)
     chooser = CollectiveChooser(est, N, threshold=0.1)
     assert chooser.choose(m, c) == "dense_ina" and chooser.decisions == 1

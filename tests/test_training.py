@@ -78,6 +78,9 @@ def test_many_async_allreduces_in_flight():
                     expect = sum(r + 1 + i for r in range(3)) / (3 if i % 2 else 1)
                     assert torch.allclose(out, torch.full_like(out, expect), rtol=1e-6)
             assert all(c.stats()["allreduces"] == len(sizes) + 1 for c in comms)
+            # every call fed the link estimator: alpha and beta are measured, not configured
+            assert all(c.link.alpha > 0 and c.link.beta > 0 for c in comms)
+            assert comms[0].link.alpha != 1e-4 and comms[0].link.beta != 1e-8
         finally:
             for c in comms:
                 c.close()
@@ -112,3 +115,9 @@ def test_artopk_hook_trains_with_far_fewer_bytes():
     sent = [sum(s["wire_bytes_sent"] for s in r.stats) for r in (dense, sparse)]
     assert sent[0] > 10 * sent[1]
     assert sparse.epochs[-1][1] > 0.5          # it learns (2 epochs of a 1 % sparsified gradient)
+
+
+def test_adaptive_artopk_hook_uses_the_measured_cost_model():
+    with LoopbackDeployment(2) as dep:
+        run = train(TrainConfig(workers=2, epochs=1, hook="artopk", cr=0.01, adaptive=True), dep.controller)
+    assert run.epochs and all(s["allreduces"] > 0 for s in run.stats)
