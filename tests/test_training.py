@@ -121,3 +121,28 @@ def test_adaptive_artopk_hook_uses_the_measured_cost_model():
     with LoopbackDeployment(2) as dep:
         run = train(TrainConfig(workers=2, epochs=1, hook="artopk", cr=0.01, adaptive=True), dep.controller)
     assert run.epochs and all(s["allreduces"] > 0 for s in run.stats)
+
+
+def test_adaptive_choice_follows_the_measured_link_and_is_the_same_on_every_rank():
+    from hostlib.cost_model import LinkEstimator
+    from hostlib.torch_hooks import ARTopkHookState, _choose_dense
+
+    with LoopbackDeployment(2) as dep:
+        comms = make_comms(dep, 2)
+        try:
+            for alpha, beta, dense in ((1.0, 1e-12, True), (1e-9, 1e-3, False)):
+                for c in comms:   # only rank 0's estimator decides; give both the same link
+                    c.link = LinkEstimator(alpha, beta)
+                states = [ARTopkHookState(c, cr=0.01, adaptive=True) for c in comms]
+                out = [None, None]
+                threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, _choose_dense(states[r], 10_000)))
+                           for r in range(2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(30)
+                assert out == [dense, dense], (alpha, beta, out)
+                assert states[1].last_choice == ("dense_ina" if dense else "artopk_ina")
+        finally:
+            for c in comms:
+                c.close()
