@@ -7,6 +7,8 @@ with the same names: JobAdmission, ResultReplication, ReplicaRewrite, Forwarding
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +48,9 @@ class SwitchConnection:
         self.device_id = device_id
         self.p4info = p4info or P4Info.load()
         try:
-            self.client = P4RuntimeClient(device_id, address, election_id)
+            # p4runtime-shell prints a notice for backup (read-only) sessions: keep stdout clean
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.client = P4RuntimeClient(device_id, address, election_id)
         except SystemExit:  # p4runtime-shell exits when the handshake fails
             raise SwitchError(f"no P4Runtime server answered at {address} (device {device_id})") from None
 
