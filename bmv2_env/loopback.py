@@ -70,8 +70,7 @@ class LoopbackDeployment:
                       "min_window": self.min_window, "host_aggregator": HOST_AGGREGATOR,
                       "switches": switches}
             (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
-            self._start("controller", [py, "-m", "controller", "--config", str(self.dir / "controller.json")],
-                        "inagg-controller serving")
+            self.start_controller()
             self.aggregator = self._start(
                 "aggregator", [py, "-m", "hostlib.aggregator", "--bind", HOST_AGGREGATOR, "--controller",
                                self.controller, "--admin-token", self.admin_token,
@@ -80,6 +79,17 @@ class LoopbackDeployment:
             self.__exit__()
             raise
         return self
+
+    def start_controller(self) -> None:
+        self.controller_proc = self._start(
+            "controller", [sys.executable, "-m", "controller", "--config", str(self.dir / "controller.json")],
+            "inagg-controller serving")
+
+    def restart_controller(self) -> None:
+        """Stop the controller process and start it again on the same state (SQLite)."""
+        stop_processes([self.controller_proc])
+        self.procs.remove(self.controller_proc)
+        self.start_controller()
 
     def __exit__(self, *exc) -> None:
         stop_processes(reversed(self.procs))

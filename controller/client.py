@@ -31,7 +31,9 @@ class ControllerClient:
 
     def _call(self, method: str, request):
         try:
-            return getattr(self.stub, method)(request, timeout=self.timeout)
+            # wait_for_ready: ride out a controller restart (up to the timeout) instead of failing
+            # at once while the channel backs off from a refused connection
+            return getattr(self.stub, method)(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise ControllerError(f"controller at {self.address} unreachable: {e.details()}") from None
@@ -50,7 +52,7 @@ class ControllerClient:
 
     def watch(self, job_id: int, token: str):
         """Iterator of pb.Grant (no deadline: it lasts as long as the job)."""
-        return self.stub.WatchGrant(pb.JobRef(job_id=job_id, token=token))
+        return self.stub.WatchGrant(pb.JobRef(job_id=job_id, token=token), wait_for_ready=True)
 
     def activate(self, job_id: int, token: str, epoch: int, boundary: int) -> pb.ActivateReply:
         return self._call("ActivateGrant", pb.ActivateRequest(job_id=job_id, token=token, epoch=epoch,
@@ -72,4 +74,4 @@ class ControllerClient:
         self._call("ReleaseJob", pb.AdminJobRef(admin_token=admin_token, job_id=job_id))
 
     def watch_host_jobs(self, admin_token: str):
-        return self.stub.WatchHostJobs(pb.AdminRef(admin_token=admin_token))
+        return self.stub.WatchHostJobs(pb.AdminRef(admin_token=admin_token), wait_for_ready=True)

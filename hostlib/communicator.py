@@ -72,6 +72,7 @@ class Communicator:
         self._active_epoch = 0
         self._first = threading.Event()
         self._closed = threading.Event()
+        self.stream_reopened = 0
         self._grant_stream = self.client.watch(self.job_id, self.token)
         threading.Thread(target=self._follow_grants, daemon=True, name="inagg-grants").start()
         if not self._first.wait(timeout):
@@ -101,19 +102,25 @@ class Communicator:
     # -- grants ------------------------------------------------------------------------------
 
     def _follow_grants(self) -> None:
+        """Consume the grant stream; reopen it when it breaks (a controller restart) until the
+        communicator is closed. Grants in use are never changed here, only recorded."""
         import grpc
 
-        try:
-            for g in self._grant_stream:
-                grant = self._to_grant(g)
-                self._grants[g.epoch] = grant
-                if g.pending:
-                    self._pending_epoch = max(self._pending_epoch, g.epoch)
-                elif not self._first.is_set():
-                    self._active_epoch = g.epoch
-                    self._first.set()
-        except grpc.RpcError:
-            pass  # stream closed (shutdown or controller restart: grants stay as they are)
+        while not self._closed.is_set():
+            try:
+                for g in self._grant_stream:
+                    self._grants[g.epoch] = self._to_grant(g)
+                    if g.pending:
+                        self._pending_epoch = max(self._pending_epoch, g.epoch)
+                    elif not self._first.is_set():
+                        self._active_epoch = g.epoch
+                        self._first.set()
+            except grpc.RpcError:
+                pass
+            if self._closed.wait(0.5):
+                return
+            self.stream_reopened += 1
+            self._grant_stream = self.client.watch(self.job_id, self.token)
 
     def _heartbeat(self) -> None:
         while not self._closed.wait(max(self.lease_seconds / 3, 0.1)):

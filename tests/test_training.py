@@ -146,3 +146,26 @@ def test_adaptive_choice_follows_the_measured_link_and_is_the_same_on_every_rank
         finally:
             for c in comms:
                 c.close()
+
+
+def test_controller_restart_keeps_jobs_running_and_grants_followed():
+    with LoopbackDeployment(2) as dep:
+        comms = make_comms(dep, 2)
+        try:
+            before = [c.grant for c in comms]
+            dep.restart_controller()
+            futs = [c.allreduce_async(torch.ones(500)) for c in comms]
+            assert all(f.wait().tolist() == [2.0] * 500 for f in futs)   # data plane kept its state
+            admin = ControllerClient(dep.controller)
+            admin.drain(dep.admin_token, comms[0].job_id)                 # a grant change after the restart
+            admin.close()
+            for _ in range(50):
+                futs = [c.allreduce_async(torch.ones(500)) for c in comms]
+                assert all(f.wait().tolist() == [2.0] * 500 for f in futs)
+                if all(c.grant.mode == "host" for c in comms):
+                    break
+            assert [c.grant.mode for c in comms] == ["host", "host"] and before[0].mode == "switch"
+            assert all(c.stream_reopened >= 1 for c in comms)
+        finally:
+            for c in comms:
+                c.close()
