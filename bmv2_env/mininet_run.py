@@ -259,8 +259,7 @@ class Run:
 
 def summarize(topo: dict, jobs: list[dict], counters: dict) -> list[dict]:
     rows = []
-    loss = {a: (l[2] if len(l) > 2 else {}).get("loss", 0) for a, *_ in [(x[0], x) for x in topo["links"]]
-            for l in [next(x for x in topo["links"] if x[0] == a)]}
+    loss = {link[0]: (link[2] if len(link) > 2 else {}).get("loss", 0) for link in topo["links"]}
     print("\nper-job summary")
     print(f"{'job':<8} {'mode':<7} {'grants':>6} {'slots, epoch':<12} {'MB sent/worker':>14} {'retx':>6} "
           f"{'link loss %':>11} {'accuracy':>8} {'ms/step':>8}")

@@ -19,7 +19,6 @@ from hostlib.protocol import (
     DROP_REASONS,
     GLOBAL_DROP_REASONS,
     HEADER_BYTES,
-    MSG_RESULT,
     SWITCH_VALUES_PER_PACKET,
     UDP_PORT,
     VERSION,
@@ -104,13 +103,7 @@ class SoftPipeline:
             wanted[job_id] = JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
                                        admit.param("slot_count"), tuple(members))
         try:
-            for job_id in list(self.engine.jobs):
-                if job_id not in wanted:
-                    self.engine.remove_job(job_id)
-            for job in wanted.values():
-                if self.engine.jobs.get(job.job_id) != job:
-                    self.engine.remove_job(job.job_id)
-                    self.engine.set_job(job)
+            self.engine.replace_jobs(wanted)
         except ValueError as e:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 

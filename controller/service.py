@@ -29,7 +29,7 @@ from .proto import inagg_controller_pb2 as pb
 from .proto import inagg_controller_pb2_grpc as pb_grpc
 from .store import Store, state_from_json
 from .switch import (
-    DELETE, INSERT, MCAST_FLOOD, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
+    DELETE, INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
     ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
 )
 

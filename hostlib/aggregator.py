@@ -121,15 +121,9 @@ def follow_controller(engine: AggregationEngine, address: str, admin_token: str,
         client = ControllerClient(address)
         try:
             for snapshot in client.watch_host_jobs(admin_token):
-                wanted = {j.job_id: JobConfig(j.job_id, j.epoch, j.slot_base, j.slot_count,
-                                              tuple(parse_address(w) for w in j.workers))
-                          for j in snapshot.jobs}
-                for job_id in [j for j in engine.jobs if j not in wanted]:
-                    engine.remove_job(job_id)
-                for job in wanted.values():
-                    if engine.jobs.get(job.job_id) != job:
-                        engine.remove_job(job.job_id)
-                        engine.set_job(job)
+                engine.replace_jobs({j.job_id: JobConfig(j.job_id, j.epoch, j.slot_base, j.slot_count,
+                                                         tuple(parse_address(w) for w in j.workers))
+                                     for j in snapshot.jobs})
                 if stop.is_set():
                     break
         except Exception as e:  # noqa: BLE001 - keep serving; say why the feed broke

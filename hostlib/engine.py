@@ -161,6 +161,17 @@ class AggregationEngine:
     def remove_job(self, job_id: int) -> None:
         self.jobs.pop(job_id, None)
 
+    def replace_jobs(self, wanted: dict[int, JobConfig]) -> None:
+        """Serve exactly ``wanted`` (job id -> config): jobs not in it are removed first, so
+        their slots are free for the others; unchanged jobs are left as they are. Raises
+        ``ValueError`` (from ``set_job``) for a config the pool cannot hold."""
+        for job_id in [j for j in self.jobs if j not in wanted]:
+            self.remove_job(job_id)
+        for job in wanted.values():
+            if self.jobs.get(job.job_id) != job:
+                self.remove_job(job.job_id)
+                self.set_job(job)
+
     # -- data path -------------------------------------------------------------------------
 
     def process(self, data: bytes | bytearray | memoryview, sender: Hashable) -> list[Emit]:

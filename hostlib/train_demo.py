@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'host aggregator' if args.no_switch else 'software data plane'} on loopback")
     with LoopbackDeployment(cfg.workers, with_switch=not args.no_switch) as dep:
         run = train(cfg, dep.controller, on_epoch=lambda e, l, a: print(_bar(e, cfg.epochs, l, a), flush=True))
-    print(f"baseline: the same training with plain gloo DDP")
+    print("baseline: the same training with plain gloo DDP")
     base = train(TrainConfig(**{**cfg.__dict__, "hook": "gloo"}),
                  on_epoch=lambda e, l, a: print(_bar(e, cfg.epochs, l, a), flush=True))
     acc, base_acc = run.epochs[-1][1], base.epochs[-1][1]

@@ -41,7 +41,7 @@ def test_two_jobs_fit_third_goes_to_host_and_is_upgraded_after_release():
     a = SlotAllocator(switch_slots=32, min_window=16)
     g1 = a.add_job(1, Demand(2, 1 << 20))
     assert g1.mode == SWITCH and g1.epoch == 1
-    g2 = a.add_job(2, Demand(2, 1 << 20))
+    a.add_job(2, Demand(2, 1 << 20))
     settle(a)
     assert a.jobs[2].active.mode == SWITCH
     assert set(a.jobs[1].active.slots()).isdisjoint(a.jobs[2].active.slots())

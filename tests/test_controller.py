@@ -1,6 +1,5 @@
 """The controller against the software data plane's P4Runtime server (and its own gRPC API)."""
 
-import threading
 
 import grpc
 import pytest

@@ -39,24 +39,29 @@ def test_grant_switch_over_mid_training_loses_nothing(gloo_run):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
-def make_comms(dep, n, **kw):
-    d = tempfile.mkdtemp()
-    store = dist.FileStore(f"{d}/store", n)
-    comms, errors = [None] * n, []
+def on_ranks(fn, n, timeout=60):
+    """Run ``fn(rank)`` for every rank at once (ranks block on each other); their results."""
+    out, errors = [None] * n, []
 
-    def mk(r):
+    def run(r):
         try:
-            comms[r] = Communicator(store, r, n, dep.controller, bind_ip=worker_ip(r), **kw)
-        except Exception as e:  # noqa: BLE001
+            out[r] = fn(r)
+        except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=mk, args=(r,)) for r in range(n)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(timeout)
     assert not errors, errors
-    return comms
+    return out
+
+
+def make_comms(dep, n, **kw):
+    d = tempfile.mkdtemp()
+    store = dist.FileStore(f"{d}/store", n)
+    return on_ranks(lambda r: Communicator(store, r, n, dep.controller, bind_ip=worker_ip(r), **kw), n)
 
 
 def test_many_async_allreduces_in_flight():
@@ -134,13 +139,7 @@ def test_adaptive_choice_follows_the_measured_link_and_is_the_same_on_every_rank
                 for c in comms:   # only rank 0's estimator decides; give both the same link
                     c.link = LinkEstimator(alpha, beta)
                 states = [ARTopkHookState(c, cr=0.01, adaptive=True) for c in comms]
-                out = [None, None]
-                threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, _choose_dense(states[r], 10_000)))
-                           for r in range(2)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(30)
+                out = on_ranks(lambda r: _choose_dense(states[r], 10_000), 2, timeout=30)
                 assert out == [dense, dense], (alpha, beta, out)
                 assert states[1].last_choice == ("dense_ina" if dense else "artopk_ina")
         finally:
