@@ -17,12 +17,20 @@ from controller.p4info import P4Info
 from hostlib.engine import AggregationEngine, Emit, JobConfig
 from hostlib.protocol import (
     DROP_REASONS,
+    ENCAPSULATIONS,
     GLOBAL_DROP_REASONS,
     HEADER_BYTES,
+    ROCE_HEADER_BYTES,
+    ROCE_ICRC_BYTES,
+    ROCE_INAGG_IMMEDIATE,
+    ROCE_OPCODE_UC_WRITE_ONLY_IMM,
+    ROCE_UDP_PORT,
     SWITCH_VALUES_PER_PACKET,
     UDP_PORT,
     VERSION,
+    ipv4_checksum,
 )
+from hostlib.roce import icrc
 
 from .state import Action, Counters, MulticastGroups, StatusError, TableStore
 
@@ -38,16 +46,12 @@ JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROP
                        "job_drops", "global_drops"))
 
 ETH, IP, UDP = 14, 20, 8
-INAGG_AT = ETH + IP + UDP
+INAGG_AT = ETH + IP + UDP                      # the inagg header, UDP encapsulation
+ROCE_INAGG_AT = INAGG_AT + ROCE_HEADER_BYTES   # ... after BTH, RETH and ImmDt
+_ROCE_QP, _ROCE_RKEY, _ROCE_DMA_LEN = 5, 20, 24  # field offsets in BTH|RETH|ImmDt
+ENCAP_UDP, ENCAP_ROCE = (ENCAPSULATIONS.index(e) + 1 for e in ("udp", "roce"))
 _DROP_CODE = {name: code for code, name in enumerate(DROP_REASONS)}
 _GLOBAL_CODE = {name: code for code, name in enumerate(GLOBAL_DROP_REASONS)}
-
-
-def ipv4_checksum(header: bytes) -> int:
-    total = sum(struct.unpack("!10H", header))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
 
 
 @dataclass(frozen=True)
@@ -56,23 +60,30 @@ class Frame:
 
     data: bytes
     dst_mac: int
-    is_inagg: bool  # IPv4 (ihl 5, not a fragment) / UDP to the inagg port
+    encap: int  # ENCAP_UDP or ENCAP_ROCE when the inagg header follows, else 0
+
+    @property
+    def inagg_at(self) -> int:
+        return ROCE_INAGG_AT if self.encap == ENCAP_ROCE else INAGG_AT
 
 
 def parse(data: bytes) -> Frame:
-    """InaggParser: Ethernet / IPv4 / UDP and whether the inagg header follows."""
+    """InaggParser: Ethernet / IPv4 / UDP, and whether the inagg header follows in either
+    encapsulation (the table in p4/include/parser.p4)."""
     if len(data) < ETH:
-        return Frame(data, -1, False)
+        return Frame(data, -1, 0)
     dst_mac = int.from_bytes(data[:6], "big")
-    is_inagg = (
-        len(data) >= INAGG_AT
-        and data[12:14] == b"\x08\x00"
-        and data[ETH] == 0x45
-        and (struct.unpack_from("!H", data, ETH + 6)[0] & 0x1FFF) == 0
-        and data[ETH + 9] == 17
-        and struct.unpack_from("!H", data, ETH + IP + 2)[0] == UDP_PORT
-    )
-    return Frame(data, dst_mac, is_inagg)
+    encap = 0
+    if (len(data) >= INAGG_AT and data[12:14] == b"\x08\x00" and data[ETH] == 0x45
+            and (struct.unpack_from("!H", data, ETH + 6)[0] & 0x1FFF) == 0 and data[ETH + 9] == 17):
+        dport = struct.unpack_from("!H", data, ETH + IP + 2)[0]
+        if dport == UDP_PORT:
+            encap = ENCAP_UDP
+        elif (dport == ROCE_UDP_PORT and len(data) >= ROCE_INAGG_AT
+              and data[INAGG_AT] == ROCE_OPCODE_UC_WRITE_ONLY_IMM
+              and struct.unpack_from("!I", data, ROCE_INAGG_AT - 4)[0] == ROCE_INAGG_IMMEDIATE):
+            encap = ENCAP_ROCE
+    return Frame(data, dst_mac, encap)
 
 
 class SoftPipeline:
@@ -111,28 +122,35 @@ class SoftPipeline:
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         frame = parse(data)
-        if not frame.is_inagg:
+        if not frame.encap:
             return self.forwarding(port, frame)
         return self.admission(port, frame)
 
     def admission(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
         """JobAdmission, then SlotState/ValueAggregation (the engine), JobCounters and
         ResultReplication."""
-        data = frame.data
-        if len(data) < INAGG_AT + HEADER_BYTES:
+        data, at = frame.data, frame.inagg_at
+        if len(data) < at + HEADER_BYTES:
             self.counters.count(GLOBAL_DROPS, _GLOBAL_CODE["truncated"])
             return []
-        if data[INAGG_AT] >> 4 != VERSION:
+        if data[at] >> 4 != VERSION:
             self.counters.count(GLOBAL_DROPS, _GLOBAL_CODE["bad_version"])
             return []
-        job_id = struct.unpack_from("!H", data, INAGG_AT + 2)[0]
+        job_id = struct.unpack_from("!H", data, at + 2)[0]
         admit = self.tables[JOB_TABLE].lookup((job_id,))
         if admit is None:                      # not admitted to the switch: forward untouched
             return self.forwarding(port, frame)
-        udp_len = struct.unpack_from("!H", data, ETH + IP + 4)[0]
+        if frame.encap != admit.param("encap"):
+            self.job_counters(admit.param("job_index"), "bad_encap", False)
+            return []
+        udp_end = ETH + IP + max(struct.unpack_from("!H", data, ETH + IP + 4)[0], UDP)
         src_addr = struct.unpack_from("!I", data, ETH + 12)[0]
-        inagg = data[INAGG_AT: ETH + IP + max(udp_len, UDP)]
-        emits = self.engine.process(inagg, (port, src_addr))
+        framing_ok = True
+        if frame.encap == ENCAP_ROCE:          # the ICRC ends the UDP payload; RETH has the length
+            framing_ok = len(data) >= udp_end and struct.unpack_from(
+                "!I", data, INAGG_AT + _ROCE_DMA_LEN)[0] == udp_end - ROCE_ICRC_BYTES - at
+            udp_end -= ROCE_ICRC_BYTES
+        emits = self.engine.process(data[at:udp_end], (port, src_addr), framing_ok)
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 
@@ -149,27 +167,34 @@ class SoftPipeline:
             c.count(JOB_DROPS, job_index * len(DROP_REASONS) + _DROP_CODE[outcome])
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
-        """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or
-        one replica per multicast group member, addressed by replica_table."""
+        """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
+        replica per multicast group member, each addressed by replica_table."""
         d = frame.data
         eth = d[6:12] + d[0:6] + d[12:14]
         ip = bytearray(d[ETH: ETH + IP])
         ip[12:20] = d[ETH + 16: ETH + 20] + d[ETH + 12: ETH + 16]
         udp_ports = d[ETH + IP + 2: ETH + IP + 4] + d[ETH + IP: ETH + IP + 2]
+        roce = d[INAGG_AT:ROCE_INAGG_AT] if frame.encap == ENCAP_ROCE else b""
         if self.engine.last_outcome == "dup_done":
-            return [(port, build_frame(eth, ip, udp_ports, emit.data))]
+            targets = [(port, d[frame.inagg_at + 4] + 1)]   # replica = the sender's rank + 1
+        else:
+            targets = [(r.port, r.instance) for r in self.pre.groups.get(admit.param("mcast_grp"), ())]
         out = []
-        replicas = self.pre.groups.get(admit.param("mcast_grp"), ())
-        for replica in replicas:
-            e, i, u = eth, bytearray(ip), udp_ports
-            if replica.instance:
-                rewrite = self.tables[REPLICA_TABLE].lookup((emit.job.job_id, replica.instance))
+        for out_port, replica in targets:
+            e, i, u, r = eth, bytearray(ip), udp_ports, bytearray(roce)
+            if replica:
+                rewrite = self.tables[REPLICA_TABLE].lookup((emit.job.job_id, replica))
                 if rewrite is None:
                     continue
                 e = rewrite.param("mac").to_bytes(6, "big") + eth[6:]
                 i[16:20] = rewrite.param("addr").to_bytes(4, "big")
-                u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
-            out.append((replica.port, build_frame(e, i, u, emit.data)))
+                if rewrite.name.endswith(".set_roce_worker_address"):
+                    u = udp_ports[:2] + ROCE_UDP_PORT.to_bytes(2, "big")
+                    r[_ROCE_QP:_ROCE_QP + 3] = rewrite.param("qp").to_bytes(3, "big")
+                    r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
+                else:
+                    u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
+            out.append((out_port, build_frame(e, i, u, emit.data, r)))
         return out
 
     def forwarding(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
@@ -186,10 +211,17 @@ class SoftPipeline:
         return []
 
 
-def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes) -> bytes:
-    """Ethernet + IPv4 (length and checksum recomputed) + UDP (checksum 0) + payload."""
-    ip[2:4] = (IP + UDP + len(payload)).to_bytes(2, "big")
+def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,
+                roce: bytes | bytearray = b"") -> bytes:
+    """Ethernet + IPv4 (length and checksum recomputed) + UDP (checksum 0) + payload; with
+    ``roce`` (BTH|RETH|ImmDt) between UDP and payload and the ICRC computed after it (RoceIcrc)."""
+    trailer = ROCE_ICRC_BYTES if roce else 0
+    udp_len = UDP + len(roce) + len(payload) + trailer
+    ip[2:4] = (IP + udp_len).to_bytes(2, "big")
     ip[10:12] = b"\0\0"
-    ip[10:12] = ipv4_checksum(bytes(ip)).to_bytes(2, "big")
-    udp = udp_ports + (UDP + len(payload)).to_bytes(2, "big") + b"\0\0"
-    return eth + bytes(ip) + udp + payload
+    ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
+    pkt = bytearray(ip + udp_ports + udp_len.to_bytes(2, "big") + b"\0\0" + roce + payload
+                    + bytes(trailer))
+    if roce:
+        pkt[-trailer:] = icrc(pkt)
+    return eth + bytes(pkt)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -18,7 +17,7 @@ import grpc
 from p4.v1 import p4runtime_pb2
 from p4runtime_sh.p4runtime import P4RuntimeClient, P4RuntimeException, P4RuntimeWriteException
 
-from hostlib.protocol import DROP_REASONS, GLOBAL_DROP_REASONS
+from hostlib.protocol import DROP_REASONS, ENCAPSULATIONS, GLOBAL_DROP_REASONS, ipv4, mac
 
 from .p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info, P4Type, encode
 
@@ -29,14 +28,6 @@ class SwitchError(RuntimeError):
 
 class PipelineMismatch(SwitchError):
     """The switch runs another program (or another build of ours)."""
-
-
-def ipv4(addr: str | int) -> int:
-    return int(ipaddress.IPv4Address(addr))
-
-
-def mac(addr: str | int) -> int:
-    return addr if isinstance(addr, int) else int(addr.replace(":", ""), 16)
 
 
 class SwitchConnection:
@@ -169,6 +160,8 @@ class WorkerBinding:
     ip: str
     mac: str
     udp_port: int
+    qp: int = 0  # RoCEv2 jobs: the worker's receive QP and memory key for results
+    rkey: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,6 +174,7 @@ class SwitchJob:
     slot_base: int
     slot_count: int
     workers: tuple[WorkerBinding, ...]
+    encap: str = "udp"  # how its packets carry the inagg header: "udp" or "roce"
 
     @property
     def mcast_grp(self) -> int:
@@ -202,7 +196,8 @@ class JobAdmission:
         admit = None if kind == DELETE else "admit"
         params = None if kind == DELETE else {
             "job_index": job.job_index, "slot_base": job.slot_base, "slot_count": job.slot_count,
-            "n_workers": len(job.workers), "epoch": job.epoch, "mcast_grp": job.mcast_grp}
+            "n_workers": len(job.workers), "epoch": job.epoch, "mcast_grp": job.mcast_grp,
+            "encap": ENCAPSULATIONS.index(job.encap) + 1}
         ups = [self.sw.table_update(kind, "job_table", {"job_id": job.job_id}, admit, params)]
         for w in job.workers:
             ups.append(self.sw.table_update(
@@ -249,10 +244,17 @@ class ReplicaRewrite:
 
     def updates(self, kind: int, job: SwitchJob) -> list[p4runtime_pb2.Update]:
         return [self.sw.table_update(
-            kind, "replica_table", {"job_id": job.job_id, "egress_rid": w.rank + 1},
-            None if kind == DELETE else "set_worker_address",
-            None if kind == DELETE else {"mac": mac(w.mac), "addr": ipv4(w.ip), "udp_port": w.udp_port})
+            kind, "replica_table", {"job_id": job.job_id, "replica": w.rank + 1},
+            *((None, None) if kind == DELETE else self.address(job.encap, w)))
             for w in job.workers]
+
+    @staticmethod
+    def address(encap: str, w: WorkerBinding) -> tuple[str, dict[str, int]]:
+        """The action and parameters that address a result to worker ``w``."""
+        if encap == "roce":
+            return "set_roce_worker_address", {"mac": mac(w.mac), "addr": ipv4(w.ip),
+                                               "qp": w.qp, "rkey": w.rkey}
+        return "set_worker_address", {"mac": mac(w.mac), "addr": ipv4(w.ip), "udp_port": w.udp_port}
 
 
 class Forwarding:

@@ -174,8 +174,11 @@ class AggregationEngine:
 
     # -- data path -------------------------------------------------------------------------
 
-    def process(self, data: bytes | bytearray | memoryview, sender: Hashable) -> list[Emit]:
-        """Handle one received inagg packet (header + payload) from ``sender``."""
+    def process(self, data: bytes | bytearray | memoryview, sender: Hashable,
+                framing_ok: bool = True) -> list[Emit]:
+        """Handle one received inagg packet (header + payload) from ``sender``. ``framing_ok``
+        False: the encapsulation's own length (RoCE's RETH DMA length, its ICRC's presence)
+        disagrees with the packet, which is then malformed (bad_length, in check order)."""
         if len(data) < HEADER_BYTES:
             return self._drop_global("truncated")
         vt, flags, job_id, worker, exp, epoch, ss, count, offset = unpack_raw(data)
@@ -197,7 +200,8 @@ class AggregationEngine:
         if reason is None and not job.slot_base <= slot < job.slot_base + job.slot_count:
             reason = "bad_slot"
         payload_len = len(data) - HEADER_BYTES
-        if reason is None and (count > self.k or payload_len != (4 * self.k if count else 0)):
+        if reason is None and (not framing_ok or count > self.k
+                               or payload_len != (4 * self.k if count else 0)):
             reason = "bad_length"
         if reason is not None:
             ctr.drops[reason] += 1

@@ -7,13 +7,24 @@ field names, widths, order, signedness or constants.
 
 from __future__ import annotations
 
+import ipaddress
 import struct
+from typing import NamedTuple
 
 import numpy as np
-from typing import NamedTuple
 
 VERSION = 1
 UDP_PORT = 0xA66A
+
+# RoCEv2 encapsulation (hostlib.roce frames it; p4/include/constants.p4 defines it).
+ROCE_UDP_PORT = 4791
+ROCE_OPCODE_UC_WRITE_ONLY_IMM = 0x2B
+ROCE_INAGG_IMMEDIATE = 0x494E4147  # "INAG"
+ROCE_HEADER_BYTES = 32  # BTH 12 + RETH 16 + ImmDt 4
+ROCE_ICRC_BYTES = 4
+
+# Encapsulations, by their P4 code (ENCAP_<NAME>, from 1): job_table's encap parameter.
+ENCAPSULATIONS: tuple[str, ...] = ("udp", "roce")
 
 MSG_CONTRIBUTION = 1
 MSG_RESULT = 2
@@ -30,7 +41,7 @@ SWITCH_VALUES_PER_PACKET = 64
 
 # Drop reasons, indexed by their P4 code (DROP_<NAME> in constants.p4): per-job counters...
 DROP_REASONS: tuple[str, ...] = (
-    "bad_type", "bad_worker", "stale_epoch", "bad_slot", "bad_length", "stale_round",
+    "bad_type", "bad_worker", "stale_epoch", "bad_slot", "bad_length", "stale_round", "bad_encap",
 )
 # ...and the drops that belong to no job (GLOBAL_DROP_<NAME>).
 GLOBAL_DROP_REASONS: tuple[str, ...] = ("truncated", "bad_version")
@@ -58,6 +69,12 @@ HEADER_FIELDS: tuple[tuple[str, int, bool], ...] = (
 P4_CONSTANTS: dict[str, int] = {
     "INAGG_VERSION": VERSION,
     "INAGG_UDP_PORT": UDP_PORT,
+    "ROCE_UDP_PORT": ROCE_UDP_PORT,
+    "ROCE_OPCODE_UC_WRITE_ONLY_IMM": ROCE_OPCODE_UC_WRITE_ONLY_IMM,
+    "ROCE_INAGG_IMMEDIATE": ROCE_INAGG_IMMEDIATE,
+    "ROCE_HEADER_BYTES": ROCE_HEADER_BYTES,
+    "ROCE_ICRC_BYTES": ROCE_ICRC_BYTES,
+    **{f"ENCAP_{name.upper()}": code for code, name in enumerate(ENCAPSULATIONS, 1)},
     "MSG_CONTRIBUTION": MSG_CONTRIBUTION,
     "MSG_RESULT": MSG_RESULT,
     "FLAG_RETRANSMIT": FLAG_RETRANSMIT,
@@ -159,3 +176,21 @@ def build_contribution(
         return header
     payload = np.asarray(values).astype(">i4", copy=False).tobytes()
     return header + payload + bytes(4 * (k - count))
+
+
+# -- the framing below the inagg header (IPv4/Ethernet), shared by hosts and data planes --------
+
+def ipv4(addr: str | int) -> int:
+    return int(ipaddress.IPv4Address(addr))
+
+
+def mac(addr: str | int) -> int:
+    return addr if isinstance(addr, int) else int(addr.replace(":", ""), 16)
+
+
+def ipv4_checksum(header: bytes | bytearray) -> int:
+    """The header checksum of a 20-byte IPv4 header (its checksum field counted as is)."""
+    total = sum(struct.unpack("!10H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF

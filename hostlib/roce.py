@@ -56,15 +56,32 @@ import time
 import zlib
 from typing import NamedTuple
 
-from bmv2_env.pipeline import ipv4_checksum
-from controller.switch import mac
-
-from .protocol import ENCAP_BYTES, unpack_header
+from .protocol import (
+    ENCAP_BYTES,
+    ROCE_HEADER_BYTES,
+    ROCE_ICRC_BYTES,
+    ROCE_INAGG_IMMEDIATE as INAGG_IMMEDIATE,
+    ROCE_OPCODE_UC_WRITE_ONLY_IMM as OPCODE_UC_RDMA_WRITE_ONLY_IMM,
+    ROCE_UDP_PORT,
+    ipv4_checksum,
+    mac,
+    unpack_header,
+)
 from .transport import enlarge_buffers
 
-ROCE_UDP_PORT = 4791
-OPCODE_UC_RDMA_WRITE_ONLY_IMM = 0x2B
-INAGG_IMMEDIATE = 0x494E4147  # "INAG"
+# (name, width in bits, signed) in wire order: the twins of bth_h, reth_h and immdt_h in
+# p4/include/headers.p4 (tests/test_protocol_twin.py compares them).
+BTH_FIELDS: tuple[tuple[str, int, bool], ...] = (
+    ("opcode", 8, False), ("solicited", 1, False), ("mig_req", 1, False),
+    ("pad_count", 2, False), ("transport_version", 4, False), ("pkey", 16, False),
+    ("fecn", 1, False), ("becn", 1, False), ("resv6", 6, False), ("dst_qp", 24, False),
+    ("ack_req", 1, False), ("resv7", 7, False), ("psn", 24, False),
+)
+RETH_FIELDS: tuple[tuple[str, int, bool], ...] = (
+    ("va", 64, False), ("rkey", 32, False), ("dma_len", 32, False),
+)
+IMMDT_FIELDS: tuple[tuple[str, int, bool], ...] = (("imm", 32, False),)
+
 DEFAULT_PKEY = 0xFFFF
 DEFAULT_QP = 0x000001
 DEFAULT_RKEY = 0
@@ -75,7 +92,7 @@ UDP_BYTES = 8
 BTH_BYTES = 12
 RETH_BYTES = 16
 IMM_BYTES = 4
-ICRC_BYTES = 4
+ICRC_BYTES = ROCE_ICRC_BYTES
 # What a RoCEv2 frame adds beyond the inagg packet compared to plain Ethernet/IPv4/UDP framing.
 ROCE_OVERHEAD = BTH_BYTES + RETH_BYTES + IMM_BYTES + ICRC_BYTES
 
@@ -84,6 +101,7 @@ _IP_DF = 0x4000
 _HEADERS = struct.Struct("!BBHHHBBH4s4s" "HHHH" "BBHII" "QII" "I")
 assert _HEADERS.size == IPV4_BYTES + UDP_BYTES + BTH_BYTES + RETH_BYTES + IMM_BYTES
 _BTH_RETH_IMM = struct.Struct("!BBHII" "QII" "I")
+assert _BTH_RETH_IMM.size == BTH_BYTES + RETH_BYTES + IMM_BYTES == ROCE_HEADER_BYTES
 _LRH_CRC = zlib.crc32(b"\xff" * 8)  # the masked LRH stand-in, folded once
 
 

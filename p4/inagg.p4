@@ -13,6 +13,7 @@
 #include "include/forwarding.p4"
 #include "include/job_counters.p4"
 #include "include/replica_rewrite.p4"
+#include "include/roce_icrc.p4"
 
 control InaggIngress(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t sm) {
@@ -41,9 +42,11 @@ control InaggIngress(inout headers_t hdr, inout metadata_t meta,
 control InaggEgress(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t sm) {
     ReplicaRewrite() replica_rewrite;
+    RoceIcrc() roce_icrc;
 
     apply {
         replica_rewrite.apply(hdr, meta, sm);
+        roce_icrc.apply(hdr, meta);
     }
 }
 

@@ -2,10 +2,11 @@
 simple_switch_grpc and p4c-bm2-ss are installed). Same packets in, same packets expected out.
 
 Topology: ports 1-3 are worker hosts h1-h3, port 4 is the host aggregator h4; the switch's
-aggregator address is 10.0.0.254."""
+aggregator address is 10.0.0.254. Jobs 1 and 2 use the UDP encapsulation, job 3 RoCEv2."""
 
 import numpy as np
 import pytest
+from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
@@ -17,6 +18,7 @@ from hostlib.protocol import (
     EXP_NONE, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K,
     UDP_PORT, build_contribution, pack_header, unpack_header,
 )
+from hostlib.roce import INAGG_IMMEDIATE, ROCE_UDP_PORT, decapsulate, encapsulate
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.254", "00:00:00:00:00:fe"
 
@@ -32,6 +34,10 @@ def worker(rank, port, udp_port):
 
 JOB1 = SwitchJob(1, 0, 1, 0, 8, (worker(0, 1, 50000), worker(1, 2, 50001), worker(2, 3, 50002)))
 JOB2 = SwitchJob(2, 1, 1, 8, 8, (worker(0, 2, 51000), worker(1, 3, 51001)))
+# RoCEv2 workers: results go to their QP (0x100 + rank) with their rkey
+JOB3 = SwitchJob(3, 2, 1, 16, 8, tuple(
+    WorkerBinding(r, p, host(p)[1], host(p)[0], 0, qp=0x100 + r, rkey=0xA000 + r)
+    for r, p in ((0, 1), (1, 3))), encap="roce")
 
 
 @pytest.fixture(scope="module", params=["soft", "bmv2"])
@@ -44,7 +50,7 @@ def dp(request):
     try:
         sw = SwitchConnection(plane.grpc_addr)
         sw.push_pipeline()
-        program_testbed(sw, (JOB1, JOB2), 4)
+        program_testbed(sw, (JOB1, JOB2, JOB3), 4)
         plane.sw = sw
         yield plane
     finally:
@@ -242,6 +248,98 @@ def test_counters_and_state_read_back(dp):
     assert c["results"] >= 1 and c["aggregated"] >= 2 * c["results"] and c["packets"] >= c["aggregated"]
     entries = dp.sw.table_entries("job_table")
     assert ({"job_id": 1}, "admit", {"job_index": 0, "slot_base": 0, "slot_count": 8, "n_workers": 3,
-                                     "epoch": 1, "mcast_grp": JOB1.mcast_grp}) in entries
+                                     "epoch": 1, "mcast_grp": JOB1.mcast_grp, "encap": 1}) in entries
     groups = ResultReplication(dp.sw).groups()
     assert sorted(groups[JOB1.mcast_grp]) == [(1, 1), (2, 2), (3, 3)]
+
+
+# -- RoCEv2 encapsulation ---------------------------------------------------------------------
+
+def roce_contribution(job, rank, values, *, slot, exp=EXP_NONE, flags=0, psn=7, imm=INAGG_IMMEDIATE,
+                      raw=None, dma_len=None):
+    """A RoCEv2 worker's contribution frame (hostlib.roce framing, ICRC included)."""
+    w = job.workers[rank]
+    inagg = raw if raw is not None else build_contribution(
+        job.job_id, rank, job.epoch, slot, 0, 64 * slot,
+        None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
+    pkt = bytearray(encapsulate(inagg, src_ip=w.ip, dst_ip=SWITCH_IP, src_port=0xC000 | rank,
+                                dst_qp=0x11, psn=psn, rkey=0x5555))
+    if imm != INAGG_IMMEDIATE or dma_len is not None:   # rewritten fields: ICRC no longer checked
+        pkt[56:60] = imm.to_bytes(4, "big")
+        pkt[52:56] = (len(inagg) if dma_len is None else dma_len).to_bytes(4, "big")
+    return bytes.fromhex(w.mac.replace(":", "") + SWITCH_MAC.replace(":", "")) + b"\x08\x00" + bytes(pkt), w.port
+
+
+def expect_roce_results(dp, job, ranks, timeout=1.0):
+    """The RoCE results on the ranks' ports: each addressed to its worker's QP and rkey, with an
+    ICRC that both hostlib.roce and scapy's independent BTH.compute_icrc accept."""
+    got = dp.recv_all(timeout)
+    out = {}
+    for port, frames in got.items():
+        frames = [f for f in frames if UDP in Ether(f)]
+        want = [r for r in ranks if job.workers[r].port == port]
+        assert len(frames) == len(want), (port, frames)
+        for f in frames:
+            inagg, meta = decapsulate(f[14:])                 # raises on a bad ICRC
+            pkt = Ether(f)
+            assert f[-4:] == pkt[BTH].compute_icrc(None)
+            rank = next(r for r in want if job.workers[r].qp == meta.dst_qp)
+            w = job.workers[rank]
+            assert (pkt[Ether].dst, meta.dst_ip, meta.src_ip, pkt[UDP].dport, meta.rkey) == \
+                (w.mac, w.ip, SWITCH_IP, ROCE_UDP_PORT, w.rkey)
+            h = unpack_header(inagg)
+            assert h.msg_type == MSG_RESULT and meta.va == 4 * h.offset
+            values = np.frombuffer(inagg, ">i4", K, 16)[: h.count].tolist() if h.count else []
+            out[rank] = (h, values)
+    assert sorted(out) == sorted(ranks)
+    return out
+
+
+def test_roce_job_completes_with_per_worker_qp_and_icrc(dp):
+    dp.drain()
+    send(dp, roce_contribution(JOB3, 0, None, slot=16, exp=3))          # priming: header only
+    send(dp, roce_contribution(JOB3, 1, None, slot=16, exp=5))
+    for h, values in expect_roce_results(dp, JOB3, [0, 1]).values():
+        assert h.count == 0 and h.exp == 5
+    send(dp, roce_contribution(JOB3, 0, range(K), slot=17, psn=0xFFFFFF))
+    send(dp, roce_contribution(JOB3, 1, [-1] * K, slot=17))
+    for h, values in expect_roce_results(dp, JOB3, [0, 1]).values():
+        assert values == [i - 1 for i in range(K)] and h.slot == 17
+
+
+def test_roce_duplicate_after_completion_is_answered_to_the_senders_qp(dp):
+    dp.drain()
+    send(dp, roce_contribution(JOB3, 0, [1] * K, slot=18))
+    send(dp, roce_contribution(JOB3, 1, [2] * K, slot=18))
+    expect_roce_results(dp, JOB3, [0, 1])
+    send(dp, roce_contribution(JOB3, 1, [2] * K, slot=18, flags=FLAG_RETRANSMIT))
+    (h, values), = expect_roce_results(dp, JOB3, [1]).values()
+    assert values == [3] * K and h.flags & FLAG_RETRANSMIT
+
+
+def test_encapsulation_must_be_the_jobs(dp):
+    """A job's results go out in the trigger's encapsulation, so the other one is refused;
+    RoCE traffic that is not inagg's (another immediate) is ordinary traffic."""
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    c1, c3 = counters.job(JOB1.job_index), counters.job(JOB3.job_index)
+    send(dp, contribution(JOB3, 0, [1] * K, slot=19, src_port=1, raw=build_contribution(
+        3, 0, 1, 19, 0, 0, np.ones(K, np.int32), K)))                     # UDP to the RoCE job
+    roce_to_udp_job = roce_contribution(JOB3, 0, None, slot=3, raw=build_contribution(
+        1, 0, 1, 3, 0, 0, np.ones(K, np.int32), K))                       # RoCE to a UDP job
+    send(dp, roce_to_udp_job)
+    send(dp, roce_contribution(JOB3, 1, [1] * K, slot=19, dma_len=20))  # RETH length wrong
+    assert all(v == [] for v in dp.recv_all(0.4).values())
+    d1, d3 = counters.job(JOB1.job_index)["drops"], counters.job(JOB3.job_index)["drops"]
+    assert d1.get("bad_encap", 0) - c1["drops"].get("bad_encap", 0) == 1
+    assert {r: d3.get(r, 0) - c3["drops"].get(r, 0) for r in ("bad_encap", "bad_length")} == \
+        {"bad_encap": 1, "bad_length": 1}
+    other, port = roce_contribution(JOB3, 0, [1] * K, slot=19, imm=0x1234)
+    other = bytes.fromhex("00000000000" + "3") + other[6:]              # to h3, not the switch
+    dp.send(port, other)
+    got = dp.recv_all()
+    assert got[3] == [other] and got[1] == got[2] == got[4] == []
+    send(dp, roce_contribution(JOB3, 0, [6] * K, slot=19))             # the slot is clean
+    send(dp, roce_contribution(JOB3, 1, [1] * K, slot=19))
+    for _, values in expect_roce_results(dp, JOB3, [0, 1]).values():
+        assert values == [7] * K

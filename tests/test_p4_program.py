@@ -23,7 +23,7 @@ def test_committed_artifacts_are_current(tmp_path):
 
 
 def test_value_loop_is_unrolled_k_times():
-    text = (ROOT / "p4/include/value_aggregation.p4").read_text()
+    text = (ROOT / "p4/include/metadata.p4").read_text()
     body = re.search(r"#define FOR_EACH_VALUE\(M\)(.*?)\n\n", text, re.S).group(1)
     assert [int(i) for i in re.findall(r"M\((\d+)\)", body)] == list(range(SWITCH_VALUES_PER_PACKET))
 
@@ -40,7 +40,9 @@ def test_p4info_has_what_the_python_side_uses():
     assert info.register_size("values") == 2 * n_slots * SWITCH_VALUES_PER_PACKET
     admit = {p.name: p.bitwidth for p in info.obj(P4Type.action, "admit").params}
     assert admit == {"job_index": 8, "slot_base": 16, "slot_count": 16, "n_workers": 8, "epoch": 16,
-                     "mcast_grp": 16}
+                     "mcast_grp": 16, "encap": 2}
+    roce = {p.name: p.bitwidth for p in info.obj(P4Type.action, "set_roce_worker_address").params}
+    assert roce == {"mac": 48, "addr": 32, "qp": 24, "rkey": 32}
 
 
 def test_bmv2_json_is_the_v1model_program():

@@ -9,7 +9,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.utils import rdpcap, wrpcap
 
-from hostlib import protocol
+from hostlib import protocol, roce
 from hostlib.scapy_layer import Inagg
 
 P4_INCLUDE = Path(__file__).resolve().parents[1] / "p4" / "include"
@@ -34,6 +34,18 @@ def p4_constants(text: str) -> dict[str, int]:
 def test_header_fields_match_p4():
     text = (P4_INCLUDE / "headers.p4").read_text()
     assert p4_header_fields(text, "inagg_h") == list(protocol.HEADER_FIELDS)
+
+
+@pytest.mark.parametrize("header, fields, nbytes", [
+    ("bth_h", roce.BTH_FIELDS, roce.BTH_BYTES),
+    ("reth_h", roce.RETH_FIELDS, roce.RETH_BYTES),
+    ("immdt_h", roce.IMMDT_FIELDS, roce.IMM_BYTES),
+])
+def test_roce_headers_match_p4(header, fields, nbytes):
+    """The RoCEv2 headers the P4 parser extracts are the ones hostlib.roce writes."""
+    text = (P4_INCLUDE / "headers.p4").read_text()
+    assert p4_header_fields(text, header) == list(fields)
+    assert sum(w for _, w, _ in fields) == 8 * nbytes
 
 
 def test_header_size_matches():

@@ -11,6 +11,20 @@ const bit<4>  INAGG_VERSION        = 1;
  * with another one; the switch learns it from its config table, this is the parser default). */
 const bit<16> INAGG_UDP_PORT       = 0xA66A;
 
+/* The same inagg packet carried as RoCEv2 (hostlib/roce.py explains the choices): UDP to
+ * ROCE_UDP_PORT, BTH with a UC RDMA WRITE ONLY WITH IMMEDIATE, RETH, the immediate
+ * ROCE_INAGG_IMMEDIATE ("INAG"), the inagg header and payload, then the 4-byte ICRC. */
+const bit<16> ROCE_UDP_PORT        = 4791;
+const bit<8>  ROCE_OPCODE_UC_WRITE_ONLY_IMM = 0x2B;
+const bit<32> ROCE_INAGG_IMMEDIATE = 0x494E4147;
+const bit<16> ROCE_HEADER_BYTES    = 32;    /* BTH 12 + RETH 16 + ImmDt 4 */
+const bit<16> ROCE_ICRC_BYTES      = 4;
+
+/* Encapsulations: how a packet carries the inagg header (parser's verdict), and the one a job
+ * admitted to the switch uses (job_table's encap parameter). */
+const bit<2>  ENCAP_UDP            = 1;
+const bit<2>  ENCAP_ROCE           = 2;
+
 /* Message types. */
 const bit<4>  MSG_CONTRIBUTION     = 1;   /* worker -> aggregator: my values for (slot, set) */
 const bit<4>  MSG_RESULT           = 2;   /* aggregator -> worker: the sum for (slot, set)   */
@@ -42,7 +56,8 @@ const bit<8>  DROP_STALE_EPOCH     = 2;    /* epoch is not the job's current one
 const bit<8>  DROP_BAD_SLOT        = 3;    /* slot outside the job's range                */
 const bit<8>  DROP_BAD_LENGTH      = 4;    /* payload is not 0 or K values, count > K     */
 const bit<8>  DROP_STALE_ROUND     = 5;    /* reordered packet of a finished round        */
-const bit<8>  DROP_REASONS         = 6;
+const bit<8>  DROP_BAD_ENCAP       = 6;    /* encapsulation is not the job's (UDP / RoCEv2) */
+const bit<8>  DROP_REASONS         = 7;
 
 /* Drops that belong to no job: index of the global drop counter. */
 const bit<8>  GLOBAL_DROP_TRUNCATED   = 0; /* shorter than an inagg header                */

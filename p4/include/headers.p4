@@ -34,6 +34,41 @@ header udp_h {
     bit<16> checksum;
 }
 
+/* RoCEv2 (InfiniBand transport over UDP): the Base Transport Header... */
+header bth_h {
+    bit<8>  opcode;
+    bit<1>  solicited;
+    bit<1>  mig_req;
+    bit<2>  pad_count;
+    bit<4>  transport_version;
+    bit<16> pkey;
+    bit<1>  fecn;
+    bit<1>  becn;
+    bit<6>  resv6;
+    bit<24> dst_qp;
+    bit<1>  ack_req;
+    bit<7>  resv7;
+    bit<24> psn;
+}
+
+/* ...the RDMA Extended Transport Header of a WRITE (va = inagg offset * 4)... */
+header reth_h {
+    bit<64> va;
+    bit<32> rkey;
+    bit<32> dma_len;
+}
+
+/* ...the immediate data (ROCE_INAGG_IMMEDIATE marks an inagg packet)... */
+header immdt_h {
+    bit<32> imm;
+}
+
+/* ...and the invariant CRC that ends the packet, after the inagg payload (its bytes are the
+ * little-endian CRC-32; see roce_icrc.p4). */
+header icrc_h {
+    bit<32> crc;
+}
+
 /* The inagg header: 16 bytes, network byte order.
  *   version   protocol version (INAGG_VERSION)
  *   msg_type  MSG_CONTRIBUTION or MSG_RESULT
@@ -72,8 +107,12 @@ struct headers_t {
     ethernet_h    ethernet;
     ipv4_h        ipv4;
     udp_h         udp;
+    bth_h         bth;
+    reth_h        reth;
+    immdt_h       immdt;
     inagg_h       inagg;
     inagg_value_h[SWITCH_VALUES_PER_PACKET] values;
+    icrc_h        icrc;
 }
 
 #endif /* _INAGG_HEADERS_P4_ */

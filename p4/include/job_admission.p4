@@ -5,15 +5,20 @@
  * each (job, rank) to the one sender (ingress port, IPv4 source) allowed to claim that rank, so
  * no packet can touch a slot of a job it does not belong to.
  *
- * Checks, in order (the aggregation engine in hostlib/engine.py applies the same order):
+ * Checks, in order (the aggregation engine in hostlib/engine.py applies the same order from
+ * msg_type on):
+ *   not inagg (parser's encap is 0)   -> forward
  *   not a full inagg header          -> drop GLOBAL_DROP_TRUNCATED
  *   version != INAGG_VERSION          -> drop GLOBAL_DROP_BAD_VERSION
  *   job not in job_table              -> forward
+ *   encapsulation is not the job's    -> drop DROP_BAD_ENCAP (results are sent in the
+ *                                        trigger's encapsulation: one per job)
  *   msg_type != MSG_CONTRIBUTION      -> drop DROP_BAD_TYPE
  *   rank not bound to this sender     -> drop DROP_BAD_WORKER
  *   epoch != the job's epoch          -> drop DROP_STALE_EPOCH
  *   slot outside [base, base + count) -> drop DROP_BAD_SLOT
- *   payload not 0 or K values         -> drop DROP_BAD_LENGTH
+ *   payload not 0 or K values (UDP    -> drop DROP_BAD_LENGTH
+ *   length; RoCE: + RETH DMA length)
  *   otherwise                         -> aggregate
  */
 #ifndef _INAGG_JOB_ADMISSION_P4_
@@ -29,7 +34,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
     bit<32> bound_addr = 0;
 
     action admit(bit<8> job_index, bit<16> slot_base, bit<16> slot_count, bit<8> n_workers,
-                 bit<16> epoch, bit<16> mcast_grp) {
+                 bit<16> epoch, bit<16> mcast_grp, bit<2> encap) {
         meta.admitted = 1;
         meta.job_index = job_index;
         meta.slot_base = slot_base;
@@ -37,6 +42,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         meta.n_workers = n_workers;
         meta.epoch = epoch;
         meta.mcast_grp = mcast_grp;
+        meta.job_encap = encap;
     }
 
     table job_table {
@@ -70,7 +76,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
     apply {
         meta.verdict = VERDICT_FORWARD;
         meta.drop_reason = NO_DROP;
-        if (!hdr.udp.isValid() || hdr.udp.dst_port != INAGG_UDP_PORT) {
+        if (meta.encap == 0) {
             return;
         }
         if (!hdr.inagg.isValid()) {
@@ -78,12 +84,20 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         } else if (hdr.inagg.version != INAGG_VERSION) {
             drop(GLOBAL_DROP_BAD_VERSION);
         } else if (job_table.apply().hit) {
-            bit<16> expected_udp_len = 8 + (bit<16>) INAGG_HEADER_BYTES;
+            bit<16> inagg_len = (bit<16>) INAGG_HEADER_BYTES;
             if (hdr.inagg.count != 0) {
-                expected_udp_len = expected_udp_len + 4 * SWITCH_VALUES_PER_PACKET;
+                inagg_len = inagg_len + 4 * SWITCH_VALUES_PER_PACKET;
+            }
+            bit<16> expected_udp_len = 8 + inagg_len;
+            bool bad_dma_len = false;
+            if (meta.encap == ENCAP_ROCE) {
+                expected_udp_len = expected_udp_len + ROCE_HEADER_BYTES + ROCE_ICRC_BYTES;
+                bad_dma_len = hdr.reth.dma_len != (bit<32>) inagg_len;
             }
             bool bound = worker_table.apply().hit;
-            if (hdr.inagg.msg_type != MSG_CONTRIBUTION) {
+            if (meta.encap != meta.job_encap) {
+                drop(DROP_BAD_ENCAP);
+            } else if (hdr.inagg.msg_type != MSG_CONTRIBUTION) {
                 drop(DROP_BAD_TYPE);
             } else if (!bound || hdr.inagg.worker_id >= meta.n_workers
                        || bound_port != sm.ingress_port || bound_addr != hdr.ipv4.src_addr) {
@@ -95,7 +109,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
                 drop(DROP_BAD_SLOT);
             } else if (sm.parser_error != error.NoError
                        || hdr.inagg.count > SWITCH_VALUES_PER_PACKET
-                       || hdr.udp.length != expected_udp_len) {
+                       || hdr.udp.length != expected_udp_len || bad_dma_len) {
                 drop(DROP_BAD_LENGTH);
             } else {
                 meta.verdict = VERDICT_AGGREGATE;

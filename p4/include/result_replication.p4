@@ -3,13 +3,17 @@
  *
  *   send_result | outcome        | where the result goes
  *   ------------+----------------+--------------------------------------------------------
- *   1           | SLOT_DUP_DONE  | unicast back out of the ingress port, FLAG_RETRANSMIT set
+ *   1           | SLOT_DUP_DONE  | unicast back out of the ingress port, FLAG_RETRANSMIT set,
+ *               |                | replica = sender's rank + 1
  *   1           | FIRST/ADD      | the job's multicast group (one replica per worker, rid =
- *               |                | rank + 1; ReplicaRewrite sets each replica's address)
+ *               |                | rank + 1)
  *   0           | any            | nowhere: the contribution is absorbed in the slot
  *
- * The result reuses the packet: addresses and ports are swapped (source = the switch's
- * aggregator address the worker sent to), the header fields come from the slot's registers.
+ * Either way ReplicaRewrite (egress) addresses each copy to its worker from replica_table: a
+ * RoCE result needs the receiver's QP and rkey, which no packet carries.
+ * The result reuses the packet, in its encapsulation: addresses and ports are swapped (source =
+ * the switch's aggregator address the worker sent to), the header fields come from the slot's
+ * registers; RoceIcrc recomputes a RoCE result's ICRC in egress.
  */
 #ifndef _INAGG_RESULT_REPLICATION_P4_
 #define _INAGG_RESULT_REPLICATION_P4_
@@ -45,6 +49,7 @@ control ResultReplication(inout headers_t hdr, inout metadata_t meta,
         if (meta.outcome == SLOT_DUP_DONE) {
             hdr.inagg.flags = hdr.inagg.flags | FLAG_RETRANSMIT;
             sm.egress_spec = sm.ingress_port;
+            meta.replica = (bit<16>) hdr.inagg.worker_id + 1;
         } else {
             sm.mcast_grp = meta.mcast_grp;
         }
