@@ -1,6 +1,7 @@
 # inagg: make demo | make test | make bench | make run / stop / clean | make build
 # Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS,
-#            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs).
+#            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs),
+#            TRANSPORT (udp|roce: override jobs' transport to the switch).
 
 PYTHON        ?= python3
 VENV          ?= .venv
@@ -12,6 +13,7 @@ P4C           ?= p4c-bm2-ss
 TOPO          ?= bmv2_env/topologies/single_switch.json
 DATAPLANE     ?= auto
 EPOCHS        ?=
+TRANSPORT     ?=
 
 .PHONY: all run stop setup setup-emulation demo test bench build clean protos
 
@@ -40,7 +42,7 @@ setup-emulation: setup
 # topology, the controller, the host aggregator and the jobs; prints a per-job summary.
 run: setup-emulation
 	@if command -v $(P4C) >/dev/null; then $(MAKE) --no-print-directory build; fi
-	$(BIN)/python -m bmv2_env.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) $(if $(EPOCHS),--epochs $(EPOCHS))
+	$(BIN)/python -m bmv2_env.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT))
 
 stop:
 	$(BIN)/python -m bmv2_env.mininet_run --stop

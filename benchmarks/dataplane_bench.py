@@ -2,8 +2,9 @@
 
 Two workers (ports 1 and 2) stream rounds over a window of W slots: each round sends both
 workers' contributions for every slot, then waits for the 2*W result replicas. Runs on the
-software data plane, and on BMv2 too when it is installed (printing the ratio). Needs root
-(network namespace). Writes benchmarks/results/dataplane.csv.
+software data plane, and on BMv2 too when it is installed (printing the ratio), in both
+encapsulations (UDP, and RoCEv2 where results also get a recomputed ICRC; printing the RoCE/UDP
+ratio). Needs root (network namespace). Writes benchmarks/results/dataplane.csv.
 """
 
 from __future__ import annotations
@@ -23,25 +24,30 @@ from scapy.layers.l2 import Ether  # noqa: E402
 
 from bmv2_env.testbed import Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
 from controller.switch import SwitchConnection, SwitchJob, WorkerBinding  # noqa: E402
-from hostlib.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution  # noqa: E402
+from hostlib.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, mac  # noqa: E402
+from hostlib.roce import frame as roce_frame  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SWITCH_MAC, SWITCH_IP = "00:00:00:00:00:fe", "10.0.0.254"
 
 
-def run(target: str, rounds: int, window: int) -> dict:
-    workers = tuple(WorkerBinding(r, r + 1, f"10.0.0.{r + 1}", f"00:00:00:00:00:0{r + 1}", 50000 + r)
-                    for r in range(2))
-    job = SwitchJob(1, 0, 1, 0, window, workers)
+def contribution_frame(w: WorkerBinding, encap: str, inagg: bytes) -> bytes:
+    if encap == "roce":
+        return roce_frame(inagg, dst_mac=SWITCH_MAC, src_mac=mac(w.mac), src_ip=w.ip,
+                          dst_ip=SWITCH_IP, src_port=0xC000 | w.rank, psn=0)
+    return bytes(Ether(src=w.mac, dst=SWITCH_MAC) / IP(src=w.ip, dst=SWITCH_IP)
+                 / UDP(sport=w.udp_port, dport=UDP_PORT, chksum=0) / inagg)
+
+
+def run(target: str, encap: str, rounds: int, window: int) -> dict:
+    workers = tuple(WorkerBinding(r, r + 1, f"10.0.0.{r + 1}", f"00:00:00:00:00:0{r + 1}", 50000 + r,
+                                  qp=0x100 + r) for r in range(2))
+    job = SwitchJob(1, 0, 1, 0, window, workers, encap)
     frames = []  # frames[set][slot][rank]
     for s in (0, 1):
-        per_slot = []
-        for slot in range(window):
-            per_slot.append([bytes(
-                Ether(src=w.mac, dst="00:00:00:00:00:fe") / IP(src=w.ip, dst="10.0.0.254")
-                / UDP(sport=w.udp_port, dport=UDP_PORT, chksum=0)
-                / build_contribution(1, w.rank, 1, slot, s, slot * K, np.full(K, w.rank + 1, np.int32), K))
-                for w in workers])
-        frames.append(per_slot)
+        frames.append([[contribution_frame(w, encap, build_contribution(
+            1, w.rank, 1, slot, s, slot * K, np.full(K, w.rank + 1, np.int32), K)) for w in workers]
+            for slot in range(window)])
     plane = Dataplane(target, n_ports=2).start()
     try:
         sw = SwitchConnection(plane.grpc_addr)
@@ -63,7 +69,7 @@ def run(target: str, rounds: int, window: int) -> dict:
     finally:
         plane.stop()
     contributions = rounds * window * 2
-    return {"target": target, "contributions": contributions, "seconds": seconds,
+    return {"target": target, "encap": encap, "contributions": contributions, "seconds": seconds,
             "pps": contributions / seconds, "gbps": contributions * K * 32 / seconds / 1e9,
             "missing_results": lost}
 
@@ -77,9 +83,8 @@ def main() -> int:
     if reason:
         print(f"dataplane benchmark skipped: {reason}")
         return 0
-    rows = [run("soft", args.rounds, args.window)]
-    if bmv2_missing() is None:
-        rows.append(run("bmv2", args.rounds, args.window))
+    targets = ["soft"] + (["bmv2"] if bmv2_missing() is None else [])
+    rows = [run(target, encap, args.rounds, args.window) for target in targets for encap in ("udp", "roce")]
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / "dataplane.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -87,10 +92,13 @@ def main() -> int:
         w.writerows(rows)
     print(f"one job, 2 workers, W={args.window}, K={K}: contributions through the data plane")
     for r in rows:
-        print(f"  {r['target']:>5}: {r['pps']:9.0f} contributions/s  {r['gbps']:.3f} Gbit/s aggregated  "
-              f"({r['contributions']} in {r['seconds']:.2f} s, {r['missing_results']} results missing)")
-    if len(rows) == 2:
-        print(f"  soft / bmv2 throughput ratio: {rows[0]['pps'] / rows[1]['pps']:.2f}")
+        print(f"  {r['target']:>5} {r['encap']:>4}: {r['pps']:9.0f} contributions/s  {r['gbps']:.3f} Gbit/s "
+              f"aggregated  ({r['contributions']} in {r['seconds']:.2f} s, {r['missing_results']} results missing)")
+    pps = {(r["target"], r["encap"]): r["pps"] for r in rows}
+    for target in targets:
+        print(f"  {target}: RoCEv2 / UDP throughput ratio: {pps[target, 'roce'] / pps[target, 'udp']:.2f}")
+    if len(targets) == 2:
+        print(f"  soft / bmv2 throughput ratio (UDP): {pps['soft', 'udp'] / pps['bmv2', 'udp']:.2f}")
     else:
         print(f"  bmv2: skipped ({bmv2_missing()})")
     return 0

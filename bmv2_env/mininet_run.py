@@ -112,8 +112,9 @@ def load_topology(path: Path) -> dict:
 class Run:
     """One bring-up of a topology: network, controller, aggregator, jobs, summary, teardown."""
 
-    def __init__(self, topo: dict, dataplane: str, epochs: int | None = None) -> None:
-        self.topo, self.dataplane, self.epochs = topo, dataplane, epochs
+    def __init__(self, topo: dict, dataplane: str, epochs: int | None = None,
+                 transport: str | None = None) -> None:
+        self.topo, self.dataplane, self.epochs, self.transport = topo, dataplane, epochs, transport
         self.net = None
         self.procs: list[subprocess.Popen] = []
         self.admin = secrets.token_hex(8)
@@ -209,7 +210,8 @@ class Run:
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
         cfg = TrainConfig(workers=len(spec["workers"]), epochs=self.epochs or spec.get("epochs", 4),
-                          hook=spec.get("hook", "inagg"))
+                          hook=spec.get("hook", "inagg"),
+                          transport=self.transport or spec.get("transport", "udp"))
         procs = []
         for rank, host_name in enumerate(spec["workers"]):
             host = self.net.get(host_name)
@@ -261,7 +263,7 @@ def summarize(topo: dict, jobs: list[dict], counters: dict) -> list[dict]:
     rows = []
     loss = {link[0]: (link[2] if len(link) > 2 else {}).get("loss", 0) for link in topo["links"]}
     print("\nper-job summary")
-    print(f"{'job':<8} {'mode':<7} {'grants':>6} {'slots, epoch':<12} {'MB sent/worker':>14} {'retx':>6} "
+    print(f"{'job':<8} {'mode':<12} {'grants':>6} {'slots, epoch':<12} {'MB sent/worker':>14} {'retx':>6} "
           f"{'link loss %':>11} {'accuracy':>8} {'ms/step':>8}")
     for job in jobs:
         stats = [job["done"][r]["stats"] for r in sorted(job["done"])]
@@ -272,14 +274,16 @@ def summarize(topo: dict, jobs: list[dict], counters: dict) -> list[dict]:
         s0 = stats[0]
         acc = job["epochs"][-1][1]
         seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
-        row = {"name": job["spec"]["name"], "ok": True, "mode": s0["mode"], "grant_changes": s0["grant_changes"],
+        row = {"name": job["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
+               "grant_changes": s0["grant_changes"],
                "epoch": s0["epoch"], "accuracy": acc, "host_results": s0["host_results"],
                "switch_results": s0["packets_received"] - s0["host_results"],
                "mb_sent": sum(s["wire_bytes_sent"] for s in stats) / len(stats) / 1e6,
                "retransmissions": sum(s["retransmissions"] for s in stats)}
         rows.append(row)
         worst_loss = max(loss.get(h, 0) for h in job["spec"]["workers"])
-        print(f"{row['name']:<8} {row['mode']:<7} {row['grant_changes']:>6} {s0['slots'] + ' e' + str(row['epoch']):<12} "
+        via = row['mode'] + ("/RoCE" if row["transport"] == "roce" else "")
+        print(f"{row['name']:<8} {via:<12} {row['grant_changes']:>6} {s0['slots'] + ' e' + str(row['epoch']):<12} "
               f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * acc:>7.1f}% "
               f"{seconds / steps * 1e3:>8.1f}")
         print(f"{'':<8} results: {row['switch_results']} from the switch, {row['host_results']} from the host aggregator")
@@ -313,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topo", type=Path, default=ROOT / "bmv2_env/topologies/single_switch.json")
     p.add_argument("--dataplane", choices=["auto", "bmv2", "soft"], default="auto")
     p.add_argument("--epochs", type=int, help="override every job's epochs")
+    p.add_argument("--transport", choices=["udp", "roce"],
+                   help="override every job's transport to the switch (topology: \"transport\")")
     p.add_argument("--json", type=Path, help="write the summary rows here")
     p.add_argument("--stop", action="store_true", help="clean up a previous run and exit")
     args = p.parse_args(argv)
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     topo = load_topology(args.topo)
     dataplane = choose_dataplane(args.dataplane)
     print(f"inagg emulation: {args.topo.name}, data plane {dataplane}", flush=True)
-    run = Run(topo, dataplane, args.epochs)
+    run = Run(topo, dataplane, args.epochs, args.transport)
 
     def interrupted(*_):
         raise KeyboardInterrupt

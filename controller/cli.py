@@ -45,7 +45,8 @@ def controller_main(argv: list[str] | None = None) -> int:
 def _grant_text(g) -> str:
     if not g.mode:
         return "-"
-    return f"{g.mode} [{g.slot_base},{g.slot_base + g.slot_count}) e{g.epoch} -> {g.aggregator}"
+    via = " (RoCEv2)" if g.transport == "roce" else ""
+    return f"{g.mode} [{g.slot_base},{g.slot_base + g.slot_count}) e{g.epoch} -> {g.aggregator}{via}"
 
 
 def ctl_main(argv: list[str] | None = None) -> int:

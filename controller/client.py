@@ -16,7 +16,7 @@ class ControllerError(RuntimeError):
 
 def to_grant(g: pb.Grant) -> Grant:
     return Grant(g.job_id, g.epoch, g.slot_base, g.slot_count, g.values_per_packet,
-                 parse_address(g.aggregator), g.mode)
+                 parse_address(g.aggregator), g.mode, g.transport or "udp")
 
 
 class ControllerClient:
@@ -40,15 +40,17 @@ class ControllerClient:
             raise ControllerError(f"controller refused {method}: {e.code().name}: {e.details()}") from None
 
     def create_job(self, n_workers: int, bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
-                   name: str = "") -> tuple[int, str]:
+                   name: str = "", transport: str = "udp") -> tuple[int, str]:
         r = self._call("CreateJob", pb.CreateJobRequest(
             n_workers=n_workers, bytes_per_iteration=bytes_per_iteration,
-            iteration_seconds=iteration_seconds, name=name))
+            iteration_seconds=iteration_seconds, name=name, transport=transport))
         return r.job_id, r.token
 
-    def join(self, job_id: int, token: str, rank: int, address: str, mac: str = "") -> pb.JoinJobReply:
+    def join(self, job_id: int, token: str, rank: int, address: str, mac: str = "", *,
+             roce_qp: int = 0, roce_rkey: int = 0) -> pb.JoinJobReply:
         return self._call("JoinJob", pb.JoinJobRequest(job_id=job_id, token=token, rank=rank,
-                                                       address=address, mac=mac))
+                                                       address=address, mac=mac, roce_qp=roce_qp,
+                                                       roce_rkey=roce_rkey))
 
     def watch(self, job_id: int, token: str):
         """Iterator of pb.Grant (no deadline: it lasts as long as the job)."""

@@ -16,11 +16,12 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import grpc
 
 from hostlib.grant import parse_address
-from hostlib.protocol import SWITCH_VALUES_PER_PACKET
+from hostlib.protocol import ENCAPSULATIONS, SWITCH_VALUES_PER_PACKET
 
 from .allocator import HOST, SWITCH, Demand, Placement, SlotAllocator
 from .config import ControllerConfig, SwitchConfig
@@ -45,13 +46,23 @@ class Refused(Exception):
         self.code = code
 
 
+class Member(NamedTuple):
+    """A worker that joined: its UDP endpoint "ip:port", MAC, and RoCE QP/rkey (RoCE jobs)."""
+
+    address: str
+    mac: str
+    qp: int = 0
+    rkey: int = 0
+
+
 @dataclass
 class Job:
     job_id: int
     name: str
     token: str
     demand: Demand
-    workers: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (ip:port, mac)
+    workers: dict[int, Member] = field(default_factory=dict)  # by rank
+    transport: str = "udp"            # the switch encapsulation: "udp" or "roce"
     place: str | None = None          # switch name, or "" for host-only; None before placement
     job_index: int | None = None
     last_seen: float = field(default_factory=time.monotonic)
@@ -150,7 +161,8 @@ class Controller:
             raw = json.loads(row["state"])
             demand = Demand(**raw["demand"])
             job = Job(row["job_id"], row["name"], row["token"], demand,
-                      {r: (a, m) for r, a, m in row["workers"]}, row["switch"], row["job_index"])
+                      {r: Member(*w) for r, *w in row["workers"]}, row["transport"], row["switch"],
+                      row["job_index"])
             self.jobs[job.job_id] = job
             if "active" in raw and job.place is not None:
                 self.allocators[job.place].restore_job(state_from_json(row["state"]))
@@ -165,11 +177,12 @@ class Controller:
 
     def _switch_job(self, job: Job, sw: SwitchRuntime, p: Placement) -> SwitchJob:
         bindings = []
-        for rank, (address, mac) in sorted(job.workers.items()):
-            ip, udp_port = parse_address(address)
+        for rank, m in sorted(job.workers.items()):
+            ip, udp_port = parse_address(m.address)
             host = sw.cfg.hosts[ip]
-            bindings.append(WorkerBinding(rank, host.port, ip, host.mac or mac, udp_port))
-        return SwitchJob(job.job_id, job.job_index, p.epoch, p.slot_base, p.slot_count, tuple(bindings))
+            bindings.append(WorkerBinding(rank, host.port, ip, host.mac or m.mac, udp_port, m.qp, m.rkey))
+        return SwitchJob(job.job_id, job.job_index, p.epoch, p.slot_base, p.slot_count, tuple(bindings),
+                         job.transport)
 
     def _sync(self) -> None:
         """Called with the lock held after any change: job indices, switches, store, watchers."""
@@ -207,19 +220,24 @@ class Controller:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
 
     def create_job(self, n_workers: int, bytes_per_iteration: int, iteration_seconds: float,
-                   name: str) -> tuple[int, str]:
+                   name: str, transport: str = "") -> tuple[int, str]:
         if not 1 <= n_workers <= 32:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"n_workers must be 1..32, got {n_workers}")
+        transport = transport or "udp"
+        if transport not in ENCAPSULATIONS:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport!r}")
         demand = Demand(n_workers, bytes_per_iteration, iteration_seconds or 1.0)
         with self.lock:
             job_id = self.store.next_job_id()
             token = secrets.token_hex(16)
-            self.store.create_job(job_id, name, token, demand)
-            self.jobs[job_id] = Job(job_id, name, token, demand)
+            self.store.create_job(job_id, name, token, demand, transport)
+            self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport)
         log.info("job %d created (%d workers)", job_id, n_workers)
         return job_id, token
 
-    def join(self, job_id: int, token: str, rank: int, address: str, mac: str) -> Job:
+    def join(self, job_id: int, token: str, rank: int, address: str, mac: str, qp: int = 0,
+             rkey: int = 0) -> Job:
         with self.lock:
             job = self._job(job_id, token)
             if not 0 <= rank < job.demand.n_workers:
@@ -229,17 +247,24 @@ class Controller:
                 parse_address(address)
             except ValueError as e:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-            if job.place is not None and job.workers.get(rank, (address,))[0] != address:
+            if job.transport == "roce" and not 1 <= qp <= 0xFFFFFF:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"job {job_id} uses RoCEv2: rank {rank} must give its QP (1..2^24-1), got {qp}")
+            if job.transport != "roce" and (qp or rkey):
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"job {job_id} uses {job.transport}, not RoCEv2: rank {rank} gave a QP/rkey")
+            member = Member(address, mac, qp, rkey)
+            if job.place is not None and job.workers.get(rank, member) != member:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"job {job_id} is placed already; rank {rank} cannot move")
-            job.workers[rank] = (address, mac)
-            self.store.add_worker(job_id, rank, address, mac)
+            job.workers[rank] = member
+            self.store.add_worker(job_id, rank, member)
             if job.place is None and len(job.workers) == job.demand.n_workers:
                 self._place(job)
             return job
 
     def _place(self, job: Job) -> None:
-        ips = {parse_address(a)[0] for a, _ in job.workers.values()}
+        ips = {parse_address(m.address)[0] for m in job.workers.values()}
         job.place = next((name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)), "")
         self.allocators[job.place].add_job(job.job_id, job.demand)
         log.info("job %d placed on %s", job.job_id, job.place or "host only")
@@ -262,7 +287,7 @@ class Controller:
             aggregator, k = self.config.host_aggregator, self.config.host_values_per_packet
         return pb.Grant(job_id=job.job_id, epoch=p.epoch, mode=p.mode, slot_base=p.slot_base,
                         slot_count=p.slot_count, values_per_packet=k, aggregator=aggregator,
-                        pending=pending)
+                        pending=pending, transport=job.transport if p.mode == SWITCH else "udp")
 
     def activate(self, job_id: int, token: str, epoch: int, boundary: int) -> tuple[bool, pb.Grant]:
         with self.lock:
@@ -315,7 +340,7 @@ class Controller:
                 if p.mode == HOST:
                     out.jobs.add(job_id=job.job_id, epoch=p.epoch, slot_base=p.slot_base,
                                  slot_count=p.slot_count,
-                                 workers=[job.workers[r][0] for r in sorted(job.workers)])
+                                 workers=[job.workers[r].address for r in sorted(job.workers)])
         return out
 
     def list_jobs(self) -> pb.JobList:
@@ -355,12 +380,13 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     def CreateJob(self, request, context):
         job_id, token = self._call(context, self.ctl.create_job, request.n_workers,
-                                   request.bytes_per_iteration, request.iteration_seconds, request.name)
+                                   request.bytes_per_iteration, request.iteration_seconds, request.name,
+                                   request.transport)
         return pb.CreateJobReply(job_id=job_id, token=token)
 
     def JoinJob(self, request, context):
         job = self._call(context, self.ctl.join, request.job_id, request.token, request.rank,
-                         request.address, request.mac)
+                         request.address, request.mac, request.roce_qp, request.roce_rkey)
         return pb.JoinJobReply(n_workers=job.demand.n_workers, lease_seconds=self.ctl.config.lease_seconds)
 
     def WatchGrant(self, request, context):

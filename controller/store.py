@@ -14,10 +14,11 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
     job_id INTEGER PRIMARY KEY, name TEXT NOT NULL, token TEXT NOT NULL,
-    switch TEXT, job_index INTEGER, state TEXT
+    switch TEXT, job_index INTEGER, state TEXT, transport TEXT NOT NULL DEFAULT 'udp'
 );
 CREATE TABLE IF NOT EXISTS workers (
     job_id INTEGER NOT NULL, rank INTEGER NOT NULL, address TEXT NOT NULL, mac TEXT NOT NULL,
+    qp INTEGER NOT NULL DEFAULT 0, rkey INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, rank)
 );
 CREATE TABLE IF NOT EXISTS activations (
@@ -25,6 +26,13 @@ CREATE TABLE IF NOT EXISTS activations (
     activated INTEGER NOT NULL, PRIMARY KEY (job_id, epoch, boundary)
 );
 """
+# Columns added since the first schema: (table, column, declaration). A store written by an
+# older controller gets them with their defaults, so its jobs keep running after an upgrade.
+ADDED_COLUMNS = (
+    ("jobs", "transport", "TEXT NOT NULL DEFAULT 'udp'"),
+    ("workers", "qp", "INTEGER NOT NULL DEFAULT 0"),
+    ("workers", "rkey", "INTEGER NOT NULL DEFAULT 0"),
+)
 
 
 def state_to_json(s: JobState) -> str:
@@ -41,6 +49,10 @@ class Store:
     def __init__(self, path: Path | str) -> None:
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.db.executescript(SCHEMA)
+        for table, column, decl in ADDED_COLUMNS:
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     def next_job_id(self) -> int:
         """Job ids are never reused (a slot's owner tag must never match a past job)."""
@@ -52,12 +64,14 @@ class Store:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)", (str(job_id + 1),))
         return job_id
 
-    def create_job(self, job_id: int, name: str, token: str, demand: Demand) -> None:
-        self.db.execute("INSERT INTO jobs (job_id, name, token, state) VALUES (?, ?, ?, ?)",
-                        (job_id, name, token, json.dumps({"demand": asdict(demand)})))
+    def create_job(self, job_id: int, name: str, token: str, demand: Demand, transport: str) -> None:
+        self.db.execute("INSERT INTO jobs (job_id, name, token, state, transport) VALUES (?, ?, ?, ?, ?)",
+                        (job_id, name, token, json.dumps({"demand": asdict(demand)}), transport))
 
-    def add_worker(self, job_id: int, rank: int, address: str, mac: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?)", (job_id, rank, address, mac))
+    def add_worker(self, job_id: int, rank: int, member: tuple[str, str, int, int]) -> None:
+        """``member``: the worker's address, MAC, QP and rkey (service.Member)."""
+        self.db.execute("INSERT OR REPLACE INTO workers (job_id, rank, address, mac, qp, rkey) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", (job_id, rank, *member))
 
     def save_state(self, state: JobState, switch: str | None, job_index: int | None) -> None:
         self.db.execute("UPDATE jobs SET state=?, switch=?, job_index=? WHERE job_id=?",
@@ -82,11 +96,13 @@ class Store:
         return None if row is None else bool(row[0])
 
     def jobs(self) -> list[dict]:
-        rows = self.db.execute("SELECT job_id, name, token, switch, job_index, state FROM jobs").fetchall()
+        rows = self.db.execute(
+            "SELECT job_id, name, token, switch, job_index, state, transport FROM jobs").fetchall()
         out = []
-        for job_id, name, token, switch, job_index, state in rows:
-            workers = self.db.execute("SELECT rank, address, mac FROM workers WHERE job_id=? ORDER BY rank",
-                                      (job_id,)).fetchall()
+        for job_id, name, token, switch, job_index, state, transport in rows:
+            workers = self.db.execute("SELECT rank, address, mac, qp, rkey FROM workers "
+                                      "WHERE job_id=? ORDER BY rank", (job_id,)).fetchall()
             out.append({"job_id": job_id, "name": name, "token": token, "switch": switch,
-                        "job_index": job_index, "state": state, "workers": workers})
+                        "job_index": job_index, "state": state, "workers": workers,
+                        "transport": transport})
         return out

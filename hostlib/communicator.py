@@ -2,7 +2,10 @@
 
 Bootstrap uses torch.distributed's rendezvous store (rank 0 creates the job at the controller
 and publishes its id and token under ``inagg/job``). Every rank binds a UDP socket, joins the
-job, and follows the controller's grant stream in a background thread. Allreduces run on one
+job, and follows the controller's grant stream in a background thread. With
+``transport="roce"`` the job reaches the switch as RoCEv2 (``hostlib.roce``; raw sockets, so
+root): each rank also opens a RoCE endpoint whose QP number is its UDP port (unique per host)
+and joins with it; host-mode grants still use UDP, as the host aggregator speaks UDP. Allreduces run on one
 background I/O thread in submission order (every rank submits the same sequence), so
 ``allreduce_async`` returns at once with a ``torch.futures.Future``.
 
@@ -27,6 +30,7 @@ from .cost_model import LinkEstimator
 from .grant import Grant
 from .protocol import ENCAP_BYTES, HEADER_BYTES
 from .stream import SlotStream
+from .roce import RoceRawTransport
 from .transport import UdpTransport
 
 
@@ -50,21 +54,30 @@ class Communicator:
 
     def __init__(self, store, rank: int, world_size: int, controller: str, *, bind_ip: str = "127.0.0.1",
                  mac: str = "", bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
-                 name: str = "", timeout: float = 60.0, stall_timeout: float = 30.0) -> None:
+                 name: str = "", timeout: float = 60.0, stall_timeout: float = 30.0,
+                 transport: str = "udp") -> None:
         from controller.client import ControllerClient, to_grant  # gRPC stubs
 
         self.rank, self.world_size = rank, world_size
         self._to_grant = to_grant
         self.client = ControllerClient(controller)
+        if transport not in ("udp", "roce"):
+            raise ValueError(f"transport must be 'udp' or 'roce', got {transport!r}")
         if rank == 0:
-            job_id, token = self.client.create_job(world_size, bytes_per_iteration, iteration_seconds, name)
+            job_id, token = self.client.create_job(world_size, bytes_per_iteration, iteration_seconds,
+                                                   name, transport)
             store.set("inagg/job", f"{job_id}:{token}")
         store.wait(["inagg/job"])
         job_id_text, self.token = store.get("inagg/job").decode().split(":")
         self.job_id = int(job_id_text)
-        self.transport = UdpTransport(("127.0.0.1", 9), bind=(bind_ip, 0))
-        address = "%s:%d" % self.transport.address
-        reply = self.client.join(self.job_id, self.token, rank, address, mac)
+        udp = UdpTransport(("127.0.0.1", 9), bind=(bind_ip, 0))
+        ip, port = udp.address
+        self._transports = {"udp": udp}
+        if transport == "roce":
+            self._transports["roce"] = RoceRawTransport((ip, port), bind=(ip, port))
+        self.transport = udp
+        reply = self.client.join(self.job_id, self.token, rank, f"{ip}:{port}", mac,
+                                 roce_qp=port if transport == "roce" else 0)
         self.lease_seconds = reply.lease_seconds
 
         self._grants: dict[int, Grant] = {}
@@ -79,8 +92,8 @@ class Communicator:
             raise TimeoutError(f"job {self.job_id}: no grant from the controller within {timeout}s "
                                f"(did all {world_size} ranks join?)")
         grant = self._grants[self._active_epoch]
-        self.transport.retarget(grant.aggregator)
         self.stream = SlotStream(grant, rank, world_size, self.transport, stall_timeout=stall_timeout)
+        self._use(grant)
         self.boundary = 0
         self.grant_changes = 0
         # alpha/beta of this rank's path, measured: every call's control round is a latency
@@ -136,9 +149,15 @@ class Communicator:
         reply = self.client.activate(self.job_id, self.token, agreed, self.boundary)
         grant = self._to_grant(reply.grant)
         if grant.epoch != self.stream.grant.epoch:
-            self.stream.set_grant(grant)
-            self.transport.retarget(grant.aggregator)
+            self._use(grant)
             self.grant_changes += 1
+
+    def _use(self, grant: Grant) -> None:
+        """Send under ``grant`` from the next call on, in its encapsulation."""
+        self.stream.set_grant(grant)
+        self.transport = self.stream.transport = self._transports[grant.transport]
+        # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
+        self.transport.retarget(grant.aggregator)
 
     # -- allreduce ---------------------------------------------------------------------------
 
@@ -203,7 +222,7 @@ class Communicator:
     def stats(self) -> dict:
         s = self.stream.stats.as_dict()
         g = self.grant
-        s.update(mode=g.mode, epoch=g.epoch, slots=f"[{g.slot_base},{g.slot_base + g.slot_count})",
+        s.update(mode=g.mode, transport=g.transport, epoch=g.epoch, slots=f"[{g.slot_base},{g.slot_base + g.slot_count})",
                  grant_changes=self.grant_changes,
                  goodput_MBps=(4 * s["elements"] / s["seconds"] / 1e6) if s["seconds"] else 0.0)
         return s
@@ -218,5 +237,6 @@ class Communicator:
                 self.client.leave(self.job_id, self.token)
             except Exception:  # noqa: BLE001 - the lease expires anyway
                 pass
-        self.transport.close()
+        for transport in self._transports.values():
+            transport.close()
         self.client.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .protocol import MAX_SLOT
+from .protocol import ENCAPSULATIONS, MAX_SLOT
 
 # Defaults for host aggregation on loopback or jumbo-frame links: 16 KiB of values per datagram
 # keeps per-packet Python work small; on a 1500-byte MTU network use <= 358 values per packet.
@@ -25,6 +25,7 @@ class Grant:
     values_per_packet: int
     aggregator: tuple[str, int]
     mode: str = "host"  # "switch": aggregated in the data plane; "host": by a host aggregator
+    transport: str = "udp"  # how contributions are carried: "udp", or "roce" (RoCEv2)
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id <= 0xFFFF:
@@ -37,6 +38,8 @@ class Grant:
             raise ValueError(f"grant: values_per_packet {self.values_per_packet} not in 1..65535")
         if self.mode not in ("switch", "host"):
             raise ValueError(f"grant: mode must be 'switch' or 'host', got {self.mode!r}")
+        if self.transport not in ENCAPSULATIONS:
+            raise ValueError(f"grant: transport must be one of {ENCAPSULATIONS}, got {self.transport!r}")
 
 
 def parse_address(text: str) -> tuple[str, int]:

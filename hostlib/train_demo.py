@@ -31,6 +31,7 @@ class TrainConfig:
     selection: str = "star"
     adaptive: bool = False   # AR-Topk hook: pick dense or AR-Topk per step by the cost model
     drain_at_step: int = -1  # ask the controller to move the job to host mode at this step
+    transport: str = "udp"   # "roce": RoCEv2 to the switch (raw sockets: root, emulation only)
     seed: int = 0
 
 
@@ -78,7 +79,8 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
         nbytes = 4 * sum(p.numel() for p in model.parameters())
         comm = Communicator.from_rendezvous(
             f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}", controller,
-            bind_ip=bind_ip or worker_ip(rank), bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.hook)
+            bind_ip=bind_ip or worker_ip(rank), bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.hook,
+            transport=cfg.transport)
         if cfg.hook == "inagg":
             ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
         else:

@@ -171,3 +171,66 @@ def test_calls_without_the_token_are_refused(env):
     with pytest.raises(grpc.RpcError) as e:
         next(stream)
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_roce_job_gets_roce_switch_entries_and_keeps_them_across_restart(env):
+    """A RoCEv2 job: every rank must give its QP; its switch grant says RoCE, the switch admits
+    it with ENCAP_ROCE and addresses results to each worker's QP and rkey; a restart (from the
+    store) programs the same."""
+    c = env["client"]
+    job_id, token = c.create_job(2, 64 << 20, 0.1, "r", transport="roce")
+    with pytest.raises(ControllerError, match="uses RoCEv2: rank 0 must give its QP"):
+        c.join(job_id, token, 0, "10.0.0.1:47000")
+    for rank in range(2):
+        c.join(job_id, token, rank, f"10.0.0.{rank + 1}:47000", roce_qp=0x300 + rank, roce_rkey=9 + rank)
+    settle(c, [(job_id, token)])
+    grant = first_grants(c, job_id, token)[0]
+    assert (grant.mode, grant.transport) == ("switch", "roce")
+    sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
+    try:
+        assert table(sw, "job_table")[job_id]["encap"] == 2
+        replicas = sorted((k["replica"], a, p["qp"], p["rkey"]) for k, a, p in sw.table_entries("replica_table")
+                          if k["job_id"] == job_id)
+        assert replicas == [(1, "set_roce_worker_address", 0x300, 9), (2, "set_roce_worker_address", 0x301, 10)]
+        env["stop"]()
+        env["start"]()
+        assert first_grants(c, job_id, token)[0] == grant
+        again = sorted((k["replica"], a, p["qp"], p["rkey"]) for k, a, p in sw.table_entries("replica_table")
+                       if k["job_id"] == job_id)
+        assert again == replicas
+    finally:
+        sw.close()
+    c.drain(ADMIN, job_id)
+    pending = first_grants(c, job_id, token, 2)[1]
+    assert (pending.mode, pending.transport) == ("host", "udp")   # the host aggregator speaks UDP
+
+
+def test_transport_mistakes_are_refused(env):
+    c = env["client"]
+    with pytest.raises(ControllerError, match="transport must be one of udp, roce, got 'rdma'"):
+        c.create_job(2, transport="rdma")
+    job_id, token = c.create_job(2)
+    with pytest.raises(ControllerError, match="not RoCEv2: rank 0 gave a QP"):
+        c.join(job_id, token, 0, "10.0.0.1:1", roce_qp=5)
+
+
+def test_store_written_before_roce_gains_its_columns(tmp_path):
+    """An older controller's SQLite store (no transport/QP columns) opens, and its jobs read
+    back as UDP jobs with their workers."""
+    import sqlite3
+
+    from controller.store import Store
+
+    db = sqlite3.connect(tmp_path / "old.sqlite")
+    db.executescript("""
+        CREATE TABLE jobs (job_id INTEGER PRIMARY KEY, name TEXT NOT NULL, token TEXT NOT NULL,
+                           switch TEXT, job_index INTEGER, state TEXT);
+        CREATE TABLE workers (job_id INTEGER NOT NULL, rank INTEGER NOT NULL, address TEXT NOT NULL,
+                              mac TEXT NOT NULL, PRIMARY KEY (job_id, rank));
+        INSERT INTO jobs VALUES (4, 'old', 'tok', 's1', 0, '{}');
+        INSERT INTO workers VALUES (4, 0, '10.0.0.1:5000', '');
+    """)
+    db.commit()
+    db.close()
+    job, = Store(tmp_path / "old.sqlite").jobs()
+    assert (job["job_id"], job["transport"], job["workers"]) == (4, "udp", [(0, "10.0.0.1:5000", "", 0, 0)])
