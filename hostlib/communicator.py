@@ -2,12 +2,13 @@
 
 Bootstrap uses torch.distributed's rendezvous store (rank 0 creates the job at the controller
 and publishes its id and token under ``inagg/job``). Every rank binds a UDP socket, joins the
-job, and follows the controller's grant stream in a background thread. With
-``transport="roce"`` the job reaches the switch as RoCEv2 (``hostlib.roce``; raw sockets, so
-root): each rank also opens a RoCE endpoint whose QP number is its UDP port (unique per host)
-and joins with it; host-mode grants still use UDP, as the host aggregator speaks UDP. Allreduces run on one
+job, and follows the controller's grant stream in a background thread. Allreduces run on one
 background I/O thread in submission order (every rank submits the same sequence), so
 ``allreduce_async`` returns at once with a ``torch.futures.Future``.
+
+With ``transport="roce"`` the job reaches the switch as RoCEv2 (``hostlib.roce``; raw sockets,
+so root): each rank also opens a RoCE endpoint whose QP number is its UDP port (unique per
+host) and joins with it; host-mode grants still use UDP, as the host aggregator speaks UDP.
 
 Grant changes (host <-> switch, resize, new epoch) are applied at an allreduce boundary all
 ranks agree on: each call carries the newest pending epoch the rank has seen (see
@@ -28,9 +29,9 @@ import numpy as np
 
 from .cost_model import LinkEstimator
 from .grant import Grant
-from .protocol import ENCAP_BYTES, HEADER_BYTES
-from .stream import SlotStream
+from .protocol import HEADER_BYTES
 from .roce import RoceRawTransport
+from .stream import SlotStream
 from .transport import UdpTransport
 
 
@@ -171,7 +172,8 @@ class Communicator:
                 self.stream.allreduce(req.array, self._pending_epoch)
                 self.link.observe(self.stream.stats.wire_bytes_sent - sent,
                                   time.perf_counter() - started, latencies=4)
-                self.link.observe(2 * (HEADER_BYTES + ENCAP_BYTES), self.stream.control_rtt, latencies=2)
+                self.link.observe(2 * (HEADER_BYTES + self.transport.overhead), self.stream.control_rtt,
+                                 latencies=2)
                 self.boundary += 1
                 self._switch_if_agreed()
                 if req.op is ReduceOp.AVG:
