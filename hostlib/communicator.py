@@ -224,7 +224,7 @@ class Communicator:
     def stats(self) -> dict:
         s = self.stream.stats.as_dict()
         g = self.grant
-        s.update(mode=g.mode, transport=g.transport, epoch=g.epoch, slots=f"[{g.slot_base},{g.slot_base + g.slot_count})",
+        s.update(mode=g.mode, transport=g.transport, window=self.stream.window, epoch=g.epoch, slots=f"[{g.slot_base},{g.slot_base + g.slot_count})",
                  grant_changes=self.grant_changes,
                  goodput_MBps=(4 * s["elements"] / s["seconds"] / 1e6) if s["seconds"] else 0.0)
         return s

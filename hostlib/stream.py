@@ -11,11 +11,19 @@ priming round per slot that fetches the exponents of the first W blocks (int32 t
 as they are and prime only slot 0).
 
 Slot 0's priming round goes first, alone, and carries a control vector of 2N int32 values: in
-position r, rank r's element count and dtype, and in position N + r the newest pending grant
-epoch rank r has seen. Its (exact, integer) sum gives every rank the same view: a size or dtype
-mismatch fails the call on every rank with the same error before any data moves (and before any
-other slot changes state), and ``agreed_epoch`` = the smallest pending epoch all ranks have seen
-is the grant every rank may switch to after this call, at the same boundary.
+position r, rank r's element count and dtype, and in position N + r rank r's window goal
+(high 16 bits) and the newest pending grant epoch it has seen (low 16 bits). Its (exact,
+integer) sum gives every rank the same view: a size or dtype mismatch fails the call on every
+rank with the same error before any data moves (and before any other slot changes state);
+``agreed_epoch`` = the smallest pending epoch all ranks have seen is the grant every rank may
+switch to after this call, at the same boundary; and the call's window W (slots in use, rounds
+in flight) is the smallest goal, so every rank maps blocks to the same slots.
+
+Window: each call primes every slot it uses, and rounds beyond what the path can carry only
+queue (in a switch's input buffer, where BMv2 and the software data plane drop them). Each rank
+sets its goal from the previous call (:class:`WindowControl`): halve it after a timeout, else
+aim at twice the window that the measured RTTs say fits without queueing (2 W min/mean RTT),
+so the window grows while rounds come back at the base RTT and shrinks when they queue.
 
 Loss recovery: every outstanding round has a deadline (RTO from an RTT estimate, Karn's rule,
 doubling backoff per slot); on expiry the same packet is resent with FLAG_RETRANSMIT. The
@@ -79,6 +87,7 @@ class StreamStats:
 
 _PRIME = -1  # chunk index of a slot's priming round
 MAX_ELEMENTS = 1 << 30  # the control vector carries 2 * numel + dtype in an int32
+_EPOCH_BITS = 16  # control vector: window goal << 16 | pending epoch
 
 
 @dataclass
@@ -117,6 +126,35 @@ class _RttEstimator:
         self.rto = min(self.rto_max, max(self.rto_min, self.srtt + 4 * self.rttvar))
 
 
+@dataclass
+class WindowControl:
+    """One rank's goal for the window of the next call, from what the last call measured.
+
+    A timeout halves it (multiplicative decrease, as ATP's AIMD on loss). Otherwise the goal is
+    ``2 W min_rtt / mean_rtt``: while rounds return at the base RTT (no queue) it doubles, and
+    with queueing it settles where the mean RTT is about twice the base one, i.e. the window
+    holds about twice the path's bandwidth-delay product. Calls that did not fill their window
+    (fewer blocks than slots) say nothing about the path and leave the goal as it is."""
+
+    minimum: int = 4
+    maximum: int = 1
+    goal: int = 16
+
+    def __post_init__(self) -> None:
+        self.goal = self._clamp(self.goal)
+
+    def _clamp(self, w: float) -> int:
+        return int(max(min(self.minimum, self.maximum), min(self.maximum, w)))
+
+    def update(self, window: int, window_limited: bool, timeouts: int,
+               rtts: list[float]) -> None:
+        if timeouts:
+            self.goal = self._clamp(window // 2)
+        elif window_limited and rtts:
+            mean = sum(rtts) / len(rtts)
+            self.goal = self._clamp(round(2 * window * min(rtts) / mean) if mean > 0 else 2 * window)
+
+
 class SlotStream:
     """Blocking allreduce (sum) of flat float32/int32 arrays for one worker of one job."""
 
@@ -142,6 +180,7 @@ class SlotStream:
         self._buf = bytearray(65536)
         self.agreed_epoch = 0
         self.control_rtt = 0.0  # round trip of the last call's control round: a latency probe
+        self.window = 0  # slots the last call used (agreed by all ranks)
         self.set_grant(grant)
 
     def set_grant(self, grant: Grant) -> None:
@@ -152,6 +191,8 @@ class SlotStream:
         self.grant = grant
         self._next_set = [0] * grant.slot_count
         self._shift = codec.shift_for(self.n_workers)
+        # the goal travels in 15 bits of the control vector (a non-negative int32)
+        self.window_control = WindowControl(maximum=min(grant.slot_count, (1 << 15) - 1))
 
     # -- public ------------------------------------------------------------------------------
 
@@ -184,7 +225,7 @@ class SlotStream:
         k = g.values_per_packet
         n = self.n_workers
         n_chunks = -(-x.size // k)
-        window = min(g.slot_count, n_chunks)
+        window = 0  # agreed in the control round
         is_float = x.dtype == np.float32
         local_exp = [EXP_NONE] * n_chunks
         if is_float:
@@ -194,7 +235,10 @@ class SlotStream:
         overflow_chunks: list[int] = []
         control = np.zeros(2 * n, np.int32)
         control[self.rank] = 2 * x.size + int(is_float)
-        control[n + self.rank] = pending_epoch
+        control[n + self.rank] = (self.window_control.goal << _EPOCH_BITS) | pending_epoch
+        rtts: list[float] = []
+        stats = self.stats
+        retransmitted_before = stats.retransmissions
 
         def packet_for(slot_idx: int, chunk: int, slot_set: int) -> tuple[bytes, int]:
             slot = g.slot_base + slot_idx
@@ -219,7 +263,6 @@ class SlotStream:
                                       block, k, exp=exp, flags=flags), offset
 
         outstanding: dict[int, _Round] = {}
-        stats = self.stats
         overhead = self.transport.overhead
 
         def send_round(slot_idx: int, chunk: int, now: float) -> None:
@@ -257,6 +300,7 @@ class SlotStream:
                         stats.host_results += 1
                     if not rnd.retransmitted:
                         self._rtt.sample(now - rnd.sent_at)
+                        rtts.append(now - rnd.sent_at)
                     last_progress = now
                     vals = np.frombuffer(buf, ">i4", count, HEADER_BYTES)
                     nxt = idx if rnd.chunk == _PRIME else rnd.chunk + window
@@ -265,6 +309,8 @@ class SlotStream:
                         error = self._check_control(vals, n)
                         if error is not None:
                             return error
+                        window = self.window = min(g.slot_count, n_chunks, self._agreed_goal)
+                        rtts.clear()  # the control round ran alone: not a windowed sample
                         for i in range(1, window):  # phase 2: the other slots
                             send_round(i, _PRIME if is_float else i, now)
                     elif rnd.chunk != _PRIME:
@@ -290,6 +336,8 @@ class SlotStream:
                         f"{remaining} of {n_chunks} blocks missing, slots waiting: "
                         f"{sorted(g.slot_base + i for i in outstanding)[:8]}"
                     )
+        self.window_control.update(window, window < n_chunks,
+                                   stats.retransmissions - retransmitted_before, rtts)
         if overflow_chunks:
             first = min(overflow_chunks) * k
             return FloatingPointError(
@@ -305,7 +353,9 @@ class SlotStream:
             desc = ", ".join(f"rank {r}: {v // 2} x {'float32' if v % 2 else 'int32'}"
                              for r, v in enumerate(shapes))
             return ValueError(f"allreduce tensors differ across ranks ({desc})")
-        self.agreed_epoch = int(summed[n:].min())
+        packed = summed[n:]
+        self.agreed_epoch = int((packed & ((1 << _EPOCH_BITS) - 1)).min())
+        self._agreed_goal = int((packed >> _EPOCH_BITS).min())
         return None
 
     def _match(self, view: memoryview, n: int, outstanding: dict[int, _Round]) -> int | None:

@@ -12,7 +12,7 @@ from hostlib.aggregator import HostAggregator, main as aggregator_main
 from hostlib.engine import AggregationEngine, JobConfig
 from hostlib.grant import Grant
 from hostlib.protocol import build_contribution
-from hostlib.stream import AllreduceError, SlotStream
+from hostlib.stream import AllreduceError, SlotStream, WindowControl
 from hostlib.transport import UdpTransport
 
 K = 64
@@ -72,6 +72,34 @@ def test_bad_packets_do_not_disturb_a_running_job(served):
     assert report["drops"] == {"truncated": 2, "bad_version": 1, "unknown_job": 1}
     assert report["jobs"][1]["drops"] == {"bad_slot": 1}
     assert report["jobs"][2]["drops"] == {"bad_worker": 2}
+
+
+def test_ranks_use_the_smallest_window_goal_and_adapt_it(served):
+    """The control round makes every rank use the smallest goal (the slot mapping must agree);
+    after a call each rank sets its own goal from what it measured."""
+    agg, w = served
+    g = Grant(1, 1, 0, 8, K, agg.address)
+    streams = [SlotStream(g, r, 2, w[r]) for r in range(2)]
+    streams[0].window_control.goal, streams[1].window_control.goal = 8, 3
+    xs = [np.arange(2000, dtype=np.float32) * (r + 1) for r in range(2)]   # 32 blocks
+    assert run_ranks(streams, xs) == [None, None]
+    assert np.array_equal(xs[1], np.arange(2000, dtype=np.float32) * 3)
+    assert [s.window for s in streams] == [3, 3]
+    assert all(1 <= s.window_control.goal <= 8 for s in streams)
+
+
+@pytest.mark.parametrize("window, limited, timeouts, rtts, goal", [
+    (16, True, 1, [1.0], 8),                  # a timeout halves
+    (16, True, 0, [1.0, 1.0], 32),            # no queueing: doubles (up to the maximum)
+    (16, True, 0, [1.0, 7.0], 8),             # mean RTT 4x the base: 2 * 16 / 4
+    (16, False, 0, [1.0, 7.0], 20),           # the call did not fill its window: no news
+    (6, True, 3, [1.0], 4),                   # never below the minimum
+    (40, True, 0, [1.0], 48),                 # never above the slots granted
+])
+def test_window_control(window, limited, timeouts, rtts, goal):
+    wc = WindowControl(minimum=4, maximum=48, goal=20)
+    wc.update(window, limited, timeouts, rtts)
+    assert wc.goal == goal
 
 
 def test_non_finite_input_raises_on_every_rank(served):
