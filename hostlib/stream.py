@@ -19,11 +19,10 @@ rank with the same error before any data moves (and before any other slot change
 switch to after this call, at the same boundary; and the call's window W (slots in use, rounds
 in flight) is the smallest goal, so every rank maps blocks to the same slots.
 
-Window: each call primes every slot it uses, and rounds beyond what the path can carry only
-queue (in a switch's input buffer, where BMv2 and the software data plane drop them). Each rank
-sets its goal from the previous call (:class:`WindowControl`): halve it after a timeout, else
-aim at twice the window that the measured RTTs say fits without queueing (2 W min/mean RTT),
-so the window grows while rounds come back at the base RTT and shrinks when they queue.
+Window: each call primes every slot it uses, so a call uses at most a quarter as many slots as
+it has blocks (``PRIMING_SHARE``); and rounds beyond what the path can carry are dropped in a
+switch's input buffer (BMv2's, the software data plane's) and cost timeouts, so each rank's goal
+follows loss (:class:`WindowControl`, AIMD). ``window`` is the last call's W.
 
 Loss recovery: every outstanding round has a deadline (RTO from an RTT estimate, Karn's rule,
 doubling backoff per slot); on expiry the same packet is resent with FLAG_RETRANSMIT. The
@@ -88,6 +87,10 @@ class StreamStats:
 _PRIME = -1  # chunk index of a slot's priming round
 MAX_ELEMENTS = 1 << 30  # the control vector carries 2 * numel + dtype in an int32
 _EPOCH_BITS = 16  # control vector: window goal << 16 | pending epoch
+# A call uses at most max(PRIMING_FREE_WINDOW, ceil(blocks / PRIMING_SHARE)) slots, so the
+# header-only priming rounds of a call with many blocks are at most about a quarter of its rounds.
+PRIMING_SHARE = 4
+PRIMING_FREE_WINDOW = 16
 
 
 @dataclass
@@ -128,31 +131,27 @@ class _RttEstimator:
 
 @dataclass
 class WindowControl:
-    """One rank's goal for the window of the next call, from what the last call measured.
+    """One rank's goal for the window of its next calls: AIMD on loss, as ATP's window.
 
-    A timeout halves it (multiplicative decrease, as ATP's AIMD on loss). Otherwise the goal is
-    ``2 W min_rtt / mean_rtt``: while rounds return at the base RTT (no queue) it doubles, and
-    with queueing it settles where the mean RTT is about twice the base one, i.e. the window
-    holds about twice the path's bandwidth-delay product. Calls that did not fill their window
-    (fewer blocks than slots) say nothing about the path and leave the goal as it is."""
+    A call with a timeout halves the window it used (a switch's input buffer, BMv2's or the
+    software data plane's, overflowed); a call that used its whole goal without one raises the
+    goal by a quarter, up to the slots granted."""
 
     minimum: int = 4
     maximum: int = 1
-    goal: int = 16
+    goal: int = 1 << 15
 
     def __post_init__(self) -> None:
         self.goal = self._clamp(self.goal)
 
-    def _clamp(self, w: float) -> int:
-        return int(max(min(self.minimum, self.maximum), min(self.maximum, w)))
+    def _clamp(self, w: int) -> int:
+        return max(min(self.minimum, self.maximum), min(self.maximum, w))
 
-    def update(self, window: int, window_limited: bool, timeouts: int,
-               rtts: list[float]) -> None:
+    def update(self, window: int, timeouts: int) -> None:
         if timeouts:
             self.goal = self._clamp(window // 2)
-        elif window_limited and rtts:
-            mean = sum(rtts) / len(rtts)
-            self.goal = self._clamp(round(2 * window * min(rtts) / mean) if mean > 0 else 2 * window)
+        elif window >= self.goal:
+            self.goal = self._clamp(self.goal + max(1, self.goal // 4))
 
 
 class SlotStream:
@@ -236,7 +235,6 @@ class SlotStream:
         control = np.zeros(2 * n, np.int32)
         control[self.rank] = 2 * x.size + int(is_float)
         control[n + self.rank] = (self.window_control.goal << _EPOCH_BITS) | pending_epoch
-        rtts: list[float] = []
         stats = self.stats
         retransmitted_before = stats.retransmissions
 
@@ -300,7 +298,6 @@ class SlotStream:
                         stats.host_results += 1
                     if not rnd.retransmitted:
                         self._rtt.sample(now - rnd.sent_at)
-                        rtts.append(now - rnd.sent_at)
                     last_progress = now
                     vals = np.frombuffer(buf, ">i4", count, HEADER_BYTES)
                     nxt = idx if rnd.chunk == _PRIME else rnd.chunk + window
@@ -309,8 +306,8 @@ class SlotStream:
                         error = self._check_control(vals, n)
                         if error is not None:
                             return error
-                        window = self.window = min(g.slot_count, n_chunks, self._agreed_goal)
-                        rtts.clear()  # the control round ran alone: not a windowed sample
+                        window = self.window = min(g.slot_count, n_chunks, self._agreed_goal,
+                                                   max(PRIMING_FREE_WINDOW, -(-n_chunks // PRIMING_SHARE)))
                         for i in range(1, window):  # phase 2: the other slots
                             send_round(i, _PRIME if is_float else i, now)
                     elif rnd.chunk != _PRIME:
@@ -336,8 +333,7 @@ class SlotStream:
                         f"{remaining} of {n_chunks} blocks missing, slots waiting: "
                         f"{sorted(g.slot_base + i for i in outstanding)[:8]}"
                     )
-        self.window_control.update(window, window < n_chunks,
-                                   stats.retransmissions - retransmitted_before, rtts)
+        self.window_control.update(window, stats.retransmissions - retransmitted_before)
         if overflow_chunks:
             first = min(overflow_chunks) * k
             return FloatingPointError(

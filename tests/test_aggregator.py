@@ -88,17 +88,16 @@ def test_ranks_use_the_smallest_window_goal_and_adapt_it(served):
     assert all(1 <= s.window_control.goal <= 8 for s in streams)
 
 
-@pytest.mark.parametrize("window, limited, timeouts, rtts, goal", [
-    (16, True, 1, [1.0], 8),                  # a timeout halves
-    (16, True, 0, [1.0, 1.0], 32),            # no queueing: doubles (up to the maximum)
-    (16, True, 0, [1.0, 7.0], 8),             # mean RTT 4x the base: 2 * 16 / 4
-    (16, False, 0, [1.0, 7.0], 20),           # the call did not fill its window: no news
-    (6, True, 3, [1.0], 4),                   # never below the minimum
-    (40, True, 0, [1.0], 48),                 # never above the slots granted
+@pytest.mark.parametrize("window, timeouts, goal", [
+    (16, 1, 8),           # a timeout halves the window the call used
+    (20, 0, 25),          # a clean call that used the whole goal: +1/4
+    (12, 0, 20),          # a call that used less (a small tensor) says nothing
+    (6, 3, 4),            # never below the minimum
+    (46, 0, 48),          # never above the slots granted
 ])
-def test_window_control(window, limited, timeouts, rtts, goal):
-    wc = WindowControl(minimum=4, maximum=48, goal=20)
-    wc.update(window, limited, timeouts, rtts)
+def test_window_control(window, timeouts, goal):
+    wc = WindowControl(minimum=4, maximum=48, goal=20 if window != 46 else 46)
+    wc.update(window, timeouts)
     assert wc.goal == goal
 
 
