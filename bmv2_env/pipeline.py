@@ -30,7 +30,7 @@ from hostlib.protocol import (
     VERSION,
     ipv4_checksum,
 )
-from hostlib.roce import icrc
+from hostlib.roce import BTH_BYTES, BTH_FIELDS, RETH_FIELDS, byte_offset, icrc
 
 from .state import Action, Counters, MulticastGroups, StatusError, TableStore
 
@@ -48,7 +48,10 @@ JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROP
 ETH, IP, UDP = 14, 20, 8
 INAGG_AT = ETH + IP + UDP                      # the inagg header, UDP encapsulation
 ROCE_INAGG_AT = INAGG_AT + ROCE_HEADER_BYTES   # ... after BTH, RETH and ImmDt
-_ROCE_QP, _ROCE_RKEY, _ROCE_DMA_LEN = 5, 20, 24  # field offsets in BTH|RETH|ImmDt
+# field offsets in BTH|RETH|ImmDt
+_ROCE_QP = byte_offset(BTH_FIELDS, "dst_qp")
+_ROCE_RKEY = BTH_BYTES + byte_offset(RETH_FIELDS, "rkey")
+_ROCE_DMA_LEN = BTH_BYTES + byte_offset(RETH_FIELDS, "dma_len")
 ENCAP_UDP, ENCAP_ROCE = (ENCAPSULATIONS.index(e) + 1 for e in ("udp", "roce"))
 _DROP_CODE = {name: code for code, name in enumerate(DROP_REASONS)}
 _GLOBAL_CODE = {name: code for code, name in enumerate(GLOBAL_DROP_REASONS)}
@@ -143,14 +146,16 @@ class SoftPipeline:
         if frame.encap != admit.param("encap"):
             self.job_counters(admit.param("job_index"), "bad_encap", False)
             return []
-        udp_end = ETH + IP + max(struct.unpack_from("!H", data, ETH + IP + 4)[0], UDP)
+        inagg_end = ETH + IP + struct.unpack_from("!H", data, ETH + IP + 4)[0]
         src_addr = struct.unpack_from("!I", data, ETH + 12)[0]
         framing_ok = True
         if frame.encap == ENCAP_ROCE:          # the ICRC ends the UDP payload; RETH has the length
-            framing_ok = len(data) >= udp_end and struct.unpack_from(
-                "!I", data, INAGG_AT + _ROCE_DMA_LEN)[0] == udp_end - ROCE_ICRC_BYTES - at
-            udp_end -= ROCE_ICRC_BYTES
-        emits = self.engine.process(data[at:udp_end], (port, src_addr), framing_ok)
+            framing_ok = len(data) >= inagg_end and struct.unpack_from(
+                "!I", data, INAGG_AT + _ROCE_DMA_LEN)[0] == inagg_end - ROCE_ICRC_BYTES - at
+            inagg_end -= ROCE_ICRC_BYTES
+        if inagg_end < at + HEADER_BYTES:      # a UDP length too short for the header the P4
+            framing_ok, inagg_end = False, at + HEADER_BYTES   # parser extracts: bad_length
+        emits = self.engine.process(data[at:inagg_end], (port, src_addr), framing_ok)
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 

@@ -253,14 +253,17 @@ class Controller:
             if job.transport != "roce" and (qp or rkey):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                               f"job {job_id} uses {job.transport}, not RoCEv2: rank {rank} gave a QP/rkey")
-            member = Member(address, mac, qp, rkey)
-            if job.place is not None and job.workers.get(rank, member) != member:
+            member, before = Member(address, mac, qp, rkey), job.workers.get(rank)
+            if job.place is not None and before is not None and before.address != address:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"job {job_id} is placed already; rank {rank} cannot move")
+                              f"job {job_id} is placed already; rank {rank} cannot move "
+                              f"from {before.address} to {address}")
             job.workers[rank] = member
             self.store.add_worker(job_id, rank, member)
             if job.place is None and len(job.workers) == job.demand.n_workers:
                 self._place(job)
+            elif job.place is not None and before != member:
+                self._sync()  # a restarted worker's new MAC, QP or rkey reaches the switch
             return job
 
     def _place(self, job: Job) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from .cost_model import LinkEstimator
 from .grant import Grant
-from .protocol import HEADER_BYTES
+from .protocol import ENCAPSULATIONS, HEADER_BYTES
 from .roce import RoceRawTransport
 from .stream import SlotStream
 from .transport import UdpTransport
@@ -59,11 +59,23 @@ class Communicator:
                  transport: str = "udp") -> None:
         from controller.client import ControllerClient, to_grant  # gRPC stubs
 
+        if transport not in ENCAPSULATIONS:
+            raise ValueError(f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport!r}")
         self.rank, self.world_size = rank, world_size
         self._to_grant = to_grant
+        # the endpoints first: a rank that cannot open them (RoCE needs root) fails before the
+        # job exists
+        udp = UdpTransport(("127.0.0.1", 9), bind=(bind_ip, 0))
+        ip, port = udp.address
+        self._transports = {"udp": udp}
+        if transport == "roce":
+            try:
+                self._transports["roce"] = RoceRawTransport((ip, port), bind=(ip, port))
+            except OSError:
+                udp.close()
+                raise
+        self.transport = udp
         self.client = ControllerClient(controller)
-        if transport not in ("udp", "roce"):
-            raise ValueError(f"transport must be 'udp' or 'roce', got {transport!r}")
         if rank == 0:
             job_id, token = self.client.create_job(world_size, bytes_per_iteration, iteration_seconds,
                                                    name, transport)
@@ -71,12 +83,6 @@ class Communicator:
         store.wait(["inagg/job"])
         job_id_text, self.token = store.get("inagg/job").decode().split(":")
         self.job_id = int(job_id_text)
-        udp = UdpTransport(("127.0.0.1", 9), bind=(bind_ip, 0))
-        ip, port = udp.address
-        self._transports = {"udp": udp}
-        if transport == "roce":
-            self._transports["roce"] = RoceRawTransport((ip, port), bind=(ip, port))
-        self.transport = udp
         reply = self.client.join(self.job_id, self.token, rank, f"{ip}:{port}", mac,
                                  roce_qp=port if transport == "roce" else 0)
         self.lease_seconds = reply.lease_seconds

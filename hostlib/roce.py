@@ -82,6 +82,17 @@ RETH_FIELDS: tuple[tuple[str, int, bool], ...] = (
 )
 IMMDT_FIELDS: tuple[tuple[str, int, bool], ...] = (("imm", 32, False),)
 
+
+def byte_offset(fields: tuple[tuple[str, int, bool], ...], name: str) -> int:
+    """Byte offset of field ``name`` (byte-aligned) in a header described by ``fields``."""
+    bits = 0
+    for field, width, _ in fields:
+        if field == name:
+            assert bits % 8 == 0, f"{name} is not byte-aligned"
+            return bits // 8
+        bits += width
+    raise KeyError(name)
+
 DEFAULT_PKEY = 0xFFFF
 DEFAULT_QP = 0x000001
 DEFAULT_RKEY = 0
@@ -92,9 +103,8 @@ UDP_BYTES = 8
 BTH_BYTES = 12
 RETH_BYTES = 16
 IMM_BYTES = 4
-ICRC_BYTES = ROCE_ICRC_BYTES
 # What a RoCEv2 frame adds beyond the inagg packet compared to plain Ethernet/IPv4/UDP framing.
-ROCE_OVERHEAD = BTH_BYTES + RETH_BYTES + IMM_BYTES + ICRC_BYTES
+ROCE_OVERHEAD = BTH_BYTES + RETH_BYTES + IMM_BYTES + ROCE_ICRC_BYTES
 
 _IP_DF = 0x4000
 # IPv4 | UDP | BTH | RETH | ImmDt, the fixed 60 bytes before the inagg bytes.
@@ -131,8 +141,8 @@ def icrc(packet: bytes | bytearray | memoryview) -> bytes:
     masked[10:12] = b"\xff\xff"  # IPv4 header checksum
     masked[ihl + 6:ihl + 8] = b"\xff\xff"  # UDP checksum
     masked[bth + 4] = 0xFF  # BTH resv8a: FECN, BECN, 6 reserved bits
-    crc = zlib.crc32(view[bth + BTH_BYTES:-ICRC_BYTES], zlib.crc32(masked, _LRH_CRC))
-    return crc.to_bytes(ICRC_BYTES, "little")
+    crc = zlib.crc32(view[bth + BTH_BYTES:-ROCE_ICRC_BYTES], zlib.crc32(masked, _LRH_CRC))
+    return crc.to_bytes(ROCE_ICRC_BYTES, "little")
 
 
 def encapsulate(
@@ -146,7 +156,7 @@ def encapsulate(
     va = unpack_header(inagg).offset * 4
     n = len(inagg)
     udp_len = UDP_BYTES + ROCE_OVERHEAD + n
-    pkt = bytearray(_HEADERS.size + n + ICRC_BYTES)
+    pkt = bytearray(_HEADERS.size + n + ROCE_ICRC_BYTES)
     _HEADERS.pack_into(
         pkt, 0,
         0x45, tos, IPV4_BYTES + udp_len, 0, _IP_DF, ttl, socket.IPPROTO_UDP, 0,
@@ -157,8 +167,8 @@ def encapsulate(
         INAGG_IMMEDIATE,
     )
     struct.pack_into("!H", pkt, 10, ipv4_checksum(pkt[:IPV4_BYTES]))
-    pkt[_HEADERS.size:-ICRC_BYTES] = inagg
-    pkt[-ICRC_BYTES:] = icrc(pkt)
+    pkt[_HEADERS.size:-ROCE_ICRC_BYTES] = inagg
+    pkt[-ROCE_ICRC_BYTES:] = icrc(pkt)
     return bytes(pkt)
 
 
@@ -182,8 +192,8 @@ def decapsulate(packet: bytes | bytearray | memoryview,
     if packet[9] != socket.IPPROTO_UDP:
         raise ValueError(f"not UDP: IP protocol {packet[9]}")
     inagg_at = ihl + UDP_BYTES + _BTH_RETH_IMM.size
-    if total < inagg_at + ICRC_BYTES:
-        raise ValueError(f"too short for RoCEv2: {total} bytes, need {inagg_at + ICRC_BYTES}")
+    if total < inagg_at + ROCE_ICRC_BYTES:
+        raise ValueError(f"too short for RoCEv2: {total} bytes, need {inagg_at + ROCE_ICRC_BYTES}")
     src_port, dst_port, udp_len = struct.unpack_from("!HHH", packet, ihl)
     if dst_port != ROCE_UDP_PORT:
         raise ValueError(f"not RoCEv2: UDP destination port {dst_port}, not {ROCE_UDP_PORT}")
@@ -197,7 +207,7 @@ def decapsulate(packet: bytes | bytearray | memoryview,
     if imm != INAGG_IMMEDIATE:
         raise ValueError(f"immediate data {imm:#010x} is not the inagg magic "
                          f"{INAGG_IMMEDIATE:#010x}")
-    inagg_end = total - ICRC_BYTES
+    inagg_end = total - ROCE_ICRC_BYTES
     if dma_len != inagg_end - inagg_at:
         raise ValueError(f"RETH DMA length {dma_len} disagrees with the "
                          f"{inagg_end - inagg_at} payload bytes")

@@ -19,10 +19,11 @@ rank with the same error before any data moves (and before any other slot change
 switch to after this call, at the same boundary; and the call's window W (slots in use, rounds
 in flight) is the smallest goal, so every rank maps blocks to the same slots.
 
-Window: each call primes every slot it uses, so a call uses at most a quarter as many slots as
-it has blocks (``PRIMING_SHARE``); and rounds beyond what the path can carry are dropped in a
-switch's input buffer (BMv2's, the software data plane's) and cost timeouts, so each rank's goal
-follows loss (:class:`WindowControl`, AIMD). ``window`` is the last call's W.
+Window: a float32 call primes every slot it uses, so it uses at most a quarter as many slots as
+it has blocks (``PRIMING_SHARE``), or 16 (``PRIMING_FREE_WINDOW``) if that is more; and rounds
+beyond what the path can carry are dropped in a switch's input buffer (BMv2's, the software data
+plane's) and cost timeouts, so each rank's goal follows loss (:class:`WindowControl`, AIMD).
+``window`` is the last call's W.
 
 Loss recovery: every outstanding round has a deadline (RTO from an RTT estimate, Karn's rule,
 doubling backoff per slot); on expiry the same packet is resent with FLAG_RETRANSMIT. The
@@ -134,8 +135,9 @@ class WindowControl:
     """One rank's goal for the window of its next calls: AIMD on loss, as ATP's window.
 
     A call with a timeout halves the window it used (a switch's input buffer, BMv2's or the
-    software data plane's, overflowed); a call that used its whole goal without one raises the
-    goal by a quarter, up to the slots granted."""
+    software data plane's, overflowed), as TCP sets ssthresh from the flight size (RFC 5681); a
+    call that used its whole goal without one raises the goal by a quarter, up to the slots
+    granted."""
 
     minimum: int = 4
     maximum: int = 1
@@ -306,8 +308,10 @@ class SlotStream:
                         error = self._check_control(vals, n)
                         if error is not None:
                             return error
-                        window = self.window = min(g.slot_count, n_chunks, self._agreed_goal,
-                                                   max(PRIMING_FREE_WINDOW, -(-n_chunks // PRIMING_SHARE)))
+                        window = self.window = min(g.slot_count, n_chunks, self._agreed_goal)
+                        if is_float:  # only float calls prime every slot they use
+                            window = self.window = min(window, max(
+                                PRIMING_FREE_WINDOW, -(-n_chunks // PRIMING_SHARE)))
                         for i in range(1, window):  # phase 2: the other slots
                             send_round(i, _PRIME if is_float else i, now)
                     elif rnd.chunk != _PRIME:

@@ -234,3 +234,23 @@ def test_store_written_before_roce_gains_its_columns(tmp_path):
     db.close()
     job, = Store(tmp_path / "old.sqlite").jobs()
     assert (job["job_id"], job["transport"], job["workers"]) == (4, "udp", [(0, "10.0.0.1:5000", "", 0, 0)])
+
+
+def test_a_restarted_roce_worker_rejoins_with_a_new_qp(env):
+    """A worker that restarts gets a new QP: rejoining at the same address is accepted and the
+    switch addresses its results to the new QP; moving to another address is refused."""
+    c = env["client"]
+    job_id, token = c.create_job(2, 64 << 20, 0.1, "r", transport="roce")
+    for rank in range(2):
+        c.join(job_id, token, rank, f"10.0.0.{rank + 1}:47000", roce_qp=0x300 + rank)
+    settle(c, [(job_id, token)])
+    c.join(job_id, token, 1, "10.0.0.2:47000", roce_qp=0x999, roce_rkey=5)
+    sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
+    try:
+        qps = {k["replica"]: (p["qp"], p["rkey"]) for k, _, p in sw.table_entries("replica_table")
+               if k["job_id"] == job_id}
+        assert qps == {1: (0x300, 0), 2: (0x999, 5)}
+    finally:
+        sw.close()
+    with pytest.raises(ControllerError, match="rank 1 cannot move from 10.0.0.2:47000 to 10.0.0.3:47000"):
+        c.join(job_id, token, 1, "10.0.0.3:47000", roce_qp=0x999)

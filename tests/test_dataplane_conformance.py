@@ -18,7 +18,7 @@ from hostlib.protocol import (
     EXP_NONE, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K,
     UDP_PORT, build_contribution, pack_header, unpack_header,
 )
-from hostlib.roce import INAGG_IMMEDIATE, ROCE_UDP_PORT, decapsulate, encapsulate
+from hostlib.roce import INAGG_IMMEDIATE, IPV4_BYTES, ROCE_UDP_PORT, decapsulate, frame
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.254", "00:00:00:00:00:fe"
 
@@ -256,18 +256,23 @@ def test_counters_and_state_read_back(dp):
 # -- RoCEv2 encapsulation ---------------------------------------------------------------------
 
 def roce_contribution(job, rank, values, *, slot, exp=EXP_NONE, flags=0, psn=7, imm=INAGG_IMMEDIATE,
-                      raw=None, dma_len=None):
-    """A RoCEv2 worker's contribution frame (hostlib.roce framing, ICRC included)."""
+                      raw=None, dma_len=None, udp_len=None):
+    """A RoCEv2 worker's contribution frame (hostlib.roce framing, ICRC included); ``imm``,
+    ``dma_len`` and ``udp_len`` overwrite those fields afterwards (the ICRC is then stale)."""
     w = job.workers[rank]
     inagg = raw if raw is not None else build_contribution(
         job.job_id, rank, job.epoch, slot, 0, 64 * slot,
         None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
-    pkt = bytearray(encapsulate(inagg, src_ip=w.ip, dst_ip=SWITCH_IP, src_port=0xC000 | rank,
-                                dst_qp=0x11, psn=psn, rkey=0x5555))
-    if imm != INAGG_IMMEDIATE or dma_len is not None:   # rewritten fields: ICRC no longer checked
-        pkt[56:60] = imm.to_bytes(4, "big")
-        pkt[52:56] = (len(inagg) if dma_len is None else dma_len).to_bytes(4, "big")
-    return bytes.fromhex(w.mac.replace(":", "") + SWITCH_MAC.replace(":", "")) + b"\x08\x00" + bytes(pkt), w.port
+    pkt = bytearray(frame(inagg, dst_mac=SWITCH_MAC, src_mac=w.mac, src_ip=w.ip, dst_ip=SWITCH_IP,
+                          src_port=0xC000 | rank, dst_qp=0x11, psn=psn, rkey=0x5555))
+    at = 14 + IPV4_BYTES  # the UDP header; BTH at +8, RETH at +20, ImmDt at +36
+    if imm != INAGG_IMMEDIATE:
+        pkt[at + 36:at + 40] = imm.to_bytes(4, "big")
+    if dma_len is not None:
+        pkt[at + 32:at + 36] = dma_len.to_bytes(4, "big")
+    if udp_len is not None:
+        pkt[at + 4:at + 6] = udp_len.to_bytes(2, "big")
+    return bytes(pkt), w.port
 
 
 def expect_roce_results(dp, job, ranks, timeout=1.0):
@@ -329,11 +334,12 @@ def test_encapsulation_must_be_the_jobs(dp):
         1, 0, 1, 3, 0, 0, np.ones(K, np.int32), K))                       # RoCE to a UDP job
     send(dp, roce_to_udp_job)
     send(dp, roce_contribution(JOB3, 1, [1] * K, slot=19, dma_len=20))  # RETH length wrong
+    send(dp, roce_contribution(JOB3, 1, [1] * K, slot=19, udp_len=40))  # UDP length < headers
     assert all(v == [] for v in dp.recv_all(0.4).values())
     d1, d3 = counters.job(JOB1.job_index)["drops"], counters.job(JOB3.job_index)["drops"]
     assert d1.get("bad_encap", 0) - c1["drops"].get("bad_encap", 0) == 1
     assert {r: d3.get(r, 0) - c3["drops"].get(r, 0) for r in ("bad_encap", "bad_length")} == \
-        {"bad_encap": 1, "bad_length": 1}
+        {"bad_encap": 1, "bad_length": 2}
     other, port = roce_contribution(JOB3, 0, [1] * K, slot=19, imm=0x1234)
     other = bytes.fromhex("00000000000" + "3") + other[6:]              # to h3, not the switch
     dp.send(port, other)
