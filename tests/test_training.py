@@ -110,6 +110,8 @@ def test_bad_input_gives_clear_errors():
                 c.close()
     with pytest.raises(ControllerError, match="unreachable"):
         ControllerClient("127.0.0.1:1", timeout=2).create_job(2)
+    with pytest.raises(ValueError, match="transport must be one of udp, roce, got 'rdma'"):
+        Communicator(None, 0, 2, "127.0.0.1:1", transport="rdma")   # before any job exists
 
 
 def test_artopk_hook_trains_with_far_fewer_bytes():
