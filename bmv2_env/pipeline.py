@@ -17,7 +17,7 @@ from controller.p4info import P4Info
 from hostlib.engine import AggregationEngine, Emit, JobConfig
 from hostlib.protocol import (
     DROP_REASONS,
-    ENCAPSULATIONS,
+    ENCAP_CODE,
     GLOBAL_DROP_REASONS,
     HEADER_BYTES,
     ROCE_HEADER_BYTES,
@@ -52,7 +52,7 @@ ROCE_INAGG_AT = INAGG_AT + ROCE_HEADER_BYTES   # ... after BTH, RETH and ImmDt
 _ROCE_QP = byte_offset(BTH_FIELDS, "dst_qp")
 _ROCE_RKEY = BTH_BYTES + byte_offset(RETH_FIELDS, "rkey")
 _ROCE_DMA_LEN = BTH_BYTES + byte_offset(RETH_FIELDS, "dma_len")
-ENCAP_UDP, ENCAP_ROCE = (ENCAPSULATIONS.index(e) + 1 for e in ("udp", "roce"))
+ENCAP_UDP, ENCAP_ROCE = ENCAP_CODE["udp"], ENCAP_CODE["roce"]
 _DROP_CODE = {name: code for code, name in enumerate(DROP_REASONS)}
 _GLOBAL_CODE = {name: code for code, name in enumerate(GLOBAL_DROP_REASONS)}
 

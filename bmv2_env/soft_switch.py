@@ -64,6 +64,15 @@ class PcapWriter:
         self.f.close()
 
 
+def recv_batch(sock: socket.socket):
+    """Yield up to RECV_BATCH waiting (data, address) pairs of a non-blocking socket."""
+    for _ in range(RECV_BATCH):
+        try:
+            yield sock.recvfrom(65535)
+        except BlockingIOError:
+            return
+
+
 def open_port(iface: str) -> socket.socket:
     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     s.bind((iface, 0))
@@ -82,15 +91,8 @@ class RawPort:
 
     def recv(self) -> list[tuple[int, bytes]]:
         """Up to RECV_BATCH waiting frames (one select per batch, not per frame)."""
-        out = []
-        for _ in range(RECV_BATCH):
-            try:
-                frame, addr = self.sock.recvfrom(65535)
-            except BlockingIOError:
-                break
-            if addr[2] != PACKET_OUTGOING:
-                out.append((self.port, frame))
-        return out
+        return [(self.port, frame) for frame, addr in recv_batch(self.sock)
+                if addr[2] != PACKET_OUTGOING]
 
     def send(self, port: int, frame: bytes) -> None:
         self.sock.send(frame)
@@ -112,11 +114,7 @@ class UdpPorts:
     def recv(self) -> list[tuple[int, bytes]]:
         """Up to RECV_BATCH waiting datagrams, each as the frame its host would have sent."""
         out = []
-        for _ in range(RECV_BATCH):
-            try:
-                data, (ip, sport) = self.sock.recvfrom(65535)
-            except BlockingIOError:
-                break
+        for data, (ip, sport) in recv_batch(self.sock):
             src = socket.inet_aton(ip)
             port = self.port_of.get(src)
             if port is None:

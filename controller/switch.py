@@ -17,7 +17,7 @@ import grpc
 from p4.v1 import p4runtime_pb2
 from p4runtime_sh.p4runtime import P4RuntimeClient, P4RuntimeException, P4RuntimeWriteException
 
-from hostlib.protocol import DROP_REASONS, ENCAPSULATIONS, GLOBAL_DROP_REASONS, ipv4, mac
+from hostlib.protocol import DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, ipv4, mac
 
 from .p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info, P4Type, encode
 
@@ -197,7 +197,7 @@ class JobAdmission:
         params = None if kind == DELETE else {
             "job_index": job.job_index, "slot_base": job.slot_base, "slot_count": job.slot_count,
             "n_workers": len(job.workers), "epoch": job.epoch, "mcast_grp": job.mcast_grp,
-            "encap": ENCAPSULATIONS.index(job.encap) + 1}
+            "encap": ENCAP_CODE[job.encap]}
         ups = [self.sw.table_update(kind, "job_table", {"job_id": job.job_id}, admit, params)]
         for w in job.workers:
             ups.append(self.sw.table_update(

@@ -25,6 +25,7 @@ ROCE_ICRC_BYTES = 4
 
 # Encapsulations, by their P4 code (ENCAP_<NAME>, from 1): job_table's encap parameter.
 ENCAPSULATIONS: tuple[str, ...] = ("udp", "roce")
+ENCAP_CODE: dict[str, int] = {name: code for code, name in enumerate(ENCAPSULATIONS, 1)}
 
 MSG_CONTRIBUTION = 1
 MSG_RESULT = 2
@@ -74,7 +75,7 @@ P4_CONSTANTS: dict[str, int] = {
     "ROCE_INAGG_IMMEDIATE": ROCE_INAGG_IMMEDIATE,
     "ROCE_HEADER_BYTES": ROCE_HEADER_BYTES,
     "ROCE_ICRC_BYTES": ROCE_ICRC_BYTES,
-    **{f"ENCAP_{name.upper()}": code for code, name in enumerate(ENCAPSULATIONS, 1)},
+    **{f"ENCAP_{name.upper()}": code for name, code in ENCAP_CODE.items()},
     "MSG_CONTRIBUTION": MSG_CONTRIBUTION,
     "MSG_RESULT": MSG_RESULT,
     "FLAG_RETRANSMIT": FLAG_RETRANSMIT,

@@ -308,10 +308,10 @@ class SlotStream:
                         error = self._check_control(vals, n)
                         if error is not None:
                             return error
-                        window = self.window = min(g.slot_count, n_chunks, self._agreed_goal)
+                        window = min(g.slot_count, n_chunks, self._agreed_goal)
                         if is_float:  # only float calls prime every slot they use
-                            window = self.window = min(window, max(
-                                PRIMING_FREE_WINDOW, -(-n_chunks // PRIMING_SHARE)))
+                            window = min(window, max(PRIMING_FREE_WINDOW, -(-n_chunks // PRIMING_SHARE)))
+                        self.window = window
                         for i in range(1, window):  # phase 2: the other slots
                             send_round(i, _PRIME if is_float else i, now)
                     elif rnd.chunk != _PRIME:

@@ -173,6 +173,12 @@ def test_calls_without_the_token_are_refused(env):
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
+def roce_replicas(sw, job_id):
+    """(replica, action, qp, rkey) of a job's replica_table entries, sorted."""
+    return sorted((k["replica"], a, p["qp"], p["rkey"]) for k, a, p in sw.table_entries("replica_table")
+                  if k["job_id"] == job_id)
+
+
 def test_roce_job_gets_roce_switch_entries_and_keeps_them_across_restart(env):
     """A RoCEv2 job: every rank must give its QP; its switch grant says RoCE, the switch admits
     it with ENCAP_ROCE and addresses results to each worker's QP and rkey; a restart (from the
@@ -189,15 +195,12 @@ def test_roce_job_gets_roce_switch_entries_and_keeps_them_across_restart(env):
     sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
     try:
         assert table(sw, "job_table")[job_id]["encap"] == 2
-        replicas = sorted((k["replica"], a, p["qp"], p["rkey"]) for k, a, p in sw.table_entries("replica_table")
-                          if k["job_id"] == job_id)
+        replicas = roce_replicas(sw, job_id)
         assert replicas == [(1, "set_roce_worker_address", 0x300, 9), (2, "set_roce_worker_address", 0x301, 10)]
         env["stop"]()
         env["start"]()
         assert first_grants(c, job_id, token)[0] == grant
-        again = sorted((k["replica"], a, p["qp"], p["rkey"]) for k, a, p in sw.table_entries("replica_table")
-                       if k["job_id"] == job_id)
-        assert again == replicas
+        assert roce_replicas(sw, job_id) == replicas
     finally:
         sw.close()
     c.drain(ADMIN, job_id)
@@ -247,8 +250,7 @@ def test_a_restarted_roce_worker_rejoins_with_a_new_qp(env):
     c.join(job_id, token, 1, "10.0.0.2:47000", roce_qp=0x999, roce_rkey=5)
     sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
     try:
-        qps = {k["replica"]: (p["qp"], p["rkey"]) for k, _, p in sw.table_entries("replica_table")
-               if k["job_id"] == job_id}
+        qps = {replica: (qp, rkey) for replica, _, qp, rkey in roce_replicas(sw, job_id)}
         assert qps == {1: (0x300, 0), 2: (0x999, 5)}
     finally:
         sw.close()
