@@ -20,14 +20,15 @@ TRANSPORT     ?=
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
 
-# The virtual environment with inagg (editable), its test tools and a CPU build of torch.
-# On a bare Debian, python3-venv is installed first (needs root).
-$(STAMP): pyproject.toml
+# The virtual environment with inagg (editable, its C++ data path compiled into build/), its test
+# tools and a CPU build of torch. On a bare Debian, python3-venv is installed first (needs root).
+# The build tools live in the venv (no build isolation) so a C++ change rebuilds incrementally.
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard native/*.cpp native/*.hpp)
 	@$(PYTHON) -c "import ensurepip" 2>/dev/null || \
 	  (apt-get update -qq && apt-get install -y -qq python3-venv python3-pip)
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[dev,torch]"
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "torch==$(TORCH_VERSION)" "scikit-build-core>=0.10" "nanobind>=2.0"
+	$(BIN)/pip install -q --no-build-isolation -e ".[dev,torch]"
 	touch $@
 
 setup: $(STAMP)
