@@ -41,7 +41,7 @@ def main() -> int:
     runs = {}
     for hook in ("inagg", "artopk"):
         with LoopbackDeployment(4) as dep:
-            runs[hook] = train(TrainConfig(workers=4, epochs=args.epochs, hook=hook, cr=args.cr), dep.controller)
+            runs[hook] = train(TrainConfig(workers=4, epochs=args.epochs, hook=hook, cr=args.cr), dep.controller, bind_ips=dep.worker_ips)
     dense, sparse = runs["inagg"], runs["artopk"]
     sent = {h: np.mean([s["wire_bytes_sent"] for s in r.stats]) for h, r in runs.items()}
     print(f"digits MLP, 4 workers, {args.epochs} epochs, software data plane on loopback")

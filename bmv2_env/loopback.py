@@ -1,30 +1,45 @@
 """The embedded default deployment on loopback, no root needed: the software data plane
 (attached over UDP), the controller and a host aggregator, each a real process.
 
-Worker r uses address 127.0.1.(r+1), attached to switch port r+1; the switch's inagg address is
-127.0.0.254, the host aggregator's 127.0.0.100. ``make demo``, the training tests and the
-benchmarks run on it."""
+Each deployment takes a loopback /24 of its own, 127.A.B.0/24, chosen at random and checked free,
+so runs of other checkouts on the same machine never meet it: worker r uses 127.A.B.(r+1),
+attached to switch port r+1; the switch's inagg address is 127.A.B.254, the host aggregator's
+127.A.B.100. ``make demo``, the training tests and the benchmarks run on it."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
+import socket
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from hostlib.protocol import UDP_PORT
+
 from .testbed import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
-SWITCH_IP = "127.0.0.254"
-HOST_AGGREGATOR = "127.0.0.100:42666"
+HOST_AGGREGATOR_PORT = 42666
 
 
-def worker_ip(rank: int) -> str:
-    return f"127.0.1.{rank + 1}"
+def free_loopback_net(tries: int = 64) -> str:
+    """A ``127.A.B`` prefix whose switch and aggregator addresses nothing on this machine holds."""
+    for _ in range(tries):
+        net = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
+        probes = [(f"{net}.254", UDP_PORT), (f"{net}.100", HOST_AGGREGATOR_PORT)]
+        try:
+            for addr in probes:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.bind(addr)
+        except OSError:
+            continue
+        return net
+    raise RuntimeError(f"no free loopback /24 found in {tries} tries")
 
 
 class LoopbackDeployment:
@@ -39,6 +54,16 @@ class LoopbackDeployment:
         self.drop_rate = aggregator_drop_rate
         self.admin_token = secrets.token_hex(8)
         self.procs: list[subprocess.Popen] = []
+        self.net = free_loopback_net()
+        self.switch_ip = f"{self.net}.254"
+        self.host_aggregator = f"{self.net}.100:{HOST_AGGREGATOR_PORT}"
+
+    def worker_ip(self, rank: int) -> str:
+        return f"{self.net}.{rank + 1}"
+
+    @property
+    def worker_ips(self) -> list[str]:
+        return [self.worker_ip(r) for r in range(self.n_hosts)]
 
     def _start(self, name: str, cmd: list[str], ready: str) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "w")
@@ -56,22 +81,22 @@ class LoopbackDeployment:
         try:
             switches = []
             if self.with_switch:
-                ports = [a for r in range(self.n_hosts) for a in ("-i", f"{r + 1}@udp:{worker_ip(r)}")]
-                self._start("switch", [py, "-m", "bmv2_env.soft_switch", *ports, "--udp-bind", SWITCH_IP,
+                ports = [a for r in range(self.n_hosts) for a in ("-i", f"{r + 1}@udp:{self.worker_ip(r)}")]
+                self._start("switch", [py, "-m", "bmv2_env.soft_switch", *ports, "--udp-bind", self.switch_ip,
                                        "--device-id", "0", "--no-p4", "--",
                                        "--grpc-server-addr", f"unix:{self.dir}/switch.sock"], "inagg-soft-switch")
                 switches.append({
-                    "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "aggregator": f"{SWITCH_IP}:42602",
-                    "hosts": {worker_ip(r): {"port": r + 1, "mac": f"02:00:7f:00:01:{r + 1:02x}"}
+                    "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "aggregator": f"{self.switch_ip}:{UDP_PORT}",
+                    "hosts": {self.worker_ip(r): {"port": r + 1, "mac": f"02:00:7f:00:01:{r + 1:02x}"}
                               for r in range(self.n_hosts)}})
             config = {"listen": self.controller, "admin_token": self.admin_token,
                       "database": str(self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
-                      "min_window": self.min_window, "host_aggregator": HOST_AGGREGATOR,
+                      "min_window": self.min_window, "host_aggregator": self.host_aggregator,
                       "switches": switches}
             (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
             self.start_controller()
             self.aggregator = self._start(
-                "aggregator", [py, "-m", "hostlib.aggregator", "--bind", HOST_AGGREGATOR, "--controller",
+                "aggregator", [py, "-m", "hostlib.aggregator", "--bind", self.host_aggregator, "--controller",
                                self.controller, "--admin-token", self.admin_token,
                                "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening")
         except BaseException:

@@ -10,8 +10,8 @@ inagg program in Python, its slot logic being the shared aggregation engine) and
 P4Runtime on the gRPC address. It can run only the inagg program: the pipeline pushed (or the
 JSON given) must be the committed one.
 
-Loopback attachment (no root, no interfaces): ``--udp-bind 127.0.0.254`` listens on that address
-at the inagg UDP port, and ``-i N@udp:127.0.1.N`` makes the host 127.0.1.N port N. Datagrams
+Loopback attachment (no root, no interfaces): ``--udp-bind 127.A.B.254`` listens on that address
+at the inagg UDP port, and ``-i N@udp:127.A.B.N`` makes the host 127.A.B.N port N. Datagrams
 from a host enter its port as Ethernet/IPv4/UDP frames; frames leaving a UDP-attached port are
 sent as datagrams to their IPv4/UDP destination. This is how ``make demo`` runs the switch.
 """

@@ -72,14 +72,13 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
     ddp = DDP(model, bucket_cap_mb=64)
     comm = None
     if cfg.hook != "gloo":
-        from bmv2_env.loopback import worker_ip
         from hostlib.communicator import Communicator
         from hostlib.torch_hooks import ARTopkHookState, InaggHookState, artopk_hook, inagg_hook
 
         nbytes = 4 * sum(p.numel() for p in model.parameters())
         comm = Communicator.from_rendezvous(
             f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}", controller,
-            bind_ip=bind_ip or worker_ip(rank), bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.hook,
+            bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.hook,
             transport=cfg.transport)
         if cfg.hook == "inagg":
             ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
@@ -121,13 +120,15 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
 
 
 def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str] | None = None,
-          on_epoch=None, timeout: float = 600.0) -> TrainResult:
-    """Run one training job with ``cfg.workers`` processes; ``on_epoch(epoch, loss, acc)``."""
+          on_epoch=None, timeout: float = 600.0, bind_ips: list[str] | None = None) -> TrainResult:
+    """Run one training job with ``cfg.workers`` processes; ``on_epoch(epoch, loss, acc)``;
+    rank r binds ``bind_ips[r]`` (a loopback deployment's worker addresses)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     result = TrainResult()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put),
+        procs = [ctx.Process(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put,
+                                                       bind_ips[r] if bind_ips else None),
                              daemon=True) for r in range(cfg.workers)]
         for p in procs:
             p.start()
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"inagg demo: MLP on digits, {cfg.workers} workers, DDP + {cfg.hook} hook, through the "
           f"{'host aggregator' if args.no_switch else 'software data plane'} on loopback")
     with LoopbackDeployment(cfg.workers, with_switch=not args.no_switch) as dep:
-        run = train(cfg, dep.controller, on_epoch=lambda e, l, a: print(_bar(e, cfg.epochs, l, a), flush=True))
+        run = train(cfg, dep.controller, on_epoch=lambda e, l, a: print(_bar(e, cfg.epochs, l, a), flush=True),
+                    bind_ips=dep.worker_ips)
     print("baseline: the same training with plain gloo DDP")
     base = train(TrainConfig(**{**cfg.__dict__, "hook": "gloo"}),
                  on_epoch=lambda e, l, a: print(_bar(e, cfg.epochs, l, a), flush=True))

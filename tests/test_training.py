@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bmv2_env.loopback import LoopbackDeployment, worker_ip
+from bmv2_env.loopback import LoopbackDeployment
 from controller.client import ControllerClient, ControllerError
 from hostlib.communicator import Communicator, ReduceOp
 from hostlib.train_demo import TrainConfig, train
@@ -22,7 +22,7 @@ def gloo_run():
 
 def test_ddp_hook_gives_gloo_parameters(gloo_run):
     with LoopbackDeployment(2) as dep:
-        run = train(TrainConfig(workers=2, epochs=2, hook="inagg"), dep.controller)
+        run = train(TrainConfig(workers=2, epochs=2, hook="inagg"), dep.controller, bind_ips=dep.worker_ips)
     assert all(s["mode"] == "switch" for s in run.stats)
     for a, b in zip(run.params, gloo_run.params):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
@@ -31,7 +31,7 @@ def test_ddp_hook_gives_gloo_parameters(gloo_run):
 
 def test_grant_switch_over_mid_training_loses_nothing(gloo_run):
     with LoopbackDeployment(2) as dep:
-        run = train(TrainConfig(workers=2, epochs=2, hook="inagg", drain_at_step=20), dep.controller,
+        run = train(TrainConfig(workers=2, epochs=2, hook="inagg", drain_at_step=20), dep.controller, bind_ips=dep.worker_ips,
                     admin=(dep.controller, dep.admin_token))
     assert [s["mode"] for s in run.stats] == ["host", "host"]
     assert all(s["grant_changes"] >= 2 and s["host_results"] > 0 for s in run.stats)
@@ -61,7 +61,7 @@ def on_ranks(fn, n, timeout=60):
 def make_comms(dep, n, **kw):
     d = tempfile.mkdtemp()
     store = dist.FileStore(f"{d}/store", n)
-    return on_ranks(lambda r: Communicator(store, r, n, dep.controller, bind_ip=worker_ip(r), **kw), n)
+    return on_ranks(lambda r: Communicator(store, r, n, dep.controller, bind_ip=dep.worker_ip(r), **kw), n)
 
 
 def test_many_async_allreduces_in_flight():
@@ -116,9 +116,9 @@ def test_bad_input_gives_clear_errors():
 
 def test_artopk_hook_trains_with_far_fewer_bytes():
     with LoopbackDeployment(2) as dep:
-        dense = train(TrainConfig(workers=2, epochs=2, hook="inagg"), dep.controller)
+        dense = train(TrainConfig(workers=2, epochs=2, hook="inagg"), dep.controller, bind_ips=dep.worker_ips)
     with LoopbackDeployment(2) as dep:
-        sparse = train(TrainConfig(workers=2, epochs=2, hook="artopk", cr=0.01), dep.controller)
+        sparse = train(TrainConfig(workers=2, epochs=2, hook="artopk", cr=0.01), dep.controller, bind_ips=dep.worker_ips)
     sent = [sum(s["wire_bytes_sent"] for s in r.stats) for r in (dense, sparse)]
     assert sent[0] > 10 * sent[1]
     assert sparse.epochs[-1][1] > 0.5          # it learns (2 epochs of a 1 % sparsified gradient)
@@ -126,7 +126,7 @@ def test_artopk_hook_trains_with_far_fewer_bytes():
 
 def test_adaptive_artopk_hook_uses_the_measured_cost_model():
     with LoopbackDeployment(2) as dep:
-        run = train(TrainConfig(workers=2, epochs=1, hook="artopk", cr=0.01, adaptive=True), dep.controller)
+        run = train(TrainConfig(workers=2, epochs=1, hook="artopk", cr=0.01, adaptive=True), dep.controller, bind_ips=dep.worker_ips)
     assert run.epochs and all(s["allreduces"] > 0 for s in run.stats)
 
 
