@@ -60,11 +60,14 @@ class ControllerClient:
         return self._call("ActivateGrant", pb.ActivateRequest(job_id=job_id, token=token, epoch=epoch,
                                                               boundary=boundary))
 
-    def heartbeat(self, job_id: int, token: str) -> float:
-        return self._call("Heartbeat", pb.JobRef(job_id=job_id, token=token)).lease_seconds
+    def heartbeat(self, job_id: int, token: str, rank: int | None = None) -> pb.HeartbeatReply:
+        """Renew the job's lease and, with ``rank``, that rank's."""
+        return self._call("Heartbeat", pb.JobRef(job_id=job_id, token=token, rank=rank))
 
-    def leave(self, job_id: int, token: str) -> None:
-        self._call("LeaveJob", pb.JobRef(job_id=job_id, token=token))
+    def leave(self, job_id: int, token: str, rank: int | None = None) -> None:
+        """End the job; with ``rank``, only say that this rank is done (the job ends when every
+        rank is)."""
+        self._call("LeaveJob", pb.JobRef(job_id=job_id, token=token, rank=rank))
 
     def list_jobs(self, admin_token: str) -> pb.JobList:
         return self._call("ListJobs", pb.AdminRef(admin_token=admin_token))

@@ -6,7 +6,7 @@ Example (bmv2_env/topologies/ ships real ones)::
       "listen": "127.0.0.1:50051",
       "admin_token": "change-me",
       "database": "controller.sqlite",
-      "lease_seconds": 30,
+      "lease_seconds": 30, "rank_lease_seconds": 6,
       "min_window": 8,
       "host_aggregator": "10.0.0.100:42666",
       "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
@@ -54,7 +54,10 @@ class ControllerConfig:
     listen: str = "127.0.0.1:50051"
     admin_token: str = ""
     database: str = "controller.sqlite"
-    lease_seconds: float = 30.0
+    lease_seconds: float = 30.0       # a job no rank renews for this long ends
+    rank_lease_seconds: float = 6.0   # a placed job one of whose ranks is silent this long fails
+    switch_check_seconds: float = 1.0 # how often each switch is checked for a restart
+    max_jobs: int = 4096              # jobs the controller holds at once (CreateJob is open)
     min_window: int = 8
     host_slots: int = 4096
     host_window: int = HOST_WINDOW
