@@ -15,6 +15,11 @@ ranks agree on: each call carries the newest pending epoch the rank has seen (se
 ``hostlib.stream``), all ranks learn the smallest of them, and when it is newer than the active
 grant they all ask the controller to activate it with the same boundary number and switch
 together. Nothing in flight is lost: a call runs entirely under one grant.
+
+Liveness: each rank renews its own lease at the controller; when a rank stops, the controller
+fails the job and says so on the grant stream. The communicator then fails the pending and every
+later allreduce with ``JobFailed`` naming the dead rank(s), at once instead of after the stall
+timeout.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from .protocol import ENCAPSULATIONS, HEADER_BYTES
 from .roce import RoceRawTransport
 from .stream import SlotStream
 from .transport import UdpTransport
+
+
+class JobFailed(RuntimeError):
+    """The controller failed the job (a rank stopped); the message names the rank(s)."""
 
 
 class ReduceOp(enum.Enum):
@@ -86,6 +95,8 @@ class Communicator:
         reply = self.client.join(self.job_id, self.token, rank, f"{ip}:{port}", mac,
                                  roce_qp=port if transport == "roce" else 0)
         self.lease_seconds = reply.lease_seconds
+        self.rank_lease_seconds = reply.rank_lease_seconds or reply.lease_seconds
+        self.failure = ""  # set when the controller failed the job
 
         self._grants: dict[int, Grant] = {}
         self._pending_epoch = 0
@@ -98,6 +109,8 @@ class Communicator:
         if not self._first.wait(timeout):
             raise TimeoutError(f"job {self.job_id}: no grant from the controller within {timeout}s "
                                f"(did all {world_size} ranks join?)")
+        if self.failure:
+            raise JobFailed(f"job {self.job_id} failed: {self.failure}")
         grant = self._grants[self._active_epoch]
         self.stream = SlotStream(grant, rank, world_size, self.transport, stall_timeout=stall_timeout)
         self._use(grant)
@@ -129,6 +142,9 @@ class Communicator:
         while not self._closed.is_set():
             try:
                 for g in self._grant_stream:
+                    if g.failure:
+                        self._fail(g.failure)
+                        return
                     self._grants[g.epoch] = self._to_grant(g)
                     if g.pending:
                         self._pending_epoch = max(self._pending_epoch, g.epoch)
@@ -142,10 +158,21 @@ class Communicator:
             self.stream_reopened += 1
             self._grant_stream = self.client.watch(self.job_id, self.token)
 
+    def _fail(self, failure: str) -> None:
+        """The job failed: stop its pending allreduce now (closing the endpoints makes its
+        receive fail) and every later one (``_io_loop`` raises JobFailed)."""
+        self.failure = failure
+        self._first.set()
+        for transport in self._transports.values():
+            transport.close()
+
     def _heartbeat(self) -> None:
-        while not self._closed.wait(max(self.lease_seconds / 3, 0.1)):
+        """Renew this rank's lease, four times per lease so one lost beat never expires it."""
+        while not self._closed.wait(max(min(self.lease_seconds, self.rank_lease_seconds) / 4, 0.1)):
+            if self.failure:
+                return
             try:
-                self.client.heartbeat(self.job_id, self.token)
+                self.client.heartbeat(self.job_id, self.token, self.rank)
             except Exception:  # noqa: BLE001 - the next beat retries; the lease has slack
                 pass
 
@@ -174,6 +201,8 @@ class Communicator:
             if req is None:
                 return
             try:
+                if self.failure:
+                    raise JobFailed(f"job {self.job_id} failed: {self.failure}")
                 sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
                 self.stream.allreduce(req.array, self._pending_epoch)
                 self.link.observe(self.stream.stats.wire_bytes_sent - sent,
@@ -189,6 +218,8 @@ class Communicator:
                 req.future.set_result(req.result)
             except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
                 self.boundary += 1
+                if self.failure and not isinstance(e, JobFailed):
+                    e = JobFailed(f"job {self.job_id} failed: {self.failure}")
                 req.future.set_exception(e)
 
     def allreduce_async(self, tensor, op: ReduceOp = ReduceOp.SUM):
@@ -240,9 +271,9 @@ class Communicator:
         self._queue.put(None)
         self._closed.set()
         self._grant_stream.cancel()
-        if leave and self.rank == 0:
+        if leave:  # rank 0 ends the job; any other rank says it is done (no longer watched)
             try:
-                self.client.leave(self.job_id, self.token)
+                self.client.leave(self.job_id, self.token, None if self.rank == 0 else self.rank)
             except Exception:  # noqa: BLE001 - the lease expires anyway
                 pass
         for transport in self._transports.values():
