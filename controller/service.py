@@ -108,7 +108,8 @@ class SwitchRuntime:
         self.cfg = cfg
         self.allocator = allocator
         self.p4info = p4info
-        self.applied: list[SwitchJob] | None = None  # what the switch was last made to hold
+        self.wanted: list[SwitchJob] | None = None   # what the switch should hold
+        self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
         self.restarts = 0                            # times it was found restarted and re-programmed
         self.sw = SwitchConnection(cfg.grpc, cfg.device_id, p4info=p4info)
         self.sw.ensure_pipeline()
@@ -144,6 +145,11 @@ class SwitchRuntime:
             updates += ReplicaRewrite(self.sw).updates(INSERT, job)
             updates += JobAdmission(self.sw).updates(INSERT, job)
         return updates
+
+    def program(self, jobs: list[SwitchJob]) -> None:
+        """Make the switch hold ``jobs``; until that succeeds its state counts as unknown."""
+        self.wanted, self.applied = list(jobs), None
+        self.reconcile(jobs)
 
     def reconcile(self, jobs: list[SwitchJob]) -> None:
         """Make the switch hold exactly ``desired(jobs)``: insert/modify first (groups, then
@@ -265,13 +271,19 @@ class Controller:
         return [self._switch_job(j, self.switches[name], alloc.jobs[j.job_id].active) for j in on_switch]
 
     def _sync(self, *, force: bool = False) -> None:
-        """Called with the lock held after any change: job rows, switches whose entries changed
-        (every switch when ``force``), store, watchers. Raises when a switch refuses."""
+        """Called with the lock held after any change: job rows, switches whose entries changed,
+        store, watchers. Raises when a switch refuses. ``force`` (after a rollback): program
+        every switch, logging the ones that fail (the keeper retries them)."""
         for name, sw in self.switches.items():
             jobs = self._switch_jobs(name)
-            if force or jobs != sw.applied:
-                sw.applied = None  # unknown until the reconcile below succeeds
-                sw.reconcile(jobs)
+            if jobs == sw.wanted and not force:
+                continue           # unchanged; a switch that is down is the keeper's
+            try:
+                sw.program(jobs)
+            except SwitchError as e:
+                if not force:
+                    raise
+                log.warning("switch %s: %s (the keeper retries)", name, e)
         for job in self.jobs.values():
             self._persist(job)
         self.version += 1
@@ -281,7 +293,7 @@ class Controller:
     def _change(self, what: str):
         """A transaction over the jobs and allocators (lock held): the body changes them, then
         the switches are synced; on any error both are restored and the switches re-synced, so
-        nothing is half applied. Errors other than ``Refused`` are answered UNAVAILABLE."""
+        nothing is half applied. Errors other than ``Refused`` are answered ABORTED."""
         saved = copy.deepcopy((self.jobs, {n: (a.jobs, a._arrivals) for n, a in self.allocators.items()}))
         try:
             yield
@@ -290,14 +302,14 @@ class Controller:
             self.jobs = saved[0]
             for n, (jobs, arrivals) in saved[1].items():
                 self.allocators[n].jobs, self.allocators[n]._arrivals = jobs, arrivals
-            try:
-                self._sync(force=True)
-            except Exception:  # noqa: BLE001 - the keeper re-syncs the switch when it is back
-                log.exception("re-sync after a failed %s failed too", what)
+            self._sync(force=True)
             if isinstance(e, Refused) or not isinstance(e, Exception):
                 raise
-            log.exception("%s failed; its change was rolled back", what)
-            raise Refused(grpc.StatusCode.UNAVAILABLE, f"{what} failed and was rolled back: {e}") from None
+            if isinstance(e, SwitchError):
+                log.warning("%s rolled back: %s", what, e)
+            else:
+                log.exception("%s failed; its change was rolled back", what)
+            raise Refused(grpc.StatusCode.ABORTED, f"{what} failed and was rolled back: {e}") from None
 
     # -- job calls ---------------------------------------------------------------------------
 
@@ -566,12 +578,12 @@ class Controller:
             log.warning("switch %s: its pipeline was gone or replaced; pushed ours again", name)
             with self.lock:
                 sw.adopt(None)
-        if sw.applied is None:
-            with self.lock:
-                sw.reconcile(self._switch_jobs(name))
+        with self.lock:
+            if sw.applied is None:             # restarted, or a failed sync left it unknown
+                sw.program(self._switch_jobs(name))
                 self.version += 1
                 self.changed.notify_all()
-            log.warning("switch %s re-programmed (%d job(s))", name, len(sw.applied))
+                log.warning("switch %s re-programmed (%d job(s))", name, len(sw.applied))
 
     def close(self) -> None:
         self.stopped.set()
