@@ -111,19 +111,45 @@ class HostAggregator:
         return r
 
 
+def apply_snapshot(engine: AggregationEngine, jobs) -> dict[int, str]:
+    """Serve exactly the controller's host-mode ``jobs`` (HostJob messages); a job the engine
+    cannot serve (two ranks at one address, slots outside the pool...) is left out and returned
+    with the reason, so one bad job never keeps the others from being served."""
+    refused: dict[int, str] = {}
+    configs: dict[int, JobConfig] = {}
+    for j in jobs:
+        try:
+            configs[j.job_id] = JobConfig(j.job_id, j.epoch, j.slot_base, j.slot_count,
+                                          tuple(parse_address(w) for w in j.workers))
+        except ValueError as e:
+            refused[j.job_id] = str(e)
+    for job_id in [j for j, config in engine.jobs.items() if configs.get(j) != config]:
+        engine.remove_job(job_id)      # gone or changed: first, so its slots are free
+    for config in configs.values():
+        if config.job_id not in engine.jobs:
+            try:
+                engine.set_job(config)
+            except ValueError as e:
+                refused[config.job_id] = str(e)
+    return refused
+
+
 def follow_controller(engine: AggregationEngine, address: str, admin_token: str,
                       stop: threading.Event) -> None:
     """Apply the controller's host-mode job snapshots to ``engine`` until ``stop`` (reconnecting
-    when the controller restarts)."""
+    when the controller restarts); jobs it cannot serve are reported once each on stderr."""
     from controller.client import ControllerClient  # the controller's gRPC stubs, only when used
 
+    reported: dict[int, str] = {}
     while not stop.is_set():
         client = ControllerClient(address)
         try:
             for snapshot in client.watch_host_jobs(admin_token):
-                engine.replace_jobs({j.job_id: JobConfig(j.job_id, j.epoch, j.slot_base, j.slot_count,
-                                                         tuple(parse_address(w) for w in j.workers))
-                                     for j in snapshot.jobs})
+                refused = apply_snapshot(engine, snapshot.jobs)
+                for job_id, why in refused.items():
+                    if reported.get(job_id) != why:
+                        print(f"inagg-aggregator: not serving job {job_id}: {why}", file=sys.stderr, flush=True)
+                reported = refused
                 if stop.is_set():
                     break
         except Exception as e:  # noqa: BLE001 - keep serving; say why the feed broke
