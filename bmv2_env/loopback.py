@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from controller.credentials import ADMIN_TOKEN_ENV
 from hostlib.protocol import UDP_PORT
 
 from .testbed import stop_processes
@@ -71,9 +72,10 @@ class LoopbackDeployment:
     def worker_ips(self) -> list[str]:
         return [self.worker_ip(r) for r in range(self.n_hosts)]
 
-    def _start(self, name: str, cmd: list[str], ready: str) -> subprocess.Popen:
+    def _start(self, name: str, cmd: list[str], ready: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "a")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                                env={**os.environ, **env} if env else None)
         self.procs.append(proc)
         line = proc.stdout.readline()
         if ready not in line:
@@ -101,8 +103,8 @@ class LoopbackDeployment:
             self.start_controller()
             self.aggregator = self._start(
                 "aggregator", [py, "-m", "hostlib.aggregator", "--bind", self.host_aggregator, "--controller",
-                               self.controller, "--admin-token", self.admin_token,
-                               "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening")
+                               self.controller, "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening",
+                env={ADMIN_TOKEN_ENV: self.admin_token})   # never on argv
         except BaseException:
             self.__exit__()
             raise

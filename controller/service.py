@@ -35,6 +35,7 @@ from hostlib.protocol import ENCAPSULATIONS, MAX_WORKERS, SWITCH_VALUES_PER_PACK
 
 from .allocator import HOST, SWITCH, Demand, Placement, SlotAllocator
 from .config import ControllerConfig, SwitchConfig
+from .credentials import is_unix, server_credentials
 from .p4info import P4Info
 from .proto import inagg_controller_pb2 as pb
 from .proto import inagg_controller_pb2_grpc as pb_grpc
@@ -688,12 +689,25 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return pb.Empty()
 
 
+def add_port(server: grpc.Server, address: str, config: ControllerConfig) -> None:
+    """Listen on ``address``: TLS when the config has a certificate; plaintext only on a Unix
+    socket or when the config asks for it (``insecure``), as tokens travel in every request."""
+    if config.tls_cert:
+        port = server.add_secure_port(address, server_credentials(config.tls_cert, config.tls_key))
+    elif is_unix(address) or config.insecure:
+        port = server.add_insecure_port(address)
+    else:
+        raise OSError(f"refusing to serve job tokens in plaintext on {address}: give tls_cert and "
+                      f"tls_key, listen on a unix: socket, or set insecure (--insecure)")
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+
+
 def serve(ctl: Controller, address: str) -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
                          options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
     pb_grpc.add_JobServiceServicer_to_server(JobServicer(ctl), server)
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot listen on {address}")
+    add_port(server, address, ctl.config)
     server.start()
     run_forever("leases", max(min(ctl.config.lease_seconds, ctl.config.rank_lease_seconds) / 8, 0.05),
                 ctl.stopped, ctl.expire_leases)
