@@ -28,6 +28,7 @@ from hostlib.protocol import (
     SWITCH_VALUES_PER_PACKET,
     UDP_PORT,
     VERSION,
+    Outcome,
     ipv4_checksum,
 )
 from hostlib.roce import BTH_BYTES, BTH_FIELDS, RETH_FIELDS, byte_offset, icrc
@@ -144,7 +145,7 @@ class SoftPipeline:
         if admit is None:                      # not admitted to the switch: forward untouched
             return self.forwarding(port, frame)
         if frame.encap != admit.param("encap"):
-            self.job_counters(admit.param("job_index"), "bad_encap", False)
+            self.job_counters(admit.param("job_index"), Outcome.BAD_ENCAP, False)
             return []
         inagg_end = ETH + IP + struct.unpack_from("!H", data, ETH + IP + 4)[0]
         src_addr = struct.unpack_from("!I", data, ETH + 12)[0]
@@ -159,17 +160,17 @@ class SoftPipeline:
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 
-    def job_counters(self, job_index: int, outcome: str, result: bool) -> None:
+    def job_counters(self, job_index: int, outcome: Outcome, result: bool) -> None:
         c = self.counters
         c.count(JOB_PACKETS, job_index)
-        if outcome in ("first", "add"):
+        if outcome in (Outcome.FIRST, Outcome.ADD):
             c.count(JOB_AGGREGATED, job_index)
             if result:
                 c.count(JOB_RESULTS, job_index)
-        elif outcome in ("dup_pending", "dup_done"):
+        elif outcome in (Outcome.DUP_PENDING, Outcome.DUP_DONE):
             c.count(JOB_DUPLICATES, job_index)
         else:
-            c.count(JOB_DROPS, job_index * len(DROP_REASONS) + _DROP_CODE[outcome])
+            c.count(JOB_DROPS, job_index * len(DROP_REASONS) + _DROP_CODE[outcome.label])
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
@@ -180,7 +181,7 @@ class SoftPipeline:
         ip[12:20] = d[ETH + 16: ETH + 20] + d[ETH + 12: ETH + 16]
         udp_ports = d[ETH + IP + 2: ETH + IP + 4] + d[ETH + IP: ETH + IP + 2]
         roce = d[INAGG_AT:ROCE_INAGG_AT] if frame.encap == ENCAP_ROCE else b""
-        if self.engine.last_outcome == "dup_done":
+        if self.engine.last_outcome == Outcome.DUP_DONE:
             targets = [(port, d[frame.inagg_at + 4] + 1)]   # replica = the sender's rank + 1
         else:
             targets = [(r.port, r.instance) for r in self.pre.groups.get(admit.param("mcast_grp"), ())]
