@@ -174,8 +174,13 @@ class SoftPipeline:
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
-        replica per multicast group member, each addressed by replica_table."""
+        replica per multicast group member, each addressed by replica_table.
+
+        As BMv2 does, a result reuses the trigger: its IPv4 total length stays as sent, and the
+        bytes after the UDP payload (Ethernet padding, any trailer: what the P4 parser did not
+        extract) follow the deparsed headers (tests/test_dataplane_conformance.py checks it)."""
         d = frame.data
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
         eth = d[6:12] + d[0:6] + d[12:14]
         ip = bytearray(d[ETH: ETH + IP])
         ip[12:20] = d[ETH + 16: ETH + 20] + d[ETH + 12: ETH + 16]
@@ -200,7 +205,8 @@ class SoftPipeline:
                     r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
                 else:
                     u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
-            out.append((out_port, build_frame(e, i, u, emit.data, r)))
+            out.append((out_port, build_frame(e, i, u, emit.data, r, trailer=d[udp_end:],
+                                              keep_ip_length=True)))
         return out
 
     def forwarding(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
@@ -218,16 +224,19 @@ class SoftPipeline:
 
 
 def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,
-                roce: bytes | bytearray = b"") -> bytes:
-    """Ethernet + IPv4 (length and checksum recomputed) + UDP (checksum 0) + payload; with
-    ``roce`` (BTH|RETH|ImmDt) between UDP and payload and the ICRC computed after it (RoceIcrc)."""
-    trailer = ROCE_ICRC_BYTES if roce else 0
-    udp_len = UDP + len(roce) + len(payload) + trailer
-    ip[2:4] = (IP + udp_len).to_bytes(2, "big")
+                roce: bytes | bytearray = b"", *, trailer: bytes = b"",
+                keep_ip_length: bool = False) -> bytes:
+    """Ethernet + IPv4 (checksum and, unless ``keep_ip_length``, length recomputed) + UDP
+    (checksum 0) + payload; with ``roce`` (BTH|RETH|ImmDt) between UDP and payload and the ICRC
+    computed after it (RoceIcrc); then ``trailer`` (bytes after the UDP payload)."""
+    icrc_len = ROCE_ICRC_BYTES if roce else 0
+    udp_len = UDP + len(roce) + len(payload) + icrc_len
+    if not keep_ip_length:
+        ip[2:4] = (IP + udp_len).to_bytes(2, "big")
     ip[10:12] = b"\0\0"
     ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
     pkt = bytearray(ip + udp_ports + udp_len.to_bytes(2, "big") + b"\0\0" + roce + payload
-                    + bytes(trailer))
+                    + bytes(icrc_len))
     if roce:
-        pkt[-trailer:] = icrc(pkt)
-    return eth + bytes(pkt)
+        pkt[-icrc_len:] = icrc(pkt)
+    return eth + bytes(pkt) + trailer
