@@ -114,7 +114,7 @@ class SoftPipeline:
             for rank in range(admit.param("n_workers")):
                 bind = workers.get((job_id, rank))
                 # an unbound rank matches no sender, as a worker_table miss in P4
-                members.append((bind.param("port"), bind.param("addr")) if bind else ("unbound", rank))
+                members.append(sender_identity(bind.params) if bind else ("unbound", rank))
             wanted[job_id] = JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
                                        admit.param("slot_count"), tuple(members))
         try:
@@ -148,7 +148,6 @@ class SoftPipeline:
             self.job_counters(admit.param("job_index"), Outcome.BAD_ENCAP, False)
             return []
         inagg_end = ETH + IP + struct.unpack_from("!H", data, ETH + IP + 4)[0]
-        src_addr = struct.unpack_from("!I", data, ETH + 12)[0]
         framing_ok = True
         if frame.encap == ENCAP_ROCE:          # the ICRC ends the UDP payload; RETH has the length
             framing_ok = len(data) >= inagg_end and struct.unpack_from(
@@ -156,9 +155,19 @@ class SoftPipeline:
             inagg_end -= ROCE_ICRC_BYTES
         if inagg_end < at + HEADER_BYTES:      # a UDP length too short for the header the P4
             framing_ok, inagg_end = False, at + HEADER_BYTES   # parser extracts: bad_length
-        emits = self.engine.process(data[at:inagg_end], (port, src_addr), framing_ok)
+        emits = self.engine.process(data[at:inagg_end], self.sender(port, frame, job_id, data[at + 4]),
+                                    framing_ok)
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
+
+    def sender(self, port: int, frame: Frame, job_id: int, rank: int) -> tuple[int, int, int, int]:
+        """Who sent ``frame``, as worker_table's bind_worker compares it for the rank it claims:
+        ingress port, IPv4 source, Ethernet source, and UDP source port unless that rank's
+        binding leaves the port open (0: RoCEv2)."""
+        d = frame.data
+        bind = self.tables[WORKER_TABLE].lookup((job_id, rank))
+        udp_port = struct.unpack_from("!H", d, ETH + IP)[0] if bind is None or bind.param("udp_port") else 0
+        return (port, struct.unpack_from("!I", d, ETH + 12)[0], int.from_bytes(d[6:12], "big"), udp_port)
 
     def job_counters(self, job_index: int, outcome: Outcome, result: bool) -> None:
         c = self.counters
@@ -221,6 +230,12 @@ class SoftPipeline:
             return [(r.port, frame.data) for r in self.pre.groups.get(action.param("group"), ())
                     if r.port != port]
         return []
+
+
+def sender_identity(bind_params: tuple[tuple[str, int], ...]) -> tuple[int, int, int, int]:
+    """The sender a bind_worker entry admits, in the order ``SoftPipeline.sender`` gives."""
+    p = dict(bind_params)
+    return (p["port"], p["addr"], p["mac"], p["udp_port"])
 
 
 def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,

@@ -367,10 +367,15 @@ class Controller:
                              f"got {member.qp}")
         if job.transport != "roce" and (member.qp or member.rkey):
             raise ValueError(f"job {job.job_id} uses {job.transport}, not RoCEv2: rank {rank} gave a QP/rkey")
+        host = parse_address(member.address)[0]
         for other, m in job.workers.items():
             if other != rank and m.address == member.address:
                 raise ValueError(f"job {job.job_id}: rank {rank}'s address {member.address} is rank "
                                  f"{other}'s already (each rank needs its own UDP port)")
+            if other != rank and job.transport == "roce" and parse_address(m.address)[0] == host:
+                raise ValueError(f"job {job.job_id} uses RoCEv2: rank {rank} shares IP {host} with rank "
+                                 f"{other}; the switch tells RoCEv2 ranks apart by IP (their UDP "
+                                 f"source port is the flow label's), so each needs its own")
 
     def join(self, job_id: int, token: str, rank: int, address: str, mac: str, qp: int = 0,
              rkey: int = 0) -> Job:

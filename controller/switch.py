@@ -295,8 +295,15 @@ class JobAdmission:
             ups.append(self.sw.table_update(
                 kind, "worker_table", {"job_id": job.job_id, "worker_id": w.rank},
                 None if kind == DELETE else "bind_worker",
-                None if kind == DELETE else {"port": w.port, "addr": ipv4(w.ip)}))
+                None if kind == DELETE else self.binding(job.encap, w)))
         return ups
+
+    @staticmethod
+    def binding(encap: str, w: WorkerBinding) -> dict[str, int]:
+        """The sender rank ``w`` must be: ingress port, IPv4 and MAC source, and UDP source port
+        (0, any, for RoCEv2: its source port comes from the flow label, not the worker)."""
+        return {"port": w.port, "addr": ipv4(w.ip), "mac": mac(w.mac),
+                "udp_port": 0 if encap == "roce" else w.udp_port}
 
 
 class ResultReplication:

@@ -443,3 +443,13 @@ def test_a_silent_rank_fails_its_job_and_frees_its_slots(tmp_path):
             sw.close()
     finally:
         next(env, None)
+
+
+def test_a_roce_job_needs_one_ip_per_rank(env):
+    """RoCEv2 senders' UDP source port is the flow label's, so the switch binds a RoCEv2 rank by
+    port, IP and MAC only: two ranks on one IP are refused at join."""
+    c = env["client"]
+    job_id, token = c.create_job(2, transport="roce")
+    c.join(job_id, token, 0, "10.0.0.1:5000", roce_qp=5000)
+    with pytest.raises(ControllerError, match="uses RoCEv2: rank 1 shares IP 10.0.0.1 with rank 0"):
+        c.join(job_id, token, 1, "10.0.0.1:5001", roce_qp=5001)
