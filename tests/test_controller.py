@@ -453,3 +453,25 @@ def test_a_roce_job_needs_one_ip_per_rank(env):
     c.join(job_id, token, 0, "10.0.0.1:5000", roce_qp=5000)
     with pytest.raises(ControllerError, match="uses RoCEv2: rank 1 shares IP 10.0.0.1 with rank 0"):
         c.join(job_id, token, 1, "10.0.0.1:5001", roce_qp=5001)
+
+
+def test_the_lease_thread_survives_a_failed_expiry_and_retries(tmp_path):
+    """A job's lease runs out while its switch is down: ending it fails (logged, rolled back)
+    and the lease thread goes on; once the switch is back the job is ended and its entries go."""
+    env = controller_env(tmp_path, lease_seconds=1.0)
+    e = next(env)
+    try:
+        c = e["client"]
+        job_id, token = c.create_job(2, 256, 0.1, "quiet")
+        for rank in range(2):
+            c.join(job_id, token, rank, f"10.0.0.{rank + 1}:5000")
+        import time
+        e["stop_switch"]()
+        time.sleep(2.5)                                   # several expiry attempts fail meanwhile
+        assert job_id in e["ctl"]().jobs
+        state = e["start_switch"]()
+        assert wait_until(lambda: job_id not in e["ctl"]().jobs)
+        assert wait_until(lambda: state.pipeline is not None and not state.pipeline.tables[
+            "InaggIngress.admission.job_table"].entries)
+    finally:
+        next(env, None)
