@@ -15,6 +15,7 @@ import torch.distributed as dist
 from bmv2_env.loopback import LoopbackDeployment
 from controller.client import ControllerClient
 from hostlib.communicator import Communicator
+from test_training import on_ranks
 
 RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")
 
@@ -56,18 +57,10 @@ def start_job(dep, n, hosts, calls=0):
 
 
 def in_process_job(dep, hosts):
+    """One communicator per rank in this process, rank r on host ``hosts[r]``."""
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), len(hosts))
-    out = [None] * len(hosts)
-
-    def make(r):
-        out[r] = Communicator(store, r, len(hosts), dep.controller, bind_ip=dep.worker_ip(hosts[r]))
-
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(len(hosts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return out
+    return on_ranks(lambda r: Communicator(store, r, len(hosts), dep.controller,
+                                           bind_ip=dep.worker_ip(hosts[r])), len(hosts))
 
 
 def allreduce_all(comms, n=500):

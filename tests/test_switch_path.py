@@ -2,31 +2,15 @@
 real processes on loopback: the switch binds each rank to its UDP port, so both ranks aggregate
 on the switch and every result is exact."""
 
-import os
-import tempfile
-import threading
-
 import torch
-import torch.distributed as dist
 
 from bmv2_env.loopback import LoopbackDeployment
-from hostlib.communicator import Communicator
+from test_liveness import in_process_job
 
 
 def test_two_ranks_on_one_host_ip_aggregate_on_the_switch():
     with LoopbackDeployment(2) as dep:
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 3)
-        hosts = [0, 0, 1]                       # ranks 0 and 1 share host 0's IP (and MAC)
-        comms = [None] * 3
-
-        def make(r):
-            comms[r] = Communicator(store, r, 3, dep.controller, bind_ip=dep.worker_ip(hosts[r]))
-
-        threads = [threading.Thread(target=make, args=(r,)) for r in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        comms = in_process_job(dep, [0, 0, 1])   # ranks 0 and 1 share host 0's IP (and MAC)
         try:
             assert [c.grant.mode for c in comms] == ["switch"] * 3
             for i in range(20):
@@ -35,6 +19,4 @@ def test_two_ranks_on_one_host_ip_aggregate_on_the_switch():
             assert all(c.stats()["host_results"] == 0 for c in comms)     # every result from the switch
         finally:
             for c in comms:
-                if c is not None:
-                    c.close()
-
+                c.close()
