@@ -243,6 +243,22 @@ class Counters:
         if 0 <= index < array.size:  # BMv2 ignores out-of-range counter indices too
             array[index] += 1
 
+    def write(self, update_type: int, entry: p4runtime_pb2.CounterEntry):
+        """MODIFY one indexed counter's packet count (as BMv2 allows); returns an undo."""
+        if update_type != p4runtime_pb2.Update.MODIFY:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, "counter entries can only be modified")
+        if entry.counter_id not in self._by_id:
+            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no counter with id {entry.counter_id}")
+        array = self.arrays[self._by_id[entry.counter_id]]
+        if not entry.HasField("index"):
+            raise StatusError(grpc.StatusCode.UNIMPLEMENTED, "writing every index of a counter is not supported")
+        i = entry.index.index
+        if not 0 <= i < array.size:
+            raise StatusError(grpc.StatusCode.OUT_OF_RANGE, f"counter index {i} >= {array.size}")
+        old = int(array[i])
+        array[i] = entry.data.packet_count
+        return lambda: array.__setitem__(i, old)
+
     def read(self, query: p4runtime_pb2.CounterEntry):
         if query.counter_id and query.counter_id not in self._by_id:
             raise StatusError(grpc.StatusCode.NOT_FOUND, f"no counter with id {query.counter_id}")

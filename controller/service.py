@@ -180,6 +180,10 @@ class SwitchRuntime:
                 if have is None or sorted(have) != sorted(replicas):
                     u.type = MODIFY if have is not None else INSERT
                     writes.append(u)
+        # a job new on the switch starts from zeroed counters (its row may have had another job,
+        # or the switch restarted); they go before its job_table row makes it visible
+        fresh = [j for j in jobs if ("job_table", (("job_id", j.job_id),)) not in have_tables]
+        writes[:0] = [u for j in fresh for u in JobCounters(self.sw).reset_updates(j.job_index)]
         order = {"job_table": 0, "replica_table": 1, "worker_table": 1, "l2_table": 2}
         stale = sorted((k for k in have_tables if k not in seen_tables), key=lambda k: order[k[0]])
         for table, key in stale:

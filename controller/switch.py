@@ -394,6 +394,21 @@ class JobCounters:
             "drops": {r: n for r, n in drops.items() if n},
         }
 
+    def reset_updates(self, job_index: int) -> list[p4runtime_pb2.Update]:
+        """Zero every counter of job row ``job_index``: a job taking a row must not inherit the
+        counts of the job that held it before."""
+        cells = [(name, job_index) for name in ("job_packets", "job_aggregated", "job_duplicates",
+                                                "job_results")]
+        cells += [("job_drops", job_index * len(DROP_REASONS) + i) for i in range(len(DROP_REASONS))]
+        ups = []
+        for name, index in cells:
+            u = p4runtime_pb2.Update(type=MODIFY)
+            u.entity.counter_entry.counter_id = self.sw.p4info.id(P4Type.counter, name)
+            u.entity.counter_entry.index.index = index
+            u.entity.counter_entry.data.packet_count = 0
+            ups.append(u)
+        return ups
+
     def global_drops(self) -> dict[str, int]:
         counts = self.sw.counter("global_drops")
         return {r: counts.get(i, 0) for i, r in enumerate(GLOBAL_DROP_REASONS) if counts.get(i, 0)}

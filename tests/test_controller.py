@@ -475,3 +475,34 @@ def test_the_lease_thread_survives_a_failed_expiry_and_retries(tmp_path):
             "InaggIngress.admission.job_table"].entries)
     finally:
         next(env, None)
+
+
+def test_a_job_taking_a_used_job_row_starts_from_zero_counters(env):
+    """Job 1's packets are counted in its row; after it leaves, job 2 gets that row and its
+    counters start at zero (the controller zeroes the row before admitting it)."""
+    import numpy as np
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    from hostlib.protocol import SWITCH_VALUES_PER_PACKET, UDP_PORT, build_contribution
+
+    c = env["client"]
+    j1 = c.create_job(2, 256, 0.1, "first")
+    for rank in range(2):
+        c.join(*j1, rank, f"10.0.0.{rank + 1}:5000")
+    grant = first_grants(c, *j1)[0]
+    payload = build_contribution(j1[0], 0, grant.epoch, grant.slot_base, 0, 0,
+                                 np.ones(SWITCH_VALUES_PER_PACKET, np.int32), SWITCH_VALUES_PER_PACKET)
+    frame = bytes(Ether(src="00:00:00:00:00:01", dst="00:00:00:00:00:fe") / IP(src="10.0.0.1", dst="10.0.0.254")
+                  / UDP(sport=5000, dport=UDP_PORT, chksum=0) / payload)
+    for _ in range(3):
+        env["state"].pipeline.process(1, frame)
+    listed = {j.job_id: j for j in c.list_jobs(ADMIN).jobs}
+    assert listed[j1[0]].counters["packets"] == 3 and listed[j1[0]].counters["aggregated"] == 1
+    c.release(ADMIN, j1[0])
+    j2 = c.create_job(2, 256, 0.1, "second")
+    for rank in range(2):
+        c.join(*j2, rank, f"10.0.0.{rank + 3}:5000")
+    listed = {j.job_id: j for j in c.list_jobs(ADMIN).jobs}
+    assert listed[j2[0]].active.mode == "switch"
+    assert listed[j2[0]].counters["packets"] == 0 and listed[j2[0]].counters["duplicates"] == 0
