@@ -47,7 +47,7 @@ class LoopbackDeployment:
     """Context manager: start everything, yield, stop everything (and remove its files)."""
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
-                 lease_seconds: float = 30.0, rank_lease_seconds: float = 6.0,
+                 lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
                  aggregator_drop_rate: float = 0.0) -> None:
         self.n_hosts = n_hosts
         self.with_switch = with_switch

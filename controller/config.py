@@ -6,7 +6,7 @@ Example (bmv2_env/topologies/ ships real ones)::
       "listen": "10.0.0.100:50051", "tls_cert": "ctl.pem", "tls_key": "ctl.key",
       "admin_token_file": "admin.token",
       "database": "controller.sqlite",
-      "lease_seconds": 30, "rank_lease_seconds": 6,
+      "lease_seconds": 30, "rank_lease_seconds": 8,
       "min_window": 8,
       "host_aggregator": "10.0.0.100:42666",
       "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
@@ -61,7 +61,7 @@ class ControllerConfig:
     insecure: bool = False            # serve TCP in plaintext (tokens readable on the wire)
     database: str = "controller.sqlite"
     lease_seconds: float = 30.0       # a job no rank renews for this long ends
-    rank_lease_seconds: float = 6.0   # a placed job one of whose ranks is silent this long fails
+    rank_lease_seconds: float = 8.0   # a placed job one of whose ranks is silent this long fails
     switch_check_seconds: float = 1.0 # how often each switch is checked for a restart
     max_jobs: int = 4096              # jobs the controller holds at once (CreateJob is open)
     min_window: int = 8
