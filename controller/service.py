@@ -439,6 +439,8 @@ class Controller:
             job = self._running(self._job(job_id, token))
             if job.place is None:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} has no grant yet")
+            if not 0 <= boundary < 1 << 63:   # stored as an SQLite INTEGER
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"boundary {boundary} is not below 2^63")
             decided = self.store.activation(job_id, epoch, boundary)
             if decided is None:
                 with self._change(f"activation of job {job_id} epoch {epoch}"):
@@ -465,6 +467,9 @@ class Controller:
             if job is None:
                 return
             if rank is not None:
+                if not 0 <= rank < job.demand.n_workers:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"rank {rank} not in 0..{job.demand.n_workers - 1}")
                 job.left.add(rank)
                 if len(job.left) < job.demand.n_workers:
                     return

@@ -341,6 +341,18 @@ def test_unknown_job_and_wrong_token_get_the_same_answer(env):
     assert answers[0] == answers[1] and "PERMISSION_DENIED" in answers[0]
 
 
+def test_out_of_range_ranks_and_boundaries_are_refused(env):
+    c = env["client"]
+    job_id, token = new_job(c, [1, 2], "a")
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: boundary .* is not below 2\\^63"):
+        c.activate(job_id, token, 1, 1 << 63)
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: rank 7 not in 0..1"):
+        c.leave(job_id, token, 7)
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: rank 7 not in 0..1"):
+        c.heartbeat(job_id, token, 7)
+    assert first_grants(c, job_id, token)[0].mode == "switch"      # the job is untouched
+
+
 def test_drain_and_activate_of_an_unplaced_job_are_refused(env):
     c = env["client"]
     job_id, token = c.create_job(2)
