@@ -2,7 +2,6 @@
 CA made here (openssl), tokens from a file or the environment, plaintext TCP refused unless asked
 for, and no token visible in the bytes on the wire."""
 
-import os
 import shutil
 import socket
 import subprocess
