@@ -180,10 +180,13 @@ void bind_engine(nb::module_& m) {
 
 }  // namespace
 
+void bind_switch(nb::module_& m);  // switch_bindings.cpp
+
 NB_MODULE(_native, m) {
     m.doc() = "inagg's per-packet data path in C++ (see native/*.hpp)";
     m.attr("ABI_VERSION") = 1;
     m.def("sender_id_ipv4", &inagg::sender_id_ipv4, "addr"_a, "port"_a,
           "The engine's id of a UDP sender: (IPv4 address << 16) | port");
     bind_engine(m);
+    bind_switch(m);
 }
