@@ -48,7 +48,7 @@ struct HostLoop::Buffers {
     std::vector<sockaddr_in> sources = std::vector<sockaddr_in>(kBatch);
     std::vector<iovec> rx_iov = std::vector<iovec>(kBatch);
     std::vector<mmsghdr> rx_msgs = std::vector<mmsghdr>(kBatch);
-    std::vector<uint8_t> results;      // this batch's results, end to end
+    std::vector<uint8_t> results;      // this batch's results: one max-size place per datagram
     struct Outgoing {
         size_t at, length;
         sockaddr_in to;
@@ -126,18 +126,16 @@ void HostLoop::run() {
 // The engine's answer to each received datagram, queued for sending.
 void HostLoop::serve_batch(int received) {
     Buffers& b = *buffers_;
-    b.results.clear();
+    b.results.resize(kBatch * engine_.max_result_bytes());  // allocated once: K never changes
     b.out.clear();
     std::lock_guard<std::mutex> lock(engine_.mutex());
     for (int i = 0; i < received; ++i) {
         if (lost()) {
             continue;
         }
-        size_t at = b.results.size();
-        b.results.resize(at + engine_.max_result_bytes());
+        size_t at = static_cast<size_t>(i) * engine_.max_result_bytes();
         Emit emit = engine_.process(b.rx.data() + i * kMaxDatagram, b.rx_msgs[i].msg_len,
                                     sender_of(b.sources[i]), true, b.results.data() + at);
-        b.results.resize(at + emit.length);
         if (!emit.length) {
             continue;
         }
