@@ -11,8 +11,8 @@ can run only the inagg program: the pipeline pushed (or the JSON given) must be 
 
 ``--engine native`` (the default) runs the program in C++ (``bmv2_env.native_pipeline``, the
 tables the P4Runtime server writes mirrored into the core) on a packet-loop thread of its own
-that batches its system calls (recvmmsg/sendmmsg) and never takes the GIL; with ``--pcap`` or
-``--log-console`` frames take a per-frame Python loop instead, which the pcap writer needs.
+that batches its system calls (recvmmsg/sendmmsg), writes the pcaps itself and never takes the
+GIL; with ``--log-console`` (a log line per frame) frames take a per-frame Python loop instead.
 ``--engine python`` runs ``bmv2_env.pipeline.SoftPipeline``, the reference (the program in
 Python, its slot logic being the shared aggregation engine), in that Python loop.
 
@@ -220,6 +220,14 @@ def pipeline_factory(engine: str, loop: _native.SwitchLoop | None):
     return native
 
 
+def pcap_paths(args: argparse.Namespace) -> dict[int, dict[str, Path]]:
+    """Per port, <iface>_in.pcap and <iface>_out.pcap in the --pcap directory."""
+    if not args.pcap:
+        return {}
+    return {port: {d: Path(args.pcap) / f"{iface.replace(':', '_')}_{d}.pcap" for d in ("in", "out")}
+            for port, iface in args.ports.items()}
+
+
 def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPorts],
                     stop: threading.Event) -> int:
     """Hand the ports to the C++ packet loop and wait for a signal (or the loop's failure)."""
@@ -267,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     program = P4Info.load()
-    per_frame = args.engine == "python" or bool(args.pcap) or args.log_console
+    per_frame = args.engine == "python" or args.log_console
     loop = None if per_frame else _native.SwitchLoop()
     state = SoftSwitchState(args.device_id, program, pipeline_factory(args.engine, loop))
     if args.config:
@@ -276,18 +284,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"({BMV2_JSON_PATH})", file=sys.stderr)
             return 2
         state.pipeline = state.make_pipeline(program)
+    pcaps: dict[tuple[int, str], PcapWriter] = {}
     try:
         attach = attach_ports(args)
+        for port, paths in pcap_paths(args).items():
+            if loop is None:
+                pcaps.update({(port, d): PcapWriter(path) for d, path in paths.items()})
+            else:  # the packet loop writes its own
+                loop.capture(port, str(paths["in"]), str(paths["out"]))
         server = serve(state, args.target.grpc_server_addr)
     except (OSError, RuntimeError) as e:
         print(f"inagg-soft-switch: {e}", file=sys.stderr)
         return 2
-    pcaps = {}
-    if args.pcap:
-        for port, iface in args.ports.items():
-            for direction in ("in", "out"):
-                name = iface.replace(":", "_")
-                pcaps[port, direction] = PcapWriter(Path(args.pcap) / f"{name}_{direction}.pcap")
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

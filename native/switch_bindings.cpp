@@ -5,6 +5,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
@@ -175,6 +176,7 @@ void bind_loop(nb::module_& m) {
         .def("add_udp_ports", &inagg::SwitchLoop::add_udp_ports, "fd"_a, "bind_addr"_a,
              "peers"_a)
         .def("add_raw_port", &inagg::SwitchLoop::add_raw_port, "fd"_a, "port"_a)
+        .def("capture", &inagg::SwitchLoop::capture, "port"_a, "in_path"_a, "out_path"_a)
         .def("set_pipeline", &inagg::SwitchLoop::set_pipeline, "pipeline"_a.none(),
              nb::call_guard<nb::gil_scoped_release>())
         .def("start", &inagg::SwitchLoop::start)

@@ -132,6 +132,18 @@ void SwitchLoop::add_raw_port(int fd, uint16_t port) {
     sockets_.push_back(std::move(sock));
 }
 
+void SwitchLoop::capture(uint16_t port, const std::string& in_path, const std::string& out_path) {
+    if (running_) throw std::logic_error("capture() while the switch loop runs");
+    captures_[port] = Capture{std::make_unique<PcapWriter>(in_path),
+                              std::make_unique<PcapWriter>(out_path)};
+}
+
+void SwitchLoop::record(uint16_t port, bool sent, const uint8_t* frame, size_t len) {
+    auto capture = captures_.find(port);
+    if (capture == captures_.end()) return;
+    (sent ? capture->second.out : capture->second.in)->write(frame, len, batch_usec_);
+}
+
 void SwitchLoop::set_pipeline(std::shared_ptr<SwitchPipeline> pipeline) {
     std::lock_guard<std::mutex> lock(pipeline_mutex_);
     pipeline_ = std::move(pipeline);
@@ -181,6 +193,9 @@ void SwitchLoop::receive_batch(Socket& sock) {
     }
     stats_.wakeups += 1;
     stats_.received += uint64_t(n);
+    if (!captures_.empty())
+        batch_usec_ = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
     std::shared_ptr<SwitchPipeline> pipeline;
     {
         std::lock_guard<std::mutex> lock(pipeline_mutex_);
@@ -196,6 +211,7 @@ void SwitchLoop::receive_batch(Socket& sock) {
             uint8_t* f = sock.slot(size_t(i));
             if (sock.kind == Socket::Kind::raw) {
                 if (sock.addrs[i].ll.sll_pkttype == PACKET_OUTGOING) continue;  // our own sends
+                record(sock.port, false, f, len);
                 pipeline->process(sock.port, f, len, out_);
                 continue;
             }
@@ -206,6 +222,7 @@ void SwitchLoop::receive_batch(Socket& sock) {
                 continue;
             }
             write_udp_headers(f, src, ntohs(sock.addrs[i].in.sin_port), sock.bind_addr, len);
+            record(port->second, false, f, kInaggAt + len);
             pipeline->process(port->second, f, kInaggAt + len, out_);
         }
     }
@@ -215,7 +232,9 @@ void SwitchLoop::receive_batch(Socket& sock) {
 void SwitchLoop::send_outputs() {
     for (size_t i = 0; i < out_.size(); ++i) {
         auto sock = by_port_.find(out_.port(i));
-        if (sock != by_port_.end()) sock->second->pending.push_back(i);
+        if (sock == by_port_.end()) continue;
+        sock->second->pending.push_back(i);
+        record(out_.port(i), true, out_.data(i), out_.len(i));
     }
     for (auto& sock : sockets_) {
         if (sock->pending.empty()) continue;
@@ -227,6 +246,10 @@ void SwitchLoop::send_outputs() {
         sock->pending.clear();
     }
     out_.clear();
+    for (auto& entry : captures_) {
+        entry.second.in->flush();
+        entry.second.out->flush();
+    }
 }
 
 // A frame leaving a UDP port is sent as a datagram to its IPv4/UDP destination (UdpPorts.send).

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pcap_writer.hpp"
 #include "switch_pipeline.hpp"
 
 namespace inagg {
@@ -48,6 +49,9 @@ public:
     void add_udp_ports(int fd, uint32_t bind_addr,
                        const std::vector<std::pair<uint32_t, uint16_t>>& peers);
     void add_raw_port(int fd, uint16_t port);
+    // Write the frames `port` receives and sends into pcap files (--pcap), flushed after every
+    // batch. Before start() only.
+    void capture(uint16_t port, const std::string& in_path, const std::string& out_path);
     // The pipeline frames go through; null drops every frame (no program pushed yet).
     void set_pipeline(std::shared_ptr<SwitchPipeline> pipeline);
 
@@ -58,7 +62,11 @@ public:
 
 private:
     struct Socket;
+    struct Capture {
+        std::unique_ptr<PcapWriter> in, out;
+    };
     void run();
+    void record(uint16_t port, bool sent, const uint8_t* frame, size_t len);
     void receive_batch(Socket& sock);
     void send_outputs();
     void send_udp(Socket& sock, const std::vector<size_t>& frames);
@@ -67,6 +75,8 @@ private:
 
     std::vector<std::unique_ptr<Socket>> sockets_;
     std::unordered_map<uint16_t, Socket*> by_port_;  // egress port -> the socket it leaves by
+    std::unordered_map<uint16_t, Capture> captures_;
+    int64_t batch_usec_ = 0;                          // the batch's pcap timestamp
     std::shared_ptr<SwitchPipeline> pipeline_;
     std::mutex pipeline_mutex_;                       // guards pipeline_ (swap vs. use)
     OutputBatch out_;

@@ -3,10 +3,11 @@ engines: the native packet loop (recvmmsg/sendmmsg batches) and the Python refer
 
 Real processes and sockets: the switch is programmed over P4Runtime, workers are UDP sockets at
 their own loopback addresses. A burst of whole windows must come back complete (no drop on a
-clean path), a datagram from an address that is no port's host is ignored, and the switch stops
-cleanly on SIGTERM."""
+clean path), a datagram from an address that is no port's host is ignored, every frame in and
+out is in the ports' pcaps, and the switch stops cleanly on SIGTERM."""
 
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -33,14 +34,14 @@ def switch(request, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", request.param,
          "-i", f"1@udp:{net}.1", "-i", f"2@udp:{net}.2", "--udp-bind", f"{net}.254", "--no-p4",
-         "--", "--grpc-server-addr", f"unix:{sock}"],
+         "--pcap", str(tmp_path), "--", "--grpc-server-addr", f"unix:{sock}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sw = None
     try:
         assert "inagg-soft-switch" in proc.stdout.readline()
         sw = SwitchConnection(f"unix:{sock}")
         sw.push_pipeline()
-        yield proc, sw, net
+        yield proc, sw, net, tmp_path
     finally:
         if sw is not None:
             sw.close()
@@ -57,8 +58,19 @@ def udp_socket(ip: str) -> socket.socket:
     return s
 
 
+def pcap_frames(path) -> list[bytes]:
+    data = path.read_bytes()
+    assert struct.unpack_from("<IHHiIII", data) == (0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)
+    frames, at = [], 24
+    while at < len(data):
+        _, _, length, _ = struct.unpack_from("<IIII", data, at)
+        frames.append(data[at + 16: at + 16 + length])
+        at += 16 + length
+    return frames
+
+
 def test_windows_come_back_complete_and_strangers_are_ignored(switch):
-    proc, sw, net = switch
+    proc, sw, net, pcap_dir = switch
     workers = [udp_socket(f"{net}.{r + 1}") for r in range(2)]
     stranger = udp_socket(f"{net}.3")
     try:
@@ -90,3 +102,8 @@ def test_windows_come_back_complete_and_strangers_are_ignored(switch):
             s.close()
     proc.terminate()
     assert proc.wait(10) == 0
+    for rank in range(2):
+        name = f"udp_{net}.{rank + 1}"
+        sent, got = (pcap_frames(pcap_dir / f"{name}_{d}.pcap") for d in ("in", "out"))
+        assert len(sent) == len(got) == 2 * SLOTS
+        assert {unpack_header(f[42:]).msg_type for f in got} == {MSG_RESULT}
