@@ -51,19 +51,25 @@ struct PipelineHold {
     void exit() { pipeline->mutex().unlock(); }
 };
 
-// Run `fn(tables)` under the pipeline's lock.
+// Run `fn(pipeline)` under the pipeline's lock, without the GIL while waiting for it (the
+// thread holding the lock may need the GIL to finish a P4Runtime Write). `fn` touches no Python.
+template <typename Fn>
+auto locked(SwitchPipeline& p, Fn fn) {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::recursive_mutex> lock(p.mutex());
+    return fn(p);
+}
+
 template <typename Fn>
 void with_tables(SwitchPipeline& p, Fn fn) {
-    std::lock_guard<std::recursive_mutex> lock(p.mutex());
-    fn(p.tables());
+    locked(p, [&](SwitchPipeline& q) { fn(q.tables()); });
 }
 
 nb::list process_frame(SwitchPipeline& p, uint16_t port, nb::bytes frame) {
     inagg::OutputBatch out;
-    {
-        std::lock_guard<std::recursive_mutex> lock(p.mutex());
-        p.process(port, reinterpret_cast<const uint8_t*>(frame.c_str()), frame.size(), out);
-    }
+    const uint8_t* data = reinterpret_cast<const uint8_t*>(frame.c_str());
+    size_t len = frame.size();  // `frame` stays referenced by the caller while the GIL is out
+    locked(p, [&](SwitchPipeline& q) { q.process(port, data, len, out); });
     nb::list frames;
     for (size_t i = 0; i < out.size(); ++i)
         frames.append(nb::make_tuple(
@@ -145,15 +151,13 @@ void bind_pipeline(nb::module_& m) {
                  std::vector<inagg::JobConfig> jobs;
                  for (const auto& [id, epoch, base, count, members] : wanted)
                      jobs.push_back(inagg::JobConfig{id, epoch, base, count, members});
-                 std::lock_guard<std::recursive_mutex> lock(p.mutex());
-                 p.engine().replace_jobs(jobs);
+                 locked(p, [&](SwitchPipeline& q) { q.engine().replace_jobs(jobs); });
              },
              "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members)]; ValueError if the "
                        "slot pool cannot hold them")
         .def("job_ids",
              [](SwitchPipeline& p) {
-                 std::lock_guard<std::recursive_mutex> lock(p.mutex());
-                 return p.engine().job_ids();
+                 return locked(p, [](SwitchPipeline& q) { return q.engine().job_ids(); });
              })
         .def("counter",
              [](SwitchPipeline& p, size_t which) {
