@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "switch_loop.hpp"
@@ -20,25 +21,15 @@ namespace {
 
 using inagg::SwitchPipeline;
 
-template <size_t N, typename T>
-std::array<T, N> fixed_array(const std::vector<T>& v, const char* what) {
-    if (v.size() != N)
-        throw std::invalid_argument(std::string(what) + ": expected " + std::to_string(N) +
-                                    " values, got " + std::to_string(v.size()));
-    std::array<T, N> a{};
-    std::copy(v.begin(), v.end(), a.begin());
-    return a;
-}
-
 std::shared_ptr<SwitchPipeline> make_pipeline(uint32_t n_slots, uint32_t k,
                                               const std::vector<size_t>& counter_sizes,
-                                              const std::vector<int8_t>& job_drop_codes,
-                                              size_t n_drop_reasons,
-                                              const std::vector<int8_t>& global_drop_codes) {
-    return std::make_shared<SwitchPipeline>(
-        n_slots, k, fixed_array<inagg::kCounters>(counter_sizes, "counter_sizes"),
-        fixed_array<inagg::kOutcomes>(job_drop_codes, "job_drop_codes"), n_drop_reasons,
-        fixed_array<inagg::kOutcomes>(global_drop_codes, "global_drop_codes"));
+                                              size_t n_drop_reasons) {
+    if (counter_sizes.size() != inagg::kCounters)
+        throw std::invalid_argument("counter_sizes: expected " + std::to_string(inagg::kCounters) +
+                                    " sizes, got " + std::to_string(counter_sizes.size()));
+    std::array<size_t, inagg::kCounters> sizes{};
+    std::copy(counter_sizes.begin(), counter_sizes.end(), sizes.begin());
+    return std::make_shared<SwitchPipeline>(n_slots, k, sizes, n_drop_reasons);
 }
 
 // Holds the pipeline's lock across a Python `with` block (one P4Runtime Write).
@@ -87,7 +78,7 @@ void bind_pipeline(nb::module_& m) {
                                "The software switch's tables, slot engine and counters "
                                "(native/switch_pipeline.hpp)")
         .def(nb::new_(&make_pipeline), "n_slots"_a, "values_per_packet"_a, "counter_sizes"_a,
-             "job_drop_codes"_a, "n_drop_reasons"_a, "global_drop_codes"_a)
+             "n_drop_reasons"_a)
         .def("hold", [](nb::handle self) { return PipelineHold{nb::cast<std::shared_ptr<SwitchPipeline>>(self)}; },
              "A context manager holding the pipeline's lock: no packet sees half a write")
         .def("set_job_admit",
