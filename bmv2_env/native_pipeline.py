@@ -5,7 +5,7 @@ The P4Runtime server keeps writing and reading the Python state (``TableStore``,
 ``MulticastGroups``); this class is their ``StateMirror``: every accepted change, undos included,
 is copied into the core's tables as it happens, and the counters P4Runtime reads are live views of
 the core's. The packet loop (``hostlib._native.SwitchLoop``) runs the core on its own thread;
-``process()`` is the per-frame slow path (pcaps, packet logs) and the test hook.
+``process()`` is the per-frame slow path (``--log-console``) and the test hook.
 """
 
 from __future__ import annotations
