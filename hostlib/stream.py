@@ -342,20 +342,21 @@ class OutstandingRounds:
 
 class ExponentTracker:
     """One-round-ahead block exponents of a call: this rank's own (sent one round early) and
-    the agreed job-wide maxima (returned with results). An int32 call has none."""
+    the agreed job-wide maxima (returned with results). An int32 call has none.
+    ``exponents(x, k)`` -> (int8 exponents, bool overflow mask): numpy's or the native codec's."""
 
-    def __init__(self, x: np.ndarray, k: int) -> None:
+    def __init__(self, x: np.ndarray, k: int, exponents=codec.block_exponents) -> None:
         self.n_blocks = -(-x.size // k)
         self.is_float = x.dtype == np.float32
         if self.is_float:
-            local, self.bad = codec.block_exponents(x, k)
-            self.local = local.tolist()
+            self.local, self.bad = exponents(x, k)
         else:
-            self.local, self.bad = [EXP_NONE] * self.n_blocks, np.zeros(self.n_blocks, bool)
+            self.local = np.full(self.n_blocks, EXP_NONE, np.int8)
+            self.bad = np.zeros(self.n_blocks, bool)
         self.agreed = [EXP_NONE] * self.n_blocks
 
     def local_exp(self, chunk: int) -> int:
-        return self.local[chunk] if chunk < self.n_blocks else EXP_NONE
+        return int(self.local[chunk]) if chunk < self.n_blocks else EXP_NONE
 
     def agree(self, chunk: int, exp: int) -> None:
         if self.is_float and chunk < self.n_blocks:
@@ -462,7 +463,7 @@ class StreamBase:
         delta = pending_epoch - self.grant.epoch if pending_epoch > self.grant.epoch else 0
         spec = CallSpec(call, 0 if refusal else x.size, not refusal and x.dtype == np.float32,
                         average, refusal, self.window_control.goal, delta)
-        local = None if refusal else ExponentTracker(x, self.grant.values_per_packet)
+        local = None if refusal else self._exponents(x)
         vector = self.control.encode(self.rank, spec)
         summed, exp0 = self._control_round(vector, local.local_exp(0) if local else EXP_NONE)
         agreement = self.control.decode(summed, call)
@@ -479,6 +480,9 @@ class StreamBase:
         self.stats.elements += x.size
         self.stats.seconds += time.perf_counter() - started
         return x
+
+    def _exponents(self, x: np.ndarray) -> ExponentTracker:
+        return ExponentTracker(x, self.grant.values_per_packet)
 
     def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
         """Send the control vector on slot 0 and return (summed vector, agreed exponent of block
