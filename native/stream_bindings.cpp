@@ -61,6 +61,8 @@ void check_blocks(size_t size, size_t k, size_t exps, size_t bad) {
 }  // namespace
 
 void bind_stream(nb::module_& m) {
+    // a Communicator's I/O thread is a daemon that may still hold its Stream at interpreter exit
+    nb::set_leak_warnings(false);
     nb::list names;
     for (size_t i = 0; i < RESULT_CHECKS; ++i) names.append(result_check_name(static_cast<ResultCheck>(i)));
     m.attr("RESULT_CHECKS") = names;
