@@ -229,6 +229,10 @@ def test_a_refused_call_fails_on_every_rank_and_the_next_is_exact(kind):
             xs = [np.full(300, r + 1.0, np.float32) for r in range(2)]
             assert call_all(xs) == [None, None] and all(np.all(x == 3.0) for x in xs)
         assert [s.stats.calls for s in streams] == [6, 6]
+        streams[1].stats.calls += 1   # as if rank 1 had made a call the others did not
+        for _ in range(2):            # detected, and never absorbed
+            errors = call_all([np.ones(10, np.float32), np.ones(10, np.float32)])
+            assert all(isinstance(e, CallRefused) and "call numbers differ" in str(e) for e in errors)
     finally:
         agg.stop()
         thread.join(5)
