@@ -30,17 +30,17 @@ void block_exponents(const float* x, size_t n, size_t block, int8_t* exps, uint8
         }
         int e = 0;
         if (finite) std::frexp(maxabs, &e);
-        bad[b] = !finite || e > EXP_MAX;
+        bad[b] = !finite || e > kExpMax;
         if (bad[b] || maxabs == 0.0f) {
-            exps[b] = EXP_NONE;
+            exps[b] = kExpNone;
         } else {
-            exps[b] = static_cast<int8_t>(std::max(e, EXP_MIN));
+            exps[b] = static_cast<int8_t>(std::max(e, kExpMin));
         }
     }
 }
 
 void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be) {
-    if (exp == EXP_NONE) {
+    if (exp == kExpNone) {
         std::fill(q_be, q_be + n, 0u);
         return;
     }
@@ -51,7 +51,7 @@ void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be) {
 }
 
 void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y) {
-    if (exp == EXP_NONE) {
+    if (exp == kExpNone) {
         std::fill(y, y + n, 0.0f);
         return;
     }

@@ -6,24 +6,25 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine.hpp"  // the wire constants (kExpNone)
+
 namespace inagg {
 
-constexpr int8_t EXP_NONE = -128;
-constexpr int EXP_MIN = -127;
-constexpr int EXP_MAX = 127;
+constexpr int kExpMin = -127;  // smallest block exponent sent; smaller blocks are clamped to it
+constexpr int kExpMax = 127;   // largest representable block exponent (values below 2**127)
 
 // The scale exponent S for a job of n workers: n values of magnitude <= 2**S sum below 2**31.
 int shift_for(int n_workers);
 
 // Per-block exponents of x (blocks of `block` values): exps[b] = the smallest e with
-// max|x| < 2**e (at least EXP_MIN), EXP_NONE for an all-zero block; bad[b] = 1 (and EXP_NONE)
+// max|x| < 2**e (at least kExpMin), kExpNone for an all-zero block; bad[b] = 1 (and kExpNone)
 // for a block holding inf/NaN or |x| >= 2**127.
 void block_exponents(const float* x, size_t n, size_t block, int8_t* exps, uint8_t* bad);
 
-// q[i] = rint(x[i] * 2**(shift - exp)) (all zero for EXP_NONE), written big-endian for the wire.
+// q[i] = rint(x[i] * 2**(shift - exp)) (all zero for kExpNone), written big-endian for the wire.
 void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be);
 
-// y[i] = float32(q[i] * 2**(exp - shift)) from big-endian int32 sums (zero for EXP_NONE).
+// y[i] = float32(q[i] * 2**(exp - shift)) from big-endian int32 sums (zero for kExpNone).
 void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y);
 
 }  // namespace inagg

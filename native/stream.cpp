@@ -16,8 +16,6 @@
 namespace inagg {
 namespace {
 
-constexpr uint8_t VERSION = 1, MSG_CONTRIBUTION = 1, MSG_RESULT = 2;
-constexpr uint8_t FLAG_RETRANSMIT = 0x01, FLAG_FROM_HOST = 0x02, FLAG_OVERFLOW = 0x08;
 constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
 
 double now_seconds() {
@@ -73,7 +71,7 @@ void Stream::set_grant(const GrantView& grant) {
     grant_ = grant;
     next_set_.assign(grant.slot_count, 0);
     rounds_.assign(grant.slot_count, Round{});
-    packet_bytes_ = HEADER_BYTES + 4 * size_t(grant.k);
+    packet_bytes_ = kHeaderBytes + 4 * size_t(grant.k);
     packets_.assign(packet_bytes_ * grant.slot_count, 0);
     // one spare word per buffer: a longer datagram shows as a wrong length, not a right one
     rx_buffers_.assign((packet_bytes_ + 4) * BATCH, 0);
@@ -101,14 +99,14 @@ void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, i
     r.priming = priming;
     r.offset = chunk * grant_.k;
     r.count = count;
-    r.length = HEADER_BYTES + (count ? 4 * size_t(grant_.k) : 0);
+    r.length = kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0);
     r.sent_at = now;
     r.rto = rtt_.rto();
     r.deadline = now + r.rto;
     r.retransmitted = false;
     r.active = true;
     ++outstanding_;
-    p[0] = VERSION << 4 | MSG_CONTRIBUTION;
+    p[0] = kVersion << 4 | kMsgContribution;
     p[1] = flags;
     put16(p + 2, grant_.job);
     p[4] = static_cast<uint8_t>(rank_);
@@ -126,17 +124,17 @@ void Stream::send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, dou
     auto count = static_cast<uint16_t>(std::min<size_t>(grant_.k, call.size - offset));
     uint32_t* out = payload(idx);
     uint8_t flags = 0;
-    int8_t exp = EXP_NONE;
+    int8_t exp = kExpNone;
     if (call.is_float) {
         if (call.bad[chunk]) {
-            flags = FLAG_OVERFLOW;
+            flags = kFlagOverflow;
             std::fill(out, out + count, 0u);
         } else {
             quantize_be(static_cast<const float*>(call.data) + offset, count, agreed_[chunk], shift_, out);
         }
         size_t ahead = size_t(chunk) + call.window;
         size_t n_blocks = agreed_.size();
-        exp = ahead < n_blocks ? call.local_exps[ahead] : EXP_NONE;
+        exp = ahead < n_blocks ? call.local_exps[ahead] : kExpNone;
     } else {
         const int32_t* x = static_cast<const int32_t*>(call.data) + offset;
         for (size_t i = 0; i < count; ++i) out[i] = htonl(static_cast<uint32_t>(x[i]));
@@ -183,7 +181,7 @@ void Stream::resend_expired(double now) {
         Round& r = rounds_[idx];
         if (!r.active || now < r.deadline) continue;
         if (!r.retransmitted) {
-            packet(idx)[1] |= FLAG_RETRANSMIT;
+            packet(idx)[1] |= kFlagRetransmit;
             r.retransmitted = true;
         }
         counters_.retransmissions += 1;
@@ -224,12 +222,12 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, u
     if (from.sin_family != AF_INET || from.sin_addr.s_addr != grant_.aggregator.sin_addr.s_addr ||
         from.sin_port != grant_.aggregator.sin_port)
         return ResultCheck::FOREIGN_SOURCE;
-    if (n < HEADER_BYTES) return ResultCheck::TRUNCATED;
-    if (d[0] != (VERSION << 4 | MSG_RESULT)) return ResultCheck::NOT_A_RESULT;
+    if (n < kHeaderBytes) return ResultCheck::TRUNCATED;
+    if (d[0] != (kVersion << 4 | kMsgResult)) return ResultCheck::NOT_A_RESULT;
     if (be16(d + 2) != grant_.job) return ResultCheck::WRONG_JOB;
     if (be16(d + 6) != grant_.epoch) return ResultCheck::WRONG_EPOCH;
     uint16_t ss = be16(d + 8);
-    uint32_t slot = ss & 0x7FFF;
+    uint32_t slot = ss & kMaxSlot;
     if (slot < grant_.slot_base || slot - grant_.slot_base >= rounds_.size() ||
         !rounds_[slot - grant_.slot_base].active)
         return ResultCheck::NO_ROUND;
@@ -239,7 +237,7 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, u
     if (be32(d + 12) != r.offset) return ResultCheck::WRONG_OFFSET;
     uint16_t count = be16(d + 10);
     if (count != r.count) return ResultCheck::WRONG_COUNT;
-    if (n != HEADER_BYTES + (count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WRONG_LENGTH;
+    if (n != kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WRONG_LENGTH;
     return ResultCheck::ACCEPTED;
 }
 
@@ -260,7 +258,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             Round& r = rounds_[*idx];
             r.active = false;
             --outstanding_;
-            if (d[1] & FLAG_FROM_HOST) counters_.host_results += 1;
+            if (d[1] & kFlagFromHost) counters_.host_results += 1;
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
             *progress = now;
@@ -290,7 +288,7 @@ bool Stream::control_round(const int32_t* vector, size_t n_values, int8_t exp0, 
     double progress = start;
     if (!await_result(&idx, &res, &progress)) return false;
     *rtt = progress - rounds_[0].sent_at;
-    for (size_t i = 0; i < n_values; ++i) summed[i] = static_cast<int32_t>(be32(res + HEADER_BYTES + 4 * i));
+    for (size_t i = 0; i < n_values; ++i) summed[i] = static_cast<int32_t>(be32(res + kHeaderBytes + 4 * i));
     *agreed_exp0 = static_cast<int8_t>(res[5]);
     return true;
 }
@@ -299,7 +297,7 @@ bool Stream::stream_blocks(const BlockCall& call) {
     start_call();
     size_t k = grant_.k;
     size_t n_blocks = (call.size + k - 1) / k;
-    agreed_.assign(call.is_float ? n_blocks : 0, EXP_NONE);
+    agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);
     if (call.is_float) agreed_[0] = call.exp0;
     double now = now_seconds();
     send_block(call, 0, 0, now);
@@ -322,11 +320,11 @@ bool Stream::stream_blocks(const BlockCall& call) {
         size_t next = r.priming ? r.chunk : size_t(r.chunk) + call.window;
         if (!r.priming) {
             --remaining_;
-            auto values = reinterpret_cast<const uint32_t*>(res + HEADER_BYTES);
+            auto values = reinterpret_cast<const uint32_t*>(res + kHeaderBytes);
             if (!call.is_float) {
                 int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
                 for (size_t i = 0; i < r.count; ++i) out[i] = static_cast<int32_t>(ntohl(values[i]));
-            } else if (flags & FLAG_OVERFLOW) {
+            } else if (flags & kFlagOverflow) {
                 overflow_.push_back(r.chunk);
             } else {
                 dequantize_be(values, r.count, agreed_[r.chunk], shift_, static_cast<float*>(call.data) + r.offset);

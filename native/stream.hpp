@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace inagg {
+#include "engine.hpp"  // the wire constants
 
-constexpr size_t HEADER_BYTES = 16;
+namespace inagg {
 
 // Verdict on a received datagram; the twin of hostlib.stream.ResultCheck (same order).
 enum class ResultCheck : uint8_t {
@@ -60,7 +60,7 @@ struct BlockCall {
     bool is_float = false;
     const int8_t* local_exps = nullptr;  // this rank's block exponents (float calls)
     const uint8_t* bad = nullptr;        // blocks holding inf/NaN/too large (float calls)
-    int8_t exp0 = -128;                  // agreed exponent of block 0 (from the control round)
+    int8_t exp0 = kExpNone;                  // agreed exponent of block 0 (from the control round)
     uint32_t window = 1;
 };
 
@@ -96,7 +96,7 @@ class Stream {
     };
 
     uint8_t* packet(uint32_t idx) { return packets_.data() + idx * packet_bytes_; }
-    uint32_t* payload(uint32_t idx) { return reinterpret_cast<uint32_t*>(packet(idx) + HEADER_BYTES); }
+    uint32_t* payload(uint32_t idx) { return reinterpret_cast<uint32_t*>(packet(idx) + kHeaderBytes); }
     void build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp, uint8_t flags,
                double now);
     void send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, double now);

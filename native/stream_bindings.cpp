@@ -91,7 +91,7 @@ void bind_stream(nb::module_& m) {
         })
         .def("control_round", [](Stream& s, Array<const int32_t> vector, int exp0, Array<int32_t> summed) {
             if (summed.shape(0) < vector.shape(0)) throw std::invalid_argument("summed shorter than vector");
-            int8_t agreed = EXP_NONE;
+            int8_t agreed = kExpNone;
             double rtt = 0;
             bool ok;
             {
@@ -109,7 +109,7 @@ void bind_stream(nb::module_& m) {
             return s.stream_blocks(call);
         })
         .def("stream_int", [](Stream& s, Array<int32_t> x, uint32_t window) {
-            BlockCall call{x.data(), x.shape(0), false, nullptr, nullptr, EXP_NONE, window};
+            BlockCall call{x.data(), x.shape(0), false, nullptr, nullptr, kExpNone, window};
             nb::gil_scoped_release release;
             return s.stream_blocks(call);
         })
