@@ -1,5 +1,6 @@
 // Python bindings of the native data path (hostlib._native). Only the binding glue lives here;
-// each concern has its own file beside it (engine.hpp: the slot engine; stream_bindings.cpp: the
+// each concern has its own file beside it (engine.hpp: the slot engine; host_loop.hpp: the host
+// aggregator's packet loop; switch_bindings.cpp: the soft switch; stream_bindings.cpp: the
 // worker's stream). Packet work runs with the GIL released; configuration and counters are plain
 // Python data.
 #include <nanobind/nanobind.h>
@@ -10,6 +11,7 @@
 #include <stdexcept>
 
 #include "engine.hpp"
+#include "host_loop.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -179,10 +181,23 @@ void bind_engine(nb::module_& m) {
         .def("snapshot_counters", &snapshot);
 }
 
+void bind_host_loop(nb::module_& m) {
+    nb::class_<inagg::HostLoop>(m, "HostLoop", "The host aggregator's packet loop (native/host_loop.hpp)")
+        // keep_alive: the loop uses the engine for as long as it exists
+        .def(nb::init<inagg::Engine&, int, double, uint64_t>(), "engine"_a, "fd"_a,
+             "drop_rate"_a = 0.0, "seed"_a = 0, nb::keep_alive<1, 2>())
+        .def("run", &inagg::HostLoop::run, nb::call_guard<nb::gil_scoped_release>(),
+             "Serve the socket until stop(), without the GIL")
+        .def("stop", &inagg::HostLoop::stop)
+        .def_prop_ro("injected_drops", &inagg::HostLoop::injected_drops)
+        .def_prop_ro("send_errors", &inagg::HostLoop::send_errors);
+}
+
 }  // namespace
 
+void bind_switch(nb::module_& m);  // switch_bindings.cpp
 namespace inagg {
-void bind_stream(nb::module_& m);
+void bind_stream(nb::module_& m);  // stream_bindings.cpp
 }
 
 NB_MODULE(_native, m) {
@@ -191,5 +206,7 @@ NB_MODULE(_native, m) {
     m.def("sender_id_ipv4", &inagg::sender_id_ipv4, "addr"_a, "port"_a,
           "The engine's id of a UDP sender: (IPv4 address << 16) | port");
     bind_engine(m);
+    bind_host_loop(m);
+    bind_switch(m);
     inagg::bind_stream(m);
 }

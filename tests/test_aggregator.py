@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from hostlib.aggregator import HostAggregator, main as aggregator_main
+from hostlib.aggregator import HostAggregator, default_values_per_packet, main as aggregator_main
 from hostlib.engine import AggregationEngine, JobConfig
-from hostlib.grant import Grant
+from hostlib.grant import Grant, values_for_mtu
 from hostlib.protocol import build_contribution
 from hostlib.stream import AllreduceError, CallRefused, SlotStream, WindowControl
 from hostlib.transport import UdpTransport
@@ -155,3 +155,40 @@ def test_cli_reports_counters_on_sigterm():
     proc.terminate()
     out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0 and json.loads(out)["jobs"] == {}
+
+
+def test_results_go_only_to_the_members_addresses(served):
+    """A stranger claiming rank 0 is dropped and never answered; the real members get the
+    result from the native loop at their own addresses only."""
+    agg, w = served
+    stranger = UdpTransport(agg.address, bind=("127.0.0.1", 0))
+    try:
+        forged = build_contribution(1, 0, 1, 2, 0, 0, np.ones(K, np.int32), K)
+        stranger.send(forged)
+        w[0].send(forged)
+        w[1].send(build_contribution(1, 1, 1, 2, 0, 0, np.full(K, 2, np.int32), K))
+        buf = bytearray(65536)
+        for member in w[:2]:
+            n = member.recv_into(buf, 5.0)
+            assert n == 16 + 4 * K and np.all(np.frombuffer(buf, ">i4", K, 16) == 3)
+        assert stranger.recv_into(buf, 0.2) == 0
+        assert agg.report()["jobs"][1]["drops"] == {"bad_worker": 1}
+    finally:
+        stranger.close()
+
+
+def test_values_per_packet_fit_the_interface_mtu(capsys):
+    """Datagrams are never fragmented: K follows from the MTU (loopback: the IPv4 limit)."""
+    assert (values_for_mtu(1500), values_for_mtu(9000), values_for_mtu(65536)) == (364, 2239, 16372)
+    assert default_values_per_packet("127.0.0.1") == 4096
+    assert aggregator_main(["--bind", "127.0.0.1:0", "--values-per-packet", "16373"]) == 2
+    assert "at most 16372" in capsys.readouterr().err
+
+
+def test_an_oversized_datagram_is_refused_not_fragmented():
+    t = UdpTransport(("127.0.0.1", 9), bind=("127.0.0.1", 0))
+    try:
+        with pytest.raises(ValueError, match="never fragmented"):
+            t.send(bytes(65508))
+    finally:
+        t.close()
