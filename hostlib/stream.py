@@ -264,6 +264,7 @@ class StreamStats:
 # header-only priming rounds of a call with many blocks are at most about a quarter of its rounds.
 PRIMING_SHARE = 4
 PRIMING_FREE_WINDOW = 16
+INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
 
 
 def call_window(slot_count: int, n_blocks: int, goal: int, is_float: bool) -> int:
@@ -387,16 +388,20 @@ class RttEstimator:
 
 @dataclass
 class WindowControl:
-    """One rank's goal for the window of its next calls: AIMD on loss, as ATP's window.
+    """One rank's goal for the window of its next calls: slow start, then AIMD on loss, as
+    TCP's and ATP's windows.
 
-    A call with a timeout halves the window it used (a switch's input buffer, BMv2's or the
-    software data plane's, overflowed), as TCP sets ssthresh from the flight size (RFC 5681); a
-    call that used its whole goal without one raises the goal by a quarter, up to the slots
-    granted."""
+    A grant starts at a small goal (``INITIAL_WINDOW``, or the last grant's goal) in slow start:
+    each clean call that used its whole goal doubles it, so a burst never outgrows the path's
+    buffers by more than one doubling. A call with a timeout halves the window it used (a
+    switch's input buffer overflowed, or results queued longer than the RTO), as TCP sets
+    ssthresh from the flight size (RFC 5681), and ends slow start; after that a clean call that
+    used its whole goal raises it by a quarter, up to the slots granted."""
 
     minimum: int = 4
     maximum: int = 1
-    goal: int = 1 << 15
+    goal: int = 16
+    slow_start: bool = True
 
     def __post_init__(self) -> None:
         self.goal = self._clamp(self.goal)
@@ -407,8 +412,9 @@ class WindowControl:
     def update(self, window: int, timeouts: int) -> None:
         if timeouts:
             self.goal = self._clamp(window // 2)
+            self.slow_start = False
         elif window >= self.goal:
-            self.goal = self._clamp(self.goal + max(1, self.goal // 4))
+            self.goal = self._clamp(2 * self.goal if self.slow_start else self.goal + max(1, self.goal // 4))
 
 
 def overflow_error(chunks: list[int], k: int) -> FloatingPointError:
@@ -435,6 +441,7 @@ class StreamBase:
         self.agreed_epoch = 0
         self.control_rtt = 0.0  # round trip of the last call's control round: a latency probe
         self.window = 0  # slots the last call used (agreed by all ranks)
+        self.window_control: WindowControl | None = None
         self.set_grant(grant)
 
     def set_grant(self, grant: Grant) -> None:
@@ -444,7 +451,9 @@ class StreamBase:
                              f"per packet (the control vector), grant has {grant.values_per_packet}")
         self.grant = grant
         self.shift = codec.shift_for(self.n_workers)
-        self.window_control = WindowControl(maximum=min(grant.slot_count, (1 << _GOAL_BITS) - 1))
+        # a new grant is a new path: slow start again, from the goal learnt so far
+        goal = self.window_control.goal if self.window_control else INITIAL_WINDOW
+        self.window_control = WindowControl(maximum=min(grant.slot_count, (1 << _GOAL_BITS) - 1), goal=goal)
 
     def allreduce(self, x: np.ndarray | None, pending_epoch: int = 0, *, average: bool = False,
                   refusal: Refusal | None = None) -> np.ndarray | None:

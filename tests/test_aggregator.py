@@ -88,17 +88,19 @@ def test_ranks_use_the_smallest_window_goal_and_adapt_it(served):
     assert all(1 <= s.window_control.goal <= 8 for s in streams)
 
 
-@pytest.mark.parametrize("window, timeouts, goal", [
-    (16, 1, 8),           # a timeout halves the window the call used
-    (20, 0, 25),          # a clean call that used the whole goal: +1/4
-    (12, 0, 20),          # a call that used less (a small tensor) says nothing
-    (6, 3, 4),            # never below the minimum
-    (46, 0, 48),          # never above the slots granted
+@pytest.mark.parametrize("window, timeouts, goal, slow_start", [
+    (16, 1, 8, False),    # a timeout halves the window the call used (and ends slow start)
+    (20, 0, 25, False),   # a clean call that used the whole goal: +1/4
+    (20, 0, 40, True),    # ... in slow start: doubled
+    (12, 0, 20, False),   # a call that used less (a small tensor) says nothing
+    (6, 3, 4, True),      # never below the minimum
+    (46, 0, 48, False),   # never above the slots granted
 ])
-def test_window_control(window, timeouts, goal):
-    wc = WindowControl(minimum=4, maximum=48, goal=20 if window != 46 else 46)
+def test_window_control(window, timeouts, goal, slow_start):
+    wc = WindowControl(minimum=4, maximum=48, goal=20 if window != 46 else 46,
+                       slow_start=slow_start or window == 6)
     wc.update(window, timeouts)
-    assert wc.goal == goal
+    assert (wc.goal, wc.slow_start) == (goal, slow_start and not timeouts)
 
 
 def test_non_finite_input_raises_on_every_rank(served):
