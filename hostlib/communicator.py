@@ -152,6 +152,12 @@ class Communicator:
         # probe and every call a (wire bytes, seconds) transfer sample (hostlib.cost_model)
         self.link = LinkEstimator(alpha=1e-4, beta=1e-8)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
+        # calls run one at a time (_running) in submission order; _queued counts the requests
+        # given to the I/O thread and not yet finished: a blocking call with none queued runs
+        # on its caller's thread (no hand-over to the I/O thread and back: a small call's latency)
+        self._running = threading.RLock()   # reentrant: a future's callback may call again
+        self._queued_lock = threading.Lock()
+        self._queued = 0
         threading.Thread(target=self._io_loop, daemon=True, name="inagg-io").start()
         threading.Thread(target=self._heartbeat, daemon=True, name="inagg-lease").start()
 
@@ -219,22 +225,37 @@ class Communicator:
             req = self._queue.get()
             if req is None:
                 return
-            try:
-                sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
-                self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
-                                      refusal=req.refusal)
-                self.link.observe(self.stream.stats.wire_bytes_sent - sent,
-                                  time.perf_counter() - started, latencies=4)
-                self.link.observe(2 * (HEADER_BYTES + self.transport.overhead), self.stream.control_rtt,
-                                 latencies=2)
-                self.boundary += 1
-                self._switch_if_agreed()
-                if req.staged is not None:
-                    req.staged[0].copy_(req.staged[1])
-                req.future.set_result(req.result)
-            except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
-                self.boundary += 1
-                req.future.set_exception(e)
+            with self._running:
+                self._run(req)
+            with self._queued_lock:
+                self._queued -= 1
+
+    def _run(self, req: _Request) -> None:
+        """One call, start to end; its outcome goes to the request's future."""
+        try:
+            sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
+            self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
+                                  refusal=req.refusal)
+            self.link.observe(self.stream.stats.wire_bytes_sent - sent,
+                              time.perf_counter() - started, latencies=4)
+            self.link.observe(2 * (HEADER_BYTES + self.transport.overhead), self.stream.control_rtt,
+                              latencies=2)
+            self.boundary += 1
+            self._switch_if_agreed()
+            if req.staged is not None:
+                req.staged[0].copy_(req.staged[1])
+            req.future.set_result(req.result)
+        except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
+            self.boundary += 1
+            req.future.set_exception(e)
+
+    def _request(self, tensor, op) -> _Request:
+        import torch
+
+        average, refusal = reduce_kind(op)
+        array, staged, bad_input = as_array(tensor)
+        refusal = bad_input or refusal or check_array(array, average)
+        return _Request(array, average, refusal, torch.futures.Future(), tensor, staged)
 
     def allreduce_async(self, tensor, op=ReduceOp.SUM):
         """Queue an allreduce of a torch tensor (float32 or int32, contiguous; CUDA tensors are
@@ -245,18 +266,25 @@ class Communicator:
         A call this rank cannot run (another dtype, a non-contiguous tensor, another op...) is
         still queued: it takes part in the call's control round with its reason, so every rank
         fails that call with the same error naming this rank, and later calls stay aligned."""
-        import torch
+        return self._submit(self._request(tensor, op))
 
-        fut = torch.futures.Future()
-        average, refusal = reduce_kind(op)
-        array, staged, bad_input = as_array(tensor)
-        refusal = bad_input or refusal or check_array(array, average)
-        self._queue.put(_Request(array, average, refusal, fut, tensor, staged))
-        return fut
+    def _submit(self, req: _Request):
+        with self._queued_lock:
+            self._queued += 1
+        self._queue.put(req)
+        return req.future
 
-    def allreduce(self, tensor, op: ReduceOp = ReduceOp.SUM):
+    def allreduce(self, tensor, op=ReduceOp.SUM):
         """Blocking allreduce; raises what went wrong (on every rank alike)."""
-        return self.allreduce_async(tensor, op).wait()
+        req = self._request(tensor, op)
+        with self._running:
+            with self._queued_lock:
+                inline = not self._queued
+            if inline:   # nothing submitted before it is unfinished: run it here, in order
+                self._run(req)
+            else:
+                self._submit(req)
+        return req.future.wait()
 
     @property
     def grant(self) -> Grant:

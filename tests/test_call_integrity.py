@@ -14,7 +14,7 @@ import torch.distributed as dist
 from bmv2_env.loopback import ROOT, LoopbackDeployment
 from hostlib.communicator import ReduceOp
 from hostlib.stream import CallRefused
-from test_training import make_comms
+from test_training import make_comms, on_ranks
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,20 @@ def test_avg_of_int32_and_mixed_ops_are_refused(comms):
                 comms[1].allreduce_async(torch.ones(8), dist.ReduceOp.AVG)],
                r"rank 0: 8 x float32, rank 1: 8 x float32 avg")
     assert_next_call_exact(comms)
+
+
+def test_blocking_calls_keep_submission_order_behind_queued_ones(comms):
+    """A blocking call runs on its caller's thread only when nothing queued before it is
+    unfinished; otherwise it waits its turn (sizes differ call to call: any reordering would
+    fail as a size mismatch)."""
+    def rank(r):
+        futs = [comms[r].allreduce_async(torch.full((100 + i,), 1.0)) for i in range(5)]
+        blocking = [comms[r].allreduce(torch.full((7 + i,), r + 1.0)).tolist() for i in range(3)]
+        return [f.wait().tolist() for f in futs], blocking
+
+    for queued, blocking in on_ranks(rank, 2):
+        assert queued == [[2.0] * (100 + i) for i in range(5)]
+        assert blocking == [[3.0] * (7 + i) for i in range(3)]
 
 
 # Another local process: sends RESULT datagrams for the job (right job id and epoch, slots,
