@@ -22,6 +22,7 @@ from pathlib import Path
 from controller.credentials import ADMIN_TOKEN_ENV
 from hostlib.protocol import UDP_PORT
 
+from .soft_switch import udp_host_mac
 from .testbed import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,8 +66,8 @@ class LoopbackDeployment:
         return f"{self.net}.{rank + 1}"
 
     def worker_mac(self, rank: int) -> str:
-        """The source MAC the soft switch gives host ``rank``'s datagrams (02:00 + its IPv4)."""
-        return ":".join(f"{b:02x}" for b in bytes([2, 0]) + socket.inet_aton(self.worker_ip(rank)))
+        """The source MAC the soft switch gives host ``rank``'s datagrams."""
+        return udp_host_mac(self.worker_ip(rank))
 
     @property
     def worker_ips(self) -> list[str]:

@@ -8,8 +8,10 @@ aggregator runs, configured from the job_table and worker_table entries the cont
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from dataclasses import dataclass
+from typing import Callable, Hashable
 
 import grpc
 
@@ -107,20 +109,20 @@ class SoftPipeline:
     def sync_jobs(self) -> None:
         """Configure the engine from job_table + worker_table; StatusError when the entries
         describe jobs the slot pool cannot hold (the caller undoes the write)."""
-        workers = self.tables[WORKER_TABLE].entries
-        wanted = {}
-        for (job_id,), admit in self.tables[JOB_TABLE].entries.items():
-            members = []
-            for rank in range(admit.param("n_workers")):
-                bind = workers.get((job_id, rank))
-                # an unbound rank matches no sender, as a worker_table miss in P4
-                members.append(sender_identity(bind.params) if bind else ("unbound", rank))
-            wanted[job_id] = JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
-                                       admit.param("slot_count"), tuple(members))
-        try:
-            self.engine.replace_jobs(wanted)
-        except ValueError as e:
-            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        # a rank's member is its rank: admission compares worker_table's binding with the
+        # frame (``sender``); an unbound rank matches no sender, as a worker_table miss in P4
+        wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank))
+        with engine_refusal():
+            self.engine.replace_jobs({job.job_id: job for job in wanted})
+
+    def job_ids(self) -> list[int]:
+        """The jobs the slot engine serves."""
+        return sorted(self.engine.jobs)
+
+    def writing(self) -> contextlib.AbstractContextManager:
+        """Held around one P4Runtime Write; the caller's state lock already keeps this
+        pipeline's packets out."""
+        return contextlib.nullcontext()
 
     # -- data plane --------------------------------------------------------------------------
 
@@ -160,14 +162,19 @@ class SoftPipeline:
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 
-    def sender(self, port: int, frame: Frame, job_id: int, rank: int) -> tuple[int, int, int, int]:
-        """Who sent ``frame``, as worker_table's bind_worker compares it for the rank it claims:
-        ingress port, IPv4 source, Ethernet source, and UDP source port unless that rank's
-        binding leaves the port open (0: RoCEv2)."""
-        d = frame.data
+    def sender(self, port: int, frame: Frame, job_id: int, rank: int) -> Hashable:
+        """The engine's id of ``frame``'s sender for the rank it claims: the rank when
+        worker_table's bind_worker matches the frame (ingress port, IPv4 source, Ethernet source,
+        and UDP source port unless the binding leaves it open: 0, RoCEv2), else an id no member
+        has (bad_worker, in the engine's check order)."""
         bind = self.tables[WORKER_TABLE].lookup((job_id, rank))
-        udp_port = struct.unpack_from("!H", d, ETH + IP)[0] if bind is None or bind.param("udp_port") else 0
-        return (port, struct.unpack_from("!I", d, ETH + 12)[0], int.from_bytes(d[6:12], "big"), udp_port)
+        d = frame.data
+        if bind is not None and bind.param("port") == port \
+                and bind.param("addr") == struct.unpack_from("!I", d, ETH + 12)[0] \
+                and bind.param("mac") == int.from_bytes(d[6:12], "big") \
+                and bind.param("udp_port") in (0, struct.unpack_from("!H", d, ETH + IP)[0]):
+            return ("rank", rank)
+        return ("forged",)
 
     def job_counters(self, job_index: int, outcome: Outcome, result: bool) -> None:
         c = self.counters
@@ -210,8 +217,9 @@ class SoftPipeline:
                 i[16:20] = rewrite.param("addr").to_bytes(4, "big")
                 if rewrite.name.endswith(".set_roce_worker_address"):
                     u = udp_ports[:2] + ROCE_UDP_PORT.to_bytes(2, "big")
-                    r[_ROCE_QP:_ROCE_QP + 3] = rewrite.param("qp").to_bytes(3, "big")
-                    r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
+                    if r:  # BTH and RETH exist: on a UDP frame these writes do nothing, as in P4
+                        r[_ROCE_QP:_ROCE_QP + 3] = rewrite.param("qp").to_bytes(3, "big")
+                        r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
                 else:
                     u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
             out.append((out_port, build_frame(e, i, u, emit.data, r, trailer=d[udp_end:],
@@ -232,10 +240,29 @@ class SoftPipeline:
         return []
 
 
-def sender_identity(bind_params: tuple[tuple[str, int], ...]) -> tuple[int, int, int, int]:
-    """The sender a bind_worker entry admits, in the order ``SoftPipeline.sender`` gives."""
-    p = dict(bind_params)
-    return (p["port"], p["addr"], p["mac"], p["udp_port"])
+def job_configs(tables: TableStore, member: Callable[[int], Hashable],
+                unbound: Callable[[int], Hashable]) -> list[JobConfig]:
+    """The engine's job configurations that job_table + worker_table describe; rank r's member
+    is ``member(r)`` when worker_table binds it, ``unbound(r)`` without a binding."""
+    workers = tables[WORKER_TABLE].entries
+    jobs = []
+    for (job_id,), admit in tables[JOB_TABLE].entries.items():
+        members = []
+        for rank in range(admit.param("n_workers")):
+            bind = workers.get((job_id, rank))
+            members.append(member(rank) if bind else unbound(rank))
+        jobs.append(JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
+                              admit.param("slot_count"), tuple(members)))
+    return jobs
+
+
+@contextlib.contextmanager
+def engine_refusal():
+    """An engine's ValueError (jobs the slot pool cannot hold) as the P4Runtime error."""
+    try:
+        yield
+    except ValueError as e:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
 
 def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,

@@ -42,7 +42,7 @@ JOB3 = SwitchJob(3, 2, 1, 16, 8, tuple(
 JOB4 = SwitchJob(4, 3, 1, 24, 8, (worker(0, 1, 52000), worker(1, 1, 52001), worker(2, 2, 52002)))
 
 
-@pytest.fixture(scope="module", params=["soft", "bmv2"])
+@pytest.fixture(scope="module", params=["soft", "soft-python", "bmv2"])
 def dp(request):
     reason = have_netns() or (bmv2_missing() if request.param == "bmv2" else None)
     if reason:
