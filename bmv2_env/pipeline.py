@@ -1,8 +1,9 @@
 """The software data plane's pipeline: ``p4/inagg.p4`` executed in Python.
 
 Each method below mirrors one P4 control and its decision table (see the P4 file for the
-table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the same code the host
-aggregator runs, configured from the job_table and worker_table entries the controller wrote.
+table); the slot logic itself is the native engine (``hostlib.native_engine.NativeEngine``, the
+C++ twin of ``hostlib.engine.AggregationEngine``), the same code the host aggregator runs,
+configured from the job_table and worker_table entries the controller wrote.
 ``process()`` takes one frame from an ingress port and returns the frames to send.
 """
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 import grpc
 
 from controller.p4info import P4Info
-from hostlib.engine import AggregationEngine, Emit, JobConfig
+from hostlib.engine import Emit, JobConfig
+from hostlib.native_engine import NativeEngine
 from hostlib.protocol import (
     DROP_REASONS,
     ENCAP_CODE,
@@ -99,8 +101,8 @@ class SoftPipeline:
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups()
         self.counters = Counters(p4info)
-        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), SWITCH_VALUES_PER_PACKET,
-                                        host_mode=False)
+        self.engine = NativeEngine(p4info.register_size(SLOT_TAG), SWITCH_VALUES_PER_PACKET,
+                                   host_mode=False)
 
     # -- control plane -----------------------------------------------------------------------
 
