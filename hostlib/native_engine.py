@@ -29,7 +29,10 @@ def udp_sender_id(address: Hashable) -> int:
     """``(host, port)`` -> ``(IPv4 << 16) | port``, the id native/host_loop.cpp gives a UDP
     source; the host is resolved once, when the job is configured."""
     host, port = address  # type: ignore[misc]
-    addr = struct.unpack("!I", socket.inet_aton(socket.gethostbyname(host)))[0]
+    try:
+        addr = struct.unpack("!I", socket.inet_aton(socket.gethostbyname(host)))[0]
+    except OSError as e:
+        raise ValueError(f"worker address {host}:{port}: cannot resolve {host!r} to IPv4 ({e})") from None
     return _native.sender_id_ipv4(addr, port)
 
 
