@@ -58,9 +58,13 @@ class NativeEngine:
         self.n_slots = n_slots
         self.k = values_per_packet
         self.jobs: dict[int, JobConfig] = {}
-        interned = SenderIds() if sender_id is None else None
-        self._member_id: SenderIdOf = interned.member if interned else sender_id  # type: ignore[assignment]
-        self._sender_id: SenderIdOf = interned if interned else sender_id  # type: ignore[assignment]
+        self._member_id: SenderIdOf   # a job member's id (set_job)
+        self._sender_id: SenderIdOf   # a packet's sender's id (process)
+        if sender_id is None:
+            ids = SenderIds()
+            self._member_id, self._sender_id = ids.member, ids
+        else:
+            self._member_id = self._sender_id = sender_id
 
     def _native_job(self, job: JobConfig) -> tuple:
         return (job.job_id, job.epoch, job.slot_base, job.slot_count,
