@@ -241,11 +241,13 @@ class Communicator:
             self.grant_changes += 1
 
     def _use(self, grant: Grant) -> None:
-        """Send under ``grant`` from the next call on, in its encapsulation."""
-        self.stream.set_grant(grant)
+        """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
+        first: the stream takes the source results must come from from it (a RoCE result's is
+        the switch's IP, a UDP one's IP and port)."""
         self.transport = self.stream.transport = self._transports[grant.transport]
         # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
         self.transport.retarget(grant.aggregator)
+        self.stream.set_grant(grant)
 
     # -- allreduce ---------------------------------------------------------------------------
 
