@@ -166,8 +166,15 @@ void SwitchLoop::run() {
         while (running_) {
             int n = epoll_wait(epoll_fd_, events, 16, -1);
             if (n < 0 && errno != EINTR) throw os_error("epoll_wait");
-            for (int i = 0; i < n && running_; ++i)
-                if (events[i].data.ptr) receive_batch(*static_cast<Socket*>(events[i].data.ptr));
+            for (int i = 0; i < n && running_; ++i) {
+                if (events[i].data.ptr) {
+                    receive_batch(*static_cast<Socket*>(events[i].data.ptr));
+                } else {  // stop(): consume the wake-up, so a later start() waits again
+                    uint64_t count;
+                    if (read(wake_fd_, &count, sizeof count) < 0 && errno != EAGAIN)
+                        throw os_error("switch loop: wake");
+                }
+            }
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "inagg-soft-switch: packet loop stopped: %s\n", e.what());
