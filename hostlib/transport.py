@@ -94,15 +94,25 @@ class UdpTransport:
                     f"large for this network (hostlib.grant.values_for_mtu)") from None
             raise
 
-    def recv_into(self, buf: bytearray, timeout: float) -> int:
-        """Receive one datagram into ``buf``; 0 when nothing came within ``timeout`` seconds."""
+    def recv_from(self, buf: bytearray, timeout: float) -> tuple[int, tuple[str, int] | None]:
+        """Receive one datagram into ``buf``: (length, sender), or (0, None) when nothing came
+        within ``timeout`` seconds."""
         if timeout != self._timeout:
             self.sock.settimeout(timeout)
             self._timeout = timeout
         try:
-            return self.sock.recv_into(buf)
+            return self.sock.recvfrom_into(buf)
         except TimeoutError:
-            return 0
+            return 0, None
+
+    def recv_into(self, buf: bytearray, timeout: float) -> int:
+        """Receive one datagram into ``buf``; 0 when nothing came within ``timeout`` seconds."""
+        return self.recv_from(buf, timeout)[0]
+
+    @staticmethod
+    def source_of(aggregator: tuple[str, int]) -> tuple[str, int]:
+        """The sender address results from ``aggregator`` arrive with (its name resolved)."""
+        return socket.gethostbyname(aggregator[0]), aggregator[1]
 
     def close(self) -> None:
         self.sock.close()

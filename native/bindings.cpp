@@ -1,7 +1,8 @@
 // Python bindings of the native data path (hostlib._native). Only the binding glue lives here;
 // each concern has its own file beside it (engine.hpp: the slot engine; host_loop.hpp: the host
-// aggregator's packet loop). Packet work runs with
-// the GIL released; configuration and counters are plain Python data.
+// aggregator's packet loop; switch_bindings.cpp: the soft switch; stream_bindings.cpp: the
+// worker's stream). Packet work runs with the GIL released; configuration and counters are plain
+// Python data.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -201,6 +202,9 @@ void bind_host_loop(nb::module_& m) {
 }  // namespace
 
 void bind_switch(nb::module_& m);  // switch_bindings.cpp
+namespace inagg {
+void bind_stream(nb::module_& m);  // stream_bindings.cpp
+}
 
 NB_MODULE(_native, m) {
     m.doc() = "inagg's per-packet data path in C++ (see native/*.hpp)";
@@ -210,4 +214,5 @@ NB_MODULE(_native, m) {
     bind_engine(m);
     bind_host_loop(m);
     bind_switch(m);
+    inagg::bind_stream(m);
 }
