@@ -84,14 +84,15 @@ def worker_addrs(net: str, n: int) -> list[str]:
 
 
 @contextmanager
-def udp_switch(engine: str, net: str, n: int, window: int):
-    """A software switch over UDP at net.254 with hosts net.1..n, one job of those n workers
-    over ``window`` slots; yields its pid."""
+def udp_switch(engine: str, net: str, n: int, window: int, k: int):
+    """A software switch over UDP at net.254 with hosts net.1..n aggregating K values per packet,
+    one job of those n workers over ``window`` slots; yields its pid."""
     with tempfile.TemporaryDirectory() as d:
         ports = [a for r in range(n) for a in ("-i", f"{r + 1}@udp:{net}.{r + 1}")]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", engine, *ports, "--udp-bind",
-             f"{net}.254", "--no-p4", "--", "--grpc-server-addr", f"unix:{d}/p4rt.sock"],
+            [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", engine, "--values-per-packet",
+             str(k), *ports, "--udp-bind", f"{net}.254", "--no-p4", "--",
+             "--grpc-server-addr", f"unix:{d}/p4rt.sock"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True)
         try:
             if "inagg-soft-switch" not in proc.stdout.readline():
@@ -121,11 +122,11 @@ def udp_echo(ip: str):
         proc.wait()
 
 
-def drive(pid: int, target: str, port: int, net: str, n: int, window: int, rounds: int) -> dict:
-    """Run the load generator against ``target``; CPU the process ``pid`` spent per
-    contribution."""
+def drive(pid: int, target: str, port: int, net: str, n: int, window: int, rounds: int, k: int) -> dict:
+    """Run the load generator (contributions of K values) against ``target``; CPU the process
+    ``pid`` spent per contribution."""
     before = cpu_seconds(pid)
-    out = subprocess.run([str(ECHO_BIN), "load", target, str(port), str(window), str(rounds), str(K),
+    out = subprocess.run([str(ECHO_BIN), "load", target, str(port), str(window), str(rounds), str(k),
                           *worker_addrs(net, n)], check=True, capture_output=True, text=True).stdout
     cpu = cpu_seconds(pid) - before
     sent, received = (int(w) for w in out.split()[1::2])
@@ -133,21 +134,21 @@ def drive(pid: int, target: str, port: int, net: str, n: int, window: int, round
             "us_per_contribution": cpu / sent * 1e6}
 
 
-def cpu_benchmark(reps: int, rounds: int, window: int, n: int = 4) -> list[dict]:
+def cpu_benchmark(reps: int, rounds: int, window: int, k: int, n: int = 4) -> list[dict]:
     build_echo()
     net = free_loopback_net()
     rows = []
-    with udp_switch("native", net, n, window) as switch_pid, udp_echo(f"{net}.253") as echo_pid:
-        drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, rounds // 10)   # warm-up
-        drive(echo_pid, f"{net}.253", ECHO_PORT, net, n, window, rounds // 10)
+    with udp_switch("native", net, n, window, k) as switch_pid, udp_echo(f"{net}.253") as echo_pid:
+        drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, rounds // 10, k)   # warm-up
+        drive(echo_pid, f"{net}.253", ECHO_PORT, net, n, window, rounds // 10, k)
         for rep in range(reps):
             for system, pid, target, port in (("switch-native", switch_pid, f"{net}.254", UDP_PORT),
                                               ("c-echo-floor", echo_pid, f"{net}.253", ECHO_PORT)):
-                rows.append({"rep": rep, "system": system, "load1": round(os.getloadavg()[0], 2),
-                             **drive(pid, target, port, net, n, window, rounds)})
-    with udp_switch("python", net, n, window) as switch_pid:
-        rows.append({"rep": 0, "system": "switch-python", "load1": round(os.getloadavg()[0], 2),
-                     **drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, max(1, rounds // 20))})
+                rows.append({"rep": rep, "system": system, "K": k, "load1": round(os.getloadavg()[0], 2),
+                             **drive(pid, target, port, net, n, window, rounds, k)})
+    with udp_switch("python", net, n, window, k) as switch_pid:
+        rows.append({"rep": 0, "system": "switch-python", "K": k, "load1": round(os.getloadavg()[0], 2),
+                     **drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, max(1, rounds // 20), k)})
     return rows
 
 
@@ -158,7 +159,7 @@ def report_cpu(rows: list[dict]) -> None:
                for a, b in zip([r for r in rows if r["system"] == "switch-native"],
                                [r for r in rows if r["system"] == "c-echo-floor"])]
     n = sum(r["system"] == "switch-native" for r in rows)
-    print(f"CPU (user+sys) per contribution over UDP, 4 workers, K={K}, "
+    print(f"CPU (user+sys) per contribution over UDP, 4 workers, K={rows[0]['K']}, "
           f"{rows[0]['contributions']} contributions x {n} interleaved reps (medians):")
     for system, us in med.items():
         lost = sum(r["lost"] for r in rows if r["system"] == system)
@@ -183,7 +184,7 @@ def plot_cpu(rows: list[dict], path: Path) -> None:
         ax.hlines(statistics.median(ys), i - 0.3, i + 0.3, color=f"C{i}")
     ax.set(xticks=range(len(systems)), xticklabels=systems, yscale="log",
            ylabel="CPU us per contribution (user+sys)",
-           title=f"software switch over UDP vs a C echo, K={K}, {os.cpu_count()} cores")
+           title=f"software switch over UDP vs a C echo, K={rows[0]['K']}, {os.cpu_count()} cores")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -261,13 +262,14 @@ def main() -> int:
     p.add_argument("--cpu-reps", type=int, default=5)
     p.add_argument("--cpu-rounds", type=int, default=400, help="rounds of W slots x 4 workers per rep")
     p.add_argument("--cpu-window", type=int, default=64)
+    p.add_argument("--cpu-k", type=int, default=K, help="values per packet (the switch's K)")
     p.add_argument("--rounds", type=int, default=200, help="veth throughput: rounds")
     p.add_argument("--window", type=int, default=16, help="veth throughput: window")
     p.add_argument("--only", choices=("cpu", "veth"), help="run one part")
     args = p.parse_args()
     print(load_text())
     if args.only in (None, "cpu"):
-        rows = cpu_benchmark(args.cpu_reps, args.cpu_rounds, args.cpu_window)
+        rows = cpu_benchmark(args.cpu_reps, args.cpu_rounds, args.cpu_window, args.cpu_k)
         write_csv("dataplane_cpu.csv", rows)
         report_cpu(rows)
         try:
