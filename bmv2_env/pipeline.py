@@ -1,8 +1,9 @@
 """The software data plane's pipeline: ``p4/inagg.p4`` executed in Python.
 
 Each method below mirrors one P4 control and its decision table (see the P4 file for the
-table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the same code the host
-aggregator runs, configured from the job_table and worker_table entries the controller wrote.
+table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the specification the
+native engine is held to, configured from the job_table and worker_table entries the controller
+wrote.
 ``process()`` takes one frame from an ingress port and returns the frames to send.
 """
 

@@ -1,6 +1,7 @@
 """The inagg-aggregator server and the client's error paths, over real sockets."""
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -194,3 +195,15 @@ def test_an_oversized_datagram_is_refused_not_fragmented():
             t.send(bytes(65508))
     finally:
         t.close()
+
+
+def test_capped_socket_buffers_are_noticed():
+    """A clean path must not drop: the aggregator asks for large buffers and says when the
+    kernel granted less (net.core.rmem_max without root)."""
+    agg = HostAggregator(("127.0.0.1", 0), AggregationEngine(4, K))
+    try:
+        assert not agg.buffers_too_small
+        agg.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        assert agg.buffers_too_small
+    finally:
+        agg.sock.close()

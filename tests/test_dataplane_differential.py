@@ -1,7 +1,7 @@
 """Differential test of the two data planes: one random frame sequence (valid, duplicated,
 reordered, forged, malformed, trailers, ordinary traffic, both encapsulations) sent frame by
-frame to the software switch and to BMv2 must give the same frames out of the same ports after
-every frame, and the same counters at the end.
+frame to the software switch (both its engines) and to BMv2 must give the same frames out of the
+same ports after every frame, and the same counters at the end.
 
 BMv2 runs live when simple_switch_grpc is installed; without it the software switch is held to
 BMv2's outputs recorded in tests/fixtures/dataplane_differential.json. Re-record (needs BMv2 and
@@ -30,7 +30,9 @@ from test_dataplane_conformance import (  # noqa: E402 - the conformance suite's
     JOB1, JOB2, JOB3, K, contribution, host, roce_contribution,
 )
 
-from bmv2_env.testbed import Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
+from bmv2_env.testbed import (  # noqa: E402
+    SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed,
+)
 from controller.switch import JobCounters, SwitchConnection  # noqa: E402
 from hostlib.protocol import EXP_NONE, pack_header  # noqa: E402
 
@@ -213,9 +215,11 @@ def test_recording_is_of_this_generator():
     assert sequence == frame_sequence(json.loads(FIXTURE.read_text())["seed"])
 
 
-def test_soft_switch_matches_bmv2(reference):
+@pytest.mark.parametrize("target", list(SOFT_ENGINES))
+def test_soft_switch_matches_bmv2(reference, target):
+    """Both engines of the software switch (native, and the Python reference)."""
     sequence, bmv2 = reference
-    soft = run("soft", sequence)
+    soft = run(target, sequence)
     assert soft == bmv2, _first_difference(soft, bmv2, sequence)
     assert any(bmv2["steps"]) and bmv2["counters"][str(JOB1.job_id)]["results"] > 0
 
