@@ -63,8 +63,8 @@ class JobConfig:
     """What an aggregator must know about one job.
 
     ``members[r]`` is rank r's identity as the front end sees it (a UDP ``(ip, port)`` for the
-    host aggregator, an IPv4 address for the software switch): a packet claiming rank r from
-    anyone else is dropped. Results go to every member.
+    host aggregator, ``(port, IPv4, MAC, UDP port)`` for the software switch): a packet claiming
+    rank r from anyone else is dropped. Results go to every member.
     """
 
     job_id: int
