@@ -36,6 +36,7 @@ from scapy.layers.inet import IP, UDP  # noqa: E402
 from scapy.layers.l2 import Ether  # noqa: E402
 
 from bmv2_env.loopback import free_loopback_net  # noqa: E402
+from bmv2_env.soft_switch import udp_host_mac  # noqa: E402
 from bmv2_env.testbed import SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
 from controller.switch import (  # noqa: E402
     INSERT, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
@@ -100,7 +101,7 @@ def udp_switch(engine: str, net: str, n: int, window: int, k: int):
             sw = SwitchConnection(f"unix:{d}/p4rt.sock")
             sw.push_pipeline()
             job = SwitchJob(1, 0, 1, 0, window, tuple(
-                WorkerBinding(r, r + 1, f"{net}.{r + 1}", f"02:00:00:00:00:{r + 1:02x}", WORKER_PORT_BASE + r)
+                WorkerBinding(r, r + 1, f"{net}.{r + 1}", udp_host_mac(f"{net}.{r + 1}"), WORKER_PORT_BASE + r)
                 for r in range(n)))
             sw.write(JobAdmission(sw).updates(INSERT, job) + ReplicaRewrite(sw).updates(INSERT, job)
                      + [ResultReplication(sw).job_update(INSERT, job)])
