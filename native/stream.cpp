@@ -80,8 +80,9 @@ void Stream::set_grant(const GrantView& grant) {
     rx_count_ = rx_next_ = 0;
 }
 
-void Stream::start_call() {
-    for (Round& r : rounds_) r.active = false;
+void Stream::start_call(uint32_t window) {
+    rounds_.assign(window, Round{});  // buffers for the slots this call uses, not the whole grant
+    packets_.resize(packet_bytes_ * window);
     outstanding_ = 0;
     send_queue_.clear();
     overflow_.clear();
@@ -279,7 +280,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
 
 bool Stream::control_round(const int32_t* vector, size_t n_values, int8_t exp0, int32_t* summed,
                            int8_t* agreed_exp0, double* rtt) {
-    start_call();
+    start_call(1);
     double start = now_seconds();
     for (size_t i = 0; i < n_values; ++i) payload(0)[i] = htonl(static_cast<uint32_t>(vector[i]));
     build(0, 0, true, static_cast<uint16_t>(n_values), exp0, 0, start);
@@ -294,7 +295,7 @@ bool Stream::control_round(const int32_t* vector, size_t n_values, int8_t exp0, 
 }
 
 bool Stream::stream_blocks(const BlockCall& call) {
-    start_call();
+    start_call(std::min(call.window, grant_.slot_count));
     size_t k = grant_.k;
     size_t n_blocks = (call.size + k - 1) / k;
     agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);

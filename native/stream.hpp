@@ -107,7 +107,7 @@ class Stream {
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
     bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
-    void start_call();
+    void start_call(uint32_t window);
 
     int fd_, rank_, n_workers_, shift_;
     double stall_timeout_;
