@@ -5,19 +5,14 @@ The P4Runtime server keeps writing and reading the Python state (``TableStore``,
 ``MulticastGroups``); this class is their ``StateMirror``: every accepted change, undos included,
 is copied into the core's tables as it happens, and the counters P4Runtime reads are live views of
 the core's. The packet loop (``hostlib._native.SwitchLoop``) runs the core on its own thread;
-``process()`` is the per-frame slow path (pcaps, packet logs) and the test hook.
+``process()`` is the per-frame slow path (``--log-console``) and the test hook.
 """
 
 from __future__ import annotations
 
 from controller.p4info import P4Info
 from hostlib import _native
-from hostlib.protocol import (
-    DROP_REASONS,
-    GLOBAL_DROP_REASONS,
-    SWITCH_VALUES_PER_PACKET,
-    Outcome,
-)
+from hostlib.protocol import DROP_REASONS, SWITCH_VALUES_PER_PACKET
 
 from .pipeline import (
     GLOBAL_DROPS,
@@ -42,15 +37,6 @@ CORE_COUNTERS = (JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_D
 _L2_KIND = {"drop": 0, "forward": 1, "flood": 2}
 
 
-def _drop_codes(reasons: tuple[str, ...]) -> list[int]:
-    """For each engine outcome (by value), its code among ``reasons``, or -1."""
-    codes = [-1] * (max(Outcome) + 1)
-    for outcome in Outcome:
-        if outcome.label in reasons:
-            codes[outcome] = reasons.index(outcome.label)
-    return codes
-
-
 def _short(action: Action) -> str:
     return action.name.rsplit(".", 1)[-1]
 
@@ -63,7 +49,7 @@ class NativePipeline:
         sizes = {c.preamble.name: c.size for c in p4info.message.counters}
         self.core = _native.SwitchPipeline(
             p4info.register_size(SLOT_TAG), values_per_packet, [sizes[n] for n in CORE_COUNTERS],
-            _drop_codes(DROP_REASONS), len(DROP_REASONS), _drop_codes(GLOBAL_DROP_REASONS))
+            len(DROP_REASONS))
         self.tables = TableStore(p4info, mirror=self)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups(mirror=self)

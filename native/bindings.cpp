@@ -139,6 +139,12 @@ void bind_engine(nb::module_& m) {
         outcomes[inagg::outcome_name(static_cast<inagg::Outcome>(i))] = i;
     }
     m.attr("OUTCOMES") = outcomes;
+    m.def("p4_drop_code", [](int outcome) {
+        if (outcome < 0 || outcome >= static_cast<int>(inagg::kOutcomes)) {
+            throw std::invalid_argument("no outcome " + std::to_string(outcome));
+        }
+        return inagg::p4_drop_code(static_cast<inagg::Outcome>(outcome));
+    }, "outcome"_a, "DROP_*/GLOBAL_DROP_* code of a drop outcome, else -1");
 
     nb::class_<inagg::Engine>(m, "Engine", "The slot engine (native/engine.hpp)")
         .def(nb::init<uint32_t, uint32_t, bool>(), "n_slots"_a, "values_per_packet"_a,

@@ -117,6 +117,22 @@ bool is_drop(Outcome outcome) {
     }
 }
 
+int p4_drop_code(Outcome outcome) {
+    switch (outcome) {  // p4/include/constants.p4
+        case Outcome::BadType: return 0;
+        case Outcome::BadWorker: return 1;
+        case Outcome::StaleEpoch: return 2;
+        case Outcome::BadSlot: return 3;
+        case Outcome::BadLength: return 4;
+        case Outcome::StaleRound: return 5;
+        case Outcome::BadEncap: return 6;
+        case Outcome::BadRound: return 7;
+        case Outcome::Truncated: return 0;
+        case Outcome::BadVersion: return 1;
+        default: return -1;
+    }
+}
+
 Engine::Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode)
     : n_slots_(n_slots), k_(values_per_packet), result_flags_(host_mode ? kFlagFromHost : 0) {
     if (n_slots < 1 || n_slots > kMaxSlot + 1) {

@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "switch_loop.hpp"
@@ -20,25 +21,15 @@ namespace {
 
 using inagg::SwitchPipeline;
 
-template <size_t N, typename T>
-std::array<T, N> fixed_array(const std::vector<T>& v, const char* what) {
-    if (v.size() != N)
-        throw std::invalid_argument(std::string(what) + ": expected " + std::to_string(N) +
-                                    " values, got " + std::to_string(v.size()));
-    std::array<T, N> a{};
-    std::copy(v.begin(), v.end(), a.begin());
-    return a;
-}
-
 std::shared_ptr<SwitchPipeline> make_pipeline(uint32_t n_slots, uint32_t k,
                                               const std::vector<size_t>& counter_sizes,
-                                              const std::vector<int8_t>& job_drop_codes,
-                                              size_t n_drop_reasons,
-                                              const std::vector<int8_t>& global_drop_codes) {
-    return std::make_shared<SwitchPipeline>(
-        n_slots, k, fixed_array<inagg::kCounters>(counter_sizes, "counter_sizes"),
-        fixed_array<inagg::kOutcomes>(job_drop_codes, "job_drop_codes"), n_drop_reasons,
-        fixed_array<inagg::kOutcomes>(global_drop_codes, "global_drop_codes"));
+                                              size_t n_drop_reasons) {
+    if (counter_sizes.size() != inagg::kCounters)
+        throw std::invalid_argument("counter_sizes: expected " + std::to_string(inagg::kCounters) +
+                                    " sizes, got " + std::to_string(counter_sizes.size()));
+    std::array<size_t, inagg::kCounters> sizes{};
+    std::copy(counter_sizes.begin(), counter_sizes.end(), sizes.begin());
+    return std::make_shared<SwitchPipeline>(n_slots, k, sizes, n_drop_reasons);
 }
 
 // Holds the pipeline's lock across a Python `with` block (one P4Runtime Write).
@@ -51,19 +42,25 @@ struct PipelineHold {
     void exit() { pipeline->mutex().unlock(); }
 };
 
-// Run `fn(tables)` under the pipeline's lock.
+// Run `fn(pipeline)` under the pipeline's lock, without the GIL while waiting for it (the
+// thread holding the lock may need the GIL to finish a P4Runtime Write). `fn` touches no Python.
+template <typename Fn>
+auto locked(SwitchPipeline& p, Fn fn) {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::recursive_mutex> lock(p.mutex());
+    return fn(p);
+}
+
 template <typename Fn>
 void with_tables(SwitchPipeline& p, Fn fn) {
-    std::lock_guard<std::recursive_mutex> lock(p.mutex());
-    fn(p.tables());
+    locked(p, [&](SwitchPipeline& q) { fn(q.tables()); });
 }
 
 nb::list process_frame(SwitchPipeline& p, uint16_t port, nb::bytes frame) {
     inagg::OutputBatch out;
-    {
-        std::lock_guard<std::recursive_mutex> lock(p.mutex());
-        p.process(port, reinterpret_cast<const uint8_t*>(frame.c_str()), frame.size(), out);
-    }
+    const uint8_t* data = reinterpret_cast<const uint8_t*>(frame.c_str());
+    size_t len = frame.size();  // `frame` stays referenced by the caller while the GIL is out
+    locked(p, [&](SwitchPipeline& q) { q.process(port, data, len, out); });
     nb::list frames;
     for (size_t i = 0; i < out.size(); ++i)
         frames.append(nb::make_tuple(
@@ -81,7 +78,7 @@ void bind_pipeline(nb::module_& m) {
                                "The software switch's tables, slot engine and counters "
                                "(native/switch_pipeline.hpp)")
         .def(nb::new_(&make_pipeline), "n_slots"_a, "values_per_packet"_a, "counter_sizes"_a,
-             "job_drop_codes"_a, "n_drop_reasons"_a, "global_drop_codes"_a)
+             "n_drop_reasons"_a)
         .def("hold", [](nb::handle self) { return PipelineHold{nb::cast<std::shared_ptr<SwitchPipeline>>(self)}; },
              "A context manager holding the pipeline's lock: no packet sees half a write")
         .def("set_job_admit",
@@ -145,15 +142,13 @@ void bind_pipeline(nb::module_& m) {
                  std::vector<inagg::JobConfig> jobs;
                  for (const auto& [id, epoch, base, count, members] : wanted)
                      jobs.push_back(inagg::JobConfig{id, epoch, base, count, members});
-                 std::lock_guard<std::recursive_mutex> lock(p.mutex());
-                 p.engine().replace_jobs(jobs);
+                 locked(p, [&](SwitchPipeline& q) { q.engine().replace_jobs(jobs); });
              },
              "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members)]; ValueError if the "
                        "slot pool cannot hold them")
         .def("job_ids",
              [](SwitchPipeline& p) {
-                 std::lock_guard<std::recursive_mutex> lock(p.mutex());
-                 return p.engine().job_ids();
+                 return locked(p, [](SwitchPipeline& q) { return q.engine().job_ids(); });
              })
         .def("counter",
              [](SwitchPipeline& p, size_t which) {

@@ -94,10 +94,14 @@ SwitchLoop::SwitchLoop() {
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (epoll_fd_ < 0 || wake_fd_ < 0) throw os_error("switch loop: epoll/eventfd");
+    watch(wake_fd_, nullptr);
+}
+
+void SwitchLoop::watch(int fd, Socket* sock) {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) throw os_error("epoll_ctl");
+    ev.data.ptr = sock;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) throw os_error("epoll_ctl");
 }
 
 SwitchLoop::~SwitchLoop() {
@@ -114,10 +118,7 @@ void SwitchLoop::add_udp_ports(int fd, uint32_t bind_addr,
         sock->port_of[addr] = port;
         by_port_[port] = sock.get();
     }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = sock.get();
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) throw os_error("epoll_ctl");
+    watch(fd, sock.get());
     sockets_.push_back(std::move(sock));
 }
 
@@ -125,10 +126,7 @@ void SwitchLoop::add_raw_port(int fd, uint16_t port) {
     auto sock = std::make_unique<Socket>(Socket::Kind::raw, fd);
     sock->port = port;
     by_port_[port] = sock.get();
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = sock.get();
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) throw os_error("epoll_ctl");
+    watch(fd, sock.get());
     sockets_.push_back(std::move(sock));
 }
 

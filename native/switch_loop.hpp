@@ -65,6 +65,7 @@ private:
     struct Capture {
         std::unique_ptr<PcapWriter> in, out;
     };
+    void watch(int fd, Socket* sock);  // epoll: wake for fd (sock null: the stop eventfd)
     void run();
     void record(uint16_t port, bool sent, const uint8_t* frame, size_t len);
     void receive_batch(Socket& sock);

@@ -14,13 +14,10 @@ using namespace frame;
 
 SwitchPipeline::SwitchPipeline(uint32_t n_slots, uint32_t values_per_packet,
                                const std::array<size_t, kCounters>& counter_sizes,
-                               const OutcomeCodes& job_drop_codes, size_t n_drop_reasons,
-                               const OutcomeCodes& global_drop_codes)
+                               size_t n_drop_reasons)
     : engine_(n_slots, values_per_packet, false),
       counters_(counter_sizes),
-      job_drop_codes_(job_drop_codes),
       n_drop_reasons_(n_drop_reasons),
-      global_drop_codes_(global_drop_codes),
       result_(engine_.max_result_bytes()) {}
 
 void SwitchPipeline::process(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
@@ -90,8 +87,7 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
 }
 
 void SwitchPipeline::count_global(Outcome reason) {
-    int code = global_drop_codes_[size_t(reason)];
-    if (code >= 0) counters_.count(Counter::global_drops, size_t(code));
+    if (int code = p4_drop_code(reason); code >= 0) counters_.count(Counter::global_drops, size_t(code));
 }
 
 void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool result) {
@@ -102,7 +98,7 @@ void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool 
         if (result) counters_.count(Counter::job_results, job);
     } else if (outcome == Outcome::DupPending || outcome == Outcome::DupDone) {
         counters_.count(Counter::job_duplicates, job);
-    } else if (int code = job_drop_codes_[size_t(outcome)]; code >= 0) {
+    } else if (int code = p4_drop_code(outcome); code >= 0) {
         counters_.count(Counter::job_drops, job * n_drop_reasons_ + size_t(code));
     }
 }

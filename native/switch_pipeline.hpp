@@ -63,17 +63,12 @@ constexpr SenderId switch_sender_id(uint16_t port, uint32_t addr) {
 }
 constexpr SenderId unbound_sender_id(uint8_t rank) { return SenderId(1) << 63 | rank; }
 
-// An engine Outcome's code in a P4 drop counter (DROP_* / GLOBAL_DROP_*), -1 where it has none.
-using OutcomeCodes = std::array<int8_t, kOutcomes>;
-
 class SwitchPipeline {
 public:
-    // The drop codes come from hostlib.protocol (DROP_REASONS, GLOBAL_DROP_REASONS), the one
-    // definition of the counters' layout; job_drops holds n_drop_reasons cells per job.
+    // job_drops holds n_drop_reasons cells per job (hostlib.protocol.DROP_REASONS); a drop's
+    // cell is its engine outcome's p4_drop_code.
     SwitchPipeline(uint32_t n_slots, uint32_t values_per_packet,
-                   const std::array<size_t, kCounters>& counter_sizes,
-                   const OutcomeCodes& job_drop_codes, size_t n_drop_reasons,
-                   const OutcomeCodes& global_drop_codes);
+                   const std::array<size_t, kCounters>& counter_sizes, size_t n_drop_reasons);
 
     void process(uint16_t port, const uint8_t* frame, size_t len, OutputBatch& out);
 
@@ -99,9 +94,7 @@ private:
     SwitchTables tables_;
     Engine engine_;
     SwitchCounters counters_;
-    OutcomeCodes job_drop_codes_;
     size_t n_drop_reasons_;
-    OutcomeCodes global_drop_codes_;
     std::vector<uint8_t> result_;  // the engine's result for the packet being processed
     std::recursive_mutex mutex_;
 };
