@@ -108,8 +108,11 @@ class Stream {
     // Receive until some round completes (its slot index in *idx); false on stall.
     bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
     void start_call(uint32_t window);
+    // How often expired rounds are looked for (and the longest a receive waits).
+    double scan_tick() const { return rtt_.rto_min() / 4; }
 
     int fd_, rank_, n_workers_, shift_;
+    bool blocking_ = false;  // the socket blocks: recvmmsg waits (SO_RCVTIMEO = one scan tick)
     double stall_timeout_;
     RttEstimator rtt_;
     GrantView grant_;
