@@ -265,6 +265,10 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             ResultCheck verdict = check(d, n, rx_from_[i], idx);
             if (verdict != ResultCheck::ACCEPTED) {
                 counters_.drops[static_cast<size_t>(verdict)] += 1;
+                // a late copy the aggregator sent for our retransmission: it was not needed
+                if (n > 1 && (d[1] & kFlagRetransmit) &&
+                    (verdict == ResultCheck::NO_ROUND || verdict == ResultCheck::WRONG_SET))
+                    counters_.spurious_retransmissions += 1;
                 continue;
             }
             Round& r = rounds_[*idx];

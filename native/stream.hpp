@@ -29,7 +29,7 @@ const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
-    uint64_t retransmissions = 0, host_results = 0;
+    uint64_t retransmissions = 0, spurious_retransmissions = 0, host_results = 0;
     std::array<uint64_t, RESULT_CHECKS> drops{};  // indexed by ResultCheck (ACCEPTED unused)
 };
 
