@@ -274,7 +274,6 @@ class StreamStats:
 PRIMING_SHARE = 4
 PRIMING_FREE_WINDOW = 16
 INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
-LOSS_SHARE = 100     # a call with timeouts on more than 1 % of its rounds halves the window
 
 
 def call_window(slot_count: int, n_blocks: int, goal: int, is_float: bool) -> int:
@@ -407,10 +406,7 @@ class WindowControl:
     switch's input buffer overflowed), as TCP sets ssthresh from the flight size (RFC 5681), and
     ends slow start; a retransmission that the aggregator answered twice was not needed (the
     result was only late: a descheduled switch process) and is no loss signal, as with TCP's
-    DSACK (RFC 3708); and a call counts as lossy only when more than 1 in ``LOSS_SHARE`` of its
-    rounds timed out: an overflowing buffer loses a large share of a burst, while a peer that is
-    late (a descheduled process: the aggregator drops our resent copy of a round it still waits
-    on, so no second answer tells us) or a random loss costs a few; after that a clean call that
+    DSACK (RFC 3708); after that a clean call that
     used its whole goal raises it by a quarter, up to the slots granted."""
 
     minimum: int = 4
@@ -424,9 +420,8 @@ class WindowControl:
     def _clamp(self, w: int) -> int:
         return max(min(self.minimum, self.maximum), min(self.maximum, w))
 
-    def update(self, window: int, timeouts: int, rounds: int) -> None:
-        """After a call of ``rounds`` rounds that used ``window`` slots and saw ``timeouts``."""
-        if timeouts * LOSS_SHARE > rounds:
+    def update(self, window: int, timeouts: int) -> None:
+        if timeouts:
             self.goal = self._clamp(window // 2)
             self.slow_start = False
         elif window >= self.goal:
@@ -498,8 +493,7 @@ class StreamBase:
         if x.size:
             local.agree(0, exp0)
             overflow = self._stream_blocks(x, local, agreement.window_goal)
-            self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before),
-                                       local.n_blocks + 1)
+            self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before))
             if overflow:
                 raise overflow_error(overflow, self.grant.values_per_packet)
         if average:
