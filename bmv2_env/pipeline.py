@@ -1,5 +1,9 @@
 """The software data plane's pipeline: ``p4/inagg.p4`` executed in Python.
 
+It runs whichever inagg P4Info it is given: BMv2's, or the Tofino program's (a "Tofino-shaped"
+switch: TNA names, its K values per packet, its counter layout), so the controller's Tofino
+path is exercised without the chip.
+
 Each method below mirrors one P4 control and its decision table (see the P4 file for the
 table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the same code the host
 aggregator runs, configured from the job_table and worker_table entries the controller wrote.
@@ -25,7 +29,6 @@ from hostlib.protocol import (
     ROCE_INAGG_IMMEDIATE,
     ROCE_OPCODE_UC_WRITE_ONLY_IMM,
     ROCE_UDP_PORT,
-    SWITCH_VALUES_PER_PACKET,
     UDP_PORT,
     VERSION,
     ipv4_checksum,
@@ -98,8 +101,9 @@ class SoftPipeline:
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups()
         self.counters = Counters(p4info)
-        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), SWITCH_VALUES_PER_PACKET,
+        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), p4info.values_per_packet,
                                         host_mode=False)
+        self.drop_row = p4info.drop_row_length
 
     # -- control plane -----------------------------------------------------------------------
 
@@ -169,7 +173,7 @@ class SoftPipeline:
         elif outcome in ("dup_pending", "dup_done"):
             c.count(JOB_DUPLICATES, job_index)
         else:
-            c.count(JOB_DROPS, job_index * len(DROP_REASONS) + _DROP_CODE[outcome])
+            c.count(JOB_DROPS, job_index * self.drop_row + _DROP_CODE[outcome])
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one

@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from controller.p4info import BMV2_JSON_PATH, P4Info
+from controller.config import default_program
+from controller.p4info import P4Info
 
 from hostlib.protocol import UDP_PORT
 
@@ -148,6 +149,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="write <iface>_in.pcap / <iface>_out.pcap per port into DIR")
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
     p.add_argument("--udp-bind", metavar="IP", help="switch address for udp: ports (loopback mode)")
+    p.add_argument("--p4info", metavar="PATH",
+                   help="the P4Info of the program this data plane runs (default: p4/inagg's; "
+                        "p4/tofino/tofino/inagg.p4info.txtpb makes a Tofino-shaped switch)")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -174,12 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    program = P4Info.load()
+    default = default_program("soft")
+    program = P4Info.load(args.p4info) if args.p4info else default.p4info
     state = SoftSwitchState(args.device_id, program)
     if args.config:
-        if Path(args.config).read_bytes() != BMV2_JSON_PATH.read_bytes():
+        if Path(args.config).read_bytes() != default.device_config():
             print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
-                  f"({BMV2_JSON_PATH})", file=sys.stderr)
+                  f"({default.files['bmv2_json']})", file=sys.stderr)
             return 2
         state.pipeline = SoftPipeline(program)
     try:

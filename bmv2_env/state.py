@@ -56,8 +56,9 @@ class TableStore:
             for a in p4info.message.actions:
                 if a.preamble.id == t.const_default_action_id:
                     default = Action(a.preamble.name)
-            self.tables[t.preamble.name] = Table(t.preamble.name, t, default=default,
-                                                 default_is_const=bool(t.const_default_action_id))
+            name = p4info.local_name(t.preamble.name)   # the same names for BMv2 and TNA P4Infos
+            self.tables[name] = Table(name, t, default=default,
+                                      default_is_const=bool(t.const_default_action_id))
 
     def __getitem__(self, name: str) -> Table:
         return self.tables[name]
@@ -234,9 +235,10 @@ class Counters:
     def __init__(self, p4info: P4Info) -> None:
         self.p4info = p4info
         self.arrays: dict[str, np.ndarray] = {
-            c.preamble.name: np.zeros(c.size, dtype=np.int64) for c in p4info.message.counters
+            p4info.local_name(c.preamble.name): np.zeros(c.size, dtype=np.int64)
+            for c in p4info.message.counters
         }
-        self._by_id = {c.preamble.id: c.preamble.name for c in p4info.message.counters}
+        self._by_id = {c.preamble.id: p4info.local_name(c.preamble.name) for c in p4info.message.counters}
 
     def count(self, name: str, index: int) -> None:
         array = self.arrays[name]

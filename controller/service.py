@@ -21,11 +21,10 @@ from typing import NamedTuple
 import grpc
 
 from hostlib.grant import parse_address
-from hostlib.protocol import ENCAPSULATIONS, SWITCH_VALUES_PER_PACKET
+from hostlib.protocol import ENCAPSULATIONS
 
 from .allocator import HOST, SWITCH, Demand, Placement, SlotAllocator
 from .config import ControllerConfig, SwitchConfig
-from .p4info import P4Info
 from .proto import inagg_controller_pb2 as pb
 from .proto import inagg_controller_pb2_grpc as pb_grpc
 from .store import Store, state_from_json
@@ -71,16 +70,17 @@ class Job:
 class SwitchRuntime:
     """One switch: its session, its allocator and the programming of its tables."""
 
-    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info) -> None:
+    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator) -> None:
         self.cfg = cfg
         self.allocator = allocator
-        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, p4info=p4info)
+        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program)
         self.sw.ensure_pipeline()
 
     def desired(self, jobs: list[SwitchJob]):
         """Entries (by table and key) and multicast groups the switch should hold."""
         fwd = Forwarding(self.sw)
-        updates = [fwd.host_update(INSERT, h.mac, h.port) for h in self.cfg.hosts.values()]
+        updates = [fwd.host_update(INSERT, h.mac, self.cfg.device_port(h.port))
+                   for h in self.cfg.hosts.values()]
         updates += fwd.flood_updates(INSERT, self.cfg.ports)
         for job in jobs:
             updates.append(ResultReplication(self.sw).job_update(INSERT, job))
@@ -135,18 +135,18 @@ class Controller:
         self.changed = threading.Condition(self.lock)
         self.version = 0
         self.store = Store(config.database)
-        self.p4info = P4Info.load()
         n = len(config.switches) + 1
         share = config.host_slots // n
         self.allocators: dict[str, SlotAllocator] = {}
         self.switches: dict[str, SwitchRuntime] = {}
         for i, cfg in enumerate(config.switches):
-            alloc = SlotAllocator(self.p4info.register_size("slot_tag"), config.min_window,
-                                  SWITCH_VALUES_PER_PACKET, share, config.host_window, share * i)
+            p4info = cfg.program.p4info   # the pool and K are the program's, read from its P4Info
+            alloc = SlotAllocator(p4info.register_size("slot_tag"), config.min_window,
+                                  p4info.values_per_packet, share, config.host_window, share * i)
             self.allocators[cfg.name] = alloc
-            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, self.p4info)
+            self.switches[cfg.name] = SwitchRuntime(cfg, alloc)
         # jobs whose workers sit on no configured switch aggregate on the host aggregator only
-        self.allocators[""] = SlotAllocator(0, config.min_window, SWITCH_VALUES_PER_PACKET, share,
+        self.allocators[""] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
                                             config.host_window, share * (n - 1))
         self.jobs: dict[int, Job] = {}
         self.stopped = threading.Event()
@@ -180,7 +180,8 @@ class Controller:
         for rank, m in sorted(job.workers.items()):
             ip, udp_port = parse_address(m.address)
             host = sw.cfg.hosts[ip]
-            bindings.append(WorkerBinding(rank, host.port, ip, host.mac or m.mac, udp_port, m.qp, m.rkey))
+            bindings.append(WorkerBinding(rank, sw.cfg.device_port(host.port), ip, host.mac or m.mac,
+                                          udp_port, m.qp, m.rkey))
         return SwitchJob(job.job_id, job.job_index, p.epoch, p.slot_base, p.slot_count, tuple(bindings),
                          job.transport)
 
@@ -268,7 +269,8 @@ class Controller:
 
     def _place(self, job: Job) -> None:
         ips = {parse_address(m.address)[0] for m in job.workers.values()}
-        job.place = next((name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)), "")
+        job.place = next((name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)
+                          and job.transport in sw.sw.p4info.encapsulations), "")
         self.allocators[job.place].add_job(job.job_id, job.demand)
         log.info("job %d placed on %s", job.job_id, job.place or "host only")
         self._sync()
@@ -285,7 +287,8 @@ class Controller:
 
     def _grant(self, job: Job, p: Placement, pending: bool) -> pb.Grant:
         if p.mode == SWITCH:
-            aggregator, k = self.switches[job.place].cfg.aggregator, SWITCH_VALUES_PER_PACKET
+            sw = self.switches[job.place]
+            aggregator, k = sw.cfg.aggregator, sw.sw.p4info.values_per_packet
         else:
             aggregator, k = self.config.host_aggregator, self.config.host_values_per_packet
         return pb.Grant(job_id=job.job_id, epoch=p.epoch, mode=p.mode, slot_base=p.slot_base,

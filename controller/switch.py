@@ -1,4 +1,4 @@
-"""P4Runtime programming of one inagg switch (BMv2 or the software data plane).
+"""P4Runtime programming of one inagg switch (BMv2, the software data plane or Tofino).
 
 ``SwitchConnection`` is the session (arbitration, pipeline push/verify, write/read), built on
 p4runtime-shell's ``P4RuntimeClient``. The classes after it mirror the P4 controls they program,
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Iterator
 
 import grpc
@@ -19,7 +18,9 @@ from p4runtime_sh.p4runtime import P4RuntimeClient, P4RuntimeException, P4Runtim
 
 from hostlib.protocol import DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, ipv4, mac
 
-from .p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info, P4Type, encode
+from .p4info import P4Info, P4Type, encode
+from .config import default_program
+from .program import Program
 
 
 class SwitchError(RuntimeError):
@@ -34,10 +35,11 @@ class SwitchConnection:
     """One P4Runtime session with one device. Several can live in one process."""
 
     def __init__(self, address: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1),
-                 p4info: P4Info | None = None) -> None:
+                 program: Program | None = None) -> None:
         self.address = address
         self.device_id = device_id
-        self.p4info = p4info or P4Info.load()
+        self.program = program or default_program("bmv2")
+        self.p4info: P4Info = self.program.p4info
         try:
             # p4runtime-shell prints a notice for backup (read-only) sessions: keep stdout clean
             with contextlib.redirect_stdout(io.StringIO()):
@@ -50,11 +52,21 @@ class SwitchConnection:
 
     # -- pipeline ----------------------------------------------------------------------------
 
-    def push_pipeline(self, p4info_path: Path = P4INFO_PATH, json_path: Path = BMV2_JSON_PATH) -> None:
+    def push_pipeline(self, program: Program | None = None) -> None:
+        """SetForwardingPipelineConfig with the program's P4Info and its target's device config
+        (controller/program.py); ``program`` defaults to this session's."""
+        program = program or self.program
+        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+            device_id=self.device_id,
+            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        req.election_id.high, req.election_id.low = self.client.election_id
+        req.config.p4info.CopyFrom(program.p4info.message)
+        req.config.p4_device_config = program.device_config()
         try:
-            self.client.set_fwd_pipe_config(str(p4info_path), str(json_path))
-        except P4RuntimeException as e:
-            raise PipelineMismatch(f"switch {self.address} refused the inagg pipeline: {e}") from None
+            self.client.stub.SetForwardingPipelineConfig(req)
+        except grpc.RpcError as e:
+            raise PipelineMismatch(f"switch {self.address} refused the {program.target} pipeline "
+                                   f"'{program.p4info.program_name}': {e.code().name}: {e.details()}") from None
 
     def installed_program(self) -> str | None:
         """Name of the program the switch runs, or None when it runs none."""
@@ -285,7 +297,7 @@ class JobCounters:
 
     def job(self, job_index: int) -> dict:
         c = self.sw.counter
-        base = job_index * len(DROP_REASONS)
+        base = job_index * self.sw.p4info.drop_row_length
         drops = {r: c("job_drops", base + i)[base + i] for i, r in enumerate(DROP_REASONS)}
         return {
             "packets": c("job_packets", job_index)[job_index],

@@ -6,8 +6,7 @@ import pytest
 
 from bmv2_env.p4runtime_server import SoftSwitchState, serve as serve_switch
 from controller.client import ControllerClient, ControllerError
-from controller.config import parse_config
-from controller.p4info import P4Info
+from controller.config import default_program, parse_config
 from controller.service import Controller, serve as serve_controller
 from controller.switch import ResultReplication, SwitchConnection
 
@@ -16,7 +15,7 @@ ADMIN = "s3cret"
 
 @pytest.fixture
 def env(tmp_path):
-    state = SoftSwitchState(0, P4Info.load())
+    state = SoftSwitchState(0, default_program("soft").p4info)
     switch = serve_switch(state, f"unix:{tmp_path}/sw.sock")
     config = parse_config({
         "listen": f"unix:{tmp_path}/ctl.sock", "admin_token": ADMIN,

@@ -1,0 +1,174 @@
+/* JobAdmission (Tofino): which inagg packets the switch aggregates, forwards or drops.
+ *
+ * The same tables, keys, actions and parameters as p4/include/job_admission.p4, so the
+ * controller programs both targets alike. Checks, in the same order:
+ *   not inagg (parser's encap is 0)   -> forward
+ *   parser error before the header   -> drop GLOBAL_DROP_TRUNCATED
+ *   version != INAGG_VERSION          -> drop GLOBAL_DROP_BAD_VERSION
+ *   job not in job_table              -> forward
+ *   encapsulation is not the job's    -> drop DROP_BAD_ENCAP (only UDP is parsed here)
+ *   msg_type != MSG_CONTRIBUTION      -> drop DROP_BAD_TYPE
+ *   rank not bound to this sender     -> drop DROP_BAD_WORKER
+ *   epoch != the job's epoch          -> drop DROP_STALE_EPOCH
+ *   slot outside [base, base + count) -> drop DROP_BAD_SLOT
+ *   payload not 0 or K values         -> drop DROP_BAD_LENGTH
+ *   otherwise                         -> aggregate
+ *
+ * job_table carries K for the controller: @inagg_values_per_packet is this target's value count.
+ */
+#ifndef _INAGG_TOFINO_JOB_ADMISSION_P4_
+#define _INAGG_TOFINO_JOB_ADMISSION_P4_
+
+#include "sizes.p4"
+
+
+/* The UDP length of a header-only packet and of one with K values. */
+const bit<16> UDP_LENGTH_PRIMING = 8 + (bit<16>) INAGG_HEADER_BYTES;
+const bit<16> UDP_LENGTH_VALUES  = UDP_LENGTH_PRIMING + 4 * TOFINO_VALUES_PER_PACKET;
+
+/* The checks as ternary patterns over the keys of table checks (0 = equal): PASS_n matches
+ * when the first n keys' checks pass; the entries pad them with wildcards. */
+#define WORKER_OK  1, 0 &&& 0xE0, 0 &&& 0xC0, 1, 0, 0
+#define PASS_1     true
+#define PASS_2     PASS_1, INAGG_VERSION
+#define PASS_3     PASS_2, 1
+#define PASS_4     PASS_3, 0
+#define PASS_5     PASS_4, MSG_CONTRIBUTION
+#define PASS_11    PASS_5, WORKER_OK
+#define PASS_12    PASS_11, 0
+/* slot_lead == 0 or negative, slot_room not negative */
+#define PASS_14    PASS_12, 0, 0
+#define PASS_14N   PASS_12, 0x8000 &&& 0x8000, 0
+#define PASS_16    PASS_14, 0, 0
+#define PASS_16N   PASS_14N, 0, 0
+
+control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
+                     in ingress_intrinsic_metadata_t ig_intr_md,
+                     in ingress_intrinsic_metadata_from_parser_t ig_prsr_md) {
+    /* Every action computes its differences at once (Tofino gateways and ternary keys compare
+     * with constants, so equality and range checks become differences and borrow bits). */
+    action admit(bit<8> job_index, bit<16> slot_base, bit<16> slot_count, bit<8> n_workers,
+                 bit<16> epoch, bit<16> mcast_grp, bit<2> encap) {
+        meta.admitted = 1;
+        meta.job_index = job_index;
+        meta.slot_lead = slot_base - meta.slot_abs;
+        meta.count_last = slot_count - 1;
+        meta.n_workers = n_workers;
+        meta.n_last = n_workers - 1;
+        meta.epoch_diff = hdr.inagg.epoch ^ epoch;
+        meta.mcast_grp = mcast_grp;
+        meta.encap_diff = meta.encap ^ encap;
+    }
+
+    @inagg_values_per_packet(TOFINO_VALUES_PER_PACKET)
+    table job_table {
+        key = { hdr.inagg.job_id: exact @name("job_id"); }
+        actions = { admit; NoAction; }
+        default_action = NoAction();
+        size = TOFINO_MAX_JOBS;
+    }
+
+    action bind_worker(PortId_t port, bit<32> addr) {
+        meta.bound = 1;
+        meta.port_diff = ig_intr_md.ingress_port ^ port;
+        meta.addr_diff = hdr.ipv4.src_addr ^ addr;
+    }
+
+    table worker_table {
+        key = {
+            hdr.inagg.job_id: exact @name("job_id");
+            hdr.inagg.worker_id: exact @name("worker_id");
+        }
+        actions = { bind_worker; NoAction; }
+        default_action = NoAction();
+        size = 2048;
+    }
+
+    /* slot_base <= slot < slot_base + slot_count: slot_lead = slot_base - slot is 0 or
+     * negative, slot_room = slot_lead + slot_count - 1 is not negative (slots < 2^15, so bit
+     * 15 is the sign); count <= K. */
+    action subtract() {
+        meta.slot_room = meta.slot_lead + meta.count_last;
+        meta.rank_gap = hdr.inagg.worker_id - meta.n_workers;
+        meta.count_gap = TOFINO_VALUES_PER_PACKET - hdr.inagg.count;
+    }
+    table differences {
+        actions = { subtract; }
+        const default_action = subtract();
+        size = 1;
+    }
+
+    action aggregate() {
+        meta.verdict = VERDICT_AGGREGATE;
+    }
+    action forward() {
+        meta.verdict = VERDICT_FORWARD;
+    }
+    /* A GLOBAL_DROP_* reason when meta.admitted is 0, the job's DROP_* reason when 1. */
+    action drop(bit<8> reason) {
+        meta.verdict = VERDICT_DROP;
+        meta.drop_reason = reason;
+    }
+
+    /* The checks of the table above, first failing one wins: "aggregate" when all pass, then
+     * one entry per check, latest first, each matching when every earlier check passes (so
+     * the check it names is the first that fails). */
+    table checks {
+        key = {
+            hdr.inagg.isValid(): exact @name("has_header");
+            hdr.inagg.version: ternary;
+            meta.admitted: ternary;
+            meta.encap_diff: ternary;
+            hdr.inagg.msg_type: ternary;
+            meta.bound: ternary;
+            hdr.inagg.worker_id: ternary;
+            meta.n_workers: ternary;
+            meta.rank_gap[7:7]: ternary @name("rank_below");   /* both < 64: the borrow */
+            meta.port_diff: ternary;
+            meta.addr_diff: ternary;
+            meta.epoch_diff: ternary;
+            meta.slot_lead: ternary;
+            meta.slot_room[15:15]: ternary @name("slot_room_sign");
+            ig_prsr_md.parser_err: ternary;
+            meta.count_gap[15:15]: ternary @name("count_above");
+            hdr.inagg.count: ternary;
+            hdr.udp.length: ternary;
+        }
+        actions = { aggregate; forward; drop; }
+        const default_action = forward();
+        size = 24;
+        const entries = {
+            (PASS_16, 0, UDP_LENGTH_PRIMING): aggregate();
+            (PASS_16N, 0, UDP_LENGTH_PRIMING): aggregate();
+            (PASS_16, 0, _): drop(DROP_BAD_LENGTH);
+            (PASS_16N, 0, _): drop(DROP_BAD_LENGTH);
+            (PASS_16, _, UDP_LENGTH_VALUES): aggregate();
+            (PASS_16N, _, UDP_LENGTH_VALUES): aggregate();
+            (PASS_14, _, _, _, _): drop(DROP_BAD_LENGTH);
+            (PASS_14N, _, _, _, _): drop(DROP_BAD_LENGTH);
+            (PASS_12, _, _, _, _, _, _): drop(DROP_BAD_SLOT);
+            (PASS_11, _, _, _, _, _, _, _): drop(DROP_STALE_EPOCH);
+            (PASS_5, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(DROP_BAD_WORKER);
+            (PASS_4, _, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(DROP_BAD_TYPE);
+            (PASS_3, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(DROP_BAD_ENCAP);
+            (PASS_2, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): forward();  /* not admitted */
+            (PASS_1, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(GLOBAL_DROP_BAD_VERSION);
+            (false, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(GLOBAL_DROP_TRUNCATED);
+        }
+    }
+
+    apply {
+        meta.verdict = VERDICT_FORWARD;
+        meta.drop_reason = 0;
+        meta.admitted = 0;
+        meta.bound = 0;
+        if (meta.encap != 0) {
+            job_table.apply();
+            worker_table.apply();
+            differences.apply();
+            checks.apply();
+        }
+    }
+}
+
+#endif /* _INAGG_TOFINO_JOB_ADMISSION_P4_ */
