@@ -2,13 +2,15 @@
 error for everything else (never a silent success).
 
 Implemented: StreamChannel arbitration (primary = highest election id per device), Capabilities,
-Set/GetForwardingPipelineConfig (only the committed inagg P4Info is accepted), Write/Read of
+Set/GetForwardingPipelineConfig (only the inagg P4Info it runs is accepted; for the Tofino
+program's P4Info also only a well-formed Tofino device config), Write/Read of
 table entries and multicast groups, Read of counter entries. Not implemented, as in BMv2:
 register entries; also not implemented here: packet-in/out, digests, action profiles, meters.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -19,6 +21,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4info import P4Info
+from controller.program import unpack_tofino_config
 
 from .pipeline import JOB_TABLE, WORKER_TABLE, SoftPipeline
 from .state import StatusError
@@ -168,8 +171,23 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         if config.p4info != program.message:
             raise StatusError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"P4Info of '{program.program_name}' differs from the committed "
-                f"p4/inagg.p4info.txtpb: rebuild or update the controller")
+                f"P4Info of '{program.program_name}' differs from the one this data plane runs: "
+                f"rebuild or update the controller")
+        if program.message.pkg_info.arch in ("tna", "t2na"):
+            self._verify_tofino_config(config.p4_device_config)
+
+    def _verify_tofino_config(self, data: bytes) -> None:
+        """A Tofino-shaped switch takes the device config bf_switchd takes: PI's packing of the
+        program name, tofino.bin and context.json (controller/program.py), all checked."""
+        try:
+            name, binary, context = unpack_tofino_config(data)
+            json.loads(context)
+        except ValueError as e:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if name != self.state.program.program_name or not binary:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"tofino device config is for program '{name}' "
+                              f"({len(binary)}-byte binary), not '{self.state.program.program_name}'")
 
     def GetForwardingPipelineConfig(self, request, context):
         R = p4runtime_pb2.GetForwardingPipelineConfigRequest

@@ -42,7 +42,8 @@ DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
     "bmv2": {"p4info": "p4/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
     "soft": {"p4info": "p4/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
     "tofino": {"p4info": "p4/tofino/tofino/inagg.p4info.txtpb",
-               "binary": "p4/tofino/tofino/tofino.bin", "context": "p4/tofino/tofino/context.json"},
+               "binary": "p4/tofino/tofino/tofino.bin.gz",
+               "context": "p4/tofino/tofino/context.json.gz"},
 }
 
 

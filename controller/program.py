@@ -16,6 +16,7 @@ Targets and what SetForwardingPipelineConfig carries as ``p4_device_config``:
 
 from __future__ import annotations
 
+import gzip
 import json
 import struct
 from dataclasses import dataclass
@@ -71,6 +72,13 @@ def unpack_tofino_config(data: bytes) -> tuple[str, bytes, bytes]:
     return name.decode(), binary, context
 
 
+def read_artifact(path: Path) -> bytes:
+    """A compiled artifact's bytes; ``.gz`` files (how the large Tofino outputs are committed)
+    are decompressed."""
+    data = Path(path).read_bytes()
+    return gzip.decompress(data) if str(path).endswith(".gz") else data
+
+
 @dataclass(frozen=True)
 class Program:
     """One switch's program: where its artifacts are and how to push them."""
@@ -96,8 +104,8 @@ class Program:
     def device_config(self) -> bytes:
         """The p4_device_config of this program for its target."""
         if self.target != "tofino":
-            return Path(self.files["bmv2_json"]).read_bytes()
-        context = Path(self.files["context"]).read_bytes()
+            return read_artifact(self.files["bmv2_json"])
+        context = read_artifact(self.files["context"])
         json.loads(context)   # a broken context.json is refused here, not by the switch
-        return pack_tofino_config(self.p4info.program_name, Path(self.files["binary"]).read_bytes(),
+        return pack_tofino_config(self.p4info.program_name, read_artifact(self.files["binary"]),
                                   context)

@@ -10,6 +10,7 @@
 
 #include "sizes.p4"
 #include "parser.p4"
+#include "slot_inputs.p4"
 #include "job_admission.p4"
 #include "slot_state.p4"
 #include "value_lanes.p4"
@@ -18,11 +19,14 @@
 #include "job_counters.p4"
 #include "replica_rewrite.p4"
 
+/* Metadata starts zeroed: no control spends a stage initialising its fields. */
+@pa_auto_init_metadata
 control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
                      in ingress_intrinsic_metadata_t ig_intr_md,
                      in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
                      inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                      inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    SlotInputs() slot_inputs;
     JobAdmission() admission;
     SlotState() slot_state;
     ValueLanes() value_lanes;
@@ -32,19 +36,15 @@ control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
 
     apply {
         hdr.bridged.setValid();
-        hdr.bridged.pad0 = 0;
         hdr.bridged.ingress_port = ig_intr_md.ingress_port;
-        hdr.bridged.replica = 0;
-        hdr.bridged.pad1 = 0;
-        hdr.bridged.flooded = 0;
-        meta.outcome = SLOT_NONE;
-        meta.send_result = 0;
 
+        slot_inputs.apply(hdr, meta);
         admission.apply(hdr, meta, ig_intr_md, ig_prsr_md);
         if (meta.verdict == VERDICT_AGGREGATE) {
             slot_state.apply(hdr, meta);
-            value_lanes.apply(hdr, meta);
             result_replication.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
+            value_lanes.apply(hdr, meta);   /* independent of the result logic: last, so that
+                                               nothing waits for the lanes' stages */
         } else if (meta.verdict == VERDICT_FORWARD) {
             forwarding.apply(hdr, ig_dprsr_md, ig_tm_md);
         } else {

@@ -36,9 +36,10 @@ const bit<16> UDP_LENGTH_VALUES  = UDP_LENGTH_PRIMING + 4 * TOFINO_VALUES_PER_PA
 #define PASS_5     PASS_4, MSG_CONTRIBUTION
 #define PASS_11    PASS_5, WORKER_OK
 #define PASS_12    PASS_11, 0
-/* slot_lead == 0 or negative, slot_room not negative */
-#define PASS_14    PASS_12, 0, 0
-#define PASS_14N   PASS_12, 0x8000 &&& 0x8000, 0
+/* slot_lead == 0 or negative, slot_room not negative (the entries before "aggregate" catch
+ * slot_room == 0) */
+#define PASS_14    PASS_12, 0, 0 &&& 0x8000
+#define PASS_14N   PASS_12, 0x8000 &&& 0x8000, 0 &&& 0x8000
 #define PASS_16    PASS_14, 0, 0
 #define PASS_16N   PASS_14N, 0, 0
 
@@ -52,9 +53,8 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         meta.admitted = 1;
         meta.job_index = job_index;
         meta.slot_lead = slot_base - meta.slot_abs;
-        meta.count_last = slot_count - 1;
+        meta.slot_count = slot_count;
         meta.n_workers = n_workers;
-        meta.n_last = n_workers - 1;
         meta.epoch_diff = hdr.inagg.epoch ^ epoch;
         meta.mcast_grp = mcast_grp;
         meta.encap_diff = meta.encap ^ encap;
@@ -85,10 +85,11 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     }
 
     /* slot_base <= slot < slot_base + slot_count: slot_lead = slot_base - slot is 0 or
-     * negative, slot_room = slot_lead + slot_count - 1 is not negative (slots < 2^15, so bit
-     * 15 is the sign); count <= K. */
+     * negative, slot_room = slot_lead + slot_count is positive (slots < 2^15, so bit 15 is the
+     * sign); count <= K. (No "- 1" on action data: that costs the first stage.) */
     action subtract() {
-        meta.slot_room = meta.slot_lead + meta.count_last;
+        meta.slot_room = meta.slot_lead + meta.slot_count;
+        meta.n_last = meta.n_workers - 1;
         meta.rank_gap = hdr.inagg.worker_id - meta.n_workers;
         meta.count_gap = TOFINO_VALUES_PER_PACKET - hdr.inagg.count;
     }
@@ -128,7 +129,7 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
             meta.addr_diff: ternary;
             meta.epoch_diff: ternary;
             meta.slot_lead: ternary;
-            meta.slot_room[15:15]: ternary @name("slot_room_sign");
+            meta.slot_room: ternary;
             ig_prsr_md.parser_err: ternary;
             meta.count_gap[15:15]: ternary @name("count_above");
             hdr.inagg.count: ternary;
@@ -136,8 +137,10 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         }
         actions = { aggregate; forward; drop; }
         const default_action = forward();
-        size = 24;
+        size = 32;
         const entries = {
+            (PASS_12, 0, 0, _, _, _, _): drop(DROP_BAD_SLOT);             /* slot_room == 0 */
+            (PASS_12, 0x8000 &&& 0x8000, 0, _, _, _, _): drop(DROP_BAD_SLOT);
             (PASS_16, 0, UDP_LENGTH_PRIMING): aggregate();
             (PASS_16N, 0, UDP_LENGTH_PRIMING): aggregate();
             (PASS_16, 0, _): drop(DROP_BAD_LENGTH);
@@ -157,15 +160,14 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         }
     }
 
+    /* The lookups run for every packet, in the first stage (their results only count for
+     * inagg packets: checks and the counters look at meta.encap); metadata starts zeroed
+     * (@pa_auto_init_metadata), so the verdict is VERDICT_FORWARD unless checks says otherwise. */
     apply {
-        meta.verdict = VERDICT_FORWARD;
-        meta.drop_reason = 0;
-        meta.admitted = 0;
-        meta.bound = 0;
+        job_table.apply();
+        worker_table.apply();
+        differences.apply();
         if (meta.encap != 0) {
-            job_table.apply();
-            worker_table.apply();
-            differences.apply();
             checks.apply();
         }
     }

@@ -28,22 +28,25 @@ control JobCounters(in tofino_ingress_md_t meta) {
     Counter<bit<32>, bit<(8 + TOFINO_DROP_ROW_BITS)>>(TOFINO_MAX_JOBS << TOFINO_DROP_ROW_BITS, CounterType_t.PACKETS) job_drops;
     Counter<bit<32>, bit<8>>((bit<32>) GLOBAL_DROP_REASONS, CounterType_t.PACKETS) global_drops;
 
+    /* Independent conditions, not a chain: each counter is its own gateway, all in one stage. */
     apply {
-        if (meta.admitted == 0) {
-            if (meta.verdict == VERDICT_DROP) {
-                global_drops.count(meta.drop_reason);
-            }
-            return;
+        if (meta.encap != 0 && meta.admitted == 0 && meta.verdict == VERDICT_DROP) {
+            global_drops.count(meta.drop_reason);
         }
-        job_packets.count(meta.job_index);
-        if (meta.verdict == VERDICT_DROP) {
+        if (meta.encap != 0 && meta.admitted == 1) {
+            job_packets.count(meta.job_index);
+        }
+        if (meta.encap != 0 && meta.admitted == 1
+            && (meta.verdict == VERDICT_DROP || meta.outcome == SLOT_STALE)) {
             job_drops.count(meta.job_index ++ meta.drop_reason[TOFINO_DROP_ROW_BITS - 1:0]);
-        } else if (meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD) {
+        }
+        if (meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD) {
             job_aggregated.count(meta.job_index);
-            if (meta.send_result == 1) {
-                job_results.count(meta.job_index);
-            }
-        } else if (meta.outcome == SLOT_DUP_PENDING || meta.outcome == SLOT_DUP_DONE) {
+        }
+        if (meta.send_result == 1 && meta.outcome != SLOT_DUP_DONE) {
+            job_results.count(meta.job_index);
+        }
+        if (meta.outcome == SLOT_DUP_PENDING || meta.outcome == SLOT_DUP_DONE) {
             job_duplicates.count(meta.job_index);
         }
     }

@@ -21,18 +21,9 @@
 /* int32 values per packet (K): one stateful ALU per value lane, four per stage. The number is
  * a property of the target: the controller reads it from the @inagg_values_per_packet
  * annotation of job_table in the P4Info and hands it to the workers in their grant. */
-#if __TARGET_TOFINO__ == 2
-#define TOFINO_VALUES_PER_PACKET 48
+#define TOFINO_VALUES_PER_PACKET 16
 #define FOR_EACH_LANE(M) \
-    M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) \
-    M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) M(28) M(29) M(30) M(31) \
-    M(32) M(33) M(34) M(35) M(36) M(37) M(38) M(39) M(40) M(41) M(42) M(43) M(44) M(45) M(46) M(47)
-#else
-#define TOFINO_VALUES_PER_PACKET 20
-#define FOR_EACH_LANE(M) \
-    M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) \
-    M(10) M(11) M(12) M(13) M(14) M(15) M(16) M(17) M(18) M(19)
-#endif
+    M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
 
 typedef bit<(TOFINO_SLOT_BITS + 1)> slot_index_t;   /* set ++ slot */
 typedef bit<TOFINO_SLOT_BITS>       slot_t;
@@ -74,6 +65,15 @@ const bit<3> SLOT_STALE        = 3;
 const bit<3> SLOT_DUP_PENDING  = 4;
 const bit<3> SLOT_DUP_DONE     = 5;
 
+/* What the value lanes do, decided with seen from the bitmaps alone (slot_state.p4): store
+ * (FIRST), add (ADD, or a STALE packet seen's count reveals), load (DUP). */
+const bit<2> LANE_STORE        = 1;
+const bit<2> LANE_ADD          = 2;
+const bit<2> LANE_LOAD         = 3;
+
+/* seen's mark on a round a STALE packet was added to (slot_state.p4). */
+const bit<8> SEEN_TAINTED      = 0x80;
+
 struct tofino_ingress_md_t {
     bit<2>       encap;          /* parser: ENCAP_UDP for an inagg packet, 0 for other traffic */
     bit<2>       verdict;
@@ -91,9 +91,9 @@ struct tofino_ingress_md_t {
     bit<32>      addr_diff;
     bit<16>      epoch_diff;
     bit<16>      slot_abs;       /* the header's slot as a 16-bit number (parser) */
-    bit<16>      count_last;     /* slot_count - 1 */
+    bit<16>      slot_count;
     bit<16>      slot_lead;      /* slot_base - slot */
-    bit<16>      slot_room;      /* slot_lead + slot_count - 1 */
+    bit<16>      slot_room;      /* slot_lead + slot_count */
     bit<16>      count_gap;      /* K - count */
     /* SlotState */
     bit<32>      me;             /* 1 << worker_id */
@@ -105,8 +105,11 @@ struct tofino_ingress_md_t {
     bit<32>      mine;           /* old_bitmap & me */
     bit<8>       seen_before;    /* contributions of the round before this packet */
     bit<8>       exp_biased;     /* exponent ^ 0x80: signed order as unsigned */
+    bit<8>       exp_result;     /* the round's biased exponent max after this packet */
+    bit<8>       flags_result;   /* the round's sticky flags after this packet */
     bit<8>       flags_in;       /* the sticky flags this packet brings */
     bit<1>       first;          /* old_bitmap == 0: the round's first contribution */
+    bit<2>       lane_op;        /* LANE_*: what the value lanes do */
     bit<3>       outcome;        /* SLOT_* */
     bit<1>       send_result;
 }

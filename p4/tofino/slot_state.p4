@@ -10,17 +10,17 @@
  *   1     | slot_tag | another owner (job, epoch): take the slot, reset = 1
  *   2     | bitmaps  | set my bit in this set, clear it in the other, return this set's old
  *         |          | map (reset: this set = me, the other = 0, old = 0)
- *   3     | seen     | FIRST: = 1; ADD: + 1 unless complete (== N), returns the count before;
- *         |          | DUP: read
- *   4     | exp_max, | FIRST: store; ADD: max / OR; DUP_DONE: read (the result's header)
- *         | flags    |
+ *   3     | seen,    | by the bitmaps: FIRST: = 1 / store; DUP: read; else + 1 / max / OR,
+ *         | exp_max, | seen returning the count before (the result header's exponent and
+ *         | flags    | flags come from exp_max and flags)
  *
  * The decision is p4/include/slot_state.p4's table: FIRST when the old map is 0 (or reset),
  * DUP when my bit was set (DONE when seen == N), STALE when the round was complete, else ADD.
- * Tofino reaches each register once per packet, so the bitmaps are updated before seen tells
- * ADD from STALE (SwitchML's order). STALE is dropped and counted as on BMv2, but its bitmap
- * update stands: docs/tofino.md says when that can happen (a network that reorders one
- * worker's packets) and what it costs.
+ * Tofino reaches each register once per packet, so the bitmaps, exponent, flags and value
+ * lanes are updated before seen tells ADD from STALE (SwitchML's order). STALE is dropped and
+ * counted as on BMv2, and seen marks the round SEEN_TAINTED, so it is never served again (a
+ * DUP_DONE needs seen == N): docs/tofino.md says when STALE can happen (a network that
+ * reorders one worker's packets) and what it costs.
  * No control-plane register write is ever needed: a new owner resets the slot in the data plane.
  */
 #ifndef _INAGG_TOFINO_SLOT_STATE_P4_
@@ -77,11 +77,15 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     RegisterAction<bit<8>, slot_index_t, bit<8>>(seen) seen_first = {
         void apply(inout bit<8> value) { value = 1; }
     };
-    /* Returns the count before this packet; a complete round (== N) is left as it is. */
+    /* Returns the count before this packet. A complete round (== N) gets SEEN_TAINTED: this
+     * packet is STALE, and the value lanes, which run beside seen, have added it to the
+     * round's stored sum, so the round may not be served again (DUP_DONE needs == N). */
     RegisterAction<bit<8>, slot_index_t, bit<8>>(seen) seen_add = {
         void apply(inout bit<8> value, out bit<8> before) {
             before = value;
-            if (value != meta.n_workers) {
+            if (value == meta.n_workers || value >= SEEN_TAINTED) {
+                value = value | SEEN_TAINTED;
+            } else {
                 value = value + 1;
             }
         }
@@ -116,42 +120,6 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     RegisterAction<bit<8>, slot_index_t, bit<8>>(sticky_flags) flags_read = {
         void apply(inout bit<8> value, out bit<8> result) { result = value; }
     };
-    /* STALE: the lanes added its values to the finished round (they run beside seen), so the
-     * round's stored result is marked as not representable: a retransmitted copy of it makes
-     * the worker fall back, never use a wrong sum. */
-    RegisterAction<bit<8>, slot_index_t, bit<8>>(sticky_flags) flags_taint = {
-        void apply(inout bit<8> value) { value = value | FLAG_OVERFLOW; }
-    };
-
-    /* me = 1 << worker_id (Tofino has no shift by a variable amount). */
-    action set_me(bit<32> me) {
-        meta.me = me;
-    }
-    table worker_mask {
-        key = { hdr.inagg.worker_id: exact; }
-        actions = { set_me; }
-        const default_action = set_me(0);
-        size = 32;
-        const entries = {
-            0: set_me(1 << 0);   1: set_me(1 << 1);   2: set_me(1 << 2);   3: set_me(1 << 3);
-            4: set_me(1 << 4);   5: set_me(1 << 5);   6: set_me(1 << 6);   7: set_me(1 << 7);
-            8: set_me(1 << 8);   9: set_me(1 << 9);   10: set_me(1 << 10); 11: set_me(1 << 11);
-            12: set_me(1 << 12); 13: set_me(1 << 13); 14: set_me(1 << 14); 15: set_me(1 << 15);
-            16: set_me(1 << 16); 17: set_me(1 << 17); 18: set_me(1 << 18); 19: set_me(1 << 19);
-            20: set_me(1 << 20); 21: set_me(1 << 21); 22: set_me(1 << 22); 23: set_me(1 << 23);
-            24: set_me(1 << 24); 25: set_me(1 << 25); 26: set_me(1 << 26); 27: set_me(1 << 27);
-            28: set_me(1 << 28); 29: set_me(1 << 29); 30: set_me(1 << 30); 31: set_me(1 << 31);
-        }
-    }
-
-    /* The packet's slot, index, owner tag and register inputs, in one action. */
-    action prepare() {
-        meta.slot = hdr.inagg.slot[TOFINO_SLOT_BITS - 1:0];
-        meta.idx = hdr.inagg.slot_set ++ hdr.inagg.slot[TOFINO_SLOT_BITS - 1:0];
-        meta.tag = hdr.inagg.job_id ++ hdr.inagg.epoch;
-        meta.exp_biased = (bit<8>) hdr.inagg.exp ^ 8w0x80;
-        meta.flags_in = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION);
-    }
 
     /* A table of its own, so the AND is an action and the gateways test its result. */
     action test_mine() {
@@ -163,9 +131,43 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
         size = 1;
     }
 
+    /* seen, exponent and flags, chosen by the bitmaps alone: FIRST, else ADD when my bit was
+     * clear (mine == 0), else DUP. One table per register (Tofino addresses each register from
+     * its own table), all three in the stage after the bitmaps; seen_update also says what the
+     * value lanes do, so they follow it and cannot take these stateful ALUs and push the result
+     * logic past the last stage. */
+#define BY_BITMAPS(FIRST, ADD, DUP) \
+        key = { meta.first: exact; meta.mine: ternary; } \
+        actions = { FIRST; ADD; DUP; NoAction; } \
+        const default_action = NoAction(); \
+        size = 3; \
+        const entries = { (1, _): FIRST(); (0, 0): ADD(); (0, _): DUP(); }
+
+    action count_first() {
+        seen_first.execute(meta.idx);
+        meta.lane_op = LANE_STORE;
+    }
+    action count_add() {
+        meta.seen_before = seen_add.execute(meta.idx);
+        meta.lane_op = LANE_ADD;
+    }
+    action count_read() {
+        meta.seen_before = seen_read.execute(meta.idx);
+        meta.lane_op = LANE_LOAD;
+    }
+    table seen_update { BY_BITMAPS(count_first, count_add, count_read) }
+
+    action exp_store() { meta.exp_result = exp_first.execute(meta.idx); }
+    action exp_max_in() { meta.exp_result = exp_add.execute(meta.idx); }
+    action exp_load() { meta.exp_result = exp_read.execute(meta.idx); }
+    table exp_update { BY_BITMAPS(exp_store, exp_max_in, exp_load) }
+
+    action flags_store() { meta.flags_result = flags_first.execute(meta.idx); }
+    action flags_or_in() { meta.flags_result = flags_add.execute(meta.idx); }
+    action flags_load() { meta.flags_result = flags_read.execute(meta.idx); }
+    table flags_update { BY_BITMAPS(flags_store, flags_or_in, flags_load) }
+
     apply {
-        worker_mask.apply();
-        prepare();
         meta.reset = claim_slot.execute(meta.slot);
 
         if (hdr.inagg.slot_set == 0) {
@@ -182,59 +184,40 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
             }
         }
         mine.apply();
-        meta.first = 0;
         if (meta.old_bitmap == 0) {
             meta.first = 1;
         }
 
-        bit<1> completes = 0;
+        seen_update.apply();
+        exp_update.apply();
+        flags_update.apply();
+        /* The outcome, and in the same branch whether a result leaves (a round completes, or
+         * DUP_DONE): STALE is not absorbed (send_result stays 0, ResultReplication drops it)
+         * and JobCounters counts it as a drop; the verdict is left alone, as the value lanes
+         * are applied under it. */
         if (meta.first == 1) {
             meta.outcome = SLOT_FIRST;
-            seen_first.execute(meta.idx);
             if (meta.n_last == 0) {
-                completes = 1;
+                meta.send_result = 1;
             }
         } else if (meta.mine != 0) {
-            meta.seen_before = seen_read.execute(meta.idx);
             if (meta.seen_before == meta.n_workers) {
                 meta.outcome = SLOT_DUP_DONE;
+                meta.send_result = 1;
             } else {
                 meta.outcome = SLOT_DUP_PENDING;
             }
+        } else if (meta.seen_before == meta.n_workers || meta.seen_before[7:7] == 1) {
+            meta.outcome = SLOT_STALE;
+            meta.drop_reason = DROP_STALE_ROUND;
         } else {
-            meta.seen_before = seen_add.execute(meta.idx);
-            if (meta.seen_before == meta.n_workers) {
-                meta.outcome = SLOT_STALE;
-            } else {
-                meta.outcome = SLOT_ADD;
-                if (meta.seen_before == meta.n_last) {
-                    completes = 1;
-                }
+            meta.outcome = SLOT_ADD;
+            if (meta.seen_before == meta.n_last) {
+                meta.send_result = 1;
             }
         }
-
-        bit<8> exp = 0;
-        meta.send_result = 0;
-        if (meta.outcome == SLOT_FIRST) {
-            exp = exp_first.execute(meta.idx);
-            hdr.inagg.flags = flags_first.execute(meta.idx);
-        } else if (meta.outcome == SLOT_ADD) {
-            exp = exp_add.execute(meta.idx);
-            hdr.inagg.flags = flags_add.execute(meta.idx);
-        } else if (meta.outcome == SLOT_DUP_DONE) {
-            exp = exp_read.execute(meta.idx);
-            hdr.inagg.flags = flags_read.execute(meta.idx);
-        } else if (meta.outcome == SLOT_STALE) {
-            flags_taint.execute(meta.idx);
-        }
-        hdr.inagg.exp = (int<8>) (exp ^ 8w0x80);
-        if (meta.outcome == SLOT_DUP_DONE || completes == 1) {
-            meta.send_result = 1;
-        }
-        if (meta.outcome == SLOT_STALE) {
-            meta.verdict = VERDICT_DROP;
-            meta.drop_reason = DROP_STALE_ROUND;
-        }
+        hdr.inagg.exp = (int<8>) (meta.exp_result ^ 8w0x80);
+        hdr.inagg.flags = meta.flags_result;
     }
 }
 
