@@ -88,7 +88,7 @@ tofino: setup
 	@for t in $(TOFINO_TARGETS); do \
 	  arch=$$( [ $$t = tofino2 ] && echo t2na || echo tna ); \
 	  rm -rf build/$$t && mkdir -p build/$$t p4/tofino/$$t && \
-	  $(BF_P4C) --target $$t --arch $$arch --p4runtime-force-std-externs \
+	  $(BF_P4C) --target $$t --arch $$arch --p4runtime-force-std-externs --verbose 1 \
 	    --p4runtime-files build/$$t/inagg.p4info.txtpb -o build/$$t p4/tofino/inagg.p4 \
 	    2> build/$$t/compile.log || { tail -20 build/$$t/compile.log; exit 1; }; \
 	  cp build/$$t/inagg.p4info.txtpb p4/tofino/$$t/ && \

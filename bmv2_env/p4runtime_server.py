@@ -20,7 +20,7 @@ import grpc
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from controller.p4info import P4Info
+from controller.p4info import P4Info, same_p4info
 from controller.program import unpack_tofino_config
 
 from .pipeline import JOB_TABLE, WORKER_TABLE, SoftPipeline
@@ -28,6 +28,7 @@ from .state import StatusError
 
 log = logging.getLogger("inagg.soft_switch.p4runtime")
 API_VERSION = "1.4.1"
+MAX_MESSAGE_BYTES = 256 << 20
 
 
 def _election(eid) -> tuple[int, int]:
@@ -168,7 +169,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"this software data plane runs program '{program.program_name}', "
                 f"not '{config.p4info.pkg_info.name or '(unnamed)'}'")
-        if config.p4info != program.message:
+        if not same_p4info(config.p4info, program.message):
             raise StatusError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"P4Info of '{program.program_name}' differs from the one this data plane runs: "
@@ -295,7 +296,10 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
 
 def serve(state: SoftSwitchState, address: str) -> grpc.Server:
     """Start the gRPC server (``host:port`` or ``unix:/path``); raises if it cannot bind."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    # a Tofino device config (tofino.bin + context.json) is several MB; P4Runtime servers take
+    # large pipelines (gRPC's 4 MB default would refuse it)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(P4RuntimeService(state), server)
     if server.add_insecure_port(address) == 0 and not address.startswith("unix:"):
         raise OSError(f"cannot listen on {address}")

@@ -13,7 +13,14 @@ from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 from p4runtime_sh.context import Context, P4Type
 
-__all__ = ["P4Info", "P4Type", "encode", "decode"]
+__all__ = ["P4Info", "P4Type", "encode", "decode", "same_p4info"]
+
+
+def same_p4info(a: p4info_pb2.P4Info, b: p4info_pb2.P4Info) -> bool:
+    """Whether two P4Infos are the same program. Compared serialized: a TNA P4Info carries
+    Tofino extern descriptions (barefoot.PortMetadata) as Any messages whose types this process
+    does not know, which protobuf's == cannot compare."""
+    return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
 
 
 def encode(value: int, bitwidth: int) -> bytes:
@@ -62,10 +69,10 @@ class P4Info:
         return self.context.get_obj_by_id(obj_id)
 
     def local_name(self, name: str) -> str:
-        """A fully qualified name without the pipeline prefix TNA programs add ("pipe."), so
-        both targets' objects have the names of the P4 controls (InaggIngress....)."""
+        """A fully qualified name without the pipeline prefix bf-p4c may add for TNA externs
+        ("pipe."), so both targets' objects have the names of the P4 controls (InaggIngress....)."""
         if self.message.pkg_info.arch in ("tna", "t2na"):
-            return name.split(".", 1)[-1]
+            return name.removeprefix("pipe.")
         return name
 
     @property

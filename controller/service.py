@@ -74,7 +74,11 @@ class SwitchRuntime:
         self.cfg = cfg
         self.allocator = allocator
         self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program)
-        self.sw.ensure_pipeline()
+        try:
+            self.sw.ensure_pipeline()
+        except BaseException:
+            self.sw.close()   # its stream thread would keep a failing controller alive
+            raise
 
     def desired(self, jobs: list[SwitchJob]):
         """Entries (by table and key) and multicast groups the switch should hold."""

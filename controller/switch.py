@@ -18,7 +18,7 @@ from p4runtime_sh.p4runtime import P4RuntimeClient, P4RuntimeException, P4Runtim
 
 from hostlib.protocol import DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, ipv4, mac
 
-from .p4info import P4Info, P4Type, encode
+from .p4info import P4Info, P4Type, encode, same_p4info
 from .config import default_program
 from .program import Program
 
@@ -78,7 +78,7 @@ class SwitchConnection:
             raise SwitchError(f"switch {self.address}: cannot read its pipeline: {e}") from None
         if not p4info.tables:
             return None
-        if p4info != self.p4info.message:
+        if not same_p4info(p4info, self.p4info.message):
             raise PipelineMismatch(
                 f"switch {self.address} runs '{p4info.pkg_info.name or '(unnamed)'}', not this "
                 f"build of '{self.p4info.program_name}' (P4Info differs)")

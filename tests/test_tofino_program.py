@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,41 @@ def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact():
         finally:
             for c in comms:
                 c.close()
+
+
+# What the program may use (docs/tofino.md): a change that grows past one of these must say so
+# here and in the docs. Stages are the chip's 12; the rest leave room for the next feature.
+BUDGET = {"stages_used": 12, "stateful_alus": 24, "stats_alus": 8, "sram_blocks": 200,
+          "map_ram_blocks": 140, "tcam_blocks": 16, "hash_bits": 600, "logical_tables": 80,
+          "gateways": 40}
+RESOURCES = TOFINO_DIR / "tofino" / "resources.json"
+
+
+def test_resources_within_budget():
+    used = json.loads(RESOURCES.read_text())
+    assert used["target"] == "tofino"
+    assert used["stages_used"] <= BUDGET["stages_used"]
+    for key, limit in BUDGET.items():
+        if key != "stages_used":
+            assert used[key]["used"] <= limit, f"{key}: {used[key]['used']} > budget {limit}"
+    assert used["stateful_alus"]["used"] >= TOFINO.p4info.values_per_packet   # one per lane
+    assert used["phv_containers"]["normal"] <= 112                              # half of 224
+
+
+@pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")
+def test_committed_artifacts_are_current(tmp_path):
+    """Recompile (about 30 s) and compare what does not carry a build date: the P4Info and the
+    resource summary byte for byte, the binary's and context's size and program."""
+    subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna", "--p4runtime-force-std-externs",
+                    "--verbose", "1", "--p4runtime-files", str(tmp_path / "inagg.p4info.txtpb"),
+                    "-o", str(tmp_path), "p4/tofino/inagg.p4"], cwd=ROOT, check=True, capture_output=True)
+    assert (tmp_path / "inagg.p4info.txtpb").read_bytes() == TOFINO.p4info_path.read_bytes(), "run `make tofino` and commit"
+    out = subprocess.run([sys.executable, "-m", "tools.tofino_resources", str(tmp_path)], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout
+    assert json.loads(out) == json.loads(RESOURCES.read_text()), "run `make tofino` and commit"
+    fresh = json.loads((tmp_path / "pipe" / "context.json").read_text())
+    committed = json.loads(read_artifact(TOFINO.files["context"]))
+    for volatile in ("build_date", "run_id", "compiler_version"):
+        fresh.pop(volatile), committed.pop(volatile)
+    assert fresh == committed, "run `make tofino` and commit"
+    assert len((tmp_path / "pipe" / "tofino.bin").read_bytes()) == len(read_artifact(TOFINO.files["binary"]))

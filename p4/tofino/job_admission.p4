@@ -102,11 +102,12 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     action aggregate() {
         meta.verdict = VERDICT_AGGREGATE;
     }
-    action forward() {
+    /* (Named apart from Forwarding's forward/drop: the controller finds actions by short name.) */
+    action pass_on() {
         meta.verdict = VERDICT_FORWARD;
     }
     /* A GLOBAL_DROP_* reason when meta.admitted is 0, the job's DROP_* reason when 1. */
-    action drop(bit<8> reason) {
+    action refuse(bit<8> reason) {
         meta.verdict = VERDICT_DROP;
         meta.drop_reason = reason;
     }
@@ -135,28 +136,28 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
             hdr.inagg.count: ternary;
             hdr.udp.length: ternary;
         }
-        actions = { aggregate; forward; drop; }
-        const default_action = forward();
+        actions = { aggregate; pass_on; refuse; }
+        const default_action = pass_on();
         size = 32;
         const entries = {
-            (PASS_12, 0, 0, _, _, _, _): drop(DROP_BAD_SLOT);             /* slot_room == 0 */
-            (PASS_12, 0x8000 &&& 0x8000, 0, _, _, _, _): drop(DROP_BAD_SLOT);
+            (PASS_12, 0, 0, _, _, _, _): refuse(DROP_BAD_SLOT);             /* slot_room == 0 */
+            (PASS_12, 0x8000 &&& 0x8000, 0, _, _, _, _): refuse(DROP_BAD_SLOT);
             (PASS_16, 0, UDP_LENGTH_PRIMING): aggregate();
             (PASS_16N, 0, UDP_LENGTH_PRIMING): aggregate();
-            (PASS_16, 0, _): drop(DROP_BAD_LENGTH);
-            (PASS_16N, 0, _): drop(DROP_BAD_LENGTH);
+            (PASS_16, 0, _): refuse(DROP_BAD_LENGTH);
+            (PASS_16N, 0, _): refuse(DROP_BAD_LENGTH);
             (PASS_16, _, UDP_LENGTH_VALUES): aggregate();
             (PASS_16N, _, UDP_LENGTH_VALUES): aggregate();
-            (PASS_14, _, _, _, _): drop(DROP_BAD_LENGTH);
-            (PASS_14N, _, _, _, _): drop(DROP_BAD_LENGTH);
-            (PASS_12, _, _, _, _, _, _): drop(DROP_BAD_SLOT);
-            (PASS_11, _, _, _, _, _, _, _): drop(DROP_STALE_EPOCH);
-            (PASS_5, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(DROP_BAD_WORKER);
-            (PASS_4, _, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(DROP_BAD_TYPE);
-            (PASS_3, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(DROP_BAD_ENCAP);
-            (PASS_2, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): forward();  /* not admitted */
-            (PASS_1, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(GLOBAL_DROP_BAD_VERSION);
-            (false, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): drop(GLOBAL_DROP_TRUNCATED);
+            (PASS_14, _, _, _, _): refuse(DROP_BAD_LENGTH);
+            (PASS_14N, _, _, _, _): refuse(DROP_BAD_LENGTH);
+            (PASS_12, _, _, _, _, _, _): refuse(DROP_BAD_SLOT);
+            (PASS_11, _, _, _, _, _, _, _): refuse(DROP_STALE_EPOCH);
+            (PASS_5, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_WORKER);
+            (PASS_4, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_TYPE);
+            (PASS_3, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_ENCAP);
+            (PASS_2, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): pass_on();  /* not admitted */
+            (PASS_1, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(GLOBAL_DROP_BAD_VERSION);
+            (false, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(GLOBAL_DROP_TRUNCATED);
         }
     }
 
