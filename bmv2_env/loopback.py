@@ -25,8 +25,10 @@ import tempfile
 from pathlib import Path
 
 from controller.config import DEFAULT_ARTIFACTS
+from controller.credentials import ADMIN_TOKEN_ENV
 from hostlib.protocol import UDP_PORT
 
+from .soft_switch import udp_host_mac
 from .testbed import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +54,8 @@ class LoopbackDeployment:
     """Context manager: start everything, yield, stop everything (and remove its files)."""
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
-                 lease_seconds: float = 30.0, aggregator_drop_rate: float = 0.0,
-                 target: str = "soft") -> None:
+                 lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
+                 aggregator_drop_rate: float = 0.0, target: str = "soft") -> None:
         if target not in ("soft", "tofino"):
             raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped 'tofino', not {target!r}")
         self.target = target
@@ -61,6 +63,7 @@ class LoopbackDeployment:
         self.with_switch = with_switch
         self.min_window = min_window
         self.lease_seconds = lease_seconds
+        self.rank_lease_seconds = rank_lease_seconds
         self.drop_rate = aggregator_drop_rate
         self.admin_token = secrets.token_hex(8)
         self.procs: list[subprocess.Popen] = []
@@ -76,13 +79,18 @@ class LoopbackDeployment:
         Tofino-shaped switch maps to device port 128 + 4 rank (pipe 1, as on a Tofino)."""
         return 128 + 4 * rank if self.target == "tofino" else rank + 1
 
+    def worker_mac(self, rank: int) -> str:
+        """The source MAC the soft switch gives host ``rank``'s datagrams."""
+        return udp_host_mac(self.worker_ip(rank))
+
     @property
     def worker_ips(self) -> list[str]:
         return [self.worker_ip(r) for r in range(self.n_hosts)]
 
-    def _start(self, name: str, cmd: list[str], ready: str) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "w")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+    def _start(self, name: str, cmd: list[str], ready: str, env: dict | None = None) -> subprocess.Popen:
+        log = open(self.dir / f"{name}.log", "a")
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                                env={**os.environ, **env} if env else None)
         self.procs.append(proc)
         line = proc.stdout.readline()
         if ready not in line:
@@ -96,34 +104,47 @@ class LoopbackDeployment:
         try:
             switches = []
             if self.with_switch:
-                ports = [a for r in range(self.n_hosts)
-                         for a in ("-i", f"{self.device_port(r)}@udp:{self.worker_ip(r)}")]
-                p4info = ROOT / DEFAULT_ARTIFACTS[self.target]["p4info"]
-                self._start("switch", [py, "-m", "bmv2_env.soft_switch", *ports, "--udp-bind", self.switch_ip,
-                                       "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
-                                       "--grpc-server-addr", f"unix:{self.dir}/switch.sock"], "inagg-soft-switch")
+                self.start_switch()
                 switch = {
                     "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "target": self.target,
                     "aggregator": f"{self.switch_ip}:{UDP_PORT}",
-                    "hosts": {self.worker_ip(r): {"port": r + 1, "mac": f"02:00:7f:00:01:{r + 1:02x}"}
+                    "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
                               for r in range(self.n_hosts)}}
                 if self.target == "tofino":
                     switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
                 switches.append(switch)
             config = {"listen": self.controller, "admin_token": self.admin_token,
                       "database": str(self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
+                      "rank_lease_seconds": self.rank_lease_seconds, "switch_check_seconds": 0.5,
                       "min_window": self.min_window, "host_aggregator": self.host_aggregator,
                       "switches": switches}
             (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
             self.start_controller()
             self.aggregator = self._start(
                 "aggregator", [py, "-m", "hostlib.aggregator", "--bind", self.host_aggregator, "--controller",
-                               self.controller, "--admin-token", self.admin_token,
-                               "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening")
+                               self.controller, "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening",
+                env={ADMIN_TOKEN_ENV: self.admin_token})   # never on argv
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def start_switch(self) -> None:
+        ports = [a for r in range(self.n_hosts)
+                 for a in ("-i", f"{self.device_port(r)}@udp:{self.worker_ip(r)}")]
+        p4info = ROOT / DEFAULT_ARTIFACTS[self.target]["p4info"]
+        self.switch_proc = self._start(
+            "switch", [sys.executable, "-m", "bmv2_env.soft_switch", *ports, "--udp-bind", self.switch_ip,
+                       "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
+                       "--grpc-server-addr", f"unix:{self.dir}/switch.sock"],
+            "inagg-soft-switch")
+
+    def restart_switch(self) -> None:
+        """Stop the soft switch process and start a fresh one (no pipeline, no entries, no slot
+        state): the controller must notice and program it again."""
+        stop_processes([self.switch_proc])
+        self.procs.remove(self.switch_proc)
+        self.start_switch()
 
     def start_controller(self) -> None:
         self.controller_proc = self._start(

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from controller.credentials import write_token
+
 from .testbed import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,17 +165,24 @@ class Run:
         return hosts
 
     def start_services(self) -> None:
+        from hostlib.grant import ETHERNET_MTU, values_for_mtu
+
         agg_ip = self.topo["hosts"][self.topo["aggregator"]]["ip"].split("/")[0]
         self.controller_addr = f"unix:{STATE}/controller.sock"
         config = {
             "listen": self.controller_addr, "admin_token": self.admin,
             "database": str(STATE / "controller.sqlite"), "host_aggregator": f"{agg_ip}:42666",
+            # Mininet links have Ethernet's MTU: host-path datagrams must fit it unfragmented
+            # (the aggregator derives the same K from its interface)
+            "host_values_per_packet": values_for_mtu(ETHERNET_MTU),
             "switches": [{"name": name, "grpc": f"127.0.0.1:{GRPC_BASE_PORT + i}", "device_id": i,
                           "aggregator": f"{s['aggregator_ip']}:42602", "hosts": self.host_config(name)}
                          for i, (name, s) in enumerate(self.topo["switches"].items())],
             **self.topo.get("controller", {}),
         }
         (STATE / "controller.sqlite").unlink(missing_ok=True)
+        token_file = STATE / "admin.token"   # the aggregator reads it: tokens never go on argv
+        write_token(token_file, self.admin)
         (STATE / "controller.json").write_text(json.dumps(config, indent=2))
         ctl = subprocess.Popen([sys.executable, "-m", "controller", "--config", str(STATE / "controller.json")],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=open(ROOT / "logs" / "controller.log", "w"),
@@ -183,7 +192,7 @@ class Run:
             raise RuntimeError("controller did not start, see logs/controller.log")
         agg = self.net.get(self.topo["aggregator"])
         self.procs.append(agg.popen([sys.executable, "-m", "hostlib.aggregator", "--bind", f"{agg_ip}:42666",
-                                     "--controller", self.controller_addr, "--admin-token", self.admin,
+                                     "--controller", self.controller_addr, "--admin-token-file", str(token_file),
                                      "--stats-file", str(ROOT / "logs" / "aggregator.json")],
                                     cwd=ROOT, stdout=open(ROOT / "logs" / "aggregator.log", "w"),
                                     stderr=subprocess.STDOUT))

@@ -3,8 +3,8 @@ error for everything else (never a silent success).
 
 Implemented: StreamChannel arbitration (primary = highest election id per device), Capabilities,
 Set/GetForwardingPipelineConfig (only the inagg P4Info it runs is accepted; for the Tofino
-program's P4Info also only a well-formed Tofino device config), Write/Read of
-table entries and multicast groups, Read of counter entries. Not implemented, as in BMv2:
+program's P4Info also only a well-formed Tofino device config), Write/Read of table entries
+and multicast groups, Read and MODIFY of indexed counter entries. Not implemented, as in BMv2:
 register entries; also not implemented here: packet-in/out, digests, action profiles, meters.
 """
 
@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 from concurrent import futures
+from typing import Callable, Union
 
 import grpc
 from google.rpc import code_pb2, status_pb2
@@ -23,8 +24,11 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from controller.p4info import P4Info, same_p4info
 from controller.program import unpack_tofino_config
 
+from .native_pipeline import NativePipeline
 from .pipeline import JOB_TABLE, WORKER_TABLE, SoftPipeline
 from .state import StatusError
+
+Pipeline = Union[SoftPipeline, NativePipeline]
 
 log = logging.getLogger("inagg.soft_switch.p4runtime")
 API_VERSION = "1.4.1"
@@ -36,13 +40,17 @@ def _election(eid) -> tuple[int, int]:
 
 
 class SoftSwitchState:
-    """What the P4Runtime service manages: the pipeline (once configured) and its lock."""
+    """What the P4Runtime service manages: the pipeline (once configured) and its lock.
+    ``make_pipeline`` builds a fresh pipeline for each committed config: the Python reference
+    (SoftPipeline) or the C++ core (NativePipeline, attached to the packet loop)."""
 
-    def __init__(self, device_id: int, program: P4Info) -> None:
+    def __init__(self, device_id: int, program: P4Info,
+                 make_pipeline: Callable[[P4Info], Pipeline] = SoftPipeline) -> None:
         self.device_id = device_id
         self.program = program          # the only P4Info this data plane can run
+        self.make_pipeline = make_pipeline
         self.lock = threading.RLock()
-        self.pipeline: SoftPipeline | None = None
+        self.pipeline: Pipeline | None = None
         self.config: p4runtime_pb2.ForwardingPipelineConfig | None = None
 
 
@@ -154,7 +162,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                     if config is None:
                         raise StatusError(grpc.StatusCode.FAILED_PRECONDITION, "nothing saved to commit")
                     self.state.config = config
-                    self.state.pipeline = SoftPipeline(self.state.program)
+                    self.state.pipeline = self.state.make_pipeline(self.state.program)
                     log.info("pipeline %s committed", self.state.program.program_name)
                 elif request.action == A.VERIFY_AND_SAVE:
                     self.state.config = request.config
@@ -209,7 +217,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     # -- entities ----------------------------------------------------------------------------
 
-    def _pipeline(self) -> SoftPipeline:
+    def _pipeline(self) -> Pipeline:
         if self.state.pipeline is None:
             raise StatusError(grpc.StatusCode.FAILED_PRECONDITION,
                               "no forwarding pipeline config has been set")
@@ -224,7 +232,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                                   "only CONTINUE_ON_ERROR atomicity is supported")
             with self.state.lock:
                 pipeline = self._pipeline()
-                errors = [self._write_one(pipeline, u) for u in request.updates]
+                with pipeline.writing():
+                    errors = [self._write_one(pipeline, u) for u in request.updates]
         except StatusError as e:
             context.abort(e.code, str(e))
         if any(err is not None for err in errors):
@@ -241,7 +250,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             context.abort(grpc.StatusCode.UNKNOWN, "; ".join(failed[:3]) + more)
         return p4runtime_pb2.WriteResponse()
 
-    def _write_one(self, pipeline: SoftPipeline, update) -> StatusError | None:
+    def _write_one(self, pipeline: Pipeline, update) -> StatusError | None:
         entity = update.entity
         kind = entity.WhichOneof("entity")
         try:
@@ -257,6 +266,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                         raise
             elif kind == "packet_replication_engine_entry" and entity.packet_replication_engine_entry.HasField("multicast_group_entry"):
                 pipeline.pre.write(update.type, entity.packet_replication_engine_entry.multicast_group_entry)
+            elif kind == "counter_entry":
+                pipeline.counters.write(update.type, entity.counter_entry)
             else:
                 raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
                                   f"writing {kind or 'an empty entity'} is not supported")

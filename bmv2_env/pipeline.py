@@ -5,15 +5,18 @@ switch: TNA names, its K values per packet, its counter layout), so the controll
 path is exercised without the chip.
 
 Each method below mirrors one P4 control and its decision table (see the P4 file for the
-table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the same code the host
-aggregator runs, configured from the job_table and worker_table entries the controller wrote.
+table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the specification the
+native engine is held to, configured from the job_table and worker_table entries the controller
+wrote.
 ``process()`` takes one frame from an ingress port and returns the frames to send.
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from dataclasses import dataclass
+from typing import Callable, Hashable
 
 import grpc
 
@@ -31,6 +34,7 @@ from hostlib.protocol import (
     ROCE_UDP_PORT,
     UDP_PORT,
     VERSION,
+    Outcome,
     ipv4_checksum,
 )
 from hostlib.roce import BTH_BYTES, BTH_FIELDS, RETH_FIELDS, byte_offset, icrc
@@ -110,20 +114,20 @@ class SoftPipeline:
     def sync_jobs(self) -> None:
         """Configure the engine from job_table + worker_table; StatusError when the entries
         describe jobs the slot pool cannot hold (the caller undoes the write)."""
-        workers = self.tables[WORKER_TABLE].entries
-        wanted = {}
-        for (job_id,), admit in self.tables[JOB_TABLE].entries.items():
-            members = []
-            for rank in range(admit.param("n_workers")):
-                bind = workers.get((job_id, rank))
-                # an unbound rank matches no sender, as a worker_table miss in P4
-                members.append((bind.param("port"), bind.param("addr")) if bind else ("unbound", rank))
-            wanted[job_id] = JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
-                                       admit.param("slot_count"), tuple(members))
-        try:
-            self.engine.replace_jobs(wanted)
-        except ValueError as e:
-            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        # a rank's member is its rank: admission compares worker_table's binding with the
+        # frame (``sender``); an unbound rank matches no sender, as a worker_table miss in P4
+        wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank))
+        with engine_refusal():
+            self.engine.replace_jobs({job.job_id: job for job in wanted})
+
+    def job_ids(self) -> list[int]:
+        """The jobs the slot engine serves."""
+        return sorted(self.engine.jobs)
+
+    def writing(self) -> contextlib.AbstractContextManager:
+        """Held around one P4Runtime Write; the caller's state lock already keeps this
+        pipeline's packets out."""
+        return contextlib.nullcontext()
 
     # -- data plane --------------------------------------------------------------------------
 
@@ -148,10 +152,9 @@ class SoftPipeline:
         if admit is None:                      # not admitted to the switch: forward untouched
             return self.forwarding(port, frame)
         if frame.encap != admit.param("encap"):
-            self.job_counters(admit.param("job_index"), "bad_encap", False)
+            self.job_counters(admit.param("job_index"), Outcome.BAD_ENCAP, False)
             return []
         inagg_end = ETH + IP + struct.unpack_from("!H", data, ETH + IP + 4)[0]
-        src_addr = struct.unpack_from("!I", data, ETH + 12)[0]
         framing_ok = True
         if frame.encap == ENCAP_ROCE:          # the ICRC ends the UDP payload; RETH has the length
             framing_ok = len(data) >= inagg_end and struct.unpack_from(
@@ -159,32 +162,52 @@ class SoftPipeline:
             inagg_end -= ROCE_ICRC_BYTES
         if inagg_end < at + HEADER_BYTES:      # a UDP length too short for the header the P4
             framing_ok, inagg_end = False, at + HEADER_BYTES   # parser extracts: bad_length
-        emits = self.engine.process(data[at:inagg_end], (port, src_addr), framing_ok)
+        emits = self.engine.process(data[at:inagg_end], self.sender(port, frame, job_id, data[at + 4]),
+                                    framing_ok)
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 
-    def job_counters(self, job_index: int, outcome: str, result: bool) -> None:
+    def sender(self, port: int, frame: Frame, job_id: int, rank: int) -> Hashable:
+        """The engine's id of ``frame``'s sender for the rank it claims: the rank when
+        worker_table's bind_worker matches the frame (ingress port, IPv4 source, Ethernet source,
+        and UDP source port unless the binding leaves it open: 0, RoCEv2), else an id no member
+        has (bad_worker, in the engine's check order)."""
+        bind = self.tables[WORKER_TABLE].lookup((job_id, rank))
+        d = frame.data
+        if bind is not None and bind.param("port") == port \
+                and bind.param("addr") == struct.unpack_from("!I", d, ETH + 12)[0] \
+                and bind.param("mac") == int.from_bytes(d[6:12], "big") \
+                and bind.param("udp_port") in (0, struct.unpack_from("!H", d, ETH + IP)[0]):
+            return ("rank", rank)
+        return ("forged",)
+
+    def job_counters(self, job_index: int, outcome: Outcome, result: bool) -> None:
         c = self.counters
         c.count(JOB_PACKETS, job_index)
-        if outcome in ("first", "add"):
+        if outcome in (Outcome.FIRST, Outcome.ADD):
             c.count(JOB_AGGREGATED, job_index)
             if result:
                 c.count(JOB_RESULTS, job_index)
-        elif outcome in ("dup_pending", "dup_done"):
+        elif outcome in (Outcome.DUP_PENDING, Outcome.DUP_DONE):
             c.count(JOB_DUPLICATES, job_index)
         else:
-            c.count(JOB_DROPS, job_index * self.drop_row + _DROP_CODE[outcome])
+            c.count(JOB_DROPS, job_index * self.drop_row + _DROP_CODE[outcome.label])
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
-        replica per multicast group member, each addressed by replica_table."""
+        replica per multicast group member, each addressed by replica_table.
+
+        As BMv2 does, a result reuses the trigger: its IPv4 total length stays as sent, and the
+        bytes after the UDP payload (Ethernet padding, any trailer: what the P4 parser did not
+        extract) follow the deparsed headers (tests/test_dataplane_conformance.py checks it)."""
         d = frame.data
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
         eth = d[6:12] + d[0:6] + d[12:14]
         ip = bytearray(d[ETH: ETH + IP])
         ip[12:20] = d[ETH + 16: ETH + 20] + d[ETH + 12: ETH + 16]
         udp_ports = d[ETH + IP + 2: ETH + IP + 4] + d[ETH + IP: ETH + IP + 2]
         roce = d[INAGG_AT:ROCE_INAGG_AT] if frame.encap == ENCAP_ROCE else b""
-        if self.engine.last_outcome == "dup_done":
+        if self.engine.last_outcome == Outcome.DUP_DONE:
             targets = [(port, d[frame.inagg_at + 4] + 1)]   # replica = the sender's rank + 1
         else:
             targets = [(r.port, r.instance) for r in self.pre.groups.get(admit.param("mcast_grp"), ())]
@@ -199,11 +222,13 @@ class SoftPipeline:
                 i[16:20] = rewrite.param("addr").to_bytes(4, "big")
                 if rewrite.name.endswith(".set_roce_worker_address"):
                     u = udp_ports[:2] + ROCE_UDP_PORT.to_bytes(2, "big")
-                    r[_ROCE_QP:_ROCE_QP + 3] = rewrite.param("qp").to_bytes(3, "big")
-                    r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
+                    if r:  # BTH and RETH exist: on a UDP frame these writes do nothing, as in P4
+                        r[_ROCE_QP:_ROCE_QP + 3] = rewrite.param("qp").to_bytes(3, "big")
+                        r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
                 else:
                     u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
-            out.append((out_port, build_frame(e, i, u, emit.data, r)))
+            out.append((out_port, build_frame(e, i, u, emit.data, r, trailer=d[udp_end:],
+                                              keep_ip_length=True)))
         return out
 
     def forwarding(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
@@ -220,17 +245,45 @@ class SoftPipeline:
         return []
 
 
+def job_configs(tables: TableStore, member: Callable[[int], Hashable],
+                unbound: Callable[[int], Hashable]) -> list[JobConfig]:
+    """The engine's job configurations that job_table + worker_table describe; rank r's member
+    is ``member(r)`` when worker_table binds it, ``unbound(r)`` without a binding."""
+    workers = tables[WORKER_TABLE].entries
+    jobs = []
+    for (job_id,), admit in tables[JOB_TABLE].entries.items():
+        members = []
+        for rank in range(admit.param("n_workers")):
+            bind = workers.get((job_id, rank))
+            members.append(member(rank) if bind else unbound(rank))
+        jobs.append(JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
+                              admit.param("slot_count"), tuple(members)))
+    return jobs
+
+
+@contextlib.contextmanager
+def engine_refusal():
+    """An engine's ValueError (jobs the slot pool cannot hold) as the P4Runtime error."""
+    try:
+        yield
+    except ValueError as e:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+
 def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,
-                roce: bytes | bytearray = b"") -> bytes:
-    """Ethernet + IPv4 (length and checksum recomputed) + UDP (checksum 0) + payload; with
-    ``roce`` (BTH|RETH|ImmDt) between UDP and payload and the ICRC computed after it (RoceIcrc)."""
-    trailer = ROCE_ICRC_BYTES if roce else 0
-    udp_len = UDP + len(roce) + len(payload) + trailer
-    ip[2:4] = (IP + udp_len).to_bytes(2, "big")
+                roce: bytes | bytearray = b"", *, trailer: bytes = b"",
+                keep_ip_length: bool = False) -> bytes:
+    """Ethernet + IPv4 (checksum and, unless ``keep_ip_length``, length recomputed) + UDP
+    (checksum 0) + payload; with ``roce`` (BTH|RETH|ImmDt) between UDP and payload and the ICRC
+    computed after it (RoceIcrc); then ``trailer`` (bytes after the UDP payload)."""
+    icrc_len = ROCE_ICRC_BYTES if roce else 0
+    udp_len = UDP + len(roce) + len(payload) + icrc_len
+    if not keep_ip_length:
+        ip[2:4] = (IP + udp_len).to_bytes(2, "big")
     ip[10:12] = b"\0\0"
     ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
     pkt = bytearray(ip + udp_ports + udp_len.to_bytes(2, "big") + b"\0\0" + roce + payload
-                    + bytes(trailer))
+                    + bytes(icrc_len))
     if roce:
-        pkt[-trailer:] = icrc(pkt)
-    return eth + bytes(pkt)
+        pkt[-icrc_len:] = icrc(pkt)
+    return eth + bytes(pkt) + trailer

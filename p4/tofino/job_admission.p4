@@ -8,7 +8,7 @@
  *   job not in job_table              -> forward
  *   encapsulation is not the job's    -> drop DROP_BAD_ENCAP (only UDP is parsed here)
  *   msg_type != MSG_CONTRIBUTION      -> drop DROP_BAD_TYPE
- *   rank not bound to this sender     -> drop DROP_BAD_WORKER
+ *   rank not bound to this sender     -> drop DROP_BAD_WORKER (port, IPv4, MAC, UDP port)
  *   epoch != the job's epoch          -> drop DROP_STALE_EPOCH
  *   slot outside [base, base + count) -> drop DROP_BAD_SLOT
  *   payload not 0 or K values         -> drop DROP_BAD_LENGTH
@@ -28,20 +28,20 @@ const bit<16> UDP_LENGTH_VALUES  = UDP_LENGTH_PRIMING + 4 * TOFINO_VALUES_PER_PA
 
 /* The checks as ternary patterns over the keys of table checks (0 = equal): PASS_n matches
  * when the first n keys' checks pass; the entries pad them with wildcards. */
-#define WORKER_OK  1, 0 &&& 0xE0, 0 &&& 0xC0, 1, 0, 0
+#define WORKER_OK  1, 0 &&& 0xE0, 0 &&& 0xC0, 1, 0, 0, 0, 0
 #define PASS_1     true
 #define PASS_2     PASS_1, INAGG_VERSION
 #define PASS_3     PASS_2, 1
 #define PASS_4     PASS_3, 0
 #define PASS_5     PASS_4, MSG_CONTRIBUTION
-#define PASS_11    PASS_5, WORKER_OK
-#define PASS_12    PASS_11, 0
+#define PASS_13    PASS_5, WORKER_OK
+#define PASS_14    PASS_13, 0
 /* slot_lead == 0 or negative, slot_room not negative (the entries before "aggregate" catch
  * slot_room == 0) */
-#define PASS_14    PASS_12, 0, 0 &&& 0x8000
-#define PASS_14N   PASS_12, 0x8000 &&& 0x8000, 0 &&& 0x8000
-#define PASS_16    PASS_14, 0, 0
-#define PASS_16N   PASS_14N, 0, 0
+#define PASS_16    PASS_14, 0, 0 &&& 0x8000
+#define PASS_16N   PASS_14, 0x8000 &&& 0x8000, 0 &&& 0x8000
+#define PASS_18    PASS_16, 0, 0
+#define PASS_18N   PASS_16N, 0, 0
 
 control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
                      in ingress_intrinsic_metadata_t ig_intr_md,
@@ -68,10 +68,14 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         size = TOFINO_MAX_JOBS;
     }
 
-    action bind_worker(PortId_t port, bit<32> addr) {
+    /* The sender a rank is bound to: ingress port, IPv4 source, MAC source and UDP source port
+     * (BMv2 skips the UDP port when it is 0, for RoCE jobs; Tofino carries UDP jobs only). */
+    action bind_worker(PortId_t port, bit<32> addr, bit<48> mac, bit<16> udp_port) {
         meta.bound = 1;
         meta.port_diff = ig_intr_md.ingress_port ^ port;
         meta.addr_diff = hdr.ipv4.src_addr ^ addr;
+        meta.mac_diff = hdr.ethernet.src_addr ^ mac;
+        meta.udp_port_diff = hdr.udp.src_port ^ udp_port;
     }
 
     table worker_table {
@@ -128,6 +132,8 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
             meta.rank_gap[7:7]: ternary @name("rank_below");   /* both < 64: the borrow */
             meta.port_diff: ternary;
             meta.addr_diff: ternary;
+            meta.mac_diff: ternary;
+            meta.udp_port_diff: ternary;
             meta.epoch_diff: ternary;
             meta.slot_lead: ternary;
             meta.slot_room: ternary;
@@ -140,24 +146,24 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         const default_action = pass_on();
         size = 32;
         const entries = {
-            (PASS_12, 0, 0, _, _, _, _): refuse(DROP_BAD_SLOT);             /* slot_room == 0 */
-            (PASS_12, 0x8000 &&& 0x8000, 0, _, _, _, _): refuse(DROP_BAD_SLOT);
-            (PASS_16, 0, UDP_LENGTH_PRIMING): aggregate();
-            (PASS_16N, 0, UDP_LENGTH_PRIMING): aggregate();
-            (PASS_16, 0, _): refuse(DROP_BAD_LENGTH);
-            (PASS_16N, 0, _): refuse(DROP_BAD_LENGTH);
-            (PASS_16, _, UDP_LENGTH_VALUES): aggregate();
-            (PASS_16N, _, UDP_LENGTH_VALUES): aggregate();
-            (PASS_14, _, _, _, _): refuse(DROP_BAD_LENGTH);
-            (PASS_14N, _, _, _, _): refuse(DROP_BAD_LENGTH);
-            (PASS_12, _, _, _, _, _, _): refuse(DROP_BAD_SLOT);
-            (PASS_11, _, _, _, _, _, _, _): refuse(DROP_STALE_EPOCH);
-            (PASS_5, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_WORKER);
-            (PASS_4, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_TYPE);
-            (PASS_3, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_ENCAP);
-            (PASS_2, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): pass_on();  /* not admitted */
-            (PASS_1, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(GLOBAL_DROP_BAD_VERSION);
-            (false, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(GLOBAL_DROP_TRUNCATED);
+            (PASS_14, 0, 0, _, _, _, _): refuse(DROP_BAD_SLOT);             /* slot_room == 0 */
+            (PASS_14, 0x8000 &&& 0x8000, 0, _, _, _, _): refuse(DROP_BAD_SLOT);
+            (PASS_18, 0, UDP_LENGTH_PRIMING): aggregate();
+            (PASS_18N, 0, UDP_LENGTH_PRIMING): aggregate();
+            (PASS_18, 0, _): refuse(DROP_BAD_LENGTH);
+            (PASS_18N, 0, _): refuse(DROP_BAD_LENGTH);
+            (PASS_18, _, UDP_LENGTH_VALUES): aggregate();
+            (PASS_18N, _, UDP_LENGTH_VALUES): aggregate();
+            (PASS_16, _, _, _, _): refuse(DROP_BAD_LENGTH);
+            (PASS_16N, _, _, _, _): refuse(DROP_BAD_LENGTH);
+            (PASS_14, _, _, _, _, _, _): refuse(DROP_BAD_SLOT);
+            (PASS_13, _, _, _, _, _, _, _): refuse(DROP_STALE_EPOCH);
+            (PASS_5, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_WORKER);
+            (PASS_4, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_TYPE);
+            (PASS_3, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(DROP_BAD_ENCAP);
+            (PASS_2, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): pass_on();  /* not admitted */
+            (PASS_1, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(GLOBAL_DROP_BAD_VERSION);
+            (false, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _): refuse(GLOBAL_DROP_TRUNCATED);
         }
     }
 

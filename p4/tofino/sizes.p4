@@ -57,13 +57,7 @@ const bit<2> VERDICT_FORWARD   = 0;  /* ordinary traffic, or a job not admitted 
 const bit<2> VERDICT_AGGREGATE = 1;  /* admitted contribution: slot logic applies            */
 const bit<2> VERDICT_DROP      = 2;  /* dropped and counted (drop_reason)                    */
 
-/* SlotState's decision for an admitted contribution (see slot_state.p4). */
-const bit<3> SLOT_NONE         = 0;
-const bit<3> SLOT_FIRST        = 1;
-const bit<3> SLOT_ADD          = 2;
-const bit<3> SLOT_STALE        = 3;
-const bit<3> SLOT_DUP_PENDING  = 4;
-const bit<3> SLOT_DUP_DONE     = 5;
+/* SlotState's decision (meta.outcome): SLOT_* of the shared constants.p4; 0 = none. */
 
 /* What the value lanes do, decided with seen from the bitmaps alone (slot_state.p4): store
  * (FIRST), add (ADD, or a STALE packet seen's count reveals), load (DUP). */
@@ -89,6 +83,8 @@ struct tofino_ingress_md_t {
     bit<8>       rank_gap;       /* worker_id - n_workers */
     PortId_t     port_diff;
     bit<32>      addr_diff;
+    bit<48>      mac_diff;
+    bit<16>      udp_port_diff;
     bit<16>      epoch_diff;
     bit<16>      slot_abs;       /* the header's slot as a 16-bit number (parser) */
     bit<16>      slot_count;
@@ -110,7 +106,7 @@ struct tofino_ingress_md_t {
     bit<8>       flags_in;       /* the sticky flags this packet brings */
     bit<1>       first;          /* old_bitmap == 0: the round's first contribution */
     bit<2>       lane_op;        /* LANE_*: what the value lanes do */
-    bit<3>       outcome;        /* SLOT_* */
+    bit<3>       outcome;        /* SLOT_* (constants.p4); 0 until SlotState decides */
     bit<1>       send_result;
 }
 

@@ -208,7 +208,7 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
                 meta.outcome = SLOT_DUP_PENDING;
             }
         } else if (meta.seen_before == meta.n_workers || meta.seen_before[7:7] == 1) {
-            meta.outcome = SLOT_STALE;
+            meta.outcome = SLOT_STALE_ROUND;
             meta.drop_reason = DROP_STALE_ROUND;
         } else {
             meta.outcome = SLOT_ADD;
