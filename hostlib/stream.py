@@ -32,9 +32,12 @@ loss (:class:`WindowControl`, AIMD).
 
 Results are accepted only from the grant's aggregator and only when they answer an outstanding
 round exactly (:class:`OutstandingRounds`); everything else is dropped and counted per
-:class:`ResultCheck`. Loss recovery: every outstanding round has a deadline (RTO from
-:class:`RttEstimator`, Karn's rule, doubling backoff per slot); on expiry the same packet is
-resent with FLAG_RETRANSMIT. The aggregator never adds a duplicate twice and answers a duplicate
+:class:`ResultCheck`. Loss recovery (:class:`LossDetector`): a round is resent with
+FLAG_RETRANSMIT when a round sent after it has been answered and it is overdue by more than a
+reordering allowance (fast retransmit, RACK's time-based loss detection, RFC 8985), or when its
+deadline passes (RTO from :class:`RttEstimator`, Karn's rule, floored at twice the smoothed RTT);
+a round's RTO doubles only while no result arrives at all, so random loss on a path that still
+delivers never backs the whole window off. The aggregator never adds a duplicate twice and answers a duplicate
 of a finished round with its stored result, so results are bit-identical with or without loss.
 """
 
@@ -246,6 +249,7 @@ class StreamStats:
     wire_bytes_sent: int = 0
     wire_bytes_received: int = 0
     retransmissions: int = 0
+    fast_retransmissions: int = 0
     spurious_retransmissions: int = 0
     ignored_results: int = 0
     host_results: int = 0
@@ -260,8 +264,10 @@ class StreamStats:
         self.result_drops[name] = self.result_drops.get(name, 0) + 1
 
     def timeouts(self) -> int:
-        """Retransmissions not known to be spurious: the loss signal of the window control."""
-        return self.retransmissions - self.spurious_retransmissions
+        """Retransmissions on an expired RTO not known to be spurious: the congestion signal of
+        the window control. Fast retransmissions are not: a round sent later got through, so the
+        path was delivering (random loss), not overflowing."""
+        return max(0, self.retransmissions - self.fast_retransmissions - self.spurious_retransmissions)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -273,6 +279,7 @@ class StreamStats:
 # header-only priming rounds of a call with many blocks are at most about a quarter of its rounds.
 PRIMING_SHARE = 4
 PRIMING_FREE_WINDOW = 16
+INITIAL_RTO = 0.05   # seconds, before the first RTT sample
 INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
 
 
@@ -287,7 +294,8 @@ def call_window(slot_count: int, n_blocks: int, goal: int, is_float: bool) -> in
 @dataclass
 class Round:
     """The one outstanding round of a slot: a priming round (exponent of block ``chunk``, no
-    values) or the data round of block ``chunk``."""
+    values) or the data round of block ``chunk``. ``sent_at``: its first transmission (the RTT
+    sample); ``last_sent``: its latest one (loss detection)."""
 
     chunk: int
     priming: bool
@@ -299,6 +307,10 @@ class Round:
     deadline: float
     rto: float
     retransmitted: bool = False
+    last_sent: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.last_sent = self.sent_at
 
 
 class OutstandingRounds:
@@ -346,8 +358,6 @@ class OutstandingRounds:
             return ResultCheck.WRONG_LENGTH, -1
         return ResultCheck.ACCEPTED, idx
 
-    def expired(self, now: float) -> list[Round]:
-        return [r for r in self.rounds.values() if now >= r.deadline]
 
 
 class ExponentTracker:
@@ -384,7 +394,7 @@ class RttEstimator:
     rto: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.rto = max(self.rto_min, 0.05)
+        self.rto = max(self.rto_min, INITIAL_RTO)
 
     def sample(self, rtt: float) -> None:
         if self.srtt is None:
@@ -392,7 +402,57 @@ class RttEstimator:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.rto = min(self.rto_max, max(self.rto_min, self.srtt + 4 * self.rttvar))
+        # the floor follows the path (twice its RTT), not a fixed 50 ms: on a fast path a lost
+        # round costs a few RTTs, not a stall
+        self.rto = min(self.rto_max, max(self.rto_min, 2 * self.srtt, self.srtt + 4 * self.rttvar))
+
+    def reorder_window(self) -> float:
+        """How late a round may be behind a later-sent answered one before it counts as lost."""
+        return max(self.rto_min, self.srtt or 0.0) / 4
+
+
+class Loss(enum.Enum):
+    """A :class:`LossDetector` verdict on a round in flight."""
+
+    NONE = 0
+    FAST = 1      # a round sent after it was answered and it is overdue: resend, RTO kept
+    TIMEOUT = 2   # its deadline passed
+
+
+@dataclass
+class LossDetector:
+    """Time-based loss detection of the rounds in flight (RACK, RFC 8985).
+
+    The window's rounds complete roughly in the order they were sent, so an answered round that
+    was sent after round X (first transmissions only, Karn) while X is still outstanding more than
+    that round's RTT plus a reordering allowance after X's latest transmission says X (or one of
+    the other ranks' contributions to it) was lost: resend it without waiting for its RTO. A
+    round's RTO doubles on expiry only when no result at all arrived since it was last sent (the
+    path went silent: congestion or an outage); while others are answered the loss is random and
+    the round keeps the current RTO, so one unlucky slot does not stall behind a long backoff."""
+
+    rtt: RttEstimator
+    newest_sent: float = float("-inf")  # first transmission of the newest-sent answered round
+    newest_rtt: float = 0.0
+    progress: float = float("-inf")     # when the last result was accepted
+
+    def delivered(self, rnd: Round, now: float) -> None:
+        self.progress = now
+        if not rnd.retransmitted and rnd.sent_at >= self.newest_sent:
+            self.newest_sent, self.newest_rtt = rnd.sent_at, now - rnd.sent_at
+
+    def verdict(self, rnd: Round, now: float) -> Loss:
+        if now >= rnd.deadline:
+            return Loss.TIMEOUT
+        if rnd.last_sent < self.newest_sent and now >= rnd.last_sent + self.newest_rtt + self.rtt.reorder_window():
+            return Loss.FAST
+        return Loss.NONE
+
+    def next_rto(self, rnd: Round, loss: Loss) -> float:
+        """The RTO of a round resent now for ``loss``."""
+        if loss is Loss.TIMEOUT and self.progress <= rnd.last_sent:
+            return min(2 * rnd.rto, self.rtt.rto_max)
+        return self.rtt.rto
 
 
 @dataclass
@@ -439,7 +499,7 @@ class StreamBase:
     number, the control vector and its decoding, the window goal and the public ``allreduce``."""
 
     def __init__(self, grant: Grant, rank: int, n_workers: int, transport: Transport, *,
-                 rto_min: float = 0.05, rto_max: float = 1.0, stall_timeout: float = 30.0) -> None:
+                 rto_min: float = 0.002, rto_max: float = 1.0, stall_timeout: float = 30.0) -> None:
         if not 0 <= rank < n_workers:
             raise ValueError(f"rank {rank} not in 0..{n_workers - 1}")
         self.rank = rank
@@ -536,6 +596,8 @@ class SlotStream(StreamBase):
         self._buf = bytearray(65536)
         super().__init__(grant, rank, n_workers, transport, **kw)
         self._rtt = RttEstimator(self.rto_min, self.rto_max)
+        self._loss = LossDetector(self._rtt)
+        self._next_scan = 0.0
 
     def set_grant(self, grant: Grant) -> None:
         super().set_grant(grant)
@@ -574,14 +636,19 @@ class SlotStream(StreamBase):
                 block = codec.quantize(block, exps.agreed[chunk], self.shift)
         self._send_round(rounds, idx, chunk, False, block, exps.local_exp(chunk + window), flags, now)
 
-    def _resend_expired(self, rounds: OutstandingRounds, now: float) -> None:
-        for rnd in rounds.expired(now):
+    def _resend_lost(self, rounds: OutstandingRounds, now: float) -> None:
+        for rnd in rounds.rounds.values():
+            loss = self._loss.verdict(rnd, now)
+            if loss is Loss.NONE:
+                continue
             if not rnd.retransmitted:
                 rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
                 rnd.retransmitted = True
             self.stats.retransmissions += 1
-            rnd.rto = min(rnd.rto * 2, self._rtt.rto_max)
+            self.stats.fast_retransmissions += loss is Loss.FAST
+            rnd.rto = self._loss.next_rto(rnd, loss)
             rnd.deadline = now + rnd.rto
+            rnd.last_sent = now
             self._transmit(rnd.packet)
 
     # -- receiving ---------------------------------------------------------------------------
@@ -604,21 +671,26 @@ class SlotStream(StreamBase):
             self.stats.host_results += 1
         if not rnd.retransmitted:
             self._rtt.sample(now - rnd.sent_at)
+        self._loss.delivered(rnd, now)
         return idx, rnd, now
 
     def _await(self, rounds: OutstandingRounds, progress: float,
                missing: Callable[[], str]) -> tuple[int, Round, float]:
-        """Receive until some round completes; resend expired rounds every tick; raise the
-        stall error (naming ``missing()``) after ``stall_timeout`` without progress."""
-        tick = self._rtt.rto_min
+        """Receive until some round completes; resend lost rounds every scan tick (a quarter of
+        ``rto_min``); raise the stall error (naming ``missing()``) after ``stall_timeout``
+        without progress."""
+        tick = self._rtt.rto_min / 4
         while True:
-            idx, rnd, now = self._receive(rounds, tick)
-            if rnd is not None:
-                return idx, rnd, now
-            self._resend_expired(rounds, now)
+            now = time.perf_counter()
+            if now >= self._next_scan:
+                self._resend_lost(rounds, now)
+                self._next_scan = now + tick
             if self.aborted or now - progress > self.stall_timeout:
                 waiting = sorted(self.grant.slot_base + i for i in rounds.rounds)
                 raise self.stall_error(missing(), waiting)
+            idx, rnd, now = self._receive(rounds, tick)
+            if rnd is not None:
+                return idx, rnd, now
 
     def _header_fields(self) -> tuple[int, int, np.ndarray]:
         """(flags, exp, values) of the accepted result in the receive buffer."""

@@ -19,6 +19,7 @@ namespace inagg {
 namespace {
 
 constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
+constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
 
 double now_seconds() {
     using namespace std::chrono;
@@ -52,7 +53,7 @@ const char* result_check_name(ResultCheck c) {
 }
 
 RttEstimator::RttEstimator(double rto_min, double rto_max)
-    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, 0.05)) {}
+    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, kInitialRto)) {}
 
 void RttEstimator::sample(double rtt) {
     if (srtt_ < 0) {
@@ -62,7 +63,28 @@ void RttEstimator::sample(double rtt) {
         rttvar_ = 0.75 * rttvar_ + 0.25 * std::fabs(srtt_ - rtt);
         srtt_ = 0.875 * srtt_ + 0.125 * rtt;
     }
-    rto_ = std::min(rto_max_, std::max(rto_min_, srtt_ + 4 * rttvar_));
+    // the floor follows the path (twice its RTT), not a fixed 50 ms
+    rto_ = std::min(rto_max_, std::max({rto_min_, 2 * srtt_, srtt_ + 4 * rttvar_}));
+}
+
+void LossDetector::delivered(const Transmission& t, double now) {
+    progress_ = now;
+    if (!t.retransmitted && t.sent_at >= newest_sent_) {
+        newest_sent_ = t.sent_at;
+        newest_rtt_ = now - t.sent_at;
+    }
+}
+
+Loss LossDetector::verdict(const Transmission& t, double now) const {
+    if (now >= t.deadline) return Loss::TIMEOUT;
+    if (t.last_sent < newest_sent_ && now >= t.last_sent + newest_rtt_ + rtt_.reorder_window())
+        return Loss::FAST;
+    return Loss::NONE;
+}
+
+double LossDetector::next_rto(const Transmission& t, Loss loss) const {
+    if (loss == Loss::TIMEOUT && progress_ <= t.last_sent) return std::min(2 * t.rto, rtt_.rto_max());
+    return rtt_.rto();
 }
 
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
@@ -112,7 +134,7 @@ void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, i
     r.offset = chunk * grant_.k;
     r.count = count;
     r.length = kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0);
-    r.sent_at = now;
+    r.sent_at = r.last_sent = now;
     r.rto = rtt_.rto();
     r.deadline = now + r.rto;
     r.retransmitted = false;
@@ -188,17 +210,20 @@ void Stream::flush_sends() {
     send_queue_.clear();
 }
 
-void Stream::resend_expired(double now) {
+void Stream::resend_lost(double now) {
     for (uint32_t idx = 0; idx < rounds_.size(); ++idx) {
         Round& r = rounds_[idx];
-        if (!r.active || now < r.deadline) continue;
+        Loss loss = r.active ? loss_.verdict(r, now) : Loss::NONE;
+        if (loss == Loss::NONE) continue;
         if (!r.retransmitted) {
             packet(idx)[1] |= kFlagRetransmit;
             r.retransmitted = true;
         }
         counters_.retransmissions += 1;
-        r.rto = std::min(r.rto * 2, rtt_.rto_max());
+        counters_.fast_retransmissions += loss == Loss::FAST;
+        r.rto = loss_.next_rto(r, loss);
         r.deadline = now + r.rto;
+        r.last_sent = now;
         queue_send(idx);
     }
 }
@@ -277,6 +302,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             if (d[1] & kFlagFromHost) counters_.host_results += 1;
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
+            loss_.delivered(r, now);
             *progress = now;
             *result = d;
             return true;
@@ -284,7 +310,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
         flush_sends();
         double now = now_seconds();
         if (now >= next_scan_) {
-            resend_expired(now);
+            resend_lost(now);
             flush_sends();
             next_scan_ = now + scan_tick();
         }

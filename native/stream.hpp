@@ -4,12 +4,13 @@
 // vector's encoding and decoding, the window choice and the errors. This class runs the two
 // per-packet phases of a call with the GIL released: the control round on slot 0 and the
 // streaming of the blocks (priming, one-round-ahead exponents, quantization, result matching,
-// RTO/retransmission with backoff, stall timeout), sending and receiving in sendmmsg/recvmmsg
+// loss detection and retransmission, stall timeout), sending and receiving in sendmmsg/recvmmsg
 // batches on the UDP socket that Python opened.
 #pragma once
 
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -30,7 +31,7 @@ const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
-    uint64_t retransmissions = 0, spurious_retransmissions = 0, host_results = 0;
+    uint64_t retransmissions = 0, fast_retransmissions = 0, spurious_retransmissions = 0, host_results = 0;
     std::array<uint64_t, RESULT_CHECKS> drops{};  // indexed by ResultCheck (ACCEPTED unused)
 };
 
@@ -47,11 +48,35 @@ class RttEstimator {
     RttEstimator(double rto_min, double rto_max);
     void sample(double rtt);
     double rto() const { return rto_; }
+    // How late a round may be behind a later-sent answered one before it counts as lost.
+    double reorder_window() const { return std::max(rto_min_, std::max(srtt_, 0.0)) / 4; }
     double rto_min() const { return rto_min_; }
     double rto_max() const { return rto_max_; }
 
   private:
     double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, rto_;
+};
+
+// A round's transmission times and RTO as loss detection sees them.
+struct Transmission {
+    double sent_at = 0, last_sent = 0, deadline = 0, rto = 0;  // first and latest transmission
+    bool retransmitted = false;
+};
+
+enum class Loss : uint8_t { NONE, FAST, TIMEOUT };
+
+// Time-based loss detection of the rounds in flight (RACK, RFC 8985); the twin of
+// hostlib.stream.LossDetector (read its docstring for why).
+class LossDetector {
+  public:
+    explicit LossDetector(const RttEstimator& rtt) : rtt_(rtt) {}
+    void delivered(const Transmission& t, double now);
+    Loss verdict(const Transmission& t, double now) const;
+    double next_rto(const Transmission& t, Loss loss) const;  // the RTO of a round resent now
+
+  private:
+    const RttEstimator& rtt_;
+    double newest_sent_ = -1e300, newest_rtt_ = 0, progress_ = -1e300;
 };
 
 // What a call's block phase streams: the tensor and its exponents (float calls).
@@ -91,13 +116,12 @@ class Stream {
     std::vector<uint32_t> waiting_slots() const;
 
   private:
-    struct Round {
-        bool active = false, priming = false, retransmitted = false;
+    struct Round : Transmission {
+        bool active = false, priming = false;
         uint8_t slot_set = 0;
         uint32_t chunk = 0, offset = 0;
         uint16_t count = 0;
         size_t length = 0;  // bytes of the packet in this slot's buffer
-        double sent_at = 0, deadline = 0, rto = 0;
     };
 
     uint8_t* packet(uint32_t idx) { return packets_.data() + idx * packet_bytes_; }
@@ -107,7 +131,7 @@ class Stream {
     void send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, double now);
     void queue_send(uint32_t idx);
     void flush_sends();
-    void resend_expired(double now);
+    void resend_lost(double now);
     int receive_batch(double wait);
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
@@ -121,6 +145,7 @@ class Stream {
     double stall_timeout_;
     std::atomic<bool> aborted_{false};
     RttEstimator rtt_;
+    LossDetector loss_{rtt_};
     GrantView grant_;
     std::vector<uint8_t> next_set_;
     std::vector<Round> rounds_;
