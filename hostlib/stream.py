@@ -250,6 +250,8 @@ class StreamStats:
     wire_bytes_received: int = 0
     retransmissions: int = 0
     fast_retransmissions: int = 0
+    backoffs: int = 0
+    bursts: int = 0
     spurious_retransmissions: int = 0
     ignored_results: int = 0
     host_results: int = 0
@@ -264,10 +266,12 @@ class StreamStats:
         self.result_drops[name] = self.result_drops.get(name, 0) + 1
 
     def timeouts(self) -> int:
-        """Retransmissions on an expired RTO not known to be spurious: the congestion signal of
-        the window control. Fast retransmissions are not: a round sent later got through, so the
-        path was delivering (random loss), not overflowing."""
-        return max(0, self.retransmissions - self.fast_retransmissions - self.spurious_retransmissions)
+        """Loss bursts not known to be spurious: the congestion signal of the window control.
+        A burst (``bursts``) is half the window or more timing out in one scan on a silent path
+        (no result since those rounds were sent), as when a burst overflowed a buffer. Other
+        losses are not: random loss hits rounds one by one while others are answered, and a
+        smaller window would only slow its recovery."""
+        return max(0, self.bursts - self.spurious_retransmissions)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -280,6 +284,10 @@ class StreamStats:
 PRIMING_SHARE = 4
 PRIMING_FREE_WINDOW = 16
 INITIAL_RTO = 0.05   # seconds, before the first RTT sample
+# A silent path backs a round's RTO off to at most this many RTOs: in a job a round also waits on
+# the other ranks' resends, which a longer backoff here would only delay
+MAX_BACKOFF = 8
+RTO_OVER_MIN_RTT = 4  # the RTO never exceeds this many minimum RTTs (see RttEstimator.sample)
 INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
 
 
@@ -391,6 +399,7 @@ class RttEstimator:
     rto_max: float
     srtt: float | None = None
     rttvar: float = 0.0
+    min_rtt: float = float("inf")
     rto: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -402,9 +411,13 @@ class RttEstimator:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        # the floor follows the path (twice its RTT), not a fixed 50 ms: on a fast path a lost
-        # round costs a few RTTs, not a stall
-        self.rto = min(self.rto_max, max(self.rto_min, 2 * self.srtt, self.srtt + 4 * self.rttvar))
+        self.min_rtt = min(self.min_rtt, rtt)
+        # Tied to the path's RTT, not a fixed 50 ms, so a lost round costs a few RTTs, not a
+        # stall. A round's RTT also holds the wait for the other ranks' contributions, and so
+        # their loss recovery: capped at a few minimum RTTs, the RTO does not grow with it (a
+        # longer RTO here would slow every rank's recovery, a feedback loop).
+        rto = min(2 * self.srtt + 4 * self.rttvar, RTO_OVER_MIN_RTT * self.min_rtt, self.rto_max)
+        self.rto = max(self.rto_min, rto)
 
     def reorder_window(self) -> float:
         """How late a round may be behind a later-sent answered one before it counts as lost."""
@@ -428,7 +441,7 @@ class LossDetector:
     that round's RTT plus a reordering allowance after X's latest transmission says X (or one of
     the other ranks' contributions to it) was lost: resend it without waiting for its RTO. A
     round's RTO doubles on expiry only when no result at all arrived since it was last sent (the
-    path went silent: congestion or an outage); while others are answered the loss is random and
+    path went silent: congestion or an outage), up to ``MAX_BACKOFF`` RTOs; while others are answered the loss is random and
     the round keeps the current RTO, so one unlucky slot does not stall behind a long backoff."""
 
     rtt: RttEstimator
@@ -448,10 +461,14 @@ class LossDetector:
             return Loss.FAST
         return Loss.NONE
 
-    def next_rto(self, rnd: Round, loss: Loss) -> float:
-        """The RTO of a round resent now for ``loss``."""
-        if loss is Loss.TIMEOUT and self.progress <= rnd.last_sent:
-            return min(2 * rnd.rto, self.rtt.rto_max)
+    def silent(self, rnd: Round) -> bool:
+        """No result at all arrived since ``rnd`` was last sent."""
+        return self.progress <= rnd.last_sent
+
+    def next_rto(self, rnd: Round, backoff: bool) -> float:
+        """The RTO of a round resent now (``backoff``: its RTO expired on a silent path)."""
+        if backoff:
+            return min(2 * rnd.rto, MAX_BACKOFF * self.rtt.rto, self.rtt.rto_max)
         return self.rtt.rto
 
 
@@ -488,6 +505,11 @@ class WindowControl:
             self.goal = self._clamp(2 * self.goal if self.slow_start else self.goal + max(1, self.goal // 4))
 
 
+def is_burst(backoffs: int, window: int) -> bool:
+    """``backoffs`` rounds of a ``window`` timing out at once on a silent path are a burst."""
+    return backoffs >= max(2, window // 2)
+
+
 def overflow_error(chunks: list[int], k: int) -> FloatingPointError:
     return FloatingPointError(
         f"allreduce input holds inf/NaN or |x| >= 2**127 on some rank: {len(chunks)} block(s) "
@@ -499,7 +521,7 @@ class StreamBase:
     number, the control vector and its decoding, the window goal and the public ``allreduce``."""
 
     def __init__(self, grant: Grant, rank: int, n_workers: int, transport: Transport, *,
-                 rto_min: float = 0.002, rto_max: float = 1.0, stall_timeout: float = 30.0) -> None:
+                 rto_min: float = 0.005, rto_max: float = 1.0, stall_timeout: float = 30.0) -> None:
         if not 0 <= rank < n_workers:
             raise ValueError(f"rank {rank} not in 0..{n_workers - 1}")
         self.rank = rank
@@ -637,6 +659,7 @@ class SlotStream(StreamBase):
         self._send_round(rounds, idx, chunk, False, block, exps.local_exp(chunk + window), flags, now)
 
     def _resend_lost(self, rounds: OutstandingRounds, now: float) -> None:
+        backoffs = 0
         for rnd in rounds.rounds.values():
             loss = self._loss.verdict(rnd, now)
             if loss is Loss.NONE:
@@ -645,11 +668,15 @@ class SlotStream(StreamBase):
                 rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
                 rnd.retransmitted = True
             self.stats.retransmissions += 1
+            backoff = loss is Loss.TIMEOUT and self._loss.silent(rnd)
             self.stats.fast_retransmissions += loss is Loss.FAST
-            rnd.rto = self._loss.next_rto(rnd, loss)
+            backoffs += backoff
+            rnd.rto = self._loss.next_rto(rnd, backoff)
             rnd.deadline = now + rnd.rto
             rnd.last_sent = now
             self._transmit(rnd.packet)
+        self.stats.backoffs += backoffs
+        self.stats.bursts += is_burst(backoffs, self.window)
 
     # -- receiving ---------------------------------------------------------------------------
 

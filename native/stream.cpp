@@ -20,6 +20,8 @@ namespace {
 
 constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
 constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
+constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
+constexpr double kRtoOverMinRtt = 4;  // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
 
 double now_seconds() {
     using namespace std::chrono;
@@ -63,8 +65,10 @@ void RttEstimator::sample(double rtt) {
         rttvar_ = 0.75 * rttvar_ + 0.25 * std::fabs(srtt_ - rtt);
         srtt_ = 0.875 * srtt_ + 0.125 * rtt;
     }
-    // the floor follows the path (twice its RTT), not a fixed 50 ms
-    rto_ = std::min(rto_max_, std::max({rto_min_, 2 * srtt_, srtt_ + 4 * rttvar_}));
+    min_rtt_ = std::min(min_rtt_, rtt);
+    // tied to the path's RTT, not a fixed 50 ms (see stream.py RttEstimator.sample)
+    double rto = std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_});
+    rto_ = std::max(rto_min_, rto);
 }
 
 void LossDetector::delivered(const Transmission& t, double now) {
@@ -82,8 +86,8 @@ Loss LossDetector::verdict(const Transmission& t, double now) const {
     return Loss::NONE;
 }
 
-double LossDetector::next_rto(const Transmission& t, Loss loss) const {
-    if (loss == Loss::TIMEOUT && progress_ <= t.last_sent) return std::min(2 * t.rto, rtt_.rto_max());
+double LossDetector::next_rto(const Transmission& t, bool backoff) const {
+    if (backoff) return std::min({2 * t.rto, kMaxBackoff * rtt_.rto(), rtt_.rto_max()});
     return rtt_.rto();
 }
 
@@ -211,6 +215,7 @@ void Stream::flush_sends() {
 }
 
 void Stream::resend_lost(double now) {
+    uint64_t backoffs = 0;
     for (uint32_t idx = 0; idx < rounds_.size(); ++idx) {
         Round& r = rounds_[idx];
         Loss loss = r.active ? loss_.verdict(r, now) : Loss::NONE;
@@ -220,12 +225,17 @@ void Stream::resend_lost(double now) {
             r.retransmitted = true;
         }
         counters_.retransmissions += 1;
+        bool backoff = loss == Loss::TIMEOUT && loss_.silent(r);
         counters_.fast_retransmissions += loss == Loss::FAST;
-        r.rto = loss_.next_rto(r, loss);
+        backoffs += backoff;
+        r.rto = loss_.next_rto(r, backoff);
         r.deadline = now + r.rto;
         r.last_sent = now;
         queue_send(idx);
     }
+    counters_.backoffs += backoffs;
+    // half the window or more timing out at once on a silent path: a burst (stream.py is_burst)
+    counters_.bursts += backoffs >= std::max<uint64_t>(2, rounds_.size() / 2);
 }
 
 int Stream::receive_batch(double wait) {

@@ -31,7 +31,7 @@ const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
-    uint64_t retransmissions = 0, fast_retransmissions = 0, spurious_retransmissions = 0, host_results = 0;
+    uint64_t retransmissions = 0, fast_retransmissions = 0, backoffs = 0, bursts = 0, spurious_retransmissions = 0, host_results = 0;
     std::array<uint64_t, RESULT_CHECKS> drops{};  // indexed by ResultCheck (ACCEPTED unused)
 };
 
@@ -54,7 +54,7 @@ class RttEstimator {
     double rto_max() const { return rto_max_; }
 
   private:
-    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, rto_;
+    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, min_rtt_ = 1e300, rto_;
 };
 
 // A round's transmission times and RTO as loss detection sees them.
@@ -72,7 +72,9 @@ class LossDetector {
     explicit LossDetector(const RttEstimator& rtt) : rtt_(rtt) {}
     void delivered(const Transmission& t, double now);
     Loss verdict(const Transmission& t, double now) const;
-    double next_rto(const Transmission& t, Loss loss) const;  // the RTO of a round resent now
+    bool silent(const Transmission& t) const { return progress_ <= t.last_sent; }
+    // The RTO of a round resent now (backoff: its RTO expired on a silent path).
+    double next_rto(const Transmission& t, bool backoff) const;
 
   private:
     const RttEstimator& rtt_;

@@ -47,6 +47,8 @@ nb::dict counters_dict(const Stream& s) {
     d["wire_bytes_received"] = c.wire_bytes_received;
     d["retransmissions"] = c.retransmissions;
     d["fast_retransmissions"] = c.fast_retransmissions;
+    d["backoffs"] = c.backoffs;
+    d["bursts"] = c.bursts;
     d["spurious_retransmissions"] = c.spurious_retransmissions;
     d["host_results"] = c.host_results;
     for (size_t i = 1; i < RESULT_CHECKS; ++i)
