@@ -1,0 +1,155 @@
+"""Loss detection of the worker's stream (hostlib.stream.LossDetector, RttEstimator, is_burst):
+its decisions on scripted sequences of sends and results, and over a real socket a scripted
+aggregator that loses one contribution: the stream resends exactly that round, early, in both
+streams (the native one, native/stream.cpp, is the twin of the Python specification)."""
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from hostlib.grant import Grant
+from hostlib.native_stream import NativeSlotStream
+from hostlib.protocol import FLAG_RETRANSMIT, MSG_RESULT, VERSION
+from hostlib.stream import (
+    MAX_BACKOFF,
+    RTO_OVER_MIN_RTT,
+    Loss,
+    LossDetector,
+    Round,
+    RttEstimator,
+    SlotStream,
+    is_burst,
+)
+from hostlib.transport import UdpTransport
+
+STREAMS = {"python": SlotStream, "native": NativeSlotStream}
+
+
+def sent(at: float, rto: float = 1.0) -> Round:
+    return Round(chunk=0, priming=False, slot_set=0, offset=0, count=0, packet=b"",
+                 sent_at=at, deadline=at + rto, rto=rto)
+
+
+def detector(rtt: float = 0.01, rto_min: float = 0.004) -> LossDetector:
+    est = RttEstimator(rto_min, 1.0)
+    est.sample(rtt)
+    return LossDetector(est)
+
+
+def test_a_later_answered_round_marks_an_overdue_earlier_one_lost():
+    d = detector(rtt=0.01)               # reorder window: srtt / 4 = 2.5 ms
+    a, b, c = sent(0.0), sent(0.001), sent(0.002)
+    d.delivered(c, 0.012)                # c answered after 10 ms
+    assert d.verdict(a, 0.012) is Loss.NONE      # within c's RTT + the reorder window
+    assert d.verdict(a, 0.0126) is Loss.FAST     # 0 + 10 ms + 2.5 ms
+    assert d.verdict(b, 0.0126) is Loss.NONE     # b is 1 ms younger
+    assert d.verdict(b, 0.0136) is Loss.FAST
+
+
+def test_no_fast_retransmit_without_a_later_answered_round():
+    d = detector()
+    a, b = sent(0.002), sent(0.003)
+    d.delivered(sent(0.001), 0.011)      # only an older round answered
+    assert d.verdict(a, 0.5) is Loss.NONE and d.verdict(b, 0.5) is Loss.NONE
+    assert d.verdict(a, 1.002) is Loss.TIMEOUT   # its own deadline still holds
+
+
+def test_answers_to_retransmitted_rounds_do_not_move_the_reference_karn():
+    d = detector()
+    a, late = sent(0.0), sent(0.005)
+    late.retransmitted = True            # which copy was answered is unknown
+    d.delivered(late, 0.02)
+    assert d.verdict(a, 0.5) is Loss.NONE
+
+
+def test_a_resent_round_is_judged_from_its_latest_transmission():
+    d = detector(rtt=0.01)
+    a = sent(0.0)
+    d.delivered(sent(0.001), 0.011)
+    assert d.verdict(a, 0.014) is Loss.FAST
+    a.last_sent = 0.014                  # resent: no round sent after that was answered yet
+    assert d.verdict(a, 0.1) is Loss.NONE
+    d.delivered(sent(0.015), 0.025)
+    assert d.verdict(a, 0.0265) is Loss.FAST
+
+
+def test_backoff_only_on_a_silent_path_and_bounded():
+    d = detector(rtt=0.01, rto_min=0.004)
+    rto = d.rtt.rto
+    a = sent(0.0, rto=rto)
+    assert d.silent(a)                   # nothing answered since a was sent
+    assert d.next_rto(a, backoff=True) == pytest.approx(2 * rto)
+    a.rto = 100.0
+    assert d.next_rto(a, backoff=True) == pytest.approx(min(MAX_BACKOFF * rto, 1.0))
+    d.delivered(sent(0.001), 0.011)
+    assert not d.silent(a)               # results keep coming: random loss, no backoff
+    assert d.next_rto(a, backoff=False) == rto
+
+
+def test_rto_follows_the_minimum_rtt_not_the_waits_for_other_ranks():
+    est = RttEstimator(0.001, 1.0)
+    est.sample(0.002)
+    for _ in range(20):                  # rounds that waited for another rank's recovery
+        est.sample(0.2)
+    assert est.rto == pytest.approx(RTO_OVER_MIN_RTT * 0.002)
+    low = RttEstimator(0.005, 1.0)
+    low.sample(0.0001)
+    assert low.rto == 0.005              # never below rto_min
+
+
+@pytest.mark.parametrize("backoffs,window,burst", [(0, 64, False), (1, 64, False), (31, 64, False),
+                                                   (32, 64, True), (1, 1, False), (2, 3, True)])
+def test_a_burst_is_half_the_window_timing_out_at_once(backoffs, window, burst):
+    assert is_burst(backoffs, window) is burst
+
+
+class LoseOneContribution:
+    """A one-rank job's aggregator that loses the first transmission of one block's
+    contribution and answers every other datagram at once."""
+
+    def __init__(self, lost_offset: int) -> None:
+        self.lost_offset = lost_offset
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(5.0)
+        self.resent_offsets: list[int] = []
+
+    def serve(self) -> None:
+        lost = False
+        while True:
+            try:
+                data, sender = self.sock.recvfrom(65536)
+            except (TimeoutError, OSError):
+                return
+            offset = int.from_bytes(data[12:16], "big")
+            if data[1] & FLAG_RETRANSMIT:
+                self.resent_offsets.append(offset)
+            if offset == self.lost_offset and not lost:
+                lost = True
+                continue
+            self.sock.sendto(bytes([(VERSION << 4) | MSG_RESULT]) + data[1:], sender)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_lost_contribution_is_resent_once_by_fast_retransmit(kind):
+    k, window = 4, 8
+    agg = LoseOneContribution(lost_offset=2 * k)    # block 2; blocks 3.. are answered after it
+    thread = threading.Thread(target=agg.serve, daemon=True)
+    thread.start()
+    transport = UdpTransport(agg.sock.getsockname(), bind=("127.0.0.1", 0))
+    try:
+        # an RTO of 2 s: only the fast path can resend before it
+        stream = STREAMS[kind](Grant(3, 2, 0, window, k, agg.sock.getsockname()), 0, 1, transport,
+                               rto_min=2.0, rto_max=2.0, stall_timeout=10.0)
+        x = np.arange(40, dtype=np.int32)
+        stream.allreduce(x)
+        assert x.tolist() == list(range(40))
+        s = stream.stats
+        assert agg.resent_offsets == [2 * k]
+        assert s.retransmissions == s.fast_retransmissions == 1
+        assert s.backoffs == 0 and s.timeouts() == 0
+    finally:
+        agg.sock.close()
+        transport.close()
