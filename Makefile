@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml CMakeLists.txt $(wildcard native/*.cpp native/*.hpp)
 	  (apt-get update -qq && apt-get install -y -qq python3-venv python3-pip)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)" "scikit-build-core>=0.10" "nanobind>=2.0"
-	$(BIN)/pip install -q --no-build-isolation -e ".[dev,torch]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[dev,torch,control]"
 	touch $@
 
 setup: $(STAMP)

@@ -8,10 +8,12 @@ attached to switch port r+1; the switch's inagg address is 127.A.B.254, the host
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
 import secrets
+import signal
 import socket
 import shutil
 import subprocess
@@ -42,16 +44,28 @@ def free_loopback_net(tries: int = 64) -> str:
     raise RuntimeError(f"no free loopback /24 found in {tries} tries")
 
 
+def _die_with_parent() -> None:
+    """In a child before exec: the kernel sends it SIGTERM when its parent dies (Linux), so a
+    killed supervisor leaves no orphans."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class LoopbackDeployment:
-    """Context manager: start everything, yield, stop everything (and remove its files)."""
+    """Context manager: start everything, yield, stop everything (and remove its files).
+
+    ``die_with_parent``: the services also stop when the process that started them dies
+    (``bmv2_env.services`` sets it: nothing outlives a killed training job)."""
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
-                 lease_seconds: float = 30.0, aggregator_drop_rate: float = 0.0) -> None:
+                 lease_seconds: float = 30.0, aggregator_drop_rate: float = 0.0,
+                 die_with_parent: bool = False) -> None:
         self.n_hosts = n_hosts
         self.with_switch = with_switch
         self.min_window = min_window
         self.lease_seconds = lease_seconds
         self.drop_rate = aggregator_drop_rate
+        self.die_with_parent = die_with_parent
         self.admin_token = secrets.token_hex(8)
         self.procs: list[subprocess.Popen] = []
         self.net = free_loopback_net()
@@ -67,7 +81,8 @@ class LoopbackDeployment:
 
     def _start(self, name: str, cmd: list[str], ready: str) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "w")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                                preexec_fn=_die_with_parent if self.die_with_parent else None)
         self.procs.append(proc)
         line = proc.stdout.readline()
         if ready not in line:
