@@ -80,6 +80,23 @@ def _ineligible(tensors: list[torch.Tensor], op) -> str:
     return ""
 
 
+def _off_thread(fut: torch.futures.Future) -> torch.futures.Future:
+    """The same outcome, delivered on a thread of its own. The communicator completes its
+    futures on its one I/O thread; a callback that waits there for another allreduce (PowerSGD's
+    hook does) would wait for itself. (gloo's callbacks run on one of its worker threads.)"""
+    out = torch.futures.Future()
+
+    def deliver(f: torch.futures.Future) -> None:
+        try:
+            out.set_result(f.value())
+        except Exception as e:  # noqa: BLE001 - handed on to whoever waits on ``out``
+            out.set_exception(e)
+
+    fut.add_done_callback(lambda f: threading.Thread(target=deliver, args=(f,), daemon=True,
+                                                     name="inagg-complete").start())
+    return out
+
+
 class InaggProcessGroup(dist.ProcessGroup):
     """One rank's ``inagg`` process group (module docstring)."""
 
@@ -132,7 +149,7 @@ class InaggProcessGroup(dist.ProcessGroup):
             self._inflight[path] += 1
         started = time.perf_counter()
         if path == "inagg":
-            fut = self.comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM)
+            fut = _off_thread(self.comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM))
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
@@ -183,7 +200,8 @@ class InaggProcessGroup(dist.ProcessGroup):
     def stats(self) -> dict:
         """Calls by path, gloo fallbacks by kind, the agreed path model and the communicator's
         counters (mode, bytes, retransmissions, ...)."""
-        return {"allreduce_paths": dict(self.allreduces), "fallbacks": dict(self.fallbacks),
+        return {"controller": self.endpoint.controller, "address": self.endpoint.bind_ip,
+                "allreduce_paths": dict(self.allreduces), "fallbacks": dict(self.fallbacks),
                 "path_model": self.paths.as_dict(), "inagg": self.comm.stats()}
 
     def shutdown(self) -> None:
