@@ -1,5 +1,5 @@
 # inagg: make demo | make test | make bench | make run / stop / clean | make build
-# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS,
+# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS, QUICK (bench subset),
 #            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs),
 #            TRANSPORT (udp|roce: override jobs' transport to the switch).
 
@@ -55,6 +55,7 @@ test: setup-emulation
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
+	$(BIN)/python benchmarks/backend_sweep.py $(if $(QUICK),--quick)
 	$(BIN)/python benchmarks/allreduce_bench.py
 	$(BIN)/python benchmarks/dataplane_bench.py
 	$(BIN)/python benchmarks/controller_bench.py

@@ -49,6 +49,9 @@ GLOO_COLLECTIVES = (
 _CALIBRATION_BYTES = (64, 256 * 1024)   # two sizes pin alpha and beta of each path
 _CALIBRATION_ROUNDS = 2
 _INAGG_DTYPES = (torch.float32, torch.int32)
+# A gloo call is timed (a Python callback on gloo's thread, ~30 us) only every this many calls,
+# and only when it starts with gloo idle; its plain calls cost no more than gloo's own.
+_GLOO_SAMPLE_EVERY = 8
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | gloo
 
 
@@ -62,22 +65,23 @@ def _forced_path() -> str | None:
     return value
 
 
+_SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+
+
 def _ineligible(tensors: list[torch.Tensor], op) -> str:
-    """Why this allreduce cannot go through inagg ('' if it can)."""
+    """Why this allreduce cannot go through inagg ('' if it can). On every call: kept cheap."""
     if len(tensors) != 1:
         return f"{len(tensors)} tensors in one call"
     t = tensors[0]
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         return f"{t.device.type} tensor"
     if t.dtype not in _INAGG_DTYPES:
         return f"dtype {t.dtype}"
     if not t.is_contiguous():
         return "non-contiguous tensor"
-    if op == dist.ReduceOp.AVG and t.dtype == torch.float32:
+    if op == _SUM or (op == _AVG and t.dtype == torch.float32):
         return ""
-    if op != dist.ReduceOp.SUM:
-        return f"op {op}"
-    return ""
+    return f"op {op}"
 
 
 def _off_thread(fut: torch.futures.Future) -> torch.futures.Future:
@@ -117,7 +121,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.allreduces: Counter[str] = Counter()   # eligible calls by path
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
         self._lock = threading.Lock()
-        self._inflight = Counter()
+        self._last_done = {p: 0.0 for p in PATHS}
+        self._last_gloo: dist.Work | None = None
         self._closed = False
         self.paths = PathChooser(self._agree_max, forced=forced)
         self._calibrate()
@@ -135,38 +140,51 @@ class InaggProcessGroup(dist.ProcessGroup):
         if reason:
             return self._to_gloo("allreduce", reason, tensors, opts)
         tensor = tensors[0]
-        average = opts.reduceOp == dist.ReduceOp.AVG
-        path = self.paths.choose(tensor.numel() * tensor.element_size())
+        nbytes = tensor.numel() * tensor.element_size()
+        average = opts.reduceOp == _AVG
+        path = self.paths.choose(nbytes)
         self.allreduces[path] += 1
+        if path == "gloo" and not average:   # the fast path: gloo's own Work
+            idle = self._last_gloo is None or self._last_gloo.is_completed()
+            work = self._last_gloo = self._gloo.allreduce(tensors, opts)
+            if idle and self.allreduces[path] % _GLOO_SAMPLE_EVERY == 0:
+                self._time(path, nbytes, work.get_future())
+            return work
         return _create_work_from_future(self._run(path, tensor, average))
 
-    def _run(self, path: str, tensor: torch.Tensor, average: bool) -> torch.futures.Future:
-        """Start one allreduce on ``path``; the future resolves to ``[tensor]`` (as gloo's).
-        A call that starts while its path is idle becomes a timing sample of that path."""
-        nbytes = tensor.numel() * tensor.element_size()
-        with self._lock:
-            sample = self._inflight[path] == 0
-            self._inflight[path] += 1
+    def _time(self, path: str, nbytes: int, fut: torch.futures.Future) -> None:
+        """Feed the path's estimator with this call's service time: from its start, or from the
+        previous call's end on that path if it was queued behind it (both paths run their
+        calls in order), to its end."""
         started = time.perf_counter()
+
+        def done(_: torch.futures.Future) -> None:
+            now = time.perf_counter()
+            with self._lock:
+                began = max(started, self._last_done[path])
+                self._last_done[path] = now
+            self.paths.observe(path, nbytes, now - began)
+
+        fut.add_done_callback(done)
+
+    def _run(self, path: str, tensor: torch.Tensor, average: bool) -> torch.futures.Future:
+        """Start one allreduce on ``path``, timed; the future resolves to ``[tensor]`` (as gloo's)."""
+        nbytes = tensor.numel() * tensor.element_size()
         if path == "inagg":
             fut = _off_thread(self.comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM))
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
             fut = self._gloo.allreduce([tensor], opts).get_future()
+        self._time(path, nbytes, fut)
 
-        def done(f: torch.futures.Future) -> list[torch.Tensor]:
-            elapsed = time.perf_counter() - started
-            with self._lock:
-                self._inflight[path] -= 1
+        def result(f: torch.futures.Future) -> list[torch.Tensor]:
             f.value()   # raises the path's error, if any, into the returned future
-            if sample:
-                self.paths.observe(path, nbytes, elapsed)
             if average and path == "gloo":
                 tensor.div_(self.size())
             return [tensor]
 
-        return fut.then(done)
+        return fut.then(result)
 
     def _agree_max(self, values: np.ndarray) -> np.ndarray:
         """Each element's maximum over the ranks (through gloo: exact and cheap for a few floats)."""

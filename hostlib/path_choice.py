@@ -52,6 +52,7 @@ class PathChooser:
         self._lock = threading.Lock()
         self.links = {p: LinkEstimator(_PRIOR_ALPHA, _PRIOR_BETA, window=window) for p in PATHS}
         self.agreed = {p: (_PRIOR_ALPHA, _PRIOR_BETA) for p in PATHS}
+        self._best: dict[int, str] = {}
         self.calls = 0
         self.agreements = 0
         self.explorations = 0
@@ -67,7 +68,12 @@ class PathChooser:
         return alpha + beta * nbytes
 
     def best(self, nbytes: int) -> str:
-        return min(PATHS, key=lambda p: self.predict(p, nbytes))
+        """The faster path at the agreed parameters (ties: inagg), remembered per size until
+        the next agreement: a training job repeats a handful of sizes."""
+        path = self._best.get(nbytes)
+        if path is None:
+            path = self._best[nbytes] = min(PATHS, key=lambda p: self.predict(p, nbytes))
+        return path
 
     def agree(self) -> None:
         """Combine every rank's estimates (each parameter's maximum over ranks); a collective,
@@ -76,19 +82,18 @@ class PathChooser:
             local = np.array([v for p in PATHS for v in (self.links[p].alpha, self.links[p].beta)])
         combined = self._agree_fn(local)
         self.agreed = {p: (float(combined[2 * i]), float(combined[2 * i + 1])) for i, p in enumerate(PATHS)}
+        self._best.clear()
         self.agreements += 1
 
     def choose(self, nbytes: int) -> str:
         """The path of the next call (every rank calls this once per eligible allreduce)."""
         self.calls += 1
-        explore = self.calls % self.agree_every == 0
-        if explore:
-            self.agree()
+        if self.calls % self.agree_every:
+            return self.forced or self.best(nbytes)
+        self.agree()
+        best = self.best(nbytes)
         if self.forced:
             return self.forced
-        best = self.best(nbytes)
-        if not explore:
-            return best
         other = PATHS[1 - PATHS.index(best)]
         cost, best_cost = self.predict(other, nbytes), self.predict(best, nbytes)
         if cost <= max(self.explore_ratio * best_cost, self.explore_seconds):
