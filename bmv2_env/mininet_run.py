@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from hostlib import add_version_flag
+
 from .testbed import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -314,6 +316,7 @@ def stop_leftovers() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inagg-mininet", description=__doc__.split("\n\n")[0])
+    add_version_flag(p)
     p.add_argument("--topo", type=Path, default=ROOT / "bmv2_env/topologies/single_switch.json")
     p.add_argument("--dataplane", choices=["auto", "bmv2", "soft"], default="auto")
     p.add_argument("--epochs", type=int, help="override every job's epochs")

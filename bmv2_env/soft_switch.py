@@ -30,6 +30,7 @@ from pathlib import Path
 
 from controller.p4info import BMV2_JSON_PATH, P4Info
 
+from hostlib import add_version_flag
 from hostlib.protocol import UDP_PORT
 
 from .p4runtime_server import SoftSwitchState, serve
@@ -140,6 +141,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     else:
         target_argv = []
     p = argparse.ArgumentParser(prog="inagg-soft-switch", description=__doc__.split("\n\n")[0])
+    add_version_flag(p)
     p.add_argument("-i", "--interface", action="append", default=[], metavar="PORT@IFACE",
                    help="attach a Linux interface as a switch port (repeatable)")
     p.add_argument("--device-id", type=int, default=0)

@@ -8,6 +8,8 @@ import signal
 import sys
 import threading
 
+from hostlib import add_version_flag
+
 from .client import ControllerClient, ControllerError
 from .config import load_config
 from .switch import SwitchError
@@ -16,6 +18,7 @@ from .switch import SwitchError
 def controller_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inagg-controller", description="Serve the inagg job service "
                                 "and program the switches named in the config file.")
+    add_version_flag(p)
     p.add_argument("--config", required=True, help="controller config (JSON)")
     p.add_argument("--listen", help="override the config's listen address")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -51,6 +54,7 @@ def _grant_text(g) -> str:
 
 def ctl_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.")
+    add_version_flag(p)
     p.add_argument("--controller", default="127.0.0.1:50051")
     p.add_argument("--admin-token", required=True)
     sub = p.add_subparsers(dest="cmd", required=True)

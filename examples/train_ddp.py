@@ -6,7 +6,7 @@ is the backend string. Run it as any DDP script::
 
 With no ``INAGG_CONTROLLER`` set, the job brings up its own software switch, controller and host
 aggregator on loopback and stops them at the end. ``--hook powersgd|fp16`` registers one of
-PyTorch's own comm hooks; ``--out FILE`` (rank 0) saves the final parameters and the backend's
+PyTorch's own comm hooks, ``--hook artopk`` inagg's AR-Topk hook; ``--out FILE`` (rank 0) saves the final parameters and the backend's
 statistics (tests compare inagg and gloo runs with it).
 """
 
@@ -31,6 +31,12 @@ def register_hook(ddp: DDP, hook: str):
         return state
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if hook == "artopk":   # inagg's own: lossy (top-k with error feedback), so only when asked
+        from hostlib.torch_hooks import ARTopkHookState, artopk_hook
+
+        state = ARTopkHookState(process_group=None, cr=0.1)
+        ddp.register_comm_hook(state, artopk_hook)
+        return state
     return None
 
 
@@ -38,7 +44,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="inagg")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--hook", choices=("none", "powersgd", "fp16"), default="none")
+    p.add_argument("--hook", choices=("none", "powersgd", "fp16", "artopk"), default="none")
     p.add_argument("--out", help="rank 0 writes parameters and stats here (JSON)")
     args = p.parse_args()
 

@@ -20,6 +20,7 @@ together. Nothing in flight is lost: a call runs entirely under one grant.
 from __future__ import annotations
 
 import enum
+import logging
 import queue
 import threading
 import time
@@ -33,6 +34,8 @@ from .protocol import ENCAPSULATIONS, HEADER_BYTES
 from .roce import RoceRawTransport
 from .stream import SlotStream
 from .transport import UdpTransport
+
+log = logging.getLogger("inagg.communicator")
 
 
 class ReduceOp(enum.Enum):
@@ -135,19 +138,29 @@ class Communicator:
                     elif not self._first.is_set():
                         self._active_epoch = g.epoch
                         self._first.set()
-            except grpc.RpcError:
-                pass
+            except grpc.RpcError as e:
+                if not self._closed.is_set():
+                    log.warning("job %d rank %d: grant stream from %s broke (%s: %s); reopening",
+                                self.job_id, self.rank, self.client.address, e.code().name, e.details())
             if self._closed.wait(0.5):
                 return
             self.stream_reopened += 1
             self._grant_stream = self.client.watch(self.job_id, self.token)
 
     def _heartbeat(self) -> None:
+        """Renew the job's lease every third of it. A failed beat is logged and retried (the
+        lease has slack); when the lease has passed without one, the controller may have ended
+        the job, which is logged as an error."""
+        last_ok = time.monotonic()
         while not self._closed.wait(max(self.lease_seconds / 3, 0.1)):
             try:
                 self.client.heartbeat(self.job_id, self.token)
-            except Exception:  # noqa: BLE001 - the next beat retries; the lease has slack
-                pass
+                last_ok = time.monotonic()
+            except Exception as e:  # noqa: BLE001 - any failure: logged, retried next beat
+                silent = time.monotonic() - last_ok
+                level = logging.ERROR if silent > self.lease_seconds else logging.WARNING
+                log.log(level, "job %d rank %d: heartbeat failed (%s); no renewal for %.0fs of a %.0fs lease",
+                        self.job_id, self.rank, e, silent, self.lease_seconds)
 
     def _switch_if_agreed(self) -> None:
         agreed = self.stream.agreed_epoch
@@ -162,6 +175,13 @@ class Communicator:
     def _use(self, grant: Grant) -> None:
         """Send under ``grant`` from the next call on, in its encapsulation."""
         self.stream.set_grant(grant)
+        if grant.mode == "host":   # every rank's log says it; rank 0's as a warning
+            log.log(logging.WARNING if self.rank == 0 else logging.INFO,
+                    "job %d rank %d: aggregating on the host aggregator %s:%d, not a switch: %s",
+                    grant.job_id, self.rank, *grant.aggregator, grant.reason or "the controller's choice")
+        else:
+            log.info("job %d rank %d: aggregating on the switch (%s:%d, slots [%d,%d), epoch %d)", grant.job_id,
+                     self.rank, *grant.aggregator, grant.slot_base, grant.slot_base + grant.slot_count, grant.epoch)
         self.transport = self.stream.transport = self._transports[grant.transport]
         # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
         self.transport.retarget(grant.aggregator)
@@ -243,8 +263,9 @@ class Communicator:
         if leave and self.rank == 0:
             try:
                 self.client.leave(self.job_id, self.token)
-            except Exception:  # noqa: BLE001 - the lease expires anyway
-                pass
+            except Exception as e:  # noqa: BLE001 - logged; the lease expires anyway
+                log.warning("job %d: could not leave at the controller (%s); it ends when its lease "
+                            "expires", self.job_id, e)
         for transport in self._transports.values():
             transport.close()
         self.client.close()

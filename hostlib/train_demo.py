@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import add_version_flag
+
 
 @dataclass
 class TrainConfig:
@@ -197,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         return worker_main(argv[1:])
     p = argparse.ArgumentParser(prog="inagg-demo", description=__doc__.split("\n\n")[0])
+    add_version_flag(p)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--hook", choices=["inagg", "artopk"], default="inagg")

@@ -194,3 +194,99 @@ def test_path_choice_is_identical_on_every_rank():
     assert picks[0] == picks[1]
     assert {"inagg", "gloo"} <= set(picks[0])       # small calls gloo (lower alpha), large inagg
     assert choosers[0].agreements == len(sizes) // 4
+
+
+def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
+    """A failed AR-Topk step completes every bucket's future with InaggHookError (before: the
+    exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
+    import torch
+
+    from hostlib.torch_hooks import ARTopkHookState, _failing_as
+
+    raw = torch.futures.Future()
+    fut = _failing_as("artopk_hook", ARTopkHookState(), raw)
+    raw.set_result(ValueError("allreduce tensors differ across ranks"))
+    with pytest.raises(RuntimeError, match="InaggHookError: artopk_hook \\(no inagg job\\): ValueError: allreduce tensors differ"):
+        fut.wait()
+
+
+def test_artopk_state_checkpoints_residual_and_settings():
+    """torch.save/torch.load of the hook state, as with PowerSGD's: the restored state goes on
+    exactly as the original (same residual, same updates)."""
+    import io
+
+    import torch
+
+    from hostlib.artopk import ARTopk
+    from hostlib.torch_hooks import ARTopkHookState
+
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(1000).astype(np.float32) for _ in range(4)]
+    state = ARTopkHookState(cr=0.05, selection="star", dense_iterations=3, iteration=7,
+                            _layout=((0, 1000),))
+    state.artopk = ARTopk(0, 1, lambda x: x, cr=0.05)       # one rank: the sum is the input
+    for g in grads[:2]:
+        state.artopk.step(g)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert (loaded.cr, loaded.selection, loaded.dense_iterations, loaded.iteration, loaded._layout) == \
+        (0.05, "star", 3, 7, ((0, 1000),))
+    assert loaded.artopk is None and loaded.process_group is None and loaded.comm is None
+    restored = loaded.restore_into(ARTopk(0, 1, lambda x: x, cr=0.05))
+    np.testing.assert_array_equal(restored.residual, state.artopk.residual)
+    assert restored.steps == 2
+    for g in grads[2:]:
+        np.testing.assert_array_equal(restored.step(g), state.artopk.step(g))
+
+
+def test_artopk_hook_takes_the_inagg_process_group(tmp_path):
+    run = torchrun(tmp_path, "artopk", "--hook", "artopk", "--steps", "30", env={"INAGG_ALLREDUCE_PATH": "inagg"})
+    # 2 dense warm-up steps (one bucket), then per step the index broadcast (int32) and the
+    # values (float32); and the loss metric of every step
+    assert run["stats"]["allreduce_paths"]["inagg"] == 2 + 28 * 2 + 30
+    assert not any(k.startswith("allreduce") for k in run["stats"]["fallbacks"])
+    assert run["losses"][-1] < run["losses"][0]
+
+
+def test_host_fallback_is_a_visible_warning_with_its_reason(tmp_path, caplog):
+    """Ranks whose address is no switch host run on the host aggregator, and rank 0 says why."""
+    import logging
+
+    import torch
+
+    from bmv2_env.loopback import LoopbackDeployment
+    from hostlib.communicator import Communicator
+
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    comms = [None, None]
+    with LoopbackDeployment(2) as dep, caplog.at_level(logging.INFO, logger="inagg"):
+        def join(r):
+            comms[r] = Communicator(store, r, 2, dep.controller, bind_ip="127.0.0.1")
+
+        threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        try:
+            futs = [c.allreduce_async(torch.ones(10)) for c in comms]
+            assert all(f.wait().tolist() == [2.0] * 10 for f in futs)
+            assert [c.grant.mode for c in comms] == ["host", "host"]
+        finally:
+            for c in comms:
+                c.close()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "inagg.communicator"]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    assert "rank 0: aggregating on the host aggregator" in warnings[0].getMessage()
+    assert "worker address(es) 127.0.0.1 are not hosts of any switch" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("command", ["inagg", "inagg-aggregator", "inagg-demo", "inagg-allreduce-demo",
+                                     "inagg-soft-switch", "inagg-controller", "inaggctl"])
+def test_every_command_tells_its_version(command):
+    from hostlib import __version__
+
+    out = subprocess.run([str(BIN / command), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"{command} (inagg) {__version__}", out
