@@ -1,6 +1,7 @@
-"""The controller's configuration file (JSON): switches, host aggregator, pool policy, service.
+"""The controller's configuration file (TOML or JSON): switches, host aggregator, pool policy,
+service. examples/controller.toml is a commented example.
 
-Example (bmv2_env/topologies/ ships real ones)::
+Example in JSON (bmv2_env/topologies/ ships real ones)::
 
     {
       "listen": "127.0.0.1:50051",
@@ -24,6 +25,11 @@ import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:   # Python 3.10: the same parser from PyPI (inagg[control])
+    import tomli as tomllib
 
 from hostlib.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
@@ -94,9 +100,12 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
 
 
 def load_config(path: Path | str) -> ControllerConfig:
+    """Read a config file: TOML when it ends in ``.toml`` (comments allowed; the commented
+    example is examples/controller.toml), else JSON. Same keys either way."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read controller config {path}: {e}") from None
     return parse_config(data, path.parent)

@@ -290,3 +290,12 @@ def test_every_command_tells_its_version(command):
 
     out = subprocess.run([str(BIN / command), "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"{command} (inagg) {__version__}", out
+
+
+def test_the_commented_example_controller_config_loads():
+    from controller.config import load_config
+
+    config = load_config(ROOT / "examples" / "controller.toml")
+    assert config.listen == "0.0.0.0:50051" and config.host_aggregator == "10.0.0.100:42666"
+    assert [s.name for s in config.switches] == ["s1"] and config.switches[0].ports == [1, 2, 3, 4]
+    assert config.database == str(ROOT / "examples" / "controller.sqlite")
