@@ -165,11 +165,16 @@ class Run:
         return hosts
 
     def start_services(self) -> None:
+        from hostlib.grant import ETHERNET_MTU, values_for_mtu
+
         agg_ip = self.topo["hosts"][self.topo["aggregator"]]["ip"].split("/")[0]
         self.controller_addr = f"unix:{STATE}/controller.sock"
         config = {
             "listen": self.controller_addr, "admin_token": self.admin,
             "database": str(STATE / "controller.sqlite"), "host_aggregator": f"{agg_ip}:42666",
+            # Mininet links have Ethernet's MTU: host-path datagrams must fit it unfragmented
+            # (the aggregator derives the same K from its interface)
+            "host_values_per_packet": values_for_mtu(ETHERNET_MTU),
             "switches": [{"name": name, "grpc": f"127.0.0.1:{GRPC_BASE_PORT + i}", "device_id": i,
                           "aggregator": f"{s['aggregator_ip']}:42602", "hosts": self.host_config(name)}
                          for i, (name, s) in enumerate(self.topo["switches"].items())],
