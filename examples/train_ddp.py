@@ -6,7 +6,8 @@ is the backend string. Run it as any DDP script::
 
 With no ``INAGG_CONTROLLER`` set, the job brings up its own software switch, controller and host
 aggregator on loopback and stops them at the end. ``--hook powersgd|fp16`` registers one of
-PyTorch's own comm hooks, ``--hook artopk`` inagg's AR-Topk hook; ``--out FILE`` (rank 0) saves the final parameters and the backend's
+PyTorch's own comm hooks, ``--hook artopk`` inagg's AR-Topk hook (``artopk-adaptive``: dense
+or AR-Topk per step, whichever the measured model prices lower); ``--out FILE`` (rank 0) saves the final parameters and the backend's
 statistics (tests compare inagg and gloo runs with it).
 """
 
@@ -31,10 +32,10 @@ def register_hook(ddp: DDP, hook: str):
         return state
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    if hook == "artopk":   # inagg's own: lossy (top-k with error feedback), so only when asked
+    if hook.startswith("artopk"):   # inagg's own: lossy (top-k with error feedback), only when asked
         from hostlib.torch_hooks import ARTopkHookState, artopk_hook
 
-        state = ARTopkHookState(process_group=None, cr=0.1)
+        state = ARTopkHookState(process_group=None, cr=0.1, adaptive=hook == "artopk-adaptive")
         ddp.register_comm_hook(state, artopk_hook)
         return state
     return None
@@ -44,7 +45,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="inagg")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--hook", choices=("none", "powersgd", "fp16", "artopk"), default="none")
+    p.add_argument("--hook", choices=("none", "powersgd", "fp16", "artopk", "artopk-adaptive"), default="none")
     p.add_argument("--out", help="rank 0 writes parameters and stats here (JSON)")
     args = p.parse_args()
 
@@ -53,7 +54,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     ddp = DDP(model)
-    register_hook(ddp, args.hook)
+    hook_state = register_hook(ddp, args.hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(1 + rank)   # each rank its own shard
     losses = []
@@ -73,7 +74,8 @@ def main() -> None:
         stats = dist.group.WORLD.stats() if args.backend == "inagg" else {}
         with open(args.out, "w") as f:
             json.dump({"params": [t.detach().view(-1).tolist() for t in model.parameters()],
-                       "losses": losses, "stats": stats}, f)
+                       "losses": losses, "stats": stats,
+                       "hook_choice": getattr(hook_state, "last_choice", None)}, f)
     dist.destroy_process_group()
 
 

@@ -75,6 +75,10 @@ class PathChooser:
             path = self._best[nbytes] = min(PATHS, key=lambda p: self.predict(p, nbytes))
         return path
 
+    def fastest_seconds(self, nbytes: float) -> float:
+        """Predicted seconds of an allreduce of ``nbytes`` on the faster path."""
+        return self.predict(self.best(nbytes), nbytes)
+
     def agree(self) -> None:
         """Combine every rank's estimates (each parameter's maximum over ranks); a collective,
         so every rank must call it at the same point."""

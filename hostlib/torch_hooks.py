@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from .artopk import ARTopk, CompressionSchedule, broadcast_int32
 from .communicator import Communicator, ReduceOp
-from .cost_model import CollectiveChooser
+from .cost_model import CollectiveChooser, CostModel
 from .errors import InaggHookError
 
 log = logging.getLogger("inagg.hooks")
@@ -215,15 +215,30 @@ def _choose_dense(state: ARTopkHookState, numel: int) -> bool:
     so every rank runs the same collective."""
     if not state.adaptive:
         return False
+    cr = state.cr if isinstance(state.cr, float) else (state.cr.cr or state.cr.target)
+    if state.comm is None:
+        return _choose_dense_by_paths(state, _inagg_group(state.process_group), numel, cr)
     comm = state.communicator()
     path = "ina" if comm.grant.mode == "switch" else "host"
     if state.chooser is None:
         state.chooser = CollectiveChooser(comm.link, comm.world_size, selection=state.selection,
                                           options=(f"dense_{path}", f"artopk_{path}"))
-    cr = state.cr if isinstance(state.cr, float) else (state.cr.cr or state.cr.target)
     choice = np.array([0], np.int32)
     if comm.rank == 0:
         choice[0] = state.chooser.options.index(state.chooser.choose(4.0 * numel, cr))
     choice = broadcast_int32(choice, 1, 0, comm.rank, state.allreduce_numpy)
     state.last_choice = state.chooser.options[int(choice[0])]
     return state.last_choice.startswith("dense")
+
+
+def _choose_dense_by_paths(state: ARTopkHookState, group, numel: int, cr: float) -> bool:
+    """Through the inagg process group: dense or AR-Topk, each priced as the allreduces it makes
+    (``CostModel.calls``), each allreduce on its faster path (inagg or gloo) at the group's
+    agreed alpha and beta. Those figures are identical on every rank, so is the choice: no
+    broadcast needed."""
+    m = 4.0 * numel
+    plan_calls = CostModel(0.0, 0.0, group.size(), selection=state.selection).calls
+    seconds = {plan: sum(group.paths.fastest_seconds(b) for b, _ in plan_calls(plan, m, cr))
+               for plan in ("dense", "artopk")}
+    state.last_choice = min(seconds, key=seconds.__getitem__)
+    return state.last_choice == "dense"
