@@ -39,6 +39,7 @@ CONTROLLER_ENV = "INAGG_CONTROLLER"
 DEPLOYMENT_FILE = "deployment.json"   # written beside a local deployment's controller socket
 _STORE_KEY = "deployment"
 _CLOSED_KEY = "closed"
+_START_SECONDS = 120.0   # a local deployment is up in seconds; waiting longer helps no one
 
 
 def route_source_ip(host: str, port: int = 9) -> str:
@@ -100,13 +101,18 @@ class LocalServices:
 
     def _read_ready(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            pass
-        code = self.proc.poll()
-        why = f"it exited with status {code}" if code is not None else f"no answer within {timeout:.0f}s"
+        if not ready:
+            why = f"no answer within {timeout:.0f}s"
+        else:
+            line = self.proc.stdout.readline()
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                pass
+            try:
+                why = f"it exited with status {self.proc.wait(5)}"
+            except subprocess.TimeoutExpired:
+                why = f"it printed {line[:200]!r} instead of its description"
         raise InaggSetupError(
             f"the local inagg deployment did not start ({why}; its errors are above). It needs "
             f"inagg's control plane: pip install 'inagg[control]'. Or name a running controller "
@@ -127,11 +133,13 @@ class LocalServices:
         atexit.unregister(self.close)
 
 
-def _single_node(world_size: int) -> None:
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if local is not None and int(local) != world_size:
+def _single_node() -> None:
+    """Refuse a job that spans machines (torchrun's LOCAL_WORLD_SIZE < WORLD_SIZE): each machine
+    would start its own deployment, and ranks on different ones cannot aggregate together."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if local is not None and world is not None and int(local) != int(world):
         raise InaggSetupError(
-            f"this job spans several machines ({world_size} ranks, {local} on this one) and no "
+            f"this job spans several machines ({world} ranks, {local} on this one) and no "
             f"controller is named: start the services (docs/training.md) and set "
             f"{CONTROLLER_ENV}=host:port on every rank")
 
@@ -164,11 +172,11 @@ def find_endpoint(store, rank: int, world_size: int, timeout: timedelta) -> Endp
     controller = os.environ.get(CONTROLLER_ENV, "").strip()
     if controller:
         return Endpoint(controller, bind_address(controller, rank, world_size))
-    _single_node(world_size)
+    _single_node()
     services = None
     if rank == 0:
         try:
-            services = LocalServices(world_size, timeout.total_seconds())
+            services = LocalServices(world_size, min(timeout.total_seconds(), _START_SECONDS))
             store.set(_STORE_KEY, json.dumps(services.info))
         except Exception as e:
             store.set(_STORE_KEY, json.dumps({"error": str(e)}))

@@ -146,6 +146,7 @@ def test_parent_closing_the_pipe_stops_the_deployment():
 def test_multi_node_job_without_a_controller_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv("INAGG_CONTROLLER", raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
     store = dist.FileStore(str(tmp_path / "store"), 1)
     with pytest.raises(InaggSetupError, match=r"spans several machines \(4 ranks, 2 on this one\).*INAGG_CONTROLLER"):
         find_endpoint(store, 0, 4, timedelta(seconds=5))
