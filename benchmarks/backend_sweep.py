@@ -6,8 +6,11 @@ inagg-backend / gloo <= 1.1 at every point.
 Each worker count is one torch.distributed job of real processes (env://, no controller named:
 rank 0 brings up the local deployment, as ``torchrun`` users get it) with two process groups:
 the default one on ``inagg`` and a ``gloo`` group. For each size both groups allreduce the same
-float32 tensor, interleaved (the order alternates every repetition), each call after a barrier;
-a call's time is the slowest rank's, and the figure is the median over repetitions.
+float32 tensor, interleaved (one call of each per repetition, the order alternating), each call
+after a barrier; a call's time is the slowest rank's. Per size: each system's median time, and
+``ratio``, the median over repetitions of the two calls' time ratio within a repetition: the two
+calls of a pair run back to back, so the ratio cancels the load that other processes put on the
+shared machine, which moves both alike (``ratio_of_medians`` is in the CSV too).
 
 Writes benchmarks/results/backend_sweep.csv and backend_sweep.png (ratio per size and worker
 count; needs matplotlib), and prints the worst ratio, where it occurred and the machine's load.
@@ -28,13 +31,17 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL_SIZES = tuple(4 * 16 ** i for i in range(7))            # 4 B, 64 B, ..., 64 MiB
 QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
-FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "inagg_calls", "gloo_calls", "load1")
+FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_of_medians", "inagg_calls",
+          "gloo_calls", "load1")
 TARGET = 1.1
 
 
 def reps_for(nbytes: int, reps: int) -> int:
-    """Fewer repetitions for the largest sizes (a 64 MiB call takes seconds on 2 cores)."""
-    return max(3, reps // 4) if nbytes >= 16 << 20 else reps
+    """More repetitions where calls are short (the load's noise is largest relative to them),
+    fewer for the largest sizes (a 64 MiB call takes up to a second on 2 cores)."""
+    if nbytes >= 16 << 20:
+        return max(3, reps // 3)
+    return 3 * reps if nbytes < 1 << 20 else reps
 
 
 def timed(tensor, group) -> float:
@@ -104,9 +111,10 @@ def run_job(n: int, sizes: tuple[int, ...], reps: int) -> list[dict]:
         per_rank = [g[i][1] for g in gathered]
         slowest = {name: [max(call) for call in zip(*(r[name] for r in per_rank))] for name in per_rank[0]}
         med = {name: statistics.median(v) for name, v in slowest.items()}
+        paired = statistics.median(a / b for a, b in zip(slowest["inagg"], slowest["gloo"]))
         rows.append(dict(workers=n, bytes=nbytes, reps=len(slowest["gloo"]), inagg_backend_s=med["inagg"],
-                         gloo_s=med["gloo"], ratio=med["inagg"] / med["gloo"], inagg_calls=calls["inagg"],
-                         gloo_calls=calls["gloo"], load1=round(load, 2)))
+                         gloo_s=med["gloo"], ratio=paired, ratio_of_medians=med["inagg"] / med["gloo"],
+                         inagg_calls=calls["inagg"], gloo_calls=calls["gloo"], load1=round(load, 2)))
     return rows
 
 
@@ -133,7 +141,7 @@ def plot(rows: list[dict], path: Path) -> bool:
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("allreduce size (bytes, float32)")
-    ax.set_ylabel("inagg backend time / gloo time (median)")
+    ax.set_ylabel("inagg backend / gloo time (median of pairs)")
     ax.set_title("inagg backend vs gloo, interleaved, slowest rank per call")
     ax.legend()
     fig.tight_layout()
@@ -144,7 +152,8 @@ def plot(rows: list[dict], path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--reps", type=int, default=9, help="repetitions per size (fewer above 16 MiB)")
+    p.add_argument("--reps", type=int, default=9,
+                   help="repetitions per size (3x below 1 MiB, a third from 16 MiB)")
     p.add_argument("--quick", action="store_true", help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, 5 reps")
     args = p.parse_args(argv)
     sizes, reps = (QUICK_SIZES, min(args.reps, 5)) if args.quick else (FULL_SIZES, args.reps)
@@ -152,12 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         del os.environ[k]   # the backend's zero-setup default, automatic path choice
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6}  calls inagg/gloo  load")
+    print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6} {'of medians':>10}  "
+          f"calls inagg/gloo  load")
     for n in args.workers:
         for r in run_job(n, sizes, reps):
             rows.append(r)
             print(f"{n:>7} {human(r['bytes']):>8} {r['inagg_backend_s'] * 1e3:>11.3f} ms {r['gloo_s'] * 1e3:>7.3f} ms "
-                  f"{r['ratio']:>6.2f}  {r['inagg_calls']:>5}/{r['gloo_calls']:<5}        {r['load1']}", flush=True)
+                  f"{r['ratio']:>6.2f} {r['ratio_of_medians']:>10.2f}  {r['inagg_calls']:>5}/{r['gloo_calls']:<5}"
+                  f"        {r['load1']}", flush=True)
     with open(RESULTS / "backend_sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
