@@ -34,6 +34,7 @@ QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
 FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_of_medians", "inagg_calls",
           "gloo_calls", "load1")
 TARGET = 1.1
+_SETTLE_CALLS = 50   # untimed calls on each group before the first size
 
 
 def reps_for(nbytes: int, reps: int) -> int:
@@ -65,6 +66,10 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
     inagg = dist.group.WORLD
     gloo = dist.new_group(backend="gloo")
     groups = {"inagg": inagg, "gloo": gloo}
+    settle = torch.ones(1)
+    for _ in range(_SETTLE_CALLS):   # both groups past the job's start-up transient
+        for g in groups.values():
+            timed(settle, g)
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)

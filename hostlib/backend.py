@@ -108,7 +108,6 @@ class InaggProcessGroup(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         super().__init__(rank, world_size)
         forced = _forced_path()
-        self._store = store
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         self._local_store = dist.PrefixStore("local", store)
         self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size, timeout)
