@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from controller.credentials import write_token
 from hostlib import add_version_flag
 
 from .testbed import stop_processes
@@ -181,6 +182,8 @@ class Run:
             **self.topo.get("controller", {}),
         }
         (STATE / "controller.sqlite").unlink(missing_ok=True)
+        token_file = STATE / "admin.token"   # the aggregator reads it: tokens never go on argv
+        write_token(token_file, self.admin)
         (STATE / "controller.json").write_text(json.dumps(config, indent=2))
         ctl = subprocess.Popen([sys.executable, "-m", "controller", "--config", str(STATE / "controller.json")],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=open(ROOT / "logs" / "controller.log", "w"),
@@ -190,7 +193,7 @@ class Run:
             raise RuntimeError("controller did not start, see logs/controller.log")
         agg = self.net.get(self.topo["aggregator"])
         self.procs.append(agg.popen([sys.executable, "-m", "hostlib.aggregator", "--bind", f"{agg_ip}:42666",
-                                     "--controller", self.controller_addr, "--admin-token", self.admin,
+                                     "--controller", self.controller_addr, "--admin-token-file", str(token_file),
                                      "--stats-file", str(ROOT / "logs" / "aggregator.json")],
                                     cwd=ROOT, stdout=open(ROOT / "logs" / "aggregator.log", "w"),
                                     stderr=subprocess.STDOUT))

@@ -307,3 +307,4 @@ def test_the_commented_example_controller_config_loads():
     assert config.listen == "0.0.0.0:50051" and config.host_aggregator == "10.0.0.100:42666"
     assert [s.name for s in config.switches] == ["s1"] and config.switches[0].ports == [1, 2, 3, 4]
     assert config.database == str(ROOT / "examples" / "controller.sqlite")
+    assert config.tls_cert == str(ROOT / "examples" / "controller.pem") and not config.insecure
