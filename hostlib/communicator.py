@@ -360,8 +360,10 @@ class Communicator:
             try:
                 self.client.leave(self.job_id, self.token, None if self.rank == 0 else self.rank)
             except Exception as e:  # noqa: BLE001 - logged; the lease expires anyway
-                log.warning("job %d rank %d: could not leave at the controller (%s); its lease "
-                            "expires instead", self.job_id, self.rank, e)
+                # another rank's leave usually finds the job ended by rank 0's already
+                log.log(logging.WARNING if self.rank == 0 else logging.INFO,
+                        "job %d rank %d: could not leave at the controller (%s); its lease expires "
+                        "instead", self.job_id, self.rank, e)
         for transport in self._transports.values():
             transport.close()
         self.client.close()
