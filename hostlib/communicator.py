@@ -254,8 +254,9 @@ class Communicator:
             self.grant_changes += 1
 
     def _use(self, grant: Grant) -> None:
-        """Send under ``grant`` from the next call on, in its encapsulation."""
-        self.stream.set_grant(grant)
+        """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
+        first: the stream takes the source results must come from from it (a RoCE result's is
+        the switch's IP, a UDP one's IP and port)."""
         if grant.mode == "host":   # every rank's log says it; rank 0's as a warning
             log.log(logging.WARNING if self.rank == 0 else logging.INFO,
                     "job %d rank %d: aggregating on the host aggregator %s:%d, not a switch: %s",
@@ -266,6 +267,7 @@ class Communicator:
         self.transport = self.stream.transport = self._transports[grant.transport]
         # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
         self.transport.retarget(grant.aggregator)
+        self.stream.set_grant(grant)
 
     # -- allreduce ---------------------------------------------------------------------------
 
