@@ -43,17 +43,22 @@ class SwitchRuntime:
         self.cfg = cfg
         self.allocator = allocator
         self.p4info = p4info
+        self.capacity = SwitchCapacity.from_p4info(p4info)
         self.wanted: list[SwitchJob] | None = None   # what the switch should hold
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
         self.restarts = 0                            # times it was found restarted and re-programmed
-        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, p4info=p4info)
-        self.sw.ensure_pipeline()
+        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program)
+        try:
+            self.sw.ensure_pipeline()
+        except BaseException:
+            self.sw.close()   # its stream thread would keep a failing controller alive
+            raise
 
     def reconnect(self) -> SwitchConnection:
         """A new session after the old one broke, with our pipeline pushed if the switch lost
         it (or runs another); raises SwitchError while the switch is down. The caller swaps it
         in (``adopt``)."""
-        sw = SwitchConnection(self.cfg.grpc, self.cfg.device_id, p4info=self.p4info)
+        sw = SwitchConnection(self.cfg.grpc, self.cfg.device_id, program=self.cfg.program)
         try:
             sw.restore_pipeline()
         except BaseException:
@@ -74,7 +79,8 @@ class SwitchRuntime:
     def desired(self, jobs: list[SwitchJob]):
         """Entries (by table and key) and multicast groups the switch should hold."""
         fwd = Forwarding(self.sw)
-        updates = [fwd.host_update(INSERT, h.mac, h.port) for h in self.cfg.hosts.values()]
+        updates = [fwd.host_update(INSERT, h.mac, self.cfg.device_port(h.port))
+                   for h in self.cfg.hosts.values()]
         updates += fwd.flood_updates(INSERT, self.cfg.ports)
         for job in jobs:
             updates.append(ResultReplication(self.sw).job_update(INSERT, job))
