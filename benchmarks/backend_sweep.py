@@ -59,7 +59,7 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
     import torch
     import torch.distributed as dist
 
-    import hostlib.backend  # noqa: F401 - registers "inagg" where entry points are off
+    import hostlib.torch_plugin  # noqa: F401 - registers "inagg" where entry points are off
 
     torch.set_num_threads(1)
     dist.init_process_group("inagg")

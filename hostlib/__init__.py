@@ -3,6 +3,7 @@ engine shared by the host aggregator and the software data plane, and the worker
 (the communicator, its DDP hooks and the ``inagg`` torch.distributed backend)."""
 
 __version__ = "0.1.0"
+BACKEND_NAME = "inagg"   # the torch.distributed backend string (hostlib.torch_plugin)
 
 
 def add_version_flag(parser) -> None:

@@ -35,7 +35,7 @@ from .communicator import Communicator, ReduceOp
 from .errors import InaggSetupError
 from .local import Endpoint, find_endpoint
 from .path_choice import PATHS, PathChooser
-from .torch_plugin import BACKEND_NAME, register
+from . import BACKEND_NAME
 
 log = logging.getLogger("inagg.backend")
 
@@ -244,5 +244,3 @@ def _gloo_collective(name: str):
 
 for _name in GLOO_COLLECTIVES:
     setattr(InaggProcessGroup, _name, _gloo_collective(_name))
-
-register()

@@ -4,8 +4,8 @@ torch (>= 2.5) calls the functions of the ``torch.backends`` entry-point group a
 torch`` (unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``); inagg declares :func:`register` there in
 pyproject.toml, so ``dist.init_process_group("inagg")`` works with no inagg import in the
 training script. The process group itself (``hostlib.backend``: numpy, the communicator, the
-gRPC stubs) is imported only when a group is created. ``import hostlib.backend`` registers too,
-for installs where entry points are disabled.
+gRPC stubs) is imported only when a group is created. Importing this module registers too
+(``import hostlib.torch_plugin``), for installs where entry points are disabled.
 
 A failure here would fail ``import torch`` for every user of the environment, so this module does
 the least possible: one ``register_backend`` call.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-BACKEND_NAME = "inagg"
+from . import BACKEND_NAME
 
 
 def _create_process_group(store, rank: int, world_size: int, timeout: timedelta):
@@ -31,3 +31,6 @@ def register() -> None:
     if BACKEND_NAME in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu"])
+
+
+register()
