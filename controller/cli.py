@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -18,6 +19,8 @@ def controller_main(argv: list[str] | None = None) -> int:
                                 "and program the switches named in the config file.")
     p.add_argument("--config", required=True, help="controller config (JSON)")
     p.add_argument("--listen", help="override the config's listen address")
+    p.add_argument("--metrics-listen", metavar="IP:PORT",
+                   help="serve Prometheus metrics here (overrides the config's metrics_listen)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -28,6 +31,12 @@ def controller_main(argv: list[str] | None = None) -> int:
         listen = args.listen or config.listen
         ctl = Controller(config)
         server = serve(ctl, listen)
+        metrics_listen = args.metrics_listen or config.metrics_listen
+        if metrics_listen:
+            from .metrics import serve_metrics
+            metrics, port = serve_metrics(ctl, metrics_listen)
+            print(f"inagg-controller: metrics on http://{metrics_listen.rpartition(':')[0]}:{port}/metrics",
+                  file=sys.stderr, flush=True)
     except (ValueError, SwitchError, OSError, RuntimeError) as e:
         print(f"inagg-controller: {e}", file=sys.stderr)
         return 2
@@ -38,6 +47,8 @@ def controller_main(argv: list[str] | None = None) -> int:
           f"{len(ctl.jobs)} job(s) restored", flush=True)
     done.wait()
     server.stop(grace=1)
+    if metrics_listen:
+        metrics.shutdown()
     ctl.close()
     return 0
 
@@ -49,17 +60,41 @@ def _grant_text(g) -> str:
     return f"{g.mode} [{g.slot_base},{g.slot_base + g.slot_count}) e{g.epoch} -> {g.aggregator}{via}"
 
 
+def admin_token(args: argparse.Namespace) -> str:
+    """The admin token: --admin-token-file or --admin-token, else $INAGG_ADMIN_TOKEN, else the
+    file named by $INAGG_ADMIN_TOKEN_FILE (an emulation run sets it for its mininet> prompt)."""
+    if args.admin_token:
+        return args.admin_token
+    path = args.admin_token_file
+    if not path and os.environ.get("INAGG_ADMIN_TOKEN"):
+        return os.environ["INAGG_ADMIN_TOKEN"]
+    path = path or os.environ.get("INAGG_ADMIN_TOKEN_FILE")
+    if not path:
+        raise SystemExit("inaggctl: no admin token: give --admin-token-file, or set INAGG_ADMIN_TOKEN "
+                         "or INAGG_ADMIN_TOKEN_FILE (an emulation run writes them to build/emulation/<run>/env)")
+    try:
+        return open(path).read().strip()
+    except OSError as e:
+        raise SystemExit(f"inaggctl: cannot read the admin token: {e}") from None
+
+
 def ctl_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.")
-    p.add_argument("--controller", default="127.0.0.1:50051")
-    p.add_argument("--admin-token", required=True)
+    p.add_argument("--controller", default=os.environ.get("INAGG_CONTROLLER", "127.0.0.1:50051"),
+                   help="controller address (default $INAGG_CONTROLLER, else 127.0.0.1:50051)")
+    p.add_argument("--admin-token", help="the admin token (visible in ps: prefer the file or environment)")
+    p.add_argument("--admin-token-file", help="file holding the admin token")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("jobs", help="jobs with mode, slots, epoch and counters")
     sub.add_parser("slots", help="the switch slot map")
+    tp = sub.add_parser("top", help="live table of jobs and switch counters")
+    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    tp.add_argument("--once", action="store_true", help="print one table and exit")
     for name, text in (("drain", "move a job to host aggregation"), ("release", "end a job")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("job_id", type=int)
     args = p.parse_args(argv)
+    args.admin_token = admin_token(args)
     client = ControllerClient(args.controller)
     try:
         if args.cmd == "jobs":
@@ -82,6 +117,12 @@ def ctl_main(argv: list[str] | None = None) -> int:
             print(f"switch slots 0..{listing.switch_slots} ({scale:g} per cell): |{''.join(cells)}|")
             for j in listing.jobs:
                 print(f"  {chr(ord('A') + (j.job_id - 1) % 26)} = job {j.job_id} {_grant_text(j.active)}")
+        elif args.cmd == "top":
+            from .top import top
+            try:
+                top(client, args.admin_token, args.interval, args.once)
+            except KeyboardInterrupt:
+                pass
         elif args.cmd == "drain":
             g = client.drain(args.admin_token, args.job_id)
             print(f"job {args.job_id}: {'pending' if g.pending else 'active'} {_grant_text(g)}")

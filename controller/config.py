@@ -10,6 +10,7 @@ Example (bmv2_env/topologies/ ships real ones)::
       "min_window": 8,
       "host_aggregator": "10.0.0.100:42666",
       "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
+      "metrics_listen": "127.0.0.1:9464",
       "switches": [{
         "name": "s1", "grpc": "127.0.0.1:9559", "device_id": 0,
         "aggregator": "10.0.0.254:42602", "aggregator_mac": "00:00:00:00:00:fe",
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hostlib.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
+
+from .p4info import BMV2_JSON_PATH, P4INFO_PATH
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class ControllerConfig:
     host_slots: int = 4096
     host_window: int = HOST_WINDOW
     host_values_per_packet: int = HOST_VALUES_PER_PACKET
+    metrics_listen: str = ""              # "ip:port" of the Prometheus endpoint; "" = none
+    p4info: str = str(P4INFO_PATH)        # the program pushed to switches that run none
+    bmv2_json: str = str(BMV2_JSON_PATH)
     extra: dict = field(default_factory=dict)
 
 
@@ -88,8 +94,9 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     if unknown:
         raise ValueError(f"config: unknown key(s) {sorted(unknown)}")
     kwargs = {k: data[k] for k in known if k in data}
-    if "database" in kwargs and base is not None and not Path(kwargs["database"]).is_absolute():
-        kwargs["database"] = str(base / kwargs["database"])
+    for key in ("database", "p4info", "bmv2_json"):
+        if key in kwargs and base is not None and not Path(kwargs[key]).is_absolute():
+            kwargs[key] = str(base / kwargs[key])
     return ControllerConfig(switches=tuple(switches), host_aggregator=host_aggregator, **kwargs)
 
 

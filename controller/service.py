@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 import grpc
@@ -25,7 +26,7 @@ from hostlib.protocol import ENCAPSULATIONS, SWITCH_VALUES_PER_PACKET
 
 from .allocator import HOST, SWITCH, Demand, Placement, SlotAllocator
 from .config import ControllerConfig, SwitchConfig
-from .p4info import P4Info
+from .p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info
 from .proto import inagg_controller_pb2 as pb
 from .proto import inagg_controller_pb2_grpc as pb_grpc
 from .store import Store, state_from_json
@@ -71,11 +72,12 @@ class Job:
 class SwitchRuntime:
     """One switch: its session, its allocator and the programming of its tables."""
 
-    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info) -> None:
+    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info,
+                 program: tuple[str, str] = (str(P4INFO_PATH), str(BMV2_JSON_PATH))) -> None:
         self.cfg = cfg
         self.allocator = allocator
         self.sw = SwitchConnection(cfg.grpc, cfg.device_id, p4info=p4info)
-        self.sw.ensure_pipeline()
+        self.sw.ensure_pipeline(*map(Path, program))
 
     def desired(self, jobs: list[SwitchJob]):
         """Entries (by table and key) and multicast groups the switch should hold."""
@@ -135,7 +137,7 @@ class Controller:
         self.changed = threading.Condition(self.lock)
         self.version = 0
         self.store = Store(config.database)
-        self.p4info = P4Info.load()
+        self.p4info = P4Info.load(config.p4info)
         n = len(config.switches) + 1
         share = config.host_slots // n
         self.allocators: dict[str, SlotAllocator] = {}
@@ -144,7 +146,7 @@ class Controller:
             alloc = SlotAllocator(self.p4info.register_size("slot_tag"), config.min_window,
                                   SWITCH_VALUES_PER_PACKET, share, config.host_window, share * i)
             self.allocators[cfg.name] = alloc
-            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, self.p4info)
+            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, self.p4info, (config.p4info, config.bmv2_json))
         # jobs whose workers sit on no configured switch aggregate on the host aggregator only
         self.allocators[""] = SlotAllocator(0, config.min_window, SWITCH_VALUES_PER_PACKET, share,
                                             config.host_window, share * (n - 1))

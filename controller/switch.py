@@ -72,10 +72,10 @@ class SwitchConnection:
                 f"build of '{self.p4info.program_name}' (P4Info differs)")
         return p4info.pkg_info.name
 
-    def ensure_pipeline(self) -> bool:
+    def ensure_pipeline(self, p4info_path: Path = P4INFO_PATH, json_path: Path = BMV2_JSON_PATH) -> bool:
         """Push the pipeline unless ours is already there; True when it was pushed."""
         if self.installed_program() is None:
-            self.push_pipeline()
+            self.push_pipeline(p4info_path, json_path)
             return True
         return False
 

@@ -32,6 +32,7 @@ class TrainConfig:
     adaptive: bool = False   # AR-Topk hook: pick dense or AR-Topk per step by the cost model
     drain_at_step: int = -1  # ask the controller to move the job to host mode at this step
     transport: str = "udp"   # "roce": RoCEv2 to the switch (raw sockets: root, emulation only)
+    job_name: str = ""       # the job's name at the controller (default: the hook's name)
     seed: int = 0
 
 
@@ -53,6 +54,12 @@ def load_digits_split(seed: int = 0):
     order = np.random.default_rng(seed).permutation(len(y))
     cut = int(0.8 * len(y))
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
+
+
+def steps_per_epoch(samples: int, workers: int, batch: int) -> int:
+    """Steps every rank takes per epoch: the same on all ranks (each allreduce needs every rank),
+    from the smallest rank's share of ``samples`` (rank r gets samples r, r + workers, ...)."""
+    return (samples // workers) // batch
 
 
 def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, controller: str | None,
@@ -78,7 +85,7 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
         nbytes = 4 * sum(p.numel() for p in model.parameters())
         comm = Communicator.from_rendezvous(
             f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}", controller,
-            bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.hook,
+            bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.job_name or cfg.hook,
             transport=cfg.transport)
         if cfg.hook == "inagg":
             ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
@@ -89,7 +96,7 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
     mine = np.arange(rank, len(ytr), cfg.workers)
     xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr)
     steps, t0 = 0, time.perf_counter()
-    per_epoch = len(mine) // cfg.batch
+    per_epoch = steps_per_epoch(len(ytr), cfg.workers, cfg.batch)
     for epoch in range(cfg.epochs):
         order = mine[np.random.default_rng([cfg.seed, epoch]).permutation(len(mine))]
         losses = []
