@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import secrets
 import socket
 import shutil
@@ -46,12 +47,15 @@ class LoopbackDeployment:
     """Context manager: start everything, yield, stop everything (and remove its files)."""
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
-                 lease_seconds: float = 30.0, aggregator_drop_rate: float = 0.0) -> None:
+                 lease_seconds: float = 30.0, aggregator_drop_rate: float = 0.0,
+                 metrics: bool = False) -> None:
         self.n_hosts = n_hosts
         self.with_switch = with_switch
         self.min_window = min_window
         self.lease_seconds = lease_seconds
         self.drop_rate = aggregator_drop_rate
+        self.metrics = metrics
+        self.metrics_url: str | None = None   # the controller's Prometheus endpoint (metrics=True)
         self.admin_token = secrets.token_hex(8)
         self.procs: list[subprocess.Popen] = []
         self.net = free_loopback_net()
@@ -92,7 +96,7 @@ class LoopbackDeployment:
             config = {"listen": self.controller, "admin_token": self.admin_token,
                       "database": str(self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
                       "min_window": self.min_window, "host_aggregator": self.host_aggregator,
-                      "switches": switches}
+                      "switches": switches, **({"metrics_listen": "127.0.0.1:0"} if self.metrics else {})}
             (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
             self.start_controller()
             self.aggregator = self._start(
@@ -108,6 +112,11 @@ class LoopbackDeployment:
         self.controller_proc = self._start(
             "controller", [sys.executable, "-m", "controller", "--config", str(self.dir / "controller.json")],
             "inagg-controller serving")
+        if self.metrics:
+            found = re.search(r"metrics on (http://\S+)", self.log("controller"))
+            if found is None:
+                raise RuntimeError(f"controller announced no metrics endpoint: {self.log('controller')}")
+            self.metrics_url = found.group(1)
 
     def restart_controller(self) -> None:
         """Stop the controller process and start it again on the same state (SQLite)."""

@@ -41,6 +41,10 @@ HOST_AGGREGATOR_PORT = 42666
 SWITCH_AGGREGATOR_PORT = 42602
 
 
+class Terminated(Exception):
+    """SIGTERM (``make stop``): not a KeyboardInterrupt, which the mininet> prompt swallows."""
+
+
 def import_mininet():
     """Debian's Mininet lives in the system dist-packages; make it importable from a venv."""
     try:
@@ -400,16 +404,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dataplane = choose_dataplane(args.dataplane)
     # the software data plane runs the committed program only (its pipeline is Python)
-    p4 = (args.p4info, args.bmv2_json) if dataplane == "bmv2" else (P4INFO_PATH, BMV2_JSON_PATH)
+    p4 = ((args.p4info.resolve(), args.bmv2_json.resolve()) if dataplane == "bmv2"
+          else (P4INFO_PATH, BMV2_JSON_PATH))
     run_dir = RunDir.create()
     print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)
     run = Run(topo, dataplane, run_dir, args.epochs, args.transport, p4)
 
-    def interrupted(*_):
-        raise KeyboardInterrupt
+    def terminated(*_):
+        raise Terminated
 
-    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGTERM, terminated)
     rows = []
     try:
         run.build()
@@ -418,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = summarize(topo, jobs, run.switch_counters(), run_dir.path / "logs")
         if args.cli:
             run.cli()
+    except Terminated:
+        print(f"run {run_dir.run_id}: stopped (SIGTERM)", flush=True)
     finally:
         run.teardown()
     if args.json:
