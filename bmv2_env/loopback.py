@@ -20,12 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hostlib.grant import HOST_AGGREGATOR_PORT
 from hostlib.protocol import UDP_PORT
 
 from .testbed import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
-HOST_AGGREGATOR_PORT = 42666
 
 
 def free_loopback_net(tries: int = 64) -> str:

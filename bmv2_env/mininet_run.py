@@ -31,14 +31,14 @@ import time
 from pathlib import Path
 
 from controller.p4info import BMV2_JSON_PATH, P4INFO_PATH
+from hostlib.grant import HOST_AGGREGATOR_PORT
+from hostlib.protocol import UDP_PORT
 
 from .run_dir import RUNS_DIR, RunDir, stop_run, unfinished_runs
 from .testbed import stop_processes
 from .topology import Topology, TopologyError, host_ip, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
-HOST_AGGREGATOR_PORT = 42666
-SWITCH_AGGREGATOR_PORT = 42602
 
 
 class Terminated(Exception):
@@ -221,7 +221,7 @@ class Run:
             "metrics_listen": self.metrics_addr,
             "p4info": str(self.p4info), "bmv2_json": str(self.bmv2_json),
             "switches": [{"name": name, "grpc": sw.grpc, "device_id": sw.device_id,
-                          "aggregator": f"{s['aggregator_ip']}:{SWITCH_AGGREGATOR_PORT}",
+                          "aggregator": f"{s['aggregator_ip']}:{UDP_PORT}",
                           "hosts": self.topo.host_ports(name)}
                          for (name, s), sw in zip(self.topo.switches.items(), self.net.switches)],
             **self.topo.controller,

@@ -25,8 +25,10 @@ import signal
 import socket
 import struct
 import sys
-import time
 from pathlib import Path
+
+from scapy.data import DLT_EN10MB
+from scapy.utils import RawPcapWriter
 
 from controller.p4info import BMV2_JSON_PATH, P4Info
 
@@ -48,20 +50,18 @@ RECV_BATCH = 32
 
 
 class PcapWriter:
-    """Minimal pcap (Ethernet) writer, one file per port and direction as BMv2 does."""
+    """One pcap (Ethernet) per port and direction, as BMv2 writes them, by scapy's writer;
+    flushed per frame so a capture is readable while the switch runs."""
 
     def __init__(self, path: Path) -> None:
-        self.f = open(path, "wb")
-        self.f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+        self.writer = RawPcapWriter(str(path), linktype=DLT_EN10MB, sync=True)
+        self.writer.write_header(None)    # a port that sees no traffic still gets a valid file
 
     def write(self, frame: bytes) -> None:
-        t = time.time()
-        self.f.write(struct.pack("<IIII", int(t), int((t % 1) * 1e6), len(frame), len(frame)))
-        self.f.write(frame)
-        self.f.flush()
+        self.writer.write(bytes(frame))
 
     def close(self) -> None:
-        self.f.close()
+        self.writer.close()
 
 
 def recv_batch(sock: socket.socket):

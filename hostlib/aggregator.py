@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .engine import AggregationEngine, JobConfig
-from .grant import HOST_VALUES_PER_PACKET, parse_address
+from .grant import HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, parse_address
 from .transport import enlarge_buffers
 
 
@@ -135,7 +135,7 @@ def follow_controller(engine: AggregationEngine, address: str, admin_token: str,
 
 def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="inagg-aggregator", description=__doc__.split("\n\n")[0])
-    p.add_argument("--bind", default="127.0.0.1:42666", help="HOST:PORT to listen on (port 0: any)")
+    p.add_argument("--bind", default=f"127.0.0.1:{HOST_AGGREGATOR_PORT}", help="HOST:PORT to listen on (port 0: any)")
     p.add_argument("--slots", type=int, default=4096, help="slots in the aggregator's pool")
     p.add_argument("--values-per-packet", type=int, default=HOST_VALUES_PER_PACKET,
                    help="int32 values per packet (K)")

@@ -12,6 +12,8 @@ from .protocol import ENCAPSULATIONS, MAX_SLOT
 # Defaults for host aggregation on loopback or jumbo-frame links: 16 KiB of values per datagram
 # keeps per-packet Python work small; on a 1500-byte MTU network use <= 358 values per packet.
 HOST_VALUES_PER_PACKET = 4096
+# The host aggregator's default UDP port (its address is configured; decoders bind this port).
+HOST_AGGREGATOR_PORT = 42666
 # Slots per job on a host aggregator: W * K * 4 bytes (512 KiB) in flight per worker.
 HOST_WINDOW = 32
 
