@@ -52,8 +52,10 @@ def import_mininet():
     except ImportError:
         sys.path.append("/usr/lib/python3/dist-packages")
     from mininet.link import TCLink
+    from mininet.log import lg
     from mininet.net import Mininet
     from mininet.node import Switch
+    lg.propagate = False     # Mininet prints its own lines; the root logger would repeat them
     return Mininet, Switch, TCLink
 
 
@@ -316,8 +318,8 @@ class Run:
 
     def cli(self) -> None:
         from mininet.cli import CLI
-        print(f"network up; try: h1 ping -c1 {host_ip(self.topo.hosts[self.topo.aggregator])}, "
-              "sh inaggctl jobs, sh inaggctl top; exit (or Ctrl-D) tears it down", flush=True)
+        print("network up; try: sh inaggctl jobs, sh inaggctl top, h1 ip addr, dump; "
+              "exit (or Ctrl-D) tears it down", flush=True)
         CLI(self.net)
 
     def teardown(self) -> None:
