@@ -28,6 +28,7 @@ from hostlib.protocol import (
     SWITCH_VALUES_PER_PACKET,
     UDP_PORT,
     VERSION,
+    Outcome,
     ipv4_checksum,
 )
 from hostlib.roce import BTH_BYTES, BTH_FIELDS, RETH_FIELDS, byte_offset, icrc
@@ -144,7 +145,7 @@ class SoftPipeline:
         if admit is None:                      # not admitted to the switch: forward untouched
             return self.forwarding(port, frame)
         if frame.encap != admit.param("encap"):
-            self.job_counters(admit.param("job_index"), "bad_encap", False)
+            self.job_counters(admit.param("job_index"), Outcome.BAD_ENCAP, False)
             return []
         inagg_end = ETH + IP + struct.unpack_from("!H", data, ETH + IP + 4)[0]
         src_addr = struct.unpack_from("!I", data, ETH + 12)[0]
@@ -159,28 +160,33 @@ class SoftPipeline:
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 
-    def job_counters(self, job_index: int, outcome: str, result: bool) -> None:
+    def job_counters(self, job_index: int, outcome: Outcome, result: bool) -> None:
         c = self.counters
         c.count(JOB_PACKETS, job_index)
-        if outcome in ("first", "add"):
+        if outcome in (Outcome.FIRST, Outcome.ADD):
             c.count(JOB_AGGREGATED, job_index)
             if result:
                 c.count(JOB_RESULTS, job_index)
-        elif outcome in ("dup_pending", "dup_done"):
+        elif outcome in (Outcome.DUP_PENDING, Outcome.DUP_DONE):
             c.count(JOB_DUPLICATES, job_index)
         else:
-            c.count(JOB_DROPS, job_index * len(DROP_REASONS) + _DROP_CODE[outcome])
+            c.count(JOB_DROPS, job_index * len(DROP_REASONS) + _DROP_CODE[outcome.label])
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
-        replica per multicast group member, each addressed by replica_table."""
+        replica per multicast group member, each addressed by replica_table.
+
+        As BMv2 does, a result reuses the trigger: its IPv4 total length stays as sent, and the
+        bytes after the UDP payload (Ethernet padding, any trailer: what the P4 parser did not
+        extract) follow the deparsed headers (tests/test_dataplane_conformance.py checks it)."""
         d = frame.data
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
         eth = d[6:12] + d[0:6] + d[12:14]
         ip = bytearray(d[ETH: ETH + IP])
         ip[12:20] = d[ETH + 16: ETH + 20] + d[ETH + 12: ETH + 16]
         udp_ports = d[ETH + IP + 2: ETH + IP + 4] + d[ETH + IP: ETH + IP + 2]
         roce = d[INAGG_AT:ROCE_INAGG_AT] if frame.encap == ENCAP_ROCE else b""
-        if self.engine.last_outcome == "dup_done":
+        if self.engine.last_outcome == Outcome.DUP_DONE:
             targets = [(port, d[frame.inagg_at + 4] + 1)]   # replica = the sender's rank + 1
         else:
             targets = [(r.port, r.instance) for r in self.pre.groups.get(admit.param("mcast_grp"), ())]
@@ -199,7 +205,8 @@ class SoftPipeline:
                     r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
                 else:
                     u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
-            out.append((out_port, build_frame(e, i, u, emit.data, r)))
+            out.append((out_port, build_frame(e, i, u, emit.data, r, trailer=d[udp_end:],
+                                              keep_ip_length=True)))
         return out
 
     def forwarding(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
@@ -217,16 +224,19 @@ class SoftPipeline:
 
 
 def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,
-                roce: bytes | bytearray = b"") -> bytes:
-    """Ethernet + IPv4 (length and checksum recomputed) + UDP (checksum 0) + payload; with
-    ``roce`` (BTH|RETH|ImmDt) between UDP and payload and the ICRC computed after it (RoceIcrc)."""
-    trailer = ROCE_ICRC_BYTES if roce else 0
-    udp_len = UDP + len(roce) + len(payload) + trailer
-    ip[2:4] = (IP + udp_len).to_bytes(2, "big")
+                roce: bytes | bytearray = b"", *, trailer: bytes = b"",
+                keep_ip_length: bool = False) -> bytes:
+    """Ethernet + IPv4 (checksum and, unless ``keep_ip_length``, length recomputed) + UDP
+    (checksum 0) + payload; with ``roce`` (BTH|RETH|ImmDt) between UDP and payload and the ICRC
+    computed after it (RoceIcrc); then ``trailer`` (bytes after the UDP payload)."""
+    icrc_len = ROCE_ICRC_BYTES if roce else 0
+    udp_len = UDP + len(roce) + len(payload) + icrc_len
+    if not keep_ip_length:
+        ip[2:4] = (IP + udp_len).to_bytes(2, "big")
     ip[10:12] = b"\0\0"
     ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
     pkt = bytearray(ip + udp_ports + udp_len.to_bytes(2, "big") + b"\0\0" + roce + payload
-                    + bytes(trailer))
+                    + bytes(icrc_len))
     if roce:
-        pkt[-trailer:] = icrc(pkt)
-    return eth + bytes(pkt)
+        pkt[-icrc_len:] = icrc(pkt)
+    return eth + bytes(pkt) + trailer

@@ -8,20 +8,28 @@ any control-plane register write (BMv2's P4Runtime cannot write registers). The 
 runs it behind a UDP socket; the software data plane runs the same engine behind raw sockets, so
 both behave like ``p4/inagg.p4`` by construction.
 
-Per-packet decision for a contribution of worker w to set s of a slot (``o`` = the other set)::
+Per-packet decision for a contribution of worker w to set s of a slot (``o`` = the other set;
+"same round": the packet's offset and count are those stored for the round in set s)::
 
-    bit w in bitmap[s] | bitmap[s] | round complete | action
-    -------------------+-----------+----------------+---------------------------------------
-    0                  | == 0      | any            | FIRST: overwrite set s with the packet
-    0                  | != 0      | no             | ADD: sum values, max exponent, OR flags
-    0                  | != 0      | yes            | STALE: drop (reordered packet, old round)
-    1                  | any       | no             | DUP_PENDING: drop
-    1                  | any       | yes            | DUP_DONE: unicast stored result to w
+    bit w in bitmap[s] | bitmap[s] | round complete | same round | action
+    -------------------+-----------+----------------+------------+----------------------------
+    0                  | == 0      | any            | any        | FIRST: overwrite set s
+    0                  | != 0      | no             | yes        | ADD: sum, max exponent, OR flags
+    0                  | != 0      | no             | no         | BAD_ROUND: drop
+    0                  | != 0      | yes            | any        | STALE_ROUND: drop (reordered)
+    1                  | any       | no             | yes        | DUP_PENDING: drop
+    1                  | any       | yes            | yes        | DUP_DONE: stored result to w
+    1                  | any       | any            | no         | BAD_ROUND: drop
     after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o];
                      if the round is now complete, multicast the result to all workers.
 
 Why FIRST is safe: a worker sends round r+2 of a slot only after the result of round r+1,
 so all workers have contributed to r+1 on set o and cleared their bits in set s.
+Why BAD_ROUND: a round's result is what its first contribution announced (offset, count); a
+packet claiming other values never joins it nor gets its result (p4/include/slot_state.p4).
+
+``native/engine.cpp`` is the same engine in C++ (hostlib._native.Engine, wrapped by
+``hostlib.native_engine``); tests/test_engine_native.py holds the two to identical behaviour.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from .protocol import (
     MSG_CONTRIBUTION,
     MSG_RESULT,
     VERSION,
+    Outcome,
     unpack_raw,
 )
 
@@ -127,10 +136,10 @@ class AggregationEngine:
         self.result_flags = FLAG_FROM_HOST if host_mode else 0
         self.jobs: dict[int, JobConfig] = {}
         self.counters: dict[int, JobCounters] = {}
-        self.drops: Counter = Counter()  # drops that belong to no known job
-        # What the last process() call did: "first", "add", "dup_pending", "dup_done" or the
-        # drop reason. The software data plane maps it onto the P4 program's counters.
-        self.last_outcome = ""
+        self.drops: Counter = Counter()  # drops that belong to no known job, by label
+        # What the last process() call did; the software data plane maps it onto the P4
+        # program's counters. None before the first packet.
+        self.last_outcome: Outcome | None = None
         # Per-slot state. Scalars live in Python lists (faster than numpy scalars per packet).
         self._tag: list[int] = [0] * n_slots          # (job_id << 16) | epoch of the owner
         self._bitmap = [[0] * n_slots, [0] * n_slots]
@@ -180,33 +189,30 @@ class AggregationEngine:
         False: the encapsulation's own length (RoCE's RETH DMA length, its ICRC's presence)
         disagrees with the packet, which is then malformed (bad_length, in check order)."""
         if len(data) < HEADER_BYTES:
-            return self._drop_global("truncated")
+            return self._drop_global(Outcome.TRUNCATED)
         vt, flags, job_id, worker, exp, epoch, ss, count, offset = unpack_raw(data)
         if vt >> 4 != VERSION:
-            return self._drop_global("bad_version")
+            return self._drop_global(Outcome.BAD_VERSION)
         job = self.jobs.get(job_id)
         if job is None:
-            return self._drop_global("unknown_job")
+            return self._drop_global(Outcome.UNKNOWN_JOB)
         ctr = self.counters[job_id]
         ctr.packets += 1
+        slot = ss & MAX_SLOT
         reason = None
         if vt & 0xF != MSG_CONTRIBUTION:
-            reason = "bad_type"
+            reason = Outcome.BAD_TYPE
         elif worker >= len(job.members) or job.members[worker] != sender:
-            reason = "bad_worker"
+            reason = Outcome.BAD_WORKER
         elif epoch != job.epoch:
-            reason = "stale_epoch"
-        slot = ss & MAX_SLOT
-        if reason is None and not job.slot_base <= slot < job.slot_base + job.slot_count:
-            reason = "bad_slot"
-        payload_len = len(data) - HEADER_BYTES
-        if reason is None and (not framing_ok or count > self.k
-                               or payload_len != (4 * self.k if count else 0)):
-            reason = "bad_length"
+            reason = Outcome.STALE_EPOCH
+        elif not job.slot_base <= slot < job.slot_base + job.slot_count:
+            reason = Outcome.BAD_SLOT
+        elif (not framing_ok or count > self.k
+              or len(data) - HEADER_BYTES != (4 * self.k if count else 0)):
+            reason = Outcome.BAD_LENGTH
         if reason is not None:
-            ctr.drops[reason] += 1
-            self.last_outcome = reason
-            return []
+            return self._drop_job(ctr, reason)
 
         tag = (job_id << 16) | epoch
         if self._tag[slot] != tag:  # first packet of a new owner/epoch: reset the slot
@@ -220,17 +226,20 @@ class AggregationEngine:
         seen = self._seen[s]
         n = len(job.members)
         complete = seen[slot] == n
+        same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
 
         if bitmap[slot] & bit:
+            if not same_round:                                 # BAD_ROUND
+                return self._drop_job(ctr, Outcome.BAD_ROUND)
             ctr.duplicates += 1
             if not complete:                                   # DUP_PENDING
-                self.last_outcome = "dup_pending"
+                self.last_outcome = Outcome.DUP_PENDING
                 return []
             ctr.resent_results += 1                            # DUP_DONE
-            self.last_outcome = "dup_done"
+            self.last_outcome = Outcome.DUP_DONE
             return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT))]
         if bitmap[slot] == 0:                                  # FIRST
-            self.last_outcome = "first"
+            self.last_outcome = Outcome.FIRST
             seen[slot] = 1
             self._exp[s][slot] = exp
             self._flags[s][slot] = flags & _STICKY_FLAGS
@@ -240,12 +249,12 @@ class AggregationEngine:
                 self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
             else:
                 self._values[s, slot] = 0
-        elif complete:                                         # STALE
-            ctr.drops["stale_round"] += 1
-            self.last_outcome = "stale_round"
-            return []
+        elif complete:                                         # STALE_ROUND
+            return self._drop_job(ctr, Outcome.STALE_ROUND)
+        elif not same_round:                                   # BAD_ROUND
+            return self._drop_job(ctr, Outcome.BAD_ROUND)
         else:                                                  # ADD
-            self.last_outcome = "add"
+            self.last_outcome = Outcome.ADD
             seen[slot] += 1
             if exp > self._exp[s][slot]:
                 self._exp[s][slot] = exp
@@ -260,8 +269,13 @@ class AggregationEngine:
         ctr.results += 1
         return [Emit(job, tuple(range(n)), self._result(slot, s, job, worker, 0))]
 
-    def _drop_global(self, reason: str) -> list[Emit]:
-        self.drops[reason] += 1
+    def _drop_global(self, reason: Outcome) -> list[Emit]:
+        self.drops[reason.label] += 1
+        self.last_outcome = reason
+        return []
+
+    def _drop_job(self, ctr: JobCounters, reason: Outcome) -> list[Emit]:
+        ctr.drops[reason.label] += 1
         self.last_outcome = reason
         return []
 

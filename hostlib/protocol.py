@@ -7,6 +7,7 @@ field names, widths, order, signedness or constants.
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import struct
 from typing import NamedTuple
@@ -43,9 +44,48 @@ SWITCH_VALUES_PER_PACKET = 64
 # Drop reasons, indexed by their P4 code (DROP_<NAME> in constants.p4): per-job counters...
 DROP_REASONS: tuple[str, ...] = (
     "bad_type", "bad_worker", "stale_epoch", "bad_slot", "bad_length", "stale_round", "bad_encap",
+    "bad_round",
 )
 # ...and the drops that belong to no job (GLOBAL_DROP_<NAME>).
 GLOBAL_DROP_REASONS: tuple[str, ...] = ("truncated", "bad_version")
+
+
+
+class Outcome(enum.IntEnum):
+    """What an aggregator did with one inagg packet: a row of SlotState's decision table
+    (``SLOT_<NAME>`` in constants.p4, same value) or the reason it was dropped before the slot.
+    The native engine's ``inagg::Outcome`` (native/engine.hpp) has the same values; counters name
+    a drop by its ``label`` (``DROP_REASONS``/``GLOBAL_DROP_REASONS``, and ``unknown_job`` for an
+    aggregator that has no job to forward to)."""
+
+    FIRST = 1          # first contribution of a round: overwrite the set
+    ADD = 2            # a further contribution: add
+    STALE_ROUND = 3    # drop: reordered packet of a finished round
+    DUP_PENDING = 4    # duplicate, round unfinished: drop
+    DUP_DONE = 5       # duplicate, round finished: the stored result back to its sender
+    BAD_ROUND = 6      # drop: offset or count differ from the round's
+    BAD_TYPE = 7
+    BAD_WORKER = 8
+    STALE_EPOCH = 9
+    BAD_SLOT = 10
+    BAD_LENGTH = 11
+    BAD_ENCAP = 12
+    TRUNCATED = 13
+    BAD_VERSION = 14
+    UNKNOWN_JOB = 15
+
+    @property
+    def label(self) -> str:
+        """The name counters and logs use ("first", "bad_round", ...)."""
+        return self.name.lower()
+
+    @property
+    def is_drop(self) -> bool:
+        return self not in (Outcome.FIRST, Outcome.ADD, Outcome.DUP_PENDING, Outcome.DUP_DONE)
+
+
+# The rows of SlotState's decision table (p4/include/slot_state.p4), in P4 code order.
+SLOT_OUTCOMES: tuple[Outcome, ...] = tuple(o for o in Outcome if o <= Outcome.BAD_ROUND)
 
 # Bytes below the inagg header on an Ethernet/IPv4/UDP path: what each packet costs on the wire
 # beyond its inagg header and payload (Ethernet 14 + IPv4 20 + UDP 8).
@@ -86,6 +126,7 @@ P4_CONSTANTS: dict[str, int] = {
     "MAX_WORKERS": MAX_WORKERS,
     "INAGG_HEADER_BYTES": HEADER_BYTES,
     "SWITCH_VALUES_PER_PACKET": SWITCH_VALUES_PER_PACKET,
+    **{f"SLOT_{o.name}": o.value for o in SLOT_OUTCOMES},
     **{f"DROP_{name.upper()}": code for code, name in enumerate(DROP_REASONS)},
     "DROP_REASONS": len(DROP_REASONS),
     **{f"GLOBAL_DROP_{name.upper()}": code for code, name in enumerate(GLOBAL_DROP_REASONS)},

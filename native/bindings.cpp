@@ -1,10 +1,189 @@
 // Python bindings of the native data path (hostlib._native). Only the binding glue lives here;
-// each concern has its own file beside it.
+// each concern has its own file beside it (engine.hpp: the slot engine). Packet work runs with
+// the GIL released; configuration and counters are plain Python data.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <stdexcept>
+
+#include "engine.hpp"
 
 namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// A read-only view of any object with the buffer protocol (bytes, bytearray, memoryview).
+class ByteView {
+public:
+    explicit ByteView(nb::handle obj) {
+        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) {
+            throw nb::python_error();
+        }
+    }
+    ~ByteView() { PyBuffer_Release(&view_); }
+    ByteView(const ByteView&) = delete;
+    ByteView& operator=(const ByteView&) = delete;
+
+    const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+    size_t size() const { return static_cast<size_t>(view_.len); }
+
+private:
+    Py_buffer view_{};
+};
+
+inagg::JobConfig job_config(int64_t job_id, int64_t epoch, int64_t slot_base, int64_t slot_count,
+                            std::vector<inagg::SenderId> members) {
+    return inagg::JobConfig{job_id, epoch, slot_base, slot_count, std::move(members)};
+}
+
+nb::dict counters_dict(const inagg::JobCounters& c) {
+    nb::dict drops;
+    for (size_t i = 0; i < inagg::kOutcomes; ++i) {
+        if (c.drops[i]) {
+            drops[inagg::outcome_name(static_cast<inagg::Outcome>(i))] = c.drops[i];
+        }
+    }
+    nb::dict d;
+    d["packets"] = c.packets;
+    d["aggregated"] = c.aggregated;
+    d["duplicates"] = c.duplicates;
+    d["results"] = c.results;
+    d["resent_results"] = c.resent_results;
+    d["drops"] = drops;
+    return d;
+}
+
+nb::dict snapshot(inagg::Engine& engine) {
+    std::lock_guard<std::mutex> lock(engine.mutex());
+    nb::dict jobs;
+    for (const auto& [id, c] : engine.counters()) {
+        jobs[nb::int_(id)] = counters_dict(c);
+    }
+    nb::dict drops;
+    for (size_t i = 0; i < inagg::kOutcomes; ++i) {
+        if (engine.global_drops()[i]) {
+            drops[inagg::outcome_name(static_cast<inagg::Outcome>(i))] = engine.global_drops()[i];
+        }
+    }
+    nb::dict d;
+    d["jobs"] = jobs;
+    d["drops"] = drops;
+    return d;
+}
+
+// (outcome, job, rank, result bytes or None) for one packet.
+nb::tuple process_one(inagg::Engine& engine, nb::handle data, inagg::SenderId sender,
+                      bool framing_ok) {
+    ByteView view(data);
+    std::vector<uint8_t> out(engine.max_result_bytes());
+    inagg::Emit emit;
+    inagg::Outcome outcome;
+    {
+        nb::gil_scoped_release release;
+        std::lock_guard<std::mutex> lock(engine.mutex());
+        emit = engine.process(view.data(), view.size(), sender, framing_ok, out.data());
+        outcome = engine.last_outcome();
+    }
+    nb::object result = nb::none();
+    if (emit.length) {
+        result = nb::bytes(reinterpret_cast<const char*>(out.data()), emit.length);
+    }
+    return nb::make_tuple(static_cast<int>(outcome), emit.job, emit.rank, result);
+}
+
+// Packets laid end to end in `data` (lengths give each one's size): (outcomes as bytes, list of
+// (packet index, job, rank, result bytes)).
+nb::tuple process_batch(inagg::Engine& engine, nb::handle data, const std::vector<size_t>& lengths,
+                        const std::vector<inagg::SenderId>& senders,
+                        const std::vector<bool>& framing_ok) {
+    if (senders.size() != lengths.size() || framing_ok.size() != lengths.size()) {
+        throw std::invalid_argument("process_batch: lengths, senders and framing_ok differ in size");
+    }
+    ByteView view(data);
+    std::vector<inagg::Received> packets(lengths.size());
+    size_t at = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+        if (lengths[i] > view.size() - at) {
+            throw std::invalid_argument("process_batch: lengths exceed the buffer");
+        }
+        packets[i] = inagg::Received{view.data() + at, lengths[i], senders[i], framing_ok[i]};
+        at += lengths[i];
+    }
+    std::vector<uint8_t> arena;
+    std::vector<inagg::Emitted> emitted;
+    std::vector<inagg::Outcome> outcomes;
+    {
+        nb::gil_scoped_release release;
+        std::lock_guard<std::mutex> lock(engine.mutex());
+        engine.process_batch(packets, arena, emitted, outcomes);
+    }
+    nb::list emits;
+    for (const inagg::Emitted& e : emitted) {
+        emits.append(nb::make_tuple(
+            e.packet, e.emit.job, e.emit.rank,
+            nb::bytes(reinterpret_cast<const char*>(arena.data() + e.at), e.emit.length)));
+    }
+    return nb::make_tuple(
+        nb::bytes(reinterpret_cast<const char*>(outcomes.data()), outcomes.size()), emits);
+}
+
+void bind_engine(nb::module_& m) {
+    nb::dict outcomes;
+    for (size_t i = 1; i < inagg::kOutcomes; ++i) {
+        outcomes[inagg::outcome_name(static_cast<inagg::Outcome>(i))] = i;
+    }
+    m.attr("OUTCOMES") = outcomes;
+
+    nb::class_<inagg::Engine>(m, "Engine", "The slot engine (native/engine.hpp)")
+        .def(nb::init<uint32_t, uint32_t, bool>(), "n_slots"_a, "values_per_packet"_a,
+             "host_mode"_a)
+        .def_prop_ro("n_slots", &inagg::Engine::n_slots)
+        .def_prop_ro("values_per_packet", &inagg::Engine::values_per_packet)
+        .def("set_job",
+             [](inagg::Engine& e, int64_t job_id, int64_t epoch, int64_t base, int64_t count,
+                std::vector<inagg::SenderId> members) {
+                 std::lock_guard<std::mutex> lock(e.mutex());
+                 e.set_job(job_config(job_id, epoch, base, count, std::move(members)));
+             },
+             "job_id"_a, "epoch"_a, "slot_base"_a, "slot_count"_a, "members"_a)
+        .def("remove_job",
+             [](inagg::Engine& e, uint16_t job_id) {
+                 std::lock_guard<std::mutex> lock(e.mutex());
+                 e.remove_job(job_id);
+             })
+        .def("replace_jobs",
+             [](inagg::Engine& e,
+                const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
+                                             std::vector<inagg::SenderId>>>& wanted) {
+                 std::vector<inagg::JobConfig> jobs;
+                 for (const auto& [id, epoch, base, count, members] : wanted) {
+                     jobs.push_back(job_config(id, epoch, base, count, members));
+                 }
+                 std::lock_guard<std::mutex> lock(e.mutex());
+                 e.replace_jobs(jobs);
+             },
+             "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members)]")
+        .def("job_ids",
+             [](inagg::Engine& e) {
+                 std::lock_guard<std::mutex> lock(e.mutex());
+                 return e.job_ids();
+             })
+        .def("process", &process_one, "data"_a, "sender"_a, "framing_ok"_a = true)
+        .def("process_batch", &process_batch, "data"_a, "lengths"_a, "senders"_a, "framing_ok"_a)
+        .def_prop_ro("last_outcome",
+                     [](inagg::Engine& e) { return static_cast<int>(e.last_outcome()); })
+        .def("snapshot_counters", &snapshot);
+}
+
+}  // namespace
 
 NB_MODULE(_native, m) {
     m.doc() = "inagg's per-packet data path in C++ (see native/*.hpp)";
     m.attr("ABI_VERSION") = 1;
+    m.def("sender_id_ipv4", &inagg::sender_id_ipv4, "addr"_a, "port"_a,
+          "The engine's id of a UDP sender: (IPv4 address << 16) | port");
+    bind_engine(m);
 }

@@ -242,6 +242,52 @@ def test_malformed_and_truncated_packets(dp):
         assert values == [8] * K
 
 
+def test_contribution_of_another_round_is_dropped_as_bad_round(dp):
+    """A packet whose offset or count differ from its round's (stored by the round's first
+    contribution) neither joins the round nor gets its result, on either data plane."""
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    before = counters.job(JOB1.job_index)
+    send(dp, contribution(JOB1, 0, [1] * K, slot=4, offset=256))
+    send(dp, contribution(JOB1, 1, [2] * K, slot=4, offset=320))       # another offset
+    send(dp, contribution(JOB1, 1, None, slot=4, offset=256))          # count 0, not K
+    send(dp, contribution(JOB1, 0, None, slot=4, offset=256))          # a "duplicate", count 0
+    assert all(v == [] for v in dp.recv_all(0.3).values())
+    send(dp, contribution(JOB1, 1, [2] * K, slot=4, offset=256))
+    send(dp, contribution(JOB1, 2, [3] * K, slot=4, offset=256))
+    for h, values in expect_results(dp, JOB1, [0, 1, 2]).values():
+        assert values == [6] * K and (h.offset, h.count) == (256, K)
+    send(dp, contribution(JOB1, 2, [3] * K, slot=4, offset=320))       # done round, other offset
+    assert all(v == [] for v in dp.recv_all(0.3).values())
+    after = counters.job(JOB1.job_index)
+    assert after["drops"].get("bad_round", 0) - before["drops"].get("bad_round", 0) == 4
+    assert after["aggregated"] - before["aggregated"] == 3
+    assert after["duplicates"] == before["duplicates"]
+
+
+def test_bytes_after_the_udp_payload_follow_the_result(dp):
+    """Bytes after the UDP payload (Ethernet padding, a trailer) are what the P4 parser leaves
+    unparsed: BMv2 sends them on after the deparsed headers, in every copy of the result, and
+    the lengths in the IPv4/UDP headers stay the trigger's."""
+    dp.drain()
+    f0, p0 = contribution(JOB1, 0, [1] * K, slot=5)
+    f1, p1 = contribution(JOB1, 1, [1] * K, slot=5)
+    f2, p2 = contribution(JOB1, 2, [1] * K, slot=5)
+    dp.send(p0, f0 + b"\0\0")
+    dp.send(p1, f1)
+    dp.send(p2, f2 + b"TRAILER")
+    got = dp.recv_all(1.0)
+    frames = [f for port in (1, 2, 3) for f in got[port]]
+    assert len(frames) == 3
+    for f in frames:
+        assert f.endswith(b"TRAILER") and len(f) == len(f2) + 7
+        pkt, h, values = parse_result(f)
+        assert values == [3] * K and pkt[IP].len == len(f2) - 14 and pkt[UDP].len == len(f2) - 34
+    dp.send(p1, f1 + b"!")                                             # DUP_DONE, unicast
+    (f,) = dp.recv_all(1.0)[p1]
+    assert f.endswith(b"!") and parse_result(f[:-1])[2] == [3] * K
+
+
 def test_counters_and_state_read_back(dp):
     counters = JobCounters(dp.sw)
     c = counters.job(JOB2.job_index)

@@ -91,3 +91,23 @@ def test_scapy_layer_decodes_pcap(tmp_path):
     assert (layer.exp, layer.count, layer.offset, layer.flags) == (-3, 3, 4096, protocol.FLAG_RETRANSMIT)
     assert layer.values == [5, -6, 7, 0]
     assert bytes(layer) == payload
+
+
+@pytest.mark.parametrize("outcome", list(protocol.Outcome), ids=lambda o: o.label)
+def test_outcome_has_its_twins(outcome):
+    """One row per outcome: the same code in the C++ engine, and in the P4 program either the
+    same SLOT_* code (a row of SlotState's table) or a drop reason of the same name."""
+    from hostlib import _native
+
+    assert _native.OUTCOMES[outcome.label] == outcome.value
+    consts = p4_constants((P4_INCLUDE / "constants.p4").read_text())
+    if outcome in protocol.SLOT_OUTCOMES:
+        assert consts[f"SLOT_{outcome.name}"] == outcome.value
+    if outcome.is_drop and outcome.label != "unknown_job":  # unknown jobs: forwarded by P4
+        assert outcome.label in protocol.DROP_REASONS + protocol.GLOBAL_DROP_REASONS
+
+
+def test_native_has_no_other_outcomes():
+    from hostlib import _native
+
+    assert _native.OUTCOMES == {o.label: o.value for o in protocol.Outcome}

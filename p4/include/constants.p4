@@ -48,6 +48,16 @@ const bit<8>  INAGG_HEADER_BYTES   = 16;
  * host aggregators accept any per-job value count). */
 const bit<16> SWITCH_VALUES_PER_PACKET = 64;
 
+/* SlotState's decision for an admitted contribution (meta.outcome; the rows of the table in
+ * slot_state.p4). hostlib.protocol.Outcome and native/engine.hpp's inagg::Outcome use the same
+ * values for the same rows. */
+const bit<3>  SLOT_FIRST           = 1;    /* first contribution of a round: overwrite     */
+const bit<3>  SLOT_ADD             = 2;    /* a further contribution: add                  */
+const bit<3>  SLOT_STALE_ROUND     = 3;    /* drop: reordered packet of a finished round   */
+const bit<3>  SLOT_DUP_PENDING     = 4;    /* duplicate, round unfinished: drop            */
+const bit<3>  SLOT_DUP_DONE        = 5;    /* duplicate, round finished: result to sender  */
+const bit<3>  SLOT_BAD_ROUND       = 6;    /* drop: offset or count differ from the round's */
+
 /* Drop reasons of an admitted job: the per-job drop counter's index is
  * job_index * DROP_REASONS + reason. */
 const bit<8>  DROP_BAD_TYPE        = 0;    /* not a contribution                          */
@@ -57,7 +67,8 @@ const bit<8>  DROP_BAD_SLOT        = 3;    /* slot outside the job's range      
 const bit<8>  DROP_BAD_LENGTH      = 4;    /* payload is not 0 or K values, count > K     */
 const bit<8>  DROP_STALE_ROUND     = 5;    /* reordered packet of a finished round        */
 const bit<8>  DROP_BAD_ENCAP       = 6;    /* encapsulation is not the job's (UDP / RoCEv2) */
-const bit<8>  DROP_REASONS         = 7;
+const bit<8>  DROP_BAD_ROUND       = 7;    /* offset or count differ from the slot's round */
+const bit<8>  DROP_REASONS         = 8;
 
 /* Drops that belong to no job: index of the global drop counter. */
 const bit<8>  GLOBAL_DROP_TRUNCATED   = 0; /* shorter than an inagg header                */

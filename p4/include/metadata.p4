@@ -27,13 +27,6 @@ const bit<2> VERDICT_FORWARD   = 0;  /* ordinary traffic, or a job not admitted 
 const bit<2> VERDICT_AGGREGATE = 1;  /* admitted contribution: slot logic applies            */
 const bit<2> VERDICT_DROP      = 2;  /* dropped and counted (drop_reason)                    */
 
-/* SlotState's decision for an admitted contribution (see slot_state.p4). */
-const bit<3> SLOT_FIRST        = 1;
-const bit<3> SLOT_ADD          = 2;
-const bit<3> SLOT_STALE        = 3;
-const bit<3> SLOT_DUP_PENDING  = 4;
-const bit<3> SLOT_DUP_DONE     = 5;
-
 const bit<8> NO_DROP           = 0xFF;
 
 struct metadata_t {

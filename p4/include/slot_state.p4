@@ -5,16 +5,22 @@
  * round's offset and count. The first packet of a new (job, epoch) on a slot resets it: no
  * control-plane register write is ever needed (BMv2's P4Runtime cannot write registers).
  *
- * Decision for worker w, set s (o = the other set):
+ * Decision for worker w, set s (o = the other set; "same round": the packet's offset and count
+ * are the ones stored for the round in set s):
  *
- *   bit w in bitmap[s] | bitmap[s] | seen[s] == N | outcome
- *   -------------------+-----------+--------------+---------------------------------------
- *   0                  | == 0      | any          | SLOT_FIRST: overwrite set s
- *   0                  | != 0      | no           | SLOT_ADD: add, max exponent, OR flags
- *   0                  | != 0      | yes          | SLOT_STALE: drop (old round, reordered)
- *   1                  | any       | no           | SLOT_DUP_PENDING: drop
- *   1                  | any       | yes          | SLOT_DUP_DONE: stored result back to w
+ *   bit w in bitmap[s] | bitmap[s] | seen[s] == N | same round | outcome
+ *   -------------------+-----------+--------------+------------+------------------------------
+ *   0                  | == 0      | any          | any        | SLOT_FIRST: overwrite set s
+ *   0                  | != 0      | no           | yes        | SLOT_ADD: add, max exp, OR flags
+ *   0                  | != 0      | no           | no         | SLOT_BAD_ROUND: drop
+ *   0                  | != 0      | yes          | any        | SLOT_STALE_ROUND: drop (reordered)
+ *   1                  | any       | no           | yes        | SLOT_DUP_PENDING: drop
+ *   1                  | any       | yes          | yes        | SLOT_DUP_DONE: stored result to w
+ *   1                  | any       | any          | no         | SLOT_BAD_ROUND: drop
  *   after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o]; complete when seen == N.
+ *
+ * BAD_ROUND keeps a round's result what its first contribution announced: a packet claiming
+ * other values (offset) or another length (count) never joins it, nor gets its result.
  *
  * FIRST is safe: a worker starts round r+2 of a slot only after round r+1's result, which
  * needs every worker's round r+1, and each of those cleared the worker's bit in set s.
@@ -62,13 +68,26 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
         slot_seen.read(seen, idx);
         bit<32> me = (bit<32>) 1 << hdr.inagg.worker_id;
         bool complete = seen == meta.n_workers;
+        bit<32> round_offset;
+        bit<16> round_count;
+        slot_offset.read(round_offset, idx);
+        slot_count.read(round_count, idx);
+        bool same_round = round_offset == hdr.inagg.offset && round_count == hdr.inagg.count;
 
         if ((bitmap & me) != 0) {
-            meta.outcome = complete ? SLOT_DUP_DONE : SLOT_DUP_PENDING;
+            if (!same_round) {
+                meta.outcome = SLOT_BAD_ROUND;
+            } else if (complete) {
+                meta.outcome = SLOT_DUP_DONE;
+            } else {
+                meta.outcome = SLOT_DUP_PENDING;
+            }
         } else if (bitmap == 0) {
             meta.outcome = SLOT_FIRST;
         } else if (complete) {
-            meta.outcome = SLOT_STALE;
+            meta.outcome = SLOT_STALE_ROUND;
+        } else if (!same_round) {
+            meta.outcome = SLOT_BAD_ROUND;
         } else {
             meta.outcome = SLOT_ADD;
         }
@@ -110,9 +129,12 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
             slot_count.read(meta.res_count, idx);
             slot_offset.read(meta.res_offset, idx);
         }
-        if (meta.outcome == SLOT_STALE) {
+        if (meta.outcome == SLOT_STALE_ROUND) {
             meta.verdict = VERDICT_DROP;
             meta.drop_reason = DROP_STALE_ROUND;
+        } else if (meta.outcome == SLOT_BAD_ROUND) {
+            meta.verdict = VERDICT_DROP;
+            meta.drop_reason = DROP_BAD_ROUND;
         }
     }
 }

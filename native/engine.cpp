@@ -1,0 +1,354 @@
+// The slot engine (see engine.hpp for why it exists). Each step below names the line of the
+// Python engine's decision table (hostlib/engine.py) it implements; keep them in step.
+#include "engine.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace inagg {
+namespace {
+
+constexpr uint8_t kStickyFlags = kFlagOverflow | kFlagCongestion;
+
+uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
+
+uint32_t load_u32(const uint8_t* p) {
+    return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16
+           | static_cast<uint32_t>(p[2]) << 8 | p[3];
+}
+
+void store_u16(uint8_t* p, uint16_t v) {
+    p[0] = static_cast<uint8_t>(v >> 8);
+    p[1] = static_cast<uint8_t>(v);
+}
+
+void store_u32(uint8_t* p, uint32_t v) {
+    store_u16(p, static_cast<uint16_t>(v >> 16));
+    store_u16(p + 2, static_cast<uint16_t>(v));
+}
+
+// The inagg header as on the wire (hostlib.protocol.HEADER_FIELDS).
+struct Header {
+    uint8_t version, msg_type, flags;
+    uint16_t job_id;
+    uint8_t worker;
+    int8_t exp;
+    uint16_t epoch;
+    int set;
+    uint32_t slot;
+    uint16_t count;
+    uint32_t offset;
+};
+
+Header parse_header(const uint8_t* p) {
+    uint16_t slot_set = load_u16(p + 8);
+    return Header{static_cast<uint8_t>(p[0] >> 4), static_cast<uint8_t>(p[0] & 0xF), p[1],
+                  load_u16(p + 2), p[4], static_cast<int8_t>(p[5]), load_u16(p + 6),
+                  slot_set >> 15, slot_set & kMaxSlot, load_u16(p + 10), load_u32(p + 12)};
+}
+
+std::string members_text(const std::vector<SenderId>& members) {
+    std::string text = "(";
+    for (size_t i = 0; i < members.size(); ++i) {
+        text += (i ? ", " : "") + std::to_string(members[i]);
+    }
+    return text + (members.size() == 1 ? ",)" : ")");
+}
+
+std::string slots_text(const JobConfig& job) {
+    return "[" + std::to_string(job.slot_base) + ", "
+           + std::to_string(job.slot_base + job.slot_count) + ")";
+}
+
+// JobConfig.validate: the first bad field, with the Python engine's message.
+void validate(const JobConfig& job, uint32_t n_slots) {
+    std::string name = "job " + std::to_string(job.job_id) + ": ";
+    if (job.job_id < 1 || job.job_id > 0xFFFF) {
+        throw std::invalid_argument(name + "job_id must be in 1..65535");
+    }
+    if (job.epoch < 0 || job.epoch > 0xFFFF) {
+        throw std::invalid_argument(name + "epoch must be in 0..65535");
+    }
+    size_t n = job.members.size();
+    if (n < 1 || n > kMaxWorkers) {
+        throw std::invalid_argument(name + "needs 1.." + std::to_string(kMaxWorkers)
+                                    + " workers, got " + std::to_string(n));
+    }
+    std::vector<SenderId> sorted = job.members;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+        throw std::invalid_argument(name + "duplicate worker addresses "
+                                    + members_text(job.members));
+    }
+    if (job.slot_count < 1 || job.slot_base < 0 || job.slot_base + job.slot_count > n_slots) {
+        throw std::invalid_argument(name + "slots " + slots_text(job) + " outside the pool of "
+                                    + std::to_string(n_slots));
+    }
+}
+
+bool overlaps(const JobConfig& a, const JobConfig& b) {
+    return a.slot_base < b.slot_base + b.slot_count && b.slot_base < a.slot_base + a.slot_count;
+}
+
+}  // namespace
+
+const char* outcome_name(Outcome outcome) {
+    static constexpr std::array<const char*, kOutcomes> names = {
+        "", "first", "add", "stale_round", "dup_pending", "dup_done", "bad_round", "bad_type",
+        "bad_worker", "stale_epoch", "bad_slot", "bad_length", "bad_encap", "truncated",
+        "bad_version", "unknown_job"};
+    return names.at(static_cast<size_t>(outcome));
+}
+
+bool is_drop(Outcome outcome) {
+    switch (outcome) {
+        case Outcome::None:
+        case Outcome::First:
+        case Outcome::Add:
+        case Outcome::DupPending:
+        case Outcome::DupDone:
+            return false;
+        default:
+            return true;
+    }
+}
+
+Engine::Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode)
+    : n_slots_(n_slots), k_(values_per_packet), result_flags_(host_mode ? kFlagFromHost : 0) {
+    if (n_slots < 1 || n_slots > kMaxSlot + 1) {
+        throw std::invalid_argument("n_slots must be in 1.." + std::to_string(kMaxSlot + 1)
+                                    + ", got " + std::to_string(n_slots));
+    }
+    if (values_per_packet < 1) {
+        throw std::invalid_argument("values_per_packet must be >= 1");
+    }
+    tag_.assign(n_slots, 0);
+    for (SetState& set : sets_) {
+        set.bitmap.assign(n_slots, 0);
+        set.seen.assign(n_slots, 0);
+        set.offset.assign(n_slots, 0);
+        set.exp.assign(n_slots, kExpNone);
+        set.flags.assign(n_slots, 0);
+        set.count.assign(n_slots, 0);
+        set.values.assign(static_cast<size_t>(n_slots) * k_, 0);
+    }
+}
+
+// -- configuration ---------------------------------------------------------------------------
+
+void Engine::set_job(const JobConfig& job) {
+    validate(job, n_slots_);
+    for (const auto& [id, other] : jobs_) {
+        if (id != job.job_id && overlaps(other, job)) {
+            throw std::invalid_argument("job " + std::to_string(job.job_id) + ": slots "
+                                        + slots_text(job) + " overlap job "
+                                        + std::to_string(id));
+        }
+    }
+    uint16_t id = static_cast<uint16_t>(job.job_id);
+    jobs_[id] = job;
+    counters_.try_emplace(id);
+}
+
+void Engine::remove_job(uint16_t job_id) { jobs_.erase(job_id); }
+
+void Engine::replace_jobs(const std::vector<JobConfig>& wanted) {
+    auto is_wanted = [&wanted](uint16_t id) {
+        return std::any_of(wanted.begin(), wanted.end(),
+                           [id](const JobConfig& j) { return j.job_id == id; });
+    };
+    for (uint16_t id : job_ids()) {
+        if (!is_wanted(id)) {
+            remove_job(id);
+        }
+    }
+    for (const JobConfig& job : wanted) {
+        const JobConfig* have = job.job_id >= 0 && job.job_id <= 0xFFFF
+                                    ? this->job(static_cast<uint16_t>(job.job_id)) : nullptr;
+        if (!have || !(*have == job)) {
+            if (have) {
+                remove_job(static_cast<uint16_t>(job.job_id));
+            }
+            set_job(job);
+        }
+    }
+}
+
+const JobConfig* Engine::job(uint16_t job_id) const {
+    auto it = jobs_.find(job_id);
+    return it == jobs_.end() ? nullptr : &it->second;
+}
+
+std::vector<uint16_t> Engine::job_ids() const {
+    std::vector<uint16_t> ids;
+    for (const auto& entry : jobs_) {
+        ids.push_back(entry.first);
+    }
+    return ids;
+}
+
+// -- data path -------------------------------------------------------------------------------
+
+Emit Engine::drop_global(Outcome reason) {
+    global_drops_[static_cast<size_t>(reason)] += 1;
+    last_outcome_ = reason;
+    return Emit{};
+}
+
+Emit Engine::drop_job(JobCounters& ctr, Outcome reason) {
+    ctr.drops[static_cast<size_t>(reason)] += 1;
+    last_outcome_ = reason;
+    return Emit{};
+}
+
+// The per-job checks in the order of the P4 program's JobAdmission; None when admitted.
+Outcome Engine::admission(const JobConfig& job, const uint8_t* data, size_t len,
+                          SenderId sender, bool framing_ok) const {
+    Header h = parse_header(data);
+    if (h.msg_type != kMsgContribution) {
+        return Outcome::BadType;
+    }
+    if (h.worker >= job.members.size() || job.members[h.worker] != sender) {
+        return Outcome::BadWorker;
+    }
+    if (h.epoch != job.epoch) {
+        return Outcome::StaleEpoch;
+    }
+    if (h.slot < job.slot_base || h.slot >= job.slot_base + job.slot_count) {
+        return Outcome::BadSlot;
+    }
+    size_t payload = len - kHeaderBytes;
+    if (!framing_ok || h.count > k_ || payload != (h.count ? 4 * static_cast<size_t>(k_) : 0)) {
+        return Outcome::BadLength;
+    }
+    return Outcome::None;
+}
+
+Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool framing_ok,
+                     uint8_t* out) {
+    if (len < kHeaderBytes) {
+        return drop_global(Outcome::Truncated);
+    }
+    Header h = parse_header(data);
+    if (h.version != kVersion) {
+        return drop_global(Outcome::BadVersion);
+    }
+    auto found = jobs_.find(h.job_id);
+    if (found == jobs_.end()) {
+        return drop_global(Outcome::UnknownJob);
+    }
+    const JobConfig& job = found->second;
+    JobCounters& ctr = counters_[h.job_id];
+    ctr.packets += 1;
+    Outcome refused = admission(job, data, len, sender, framing_ok);
+    if (refused != Outcome::None) {
+        return drop_job(ctr, refused);
+    }
+
+    uint32_t slot = h.slot;
+    uint32_t tag = static_cast<uint32_t>(h.job_id) << 16 | h.epoch;
+    if (tag_[slot] != tag) {  // first packet of a new owner/epoch: reset the slot
+        tag_[slot] = tag;
+        for (SetState& set : sets_) {
+            set.bitmap[slot] = 0;
+            set.seen[slot] = 0;
+        }
+    }
+    SetState& set = sets_[h.set];
+    uint32_t bit = 1u << h.worker;
+    uint32_t n = static_cast<uint32_t>(job.members.size());
+    bool complete = set.seen[slot] == n;
+    bool same_round = set.offset[slot] == h.offset && set.count[slot] == h.count;
+    int32_t* values = &set.values[static_cast<size_t>(slot) * k_];
+    const uint8_t* payload = data + kHeaderBytes;
+
+    if (set.bitmap[slot] & bit) {
+        if (!same_round) {                                     // BAD_ROUND
+            return drop_job(ctr, Outcome::BadRound);
+        }
+        ctr.duplicates += 1;
+        if (!complete) {                                       // DUP_PENDING
+            last_outcome_ = Outcome::DupPending;
+            return Emit{};
+        }
+        ctr.resent_results += 1;                               // DUP_DONE
+        last_outcome_ = Outcome::DupDone;
+        return Emit{h.job_id, h.worker,
+                    write_result(slot, h.set, job, h.worker, kFlagRetransmit, out)};
+    }
+    if (set.bitmap[slot] == 0) {                               // FIRST
+        last_outcome_ = Outcome::First;
+        set.seen[slot] = 1;
+        set.exp[slot] = h.exp;
+        set.flags[slot] = h.flags & kStickyFlags;
+        set.offset[slot] = h.offset;
+        set.count[slot] = h.count;
+        for (uint32_t i = 0; i < k_; ++i) {
+            values[i] = h.count ? static_cast<int32_t>(load_u32(payload + 4 * i)) : 0;
+        }
+    } else if (complete) {                                     // STALE
+        return drop_job(ctr, Outcome::StaleRound);
+    } else if (!same_round) {                                  // BAD_ROUND
+        return drop_job(ctr, Outcome::BadRound);
+    } else {                                                   // ADD
+        last_outcome_ = Outcome::Add;
+        set.seen[slot] += 1;
+        set.exp[slot] = std::max(set.exp[slot], h.exp);
+        set.flags[slot] |= h.flags & kStickyFlags;
+        if (h.count) {  // int32 wrap-around, as the switch's registers do
+            for (uint32_t i = 0; i < k_; ++i) {
+                values[i] = static_cast<int32_t>(static_cast<uint32_t>(values[i])
+                                                 + load_u32(payload + 4 * i));
+            }
+        }
+    }
+    set.bitmap[slot] |= bit;
+    sets_[1 - h.set].bitmap[slot] &= ~bit;
+    ctr.aggregated += 1;
+    if (set.seen[slot] < n) {
+        return Emit{};
+    }
+    ctr.results += 1;
+    return Emit{h.job_id, -1, write_result(slot, h.set, job, h.worker, 0, out)};
+}
+
+void Engine::process_batch(const std::vector<Received>& packets, std::vector<uint8_t>& arena,
+                           std::vector<Emitted>& emitted, std::vector<Outcome>& outcomes) {
+    for (size_t i = 0; i < packets.size(); ++i) {
+        const Received& p = packets[i];
+        size_t at = arena.size();
+        arena.resize(at + max_result_bytes());
+        Emit emit = process(p.data, p.len, p.sender, p.framing_ok, arena.data() + at);
+        arena.resize(at + emit.length);
+        if (emit.length) {
+            emitted.push_back(Emitted{i, at, emit});
+        }
+        outcomes.push_back(last_outcome_);
+    }
+}
+
+size_t Engine::write_result(uint32_t slot, int s, const JobConfig& job, uint8_t worker,
+                            uint8_t extra_flags, uint8_t* out) const {
+    const SetState& set = sets_[s];
+    uint16_t count = set.count[slot];
+    out[0] = static_cast<uint8_t>(kVersion << 4 | kMsgResult);
+    out[1] = set.flags[slot] | result_flags_ | extra_flags;
+    store_u16(out + 2, static_cast<uint16_t>(job.job_id));
+    out[4] = worker;
+    out[5] = static_cast<uint8_t>(set.exp[slot]);
+    store_u16(out + 6, static_cast<uint16_t>(job.epoch));
+    store_u16(out + 8, static_cast<uint16_t>(s << 15 | slot));
+    store_u16(out + 10, count);
+    store_u32(out + 12, set.offset[slot]);
+    if (!count) {
+        return kHeaderBytes;
+    }
+    const int32_t* values = &set.values[static_cast<size_t>(slot) * k_];
+    for (uint32_t i = 0; i < k_; ++i) {
+        store_u32(out + kHeaderBytes + 4 * i, static_cast<uint32_t>(values[i]));
+    }
+    return kHeaderBytes + 4 * static_cast<size_t>(k_);
+}
+
+}  // namespace inagg

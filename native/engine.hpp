@@ -1,0 +1,193 @@
+// The slot engine: hostlib/engine.py::AggregationEngine in C++, decision for decision.
+//
+// Why it exists: the per-packet slot logic (owner tag, shadow sets, worker bitmap, exponent max,
+// duplicate/stale handling, counters) is the hot loop of the host aggregator and of the software
+// switch. In Python it costs tens of microseconds a packet; here it is a few hundred
+// nanoseconds, and it runs without the GIL. The Python engine stays the executable
+// specification: tests/test_engine_native.py feeds both the same random packet sequences and
+// requires the same packets out, the same outcomes and the same counters.
+//
+// This header is plain C++17 (no Python): the packet loops (native/host_loop.*, the software
+// switch's loop) call it directly; native/bindings.cpp exposes it to Python.
+//
+// Senders are integers (SenderId), not addresses: the caller maps each packet's source to an id
+// and configures each job's members with the same mapping. The host aggregator packs an IPv4
+// UDP source as (address << 16) | port (sender_id_ipv4); the software switch may pack
+// (ingress port << 32) | IPv4 source. Any injective mapping works; the engine only compares.
+//
+// Thread safety: none inside. A caller that shares an Engine between threads (a packet loop and
+// a control thread that changes jobs) holds Engine::mutex() around every call.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace inagg {
+
+// Wire protocol (p4/include/constants.p4 and hostlib/protocol.py are the definitions).
+constexpr uint8_t kVersion = 1;
+constexpr uint8_t kMsgContribution = 1;
+constexpr uint8_t kMsgResult = 2;
+constexpr uint8_t kFlagRetransmit = 0x01;
+constexpr uint8_t kFlagFromHost = 0x02;
+constexpr uint8_t kFlagCongestion = 0x04;
+constexpr uint8_t kFlagOverflow = 0x08;
+constexpr int8_t kExpNone = -128;
+constexpr size_t kMaxWorkers = 32;
+constexpr size_t kHeaderBytes = 16;
+constexpr uint32_t kMaxSlot = (1u << 15) - 1;
+
+// What the engine did with one packet. The slot decisions carry their P4 codes (SLOT_* in
+// p4/include/constants.p4); the rest are drop reasons named as hostlib.protocol names them.
+// hostlib.protocol.Outcome is the Python twin (tests/test_protocol_twin.py ties all three).
+enum class Outcome : uint8_t {
+    None = 0,          // nothing processed yet
+    First = 1,         // first contribution of a round: overwrite the set
+    Add = 2,           // a further contribution: add
+    StaleRound = 3,    // drop: reordered packet of a finished round
+    DupPending = 4,    // drop: duplicate of a contribution to an unfinished round
+    DupDone = 5,       // duplicate of a finished round: the stored result back to the sender
+    BadRound = 6,      // drop: offset or count differ from the round's
+    BadType = 7,       // drop: not a contribution
+    BadWorker = 8,     // drop: rank not bound to this sender
+    StaleEpoch = 9,    // drop: epoch is not the job's
+    BadSlot = 10,      // drop: slot outside the job's range
+    BadLength = 11,    // drop: payload is not 0 or K values, count > K, bad framing
+    BadEncap = 12,     // drop: encapsulation is not the job's (the switch's pipeline decides it)
+    Truncated = 13,    // drop, no job: shorter than an inagg header
+    BadVersion = 14,   // drop, no job: unknown protocol version
+    UnknownJob = 15,   // drop, no job: job not configured here
+};
+constexpr size_t kOutcomes = 16;
+
+// "first", "add", ..., "unknown_job": the names the Python engine and the counters use.
+const char* outcome_name(Outcome outcome);
+// Whether the outcome is a drop (counted under its name in the job's or the global drops).
+bool is_drop(Outcome outcome);
+
+using SenderId = uint64_t;
+
+// A UDP sender as the host aggregator identifies it: IPv4 address (host order) and port.
+constexpr SenderId sender_id_ipv4(uint32_t addr, uint16_t port) {
+    return (static_cast<SenderId>(addr) << 16) | port;
+}
+
+// What the engine must know about one job (hostlib.engine.JobConfig): members[r] is the one
+// sender allowed to claim rank r; results go to every member.
+// Numbers are wide so that set_job, not a conversion, names an out-of-range value.
+struct JobConfig {
+    int64_t job_id = 0;      // 1..65535
+    int64_t epoch = 0;       // 0..65535
+    int64_t slot_base = 0;   // [slot_base, slot_base + slot_count) inside the pool
+    int64_t slot_count = 0;
+    std::vector<SenderId> members;
+
+    bool operator==(const JobConfig& o) const {
+        return job_id == o.job_id && epoch == o.epoch && slot_base == o.slot_base
+               && slot_count == o.slot_count && members == o.members;
+    }
+};
+
+// Per-job counters, named as the P4 program's counters; drops indexed by Outcome.
+struct JobCounters {
+    uint64_t packets = 0;
+    uint64_t aggregated = 0;
+    uint64_t duplicates = 0;
+    uint64_t results = 0;
+    uint64_t resent_results = 0;
+    std::array<uint64_t, kOutcomes> drops{};
+};
+
+// The packet a processed packet causes, if any (never more than one): `length` bytes of inagg
+// header + payload written into the caller's buffer, for one rank of `job` or all of them.
+struct Emit {
+    uint16_t job = 0;
+    int32_t rank = -1;   // -1: every member of the job (a completed round); else that rank
+    size_t length = 0;   // 0: nothing to send
+};
+
+class Engine;
+
+// One received packet for Engine::process_batch.
+struct Received {
+    const uint8_t* data = nullptr;
+    size_t len = 0;
+    SenderId sender = 0;
+    bool framing_ok = true;
+};
+
+// A packet a batch caused: `emit.length` bytes at `at` in the batch's output arena, caused by
+// packet number `packet` of the batch.
+struct Emitted {
+    size_t packet = 0;
+    size_t at = 0;
+    Emit emit;
+};
+
+class Engine {
+public:
+    // Throws std::invalid_argument (same messages as the Python engine) for a bad pool.
+    Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode);
+
+    uint32_t n_slots() const { return n_slots_; }
+    uint32_t values_per_packet() const { return k_; }
+    // Bytes a result can take: the size of the buffer process() writes into.
+    size_t max_result_bytes() const { return kHeaderBytes + 4 * static_cast<size_t>(k_); }
+
+    // -- configuration (hostlib.engine.AggregationEngine.set_job/remove_job/replace_jobs) --
+    void set_job(const JobConfig& job);               // throws std::invalid_argument
+    void remove_job(uint16_t job_id);
+    void replace_jobs(const std::vector<JobConfig>& wanted);
+    const JobConfig* job(uint16_t job_id) const;      // nullptr when not configured
+    std::vector<uint16_t> job_ids() const;
+
+    // -- data path --
+    // One received inagg packet (header + payload) from `sender`; framing_ok false: the
+    // encapsulation's own length disagrees (bad_length). A packet to send is written to `out`
+    // (at least max_result_bytes()) and described by the returned Emit (length 0: none).
+    Emit process(const uint8_t* data, size_t len, SenderId sender, bool framing_ok, uint8_t* out);
+    Outcome last_outcome() const { return last_outcome_; }
+    // process() for each packet in order; results appended to `arena` and `emitted`, each
+    // packet's outcome to `outcomes`. The caller holds mutex() if the engine is shared.
+    void process_batch(const std::vector<Received>& packets, std::vector<uint8_t>& arena,
+                       std::vector<Emitted>& emitted, std::vector<Outcome>& outcomes);
+
+    // -- counters --
+    const std::map<uint16_t, JobCounters>& counters() const { return counters_; }
+    const std::array<uint64_t, kOutcomes>& global_drops() const { return global_drops_; }
+
+    std::mutex& mutex() { return mutex_; }
+
+private:
+    struct SetState {  // one shadow set of every slot
+        std::vector<uint32_t> bitmap, seen, offset;
+        std::vector<int8_t> exp;
+        std::vector<uint8_t> flags;
+        std::vector<uint16_t> count;
+        std::vector<int32_t> values;  // n_slots * K
+    };
+
+    Emit drop_global(Outcome reason);
+    Emit drop_job(JobCounters& ctr, Outcome reason);
+    Outcome admission(const JobConfig& job, const uint8_t* data, size_t len, SenderId sender,
+                      bool framing_ok) const;
+    size_t write_result(uint32_t slot, int s, const JobConfig& job, uint8_t worker,
+                        uint8_t extra_flags, uint8_t* out) const;
+
+    uint32_t n_slots_, k_;
+    uint8_t result_flags_;
+    std::map<uint16_t, JobConfig> jobs_;
+    std::map<uint16_t, JobCounters> counters_;
+    std::array<uint64_t, kOutcomes> global_drops_{};
+    Outcome last_outcome_ = Outcome::None;
+    std::vector<uint32_t> tag_;  // (job_id << 16) | epoch of each slot's owner
+    std::array<SetState, 2> sets_;
+    std::mutex mutex_;
+};
+
+}  // namespace inagg
