@@ -3,6 +3,7 @@ tshark) on pcaps the project makes: the software switch's own capture of a contr
 host-aggregator result datagram fragmented for a 1500-byte link, and a RoCEv2 frame from
 hostlib.roce. tshark tests skip when tshark is absent (``make setup-emulation`` installs it)."""
 
+import re
 import shutil
 import socket
 import subprocess
@@ -138,3 +139,10 @@ def test_tshark_decodes_roce(tmp_path):
     *header, values = rows[0]
     assert header == [str(protocol.ROCE_OPCODE_UC_WRITE_ONLY_IMM), "9", "3", "21", "1", "-7", "64"]
     assert [int(v) for v in values.split(";")] == SWITCH_VALUES.tolist()   # the ICRC is not a value
+
+
+def test_dissector_header_fields_follow_the_protocol_twin():
+    """The Lua dissector's header fields, in order, are protocol.HEADER_FIELDS (the values
+    after them are its own); tshark tests above check the offsets on real packets."""
+    names = re.findall(r'ProtoField\.\w+\("inagg\.(\w+)"', DISSECTOR.read_text())
+    assert names[:len(protocol.HEADER_FIELDS)] == [f[0] for f in protocol.HEADER_FIELDS]
