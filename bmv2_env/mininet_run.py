@@ -253,25 +253,47 @@ class Run:
               flush=True)
 
     def run_jobs(self) -> list[dict]:
+        """Start every job's workers at once (their start-up overlaps), but let a job with a
+        ``start_delay`` join the controller only that many seconds after every job before it
+        holds a grant (or has ended): placement order never depends on the machine's speed.
+        Poll the workers' reports until every worker has exited."""
+        from controller.client import ControllerClient
         from hostlib.train_demo import TrainConfig
 
-        jobs = []
-        t0 = time.time()
-        pending = sorted(self.topo.jobs, key=lambda j: j.get("start_delay", 0))
-        while pending or any(w.poll() is None for j in jobs for w in j["procs"]):
-            while pending and time.time() - t0 >= pending[0].get("start_delay", 0):
-                jobs.append(self._start_job(pending.pop(0), TrainConfig))
-            for job in jobs:
-                self._poll(job)
-            time.sleep(0.2)
+        order = sorted(self.topo.jobs, key=lambda j: j.get("start_delay", 0))
+        jobs = [self._start_job(spec, TrainConfig) for spec in order]
+        gated = [i for i, j in enumerate(jobs) if j["gate"] is not None]
+        client = ControllerClient(self.controller_addr)
+        settled_at = None
+        try:
+            while any(w.poll() is None for j in jobs for w in j["procs"]):
+                if gated and settled_at is None and self._all_placed(client, jobs[:gated[0]]):
+                    settled_at = time.time()
+                if gated and settled_at is not None and \
+                        time.time() - settled_at >= jobs[gated[0]]["spec"]["start_delay"]:
+                    jobs[gated.pop(0)]["gate"].touch()
+                    settled_at = None
+                for job in jobs:
+                    self._poll(job)
+                time.sleep(0.2)
+        finally:
+            client.close()
         for job in jobs:
             self._poll(job)
         return jobs
+
+    def _all_placed(self, client, jobs: list[dict]) -> bool:
+        running = [j["spec"]["name"] for j in jobs if any(w.poll() is None for w in j["procs"])]
+        if not running:
+            return True
+        placed = {j.name for j in client.list_jobs(self.admin).jobs if j.HasField("active")}
+        return set(running) <= placed
 
     def _start_job(self, spec: dict, TrainConfig) -> dict:
         name = spec["name"]
         workdir = self.run.path / "jobs" / name
         workdir.mkdir(parents=True)
+        gate = workdir / "join" if "start_delay" in spec else None
         cfg = TrainConfig(workers=len(spec["workers"]), epochs=self.epochs[name],
                           hook=spec.get("hook", "inagg"), job_name=name,
                           transport=self.transport or spec.get("transport", "udp"))
@@ -281,7 +303,7 @@ class Run:
             cmd = [sys.executable, "-m", "hostlib.train_demo", "--worker", "--rank", str(rank),
                    "--dist-file", str(workdir / "dist"), "--rdv-file", str(workdir / "rdv"),
                    "--controller", self.controller_addr, "--bind-ip", host.IP(),
-                   "--config", json.dumps(cfg.__dict__)]
+                   "--config", json.dumps(cfg.__dict__)] + (["--join-after", str(gate)] if gate else [])
             env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name}
             proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=self.log(f"{name}-{host_name}.log"), text=True)
@@ -289,7 +311,7 @@ class Run:
             procs.append(proc)
         self.procs.extend(procs)
         print(f"job {name}: {len(procs)} workers on {', '.join(spec['workers'])}, {cfg.epochs} epochs", flush=True)
-        return {"spec": spec, "cfg": cfg, "procs": procs, "epochs": [], "done": {}}
+        return {"spec": spec, "cfg": cfg, "procs": procs, "epochs": [], "done": {}, "gate": gate}
 
     def _poll(self, job: dict) -> None:
         for rank, p in enumerate(job["procs"]):

@@ -6,6 +6,11 @@ aggregator's host and the jobs. A link joins two endpoints: a host (``"h1"``) or
 links are built, but aggregation is one level: every job's workers and the host aggregator must
 hang off one switch (the controller programs each switch for its own hosts only), and a topology
 that asks for more is refused with a message naming the job and the switches.
+
+A job lists its ``workers`` (hosts, rank order), ``epochs``, optionally ``hook``, ``transport``
+and ``start_delay``: every job's workers start at once, but one with a ``start_delay`` joins the
+controller that many seconds after every job before it holds a grant (so the two-job demo's
+first job has the switch whatever the machine's speed).
 """
 
 from __future__ import annotations

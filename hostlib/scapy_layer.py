@@ -74,9 +74,10 @@ def bind_port(port: int) -> None:
     bind_layers(UDP, Inagg, sport=port)
 
 
-def read_pcap(path: Path | str) -> PacketList:
-    """A pcap's packets with IP fragments reassembled (host-aggregator datagrams), decoded."""
-    return defragment(rdpcap(str(path)))
+def read_pcap(path: Path | str, count: int = -1) -> PacketList:
+    """A pcap's packets (the first ``count`` frames; -1: all) with IP fragments reassembled
+    (host-aggregator datagrams), decoded."""
+    return defragment(rdpcap(str(path), count=count))
 
 
 bind_port(UDP_PORT)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import queue
 import sys
 import tempfile
@@ -63,9 +64,11 @@ def steps_per_epoch(samples: int, workers: int, batch: int) -> int:
 
 
 def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, controller: str | None,
-               admin: tuple[str, str] | None, report, bind_ip: str | None = None) -> None:
+               admin: tuple[str, str] | None, report, bind_ip: str | None = None,
+               before_join=None) -> None:
     """One training process. ``report(message)`` receives ("epoch", epoch, loss, accuracy) from
-    rank 0 and ("done", rank, params or None, inagg stats or None, seconds, steps) from all."""
+    rank 0 and ("done", rank, params or None, inagg stats or None, seconds, steps) from all;
+    ``before_join()``, when given, runs (and may wait) just before the job joins the controller."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -78,6 +81,8 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
                                 torch.nn.Linear(cfg.hidden, 10))
     ddp = DDP(model, bucket_cap_mb=64)
     comm = None
+    if before_join is not None:
+        before_join()
     if cfg.hook != "gloo":
         from hostlib.communicator import Communicator
         from hostlib.torch_hooks import ARTopkHookState, InaggHookState, artopk_hook, inagg_hook
@@ -185,6 +190,8 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--controller", required=True)
     p.add_argument("--bind-ip", required=True)
     p.add_argument("--config", required=True, help="TrainConfig as JSON")
+    p.add_argument("--join-after", metavar="FILE",
+                   help="start up, then wait for FILE to exist before joining the controller")
     args = p.parse_args(argv)
     cfg = TrainConfig(**json.loads(args.config))
 
@@ -193,7 +200,12 @@ def worker_main(argv: list[str]) -> int:
             msg = msg[:2] + (None,) + msg[3:]
         print(json.dumps(msg), flush=True)
 
-    run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip)
+    def wait_for_gate() -> None:
+        while not os.path.exists(args.join_after):
+            time.sleep(0.05)
+
+    run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip,
+               wait_for_gate if args.join_after else None)
     return 0
 
 
