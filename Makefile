@@ -65,6 +65,7 @@ stop:
 
 # inaggctl against the newest run (ARGS=top by default; e.g. make ctl ARGS=jobs).
 ctl:
+	@test -f build/emulation/latest/env || { echo "make ctl: no emulation run is up (make run CLI=1)" >&2; exit 2; }
 	set -a && . build/emulation/latest/env && $(BIN)/inaggctl $(ARGS)
 
 demo: setup
