@@ -1,19 +1,20 @@
-"""Host-aggregator allreduce vs torch.distributed gloo: a sweep over worker counts and sizes.
+"""inagg allreduce vs torch.distributed gloo, interleaved in the same worker processes.
 
-For every (workers, MiB) configuration both systems allreduce the same float32 tensors on the
-same machine in the same run; each time is the median over reps of the slowest rank's time for
-one call. gloo ranks pass a barrier before each call; inagg ranks have none, so inagg's slowest
-rank also waits for ranks that start late (a bias against inagg on a loaded machine).
+The deployment is the embedded default that ``make demo`` uses (bmv2_env/loopback.py: the
+software data plane, the controller and the host aggregator as processes on loopback), with the
+switch (``soft``: jobs aggregate in the software data plane) or without it (``host``: the host
+aggregator). Each of the N worker processes opens a gloo process group and an inagg
+Communicator on the same store, then for every repetition times one inagg call and one gloo call
+of the same tensor, each after a gloo barrier, so both systems see the same machine load. A
+figure is the median over repetitions of the slowest rank's time; the ratio is inagg / gloo.
 
-Bytes per worker / tensor bytes: inagg's figure is what each worker sent, from its own counters
-(headers included). gloo's comes from the loopback interface counter
-/sys/class/net/lo/statistics/tx_bytes: it counts every byte any process sends over loopback
-(TCP/IP headers, ACKs, barriers, the warm-up call, and any unrelated loopback traffic on the
-machine), divided by the workers and calls. The CSV also has that loopback figure for inagg, where
-it includes the aggregator's results back to the workers (about 2: 1 sent + 1 received per worker).
+Cases (the targets of issue 11): ``soft`` 4 workers x 16 MiB (ratio <= 3), ``soft`` 4 workers x
+1 element (median latency ratio <= 1.0), ``host`` 4 workers x 64 MiB (ratio <= 1.5); and the
+retransmissions on the loss-free soft path as a share of the packets sent (<= 0.1 %).
 
-Writes benchmarks/results/allreduce.csv (one row per system and configuration) and
-benchmarks/results/allreduce.png (needs matplotlib; without it only the CSV is written).
+The machine's load average is printed and written with every figure: on a shared machine read
+the ratios, not the absolute times. Writes benchmarks/results/allreduce.csv and allreduce.png
+(needs matplotlib; without it only the CSV).
 """
 
 from __future__ import annotations
@@ -26,71 +27,72 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hostlib.demo import TensorSpec, run_local_job  # noqa: E402
-from hostlib.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW  # noqa: E402
+from bmv2_env.loopback import LoopbackDeployment  # noqa: E402
+from hostlib.demo import TensorSpec  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ("system", "workers", "MiB", "reps", "seconds", "goodput_MBps",
-          "sent_per_worker_over_tensor", "loopback_per_worker_over_tensor")
+FIELDS = ("case", "path", "workers", "elements", "reps", "system", "median_s", "ratio_vs_gloo",
+          "retransmit_pct", "load_1min")
+SYSTEMS = ("inagg", "gloo")
 
 
-def lo_tx_bytes() -> int:
-    return int(Path("/sys/class/net/lo/statistics/tx_bytes").read_text())
+@dataclass(frozen=True)
+class Case:
+    name: str
+    elements: int
+    reps: int
 
 
-def slowest_median(times: list[list[float]]) -> float:
-    """Median over calls of the slowest rank's time; ``times[rank][call]``."""
-    return statistics.median(max(call) for call in zip(*times))
-
-
-def inagg_allreduce(n: int, numel: int, reps: int, window: int, vpp: int) -> tuple[float, float, float]:
-    """Seconds per call, bytes sent per worker per call, loopback bytes per call."""
-    before = lo_tx_bytes()
-    run = run_local_job(n, [TensorSpec(numel, seed=1)] * reps, window=window,
-                        values_per_packet=vpp, check=False)
-    loopback = (lo_tx_bytes() - before) / reps
-    sent = statistics.mean(w.stats["wire_bytes_sent"] for w in run.workers) / reps
-    return slowest_median([w.seconds for w in run.workers]), sent, loopback
-
-
-def _gloo_worker(rank: int, n: int, numel: int, reps: int, init: str, q) -> None:
+def _rank(rank: int, n: int, store_path: str, controller: str, bind_ip: str, cases: list[Case], q) -> None:
+    """One worker process: both systems, every case, interleaved call by call."""
     import torch
     import torch.distributed as dist
 
+    from hostlib.communicator import Communicator
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n)
-    x = torch.from_numpy(TensorSpec(numel, seed=1).make(rank))
-    dist.all_reduce(x.clone())  # warm-up: connections, buffers
-    times = []
-    for _ in range(reps):
-        y = x.clone()
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(y)
-        times.append(time.perf_counter() - t0)
-    q.put(times)
+    store = dist.FileStore(store_path, n)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=n)
+    comm = Communicator(store, rank, n, controller, bind_ip=bind_ip)
+    calls = {"inagg": comm.allreduce, "gloo": dist.all_reduce}
+    times: dict[tuple[str, str], list[float]] = {}
+    for case in cases:
+        x = torch.from_numpy(TensorSpec(case.elements, seed=1).make(rank))
+        for system in SYSTEMS:  # warm-up: connections, buffers, the window's first growth
+            calls[system](x.clone())
+        for _ in range(case.reps):
+            for system in SYSTEMS:
+                y = x.clone()
+                dist.barrier()
+                t0 = time.perf_counter()
+                calls[system](y)
+                times.setdefault((case.name, system), []).append(time.perf_counter() - t0)
+    q.put((rank, times, comm.stats()))
+    dist.barrier()
+    comm.close()
     dist.destroy_process_group()
 
 
-def gloo_allreduce(n: int, numel: int, reps: int) -> tuple[float, float]:
-    """Seconds per call and loopback bytes per call (the warm-up call counted as one)."""
+def run_path(path: str, n: int, cases: list[Case]) -> tuple[dict, list[dict]]:
+    """Run ``cases`` on one deployment; (slowest-rank times per (case, system), ranks' stats)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    with tempfile.TemporaryDirectory() as d:
-        init = f"file://{d}/rendezvous"
-        procs = [ctx.Process(target=_gloo_worker, args=(r, n, numel, reps, init, q)) for r in range(n)]
-        before = lo_tx_bytes()
+    with LoopbackDeployment(n, with_switch=path == "soft") as dep, tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=_rank, args=(r, n, f"{d}/store", dep.controller, dep.worker_ip(r), cases, q))
+                 for r in range(n)]
         for p in procs:
             p.start()
-        times = [q.get(timeout=600) for _ in procs]
+        reports = sorted(q.get(timeout=1800) for _ in procs)
         for p in procs:
-            p.join()
-        loopback = lo_tx_bytes() - before
-    return slowest_median(times), loopback / (reps + 1)
+            p.join(60)
+    slowest = {key: [max(calls) for calls in zip(*(times[key] for _, times, _ in reports))]
+               for key in reports[0][1]}
+    return slowest, [stats for _, _, stats in reports]
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -99,26 +101,18 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.8))
-    workers = sorted({r["workers"] for r in rows})
-    sizes = sorted({r["MiB"] for r in rows})
-    largest = max(sizes)
-    for system, style, source in (("inagg-host", "o-", "own counters"), ("gloo", "s--", "lo counter")):
-        mine = [r for r in rows if r["system"] == system]
-        for i, n in enumerate(workers):
-            pts = sorted((r["MiB"], r["seconds"]) for r in mine if r["workers"] == n)
-            ax_t.plot(*zip(*pts), style, color=f"C{i}", label=f"{system}, {n} workers")
-        pts = sorted((r["workers"], r["sent_per_worker_over_tensor"]) for r in mine if r["MiB"] == largest)
-        ax_b.plot(*zip(*pts), style, label=f"{system} ({source})")
-    ax_t.set(xscale="log", yscale="log", xlabel="tensor size per worker (MiB)",
-             ylabel="allreduce time (s, median)", title="allreduce time")
-    ax_t.set_xticks(sizes, [f"{m:g}" for m in sizes])
-    ax_b.set(xlabel="workers", ylabel="bytes sent per worker / tensor bytes", xticks=workers,
-             ylim=(0, None), title=f"bytes on the wire, {largest:g} MiB tensor")
-    for ax in (ax_t, ax_b):
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"inagg host aggregator vs gloo on loopback, {os.cpu_count()} cores")
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, system in enumerate(SYSTEMS):
+        t = [next(r["median_s"] for r in rows if r["case"] == c and r["system"] == system) for c in cases]
+        ax.bar([j + 0.4 * i for j in range(len(cases))], t, 0.4, label=system)
+    for j, c in enumerate(cases):
+        ratio = next(r["ratio_vs_gloo"] for r in rows if r["case"] == c and r["system"] == "inagg")
+        ax.annotate(f"{ratio:.2f}x", (j + 0.2, 0), xytext=(0, 3), textcoords="offset points", ha="center")
+    ax.set(yscale="log", ylabel="median of the slowest rank (s)", xticks=[j + 0.2 for j in range(len(cases))],
+           title=f"inagg vs gloo, interleaved; load {rows[0]['load_1min']:.1f} on {os.cpu_count()} cores")
+    ax.set_xticklabels(cases, fontsize=8)
+    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -126,36 +120,40 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--mib", type=float, nargs="+", default=[1, 16, 64], help="tensor sizes in MiB")
-    p.add_argument("--reps", type=int, default=3, help="calls per configuration (median taken)")
-    p.add_argument("--quick", action="store_true", help="smoke run: workers 2 4, MiB 1 4, reps 2")
-    p.add_argument("--window", type=int, default=HOST_WINDOW)
-    p.add_argument("--values-per-packet", type=int, default=HOST_VALUES_PER_PACKET)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--soft-mib", type=float, default=16.0)
+    p.add_argument("--host-mib", type=float, default=64.0)
+    p.add_argument("--reps", type=int, default=3, help="repetitions of the large calls")
+    p.add_argument("--latency-reps", type=int, default=200, help="repetitions of the 1-element call")
+    p.add_argument("--paths", nargs="+", default=["soft", "host"], choices=["soft", "host"])
     args = p.parse_args()
-    if args.quick:
-        args.workers, args.mib, args.reps = [2, 4], [1, 4], 2
 
+    plans = {
+        "soft": [Case(f"soft {args.workers}x{args.soft_mib:g}MiB", int(args.soft_mib * 2**20) // 4, args.reps),
+                 Case(f"soft {args.workers}x1 element", 1, args.latency_reps)],
+        "host": [Case(f"host {args.workers}x{args.host_mib:g}MiB", int(args.host_mib * 2**20) // 4, args.reps)],
+    }
     start = time.perf_counter()
-    print(f"allreduce of float32 tensors on loopback, {os.cpu_count()} cores, median of {args.reps} "
-          "calls; goodput = tensor bytes / time; sent = bytes sent per worker / tensor bytes")
-    print(f"{'workers':>7} {'MiB':>5} {'inagg s':>8} {'gloo s':>8} {'inagg/gloo':>10} "
-          f"{'inagg MB/s':>10} {'gloo MB/s':>10} {'inagg sent':>10} {'gloo sent':>10}")
+    print(f"inagg vs gloo, interleaved in the same {args.workers} processes on loopback, {os.cpu_count()} cores; "
+          "median of the slowest rank")
+    print(f"{'case':>22} {'inagg s':>10} {'gloo s':>10} {'ratio':>7} {'retransmit %':>12} {'load':>5}")
     rows = []
-    for n in args.workers:
-        for mib in args.mib:
-            numel = int(mib * 2**20) // 4
-            nbytes = numel * 4
-            t_inagg, sent, lo_inagg = inagg_allreduce(n, numel, args.reps, args.window,
-                                                      args.values_per_packet)
-            t_gloo, lo_gloo = gloo_allreduce(n, numel, args.reps)
-            for system, t, s, lo in (("inagg-host", t_inagg, sent, lo_inagg),
-                                     ("gloo", t_gloo, lo_gloo / n, lo_gloo)):
-                rows.append(dict(zip(FIELDS, (system, n, mib, args.reps, t, nbytes / t / 1e6,
-                                              s / nbytes, lo / n / nbytes))))
-            print(f"{n:>7} {mib:>5g} {t_inagg:>8.3f} {t_gloo:>8.3f} {t_inagg / t_gloo:>10.2f} "
-                  f"{nbytes / t_inagg / 1e6:>10.1f} {nbytes / t_gloo / 1e6:>10.1f} "
-                  f"{sent / nbytes:>10.4f} {lo_gloo / n / nbytes:>10.4f}", flush=True)
+    for path in args.paths:
+        slowest, stats = run_path(path, args.workers, plans[path])
+        load = os.getloadavg()[0]
+        sent = sum(s["packets_sent"] for s in stats)
+        retransmit_pct = 100.0 * sum(s["retransmissions"] for s in stats) / max(sent, 1)
+        for case in plans[path]:
+            med = {system: statistics.median(slowest[(case.name, system)]) for system in SYSTEMS}
+            ratio = med["inagg"] / med["gloo"]
+            for system in SYSTEMS:
+                rows.append(dict(zip(FIELDS, (case.name, path, args.workers, case.elements, case.reps, system,
+                                              med[system], ratio if system == "inagg" else 1.0,
+                                              retransmit_pct if system == "inagg" else 0.0, load))))
+            print(f"{case.name:>22} {med['inagg']:>10.5f} {med['gloo']:>10.5f} {ratio:>7.2f} "
+                  f"{retransmit_pct:>12.3f} {load:>5.1f}", flush=True)
+        print(f"{'':>22} ({path}: {sent} packets sent by the workers, modes "
+              f"{sorted({s['mode'] for s in stats})}, windows {[s['window'] for s in stats]})")
 
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / "allreduce.csv", "w", newline="") as f:
@@ -168,7 +166,7 @@ def main() -> int:
         print(f"wrote {RESULTS / 'allreduce.png'}")
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib)")
-    print(f"sweep took {time.perf_counter() - start:.0f} s")
+    print(f"took {time.perf_counter() - start:.0f} s")
     return 0
 
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from controller.p4info import BMV2_JSON_PATH, P4INFO_PATH
-from hostlib.grant import HOST_AGGREGATOR_PORT
+from hostlib.grant import ETHERNET_MTU, HOST_AGGREGATOR_PORT, values_for_mtu
 from hostlib.protocol import UDP_PORT
 
 from .run_dir import RUNS_DIR, RunDir, stop_run, unfinished_runs
@@ -220,6 +220,9 @@ class Run:
             "listen": self.controller_addr, "admin_token": self.admin,
             "database": str(self.run.path / "controller.sqlite"),
             "host_aggregator": f"{agg_ip}:{HOST_AGGREGATOR_PORT}",
+            # Mininet links have Ethernet's MTU: host-path datagrams must fit it unfragmented
+            # (the aggregator derives the same K from its interface)
+            "host_values_per_packet": values_for_mtu(ETHERNET_MTU),
             "metrics_listen": self.metrics_addr,
             "p4info": str(self.p4info), "bmv2_json": str(self.bmv2_json),
             "switches": [{"name": name, "grpc": sw.grpc, "device_id": sw.device_id,

@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 from concurrent import futures
+from typing import Callable, Union
 
 import grpc
 from google.rpc import code_pb2, status_pb2
@@ -20,8 +21,11 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4info import P4Info
 
+from .native_pipeline import NativePipeline
 from .pipeline import JOB_TABLE, WORKER_TABLE, SoftPipeline
 from .state import StatusError
+
+Pipeline = Union[SoftPipeline, NativePipeline]
 
 log = logging.getLogger("inagg.soft_switch.p4runtime")
 API_VERSION = "1.4.1"
@@ -32,13 +36,17 @@ def _election(eid) -> tuple[int, int]:
 
 
 class SoftSwitchState:
-    """What the P4Runtime service manages: the pipeline (once configured) and its lock."""
+    """What the P4Runtime service manages: the pipeline (once configured) and its lock.
+    ``make_pipeline`` builds a fresh pipeline for each committed config: the Python reference
+    (SoftPipeline) or the C++ core (NativePipeline, attached to the packet loop)."""
 
-    def __init__(self, device_id: int, program: P4Info) -> None:
+    def __init__(self, device_id: int, program: P4Info,
+                 make_pipeline: Callable[[P4Info], Pipeline] = SoftPipeline) -> None:
         self.device_id = device_id
         self.program = program          # the only P4Info this data plane can run
+        self.make_pipeline = make_pipeline
         self.lock = threading.RLock()
-        self.pipeline: SoftPipeline | None = None
+        self.pipeline: Pipeline | None = None
         self.config: p4runtime_pb2.ForwardingPipelineConfig | None = None
 
 
@@ -150,7 +158,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                     if config is None:
                         raise StatusError(grpc.StatusCode.FAILED_PRECONDITION, "nothing saved to commit")
                     self.state.config = config
-                    self.state.pipeline = SoftPipeline(self.state.program)
+                    self.state.pipeline = self.state.make_pipeline(self.state.program)
                     log.info("pipeline %s committed", self.state.program.program_name)
                 elif request.action == A.VERIFY_AND_SAVE:
                     self.state.config = request.config
@@ -190,7 +198,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     # -- entities ----------------------------------------------------------------------------
 
-    def _pipeline(self) -> SoftPipeline:
+    def _pipeline(self) -> Pipeline:
         if self.state.pipeline is None:
             raise StatusError(grpc.StatusCode.FAILED_PRECONDITION,
                               "no forwarding pipeline config has been set")
@@ -205,7 +213,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                                   "only CONTINUE_ON_ERROR atomicity is supported")
             with self.state.lock:
                 pipeline = self._pipeline()
-                errors = [self._write_one(pipeline, u) for u in request.updates]
+                with pipeline.writing():
+                    errors = [self._write_one(pipeline, u) for u in request.updates]
         except StatusError as e:
             context.abort(e.code, str(e))
         if any(err is not None for err in errors):
@@ -222,7 +231,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             context.abort(grpc.StatusCode.UNKNOWN, "; ".join(failed[:3]) + more)
         return p4runtime_pb2.WriteResponse()
 
-    def _write_one(self, pipeline: SoftPipeline, update) -> StatusError | None:
+    def _write_one(self, pipeline: Pipeline, update) -> StatusError | None:
         entity = update.entity
         kind = entity.WhichOneof("entity")
         try:

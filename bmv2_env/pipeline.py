@@ -8,8 +8,10 @@ aggregator runs, configured from the job_table and worker_table entries the cont
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from dataclasses import dataclass
+from typing import Callable, Hashable
 
 import grpc
 
@@ -107,20 +109,20 @@ class SoftPipeline:
     def sync_jobs(self) -> None:
         """Configure the engine from job_table + worker_table; StatusError when the entries
         describe jobs the slot pool cannot hold (the caller undoes the write)."""
-        workers = self.tables[WORKER_TABLE].entries
-        wanted = {}
-        for (job_id,), admit in self.tables[JOB_TABLE].entries.items():
-            members = []
-            for rank in range(admit.param("n_workers")):
-                bind = workers.get((job_id, rank))
-                # an unbound rank matches no sender, as a worker_table miss in P4
-                members.append((bind.param("port"), bind.param("addr")) if bind else ("unbound", rank))
-            wanted[job_id] = JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
-                                       admit.param("slot_count"), tuple(members))
-        try:
-            self.engine.replace_jobs(wanted)
-        except ValueError as e:
-            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        # an unbound rank matches no sender, as a worker_table miss in P4
+        wanted = job_configs(self.tables, lambda port, addr: (port, addr),
+                             lambda rank: ("unbound", rank))
+        with engine_refusal():
+            self.engine.replace_jobs({job.job_id: job for job in wanted})
+
+    def job_ids(self) -> list[int]:
+        """The jobs the slot engine serves."""
+        return sorted(self.engine.jobs)
+
+    def writing(self) -> contextlib.AbstractContextManager:
+        """Held around one P4Runtime Write; the caller's state lock already keeps this
+        pipeline's packets out."""
+        return contextlib.nullcontext()
 
     # -- data plane --------------------------------------------------------------------------
 
@@ -201,8 +203,9 @@ class SoftPipeline:
                 i[16:20] = rewrite.param("addr").to_bytes(4, "big")
                 if rewrite.name.endswith(".set_roce_worker_address"):
                     u = udp_ports[:2] + ROCE_UDP_PORT.to_bytes(2, "big")
-                    r[_ROCE_QP:_ROCE_QP + 3] = rewrite.param("qp").to_bytes(3, "big")
-                    r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
+                    if r:  # BTH and RETH exist: on a UDP frame these writes do nothing, as in P4
+                        r[_ROCE_QP:_ROCE_QP + 3] = rewrite.param("qp").to_bytes(3, "big")
+                        r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
                 else:
                     u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
             out.append((out_port, build_frame(e, i, u, emit.data, r, trailer=d[udp_end:],
@@ -221,6 +224,31 @@ class SoftPipeline:
             return [(r.port, frame.data) for r in self.pre.groups.get(action.param("group"), ())
                     if r.port != port]
         return []
+
+
+def job_configs(tables: TableStore, member: Callable[[int, int], Hashable],
+                unbound: Callable[[int], Hashable]) -> list[JobConfig]:
+    """The engine's job configurations that job_table + worker_table describe; a rank's sender
+    is ``member(port, addr)`` of its worker_table binding, ``unbound(rank)`` without one."""
+    workers = tables[WORKER_TABLE].entries
+    jobs = []
+    for (job_id,), admit in tables[JOB_TABLE].entries.items():
+        members = []
+        for rank in range(admit.param("n_workers")):
+            bind = workers.get((job_id, rank))
+            members.append(member(bind.param("port"), bind.param("addr")) if bind else unbound(rank))
+        jobs.append(JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
+                              admit.param("slot_count"), tuple(members)))
+    return jobs
+
+
+@contextlib.contextmanager
+def engine_refusal():
+    """An engine's ValueError (jobs the slot pool cannot hold) as the P4Runtime error."""
+    try:
+        yield
+    except ValueError as e:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
 
 
 def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,

@@ -3,12 +3,18 @@
 Same command-line shape::
 
     inagg-soft-switch -i 1@veth1 -i 2@veth2 --device-id 0 [--log-console] [--pcap DIR]
-                      [--no-p4 | p4/inagg.json] -- --grpc-server-addr 0.0.0.0:9559 [--cpu-port 255]
+                      [--engine native|python] [--no-p4 | p4/inagg.json]
+                      -- --grpc-server-addr 0.0.0.0:9559 [--cpu-port 255]
 
-It attaches to Linux interfaces with raw sockets, runs ``bmv2_env.pipeline.SoftPipeline`` (the
-inagg program in Python, its slot logic being the shared aggregation engine) and serves
-P4Runtime on the gRPC address. It can run only the inagg program: the pipeline pushed (or the
-JSON given) must be the committed one.
+It attaches to Linux interfaces with raw sockets and serves P4Runtime on the gRPC address. It
+can run only the inagg program: the pipeline pushed (or the JSON given) must be the committed one.
+
+``--engine native`` (the default) runs the program in C++ (``bmv2_env.native_pipeline``, the
+tables the P4Runtime server writes mirrored into the core) on a packet-loop thread of its own
+that batches its system calls (recvmmsg/sendmmsg), writes the pcaps itself and never takes the
+GIL; with ``--log-console`` (a log line per frame) frames take a per-frame Python loop instead.
+``--engine python`` runs ``bmv2_env.pipeline.SoftPipeline``, the reference (the program in
+Python, its slot logic being the shared aggregation engine), in that Python loop.
 
 Loopback attachment (no root, no interfaces): ``--udp-bind 127.A.B.254`` listens on that address
 at the inagg UDP port, and ``-i N@udp:127.A.B.N`` makes the host 127.A.B.N port N. Datagrams
@@ -25,6 +31,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 from pathlib import Path
 
 from scapy.data import DLT_EN10MB
@@ -32,8 +39,11 @@ from scapy.utils import RawPcapWriter
 
 from controller.p4info import BMV2_JSON_PATH, P4Info
 
-from hostlib.protocol import UDP_PORT
+from hostlib import _native
+from hostlib.protocol import UDP_PORT, ipv4
+from hostlib.transport import enlarge_buffers
 
+from .native_pipeline import NativePipeline
 from .p4runtime_server import SoftSwitchState, serve
 from .pipeline import ETH, INAGG_AT, IP, SoftPipeline, build_frame
 
@@ -47,6 +57,9 @@ PACKET_MR_PROMISC = 1
 # Frames a port hands over per select() wakeup: fewer system calls under load, while one busy
 # port still yields to the others every RECV_BATCH frames.
 RECV_BATCH = 32
+# Socket buffers of the switch's ports: a whole window of every worker (1024 slots x 32 workers
+# of about 1 KiB of kernel memory each) can queue up without a drop.
+PORT_BUFFER_BYTES = 32 << 20
 
 
 class PcapWriter:
@@ -78,6 +91,7 @@ def open_port(iface: str) -> socket.socket:
     s.bind((iface, 0))
     mreq = struct.pack("IHH8s", socket.if_nametoindex(iface), PACKET_MR_PROMISC, 0, b"")
     s.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+    enlarge_buffers(s, PORT_BUFFER_BYTES)
     s.setblocking(False)
     return s
 
@@ -104,10 +118,11 @@ class UdpPorts:
     def __init__(self, bind_ip: str, peers: dict[int, str]) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((bind_ip, UDP_PORT))
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        enlarge_buffers(self.sock, PORT_BUFFER_BYTES)
         self.sock.setblocking(False)
         self.name = f"udp:{bind_ip}"
         self.bind_ip = socket.inet_aton(bind_ip)
+        self.peers = peers
         self.port_of = {socket.inet_aton(ip): port for port, ip in peers.items()}
         self.dropped = 0
 
@@ -148,6 +163,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="write <iface>_in.pcap / <iface>_out.pcap per port into DIR")
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
     p.add_argument("--udp-bind", metavar="IP", help="switch address for udp: ports (loopback mode)")
+    p.add_argument("--engine", choices=("native", "python"), default="native",
+                   help="the pipeline: C++ on its own packet-loop thread (default), or the "
+                        "Python reference")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -170,53 +188,71 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
-                        format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    program = P4Info.load()
-    state = SoftSwitchState(args.device_id, program)
-    if args.config:
-        if Path(args.config).read_bytes() != BMV2_JSON_PATH.read_bytes():
-            print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
-                  f"({BMV2_JSON_PATH})", file=sys.stderr)
-            return 2
-        state.pipeline = SoftPipeline(program)
-    try:
-        attach: dict[int, RawPort | UdpPorts] = {}
-        udp_peers = {p: i[4:] for p, i in args.ports.items() if i.startswith("udp:")}
-        if udp_peers:
-            udp = UdpPorts(args.udp_bind, udp_peers)
-            attach.update({p: udp for p in udp_peers})
-        for port, iface in args.ports.items():
-            if port not in udp_peers:
-                attach[port] = RawPort(port, iface)
-        server = serve(state, args.target.grpc_server_addr)
-    except (OSError, RuntimeError) as e:
-        print(f"inagg-soft-switch: {e}", file=sys.stderr)
-        return 2
-    pcaps = {}
-    if args.pcap:
-        for port, iface in args.ports.items():
-            for direction in ("in", "out"):
-                name = iface.replace(":", "_")
-                pcaps[port, direction] = PcapWriter(Path(args.pcap) / f"{name}_{direction}.pcap")
+def attach_ports(args: argparse.Namespace) -> dict[int, RawPort | UdpPorts]:
+    """Each switch port's attachment: the shared UDP socket of the udp: ports, or its own raw
+    socket."""
+    attach: dict[int, RawPort | UdpPorts] = {}
+    udp_peers = {p: i[4:] for p, i in args.ports.items() if i.startswith("udp:")}
+    if udp_peers:
+        udp = UdpPorts(args.udp_bind, udp_peers)
+        attach.update({p: udp for p in udp_peers})
+    for port, iface in args.ports.items():
+        if port not in udp_peers:
+            attach[port] = RawPort(port, iface)
+    return attach
 
-    running = True
 
-    def stop(*_):
-        nonlocal running
-        running = False
+def distinct(attach: dict[int, RawPort | UdpPorts]) -> list[RawPort | UdpPorts]:
+    return list({id(a): a for a in attach.values()}.values())
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+
+def pipeline_factory(engine: str, loop: _native.SwitchLoop | None):
+    """What builds the pipeline for each committed config: the Python reference, or a native
+    core that the packet loop (when there is one) switches to."""
+    if engine == "python":
+        return SoftPipeline
+
+    def native(program: P4Info) -> NativePipeline:
+        pipeline = NativePipeline(program)
+        if loop is not None:
+            loop.set_pipeline(pipeline.core)
+        return pipeline
+    return native
+
+
+def pcap_paths(args: argparse.Namespace) -> dict[int, dict[str, Path]]:
+    """Per port, <iface>_in.pcap and <iface>_out.pcap in the --pcap directory."""
+    if not args.pcap:
+        return {}
+    return {port: {d: Path(args.pcap) / f"{iface.replace(':', '_')}_{d}.pcap" for d in ("in", "out")}
+            for port, iface in args.ports.items()}
+
+
+def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPorts],
+                    stop: threading.Event) -> int:
+    """Hand the ports to the C++ packet loop and wait for a signal (or the loop's failure)."""
+    for a in distinct(attach):
+        if isinstance(a, UdpPorts):
+            loop.add_udp_ports(a.sock.fileno(), ipv4(socket.inet_ntoa(a.bind_ip)),
+                               [(ipv4(ip), port) for port, ip in a.peers.items()])
+        else:
+            loop.add_raw_port(a.sock.fileno(), a.port)
+    loop.start()
+    while not stop.wait(0.5) and loop.running:
+        pass
+    failed = not loop.running and not stop.is_set()
+    loop.stop()
+    log.info("packet loop: %s", loop.stats())
+    return 1 if failed else 0
+
+
+def run_python_loop(state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts],
+                    pcaps: dict, stop: threading.Event) -> int:
+    """The per-frame loop: every frame through Python (pcaps, packet logs, the reference)."""
     sel = selectors.DefaultSelector()
-    for a in {id(a): a for a in attach.values()}.values():
+    for a in distinct(attach):
         sel.register(a.sock, selectors.EVENT_READ, a)
-    print(f"inagg-soft-switch device {args.device_id}: ports "
-          f"{', '.join(f'{p}@{i}' for p, i in sorted(args.ports.items()))}; "
-          f"P4Runtime on {args.target.grpc_server_addr}", flush=True)
-    while running:
+    while not stop.is_set():
         for key, _ in sel.select(timeout=0.2):
             for port, frame in key.data.recv():
                 if pcaps:
@@ -231,10 +267,50 @@ def main(argv: list[str] | None = None) -> int:
                     a.send(egress, data)
                     if pcaps:
                         pcaps[egress, "out"].write(data)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    program = P4Info.load()
+    per_frame = args.engine == "python" or args.log_console
+    loop = None if per_frame else _native.SwitchLoop()
+    state = SoftSwitchState(args.device_id, program, pipeline_factory(args.engine, loop))
+    if args.config:
+        if Path(args.config).read_bytes() != BMV2_JSON_PATH.read_bytes():
+            print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
+                  f"({BMV2_JSON_PATH})", file=sys.stderr)
+            return 2
+        state.pipeline = state.make_pipeline(program)
+    pcaps: dict[tuple[int, str], PcapWriter] = {}
+    try:
+        attach = attach_ports(args)
+        for port, paths in pcap_paths(args).items():
+            if loop is None:
+                pcaps.update({(port, d): PcapWriter(path) for d, path in paths.items()})
+            else:  # the packet loop writes its own
+                loop.capture(port, str(paths["in"]), str(paths["out"]))
+        server = serve(state, args.target.grpc_server_addr)
+    except (OSError, RuntimeError) as e:
+        print(f"inagg-soft-switch: {e}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"inagg-soft-switch device {args.device_id}: ports "
+          f"{', '.join(f'{p}@{i}' for p, i in sorted(args.ports.items()))}; "
+          f"P4Runtime on {args.target.grpc_server_addr}; {args.engine} engine", flush=True)
+    if loop is not None:
+        status = run_native_loop(loop, attach, stop)
+    else:
+        status = run_python_loop(state, attach, pcaps, stop)
     server.stop(grace=1)
     for w in pcaps.values():
         w.close()
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """Switch state the software data plane exposes over P4Runtime: table entries validated
 against the P4Info, multicast groups (the packet replication engine) and indexed counters.
 
-Errors are ``StatusError`` carrying the gRPC status code the P4Runtime server answers with."""
+Errors are ``StatusError`` carrying the gRPC status code the P4Runtime server answers with.
+A ``StateMirror`` (the native data plane's core) is told of every change as it happens, undos
+included, so a copy of the state kept elsewhere never drifts from what P4Runtime reads back."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -31,24 +34,51 @@ class Action:
         return dict(self.params)[name]
 
 
+class StateMirror(Protocol):
+    """Receives every change of the tables and multicast groups, in order."""
+
+    def entry_changed(self, table: str, key: tuple[int, ...], action: Action | None) -> None: ...
+
+    def default_changed(self, table: str, action: Action | None) -> None: ...
+
+    def group_changed(self, group: int, replicas: tuple[Replica, ...] | None) -> None: ...
+
+
 @dataclass
 class Table:
-    """One P4 table: exact-match entries (our program has no other match kind)."""
+    """One P4 table: exact-match entries (our program has no other match kind). Change it only
+    through ``put``/``remove``/``set_default_action``, which keep the mirror in step."""
 
     name: str
     info: object  # p4info_pb2.Table
     entries: dict[tuple[int, ...], Action] = field(default_factory=dict)
     default: Action | None = None
     default_is_const: bool = False
+    mirror: StateMirror | None = None
 
     def lookup(self, key: tuple[int, ...]) -> Action | None:
         return self.entries.get(key)
+
+    def put(self, key: tuple[int, ...], action: Action) -> None:
+        self.entries[key] = action
+        if self.mirror:
+            self.mirror.entry_changed(self.name, key, action)
+
+    def remove(self, key: tuple[int, ...]) -> None:
+        del self.entries[key]
+        if self.mirror:
+            self.mirror.entry_changed(self.name, key, None)
+
+    def set_default_action(self, action: Action | None) -> None:
+        self.default = action
+        if self.mirror:
+            self.mirror.default_changed(self.name, action)
 
 
 class TableStore:
     """All tables of the program, written and read with P4Runtime ``TableEntry`` messages."""
 
-    def __init__(self, p4info: P4Info) -> None:
+    def __init__(self, p4info: P4Info, mirror: StateMirror | None = None) -> None:
         self.p4info = p4info
         self.tables: dict[str, Table] = {}
         for t in p4info.message.tables:
@@ -56,15 +86,17 @@ class TableStore:
             for a in p4info.message.actions:
                 if a.preamble.id == t.const_default_action_id:
                     default = Action(a.preamble.name)
-            self.tables[t.preamble.name] = Table(t.preamble.name, t, default=default,
-                                                 default_is_const=bool(t.const_default_action_id))
+            self.tables[t.preamble.name] = Table(t.preamble.name, t,
+                                                 default_is_const=bool(t.const_default_action_id),
+                                                 mirror=mirror)
+            self.tables[t.preamble.name].set_default_action(default)
 
     def __getitem__(self, name: str) -> Table:
         return self.tables[name]
 
     def set_default(self, table: str, action: Action) -> None:
         """The default action the program declares (read from the BMv2 JSON at load time)."""
-        self.tables[table].default = action
+        self.tables[table].set_default_action(action)
 
     # -- decoding --------------------------------------------------------------------------
 
@@ -138,8 +170,8 @@ class TableStore:
                 raise StatusError(grpc.StatusCode.PERMISSION_DENIED,
                                   f"{table.name}: the default action is const")
             old = table.default
-            table.default = self._action(table, entry)
-            return lambda: setattr(table, "default", old)
+            table.set_default_action(self._action(table, entry))
+            return lambda: table.set_default_action(old)
         if entry.priority:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                               f"{table.name}: exact-match entries take no priority")
@@ -148,17 +180,17 @@ class TableStore:
         if update_type == U.INSERT:
             if old is not None:
                 raise StatusError(grpc.StatusCode.ALREADY_EXISTS, f"{table.name}: entry {key} exists")
-            table.entries[key] = self._action(table, entry)
-            return lambda: table.entries.pop(key)
+            table.put(key, self._action(table, entry))
+            return lambda: table.remove(key)
         if old is None:
             raise StatusError(grpc.StatusCode.NOT_FOUND, f"{table.name}: no entry {key}")
         if update_type == U.MODIFY:
-            table.entries[key] = self._action(table, entry)
+            table.put(key, self._action(table, entry))
         elif update_type == U.DELETE:
-            del table.entries[key]
+            table.remove(key)
         else:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"bad update type {update_type}")
-        return lambda: table.entries.__setitem__(key, old)
+        return lambda: table.put(key, old)
 
     def read(self, query: p4runtime_pb2.TableEntry):
         """Entries matching a (possibly wildcard, table_id 0) TableEntry query."""
@@ -190,8 +222,17 @@ class Replica:
 class MulticastGroups:
     """The packet replication engine's multicast groups."""
 
-    def __init__(self) -> None:
+    def __init__(self, mirror: StateMirror | None = None) -> None:
         self.groups: dict[int, tuple[Replica, ...]] = {}
+        self.mirror = mirror
+
+    def _set(self, gid: int, replicas: tuple[Replica, ...] | None) -> None:
+        if replicas is None:
+            self.groups.pop(gid, None)
+        else:
+            self.groups[gid] = replicas
+        if self.mirror:
+            self.mirror.group_changed(gid, replicas)
 
     def write(self, update_type: int, entry: p4runtime_pb2.MulticastGroupEntry):
         gid = entry.multicast_group_id
@@ -207,17 +248,8 @@ class MulticastGroups:
             raise StatusError(grpc.StatusCode.ALREADY_EXISTS, f"multicast group {gid} exists")
         if update_type in (U.MODIFY, U.DELETE) and old is None:
             raise StatusError(grpc.StatusCode.NOT_FOUND, f"no multicast group {gid}")
-        if update_type == U.DELETE:
-            del self.groups[gid]
-        else:
-            self.groups[gid] = replicas
-
-        def undo() -> None:
-            if old is None:
-                self.groups.pop(gid, None)
-            else:
-                self.groups[gid] = old
-        return undo
+        self._set(gid, None if update_type == U.DELETE else replicas)
+        return lambda: self._set(gid, old)
 
     def read(self, query: p4runtime_pb2.MulticastGroupEntry):
         for gid, replicas in sorted(self.groups.items()):
@@ -229,11 +261,12 @@ class MulticastGroups:
 
 
 class Counters:
-    """Indexed packet counters, sized from the P4Info."""
+    """Indexed packet counters, sized from the P4Info; ``arrays`` gives their cells when they
+    live elsewhere (read-only views of the native core's counters)."""
 
-    def __init__(self, p4info: P4Info) -> None:
+    def __init__(self, p4info: P4Info, arrays: dict[str, np.ndarray] | None = None) -> None:
         self.p4info = p4info
-        self.arrays: dict[str, np.ndarray] = {
+        self.arrays: dict[str, np.ndarray] = arrays or {
             c.preamble.name: np.zeros(c.size, dtype=np.int64) for c in p4info.message.counters
         }
         self._by_id = {c.preamble.id: c.preamble.name for c in p4info.message.counters}

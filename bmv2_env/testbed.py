@@ -23,6 +23,10 @@ CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
+# Software data plane targets: the engine each runs (inagg-soft-switch --engine).
+SOFT_ENGINES = {"soft": "native", "soft-python": "python"}
+
+
 def have_netns() -> str | None:
     """None when namespaces can be used here, else why not."""
     if os.geteuid() != 0:
@@ -86,7 +90,8 @@ def sh(*cmd: str) -> None:
 
 
 class Dataplane:
-    """A switch under test with ``n_ports`` ports (1..n)."""
+    """A switch under test with ``n_ports`` ports (1..n): ``target`` is "bmv2" or one of
+    SOFT_ENGINES."""
 
     def __init__(self, target: str, n_ports: int = 4) -> None:
         self.target = target
@@ -107,8 +112,8 @@ class Dataplane:
                        f"net.ipv6.conf.{dev}.disable_ipv6=1")
                     sh("ip", "-n", self.ns, "link", "set", dev, "up")
             ports = [a for i in range(1, self.n_ports + 1) for a in ("-i", f"{i}@s{i}")]
-            if self.target == "soft":
-                cmd = [sys.executable, "-m", "bmv2_env.soft_switch"]
+            if self.target in SOFT_ENGINES:
+                cmd = [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", SOFT_ENGINES[self.target]]
             else:
                 cmd = ["simple_switch_grpc", "--log-console"] if os.environ.get("INAGG_SWITCH_LOG") else ["simple_switch_grpc"]
             cmd += ports + ["--device-id", "0", "--no-p4", "--", "--grpc-server-addr", self.grpc_addr]

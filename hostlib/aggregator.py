@@ -1,7 +1,10 @@
 """``inagg-aggregator``: the host aggregator, a UDP server in front of the aggregation engine.
 
 It serves the jobs the switch has no room for (and every job where there is no switch). Jobs
-come from a JSON file and/or ``--job`` flags for now; the controller feeds them later.
+come from a JSON file, ``--job`` flags and/or the controller's feed. The packet loop is native
+(native/host_loop.cpp: recvmmsg/sendmmsg batches, the C++ engine, no GIL) on the thread that
+calls ``serve()``; Python only configures it and reads its counters. Datagrams are never
+fragmented: K (values per packet) fits the MTU of the interface the aggregator is bound to.
 
 Job JSON: ``{"job_id": 7, "epoch": 1, "slot_base": 0, "slot_count": 64,
 "workers": ["127.0.0.1:47000", "127.0.0.1:47001"]}`` (a list of these, or ``{"jobs": [...]}``).
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import signal
 import socket
 import sys
@@ -19,9 +21,13 @@ import threading
 from pathlib import Path
 from typing import Iterable
 
+from . import _native
 from .engine import AggregationEngine, JobConfig
-from .grant import HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, parse_address
-from .transport import enlarge_buffers
+from .grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, IPV4_UDP_BYTES, parse_address,
+                    values_for_mtu)
+from .protocol import HEADER_BYTES
+from .native_engine import NativeEngine, udp_sender_id
+from .transport import enlarge_buffers, forbid_fragmentation, interface_mtu
 
 
 def job_from_dict(d: dict) -> JobConfig:
@@ -45,73 +51,81 @@ def load_jobs(text: str) -> list[JobConfig]:
     return [job_from_dict(d) for d in data]
 
 
+def host_engine(n_slots: int, values_per_packet: int) -> NativeEngine:
+    """The native engine in host mode, members identified by their UDP address (IPv4:port),
+    as the native loop identifies senders."""
+    return NativeEngine(n_slots, values_per_packet, host_mode=True, sender_id=udp_sender_id)
+
+
+def default_values_per_packet(bind_host: str) -> int:
+    """K for an aggregator bound to ``bind_host``: HOST_VALUES_PER_PACKET where its interface's
+    MTU allows it, else the most that MTU allows (364 on a 1500-byte link)."""
+    return min(HOST_VALUES_PER_PACKET, values_for_mtu(interface_mtu(bind_host)))
+
+
+def check_values_per_packet(bind_host: str, k: int) -> None:
+    """Refuse a K whose datagrams would need IP fragmentation on the bound interface."""
+    mtu = interface_mtu(bind_host)
+    if k > values_for_mtu(mtu):
+        raise ValueError(f"{k} values per packet need {IPV4_UDP_BYTES + HEADER_BYTES + 4 * k}-byte "
+                         f"datagrams; the "
+                         f"interface of {bind_host} has MTU {mtu}: at most {values_for_mtu(mtu)}")
+
+
 class HostAggregator:
-    """Receive loop: datagram -> engine -> datagrams, with optional loss injection (tests)."""
+    """A UDP socket served by the native loop: datagram -> engine -> datagrams to the job's
+    members, with optional loss injection (tests)."""
 
     def __init__(
         self,
         bind: tuple[str, int],
-        engine: AggregationEngine,
+        engine: AggregationEngine | NativeEngine,
         *,
         drop_rate: float = 0.0,
         seed: int = 0,
     ) -> None:
         if not 0.0 <= drop_rate < 1.0:
             raise ValueError(f"drop rate must be in [0, 1), got {drop_rate}")
-        self.engine = engine
+        self.engine = _as_host_engine(engine)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(bind)
         enlarge_buffers(self.sock, 32 << 20)
-        self.drop_rate = drop_rate
-        self._rng = random.Random(seed)
-        self.injected_drops = 0
-        self._running = True
+        forbid_fragmentation(self.sock)
+        self._loop = _native.HostLoop(self.engine.native, self.sock.fileno(), drop_rate, seed)
 
     @property
     def address(self) -> tuple[str, int]:
         return self.sock.getsockname()
 
-    def _lost(self) -> bool:
-        if self.drop_rate and self._rng.random() < self.drop_rate:
-            self.injected_drops += 1
-            return True
-        return False
+    @property
+    def injected_drops(self) -> int:
+        return self._loop.injected_drops
 
     def serve(self) -> None:
-        buf = bytearray(65536)
-        view = memoryview(buf)
-        sock, engine = self.sock, self.engine
-        while self._running:
-            try:
-                n, sender = sock.recvfrom_into(buf)
-            except OSError:
-                if not self._running:
-                    break
-                raise
-            if not self._running:
-                break
-            if self._lost():
-                continue
-            for emit in engine.process(view[:n], sender):
-                members = emit.job.members
-                for rank in emit.ranks:
-                    if not self._lost():
-                        sock.sendto(emit.data, members[rank])
+        """Run the packet loop on this thread (GIL released) until ``stop()``."""
+        self._loop.run()
 
     def stop(self) -> None:
-        self._running = False
-        try:  # wake the blocking recv
-            self.sock.sendto(b"", self.address)
-        except OSError:
-            pass
+        self._loop.stop()
 
     def report(self) -> dict:
         r = self.engine.snapshot_counters()
-        r["injected_drops"] = self.injected_drops
+        r["injected_drops"] = self._loop.injected_drops
+        r["send_errors"] = self._loop.send_errors
         return r
 
 
-def follow_controller(engine: AggregationEngine, address: str, admin_token: str,
+def _as_host_engine(engine: AggregationEngine | NativeEngine) -> NativeEngine:
+    """The engine the native loop runs: a host-mode NativeEngine keyed by UDP address, or, for
+    a Python engine (the specification), a native one with its pool and jobs."""
+    if isinstance(engine, NativeEngine):
+        return engine
+    native = host_engine(engine.n_slots, engine.k)
+    native.replace_jobs(engine.jobs)
+    return native
+
+
+def follow_controller(engine: NativeEngine, address: str, admin_token: str,
                       stop: threading.Event) -> None:
     """Apply the controller's host-mode job snapshots to ``engine`` until ``stop`` (reconnecting
     when the controller restarts)."""
@@ -137,8 +151,9 @@ def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="inagg-aggregator", description=__doc__.split("\n\n")[0])
     p.add_argument("--bind", default=f"127.0.0.1:{HOST_AGGREGATOR_PORT}", help="HOST:PORT to listen on (port 0: any)")
     p.add_argument("--slots", type=int, default=4096, help="slots in the aggregator's pool")
-    p.add_argument("--values-per-packet", type=int, default=HOST_VALUES_PER_PACKET,
-                   help="int32 values per packet (K)")
+    p.add_argument("--values-per-packet", type=int,
+                   help="int32 values per packet (K); default: %d, or what the bound "
+                        "interface's MTU allows without fragmentation" % HOST_VALUES_PER_PACKET)
     p.add_argument("--jobs", type=Path, help="JSON file with the jobs to serve")
     p.add_argument("--job", action="append", default=[], help="one job as inline JSON (repeatable)")
     p.add_argument("--drop-rate", type=float, default=0.0,
@@ -153,13 +168,15 @@ def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
 def main(argv: Iterable[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
-        engine = AggregationEngine(args.slots, args.values_per_packet, host_mode=True)
+        bind = parse_address(args.bind)
+        k = args.values_per_packet or default_values_per_packet(bind[0])
+        check_values_per_packet(bind[0], k)
+        engine = host_engine(args.slots, k)
         jobs = load_jobs(args.jobs.read_text()) if args.jobs else []
         jobs += [j for text in args.job for j in load_jobs(text)]
         for job in jobs:
             engine.set_job(job)
-        server = HostAggregator(parse_address(args.bind), engine, drop_rate=args.drop_rate,
-                                seed=args.seed)
+        server = HostAggregator(bind, engine, drop_rate=args.drop_rate, seed=args.seed)
     except (ValueError, OSError) as e:
         print(f"inagg-aggregator: {e}", file=sys.stderr)
         return 2
@@ -170,8 +187,12 @@ def main(argv: Iterable[str] | None = None) -> int:
         threading.Thread(target=follow_controller, daemon=True,
                          args=(engine, args.controller, args.admin_token, feed_stop)).start()
     host, port = server.address
-    print(f"inagg-aggregator listening on {host}:{port} with {len(jobs)} job(s)", flush=True)
-    server.serve()
+    print(f"inagg-aggregator listening on {host}:{port} with {len(jobs)} job(s), K = {k}",
+          flush=True)
+    serving = threading.Thread(target=server.serve, name="inagg-host-loop")
+    serving.start()
+    while serving.is_alive():  # the main thread stays in Python, so signal handlers run
+        serving.join(0.5)
     feed_stop.set()
     report = json.dumps(server.report(), indent=2, sort_keys=True)
     if args.stats_file:

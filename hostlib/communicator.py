@@ -31,7 +31,8 @@ from .cost_model import LinkEstimator
 from .grant import Grant
 from .protocol import ENCAPSULATIONS, HEADER_BYTES
 from .roce import RoceRawTransport
-from .stream import SlotStream
+from .native_stream import NativeSlotStream
+from .stream import OP_NAMES, CallError, Refusal, SlotStream, check_array, dtype_refusal
 from .transport import UdpTransport
 
 
@@ -40,14 +41,56 @@ class ReduceOp(enum.Enum):
     AVG = "avg"
 
 
+def reduce_kind(op) -> tuple[bool, Refusal | None]:
+    """(average, refusal) for this library's ``ReduceOp`` or a ``torch.distributed.ReduceOp``:
+    SUM and AVG are honoured; every other op is refused (on every rank, in the control round)."""
+    if isinstance(op, ReduceOp):
+        return op is ReduceOp.AVG, None
+    import torch.distributed as dist
+
+    for name in dist.ReduceOp.RedOpType.__members__:
+        try:
+            same = op == getattr(dist.ReduceOp, name)
+        except TypeError:
+            same = False
+        if same:
+            if name in ("SUM", "AVG"):
+                return name == "AVG", None
+            return False, Refusal(CallError.REDUCE_OP, OP_NAMES.index(name) if name in OP_NAMES else 0)
+    return False, Refusal(CallError.REDUCE_OP)
+
+
+def as_array(tensor) -> tuple[np.ndarray | None, object, Refusal | None]:
+    """(flat host array, CUDA tensor to copy the result back into or None, refusal) for a torch
+    tensor or a numpy array; a tensor this library cannot allreduce gives its refusal."""
+    import torch
+
+    if isinstance(tensor, np.ndarray):
+        array = tensor.reshape(-1)
+        if not np.shares_memory(array, tensor):
+            return None, None, Refusal(CallError.LAYOUT)
+        return array, None, None
+    if not isinstance(tensor, torch.Tensor):
+        return None, None, Refusal(CallError.NOT_A_TENSOR)
+    if tensor.dtype not in (torch.float32, torch.int32):
+        return None, None, dtype_refusal(str(tensor.dtype).removeprefix("torch."))
+    if not tensor.is_contiguous():
+        return None, None, Refusal(CallError.LAYOUT)
+    if tensor.is_cuda:
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor)
+        return host.view(-1).numpy(), (tensor, host), None
+    return tensor.detach().view(-1).numpy(), None, None
+
+
 @dataclass
 class _Request:
-    array: np.ndarray
-    op: ReduceOp
+    array: np.ndarray | None
+    average: bool
+    refusal: Refusal | None
     future: object  # torch.futures.Future
     result: object  # what the future resolves to
-    staged_back: object = None  # CUDA tensor to copy the result into...
-    staged_host: object = None  # ...from this pinned host copy
+    staged: object = None  # (CUDA tensor, pinned host copy) to copy the result back from
 
 
 class Communicator:
@@ -56,7 +99,7 @@ class Communicator:
     def __init__(self, store, rank: int, world_size: int, controller: str, *, bind_ip: str = "127.0.0.1",
                  mac: str = "", bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
                  name: str = "", timeout: float = 60.0, stall_timeout: float = 30.0,
-                 transport: str = "udp") -> None:
+                 transport: str = "udp", native: bool = True) -> None:
         from controller.client import ControllerClient, to_grant  # gRPC stubs
 
         if transport not in ENCAPSULATIONS:
@@ -99,7 +142,9 @@ class Communicator:
             raise TimeoutError(f"job {self.job_id}: no grant from the controller within {timeout}s "
                                f"(did all {world_size} ranks join?)")
         grant = self._grants[self._active_epoch]
-        self.stream = SlotStream(grant, rank, world_size, self.transport, stall_timeout=stall_timeout)
+        # UDP jobs (the default) run the native stream; RoCE jobs (raw sockets) the Python one
+        stream_class = SlotStream if transport == "roce" or not native else NativeSlotStream
+        self.stream = stream_class(grant, rank, world_size, self.transport, stall_timeout=stall_timeout)
         self._use(grant)
         self.boundary = 0
         self.grant_changes = 0
@@ -107,6 +152,12 @@ class Communicator:
         # probe and every call a (wire bytes, seconds) transfer sample (hostlib.cost_model)
         self.link = LinkEstimator(alpha=1e-4, beta=1e-8)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
+        # calls run one at a time (_running) in submission order; _queued counts the requests
+        # given to the I/O thread and not yet finished: a blocking call with none queued runs
+        # on its caller's thread (no hand-over to the I/O thread and back: a small call's latency)
+        self._running = threading.RLock()   # reentrant: a future's callback may call again
+        self._queued_lock = threading.Lock()
+        self._queued = 0
         threading.Thread(target=self._io_loop, daemon=True, name="inagg-io").start()
         threading.Thread(target=self._heartbeat, daemon=True, name="inagg-lease").start()
 
@@ -129,10 +180,11 @@ class Communicator:
         while not self._closed.is_set():
             try:
                 for g in self._grant_stream:
+                    # each update is the active grant, then the pending one if there is one:
+                    # the pending epoch is the latest update's (a withdrawn one is forgotten)
                     self._grants[g.epoch] = self._to_grant(g)
-                    if g.pending:
-                        self._pending_epoch = max(self._pending_epoch, g.epoch)
-                    elif not self._first.is_set():
+                    self._pending_epoch = g.epoch if g.pending else 0
+                    if not g.pending and not self._first.is_set():
                         self._active_epoch = g.epoch
                         self._first.set()
             except grpc.RpcError:
@@ -173,55 +225,66 @@ class Communicator:
             req = self._queue.get()
             if req is None:
                 return
-            try:
-                sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
-                self.stream.allreduce(req.array, self._pending_epoch)
-                self.link.observe(self.stream.stats.wire_bytes_sent - sent,
-                                  time.perf_counter() - started, latencies=4)
-                self.link.observe(2 * (HEADER_BYTES + self.transport.overhead), self.stream.control_rtt,
-                                 latencies=2)
-                self.boundary += 1
-                self._switch_if_agreed()
-                if req.op is ReduceOp.AVG:
-                    req.array /= self.world_size
-                if req.staged_back is not None:
-                    req.staged_back.copy_(req.staged_host)
-                req.future.set_result(req.result)
-            except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
-                self.boundary += 1
-                req.future.set_exception(e)
+            with self._running:
+                self._run(req)
+            with self._queued_lock:
+                self._queued -= 1
 
-    def allreduce_async(self, tensor, op: ReduceOp = ReduceOp.SUM):
-        """Queue an allreduce of a torch tensor (float32 or int32, contiguous; CUDA tensors are
-        staged through pinned host memory) or a numpy array; returns a ``torch.futures.Future``
-        resolving to the same tensor, reduced in place."""
+    def _run(self, req: _Request) -> None:
+        """One call, start to end; its outcome goes to the request's future."""
+        try:
+            sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
+            self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
+                                  refusal=req.refusal)
+            self.link.observe(self.stream.stats.wire_bytes_sent - sent,
+                              time.perf_counter() - started, latencies=4)
+            self.link.observe(2 * (HEADER_BYTES + self.transport.overhead), self.stream.control_rtt,
+                              latencies=2)
+            self.boundary += 1
+            self._switch_if_agreed()
+            if req.staged is not None:
+                req.staged[0].copy_(req.staged[1])
+            req.future.set_result(req.result)
+        except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
+            self.boundary += 1
+            req.future.set_exception(e)
+
+    def _request(self, tensor, op) -> _Request:
         import torch
 
-        fut = torch.futures.Future()
-        staged_back = None
-        if isinstance(tensor, np.ndarray):
-            array = tensor.reshape(-1)
-            if not np.shares_memory(array, tensor):
-                raise ValueError("allreduce needs a contiguous array")
-        else:
-            if tensor.dtype not in (torch.float32, torch.int32):
-                raise TypeError(f"inagg allreduces float32 and int32 tensors, not {tensor.dtype}")
-            if not tensor.is_contiguous():
-                raise ValueError("allreduce needs a contiguous tensor")
-            host = tensor
-            if tensor.is_cuda:
-                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-                host.copy_(tensor)
-                staged_back = tensor
-            array = host.detach().view(-1).numpy()
-        if op is ReduceOp.AVG and array.dtype != np.float32:
-            raise TypeError("AVG needs a float32 tensor")
-        self._queue.put(_Request(array, op, fut, tensor, staged_back, host if staged_back is not None else None))
-        return fut
+        average, refusal = reduce_kind(op)
+        array, staged, bad_input = as_array(tensor)
+        refusal = bad_input or refusal or check_array(array, average)
+        return _Request(array, average, refusal, torch.futures.Future(), tensor, staged)
 
-    def allreduce(self, tensor, op: ReduceOp = ReduceOp.SUM):
+    def allreduce_async(self, tensor, op=ReduceOp.SUM):
+        """Queue an allreduce of a torch tensor (float32 or int32, contiguous; CUDA tensors are
+        staged through pinned host memory) or a numpy array; returns a ``torch.futures.Future``
+        resolving to the same tensor, reduced in place. ``op``: SUM or AVG, this library's
+        ``ReduceOp`` or ``torch.distributed.ReduceOp``.
+
+        A call this rank cannot run (another dtype, a non-contiguous tensor, another op...) is
+        still queued: it takes part in the call's control round with its reason, so every rank
+        fails that call with the same error naming this rank, and later calls stay aligned."""
+        return self._submit(self._request(tensor, op))
+
+    def _submit(self, req: _Request):
+        with self._queued_lock:
+            self._queued += 1
+        self._queue.put(req)
+        return req.future
+
+    def allreduce(self, tensor, op=ReduceOp.SUM):
         """Blocking allreduce; raises what went wrong (on every rank alike)."""
-        return self.allreduce_async(tensor, op).wait()
+        req = self._request(tensor, op)
+        with self._running:
+            with self._queued_lock:
+                inline = not self._queued
+            if inline:   # nothing submitted before it is unfinished: run it here, in order
+                self._run(req)
+            else:
+                self._submit(req)
+        return req.future.wait()
 
     @property
     def grant(self) -> Grant:

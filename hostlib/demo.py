@@ -19,6 +19,7 @@ import numpy as np
 
 from . import codec
 from .grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, Grant, parse_address
+from .native_stream import NativeSlotStream
 from .stream import SlotStream
 from .transport import UdpTransport
 
@@ -55,6 +56,8 @@ class WorkerReport:
 def check_result(spec: TensorSpec, y: np.ndarray, n: int, k: int) -> float:
     """max |error| / bound over the tensor (<= 1 means within the codec's proven bound);
     int32 results must be exact (returns 0.0 or inf)."""
+    if not y.size:
+        return 0.0
     xs = [spec.make(r) for r in range(n)]
     if spec.dtype == "int32":
         ref = np.sum(np.stack(xs).astype(np.int64), axis=0).astype(np.int32)  # wraps like int32
@@ -69,12 +72,12 @@ def check_result(spec: TensorSpec, y: np.ndarray, n: int, k: int) -> float:
     return float(np.max(np.abs(y.astype(np.float64) - ref) / bound))
 
 
-def _worker(rank: int, n: int, specs: list[TensorSpec], conn, keep: bool, check: bool) -> None:
+def _worker(rank: int, n: int, specs: list[TensorSpec], conn, keep: bool, check: bool, native: bool) -> None:
     transport = UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0))
     conn.send(transport.address)
     grant: Grant = conn.recv()
     transport.retarget(grant.aggregator)
-    stream = SlotStream(grant, rank, n, transport)
+    stream = (NativeSlotStream if native else SlotStream)(grant, rank, n, transport)
     results, seconds, worst = [], [], 0.0
     for spec in specs:
         x = spec.make(rank)
@@ -107,16 +110,18 @@ def run_local_job(
     keep_results: bool = False,
     check: bool = True,
     timeout: float = 300.0,
+    native: bool = True,
 ) -> JobRun:
     """Start the aggregator CLI and ``n_workers`` processes, allreduce ``specs`` in order.
 
     Each worker checks its results against the float64 reference when ``check`` is set
-    (``WorkerReport.max_err_over_bound``) and returns them when ``keep_results`` is set."""
+    (``WorkerReport.max_err_over_bound``) and returns them when ``keep_results`` is set.
+    ``native``: workers run the C++ stream (else the Python one, its specification)."""
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for rank in range(n_workers):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(rank, n_workers, specs, child, keep_results, check),
+        p = ctx.Process(target=_worker, args=(rank, n_workers, specs, child, keep_results, check, native),
                         daemon=True)
         p.start()
         pipes.append(parent)

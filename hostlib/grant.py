@@ -7,10 +7,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .protocol import ENCAPSULATIONS, MAX_SLOT
+from .protocol import ENCAPSULATIONS, HEADER_BYTES, MAX_SLOT
 
-# Defaults for host aggregation on loopback or jumbo-frame links: 16 KiB of values per datagram
-# keeps per-packet Python work small; on a 1500-byte MTU network use <= 358 values per packet.
+# The host path never relies on IP fragmentation: a datagram (IPv4 + UDP + inagg header + K
+# values) fits the MTU of the interface it leaves by, so K follows from that MTU.
+IPV4_UDP_BYTES = 20 + 8
+ETHERNET_MTU, JUMBO_MTU = 1500, 9000
+MAX_IPV4_DATAGRAM = 65535  # loopback's MTU (65536) allows more than IPv4 can say
+
+
+def values_for_mtu(mtu: int) -> int:
+    """The most int32 values a host-path datagram carries unfragmented on a link of ``mtu``
+    bytes: 364 at 1500, 2239 at 9000, 16372 on loopback."""
+    return (min(mtu, MAX_IPV4_DATAGRAM) - IPV4_UDP_BYTES - HEADER_BYTES) // 4
+
+
+# Host aggregation K where the MTU allows it (loopback, 16 KiB of values per datagram): larger
+# K costs aggregator memory (slots x 2 sets x K x 4 bytes) for little gain. Aggregators and the
+# controller use min(this, values_for_mtu(interface MTU)).
 HOST_VALUES_PER_PACKET = 4096
 # The host aggregator's default UDP port (its address is configured; decoders bind this port).
 HOST_AGGREGATOR_PORT = 42666

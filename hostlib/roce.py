@@ -298,13 +298,23 @@ class RoceRawTransport:
     def recv_into(self, buf: bytearray, timeout: float) -> int:
         """Receive one inagg packet into ``buf`` (truncated to its size, as a datagram socket
         does); 0 when none came within ``timeout`` seconds."""
+        return self.recv_from(buf, timeout)[0]
+
+    @staticmethod
+    def source_of(aggregator: tuple[str, int]) -> str:
+        """Results come from the switch's IP (their UDP source port is RoCE's entropy)."""
+        return socket.gethostbyname(aggregator[0])
+
+    def recv_from(self, buf: bytearray, timeout: float) -> tuple[int, str | None]:
+        """Receive one inagg packet into ``buf``: (length, source IP), or (0, None) when none
+        came within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             self._rx.settimeout(left)
             try:
                 got = self._rx.recv_into(self._rbuf)
             except TimeoutError:
-                return 0
+                return 0, None
             try:
                 inagg, meta = decapsulate(self._rview[:got])
             except ValueError:
@@ -314,8 +324,8 @@ class RoceRawTransport:
                 continue
             n = min(len(inagg), len(buf))
             buf[:n] = inagg[:n]
-            return n
-        return 0
+            return n, meta.src_ip
+        return 0, None
 
     def close(self) -> None:
         self._rx.close()

@@ -1,41 +1,49 @@
 """Worker side of the inagg protocol: stream a tensor through a window of aggregator slots.
 
+This module is the executable specification of the worker's stream; ``hostlib.native_stream``
+runs the same protocol in C++ (``native/stream.cpp``) and shares the control vector, the
+refusal codes and the result checks defined here.
+
 The tensor is cut into blocks of K values (one packet each). Block ``c`` uses slot
 ``slot_base + c % W`` and rounds on each slot alternate between the slot's two shadow sets, for
 the life of the grant (not per call), as the aggregator's duplicate logic requires.
 
-Block exponents travel one round ahead (SwitchML): the packet of block ``c`` carries this
-worker's exponent of block ``c + W``, and the result of block ``c`` returns the job-wide maximum,
-which is the exponent every worker then uses to quantize block ``c + W``. Each call opens with a
-priming round per slot that fetches the exponents of the first W blocks (int32 tensors are summed
-as they are and prime only slot 0).
+Block exponents travel one round ahead (SwitchML, :class:`ExponentTracker`): the packet of block
+``c`` carries this worker's exponent of block ``c + W``, and the result of block ``c`` returns
+the job-wide maximum, which is the exponent every worker then uses to quantize block ``c + W``.
+A float call primes every slot it uses with a header-only round that fetches the exponents of
+the first W blocks (int32 tensors are summed as they are and prime no slot).
 
-Slot 0's priming round goes first, alone, and carries a control vector of 2N int32 values: in
-position r, rank r's element count and dtype, and in position N + r rank r's window goal
-(high 16 bits) and the newest pending grant epoch it has seen (low 16 bits). Its (exact,
-integer) sum gives every rank the same view: a size or dtype mismatch fails the call on every
-rank with the same error before any data moves (and before any other slot changes state);
+Every call, whatever its size, and even one that this rank cannot run, opens with the *control
+round*: slot 0's round carries the :class:`ControlVector` of 2N int32 values (rank r writes
+positions r and N + r only, so the aggregator's exact integer sum hands every rank every rank's
+words): the call number, the tensor's size, dtype and reduce op or the rank's refusal
+(:class:`CallError`), its window goal and the newest pending grant it has seen. Every rank
+decodes the same sum the same way, so a refusal on one rank, a size or op mismatch or a call
+number mismatch fails that call on every rank with the same error before any data moves, and
+the next call starts aligned (or, for call numbers, fails again: never absorbed).
 ``agreed_epoch`` = the smallest pending epoch all ranks have seen is the grant every rank may
-switch to after this call, at the same boundary; and the call's window W (slots in use, rounds
-in flight) is the smallest goal, so every rank maps blocks to the same slots.
+switch to after this call, at the same boundary; the call's window W (slots in use, rounds in
+flight) is the smallest goal, so every rank maps blocks to the same slots.
 
-Window: a float32 call primes every slot it uses, so it uses at most a quarter as many slots as
-it has blocks (``PRIMING_SHARE``), or 16 (``PRIMING_FREE_WINDOW``) if that is more; and rounds
-beyond what the path can carry are dropped in a switch's input buffer (BMv2's, the software data
-plane's) and cost timeouts, so each rank's goal follows loss (:class:`WindowControl`, AIMD).
-``window`` is the last call's W.
+Window: a float32 call uses at most a quarter as many slots as it has blocks
+(``PRIMING_SHARE``), or 16 (``PRIMING_FREE_WINDOW``) if that is more; each rank's goal follows
+loss (:class:`WindowControl`, AIMD).
 
-Loss recovery: every outstanding round has a deadline (RTO from an RTT estimate, Karn's rule,
-doubling backoff per slot); on expiry the same packet is resent with FLAG_RETRANSMIT. The
-aggregator never adds a duplicate twice and answers a duplicate of a finished round with its
-stored result, so results are bit-identical with or without loss.
+Results are accepted only from the grant's aggregator and only when they answer an outstanding
+round exactly (:class:`OutstandingRounds`); everything else is dropped and counted per
+:class:`ResultCheck`. Loss recovery: every outstanding round has a deadline (RTO from
+:class:`RttEstimator`, Karn's rule, doubling backoff per slot); on expiry the same packet is
+resent with FLAG_RETRANSMIT. The aggregator never adds a duplicate twice and answers a duplicate
+of a finished round with its stored result, so results are bit-identical with or without loss.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -59,18 +67,177 @@ class AllreduceError(RuntimeError):
     """The allreduce could not complete (no progress before the stall timeout)."""
 
 
+class CallRefused(ValueError):
+    """Some rank refused this call (bad input or op), or the ranks' calls do not match; raised
+    with the same message on every rank."""
+
+
 class Transport(Protocol):
     overhead: int
 
     def send(self, data: bytes) -> None: ...
-    def recv_into(self, buf: bytearray, timeout: float) -> int: ...
+    def recv_from(self, buf: bytearray, timeout: float) -> tuple[int, object]: ...
+    def source_of(self, aggregator: tuple[str, int]) -> object: ...
+
+
+# -- what travels in the control round ---------------------------------------------------------
+
+class CallError(enum.IntEnum):
+    """Why a rank refuses its part of a call; travels in the control vector (with a detail)."""
+
+    NONE = 0
+    DTYPE = 1         # detail: index in DTYPE_NAMES
+    LAYOUT = 2        # not flat / not contiguous
+    TOO_LARGE = 3
+    REDUCE_OP = 4     # detail: index in OP_NAMES
+    AVG_OF_INT = 5
+    NOT_A_TENSOR = 6
+
+
+DTYPE_NAMES = ("other", "float64", "float16", "bfloat16", "int64", "int16", "int8", "uint8", "bool",
+               "complex64", "complex128", "uint16", "uint32", "uint64")
+OP_NAMES = ("other", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+MAX_ELEMENTS = 1 << 29  # the control vector carries 4 * numel + op + dtype in an int32
+CALL_BITS = 8           # call numbers are compared modulo 2**8
+_GOAL_BITS = 15
+_EPOCH_DELTA_BITS = 8
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """This rank's reason to refuse a call, as the control vector carries it."""
+
+    code: CallError
+    detail: int = 0
+
+    def describe(self) -> str:
+        if self.code is CallError.DTYPE:
+            return f"a {DTYPE_NAMES[self.detail]} tensor (inagg allreduces float32 and int32)"
+        if self.code is CallError.REDUCE_OP:
+            return f"reduce op {OP_NAMES[self.detail]} (inagg supports SUM and AVG)"
+        return {CallError.LAYOUT: "a tensor that is not contiguous",
+                CallError.TOO_LARGE: f"a tensor of {MAX_ELEMENTS} or more elements",
+                CallError.AVG_OF_INT: "AVG of an int32 tensor (AVG needs float32)",
+                CallError.NOT_A_TENSOR: "an object that is neither a tensor nor an array"}[self.code]
+
+
+def dtype_refusal(name: str) -> Refusal:
+    """The refusal for a tensor of dtype ``name`` (numpy's or torch's name without 'torch.')."""
+    return Refusal(CallError.DTYPE, DTYPE_NAMES.index(name) if name in DTYPE_NAMES else 0)
+
+
+def check_array(x: np.ndarray, average: bool) -> Refusal | None:
+    """The refusal for a numpy array this stream cannot allreduce, else None."""
+    if not isinstance(x, np.ndarray):
+        return Refusal(CallError.NOT_A_TENSOR)
+    if x.dtype not in (np.float32, np.int32):
+        return dtype_refusal(str(x.dtype))
+    if x.ndim != 1 or not x.flags.c_contiguous:
+        return Refusal(CallError.LAYOUT)
+    if x.size >= MAX_ELEMENTS:
+        return Refusal(CallError.TOO_LARGE)
+    if average and x.dtype != np.float32:
+        return Refusal(CallError.AVG_OF_INT)
+    return None
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """What one rank brings to a call: its call number, tensor (size, dtype, op) or refusal,
+    window goal and the newest pending grant epoch it has seen (as a delta over the grant's)."""
+
+    call: int
+    size: int = 0
+    is_float: bool = False
+    average: bool = False
+    refusal: Refusal | None = None
+    goal: int = 1
+    epoch_delta: int = 0
+
+    def describe(self) -> str:
+        kind = "float32" if self.is_float else "int32"
+        return f"{self.size} x {kind}{' avg' if self.average else ''}"
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The decoded sum of a call's control vector: what every rank does next."""
+
+    window_goal: int
+    epoch_delta: int  # 0: no pending grant seen by every rank
+
+
+class ControlVector:
+    """Encode one rank's :class:`CallSpec` into its two int32 words; decode the summed vector.
+
+    Word r: ``-(code | detail << 4)`` for a refusal, else ``size << 2 | average << 1 | is_float``.
+    Word N + r: ``(call mod 2**8) << 23 | goal << 8 | pending epoch delta`` (delta over the grant's
+    epoch, capped at 255; 0 = none)."""
+
+    def __init__(self, n_workers: int) -> None:
+        self.n = n_workers
+
+    def encode(self, rank: int, spec: CallSpec) -> np.ndarray:
+        v = np.zeros(2 * self.n, np.int32)
+        if spec.refusal is not None:
+            v[rank] = -(int(spec.refusal.code) | spec.refusal.detail << 4)
+        else:
+            v[rank] = spec.size << 2 | int(spec.average) << 1 | int(spec.is_float)
+        v[self.n + rank] = ((spec.call % (1 << CALL_BITS)) << (_GOAL_BITS + _EPOCH_DELTA_BITS)
+                            | min(spec.goal, (1 << _GOAL_BITS) - 1) << _EPOCH_DELTA_BITS
+                            | min(spec.epoch_delta, (1 << _EPOCH_DELTA_BITS) - 1))
+        return v
+
+    def decode(self, summed: np.ndarray, call: int) -> Agreement:
+        """Every rank's view of the call; raises :class:`CallRefused` (the same on every rank)
+        when the call numbers differ, a rank refused, or the tensors differ."""
+        n = self.n
+        first = [int(w) for w in summed[:n]]
+        second = [int(w) for w in summed[n:2 * n]]
+        calls = [w >> (_GOAL_BITS + _EPOCH_DELTA_BITS) for w in second]
+        if len(set(calls)) != 1:
+            desc = ", ".join(f"rank {r}: call {c}" for r, c in enumerate(calls))
+            raise CallRefused(f"allreduce call numbers differ across ranks ({desc}, modulo "
+                              f"{1 << CALL_BITS}): a rank skipped or repeated a call")
+        refusals = [(r, Refusal(CallError(-w & 0xF), -w >> 4)) for r, w in enumerate(first) if w < 0]
+        if refusals:
+            desc = "; ".join(f"rank {r} passed {ref.describe()}" for r, ref in refusals)
+            raise CallRefused(f"allreduce call {call} refused: {desc}")
+        specs = [CallSpec(call, w >> 2, bool(w & 1), bool(w & 2)) for w in first]
+        if len(set(specs)) != 1:
+            desc = ", ".join(f"rank {r}: {s.describe()}" for r, s in enumerate(specs))
+            raise CallRefused(f"allreduce tensors differ across ranks ({desc})")
+        mask = (1 << _EPOCH_DELTA_BITS) - 1
+        return Agreement(window_goal=min((w >> _EPOCH_DELTA_BITS) & ((1 << _GOAL_BITS) - 1) for w in second),
+                         epoch_delta=min(w & mask for w in second))
+
+
+# -- the stream's parts --------------------------------------------------------------------------
+
+class ResultCheck(enum.IntEnum):
+    """Verdict on a received datagram; everything but ACCEPTED is dropped and counted. The C++
+    twin is ``inagg::ResultCheck`` in native/stream.hpp (tests/test_stream.py ties them)."""
+
+    ACCEPTED = 0
+    FOREIGN_SOURCE = 1   # not from the grant's aggregator
+    TRUNCATED = 2
+    NOT_A_RESULT = 3     # version / message type
+    WRONG_JOB = 4
+    WRONG_EPOCH = 5
+    NO_ROUND = 6         # no outstanding round on that slot (a late duplicate, a forgery)
+    WRONG_SET = 7
+    WRONG_OFFSET = 8
+    WRONG_COUNT = 9
+    WRONG_LENGTH = 10
 
 
 @dataclass
 class StreamStats:
-    """Counters of one worker's stream. Wire bytes include Ethernet/IPv4/UDP headers."""
+    """Counters of one worker's stream. Wire bytes include Ethernet/IPv4/UDP headers.
+    ``result_drops`` counts dropped datagrams per :class:`ResultCheck` name."""
 
     allreduces: int = 0
+    calls: int = 0
     elements: int = 0
     packets_sent: int = 0
     packets_received: int = 0
@@ -80,27 +247,44 @@ class StreamStats:
     ignored_results: int = 0
     host_results: int = 0
     seconds: float = 0.0
+    result_drops: dict = field(default_factory=dict)
+
+    def drop(self, check: ResultCheck) -> None:
+        self.ignored_results += 1
+        name = check.name.lower()
+        self.result_drops[name] = self.result_drops.get(name, 0) + 1
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["result_drops"] = dict(self.result_drops)
+        return d
 
 
-_PRIME = -1  # chunk index of a slot's priming round
-MAX_ELEMENTS = 1 << 30  # the control vector carries 2 * numel + dtype in an int32
-_EPOCH_BITS = 16  # control vector: window goal << 16 | pending epoch
 # A call uses at most max(PRIMING_FREE_WINDOW, ceil(blocks / PRIMING_SHARE)) slots, so the
 # header-only priming rounds of a call with many blocks are at most about a quarter of its rounds.
 PRIMING_SHARE = 4
 PRIMING_FREE_WINDOW = 16
+INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
+
+
+def call_window(slot_count: int, n_blocks: int, goal: int, is_float: bool) -> int:
+    """Slots a call uses (the same on every rank: all inputs are agreed)."""
+    window = min(slot_count, n_blocks, goal)
+    if is_float:  # only float calls prime every slot they use
+        window = min(window, max(PRIMING_FREE_WINDOW, -(-n_blocks // PRIMING_SHARE)))
+    return window
 
 
 @dataclass
-class _Round:
-    """The one outstanding round of a slot."""
+class Round:
+    """The one outstanding round of a slot: a priming round (exponent of block ``chunk``, no
+    values) or the data round of block ``chunk``."""
 
     chunk: int
+    priming: bool
     slot_set: int
     offset: int
+    count: int
     packet: bytes
     sent_at: float
     deadline: float
@@ -108,8 +292,80 @@ class _Round:
     retransmitted: bool = False
 
 
+class OutstandingRounds:
+    """The rounds in flight, one per slot index, and the exact check of a received result."""
+
+    def __init__(self, grant: Grant, source: object) -> None:
+        self.grant = grant
+        self.source = source
+        self.rounds: dict[int, Round] = {}
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def add(self, idx: int, rnd: Round) -> None:
+        self.rounds[idx] = rnd
+
+    def pop(self, idx: int) -> Round:
+        return self.rounds.pop(idx)
+
+    def check(self, view: memoryview, n: int, source: object) -> tuple[ResultCheck, int]:
+        """The verdict on a datagram and the slot index it answers."""
+        if source != self.source:
+            return ResultCheck.FOREIGN_SOURCE, -1
+        if n < HEADER_BYTES:
+            return ResultCheck.TRUNCATED, -1
+        vt, _, job, _, _, epoch, ss, count, offset = unpack_raw(view)
+        g = self.grant
+        if vt != (VERSION << 4) | MSG_RESULT:
+            return ResultCheck.NOT_A_RESULT, -1
+        if job != g.job_id:
+            return ResultCheck.WRONG_JOB, -1
+        if epoch != g.epoch:
+            return ResultCheck.WRONG_EPOCH, -1
+        idx = (ss & MAX_SLOT) - g.slot_base
+        rnd = self.rounds.get(idx)
+        if rnd is None:
+            return ResultCheck.NO_ROUND, -1
+        if ss >> 15 != rnd.slot_set:
+            return ResultCheck.WRONG_SET, -1
+        if offset != rnd.offset:
+            return ResultCheck.WRONG_OFFSET, -1
+        if count != rnd.count:
+            return ResultCheck.WRONG_COUNT, -1
+        if n != HEADER_BYTES + (4 * g.values_per_packet if count else 0):
+            return ResultCheck.WRONG_LENGTH, -1
+        return ResultCheck.ACCEPTED, idx
+
+    def expired(self, now: float) -> list[Round]:
+        return [r for r in self.rounds.values() if now >= r.deadline]
+
+
+class ExponentTracker:
+    """One-round-ahead block exponents of a call: this rank's own (sent one round early) and
+    the agreed job-wide maxima (returned with results). An int32 call has none.
+    ``exponents(x, k)`` -> (int8 exponents, bool overflow mask): numpy's or the native codec's."""
+
+    def __init__(self, x: np.ndarray, k: int, exponents=codec.block_exponents) -> None:
+        self.n_blocks = -(-x.size // k)
+        self.is_float = x.dtype == np.float32
+        if self.is_float:
+            self.local, self.bad = exponents(x, k)
+        else:
+            self.local = np.full(self.n_blocks, EXP_NONE, np.int8)
+            self.bad = np.zeros(self.n_blocks, bool)
+        self.agreed = [EXP_NONE] * self.n_blocks
+
+    def local_exp(self, chunk: int) -> int:
+        return int(self.local[chunk]) if chunk < self.n_blocks else EXP_NONE
+
+    def agree(self, chunk: int, exp: int) -> None:
+        if self.is_float and chunk < self.n_blocks:
+            self.agreed[chunk] = exp
+
+
 @dataclass
-class _RttEstimator:
+class RttEstimator:
     """RFC 6298 style smoothed RTT -> retransmission timeout."""
 
     rto_min: float
@@ -132,16 +388,20 @@ class _RttEstimator:
 
 @dataclass
 class WindowControl:
-    """One rank's goal for the window of its next calls: AIMD on loss, as ATP's window.
+    """One rank's goal for the window of its next calls: slow start, then AIMD on loss, as
+    TCP's and ATP's windows.
 
-    A call with a timeout halves the window it used (a switch's input buffer, BMv2's or the
-    software data plane's, overflowed), as TCP sets ssthresh from the flight size (RFC 5681); a
-    call that used its whole goal without one raises the goal by a quarter, up to the slots
-    granted."""
+    A grant starts at a small goal (``INITIAL_WINDOW``, or the last grant's goal) in slow start:
+    each clean call that used its whole goal doubles it, so a burst never outgrows the path's
+    buffers by more than one doubling. A call with a timeout halves the window it used (a
+    switch's input buffer overflowed, or results queued longer than the RTO), as TCP sets
+    ssthresh from the flight size (RFC 5681), and ends slow start; after that a clean call that
+    used its whole goal raises it by a quarter, up to the slots granted."""
 
     minimum: int = 4
     maximum: int = 1
-    goal: int = 1 << 15
+    goal: int = 16
+    slow_start: bool = True
 
     def __post_init__(self) -> None:
         self.goal = self._clamp(self.goal)
@@ -152,36 +412,36 @@ class WindowControl:
     def update(self, window: int, timeouts: int) -> None:
         if timeouts:
             self.goal = self._clamp(window // 2)
+            self.slow_start = False
         elif window >= self.goal:
-            self.goal = self._clamp(self.goal + max(1, self.goal // 4))
+            self.goal = self._clamp(2 * self.goal if self.slow_start else self.goal + max(1, self.goal // 4))
 
 
-class SlotStream:
-    """Blocking allreduce (sum) of flat float32/int32 arrays for one worker of one job."""
+def overflow_error(chunks: list[int], k: int) -> FloatingPointError:
+    return FloatingPointError(
+        f"allreduce input holds inf/NaN or |x| >= 2**127 on some rank: {len(chunks)} block(s) "
+        f"of {k} values, first at element {min(chunks) * k}; those elements are left unchanged")
 
-    def __init__(
-        self,
-        grant: Grant,
-        rank: int,
-        n_workers: int,
-        transport: Transport,
-        *,
-        rto_min: float = 0.05,
-        rto_max: float = 1.0,
-        stall_timeout: float = 30.0,
-    ) -> None:
+
+class StreamBase:
+    """What both streams (this Python one and the native one) share: the grant, the call
+    number, the control vector and its decoding, the window goal and the public ``allreduce``."""
+
+    def __init__(self, grant: Grant, rank: int, n_workers: int, transport: Transport, *,
+                 rto_min: float = 0.05, rto_max: float = 1.0, stall_timeout: float = 30.0) -> None:
         if not 0 <= rank < n_workers:
             raise ValueError(f"rank {rank} not in 0..{n_workers - 1}")
         self.rank = rank
         self.n_workers = n_workers
         self.transport = transport
+        self.rto_min, self.rto_max = rto_min, rto_max
         self.stall_timeout = stall_timeout
         self.stats = StreamStats()
-        self._rtt = _RttEstimator(rto_min, rto_max)
-        self._buf = bytearray(65536)
+        self.control = ControlVector(n_workers)
         self.agreed_epoch = 0
         self.control_rtt = 0.0  # round trip of the last call's control round: a latency probe
         self.window = 0  # slots the last call used (agreed by all ranks)
+        self.window_control: WindowControl | None = None
         self.set_grant(grant)
 
     def set_grant(self, grant: Grant) -> None:
@@ -190,199 +450,205 @@ class SlotStream:
             raise ValueError(f"{self.n_workers} workers need at least {2 * self.n_workers} values "
                              f"per packet (the control vector), grant has {grant.values_per_packet}")
         self.grant = grant
-        self._next_set = [0] * grant.slot_count
-        self._shift = codec.shift_for(self.n_workers)
-        # the goal travels in 15 bits of the control vector (a non-negative int32)
-        self.window_control = WindowControl(maximum=min(grant.slot_count, (1 << 15) - 1))
+        self.shift = codec.shift_for(self.n_workers)
+        # a new grant is a new path: slow start again, from the goal learnt so far
+        goal = self.window_control.goal if self.window_control else INITIAL_WINDOW
+        self.window_control = WindowControl(maximum=min(grant.slot_count, (1 << _GOAL_BITS) - 1), goal=goal)
 
-    # -- public ------------------------------------------------------------------------------
+    def allreduce(self, x: np.ndarray | None, pending_epoch: int = 0, *, average: bool = False,
+                  refusal: Refusal | None = None) -> np.ndarray | None:
+        """Sum (``average``: mean) ``x`` (flat, float32 or int32) over all workers, in place.
 
-    def allreduce(self, x: np.ndarray, pending_epoch: int = 0) -> np.ndarray:
-        """Sum ``x`` (flat, float32 or int32) over all workers of the job, in place.
-
+        Every call takes part in the control round, even one this rank refuses (``refusal``
+        given, or ``x`` unusable): then every rank raises the same :class:`CallRefused`.
         ``pending_epoch``: the newest pending grant this rank has seen (0: none); after the
-        call, ``agreed_epoch`` holds the smallest such epoch over all ranks."""
-        if x.dtype not in (np.float32, np.int32):
-            raise TypeError(f"allreduce supports float32 and int32, not {x.dtype}")
-        if x.ndim != 1 or not x.flags.c_contiguous:
-            raise ValueError("allreduce needs a flat contiguous array")
-        if x.size >= MAX_ELEMENTS:
-            raise ValueError(f"allreduce of {x.size} elements: at most {MAX_ELEMENTS - 1} per call")
+        call, ``agreed_epoch`` holds the smallest such epoch over all ranks (0: none)."""
+        if refusal is None:
+            refusal = check_array(x, average)
         started = time.perf_counter()
         self.agreed_epoch = 0
+        call = self.stats.calls
+        self.stats.calls += 1
+        delta = pending_epoch - self.grant.epoch if pending_epoch > self.grant.epoch else 0
+        spec = CallSpec(call, 0 if refusal else x.size, not refusal and x.dtype == np.float32,
+                        average, refusal, self.window_control.goal, delta)
+        local = None if refusal else self._exponents(x)
+        vector = self.control.encode(self.rank, spec)
+        summed, exp0 = self._control_round(vector, local.local_exp(0) if local else EXP_NONE)
+        agreement = self.control.decode(summed, call)
+        if agreement.epoch_delta:
+            self.agreed_epoch = self.grant.epoch + agreement.epoch_delta
         if x.size:
-            error = self._run(x, pending_epoch)
-            if error is not None:
-                raise error
+            local.agree(0, exp0)
+            overflow = self._stream_blocks(x, local, agreement.window_goal)
+            if overflow:
+                raise overflow_error(overflow, self.grant.values_per_packet)
+        if average:
+            np.divide(x, np.float32(self.n_workers), out=x)
         self.stats.allreduces += 1
         self.stats.elements += x.size
         self.stats.seconds += time.perf_counter() - started
         return x
 
-    # -- the window protocol -----------------------------------------------------------------
+    def _exponents(self, x: np.ndarray) -> ExponentTracker:
+        return ExponentTracker(x, self.grant.values_per_packet)
 
-    def _run(self, x: np.ndarray, pending_epoch: int) -> Exception | None:
+    def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
+        """Send the control vector on slot 0 and return (summed vector, agreed exponent of block
+        0); sets ``control_rtt``."""
+        raise NotImplementedError
+
+    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
+        """Allreduce the blocks of ``x`` in place; returns the blocks that overflowed."""
+        raise NotImplementedError
+
+    def stall_error(self, missing: str, waiting: list[int]) -> AllreduceError:
         g = self.grant
-        k = g.values_per_packet
-        n = self.n_workers
-        n_chunks = -(-x.size // k)
-        window = 0  # agreed in the control round
-        is_float = x.dtype == np.float32
-        local_exp = [EXP_NONE] * n_chunks
-        if is_float:
-            local_exp, bad = codec.block_exponents(x, k)
-            local_exp = local_exp.tolist()
-            agreed = [EXP_NONE] * n_chunks
-        overflow_chunks: list[int] = []
-        control = np.zeros(2 * n, np.int32)
-        control[self.rank] = 2 * x.size + int(is_float)
-        control[n + self.rank] = (self.window_control.goal << _EPOCH_BITS) | pending_epoch
-        stats = self.stats
-        retransmitted_before = stats.retransmissions
+        return AllreduceError(
+            f"job {g.job_id} rank {self.rank}: no result for {self.stall_timeout:.1f}s "
+            f"from {g.mode} aggregator {g.aggregator[0]}:{g.aggregator[1]}; "
+            f"{missing} missing, slots waiting: {waiting[:8]}")
 
-        def packet_for(slot_idx: int, chunk: int, slot_set: int) -> tuple[bytes, int]:
-            slot = g.slot_base + slot_idx
-            if chunk == _PRIME:
-                offset = slot_idx * k
-                return build_contribution(g.job_id, self.rank, g.epoch, slot, slot_set, offset,
-                                          control if slot_idx == 0 else None, k,
-                                          exp=local_exp[slot_idx]), offset
-            offset = chunk * k
-            block = x[offset: offset + k]
-            flags = 0
-            exp = EXP_NONE
-            if is_float:
-                nxt = chunk + window
-                exp = local_exp[nxt] if nxt < n_chunks else EXP_NONE
-                if bad[chunk]:
-                    flags = FLAG_OVERFLOW
-                    block = np.zeros(block.size, dtype=np.int32)
-                else:
-                    block = codec.quantize(block, agreed[chunk], self._shift)
-            return build_contribution(g.job_id, self.rank, g.epoch, slot, slot_set, offset,
-                                      block, k, exp=exp, flags=flags), offset
 
-        outstanding: dict[int, _Round] = {}
-        overhead = self.transport.overhead
+class SlotStream(StreamBase):
+    """Blocking allreduce of flat float32/int32 arrays for one worker of one job, in Python."""
 
-        def send_round(slot_idx: int, chunk: int, now: float) -> None:
-            slot_set = self._next_set[slot_idx]
-            pkt, offset = packet_for(slot_idx, chunk, slot_set)
-            self._next_set[slot_idx] = 1 - slot_set
-            rto = self._rtt.rto
-            outstanding[slot_idx] = _Round(chunk, slot_set, offset, pkt, now, now + rto, rto)
-            self.transport.send(pkt)
-            stats.packets_sent += 1
-            stats.wire_bytes_sent += len(pkt) + overhead
+    def __init__(self, grant: Grant, rank: int, n_workers: int, transport: Transport, **kw) -> None:
+        self._buf = bytearray(65536)
+        super().__init__(grant, rank, n_workers, transport, **kw)
+        self._rtt = RttEstimator(self.rto_min, self.rto_max)
 
-        now = time.perf_counter()
-        send_round(0, _PRIME, now)  # alone: the control vector is checked before anything else
+    def set_grant(self, grant: Grant) -> None:
+        super().set_grant(grant)
+        self._next_set = [0] * grant.slot_count
+        self._source = self.transport.source_of(grant.aggregator)
 
-        buf = self._buf
-        view = memoryview(buf)
-        remaining = n_chunks
-        last_progress = now
-        tick = self._rtt.rto_min
-        next_scan = now + tick
-        while remaining:
-            got = self.transport.recv_into(buf, tick)
-            now = time.perf_counter()
-            if got:
-                stats.packets_received += 1
-                stats.wire_bytes_received += got + overhead
-                idx = self._match(view, got, outstanding)
-                if idx is None:
-                    stats.ignored_results += 1
-                else:
-                    rnd = outstanding.pop(idx)
-                    _, flags, _, _, exp, _, _, count, _ = unpack_raw(view)
-                    if flags & FLAG_FROM_HOST:
-                        stats.host_results += 1
-                    if not rnd.retransmitted:
-                        self._rtt.sample(now - rnd.sent_at)
-                    last_progress = now
-                    vals = np.frombuffer(buf, ">i4", count, HEADER_BYTES)
-                    nxt = idx if rnd.chunk == _PRIME else rnd.chunk + window
-                    if rnd.chunk == _PRIME and idx == 0:
-                        self.control_rtt = now - rnd.sent_at
-                        error = self._check_control(vals, n)
-                        if error is not None:
-                            return error
-                        window = min(g.slot_count, n_chunks, self._agreed_goal)
-                        if is_float:  # only float calls prime every slot they use
-                            window = min(window, max(PRIMING_FREE_WINDOW, -(-n_chunks // PRIMING_SHARE)))
-                        self.window = window
-                        for i in range(1, window):  # phase 2: the other slots
-                            send_round(i, _PRIME if is_float else i, now)
-                    elif rnd.chunk != _PRIME:
-                        remaining -= 1
-                        out = x[rnd.offset: rnd.offset + count]
-                        if not is_float:
-                            out[:] = vals
-                        elif flags & FLAG_OVERFLOW:
-                            overflow_chunks.append(rnd.chunk)
-                        else:
-                            codec.dequantize(vals, agreed[rnd.chunk], self._shift, out=out)
-                    if is_float and nxt < n_chunks:
-                        agreed[nxt] = exp
-                    if nxt < n_chunks:
-                        send_round(idx, nxt, now)
-            if now >= next_scan:
-                next_scan = now + tick
-                self._resend_expired(outstanding, now)
-                if now - last_progress > self.stall_timeout:
-                    raise AllreduceError(
-                        f"job {g.job_id} rank {self.rank}: no result for {self.stall_timeout:.1f}s "
-                        f"from {g.mode} aggregator {g.aggregator[0]}:{g.aggregator[1]}; "
-                        f"{remaining} of {n_chunks} blocks missing, slots waiting: "
-                        f"{sorted(g.slot_base + i for i in outstanding)[:8]}"
-                    )
-        self.window_control.update(window, stats.retransmissions - retransmitted_before)
-        if overflow_chunks:
-            first = min(overflow_chunks) * k
-            return FloatingPointError(
-                f"allreduce input holds inf/NaN or |x| >= 2**127 on some rank: "
-                f"{len(overflow_chunks)} block(s) of {k} values, first at element {first}; "
-                f"those elements are left unchanged")
-        return None
+    # -- sending -----------------------------------------------------------------------------
 
-    def _check_control(self, summed: np.ndarray, n: int) -> ValueError | None:
-        """Every rank's (size, dtype) must agree; records the agreed pending epoch."""
-        shapes = summed[:n].tolist()
-        if len(set(shapes)) != 1:
-            desc = ", ".join(f"rank {r}: {v // 2} x {'float32' if v % 2 else 'int32'}"
-                             for r, v in enumerate(shapes))
-            return ValueError(f"allreduce tensors differ across ranks ({desc})")
-        packed = summed[n:]
-        self.agreed_epoch = int((packed & ((1 << _EPOCH_BITS) - 1)).min())
-        self._agreed_goal = int((packed >> _EPOCH_BITS).min())
-        return None
-
-    def _match(self, view: memoryview, n: int, outstanding: dict[int, _Round]) -> int | None:
-        """The slot index a received packet answers, or None for anything else (late or
-        duplicate results, foreign packets)."""
-        if n < HEADER_BYTES:
-            return None
-        vt, _, job, _, _, epoch, ss, count, offset = unpack_raw(view)
+    def _send_round(self, rounds: OutstandingRounds, idx: int, chunk: int, priming: bool,
+                    values: np.ndarray | None, exp: int, flags: int, now: float) -> None:
         g = self.grant
-        idx = (ss & MAX_SLOT) - g.slot_base
-        rnd = outstanding.get(idx)
-        if (rnd is None or vt != (VERSION << 4) | MSG_RESULT or job != g.job_id
-                or epoch != g.epoch or ss >> 15 != rnd.slot_set or offset != rnd.offset
-                or n != HEADER_BYTES + (4 * g.values_per_packet if count else 0)):
-            return None
-        return idx
+        slot_set = self._next_set[idx]
+        self._next_set[idx] = 1 - slot_set
+        offset = chunk * g.values_per_packet
+        pkt = build_contribution(g.job_id, self.rank, g.epoch, g.slot_base + idx, slot_set, offset,
+                                 values, g.values_per_packet, exp=exp, flags=flags)
+        rto = self._rtt.rto
+        count = 0 if values is None else len(values)
+        rounds.add(idx, Round(chunk, priming, slot_set, offset, count, pkt, now, now + rto, rto))
+        self._transmit(pkt)
 
-    def _resend_expired(self, outstanding: dict[int, _Round], now: float) -> None:
-        for rnd in outstanding.values():
-            if now < rnd.deadline:
-                continue
+    def _transmit(self, pkt: bytes) -> None:
+        self.transport.send(pkt)
+        self.stats.packets_sent += 1
+        self.stats.wire_bytes_sent += len(pkt) + self.transport.overhead
+
+    def _send_block(self, rounds: OutstandingRounds, idx: int, x: np.ndarray, exps: ExponentTracker,
+                    chunk: int, window: int, now: float) -> None:
+        k = self.grant.values_per_packet
+        block = x[chunk * k: chunk * k + k]
+        flags = 0
+        if exps.is_float:
+            if exps.bad[chunk]:
+                flags, block = FLAG_OVERFLOW, np.zeros(block.size, np.int32)
+            else:
+                block = codec.quantize(block, exps.agreed[chunk], self.shift)
+        self._send_round(rounds, idx, chunk, False, block, exps.local_exp(chunk + window), flags, now)
+
+    def _resend_expired(self, rounds: OutstandingRounds, now: float) -> None:
+        for rnd in rounds.expired(now):
             if not rnd.retransmitted:
                 rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
                 rnd.retransmitted = True
             self.stats.retransmissions += 1
             rnd.rto = min(rnd.rto * 2, self._rtt.rto_max)
             rnd.deadline = now + rnd.rto
-            self.transport.send(rnd.packet)
-            self.stats.packets_sent += 1
-            self.stats.wire_bytes_sent += len(rnd.packet) + self.transport.overhead
+            self._transmit(rnd.packet)
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def _receive(self, rounds: OutstandingRounds, timeout: float) -> tuple[int, Round | None, float]:
+        """Wait up to ``timeout`` for one datagram: (slot index, its round, now) when it is an
+        accepted result, (-1, None, now) otherwise (counted)."""
+        got, source = self.transport.recv_from(self._buf, timeout)
+        now = time.perf_counter()
+        if not got and source is None:
+            return -1, None, now
+        self.stats.packets_received += 1
+        self.stats.wire_bytes_received += got + self.transport.overhead
+        verdict, idx = rounds.check(memoryview(self._buf), got, source)
+        if verdict is not ResultCheck.ACCEPTED:
+            self.stats.drop(verdict)
+            return -1, None, now
+        rnd = rounds.pop(idx)
+        if self._buf[1] & FLAG_FROM_HOST:
+            self.stats.host_results += 1
+        if not rnd.retransmitted:
+            self._rtt.sample(now - rnd.sent_at)
+        return idx, rnd, now
+
+    def _await(self, rounds: OutstandingRounds, progress: float,
+               missing: Callable[[], str]) -> tuple[int, Round, float]:
+        """Receive until some round completes; resend expired rounds every tick; raise the
+        stall error (naming ``missing()``) after ``stall_timeout`` without progress."""
+        tick = self._rtt.rto_min
+        while True:
+            idx, rnd, now = self._receive(rounds, tick)
+            if rnd is not None:
+                return idx, rnd, now
+            self._resend_expired(rounds, now)
+            if now - progress > self.stall_timeout:
+                waiting = sorted(self.grant.slot_base + i for i in rounds.rounds)
+                raise self.stall_error(missing(), waiting)
+
+    def _header_fields(self) -> tuple[int, int, np.ndarray]:
+        """(flags, exp, values) of the accepted result in the receive buffer."""
+        _, flags, _, _, exp, _, _, count, _ = unpack_raw(self._buf)
+        return flags, exp, np.frombuffer(self._buf, ">i4", count, HEADER_BYTES)
+
+    # -- the two phases of a call ------------------------------------------------------------
+
+    def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
+        rounds = OutstandingRounds(self.grant, self._source)
+        start = time.perf_counter()
+        self._send_round(rounds, 0, 0, True, vector, exp0, 0, start)
+        _, rnd, now = self._await(rounds, start, lambda: f"call {self.stats.calls - 1}'s control round")
+        self.control_rtt = now - rnd.sent_at
+        _, exp, values = self._header_fields()
+        return values.astype(np.int32), exp
+
+    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
+        g = self.grant
+        n_blocks = exps.n_blocks
+        window = call_window(g.slot_count, n_blocks, goal, exps.is_float)
+        self.window = window
+        retransmitted_before = self.stats.retransmissions
+        rounds = OutstandingRounds(g, self._source)
+        now = time.perf_counter()
+        self._send_block(rounds, 0, x, exps, 0, window, now)
+        for i in range(1, window):
+            if exps.is_float:   # prime: fetch the agreed exponent of block i
+                self._send_round(rounds, i, i, True, None, exps.local_exp(i), 0, now)
+            else:
+                self._send_block(rounds, i, x, exps, i, window, now)
+        overflow: list[int] = []
+        remaining = n_blocks
+        progress = now
+        while remaining:
+            idx, rnd, progress = self._await(rounds, progress, lambda: f"{remaining} of {n_blocks} blocks")
+            flags, exp, values = self._header_fields()
+            nxt = rnd.chunk if rnd.priming else rnd.chunk + window
+            if not rnd.priming:
+                remaining -= 1
+                out = x[rnd.offset: rnd.offset + rnd.count]
+                if not exps.is_float:
+                    out[:] = values
+                elif flags & FLAG_OVERFLOW:
+                    overflow.append(rnd.chunk)
+                else:
+                    codec.dequantize(values, exps.agreed[rnd.chunk], self.shift, out=out)
+            exps.agree(nxt, exp)
+            if nxt < n_blocks:
+                self._send_block(rounds, idx, x, exps, nxt, window, progress)
+        self.window_control.update(window, self.stats.retransmissions - retransmitted_before)
+        return overflow

@@ -1,6 +1,8 @@
 // Python bindings of the native data path (hostlib._native). Only the binding glue lives here;
-// each concern has its own file beside it (engine.hpp: the slot engine). Packet work runs with
-// the GIL released; configuration and counters are plain Python data.
+// each concern has its own file beside it (engine.hpp: the slot engine; host_loop.hpp: the host
+// aggregator's packet loop; switch_bindings.cpp: the soft switch; stream_bindings.cpp: the
+// worker's stream). Packet work runs with the GIL released; configuration and counters are plain
+// Python data.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -9,6 +11,7 @@
 #include <stdexcept>
 
 #include "engine.hpp"
+#include "host_loop.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -136,6 +139,12 @@ void bind_engine(nb::module_& m) {
         outcomes[inagg::outcome_name(static_cast<inagg::Outcome>(i))] = i;
     }
     m.attr("OUTCOMES") = outcomes;
+    m.def("p4_drop_code", [](int outcome) {
+        if (outcome < 0 || outcome >= static_cast<int>(inagg::kOutcomes)) {
+            throw std::invalid_argument("no outcome " + std::to_string(outcome));
+        }
+        return inagg::p4_drop_code(static_cast<inagg::Outcome>(outcome));
+    }, "outcome"_a, "DROP_*/GLOBAL_DROP_* code of a drop outcome, else -1");
 
     nb::class_<inagg::Engine>(m, "Engine", "The slot engine (native/engine.hpp)")
         .def(nb::init<uint32_t, uint32_t, bool>(), "n_slots"_a, "values_per_packet"_a,
@@ -178,7 +187,24 @@ void bind_engine(nb::module_& m) {
         .def("snapshot_counters", &snapshot);
 }
 
+void bind_host_loop(nb::module_& m) {
+    nb::class_<inagg::HostLoop>(m, "HostLoop", "The host aggregator's packet loop (native/host_loop.hpp)")
+        // keep_alive: the loop uses the engine for as long as it exists
+        .def(nb::init<inagg::Engine&, int, double, uint64_t>(), "engine"_a, "fd"_a,
+             "drop_rate"_a = 0.0, "seed"_a = 0, nb::keep_alive<1, 2>())
+        .def("run", &inagg::HostLoop::run, nb::call_guard<nb::gil_scoped_release>(),
+             "Serve the socket until stop(), without the GIL")
+        .def("stop", &inagg::HostLoop::stop)
+        .def_prop_ro("injected_drops", &inagg::HostLoop::injected_drops)
+        .def_prop_ro("send_errors", &inagg::HostLoop::send_errors);
+}
+
 }  // namespace
+
+void bind_switch(nb::module_& m);  // switch_bindings.cpp
+namespace inagg {
+void bind_stream(nb::module_& m);  // stream_bindings.cpp
+}
 
 NB_MODULE(_native, m) {
     m.doc() = "inagg's per-packet data path in C++ (see native/*.hpp)";
@@ -186,4 +212,7 @@ NB_MODULE(_native, m) {
     m.def("sender_id_ipv4", &inagg::sender_id_ipv4, "addr"_a, "port"_a,
           "The engine's id of a UDP sender: (IPv4 address << 16) | port");
     bind_engine(m);
+    bind_host_loop(m);
+    bind_switch(m);
+    inagg::bind_stream(m);
 }

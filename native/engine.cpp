@@ -3,6 +3,7 @@
 #include "engine.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -13,9 +14,11 @@ constexpr uint8_t kStickyFlags = kFlagOverflow | kFlagCongestion;
 
 uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
 
+// Network-order words through memcpy + byte swap: the value loops below vectorize.
 uint32_t load_u32(const uint8_t* p) {
-    return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16
-           | static_cast<uint32_t>(p[2]) << 8 | p[3];
+    uint32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return __builtin_bswap32(v);
 }
 
 void store_u16(uint8_t* p, uint16_t v) {
@@ -24,8 +27,8 @@ void store_u16(uint8_t* p, uint16_t v) {
 }
 
 void store_u32(uint8_t* p, uint32_t v) {
-    store_u16(p, static_cast<uint16_t>(v >> 16));
-    store_u16(p + 2, static_cast<uint16_t>(v));
+    v = __builtin_bswap32(v);
+    std::memcpy(p, &v, sizeof v);
 }
 
 // The inagg header as on the wire (hostlib.protocol.HEADER_FIELDS).
@@ -111,6 +114,22 @@ bool is_drop(Outcome outcome) {
             return false;
         default:
             return true;
+    }
+}
+
+int p4_drop_code(Outcome outcome) {
+    switch (outcome) {  // p4/include/constants.p4
+        case Outcome::BadType: return 0;
+        case Outcome::BadWorker: return 1;
+        case Outcome::StaleEpoch: return 2;
+        case Outcome::BadSlot: return 3;
+        case Outcome::BadLength: return 4;
+        case Outcome::StaleRound: return 5;
+        case Outcome::BadEncap: return 6;
+        case Outcome::BadRound: return 7;
+        case Outcome::Truncated: return 0;
+        case Outcome::BadVersion: return 1;
+        default: return -1;
     }
 }
 
@@ -315,14 +334,13 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
 
 void Engine::process_batch(const std::vector<Received>& packets, std::vector<uint8_t>& arena,
                            std::vector<Emitted>& emitted, std::vector<Outcome>& outcomes) {
+    std::vector<uint8_t> result(max_result_bytes());
     for (size_t i = 0; i < packets.size(); ++i) {
         const Received& p = packets[i];
-        size_t at = arena.size();
-        arena.resize(at + max_result_bytes());
-        Emit emit = process(p.data, p.len, p.sender, p.framing_ok, arena.data() + at);
-        arena.resize(at + emit.length);
+        Emit emit = process(p.data, p.len, p.sender, p.framing_ok, result.data());
         if (emit.length) {
-            emitted.push_back(Emitted{i, at, emit});
+            emitted.push_back(Emitted{i, arena.size(), emit});
+            arena.insert(arena.end(), result.begin(), result.begin() + emit.length);
         }
         outcomes.push_back(last_outcome_);
     }

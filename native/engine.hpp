@@ -69,6 +69,9 @@ constexpr size_t kOutcomes = 16;
 const char* outcome_name(Outcome outcome);
 // Whether the outcome is a drop (counted under its name in the job's or the global drops).
 bool is_drop(Outcome outcome);
+// The P4 program's code of a drop, the index of its counter: DROP_* for a job's drops,
+// GLOBAL_DROP_* for truncated/bad_version; -1 for the rest (unknown_job: the switch forwards).
+int p4_drop_code(Outcome outcome);
 
 using SenderId = uint64_t;
 

@@ -8,11 +8,11 @@ import threading
 import numpy as np
 import pytest
 
-from hostlib.aggregator import HostAggregator, main as aggregator_main
+from hostlib.aggregator import HostAggregator, default_values_per_packet, main as aggregator_main
 from hostlib.engine import AggregationEngine, JobConfig
-from hostlib.grant import Grant
+from hostlib.grant import Grant, values_for_mtu
 from hostlib.protocol import build_contribution
-from hostlib.stream import AllreduceError, SlotStream, WindowControl
+from hostlib.stream import AllreduceError, CallRefused, SlotStream, WindowControl
 from hostlib.transport import UdpTransport
 
 K = 64
@@ -88,17 +88,19 @@ def test_ranks_use_the_smallest_window_goal_and_adapt_it(served):
     assert all(1 <= s.window_control.goal <= 8 for s in streams)
 
 
-@pytest.mark.parametrize("window, timeouts, goal", [
-    (16, 1, 8),           # a timeout halves the window the call used
-    (20, 0, 25),          # a clean call that used the whole goal: +1/4
-    (12, 0, 20),          # a call that used less (a small tensor) says nothing
-    (6, 3, 4),            # never below the minimum
-    (46, 0, 48),          # never above the slots granted
+@pytest.mark.parametrize("window, timeouts, goal, slow_start", [
+    (16, 1, 8, False),    # a timeout halves the window the call used (and ends slow start)
+    (20, 0, 25, False),   # a clean call that used the whole goal: +1/4
+    (20, 0, 40, True),    # ... in slow start: doubled
+    (12, 0, 20, False),   # a call that used less (a small tensor) says nothing
+    (6, 3, 4, True),      # never below the minimum
+    (46, 0, 48, False),   # never above the slots granted
 ])
-def test_window_control(window, timeouts, goal):
-    wc = WindowControl(minimum=4, maximum=48, goal=20 if window != 46 else 46)
+def test_window_control(window, timeouts, goal, slow_start):
+    wc = WindowControl(minimum=4, maximum=48, goal=20 if window != 46 else 46,
+                       slow_start=slow_start or window == 6)
     wc.update(window, timeouts)
-    assert wc.goal == goal
+    assert (wc.goal, wc.slow_start) == (goal, slow_start and not timeouts)
 
 
 def test_non_finite_input_raises_on_every_rank(served):
@@ -123,13 +125,19 @@ def test_unreachable_aggregator_is_a_clear_error():
         s.allreduce(np.ones(10, np.float32))
 
 
-def test_wrong_dtype_and_shape_are_refused():
-    t = UdpTransport(("127.0.0.1", 9), bind=("127.0.0.1", 0))
-    s = SlotStream(Grant(1, 1, 0, 4, K, ("127.0.0.1", 9)), 0, 2, t)
-    with pytest.raises(TypeError, match="float64"):
-        s.allreduce(np.ones(10))
-    with pytest.raises(ValueError, match="flat contiguous"):
-        s.allreduce(np.ones((2, 2), np.float32))
+def test_wrong_dtype_and_shape_fail_the_call_on_every_rank(served):
+    """A rank that cannot run its part still takes part in the control round: every rank fails
+    that call with the same error naming the rank, and the next call is exact."""
+    agg, w = served
+    g = Grant(1, 1, 0, 8, K, agg.address)
+    streams = [SlotStream(g, r, 2, w[r]) for r in range(2)]
+    for bad, reason in ((np.ones(10), "rank 0 passed a float64 tensor"),
+                        (np.ones((2, 5), np.float32), "rank 0 passed a tensor that is not contiguous")):
+        errors = run_ranks(streams, [bad, np.ones(10, np.float32)])
+        assert [type(e) for e in errors] == [CallRefused, CallRefused], errors
+        assert str(errors[0]) == str(errors[1]) and reason in str(errors[0])
+        xs = [np.full(10, r + 1, np.float32) for r in range(2)]
+        assert run_ranks(streams, xs) == [None, None] and np.all(xs[0] == 3) and np.all(xs[1] == 3)
 
 
 @pytest.mark.parametrize("job, message", [
@@ -149,3 +157,40 @@ def test_cli_reports_counters_on_sigterm():
     proc.terminate()
     out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0 and json.loads(out)["jobs"] == {}
+
+
+def test_results_go_only_to_the_members_addresses(served):
+    """A stranger claiming rank 0 is dropped and never answered; the real members get the
+    result from the native loop at their own addresses only."""
+    agg, w = served
+    stranger = UdpTransport(agg.address, bind=("127.0.0.1", 0))
+    try:
+        forged = build_contribution(1, 0, 1, 2, 0, 0, np.ones(K, np.int32), K)
+        stranger.send(forged)
+        w[0].send(forged)
+        w[1].send(build_contribution(1, 1, 1, 2, 0, 0, np.full(K, 2, np.int32), K))
+        buf = bytearray(65536)
+        for member in w[:2]:
+            n = member.recv_into(buf, 5.0)
+            assert n == 16 + 4 * K and np.all(np.frombuffer(buf, ">i4", K, 16) == 3)
+        assert stranger.recv_into(buf, 0.2) == 0
+        assert agg.report()["jobs"][1]["drops"] == {"bad_worker": 1}
+    finally:
+        stranger.close()
+
+
+def test_values_per_packet_fit_the_interface_mtu(capsys):
+    """Datagrams are never fragmented: K follows from the MTU (loopback: the IPv4 limit)."""
+    assert (values_for_mtu(1500), values_for_mtu(9000), values_for_mtu(65536)) == (364, 2239, 16372)
+    assert default_values_per_packet("127.0.0.1") == 4096
+    assert aggregator_main(["--bind", "127.0.0.1:0", "--values-per-packet", "16373"]) == 2
+    assert "at most 16372" in capsys.readouterr().err
+
+
+def test_an_oversized_datagram_is_refused_not_fragmented():
+    t = UdpTransport(("127.0.0.1", 9), bind=("127.0.0.1", 0))
+    try:
+        with pytest.raises(ValueError, match="never fragmented"):
+            t.send(bytes(65508))
+    finally:
+        t.close()

@@ -40,7 +40,7 @@ JOB3 = SwitchJob(3, 2, 1, 16, 8, tuple(
     for r, p in ((0, 1), (1, 3))), encap="roce")
 
 
-@pytest.fixture(scope="module", params=["soft", "bmv2"])
+@pytest.fixture(scope="module", params=["soft", "soft-python", "bmv2"])
 def dp(request):
     reason = have_netns() or (bmv2_missing() if request.param == "bmv2" else None)
     if reason:

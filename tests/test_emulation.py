@@ -18,6 +18,7 @@ import pytest
 
 from bmv2_env.run_dir import RUNS_DIR, RunDir, root_interfaces
 from bmv2_env.testbed import bmv2_missing
+from hostlib.grant import ETHERNET_MTU, values_for_mtu
 from hostlib.protocol import MSG_RESULT
 from hostlib.scapy_layer import Inagg, read_pcap
 
@@ -116,19 +117,19 @@ def test_two_jobs_fallback_and_upgrade(tmp_path):
 
 
 def assert_host_results_decode(pcap: Path) -> None:
-    """The host aggregator's results as the switch captured them on its port: 16 KB datagrams in
-    1500-byte IP fragments, reassembled and decoded by the scapy layer and by tshark's dissector
-    (header-only results answer a call's control round)."""
-    frames = 400
+    """The host aggregator's results as the switch captured them on its port (sized to the
+    links' 1500-byte MTU), decoded by the scapy layer and by tshark's dissector (header-only
+    results answer a call's control round)."""
+    frames, k = 400, values_for_mtu(ETHERNET_MTU)
     results = [p[Inagg] for p in read_pcap(pcap, count=frames) if Inagg in p]
-    assert {(r.msg_type, len(r.values)) for r in results} == {(MSG_RESULT, 0), (MSG_RESULT, 4096)}
+    assert {(r.msg_type, len(r.values)) for r in results} == {(MSG_RESULT, 0), (MSG_RESULT, k)}
     if shutil.which("tshark") is None:
         return
     proc = subprocess.run(["tshark", "-r", str(pcap), "-c", str(frames), "-X", f"lua_script:{DISSECTOR}",
                            "-Y", "inagg", "-T", "fields", "-e", "inagg.msg_type", "-e", "inagg.n_values"],
                           capture_output=True, text=True, timeout=120)
     rows = {tuple(line.split("\t")) for line in proc.stdout.splitlines()}
-    assert proc.returncode == 0 and rows == {(str(MSG_RESULT), "0"), (str(MSG_RESULT), "4096")}, proc.stderr
+    assert proc.returncode == 0 and rows == {(str(MSG_RESULT), "0"), (str(MSG_RESULT), str(k))}, proc.stderr
 
 
 def test_two_runs_side_by_side_and_stop(tmp_path):

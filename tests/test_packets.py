@@ -1,6 +1,7 @@
 """Packet decoding: the scapy layer and the Wireshark dissector (tools/wireshark/inagg.lua, run by
-tshark) on pcaps the project makes: the software switch's own capture of a contribution, a
-host-aggregator result datagram fragmented for a 1500-byte link, and a RoCEv2 frame from
+tshark) on pcaps the project makes: the software switch's own capture of a contribution (by the
+C++ packet loop and by the Python loop's scapy writer), a 16 KB host-aggregator result datagram
+(loopback/jumbo-frame size) fragmented for a 1500-byte link, and a RoCEv2 frame from
 hostlib.roce. tshark tests skip when tshark is absent (``make setup-emulation`` installs it)."""
 
 import re
@@ -19,6 +20,7 @@ from scapy.layers.l2 import Ether
 from scapy.utils import wrpcap
 
 from bmv2_env.loopback import free_loopback_net
+from controller.p4info import BMV2_JSON_PATH
 from bmv2_env.testbed import stop_processes
 from hostlib import protocol, roce
 from hostlib.grant import HOST_AGGREGATOR_PORT
@@ -46,13 +48,16 @@ def roce_frame() -> bytes:
                       src_ip="10.0.0.4", dst_ip="10.0.0.254", src_port=49152, psn=11, dst_qp=0x42)
 
 
-@pytest.fixture(scope="module")
-def switch_capture(tmp_path_factory) -> Path:
-    """The software switch's own pcap of one contribution entering port 1 (loopback UDP ports)."""
+@pytest.fixture(scope="module", params=["native", "python"])
+def switch_capture(request, tmp_path_factory) -> Path:
+    """The software switch's own pcap of one contribution entering port 1 (loopback UDP ports),
+    written by either engine's packet loop (started with the program: the C++ loop captures
+    only while a pipeline is set)."""
     out = tmp_path_factory.mktemp("pcap")
     net = free_loopback_net()
-    proc = subprocess.Popen([sys.executable, "-m", "bmv2_env.soft_switch", "-i", f"1@udp:{net}.1",
-                             "--udp-bind", f"{net}.254", "--pcap", str(out), "--no-p4", "--",
+    proc = subprocess.Popen([sys.executable, "-m", "bmv2_env.soft_switch", "--engine", request.param,
+                             "-i", f"1@udp:{net}.1",
+                             "--udp-bind", f"{net}.254", "--pcap", str(out), str(BMV2_JSON_PATH), "--",
                              "--grpc-server-addr", f"unix:{out}/p4rt.sock"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -103,8 +103,12 @@ def test_outcome_has_its_twins(outcome):
     consts = p4_constants((P4_INCLUDE / "constants.p4").read_text())
     if outcome in protocol.SLOT_OUTCOMES:
         assert consts[f"SLOT_{outcome.name}"] == outcome.value
+    reasons = protocol.DROP_REASONS if outcome.label in protocol.DROP_REASONS else \
+        protocol.GLOBAL_DROP_REASONS
     if outcome.is_drop and outcome.label != "unknown_job":  # unknown jobs: forwarded by P4
-        assert outcome.label in protocol.DROP_REASONS + protocol.GLOBAL_DROP_REASONS
+        assert _native.p4_drop_code(outcome) == reasons.index(outcome.label)
+    else:
+        assert _native.p4_drop_code(outcome) == -1
 
 
 def test_native_has_no_other_outcomes():

@@ -5,16 +5,18 @@ import pytest
 from google.protobuf import text_format
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from bmv2_env.native_pipeline import NativePipeline
 from bmv2_env.p4runtime_server import SoftSwitchState, serve
+from bmv2_env.pipeline import SoftPipeline
 from controller.p4info import P4Info
 from controller.switch import (
     INSERT, JobAdmission, PipelineMismatch, SwitchConnection, SwitchError, SwitchJob, WorkerBinding,
 )
 
 
-@pytest.fixture
-def server(tmp_path):
-    state = SoftSwitchState(0, P4Info.load())
+@pytest.fixture(params=[SoftPipeline, NativePipeline], ids=["python", "native"])
+def server(tmp_path, request):
+    state = SoftSwitchState(0, P4Info.load(), request.param)
     addr = f"unix:{tmp_path}/p4rt.sock"
     srv = serve(state, addr)
     yield addr, state
@@ -81,7 +83,7 @@ def test_write_errors_name_the_problem_and_keep_accepted_state(server):
         with pytest.raises(SwitchError, match="outside the pool"):
             sw.write(JobAdmission(sw).updates(INSERT, job(3, 2, 1020, 8))[:1])
         assert [k["job_id"] for k, _, _ in sw.table_entries("job_table")] == [1]
-        assert set(state.pipeline.engine.jobs) == {1}
+        assert state.pipeline.job_ids() == [1]
         with pytest.raises(ValueError, match="does not fit in 8 bits"):
             sw.write(JobAdmission(sw).updates(INSERT, job(4, 300, 100, 8)))
     finally:

@@ -95,10 +95,6 @@ def test_bad_input_gives_clear_errors():
     with LoopbackDeployment(2) as dep:
         comms = make_comms(dep, 2)
         try:
-            with pytest.raises(TypeError, match="float32 and int32 tensors, not torch.float64"):
-                comms[0].allreduce_async(torch.zeros(3, dtype=torch.float64))
-            with pytest.raises(ValueError, match="contiguous"):
-                comms[0].allreduce_async(torch.zeros(4, 4).t())
             futs = [comms[0].allreduce_async(torch.zeros(100)), comms[1].allreduce_async(torch.zeros(101))]
             for f in futs:
                 with pytest.raises(ValueError, match=r"differ across ranks \(rank 0: 100 x float32, rank 1: 101"):

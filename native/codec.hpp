@@ -1,0 +1,30 @@
+// Block floating-point codec, the C++ twin of hostlib/codec.py (which documents the format and
+// proves the error bound). Results must be bit-identical to the numpy version: the worker's
+// native stream and the Python one may serve ranks of the same job.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine.hpp"  // the wire constants (kExpNone)
+
+namespace inagg {
+
+constexpr int kExpMin = -127;  // smallest block exponent sent; smaller blocks are clamped to it
+constexpr int kExpMax = 127;   // largest representable block exponent (values below 2**127)
+
+// The scale exponent S for a job of n workers: n values of magnitude <= 2**S sum below 2**31.
+int shift_for(int n_workers);
+
+// Per-block exponents of x (blocks of `block` values): exps[b] = the smallest e with
+// max|x| < 2**e (at least kExpMin), kExpNone for an all-zero block; bad[b] = 1 (and kExpNone)
+// for a block holding inf/NaN or |x| >= 2**127.
+void block_exponents(const float* x, size_t n, size_t block, int8_t* exps, uint8_t* bad);
+
+// q[i] = rint(x[i] * 2**(shift - exp)) (all zero for kExpNone), written big-endian for the wire.
+void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be);
+
+// y[i] = float32(q[i] * 2**(exp - shift)) from big-endian int32 sums (zero for kExpNone).
+void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y);
+
+}  // namespace inagg

@@ -1,0 +1,349 @@
+// The worker's window protocol (see stream.hpp and hostlib/stream.py, its specification).
+#include "stream.hpp"
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "codec.hpp"
+
+namespace inagg {
+namespace {
+
+constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
+
+double now_seconds() {
+    using namespace std::chrono;
+    return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+uint16_t be16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
+uint32_t be32(const uint8_t* p) {
+    return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
+}
+void put16(uint8_t* p, uint16_t v) { p[0] = v >> 8; p[1] = v & 0xFF; }
+void put32(uint8_t* p, uint32_t v) { put16(p, v >> 16); put16(p + 2, v & 0xFFFF); }
+
+// Wait until the socket is readable (or writable), at most `seconds`.
+void wait_for(int fd, short events, double seconds) {
+    pollfd p{fd, events, 0};
+    timespec ts{};
+    seconds = std::max(seconds, 0.0);
+    ts.tv_sec = static_cast<time_t>(seconds);
+    ts.tv_nsec = static_cast<long>((seconds - ts.tv_sec) * 1e9);
+    ppoll(&p, 1, &ts, nullptr);
+}
+
+}  // namespace
+
+const char* result_check_name(ResultCheck c) {
+    static const char* names[] = {"accepted",   "foreign_source", "truncated",    "not_a_result",
+                                  "wrong_job",  "wrong_epoch",    "no_round",     "wrong_set",
+                                  "wrong_offset", "wrong_count",  "wrong_length"};
+    return names[static_cast<size_t>(c)];
+}
+
+RttEstimator::RttEstimator(double rto_min, double rto_max)
+    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, 0.05)) {}
+
+void RttEstimator::sample(double rtt) {
+    if (srtt_ < 0) {
+        srtt_ = rtt;
+        rttvar_ = rtt / 2;
+    } else {
+        rttvar_ = 0.75 * rttvar_ + 0.25 * std::fabs(srtt_ - rtt);
+        srtt_ = 0.875 * srtt_ + 0.125 * rtt;
+    }
+    rto_ = std::min(rto_max_, std::max(rto_min_, srtt_ + 4 * rttvar_));
+}
+
+Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
+    : fd_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
+      stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {}
+
+void Stream::set_grant(const GrantView& grant) {
+    grant_ = grant;
+    next_set_.assign(grant.slot_count, 0);
+    rounds_.assign(grant.slot_count, Round{});
+    packet_bytes_ = kHeaderBytes + 4 * size_t(grant.k);
+    packets_.assign(packet_bytes_ * grant.slot_count, 0);
+    // one spare word per buffer: a longer datagram shows as a wrong length, not a right one
+    rx_buffers_.assign((packet_bytes_ + 4) * BATCH, 0);
+    rx_lengths_.assign(BATCH, 0);
+    rx_from_.assign(BATCH, sockaddr_in{});
+    rx_count_ = rx_next_ = 0;
+}
+
+void Stream::start_call() {
+    for (Round& r : rounds_) r.active = false;
+    outstanding_ = 0;
+    send_queue_.clear();
+    overflow_.clear();
+    remaining_ = 0;
+    next_scan_ = now_seconds() + rtt_.rto_min() / 4;
+}
+
+void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp,
+                   uint8_t flags, double now) {
+    uint8_t* p = packet(idx);
+    Round& r = rounds_[idx];
+    r.slot_set = next_set_[idx];
+    next_set_[idx] ^= 1;
+    r.chunk = chunk;
+    r.priming = priming;
+    r.offset = chunk * grant_.k;
+    r.count = count;
+    r.length = kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0);
+    r.sent_at = now;
+    r.rto = rtt_.rto();
+    r.deadline = now + r.rto;
+    r.retransmitted = false;
+    r.active = true;
+    ++outstanding_;
+    p[0] = kVersion << 4 | kMsgContribution;
+    p[1] = flags;
+    put16(p + 2, grant_.job);
+    p[4] = static_cast<uint8_t>(rank_);
+    p[5] = static_cast<uint8_t>(exp);
+    put16(p + 6, grant_.epoch);
+    put16(p + 8, static_cast<uint16_t>(r.slot_set << 15 | (grant_.slot_base + idx)));
+    put16(p + 10, count);
+    put32(p + 12, r.offset);
+    if (count) std::fill(payload(idx) + count, payload(idx) + grant_.k, 0u);
+    queue_send(idx);
+}
+
+void Stream::send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, double now) {
+    size_t offset = size_t(chunk) * grant_.k;
+    auto count = static_cast<uint16_t>(std::min<size_t>(grant_.k, call.size - offset));
+    uint32_t* out = payload(idx);
+    uint8_t flags = 0;
+    int8_t exp = kExpNone;
+    if (call.is_float) {
+        if (call.bad[chunk]) {
+            flags = kFlagOverflow;
+            std::fill(out, out + count, 0u);
+        } else {
+            quantize_be(static_cast<const float*>(call.data) + offset, count, agreed_[chunk], shift_, out);
+        }
+        size_t ahead = size_t(chunk) + call.window;
+        size_t n_blocks = agreed_.size();
+        exp = ahead < n_blocks ? call.local_exps[ahead] : kExpNone;
+    } else {
+        const int32_t* x = static_cast<const int32_t*>(call.data) + offset;
+        for (size_t i = 0; i < count; ++i) out[i] = htonl(static_cast<uint32_t>(x[i]));
+    }
+    build(idx, chunk, false, count, exp, flags, now);
+}
+
+void Stream::queue_send(uint32_t idx) { send_queue_.push_back(idx); }
+
+void Stream::flush_sends() {
+    size_t done = 0;
+    mmsghdr msgs[BATCH];
+    iovec iov[BATCH];
+    while (done < send_queue_.size()) {
+        size_t n = std::min(BATCH, send_queue_.size() - done);
+        for (size_t i = 0; i < n; ++i) {
+            uint32_t idx = send_queue_[done + i];
+            iov[i] = {packet(idx), rounds_[idx].length};
+            msgs[i] = {};
+            msgs[i].msg_hdr.msg_name = &grant_.aggregator;
+            msgs[i].msg_hdr.msg_namelen = sizeof(grant_.aggregator);
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        int sent = sendmmsg(fd_, msgs, static_cast<unsigned>(n), MSG_DONTWAIT);
+        if (sent < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ENOBUFS) {
+                wait_for(fd_, POLLOUT, 0.001);
+                continue;
+            }
+            sent = static_cast<int>(n);  // an unsendable datagram is a lost one: RTO resends it
+        }
+        for (int i = 0; i < sent; ++i) {
+            counters_.packets_sent += 1;
+            counters_.wire_bytes_sent += iov[i].iov_len + grant_.overhead;
+        }
+        done += static_cast<size_t>(sent);
+    }
+    send_queue_.clear();
+}
+
+void Stream::resend_expired(double now) {
+    for (uint32_t idx = 0; idx < rounds_.size(); ++idx) {
+        Round& r = rounds_[idx];
+        if (!r.active || now < r.deadline) continue;
+        if (!r.retransmitted) {
+            packet(idx)[1] |= kFlagRetransmit;
+            r.retransmitted = true;
+        }
+        counters_.retransmissions += 1;
+        r.rto = std::min(r.rto * 2, rtt_.rto_max());
+        r.deadline = now + r.rto;
+        queue_send(idx);
+    }
+}
+
+int Stream::receive_batch(double wait) {
+    mmsghdr msgs[BATCH];
+    iovec iov[BATCH];
+    size_t rx_bytes = packet_bytes_ + 4;
+    for (size_t i = 0; i < BATCH; ++i) {
+        iov[i] = {rx_buffers_.data() + i * rx_bytes, rx_bytes};
+        msgs[i] = {};
+        msgs[i].msg_hdr.msg_name = &rx_from_[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    int got = recvmmsg(fd_, msgs, BATCH, MSG_DONTWAIT, nullptr);
+    if (got <= 0) {
+        wait_for(fd_, POLLIN, wait);
+        got = recvmmsg(fd_, msgs, BATCH, MSG_DONTWAIT, nullptr);
+    }
+    got = std::max(got, 0);
+    for (int i = 0; i < got; ++i) {
+        rx_lengths_[i] = msgs[i].msg_len;
+        if (msgs[i].msg_hdr.msg_namelen != sizeof(sockaddr_in)) rx_from_[i] = sockaddr_in{};
+    }
+    rx_count_ = static_cast<size_t>(got);
+    rx_next_ = 0;
+    return got;
+}
+
+ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, uint32_t* idx) const {
+    if (from.sin_family != AF_INET || from.sin_addr.s_addr != grant_.aggregator.sin_addr.s_addr ||
+        from.sin_port != grant_.aggregator.sin_port)
+        return ResultCheck::FOREIGN_SOURCE;
+    if (n < kHeaderBytes) return ResultCheck::TRUNCATED;
+    if (d[0] != (kVersion << 4 | kMsgResult)) return ResultCheck::NOT_A_RESULT;
+    if (be16(d + 2) != grant_.job) return ResultCheck::WRONG_JOB;
+    if (be16(d + 6) != grant_.epoch) return ResultCheck::WRONG_EPOCH;
+    uint16_t ss = be16(d + 8);
+    uint32_t slot = ss & kMaxSlot;
+    if (slot < grant_.slot_base || slot - grant_.slot_base >= rounds_.size() ||
+        !rounds_[slot - grant_.slot_base].active)
+        return ResultCheck::NO_ROUND;
+    *idx = slot - grant_.slot_base;
+    const Round& r = rounds_[*idx];
+    if ((ss >> 15) != r.slot_set) return ResultCheck::WRONG_SET;
+    if (be32(d + 12) != r.offset) return ResultCheck::WRONG_OFFSET;
+    uint16_t count = be16(d + 10);
+    if (count != r.count) return ResultCheck::WRONG_COUNT;
+    if (n != kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WRONG_LENGTH;
+    return ResultCheck::ACCEPTED;
+}
+
+bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress) {
+    size_t rx_bytes = packet_bytes_ + 4;
+    for (;;) {
+        while (rx_next_ < rx_count_) {
+            size_t i = rx_next_++;
+            const uint8_t* d = rx_buffers_.data() + i * rx_bytes;
+            size_t n = rx_lengths_[i];
+            counters_.packets_received += 1;
+            counters_.wire_bytes_received += n + grant_.overhead;
+            ResultCheck verdict = check(d, n, rx_from_[i], idx);
+            if (verdict != ResultCheck::ACCEPTED) {
+                counters_.drops[static_cast<size_t>(verdict)] += 1;
+                continue;
+            }
+            Round& r = rounds_[*idx];
+            r.active = false;
+            --outstanding_;
+            if (d[1] & kFlagFromHost) counters_.host_results += 1;
+            double now = now_seconds();
+            if (!r.retransmitted) rtt_.sample(now - r.sent_at);
+            *progress = now;
+            *result = d;
+            return true;
+        }
+        flush_sends();
+        double now = now_seconds();
+        if (now >= next_scan_) {
+            resend_expired(now);
+            flush_sends();
+            next_scan_ = now + rtt_.rto_min() / 4;
+        }
+        if (now - *progress > stall_timeout_) return false;
+        receive_batch(next_scan_ - now);
+    }
+}
+
+bool Stream::control_round(const int32_t* vector, size_t n_values, int8_t exp0, int32_t* summed,
+                           int8_t* agreed_exp0, double* rtt) {
+    start_call();
+    double start = now_seconds();
+    for (size_t i = 0; i < n_values; ++i) payload(0)[i] = htonl(static_cast<uint32_t>(vector[i]));
+    build(0, 0, true, static_cast<uint16_t>(n_values), exp0, 0, start);
+    uint32_t idx = 0;
+    const uint8_t* res = nullptr;
+    double progress = start;
+    if (!await_result(&idx, &res, &progress)) return false;
+    *rtt = progress - rounds_[0].sent_at;
+    for (size_t i = 0; i < n_values; ++i) summed[i] = static_cast<int32_t>(be32(res + kHeaderBytes + 4 * i));
+    *agreed_exp0 = static_cast<int8_t>(res[5]);
+    return true;
+}
+
+bool Stream::stream_blocks(const BlockCall& call) {
+    start_call();
+    size_t k = grant_.k;
+    size_t n_blocks = (call.size + k - 1) / k;
+    agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);
+    if (call.is_float) agreed_[0] = call.exp0;
+    double now = now_seconds();
+    send_block(call, 0, 0, now);
+    for (uint32_t i = 1; i < call.window; ++i) {
+        if (call.is_float) {  // prime: fetch the agreed exponent of block i
+            build(i, i, true, 0, call.local_exps[i], 0, now);
+        } else {
+            send_block(call, i, i, now);
+        }
+    }
+    remaining_ = n_blocks;
+    double progress = now;
+    while (remaining_) {
+        uint32_t idx = 0;
+        const uint8_t* res = nullptr;
+        if (!await_result(&idx, &res, &progress)) return false;
+        const Round& r = rounds_[idx];
+        uint8_t flags = res[1];
+        auto exp = static_cast<int8_t>(res[5]);
+        size_t next = r.priming ? r.chunk : size_t(r.chunk) + call.window;
+        if (!r.priming) {
+            --remaining_;
+            auto values = reinterpret_cast<const uint32_t*>(res + kHeaderBytes);
+            if (!call.is_float) {
+                int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
+                for (size_t i = 0; i < r.count; ++i) out[i] = static_cast<int32_t>(ntohl(values[i]));
+            } else if (flags & kFlagOverflow) {
+                overflow_.push_back(r.chunk);
+            } else {
+                dequantize_be(values, r.count, agreed_[r.chunk], shift_, static_cast<float*>(call.data) + r.offset);
+            }
+        }
+        if (next < n_blocks) {
+            if (call.is_float) agreed_[next] = exp;
+            send_block(call, idx, static_cast<uint32_t>(next), progress);
+        }
+    }
+    flush_sends();
+    return true;
+}
+
+std::vector<uint32_t> Stream::waiting_slots() const {
+    std::vector<uint32_t> out;
+    for (uint32_t i = 0; i < rounds_.size(); ++i)
+        if (rounds_[i].active) out.push_back(grant_.slot_base + i);
+    return out;
+}
+
+}  // namespace inagg

@@ -1,0 +1,134 @@
+// The worker's stream in C++: the window protocol of hostlib/stream.py::SlotStream (the
+// executable specification; read its docstring for the protocol) without the Python per-packet
+// cost. Python (hostlib/native_stream.py) keeps the parts that run once per call: the control
+// vector's encoding and decoding, the window choice and the errors. This class runs the two
+// per-packet phases of a call with the GIL released: the control round on slot 0 and the
+// streaming of the blocks (priming, one-round-ahead exponents, quantization, result matching,
+// RTO/retransmission with backoff, stall timeout), sending and receiving in sendmmsg/recvmmsg
+// batches on the UDP socket that Python opened.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine.hpp"  // the wire constants
+
+namespace inagg {
+
+// Verdict on a received datagram; the twin of hostlib.stream.ResultCheck (same order).
+enum class ResultCheck : uint8_t {
+    ACCEPTED, FOREIGN_SOURCE, TRUNCATED, NOT_A_RESULT, WRONG_JOB, WRONG_EPOCH, NO_ROUND,
+    WRONG_SET, WRONG_OFFSET, WRONG_COUNT, WRONG_LENGTH, COUNT_
+};
+constexpr size_t RESULT_CHECKS = static_cast<size_t>(ResultCheck::COUNT_);
+const char* result_check_name(ResultCheck c);
+
+struct StreamCounters {
+    uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
+    uint64_t retransmissions = 0, host_results = 0;
+    std::array<uint64_t, RESULT_CHECKS> drops{};  // indexed by ResultCheck (ACCEPTED unused)
+};
+
+struct GrantView {
+    uint16_t job = 0, epoch = 0;
+    uint32_t slot_base = 0, slot_count = 1, k = 1;
+    sockaddr_in aggregator{};
+    uint32_t overhead = 0;  // wire bytes per datagram below the inagg header
+};
+
+// RFC 6298 style smoothed RTT -> retransmission timeout (hostlib.stream.RttEstimator).
+class RttEstimator {
+  public:
+    RttEstimator(double rto_min, double rto_max);
+    void sample(double rtt);
+    double rto() const { return rto_; }
+    double rto_min() const { return rto_min_; }
+    double rto_max() const { return rto_max_; }
+
+  private:
+    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, rto_;
+};
+
+// What a call's block phase streams: the tensor and its exponents (float calls).
+struct BlockCall {
+    void* data = nullptr;  // float* or int32_t*
+    size_t size = 0;
+    bool is_float = false;
+    const int8_t* local_exps = nullptr;  // this rank's block exponents (float calls)
+    const uint8_t* bad = nullptr;        // blocks holding inf/NaN/too large (float calls)
+    int8_t exp0 = kExpNone;                  // agreed exponent of block 0 (from the control round)
+    uint32_t window = 1;
+};
+
+class Stream {
+  public:
+    Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout);
+
+    void set_grant(const GrantView& grant);
+
+    // Slot 0's round with the control vector; fills `summed` (same length) and the agreed
+    // exponent of block 0. False: no result before the stall timeout.
+    bool control_round(const int32_t* vector, size_t n_values, int8_t exp0, int32_t* summed,
+                       int8_t* agreed_exp0, double* rtt);
+
+    // Allreduce the blocks in place. False: stalled (stall_detail() says what). Blocks whose
+    // result carried FLAG_OVERFLOW are left unchanged and listed in overflow().
+    bool stream_blocks(const BlockCall& call);
+
+    const StreamCounters& counters() const { return counters_; }
+    const std::vector<uint32_t>& overflow() const { return overflow_; }
+    // After a stall: blocks still missing and the slots waiting for a result.
+    size_t remaining() const { return remaining_; }
+    std::vector<uint32_t> waiting_slots() const;
+
+  private:
+    struct Round {
+        bool active = false, priming = false, retransmitted = false;
+        uint8_t slot_set = 0;
+        uint32_t chunk = 0, offset = 0;
+        uint16_t count = 0;
+        size_t length = 0;  // bytes of the packet in this slot's buffer
+        double sent_at = 0, deadline = 0, rto = 0;
+    };
+
+    uint8_t* packet(uint32_t idx) { return packets_.data() + idx * packet_bytes_; }
+    uint32_t* payload(uint32_t idx) { return reinterpret_cast<uint32_t*>(packet(idx) + kHeaderBytes); }
+    void build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp, uint8_t flags,
+               double now);
+    void send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, double now);
+    void queue_send(uint32_t idx);
+    void flush_sends();
+    void resend_expired(double now);
+    int receive_batch(double wait);
+    ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
+    // Receive until some round completes (its slot index in *idx); false on stall.
+    bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
+    void start_call();
+
+    int fd_, rank_, n_workers_, shift_;
+    double stall_timeout_;
+    RttEstimator rtt_;
+    GrantView grant_;
+    std::vector<uint8_t> next_set_;
+    std::vector<Round> rounds_;
+    std::vector<uint8_t> packets_;
+    size_t packet_bytes_ = 0;
+    uint32_t outstanding_ = 0;
+    std::vector<uint32_t> send_queue_;
+    // received batch: buffers, lengths, senders, and the position of the next one to look at
+    std::vector<uint8_t> rx_buffers_;
+    std::vector<size_t> rx_lengths_;
+    std::vector<sockaddr_in> rx_from_;
+    size_t rx_count_ = 0, rx_next_ = 0;
+    double next_scan_ = 0;
+    StreamCounters counters_;
+    std::vector<int8_t> agreed_;  // agreed block exponents of the running float call
+    std::vector<uint32_t> overflow_;
+    size_t remaining_ = 0;
+};
+
+}  // namespace inagg

@@ -1,0 +1,122 @@
+// Python bindings of the worker's stream and the codec (hostlib._native.Stream, block_exponents,
+// quantize, dequantize). Every call that waits on the network releases the GIL for its whole
+// duration; arrays are numpy buffers that Python allocated, written in place.
+#include <arpa/inet.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "codec.hpp"
+#include "stream.hpp"
+
+namespace nb = nanobind;
+
+namespace inagg {
+namespace {
+
+template <typename T>
+using Array = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+GrantView grant_view(int job, int epoch, uint32_t slot_base, uint32_t slot_count, uint32_t k,
+                     const std::string& ip, int port, uint32_t overhead) {
+    GrantView g;
+    g.job = static_cast<uint16_t>(job);
+    g.epoch = static_cast<uint16_t>(epoch);
+    g.slot_base = slot_base;
+    g.slot_count = slot_count;
+    g.k = k;
+    g.overhead = overhead;
+    g.aggregator.sin_family = AF_INET;
+    g.aggregator.sin_port = htons(static_cast<uint16_t>(port));
+    if (inet_pton(AF_INET, ip.c_str(), &g.aggregator.sin_addr) != 1)
+        throw std::invalid_argument("aggregator address is not an IPv4 address: " + ip);
+    return g;
+}
+
+nb::dict counters_dict(const Stream& s) {
+    const StreamCounters& c = s.counters();
+    nb::dict d, drops;
+    d["packets_sent"] = c.packets_sent;
+    d["packets_received"] = c.packets_received;
+    d["wire_bytes_sent"] = c.wire_bytes_sent;
+    d["wire_bytes_received"] = c.wire_bytes_received;
+    d["retransmissions"] = c.retransmissions;
+    d["host_results"] = c.host_results;
+    for (size_t i = 1; i < RESULT_CHECKS; ++i)
+        if (c.drops[i]) drops[result_check_name(static_cast<ResultCheck>(i))] = c.drops[i];
+    d["result_drops"] = drops;
+    return d;
+}
+
+void check_blocks(size_t size, size_t k, size_t exps, size_t bad) {
+    if (exps < (size + k - 1) / k || bad < exps)
+        throw std::invalid_argument("exponent arrays shorter than the tensor's blocks");
+}
+
+}  // namespace
+
+void bind_stream(nb::module_& m) {
+    // a Communicator's I/O thread is a daemon that may still hold its Stream at interpreter exit
+    nb::set_leak_warnings(false);
+    nb::list names;
+    for (size_t i = 0; i < RESULT_CHECKS; ++i) names.append(result_check_name(static_cast<ResultCheck>(i)));
+    m.attr("RESULT_CHECKS") = names;
+
+    m.def("shift_for", &shift_for);
+    m.def("block_exponents", [](Array<const float> x, size_t block, Array<int8_t> exps, Array<uint8_t> bad) {
+        check_blocks(x.shape(0), block, exps.shape(0), bad.shape(0));
+        nb::gil_scoped_release release;
+        block_exponents(x.data(), x.shape(0), block, exps.data(), bad.data());
+    });
+    m.def("quantize_be", [](Array<const float> x, int exp, int shift, Array<uint32_t> out) {
+        if (out.shape(0) < x.shape(0)) throw std::invalid_argument("output shorter than input");
+        quantize_be(x.data(), x.shape(0), exp, shift, out.data());
+    });
+    m.def("dequantize_be", [](Array<const uint32_t> q, int exp, int shift, Array<float> out) {
+        if (out.shape(0) < q.shape(0)) throw std::invalid_argument("output shorter than input");
+        dequantize_be(q.data(), q.shape(0), exp, shift, out.data());
+    });
+
+    nb::class_<Stream>(m, "Stream")
+        .def(nb::init<int, int, int, double, double, double>(), nb::arg("fd"), nb::arg("rank"),
+             nb::arg("n_workers"), nb::arg("rto_min"), nb::arg("rto_max"), nb::arg("stall_timeout"))
+        .def("set_grant", [](Stream& s, int job, int epoch, uint32_t slot_base, uint32_t slot_count,
+                             uint32_t k, const std::string& ip, int port, uint32_t overhead) {
+            s.set_grant(grant_view(job, epoch, slot_base, slot_count, k, ip, port, overhead));
+        })
+        .def("control_round", [](Stream& s, Array<const int32_t> vector, int exp0, Array<int32_t> summed) {
+            if (summed.shape(0) < vector.shape(0)) throw std::invalid_argument("summed shorter than vector");
+            int8_t agreed = kExpNone;
+            double rtt = 0;
+            bool ok;
+            {
+                nb::gil_scoped_release release;
+                ok = s.control_round(vector.data(), vector.shape(0), static_cast<int8_t>(exp0),
+                                     summed.data(), &agreed, &rtt);
+            }
+            return std::make_tuple(ok, static_cast<int>(agreed), rtt);
+        })
+        .def("stream_float", [](Stream& s, Array<float> x, Array<const int8_t> exps, Array<const uint8_t> bad,
+                                int exp0, uint32_t window, size_t k) {
+            check_blocks(x.shape(0), k, exps.shape(0), bad.shape(0));
+            BlockCall call{x.data(), x.shape(0), true, exps.data(), bad.data(), static_cast<int8_t>(exp0), window};
+            nb::gil_scoped_release release;
+            return s.stream_blocks(call);
+        })
+        .def("stream_int", [](Stream& s, Array<int32_t> x, uint32_t window) {
+            BlockCall call{x.data(), x.shape(0), false, nullptr, nullptr, kExpNone, window};
+            nb::gil_scoped_release release;
+            return s.stream_blocks(call);
+        })
+        .def("counters", &counters_dict)
+        .def("overflow", &Stream::overflow)
+        .def("remaining", &Stream::remaining)
+        .def("waiting_slots", &Stream::waiting_slots);
+}
+
+}  // namespace inagg

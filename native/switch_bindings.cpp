@@ -1,0 +1,202 @@
+// Python bindings of the software switch's core (hostlib._native.SwitchPipeline, SwitchLoop):
+// bmv2_env/native_pipeline.py mirrors the P4Runtime server's tables into a SwitchPipeline and
+// bmv2_env/soft_switch.py hands its sockets to a SwitchLoop. Packet work never holds the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "switch_loop.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using inagg::SwitchPipeline;
+
+std::shared_ptr<SwitchPipeline> make_pipeline(uint32_t n_slots, uint32_t k,
+                                              const std::vector<size_t>& counter_sizes,
+                                              size_t n_drop_reasons) {
+    if (counter_sizes.size() != inagg::kCounters)
+        throw std::invalid_argument("counter_sizes: expected " + std::to_string(inagg::kCounters) +
+                                    " sizes, got " + std::to_string(counter_sizes.size()));
+    std::array<size_t, inagg::kCounters> sizes{};
+    std::copy(counter_sizes.begin(), counter_sizes.end(), sizes.begin());
+    return std::make_shared<SwitchPipeline>(n_slots, k, sizes, n_drop_reasons);
+}
+
+// Holds the pipeline's lock across a Python `with` block (one P4Runtime Write).
+struct PipelineHold {
+    std::shared_ptr<SwitchPipeline> pipeline;
+    void enter() {
+        nb::gil_scoped_release release;
+        pipeline->mutex().lock();
+    }
+    void exit() { pipeline->mutex().unlock(); }
+};
+
+// Run `fn(pipeline)` under the pipeline's lock, without the GIL while waiting for it (the
+// thread holding the lock may need the GIL to finish a P4Runtime Write). `fn` touches no Python.
+template <typename Fn>
+auto locked(SwitchPipeline& p, Fn fn) {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::recursive_mutex> lock(p.mutex());
+    return fn(p);
+}
+
+template <typename Fn>
+void with_tables(SwitchPipeline& p, Fn fn) {
+    locked(p, [&](SwitchPipeline& q) { fn(q.tables()); });
+}
+
+nb::list process_frame(SwitchPipeline& p, uint16_t port, nb::bytes frame) {
+    inagg::OutputBatch out;
+    const uint8_t* data = reinterpret_cast<const uint8_t*>(frame.c_str());
+    size_t len = frame.size();  // `frame` stays referenced by the caller while the GIL is out
+    locked(p, [&](SwitchPipeline& q) { q.process(port, data, len, out); });
+    nb::list frames;
+    for (size_t i = 0; i < out.size(); ++i)
+        frames.append(nb::make_tuple(
+            out.port(i), nb::bytes(reinterpret_cast<const char*>(out.data(i)), out.len(i))));
+    return frames;
+}
+
+void bind_pipeline(nb::module_& m) {
+    using inagg::SwitchTables;
+    nb::class_<PipelineHold>(m, "_PipelineHold")
+        .def("__enter__", &PipelineHold::enter)
+        .def("__exit__", [](PipelineHold& h, nb::args) { h.exit(); });
+
+    nb::class_<SwitchPipeline>(m, "SwitchPipeline",
+                               "The software switch's tables, slot engine and counters "
+                               "(native/switch_pipeline.hpp)")
+        .def(nb::new_(&make_pipeline), "n_slots"_a, "values_per_packet"_a, "counter_sizes"_a,
+             "n_drop_reasons"_a)
+        .def("hold", [](nb::handle self) { return PipelineHold{nb::cast<std::shared_ptr<SwitchPipeline>>(self)}; },
+             "A context manager holding the pipeline's lock: no packet sees half a write")
+        .def("set_job_admit",
+             [](SwitchPipeline& p, uint16_t job_id, uint8_t job_index, uint16_t slot_base,
+                uint16_t slot_count, uint8_t n_workers, uint16_t epoch, uint16_t mcast_grp,
+                uint8_t encap) {
+                 with_tables(p, [&](SwitchTables& t) {
+                     t.jobs[job_id] = inagg::JobAdmit{job_index, slot_base, slot_count, n_workers,
+                                                      epoch, mcast_grp, encap};
+                 });
+             })
+        .def("remove_job_admit",
+             [](SwitchPipeline& p, uint16_t job_id) {
+                 with_tables(p, [&](SwitchTables& t) { t.jobs.erase(job_id); });
+             })
+        .def("set_replica",
+             [](SwitchPipeline& p, uint16_t job_id, uint16_t replica, uint64_t mac, uint32_t addr,
+                bool roce, uint16_t udp_port, uint32_t qp, uint32_t rkey) {
+                 with_tables(p, [&](SwitchTables& t) {
+                     t.replicas[SwitchTables::replica_key(job_id, replica)] =
+                         inagg::ReplicaAddress{mac, addr, roce, udp_port, qp, rkey};
+                 });
+             })
+        .def("remove_replica",
+             [](SwitchPipeline& p, uint16_t job_id, uint16_t replica) {
+                 with_tables(p, [&](SwitchTables& t) {
+                     t.replicas.erase(SwitchTables::replica_key(job_id, replica));
+                 });
+             })
+        .def("set_l2",
+             [](SwitchPipeline& p, uint64_t mac, uint8_t kind, uint16_t arg) {
+                 with_tables(p, [&](SwitchTables& t) {
+                     t.l2[mac] = inagg::L2Action{inagg::L2Kind(kind), arg};
+                 });
+             })
+        .def("remove_l2",
+             [](SwitchPipeline& p, uint64_t mac) {
+                 with_tables(p, [&](SwitchTables& t) { t.l2.erase(mac); });
+             })
+        .def("set_l2_default",
+             [](SwitchPipeline& p, uint8_t kind, uint16_t arg) {
+                 with_tables(p, [&](SwitchTables& t) {
+                     t.l2_default = inagg::L2Action{inagg::L2Kind(kind), arg};
+                 });
+             })
+        .def("set_group",
+             [](SwitchPipeline& p, uint16_t group,
+                const std::vector<std::pair<uint16_t, uint16_t>>& replicas) {
+                 std::vector<inagg::Replica> copies;
+                 for (const auto& [port, instance] : replicas) copies.push_back({port, instance});
+                 with_tables(p, [&](SwitchTables& t) { t.groups[group] = std::move(copies); });
+             })
+        .def("remove_group",
+             [](SwitchPipeline& p, uint16_t group) {
+                 with_tables(p, [&](SwitchTables& t) { t.groups.erase(group); });
+             })
+        .def("replace_jobs",
+             [](SwitchPipeline& p,
+                const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
+                                             std::vector<inagg::SenderId>>>& wanted) {
+                 std::vector<inagg::JobConfig> jobs;
+                 for (const auto& [id, epoch, base, count, members] : wanted)
+                     jobs.push_back(inagg::JobConfig{id, epoch, base, count, members});
+                 locked(p, [&](SwitchPipeline& q) { q.engine().replace_jobs(jobs); });
+             },
+             "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members)]; ValueError if the "
+                       "slot pool cannot hold them")
+        .def("job_ids",
+             [](SwitchPipeline& p) {
+                 return locked(p, [](SwitchPipeline& q) { return q.engine().job_ids(); });
+             })
+        .def("counter",
+             [](SwitchPipeline& p, size_t which) {
+                 if (which >= inagg::kCounters) throw std::out_of_range("no such counter");
+                 std::vector<int64_t>& cells = p.counters().cells(inagg::Counter(which));
+                 return nb::ndarray<nb::numpy, const int64_t, nb::ndim<1>>(cells.data(),
+                                                                          {cells.size()});
+             },
+             nb::rv_policy::reference_internal,
+             "A live read-only view of counter `which` (switch_tables.hpp's Counter order)")
+        .def("process", &process_frame, "port"_a, "frame"_a,
+             "One frame in: the (egress port, frame) pairs it causes (the slow path)");
+}
+
+void bind_loop(nb::module_& m) {
+    nb::class_<inagg::SwitchLoop>(m, "SwitchLoop",
+                                  "The software switch's packet loop thread "
+                                  "(native/switch_loop.hpp)")
+        .def(nb::init<>())
+        .def("add_udp_ports", &inagg::SwitchLoop::add_udp_ports, "fd"_a, "bind_addr"_a,
+             "peers"_a)
+        .def("add_raw_port", &inagg::SwitchLoop::add_raw_port, "fd"_a, "port"_a)
+        .def("capture", &inagg::SwitchLoop::capture, "port"_a, "in_path"_a, "out_path"_a)
+        .def("set_pipeline", &inagg::SwitchLoop::set_pipeline, "pipeline"_a.none(),
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("start", &inagg::SwitchLoop::start)
+        .def("stop", &inagg::SwitchLoop::stop, nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("running", &inagg::SwitchLoop::running)
+        .def("stats", [](const inagg::SwitchLoop& loop) {
+            const inagg::LoopStats& s = loop.stats();
+            nb::dict d;
+            d["received"] = s.received.load();
+            d["sent"] = s.sent.load();
+            d["unknown_peer"] = s.unknown_peer.load();
+            d["send_errors"] = s.send_errors.load();
+            d["wakeups"] = s.wakeups.load();
+            return d;
+        });
+}
+
+}  // namespace
+
+void bind_switch(nb::module_& m) {
+    m.def("switch_sender_id", &inagg::switch_sender_id, "port"_a, "addr"_a,
+          "The engine's id of a switch sender: (ingress port << 32) | IPv4 source");
+    m.def("unbound_sender_id", &inagg::unbound_sender_id, "rank"_a,
+          "The engine's id for a rank no worker_table entry binds: no packet carries it");
+    m.attr("SWITCH_LOOP_BATCH") = inagg::SwitchLoop::kBatch;
+    bind_pipeline(m);
+    bind_loop(m);
+}

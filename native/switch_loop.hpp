@@ -1,0 +1,90 @@
+// The software switch's packet loop: its ports and the thread that moves frames between them and
+// the pipeline (switch_pipeline.hpp), with batched system calls and no Python on the way.
+//
+// Ports come from Python as open sockets (bmv2_env/soft_switch.py opens and owns them, so the
+// same sockets serve the Python reference loop):
+//  - a UDP port group: one datagram socket at the switch's inagg address on loopback; a datagram
+//    from host H enters H's port as the Ethernet/IPv4/UDP frame H would have sent, and a frame
+//    leaving any of the group's ports goes out as a datagram to its IPv4/UDP destination;
+//  - raw ports: one AF_PACKET socket per Linux interface (veth, Mininet), whole frames.
+// Each wakeup takes up to kBatch frames per ready socket with one recvmmsg, runs them through the
+// pipeline under its lock, and sends what they caused with one sendmmsg per socket.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "pcap_writer.hpp"
+#include "switch_pipeline.hpp"
+
+namespace inagg {
+
+// What the loop has done since it started (all counts of frames or datagrams).
+struct LoopStats {
+    std::atomic<uint64_t> received{0};
+    std::atomic<uint64_t> sent{0};
+    std::atomic<uint64_t> unknown_peer{0};   // datagrams from no host of a UDP port
+    std::atomic<uint64_t> send_errors{0};    // frames the kernel refused to send
+    std::atomic<uint64_t> wakeups{0};        // batches received
+};
+
+class SwitchLoop {
+public:
+    static constexpr size_t kBatch = 64;
+
+    SwitchLoop();
+    ~SwitchLoop();
+    SwitchLoop(const SwitchLoop&) = delete;
+    SwitchLoop& operator=(const SwitchLoop&) = delete;
+
+    // `peers`: (host IPv4, switch port) of each host attached through this socket; `bind_addr`
+    // is the socket's own IPv4 address (host order), the destination of the frames it makes.
+    void add_udp_ports(int fd, uint32_t bind_addr,
+                       const std::vector<std::pair<uint32_t, uint16_t>>& peers);
+    void add_raw_port(int fd, uint16_t port);
+    // Write the frames `port` receives and sends into pcap files (--pcap), flushed after every
+    // batch. Before start() only.
+    void capture(uint16_t port, const std::string& in_path, const std::string& out_path);
+    // The pipeline frames go through; null drops every frame (no program pushed yet).
+    void set_pipeline(std::shared_ptr<SwitchPipeline> pipeline);
+
+    void start();
+    void stop();  // joins the thread; the sockets stay open (their owner closes them)
+    bool running() const { return running_; }  // false once stopped, or if the loop failed
+    const LoopStats& stats() const { return stats_; }
+
+private:
+    struct Socket;
+    struct Capture {
+        std::unique_ptr<PcapWriter> in, out;
+    };
+    void watch(int fd, Socket* sock);  // epoll: wake for fd (sock null: the stop eventfd)
+    void run();
+    void record(uint16_t port, bool sent, const uint8_t* frame, size_t len);
+    void receive_batch(Socket& sock);
+    void send_outputs();
+    void send_udp(Socket& sock, const std::vector<size_t>& frames);
+    void send_raw(Socket& sock, const std::vector<size_t>& frames);
+    void sendmmsg_all(int fd, mmsghdr* msgs, size_t n);
+
+    std::vector<std::unique_ptr<Socket>> sockets_;
+    std::unordered_map<uint16_t, Socket*> by_port_;  // egress port -> the socket it leaves by
+    std::unordered_map<uint16_t, Capture> captures_;
+    int64_t batch_usec_ = 0;                          // the batch's pcap timestamp
+    std::shared_ptr<SwitchPipeline> pipeline_;
+    std::mutex pipeline_mutex_;                       // guards pipeline_ (swap vs. use)
+    OutputBatch out_;
+    LoopStats stats_;
+    int epoll_fd_ = -1, wake_fd_ = -1;
+    std::atomic<bool> running_{false};
+    std::thread thread_;
+};
+
+}  // namespace inagg

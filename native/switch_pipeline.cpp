@@ -1,0 +1,182 @@
+// The software switch's pipeline (see switch_pipeline.hpp). Each method is one P4 control, as in
+// bmv2_env/pipeline.py::SoftPipeline; keep the two in step.
+#include "switch_pipeline.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "checksums.hpp"
+#include "switch_frame.hpp"
+
+namespace inagg {
+
+using namespace frame;
+
+SwitchPipeline::SwitchPipeline(uint32_t n_slots, uint32_t values_per_packet,
+                               const std::array<size_t, kCounters>& counter_sizes,
+                               size_t n_drop_reasons)
+    : engine_(n_slots, values_per_packet, false),
+      counters_(counter_sizes),
+      n_drop_reasons_(n_drop_reasons),
+      result_(engine_.max_result_bytes()) {}
+
+void SwitchPipeline::process(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
+    uint8_t encap = parse_encap(f, len);
+    if (encap == kEncapNone) {
+        forwarding(port, f, len, out);
+    } else {
+        admission(port, f, len, encap, out);
+    }
+}
+
+void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
+    if (len < kEth) return;
+    auto hit = tables_.l2.find(be48(f));
+    const L2Action& action = hit == tables_.l2.end() ? tables_.l2_default : hit->second;
+    if (action.kind == L2Kind::forward) {
+        out.forward(action.arg, f, len);
+    } else if (action.kind == L2Kind::flood) {
+        auto group = tables_.groups.find(action.arg);
+        if (group == tables_.groups.end()) return;
+        for (const Replica& r : group->second)
+            if (r.port != port) out.forward(r.port, f, len);
+    }
+}
+
+void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint8_t encap,
+                               OutputBatch& out) {
+    size_t at = encap == kEncapRoce ? kRoceInaggAt : kInaggAt;
+    if (len < at + kInaggHeaderBytes) {
+        count_global(Outcome::Truncated);
+        return;
+    }
+    if (f[at] >> 4 != kVersion) {
+        count_global(Outcome::BadVersion);
+        return;
+    }
+    auto admitted = tables_.jobs.find(be16(f + at + 2));
+    if (admitted == tables_.jobs.end()) {  // not admitted to the switch: forward untouched
+        forwarding(port, f, len, out);
+        return;
+    }
+    const JobAdmit& admit = admitted->second;
+    if (encap != admit.encap) {
+        count_outcome(admit, Outcome::BadEncap, false);
+        return;
+    }
+    // The inagg bytes end where UDP says (RoCE: before the ICRC, and RETH's DMA length must
+    // agree); a UDP length too short for the header the P4 parser extracts is bad_length.
+    size_t inagg_end = kEth + kIp + be16(f + kEth + kIp + 4);
+    bool framing_ok = true;
+    if (encap == kEncapRoce) {
+        framing_ok = len >= inagg_end && be32(f + kInaggAt + kRoceDmaLen) ==
+                                             inagg_end - kRoceIcrcBytes - at;
+        inagg_end -= kRoceIcrcBytes;
+    }
+    if (inagg_end < at + kInaggHeaderBytes) {
+        framing_ok = false;
+        inagg_end = at + kInaggHeaderBytes;
+    }
+    SenderId sender = switch_sender_id(port, be32(f + kEth + 12));
+    Emit emit = engine_.process(f + at, std::min(inagg_end, len) - at, sender, framing_ok,
+                                result_.data());
+    Outcome outcome = engine_.last_outcome();
+    count_outcome(admit, outcome, emit.length != 0);
+    if (emit.length)
+        replicate(port, f, len, encap, admit, outcome == Outcome::DupDone, emit.length, out);
+}
+
+void SwitchPipeline::count_global(Outcome reason) {
+    if (int code = p4_drop_code(reason); code >= 0) counters_.count(Counter::global_drops, size_t(code));
+}
+
+void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool result) {
+    size_t job = admit.job_index;
+    counters_.count(Counter::job_packets, job);
+    if (outcome == Outcome::First || outcome == Outcome::Add) {
+        counters_.count(Counter::job_aggregated, job);
+        if (result) counters_.count(Counter::job_results, job);
+    } else if (outcome == Outcome::DupPending || outcome == Outcome::DupDone) {
+        counters_.count(Counter::job_duplicates, job);
+    } else if (int code = p4_drop_code(outcome); code >= 0) {
+        counters_.count(Counter::job_drops, job * n_drop_reasons_ + size_t(code));
+    }
+}
+
+void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint8_t encap,
+                               const JobAdmit& admit, bool unicast, size_t result_len,
+                               OutputBatch& out) {
+    size_t at = encap == kEncapRoce ? kRoceInaggAt : kInaggAt;
+    uint16_t job_id = be16(f + at + 2);
+    Replica asker{port, uint16_t(f[at + 4] + 1)};  // DUP_DONE: replica = the sender's rank + 1
+    const Replica* first = &asker;
+    const Replica* last = first + 1;
+    if (!unicast) {
+        auto group = tables_.groups.find(admit.mcast_grp);
+        if (group == tables_.groups.end()) return;
+        first = group->second.data();
+        last = first + group->second.size();
+    }
+    // As BMv2 does, the bytes after the UDP payload (Ethernet padding, a trailer: what the
+    // parser did not extract) follow the deparsed headers of every copy.
+    size_t udp_end = kEth + kIp + be16(f + kEth + kIp + 4);
+    size_t trailer = len > udp_end ? len - udp_end : 0;
+    size_t frame_len = result_frame_len(encap, result_len);
+    for (const Replica* r = first; r != last; ++r) {
+        const ReplicaAddress* rewrite = nullptr;
+        if (r->instance) {
+            auto hit = tables_.replicas.find(SwitchTables::replica_key(job_id, r->instance));
+            if (hit == tables_.replicas.end()) continue;
+            rewrite = &hit->second;
+        }
+        uint8_t* o = out.reserve(r->port, frame_len + trailer);
+        write_result_frame(f, encap, rewrite, result_len, o);
+        std::memcpy(o + frame_len, f + udp_end, trailer);
+    }
+}
+
+size_t SwitchPipeline::result_frame_len(uint8_t encap, size_t result_len) {
+    return encap == kEncapRoce ? kRoceInaggAt + result_len + kRoceIcrcBytes
+                               : kInaggAt + result_len;
+}
+
+// The result in the trigger's encapsulation: addresses and ports swapped (the source is the
+// switch address the worker sent to), then ReplicaRewrite's fields, the UDP length and the
+// checksums; the IPv4 total length stays the trigger's, as BMv2 leaves it.
+void SwitchPipeline::write_result_frame(const uint8_t* f, uint8_t encap,
+                                        const ReplicaAddress* rewrite, size_t result_len,
+                                        uint8_t* o) const {
+    bool roce = encap == kEncapRoce;
+    size_t at = roce ? kRoceInaggAt : kInaggAt;
+    size_t udp_len = kUdp + (at - kInaggAt) + result_len + (roce ? kRoceIcrcBytes : 0);
+    std::memcpy(o, f + 6, 6);
+    std::memcpy(o + 6, f, 6);
+    std::memcpy(o + 12, f + 12, 2);
+    uint8_t* ip = o + kEth;
+    std::memcpy(ip, f + kEth, 12);
+    std::memcpy(ip + 12, f + kEth + 16, 4);
+    std::memcpy(ip + 16, f + kEth + 12, 4);
+    uint8_t* udp = ip + kIp;
+    std::memcpy(udp, f + kEth + kIp + 2, 2);
+    std::memcpy(udp + 2, f + kEth + kIp, 2);
+    if (roce) std::memcpy(o + kInaggAt, f + kInaggAt, kRoceHeaderBytes);
+    if (rewrite) {
+        put48(o, rewrite->mac);
+        put32(ip + 16, rewrite->addr);
+        put16(udp + 2, rewrite->roce ? kRoceUdpPort : rewrite->udp_port);
+        if (rewrite->roce && roce) {  // on a UDP frame BTH and RETH are not valid: no-ops
+            uint8_t* q = o + kInaggAt + kRoceQp;
+            q[0] = uint8_t(rewrite->qp >> 16);
+            put16(q + 1, uint16_t(rewrite->qp));
+            put32(o + kInaggAt + kRoceRkey, rewrite->rkey);
+        }
+    }
+    put16(ip + 10, 0);
+    put16(ip + 10, ipv4_checksum(ip));
+    put16(udp + 4, uint16_t(udp_len));
+    put16(udp + 6, 0);
+    std::memcpy(o + at, result_.data(), result_len);
+    if (roce) roce_icrc(ip, kIp + udp_len, o + at + result_len);
+}
+
+}  // namespace inagg

@@ -1,0 +1,102 @@
+// The software switch's per-packet pipeline: p4/inagg.p4 in C++, the twin of
+// bmv2_env/pipeline.py::SoftPipeline (which stays the reference; the conformance suite runs both).
+//
+// process() takes one frame from an ingress port and appends the frames to send to an
+// OutputBatch: the parser (Ethernet/IPv4/UDP to the inagg port, or RoCEv2 UC WRITE ONLY with the
+// "INAG" immediate), JobAdmission, the slot engine (native/engine.hpp, the same engine the host
+// aggregator runs), JobCounters, ResultReplication + ReplicaRewrite (per-replica MAC/IPv4/UDP port
+// or QP/rkey), the IPv4 checksum and RoCE's ICRC; frames of no admitted job go to Forwarding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "engine.hpp"
+#include "switch_tables.hpp"
+
+namespace inagg {
+
+// The frames one batch of received frames causes. A forwarded frame points into the receive
+// buffer (valid until the batch is sent); a result is built in the batch's own arena.
+class OutputBatch {
+public:
+    void forward(uint16_t port, const uint8_t* frame, size_t len) {
+        frames_.push_back({port, frame, 0, len});
+    }
+    // Room for a new frame of `len` bytes out of `port`; valid until the next reserve().
+    uint8_t* reserve(uint16_t port, size_t len) {
+        size_t at = arena_.size();
+        arena_.resize(at + len);
+        frames_.push_back({port, nullptr, at, len});
+        return arena_.data() + at;
+    }
+    size_t size() const { return frames_.size(); }
+    uint16_t port(size_t i) const { return frames_[i].port; }
+    size_t len(size_t i) const { return frames_[i].len; }
+    const uint8_t* data(size_t i) const {
+        const Entry& e = frames_[i];
+        return e.external ? e.external : arena_.data() + e.offset;
+    }
+    void clear() {
+        frames_.clear();
+        arena_.clear();
+    }
+
+private:
+    struct Entry {
+        uint16_t port;
+        const uint8_t* external;
+        size_t offset;
+        size_t len;
+    };
+    std::vector<Entry> frames_;
+    std::vector<uint8_t> arena_;
+};
+
+// The engine's identity of a sender as the switch sees it: ingress port and IPv4 source
+// (worker_table's bind_worker). A rank no worker_table entry binds gets unbound_sender_id, which
+// no packet can carry, so it matches nobody (a worker_table miss in P4).
+constexpr SenderId switch_sender_id(uint16_t port, uint32_t addr) {
+    return SenderId(port) << 32 | addr;
+}
+constexpr SenderId unbound_sender_id(uint8_t rank) { return SenderId(1) << 63 | rank; }
+
+class SwitchPipeline {
+public:
+    // job_drops holds n_drop_reasons cells per job (hostlib.protocol.DROP_REASONS); a drop's
+    // cell is its engine outcome's p4_drop_code.
+    SwitchPipeline(uint32_t n_slots, uint32_t values_per_packet,
+                   const std::array<size_t, kCounters>& counter_sizes, size_t n_drop_reasons);
+
+    void process(uint16_t port, const uint8_t* frame, size_t len, OutputBatch& out);
+
+    SwitchTables& tables() { return tables_; }
+    SwitchCounters& counters() { return counters_; }
+    Engine& engine() { return engine_; }
+    // Held by the packet loop for each batch and by the control plane for each write, so a
+    // batch never sees half a P4Runtime Write (recursive: a write's mirror steps nest).
+    std::recursive_mutex& mutex() { return mutex_; }
+
+private:
+    void forwarding(uint16_t port, const uint8_t* frame, size_t len, OutputBatch& out);
+    void admission(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
+                   OutputBatch& out);
+    void count_global(Outcome reason);
+    void count_outcome(const JobAdmit& admit, Outcome outcome, bool result);
+    void replicate(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
+                   const JobAdmit& admit, bool unicast, size_t result_len, OutputBatch& out);
+    static size_t result_frame_len(uint8_t encap, size_t result_len);
+    void write_result_frame(const uint8_t* frame, uint8_t encap, const ReplicaAddress* rewrite,
+                            size_t result_len, uint8_t* out) const;
+
+    SwitchTables tables_;
+    Engine engine_;
+    SwitchCounters counters_;
+    size_t n_drop_reasons_;
+    std::vector<uint8_t> result_;  // the engine's result for the packet being processed
+    std::recursive_mutex mutex_;
+};
+
+}  // namespace inagg

@@ -1,0 +1,90 @@
+// The software switch's match-action state, as the P4 program declares it
+// (p4/include/job_admission.p4, forwarding.p4, replica_rewrite.p4, job_counters.p4) and the
+// Python P4Runtime server writes it (bmv2_env/native_pipeline.py mirrors every accepted
+// TableEntry / MulticastGroupEntry into here): exact-match tables as hash maps, the packet
+// replication engine's groups, and the indexed packet counters that P4Runtime reads back.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace inagg {
+
+// job_table's admit action (JobAdmission).
+struct JobAdmit {
+    uint8_t job_index = 0;
+    uint16_t slot_base = 0;
+    uint16_t slot_count = 0;
+    uint8_t n_workers = 0;
+    uint16_t epoch = 0;
+    uint16_t mcast_grp = 0;
+    uint8_t encap = 0;
+};
+
+// replica_table's set_worker_address / set_roce_worker_address (ReplicaRewrite).
+struct ReplicaAddress {
+    uint64_t mac = 0;
+    uint32_t addr = 0;
+    bool roce = false;
+    uint16_t udp_port = 0;  // UDP encapsulation
+    uint32_t qp = 0;        // RoCE encapsulation
+    uint32_t rkey = 0;
+};
+
+// l2_table's actions (Forwarding); `arg` is the port of forward or the group of flood.
+enum class L2Kind : uint8_t { drop, forward, flood };
+struct L2Action {
+    L2Kind kind = L2Kind::drop;
+    uint16_t arg = 0;
+};
+
+// One copy the packet replication engine makes: egress port and instance (egress_rid).
+struct Replica {
+    uint16_t port = 0;
+    uint16_t instance = 0;
+};
+
+struct SwitchTables {
+    std::unordered_map<uint16_t, JobAdmit> jobs;                    // job_id
+    std::unordered_map<uint32_t, ReplicaAddress> replicas;          // job_id << 16 | replica
+    std::unordered_map<uint64_t, L2Action> l2;                      // dst MAC
+    L2Action l2_default;
+    std::unordered_map<uint16_t, std::vector<Replica>> groups;      // multicast group id
+
+    static uint32_t replica_key(uint16_t job_id, uint16_t replica) {
+        return uint32_t(job_id) << 16 | replica;
+    }
+};
+
+// The counters of JobCounters, in P4Info order of their names' meaning.
+enum class Counter : uint8_t {
+    job_packets, job_aggregated, job_duplicates, job_results, job_drops, global_drops, count_
+};
+constexpr size_t kCounters = size_t(Counter::count_);
+
+// Indexed packet counters. One thread counts at a time (the switch's lock); Python reads them
+// through array views at any time, so each cell is written with a relaxed atomic store and an
+// aligned 64-bit read never sees half an update.
+class SwitchCounters {
+public:
+    explicit SwitchCounters(const std::array<size_t, kCounters>& sizes) {
+        for (size_t c = 0; c < kCounters; ++c) cells_[c].assign(sizes[c], 0);
+    }
+
+    // Out-of-range indices are ignored, as BMv2 ignores them.
+    void count(Counter c, size_t index) {
+        std::vector<int64_t>& cells = cells_[size_t(c)];
+        if (index >= cells.size()) return;
+        int64_t* cell = &cells[index];
+        __atomic_store_n(cell, __atomic_load_n(cell, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    }
+
+    std::vector<int64_t>& cells(Counter c) { return cells_[size_t(c)]; }
+
+private:
+    std::array<std::vector<int64_t>, kCounters> cells_;
+};
+
+}  // namespace inagg

@@ -1,0 +1,240 @@
+"""The worker's stream: the native one (C++) against the Python one (its specification), the
+control vector, and the exact result checks, over real sockets and the aggregator CLI."""
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from hostlib import _native, codec
+from hostlib.demo import TensorSpec, run_local_job
+from hostlib.grant import Grant
+from hostlib.native_stream import NativeSlotStream, native_block_exponents
+from hostlib.protocol import HEADER_BYTES, HEADER_STRUCT, MSG_RESULT, VERSION
+from hostlib.stream import (
+    CallError,
+    CallRefused,
+    CallSpec,
+    ControlVector,
+    Refusal,
+    ResultCheck,
+    SlotStream,
+)
+from hostlib.transport import UdpTransport
+
+STREAMS = {"python": SlotStream, "native": NativeSlotStream}
+SPECS = [
+    TensorSpec(100_003, dynamic_range=12.0, seed=11),   # not a multiple of K
+    TensorSpec(5, seed=12),                             # fewer values than one packet
+    TensorSpec(0, seed=14),                             # zero-length: a control round only
+    TensorSpec(40_000, dtype="int32", seed=13),
+]
+
+
+def test_result_checks_have_one_definition():
+    assert [c.name.lower() for c in ResultCheck] == list(_native.RESULT_CHECKS)
+
+
+def awkward_floats(n: int, seed: int) -> np.ndarray:
+    """Values across the whole float32 range: subnormals, zeros, huge, inf/NaN in some blocks."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-149, 127, n))).astype(np.float32)
+    x[rng.integers(0, n, n // 50)] = 0.0
+    x[:64] = 0.0                           # an all-zero block
+    x[64:128] = np.float32(1e-44)          # a subnormal block
+    x[200] = np.inf
+    x[300] = np.nan
+    x[400] = np.float32(2.0**127)          # too large for the codec
+    return x
+
+
+@pytest.mark.parametrize("k", [1, 7, 64, 4096])
+def test_native_codec_is_bit_identical_to_numpy(k):
+    x = awkward_floats(20_000, k)
+    exps, bad = codec.block_exponents(x, k)
+    n_exps, n_bad = native_block_exponents(x, k)
+    assert np.array_equal(exps, n_exps) and np.array_equal(bad, n_bad)
+    shift = codec.shift_for(4)
+    for b in np.flatnonzero(~bad)[:200]:
+        block = x[b * k: b * k + k]
+        q = codec.quantize(block, int(exps[b]), shift)
+        q_be = np.empty(block.size, np.uint32)
+        _native.quantize_be(block, int(exps[b]), shift, q_be)
+        assert np.array_equal(q, q_be.byteswap().view(np.int32))
+        total = (q.astype(np.int64) * 3).astype(np.int32)       # a sum of 3 workers
+        y = np.empty(block.size, np.float32)
+        _native.dequantize_be(total.astype(">i4").view(np.uint32), int(exps[b]), shift, y)
+        with np.errstate(over="ignore"):    # exponent 127 blocks overflow to inf alike
+            assert np.array_equal(codec.dequantize(total, int(exps[b]), shift), y)
+
+
+def summed(vectors):
+    return np.sum(np.stack(vectors).astype(np.int64), axis=0).astype(np.int32)
+
+
+def test_control_vector_gives_every_rank_the_same_agreement():
+    cv = ControlVector(3)
+    specs = [CallSpec(7, 100, True, False, None, goal, delta) for goal, delta in ((9, 2), (5, 1), (30, 3))]
+    agreement = cv.decode(summed([cv.encode(r, s) for r, s in enumerate(specs)]), 7)
+    assert (agreement.window_goal, agreement.epoch_delta) == (5, 1)
+
+
+@pytest.mark.parametrize("specs, message", [
+    ([CallSpec(7, 100, True), CallSpec(6, 100, True)],
+     r"call numbers differ across ranks \(rank 0: call 7, rank 1: call 6, modulo 256\)"),
+    ([CallSpec(7, 100, True), CallSpec(7, refusal=Refusal(CallError.DTYPE, 1))],
+     r"allreduce call 7 refused: rank 1 passed a float64 tensor"),
+    ([CallSpec(7, refusal=Refusal(CallError.REDUCE_OP, 3)), CallSpec(7, 100, True)],
+     r"rank 0 passed reduce op MAX \(inagg supports SUM and AVG\)"),
+    ([CallSpec(7, 100, True), CallSpec(7, 100, True, average=True)],
+     r"differ across ranks \(rank 0: 100 x float32, rank 1: 100 x float32 avg\)"),
+    ([CallSpec(7, 0, True), CallSpec(7, 3, True)],
+     r"differ across ranks \(rank 0: 0 x float32, rank 1: 3 x float32\)"),
+])
+def test_control_vector_mismatches_are_errors(specs, message):
+    cv = ControlVector(2)
+    with pytest.raises(CallRefused, match=message):
+        cv.decode(summed([cv.encode(r, s) for r, s in enumerate(specs)]), 7)
+
+
+@pytest.mark.parametrize("drop_rate", [0.0, 0.05])
+def test_native_and_python_streams_are_bit_identical_through_the_aggregator(drop_rate):
+    """The same job through the aggregator CLI, once with Python streams and once native,
+    with and without injected loss in both directions: the same bits on every rank."""
+    runs = [run_local_job(3, SPECS, window=16, values_per_packet=256, drop_rate=drop_rate, seed=3,
+                          keep_results=True, native=native) for native in (False, True)]
+    for run in runs:
+        assert all(r.max_err_over_bound <= 1.0 for r in run.workers)
+        assert all(r.stats["calls"] == len(SPECS) for r in run.workers)
+        if drop_rate:
+            assert run.aggregator["injected_drops"] > 0
+            assert sum(r.stats["retransmissions"] for r in run.workers) > 0
+    reference = runs[0].workers[0].results
+    for run in runs:
+        for worker in run.workers:
+            assert all(np.array_equal(a, b) for a, b in zip(reference, worker.results))
+
+
+class ScriptedAggregator:
+    """Plays the aggregator of a one-rank job: answers each contribution first with every kind
+    of wrong result (and one from a foreign socket), then with the right one."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(5.0)
+        self.foreign = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.foreign.bind(("127.0.0.1", 0))
+        self.rounds = 0
+
+    def wrong_answers(self, result: bytes) -> list[bytes]:
+        vt, flags, job, worker, exp, epoch, ss, count, offset = HEADER_STRUCT.unpack_from(result)
+        payload = result[HEADER_BYTES:]
+
+        def with_(**changes):
+            fields = dict(vt=vt, flags=flags, job=job, worker=worker, exp=exp, epoch=epoch, ss=ss,
+                          count=count, offset=offset)
+            fields.update(changes)
+            return HEADER_STRUCT.pack(*fields.values()) + payload
+
+        return [result[:HEADER_BYTES - 1],                                  # truncated
+                with_(vt=(VERSION << 4) | 1),                               # a contribution
+                with_(job=job + 1), with_(epoch=epoch + 1),
+                with_(ss=(ss & 0x8000) | ((ss & 0x7FFF) + 5)),              # a slot with no round
+                with_(ss=ss ^ 0x8000), with_(offset=offset + self.k),
+                with_(count=count + 1 if count else 1),
+                result + b"\0\0\0\0"]                                       # wrong length
+
+    def serve(self) -> None:
+        while True:
+            try:
+                data, sender = self.sock.recvfrom(65536)
+            except (TimeoutError, OSError):
+                return
+            self.rounds += 1
+            result = bytes([(VERSION << 4) | MSG_RESULT]) + data[1:]
+            self.foreign.sendto(result, sender)
+            for wrong in self.wrong_answers(result):
+                self.sock.sendto(wrong, sender)
+            self.sock.sendto(result, sender)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.foreign.close()
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_only_exact_results_from_the_granted_aggregator_are_accepted(kind):
+    agg = ScriptedAggregator(k=4)
+    thread = threading.Thread(target=agg.serve, daemon=True)
+    thread.start()
+    transport = UdpTransport(agg.sock.getsockname(), bind=("127.0.0.1", 0))
+    try:
+        stream = STREAMS[kind](Grant(3, 2, 0, 4, 4, agg.sock.getsockname()), 0, 1, transport,
+                               rto_min=3.0, rto_max=3.0, stall_timeout=5.0)   # no resends on a loaded machine
+        x = np.arange(10, dtype=np.int32)
+        stream.allreduce(x)
+        assert x.tolist() == list(range(10))
+        rounds = agg.rounds      # the control round and 3 blocks
+        assert rounds == 4
+        expected = {c.name.lower(): rounds for c in ResultCheck if c is not ResultCheck.ACCEPTED}
+        assert stream.stats.result_drops == expected
+        assert stream.stats.ignored_results == rounds * (len(ResultCheck) - 1)
+        assert stream.stats.retransmissions == 0
+    finally:
+        agg.close()
+        transport.close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_refused_call_fails_on_every_rank_and_the_next_is_exact(kind):
+    from hostlib.aggregator import HostAggregator
+    from hostlib.engine import AggregationEngine, JobConfig
+
+    transports = [UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0)) for _ in range(2)]
+    engine = AggregationEngine(8, 64)
+    engine.set_job(JobConfig(1, 1, 0, 8, tuple(t.address for t in transports)))
+    agg = HostAggregator(("127.0.0.1", 0), engine)
+    thread = threading.Thread(target=agg.serve, daemon=True)
+    thread.start()
+    for t in transports:
+        t.retarget(agg.address)
+    streams = [STREAMS[kind](Grant(1, 1, 0, 8, 64, agg.address), r, 2, t, stall_timeout=10.0)
+               for r, t in enumerate(transports)]
+
+    def call_all(arrays):
+        errors = [None, None]
+
+        def go(r):
+            try:
+                streams[r].allreduce(arrays[r])
+            except Exception as e:  # noqa: BLE001 - compared below
+                errors[r] = e
+
+        threads = [threading.Thread(target=go, args=(r,)) for r in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        return errors
+
+    try:
+        for bad in (np.ones(300), np.ones(300, np.float32)[::2], np.ones(0, np.float32)):
+            errors = call_all([np.ones(300, np.float32), bad])
+            assert all(isinstance(e, CallRefused) for e in errors) and str(errors[0]) == str(errors[1])
+            assert "rank 1" in str(errors[0])
+            xs = [np.full(300, r + 1.0, np.float32) for r in range(2)]
+            assert call_all(xs) == [None, None] and all(np.all(x == 3.0) for x in xs)
+        assert [s.stats.calls for s in streams] == [6, 6]
+        streams[1].stats.calls += 1   # as if rank 1 had made a call the others did not
+        for _ in range(2):            # detected, and never absorbed
+            errors = call_all([np.ones(10, np.float32), np.ones(10, np.float32)])
+            assert all(isinstance(e, CallRefused) and "call numbers differ" in str(e) for e in errors)
+    finally:
+        agg.stop()
+        thread.join(5)
+        for t in transports:
+            t.close()
