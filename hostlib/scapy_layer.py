@@ -5,9 +5,9 @@
 switch's (``UDP_PORT``) and the host aggregator's (``HOST_AGGREGATOR_PORT``), and to RoCEv2: scapy's
 BTH (UDP 4791) -> RETH -> ImmDt for UC RDMA WRITE ONLY WITH IMMEDIATE, then inagg when the
 immediate is "INAG"; scapy's BTH keeps the trailing ICRC in its ``icrc`` field. ``bind_port(p)``
-adds a deployment's own port. Host-aggregator datagrams (16 KB) travel IP-fragmented on
-1500-byte links: ``read_pcap`` reassembles them before decoding, where ``rdpcap`` alone shows
-fragments.
+adds a deployment's own port. A host-aggregator datagram larger than its links' MTU (16 KB
+ones, the loopback default, on 1500-byte links) travels IP-fragmented: ``read_pcap``
+reassembles fragments before decoding, where ``rdpcap`` alone shows them.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 --
 -- Decodes the 16-byte inagg header and the int32 values after it:
 --   * on UDP port 0xA66A (42602, the switch's inagg port) and 42666 (the host aggregator's
---     default port), both directions; Wireshark reassembles the host aggregator's IP-fragmented
---     16 KB datagrams itself;
+--     default port), both directions; Wireshark reassembles host-aggregator datagrams that were
+--     IP-fragmented (larger than the link's MTU) itself;
 --   * inside RoCEv2 (UDP 4791: BTH / RETH / ImmDt ... ICRC) as a heuristic on the InfiniBand
 --     payload, when the immediate data is "INAG" (0x494E4147).
 --
