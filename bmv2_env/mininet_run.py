@@ -121,13 +121,18 @@ def make_switch_class(Switch):
     return P4Switch
 
 
-def netem_available() -> bool:
-    """Whether ``tc ... netem`` works here (some kernels are built without sch_netem)."""
-    probe = subprocess.run(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "0ms"],
-                           capture_output=True)
-    if probe.returncode == 0:
-        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
-    return probe.returncode == 0
+def netem_available(run: RunDir) -> bool:
+    """Whether ``tc ... netem`` works here (some kernels are built without sch_netem), tried on a
+    veth pair of this run's own (the machine's ``lo`` may carry another run's qdisc)."""
+    probe = f"{run.run_id}netem"
+    run.add_interfaces([probe, probe + "2"])
+    subprocess.run(["ip", "link", "add", probe, "type", "veth", "peer", "name", probe + "2"],
+                   capture_output=True, check=True)
+    try:
+        return subprocess.run(["tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "0ms"],
+                              capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "link", "del", probe], capture_output=True)
 
 
 def job_epochs(topo: Topology, epochs: int | None) -> dict[str, int]:
@@ -174,7 +179,7 @@ class Run:
 
     def build(self) -> None:
         Mininet, Switch, TCLink = import_mininet()
-        if any(l.params for l in self.topo.links) and not netem_available():
+        if any(l.params for l in self.topo.links) and not netem_available(self.run):
             print("warning: this kernel has no netem qdisc: link delay/loss in the topology file "
                   "are not applied", flush=True)
         P4Switch = make_switch_class(Switch)

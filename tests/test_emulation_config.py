@@ -114,3 +114,17 @@ def test_stop_run_signals_only_recorded_live_processes(tmp_path):
         for p in (mine, other):
             p.kill()
             p.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (creates a veth pair)")
+def test_netem_probe_uses_only_its_own_interfaces(tmp_path):
+    """The netem probe works on a veth pair named after the run, recorded, and deleted after."""
+    from bmv2_env.mininet_run import netem_available
+    from bmv2_env.run_dir import root_interfaces
+
+    run = RunDir("ef56", tmp_path)
+    run.path.mkdir()
+    before = root_interfaces()
+    assert netem_available(run) in (True, False)
+    assert root_interfaces() == before
+    assert run.record["interfaces"] == ["ef56netem", "ef56netem2"]
