@@ -19,6 +19,7 @@ CLI           ?=
 RUN           ?=
 ARGS          ?= top
 P4_BUILD      := build/p4
+HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
 .PHONY: all run stop ctl setup setup-emulation demo test bench build clean protos
 
@@ -48,10 +49,9 @@ setup-emulation: setup
 # Compile into build/p4 when p4c is present (BMv2 runs that; else, and on the software data plane,
 # the committed JSON/P4Info), then bring up the topology, the controller, the host aggregator and
 # the jobs in a run directory of its own (build/emulation/<run id>); prints a per-job summary.
-run: setup-emulation
-	@if command -v $(P4C) >/dev/null; then $(MAKE) --no-print-directory $(P4_BUILD)/inagg.json; fi
+run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
 	$(BIN)/python -m bmv2_env.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
-	  $(if $(wildcard $(P4_BUILD)/inagg.json),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
+	  $(if $(HAVE_P4C),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
 	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli)
 
 $(P4_BUILD)/inagg.json: p4/inagg.p4 $(wildcard p4/include/*.p4)
