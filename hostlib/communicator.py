@@ -212,9 +212,10 @@ class Communicator:
             self.grant_changes += 1
 
     def _use(self, grant: Grant) -> None:
-        """Send under ``grant`` from the next call on, in its encapsulation."""
-        self.stream.set_grant(grant)
+        """Send under ``grant`` from the next call on, in its encapsulation (the transport first:
+        the stream takes the source it accepts results from from it)."""
         self.transport = self.stream.transport = self._transports[grant.transport]
+        self.stream.set_grant(grant)
         # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
         self.transport.retarget(grant.aggregator)
 
