@@ -159,6 +159,7 @@ class Run:
         self.admin_file = run.path / "admin-token"
         self.controller_addr = f"unix:{run.path / 'controller.sock'}"
         self.metrics_addr = f"127.0.0.1:{free_tcp_port()}"
+        self.train_gate = run.path / "jobs" / "train"   # all jobs train once all hold grants
 
     def log(self, name: str):
         return open(self.run.path / "logs" / name, "w")
@@ -261,10 +262,10 @@ class Run:
               flush=True)
 
     def run_jobs(self) -> list[dict]:
-        """Start every job's workers at once (their start-up overlaps), but let a job with a
-        ``start_delay`` join the controller only that many seconds after every job before it
-        holds a grant (or has ended): placement order never depends on the machine's speed.
-        Poll the workers' reports until every worker has exited."""
+        """Start every job's workers at once (their start-up overlaps). A job with a
+        ``start_delay`` joins the controller that many seconds after every job before it holds
+        a grant; once every job holds one, all start training together. So placement order and
+        overlap never depend on the machine's speed. Poll reports until every worker exits."""
         from controller.client import ControllerClient
         from hostlib.train_demo import TrainConfig
 
@@ -275,11 +276,15 @@ class Run:
         settled_at = None
         try:
             while any(w.poll() is None for j in jobs for w in j["procs"]):
-                if gated and settled_at is None and self._all_placed(client, jobs[:gated[0]]):
+                if not self.train_gate.exists() and settled_at is None and \
+                        self._all_placed(client, jobs[:gated[0]] if gated else jobs):
                     settled_at = time.time()
                 if gated and settled_at is not None and \
                         time.time() - settled_at >= jobs[gated[0]]["spec"]["start_delay"]:
                     jobs[gated.pop(0)]["gate"].touch()
+                    settled_at = None
+                elif not gated and settled_at is not None:
+                    self.train_gate.touch()
                     settled_at = None
                 for job in jobs:
                     self._poll(job)
@@ -311,7 +316,8 @@ class Run:
             cmd = [sys.executable, "-m", "hostlib.train_demo", "--worker", "--rank", str(rank),
                    "--dist-file", str(workdir / "dist"), "--rdv-file", str(workdir / "rdv"),
                    "--controller", self.controller_addr, "--bind-ip", host.IP(),
-                   "--config", json.dumps(cfg.__dict__)] + (["--join-after", str(gate)] if gate else [])
+                   "--config", json.dumps(cfg.__dict__), "--train-after", str(self.train_gate)] \
+                + (["--join-after", str(gate)] if gate else [])
             env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name}
             proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=self.log(f"{name}-{host_name}.log"), text=True)

@@ -9,8 +9,9 @@ that asks for more is refused with a message naming the job and the switches.
 
 A job lists its ``workers`` (hosts, rank order), ``epochs``, optionally ``hook``, ``transport``
 and ``start_delay``: every job's workers start at once, but one with a ``start_delay`` joins the
-controller that many seconds after every job before it holds a grant (so the two-job demo's
-first job has the switch whatever the machine's speed).
+controller that many seconds after every job before it holds a grant, and all jobs train once all
+hold grants (so the two-job demo's first job has the switch and overlaps the second whatever
+the machine's speed).
 """
 
 from __future__ import annotations

@@ -65,10 +65,11 @@ def steps_per_epoch(samples: int, workers: int, batch: int) -> int:
 
 def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, controller: str | None,
                admin: tuple[str, str] | None, report, bind_ip: str | None = None,
-               before_join=None) -> None:
+               before_join=None, before_training=None) -> None:
     """One training process. ``report(message)`` receives ("epoch", epoch, loss, accuracy) from
     rank 0 and ("done", rank, params or None, inagg stats or None, seconds, steps) from all;
-    ``before_join()``, when given, runs (and may wait) just before the job joins the controller."""
+    ``before_join()`` and ``before_training()``, when given, run (and may wait) just before the
+    job joins the controller and once it holds its grant, before the first step."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -97,6 +98,8 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
         else:
             ddp.register_comm_hook(ARTopkHookState(comm, cr=cfg.cr, selection=cfg.selection,
                                                    adaptive=cfg.adaptive), artopk_hook)
+    if before_training is not None:
+        before_training()
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
     mine = np.arange(rank, len(ytr), cfg.workers)
     xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr)
@@ -192,6 +195,8 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--config", required=True, help="TrainConfig as JSON")
     p.add_argument("--join-after", metavar="FILE",
                    help="start up, then wait for FILE to exist before joining the controller")
+    p.add_argument("--train-after", metavar="FILE",
+                   help="once the job holds its grant, wait for FILE to exist before training")
     args = p.parse_args(argv)
     cfg = TrainConfig(**json.loads(args.config))
 
@@ -200,12 +205,15 @@ def worker_main(argv: list[str]) -> int:
             msg = msg[:2] + (None,) + msg[3:]
         print(json.dumps(msg), flush=True)
 
-    def wait_for_gate() -> None:
-        while not os.path.exists(args.join_after):
-            time.sleep(0.05)
+    def gate(path: str | None):
+        """A function waiting for ``path`` to exist (None: no gate)."""
+        def wait() -> None:
+            while not os.path.exists(path):
+                time.sleep(0.05)
+        return wait if path else None
 
     run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip,
-               wait_for_gate if args.join_after else None)
+               gate(args.join_after), gate(args.train_after))
     return 0
 
 

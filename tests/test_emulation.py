@@ -98,20 +98,20 @@ def test_single_switch_training_over_roce(tmp_path, dataplane):
 
 
 def test_two_jobs_fallback_and_upgrade(tmp_path):
-    """--epochs sets the first job's epochs and scales the second's alike (8:24 -> 4:12), so the
+    """--epochs sets the first job's epochs and scales the second's alike (8:24 -> 2:6), so the
     second still outlives the first and is upgraded from the host aggregator to the switch. The
-    second starts once the first holds the switch (its start_delay counts from there)."""
+    second joins once the first holds the switch, and both train once both hold grants."""
     reason = mininet_missing()
     if reason:
         pytest.skip(reason)
-    rows, stdout, run = run_topology(tmp_path, "two_jobs.json", "soft", "--epochs", "4")
+    rows, stdout, run = run_topology(tmp_path, "two_jobs.json", "soft", "--epochs", "2")
     first, second = rows["first"], rows["second"]
     assert first["ok"] and second["ok"], stdout
-    assert (first["epochs"], second["epochs"]) == (4, 12)
+    assert (first["epochs"], second["epochs"]) == (2, 6)
     assert first["mode"] == "switch" and first["host_results"] == 0
     assert second["host_results"] > 0, "the second job should start on the host aggregator"
     assert second["mode"] == "switch" and second["grant_changes"] >= 1 and second["switch_results"] > 0
-    assert first["accuracy"] > 0.9 and second["accuracy"] > 0.9, stdout
+    assert first["accuracy"] > 0.85 and second["accuracy"] > 0.9, stdout
     assert_clean_logs(run)
     assert_host_results_decode(run.path / "pcaps" / f"{run.run_id}s1-eth5_in.pcap")
 
