@@ -28,6 +28,7 @@ def admission(jobs: int = 20, workers: int = 4) -> list[float]:
                  for i in range(jobs * workers)}
         config = parse_config({"listen": f"unix:{d}/ctl.sock", "admin_token": "t", "database": f"{d}/db",
                                "min_window": 8, "host_aggregator": "10.9.9.9:42666",
+                               "rank_lease_seconds": 3600,  # the bench sends no heartbeats
                                "switches": [{"name": "s1", "grpc": f"unix:{d}/sw.sock",
                                              "aggregator": "10.0.9.254:42602", "hosts": hosts}]})
         ctl = Controller(config)

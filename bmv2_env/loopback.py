@@ -20,9 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from controller.credentials import ADMIN_TOKEN_ENV
 from hostlib.grant import HOST_AGGREGATOR_PORT
 from hostlib.protocol import UDP_PORT
 
+from .soft_switch import udp_host_mac
 from .testbed import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,12 +49,13 @@ class LoopbackDeployment:
     """Context manager: start everything, yield, stop everything (and remove its files)."""
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
-                 lease_seconds: float = 30.0, aggregator_drop_rate: float = 0.0,
-                 metrics: bool = False) -> None:
+                 lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
+                 aggregator_drop_rate: float = 0.0, metrics: bool = False) -> None:
         self.n_hosts = n_hosts
         self.with_switch = with_switch
         self.min_window = min_window
         self.lease_seconds = lease_seconds
+        self.rank_lease_seconds = rank_lease_seconds
         self.drop_rate = aggregator_drop_rate
         self.metrics = metrics
         self.metrics_url: str | None = None   # the controller's Prometheus endpoint (metrics=True)
@@ -65,13 +68,18 @@ class LoopbackDeployment:
     def worker_ip(self, rank: int) -> str:
         return f"{self.net}.{rank + 1}"
 
+    def worker_mac(self, rank: int) -> str:
+        """The source MAC the soft switch gives host ``rank``'s datagrams."""
+        return udp_host_mac(self.worker_ip(rank))
+
     @property
     def worker_ips(self) -> list[str]:
         return [self.worker_ip(r) for r in range(self.n_hosts)]
 
-    def _start(self, name: str, cmd: list[str], ready: str) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "w")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+    def _start(self, name: str, cmd: list[str], ready: str, env: dict | None = None) -> subprocess.Popen:
+        log = open(self.dir / f"{name}.log", "a")
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                                env={**os.environ, **env} if env else None)
         self.procs.append(proc)
         line = proc.stdout.readline()
         if ready not in line:
@@ -85,28 +93,40 @@ class LoopbackDeployment:
         try:
             switches = []
             if self.with_switch:
-                ports = [a for r in range(self.n_hosts) for a in ("-i", f"{r + 1}@udp:{self.worker_ip(r)}")]
-                self._start("switch", [py, "-m", "bmv2_env.soft_switch", *ports, "--udp-bind", self.switch_ip,
-                                       "--device-id", "0", "--no-p4", "--",
-                                       "--grpc-server-addr", f"unix:{self.dir}/switch.sock"], "inagg-soft-switch")
+                self.start_switch()
                 switches.append({
                     "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "aggregator": f"{self.switch_ip}:{UDP_PORT}",
-                    "hosts": {self.worker_ip(r): {"port": r + 1, "mac": f"02:00:7f:00:01:{r + 1:02x}"}
+                    "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
                               for r in range(self.n_hosts)}})
             config = {"listen": self.controller, "admin_token": self.admin_token,
                       "database": str(self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
+                      "rank_lease_seconds": self.rank_lease_seconds, "switch_check_seconds": 0.5,
                       "min_window": self.min_window, "host_aggregator": self.host_aggregator,
                       "switches": switches, **({"metrics_listen": "127.0.0.1:0"} if self.metrics else {})}
             (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
             self.start_controller()
             self.aggregator = self._start(
                 "aggregator", [py, "-m", "hostlib.aggregator", "--bind", self.host_aggregator, "--controller",
-                               self.controller, "--admin-token", self.admin_token,
-                               "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening")
+                               self.controller, "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening",
+                env={ADMIN_TOKEN_ENV: self.admin_token})   # never on argv
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def start_switch(self) -> None:
+        ports = [a for r in range(self.n_hosts) for a in ("-i", f"{r + 1}@udp:{self.worker_ip(r)}")]
+        self.switch_proc = self._start(
+            "switch", [sys.executable, "-m", "bmv2_env.soft_switch", *ports, "--udp-bind", self.switch_ip,
+                       "--device-id", "0", "--no-p4", "--", "--grpc-server-addr", f"unix:{self.dir}/switch.sock"],
+            "inagg-soft-switch")
+
+    def restart_switch(self) -> None:
+        """Stop the soft switch process and start a fresh one (no pipeline, no entries, no slot
+        state): the controller must notice and program it again."""
+        stop_processes([self.switch_proc])
+        self.procs.remove(self.switch_proc)
+        self.start_switch()
 
     def start_controller(self) -> None:
         self.controller_proc = self._start(

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from controller.credentials import ADMIN_TOKEN_FILE_ENV, write_token
 from controller.p4info import BMV2_JSON_PATH, P4INFO_PATH
 from hostlib.grant import ETHERNET_MTU, HOST_AGGREGATOR_PORT, values_for_mtu
 from hostlib.protocol import UDP_PORT
@@ -165,18 +166,16 @@ class Run:
         return open(self.run.path / "logs" / name, "w")
 
     def write_env(self) -> None:
-        """What inaggctl needs, for this process's children (the mininet> prompt's host shells
-        included) and, in ``env``, for a shell elsewhere: ``set -a; . build/emulation/latest/env``."""
-        admin = secrets.token_hex(16)
-        fd = os.open(self.admin_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(admin + "\n")
-        env = {"INAGG_CONTROLLER": self.controller_addr, "INAGG_ADMIN_TOKEN_FILE": str(self.admin_file),
+        """The admin token (a file only its owner reads: tokens never go on argv), and what
+        inaggctl needs to find the run: set for this process's children (the mininet> prompt's
+        host shells included) and, in ``env``, for a shell elsewhere (``make ctl``)."""
+        self.admin = secrets.token_hex(16)
+        write_token(self.admin_file, self.admin)
+        env = {"INAGG_CONTROLLER": self.controller_addr, ADMIN_TOKEN_FILE_ENV: str(self.admin_file),
                "INAGG_METRICS": f"http://{self.metrics_addr}/metrics"}
         (self.run.path / "env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         os.environ.update(env)
         os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
-        self.admin = admin
 
     def build(self) -> None:
         Mininet, Switch, TCLink = import_mininet()
@@ -223,7 +222,7 @@ class Run:
     def controller_config(self) -> dict:
         agg_ip = host_ip(self.topo.hosts[self.topo.aggregator])
         return {
-            "listen": self.controller_addr, "admin_token": self.admin,
+            "listen": self.controller_addr, "admin_token_file": str(self.admin_file),
             "database": str(self.run.path / "controller.sqlite"),
             "host_aggregator": f"{agg_ip}:{HOST_AGGREGATOR_PORT}",
             # Mininet links have Ethernet's MTU: host-path datagrams must fit it unfragmented
@@ -240,9 +239,7 @@ class Run:
 
     def start_services(self) -> None:
         config_path = self.run.path / "controller.json"
-        fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # holds the admin token
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.controller_config(), f, indent=2)
+        config_path.write_text(json.dumps(self.controller_config(), indent=2))
         ctl = subprocess.Popen([sys.executable, "-m", "controller", "--config", str(config_path)],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log("controller.log"), text=True)
         self.procs.append(ctl)
@@ -252,7 +249,7 @@ class Run:
         agg_ip = host_ip(self.topo.hosts[self.topo.aggregator])
         agg = self.net.get(self.topo.aggregator)
         proc = agg.popen([sys.executable, "-m", "hostlib.aggregator", "--bind", f"{agg_ip}:{HOST_AGGREGATOR_PORT}",
-                          "--controller", self.controller_addr, "--admin-token", self.admin,
+                          "--controller", self.controller_addr, "--admin-token-file", str(self.admin_file),
                           "--stats-file", str(self.run.path / "logs" / "aggregator.json")],
                          cwd=ROOT, stdout=self.log("aggregator.log"), stderr=subprocess.STDOUT)
         self.procs.append(proc)

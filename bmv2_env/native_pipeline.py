@@ -53,13 +53,15 @@ class NativePipeline:
         self.tables = TableStore(p4info, mirror=self)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups(mirror=self)
-        self.counters = Counters(p4info, {n: self.core.counter(i) for i, n in enumerate(CORE_COUNTERS)})
+        self.counters = Counters(p4info, {n: self.core.counter(i) for i, n in enumerate(CORE_COUNTERS)},
+                                 lambda name, index, value: self.core.set_counter(
+                                     CORE_COUNTERS.index(name), index, value))
 
     # -- control plane -----------------------------------------------------------------------
 
     def sync_jobs(self) -> None:
         """Configure the core's engine from job_table + worker_table (SoftPipeline.sync_jobs)."""
-        wanted = job_configs(self.tables, _native.switch_sender_id, _native.unbound_sender_id)
+        wanted = job_configs(self.tables, _native.bound_sender_id, _native.unbound_sender_id)
         with engine_refusal():
             self.core.replace_jobs([(j.job_id, j.epoch, j.slot_base, j.slot_count, list(j.members))
                                     for j in wanted])
@@ -91,7 +93,14 @@ class NativePipeline:
                 self.core.remove_l2(mac)
             else:
                 self.core.set_l2(mac, *self._l2_action(action))
-        elif table != WORKER_TABLE:  # worker_table reaches the core through sync_jobs
+        elif table == WORKER_TABLE:   # admission's binding check; the ranks reach the engine
+            job_id, rank = key        # through sync_jobs
+            if action is None or _short(action) != "bind_worker":
+                self.core.remove_worker(job_id, rank)
+            else:
+                p = dict(action.params)
+                self.core.set_worker(job_id, rank, p["port"], p["addr"], p["mac"], p["udp_port"])
+        else:
             raise KeyError(f"the native pipeline has no table {table}")
 
     def default_changed(self, table: str, action: Action | None) -> None:

@@ -3,7 +3,7 @@ error for everything else (never a silent success).
 
 Implemented: StreamChannel arbitration (primary = highest election id per device), Capabilities,
 Set/GetForwardingPipelineConfig (only the committed inagg P4Info is accepted), Write/Read of
-table entries and multicast groups, Read of counter entries. Not implemented, as in BMv2:
+table entries and multicast groups, Read and MODIFY of indexed counter entries. Not implemented, as in BMv2:
 register entries; also not implemented here: packet-in/out, digests, action profiles, meters.
 """
 
@@ -247,6 +247,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                         raise
             elif kind == "packet_replication_engine_entry" and entity.packet_replication_engine_entry.HasField("multicast_group_entry"):
                 pipeline.pre.write(update.type, entity.packet_replication_engine_entry.multicast_group_entry)
+            elif kind == "counter_entry":
+                pipeline.counters.write(update.type, entity.counter_entry)
             else:
                 raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
                                   f"writing {kind or 'an empty entity'} is not supported")

@@ -1,8 +1,9 @@
 """The software data plane's pipeline: ``p4/inagg.p4`` executed in Python.
 
 Each method below mirrors one P4 control and its decision table (see the P4 file for the
-table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the same code the host
-aggregator runs, configured from the job_table and worker_table entries the controller wrote.
+table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the specification the
+native engine is held to, configured from the job_table and worker_table entries the controller
+wrote.
 ``process()`` takes one frame from an ingress port and returns the frames to send.
 """
 
@@ -109,9 +110,9 @@ class SoftPipeline:
     def sync_jobs(self) -> None:
         """Configure the engine from job_table + worker_table; StatusError when the entries
         describe jobs the slot pool cannot hold (the caller undoes the write)."""
-        # an unbound rank matches no sender, as a worker_table miss in P4
-        wanted = job_configs(self.tables, lambda port, addr: (port, addr),
-                             lambda rank: ("unbound", rank))
+        # a rank's member is its rank: admission compares worker_table's binding with the
+        # frame (``sender``); an unbound rank matches no sender, as a worker_table miss in P4
+        wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank))
         with engine_refusal():
             self.engine.replace_jobs({job.job_id: job for job in wanted})
 
@@ -150,7 +151,6 @@ class SoftPipeline:
             self.job_counters(admit.param("job_index"), Outcome.BAD_ENCAP, False)
             return []
         inagg_end = ETH + IP + struct.unpack_from("!H", data, ETH + IP + 4)[0]
-        src_addr = struct.unpack_from("!I", data, ETH + 12)[0]
         framing_ok = True
         if frame.encap == ENCAP_ROCE:          # the ICRC ends the UDP payload; RETH has the length
             framing_ok = len(data) >= inagg_end and struct.unpack_from(
@@ -158,9 +158,24 @@ class SoftPipeline:
             inagg_end -= ROCE_ICRC_BYTES
         if inagg_end < at + HEADER_BYTES:      # a UDP length too short for the header the P4
             framing_ok, inagg_end = False, at + HEADER_BYTES   # parser extracts: bad_length
-        emits = self.engine.process(data[at:inagg_end], (port, src_addr), framing_ok)
+        emits = self.engine.process(data[at:inagg_end], self.sender(port, frame, job_id, data[at + 4]),
+                                    framing_ok)
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
+
+    def sender(self, port: int, frame: Frame, job_id: int, rank: int) -> Hashable:
+        """The engine's id of ``frame``'s sender for the rank it claims: the rank when
+        worker_table's bind_worker matches the frame (ingress port, IPv4 source, Ethernet source,
+        and UDP source port unless the binding leaves it open: 0, RoCEv2), else an id no member
+        has (bad_worker, in the engine's check order)."""
+        bind = self.tables[WORKER_TABLE].lookup((job_id, rank))
+        d = frame.data
+        if bind is not None and bind.param("port") == port \
+                and bind.param("addr") == struct.unpack_from("!I", d, ETH + 12)[0] \
+                and bind.param("mac") == int.from_bytes(d[6:12], "big") \
+                and bind.param("udp_port") in (0, struct.unpack_from("!H", d, ETH + IP)[0]):
+            return ("rank", rank)
+        return ("forged",)
 
     def job_counters(self, job_index: int, outcome: Outcome, result: bool) -> None:
         c = self.counters
@@ -226,17 +241,17 @@ class SoftPipeline:
         return []
 
 
-def job_configs(tables: TableStore, member: Callable[[int, int], Hashable],
+def job_configs(tables: TableStore, member: Callable[[int], Hashable],
                 unbound: Callable[[int], Hashable]) -> list[JobConfig]:
-    """The engine's job configurations that job_table + worker_table describe; a rank's sender
-    is ``member(port, addr)`` of its worker_table binding, ``unbound(rank)`` without one."""
+    """The engine's job configurations that job_table + worker_table describe; rank r's member
+    is ``member(r)`` when worker_table binds it, ``unbound(r)`` without a binding."""
     workers = tables[WORKER_TABLE].entries
     jobs = []
     for (job_id,), admit in tables[JOB_TABLE].entries.items():
         members = []
         for rank in range(admit.param("n_workers")):
             bind = workers.get((job_id, rank))
-            members.append(member(bind.param("port"), bind.param("addr")) if bind else unbound(rank))
+            members.append(member(rank) if bind else unbound(rank))
         jobs.append(JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
                               admit.param("slot_count"), tuple(members)))
     return jobs

@@ -112,6 +112,16 @@ class RawPort:
         self.sock.send(frame)
 
 
+# A UDP-attached host's frames carry this source MAC: 02:00 and its IPv4 address (the controller
+# binds each rank to its MAC, so the loopback deployment's config names these).
+UDP_HOST_MAC_PREFIX = b"\x02\x00"
+
+
+def udp_host_mac(ip: str) -> str:
+    """The source MAC of the frames a UDP-attached host at ``ip`` sends into the switch."""
+    return ":".join(f"{b:02x}" for b in UDP_HOST_MAC_PREFIX + socket.inet_aton(ip))
+
+
 class UdpPorts:
     """Hosts on loopback as switch ports: one UDP socket at the switch's inagg address."""
 
@@ -135,7 +145,7 @@ class UdpPorts:
             if port is None:
                 self.dropped += 1
                 continue
-            eth = b"\x00\x00\x00\x00\x00\xfe" + b"\x02\x00" + src + b"\x08\x00"
+            eth = b"\x00\x00\x00\x00\x00\xfe" + UDP_HOST_MAC_PREFIX + src + b"\x08\x00"
             ip_hdr = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 0, 0, 0, 64, 17, 0, src, self.bind_ip))
             out.append((port, build_frame(eth, ip_hdr, struct.pack("!HH", sport, UDP_PORT), data)))
         return out

@@ -8,7 +8,7 @@ included, so a copy of the state kept elsewhere never drifts from what P4Runtime
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import grpc
 import numpy as np
@@ -264,17 +264,36 @@ class Counters:
     """Indexed packet counters, sized from the P4Info; ``arrays`` gives their cells when they
     live elsewhere (read-only views of the native core's counters)."""
 
-    def __init__(self, p4info: P4Info, arrays: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(self, p4info: P4Info, arrays: dict[str, np.ndarray] | None = None,
+                 set_cell: Callable[[str, int, int], None] | None = None) -> None:
+        """``set_cell(name, index, value)`` writes a cell of ``arrays`` when they are views."""
         self.p4info = p4info
         self.arrays: dict[str, np.ndarray] = arrays or {
             c.preamble.name: np.zeros(c.size, dtype=np.int64) for c in p4info.message.counters
         }
+        self._set_cell = set_cell or (lambda name, index, value: self.arrays[name].__setitem__(index, value))
         self._by_id = {c.preamble.id: c.preamble.name for c in p4info.message.counters}
 
     def count(self, name: str, index: int) -> None:
         array = self.arrays[name]
         if 0 <= index < array.size:  # BMv2 ignores out-of-range counter indices too
             array[index] += 1
+
+    def write(self, update_type: int, entry: p4runtime_pb2.CounterEntry):
+        """MODIFY one indexed counter's packet count (as BMv2 allows); returns an undo."""
+        if update_type != p4runtime_pb2.Update.MODIFY:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, "counter entries can only be modified")
+        if entry.counter_id not in self._by_id:
+            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no counter with id {entry.counter_id}")
+        array = self.arrays[self._by_id[entry.counter_id]]
+        if not entry.HasField("index"):
+            raise StatusError(grpc.StatusCode.UNIMPLEMENTED, "writing every index of a counter is not supported")
+        i = entry.index.index
+        if not 0 <= i < array.size:
+            raise StatusError(grpc.StatusCode.OUT_OF_RANGE, f"counter index {i} >= {array.size}")
+        name, old = self._by_id[entry.counter_id], int(array[i])
+        self._set_cell(name, i, entry.data.packet_count)
+        return lambda: self._set_cell(name, i, old)
 
     def read(self, query: p4runtime_pb2.CounterEntry):
         if query.counter_id and query.counter_id not in self._by_id:

@@ -86,6 +86,12 @@ class SlotAllocator:
     host_slots: int = 4096
     host_window: int = 32
     host_base: int = 0  # this allocator's share of a host pool shared with other allocators
+    # What the switch can hold besides slots (read from its P4Info by the controller): job rows
+    # (job_table, counter rows), ranks of one job (the slot's worker bitmap) and ranks of all
+    # its jobs together (worker_table, replica_table). A job that does not fit runs on host.
+    max_jobs: int = 1 << 30
+    max_job_workers: int = 1 << 30
+    worker_entries: int = 1 << 30
     jobs: dict[int, JobState] = field(default_factory=dict)
     _arrivals: int = 0
 
@@ -99,7 +105,7 @@ class SlotAllocator:
             raise ValueError("a job needs at least one worker")
         self._arrivals += 1
         base = self._free_run(SWITCH, self.min_window, job_id)
-        if base is not None and self._on_switch_count() < self.switch_slots // self.min_window:
+        if base is not None and self._room_for(demand, self._switch_holders(job_id)):
             active = Placement(SWITCH, base, self.min_window, 1)
         else:
             active = self._host_placement(job_id, 1)
@@ -133,6 +139,9 @@ class SlotAllocator:
         if job.pending is None or job.pending.epoch != epoch:
             return False
         p = job.pending
+        if p.mode == SWITCH and job.active.mode != SWITCH and not self._room_for(
+                job.demand, [j for j in self.jobs.values() if j.job_id != job_id and j.active.mode == SWITCH]):
+            return False  # a job leaving the switch has not let go of its row yet: next boundary
         if p.mode == SWITCH:
             for other in self.jobs.values():
                 if other.job_id != job_id and other.active.mode == SWITCH and \
@@ -181,13 +190,25 @@ class SlotAllocator:
     def _by_arrival(self) -> list[JobState]:
         return sorted(self.jobs.values(), key=lambda j: j.order)
 
-    def _on_switch_count(self) -> int:
-        return sum(1 for j in self.jobs.values() if j.intended.mode == SWITCH)
+    def _switch_holders(self, exclude: int) -> list[JobState]:
+        """Jobs other than ``exclude`` holding switch rows, actively or in a pending grant."""
+        return [j for j in self.jobs.values() if j.job_id != exclude and
+                (j.active.mode == SWITCH or (j.pending is not None and j.pending.mode == SWITCH))]
+
+    def _room_for(self, demand: Demand, holders: list[JobState]) -> bool:
+        """Whether the switch can hold one more job of ``demand`` beside ``holders``."""
+        return (len(holders) < min(self.switch_slots // self.min_window, self.max_jobs)
+                and demand.n_workers <= self.max_job_workers
+                and sum(j.demand.n_workers for j in holders) + demand.n_workers <= self.worker_entries)
 
     def _switch_set(self) -> list[JobState]:
-        """Jobs that should be on the switch: earliest arrivals, as many minimum windows fit."""
-        room = self.switch_slots // self.min_window
-        return [j for j in self._by_arrival() if not j.drained][:room]
+        """Jobs that should be on the switch: earliest arrivals, as many as minimum windows, job
+        rows and worker entries allow."""
+        chosen: list[JobState] = []
+        for j in self._by_arrival():
+            if not j.drained and self._room_for(j.demand, chosen):
+                chosen.append(j)
+        return chosen
 
     def _shares(self, jobs: list[JobState]) -> dict[int, int]:
         """Demand-proportional shares in slots: whole chunks, at least one, at most the

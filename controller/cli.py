@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -11,6 +12,7 @@ import threading
 
 from .client import ControllerClient, ControllerError
 from .config import load_config
+from .credentials import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, CA_ENV, INSECURE_ENV, load_token
 from .switch import SwitchError
 
 
@@ -21,6 +23,8 @@ def controller_main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", help="override the config's listen address")
     p.add_argument("--metrics-listen", metavar="IP:PORT",
                    help="serve Prometheus metrics here (overrides the config's metrics_listen)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve TCP in plaintext (job and admin tokens readable on the wire)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -28,6 +32,8 @@ def controller_main(argv: list[str] | None = None) -> int:
     from .service import Controller, serve  # grpc server imports only when serving
     try:
         config = load_config(args.config)
+        if args.insecure:
+            config = dataclasses.replace(config, insecure=True)
         listen = args.listen or config.listen
         ctl = Controller(config)
         server = serve(ctl, listen)
@@ -60,30 +66,17 @@ def _grant_text(g) -> str:
     return f"{g.mode} [{g.slot_base},{g.slot_base + g.slot_count}) e{g.epoch} -> {g.aggregator}{via}"
 
 
-def admin_token(args: argparse.Namespace) -> str:
-    """The admin token: --admin-token-file or --admin-token, else $INAGG_ADMIN_TOKEN, else the
-    file named by $INAGG_ADMIN_TOKEN_FILE (an emulation run sets it for its mininet> prompt)."""
-    if args.admin_token:
-        return args.admin_token
-    path = args.admin_token_file
-    if not path and os.environ.get("INAGG_ADMIN_TOKEN"):
-        return os.environ["INAGG_ADMIN_TOKEN"]
-    path = path or os.environ.get("INAGG_ADMIN_TOKEN_FILE")
-    if not path:
-        raise SystemExit("inaggctl: no admin token: give --admin-token-file, or set INAGG_ADMIN_TOKEN "
-                         "or INAGG_ADMIN_TOKEN_FILE (an emulation run writes them to build/emulation/<run>/env)")
-    try:
-        return open(path).read().strip()
-    except OSError as e:
-        raise SystemExit(f"inaggctl: cannot read the admin token: {e}") from None
-
-
 def ctl_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.")
+    p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.",
+                                allow_abbrev=False)  # no --admin-token prefix of --admin-token-file
     p.add_argument("--controller", default=os.environ.get("INAGG_CONTROLLER", "127.0.0.1:50051"),
                    help="controller address (default $INAGG_CONTROLLER, else 127.0.0.1:50051)")
-    p.add_argument("--admin-token", help="the admin token (visible in ps: prefer the file or environment)")
-    p.add_argument("--admin-token-file", help="file holding the admin token")
+    p.add_argument("--admin-token-file", help=f"file holding the admin token (default: ${ADMIN_TOKEN_FILE_ENV}'s "
+                                              f"file, else ${ADMIN_TOKEN_ENV})")
+    p.add_argument("--controller-ca", help=f"CA certificate (PEM) the controller's TLS certificate is "
+                                           f"from (default: ${CA_ENV})")
+    p.add_argument("--insecure", action="store_true",
+                   help=f"plaintext TCP to the controller (as ${INSECURE_ENV}=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("jobs", help="jobs with mode, slots, epoch and counters")
     sub.add_parser("slots", help="the switch slot map")
@@ -94,11 +87,17 @@ def ctl_main(argv: list[str] | None = None) -> int:
         sp = sub.add_parser(name, help=text)
         sp.add_argument("job_id", type=int)
     args = p.parse_args(argv)
-    args.admin_token = admin_token(args)
-    client = ControllerClient(args.controller)
+    try:
+        admin_token = load_token(args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV))
+        if not admin_token:
+            raise ValueError(f"no admin token: give --admin-token-file or set ${ADMIN_TOKEN_ENV}")
+        client = ControllerClient(args.controller, ca=args.controller_ca, insecure=args.insecure or None)
+    except (ValueError, ControllerError) as e:
+        print(f"inaggctl: {e}", file=sys.stderr)
+        return 2
     try:
         if args.cmd == "jobs":
-            listing = client.list_jobs(args.admin_token)
+            listing = client.list_jobs(admin_token)
             print(f"{'job':>5} {'name':<12} {'workers':>7}  {'active grant':<48} {'pending':<14} counters")
             for j in listing.jobs:
                 pending = f"{j.pending.mode} e{j.pending.epoch}" if j.HasField("pending") else "-"
@@ -106,7 +105,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
                 print(f"{j.job_id:>5} {j.name:<12} {j.joined:>3}/{j.n_workers:<3}  "
                       f"{_grant_text(j.active):<48} {pending:<14} {counters}")
         elif args.cmd == "slots":
-            listing = client.list_jobs(args.admin_token)
+            listing = client.list_jobs(admin_token)
             width = 64
             cells = ["."] * width
             scale = listing.switch_slots / width if listing.switch_slots else 1
@@ -120,14 +119,14 @@ def ctl_main(argv: list[str] | None = None) -> int:
         elif args.cmd == "top":
             from .top import top
             try:
-                top(client, args.admin_token, args.interval, args.once)
+                top(client, admin_token, args.interval, args.once)
             except KeyboardInterrupt:
                 pass
         elif args.cmd == "drain":
-            g = client.drain(args.admin_token, args.job_id)
+            g = client.drain(admin_token, args.job_id)
             print(f"job {args.job_id}: {'pending' if g.pending else 'active'} {_grant_text(g)}")
         elif args.cmd == "release":
-            client.release(args.admin_token, args.job_id)
+            client.release(admin_token, args.job_id)
             print(f"job {args.job_id} released")
     except ControllerError as e:
         print(f"inaggctl: {e}", file=sys.stderr)

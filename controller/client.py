@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 
 from hostlib.grant import Grant, parse_address
+
+from .credentials import open_channel
 
 from .proto import inagg_controller_pb2 as pb
 from .proto import inagg_controller_pb2_grpc as pb_grpc
@@ -20,10 +24,17 @@ def to_grant(g: pb.Grant) -> Grant:
 
 
 class ControllerClient:
-    def __init__(self, address: str, timeout: float = 10.0) -> None:
+    """The job service's calls. TCP addresses need TLS (``ca``, or $INAGG_CONTROLLER_CA) unless
+    plaintext is asked for (``insecure``, or $INAGG_CONTROLLER_INSECURE=1); see credentials.py."""
+
+    def __init__(self, address: str, timeout: float = 10.0, *, ca: str | Path | None = None,
+                 insecure: bool | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address)
+        try:
+            self.channel = open_channel(address, ca, insecure)
+        except ValueError as e:
+            raise ControllerError(str(e)) from None
         self.stub = pb_grpc.JobServiceStub(self.channel)
 
     def close(self) -> None:
@@ -60,11 +71,14 @@ class ControllerClient:
         return self._call("ActivateGrant", pb.ActivateRequest(job_id=job_id, token=token, epoch=epoch,
                                                               boundary=boundary))
 
-    def heartbeat(self, job_id: int, token: str) -> float:
-        return self._call("Heartbeat", pb.JobRef(job_id=job_id, token=token)).lease_seconds
+    def heartbeat(self, job_id: int, token: str, rank: int | None = None) -> pb.HeartbeatReply:
+        """Renew the job's lease and, with ``rank``, that rank's."""
+        return self._call("Heartbeat", pb.JobRef(job_id=job_id, token=token, rank=rank))
 
-    def leave(self, job_id: int, token: str) -> None:
-        self._call("LeaveJob", pb.JobRef(job_id=job_id, token=token))
+    def leave(self, job_id: int, token: str, rank: int | None = None) -> None:
+        """End the job; with ``rank``, only say that this rank is done (the job ends when every
+        rank is)."""
+        self._call("LeaveJob", pb.JobRef(job_id=job_id, token=token, rank=rank))
 
     def list_jobs(self, admin_token: str) -> pb.JobList:
         return self._call("ListJobs", pb.AdminRef(admin_token=admin_token))

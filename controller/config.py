@@ -3,10 +3,10 @@
 Example (bmv2_env/topologies/ ships real ones)::
 
     {
-      "listen": "127.0.0.1:50051",
-      "admin_token": "change-me",
+      "listen": "10.0.0.100:50051", "tls_cert": "ctl.pem", "tls_key": "ctl.key",
+      "admin_token_file": "admin.token",
       "database": "controller.sqlite",
-      "lease_seconds": 30,
+      "lease_seconds": 30, "rank_lease_seconds": 8,
       "min_window": 8,
       "host_aggregator": "10.0.0.100:42666",
       "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hostlib.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
+from .credentials import load_token
 from .p4info import BMV2_JSON_PATH, P4INFO_PATH
 
 
@@ -55,9 +56,16 @@ class ControllerConfig:
     switches: tuple[SwitchConfig, ...]
     host_aggregator: str
     listen: str = "127.0.0.1:50051"
-    admin_token: str = ""
+    admin_token: str = ""             # or admin_token_file, or $INAGG_ADMIN_TOKEN
+    admin_token_file: str = ""
+    tls_cert: str = ""                # PEM certificate and key of the job service (TCP)
+    tls_key: str = ""
+    insecure: bool = False            # serve TCP in plaintext (tokens readable on the wire)
     database: str = "controller.sqlite"
-    lease_seconds: float = 30.0
+    lease_seconds: float = 30.0       # a job no rank renews for this long ends
+    rank_lease_seconds: float = 8.0   # a placed job one of whose ranks is silent this long fails
+    switch_check_seconds: float = 1.0 # how often each switch is checked for a restart
+    max_jobs: int = 4096              # jobs the controller holds at once (CreateJob is open)
     min_window: int = 8
     host_slots: int = 4096
     host_window: int = HOST_WINDOW
@@ -94,9 +102,13 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     if unknown:
         raise ValueError(f"config: unknown key(s) {sorted(unknown)}")
     kwargs = {k: data[k] for k in known if k in data}
-    for key in ("database", "p4info", "bmv2_json"):
-        if key in kwargs and base is not None and not Path(kwargs[key]).is_absolute():
+    for key in ("database", "admin_token_file", "tls_cert", "tls_key", "p4info", "bmv2_json"):
+        if kwargs.get(key) and base is not None and not Path(kwargs[key]).is_absolute():
             kwargs[key] = str(base / kwargs[key])
+    if bool(kwargs.get("tls_cert")) != bool(kwargs.get("tls_key")):
+        raise ValueError("config: tls_cert and tls_key go together")
+    if not kwargs.get("admin_token"):
+        kwargs["admin_token"] = load_token(kwargs.get("admin_token_file"))
     return ControllerConfig(switches=tuple(switches), host_aggregator=host_aggregator, **kwargs)
 
 

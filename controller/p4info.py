@@ -64,6 +64,13 @@ class P4Info:
     def by_id(self, obj_id: int):
         return self.context.get_obj_by_id(obj_id)
 
+    def table_size(self, name: str) -> int:
+        """Entries a table holds (its P4 ``size``)."""
+        return self.obj(P4Type.table, name).size
+
+    def counter_size(self, name: str) -> int:
+        return self.obj(P4Type.counter, name).size
+
     def register_size(self, name: str) -> int:
         """Entries of a register (p4runtime-shell indexes no registers: searched here)."""
         for r in self.message.registers:

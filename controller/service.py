@@ -1,13 +1,23 @@
 """The controller: job registry, allocation, switch/host-aggregator programming, gRPC service.
 
-State changes go through one lock. After every change the switch is *reconciled*: the desired
-table entries and multicast groups are computed from the allocator's active grants and diffed
-against what the switch reports by Read, so a restarted controller (or a restarted switch)
-converges to the same state from the SQLite store.
+State changes go through one lock and are transactions (``Controller._change``): the new state
+is computed, applied to the switches, then persisted; when any step fails (a switch refuses or is
+unreachable) the in-memory state is restored and the switches re-synced, so one job's failure
+never half-applies and never blocks another job. A switch is *reconciled* whenever its desired
+entries change: the desired table entries and multicast groups are computed from the allocator's
+active grants and diffed against what the switch reports by Read, so a restarted controller
+converges to the same state from the SQLite store, and a restarted switch (its stream channel
+breaks, or its pipeline is gone) is re-programmed by the keeper thread (``SwitchKeeper``).
+
+Liveness: every rank renews its own lease (Heartbeat with its rank). When one rank of a placed job
+is silent for ``rank_lease_seconds`` the job fails: its slots return to the pool and its
+surviving ranks get a grant whose ``failure`` names the silent rank(s).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hmac
 import json
 import logging
@@ -22,21 +32,22 @@ from typing import NamedTuple
 import grpc
 
 from hostlib.grant import parse_address
-from hostlib.protocol import ENCAPSULATIONS, SWITCH_VALUES_PER_PACKET
+from hostlib.protocol import ENCAPSULATIONS, MAX_WORKERS, SWITCH_VALUES_PER_PACKET
 
 from .allocator import HOST, SWITCH, Demand, Placement, SlotAllocator
-from .config import ControllerConfig, SwitchConfig
-from .p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info
+from .config import ControllerConfig
+from .credentials import is_unix, server_credentials
+from .p4info import P4Info
 from .proto import inagg_controller_pb2 as pb
 from .proto import inagg_controller_pb2_grpc as pb_grpc
+from .runtime import SwitchCapacity, SwitchRuntime
 from .store import Store, state_from_json
-from .switch import (
-    DELETE, INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
-    ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
-)
+from .switch import JobCounters, SwitchError, SwitchJob, WorkerBinding
+from .validation import MAX_NAME_CHARS, MAX_TOKEN_CHARS, check_address, check_demand, check_mac, check_text
 
 log = logging.getLogger("inagg.controller")
-MAX_JOBS_PER_SWITCH = 64  # INAGG_MAX_JOBS of the P4 program (counter rows)
+# Largest request the job service reads: every valid one is far smaller.
+MAX_REQUEST_BYTES = 64 << 10
 
 
 class Refused(Exception):
@@ -67,65 +78,9 @@ class Job:
     place: str | None = None          # switch name, or "" for host-only; None before placement
     job_index: int | None = None
     last_seen: float = field(default_factory=time.monotonic)
-
-
-class SwitchRuntime:
-    """One switch: its session, its allocator and the programming of its tables."""
-
-    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info,
-                 program: tuple[str, str] = (str(P4INFO_PATH), str(BMV2_JSON_PATH))) -> None:
-        self.cfg = cfg
-        self.allocator = allocator
-        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, p4info=p4info)
-        self.sw.ensure_pipeline(*map(Path, program))
-
-    def desired(self, jobs: list[SwitchJob]):
-        """Entries (by table and key) and multicast groups the switch should hold."""
-        fwd = Forwarding(self.sw)
-        updates = [fwd.host_update(INSERT, h.mac, h.port) for h in self.cfg.hosts.values()]
-        updates += fwd.flood_updates(INSERT, self.cfg.ports)
-        for job in jobs:
-            updates.append(ResultReplication(self.sw).job_update(INSERT, job))
-            updates += ReplicaRewrite(self.sw).updates(INSERT, job)
-            updates += JobAdmission(self.sw).updates(INSERT, job)
-        return updates
-
-    def reconcile(self, jobs: list[SwitchJob]) -> None:
-        """Make the switch hold exactly ``desired(jobs)``: insert/modify first (groups, then
-        per-worker entries, then job_table), deletions last in reverse order."""
-        want = self.desired(jobs)
-        have_tables: dict[tuple, tuple] = {}
-        for table in ("l2_table", "worker_table", "replica_table", "job_table"):
-            for key, action, params in self.sw.table_entries(table):
-                have_tables[(table, tuple(sorted(key.items())))] = (action, params)
-        have_groups = ResultReplication(self.sw).groups()
-        writes, seen_tables, seen_groups = [], set(), set()
-        for u in want:
-            ent = u.entity
-            if ent.HasField("table_entry"):
-                table, key_dict, action, params = self.sw.decode_entry(ent.table_entry)
-                key, value = tuple(sorted(key_dict.items())), (action, params)
-                seen_tables.add((table, key))
-                have = have_tables.get((table, key))
-                if have != value:
-                    u.type = MODIFY if have is not None else INSERT
-                    writes.append(u)
-            else:
-                g = ent.packet_replication_engine_entry.multicast_group_entry
-                seen_groups.add(g.multicast_group_id)
-                replicas = [(r.egress_port, r.instance) for r in g.replicas]
-                have = have_groups.get(g.multicast_group_id)
-                if have is None or sorted(have) != sorted(replicas):
-                    u.type = MODIFY if have is not None else INSERT
-                    writes.append(u)
-        order = {"job_table": 0, "replica_table": 1, "worker_table": 1, "l2_table": 2}
-        stale = sorted((k for k in have_tables if k not in seen_tables), key=lambda k: order[k[0]])
-        for table, key in stale:
-            writes.append(self.sw.table_update(DELETE, table, dict(key)))
-        for gid in have_groups:
-            if gid not in seen_groups:
-                writes.append(ResultReplication(self.sw).update(DELETE, gid, []))
-        self.sw.write(writes)
+    rank_seen: dict[int, float] = field(default_factory=dict)  # last heartbeat of each rank
+    left: set[int] = field(default_factory=set)                 # ranks that left cleanly
+    failure: str = ""                                            # why it failed; "" while it runs
 
 
 class Controller:
@@ -138,15 +93,19 @@ class Controller:
         self.version = 0
         self.store = Store(config.database)
         self.p4info = P4Info.load(config.p4info)
+        self.capacity = SwitchCapacity.from_p4info(self.p4info)
         n = len(config.switches) + 1
         share = config.host_slots // n
         self.allocators: dict[str, SlotAllocator] = {}
         self.switches: dict[str, SwitchRuntime] = {}
+        cap = self.capacity
         for i, cfg in enumerate(config.switches):
-            alloc = SlotAllocator(self.p4info.register_size("slot_tag"), config.min_window,
-                                  SWITCH_VALUES_PER_PACKET, share, config.host_window, share * i)
+            alloc = SlotAllocator(cap.slots, config.min_window, SWITCH_VALUES_PER_PACKET, share,
+                                  config.host_window, share * i, max_jobs=cap.job_rows,
+                                  max_job_workers=cap.job_workers, worker_entries=cap.worker_entries)
             self.allocators[cfg.name] = alloc
-            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, self.p4info, (config.p4info, config.bmv2_json))
+            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, self.p4info,
+                                                    (Path(config.p4info), Path(config.bmv2_json)))
         # jobs whose workers sit on no configured switch aggregate on the host aggregator only
         self.allocators[""] = SlotAllocator(0, config.min_window, SWITCH_VALUES_PER_PACKET, share,
                                             config.host_window, share * (n - 1))
@@ -165,6 +124,7 @@ class Controller:
             job = Job(row["job_id"], row["name"], row["token"], demand,
                       {r: Member(*w) for r, *w in row["workers"]}, row["transport"], row["switch"],
                       row["job_index"])
+            job.rank_seen = dict.fromkeys(job.workers, time.monotonic())
             self.jobs[job.job_id] = job
             if "active" in raw and job.place is not None:
                 self.allocators[job.place].restore_job(state_from_json(row["state"]))
@@ -186,51 +146,102 @@ class Controller:
         return SwitchJob(job.job_id, job.job_index, p.epoch, p.slot_base, p.slot_count, tuple(bindings),
                          job.transport)
 
-    def _sync(self) -> None:
-        """Called with the lock held after any change: job indices, switches, store, watchers."""
+    def _switch_jobs(self, name: str) -> list[SwitchJob]:
+        """The jobs switch ``name`` should hold now, each with a job row (counter index)."""
+        alloc = self.allocators[name]
+        on_switch = [j for j in sorted(self.jobs.values(), key=lambda j: j.job_id)
+                     if j.place == name and j.job_id in alloc.jobs and alloc.jobs[j.job_id].active.mode == SWITCH]
+        for job in self.jobs.values():   # a job off the switch gives its counter row back
+            if job.place == name and job not in on_switch:
+                job.job_index = None
+        used = {j.job_index for j in on_switch}
+        for job in on_switch:
+            if job.job_index is None:
+                free = set(range(self.capacity.job_rows)) - used
+                if not free:  # the allocator admits no more jobs than rows: a bug if reached
+                    raise RuntimeError(f"switch {name}: no free job row for job {job.job_id}")
+                job.job_index = min(free)
+                used.add(job.job_index)
+        return [self._switch_job(j, self.switches[name], alloc.jobs[j.job_id].active) for j in on_switch]
+
+    def _sync(self, *, force: bool = False) -> None:
+        """Called with the lock held after any change: job rows, switches whose entries changed,
+        store, watchers. Raises when a switch refuses. ``force`` (after a rollback): program
+        every switch, logging the ones that fail (the keeper retries them)."""
         for name, sw in self.switches.items():
-            alloc = self.allocators[name]
-            on_switch = [j for j in sorted(self.jobs.values(), key=lambda j: j.job_id)
-                         if j.place == name and alloc.jobs[j.job_id].active.mode == SWITCH]
-            for job in self.jobs.values():   # a job off the switch gives its counter row back
-                if job.place == name and job not in on_switch:
-                    job.job_index = None
-            used = {j.job_index for j in on_switch}
-            for job in on_switch:
-                if job.job_index is None:
-                    job.job_index = min(set(range(MAX_JOBS_PER_SWITCH)) - used)
-                    used.add(job.job_index)
-            sw.reconcile([self._switch_job(j, sw, alloc.jobs[j.job_id].active) for j in on_switch])
+            jobs = self._switch_jobs(name)
+            if jobs == sw.wanted and not force:
+                continue           # unchanged; a switch that is down is the keeper's
+            try:
+                sw.program(jobs)
+            except SwitchError as e:
+                if not force:
+                    raise
+                log.warning("switch %s: %s (the keeper retries)", name, e)
         for job in self.jobs.values():
             self._persist(job)
         self.version += 1
         self.changed.notify_all()
 
+    @contextlib.contextmanager
+    def _change(self, what: str):
+        """A transaction over the jobs and allocators (lock held): the body changes them, then
+        the switches are synced; on any error both are restored and the switches re-synced, so
+        nothing is half applied. Errors other than ``Refused`` are answered ABORTED."""
+        saved = copy.deepcopy((self.jobs, {n: (a.jobs, a._arrivals) for n, a in self.allocators.items()}))
+        try:
+            yield
+            self._sync()
+        except BaseException as e:
+            self.jobs = saved[0]
+            for n, (jobs, arrivals) in saved[1].items():
+                self.allocators[n].jobs, self.allocators[n]._arrivals = jobs, arrivals
+            self._sync(force=True)
+            if isinstance(e, Refused) or not isinstance(e, Exception):
+                raise
+            if isinstance(e, SwitchError):
+                log.warning("%s rolled back: %s", what, e)
+            else:
+                log.exception("%s failed; its change was rolled back", what)
+            raise Refused(grpc.StatusCode.ABORTED, f"{what} failed and was rolled back: {e}") from None
+
     # -- job calls ---------------------------------------------------------------------------
 
     def _job(self, job_id: int, token: str) -> Job:
+        """The job ``job_id`` if ``token`` is its token; one answer for an unknown job and a wrong
+        token, so outsiders cannot probe which job ids exist."""
         job = self.jobs.get(job_id)
-        if job is None:
-            raise Refused(grpc.StatusCode.NOT_FOUND, f"no job {job_id}")
-        if not hmac.compare_digest(job.token, token):
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"wrong token for job {job_id}")
+        if job is None or not hmac.compare_digest(job.token.encode(), token.encode()[:MAX_TOKEN_CHARS]):
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"job {job_id}: unknown job or wrong token")
+        return job
+
+    def _running(self, job: Job) -> Job:
+        """``job`` if it has not failed; renews its lease."""
+        if job.failure:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {job.job_id} failed: {job.failure}")
         job.last_seen = time.monotonic()
         return job
 
     def admin(self, token: str) -> None:
-        if not self.config.admin_token or not hmac.compare_digest(self.config.admin_token, token):
+        if not self.config.admin_token or not hmac.compare_digest(
+                self.config.admin_token.encode(), token.encode()[:MAX_TOKEN_CHARS]):
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
 
     def create_job(self, n_workers: int, bytes_per_iteration: int, iteration_seconds: float,
                    name: str, transport: str = "") -> tuple[int, str]:
-        if not 1 <= n_workers <= 32:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"n_workers must be 1..32, got {n_workers}")
         transport = transport or "udp"
-        if transport not in ENCAPSULATIONS:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport!r}")
-        demand = Demand(n_workers, bytes_per_iteration, iteration_seconds or 1.0)
+        try:
+            seconds = check_demand(n_workers, MAX_WORKERS, bytes_per_iteration, iteration_seconds)
+            check_text("name", name, MAX_NAME_CHARS)
+            if transport not in ENCAPSULATIONS:
+                raise ValueError(f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport[:40]!r}")
+        except ValueError as e:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        demand = Demand(n_workers, bytes_per_iteration, seconds)
         with self.lock:
+            if len(self.jobs) >= self.config.max_jobs:
+                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"the controller holds {len(self.jobs)} jobs, its limit (max_jobs)")
             job_id = self.store.next_job_id()
             token = secrets.token_hex(16)
             self.store.create_job(job_id, name, token, demand, transport)
@@ -238,45 +249,63 @@ class Controller:
         log.info("job %d created (%d workers)", job_id, n_workers)
         return job_id, token
 
+    def _check_member(self, job: Job, rank: int, member: Member) -> None:
+        """A joining rank's fields, and its address against the job's other ranks."""
+        if not 0 <= rank < job.demand.n_workers:
+            raise ValueError(f"rank {rank} not in 0..{job.demand.n_workers - 1}")
+        check_address(member.address)
+        check_mac(member.mac)
+        if job.transport == "roce" and not 1 <= member.qp <= 0xFFFFFF:
+            raise ValueError(f"job {job.job_id} uses RoCEv2: rank {rank} must give its QP (1..2^24-1), "
+                             f"got {member.qp}")
+        if job.transport != "roce" and (member.qp or member.rkey):
+            raise ValueError(f"job {job.job_id} uses {job.transport}, not RoCEv2: rank {rank} gave a QP/rkey")
+        host = parse_address(member.address)[0]
+        for other, m in job.workers.items():
+            if other != rank and m.address == member.address:
+                raise ValueError(f"job {job.job_id}: rank {rank}'s address {member.address} is rank "
+                                 f"{other}'s already (each rank needs its own UDP port)")
+            if other != rank and job.transport == "roce" and parse_address(m.address)[0] == host:
+                raise ValueError(f"job {job.job_id} uses RoCEv2: rank {rank} shares IP {host} with rank "
+                                 f"{other}; the switch tells RoCEv2 ranks apart by IP (their UDP "
+                                 f"source port is the flow label's), so each needs its own")
+
     def join(self, job_id: int, token: str, rank: int, address: str, mac: str, qp: int = 0,
              rkey: int = 0) -> Job:
+        member = Member(address, mac, qp, rkey)
         with self.lock:
-            job = self._job(job_id, token)
-            if not 0 <= rank < job.demand.n_workers:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"rank {rank} not in 0..{job.demand.n_workers - 1}")
+            job = self._running(self._job(job_id, token))
             try:
-                parse_address(address)
+                self._check_member(job, rank, member)
             except ValueError as e:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-            if job.transport == "roce" and not 1 <= qp <= 0xFFFFFF:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"job {job_id} uses RoCEv2: rank {rank} must give its QP (1..2^24-1), got {qp}")
-            if job.transport != "roce" and (qp or rkey):
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"job {job_id} uses {job.transport}, not RoCEv2: rank {rank} gave a QP/rkey")
-            member, before = Member(address, mac, qp, rkey), job.workers.get(rank)
+            before = job.workers.get(rank)
             if job.place is not None and before is not None and before.address != address:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"job {job_id} is placed already; rank {rank} cannot move "
                               f"from {before.address} to {address}")
-            job.workers[rank] = member
+            with self._change(f"join of job {job_id} rank {rank}"):
+                job = self.jobs[job_id]
+                job.workers[rank] = member
+                job.rank_seen[rank] = time.monotonic()
+                job.left.discard(rank)
+                if job.place is None and len(job.workers) == job.demand.n_workers:
+                    self._place(job)
             self.store.add_worker(job_id, rank, member)
-            if job.place is None and len(job.workers) == job.demand.n_workers:
-                self._place(job)
-            elif job.place is not None and before != member:
-                self._sync()  # a restarted worker's new MAC, QP or rkey reaches the switch
             return job
 
     def _place(self, job: Job) -> None:
         ips = {parse_address(m.address)[0] for m in job.workers.values()}
         job.place = next((name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)), "")
         self.allocators[job.place].add_job(job.job_id, job.demand)
+        job.rank_seen = dict.fromkeys(job.workers, time.monotonic())
         log.info("job %d placed on %s", job.job_id, job.place or "host only")
-        self._sync()
 
     def grants(self, job: Job) -> list[pb.Grant]:
-        """The job's active grant, and its pending one if any (empty before placement)."""
+        """The job's active grant, and its pending one if any (empty before placement); a
+        failed job's one grant carries only the failure."""
+        if job.failure:
+            return [pb.Grant(job_id=job.job_id, failure=job.failure)]
         if job.place is None:
             return []
         state = self.allocators[job.place].jobs[job.job_id]
@@ -296,50 +325,116 @@ class Controller:
 
     def activate(self, job_id: int, token: str, epoch: int, boundary: int) -> tuple[bool, pb.Grant]:
         with self.lock:
-            job = self._job(job_id, token)
+            job = self._running(self._job(job_id, token))
             if job.place is None:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} has no grant yet")
+            if not 0 <= boundary < 1 << 63:   # stored as an SQLite INTEGER
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"boundary {boundary} is not below 2^63")
             decided = self.store.activation(job_id, epoch, boundary)
             if decided is None:
-                decided = self.allocators[job.place].activate(job_id, epoch)
+                with self._change(f"activation of job {job_id} epoch {epoch}"):
+                    decided = self.allocators[job.place].activate(job_id, epoch)
                 self.store.record_activation(job_id, epoch, boundary, decided)
                 if decided:
                     log.info("job %d activated epoch %d at boundary %d", job_id, epoch, boundary)
-                    self._sync()
-            return decided, self.grants(job)[0]
+            return decided, self.grants(self.jobs[job_id])[0]
 
-    def leave(self, job_id: int) -> None:
+    def heartbeat(self, job_id: int, token: str, rank: int | None) -> None:
         with self.lock:
-            job = self.jobs.pop(job_id)
-            if job.place is not None:
-                self.allocators[job.place].remove_job(job_id)
+            job = self._running(self._job(job_id, token))
+            if rank is not None:
+                if not 0 <= rank < job.demand.n_workers:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"rank {rank} not in 0..{job.demand.n_workers - 1}")
+                job.rank_seen[rank] = time.monotonic()
+
+    def leave(self, job_id: int, rank: int | None = None) -> None:
+        """The job ends (``rank`` None), or rank ``rank`` is done: it is watched no more, and the
+        job ends when every rank is done."""
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                return
+            if rank is not None:
+                if not 0 <= rank < job.demand.n_workers:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"rank {rank} not in 0..{job.demand.n_workers - 1}")
+                job.left.add(rank)
+                if len(job.left) < job.demand.n_workers:
+                    return
+            with self._change(f"end of job {job_id}"):
+                job = self.jobs.pop(job_id)
+                if job.place is not None and job.job_id in self.allocators[job.place].jobs:
+                    self.allocators[job.place].remove_job(job_id)
             self.store.delete_job(job_id)
             log.info("job %d left", job_id)
-            self._sync()
+
+    def fail(self, job_id: int, why: str) -> None:
+        """Mark a job failed: its slots return to the pool, its ranks learn ``why`` on their
+        grant stream; the job itself goes when its lease expires (its ranks stop renewing it)."""
+        with self.lock:
+            if job_id not in self.jobs or self.jobs[job_id].failure:
+                return
+            with self._change(f"failure of job {job_id}"):
+                job = self.jobs[job_id]
+                job.failure = why
+                if job.place is not None and job.job_id in self.allocators[job.place].jobs:
+                    self.allocators[job.place].remove_job(job_id)
+            self.store.delete_job(job_id)
+            log.warning("job %d failed: %s", job_id, why)
+
+    def silent_ranks(self, job: Job, now: float) -> list[int]:
+        """Ranks of a running, placed job whose lease ran out."""
+        if job.failure or job.place is None:
+            return []
+        return sorted(r for r, seen in job.rank_seen.items()
+                      if r not in job.left and now - seen > self.config.rank_lease_seconds)
 
     def expire_leases(self) -> list[int]:
+        """End jobs whose lease ran out; fail jobs one of whose ranks stopped. Each job on its
+        own: one that cannot be handled is logged and never stops the others."""
         now = time.monotonic()
         with self.lock:
-            gone = [j.job_id for j in self.jobs.values() if now - j.last_seen > self.config.lease_seconds]
-            for job_id in gone:
-                log.warning("job %d lease expired", job_id)
-                self.leave(job_id)
+            jobs = list(self.jobs.values())
+        gone = []
+        for job in jobs:
+            try:
+                if now - job.last_seen > self.config.lease_seconds:
+                    log.warning("job %d lease expired", job.job_id)
+                    self.leave(job.job_id)
+                    gone.append(job.job_id)
+                elif silent := self.silent_ranks(job, now):
+                    names = ", ".join(f"rank {r} ({job.workers[r].address})" for r in silent)
+                    self.fail(job.job_id, f"{names} stopped: no heartbeat for more than "
+                                          f"{self.config.rank_lease_seconds:g}s")
+            except Exception:  # noqa: BLE001 - logged; the next round tries again
+                log.exception("lease handling of job %d failed", job.job_id)
         return gone
 
     def drain(self, job_id: int) -> pb.Grant:
         with self.lock:
             job = self.jobs.get(job_id)
-            if job is None or job.place is None:
-                raise Refused(grpc.StatusCode.NOT_FOUND, f"no placed job {job_id}")
-            p = self.allocators[job.place].drain(job_id)
-            self._sync()
+            if job is None:
+                raise Refused(grpc.StatusCode.NOT_FOUND, f"no job {job_id}")
+            if job.place is None or job.failure:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"job {job_id} is not placed (not every rank joined, or it failed)")
+            with self._change(f"drain of job {job_id}"):
+                p = self.allocators[job.place].drain(job_id)
+            job = self.jobs[job_id]
             return self._grant(job, p, p.epoch != self.allocators[job.place].jobs[job_id].active.epoch)
+
+    def release(self, job_id: int) -> None:
+        with self.lock:
+            if job_id not in self.jobs:
+                raise Refused(grpc.StatusCode.NOT_FOUND, f"no job {job_id}")
+            self.leave(job_id)
 
     def host_jobs(self) -> pb.HostJobs:
         out = pb.HostJobs()
         with self.lock:
             for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
-                if job.place is None:
+                if job.place is None or job.failure:
                     continue
                 p = self.allocators[job.place].jobs[job.job_id].active
                 if p.mode == HOST:
@@ -353,24 +448,68 @@ class Controller:
         with self.lock:
             for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
                 info = out.jobs.add(job_id=job.job_id, name=job.name, n_workers=job.demand.n_workers,
-                                    joined=len(job.workers))
-                grants = self.grants(job)
+                                    joined=len(job.workers), failure=job.failure)
+                grants = [] if job.failure else self.grants(job)
                 if grants:
                     info.active.CopyFrom(grants[0])
                 if len(grants) > 1:
                     info.pending.CopyFrom(grants[1])
                 if grants and grants[0].mode == SWITCH and job.job_index is not None:
-                    c = JobCounters(self.switches[job.place].sw).job(job.job_index)
+                    sw = self.switches[job.place]
+                    try:
+                        c = JobCounters(sw.sw).job(job.job_index)
+                    except SwitchError as e:  # a switch being restarted: the listing still answers
+                        log.warning("counters of job %d: %s", job.job_id, e)
+                        continue
                     info.counters.update({k: v for k, v in c.items() if k != "drops"})
                     info.counters.update({f"drop_{k}": v for k, v in c["drops"].items()})
+                    info.counters["switch_restarts"] = sw.restarts
             out.switch_slots = sum(a.switch_slots for a in self.allocators.values())
         return out
+
+    # -- switch keeper -----------------------------------------------------------------------
+
+    def keep_switch(self, name: str) -> None:
+        """Re-program switch ``name`` when its session broke (restart) or its pipeline is not
+        ours any more; called by the keeper thread."""
+        sw = self.switches[name]
+        if sw.sw.lost.is_set():
+            log.warning("switch %s: P4Runtime stream lost; reconnecting", name)
+            session = sw.reconnect()           # raises while the switch is still down
+            with self.lock:
+                sw.adopt(session)
+        elif sw.sw.restore_pipeline():
+            log.warning("switch %s: its pipeline was gone or replaced; pushed ours again", name)
+            with self.lock:
+                sw.adopt(None)
+        with self.lock:
+            if sw.applied is None:             # restarted, or a failed sync left it unknown
+                sw.program(self._switch_jobs(name))
+                self.version += 1
+                self.changed.notify_all()
+                log.warning("switch %s re-programmed (%d job(s))", name, len(sw.applied))
 
     def close(self) -> None:
         self.stopped.set()
         with self.lock:
             for sw in self.switches.values():
                 sw.sw.close()
+
+
+def run_forever(name: str, period: float, stopped: threading.Event, step) -> threading.Thread:
+    """A daemon thread calling ``step()`` every ``period`` seconds until ``stopped``; an
+    exception is logged and the thread goes on (a dead background thread would silently stop
+    leases from expiring or switches from being re-programmed)."""
+    def loop() -> None:
+        while not stopped.wait(period):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - logged; the next period tries again
+                log.exception("%s: step failed", name)
+
+    thread = threading.Thread(target=loop, daemon=True, name=name)
+    thread.start()
+    return thread
 
 
 class JobServicer(pb_grpc.JobServiceServicer):
@@ -392,15 +531,17 @@ class JobServicer(pb_grpc.JobServiceServicer):
     def JoinJob(self, request, context):
         job = self._call(context, self.ctl.join, request.job_id, request.token, request.rank,
                          request.address, request.mac, request.roce_qp, request.roce_rkey)
-        return pb.JoinJobReply(n_workers=job.demand.n_workers, lease_seconds=self.ctl.config.lease_seconds)
+        return pb.JoinJobReply(n_workers=job.demand.n_workers, lease_seconds=self.ctl.config.lease_seconds,
+                               rank_lease_seconds=self.ctl.config.rank_lease_seconds)
 
     def WatchGrant(self, request, context):
         ctl = self.ctl
-        job = self._call(context, lambda: ctl._job(request.job_id, request.token))
+        self._call(context, lambda: ctl._job(request.job_id, request.token))
         sent = None
         while context.is_active():
             with ctl.lock:
-                if request.job_id not in ctl.jobs:
+                job = ctl.jobs.get(request.job_id)
+                if job is None:
                     return
                 grants = ctl.grants(job)
                 if grants == sent:
@@ -415,12 +556,15 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return pb.ActivateReply(activated=ok, grant=grant)
 
     def Heartbeat(self, request, context):
-        self._call(context, lambda: self.ctl._job(request.job_id, request.token))
-        return pb.HeartbeatReply(lease_seconds=self.ctl.config.lease_seconds)
+        self._call(context, self.ctl.heartbeat, request.job_id, request.token,
+                   request.rank if request.HasField("rank") else None)
+        return pb.HeartbeatReply(lease_seconds=self.ctl.config.lease_seconds,
+                                 rank_lease_seconds=self.ctl.config.rank_lease_seconds)
 
     def LeaveJob(self, request, context):
         self._call(context, lambda: self.ctl._job(request.job_id, request.token))
-        self.ctl.leave(request.job_id)
+        self._call(context, self.ctl.leave, request.job_id,
+                   request.rank if request.HasField("rank") else None)
         return pb.Empty()
 
     def WatchHostJobs(self, request, context):
@@ -444,22 +588,33 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     def ReleaseJob(self, request, context):
         self._call(context, self.ctl.admin, request.admin_token)
-        if request.job_id not in self.ctl.jobs:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id}")
-        self.ctl.leave(request.job_id)
+        self._call(context, self.ctl.release, request.job_id)
         return pb.Empty()
 
 
-def serve(ctl: Controller, address: str) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
-    pb_grpc.add_JobServiceServicer_to_server(JobServicer(ctl), server)
-    if server.add_insecure_port(address) == 0:
+def add_port(server: grpc.Server, address: str, config: ControllerConfig) -> None:
+    """Listen on ``address``: TLS when the config has a certificate; plaintext only on a Unix
+    socket or when the config asks for it (``insecure``), as tokens travel in every request."""
+    if config.tls_cert:
+        port = server.add_secure_port(address, server_credentials(config.tls_cert, config.tls_key))
+    elif is_unix(address) or config.insecure:
+        port = server.add_insecure_port(address)
+    else:
+        raise OSError(f"refusing to serve job tokens in plaintext on {address}: give tls_cert and "
+                      f"tls_key, listen on a unix: socket, or set insecure (--insecure)")
+    if port == 0:
         raise OSError(f"cannot listen on {address}")
+
+
+def serve(ctl: Controller, address: str) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
+                         options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
+    pb_grpc.add_JobServiceServicer_to_server(JobServicer(ctl), server)
+    add_port(server, address, ctl.config)
     server.start()
-
-    def leases() -> None:
-        while not ctl.stopped.wait(max(ctl.config.lease_seconds / 4, 0.05)):
-            ctl.expire_leases()
-
-    threading.Thread(target=leases, daemon=True, name="leases").start()
+    run_forever("leases", max(min(ctl.config.lease_seconds, ctl.config.rank_lease_seconds) / 8, 0.05),
+                ctl.stopped, ctl.expire_leases)
+    for name in ctl.switches:
+        run_forever(f"keeper-{name}", ctl.config.switch_check_seconds, ctl.stopped,
+                    lambda name=name: ctl.keep_switch(name))
     return server

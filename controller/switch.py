@@ -1,25 +1,35 @@
 """P4Runtime programming of one inagg switch (BMv2 or the software data plane).
 
-``SwitchConnection`` is the session (arbitration, pipeline push/verify, write/read), built on
-p4runtime-shell's ``P4RuntimeClient``. The classes after it mirror the P4 controls they program,
-with the same names: JobAdmission, ResultReplication, ReplicaRewrite, Forwarding, JobCounters.
+``SwitchConnection`` is the session (arbitration, pipeline push/verify, write/read) on the
+P4Runtime gRPC stub itself, every call with a deadline: p4runtime-shell's client loops forever
+on some write errors (its ``P4RuntimeErrorIterator``), which would wedge the controller while it
+holds its lock. Write errors are decoded here from the status details (one ``p4.v1.Error`` per
+update). The stream channel is watched: ``lost`` is set when it ends, so the controller can
+notice a restarted switch and program it again. The classes after it mirror the P4 controls they
+program, with the same names: JobAdmission, ResultReplication, ReplicaRewrite, Forwarding,
+JobCounters.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import grpc
-from p4.v1 import p4runtime_pb2
-from p4runtime_sh.p4runtime import P4RuntimeClient, P4RuntimeException, P4RuntimeWriteException
+from google.protobuf import text_format
+from google.rpc import code_pb2, status_pb2
+from p4.config.v1 import p4info_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from hostlib.protocol import DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, ipv4, mac
 
 from .p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info, P4Type, encode
+
+# Seconds any one P4Runtime call may take before the controller gives up on it.
+DEFAULT_RPC_TIMEOUT = 10.0
 
 
 class SwitchError(RuntimeError):
@@ -30,41 +40,114 @@ class PipelineMismatch(SwitchError):
     """The switch runs another program (or another build of ours)."""
 
 
+def write_error_text(e: grpc.RpcError) -> str:
+    """The per-update errors of a refused Write (P4Runtime spec 12.3: ``p4.v1.Error`` details in
+    the ``grpc-status-details-bin`` trailer), or the status itself when there are none."""
+    details = []
+    for key, value in e.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for i, any_msg in enumerate(status.details):
+                err = p4runtime_pb2.Error()
+                if any_msg.Unpack(err) and err.canonical_code != code_pb2.OK:
+                    details.append(f"update {i}: {code_pb2.Code.Name(err.canonical_code)}: {err.message}")
+    return "; ".join(details) if details else f"{e.code().name}: {e.details()}"
+
+
 class SwitchConnection:
     """One P4Runtime session with one device. Several can live in one process."""
 
     def __init__(self, address: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1),
-                 p4info: P4Info | None = None) -> None:
+                 p4info: P4Info | None = None, timeout: float = DEFAULT_RPC_TIMEOUT,
+                 program: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH)) -> None:
         self.address = address
+        self.program = program          # P4Info and BMv2 JSON pushed to a switch that runs none
         self.device_id = device_id
+        self.election_id = election_id
+        self.timeout = timeout
         self.p4info = p4info or P4Info.load()
+        self.lost = threading.Event()   # the stream channel ended: the switch went away
+        self.primary = False
+        self.channel = grpc.insecure_channel(address)
+        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
+        self._requests: queue.Queue = queue.Queue()
+        self._arbitrated: queue.Queue = queue.Queue()
         try:
-            # p4runtime-shell prints a notice for backup (read-only) sessions: keep stdout clean
-            with contextlib.redirect_stdout(io.StringIO()):
-                self.client = P4RuntimeClient(device_id, address, election_id)
-        except SystemExit:  # p4runtime-shell exits when the handshake fails
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            self.channel.close()
             raise SwitchError(f"no P4Runtime server answered at {address} (device {device_id})") from None
+        self._stream = self.stub.StreamChannel(iter(self._requests.get, None))
+        threading.Thread(target=self._watch_stream, daemon=True, name=f"p4rt-{address}").start()
+        arb = p4runtime_pb2.StreamMessageRequest()
+        arb.arbitration.device_id = device_id
+        arb.arbitration.election_id.high, arb.arbitration.election_id.low = election_id
+        self._requests.put(arb)
+        try:
+            outcome = self._arbitrated.get(timeout=timeout)
+        except queue.Empty:
+            outcome = "no arbitration answer"
+        if isinstance(outcome, str):
+            self.close()
+            raise SwitchError(f"no P4Runtime server answered at {address} (device {device_id}): "
+                              f"{outcome}")
+
+    def _watch_stream(self) -> None:
+        """Follow arbitration updates; mark the session lost when the stream ends."""
+        try:
+            for msg in self._stream:
+                if msg.HasField("arbitration"):
+                    self.primary = msg.arbitration.status.code == code_pb2.OK
+                    self._arbitrated.put(True)
+        except grpc.RpcError as e:
+            self._arbitrated.put(f"{e.code().name}: {e.details()}")
+        finally:
+            self._arbitrated.put("stream closed")
+            self.lost.set()
 
     def close(self) -> None:
-        self.client.tear_down()
+        self._requests.put(None)
+        self._stream.cancel()
+        self.channel.close()
+
+    def _rpc_error(self, what: str, e: grpc.RpcError) -> SwitchError:
+        return SwitchError(f"switch {self.address} refused {what}: {e.code().name}: {e.details()}")
 
     # -- pipeline ----------------------------------------------------------------------------
 
-    def push_pipeline(self, p4info_path: Path = P4INFO_PATH, json_path: Path = BMV2_JSON_PATH) -> None:
+    def push_pipeline(self, p4info_path: Path | None = None, json_path: Path | None = None) -> None:
+        """Push a program (default: this connection's ``program``)."""
+        p4info_path, json_path = p4info_path or self.program[0], json_path or self.program[1]
+        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+            device_id=self.device_id,
+            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        req.election_id.high, req.election_id.low = self.election_id
+        text_format.Merge(Path(p4info_path).read_text(), req.config.p4info)
+        req.config.p4_device_config = Path(json_path).read_bytes()
         try:
-            self.client.set_fwd_pipe_config(str(p4info_path), str(json_path))
-        except P4RuntimeException as e:
-            raise PipelineMismatch(f"switch {self.address} refused the inagg pipeline: {e}") from None
+            self.stub.SetForwardingPipelineConfig(req, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise PipelineMismatch(f"switch {self.address} refused the inagg pipeline: "
+                                   f"{e.code().name}: {e.details()}") from None
+
+    def installed_p4info(self) -> p4info_pb2.P4Info | None:
+        """The P4Info of the program the switch runs, or None when it runs none."""
+        R = p4runtime_pb2.GetForwardingPipelineConfigRequest
+        req = R(device_id=self.device_id, response_type=R.P4INFO_AND_COOKIE)
+        try:
+            rep = self.stub.GetForwardingPipelineConfig(req, timeout=self.timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # BMv2: none set yet
+                return None
+            raise SwitchError(f"switch {self.address}: cannot read its pipeline: "
+                              f"{e.code().name}: {e.details()}") from None
+        return rep.config.p4info if rep.config.p4info.tables else None
 
     def installed_program(self) -> str | None:
-        """Name of the program the switch runs, or None when it runs none."""
-        try:
-            p4info = self.client.get_p4info()
-        except P4RuntimeException as e:
-            if e.grpc_error.code() == grpc.StatusCode.FAILED_PRECONDITION:  # BMv2: none set yet
-                return None
-            raise SwitchError(f"switch {self.address}: cannot read its pipeline: {e}") from None
-        if not p4info.tables:
+        """Name of the program the switch runs, or None when it runs none; PipelineMismatch when
+        it runs another program or another build of ours."""
+        p4info = self.installed_p4info()
+        if p4info is None:
             return None
         if p4info != self.p4info.message:
             raise PipelineMismatch(
@@ -72,34 +155,47 @@ class SwitchConnection:
                 f"build of '{self.p4info.program_name}' (P4Info differs)")
         return p4info.pkg_info.name
 
-    def ensure_pipeline(self, p4info_path: Path = P4INFO_PATH, json_path: Path = BMV2_JSON_PATH) -> bool:
+    def ensure_pipeline(self) -> bool:
         """Push the pipeline unless ours is already there; True when it was pushed."""
         if self.installed_program() is None:
-            self.push_pipeline(p4info_path, json_path)
+            self.push_pipeline()
             return True
         return False
+
+    def restore_pipeline(self) -> bool:
+        """Push our pipeline when the switch runs none or another one (it was restarted, or
+        someone replaced the program under us); True when it was pushed."""
+        try:
+            if self.installed_program() is not None:
+                return False
+        except PipelineMismatch:
+            pass
+        self.push_pipeline()
+        return True
 
     # -- entities ----------------------------------------------------------------------------
 
     def write(self, updates: Iterable[p4runtime_pb2.Update]) -> None:
-        req = p4runtime_pb2.WriteRequest()
+        req = p4runtime_pb2.WriteRequest(device_id=self.device_id)
+        req.election_id.high, req.election_id.low = self.election_id
         req.updates.extend(updates)
         if not req.updates:
             return
         try:
-            self.client.write(req)
-        except (P4RuntimeWriteException, P4RuntimeException) as e:
-            raise SwitchError(f"switch {self.address} refused a write: {e}") from None
+            self.stub.Write(req, timeout=self.timeout)
         except grpc.RpcError as e:
-            raise SwitchError(f"switch {self.address} refused a write: "
-                              f"{e.code().name}: {e.details()}") from None
+            raise SwitchError(f"switch {self.address} refused a write: {write_error_text(e)}") from None
 
     def read(self, entity: p4runtime_pb2.Entity) -> Iterator[p4runtime_pb2.Entity]:
+        req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
+        req.entities.add().CopyFrom(entity)
         try:
-            for rep in self.client.read_one(entity):
-                yield from rep.entities
+            replies = list(self.stub.Read(req, timeout=self.timeout))
         except grpc.RpcError as e:
-            raise SwitchError(f"switch {self.address} refused a read: {e.details()}") from None
+            raise SwitchError(f"switch {self.address} refused a read: "
+                              f"{e.code().name}: {e.details()}") from None
+        for rep in replies:
+            yield from rep.entities
 
     def table_update(self, kind: int, table: str, key: dict[str, int], action: str | None = None,
                      params: dict[str, int] | None = None) -> p4runtime_pb2.Update:
@@ -203,8 +299,15 @@ class JobAdmission:
             ups.append(self.sw.table_update(
                 kind, "worker_table", {"job_id": job.job_id, "worker_id": w.rank},
                 None if kind == DELETE else "bind_worker",
-                None if kind == DELETE else {"port": w.port, "addr": ipv4(w.ip)}))
+                None if kind == DELETE else self.binding(job.encap, w)))
         return ups
+
+    @staticmethod
+    def binding(encap: str, w: WorkerBinding) -> dict[str, int]:
+        """The sender rank ``w`` must be: ingress port, IPv4 and MAC source, and UDP source port
+        (0, any, for RoCEv2: its source port comes from the flow label, not the worker)."""
+        return {"port": w.port, "addr": ipv4(w.ip), "mac": mac(w.mac),
+                "udp_port": 0 if encap == "roce" else w.udp_port}
 
 
 class ResultReplication:
@@ -294,6 +397,21 @@ class JobCounters:
             "results": c("job_results", job_index)[job_index],
             "drops": {r: n for r, n in drops.items() if n},
         }
+
+    def reset_updates(self, job_index: int) -> list[p4runtime_pb2.Update]:
+        """Zero every counter of job row ``job_index``: a job taking a row must not inherit the
+        counts of the job that held it before."""
+        cells = [(name, job_index) for name in ("job_packets", "job_aggregated", "job_duplicates",
+                                                "job_results")]
+        cells += [("job_drops", job_index * len(DROP_REASONS) + i) for i in range(len(DROP_REASONS))]
+        ups = []
+        for name, index in cells:
+            u = p4runtime_pb2.Update(type=MODIFY)
+            u.entity.counter_entry.counter_id = self.sw.p4info.id(P4Type.counter, name)
+            u.entity.counter_entry.index.index = index
+            u.entity.counter_entry.data.packet_count = 0
+            ups.append(u)
+        return ups
 
     def global_drops(self) -> dict[str, int]:
         counts = self.sw.counter("global_drops")

@@ -72,6 +72,11 @@ def check_values_per_packet(bind_host: str, k: int) -> None:
                          f"interface of {bind_host} has MTU {mtu}: at most {values_for_mtu(mtu)}")
 
 
+# Socket buffers of the aggregator: a clean path never drops (4 workers x 32 slots x 16 KiB in
+# flight is 2 MiB; this leaves room for many jobs).
+SOCKET_BUFFER_BYTES = 32 << 20
+
+
 class HostAggregator:
     """A UDP socket served by the native loop: datagram -> engine -> datagrams to the job's
     members, with optional loss injection (tests)."""
@@ -89,13 +94,20 @@ class HostAggregator:
         self.engine = _as_host_engine(engine)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(bind)
-        enlarge_buffers(self.sock, 32 << 20)
+        enlarge_buffers(self.sock, SOCKET_BUFFER_BYTES)
         forbid_fragmentation(self.sock)
         self._loop = _native.HostLoop(self.engine.native, self.sock.fileno(), drop_rate, seed)
 
     @property
     def address(self) -> tuple[str, int]:
         return self.sock.getsockname()
+
+    @property
+    def buffers_too_small(self) -> bool:
+        """Whether the kernel capped the socket buffers (net.core.rmem_max/wmem_max without
+        root) below what a window of contributions from every worker needs."""
+        got = [self.sock.getsockopt(socket.SOL_SOCKET, o) for o in (socket.SO_RCVBUF, socket.SO_SNDBUF)]
+        return min(got) < SOCKET_BUFFER_BYTES  # Linux reports twice what it grants
 
     @property
     def injected_drops(self) -> int:
@@ -115,6 +127,29 @@ class HostAggregator:
         return r
 
 
+def apply_snapshot(engine: AggregationEngine | NativeEngine, jobs) -> dict[int, str]:
+    """Serve exactly the controller's host-mode ``jobs`` (HostJob messages); a job the engine
+    cannot serve (two ranks at one address, slots outside the pool...) is left out and returned
+    with the reason, so one bad job never keeps the others from being served."""
+    refused: dict[int, str] = {}
+    configs: dict[int, JobConfig] = {}
+    for j in jobs:
+        try:
+            configs[j.job_id] = JobConfig(j.job_id, j.epoch, j.slot_base, j.slot_count,
+                                          tuple(parse_address(w) for w in j.workers))
+        except ValueError as e:
+            refused[j.job_id] = str(e)
+    for job_id in [j for j, config in engine.jobs.items() if configs.get(j) != config]:
+        engine.remove_job(job_id)      # gone or changed: first, so its slots are free
+    for config in configs.values():
+        if config.job_id not in engine.jobs:
+            try:
+                engine.set_job(config)
+            except ValueError as e:
+                refused[config.job_id] = str(e)
+    return refused
+
+
 def _as_host_engine(engine: AggregationEngine | NativeEngine) -> NativeEngine:
     """The engine the native loop runs: a host-mode NativeEngine keyed by UDP address, or, for
     a Python engine (the specification), a native one with its pool and jobs."""
@@ -126,18 +161,25 @@ def _as_host_engine(engine: AggregationEngine | NativeEngine) -> NativeEngine:
 
 
 def follow_controller(engine: NativeEngine, address: str, admin_token: str,
-                      stop: threading.Event) -> None:
+                      stop: threading.Event, ca: str | None = None) -> None:
     """Apply the controller's host-mode job snapshots to ``engine`` until ``stop`` (reconnecting
-    when the controller restarts)."""
+    when the controller restarts); jobs it cannot serve are reported once each on stderr."""
     from controller.client import ControllerClient  # the controller's gRPC stubs, only when used
 
+    reported: dict[int, str] = {}
     while not stop.is_set():
-        client = ControllerClient(address)
+        try:
+            client = ControllerClient(address, ca=ca)
+        except Exception as e:  # noqa: BLE001 - a setup error (no TLS on TCP): say it and stop
+            print(f"inagg-aggregator: controller feed from {address}: {e}", file=sys.stderr, flush=True)
+            return
         try:
             for snapshot in client.watch_host_jobs(admin_token):
-                engine.replace_jobs({j.job_id: JobConfig(j.job_id, j.epoch, j.slot_base, j.slot_count,
-                                                         tuple(parse_address(w) for w in j.workers))
-                                     for j in snapshot.jobs})
+                refused = apply_snapshot(engine, snapshot.jobs)
+                for job_id, why in refused.items():
+                    if reported.get(job_id) != why:
+                        print(f"inagg-aggregator: not serving job {job_id}: {why}", file=sys.stderr, flush=True)
+                reported = refused
                 if stop.is_set():
                     break
         except Exception as e:  # noqa: BLE001 - keep serving; say why the feed broke
@@ -148,7 +190,8 @@ def follow_controller(engine: NativeEngine, address: str, admin_token: str,
 
 
 def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="inagg-aggregator", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="inagg-aggregator", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)  # no --admin-token prefix of --admin-token-file
     p.add_argument("--bind", default=f"127.0.0.1:{HOST_AGGREGATOR_PORT}", help="HOST:PORT to listen on (port 0: any)")
     p.add_argument("--slots", type=int, default=4096, help="slots in the aggregator's pool")
     p.add_argument("--values-per-packet", type=int,
@@ -161,7 +204,10 @@ def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the loss injection")
     p.add_argument("--stats-file", type=Path, help="write counters here as JSON on exit")
     p.add_argument("--controller", help="HOST:PORT of an inagg controller to take host-mode jobs from")
-    p.add_argument("--admin-token", default="", help="the controller's admin token")
+    p.add_argument("--admin-token-file", help="file holding the controller's admin token "
+                                              "(default: $INAGG_ADMIN_TOKEN)")
+    p.add_argument("--controller-ca", help="CA certificate (PEM) of the controller's TLS certificate "
+                                           "(default: $INAGG_CONTROLLER_CA)")
     return p.parse_args(argv)
 
 
@@ -180,12 +226,23 @@ def main(argv: Iterable[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"inagg-aggregator: {e}", file=sys.stderr)
         return 2
+    if server.buffers_too_small:
+        print(f"inagg-aggregator: the kernel capped the socket buffers below "
+              f"{SOCKET_BUFFER_BYTES} bytes (raise net.core.rmem_max and wmem_max, or run as "
+              f"root): bursts may be dropped and retransmitted", file=sys.stderr, flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     feed_stop = threading.Event()
     if args.controller:
+        from controller.credentials import load_token
+
+        try:
+            admin_token = load_token(args.admin_token_file)
+        except ValueError as e:
+            print(f"inagg-aggregator: {e}", file=sys.stderr)
+            return 2
         threading.Thread(target=follow_controller, daemon=True,
-                         args=(engine, args.controller, args.admin_token, feed_stop)).start()
+                         args=(engine, args.controller, admin_token, feed_stop, args.controller_ca)).start()
     host, port = server.address
     print(f"inagg-aggregator listening on {host}:{port} with {len(jobs)} job(s), K = {k}",
           flush=True)

@@ -15,6 +15,11 @@ ranks agree on: each call carries the newest pending epoch the rank has seen (se
 ``hostlib.stream``), all ranks learn the smallest of them, and when it is newer than the active
 grant they all ask the controller to activate it with the same boundary number and switch
 together. Nothing in flight is lost: a call runs entirely under one grant.
+
+Liveness: each rank renews its own lease at the controller; when a rank stops, the controller
+fails the job and says so on the grant stream. The communicator then fails the pending and every
+later allreduce with ``JobFailed`` naming the dead rank(s), at once instead of after the stall
+timeout.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ from .roce import RoceRawTransport
 from .native_stream import NativeSlotStream
 from .stream import OP_NAMES, CallError, Refusal, SlotStream, check_array, dtype_refusal
 from .transport import UdpTransport
+
+
+class JobFailed(RuntimeError):
+    """The controller failed the job (a rank stopped); the message names the rank(s)."""
 
 
 class ReduceOp(enum.Enum):
@@ -129,6 +138,8 @@ class Communicator:
         reply = self.client.join(self.job_id, self.token, rank, f"{ip}:{port}", mac,
                                  roce_qp=port if transport == "roce" else 0)
         self.lease_seconds = reply.lease_seconds
+        self.rank_lease_seconds = reply.rank_lease_seconds or reply.lease_seconds
+        self.failure = ""  # set when the controller failed the job
 
         self._grants: dict[int, Grant] = {}
         self._pending_epoch = 0
@@ -136,11 +147,14 @@ class Communicator:
         self._first = threading.Event()
         self._closed = threading.Event()
         self.stream_reopened = 0
+        self.stream: SlotStream | NativeSlotStream | None = None  # once the first grant came
         self._grant_stream = self.client.watch(self.job_id, self.token)
         threading.Thread(target=self._follow_grants, daemon=True, name="inagg-grants").start()
         if not self._first.wait(timeout):
             raise TimeoutError(f"job {self.job_id}: no grant from the controller within {timeout}s "
                                f"(did all {world_size} ranks join?)")
+        if self.failure:
+            raise JobFailed(f"job {self.job_id} failed: {self.failure}")
         grant = self._grants[self._active_epoch]
         # UDP jobs (the default) run the native stream; RoCE jobs (raw sockets) the Python one
         stream_class = SlotStream if transport == "roce" or not native else NativeSlotStream
@@ -180,6 +194,9 @@ class Communicator:
         while not self._closed.is_set():
             try:
                 for g in self._grant_stream:
+                    if g.failure:
+                        self._fail(g.failure)
+                        return
                     # each update is the active grant, then the pending one if there is one:
                     # the pending epoch is the latest update's (a withdrawn one is forgotten)
                     self._grants[g.epoch] = self._to_grant(g)
@@ -194,10 +211,22 @@ class Communicator:
             self.stream_reopened += 1
             self._grant_stream = self.client.watch(self.job_id, self.token)
 
+    def _fail(self, failure: str) -> None:
+        """The job failed: its pending allreduce stops at its next tick (``abort``; ``_run``
+        reports it as JobFailed) and every later one raises JobFailed at once."""
+        self.failure = failure
+        self._first.set()
+        stream = self.stream
+        if stream is not None:
+            stream.abort()
+
     def _heartbeat(self) -> None:
-        while not self._closed.wait(max(self.lease_seconds / 3, 0.1)):
+        """Renew this rank's lease, four times per lease so one lost beat never expires it."""
+        while not self._closed.wait(max(min(self.lease_seconds, self.rank_lease_seconds) / 4, 0.1)):
+            if self.failure:
+                return
             try:
-                self.client.heartbeat(self.job_id, self.token)
+                self.client.heartbeat(self.job_id, self.token, self.rank)
             except Exception:  # noqa: BLE001 - the next beat retries; the lease has slack
                 pass
 
@@ -234,6 +263,8 @@ class Communicator:
     def _run(self, req: _Request) -> None:
         """One call, start to end; its outcome goes to the request's future."""
         try:
+            if self.failure:
+                raise JobFailed(f"job {self.job_id} failed: {self.failure}")
             sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
             self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
                                   refusal=req.refusal)
@@ -248,6 +279,8 @@ class Communicator:
             req.future.set_result(req.result)
         except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
             self.boundary += 1
+            if self.failure and not isinstance(e, JobFailed):
+                e = JobFailed(f"job {self.job_id} failed: {self.failure}")
             req.future.set_exception(e)
 
     def _request(self, tensor, op) -> _Request:
@@ -304,9 +337,9 @@ class Communicator:
         self._queue.put(None)
         self._closed.set()
         self._grant_stream.cancel()
-        if leave and self.rank == 0:
+        if leave:  # rank 0 ends the job; any other rank says it is done (no longer watched)
             try:
-                self.client.leave(self.job_id, self.token)
+                self.client.leave(self.job_id, self.token, None if self.rank == 0 else self.rank)
             except Exception:  # noqa: BLE001 - the lease expires anyway
                 pass
         for transport in self._transports.values():

@@ -4,9 +4,10 @@ One engine instance models one aggregator: a fixed pool of ``n_slots`` slots, ea
 shadow sets (SwitchML) holding K int32 values, a worker bitmap, a contribution count, the
 maximum block exponent, ORed flags and the offset/count of the round it holds; plus a per-slot
 owner tag (job id, epoch) that lets the first packet of a new allocation reset the slot without
-any control-plane register write (BMv2's P4Runtime cannot write registers). The host aggregator
-runs it behind a UDP socket; the software data plane runs the same engine behind raw sockets, so
-both behave like ``p4/inagg.p4`` by construction.
+any control-plane register write (BMv2's P4Runtime cannot write registers). This is the
+executable specification: the host aggregator and the software data plane run its C++ twin
+(``native/engine.cpp``), held to it packet for packet by tests/test_engine_native.py, and
+``p4/inagg.p4`` implements the same table control by control.
 
 Per-packet decision for a contribution of worker w to set s of a slot (``o`` = the other set;
 "same round": the packet's offset and count are those stored for the round in set s)::
@@ -27,9 +28,6 @@ Why FIRST is safe: a worker sends round r+2 of a slot only after the result of r
 so all workers have contributed to r+1 on set o and cleared their bits in set s.
 Why BAD_ROUND: a round's result is what its first contribution announced (offset, count); a
 packet claiming other values never joins it nor gets its result (p4/include/slot_state.p4).
-
-``native/engine.cpp`` is the same engine in C++ (hostlib._native.Engine, wrapped by
-``hostlib.native_engine``); tests/test_engine_native.py holds the two to identical behaviour.
 """
 
 from __future__ import annotations
@@ -65,8 +63,8 @@ class JobConfig:
     """What an aggregator must know about one job.
 
     ``members[r]`` is rank r's identity as the front end sees it (a UDP ``(ip, port)`` for the
-    host aggregator, an IPv4 address for the software switch): a packet claiming rank r from
-    anyone else is dropped. Results go to every member.
+    host aggregator, ``(port, IPv4, MAC, UDP port)`` for the software switch): a packet claiming
+    rank r from anyone else is dropped. Results go to every member.
     """
 
     job_id: int

@@ -29,7 +29,10 @@ def udp_sender_id(address: Hashable) -> int:
     """``(host, port)`` -> ``(IPv4 << 16) | port``, the id native/host_loop.cpp gives a UDP
     source; the host is resolved once, when the job is configured."""
     host, port = address  # type: ignore[misc]
-    addr = struct.unpack("!I", socket.inet_aton(socket.gethostbyname(host)))[0]
+    try:
+        addr = struct.unpack("!I", socket.inet_aton(socket.gethostbyname(host)))[0]
+    except OSError as e:
+        raise ValueError(f"worker address {host}:{port}: cannot resolve {host!r} to IPv4 ({e})") from None
     return _native.sender_id_ipv4(addr, port)
 
 
@@ -55,9 +58,13 @@ class NativeEngine:
         self.n_slots = n_slots
         self.k = values_per_packet
         self.jobs: dict[int, JobConfig] = {}
-        interned = SenderIds() if sender_id is None else None
-        self._member_id: SenderIdOf = interned.member if interned else sender_id  # type: ignore[assignment]
-        self._sender_id: SenderIdOf = interned if interned else sender_id  # type: ignore[assignment]
+        self._member_id: SenderIdOf   # a job member's id (set_job)
+        self._sender_id: SenderIdOf   # a packet's sender's id (process)
+        if sender_id is None:
+            ids = SenderIds()
+            self._member_id, self._sender_id = ids.member, ids
+        else:
+            self._member_id = self._sender_id = sender_id
 
     def _native_job(self, job: JobConfig) -> tuple:
         return (job.job_id, job.epoch, job.slot_base, job.slot_count,

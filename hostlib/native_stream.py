@@ -46,6 +46,10 @@ class NativeSlotStream(StreamBase):
         self._core.set_grant(grant.job_id, grant.epoch, grant.slot_base, grant.slot_count,
                              grant.values_per_packet, ip, port, self.transport.overhead)
 
+    def abort(self) -> None:
+        super().abort()
+        self._core.abort()
+
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
         return ExponentTracker(x, self.grant.values_per_packet, native_block_exponents)
 

@@ -442,7 +442,13 @@ class StreamBase:
         self.control_rtt = 0.0  # round trip of the last call's control round: a latency probe
         self.window = 0  # slots the last call used (agreed by all ranks)
         self.window_control: WindowControl | None = None
+        self.aborted = False
         self.set_grant(grant)
+
+    def abort(self) -> None:
+        """Stop the call in progress at its next tick as if it stalled (from another thread:
+        the controller failed the job, no result will come)."""
+        self.aborted = True
 
     def set_grant(self, grant: Grant) -> None:
         """Use a new grant from the next call on. Slots of a new (job, epoch) start fresh."""
@@ -597,7 +603,7 @@ class SlotStream(StreamBase):
             if rnd is not None:
                 return idx, rnd, now
             self._resend_expired(rounds, now)
-            if now - progress > self.stall_timeout:
+            if self.aborted or now - progress > self.stall_timeout:
                 waiting = sorted(self.grant.slot_base + i for i in rounds.rounds)
                 raise self.stall_error(missing(), waiting)
 

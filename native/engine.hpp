@@ -12,8 +12,9 @@
 //
 // Senders are integers (SenderId), not addresses: the caller maps each packet's source to an id
 // and configures each job's members with the same mapping. The host aggregator packs an IPv4
-// UDP source as (address << 16) | port (sender_id_ipv4); the software switch may pack
-// (ingress port << 32) | IPv4 source. Any injective mapping works; the engine only compares.
+// UDP source as (address << 16) | port (sender_id_ipv4); the software switch checks
+// worker_table's binding itself and gives the claimed rank when it matches (switch_pipeline.hpp).
+// Any injective mapping works; the engine only compares.
 //
 // Thread safety: none inside. A caller that shares an Engine between threads (a packet loop and
 // a control thread that changes jobs) holds Engine::mutex() around every call.

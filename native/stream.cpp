@@ -272,7 +272,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             flush_sends();
             next_scan_ = now + rtt_.rto_min() / 4;
         }
-        if (now - *progress > stall_timeout_) return false;
+        if (aborted_.load(std::memory_order_relaxed) || now - *progress > stall_timeout_) return false;
         receive_batch(next_scan_ - now);
     }
 }

@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -79,6 +80,10 @@ class Stream {
     // result carried FLAG_OVERFLOW are left unchanged and listed in overflow().
     bool stream_blocks(const BlockCall& call);
 
+    // From another thread: the call in progress returns false (as stalled) at its next tick,
+    // and so does every later one (the job failed).
+    void abort() { aborted_.store(true, std::memory_order_relaxed); }
+
     const StreamCounters& counters() const { return counters_; }
     const std::vector<uint32_t>& overflow() const { return overflow_; }
     // After a stall: blocks still missing and the slots waiting for a result.
@@ -111,6 +116,7 @@ class Stream {
 
     int fd_, rank_, n_workers_, shift_;
     double stall_timeout_;
+    std::atomic<bool> aborted_{false};
     RttEstimator rtt_;
     GrantView grant_;
     std::vector<uint8_t> next_set_;

@@ -115,6 +115,7 @@ void bind_stream(nb::module_& m) {
         })
         .def("counters", &counters_dict)
         .def("overflow", &Stream::overflow)
+        .def("abort", &Stream::abort, "Stop the call in progress (from another thread)")
         .def("remaining", &Stream::remaining)
         .def("waiting_slots", &Stream::waiting_slots);
 }

@@ -102,6 +102,20 @@ void bind_pipeline(nb::module_& m) {
                          inagg::ReplicaAddress{mac, addr, roce, udp_port, qp, rkey};
                  });
              })
+        .def("set_worker",
+             [](SwitchPipeline& p, uint16_t job_id, uint8_t rank, uint16_t port, uint32_t addr,
+                uint64_t mac, uint16_t udp_port) {
+                 with_tables(p, [&](SwitchTables& t) {
+                     t.workers[SwitchTables::worker_key(job_id, rank)] =
+                         inagg::WorkerBinding{port, addr, mac, udp_port};
+                 });
+             })
+        .def("remove_worker",
+             [](SwitchPipeline& p, uint16_t job_id, uint8_t rank) {
+                 with_tables(p, [&](SwitchTables& t) {
+                     t.workers.erase(SwitchTables::worker_key(job_id, rank));
+                 });
+             })
         .def("remove_replica",
              [](SwitchPipeline& p, uint16_t job_id, uint16_t replica) {
                  with_tables(p, [&](SwitchTables& t) {
@@ -159,6 +173,15 @@ void bind_pipeline(nb::module_& m) {
              },
              nb::rv_policy::reference_internal,
              "A live read-only view of counter `which` (switch_tables.hpp's Counter order)")
+        .def("set_counter",
+             [](SwitchPipeline& p, size_t which, size_t index, int64_t value) {
+                 if (which >= inagg::kCounters) throw std::out_of_range("no such counter");
+                 bool ok = locked(p, [&](SwitchPipeline& q) {
+                     return q.counters().set(inagg::Counter(which), index, value);
+                 });
+                 if (!ok) throw std::out_of_range("counter index out of range");
+             },
+             "which"_a, "index"_a, "value"_a, "Set one counter cell (P4Runtime MODIFY)")
         .def("process", &process_frame, "port"_a, "frame"_a,
              "One frame in: the (egress port, frame) pairs it causes (the slow path)");
 }
@@ -192,8 +215,8 @@ void bind_loop(nb::module_& m) {
 }  // namespace
 
 void bind_switch(nb::module_& m) {
-    m.def("switch_sender_id", &inagg::switch_sender_id, "port"_a, "addr"_a,
-          "The engine's id of a switch sender: (ingress port << 32) | IPv4 source");
+    m.def("bound_sender_id", &inagg::bound_sender_id, "rank"_a,
+          "The engine's id of a rank's sender once worker_table admitted it: the rank");
     m.def("unbound_sender_id", &inagg::unbound_sender_id, "rank"_a,
           "The engine's id for a rank no worker_table entry binds: no packet carries it");
     m.attr("SWITCH_LOOP_BATCH") = inagg::SwitchLoop::kBatch;

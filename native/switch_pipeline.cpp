@@ -77,13 +77,22 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
         framing_ok = false;
         inagg_end = at + kInaggHeaderBytes;
     }
-    SenderId sender = switch_sender_id(port, be32(f + kEth + 12));
-    Emit emit = engine_.process(f + at, std::min(inagg_end, len) - at, sender, framing_ok,
-                                result_.data());
+    Emit emit = engine_.process(f + at, std::min(inagg_end, len) - at, sender(port, f, at),
+                                framing_ok, result_.data());
     Outcome outcome = engine_.last_outcome();
     count_outcome(admit, outcome, emit.length != 0);
     if (emit.length)
         replicate(port, f, len, encap, admit, outcome == Outcome::DupDone, emit.length, out);
+}
+
+SenderId SwitchPipeline::sender(uint16_t port, const uint8_t* f, size_t at) const {
+    uint8_t rank = f[at + 4];
+    auto hit = tables_.workers.find(SwitchTables::worker_key(be16(f + at + 2), rank));
+    if (hit == tables_.workers.end()) return kForgedSender;
+    const WorkerBinding& w = hit->second;
+    bool same = w.port == port && w.addr == be32(f + kEth + 12) && w.mac == be48(f + 6) &&
+                (w.udp_port == 0 || w.udp_port == be16(f + kEth + kIp));
+    return same ? bound_sender_id(rank) : kForgedSender;
 }
 
 void SwitchPipeline::count_global(Outcome reason) {

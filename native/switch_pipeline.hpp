@@ -55,13 +55,14 @@ private:
     std::vector<uint8_t> arena_;
 };
 
-// The engine's identity of a sender as the switch sees it: ingress port and IPv4 source
-// (worker_table's bind_worker). A rank no worker_table entry binds gets unbound_sender_id, which
-// no packet can carry, so it matches nobody (a worker_table miss in P4).
-constexpr SenderId switch_sender_id(uint16_t port, uint32_t addr) {
-    return SenderId(port) << 32 | addr;
-}
+// The engine's identity of a sender as the switch sees it. Admission checks worker_table
+// itself (the claimed rank's binding against the frame's ingress port, IPv4, MAC and UDP
+// source), then hands the engine bound_sender_id(rank) when it matches and kForgedSender when
+// not; the engine's member r is bound_sender_id(r), or unbound_sender_id(r) for a rank no entry
+// binds, which no packet is given, so it matches nobody (a worker_table miss in P4).
+constexpr SenderId bound_sender_id(uint8_t rank) { return rank; }
 constexpr SenderId unbound_sender_id(uint8_t rank) { return SenderId(1) << 63 | rank; }
+constexpr SenderId kForgedSender = SenderId(1) << 62;
 
 class SwitchPipeline {
 public:
@@ -83,6 +84,8 @@ private:
     void forwarding(uint16_t port, const uint8_t* frame, size_t len, OutputBatch& out);
     void admission(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
                    OutputBatch& out);
+    // The engine's id of the sender of an inagg frame, for the rank it claims (see above).
+    SenderId sender(uint16_t port, const uint8_t* frame, size_t at) const;
     void count_global(Outcome reason);
     void count_outcome(const JobAdmit& admit, Outcome outcome, bool result);
     void replicate(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,

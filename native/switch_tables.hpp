@@ -23,6 +23,15 @@ struct JobAdmit {
     uint8_t encap = 0;
 };
 
+// worker_table's bind_worker (JobAdmission): the one sender that may claim a rank. udp_port 0
+// binds no port (RoCEv2 senders take theirs from the flow label).
+struct WorkerBinding {
+    uint16_t port = 0;
+    uint32_t addr = 0;
+    uint64_t mac = 0;
+    uint16_t udp_port = 0;
+};
+
 // replica_table's set_worker_address / set_roce_worker_address (ReplicaRewrite).
 struct ReplicaAddress {
     uint64_t mac = 0;
@@ -48,6 +57,7 @@ struct Replica {
 
 struct SwitchTables {
     std::unordered_map<uint16_t, JobAdmit> jobs;                    // job_id
+    std::unordered_map<uint32_t, WorkerBinding> workers;            // job_id << 8 | rank
     std::unordered_map<uint32_t, ReplicaAddress> replicas;          // job_id << 16 | replica
     std::unordered_map<uint64_t, L2Action> l2;                      // dst MAC
     L2Action l2_default;
@@ -55,6 +65,9 @@ struct SwitchTables {
 
     static uint32_t replica_key(uint16_t job_id, uint16_t replica) {
         return uint32_t(job_id) << 16 | replica;
+    }
+    static uint32_t worker_key(uint16_t job_id, uint8_t rank) {
+        return uint32_t(job_id) << 8 | rank;
     }
 };
 
@@ -79,6 +92,15 @@ public:
         if (index >= cells.size()) return;
         int64_t* cell = &cells[index];
         __atomic_store_n(cell, __atomic_load_n(cell, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    }
+
+    // P4Runtime MODIFY of one cell (the controller zeroes a job row's counters); false when
+    // the index is out of range.
+    bool set(Counter c, size_t index, int64_t value) {
+        std::vector<int64_t>& cells = cells_[size_t(c)];
+        if (index >= cells.size()) return false;
+        __atomic_store_n(&cells[index], value, __ATOMIC_RELAXED);
+        return true;
     }
 
     std::vector<int64_t>& cells(Counter c) { return cells_[size_t(c)]; }

@@ -1,6 +1,7 @@
 """The inagg-aggregator server and the client's error paths, over real sockets."""
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -194,3 +195,36 @@ def test_an_oversized_datagram_is_refused_not_fragmented():
             t.send(bytes(65508))
     finally:
         t.close()
+
+
+def test_capped_socket_buffers_are_noticed():
+    """A clean path must not drop: the aggregator asks for large buffers and says when the
+    kernel granted less (net.core.rmem_max without root)."""
+    agg = HostAggregator(("127.0.0.1", 0), AggregationEngine(4, K))
+    try:
+        assert not agg.buffers_too_small
+        agg.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        assert agg.buffers_too_small
+    finally:
+        agg.sock.close()
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_bad_host_job_in_the_controller_feed_never_keeps_the_others_from_being_served(engine):
+    """The feed applies every job it can: a job with two ranks at one address or slots outside
+    the pool is left out and reported, the good ones are served; a later snapshot that fixes or
+    drops the bad job is applied too."""
+    from controller.proto import inagg_controller_pb2 as pb
+    from hostlib.aggregator import apply_snapshot, host_engine
+
+    eng = AggregationEngine(32, K) if engine == "python" else host_engine(32, K)
+    good = pb.HostJob(job_id=1, epoch=1, slot_base=0, slot_count=8, workers=["127.0.0.1:5000", "127.0.0.1:5001"])
+    twin = pb.HostJob(job_id=2, epoch=1, slot_base=8, slot_count=8, workers=["127.0.0.1:6000", "127.0.0.1:6000"])
+    wide = pb.HostJob(job_id=3, epoch=1, slot_base=24, slot_count=16, workers=["127.0.0.1:7000"])
+    refused = apply_snapshot(eng, [good, twin, wide])
+    assert set(eng.jobs) == {1}
+    assert "duplicate worker addresses" in refused[2] and "outside the pool of 32" in refused[3]
+    moved = pb.HostJob(job_id=1, epoch=2, slot_base=8, slot_count=8, workers=list(good.workers))
+    fixed = pb.HostJob(job_id=2, epoch=2, slot_base=0, slot_count=8, workers=["127.0.0.1:6000", "127.0.0.1:6001"])
+    assert apply_snapshot(eng, [moved, fixed]) == {}          # two jobs swap slots in one snapshot
+    assert {j: (c.epoch, c.slot_base) for j, c in eng.jobs.items()} == {1: (2, 8), 2: (2, 0)}

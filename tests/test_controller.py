@@ -14,16 +14,19 @@ from controller.switch import ResultReplication, SwitchConnection
 ADMIN = "s3cret"
 
 
-@pytest.fixture
-def env(tmp_path):
-    state = SoftSwitchState(0, P4Info.load())
-    switch = serve_switch(state, f"unix:{tmp_path}/sw.sock")
+def controller_env(tmp_path, **overrides):
+    """A soft switch (in process, restartable), a controller on it and a client; yields a dict
+    of handles. ``overrides``: controller config keys."""
+    sw_addr = f"unix:{tmp_path}/sw.sock"
+    switch = {"state": SoftSwitchState(0, P4Info.load())}
+    switch["server"] = serve_switch(switch["state"], sw_addr)
     config = parse_config({
         "listen": f"unix:{tmp_path}/ctl.sock", "admin_token": ADMIN,
-        "database": str(tmp_path / "ctl.sqlite"), "lease_seconds": 60, "min_window": 512,
-        "host_aggregator": "10.0.0.100:42666",
-        "switches": [{"name": "s1", "grpc": f"unix:{tmp_path}/sw.sock", "aggregator": "10.0.0.254:42602",
+        "database": str(tmp_path / "ctl.sqlite"), "lease_seconds": 60, "rank_lease_seconds": 60, "min_window": 512,
+        "switch_check_seconds": 0.2, "host_aggregator": "10.0.0.100:42666",
+        "switches": [{"name": "s1", "grpc": sw_addr, "aggregator": "10.0.0.254:42602",
                       "hosts": {f"10.0.0.{i}": {"port": i, "mac": f"00:00:00:00:00:0{i}"} for i in range(1, 5)}}],
+        **overrides,
     })
     running = {}
 
@@ -36,12 +39,27 @@ def env(tmp_path):
         running["srv"].stop(grace=0)
         running["ctl"].close()
 
+    def stop_switch():
+        switch["server"].stop(grace=0).wait()
+
+    def start_switch():
+        """A fresh switch process stand-in: no pipeline, no entries."""
+        switch["state"] = SoftSwitchState(0, P4Info.load())
+        switch["server"] = serve_switch(switch["state"], sw_addr)
+        return switch["state"]
+
     start()
     client = ControllerClient(config.listen)
-    yield {"start": start, "stop": stop, "client": client, "state": state, "sw_addr": f"unix:{tmp_path}/sw.sock"}
+    yield {"start": start, "stop": stop, "client": client, "state": switch["state"], "sw_addr": sw_addr,
+           "ctl": lambda: running["ctl"], "stop_switch": stop_switch, "start_switch": start_switch}
     client.close()
     stop()
-    switch.stop(grace=0)
+    switch["server"].stop(grace=0)
+
+
+@pytest.fixture
+def env(tmp_path):
+    yield from controller_env(tmp_path)
 
 
 def first_grants(client, job_id, token, n=1):
@@ -256,3 +274,247 @@ def test_a_restarted_roce_worker_rejoins_with_a_new_qp(env):
         sw.close()
     with pytest.raises(ControllerError, match="rank 1 cannot move from 10.0.0.2:47000 to 10.0.0.3:47000"):
         c.join(job_id, token, 1, "10.0.0.3:47000", roce_qp=0x999)
+
+
+# -- one tenant cannot wedge or crash the controller ------------------------------------------
+
+def wait_until(predicate, timeout=20.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"iteration_seconds": float("nan")}, "iteration_seconds must be a finite number"),
+    ({"iteration_seconds": float("inf")}, "iteration_seconds must be a finite number"),
+    ({"iteration_seconds": -1.0}, "iteration_seconds must be a finite number"),
+    ({"name": "x" * 129}, "name is 129 characters long; at most 128"),
+    ({"name": "a\0b"}, "name holds a control character"),
+    ({"name": "x" * (3 << 20)}, "RESOURCE_EXHAUSTED"),          # the request itself is too large
+    ({"bytes_per_iteration": 1 << 60}, "bytes_per_iteration must be 0.."),
+])
+def test_bad_job_requests_are_refused(env, kwargs, message):
+    c = env["client"]
+    with pytest.raises(ControllerError, match=message):
+        c.create_job(2, **{"bytes_per_iteration": 1 << 20, "iteration_seconds": 0.1, **kwargs})
+
+
+@pytest.mark.parametrize("address, mac, message", [
+    ("h" * 300 + ":5000", "", "address is 305 characters long"),
+    ("h" * 100_000 + ":5000", "", "RESOURCE_EXHAUSTED"),
+    ("10.0.0.1\0:5000", "", "control character"),
+    ("bad_host!:5000", "", "bad host 'bad_host!'"),
+    ("10.0.0.1:0", "", "port 0"),
+    ("10.0.0.1:5000", "zz:00", "bad MAC 'zz:00'"),
+])
+def test_bad_join_requests_are_refused(env, address, mac, message):
+    c = env["client"]
+    job_id, token = c.create_job(2)
+    with pytest.raises(ControllerError, match=message):
+        c.join(job_id, token, 0, address, mac)
+
+
+def test_a_nan_demand_never_reaches_placement_and_other_jobs_keep_working(env):
+    c = env["client"]
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT"):
+        c.create_job(2, 1 << 20, float("nan"), "nan")
+    j1 = new_job(c, [1, 2], "a")
+    j2 = new_job(c, [3, 4], "b")
+    settle(c, [j1, j2])
+    assert [first_grants(c, *j)[0].mode for j in (j1, j2)] == ["switch", "switch"]
+    c.release(ADMIN, j1[0])
+    assert j1[0] not in {j.job_id for j in c.list_jobs(ADMIN).jobs}
+
+
+def test_unknown_job_and_wrong_token_get_the_same_answer(env):
+    c = env["client"]
+    job_id, _ = c.create_job(2)
+    answers = []
+    for probe in (job_id, job_id + 1000):
+        with pytest.raises(ControllerError) as e:
+            c.heartbeat(probe, "guess")
+        answers.append(str(e.value).replace(str(probe), "N"))
+    assert answers[0] == answers[1] and "PERMISSION_DENIED" in answers[0]
+
+
+def test_out_of_range_ranks_and_boundaries_are_refused(env):
+    c = env["client"]
+    job_id, token = new_job(c, [1, 2], "a")
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: boundary .* is not below 2\\^63"):
+        c.activate(job_id, token, 1, 1 << 63)
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: rank 7 not in 0..1"):
+        c.leave(job_id, token, 7)
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: rank 7 not in 0..1"):
+        c.heartbeat(job_id, token, 7)
+    assert first_grants(c, job_id, token)[0].mode == "switch"      # the job is untouched
+
+
+def test_drain_and_activate_of_an_unplaced_job_are_refused(env):
+    c = env["client"]
+    job_id, token = c.create_job(2)
+    c.join(job_id, token, 0, "10.0.0.1:5000")
+    with pytest.raises(ControllerError, match="FAILED_PRECONDITION: job .* is not placed"):
+        c.drain(ADMIN, job_id)
+    with pytest.raises(ControllerError, match="FAILED_PRECONDITION: job .* has no grant yet"):
+        c.activate(job_id, token, 1, 1)
+    with pytest.raises(ControllerError, match="NOT_FOUND"):
+        c.drain(ADMIN, job_id + 1000)
+
+
+def test_two_ranks_of_a_job_cannot_share_one_address(env):
+    c = env["client"]
+    job_id, token = c.create_job(2)
+    c.join(job_id, token, 0, "10.0.0.9:5000")
+    with pytest.raises(ControllerError, match="rank 1's address 10.0.0.9:5000 is rank 0's already"):
+        c.join(job_id, token, 1, "10.0.0.9:5000")
+    c.join(job_id, token, 1, "10.0.0.9:5001")       # its own port: fine
+    assert first_grants(c, job_id, token)[0].mode == "host"
+
+
+def test_many_small_jobs_fill_the_job_rows_then_run_on_host(tmp_path):
+    """70 one-rank jobs with the default minimum window: 128 windows fit the slot pool, but the
+    switch has 64 job rows (job_table size in the P4Info); jobs 65.. run on host, nothing fails."""
+    env = controller_env(tmp_path, min_window=8)
+    e = next(env)
+    try:
+        c = e["client"]
+        jobs = []
+        for i in range(70):                          # each can use one minimum window only
+            jobs.append(c.create_job(1, 256, 0.1, f"j{i}"))
+            c.join(*jobs[-1], 0, f"10.0.0.{1 + i % 4}:{47000 + i}")
+        modes = [first_grants(c, *j)[0].mode for j in jobs]
+        assert modes == ["switch"] * 64 + ["host"] * 6
+        c.release(ADMIN, jobs[0][0])                 # a row frees: the first host job is offered it
+        pending = first_grants(c, *jobs[64], n=2)[1]
+        assert pending.mode == "switch" and c.activate(*jobs[64], pending.epoch, 1).activated
+        assert len(c.list_jobs(ADMIN).jobs) == 69
+        sw = SwitchConnection(e["sw_addr"], election_id=(0, 0))
+        try:
+            assert len(table(sw, "job_table")) == 64
+        finally:
+            sw.close()
+    finally:
+        next(env, None)
+
+
+def test_a_switch_failure_rolls_back_the_change_and_blocks_no_other_job(env):
+    """While the switch is down, completing a switch job is refused (ABORTED) and nothing of
+    it is kept; a host-only job is placed meanwhile. The restarted switch is re-programmed (the
+    pipeline and every entry) and the refused rank's retry is placed."""
+    c = env["client"]
+    running = c.create_job(2, 256, 0.1, "running")          # one minimum window each
+    for rank in range(2):
+        c.join(*running, rank, f"10.0.0.{rank + 1}:5000")
+    job_id, token = c.create_job(2, 256, 0.1, "late")
+    c.join(job_id, token, 0, "10.0.0.3:5000")
+    env["stop_switch"]()
+    with pytest.raises(ControllerError, match="ABORTED: join of job .* failed and was rolled back"):
+        c.join(job_id, token, 1, "10.0.0.4:5001")
+    listed = {j.job_id: j for j in c.list_jobs(ADMIN).jobs}      # ListJobs still answers
+    assert listed[job_id].joined == 1 and not listed[job_id].HasField("active")
+    host_only = new_job(c, [7, 8], "elsewhere")                    # on no switch: unaffected
+    assert first_grants(c, *host_only)[0].mode == "host"
+    state = env["start_switch"]()
+    assert wait_until(lambda: state.pipeline is not None and len(state.pipeline.tables[
+        "InaggIngress.admission.job_table"].entries) == 1)
+    c.join(job_id, token, 1, "10.0.0.4:5001")
+    settle(c, [running, (job_id, token)])
+    assert first_grants(c, job_id, token)[0].mode == "switch"
+    sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
+    try:
+        assert set(table(sw, "job_table")) == {running[0], job_id}
+        assert len(ResultReplication(sw).groups()) == 3               # flood group + one per job
+    finally:
+        sw.close()
+
+
+def test_a_silent_rank_fails_its_job_and_frees_its_slots(tmp_path):
+    env = controller_env(tmp_path, rank_lease_seconds=0.5)
+    e = next(env)
+    try:
+        c = e["client"]
+        job_id, token = new_job(c, [1, 2], "a")
+        stream = c.watch(job_id, token)
+        assert next(stream).mode == "switch"
+        import time
+        with pytest.raises(ControllerError, match="FAILED_PRECONDITION: job .* failed: rank 1"):
+            for _ in range(100):              # rank 0 beats, rank 1 is silent
+                c.heartbeat(job_id, token, 0)
+                time.sleep(0.1)
+        failed = next(g for g in stream if g.failure)
+        stream.cancel()
+        assert "rank 1 (10.0.0.2:47001) stopped" in failed.failure and "rank 0" not in failed.failure
+        sw = SwitchConnection(e["sw_addr"], election_id=(0, 0))
+        try:
+            assert table(sw, "job_table") == {}
+        finally:
+            sw.close()
+    finally:
+        next(env, None)
+
+
+def test_a_roce_job_needs_one_ip_per_rank(env):
+    """RoCEv2 senders' UDP source port is the flow label's, so the switch binds a RoCEv2 rank by
+    port, IP and MAC only: two ranks on one IP are refused at join."""
+    c = env["client"]
+    job_id, token = c.create_job(2, transport="roce")
+    c.join(job_id, token, 0, "10.0.0.1:5000", roce_qp=5000)
+    with pytest.raises(ControllerError, match="uses RoCEv2: rank 1 shares IP 10.0.0.1 with rank 0"):
+        c.join(job_id, token, 1, "10.0.0.1:5001", roce_qp=5001)
+
+
+def test_the_lease_thread_survives_a_failed_expiry_and_retries(tmp_path):
+    """A job's lease runs out while its switch is down: ending it fails (logged, rolled back)
+    and the lease thread goes on; once the switch is back the job is ended and its entries go."""
+    env = controller_env(tmp_path, lease_seconds=1.0)
+    e = next(env)
+    try:
+        c = e["client"]
+        job_id, token = c.create_job(2, 256, 0.1, "quiet")
+        for rank in range(2):
+            c.join(job_id, token, rank, f"10.0.0.{rank + 1}:5000")
+        import time
+        e["stop_switch"]()
+        time.sleep(2.5)                                   # several expiry attempts fail meanwhile
+        assert job_id in e["ctl"]().jobs
+        state = e["start_switch"]()
+        assert wait_until(lambda: job_id not in e["ctl"]().jobs)
+        assert wait_until(lambda: state.pipeline is not None and not state.pipeline.tables[
+            "InaggIngress.admission.job_table"].entries)
+    finally:
+        next(env, None)
+
+
+def test_a_job_taking_a_used_job_row_starts_from_zero_counters(env):
+    """Job 1's packets are counted in its row; after it leaves, job 2 gets that row and its
+    counters start at zero (the controller zeroes the row before admitting it)."""
+    import numpy as np
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    from hostlib.protocol import SWITCH_VALUES_PER_PACKET, UDP_PORT, build_contribution
+
+    c = env["client"]
+    j1 = c.create_job(2, 256, 0.1, "first")
+    for rank in range(2):
+        c.join(*j1, rank, f"10.0.0.{rank + 1}:5000")
+    grant = first_grants(c, *j1)[0]
+    payload = build_contribution(j1[0], 0, grant.epoch, grant.slot_base, 0, 0,
+                                 np.ones(SWITCH_VALUES_PER_PACKET, np.int32), SWITCH_VALUES_PER_PACKET)
+    frame = bytes(Ether(src="00:00:00:00:00:01", dst="00:00:00:00:00:fe") / IP(src="10.0.0.1", dst="10.0.0.254")
+                  / UDP(sport=5000, dport=UDP_PORT, chksum=0) / payload)
+    for _ in range(3):
+        env["state"].pipeline.process(1, frame)
+    listed = {j.job_id: j for j in c.list_jobs(ADMIN).jobs}
+    assert listed[j1[0]].counters["packets"] == 3 and listed[j1[0]].counters["aggregated"] == 1
+    c.release(ADMIN, j1[0])
+    j2 = c.create_job(2, 256, 0.1, "second")
+    for rank in range(2):
+        c.join(*j2, rank, f"10.0.0.{rank + 3}:5000")
+    listed = {j.job_id: j for j in c.list_jobs(ADMIN).jobs}
+    assert listed[j2[0]].active.mode == "switch"
+    assert listed[j2[0]].counters["packets"] == 0 and listed[j2[0]].counters["duplicates"] == 0

@@ -38,6 +38,8 @@ JOB2 = SwitchJob(2, 1, 1, 8, 8, (worker(0, 2, 51000), worker(1, 3, 51001)))
 JOB3 = SwitchJob(3, 2, 1, 16, 8, tuple(
     WorkerBinding(r, p, host(p)[1], host(p)[0], 0, qp=0x100 + r, rkey=0xA000 + r)
     for r, p in ((0, 1), (1, 3))), encap="roce")
+# Two ranks on one host (h1: one IP, one MAC, a UDP port each), as on a multi-GPU host
+JOB4 = SwitchJob(4, 3, 1, 24, 8, (worker(0, 1, 52000), worker(1, 1, 52001), worker(2, 2, 52002)))
 
 
 @pytest.fixture(scope="module", params=["soft", "soft-python", "bmv2"])
@@ -50,7 +52,7 @@ def dp(request):
     try:
         sw = SwitchConnection(plane.grpc_addr)
         sw.push_pipeline()
-        program_testbed(sw, (JOB1, JOB2, JOB3), 4)
+        program_testbed(sw, (JOB1, JOB2, JOB3, JOB4), 4)
         plane.sw = sw
         yield plane
     finally:
@@ -60,14 +62,15 @@ def dp(request):
 
 
 def contribution(job, rank, values, *, slot, slot_set=0, epoch=1, offset=0, exp=EXP_NONE, flags=0,
-                 src_port=None, raw=None):
-    """A worker's contribution frame as it leaves the worker's host."""
+                 src_port=None, raw=None, eth_src=None, udp_sport=None):
+    """A worker's contribution frame as it leaves the worker's host (``src_port``: the switch
+    port it enters by; ``eth_src``, ``udp_sport``: forged sources)."""
     w = job.workers[rank]
     payload = raw if raw is not None else build_contribution(
         job.job_id, rank, epoch, slot, slot_set, offset,
         None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
-    return bytes(Ether(src=w.mac, dst=SWITCH_MAC) / IP(src=w.ip, dst=SWITCH_IP)
-                 / UDP(sport=w.udp_port, dport=UDP_PORT, chksum=0) / payload), (src_port or w.port)
+    return bytes(Ether(src=eth_src or w.mac, dst=SWITCH_MAC) / IP(src=w.ip, dst=SWITCH_IP)
+                 / UDP(sport=udp_sport or w.udp_port, dport=UDP_PORT, chksum=0) / payload), (src_port or w.port)
 
 
 def send(dp, frame_port):
@@ -216,6 +219,27 @@ def test_forged_packets_are_dropped_and_counted_while_other_job_is_exact(dp):
     assert drops == {"bad_worker": 2, "bad_slot": 1, "stale_epoch": 1}
     assert after["packets"] - before["packets"] == 4
     assert after["aggregated"] == before["aggregated"]
+
+
+def test_two_ranks_on_one_host_are_told_apart_by_udp_port_and_mac(dp):
+    """Ranks 0 and 1 of job 4 share h1's port, IP and MAC: each is bound to its UDP source port,
+    so one cannot contribute as the other; a forged MAC is refused too; the round completes and
+    both get their result."""
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    before = counters.job(JOB4.job_index)
+    send(dp, contribution(JOB4, 0, [1] * K, slot=24, offset=0))
+    send(dp, contribution(JOB4, 1, [9] * K, slot=24, udp_sport=52000))      # rank 1 from rank 0's port
+    send(dp, contribution(JOB4, 1, [9] * K, slot=24, eth_src="00:00:00:00:00:09"))  # forged MAC
+    send(dp, contribution(JOB4, 2, [9] * K, slot=24, udp_sport=52001))      # h2 claiming h1's port
+    assert not [f for fs in dp.recv_all(0.3).values() for f in fs if UDP in Ether(f)]   # no result
+    send(dp, contribution(JOB4, 1, [2] * K, slot=24))
+    send(dp, contribution(JOB4, 2, [3] * K, slot=24))
+    for _, values in expect_results(dp, JOB4, [0, 1, 2]).values():
+        assert values == [6] * K
+    after = counters.job(JOB4.job_index)
+    assert after["drops"].get("bad_worker", 0) - before["drops"].get("bad_worker", 0) == 3
+    assert after["aggregated"] - before["aggregated"] == 3
 
 
 def test_malformed_and_truncated_packets(dp):

@@ -1,7 +1,7 @@
 """Differential test of the two data planes: one random frame sequence (valid, duplicated,
 reordered, forged, malformed, trailers, ordinary traffic, both encapsulations) sent frame by
-frame to the software switch and to BMv2 must give the same frames out of the same ports after
-every frame, and the same counters at the end.
+frame to the software switch (both its engines) and to BMv2 must give the same frames out of the
+same ports after every frame, and the same counters at the end.
 
 BMv2 runs live when simple_switch_grpc is installed; without it the software switch is held to
 BMv2's outputs recorded in tests/fixtures/dataplane_differential.json. Re-record (needs BMv2 and
@@ -27,17 +27,19 @@ from scapy.layers.l2 import ARP, Ether
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_conformance import (  # noqa: E402 - the conformance suite's test bed
-    JOB1, JOB2, JOB3, K, contribution, host, roce_contribution,
+    JOB1, JOB2, JOB3, JOB4, K, contribution, host, roce_contribution,
 )
 
-from bmv2_env.testbed import Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
+from bmv2_env.testbed import (  # noqa: E402
+    SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed,
+)
 from controller.switch import JobCounters, SwitchConnection  # noqa: E402
 from hostlib.protocol import EXP_NONE, pack_header  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "dataplane_differential.json"
 SEED = 12
 STEPS = 150
-JOBS = (JOB1, JOB2, JOB3)
+JOBS = (JOB1, JOB2, JOB3, JOB4)
 
 
 # -- the random frame sequence ----------------------------------------------------------------
@@ -47,9 +49,9 @@ def _values(rng: random.Random) -> list[int]:
 
 
 def _contribution(rng: random.Random) -> tuple[bytes, int]:
-    """A plausible contribution of job 1 or 2, often on the same few slots so rounds complete,
-    with the odd forged or malformed field."""
-    job = rng.choice([JOB1, JOB1, JOB2])
+    """A plausible contribution of job 1, 2 or 4 (two ranks on one host), often on the same few
+    slots so rounds complete, with the odd forged or malformed field."""
+    job = rng.choice([JOB1, JOB1, JOB2, JOB4])
     rank = rng.randrange(len(job.workers))
     slot = job.slot_base + rng.choice([0, 0, 1, 2])
     kw = dict(slot=slot, slot_set=rng.choice([0, 0, 0, 1]), offset=rng.choice([0] * 7 + [K]),
@@ -74,6 +76,10 @@ def _contribution(rng: random.Random) -> tuple[bytes, int]:
     elif odd == 6:
         frame, port = contribution(job, rank, values, **kw)
         return frame[:16] + b"\x00\x30" + frame[18:], port          # IPv4 total length wrong
+    elif odd == 7:
+        kw["eth_src"] = host(rng.choice([1, 2, 3, 4]))[0]           # maybe another host's MAC
+    elif odd == 8:
+        kw["udp_sport"] = rng.choice([w.udp_port for w in JOB4.workers])  # maybe another rank's port
     frame, port = contribution(job, rank, values, **kw)
     if rng.random() < 0.2:
         frame += rng.randbytes(rng.randrange(1, 9))                 # padding / trailer
@@ -213,9 +219,11 @@ def test_recording_is_of_this_generator():
     assert sequence == frame_sequence(json.loads(FIXTURE.read_text())["seed"])
 
 
-def test_soft_switch_matches_bmv2(reference):
+@pytest.mark.parametrize("target", list(SOFT_ENGINES))
+def test_soft_switch_matches_bmv2(reference, target):
+    """Both engines of the software switch (native, and the Python reference)."""
     sequence, bmv2 = reference
-    soft = run("soft", sequence)
+    soft = run(target, sequence)
     assert soft == bmv2, _first_difference(soft, bmv2, sequence)
     assert any(bmv2["steps"]) and bmv2["counters"][str(JOB1.job_id)]["results"] > 0
 

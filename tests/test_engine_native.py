@@ -179,3 +179,8 @@ def test_native_refuses_duplicate_members_and_overlaps():
 
 def test_udp_sender_id_packs_address_and_port():
     assert udp_sender_id(("10.0.0.1", 0xA66A)) == (0x0A000001 << 16) | 0xA66A
+
+
+def test_udp_sender_id_names_an_unresolvable_host():
+    with pytest.raises(ValueError, match="cannot resolve 'no-such-host.invalid'"):
+        udp_sender_id(("no-such-host.invalid", 1))

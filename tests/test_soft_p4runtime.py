@@ -121,3 +121,20 @@ def test_unsupported_requests_get_a_grpc_status(server):
 def test_unreachable_switch_is_a_clear_error(tmp_path):
     with pytest.raises(SwitchError, match="no P4Runtime server answered at unix:"):
         SwitchConnection(f"unix:{tmp_path}/nothing.sock")
+
+
+def test_a_refused_batch_names_each_failed_update_and_never_hangs(server):
+    """The switch answers a partly refused Write with one p4.v1.Error per update (P4Runtime
+    12.3); the client decodes them itself (p4runtime-shell's iterator looped forever on this)."""
+    addr, _ = server
+    sw = SwitchConnection(addr, timeout=5)
+    try:
+        sw.push_pipeline()
+        ups = JobAdmission(sw).updates(INSERT, job(1, 0, 0, 8))
+        sw.write(ups[:1])
+        with pytest.raises(SwitchError) as e:
+            sw.write(ups)                       # update 0 exists already; 1 and 2 are fine
+        assert "update 0: ALREADY_EXISTS" in str(e.value) and "update 1" not in str(e.value)
+        assert len(sw.table_entries("worker_table")) == 2   # the good updates were applied
+    finally:
+        sw.close()

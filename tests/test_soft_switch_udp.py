@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bmv2_env.loopback import ROOT, free_loopback_net
+from bmv2_env.soft_switch import udp_host_mac
 from controller.switch import (
     INSERT, JobAdmission, JobCounters, ReplicaRewrite, ResultReplication, SwitchConnection,
     SwitchJob, WorkerBinding,
@@ -75,7 +76,7 @@ def test_windows_come_back_complete_and_strangers_are_ignored(switch):
     stranger = udp_socket(f"{net}.3")
     try:
         job = SwitchJob(1, 0, 1, 0, SLOTS, tuple(
-            WorkerBinding(r, r + 1, f"{net}.{r + 1}", f"02:00:7f:00:00:0{r + 1}", w.getsockname()[1])
+            WorkerBinding(r, r + 1, f"{net}.{r + 1}", udp_host_mac(f"{net}.{r + 1}"), w.getsockname()[1])
             for r, w in enumerate(workers)))
         sw.write(JobAdmission(sw).updates(INSERT, job) + ReplicaRewrite(sw).updates(INSERT, job)
                  + [ResultReplication(sw).job_update(INSERT, job)])

@@ -105,7 +105,9 @@ def test_bad_input_gives_clear_errors():
             for c in comms:
                 c.close()
     with pytest.raises(ControllerError, match="unreachable"):
-        ControllerClient("127.0.0.1:1", timeout=2).create_job(2)
+        ControllerClient("127.0.0.1:1", timeout=2, insecure=True).create_job(2)
+    with pytest.raises(ControllerError, match="TCP needs TLS"):
+        ControllerClient("127.0.0.1:1")
     with pytest.raises(ValueError, match="transport must be one of udp, roce, got 'rdma'"):
         Communicator(None, 0, 2, "127.0.0.1:1", transport="rdma")   # before any job exists
 

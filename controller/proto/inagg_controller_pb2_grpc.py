@@ -99,7 +99,8 @@ class JobServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Keeps the job's lease alive.
+        """Keeps the job's lease alive, and the lease of the rank it names: a rank silent for longer
+        than its rank lease fails the job (its survivors are told on WatchGrant, its slots freed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

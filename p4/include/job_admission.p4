@@ -2,8 +2,12 @@
  *
  * job_table (job_id -> the job's grant) holds the jobs the controller admitted to the switch;
  * a job that misses it is forwarded untouched (toward its host aggregator). worker_table binds
- * each (job, rank) to the one sender (ingress port, IPv4 source) allowed to claim that rank, so
- * no packet can touch a slot of a job it does not belong to.
+ * each (job, rank) to the one sender allowed to claim that rank: its ingress port, IPv4 source,
+ * Ethernet source and UDP source port, so no packet can touch a slot of a job it does not belong
+ * to, and several ranks on one host (one IP and MAC, a UDP port each: a multi-GPU host) are told
+ * apart. udp_port 0 binds no port: RoCEv2 senders pick their UDP source port from the flow label,
+ * so a RoCEv2 rank is bound by port, IP and MAC only (the controller gives each its own IP).
+ * None of this is authentication: a host on the same port can forge all four (docs/security.md).
  *
  * Checks, in order (the aggregation engine in hostlib/engine.py applies the same order from
  * msg_type on):
@@ -14,7 +18,7 @@
  *   encapsulation is not the job's    -> drop DROP_BAD_ENCAP (results are sent in the
  *                                        trigger's encapsulation: one per job)
  *   msg_type != MSG_CONTRIBUTION      -> drop DROP_BAD_TYPE
- *   rank not bound to this sender     -> drop DROP_BAD_WORKER
+ *   rank not bound to this sender     -> drop DROP_BAD_WORKER (port, IPv4, MAC, UDP port)
  *   epoch != the job's epoch          -> drop DROP_STALE_EPOCH
  *   slot outside [base, base + count) -> drop DROP_BAD_SLOT
  *   payload not 0 or K values (UDP    -> drop DROP_BAD_LENGTH
@@ -32,6 +36,8 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t sm) {
     bit<9>  bound_port = 0;
     bit<32> bound_addr = 0;
+    bit<48> bound_mac = 0;
+    bit<16> bound_udp_port = 0;
 
     action admit(bit<8> job_index, bit<16> slot_base, bit<16> slot_count, bit<8> n_workers,
                  bit<16> epoch, bit<16> mcast_grp, bit<2> encap) {
@@ -52,9 +58,11 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         size = INAGG_MAX_JOBS;
     }
 
-    action bind_worker(bit<9> port, bit<32> addr) {
+    action bind_worker(bit<9> port, bit<32> addr, bit<48> mac, bit<16> udp_port) {
         bound_port = port;
         bound_addr = addr;
+        bound_mac = mac;
+        bound_udp_port = udp_port;
     }
 
     table worker_table {
@@ -100,7 +108,9 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
             } else if (hdr.inagg.msg_type != MSG_CONTRIBUTION) {
                 drop(DROP_BAD_TYPE);
             } else if (!bound || hdr.inagg.worker_id >= meta.n_workers
-                       || bound_port != sm.ingress_port || bound_addr != hdr.ipv4.src_addr) {
+                       || bound_port != sm.ingress_port || bound_addr != hdr.ipv4.src_addr
+                       || bound_mac != hdr.ethernet.src_addr
+                       || (bound_udp_port != 0 && bound_udp_port != hdr.udp.src_port)) {
                 drop(DROP_BAD_WORKER);
             } else if (hdr.inagg.epoch != meta.epoch) {
                 drop(DROP_STALE_EPOCH);

@@ -1,0 +1,124 @@
+"""Per-rank liveness and switch restarts, against the real processes on loopback: ranks run as
+their own processes (tests/rank_process.py), one is SIGKILLed, or the soft switch is restarted
+under a running job."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from bmv2_env.loopback import LoopbackDeployment
+from controller.client import ControllerClient
+from hostlib.communicator import Communicator
+from test_training import on_ranks
+
+RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")
+
+
+class Rank:
+    """A rank process and the lines it printed (read by a thread)."""
+
+    def __init__(self, store: str, rank: int, n: int, dep: LoopbackDeployment, host: int, calls: int = 0):
+        self.proc = subprocess.Popen([sys.executable, RANK, store, str(rank), str(n), dep.controller,
+                                      dep.worker_ip(host), str(calls)], stdout=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+
+    def wait_for(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if line.startswith(prefix):
+                    return line
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"rank never printed {prefix!r}: {self.lines}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def start_job(dep, n, hosts, calls=0):
+    store = os.path.join(tempfile.mkdtemp(), "store")
+    return [Rank(store, r, n, dep, hosts[r], calls) for r in range(n)]
+
+
+def in_process_job(dep, hosts):
+    """One communicator per rank in this process, rank r on host ``hosts[r]``."""
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), len(hosts))
+    return on_ranks(lambda r: Communicator(store, r, len(hosts), dep.controller,
+                                           bind_ip=dep.worker_ip(hosts[r])), len(hosts))
+
+
+def allreduce_all(comms, n=500):
+    futs = [c.allreduce_async(torch.ones(n)) for c in comms]
+    return [f.wait().tolist() for f in futs]
+
+
+def test_killed_rank_is_named_to_its_peers_and_its_slots_are_reused():
+    # min_window 1024: the whole slot pool is one job's, so the other job waits on host
+    with LoopbackDeployment(5, min_window=1024, rank_lease_seconds=4.0) as dep:
+        ranks = start_job(dep, 3, [0, 1, 2])
+        other = None
+        try:
+            for r in ranks:
+                r.wait_for("ok 10", 60)
+            other = in_process_job(dep, [3, 4])
+            assert [c.grant.mode for c in other] == ["host", "host"]   # the switch is full
+            victim = ranks[2]
+            victim.proc.kill()
+            killed_at = time.time()
+            errors = [r.wait_for("error", 40) for r in ranks[:2]]
+            for line in errors:
+                _, when, kind, message = line.split(" ", 3)
+                assert kind == "JobFailed:", line
+                assert f"rank 2 ({dep.worker_ip(2)}:" in message and "stopped" in message, line
+                # named within the rank lease and the lease check, far below the 120 s stall timeout
+                assert float(when) - killed_at < 4.0 + 6.0, line
+            # the other job is untouched, and gets the freed slots at its next boundaries
+            for _ in range(100):
+                assert allreduce_all(other) == [[2.0] * 500] * 2
+                if all(c.grant.mode == "switch" for c in other):
+                    break
+            assert [c.grant.mode for c in other] == ["switch", "switch"]
+            assert other[0].grant.slot_count == 1024
+            admin = ControllerClient(dep.controller)
+            jobs = {j.job_id: j for j in admin.list_jobs(dep.admin_token).jobs}
+            admin.close()
+            failed = [j for j in jobs.values() if j.failure]
+            assert len(failed) == 1 and "rank 2" in failed[0].failure
+            assert not jobs[other[0].job_id].failure
+        finally:
+            for r in ranks:
+                r.stop()
+            for c in other or ():
+                c.close()
+
+
+def test_restarted_switch_is_reprogrammed_and_the_job_finishes_exact():
+    with LoopbackDeployment(2, rank_lease_seconds=6.0) as dep:
+        ranks = start_job(dep, 2, [0, 1], calls=400)
+        try:
+            for r in ranks:
+                r.wait_for("ok 30", 60)
+            dep.restart_switch()               # no pipeline, no entries, no slot state
+            for r in ranks:
+                r.wait_for("done", 120)
+            assert not any(line.startswith("error") for r in ranks for line in r.lines)
+            assert "switch s1 re-programmed (1 job(s))" in dep.log("controller")
+        finally:
+            for r in ranks:
+                r.stop()
