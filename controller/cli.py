@@ -90,7 +90,8 @@ def ctl_main(argv: list[str] | None = None) -> int:
     try:
         admin_token = load_token(args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV))
         if not admin_token:
-            raise ValueError(f"no admin token: give --admin-token-file or set ${ADMIN_TOKEN_ENV}")
+            raise ValueError(f"no admin token: give --admin-token-file, or set ${ADMIN_TOKEN_FILE_ENV} "
+                             f"or ${ADMIN_TOKEN_ENV}")
         client = ControllerClient(args.controller, ca=args.controller_ca, insecure=args.insecure or None)
     except (ValueError, ControllerError) as e:
         print(f"inaggctl: {e}", file=sys.stderr)
