@@ -96,13 +96,13 @@ def parse(data: bytes) -> Frame:
 class SoftPipeline:
     """Tables, multicast groups, counters and the slot engine of one software switch."""
 
-    def __init__(self, p4info: P4Info) -> None:
+    def __init__(self, p4info: P4Info, values_per_packet: int = SWITCH_VALUES_PER_PACKET) -> None:
         self.p4info = p4info
         self.tables = TableStore(p4info)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups()
         self.counters = Counters(p4info)
-        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), SWITCH_VALUES_PER_PACKET,
+        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), values_per_packet,
                                         host_mode=False)
 
     # -- control plane -----------------------------------------------------------------------
