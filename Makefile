@@ -11,6 +11,7 @@ BIN           := $(VENV)/bin
 STAMP         := $(VENV)/.inagg-installed
 
 P4C           ?= p4c-bm2-ss
+BF_P4C        ?= bf-p4c
 TOPO          ?= bmv2_env/topologies/single_switch.json
 DATAPLANE     ?= auto
 EPOCHS        ?=
@@ -21,7 +22,7 @@ ARGS          ?= top
 P4_BUILD      := build/p4
 HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
-.PHONY: all run stop ctl setup setup-emulation demo test bench build clean protos
+.PHONY: all run stop ctl setup setup-emulation demo test bench build tofino clean protos
 
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
@@ -96,3 +97,22 @@ protos:
 # Compile the P4 program and refresh the committed BMv2 JSON + P4Info (needs p4c).
 build:
 	$(P4C) --arch v1model --p4runtime-files p4/inagg.p4info.txtpb -o p4/inagg.json p4/inagg.p4
+
+# Compile the Tofino program with bf-p4c (TNA; TOFINO_TARGETS=tofino2 tries t2na) into build/,
+# then refresh the committed artifacts beside the source: P4Info, tofino.bin, context.json and
+# bfrt.json (gzipped: 170 KB instead of 5 MB) and the compiler's resource summary
+# (docs/tofino.md). Standard P4Runtime counters/registers, so bf_switchd's P4Runtime server and
+# our software switch read the same P4Info.
+TOFINO_TARGETS ?= tofino
+tofino: setup
+	@for t in $(TOFINO_TARGETS); do \
+	  arch=$$( [ $$t = tofino2 ] && echo t2na || echo tna ); \
+	  rm -rf build/$$t && mkdir -p build/$$t p4/tofino/$$t && \
+	  $(BF_P4C) --target $$t --arch $$arch --p4runtime-force-std-externs --verbose 1 \
+	    --p4runtime-files build/$$t/inagg.p4info.txtpb -o build/$$t p4/tofino/inagg.p4 \
+	    2> build/$$t/compile.log || { tail -20 build/$$t/compile.log; exit 1; }; \
+	  cp build/$$t/inagg.p4info.txtpb p4/tofino/$$t/ && \
+	  for f in bfrt.json pipe/$$t.bin pipe/context.json; do \
+	    gzip -9 -n -c build/$$t/$$f > p4/tofino/$$t/$$(basename $$f).gz; done && \
+	  $(BIN)/python -m tools.tofino_resources build/$$t > p4/tofino/$$t/resources.json || exit 1; \
+	done

@@ -15,15 +15,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bmv2_env.p4runtime_server import SoftSwitchState, serve as serve_switch  # noqa: E402
 from controller.allocator import Demand, SlotAllocator  # noqa: E402
 from controller.client import ControllerClient  # noqa: E402
-from controller.config import parse_config  # noqa: E402
-from controller.p4info import P4Info  # noqa: E402
+from controller.config import default_program, parse_config  # noqa: E402
 from controller.service import Controller, serve as serve_controller  # noqa: E402
 
 
 def admission(jobs: int = 20, workers: int = 4) -> list[float]:
     """Seconds from CreateJob to the first grant of a job whose workers all joined."""
     with tempfile.TemporaryDirectory() as d:
-        switch = serve_switch(SoftSwitchState(0, P4Info.load()), f"unix:{d}/sw.sock")
+        switch = serve_switch(SoftSwitchState(0, default_program("soft").p4info), f"unix:{d}/sw.sock")
         hosts = {f"10.0.{i // 250}.{i % 250 + 1}": {"port": i % 500 + 1, "mac": f"02:00:00:00:{i // 256:02x}:{i % 256:02x}"}
                  for i in range(jobs * workers)}
         config = parse_config({"listen": f"unix:{d}/ctl.sock", "admin_token": "t", "database": f"{d}/db",

@@ -4,7 +4,12 @@
 Each deployment takes a loopback /24 of its own, 127.A.B.0/24, chosen at random and checked free,
 so runs of other checkouts on the same machine never meet it: worker r uses 127.A.B.(r+1),
 attached to switch port r+1; the switch's inagg address is 127.A.B.254, the host aggregator's
-127.A.B.100. ``make demo``, the training tests and the benchmarks run on it."""
+127.A.B.100. ``make demo``, the training tests and the benchmarks run on it.
+
+``target="tofino"`` makes it Tofino-shaped: the software data plane runs the Tofino program's
+P4Info (its K, names and counters), the controller deploys to it as to a Tofino (the packed
+tofino.bin + context.json device config, front-panel ports mapped to device ports 128 + 4 r),
+so the controller's Tofino path and grants carrying the Tofino K are tested without the chip."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from controller.config import DEFAULT_ARTIFACTS
 from controller.credentials import ADMIN_TOKEN_ENV
 from hostlib.grant import HOST_AGGREGATOR_PORT
 from hostlib.protocol import UDP_PORT
@@ -50,7 +56,11 @@ class LoopbackDeployment:
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
                  lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
-                 aggregator_drop_rate: float = 0.0, metrics: bool = False) -> None:
+                 aggregator_drop_rate: float = 0.0, target: str = "soft",
+                 metrics: bool = False) -> None:
+        if target not in ("soft", "tofino"):
+            raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped 'tofino', not {target!r}")
+        self.target = target
         self.n_hosts = n_hosts
         self.with_switch = with_switch
         self.min_window = min_window
@@ -67,6 +77,11 @@ class LoopbackDeployment:
 
     def worker_ip(self, rank: int) -> str:
         return f"{self.net}.{rank + 1}"
+
+    def device_port(self, rank: int) -> int:
+        """The switch port worker ``rank`` is attached to: front-panel port rank + 1, which a
+        Tofino-shaped switch maps to device port 128 + 4 rank (pipe 1, as on a Tofino)."""
+        return 128 + 4 * rank if self.target == "tofino" else rank + 1
 
     def worker_mac(self, rank: int) -> str:
         """The source MAC the soft switch gives host ``rank``'s datagrams."""
@@ -94,10 +109,14 @@ class LoopbackDeployment:
             switches = []
             if self.with_switch:
                 self.start_switch()
-                switches.append({
-                    "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "aggregator": f"{self.switch_ip}:{UDP_PORT}",
+                switch = {
+                    "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "target": self.target,
+                    "aggregator": f"{self.switch_ip}:{UDP_PORT}",
                     "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
-                              for r in range(self.n_hosts)}})
+                              for r in range(self.n_hosts)}}
+                if self.target == "tofino":
+                    switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
+                switches.append(switch)
             config = {"listen": self.controller, "admin_token": self.admin_token,
                       "database": str(self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
                       "rank_lease_seconds": self.rank_lease_seconds, "switch_check_seconds": 0.5,
@@ -115,10 +134,13 @@ class LoopbackDeployment:
         return self
 
     def start_switch(self) -> None:
-        ports = [a for r in range(self.n_hosts) for a in ("-i", f"{r + 1}@udp:{self.worker_ip(r)}")]
+        ports = [a for r in range(self.n_hosts)
+                 for a in ("-i", f"{self.device_port(r)}@udp:{self.worker_ip(r)}")]
+        p4info = ROOT / DEFAULT_ARTIFACTS[self.target]["p4info"]
         self.switch_proc = self._start(
             "switch", [sys.executable, "-m", "bmv2_env.soft_switch", *ports, "--udp-bind", self.switch_ip,
-                       "--device-id", "0", "--no-p4", "--", "--grpc-server-addr", f"unix:{self.dir}/switch.sock"],
+                       "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
+                       "--grpc-server-addr", f"unix:{self.dir}/switch.sock"],
             "inagg-soft-switch")
 
     def restart_switch(self) -> None:

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 from controller.credentials import ADMIN_TOKEN_FILE_ENV, write_token
-from controller.p4info import BMV2_JSON_PATH, P4INFO_PATH
 from hostlib.grant import ETHERNET_MTU, HOST_AGGREGATOR_PORT, values_for_mtu
 from hostlib.protocol import UDP_PORT
 
@@ -151,10 +150,10 @@ class Run:
     """One bring-up of a topology: network, controller, aggregator, jobs, summary, teardown."""
 
     def __init__(self, topo: Topology, dataplane: str, run: RunDir, epochs: int | None = None,
-                 transport: str | None = None, p4: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH)) -> None:
+                 transport: str | None = None, program_files: dict[str, str] | None = None) -> None:
         self.topo, self.dataplane, self.run, self.transport = topo, dataplane, run, transport
         self.epochs = job_epochs(topo, epochs)
-        self.p4info, self.bmv2_json = p4
+        self.program_files = program_files or {}   # p4info/bmv2_json for every switch; {}: p4/
         self.net = None
         self.procs: list[subprocess.Popen] = []
         self.admin_file = run.path / "admin-token"
@@ -229,8 +228,8 @@ class Run:
             # (the aggregator derives the same K from its interface)
             "host_values_per_packet": values_for_mtu(ETHERNET_MTU),
             "metrics_listen": self.metrics_addr,
-            "p4info": str(self.p4info), "bmv2_json": str(self.bmv2_json),
-            "switches": [{"name": name, "grpc": sw.grpc, "device_id": sw.device_id,
+            "switches": [{"name": name, "grpc": sw.grpc, "device_id": sw.device_id, "target": self.dataplane,
+                          **self.program_files,
                           "aggregator": f"{s['aggregator_ip']}:{UDP_PORT}",
                           "hosts": self.topo.host_ports(name)}
                          for (name, s), sw in zip(self.topo.switches.items(), self.net.switches)],
@@ -420,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, help="the first job's epochs; the others scale alike")
     p.add_argument("--transport", choices=["udp", "roce"],
                    help="override every job's transport to the switch (topology: \"transport\")")
-    p.add_argument("--p4info", type=Path, default=P4INFO_PATH, help="P4Info pushed to BMv2 switches")
-    p.add_argument("--bmv2-json", type=Path, default=BMV2_JSON_PATH, help="BMv2 JSON pushed to BMv2 switches")
+    p.add_argument("--p4info", type=Path, help="P4Info pushed to BMv2 switches (default: p4/'s)")
+    p.add_argument("--bmv2-json", type=Path, help="BMv2 JSON pushed to BMv2 switches (default: p4/'s)")
     p.add_argument("--cli", action="store_true", help="keep the network up at a mininet> prompt after the jobs")
     p.add_argument("--json", type=Path, help="write the summary rows here")
     p.add_argument("--stop", action="store_true", help="stop this checkout's unfinished runs and exit")
@@ -439,12 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dataplane = choose_dataplane(args.dataplane)
     # the software data plane runs the committed program only (its pipeline is Python)
-    p4 = ((args.p4info.resolve(), args.bmv2_json.resolve()) if dataplane == "bmv2"
-          else (P4INFO_PATH, BMV2_JSON_PATH))
+    program_files = {key: str(path.resolve()) for key, path in
+                     (("p4info", args.p4info), ("bmv2_json", args.bmv2_json)) if path and dataplane == "bmv2"}
     run_dir = RunDir.create()
     print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)
-    run = Run(topo, dataplane, run_dir, args.epochs, args.transport, p4)
+    run = Run(topo, dataplane, run_dir, args.epochs, args.transport, program_files)
 
     def terminated(*_):
         raise Terminated

@@ -2,13 +2,15 @@
 error for everything else (never a silent success).
 
 Implemented: StreamChannel arbitration (primary = highest election id per device), Capabilities,
-Set/GetForwardingPipelineConfig (only the committed inagg P4Info is accepted), Write/Read of
-table entries and multicast groups, Read and MODIFY of indexed counter entries. Not implemented, as in BMv2:
+Set/GetForwardingPipelineConfig (only the inagg P4Info it runs is accepted; for the Tofino
+program's P4Info also only a well-formed Tofino device config), Write/Read of table entries
+and multicast groups, Read and MODIFY of indexed counter entries. Not implemented, as in BMv2:
 register entries; also not implemented here: packet-in/out, digests, action profiles, meters.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -19,7 +21,8 @@ import grpc
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from controller.p4info import P4Info
+from controller.p4info import P4Info, same_p4info
+from controller.program import unpack_tofino_config
 
 from .native_pipeline import NativePipeline
 from .pipeline import JOB_TABLE, WORKER_TABLE, SoftPipeline
@@ -29,6 +32,7 @@ Pipeline = Union[SoftPipeline, NativePipeline]
 
 log = logging.getLogger("inagg.soft_switch.p4runtime")
 API_VERSION = "1.4.1"
+MAX_MESSAGE_BYTES = 256 << 20
 
 
 def _election(eid) -> tuple[int, int]:
@@ -173,11 +177,26 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"this software data plane runs program '{program.program_name}', "
                 f"not '{config.p4info.pkg_info.name or '(unnamed)'}'")
-        if config.p4info != program.message:
+        if not same_p4info(config.p4info, program.message):
             raise StatusError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"P4Info of '{program.program_name}' differs from the committed "
-                f"p4/inagg.p4info.txtpb: rebuild or update the controller")
+                f"P4Info of '{program.program_name}' differs from the one this data plane runs: "
+                f"rebuild or update the controller")
+        if program.message.pkg_info.arch in ("tna", "t2na"):
+            self._verify_tofino_config(config.p4_device_config)
+
+    def _verify_tofino_config(self, data: bytes) -> None:
+        """A Tofino-shaped switch takes the device config bf_switchd takes: PI's packing of the
+        program name, tofino.bin and context.json (controller/program.py), all checked."""
+        try:
+            name, binary, context = unpack_tofino_config(data)
+            json.loads(context)
+        except ValueError as e:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if name != self.state.program.program_name or not binary:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"tofino device config is for program '{name}' "
+                              f"({len(binary)}-byte binary), not '{self.state.program.program_name}'")
 
     def GetForwardingPipelineConfig(self, request, context):
         R = p4runtime_pb2.GetForwardingPipelineConfigRequest
@@ -288,7 +307,10 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
 
 def serve(state: SoftSwitchState, address: str) -> grpc.Server:
     """Start the gRPC server (``host:port`` or ``unix:/path``); raises if it cannot bind."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    # a Tofino device config (tofino.bin + context.json) is several MB; P4Runtime servers take
+    # large pipelines (gRPC's 4 MB default would refuse it)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(P4RuntimeService(state), server)
     if server.add_insecure_port(address) == 0 and not address.startswith("unix:"):
         raise OSError(f"cannot listen on {address}")

@@ -1,5 +1,9 @@
 """The software data plane's pipeline: ``p4/inagg.p4`` executed in Python.
 
+It runs whichever inagg P4Info it is given: BMv2's, or the Tofino program's (a "Tofino-shaped"
+switch: TNA names, its K values per packet, its counter layout), so the controller's Tofino
+path is exercised without the chip.
+
 Each method below mirrors one P4 control and its decision table (see the P4 file for the
 table); the slot logic itself is ``hostlib.engine.AggregationEngine``, the specification the
 native engine is held to, configured from the job_table and worker_table entries the controller
@@ -28,7 +32,6 @@ from hostlib.protocol import (
     ROCE_INAGG_IMMEDIATE,
     ROCE_OPCODE_UC_WRITE_ONLY_IMM,
     ROCE_UDP_PORT,
-    SWITCH_VALUES_PER_PACKET,
     UDP_PORT,
     VERSION,
     Outcome,
@@ -96,14 +99,15 @@ def parse(data: bytes) -> Frame:
 class SoftPipeline:
     """Tables, multicast groups, counters and the slot engine of one software switch."""
 
-    def __init__(self, p4info: P4Info, values_per_packet: int = SWITCH_VALUES_PER_PACKET) -> None:
+    def __init__(self, p4info: P4Info, values_per_packet: int | None = None) -> None:
         self.p4info = p4info
         self.tables = TableStore(p4info)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups()
         self.counters = Counters(p4info)
-        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), values_per_packet,
+        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), values_per_packet or p4info.values_per_packet,
                                         host_mode=False)
+        self.drop_row = p4info.drop_row_length
 
     # -- control plane -----------------------------------------------------------------------
 
@@ -187,7 +191,7 @@ class SoftPipeline:
         elif outcome in (Outcome.DUP_PENDING, Outcome.DUP_DONE):
             c.count(JOB_DUPLICATES, job_index)
         else:
-            c.count(JOB_DROPS, job_index * len(DROP_REASONS) + _DROP_CODE[outcome.label])
+            c.count(JOB_DROPS, job_index * self.drop_row + _DROP_CODE[outcome.label])
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one

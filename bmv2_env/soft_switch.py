@@ -37,14 +37,14 @@ from pathlib import Path
 from scapy.data import DLT_EN10MB
 from scapy.utils import RawPcapWriter
 
-from controller.p4info import BMV2_JSON_PATH, P4Info
+from controller.config import default_program
+from controller.p4info import P4Info
 
 from hostlib import _native
 from hostlib.protocol import (
     HEADER_BYTES,
     ROCE_HEADER_BYTES,
     ROCE_ICRC_BYTES,
-    SWITCH_VALUES_PER_PACKET,
     UDP_PORT,
     ipv4,
 )
@@ -182,12 +182,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="write <iface>_in.pcap / <iface>_out.pcap per port into DIR")
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
     p.add_argument("--udp-bind", metavar="IP", help="switch address for udp: ports (loopback mode)")
+    p.add_argument("--p4info", metavar="PATH",
+                   help="the P4Info of the program this data plane runs (default: p4/inagg's; "
+                        "p4/tofino/tofino/inagg.p4info.txtpb makes a Tofino-shaped switch)")
     p.add_argument("--engine", choices=("native", "python"), default="native",
                    help="the pipeline: C++ on its own packet-loop thread (default), or the "
                         "Python reference")
-    p.add_argument("--values-per-packet", type=int, default=SWITCH_VALUES_PER_PACKET, metavar="K",
-                   help="values per packet this software target aggregates (default: the P4 "
-                        f"program's {SWITCH_VALUES_PER_PACKET}); workers must be granted the same K, "
+    p.add_argument("--values-per-packet", type=int, metavar="K",
+                   help="values per packet this software target aggregates (default: the "
+                        "program's, from its P4Info); workers must be granted the same K, "
                         "and its packets must fit the ports' MTU")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
@@ -207,7 +210,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ports[int(num)] = iface
     if any(i.startswith("udp:") for i in ports.values()) and not args.udp_bind:
         p.error("udp: ports need --udp-bind")
-    if not 1 <= args.values_per_packet <= MAX_VALUES_PER_PACKET:
+    if args.values_per_packet is not None and not 1 <= args.values_per_packet <= MAX_VALUES_PER_PACKET:
         p.error(f"--values-per-packet must be in 1..{MAX_VALUES_PER_PACKET} (a packet must fit "
                 f"one UDP datagram), got {args.values_per_packet}")
     args.ports = ports
@@ -232,7 +235,7 @@ def distinct(attach: dict[int, RawPort | UdpPorts]) -> list[RawPort | UdpPorts]:
     return list({id(a): a for a in attach.values()}.values())
 
 
-def pipeline_factory(engine: str, values_per_packet: int, loop: _native.SwitchLoop | None):
+def pipeline_factory(engine: str, values_per_packet: int | None, loop: _native.SwitchLoop | None):
     """What builds the pipeline for each committed config: the Python reference, or a native
     core that the packet loop (when there is one) switches to."""
     if engine == "python":
@@ -300,15 +303,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    program = P4Info.load()
+    default = default_program("soft")
+    program = P4Info.load(args.p4info) if args.p4info else default.p4info
     per_frame = args.engine == "python" or args.log_console
     loop = None if per_frame else _native.SwitchLoop()
     state = SoftSwitchState(args.device_id, program,
                             pipeline_factory(args.engine, args.values_per_packet, loop))
     if args.config:
-        if Path(args.config).read_bytes() != BMV2_JSON_PATH.read_bytes():
+        if Path(args.config).read_bytes() != default.device_config():
             print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
-                  f"({BMV2_JSON_PATH})", file=sys.stderr)
+                  f"({default.files['bmv2_json']})", file=sys.stderr)
             return 2
         state.pipeline = state.make_pipeline(program)
     pcaps: dict[tuple[int, str], PcapWriter] = {}

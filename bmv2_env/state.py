@@ -86,10 +86,10 @@ class TableStore:
             for a in p4info.message.actions:
                 if a.preamble.id == t.const_default_action_id:
                     default = Action(a.preamble.name)
-            self.tables[t.preamble.name] = Table(t.preamble.name, t,
-                                                 default_is_const=bool(t.const_default_action_id),
-                                                 mirror=mirror)
-            self.tables[t.preamble.name].set_default_action(default)
+            name = p4info.local_name(t.preamble.name)   # the same names for BMv2 and TNA P4Infos
+            self.tables[name] = Table(name, t, default_is_const=bool(t.const_default_action_id),
+                                      mirror=mirror)
+            self.tables[name].set_default_action(default)
 
     def __getitem__(self, name: str) -> Table:
         return self.tables[name]
@@ -269,10 +269,11 @@ class Counters:
         """``set_cell(name, index, value)`` writes a cell of ``arrays`` when they are views."""
         self.p4info = p4info
         self.arrays: dict[str, np.ndarray] = arrays or {
-            c.preamble.name: np.zeros(c.size, dtype=np.int64) for c in p4info.message.counters
+            p4info.local_name(c.preamble.name): np.zeros(c.size, dtype=np.int64)
+            for c in p4info.message.counters
         }
         self._set_cell = set_cell or (lambda name, index, value: self.arrays[name].__setitem__(index, value))
-        self._by_id = {c.preamble.id: c.preamble.name for c in p4info.message.counters}
+        self._by_id = {c.preamble.id: p4info.local_name(c.preamble.name) for c in p4info.message.counters}
 
     def count(self, name: str, index: int) -> None:
         array = self.arrays[name]

@@ -13,10 +13,17 @@ Example (bmv2_env/topologies/ ships real ones)::
       "metrics_listen": "127.0.0.1:9464",
       "switches": [{
         "name": "s1", "grpc": "127.0.0.1:9559", "device_id": 0,
+        "target": "bmv2",
         "aggregator": "10.0.0.254:42602", "aggregator_mac": "00:00:00:00:00:fe",
         "hosts": {"10.0.0.1": {"port": 1, "mac": "00:00:00:00:00:01"}}
       }]
     }
+
+Each switch names its ``target`` (bmv2, soft, tofino; default bmv2) and may name its program's
+artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context``); the shipped
+builds in p4/ are the defaults. A Tofino switch maps the front-panel ports its hosts use to
+device ports (``"device_ports": {"1": 128, ...}``, docs/tofino.md), every used port mapped.
+Relative paths are relative to the config file.
 """
 
 from __future__ import annotations
@@ -29,7 +36,17 @@ from pathlib import Path
 from hostlib.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
 from .credentials import load_token
-from .p4info import BMV2_JSON_PATH, P4INFO_PATH
+from .program import DEVICE_FILES, TARGETS, Program
+
+REPO = Path(__file__).resolve().parents[1]
+# The programs this repository builds, by target (a config may name others).
+DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
+    "bmv2": {"p4info": "p4/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
+    "soft": {"p4info": "p4/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
+    "tofino": {"p4info": "p4/tofino/tofino/inagg.p4info.txtpb",
+               "binary": "p4/tofino/tofino/tofino.bin.gz",
+               "context": "p4/tofino/tofino/context.json.gz"},
+}
 
 
 @dataclass(frozen=True)
@@ -44,11 +61,18 @@ class SwitchConfig:
     grpc: str
     device_id: int
     aggregator: str               # "ip:port" workers send contributions to in switch mode
-    hosts: dict[str, HostPort]    # IPv4 -> where that host is attached
+    hosts: dict[str, HostPort]    # IPv4 -> where that host is attached (front-panel port)
+    program: Program | None = None   # None: the default program of bmv2
+    device_ports: dict[int, int] = field(default_factory=dict)  # front panel -> device port
 
     @property
     def ports(self) -> list[int]:
-        return sorted({h.port for h in self.hosts.values()})
+        """The device ports the hosts are attached to."""
+        return sorted({self.device_port(h.port) for h in self.hosts.values()})
+
+    def device_port(self, front_panel: int) -> int:
+        """The device port of a front-panel port (the same number where no map is given)."""
+        return self.device_ports.get(front_panel, front_panel) if self.device_ports else front_panel
 
 
 @dataclass(frozen=True)
@@ -71,8 +95,6 @@ class ControllerConfig:
     host_window: int = HOST_WINDOW
     host_values_per_packet: int = HOST_VALUES_PER_PACKET
     metrics_listen: str = ""              # "ip:port" of the Prometheus endpoint; "" = none
-    p4info: str = str(P4INFO_PATH)        # the program pushed to switches that run none
-    bmv2_json: str = str(BMV2_JSON_PATH)
     extra: dict = field(default_factory=dict)
 
 
@@ -82,19 +104,63 @@ def _need(d: dict, key: str, where: str):
     return d[key]
 
 
+_SWITCH_KEYS = {"name", "grpc", "device_id", "target", "aggregator", "aggregator_mac", "hosts",
+                "device_ports", "p4info"} | {k for keys in DEVICE_FILES.values() for k in keys}
+
+
+def parse_program(s: dict, where: str, base: Path | None) -> Program:
+    """The switch's program: its target and artifacts (config paths over the defaults)."""
+    target = s.get("target", "bmv2")
+    if target not in TARGETS:
+        raise ValueError(f"{where}: target must be one of {', '.join(TARGETS)}, got {target!r}")
+    paths = {}
+    for key, default in DEFAULT_ARTIFACTS[target].items():
+        given = s.get(key)
+        paths[key] = (base or REPO) / given if given is not None else REPO / default
+    stray = set(k for keys in DEVICE_FILES.values() for k in keys) - set(DEVICE_FILES[target])
+    if stray & set(s):
+        raise ValueError(f"{where}: {sorted(stray & set(s))} do not belong to a {target} program")
+    try:
+        return Program(target, paths.pop("p4info"), paths)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def default_program(target: str) -> Program:
+    """The program this repository builds for ``target`` (p4/, see DEFAULT_ARTIFACTS)."""
+    return parse_program({"target": target}, target, None)
+
+
+def parse_device_ports(s: dict, where: str, ports: set[int]) -> dict[int, int]:
+    """Front-panel -> device port map; every port a host uses must be in it when given."""
+    given = s.get("device_ports", {})
+    mapping = {int(k): int(v) for k, v in given.items()}
+    if mapping and not ports <= set(mapping):
+        raise ValueError(f"{where}.device_ports: no device port for front-panel port(s) "
+                         f"{sorted(ports - set(mapping))}")
+    if len(set(mapping.values())) != len(mapping):
+        raise ValueError(f"{where}.device_ports: two front-panel ports share a device port")
+    return mapping
+
+
 def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     """Validate a config dict, naming the first bad entry."""
     switches = []
     for i, s in enumerate(data.get("switches", [])):
         where = f"switches[{i}]"
+        unknown_keys = set(s) - _SWITCH_KEYS
+        if unknown_keys:
+            raise ValueError(f"{where}: unknown key(s) {sorted(unknown_keys)}")
         hosts = {}
         for ip, h in _need(s, "hosts", where).items():
             ipaddress.IPv4Address(ip)
             hosts[ip] = HostPort(int(_need(h, "port", f"{where}.hosts[{ip}]")),
                                  str(_need(h, "mac", f"{where}.hosts[{ip}]")))
         parse_address(_need(s, "aggregator", where))
-        switches.append(SwitchConfig(str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)),
-                                     int(s.get("device_id", 0)), s["aggregator"], hosts))
+        switches.append(SwitchConfig(
+            str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)), int(s.get("device_id", 0)),
+            s["aggregator"], hosts, parse_program(s, where, base),
+            parse_device_ports(s, where, {h.port for h in hosts.values()})))
     host_aggregator = _need(data, "host_aggregator", "config")
     parse_address(host_aggregator)
     known = {f for f in ControllerConfig.__dataclass_fields__} - {"switches", "host_aggregator", "extra"}
@@ -102,7 +168,7 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     if unknown:
         raise ValueError(f"config: unknown key(s) {sorted(unknown)}")
     kwargs = {k: data[k] for k in known if k in data}
-    for key in ("database", "admin_token_file", "tls_cert", "tls_key", "p4info", "bmv2_json"):
+    for key in ("database", "admin_token_file", "tls_cert", "tls_key"):
         if kwargs.get(key) and base is not None and not Path(kwargs[key]).is_absolute():
             kwargs[key] = str(base / kwargs[key])
     if bool(kwargs.get("tls_cert")) != bool(kwargs.get("tls_key")):

@@ -6,17 +6,21 @@ exactly as the p4runtime-shell tooling does."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 from p4runtime_sh.context import Context, P4Type
 
-P4_DIR = Path(__file__).resolve().parents[1] / "p4"
-P4INFO_PATH = P4_DIR / "inagg.p4info.txtpb"
-BMV2_JSON_PATH = P4_DIR / "inagg.json"
+__all__ = ["P4Info", "P4Type", "encode", "decode", "same_p4info"]
 
-__all__ = ["P4Info", "P4Type", "P4INFO_PATH", "BMV2_JSON_PATH", "encode", "decode"]
+
+def same_p4info(a: p4info_pb2.P4Info, b: p4info_pb2.P4Info) -> bool:
+    """Whether two P4Infos are the same program. Compared serialized: a TNA P4Info carries
+    Tofino extern descriptions (barefoot.PortMetadata) as Any messages whose types this process
+    does not know, which protobuf's == cannot compare."""
+    return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
 
 
 def encode(value: int, bitwidth: int) -> bytes:
@@ -43,7 +47,7 @@ class P4Info:
         self.context.set_p4info(message)
 
     @classmethod
-    def load(cls, path: Path | str = P4INFO_PATH) -> "P4Info":
+    def load(cls, path: Path | str) -> "P4Info":
         message = p4info_pb2.P4Info()
         text_format.Merge(Path(path).read_text(), message)
         return cls(message)
@@ -63,6 +67,40 @@ class P4Info:
 
     def by_id(self, obj_id: int):
         return self.context.get_obj_by_id(obj_id)
+
+    def local_name(self, name: str) -> str:
+        """A fully qualified name without the pipeline prefix bf-p4c may add for TNA externs
+        ("pipe."), so both targets' objects have the names of the P4 controls (InaggIngress....)."""
+        if self.message.pkg_info.arch in ("tna", "t2na"):
+            return name.removeprefix("pipe.")
+        return name
+
+    @property
+    def values_per_packet(self) -> int:
+        """K, the int32 values per packet of this program: a property of the target, carried
+        by job_table's @inagg_values_per_packet annotation and handed to workers in grants."""
+        table = self.obj(P4Type.table, "job_table")
+        for note in table.preamble.annotations:
+            m = re.fullmatch(r"@inagg_values_per_packet\((\d+)\)", note)
+            if m:
+                return int(m.group(1))
+        raise KeyError(f"{self.program_name}: job_table has no @inagg_values_per_packet annotation")
+
+    @property
+    def drop_row_length(self) -> int:
+        """Counters per job in job_drops (BMv2: DROP_REASONS; Tofino rounds up to a power of
+        two, as it cannot multiply): the job_drops / job_packets size ratio."""
+        return self.obj(P4Type.counter, "job_drops").size // self.obj(P4Type.counter, "job_packets").size
+
+    @property
+    def encapsulations(self) -> tuple[str, ...]:
+        """The encapsulations the program aggregates: RoCEv2 only where it can address (and
+        re-checksum) RoCE results, i.e. has set_roce_worker_address."""
+        try:
+            self.obj(P4Type.action, "set_roce_worker_address")
+        except KeyError:
+            return ("udp",)
+        return ("udp", "roce")
 
     def table_size(self, name: str) -> int:
         """Entries a table holds (its P4 ``size``)."""

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from pathlib import Path
 
 from hostlib.protocol import MAX_WORKERS
 
 from .allocator import SlotAllocator
 from .config import SwitchConfig
-from .p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info
+from .p4info import P4Info
 from .switch import (
     DELETE, INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
     ResultReplication, SwitchConnection, SwitchJob,
@@ -40,24 +39,26 @@ class SwitchCapacity:
 class SwitchRuntime:
     """One switch: its session, its allocator and the programming of its tables."""
 
-    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info,
-                 pipeline_files: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH)) -> None:
+    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info) -> None:
         self.cfg = cfg
-        self.pipeline_files = pipeline_files         # P4Info, BMv2 JSON: pushed when it runs none
         self.allocator = allocator
         self.p4info = p4info
+        self.capacity = SwitchCapacity.from_p4info(p4info)
         self.wanted: list[SwitchJob] | None = None   # what the switch should hold
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
         self.restarts = 0                            # times it was found restarted and re-programmed
-        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, p4info=p4info, program=pipeline_files)
-        self.sw.ensure_pipeline()
+        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program)
+        try:
+            self.sw.ensure_pipeline()
+        except BaseException:
+            self.sw.close()   # its stream thread would keep a failing controller alive
+            raise
 
     def reconnect(self) -> SwitchConnection:
         """A new session after the old one broke, with our pipeline pushed if the switch lost
         it (or runs another); raises SwitchError while the switch is down. The caller swaps it
         in (``adopt``)."""
-        sw = SwitchConnection(self.cfg.grpc, self.cfg.device_id, p4info=self.p4info,
-                              program=self.pipeline_files)
+        sw = SwitchConnection(self.cfg.grpc, self.cfg.device_id, program=self.cfg.program)
         try:
             sw.restore_pipeline()
         except BaseException:
@@ -78,7 +79,8 @@ class SwitchRuntime:
     def desired(self, jobs: list[SwitchJob]):
         """Entries (by table and key) and multicast groups the switch should hold."""
         fwd = Forwarding(self.sw)
-        updates = [fwd.host_update(INSERT, h.mac, h.port) for h in self.cfg.hosts.values()]
+        updates = [fwd.host_update(INSERT, h.mac, self.cfg.device_port(h.port))
+                   for h in self.cfg.hosts.values()]
         updates += fwd.flood_updates(INSERT, self.cfg.ports)
         for job in jobs:
             updates.append(ResultReplication(self.sw).job_update(INSERT, job))

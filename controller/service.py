@@ -26,18 +26,16 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NamedTuple
 
 import grpc
 
 from hostlib.grant import parse_address
-from hostlib.protocol import ENCAPSULATIONS, MAX_WORKERS, SWITCH_VALUES_PER_PACKET
+from hostlib.protocol import ENCAPSULATIONS, MAX_WORKERS
 
 from .allocator import HOST, SWITCH, Demand, Placement, SlotAllocator
 from .config import ControllerConfig
 from .credentials import is_unix, server_credentials
-from .p4info import P4Info
 from .proto import inagg_controller_pb2 as pb
 from .proto import inagg_controller_pb2_grpc as pb_grpc
 from .runtime import SwitchCapacity, SwitchRuntime
@@ -92,22 +90,21 @@ class Controller:
         self.changed = threading.Condition(self.lock)
         self.version = 0
         self.store = Store(config.database)
-        self.p4info = P4Info.load(config.p4info)
-        self.capacity = SwitchCapacity.from_p4info(self.p4info)
         n = len(config.switches) + 1
         share = config.host_slots // n
         self.allocators: dict[str, SlotAllocator] = {}
         self.switches: dict[str, SwitchRuntime] = {}
-        cap = self.capacity
         for i, cfg in enumerate(config.switches):
-            alloc = SlotAllocator(cap.slots, config.min_window, SWITCH_VALUES_PER_PACKET, share,
+            # the pool, rows and K are the switch's program's, read from its P4Info
+            p4info = cfg.program.p4info
+            cap = SwitchCapacity.from_p4info(p4info)
+            alloc = SlotAllocator(cap.slots, config.min_window, p4info.values_per_packet, share,
                                   config.host_window, share * i, max_jobs=cap.job_rows,
                                   max_job_workers=cap.job_workers, worker_entries=cap.worker_entries)
             self.allocators[cfg.name] = alloc
-            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, self.p4info,
-                                                    (Path(config.p4info), Path(config.bmv2_json)))
+            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info)
         # jobs whose workers sit on no configured switch aggregate on the host aggregator only
-        self.allocators[""] = SlotAllocator(0, config.min_window, SWITCH_VALUES_PER_PACKET, share,
+        self.allocators[""] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
                                             config.host_window, share * (n - 1))
         self.jobs: dict[int, Job] = {}
         self.stopped = threading.Event()
@@ -142,7 +139,8 @@ class Controller:
         for rank, m in sorted(job.workers.items()):
             ip, udp_port = parse_address(m.address)
             host = sw.cfg.hosts[ip]
-            bindings.append(WorkerBinding(rank, host.port, ip, host.mac or m.mac, udp_port, m.qp, m.rkey))
+            bindings.append(WorkerBinding(rank, sw.cfg.device_port(host.port), ip, host.mac or m.mac,
+                                          udp_port, m.qp, m.rkey))
         return SwitchJob(job.job_id, job.job_index, p.epoch, p.slot_base, p.slot_count, tuple(bindings),
                          job.transport)
 
@@ -157,7 +155,7 @@ class Controller:
         used = {j.job_index for j in on_switch}
         for job in on_switch:
             if job.job_index is None:
-                free = set(range(self.capacity.job_rows)) - used
+                free = set(range(self.switches[name].capacity.job_rows)) - used
                 if not free:  # the allocator admits no more jobs than rows: a bug if reached
                     raise RuntimeError(f"switch {name}: no free job row for job {job.job_id}")
                 job.job_index = min(free)
@@ -296,7 +294,8 @@ class Controller:
 
     def _place(self, job: Job) -> None:
         ips = {parse_address(m.address)[0] for m in job.workers.values()}
-        job.place = next((name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)), "")
+        job.place = next((name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)
+                          and job.transport in sw.sw.p4info.encapsulations), "")
         self.allocators[job.place].add_job(job.job_id, job.demand)
         job.rank_seen = dict.fromkeys(job.workers, time.monotonic())
         log.info("job %d placed on %s", job.job_id, job.place or "host only")
@@ -316,7 +315,8 @@ class Controller:
 
     def _grant(self, job: Job, p: Placement, pending: bool) -> pb.Grant:
         if p.mode == SWITCH:
-            aggregator, k = self.switches[job.place].cfg.aggregator, SWITCH_VALUES_PER_PACKET
+            sw = self.switches[job.place]
+            aggregator, k = sw.cfg.aggregator, sw.sw.p4info.values_per_packet
         else:
             aggregator, k = self.config.host_aggregator, self.config.host_values_per_packet
         return pb.Grant(job_id=job.job_id, epoch=p.epoch, mode=p.mode, slot_base=p.slot_base,

@@ -1,4 +1,4 @@
-"""P4Runtime programming of one inagg switch (BMv2 or the software data plane).
+"""P4Runtime programming of one inagg switch (BMv2, the software data plane or Tofino).
 
 ``SwitchConnection`` is the session (arbitration, pipeline push/verify, write/read) on the
 P4Runtime gRPC stub itself, every call with a deadline: p4runtime-shell's client loops forever
@@ -15,18 +15,18 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Iterator
 
 import grpc
-from google.protobuf import text_format
 from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from hostlib.protocol import DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, ipv4, mac
 
-from .p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info, P4Type, encode
+from .p4info import P4Info, P4Type, encode, same_p4info
+from .config import default_program
+from .program import Program
 
 # Seconds any one P4Runtime call may take before the controller gives up on it.
 DEFAULT_RPC_TIMEOUT = 10.0
@@ -58,14 +58,13 @@ class SwitchConnection:
     """One P4Runtime session with one device. Several can live in one process."""
 
     def __init__(self, address: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1),
-                 p4info: P4Info | None = None, timeout: float = DEFAULT_RPC_TIMEOUT,
-                 program: tuple[Path, Path] = (P4INFO_PATH, BMV2_JSON_PATH)) -> None:
+                 program: Program | None = None, timeout: float = DEFAULT_RPC_TIMEOUT) -> None:
         self.address = address
-        self.program = program          # P4Info and BMv2 JSON pushed to a switch that runs none
         self.device_id = device_id
         self.election_id = election_id
         self.timeout = timeout
-        self.p4info = p4info or P4Info.load()
+        self.program = program or default_program("bmv2")
+        self.p4info: P4Info = self.program.p4info
         self.lost = threading.Event()   # the stream channel ended: the switch went away
         self.primary = False
         self.channel = grpc.insecure_channel(address)
@@ -115,20 +114,21 @@ class SwitchConnection:
 
     # -- pipeline ----------------------------------------------------------------------------
 
-    def push_pipeline(self, p4info_path: Path | None = None, json_path: Path | None = None) -> None:
-        """Push a program (default: this connection's ``program``)."""
-        p4info_path, json_path = p4info_path or self.program[0], json_path or self.program[1]
+    def push_pipeline(self, program: Program | None = None) -> None:
+        """SetForwardingPipelineConfig with the program's P4Info and its target's device config
+        (controller/program.py); ``program`` defaults to this session's."""
+        program = program or self.program
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
             device_id=self.device_id,
             action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
         req.election_id.high, req.election_id.low = self.election_id
-        text_format.Merge(Path(p4info_path).read_text(), req.config.p4info)
-        req.config.p4_device_config = Path(json_path).read_bytes()
+        req.config.p4info.CopyFrom(program.p4info.message)
+        req.config.p4_device_config = program.device_config()
         try:
             self.stub.SetForwardingPipelineConfig(req, timeout=self.timeout)
         except grpc.RpcError as e:
-            raise PipelineMismatch(f"switch {self.address} refused the inagg pipeline: "
-                                   f"{e.code().name}: {e.details()}") from None
+            raise PipelineMismatch(f"switch {self.address} refused the {program.target} pipeline "
+                                   f"'{program.p4info.program_name}': {e.code().name}: {e.details()}") from None
 
     def installed_p4info(self) -> p4info_pb2.P4Info | None:
         """The P4Info of the program the switch runs, or None when it runs none."""
@@ -149,7 +149,7 @@ class SwitchConnection:
         p4info = self.installed_p4info()
         if p4info is None:
             return None
-        if p4info != self.p4info.message:
+        if not same_p4info(p4info, self.p4info.message):
             raise PipelineMismatch(
                 f"switch {self.address} runs '{p4info.pkg_info.name or '(unnamed)'}', not this "
                 f"build of '{self.p4info.program_name}' (P4Info differs)")
@@ -388,7 +388,7 @@ class JobCounters:
 
     def job(self, job_index: int) -> dict:
         c = self.sw.counter
-        base = job_index * len(DROP_REASONS)
+        base = job_index * self.sw.p4info.drop_row_length
         drops = {r: c("job_drops", base + i)[base + i] for i, r in enumerate(DROP_REASONS)}
         return {
             "packets": c("job_packets", job_index)[job_index],
@@ -403,7 +403,8 @@ class JobCounters:
         counts of the job that held it before."""
         cells = [(name, job_index) for name in ("job_packets", "job_aggregated", "job_duplicates",
                                                 "job_results")]
-        cells += [("job_drops", job_index * len(DROP_REASONS) + i) for i in range(len(DROP_REASONS))]
+        row = self.sw.p4info.drop_row_length   # the program's row (Tofino pads it to 8)
+        cells += [("job_drops", job_index * row + i) for i in range(row)]
         ups = []
         for name, index in cells:
             u = p4runtime_pb2.Update(type=MODIFY)

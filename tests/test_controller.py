@@ -6,8 +6,7 @@ import pytest
 
 from bmv2_env.p4runtime_server import SoftSwitchState, serve as serve_switch
 from controller.client import ControllerClient, ControllerError
-from controller.config import parse_config
-from controller.p4info import P4Info
+from controller.config import default_program, parse_config
 from controller.service import Controller, serve as serve_controller
 from controller.switch import ResultReplication, SwitchConnection
 
@@ -18,7 +17,7 @@ def controller_env(tmp_path, **overrides):
     """A soft switch (in process, restartable), a controller on it and a client; yields a dict
     of handles. ``overrides``: controller config keys."""
     sw_addr = f"unix:{tmp_path}/sw.sock"
-    switch = {"state": SoftSwitchState(0, P4Info.load())}
+    switch = {"state": SoftSwitchState(0, default_program("soft").p4info)}
     switch["server"] = serve_switch(switch["state"], sw_addr)
     config = parse_config({
         "listen": f"unix:{tmp_path}/ctl.sock", "admin_token": ADMIN,
@@ -44,7 +43,7 @@ def controller_env(tmp_path, **overrides):
 
     def start_switch():
         """A fresh switch process stand-in: no pipeline, no entries."""
-        switch["state"] = SoftSwitchState(0, P4Info.load())
+        switch["state"] = SoftSwitchState(0, default_program("soft").p4info)
         switch["server"] = serve_switch(switch["state"], sw_addr)
         return switch["state"]
 

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from bmv2_env import pipeline
-from controller.p4info import BMV2_JSON_PATH, P4INFO_PATH, P4Info, P4Type
+from controller.config import default_program
+from controller.p4info import P4Type
 from hostlib.protocol import SWITCH_VALUES_PER_PACKET
 
 ROOT = Path(__file__).resolve().parents[1]
+BMV2 = default_program("bmv2")
+BMV2_JSON_PATH, P4INFO_PATH = BMV2.files["bmv2_json"], BMV2.p4info_path
 
 
 @pytest.mark.skipif(shutil.which("p4c-bm2-ss") is None, reason="p4c-bm2-ss not on PATH")
@@ -29,8 +32,10 @@ def test_value_loop_is_unrolled_k_times():
 
 
 def test_p4info_has_what_the_python_side_uses():
-    info = P4Info.load()
+    info = BMV2.p4info
     assert info.program_name == "inagg"
+    assert info.values_per_packet == SWITCH_VALUES_PER_PACKET   # K as the controller reads it
+    assert info.encapsulations == ("udp", "roce")
     for table in (pipeline.JOB_TABLE, pipeline.WORKER_TABLE, pipeline.L2_TABLE, pipeline.REPLICA_TABLE):
         info.obj(P4Type.table, table)
     for counter in (pipeline.JOB_PACKETS, pipeline.JOB_AGGREGATED, pipeline.JOB_DUPLICATES,

@@ -20,7 +20,7 @@ from scapy.layers.l2 import Ether
 from scapy.utils import wrpcap
 
 from bmv2_env.loopback import free_loopback_net
-from controller.p4info import BMV2_JSON_PATH
+from controller.config import default_program
 from bmv2_env.testbed import stop_processes
 from hostlib import protocol, roce
 from hostlib.grant import HOST_AGGREGATOR_PORT
@@ -57,7 +57,7 @@ def switch_capture(request, tmp_path_factory) -> Path:
     net = free_loopback_net()
     proc = subprocess.Popen([sys.executable, "-m", "bmv2_env.soft_switch", "--engine", request.param,
                              "-i", f"1@udp:{net}.1",
-                             "--udp-bind", f"{net}.254", "--pcap", str(out), str(BMV2_JSON_PATH), "--",
+                             "--udp-bind", f"{net}.254", "--pcap", str(out), str(default_program("soft").files["bmv2_json"]), "--",
                              "--grpc-server-addr", f"unix:{out}/p4rt.sock"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

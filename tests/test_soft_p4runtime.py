@@ -8,7 +8,8 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from bmv2_env.native_pipeline import NativePipeline
 from bmv2_env.p4runtime_server import SoftSwitchState, serve
 from bmv2_env.pipeline import SoftPipeline
-from controller.p4info import P4Info
+from controller.config import default_program
+from controller.program import Program
 from controller.switch import (
     INSERT, JobAdmission, PipelineMismatch, SwitchConnection, SwitchError, SwitchJob, WorkerBinding,
 )
@@ -16,7 +17,7 @@ from controller.switch import (
 
 @pytest.fixture(params=[SoftPipeline, NativePipeline], ids=["python", "native"])
 def server(tmp_path, request):
-    state = SoftSwitchState(0, P4Info.load(), request.param)
+    state = SoftSwitchState(0, default_program("soft").p4info, request.param)
     addr = f"unix:{tmp_path}/p4rt.sock"
     srv = serve(state, addr)
     yield addr, state
@@ -43,14 +44,14 @@ def test_pipeline_push_and_verify(server):
 
 def test_other_program_is_refused(server, tmp_path):
     addr, _ = server
-    other = P4Info.load().message
+    other = default_program("soft").p4info.message
     other.pkg_info.name = "basic"
     (tmp_path / "other.txtpb").write_text(text_format.MessageToString(other))
     (tmp_path / "x.json").write_text("{}")
     sw = SwitchConnection(addr)
     try:
         with pytest.raises(PipelineMismatch, match="runs program 'inagg', not 'basic'"):
-            sw.push_pipeline(tmp_path / "other.txtpb", tmp_path / "x.json")
+            sw.push_pipeline(Program("soft", tmp_path / "other.txtpb", {"bmv2_json": tmp_path / "x.json"}))
     finally:
         sw.close()
 

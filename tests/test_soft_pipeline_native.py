@@ -18,7 +18,7 @@ from bmv2_env.native_pipeline import NativePipeline
 from bmv2_env.p4runtime_server import SoftSwitchState, serve
 from bmv2_env.pipeline import SoftPipeline, build_frame
 from bmv2_env.testbed import program_testbed
-from controller.p4info import P4Info
+from controller.config import default_program
 from controller.switch import (
     DELETE, INSERT, MODIFY, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection,
     SwitchError, SwitchJob, WorkerBinding,
@@ -48,7 +48,7 @@ def switches(tmp_path_factory):
     made = []
     try:
         for make in (SoftPipeline, NativePipeline):
-            state = SoftSwitchState(0, P4Info.load(), make)
+            state = SoftSwitchState(0, default_program("soft").p4info, make)
             addr = f"unix:{tmp}/{make.__name__}.sock"
             made.append((state, serve(state, addr), SwitchConnection(addr)))
         yield [(state, sw) for state, _, sw in made]

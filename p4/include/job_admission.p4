@@ -51,6 +51,9 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         meta.job_encap = encap;
     }
 
+    /* K for the controller (controller/p4info.py values_per_packet): a property of the target,
+     * handed to the workers in their grants; tests/test_p4_program.py ties it to the constant. */
+    @inagg_values_per_packet(64)
     table job_table {
         key = { hdr.inagg.job_id: exact @name("job_id"); }
         actions = { admit; NoAction; }

@@ -1,0 +1,73 @@
+/* inagg for Tofino (TNA, Tofino 1 and 2): multi-tenant in-network aggregation of int32
+ * gradient blocks, on the wire protocol of p4/include/. This file only wires the controls of
+ * this directory; each one documents its decisions, docs/tofino.md the resource budget. */
+#include <core.p4>
+#if __TARGET_TOFINO__ == 2
+#include <t2na.p4>
+#else
+#include <tna.p4>
+#endif
+
+#include "sizes.p4"
+#include "parser.p4"
+#include "slot_inputs.p4"
+#include "job_admission.p4"
+#include "slot_state.p4"
+#include "value_lanes.p4"
+#include "result_replication.p4"
+#include "forwarding.p4"
+#include "job_counters.p4"
+#include "replica_rewrite.p4"
+
+/* Metadata starts zeroed: no control spends a stage initialising its fields. */
+@pa_auto_init_metadata
+control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
+                     in ingress_intrinsic_metadata_t ig_intr_md,
+                     in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
+                     inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
+                     inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    SlotInputs() slot_inputs;
+    JobAdmission() admission;
+    SlotState() slot_state;
+    ValueLanes() value_lanes;
+    ResultReplication() result_replication;
+    Forwarding() forwarding;
+    JobCounters() job_counters;
+
+    apply {
+        hdr.bridged.setValid();
+        hdr.bridged.ingress_port = ig_intr_md.ingress_port;
+
+        slot_inputs.apply(hdr, meta);
+        admission.apply(hdr, meta, ig_intr_md, ig_prsr_md);
+        if (meta.verdict == VERDICT_AGGREGATE) {
+            slot_state.apply(hdr, meta);
+            result_replication.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
+            value_lanes.apply(hdr, meta);   /* independent of the result logic: last, so that
+                                               nothing waits for the lanes' stages */
+        } else if (meta.verdict == VERDICT_FORWARD) {
+            forwarding.apply(hdr, ig_dprsr_md, ig_tm_md);
+        } else {
+            ig_dprsr_md.drop_ctl = 1;
+        }
+        job_counters.apply(meta);
+    }
+}
+
+control InaggEgress(inout tofino_headers_t hdr, inout tofino_egress_md_t meta,
+                    in egress_intrinsic_metadata_t eg_intr_md,
+                    in egress_intrinsic_metadata_from_parser_t eg_prsr_md,
+                    inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md,
+                    inout egress_intrinsic_metadata_for_output_port_t eg_oport_md) {
+    ReplicaRewrite() replica_rewrite;
+
+    apply {
+        replica_rewrite.apply(hdr, eg_intr_md, eg_dprsr_md);
+    }
+}
+
+Pipeline(InaggIngressParser(), InaggIngress(), InaggIngressDeparser(),
+         InaggEgressParser(), InaggEgress(), InaggEgressDeparser()) pipe;
+
+@pkginfo(name="inagg", version="1")
+Switch(pipe) main;

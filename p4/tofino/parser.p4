@@ -1,0 +1,123 @@
+/* Parsers and deparsers of the Tofino program.
+ *
+ *   UDP destination port | then                          | meta.encap
+ *   ---------------------+-------------------------------+-----------
+ *   INAGG_UDP_PORT       | inagg header; K values when   | ENCAP_UDP
+ *                        | count != 0                    |
+ *   other (RoCEv2 too)   | -                             | 0 (forwarded)
+ *
+ * RoCEv2 is not parsed: a RoCE result needs its ICRC recomputed over the whole packet, which
+ * Tofino's hash units cannot do (docs/tofino.md); RoCE jobs aggregate on the host aggregator.
+ * Egress parses down to the inagg header only: it rewrites addresses, never values.
+ */
+#ifndef _INAGG_TOFINO_PARSER_P4_
+#define _INAGG_TOFINO_PARSER_P4_
+
+#include "sizes.p4"
+
+#define EXTRACT_LANE(i) pkt.extract(hdr.values[i]);
+
+parser InaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_ingress_md_t meta,
+                          out ingress_intrinsic_metadata_t ig_intr_md) {
+    state start {
+        pkt.extract(ig_intr_md);
+        pkt.advance(PORT_METADATA_SIZE);
+        meta.encap = 0;
+        transition parse_ethernet;
+    }
+    state parse_ethernet {
+        pkt.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {
+            0x0800: parse_ipv4;
+            default: accept;
+        }
+    }
+    state parse_ipv4 {
+        pkt.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (5, 0, 17): parse_udp;
+            default: accept;
+        }
+    }
+    state parse_udp {
+        pkt.extract(hdr.udp);
+        transition select(hdr.udp.dst_port) {
+            INAGG_UDP_PORT: parse_inagg;
+            default: accept;
+        }
+    }
+    state parse_inagg {
+        meta.encap = ENCAP_UDP;
+        pkt.extract(hdr.inagg);
+        meta.slot_abs = (bit<16>) hdr.inagg.slot;
+        transition select(hdr.inagg.count) {
+            0: accept;                 /* header-only: exponent priming */
+            default: parse_values;
+        }
+    }
+    state parse_values {
+        FOR_EACH_LANE(EXTRACT_LANE)
+        transition accept;
+    }
+}
+
+control InaggIngressDeparser(packet_out pkt, inout tofino_headers_t hdr,
+                             in tofino_ingress_md_t meta,
+                             in ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {
+    apply {
+        pkt.emit(hdr);
+    }
+}
+
+parser InaggEgressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_egress_md_t meta,
+                         out egress_intrinsic_metadata_t eg_intr_md) {
+    state start {
+        pkt.extract(eg_intr_md);
+        pkt.extract(hdr.bridged);
+        pkt.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {
+            0x0800: parse_ipv4;
+            default: accept;
+        }
+    }
+    state parse_ipv4 {
+        pkt.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (5, 0, 17): parse_udp;
+            default: accept;
+        }
+    }
+    state parse_udp {
+        pkt.extract(hdr.udp);
+        transition select(hdr.udp.dst_port) {
+            INAGG_UDP_PORT: parse_inagg;
+            default: accept;
+        }
+    }
+    state parse_inagg {
+        pkt.extract(hdr.inagg);
+        transition accept;
+    }
+}
+
+/* Results change the IPv4 destination: recompute the header checksum (UDP checksum is 0). */
+control InaggEgressDeparser(packet_out pkt, inout tofino_headers_t hdr,
+                            in tofino_egress_md_t meta,
+                            in egress_intrinsic_metadata_for_deparser_t eg_dprsr_md) {
+    Checksum() ipv4_checksum;
+
+    apply {
+        if (hdr.ipv4.isValid()) {
+            hdr.ipv4.hdr_checksum = ipv4_checksum.update({
+                hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.diffserv, hdr.ipv4.total_len,
+                hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,
+                hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr });
+        }
+        pkt.emit(hdr.ethernet);
+        pkt.emit(hdr.ipv4);
+        pkt.emit(hdr.udp);
+        pkt.emit(hdr.inagg);
+    }
+}
+
+#endif /* _INAGG_TOFINO_PARSER_P4_ */

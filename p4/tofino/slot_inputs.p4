@@ -1,0 +1,55 @@
+/* SlotInputs (Tofino): what SlotState's registers take from the packet, computed in the first
+ * stage beside job admission (it depends on nothing else), so the slot registers can start as
+ * soon as admission has decided.
+ *
+ *   meta field | from
+ *   -----------+---------------------------------------------------------------
+ *   me         | worker_mask: 1 << worker_id (Tofino cannot shift by a variable)
+ *   slot, idx  | the header's slot (low TOFINO_SLOT_BITS bits), set ++ slot
+ *   tag        | job_id ++ epoch: the slot owner tag
+ *   exp_biased | exponent ^ 0x80 (signed order as unsigned, for the max)
+ *   flags_in   | the sticky flags the packet brings (overflow, congestion)
+ */
+#ifndef _INAGG_TOFINO_SLOT_INPUTS_P4_
+#define _INAGG_TOFINO_SLOT_INPUTS_P4_
+
+#include "sizes.p4"
+
+control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
+    /* me = 1 << worker_id (Tofino has no shift by a variable amount). */
+    action set_me(bit<32> me) {
+        meta.me = me;
+    }
+    table worker_mask {
+        key = { hdr.inagg.worker_id: exact; }
+        actions = { set_me; }
+        const default_action = set_me(0);
+        size = 32;
+        const entries = {
+            0: set_me(1 << 0);   1: set_me(1 << 1);   2: set_me(1 << 2);   3: set_me(1 << 3);
+            4: set_me(1 << 4);   5: set_me(1 << 5);   6: set_me(1 << 6);   7: set_me(1 << 7);
+            8: set_me(1 << 8);   9: set_me(1 << 9);   10: set_me(1 << 10); 11: set_me(1 << 11);
+            12: set_me(1 << 12); 13: set_me(1 << 13); 14: set_me(1 << 14); 15: set_me(1 << 15);
+            16: set_me(1 << 16); 17: set_me(1 << 17); 18: set_me(1 << 18); 19: set_me(1 << 19);
+            20: set_me(1 << 20); 21: set_me(1 << 21); 22: set_me(1 << 22); 23: set_me(1 << 23);
+            24: set_me(1 << 24); 25: set_me(1 << 25); 26: set_me(1 << 26); 27: set_me(1 << 27);
+            28: set_me(1 << 28); 29: set_me(1 << 29); 30: set_me(1 << 30); 31: set_me(1 << 31);
+        }
+    }
+
+    /* The packet's slot, index, owner tag and register inputs, in one action. */
+    action prepare() {
+        meta.slot = hdr.inagg.slot[TOFINO_SLOT_BITS - 1:0];
+        meta.idx = hdr.inagg.slot_set ++ hdr.inagg.slot[TOFINO_SLOT_BITS - 1:0];
+        meta.tag = hdr.inagg.job_id ++ hdr.inagg.epoch;
+        meta.exp_biased = (bit<8>) hdr.inagg.exp ^ 8w0x80;
+        meta.flags_in = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION);
+    }
+
+    apply {
+        worker_mask.apply();
+        prepare();
+    }
+}
+
+#endif /* _INAGG_TOFINO_SLOT_INPUTS_P4_ */

@@ -1,0 +1,180 @@
+"""The Tofino (TNA) program: one wire protocol with the BMv2 program, what the controller reads
+from its P4Info, the device config packed from its real compiled outputs, the committed
+artifacts and resource budget, and a job through a Tofino-shaped software switch."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bmv2_env.loopback import LoopbackDeployment
+from controller.config import default_program, parse_config
+from controller.p4info import P4Type
+from controller.program import pack_tofino_config, read_artifact, unpack_tofino_config
+from controller.switch import JobCounters, SwitchConnection
+from hostlib import protocol
+from hostlib.communicator import ReduceOp
+from test_training import make_comms
+
+ROOT = Path(__file__).resolve().parents[1]
+TOFINO_DIR = ROOT / "p4" / "tofino"
+SOURCES = sorted(TOFINO_DIR.glob("*.p4"))
+
+
+def test_the_wire_protocol_is_the_shared_one():
+    """Headers and constants come from p4/include/ only: no TNA file redefines them."""
+    assert '#include "../include/headers.p4"' in (TOFINO_DIR / "sizes.p4").read_text()
+    shared = set(protocol.P4_CONSTANTS) | {"inagg_h", "inagg_value_h", "ethernet_h", "ipv4_h", "udp_h"}
+    for path in SOURCES:
+        text = path.read_text()
+        defined = set(re.findall(r"\bconst\s+\S+\s+(\w+)\s*=", text)) | set(re.findall(r"\bheader\s+(\w+)", text))
+        assert not defined & shared, f"{path.name} redefines {sorted(defined & shared)}"
+
+
+def test_one_control_per_file_with_include_guards():
+    for path in SOURCES:
+        text = path.read_text()
+        if path.name == "inagg.p4":   # the top file only wires the controls
+            assert not re.search(r"\b(table|Register|Counter)\b", text)
+            continue
+        guard = re.search(r"#ifndef (_INAGG_TOFINO_\w+_P4_)\n#define \1", text)
+        assert guard, f"{path.name} has no include guard"
+        controls = re.findall(r"^control (\w+)", text, re.M)
+        assert len(controls) <= 2 and len({c.removesuffix("Deparser") for c in controls}) <= 2, path.name
+
+
+TOFINO = default_program("tofino")
+
+
+def test_p4info_has_what_the_controller_uses():
+    """The same tables, keys and action parameters as the BMv2 program, K and the counter
+    layout the controller reads, UDP only (docs/tofino.md: RoCE needs an ICRC Tofino cannot
+    compute)."""
+    info, bmv2 = TOFINO.p4info, default_program("bmv2").p4info
+    assert info.program_name == bmv2.program_name == "inagg"
+    for table in ("job_table", "worker_table", "l2_table", "replica_table"):
+        ours, theirs = info.obj(P4Type.table, table), bmv2.obj(P4Type.table, table)
+        assert [(m.name, m.bitwidth) for m in ours.match_fields] == [(m.name, m.bitwidth) for m in theirs.match_fields]
+    for action in ("admit", "bind_worker", "set_worker_address", "forward", "flood"):
+        ours, theirs = info.obj(P4Type.action, action), bmv2.obj(P4Type.action, action)
+        assert [(p.name, p.bitwidth) for p in ours.params] == [(p.name, p.bitwidth) for p in theirs.params]
+    for counter in ("job_packets", "job_aggregated", "job_duplicates", "job_results", "global_drops"):
+        assert info.obj(P4Type.counter, counter).size == bmv2.obj(P4Type.counter, counter).size
+    row = info.drop_row_length
+    assert row >= len(protocol.DROP_REASONS) and row & (row - 1) == 0
+    lanes = re.search(r"#define TOFINO_VALUES_PER_PACKET (\d+)\n#define FOR_EACH_LANE\(M\)(.*?)\n\n",
+                      (TOFINO_DIR / "sizes.p4").read_text(), re.S)
+    assert info.values_per_packet == int(lanes.group(1))
+    assert [int(i) for i in re.findall(r"M\((\d+)\)", lanes.group(2))] == list(range(info.values_per_packet))
+    assert info.encapsulations == ("udp",)
+    assert info.register_size("slot_tag") == 8192
+
+
+def test_device_config_packs_the_real_compiled_outputs():
+    packed = TOFINO.device_config()
+    name, binary, context = unpack_tofino_config(packed)
+    assert name == "inagg"
+    assert binary == read_artifact(TOFINO.files["binary"]) and len(binary) > 100_000
+    assert context == read_artifact(TOFINO.files["context"])
+    assert json.loads(context)["program_name"].startswith("inagg")
+    # the layout, byte by byte: little-endian uint32 length before each part
+    assert packed[:4] == (5).to_bytes(4, "little") and packed[4:9] == b"inagg"
+    assert packed[9:13] == len(binary).to_bytes(4, "little")
+    with pytest.raises(ValueError, match="binary length .* runs past the end"):
+        unpack_tofino_config(packed[:20])
+    with pytest.raises(ValueError, match="trailing"):
+        unpack_tofino_config(packed + b"\0")
+    with pytest.raises(ValueError, match="empty program name"):
+        pack_tofino_config("", b"x", b"{}")
+
+
+def test_config_names_targets_artifacts_and_device_ports(tmp_path):
+    base = {"host_aggregator": "10.0.0.100:42666"}
+    sw = {"grpc": "127.0.0.1:9559", "aggregator": "10.0.0.254:42602", "target": "tofino",
+          "hosts": {"10.0.0.1": {"port": 1, "mac": "00:00:00:00:00:01"}}}
+    cfg = parse_config({**base, "switches": [{**sw, "device_ports": {"1": 132}}]})
+    assert cfg.switches[0].program.target == "tofino" and cfg.switches[0].device_port(1) == 132
+    with pytest.raises(ValueError, match=r"no device port for front-panel port\(s\) \[1\]"):
+        parse_config({**base, "switches": [{**sw, "device_ports": {"2": 132}}]})
+    with pytest.raises(ValueError, match="target must be one of bmv2, soft, tofino"):
+        parse_config({**base, "switches": [{**sw, "target": "tofino3"}]})
+    with pytest.raises(ValueError, match=r"\['bmv2_json'\] do not belong to a tofino program"):
+        parse_config({**base, "switches": [{**sw, "bmv2_json": "p4/inagg.json"}]})
+    with pytest.raises(ValueError, match="no file"):
+        parse_config({**base, "switches": [{**sw, "binary": "missing.bin"}]}, tmp_path)
+
+
+def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact():
+    """Tofino P4Info, packed device config, device ports and grants with the Tofino K, end to
+    end through the software data plane: int32 sums exact, float sums as with the host."""
+    k = TOFINO.p4info.values_per_packet
+    with LoopbackDeployment(3, target="tofino") as dep:
+        comms = make_comms(dep, 3)
+        try:
+            assert all(c.grant.mode == "switch" and c.grant.values_per_packet == k for c in comms)
+            futures = []
+            for r, c in enumerate(comms):
+                ints = torch.arange(5 * k + 3, dtype=torch.int32) * (r + 1) - 7 * r
+                futures.append(("int", c.allreduce_async(ints)))
+                futures.append(("float", c.allreduce_async(torch.full((1000,), r + 0.5), ReduceOp.SUM)))
+            for kind, f in futures:
+                out = f.wait()
+                if kind == "int":
+                    base = torch.arange(5 * k + 3, dtype=torch.int32)
+                    assert torch.equal(out, base * 6 - 21)
+                else:
+                    assert torch.allclose(out, torch.full_like(out, 4.5), rtol=1e-6)
+            sw = SwitchConnection(parse_config(json.loads((dep.dir / "controller.json").read_text()),
+                                               dep.dir).switches[0].grpc, election_id=(0, 0), program=TOFINO)
+            try:
+                assert sw.installed_program() == "inagg"          # the Tofino P4Info is installed
+                job = JobCounters(sw).job(0)
+                assert job["results"] > 0 and job["aggregated"] >= 3 * job["results"] and not job["drops"]
+            finally:
+                sw.close()
+        finally:
+            for c in comms:
+                c.close()
+
+
+# What the program may use (docs/tofino.md): a change that grows past one of these must say so
+# here and in the docs. Stages are the chip's 12; the rest leave room for the next feature.
+BUDGET = {"stages_used": 12, "stateful_alus": 24, "stats_alus": 8, "sram_blocks": 200,
+          "map_ram_blocks": 140, "tcam_blocks": 16, "hash_bits": 600, "logical_tables": 80,
+          "gateways": 40}
+RESOURCES = TOFINO_DIR / "tofino" / "resources.json"
+
+
+def test_resources_within_budget():
+    used = json.loads(RESOURCES.read_text())
+    assert used["target"] == "tofino"
+    assert used["stages_used"] <= BUDGET["stages_used"]
+    for key, limit in BUDGET.items():
+        if key != "stages_used":
+            assert used[key]["used"] <= limit, f"{key}: {used[key]['used']} > budget {limit}"
+    assert used["stateful_alus"]["used"] >= TOFINO.p4info.values_per_packet   # one per lane
+    assert used["phv_containers"]["normal"] <= 112                              # half of 224
+
+
+@pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")
+def test_committed_artifacts_are_current(tmp_path):
+    """Recompile (about 30 s) and compare what does not carry a build date: the P4Info and the
+    resource summary byte for byte, the binary's and context's size and program."""
+    subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna", "--p4runtime-force-std-externs",
+                    "--verbose", "1", "--p4runtime-files", str(tmp_path / "inagg.p4info.txtpb"),
+                    "-o", str(tmp_path), "p4/tofino/inagg.p4"], cwd=ROOT, check=True, capture_output=True)
+    assert (tmp_path / "inagg.p4info.txtpb").read_bytes() == TOFINO.p4info_path.read_bytes(), "run `make tofino` and commit"
+    out = subprocess.run([sys.executable, "-m", "tools.tofino_resources", str(tmp_path)], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout
+    assert json.loads(out) == json.loads(RESOURCES.read_text()), "run `make tofino` and commit"
+    fresh = json.loads((tmp_path / "pipe" / "context.json").read_text())
+    committed = json.loads(read_artifact(TOFINO.files["context"]))
+    for volatile in ("build_date", "run_id", "compiler_version"):
+        fresh.pop(volatile), committed.pop(volatile)
+    assert fresh == committed, "run `make tofino` and commit"
+    assert len((tmp_path / "pipe" / "tofino.bin").read_bytes()) == len(read_artifact(TOFINO.files["binary"]))
