@@ -1,4 +1,4 @@
-"""The software data plane, measured three ways; writes benchmarks/results/dataplane*.csv/png.
+"""The software data plane, measured two ways; writes benchmarks/results/dataplane*.csv/png.
 
 1. CPU per contribution over UDP (loopback, no root): the software switch as ``make demo`` runs
    it, 4 workers, K = 64, vs the floor, a C program that only echoes each datagram with the same
@@ -6,21 +6,19 @@
    drives both, interleaved, several repetitions; CPU is user + sys of the switch's (or echo's)
    process from /proc/<pid>/stat. Medians and their ratio are printed with the machine's load.
    One run of the Python reference engine is added for comparison.
-2. Allreduce through the software switch (loopback deployment: controller, switch, host
-   aggregator), 4 workers x 16 MiB: seconds per call vs gloo, and the retransmissions the
-   workers made on this loss-free path, as a share of the packets they sent.
-3. Throughput through veth ports (needs root: network namespace): two workers stream rounds over
+2. Throughput through veth ports (needs root: network namespace): two workers stream rounds over
    a window of W slots, both encapsulations (UDP, and RoCEv2 where results also get a recomputed
    ICRC), on each software engine, and on BMv2 when it is installed.
+
+Allreduce through the software switch against gloo, with its retransmissions, is
+benchmarks/allreduce_bench.py's part.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import multiprocessing as mp
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,14 +35,13 @@ sys.path.insert(0, str(ROOT))
 from scapy.layers.inet import IP, UDP  # noqa: E402
 from scapy.layers.l2 import Ether  # noqa: E402
 
-from benchmarks.allreduce_bench import gloo_allreduce, slowest_median  # noqa: E402
-from bmv2_env.loopback import LoopbackDeployment, free_loopback_net  # noqa: E402
+from bmv2_env.loopback import free_loopback_net  # noqa: E402
+from bmv2_env.soft_switch import udp_host_mac  # noqa: E402
 from bmv2_env.testbed import SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
 from controller.switch import (  # noqa: E402
     INSERT, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
 )
-from hostlib.demo import TensorSpec  # noqa: E402
-from hostlib.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, ipv4, mac  # noqa: E402
+from hostlib.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, mac  # noqa: E402
 from hostlib.roce import frame as roce_frame  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -88,14 +85,15 @@ def worker_addrs(net: str, n: int) -> list[str]:
 
 
 @contextmanager
-def udp_switch(engine: str, net: str, n: int, window: int):
-    """A software switch over UDP at net.254 with hosts net.1..n, one job of those n workers
-    over ``window`` slots; yields its pid."""
+def udp_switch(engine: str, net: str, n: int, window: int, k: int):
+    """A software switch over UDP at net.254 with hosts net.1..n aggregating K values per packet,
+    one job of those n workers over ``window`` slots; yields its pid."""
     with tempfile.TemporaryDirectory() as d:
         ports = [a for r in range(n) for a in ("-i", f"{r + 1}@udp:{net}.{r + 1}")]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", engine, *ports, "--udp-bind",
-             f"{net}.254", "--no-p4", "--", "--grpc-server-addr", f"unix:{d}/p4rt.sock"],
+            [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", engine, "--values-per-packet",
+             str(k), *ports, "--udp-bind", f"{net}.254", "--no-p4", "--",
+             "--grpc-server-addr", f"unix:{d}/p4rt.sock"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True)
         try:
             if "inagg-soft-switch" not in proc.stdout.readline():
@@ -103,7 +101,7 @@ def udp_switch(engine: str, net: str, n: int, window: int):
             sw = SwitchConnection(f"unix:{d}/p4rt.sock")
             sw.push_pipeline()
             job = SwitchJob(1, 0, 1, 0, window, tuple(
-                WorkerBinding(r, r + 1, f"{net}.{r + 1}", f"02:00:00:00:00:{r + 1:02x}", WORKER_PORT_BASE + r)
+                WorkerBinding(r, r + 1, f"{net}.{r + 1}", udp_host_mac(f"{net}.{r + 1}"), WORKER_PORT_BASE + r)
                 for r in range(n)))
             sw.write(JobAdmission(sw).updates(INSERT, job) + ReplicaRewrite(sw).updates(INSERT, job)
                      + [ResultReplication(sw).job_update(INSERT, job)])
@@ -125,11 +123,11 @@ def udp_echo(ip: str):
         proc.wait()
 
 
-def drive(pid: int, target: str, port: int, net: str, n: int, window: int, rounds: int) -> dict:
-    """Run the load generator against ``target``; CPU the process ``pid`` spent per
-    contribution."""
+def drive(pid: int, target: str, port: int, net: str, n: int, window: int, rounds: int, k: int) -> dict:
+    """Run the load generator (contributions of K values) against ``target``; CPU the process
+    ``pid`` spent per contribution."""
     before = cpu_seconds(pid)
-    out = subprocess.run([str(ECHO_BIN), "load", target, str(port), str(window), str(rounds), str(K),
+    out = subprocess.run([str(ECHO_BIN), "load", target, str(port), str(window), str(rounds), str(k),
                           *worker_addrs(net, n)], check=True, capture_output=True, text=True).stdout
     cpu = cpu_seconds(pid) - before
     sent, received = (int(w) for w in out.split()[1::2])
@@ -137,21 +135,21 @@ def drive(pid: int, target: str, port: int, net: str, n: int, window: int, round
             "us_per_contribution": cpu / sent * 1e6}
 
 
-def cpu_benchmark(reps: int, rounds: int, window: int, n: int = 4) -> list[dict]:
+def cpu_benchmark(reps: int, rounds: int, window: int, k: int, n: int = 4) -> list[dict]:
     build_echo()
     net = free_loopback_net()
     rows = []
-    with udp_switch("native", net, n, window) as switch_pid, udp_echo(f"{net}.253") as echo_pid:
-        drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, rounds // 10)   # warm-up
-        drive(echo_pid, f"{net}.253", ECHO_PORT, net, n, window, rounds // 10)
+    with udp_switch("native", net, n, window, k) as switch_pid, udp_echo(f"{net}.253") as echo_pid:
+        drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, rounds // 10, k)   # warm-up
+        drive(echo_pid, f"{net}.253", ECHO_PORT, net, n, window, rounds // 10, k)
         for rep in range(reps):
             for system, pid, target, port in (("switch-native", switch_pid, f"{net}.254", UDP_PORT),
                                               ("c-echo-floor", echo_pid, f"{net}.253", ECHO_PORT)):
-                rows.append({"rep": rep, "system": system, "load1": round(os.getloadavg()[0], 2),
-                             **drive(pid, target, port, net, n, window, rounds)})
-    with udp_switch("python", net, n, window) as switch_pid:
-        rows.append({"rep": 0, "system": "switch-python", "load1": round(os.getloadavg()[0], 2),
-                     **drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, max(1, rounds // 20))})
+                rows.append({"rep": rep, "system": system, "K": k, "load1": round(os.getloadavg()[0], 2),
+                             **drive(pid, target, port, net, n, window, rounds, k)})
+    with udp_switch("python", net, n, window, k) as switch_pid:
+        rows.append({"rep": 0, "system": "switch-python", "K": k, "load1": round(os.getloadavg()[0], 2),
+                     **drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, max(1, rounds // 20), k)})
     return rows
 
 
@@ -162,7 +160,7 @@ def report_cpu(rows: list[dict]) -> None:
                for a, b in zip([r for r in rows if r["system"] == "switch-native"],
                                [r for r in rows if r["system"] == "c-echo-floor"])]
     n = sum(r["system"] == "switch-native" for r in rows)
-    print(f"CPU (user+sys) per contribution over UDP, 4 workers, K={K}, "
+    print(f"CPU (user+sys) per contribution over UDP, 4 workers, K={rows[0]['K']}, "
           f"{rows[0]['contributions']} contributions x {n} interleaved reps (medians):")
     for system, us in med.items():
         lost = sum(r["lost"] for r in rows if r["system"] == system)
@@ -187,102 +185,14 @@ def plot_cpu(rows: list[dict], path: Path) -> None:
         ax.hlines(statistics.median(ys), i - 0.3, i + 0.3, color=f"C{i}")
     ax.set(xticks=range(len(systems)), xticklabels=systems, yscale="log",
            ylabel="CPU us per contribution (user+sys)",
-           title=f"software switch over UDP vs a C echo, K={K}, {os.cpu_count()} cores")
+           title=f"software switch over UDP vs a C echo, K={rows[0]['K']}, {os.cpu_count()} cores")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-# -- 2. allreduce through the software switch vs gloo ----------------------------------------
-
-def udp_socket_drops(ip: str, port: int) -> int:
-    """Datagrams the kernel dropped at the UDP socket bound to ip:port (a full receive
-    queue), from /proc/net/udp; 0 when there is no such socket."""
-    want = f"{socket.htonl(ipv4(ip)):08X}:{port:04X}"
-    for line in Path("/proc/net/udp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1] == want:
-            return int(fields[-1])
-    return 0
-
-
-def _switch_worker(rank: int, n: int, numel: int, reps: int, controller: str, bind_ip: str,
-                   store_path: str, q) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from hostlib.communicator import Communicator
-
-    torch.set_num_threads(1)
-    comm = Communicator(dist.FileStore(store_path, n), rank, n, controller, bind_ip=bind_ip)
-    x = torch.from_numpy(TensorSpec(numel, seed=1).make(rank))
-    comm.allreduce(x.clone())  # warm-up: the job's first grant, buffers
-    before = comm.stats()
-    times = []
-    for _ in range(reps):
-        y = x.clone()
-        t0 = time.perf_counter()
-        comm.allreduce(y)
-        times.append(time.perf_counter() - t0)
-    after = comm.stats()
-    counts = {k: after[k] - before[k] for k in ("packets_sent", "retransmissions")}
-    counts["socket_drops"] = udp_socket_drops(*comm.transport.address)
-    q.put((times, after["mode"], counts))
-    comm.close()
-
-
-def switch_allreduce(n: int, numel: int, reps: int) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with LoopbackDeployment(n) as dep, tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_switch_worker, args=(r, n, numel, reps, dep.controller,
-                                                          dep.worker_ip(r), f"{d}/store", q))
-                 for r in range(n)]
-        for p in procs:
-            p.start()
-        got = [q.get(timeout=1800) for _ in procs]
-        for p in procs:
-            p.join()
-        switch_drops = udp_socket_drops(dep.switch_ip, UDP_PORT)
-    total = {k: sum(g[2][k] for g in got) for k in got[0][2]}
-    return {"seconds": slowest_median([g[0] for g in got]), "modes": sorted({g[1] for g in got}),
-            **total, "switch_socket_drops": switch_drops}
-
-
-def allreduce_benchmark(n: int, mib: float, reps: int) -> list[dict]:
-    numel = int(mib * (1 << 20) / 4)
-    rows = []
-    for rep in range(reps):  # one call each, interleaved
-        s = switch_allreduce(n, numel, 1)
-        g, _ = gloo_allreduce(n, numel, 1)
-        rows.append({"rep": rep, "workers": n, "MiB": mib, "switch_seconds": s["seconds"],
-                     "gloo_seconds": g, "modes": "/".join(s["modes"]),
-                     "packets_sent": s["packets_sent"], "retransmissions": s["retransmissions"],
-                     "worker_socket_drops": s["socket_drops"],
-                     "switch_socket_drops": s["switch_socket_drops"],
-                     "load1": round(os.getloadavg()[0], 2)})
-    return rows
-
-
-def report_allreduce(rows: list[dict]) -> None:
-    r0 = rows[0]
-    t_s = statistics.median(r["switch_seconds"] for r in rows)
-    t_g = statistics.median(r["gloo_seconds"] for r in rows)
-    sent = sum(r["packets_sent"] for r in rows)
-    resent = sum(r["retransmissions"] for r in rows)
-    print(f"allreduce through the software switch, {r0['workers']} workers x {r0['MiB']:g} MiB "
-          f"({len(rows)} interleaved reps, modes {r0['modes']}):")
-    print(f"  inagg {t_s:.3f} s, gloo {t_g:.3f} s per call (medians): ratio {t_s / t_g:.1f}")
-    print(f"  retransmissions on this loss-free path: {resent} of {sent} packets sent "
-          f"({100 * resent / max(sent, 1):.3f} %, target <= 0.1 %)")
-    dropped = {k: sum(r[k] for r in rows) for k in ("switch_socket_drops", "worker_socket_drops")}
-    print(f"  datagrams dropped by full receive queues: switch {dropped['switch_socket_drops']}, "
-          f"workers {dropped['worker_socket_drops']} (retransmissions beyond these were timeouts "
-          f"of results still on their way)")
-
-
-# -- 3. throughput through veth ports --------------------------------------------------------
+# -- 2. throughput through veth ports --------------------------------------------------------
 
 def contribution_frame(w: WorkerBinding, encap: str, inagg: bytes) -> bytes:
     if encap == "roce":
@@ -353,26 +263,20 @@ def main() -> int:
     p.add_argument("--cpu-reps", type=int, default=5)
     p.add_argument("--cpu-rounds", type=int, default=400, help="rounds of W slots x 4 workers per rep")
     p.add_argument("--cpu-window", type=int, default=64)
-    p.add_argument("--allreduce-mib", type=float, default=16)
-    p.add_argument("--allreduce-reps", type=int, default=3)
+    p.add_argument("--cpu-k", type=int, default=K, help="values per packet (the switch's K)")
     p.add_argument("--rounds", type=int, default=200, help="veth throughput: rounds")
     p.add_argument("--window", type=int, default=16, help="veth throughput: window")
-    p.add_argument("--only", choices=("cpu", "allreduce", "veth"), help="run one part")
+    p.add_argument("--only", choices=("cpu", "veth"), help="run one part")
     args = p.parse_args()
     print(load_text())
     if args.only in (None, "cpu"):
-        rows = cpu_benchmark(args.cpu_reps, args.cpu_rounds, args.cpu_window)
+        rows = cpu_benchmark(args.cpu_reps, args.cpu_rounds, args.cpu_window, args.cpu_k)
         write_csv("dataplane_cpu.csv", rows)
         report_cpu(rows)
         try:
             plot_cpu(rows, RESULTS / "dataplane_cpu.png")
         except ImportError:
             print("  matplotlib is not installed: no plot (pip install matplotlib)")
-        print(f"  {load_text()}")
-    if args.only in (None, "allreduce"):
-        rows = allreduce_benchmark(4, args.allreduce_mib, args.allreduce_reps)
-        write_csv("dataplane_allreduce.csv", rows)
-        report_allreduce(rows)
         print(f"  {load_text()}")
     if args.only in (None, "veth"):
         rows = veth_benchmark(args.rounds, args.window)

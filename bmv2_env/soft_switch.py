@@ -39,7 +39,13 @@ from controller.config import default_program
 from controller.p4info import P4Info
 
 from hostlib import _native
-from hostlib.protocol import UDP_PORT, ipv4
+from hostlib.protocol import (
+    HEADER_BYTES,
+    ROCE_HEADER_BYTES,
+    ROCE_ICRC_BYTES,
+    UDP_PORT,
+    ipv4,
+)
 from hostlib.transport import enlarge_buffers
 
 from .native_pipeline import NativePipeline
@@ -56,6 +62,8 @@ PACKET_MR_PROMISC = 1
 # Frames a port hands over per select() wakeup: fewer system calls under load, while one busy
 # port still yields to the others every RECV_BATCH frames.
 RECV_BATCH = 32
+# The largest K whose packets (RoCE framing included) fit one UDP datagram of 65507 bytes.
+MAX_VALUES_PER_PACKET = (65507 - ROCE_HEADER_BYTES - ROCE_ICRC_BYTES - HEADER_BYTES) // 4
 # Socket buffers of the switch's ports: a whole window of every worker (1024 slots x 32 workers
 # of about 1 KiB of kernel memory each) can queue up without a drop.
 PORT_BUFFER_BYTES = 32 << 20
@@ -180,6 +188,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine", choices=("native", "python"), default="native",
                    help="the pipeline: C++ on its own packet-loop thread (default), or the "
                         "Python reference")
+    p.add_argument("--values-per-packet", type=int, default=None, metavar="K",
+                   help="values per packet this software target aggregates (default: the P4 "
+                        "program's, @inagg_values_per_packet in its P4Info, which the controller "
+                        "grants); workers must be granted the same K, and its packets must fit "
+                        "the ports' MTU")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -198,6 +211,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ports[int(num)] = iface
     if any(i.startswith("udp:") for i in ports.values()) and not args.udp_bind:
         p.error("udp: ports need --udp-bind")
+    if args.values_per_packet is not None and not 1 <= args.values_per_packet <= MAX_VALUES_PER_PACKET:
+        p.error(f"--values-per-packet must be in 1..{MAX_VALUES_PER_PACKET} (a packet must fit "
+                f"one UDP datagram), got {args.values_per_packet}")
     args.ports = ports
     return args
 
@@ -220,14 +236,14 @@ def distinct(attach: dict[int, RawPort | UdpPorts]) -> list[RawPort | UdpPorts]:
     return list({id(a): a for a in attach.values()}.values())
 
 
-def pipeline_factory(engine: str, loop: _native.SwitchLoop | None):
+def pipeline_factory(engine: str, values_per_packet: int, loop: _native.SwitchLoop | None):
     """What builds the pipeline for each committed config: the Python reference, or a native
     core that the packet loop (when there is one) switches to."""
     if engine == "python":
-        return SoftPipeline
+        return lambda program: SoftPipeline(program, values_per_packet)
 
     def native(program: P4Info) -> NativePipeline:
-        pipeline = NativePipeline(program)
+        pipeline = NativePipeline(program, values_per_packet)
         if loop is not None:
             loop.set_pipeline(pipeline.core)
         return pipeline
@@ -292,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     program = P4Info.load(args.p4info) if args.p4info else default.p4info
     per_frame = args.engine == "python" or args.log_console
     loop = None if per_frame else _native.SwitchLoop()
-    state = SoftSwitchState(args.device_id, program, pipeline_factory(args.engine, loop))
+    state = SoftSwitchState(args.device_id, program,
+                            pipeline_factory(args.engine, args.values_per_packet, loop))
     if args.config:
         if Path(args.config).read_bytes() != default.device_config():
             print(f"inagg-soft-switch: {args.config} is not the committed inagg program "

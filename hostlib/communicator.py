@@ -10,6 +10,13 @@ With ``transport="roce"`` the job reaches the switch as RoCEv2 (``hostlib.roce``
 so root): each rank also opens a RoCE endpoint whose QP number is its UDP port (unique per
 host) and joins with it; host-mode grants still use UDP, as the host aggregator speaks UDP.
 
+Each rank's calls run on the worker's stream: the native one (``hostlib.native_stream``, C++
+with the GIL released) for UDP jobs, the Python one (``hostlib.stream``, its specification) for
+RoCE jobs or ``native=False``. Every call, even one this rank cannot run (a bad dtype, layout or
+reduce op), takes part in the call's control round with its call number, so every rank fails
+that call with the same error and the next call is exact; results are accepted only from the
+grant's aggregator and only for an outstanding round.
+
 Grant changes (host <-> switch, resize, new epoch) are applied at an allreduce boundary all
 ranks agree on: each call carries the newest pending epoch the rank has seen (see
 ``hostlib.stream``), all ranks learn the smallest of them, and when it is newer than the active
@@ -156,7 +163,8 @@ class Communicator:
         if self.failure:
             raise JobFailed(f"job {self.job_id} failed: {self.failure}")
         grant = self._grants[self._active_epoch]
-        # UDP jobs (the default) run the native stream; RoCE jobs (raw sockets) the Python one
+        # UDP jobs (the default) run the native stream; RoCE jobs (raw sockets) and native=False
+        # the Python one
         stream_class = SlotStream if transport == "roce" or not native else NativeSlotStream
         self.stream = stream_class(grant, rank, world_size, self.transport, stall_timeout=stall_timeout)
         self._use(grant)
@@ -241,11 +249,13 @@ class Communicator:
             self.grant_changes += 1
 
     def _use(self, grant: Grant) -> None:
-        """Send under ``grant`` from the next call on, in its encapsulation."""
-        self.stream.set_grant(grant)
+        """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
+        first: the stream takes the source results must come from from it (a RoCE result's is
+        the switch's IP, a UDP one's IP and port)."""
         self.transport = self.stream.transport = self._transports[grant.transport]
         # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
         self.transport.retarget(grant.aggregator)
+        self.stream.set_grant(grant)
 
     # -- allreduce ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from .stream import ExponentTracker, StreamBase, call_window
 from .transport import UdpTransport
 
 _COUNTERS = ("packets_sent", "packets_received", "wire_bytes_sent", "wire_bytes_received",
-             "retransmissions", "host_results")
+             "retransmissions", "spurious_retransmissions", "host_results")
 
 
 def native_block_exponents(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +72,6 @@ class NativeSlotStream(StreamBase):
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
         window = call_window(self.grant.slot_count, exps.n_blocks, goal, exps.is_float)
         self.window = window
-        retransmitted_before = self.stats.retransmissions
         if exps.is_float:
             ok = self._core.stream_float(x, exps.local, exps.bad.view(np.uint8), exps.agreed[0], window,
                                          self.grant.values_per_packet)
@@ -82,5 +81,4 @@ class NativeSlotStream(StreamBase):
         if not ok:
             raise self.stall_error(f"{self._core.remaining()} of {exps.n_blocks} blocks",
                                    self._core.waiting_slots())
-        self.window_control.update(window, self.stats.retransmissions - retransmitted_before)
         return list(self._core.overflow())

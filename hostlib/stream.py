@@ -234,7 +234,9 @@ class ResultCheck(enum.IntEnum):
 @dataclass
 class StreamStats:
     """Counters of one worker's stream. Wire bytes include Ethernet/IPv4/UDP headers.
-    ``result_drops`` counts dropped datagrams per :class:`ResultCheck` name."""
+    ``result_drops`` counts dropped datagrams per :class:`ResultCheck` name.
+    ``spurious_retransmissions``: late copies of answered rounds that the aggregator sent back
+    for a retransmission (FLAG_RETRANSMIT): that retransmission was not needed (as a TCP DSACK)."""
 
     allreduces: int = 0
     calls: int = 0
@@ -244,15 +246,22 @@ class StreamStats:
     wire_bytes_sent: int = 0
     wire_bytes_received: int = 0
     retransmissions: int = 0
+    spurious_retransmissions: int = 0
     ignored_results: int = 0
     host_results: int = 0
     seconds: float = 0.0
     result_drops: dict = field(default_factory=dict)
 
-    def drop(self, check: ResultCheck) -> None:
+    def drop(self, check: ResultCheck, flags: int) -> None:
         self.ignored_results += 1
+        if flags & FLAG_RETRANSMIT and check in (ResultCheck.NO_ROUND, ResultCheck.WRONG_SET):
+            self.spurious_retransmissions += 1
         name = check.name.lower()
         self.result_drops[name] = self.result_drops.get(name, 0) + 1
+
+    def timeouts(self) -> int:
+        """Retransmissions not known to be spurious: the loss signal of the window control."""
+        return self.retransmissions - self.spurious_retransmissions
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -394,8 +403,10 @@ class WindowControl:
     A grant starts at a small goal (``INITIAL_WINDOW``, or the last grant's goal) in slow start:
     each clean call that used its whole goal doubles it, so a burst never outgrows the path's
     buffers by more than one doubling. A call with a timeout halves the window it used (a
-    switch's input buffer overflowed, or results queued longer than the RTO), as TCP sets
-    ssthresh from the flight size (RFC 5681), and ends slow start; after that a clean call that
+    switch's input buffer overflowed), as TCP sets ssthresh from the flight size (RFC 5681), and
+    ends slow start; a retransmission that the aggregator answered twice was not needed (the
+    result was only late: a descheduled switch process) and is no loss signal, as with TCP's
+    DSACK (RFC 3708); after that a clean call that
     used its whole goal raises it by a quarter, up to the slots granted."""
 
     minimum: int = 4
@@ -475,6 +486,7 @@ class StreamBase:
         self.agreed_epoch = 0
         call = self.stats.calls
         self.stats.calls += 1
+        lost_before = self.stats.timeouts()
         delta = pending_epoch - self.grant.epoch if pending_epoch > self.grant.epoch else 0
         spec = CallSpec(call, 0 if refusal else x.size, not refusal and x.dtype == np.float32,
                         average, refusal, self.window_control.goal, delta)
@@ -487,6 +499,7 @@ class StreamBase:
         if x.size:
             local.agree(0, exp0)
             overflow = self._stream_blocks(x, local, agreement.window_goal)
+            self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before))
             if overflow:
                 raise overflow_error(overflow, self.grant.values_per_packet)
         if average:
@@ -584,7 +597,7 @@ class SlotStream(StreamBase):
         self.stats.wire_bytes_received += got + self.transport.overhead
         verdict, idx = rounds.check(memoryview(self._buf), got, source)
         if verdict is not ResultCheck.ACCEPTED:
-            self.stats.drop(verdict)
+            self.stats.drop(verdict, self._buf[1] if got > 1 else 0)
             return -1, None, now
         rnd = rounds.pop(idx)
         if self._buf[1] & FLAG_FROM_HOST:
@@ -628,7 +641,6 @@ class SlotStream(StreamBase):
         n_blocks = exps.n_blocks
         window = call_window(g.slot_count, n_blocks, goal, exps.is_float)
         self.window = window
-        retransmitted_before = self.stats.retransmissions
         rounds = OutstandingRounds(g, self._source)
         now = time.perf_counter()
         self._send_block(rounds, 0, x, exps, 0, window, now)
@@ -656,5 +668,4 @@ class SlotStream(StreamBase):
             exps.agree(nxt, exp)
             if nxt < n_blocks:
                 self._send_block(rounds, idx, x, exps, nxt, window, progress)
-        self.window_control.update(window, self.stats.retransmissions - retransmitted_before)
         return overflow

@@ -2,8 +2,10 @@
 #include "stream.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -65,7 +67,16 @@ void RttEstimator::sample(double rtt) {
 
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
     : fd_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
-      stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {}
+      stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {
+    // A blocking socket waits in recvmmsg itself (MSG_WAITFORONE), at most one scan tick: one
+    // system call per batch. A non-blocking one (Python gave it a timeout) is polled when empty.
+    int fl = fcntl(fd, F_GETFL);
+    timeval tick{};
+    tick.tv_sec = static_cast<time_t>(scan_tick());
+    tick.tv_usec = static_cast<suseconds_t>((scan_tick() - tick.tv_sec) * 1e6);
+    blocking_ = fl >= 0 && !(fl & O_NONBLOCK) &&
+                setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tick, sizeof(tick)) == 0;
+}
 
 void Stream::set_grant(const GrantView& grant) {
     grant_ = grant;
@@ -80,13 +91,14 @@ void Stream::set_grant(const GrantView& grant) {
     rx_count_ = rx_next_ = 0;
 }
 
-void Stream::start_call() {
-    for (Round& r : rounds_) r.active = false;
+void Stream::start_call(uint32_t window) {
+    rounds_.assign(window, Round{});  // buffers for the slots this call uses, not the whole grant
+    packets_.resize(packet_bytes_ * window);
     outstanding_ = 0;
     send_queue_.clear();
     overflow_.clear();
     remaining_ = 0;
-    next_scan_ = now_seconds() + rtt_.rto_min() / 4;
+    next_scan_ = now_seconds() + scan_tick();
 }
 
 void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp,
@@ -203,8 +215,8 @@ int Stream::receive_batch(double wait) {
         msgs[i].msg_hdr.msg_iov = &iov[i];
         msgs[i].msg_hdr.msg_iovlen = 1;
     }
-    int got = recvmmsg(fd_, msgs, BATCH, MSG_DONTWAIT, nullptr);
-    if (got <= 0) {
+    int got = recvmmsg(fd_, msgs, BATCH, blocking_ ? MSG_WAITFORONE : MSG_DONTWAIT, nullptr);
+    if (got <= 0 && !blocking_) {
         wait_for(fd_, POLLIN, wait);
         got = recvmmsg(fd_, msgs, BATCH, MSG_DONTWAIT, nullptr);
     }
@@ -253,6 +265,10 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             ResultCheck verdict = check(d, n, rx_from_[i], idx);
             if (verdict != ResultCheck::ACCEPTED) {
                 counters_.drops[static_cast<size_t>(verdict)] += 1;
+                // a late copy the aggregator sent for our retransmission: it was not needed
+                if (n > 1 && (d[1] & kFlagRetransmit) &&
+                    (verdict == ResultCheck::NO_ROUND || verdict == ResultCheck::WRONG_SET))
+                    counters_.spurious_retransmissions += 1;
                 continue;
             }
             Round& r = rounds_[*idx];
@@ -270,7 +286,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
         if (now >= next_scan_) {
             resend_expired(now);
             flush_sends();
-            next_scan_ = now + rtt_.rto_min() / 4;
+            next_scan_ = now + scan_tick();
         }
         if (aborted_.load(std::memory_order_relaxed) || now - *progress > stall_timeout_) return false;
         receive_batch(next_scan_ - now);
@@ -279,7 +295,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
 
 bool Stream::control_round(const int32_t* vector, size_t n_values, int8_t exp0, int32_t* summed,
                            int8_t* agreed_exp0, double* rtt) {
-    start_call();
+    start_call(1);
     double start = now_seconds();
     for (size_t i = 0; i < n_values; ++i) payload(0)[i] = htonl(static_cast<uint32_t>(vector[i]));
     build(0, 0, true, static_cast<uint16_t>(n_values), exp0, 0, start);
@@ -294,7 +310,7 @@ bool Stream::control_round(const int32_t* vector, size_t n_values, int8_t exp0, 
 }
 
 bool Stream::stream_blocks(const BlockCall& call) {
-    start_call();
+    start_call(std::min(call.window, grant_.slot_count));
     size_t k = grant_.k;
     size_t n_blocks = (call.size + k - 1) / k;
     agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);

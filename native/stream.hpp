@@ -30,7 +30,7 @@ const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
-    uint64_t retransmissions = 0, host_results = 0;
+    uint64_t retransmissions = 0, spurious_retransmissions = 0, host_results = 0;
     std::array<uint64_t, RESULT_CHECKS> drops{};  // indexed by ResultCheck (ACCEPTED unused)
 };
 
@@ -112,9 +112,12 @@ class Stream {
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
     bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
-    void start_call();
+    void start_call(uint32_t window);
+    // How often expired rounds are looked for (and the longest a receive waits).
+    double scan_tick() const { return rtt_.rto_min() / 4; }
 
     int fd_, rank_, n_workers_, shift_;
+    bool blocking_ = false;  // the socket blocks: recvmmsg waits (SO_RCVTIMEO = one scan tick)
     double stall_timeout_;
     std::atomic<bool> aborted_{false};
     RttEstimator rtt_;

@@ -46,6 +46,7 @@ nb::dict counters_dict(const Stream& s) {
     d["wire_bytes_sent"] = c.wire_bytes_sent;
     d["wire_bytes_received"] = c.wire_bytes_received;
     d["retransmissions"] = c.retransmissions;
+    d["spurious_retransmissions"] = c.spurious_retransmissions;
     d["host_results"] = c.host_results;
     for (size_t i = 1; i < RESULT_CHECKS; ++i)
         if (c.drops[i]) drops[result_check_name(static_cast<ResultCheck>(i))] = c.drops[i];

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <linux/if_packet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -30,6 +31,8 @@ namespace {
 constexpr size_t kFrameBytes = 65536;          // the largest datagram or frame a port takes
 constexpr size_t kSlotBytes = kInaggAt + kFrameBytes;  // + room for the headers a UDP port adds
 constexpr int kSendWaitMs = 200;               // how long a full send queue may block the loop
+constexpr size_t kGsoSegments = 64;            // datagrams per GSO send (kernel: at most 64+)
+constexpr size_t kGsoBytes = 60000;            // their bytes (one IPv4 datagram's worth)
 constexpr uint8_t kUdpSwitchMac[6] = {0, 0, 0, 0, 0, 0xFE};
 
 std::system_error os_error(const char* what) {
@@ -85,9 +88,12 @@ struct SwitchLoop::Socket {
         sockaddr_ll ll;
     } addrs[kBatch];
     std::vector<size_t> pending;                      // out_ frames leaving by this socket
+    bool gso = false;                                 // udp: the kernel takes UDP_SEGMENT
+    std::vector<Datagram> datagrams;
     std::vector<mmsghdr> send_msgs;
     std::vector<iovec> send_iov;
-    std::vector<sockaddr_in> send_addrs;
+    std::vector<GsoControl> send_gso;
+    std::vector<uint32_t> send_counts;                // datagrams per message
 };
 
 SwitchLoop::SwitchLoop() {
@@ -114,6 +120,9 @@ void SwitchLoop::add_udp_ports(int fd, uint32_t bind_addr,
                                const std::vector<std::pair<uint32_t, uint16_t>>& peers) {
     auto sock = std::make_unique<Socket>(Socket::Kind::udp, fd);
     sock->bind_addr = bind_addr;
+    int segment = 0;
+    socklen_t size = sizeof segment;
+    sock->gso = getsockopt(fd, SOL_UDP, UDP_SEGMENT, &segment, &size) == 0;
     for (const auto& [addr, port] : peers) {
         sock->port_of[addr] = port;
         by_port_[port] = sock.get();
@@ -166,8 +175,15 @@ void SwitchLoop::run() {
         while (running_) {
             int n = epoll_wait(epoll_fd_, events, 16, -1);
             if (n < 0 && errno != EINTR) throw os_error("epoll_wait");
-            for (int i = 0; i < n && running_; ++i)
-                if (events[i].data.ptr) receive_batch(*static_cast<Socket*>(events[i].data.ptr));
+            for (int i = 0; i < n && running_; ++i) {
+                if (events[i].data.ptr) {
+                    receive_batch(*static_cast<Socket*>(events[i].data.ptr));
+                } else {  // stop(): consume the wake-up, so a later start() waits again
+                    uint64_t count;
+                    if (read(wake_fd_, &count, sizeof count) < 0 && errno != EAGAIN)
+                        throw os_error("switch loop: wake");
+                }
+            }
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "inagg-soft-switch: packet loop stopped: %s\n", e.what());
@@ -251,29 +267,69 @@ void SwitchLoop::send_outputs() {
 }
 
 // A frame leaving a UDP port is sent as a datagram to its IPv4/UDP destination (UdpPorts.send).
+// Where the kernel can, datagrams to one destination go as one UDP GSO send (UDP_SEGMENT): a
+// round's results to a worker walk the stack once instead of once each; the receiver still gets
+// them one datagram at a time. Datagrams are grouped by destination, each destination's order
+// kept.
 void SwitchLoop::send_udp(Socket& sock, const std::vector<size_t>& frames) {
-    sock.send_msgs.assign(frames.size(), mmsghdr{});
-    sock.send_iov.resize(frames.size());
-    sock.send_addrs.assign(frames.size(), sockaddr_in{});
-    size_t n = 0;
+    std::vector<Datagram>& dgs = sock.datagrams;
+    dgs.clear();
     for (size_t i : frames) {
         const uint8_t* f = out_.data(i);
         size_t len = out_.len(i);
         if (len < kInaggAt) continue;
         size_t end = std::min(len, kEth + kIp + be16(f + kEth + kIp + 4));
-        sockaddr_in& to = sock.send_addrs[n];
-        to.sin_family = AF_INET;
-        std::memcpy(&to.sin_addr.s_addr, f + kEth + 16, 4);
-        std::memcpy(&to.sin_port, f + kEth + kIp + 2, 2);
-        sock.send_iov[n] = iovec{const_cast<uint8_t*>(f + kInaggAt), end > kInaggAt ? end - kInaggAt : 0};
-        msghdr& h = sock.send_msgs[n].msg_hdr;
-        h.msg_name = &to;
-        h.msg_namelen = sizeof to;
-        h.msg_iov = &sock.send_iov[n];
-        h.msg_iovlen = 1;
-        ++n;
+        Datagram d{sockaddr_in{}, f + kInaggAt, end > kInaggAt ? end - kInaggAt : 0};
+        d.to.sin_family = AF_INET;
+        std::memcpy(&d.to.sin_addr.s_addr, f + kEth + 16, 4);
+        std::memcpy(&d.to.sin_port, f + kEth + kIp + 2, 2);
+        dgs.push_back(d);
     }
-    sendmmsg_all(sock.fd, sock.send_msgs.data(), n);
+    if (sock.gso)
+        std::stable_sort(dgs.begin(), dgs.end(), [](const Datagram& a, const Datagram& b) {
+            return std::make_pair(a.to.sin_addr.s_addr, a.to.sin_port) <
+                   std::make_pair(b.to.sin_addr.s_addr, b.to.sin_port);
+        });
+    sock.send_msgs.assign(dgs.size(), mmsghdr{});
+    sock.send_iov.resize(dgs.size());
+    sock.send_gso.resize(dgs.size());
+    sock.send_counts.resize(dgs.size());
+    size_t n = 0;
+    for (size_t first = 0, last; first < dgs.size(); first = last) {
+        last = first + (sock.gso ? gso_run(dgs, first) : 1);
+        for (size_t i = first; i < last; ++i)
+            sock.send_iov[i] = iovec{const_cast<uint8_t*>(dgs[i].data), dgs[i].len};
+        msghdr& h = sock.send_msgs[n].msg_hdr;
+        h.msg_name = &dgs[first].to;
+        h.msg_namelen = sizeof dgs[first].to;
+        h.msg_iov = &sock.send_iov[first];
+        h.msg_iovlen = last - first;
+        if (last - first > 1) {
+            GsoControl& c = sock.send_gso[n];
+            c.hdr.cmsg_level = SOL_UDP;
+            c.hdr.cmsg_type = UDP_SEGMENT;
+            c.hdr.cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t segment = uint16_t(dgs[first].len);
+            std::memcpy(CMSG_DATA(&c.hdr), &segment, sizeof segment);
+            h.msg_control = &c;
+            h.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
+        }
+        sock.send_counts[n++] = uint32_t(last - first);
+    }
+    sendmmsg_all(sock.fd, sock.send_msgs.data(), n, sock.send_counts.data());
+}
+
+// How many datagrams from `first` on can go as one GSO send: same destination, all but the last
+// of the first one's size and the last no larger, within the kernel's segment and size limits.
+size_t SwitchLoop::gso_run(const std::vector<Datagram>& dgs, size_t first) {
+    const Datagram& d = dgs[first];
+    size_t last = first + 1, bytes = d.len;
+    while (d.len && last < dgs.size() && last - first < kGsoSegments &&
+           dgs[last].to.sin_addr.s_addr == d.to.sin_addr.s_addr &&
+           dgs[last].to.sin_port == d.to.sin_port && dgs[last - 1].len == d.len &&
+           dgs[last].len <= d.len && bytes + dgs[last].len <= kGsoBytes)
+        bytes += dgs[last++].len;
+    return last - first;
 }
 
 void SwitchLoop::send_raw(Socket& sock, const std::vector<size_t>& frames) {
@@ -285,20 +341,25 @@ void SwitchLoop::send_raw(Socket& sock, const std::vector<size_t>& frames) {
         sock.send_msgs[n].msg_hdr.msg_iov = &sock.send_iov[n];
         sock.send_msgs[n].msg_hdr.msg_iovlen = 1;
     }
-    sendmmsg_all(sock.fd, sock.send_msgs.data(), frames.size());
+    sendmmsg_all(sock.fd, sock.send_msgs.data(), frames.size(), nullptr);
 }
 
 // Send every message; a full send queue holds the loop (back-pressure rather than loss) for
 // up to kSendWaitMs, and a message the kernel refuses is counted and skipped.
-void SwitchLoop::sendmmsg_all(int fd, mmsghdr* msgs, size_t n) {
+void SwitchLoop::sendmmsg_all(int fd, mmsghdr* msgs, size_t n, const uint32_t* datagrams) {
+    auto count = [datagrams](size_t from, size_t to) {
+        uint64_t c = 0;
+        for (size_t i = from; i < to; ++i) c += datagrams ? datagrams[i] : 1;
+        return c;
+    };
     using Clock = std::chrono::steady_clock;
     size_t done = 0;
     Clock::time_point give_up{};
     while (done < n) {
         int sent = sendmmsg(fd, msgs + done, unsigned(n - done), 0);
         if (sent > 0) {
+            stats_.sent += count(done, done + size_t(sent));
             done += size_t(sent);
-            stats_.sent += uint64_t(sent);
             give_up = {};
             continue;
         }
@@ -312,7 +373,7 @@ void SwitchLoop::sendmmsg_all(int fd, mmsghdr* msgs, size_t n) {
             if (poll(&p, 1, 1) > 0 && err == ENOBUFS) usleep(50);  // poll cannot wait for it
             continue;
         }
-        stats_.send_errors += 1;
+        stats_.send_errors += count(done, done + 1);
         done += 1;
         give_up = {};
     }

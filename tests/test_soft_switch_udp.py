@@ -10,7 +10,7 @@ import socket
 import struct
 import subprocess
 import sys
-import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -27,13 +27,13 @@ from hostlib.transport import enlarge_buffers
 SLOTS = 512
 
 
-@pytest.fixture(params=["native", "python"])
-def switch(request, tmp_path):
+@contextmanager
+def soft_switch(tmp_path, *options: str):
     """(switch process, P4Runtime connection, loopback /24 prefix) with 2 UDP-attached hosts."""
     net = free_loopback_net()
     sock = tmp_path / "p4rt.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", request.param,
+        [sys.executable, "-m", "bmv2_env.soft_switch", *options,
          "-i", f"1@udp:{net}.1", "-i", f"2@udp:{net}.2", "--udp-bind", f"{net}.254", "--no-p4",
          "--pcap", str(tmp_path), "--", "--grpc-server-addr", f"unix:{sock}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -42,13 +42,28 @@ def switch(request, tmp_path):
         assert "inagg-soft-switch" in proc.stdout.readline()
         sw = SwitchConnection(f"unix:{sock}")
         sw.push_pipeline()
-        yield proc, sw, net, tmp_path
+        yield proc, sw, net
     finally:
         if sw is not None:
             sw.close()
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+@pytest.fixture(params=["native", "python"])
+def switch(request, tmp_path):
+    with soft_switch(tmp_path, "--engine", request.param) as (proc, sw, net):
+        yield proc, sw, net, tmp_path
+
+
+def admit(sw, net: str, workers: list[socket.socket], slots: int) -> None:
+    """One job of the given worker sockets (ranks in order) over ``slots`` slots."""
+    job = SwitchJob(1, 0, 1, 0, slots, tuple(
+        WorkerBinding(r, r + 1, f"{net}.{r + 1}", udp_host_mac(f"{net}.{r + 1}"), w.getsockname()[1])
+        for r, w in enumerate(workers)))
+    sw.write(JobAdmission(sw).updates(INSERT, job) + ReplicaRewrite(sw).updates(INSERT, job)
+             + [ResultReplication(sw).job_update(INSERT, job)])
 
 
 def udp_socket(ip: str) -> socket.socket:
@@ -75,11 +90,7 @@ def test_windows_come_back_complete_and_strangers_are_ignored(switch):
     workers = [udp_socket(f"{net}.{r + 1}") for r in range(2)]
     stranger = udp_socket(f"{net}.3")
     try:
-        job = SwitchJob(1, 0, 1, 0, SLOTS, tuple(
-            WorkerBinding(r, r + 1, f"{net}.{r + 1}", udp_host_mac(f"{net}.{r + 1}"), w.getsockname()[1])
-            for r, w in enumerate(workers)))
-        sw.write(JobAdmission(sw).updates(INSERT, job) + ReplicaRewrite(sw).updates(INSERT, job)
-                 + [ResultReplication(sw).job_update(INSERT, job)])
+        admit(sw, net, workers, SLOTS)
         to_switch = (f"{net}.254", UDP_PORT)
         stranger.sendto(build_contribution(1, 0, 1, 0, 0, 0, np.full(K, 1000, np.int32), K), to_switch)
         for rnd in range(2):
@@ -108,3 +119,34 @@ def test_windows_come_back_complete_and_strangers_are_ignored(switch):
         sent, got = (pcap_frames(pcap_dir / f"{name}_{d}.pcap") for d in ("in", "out"))
         assert len(sent) == len(got) == 2 * SLOTS
         assert {unpack_header(f[42:]).msg_type for f in got} == {MSG_RESULT}
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_values_per_packet_is_the_software_targets(tmp_path, engine):
+    """--values-per-packet: the software target aggregates packets of its own K, and refuses
+    the P4 program's K (bad_length) as it would any other."""
+    k = 1024
+    with soft_switch(tmp_path, "--engine", engine, "--values-per-packet", str(k)) as (proc, sw, net):
+        workers = [udp_socket(f"{net}.{r + 1}") for r in range(2)]
+        try:
+            admit(sw, net, workers, 4)
+            to_switch = (f"{net}.254", UDP_PORT)
+            for rank, w in enumerate(workers):
+                w.sendto(build_contribution(1, rank, 1, 0, 0, 0, np.arange(k, dtype=np.int32) * (rank + 1), k),
+                         to_switch)
+            for w in workers:
+                data = w.recv(65535)
+                assert unpack_header(data).count == k
+                assert (np.frombuffer(data, ">i4", k, 16) == 3 * np.arange(k)).all()
+            workers[0].sendto(build_contribution(1, 0, 1, 1, 0, 0, np.ones(K, np.int32), K), to_switch)
+            for w in workers:
+                w.settimeout(0.3)
+                with pytest.raises(TimeoutError):
+                    w.recv(65535)
+            assert JobCounters(sw).job(0)["drops"] == {"bad_length": 1}
+        finally:
+            for w in workers:
+                w.close()
+    bad = subprocess.run([sys.executable, "-m", "bmv2_env.soft_switch", "--values-per-packet", "0",
+                          "--no-p4"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--values-per-packet must be in 1..16363" in bad.stderr

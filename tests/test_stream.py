@@ -3,6 +3,7 @@ control vector, and the exact result checks, over real sockets and the aggregato
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hostlib import _native, codec
 from hostlib.demo import TensorSpec, run_local_job
 from hostlib.grant import Grant
 from hostlib.native_stream import NativeSlotStream, native_block_exponents
-from hostlib.protocol import HEADER_BYTES, HEADER_STRUCT, MSG_RESULT, VERSION
+from hostlib.protocol import FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, MSG_RESULT, VERSION
 from hostlib.stream import (
     CallError,
     CallRefused,
@@ -238,3 +239,54 @@ def test_a_refused_call_fails_on_every_rank_and_the_next_is_exact(kind):
         thread.join(5)
         for t in transports:
             t.close()
+
+
+class SlowFirstAnswer:
+    """A one-rank job's aggregator that answers the control round late (past the RTO), then
+    answers the retransmitted copies as a switch does for a finished round: the stored result
+    again, flagged FLAG_RETRANSMIT."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(5.0)
+
+    def serve(self) -> None:
+        answered: dict[bytes, bytes] = {}
+        while True:
+            try:
+                data, sender = self.sock.recvfrom(65536)
+            except (TimeoutError, OSError):
+                return
+            key = data[2:4] + data[8:16]          # job, slot, count, offset
+            if key in answered:
+                self.sock.sendto(answered[key][:1] + bytes([answered[key][1] | FLAG_RETRANSMIT])
+                                 + answered[key][2:], sender)
+                continue
+            if not answered:
+                time.sleep(0.3)                   # the control round's answer comes late
+            answered[key] = bytes([(VERSION << 4) | MSG_RESULT]) + data[1:]
+            self.sock.sendto(answered[key], sender)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_retransmissions_answered_twice_are_spurious_and_keep_the_window(kind):
+    agg = SlowFirstAnswer()
+    thread = threading.Thread(target=agg.serve, daemon=True)
+    thread.start()
+    transport = UdpTransport(agg.sock.getsockname(), bind=("127.0.0.1", 0))
+    try:
+        stream = STREAMS[kind](Grant(3, 2, 0, 16, 4, agg.sock.getsockname()), 0, 1, transport,
+                               rto_min=0.05, stall_timeout=5.0)
+        goal = stream.window_control.goal         # 16: a timeout would make it 4
+        x = np.arange(10, dtype=np.int32)
+        stream.allreduce(x)
+        assert x.tolist() == list(range(10))
+        s = stream.stats
+        assert s.retransmissions >= 1
+        assert s.spurious_retransmissions == s.retransmissions and s.timeouts() == 0
+        assert stream.window_control.goal == goal   # a spurious timeout is no loss signal
+    finally:
+        agg.sock.close()
+        transport.close()
+        thread.join(5)
