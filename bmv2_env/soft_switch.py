@@ -188,11 +188,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine", choices=("native", "python"), default="native",
                    help="the pipeline: C++ on its own packet-loop thread (default), or the "
                         "Python reference")
-    p.add_argument("--values-per-packet", type=int, default=None, metavar="K",
-                   help="values per packet this software target aggregates (default: the P4 "
-                        "program's, @inagg_values_per_packet in its P4Info, which the controller "
-                        "grants); workers must be granted the same K, and its packets must fit "
-                        "the ports' MTU")
+    p.add_argument("--values-per-packet", type=int, metavar="K",
+                   help="values per packet this software target aggregates (default: the "
+                        "program's, from its P4Info); workers must be granted the same K, "
+                        "and its packets must fit the ports' MTU")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -236,7 +235,7 @@ def distinct(attach: dict[int, RawPort | UdpPorts]) -> list[RawPort | UdpPorts]:
     return list({id(a): a for a in attach.values()}.values())
 
 
-def pipeline_factory(engine: str, values_per_packet: int, loop: _native.SwitchLoop | None):
+def pipeline_factory(engine: str, values_per_packet: int | None, loop: _native.SwitchLoop | None):
     """What builds the pipeline for each committed config: the Python reference, or a native
     core that the packet loop (when there is one) switches to."""
     if engine == "python":
