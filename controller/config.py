@@ -11,6 +11,7 @@ Example in JSON (bmv2_env/topologies/ ships real ones)::
       "min_window": 8,
       "host_aggregator": "10.0.0.100:42666",
       "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
+      "metrics_listen": "127.0.0.1:9464",
       "switches": [{
         "name": "s1", "grpc": "127.0.0.1:9559", "device_id": 0,
         "target": "bmv2",
@@ -99,6 +100,7 @@ class ControllerConfig:
     host_slots: int = 4096
     host_window: int = HOST_WINDOW
     host_values_per_packet: int = HOST_VALUES_PER_PACKET
+    metrics_listen: str = ""              # "ip:port" of the Prometheus endpoint; "" = none
     extra: dict = field(default_factory=dict)
 
 

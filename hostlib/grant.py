@@ -26,6 +26,8 @@ def values_for_mtu(mtu: int) -> int:
 # K costs aggregator memory (slots x 2 sets x K x 4 bytes) for little gain. Aggregators and the
 # controller use min(this, values_for_mtu(interface MTU)).
 HOST_VALUES_PER_PACKET = 4096
+# The host aggregator's default UDP port (its address is configured; decoders bind this port).
+HOST_AGGREGATOR_PORT = 42666
 # Slots per job on a host aggregator: W * K * 4 bytes (512 KiB) in flight per worker.
 HOST_WINDOW = 32
 
