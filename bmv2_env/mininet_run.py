@@ -30,14 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-<<<<<<< HEAD
-from controller.credentials import write_token
-from hostlib import add_version_flag
-=======
 from controller.credentials import ADMIN_TOKEN_FILE_ENV, write_token
+from hostlib import add_version_flag
 from hostlib.grant import ETHERNET_MTU, HOST_AGGREGATOR_PORT, values_for_mtu
 from hostlib.protocol import UDP_PORT
->>>>>>> main
 
 from .run_dir import RUNS_DIR, RunDir, stop_run, unfinished_runs
 from .testbed import stop_processes

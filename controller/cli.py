@@ -72,16 +72,11 @@ def _grant_text(g) -> str:
 def ctl_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.",
                                 allow_abbrev=False)  # no --admin-token prefix of --admin-token-file
-<<<<<<< HEAD
     add_version_flag(p)
-    p.add_argument("--controller", default="127.0.0.1:50051")
-    p.add_argument("--admin-token-file", help=f"file holding the admin token (default: ${ADMIN_TOKEN_ENV})")
-=======
     p.add_argument("--controller", default=os.environ.get("INAGG_CONTROLLER", "127.0.0.1:50051"),
                    help="controller address (default $INAGG_CONTROLLER, else 127.0.0.1:50051)")
     p.add_argument("--admin-token-file", help=f"file holding the admin token (default: ${ADMIN_TOKEN_FILE_ENV}'s "
                                               f"file, else ${ADMIN_TOKEN_ENV})")
->>>>>>> main
     p.add_argument("--controller-ca", help=f"CA certificate (PEM) the controller's TLS certificate is "
                                            f"from (default: ${CA_ENV})")
     p.add_argument("--insecure", action="store_true",
