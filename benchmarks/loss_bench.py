@@ -60,7 +60,7 @@ def same_bits(run: JobRun, reference: list[np.ndarray]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--elements", type=int, default=1 << 20, help="float32 values per worker")
+    p.add_argument("--elements", type=int, default=1 << 22, help="float32 values per worker")
     p.add_argument("--rates", type=float, nargs="+", default=[0.01, 0.10, 0.30])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)

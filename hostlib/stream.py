@@ -287,7 +287,7 @@ INITIAL_RTO = 0.05   # seconds, before the first RTT sample
 # A silent path backs a round's RTO off to at most this many RTOs: in a job a round also waits on
 # the other ranks' resends, which a longer backoff here would only delay
 MAX_BACKOFF = 8
-RTO_OVER_MIN_RTT = 4  # the RTO never exceeds this many minimum RTTs (see RttEstimator.sample)
+RTO_OVER_MIN_RTT = 32  # the RTO never exceeds this many minimum RTTs (see RttEstimator.sample)
 INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
 
 
@@ -620,6 +620,7 @@ class SlotStream(StreamBase):
         self._rtt = RttEstimator(self.rto_min, self.rto_max)
         self._loss = LossDetector(self._rtt)
         self._next_scan = 0.0
+        self._drained = True  # the last receive found the socket empty
 
     def set_grant(self, grant: Grant) -> None:
         super().set_grant(grant)
@@ -685,7 +686,8 @@ class SlotStream(StreamBase):
         accepted result, (-1, None, now) otherwise (counted)."""
         got, source = self.transport.recv_from(self._buf, timeout)
         now = time.perf_counter()
-        if not got and source is None:
+        self._drained = not got and source is None
+        if self._drained:
             return -1, None, now
         self.stats.packets_received += 1
         self.stats.wire_bytes_received += got + self.transport.overhead
@@ -704,12 +706,13 @@ class SlotStream(StreamBase):
     def _await(self, rounds: OutstandingRounds, progress: float,
                missing: Callable[[], str]) -> tuple[int, Round, float]:
         """Receive until some round completes; resend lost rounds every scan tick (a quarter of
-        ``rto_min``); raise the stall error (naming ``missing()``) after ``stall_timeout``
-        without progress."""
+        ``rto_min``) once nothing waits in the socket (after this process was descheduled, the
+        answers of rounds that look lost may be queued there); raise the stall error (naming
+        ``missing()``) after ``stall_timeout`` without progress."""
         tick = self._rtt.rto_min / 4
         while True:
             now = time.perf_counter()
-            if now >= self._next_scan:
+            if now >= self._next_scan and self._drained:
                 self._resend_lost(rounds, now)
                 self._next_scan = now + tick
             if self.aborted or now - progress > self.stall_timeout:

@@ -21,7 +21,7 @@ namespace {
 constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
 constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
 constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
-constexpr double kRtoOverMinRtt = 4;  // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
+constexpr double kRtoOverMinRtt = 32; // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
 
 double now_seconds() {
     using namespace std::chrono;
@@ -319,7 +319,9 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
         }
         flush_sends();
         double now = now_seconds();
-        if (now >= next_scan_) {
+        // only on a drained socket: after a deschedule, the answers of rounds that look lost
+        // may wait in it (stream.py SlotStream._await)
+        if (now >= next_scan_ && rx_count_ < BATCH) {
             resend_lost(now);
             flush_sends();
             next_scan_ = now + scan_tick();
