@@ -29,6 +29,7 @@ ratios with the machine's load average.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import multiprocessing as mp
 import os
@@ -229,7 +230,6 @@ def plot(rows: list[dict], path: Path) -> bool:
         if r["target"] != "":
             ax.hlines(r["target"], i - 0.4, i + 0.4, colors="red", linestyles="--")
     ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set_yscale("log")
     ax.set_ylabel("step time / gloo DDP (median of paired reps)")
     ax.set_title(f"{rows[0]['params'] / 1e6:.2f} M-param CNN, {rows[0]['workers']} DDP processes "
                  f"(red: targets)")
@@ -272,11 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     for k in [k for k in os.environ if k.startswith("INAGG_")]:
         del os.environ[k]   # the backend's zero-setup default (its own local deployment)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as rdv, \
-            LoopbackDeployment(args.workers, with_switch=True) as switch_dep, \
-            LoopbackDeployment(args.workers, with_switch=False) as host_dep:
-        deployments = {"switch": (switch_dep.controller, switch_dep.worker_ips),
-                       "host": (host_dep.controller, host_dep.worker_ips)}
+    with tempfile.TemporaryDirectory() as rdv, contextlib.ExitStack() as stack:
+        deployments = {}
+        for config in ("switch", "host"):   # the hook configurations' own loopback deployments
+            if config in args.configs:
+                dep = stack.enter_context(LoopbackDeployment(args.workers, with_switch=config == "switch"))
+                deployments[config] = (dep.controller, dep.worker_ips)
         job = Job(args.workers, free_port(), args.configs, deployments, rdv, args.batch, args.warmup,
                   args.steps, args.reps)
         print(f"training step bench: {args.workers} DDP processes, batch {args.batch}/worker, "
