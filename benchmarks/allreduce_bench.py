@@ -160,6 +160,7 @@ def main() -> int:
                   f"{retransmit_pct:>12.3f} {load:>5.1f}", flush=True)
         print(f"{'':>22} ({path}: {sent} packets sent by the workers, modes "
               f"{sorted({s['mode'] for s in stats})}, windows {[s['window'] for s in stats]})")
+        print("                       (stats: " + ", ".join(f"{k}={sum(s.get(k, 0) for s in stats)}" for k in ("retransmissions", "fast_retransmissions", "backoffs", "spurious_retransmissions")) + ")")
 
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / "allreduce.csv", "w", newline="") as f:

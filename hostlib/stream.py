@@ -288,6 +288,11 @@ INITIAL_RTO = 0.05   # seconds, before the first RTT sample
 # the other ranks' resends, which a longer backoff here would only delay
 MAX_BACKOFF = 8
 RTO_OVER_MIN_RTT = 32  # the RTO never exceeds this many minimum RTTs (see RttEstimator.sample)
+# Spurious-retransmission response (RttEstimator.spurious): each unneeded retransmission doubles
+# the RTO and reorder floor (rto_min at first) up to SPURIOUS_FLOOR_MAX; it halves towards rto_min
+# after every FLOOR_DECAY_SAMPLES RTT samples without one
+SPURIOUS_FLOOR_MAX = 0.2  # seconds
+FLOOR_DECAY_SAMPLES = 128
 INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
 
 
@@ -393,7 +398,14 @@ class ExponentTracker:
 
 @dataclass
 class RttEstimator:
-    """RFC 6298 style smoothed RTT -> retransmission timeout."""
+    """RFC 6298 style smoothed RTT -> retransmission timeout, with an adaptive floor.
+
+    ``floor`` (at least ``rto_min``) bounds the RTO and the reordering allowance from below. A
+    resent round answered sooner than any RTT after the resend shows it was not needed (as TCP's DSACK /
+    Eifel, RFC 4015, and RACK's reo_wnd growth): the floor doubles (:meth:`spurious`), up to
+    ``SPURIOUS_FLOOR_MAX``, so a loss-free path with jittery RTTs stops resending. It starts at
+    ``rto_min`` and halves back towards ``rto_min`` after every ``FLOOR_DECAY_SAMPLES`` samples without one. Real losses keep their fast recovery: a
+    lost round is resent as soon as later-sent rounds are answered (LossDetector)."""
 
     rto_min: float
     rto_max: float
@@ -401,9 +413,26 @@ class RttEstimator:
     rttvar: float = 0.0
     min_rtt: float = float("inf")
     rto: float = field(init=False)
+    floor: float = field(init=False)
+    clean_samples: int = 0  # RTT samples since the floor last moved
 
     def __post_init__(self) -> None:
+        self.floor = self.rto_min
         self.rto = max(self.rto_min, INITIAL_RTO)
+
+    def answered_resent(self, since_resend: float) -> None:
+        """A resent round was answered ``since_resend`` after its last transmission. Sooner than
+        any RTT, the answer is the original's (Eifel, RFC 3522): the resend was spurious. (A late
+        copy of an answered round is no such sign in a job: another rank's loss held the round,
+        and this rank's own losses must keep their quick recovery.)"""
+        if since_resend < self.min_rtt:
+            self.spurious()
+
+    def spurious(self) -> None:
+        """A retransmission turned out unneeded: double the floor (up to SPURIOUS_FLOOR_MAX)."""
+        self.floor = max(self.floor, min(2 * self.floor, SPURIOUS_FLOOR_MAX, self.rto_max))
+        self.clean_samples = 0
+        self.rto = max(self.rto, self.floor)
 
     def sample(self, rtt: float) -> None:
         if self.srtt is None:
@@ -412,16 +441,19 @@ class RttEstimator:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
         self.min_rtt = min(self.min_rtt, rtt)
+        self.clean_samples += 1
+        if self.clean_samples >= FLOOR_DECAY_SAMPLES:
+            self.floor, self.clean_samples = max(self.rto_min, self.floor / 2), 0
         # Tied to the path's RTT, not a fixed 50 ms, so a lost round costs a few RTTs, not a
         # stall. A round's RTT also holds the wait for the other ranks' contributions, and so
         # their loss recovery: capped at a few minimum RTTs, the RTO does not grow with it (a
         # longer RTO here would slow every rank's recovery, a feedback loop).
         rto = min(2 * self.srtt + 4 * self.rttvar, RTO_OVER_MIN_RTT * self.min_rtt, self.rto_max)
-        self.rto = max(self.rto_min, rto)
+        self.rto = max(self.floor, rto)
 
     def reorder_window(self) -> float:
         """How late a round may be behind a later-sent answered one before it counts as lost."""
-        return max(self.rto_min, self.srtt or 0.0) / 4
+        return max(self.floor, self.srtt or 0.0) / 4
 
 
 class Loss(enum.Enum):
@@ -700,6 +732,8 @@ class SlotStream(StreamBase):
             self.stats.host_results += 1
         if not rnd.retransmitted:
             self._rtt.sample(now - rnd.sent_at)
+        else:
+            self._rtt.answered_resent(now - rnd.last_sent)
         self._loss.delivered(rnd, now)
         return idx, rnd, now
 

@@ -22,6 +22,9 @@ constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
 constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
 constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
 constexpr double kRtoOverMinRtt = 32; // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
+// Spurious-retransmission response (stream.py SPURIOUS_FLOOR_MAX, FLOOR_DECAY_SAMPLES)
+constexpr double kSpuriousFloorMax = 0.2;   // seconds
+constexpr int kFloorDecaySamples = 128;
 
 double now_seconds() {
     using namespace std::chrono;
@@ -55,7 +58,17 @@ const char* result_check_name(ResultCheck c) {
 }
 
 RttEstimator::RttEstimator(double rto_min, double rto_max)
-    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, kInitialRto)) {}
+    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, kInitialRto)), floor_(rto_min) {}
+
+void RttEstimator::answered_resent(double since_resend) {
+    if (since_resend < min_rtt_) spurious();
+}
+
+void RttEstimator::spurious() {
+    floor_ = std::max(floor_, std::min({2 * floor_, kSpuriousFloorMax, rto_max_}));
+    clean_samples_ = 0;
+    rto_ = std::max(rto_, floor_);
+}
 
 void RttEstimator::sample(double rtt) {
     if (srtt_ < 0) {
@@ -66,9 +79,13 @@ void RttEstimator::sample(double rtt) {
         srtt_ = 0.875 * srtt_ + 0.125 * rtt;
     }
     min_rtt_ = std::min(min_rtt_, rtt);
+    if (++clean_samples_ >= kFloorDecaySamples) {
+        floor_ = std::max(rto_min_, floor_ / 2);
+        clean_samples_ = 0;
+    }
     // tied to the path's RTT, not a fixed 50 ms (see stream.py RttEstimator.sample)
     double rto = std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_});
-    rto_ = std::max(rto_min_, rto);
+    rto_ = std::max(floor_, rto);
 }
 
 void LossDetector::delivered(const Transmission& t, double now) {
@@ -302,8 +319,9 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
                 counters_.drops[static_cast<size_t>(verdict)] += 1;
                 // a late copy the aggregator sent for our retransmission: it was not needed
                 if (n > 1 && (d[1] & kFlagRetransmit) &&
-                    (verdict == ResultCheck::NO_ROUND || verdict == ResultCheck::WRONG_SET))
+                    (verdict == ResultCheck::NO_ROUND || verdict == ResultCheck::WRONG_SET)) {
                     counters_.spurious_retransmissions += 1;
+                }
                 continue;
             }
             Round& r = rounds_[*idx];
@@ -312,6 +330,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             if (d[1] & kFlagFromHost) counters_.host_results += 1;
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
+            else rtt_.answered_resent(now - r.last_sent);
             loss_.delivered(r, now);
             *progress = now;
             *result = d;

@@ -47,14 +47,21 @@ class RttEstimator {
   public:
     RttEstimator(double rto_min, double rto_max);
     void sample(double rtt);
+    // A resent round answered since_resend seconds after its last transmission
+    // (hostlib.stream.RttEstimator.answered_resent).
+    void answered_resent(double since_resend);
+    // A retransmission turned out unneeded: double the floor (hostlib.stream.RttEstimator.spurious).
+    void spurious();
     double rto() const { return rto_; }
+    double floor() const { return floor_; }
     // How late a round may be behind a later-sent answered one before it counts as lost.
-    double reorder_window() const { return std::max(rto_min_, std::max(srtt_, 0.0)) / 4; }
+    double reorder_window() const { return std::max(floor_, std::max(srtt_, 0.0)) / 4; }
     double rto_min() const { return rto_min_; }
     double rto_max() const { return rto_max_; }
 
   private:
-    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, min_rtt_ = 1e300, rto_;
+    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, min_rtt_ = 1e300, rto_, floor_;
+    int clean_samples_ = 0;  // RTT samples since the floor last moved
 };
 
 // A round's transmission times and RTO as loss detection sees them.

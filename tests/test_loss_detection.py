@@ -153,3 +153,23 @@ def test_a_lost_contribution_is_resent_once_by_fast_retransmit(kind):
     finally:
         agg.sock.close()
         transport.close()
+
+
+def test_a_resend_answered_sooner_than_any_rtt_raises_the_floor_and_it_decays():
+    from hostlib.stream import FLOOR_DECAY_SAMPLES, SPURIOUS_FLOOR_MAX
+    est = RttEstimator(0.004, 1.0)
+    est.sample(0.001)                    # capped at 32 min RTTs, floored at rto_min
+    assert est.floor == 0.004 and est.rto == 0.004
+    est.answered_resent(0.002)           # an RTT or later after the resend: its own answer
+    assert est.floor == 0.004
+    est.answered_resent(0.0005)          # sooner than any RTT: the original's answer, spurious
+    assert est.floor == 0.008 and est.rto == 0.008 and est.reorder_window() == 0.002
+    for _ in range(10):
+        est.answered_resent(0.0)
+    assert est.floor == SPURIOUS_FLOOR_MAX
+    for _ in range(FLOOR_DECAY_SAMPLES):  # clean samples halve it back
+        est.sample(0.001)
+    assert est.floor == SPURIOUS_FLOOR_MAX / 2 and est.rto == SPURIOUS_FLOOR_MAX / 2
+    for _ in range(20 * FLOOR_DECAY_SAMPLES):
+        est.sample(0.001)
+    assert est.floor == 0.004            # never below rto_min
