@@ -1,7 +1,8 @@
 # inagg: make demo | make test | make bench | make run / stop / clean | make build
-# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS,
+# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS, QUICK (bench subset),
 #            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs),
-#            TRANSPORT (udp|roce: override jobs' transport to the switch),
+#            TRANSPORT (udp|roce: override jobs' transport to the switch), CLI (1: stay at a
+#            mininet> prompt after the jobs), RUN (make stop: only this run id), ARGS (make ctl),
 #            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build).
 
 PYTHON        ?= python3
@@ -16,8 +17,13 @@ TOPO          ?= bmv2_env/topologies/single_switch.json
 DATAPLANE     ?= auto
 EPOCHS        ?=
 TRANSPORT     ?=
+CLI           ?=
+RUN           ?=
+ARGS          ?= top
+P4_BUILD      := build/p4
+HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
-.PHONY: all run stop setup setup-emulation demo test bench build tofino clean protos
+.PHONY: all run stop ctl setup setup-emulation demo test bench build tofino clean protos
 
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
@@ -30,25 +36,39 @@ $(STAMP): pyproject.toml CMakeLists.txt $(wildcard native/*.cpp native/*.hpp)
 	  (apt-get update -qq && apt-get install -y -qq python3-venv python3-pip)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)" "scikit-build-core>=0.10" "nanobind>=2.0"
-	$(BIN)/pip install -q --no-build-isolation -e ".[dev,torch]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[dev,torch,control]"
 	touch $@
 
 setup: $(STAMP)
 
-# Mininet (Debian's package; Open vSwitch is not needed) and ethtool, for `make run`.
-# Without root the emulation tests skip, so this only installs when it can.
+# Mininet (Debian's package; Open vSwitch is not needed) and ethtool, for `make run`; tshark for
+# the Wireshark dissector's test. Without root those tests skip, so this only installs when it can.
 setup-emulation: setup
-	@command -v mnexec >/dev/null && command -v ethtool >/dev/null || [ "$$(id -u)" != 0 ] || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mininet ethtool)
+	@command -v mnexec >/dev/null && command -v ethtool >/dev/null && command -v tshark >/dev/null || \
+	  [ "$$(id -u)" != 0 ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends mininet ethtool tshark)
 
-# Compile when p4c is present (else the committed JSON/P4Info are used), then bring up the
-# topology, the controller, the host aggregator and the jobs; prints a per-job summary.
-run: setup-emulation
-	@if command -v $(P4C) >/dev/null; then $(MAKE) --no-print-directory build; fi
-	$(BIN)/python -m bmv2_env.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT))
+# Compile into build/p4 when p4c is present (BMv2 runs that; else, and on the software data plane,
+# the committed JSON/P4Info), then bring up the topology, the controller, the host aggregator and
+# the jobs in a run directory of its own (build/emulation/<run id>); prints a per-job summary.
+run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
+	$(BIN)/python -m bmv2_env.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
+	  $(if $(HAVE_P4C),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
+	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli)
 
+$(P4_BUILD)/inagg.json: p4/inagg.p4 $(wildcard p4/include/*.p4)
+	mkdir -p $(P4_BUILD)
+	$(P4C) --arch v1model --p4runtime-files $(P4_BUILD)/inagg.p4info.txtpb -o $@ p4/inagg.p4
+
+# Stop what this checkout's unfinished runs started (RUN=<id>: only that one), by the PIDs and
+# interface names recorded in their run directories.
 stop:
-	$(BIN)/python -m bmv2_env.mininet_run --stop
+	$(BIN)/python -m bmv2_env.mininet_run --stop $(if $(RUN),--run $(RUN))
+
+# inaggctl against the newest run (ARGS=top by default; e.g. make ctl ARGS=jobs).
+ctl:
+	@test -f build/emulation/latest/env || { echo "make ctl: no emulation run is up (make run CLI=1)" >&2; exit 2; }
+	set -a && . build/emulation/latest/env && $(BIN)/inaggctl $(ARGS)
 
 demo: setup
 	$(BIN)/inagg-demo $(DEMO_ARGS)
@@ -57,6 +77,7 @@ test: setup-emulation
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
+	$(BIN)/python benchmarks/backend_sweep.py $(if $(QUICK),--quick)
 	$(BIN)/python benchmarks/allreduce_bench.py
 	$(BIN)/python benchmarks/dataplane_bench.py
 	$(BIN)/python benchmarks/controller_bench.py

@@ -17,10 +17,13 @@ hardware switch would aggregate."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
+import re
 import secrets
+import signal
 import socket
 import shutil
 import subprocess
@@ -30,13 +33,13 @@ from pathlib import Path
 
 from controller.config import DEFAULT_ARTIFACTS
 from controller.credentials import ADMIN_TOKEN_ENV
+from hostlib.grant import HOST_AGGREGATOR_PORT
 from hostlib.protocol import UDP_PORT
 
 from .soft_switch import udp_host_mac
 from .testbed import stop_processes
 
 ROOT = Path(__file__).resolve().parents[1]
-HOST_AGGREGATOR_PORT = 42666
 
 
 def free_loopback_net(tries: int = 64) -> str:
@@ -54,12 +57,23 @@ def free_loopback_net(tries: int = 64) -> str:
     raise RuntimeError(f"no free loopback /24 found in {tries} tries")
 
 
+def _die_with_parent() -> None:
+    """In a child before exec: the kernel sends it SIGTERM when its parent dies (Linux), so a
+    killed supervisor leaves no orphans."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class LoopbackDeployment:
-    """Context manager: start everything, yield, stop everything (and remove its files)."""
+    """Context manager: start everything, yield, stop everything (and remove its files).
+
+    ``die_with_parent``: the services also stop when the process that started them dies
+    (``bmv2_env.services`` sets it: nothing outlives a killed training job)."""
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
                  lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
                  aggregator_drop_rate: float = 0.0, target: str = "soft",
+                 metrics: bool = False, die_with_parent: bool = False,
                  p4info: Path | str | None = None) -> None:
         if target not in ("soft", "tofino"):
             raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped 'tofino', not {target!r}")
@@ -73,6 +87,9 @@ class LoopbackDeployment:
         self.lease_seconds = lease_seconds
         self.rank_lease_seconds = rank_lease_seconds
         self.drop_rate = aggregator_drop_rate
+        self.metrics = metrics
+        self.metrics_url: str | None = None   # the controller's Prometheus endpoint (metrics=True)
+        self.die_with_parent = die_with_parent
         self.admin_token = secrets.token_hex(8)
         self.procs: list[subprocess.Popen] = []
         self.net = free_loopback_net()
@@ -98,7 +115,8 @@ class LoopbackDeployment:
     def _start(self, name: str, cmd: list[str], ready: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "a")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
-                                env={**os.environ, **env} if env else None)
+                                env={**os.environ, **env} if env else None,
+                                preexec_fn=_die_with_parent if self.die_with_parent else None)
         self.procs.append(proc)
         line = proc.stdout.readline()
         if ready not in line:
@@ -127,7 +145,7 @@ class LoopbackDeployment:
                       "database": str(self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
                       "rank_lease_seconds": self.rank_lease_seconds, "switch_check_seconds": 0.5,
                       "min_window": self.min_window, "host_aggregator": self.host_aggregator,
-                      "switches": switches}
+                      "switches": switches, **({"metrics_listen": "127.0.0.1:0"} if self.metrics else {})}
             (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
             self.start_controller()
             self.aggregator = self._start(
@@ -160,6 +178,11 @@ class LoopbackDeployment:
         self.controller_proc = self._start(
             "controller", [sys.executable, "-m", "controller", "--config", str(self.dir / "controller.json")],
             "inagg-controller serving")
+        if self.metrics:
+            found = re.search(r"metrics on (http://\S+)", self.log("controller"))
+            if found is None:
+                raise RuntimeError(f"controller announced no metrics endpoint: {self.log('controller')}")
+            self.metrics_url = found.group(1)
 
     def restart_controller(self) -> None:
         """Stop the controller process and start it again on the same state (SQLite)."""

@@ -33,13 +33,15 @@ import socket
 import struct
 import sys
 import threading
-import time
 from pathlib import Path
+
+from scapy.data import DLT_EN10MB
+from scapy.utils import RawPcapWriter
 
 from controller.config import default_program
 from controller.p4info import P4Info
 
-from hostlib import _native
+from hostlib import _native, add_version_flag
 from hostlib.protocol import (
     UDP_PORT,
     ipv4,
@@ -68,20 +70,18 @@ PORT_BUFFER_BYTES = 32 << 20
 
 
 class PcapWriter:
-    """Minimal pcap (Ethernet) writer, one file per port and direction as BMv2 does."""
+    """One pcap (Ethernet) per port and direction, as BMv2 writes them, by scapy's writer;
+    flushed per frame so a capture is readable while the switch runs."""
 
     def __init__(self, path: Path) -> None:
-        self.f = open(path, "wb")
-        self.f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+        self.writer = RawPcapWriter(str(path), linktype=DLT_EN10MB, sync=True)
+        self.writer.write_header(None)    # a port that sees no traffic still gets a valid file
 
     def write(self, frame: bytes) -> None:
-        t = time.time()
-        self.f.write(struct.pack("<IIII", int(t), int((t % 1) * 1e6), len(frame), len(frame)))
-        self.f.write(frame)
-        self.f.flush()
+        self.writer.write(bytes(frame))
 
     def close(self) -> None:
-        self.f.close()
+        self.writer.close()
 
 
 def recv_batch(sock: socket.socket):
@@ -174,6 +174,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     else:
         target_argv = []
     p = argparse.ArgumentParser(prog="inagg-soft-switch", description=__doc__.split("\n\n")[0])
+    add_version_flag(p)
     p.add_argument("-i", "--interface", action="append", default=[], metavar="PORT@IFACE",
                    help="attach a Linux interface as a switch port (repeatable)")
     p.add_argument("--device-id", type=int, default=0)

@@ -5,21 +5,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
 
+from hostlib import add_version_flag
+
 from .client import ControllerClient, ControllerError
 from .config import load_config
-from .credentials import ADMIN_TOKEN_ENV, CA_ENV, INSECURE_ENV, load_token
+from .credentials import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, CA_ENV, INSECURE_ENV, load_token
 from .switch import SwitchError
 
 
 def controller_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inagg-controller", description="Serve the inagg job service "
                                 "and program the switches named in the config file.")
+    add_version_flag(p)
     p.add_argument("--config", required=True, help="controller config (JSON)")
     p.add_argument("--listen", help="override the config's listen address")
+    p.add_argument("--metrics-listen", metavar="IP:PORT",
+                   help="serve Prometheus metrics here (overrides the config's metrics_listen)")
     p.add_argument("--insecure", action="store_true",
                    help="serve TCP in plaintext (job and admin tokens readable on the wire)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -34,6 +40,12 @@ def controller_main(argv: list[str] | None = None) -> int:
         listen = args.listen or config.listen
         ctl = Controller(config)
         server = serve(ctl, listen)
+        metrics_listen = args.metrics_listen or config.metrics_listen
+        if metrics_listen:
+            from .metrics import serve_metrics
+            metrics, port = serve_metrics(ctl, metrics_listen)
+            print(f"inagg-controller: metrics on http://{metrics_listen.rpartition(':')[0]}:{port}/metrics",
+                  file=sys.stderr, flush=True)
     except (ValueError, SwitchError, OSError, RuntimeError) as e:
         print(f"inagg-controller: {e}", file=sys.stderr)
         return 2
@@ -44,6 +56,8 @@ def controller_main(argv: list[str] | None = None) -> int:
           f"{len(ctl.jobs)} job(s) restored", flush=True)
     done.wait()
     server.stop(grace=1)
+    if metrics_listen:
+        metrics.shutdown()
     ctl.close()
     return 0
 
@@ -58,8 +72,11 @@ def _grant_text(g) -> str:
 def ctl_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.",
                                 allow_abbrev=False)  # no --admin-token prefix of --admin-token-file
-    p.add_argument("--controller", default="127.0.0.1:50051")
-    p.add_argument("--admin-token-file", help=f"file holding the admin token (default: ${ADMIN_TOKEN_ENV})")
+    add_version_flag(p)
+    p.add_argument("--controller", default=os.environ.get("INAGG_CONTROLLER", "127.0.0.1:50051"),
+                   help="controller address (default $INAGG_CONTROLLER, else 127.0.0.1:50051)")
+    p.add_argument("--admin-token-file", help=f"file holding the admin token (default: ${ADMIN_TOKEN_FILE_ENV}'s "
+                                              f"file, else ${ADMIN_TOKEN_ENV})")
     p.add_argument("--controller-ca", help=f"CA certificate (PEM) the controller's TLS certificate is "
                                            f"from (default: ${CA_ENV})")
     p.add_argument("--insecure", action="store_true",
@@ -67,14 +84,18 @@ def ctl_main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("jobs", help="jobs with mode, slots, epoch and counters")
     sub.add_parser("slots", help="the switch slot map")
+    tp = sub.add_parser("top", help="live table of jobs and switch counters")
+    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    tp.add_argument("--once", action="store_true", help="print one table and exit")
     for name, text in (("drain", "move a job to host aggregation"), ("release", "end a job")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("job_id", type=int)
     args = p.parse_args(argv)
     try:
-        admin_token = load_token(args.admin_token_file)
+        admin_token = load_token(args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV))
         if not admin_token:
-            raise ValueError(f"no admin token: give --admin-token-file or set ${ADMIN_TOKEN_ENV}")
+            raise ValueError(f"no admin token: give --admin-token-file, or set ${ADMIN_TOKEN_FILE_ENV} "
+                             f"or ${ADMIN_TOKEN_ENV}")
         client = ControllerClient(args.controller, ca=args.controller_ca, insecure=args.insecure or None)
     except (ValueError, ControllerError) as e:
         print(f"inaggctl: {e}", file=sys.stderr)
@@ -100,6 +121,12 @@ def ctl_main(argv: list[str] | None = None) -> int:
             print(f"switch slots 0..{listing.switch_slots} ({scale:g} per cell): |{''.join(cells)}|")
             for j in listing.jobs:
                 print(f"  {chr(ord('A') + (j.job_id - 1) % 26)} = job {j.job_id} {_grant_text(j.active)}")
+        elif args.cmd == "top":
+            from .top import top
+            try:
+                top(client, admin_token, args.interval, args.once)
+            except KeyboardInterrupt:
+                pass
         elif args.cmd == "drain":
             g = client.drain(admin_token, args.job_id)
             print(f"job {args.job_id}: {'pending' if g.pending else 'active'} {_grant_text(g)}")

@@ -1,6 +1,7 @@
-"""The controller's configuration file (JSON): switches, host aggregator, pool policy, service.
+"""The controller's configuration file (TOML or JSON): switches, host aggregator, pool policy,
+service. examples/controller.toml is a commented example.
 
-Example (bmv2_env/topologies/ ships real ones)::
+Example in JSON (bmv2_env/topologies/ ships real ones)::
 
     {
       "listen": "10.0.0.100:50051", "tls_cert": "ctl.pem", "tls_key": "ctl.key",
@@ -10,6 +11,7 @@ Example (bmv2_env/topologies/ ships real ones)::
       "min_window": 8,
       "host_aggregator": "10.0.0.100:42666",
       "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
+      "metrics_listen": "127.0.0.1:9464",
       "switches": [{
         "name": "s1", "grpc": "127.0.0.1:9559", "device_id": 0,
         "target": "bmv2",
@@ -31,6 +33,11 @@ import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:   # Python 3.10: the same parser from PyPI (inagg[control])
+    import tomli as tomllib
 
 from hostlib.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
@@ -94,6 +101,7 @@ class ControllerConfig:
     host_slots: int = 4096
     host_window: int = HOST_WINDOW
     host_values_per_packet: int = HOST_VALUES_PER_PACKET
+    metrics_listen: str = ""              # "ip:port" of the Prometheus endpoint; "" = none
     extra: dict = field(default_factory=dict)
 
 
@@ -178,9 +186,12 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
 
 
 def load_config(path: Path | str) -> ControllerConfig:
+    """Read a config file: TOML when it ends in ``.toml`` (comments allowed; the commented
+    example is examples/controller.toml), else JSON. Same keys either way."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read controller config {path}: {e}") from None
     return parse_config(data, path.parent)

@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 
 ADMIN_TOKEN_ENV = "INAGG_ADMIN_TOKEN"
+ADMIN_TOKEN_FILE_ENV = "INAGG_ADMIN_TOKEN_FILE"  # inaggctl: a file holding it (an emulation run sets it)
 CA_ENV = "INAGG_CONTROLLER_CA"              # PEM file of the CA the controller's certificate is from
 TLS_NAME_ENV = "INAGG_CONTROLLER_TLS_NAME"  # the name in that certificate, when not the address's host
 INSECURE_ENV = "INAGG_CONTROLLER_INSECURE"  # "1": plaintext TCP (tokens readable on the wire)

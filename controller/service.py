@@ -321,7 +321,21 @@ class Controller:
             aggregator, k = self.config.host_aggregator, self.config.host_values_per_packet
         return pb.Grant(job_id=job.job_id, epoch=p.epoch, mode=p.mode, slot_base=p.slot_base,
                         slot_count=p.slot_count, values_per_packet=k, aggregator=aggregator,
-                        pending=pending, transport=job.transport if p.mode == SWITCH else "udp")
+                        pending=pending, transport=job.transport if p.mode == SWITCH else "udp",
+                        reason="" if p.mode == SWITCH else self._host_reason(job))
+
+    def _host_reason(self, job: Job) -> str:
+        """Why a job aggregates on the host aggregator, in words its workers log."""
+        if job.place:
+            return (f"switch {job.place} has no free slots for it (or an operator drained it); "
+                    f"it moves to the switch when slots free up")
+        ips = sorted({parse_address(m.address)[0] for m in job.workers.values()})
+        known = {ip for sw in self.switches.values() for ip in sw.cfg.hosts}
+        strangers = [ip for ip in ips if ip not in known]
+        if strangers:
+            return (f"worker address(es) {', '.join(strangers)} are not hosts of any switch in the "
+                    f"controller's config")
+        return "its workers are attached to different switches (aggregation is one level)"
 
     def activate(self, job_id: int, token: str, epoch: int, boundary: int) -> tuple[bool, pb.Grant]:
         with self.lock:

@@ -95,6 +95,12 @@ class Store:
                               (job_id, epoch, boundary)).fetchone()
         return None if row is None else bool(row[0])
 
+    def activation_counts(self) -> dict[int, int]:
+        """Grant changes each job's workers activated: {job_id: distinct epochs activated}."""
+        rows = self.db.execute("SELECT job_id, COUNT(DISTINCT epoch) FROM activations "
+                               "WHERE activated=1 GROUP BY job_id").fetchall()
+        return dict(rows)
+
     def jobs(self) -> list[dict]:
         rows = self.db.execute(
             "SELECT job_id, name, token, switch, job_index, state, transport FROM jobs").fetchall()

@@ -21,9 +21,10 @@ import threading
 from pathlib import Path
 from typing import Iterable
 
-from . import _native
+from . import _native, add_version_flag
 from .engine import AggregationEngine, JobConfig
-from .grant import HOST_VALUES_PER_PACKET, IPV4_UDP_BYTES, parse_address, values_for_mtu
+from .grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, IPV4_UDP_BYTES, parse_address,
+                    values_for_mtu)
 from .protocol import HEADER_BYTES
 from .native_engine import NativeEngine, udp_sender_id
 from .transport import enlarge_buffers, forbid_fragmentation, interface_mtu
@@ -191,7 +192,8 @@ def follow_controller(engine: NativeEngine, address: str, admin_token: str,
 def _parse_args(argv: Iterable[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="inagg-aggregator", description=__doc__.split("\n\n")[0],
                                 allow_abbrev=False)  # no --admin-token prefix of --admin-token-file
-    p.add_argument("--bind", default="127.0.0.1:42666", help="HOST:PORT to listen on (port 0: any)")
+    add_version_flag(p)
+    p.add_argument("--bind", default=f"127.0.0.1:{HOST_AGGREGATOR_PORT}", help="HOST:PORT to listen on (port 0: any)")
     p.add_argument("--slots", type=int, default=4096, help="slots in the aggregator's pool")
     p.add_argument("--values-per-packet", type=int,
                    help="int32 values per packet (K); default: %d, or what the bound "

@@ -32,6 +32,7 @@ timeout.
 from __future__ import annotations
 
 import enum
+import logging
 import queue
 import threading
 import time
@@ -46,6 +47,8 @@ from .roce import RoceRawTransport
 from .native_stream import NativeSlotStream
 from .stream import OP_NAMES, CallError, Refusal, SlotStream, check_array, dtype_refusal
 from .transport import UdpTransport
+
+log = logging.getLogger("inagg.communicator")
 
 
 class JobFailed(RuntimeError):
@@ -212,8 +215,10 @@ class Communicator:
                     if not g.pending and not self._first.is_set():
                         self._active_epoch = g.epoch
                         self._first.set()
-            except grpc.RpcError:
-                pass
+            except grpc.RpcError as e:
+                if not self._closed.is_set():
+                    log.warning("job %d rank %d: grant stream from %s broke (%s: %s); reopening",
+                                self.job_id, self.rank, self.client.address, e.code().name, e.details())
             if self._closed.wait(0.5):
                 return
             self.stream_reopened += 1
@@ -229,14 +234,22 @@ class Communicator:
             stream.abort()
 
     def _heartbeat(self) -> None:
-        """Renew this rank's lease, four times per lease so one lost beat never expires it."""
-        while not self._closed.wait(max(min(self.lease_seconds, self.rank_lease_seconds) / 4, 0.1)):
+        """Renew this rank's lease, four times per lease so one lost beat never expires it. A
+        failed beat is logged and retried; when a whole lease has passed without one, the
+        controller may have ended the job, which is logged as an error."""
+        lease = min(self.lease_seconds, self.rank_lease_seconds)
+        last_ok = time.monotonic()
+        while not self._closed.wait(max(lease / 4, 0.1)):
             if self.failure:
                 return
             try:
                 self.client.heartbeat(self.job_id, self.token, self.rank)
-            except Exception:  # noqa: BLE001 - the next beat retries; the lease has slack
-                pass
+                last_ok = time.monotonic()
+            except Exception as e:  # noqa: BLE001 - any failure: logged, retried next beat
+                silent = time.monotonic() - last_ok
+                level = logging.ERROR if silent > lease else logging.WARNING
+                log.log(level, "job %d rank %d: heartbeat failed (%s); no renewal for %.0fs of a %.0fs lease",
+                        self.job_id, self.rank, e, silent, lease)
 
     def _switch_if_agreed(self) -> None:
         agreed = self.stream.agreed_epoch
@@ -252,6 +265,13 @@ class Communicator:
         """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
         first: the stream takes the source results must come from from it (a RoCE result's is
         the switch's IP, a UDP one's IP and port)."""
+        if grant.mode == "host":   # every rank's log says it; rank 0's as a warning
+            log.log(logging.WARNING if self.rank == 0 else logging.INFO,
+                    "job %d rank %d: aggregating on the host aggregator %s:%d, not a switch: %s",
+                    grant.job_id, self.rank, *grant.aggregator, grant.reason or "the controller's choice")
+        else:
+            log.info("job %d rank %d: aggregating on the switch (%s:%d, slots [%d,%d), epoch %d)", grant.job_id,
+                     self.rank, *grant.aggregator, grant.slot_base, grant.slot_base + grant.slot_count, grant.epoch)
         self.transport = self.stream.transport = self._transports[grant.transport]
         # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
         self.transport.retarget(grant.aggregator)
@@ -349,8 +369,11 @@ class Communicator:
         if leave:  # rank 0 ends the job; any other rank says it is done (no longer watched)
             try:
                 self.client.leave(self.job_id, self.token, None if self.rank == 0 else self.rank)
-            except Exception:  # noqa: BLE001 - the lease expires anyway
-                pass
+            except Exception as e:  # noqa: BLE001 - logged; the lease expires anyway
+                # another rank's leave usually finds the job ended by rank 0's already
+                log.log(logging.WARNING if self.rank == 0 else logging.INFO,
+                        "job %d rank %d: could not leave at the controller (%s); its lease expires "
+                        "instead", self.job_id, self.rank, e)
         for transport in self._transports.values():
             transport.close()
         self.client.close()

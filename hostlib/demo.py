@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codec
+from . import add_version_flag, codec
 from .grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, Grant, parse_address
 from .native_stream import NativeSlotStream
 from .stream import SlotStream
@@ -167,7 +167,8 @@ def run_local_job(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="inagg-demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="inagg-allreduce-demo", description=__doc__.split("\n\n")[0])
+    add_version_flag(p)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--mib", type=float, default=16.0, help="size of the largest tensor in MiB")
     p.add_argument("--window", type=int, default=HOST_WINDOW, help="aggregator slots of the job (W)")

@@ -34,6 +34,8 @@ def switch_values_for_mtu(mtu: int) -> int:
 # K costs aggregator memory (slots x 2 sets x K x 4 bytes) for little gain. Aggregators and the
 # controller use min(this, values_for_mtu(interface MTU)).
 HOST_VALUES_PER_PACKET = 4096
+# The host aggregator's default UDP port (its address is configured; decoders bind this port).
+HOST_AGGREGATOR_PORT = 42666
 # Slots per job on a host aggregator: W * K * 4 bytes (512 KiB) in flight per worker.
 HOST_WINDOW = 32
 
@@ -48,6 +50,7 @@ class Grant:
     aggregator: tuple[str, int]
     mode: str = "host"  # "switch": aggregated in the data plane; "host": by a host aggregator
     transport: str = "udp"  # how contributions are carried: "udp", or "roce" (RoCEv2)
+    reason: str = ""        # host mode: why the controller did not put the job on a switch
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id <= 0xFFFF:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import queue
 import sys
 import tempfile
@@ -17,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from . import add_version_flag
 
 
 @dataclass
@@ -32,6 +35,7 @@ class TrainConfig:
     adaptive: bool = False   # AR-Topk hook: pick dense or AR-Topk per step by the cost model
     drain_at_step: int = -1  # ask the controller to move the job to host mode at this step
     transport: str = "udp"   # "roce": RoCEv2 to the switch (raw sockets: root, emulation only)
+    job_name: str = ""       # the job's name at the controller (default: the hook's name)
     seed: int = 0
 
 
@@ -55,10 +59,19 @@ def load_digits_split(seed: int = 0):
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
 
 
+def steps_per_epoch(samples: int, workers: int, batch: int) -> int:
+    """Steps every rank takes per epoch: the same on all ranks (each allreduce needs every rank),
+    from the smallest rank's share of ``samples`` (rank r gets samples r, r + workers, ...)."""
+    return (samples // workers) // batch
+
+
 def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, controller: str | None,
-               admin: tuple[str, str] | None, report, bind_ip: str | None = None) -> None:
+               admin: tuple[str, str] | None, report, bind_ip: str | None = None,
+               before_join=None, before_training=None) -> None:
     """One training process. ``report(message)`` receives ("epoch", epoch, loss, accuracy) from
-    rank 0 and ("done", rank, params or None, inagg stats or None, seconds, steps) from all."""
+    rank 0 and ("done", rank, params or None, inagg stats or None, seconds, steps) from all;
+    ``before_join()`` and ``before_training()``, when given, run (and may wait) just before the
+    job joins the controller and once it holds its grant, before the first step."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -71,6 +84,8 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
                                 torch.nn.Linear(cfg.hidden, 10))
     ddp = DDP(model, bucket_cap_mb=64)
     comm = None
+    if before_join is not None:
+        before_join()
     if cfg.hook != "gloo":
         from hostlib.communicator import Communicator
         from hostlib.torch_hooks import ARTopkHookState, InaggHookState, artopk_hook, inagg_hook
@@ -78,18 +93,20 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
         nbytes = 4 * sum(p.numel() for p in model.parameters())
         comm = Communicator.from_rendezvous(
             f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}", controller,
-            bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.hook,
+            bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.job_name or cfg.hook,
             transport=cfg.transport)
         if cfg.hook == "inagg":
             ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
         else:
             ddp.register_comm_hook(ARTopkHookState(comm, cr=cfg.cr, selection=cfg.selection,
                                                    adaptive=cfg.adaptive), artopk_hook)
+    if before_training is not None:
+        before_training()
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
     mine = np.arange(rank, len(ytr), cfg.workers)
     xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr)
     steps, t0 = 0, time.perf_counter()
-    per_epoch = len(mine) // cfg.batch
+    per_epoch = steps_per_epoch(len(ytr), cfg.workers, cfg.batch)
     for epoch in range(cfg.epochs):
         order = mine[np.random.default_rng([cfg.seed, epoch]).permutation(len(mine))]
         losses = []
@@ -178,6 +195,10 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--controller", required=True)
     p.add_argument("--bind-ip", required=True)
     p.add_argument("--config", required=True, help="TrainConfig as JSON")
+    p.add_argument("--join-after", metavar="FILE",
+                   help="start up, then wait for FILE to exist before joining the controller")
+    p.add_argument("--train-after", metavar="FILE",
+                   help="once the job holds its grant, wait for FILE to exist before training")
     args = p.parse_args(argv)
     cfg = TrainConfig(**json.loads(args.config))
 
@@ -186,7 +207,15 @@ def worker_main(argv: list[str]) -> int:
             msg = msg[:2] + (None,) + msg[3:]
         print(json.dumps(msg), flush=True)
 
-    run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip)
+    def gate(path: str | None):
+        """A function waiting for ``path`` to exist (None: no gate)."""
+        def wait() -> None:
+            while not os.path.exists(path):
+                time.sleep(0.05)
+        return wait if path else None
+
+    run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip,
+               gate(args.join_after), gate(args.train_after))
     return 0
 
 
@@ -197,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         return worker_main(argv[1:])
     p = argparse.ArgumentParser(prog="inagg-demo", description=__doc__.split("\n\n")[0])
+    add_version_flag(p)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--hook", choices=["inagg", "artopk"], default="inagg")

@@ -53,7 +53,10 @@ def summarize(build: Path) -> dict:
     stages = [r for r in counts[1:] if r[0].isdigit()]
     totals = next(r for r in counts if r[0] == "Totals")
     share_rows = {r[0]: r for r in shares[1:] if r[0].isdigit()}
-    summary: dict = {"stages_used": len(stages)}
+    tables = header.index("Logical TableID")   # the log lists every stage of the chip
+    used_stages = [int(r[0]) for r in stages if int(r[tables])]
+    summary: dict = {"stages_used": max(used_stages) + 1 if used_stages else 0,
+                     "stages_available": len(stages)}
     for column, key in COLUMNS.items():
         i = header.index(column)
         used = int(totals[i])
@@ -66,8 +69,8 @@ def summarize(build: Path) -> dict:
         summary[key] = {"used": used, "per_stage": per_stage}
     metrics = json.loads((logs / "metrics.json").read_text())
     summary["target"] = metrics["target"]
-    summary["phv_containers"] = {
-        kind: sum(c["containers_occupied"] for c in metrics["phv"][kind]) for kind in ("normal", "tagalong")}
+    summary["phv_containers"] = {   # Tofino 2 has no tagalong containers
+        kind: sum(c["containers_occupied"] for c in groups) for kind, groups in metrics["phv"].items()}
     return summary
 
 

@@ -1,0 +1,191 @@
+"""The ``inagg`` backend against plain gloo: allreduce time from 4 B to 64 MiB at 2, 4 and 8
+workers. The backend chooses each call's path (inagg or gloo) by its measured alpha-beta model,
+so its time should never exceed gloo's by more than its own overhead: the target is
+inagg-backend / gloo <= 1.1 at every point.
+
+Each worker count is one torch.distributed job of real processes (env://, no controller named:
+rank 0 brings up the local deployment, as ``torchrun`` users get it) with two process groups:
+the default one on ``inagg`` and a ``gloo`` group. For each size both groups allreduce the same
+float32 tensor, interleaved (one call of each per repetition, the order alternating), each call
+after a barrier; a call's time is the slowest rank's. Per size: each system's median time, and
+``ratio``, the median over repetitions of the two calls' time ratio within a repetition: the two
+calls of a pair run back to back, so the ratio cancels the load that other processes put on the
+shared machine, which moves both alike (``ratio_of_medians`` is in the CSV too).
+
+Writes benchmarks/results/backend_sweep.csv and backend_sweep.png (ratio per size and worker
+count; needs matplotlib), and prints the worst ratio, where it occurred and the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FULL_SIZES = tuple(4 * 16 ** i for i in range(7))            # 4 B, 64 B, ..., 64 MiB
+QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
+FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_of_medians", "inagg_calls",
+          "gloo_calls", "load1")
+TARGET = 1.1
+_SETTLE_CALLS = 50   # untimed calls on each group before the first size
+
+
+def reps_for(nbytes: int, reps: int) -> int:
+    """More repetitions where calls are short (the load's noise is largest relative to them),
+    fewer for the largest sizes (a 64 MiB call takes up to a second on 2 cores)."""
+    if nbytes >= 16 << 20:
+        return max(3, reps // 3)
+    return 3 * reps if nbytes < 1 << 20 else reps
+
+
+def timed(tensor, group) -> float:
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    dist.all_reduce(tensor, group=group)
+    return time.perf_counter() - t0
+
+
+def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n))
+    import torch
+    import torch.distributed as dist
+
+    import hostlib.torch_plugin  # noqa: F401 - registers "inagg" where entry points are off
+
+    torch.set_num_threads(1)
+    dist.init_process_group("inagg")
+    inagg = dist.group.WORLD
+    gloo = dist.new_group(backend="gloo")
+    groups = {"inagg": inagg, "gloo": gloo}
+    settle = torch.ones(1)
+    for _ in range(_SETTLE_CALLS):   # both groups past the job's start-up transient
+        for g in groups.values():
+            timed(settle, g)
+    rows = []
+    for nbytes in sizes:
+        x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        for g in groups.values():       # warm-up: buffers, connections
+            timed(x.clone(), g)
+        before = dict(inagg.stats()["allreduce_paths"])
+        times = {name: [] for name in groups}
+        for rep in range(reps_for(nbytes, reps)):
+            order = list(groups) if rep % 2 == 0 else list(groups)[::-1]
+            for name in order:
+                dist.barrier(group=gloo)
+                times[name].append(timed(x.clone(), groups[name]))
+        after = inagg.stats()["allreduce_paths"]
+        calls = {p: after.get(p, 0) - before.get(p, 0) for p in ("inagg", "gloo")}
+        rows.append((nbytes, times, calls))
+    gathered = [None] * n
+    dist.all_gather_object(gathered, rows, group=gloo)
+    if rank == 0:
+        out.put(gathered)
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(n: int, sizes: tuple[int, ...], reps: int) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, n, port, sizes, reps, out)) for r in range(n)]
+    for p in procs:
+        p.start()
+    gathered = out.get(timeout=900)
+    for p in procs:
+        p.join(60)
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"{n} workers: exit codes {[p.exitcode for p in procs]}")
+    rows = []
+    load = os.getloadavg()[0]
+    for i, (nbytes, _, calls) in enumerate(gathered[0]):
+        per_rank = [g[i][1] for g in gathered]
+        slowest = {name: [max(call) for call in zip(*(r[name] for r in per_rank))] for name in per_rank[0]}
+        med = {name: statistics.median(v) for name, v in slowest.items()}
+        paired = statistics.median(a / b for a, b in zip(slowest["inagg"], slowest["gloo"]))
+        rows.append(dict(workers=n, bytes=nbytes, reps=len(slowest["gloo"]), inagg_backend_s=med["inagg"],
+                         gloo_s=med["gloo"], ratio=paired, ratio_of_medians=med["inagg"] / med["gloo"],
+                         inagg_calls=calls["inagg"], gloo_calls=calls["gloo"], load1=round(load, 2)))
+    return rows
+
+
+def human(nbytes: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes // size} {unit}"
+    return f"{nbytes} B"
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n in sorted({r["workers"] for r in rows}):
+        mine = [r for r in rows if r["workers"] == n]
+        ax.plot([r["bytes"] for r in mine], [r["ratio"] for r in mine], marker="o", label=f"{n} workers")
+    ax.axhline(TARGET, color="red", linestyle="--", label=f"target {TARGET}")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("allreduce size (bytes, float32)")
+    ax.set_ylabel("inagg backend / gloo time (median of pairs)")
+    ax.set_title("inagg backend vs gloo, interleaved, slowest rank per call")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
+    p.add_argument("--reps", type=int, default=9,
+                   help="repetitions per size (3x below 1 MiB, a third from 16 MiB)")
+    p.add_argument("--quick", action="store_true", help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, 5 reps")
+    args = p.parse_args(argv)
+    sizes, reps = (QUICK_SIZES, min(args.reps, 5)) if args.quick else (FULL_SIZES, args.reps)
+    for k in [k for k in os.environ if k.startswith("INAGG_")]:
+        del os.environ[k]   # the backend's zero-setup default, automatic path choice
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows = []
+    print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6} {'of medians':>10}  "
+          f"calls inagg/gloo  load")
+    for n in args.workers:
+        for r in run_job(n, sizes, reps):
+            rows.append(r)
+            print(f"{n:>7} {human(r['bytes']):>8} {r['inagg_backend_s'] * 1e3:>11.3f} ms {r['gloo_s'] * 1e3:>7.3f} ms "
+                  f"{r['ratio']:>6.2f} {r['ratio_of_medians']:>10.2f}  {r['inagg_calls']:>5}/{r['gloo_calls']:<5}"
+                  f"        {r['load1']}", flush=True)
+    with open(RESULTS / "backend_sweep.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    worst = max(rows, key=lambda r: r["ratio"])
+    print(f"worst ratio {worst['ratio']:.3f} at {worst['workers']} workers, {human(worst['bytes'])} "
+          f"(target <= {TARGET}); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if not plot(rows, RESULTS / "backend_sweep.png"):
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""One emulation run's directory and its record of what it started, so that runs of this and
+other checkouts can share a machine and ``make stop`` touches only its own.
+
+Each run gets a short random id and ``build/emulation/<id>/``: logs, pcaps, the controller's
+socket, config and database, the admin token, and ``run.json``, which lists every process the run
+started (PID and kernel start time, so a recycled PID is never signalled) and every interface it
+created in the root namespace (named ``<id><switch>-eth<port>``, unique per run). ``stop_run``
+signals exactly those processes and deletes exactly those interfaces; nothing is found by pattern.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import string
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS_DIR = ROOT / "build" / "emulation"
+MAX_IFNAME = 15          # Linux IFNAMSIZ - 1
+_ID_CHARS = string.ascii_lowercase + string.digits
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def root_interfaces() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
+
+
+def new_run_id() -> str:
+    """A 4-character id no interface on this machine starts with and no run directory has."""
+    taken = root_interfaces()
+    for _ in range(100):
+        rid = secrets.choice(string.ascii_lowercase) + "".join(secrets.choice(_ID_CHARS) for _ in range(3))
+        if not (RUNS_DIR / rid).exists() and not any(n.startswith(rid) for n in taken):
+            return rid
+    raise RuntimeError("no free run id found")
+
+
+class RunDir:
+    """The directory of one run and its ``run.json`` record, saved after every addition."""
+
+    def __init__(self, run_id: str, base: Path = RUNS_DIR) -> None:
+        self.run_id = run_id
+        self.path = base / run_id
+        self.record_path = self.path / "run.json"
+        self.record: dict = {"run_id": run_id, "processes": [], "interfaces": [], "finished": False}
+        if self.record_path.exists():
+            self.record = json.loads(self.record_path.read_text())
+
+    @classmethod
+    def create(cls, base: Path = RUNS_DIR) -> "RunDir":
+        run = cls(new_run_id(), base)
+        for sub in ("logs", "pcaps"):
+            (run.path / sub).mkdir(parents=True)
+        run.add_process(os.getpid(), "launcher")
+        latest = base / "latest"
+        tmp = base / f".latest-{run.run_id}"
+        tmp.symlink_to(run.run_id)
+        os.replace(tmp, latest)
+        return run
+
+    def interface_name(self, switch: str, port: int) -> str:
+        name = f"{self.run_id}{switch}-eth{port}"
+        if len(name) > MAX_IFNAME:
+            raise ValueError(f"interface name {name} is longer than {MAX_IFNAME} characters: "
+                             f"shorten switch name {switch!r}")
+        return name
+
+    def save(self) -> None:
+        tmp = self.record_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record, indent=2))
+        os.replace(tmp, self.record_path)
+
+    def add_process(self, pid: int, what: str) -> None:
+        self.record["processes"].append({"pid": pid, "start": process_start_time(pid), "what": what})
+        self.save()
+
+    def add_interfaces(self, names: list[str]) -> None:
+        self.record["interfaces"].extend(names)
+        self.save()
+
+    def finish(self) -> None:
+        self.record["finished"] = True
+        self.save()
+
+    def live_processes(self) -> list[dict]:
+        """Recorded processes still running (same PID and same start time)."""
+        return [p for p in self.record["processes"]
+                if p["start"] is not None and process_start_time(p["pid"]) == p["start"]]
+
+    def live_interfaces(self) -> list[str]:
+        return sorted(set(self.record["interfaces"]) & root_interfaces())
+
+
+def _signal_all(procs: list[dict], sig: int) -> None:
+    for p in procs:
+        try:
+            os.kill(p["pid"], sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_gone(run: RunDir, procs: list[dict], timeout: float) -> list[dict]:
+    deadline = time.time() + timeout
+    pids = {p["pid"] for p in procs}
+    while True:
+        left = [p for p in run.live_processes() if p["pid"] in pids]
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def stop_run(run: RunDir, launcher_grace: float = 30.0) -> list[str]:
+    """Stop what ``run`` started: its launcher first (it tears its network down itself), then any
+    recorded process still alive, then any recorded interface still present. Returns what it did."""
+    done = []
+    me = os.getpid()
+    launcher = [p for p in run.live_processes() if p["what"] == "launcher" and p["pid"] != me]
+    if launcher:
+        _signal_all(launcher, signal.SIGTERM)
+        _wait_gone(run, launcher, launcher_grace)
+        done.append(f"launcher {launcher[0]['pid']} stopped")
+    rest = [p for p in run.live_processes() if p["pid"] != me]
+    if rest:
+        # host shells are interactive bash, which ignores SIGTERM: SIGHUP as Mininet does
+        _signal_all(rest, signal.SIGTERM)
+        _signal_all(rest, signal.SIGHUP)
+        _signal_all(_wait_gone(run, rest, 3.0), signal.SIGKILL)
+        _wait_gone(run, rest, 3.0)
+        done += [f"{p['what']} (pid {p['pid']}) stopped" for p in rest]
+    for name in run.live_interfaces():
+        subprocess.run(["ip", "link", "del", name], capture_output=True)
+        done.append(f"interface {name} deleted")
+    run.finish()
+    return done
+
+
+def unfinished_runs(base: Path = RUNS_DIR) -> list[RunDir]:
+    """This checkout's runs whose record does not say they finished."""
+    if not base.exists():
+        return []
+    runs = [RunDir(p.name, base) for p in sorted(base.iterdir())
+            if p.is_dir() and not p.is_symlink() and (p / "run.json").exists()]
+    return [r for r in runs if not r.record.get("finished")]

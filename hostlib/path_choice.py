@@ -1,0 +1,110 @@
+"""Which path one allreduce takes in the ``inagg`` backend: inagg (the switch or the host
+aggregator, as the job's grant says) or plain gloo, whichever the alpha-beta model predicts
+faster, so an inagg job is never slower than gloo.
+
+Each path has its own ``LinkEstimator`` (hostlib.cost_model), fed with every call that ran while
+the path was otherwise idle: ``seconds = alpha + beta * payload bytes``. A call of ``b`` bytes
+takes the path with the smaller ``alpha + beta * b``.
+
+Every rank must take the same path for the same call, but each measures its own times. So the
+decision uses *agreed* parameters only: at fixed call numbers (``agree_every``; every rank makes
+the same calls in the same order) the ranks combine their estimates with one small allreduce
+taking each parameter's maximum (a collective is as slow as its slowest rank), and every rank
+computes the same choices from the result until the next agreement. The call at an agreement
+also explores: it takes the path the model did not choose, when that costs little (predicted at
+most ``explore_ratio`` times the better path, or under ``explore_seconds``), so the estimate of
+a path not in use does not go stale.
+
+``forced`` pins every call to one path (``INAGG_ALLREDUCE_PATH=inagg|gloo`` in the backend),
+for tests and comparisons; the model still measures what runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import numpy as np
+
+from .cost_model import LinkEstimator
+
+PATHS = ("inagg", "gloo")
+
+# Priors until measured: a loopback/LAN round trip and ~1 GB/s; calibration replaces them.
+_PRIOR_ALPHA, _PRIOR_BETA = 1e-4, 1e-9
+
+
+class PathChooser:
+    """Per-call path choice, identical on every rank (module docstring)."""
+
+    def __init__(self, agree: Callable[[np.ndarray], np.ndarray], *, agree_every: int = 128,
+                 explore_ratio: float = 3.0, explore_seconds: float = 2e-3, window: int = 32,
+                 forced: str | None = None) -> None:
+        if agree_every < 2:
+            raise ValueError(f"agree_every must be >= 2, got {agree_every}")
+        if forced is not None and forced not in PATHS:
+            raise ValueError(f"a forced path must be one of {', '.join(PATHS)}, got {forced!r}")
+        self.forced = forced
+        self._agree_fn = agree
+        self.agree_every = agree_every
+        self.explore_ratio = explore_ratio
+        self.explore_seconds = explore_seconds
+        self._lock = threading.Lock()
+        self.links = {p: LinkEstimator(_PRIOR_ALPHA, _PRIOR_BETA, window=window) for p in PATHS}
+        self.agreed = {p: (_PRIOR_ALPHA, _PRIOR_BETA) for p in PATHS}
+        self._best: dict[int, str] = {}
+        self.calls = 0
+        self.agreements = 0
+        self.explorations = 0
+
+    def observe(self, path: str, nbytes: int, seconds: float) -> None:
+        """One call of ``nbytes`` payload took ``seconds`` on ``path`` (any thread)."""
+        with self._lock:
+            self.links[path].observe(nbytes, seconds)
+
+    def predict(self, path: str, nbytes: int) -> float:
+        """Seconds of an allreduce of ``nbytes`` on ``path`` at the agreed alpha and beta."""
+        alpha, beta = self.agreed[path]
+        return alpha + beta * nbytes
+
+    def best(self, nbytes: int) -> str:
+        """The faster path at the agreed parameters (ties: inagg), remembered per size until
+        the next agreement: a training job repeats a handful of sizes."""
+        path = self._best.get(nbytes)
+        if path is None:
+            path = self._best[nbytes] = min(PATHS, key=lambda p: self.predict(p, nbytes))
+        return path
+
+    def fastest_seconds(self, nbytes: float) -> float:
+        """Predicted seconds of an allreduce of ``nbytes`` on the faster path."""
+        return self.predict(self.best(nbytes), nbytes)
+
+    def agree(self) -> None:
+        """Combine every rank's estimates (each parameter's maximum over ranks); a collective,
+        so every rank must call it at the same point."""
+        with self._lock:
+            local = np.array([v for p in PATHS for v in (self.links[p].alpha, self.links[p].beta)])
+        combined = self._agree_fn(local)
+        self.agreed = {p: (float(combined[2 * i]), float(combined[2 * i + 1])) for i, p in enumerate(PATHS)}
+        self._best.clear()
+        self.agreements += 1
+
+    def choose(self, nbytes: int) -> str:
+        """The path of the next call (every rank calls this once per eligible allreduce)."""
+        self.calls += 1
+        if self.calls % self.agree_every:
+            return self.forced or self.best(nbytes)
+        self.agree()
+        best = self.best(nbytes)
+        if self.forced:
+            return self.forced
+        other = PATHS[1 - PATHS.index(best)]
+        cost, best_cost = self.predict(other, nbytes), self.predict(best, nbytes)
+        if cost <= max(self.explore_ratio * best_cost, self.explore_seconds):
+            self.explorations += 1
+            return other
+        return best
+
+    def as_dict(self) -> dict:
+        return {"agreed": {p: {"alpha_s": a, "beta_s_per_byte": b} for p, (a, b) in self.agreed.items()},
+                "agreements": self.agreements, "explorations": self.explorations}

@@ -1,0 +1,310 @@
+"""The ``inagg`` torch.distributed backend, driven as users drive it: ``torchrun`` starting real
+worker processes (env://) that call ``init_process_group("inagg")`` with no service started by
+hand; ``inagg up/status/down``; the path choice agreeing across ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from hostlib.errors import InaggSetupError
+from hostlib.local import find_endpoint
+from hostlib.path_choice import PathChooser
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def torchrun(tmp_path: Path, name: str, *args: str, workers: int = 2, env: dict | None = None) -> dict:
+    """Run examples/train_ddp.py under torchrun; rank 0's parameters, losses and stats."""
+    out = tmp_path / f"{name}.json"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
+    full_env.update(env or {})
+    proc = subprocess.run([str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={workers}",
+                           str(ROOT / "examples" / "train_ddp.py"), "--out", str(out), *args],
+                          cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def assert_same_training(a: dict, b: dict, atol: float) -> None:
+    for x, y in zip(a["params"], b["params"]):
+        np.testing.assert_allclose(x, y, rtol=0, atol=atol)
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=0, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gloo")
+    return {hook: torchrun(tmp, f"gloo-{hook}", "--backend", "gloo", "--hook", hook) for hook in ("none", "powersgd")}
+
+
+def test_ddp_trains_on_the_inagg_backend_with_nothing_started_by_hand(tmp_path, gloo_runs):
+    run = torchrun(tmp_path, "inagg", env={"INAGG_ALLREDUCE_PATH": "inagg"})
+    stats = run["stats"]
+    # every eligible allreduce (DDP's buckets, the loss metric) went through the switch...
+    assert stats["allreduce_paths"] == {"inagg": 40} and stats["inagg"]["mode"] == "switch"
+    assert stats["inagg"]["packets_received"] > 0
+    # ...DDP's own broadcasts/allgathers through gloo, counted
+    assert stats["fallbacks"]["broadcast: inagg implements allreduce only"] > 0
+    assert_same_training(run, gloo_runs["none"], atol=1e-5)
+    # the job's own deployment is gone with it: its directory (sockets, logs) removed
+    assert stats["controller"].startswith("unix:")
+    assert not Path(stats["controller"][len("unix:"):]).parent.exists()
+
+
+def test_pytorch_powersgd_hook_runs_on_the_inagg_backend(tmp_path, gloo_runs):
+    run = torchrun(tmp_path, "powersgd", "--hook", "powersgd", env={"INAGG_ALLREDUCE_PATH": "inagg"})
+    # PowerSGD's P and Q allreduces and its dense warm-up steps all went through inagg
+    assert run["stats"]["allreduce_paths"]["inagg"] > 40
+    assert_same_training(run, gloo_runs["powersgd"], atol=1e-4)
+
+
+def test_auto_path_runs_and_fp16_hook_falls_back_visibly(tmp_path, gloo_runs):
+    run = torchrun(tmp_path, "fp16", "--hook", "fp16")
+    stats = run["stats"]
+    # float16 buckets are not inagg's: gloo, counted by reason; float32 metrics chose a path
+    assert stats["fallbacks"]["allreduce: dtype torch.float16"] == 20
+    assert sum(stats["allreduce_paths"].values()) == 20
+    assert stats["path_model"]["agreements"] >= 1
+    assert run["losses"][-1] < run["losses"][0]
+
+
+def test_inagg_up_serves_jobs_named_by_inagg_controller(tmp_path):
+    env = {**os.environ, "INAGG_STATE_DIR": str(tmp_path / "state")}
+    cli = [str(BIN / "inagg")]
+    up = subprocess.run(cli + ["up", "--workers", "2"], env=env, capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    try:
+        controller = up.stdout.split("INAGG_CONTROLLER=")[1].split()[0]
+        again = subprocess.run(cli + ["up"], env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and "already running" in again.stderr
+        run = torchrun(tmp_path, "up", env={"INAGG_CONTROLLER": controller, "INAGG_ALLREDUCE_PATH": "inagg"})
+        assert run["stats"]["controller"] == controller
+        deployment = json.loads((Path(controller[len("unix:"):]).parent / "deployment.json").read_text())
+        assert run["stats"]["address"] == deployment["worker_ips"][0]   # found, not typed
+        status = subprocess.run(cli + ["status"], env=env, capture_output=True, text=True, timeout=60)
+        # the finished job left the controller (rank 0 ended it with the process group)
+        assert status.returncode == 0 and "0 job(s)" in status.stdout, status.stdout + status.stderr
+        assert f"controller {controller}" in status.stdout
+    finally:
+        down = subprocess.run(cli + ["down"], env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert not Path(controller[len("unix:"):]).exists()
+    status = subprocess.run(cli + ["status"], env=env, capture_output=True, text=True, timeout=60)
+    assert status.returncode == 1 and "no local deployment" in status.stdout
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(c) for c in (task / "children").read_text().split()]
+    return kids
+
+
+def test_a_killed_job_leaves_no_services_behind():
+    serve = subprocess.Popen([sys.executable, "-m", "bmv2_env.services", "serve", "--workers", "2",
+                              "--until-stdin-closes"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    info = json.loads(serve.stdout.readline())
+    services = _children(serve.pid)
+    assert len(services) == 3   # switch, controller, host aggregator
+    serve.kill()                # as if rank 0 were killed -9 together with it
+    serve.wait()
+    for pid in services:        # the kernel tells them (PR_SET_PDEATHSIG)
+        deadline = 100
+        while Path(f"/proc/{pid}").exists() and deadline:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[1].split()[0] == "Z":
+                    break
+            threading.Event().wait(0.1)
+            deadline -= 1
+        assert deadline, f"service {pid} outlived its supervisor"
+    assert info["pid"] == serve.pid
+
+
+def test_parent_closing_the_pipe_stops_the_deployment():
+    serve = subprocess.Popen([sys.executable, "-m", "bmv2_env.services", "serve", "--workers", "1",
+                              "--until-stdin-closes"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    info = json.loads(serve.stdout.readline())
+    assert Path(info["dir"], "deployment.json").stat().st_mode & 0o077 == 0   # holds the admin token
+    serve.stdin.close()
+    assert serve.wait(30) == 0
+    assert not Path(info["dir"]).exists()
+
+
+def test_multi_node_job_without_a_controller_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("INAGG_CONTROLLER", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    with pytest.raises(InaggSetupError, match=r"spans several machines \(4 ranks, 2 on this one\).*INAGG_CONTROLLER"):
+        find_endpoint(store, 0, 4, timedelta(seconds=5))
+
+
+def test_controller_address_gives_the_routed_source_address(tmp_path, monkeypatch):
+    monkeypatch.setenv("INAGG_CONTROLLER", "127.0.0.1:50051")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    assert find_endpoint(store, 0, 1, timedelta(seconds=5)).bind_ip == "127.0.0.1"
+    monkeypatch.setenv("INAGG_CONTROLLER", "not an address")
+    with pytest.raises(InaggSetupError, match="neither host:port nor unix:PATH"):
+        find_endpoint(store, 0, 1, timedelta(seconds=5))
+
+
+def test_path_choice_is_identical_on_every_rank():
+    """Two ranks whose own measurements differ take the same path for every call."""
+    n, barrier, shared = 2, threading.Barrier(2), {}
+
+    def agree_max(rank):
+        def agree(values):
+            shared[rank] = values
+            barrier.wait()
+            out = np.maximum(shared[0], shared[1])
+            barrier.wait()
+            return out
+        return agree
+
+    choosers = [PathChooser(agree_max(r), agree_every=4) for r in range(n)]
+    # rank 0 sees inagg fast and gloo slow for big calls, rank 1 the opposite
+    for r, c in enumerate(choosers):
+        for nbytes in (64, 1 << 20):
+            c.observe("inagg", nbytes, 1e-4 + (3e-9 if r == 0 else 1e-8) * nbytes)
+            c.observe("gloo", nbytes, 5e-5 + (1e-8 if r == 0 else 2e-9) * nbytes)
+    sizes = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 24] * 4
+    picks = [[], []]
+
+    def run(r):
+        for s in sizes:
+            picks[r].append(choosers[r].choose(s))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert picks[0] == picks[1]
+    assert {"inagg", "gloo"} <= set(picks[0])       # small calls gloo (lower alpha), large inagg
+    assert choosers[0].agreements == len(sizes) // 4
+
+
+def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
+    """A failed AR-Topk step completes every bucket's future with InaggHookError (before: the
+    exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
+    import torch
+
+    from hostlib.torch_hooks import ARTopkHookState, _failing_as
+
+    raw = torch.futures.Future()
+    fut = _failing_as("artopk_hook", ARTopkHookState(), raw)
+    raw.set_result(ValueError("allreduce tensors differ across ranks"))
+    with pytest.raises(RuntimeError, match="InaggHookError: artopk_hook \\(no inagg job\\): ValueError: allreduce tensors differ"):
+        fut.wait()
+
+
+def test_artopk_state_checkpoints_residual_and_settings():
+    """torch.save/torch.load of the hook state, as with PowerSGD's: the restored state goes on
+    exactly as the original (same residual, same updates)."""
+    import io
+
+    import torch
+
+    from hostlib.artopk import ARTopk
+    from hostlib.torch_hooks import ARTopkHookState
+
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(1000).astype(np.float32) for _ in range(4)]
+    state = ARTopkHookState(cr=0.05, selection="star", dense_iterations=3, iteration=7,
+                            _layout=((0, 1000),))
+    state.artopk = ARTopk(0, 1, lambda x: x, cr=0.05)       # one rank: the sum is the input
+    for g in grads[:2]:
+        state.artopk.step(g)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert (loaded.cr, loaded.selection, loaded.dense_iterations, loaded.iteration, loaded._layout) == \
+        (0.05, "star", 3, 7, ((0, 1000),))
+    assert loaded.artopk is None and loaded.process_group is None and loaded.comm is None
+    restored = loaded.restore_into(ARTopk(0, 1, lambda x: x, cr=0.05))
+    np.testing.assert_array_equal(restored.residual, state.artopk.residual)
+    assert restored.steps == 2
+    for g in grads[2:]:
+        np.testing.assert_array_equal(restored.step(g), state.artopk.step(g))
+
+
+def test_adaptive_artopk_prices_dense_and_sparse_on_the_faster_paths(tmp_path):
+    run = torchrun(tmp_path, "adaptive", "--hook", "artopk-adaptive", "--steps", "30")
+    assert run["hook_choice"] in ("dense", "artopk")
+    assert run["stats"]["path_model"]["agreements"] >= 1
+    assert np.mean(run["losses"][-5:]) < np.mean(run["losses"][:5])
+
+
+def test_artopk_hook_takes_the_inagg_process_group(tmp_path):
+    run = torchrun(tmp_path, "artopk", "--hook", "artopk", "--steps", "30", env={"INAGG_ALLREDUCE_PATH": "inagg"})
+    # 2 dense warm-up steps (one bucket), then per step the index broadcast (int32) and the
+    # values (float32); and the loss metric of every step
+    assert run["stats"]["allreduce_paths"]["inagg"] == 2 + 28 * 2 + 30
+    assert not any(k.startswith("allreduce") for k in run["stats"]["fallbacks"])
+    assert np.mean(run["losses"][-5:]) < np.mean(run["losses"][:5])
+
+
+def test_host_fallback_is_a_visible_warning_with_its_reason(tmp_path, caplog):
+    """Ranks whose address is no switch host run on the host aggregator, and rank 0 says why."""
+    import logging
+
+    import torch
+
+    from bmv2_env.loopback import LoopbackDeployment
+    from hostlib.communicator import Communicator
+
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    comms = [None, None]
+    with LoopbackDeployment(2) as dep, caplog.at_level(logging.INFO, logger="inagg"):
+        def join(r):
+            comms[r] = Communicator(store, r, 2, dep.controller, bind_ip="127.0.0.1")
+
+        threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        try:
+            futs = [c.allreduce_async(torch.ones(10)) for c in comms]
+            assert all(f.wait().tolist() == [2.0] * 10 for f in futs)
+            assert [c.grant.mode for c in comms] == ["host", "host"]
+        finally:
+            for c in comms:
+                c.close()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "inagg.communicator"]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    assert "rank 0: aggregating on the host aggregator" in warnings[0].getMessage()
+    assert "worker address(es) 127.0.0.1 are not hosts of any switch" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("command", ["inagg", "inagg-aggregator", "inagg-demo", "inagg-allreduce-demo",
+                                     "inagg-soft-switch", "inagg-controller", "inaggctl"])
+def test_every_command_tells_its_version(command):
+    from hostlib import __version__
+
+    out = subprocess.run([str(BIN / command), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"{command} (inagg) {__version__}", out
+
+
+def test_the_commented_example_controller_config_loads():
+    from controller.config import load_config
+
+    config = load_config(ROOT / "examples" / "controller.toml")
+    assert config.listen == "0.0.0.0:50051" and config.host_aggregator == "10.0.0.100:42666"
+    assert [s.name for s in config.switches] == ["s1"] and config.switches[0].ports == [1, 2, 3, 4]
+    assert config.database == str(ROOT / "examples" / "controller.sqlite")
+    assert config.tls_cert == str(ROOT / "examples" / "controller.pem") and not config.insecure

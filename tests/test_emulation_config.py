@@ -1,0 +1,129 @@
+"""What the emulation launcher decides before it starts anything (no root needed): the topology
+parser, the scaling of EPOCHS across jobs, equal steps per rank, per-run names and records."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bmv2_env.mininet_run import job_epochs
+from bmv2_env.run_dir import RunDir, process_start_time, stop_run
+from bmv2_env.topology import Endpoint, TopologyError, load_topology, parse_topology
+from hostlib.train_demo import load_digits_split, steps_per_epoch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def topo(links, jobs=None, aggregator="agg"):
+    hosts = {f"h{i}": {"ip": f"10.0.0.{i}/24", "mac": f"08:00:00:00:00:{i:02x}"} for i in range(1, 5)}
+    hosts["agg"] = {"ip": "10.0.0.100/24", "mac": "08:00:00:00:00:64"}
+    switches = {s: {"aggregator_ip": "10.0.0.254", "aggregator_mac": "00:00:00:00:00:fe"} for s in ("s1", "s2")}
+    return {"hosts": hosts, "switches": switches, "links": links, "aggregator": aggregator,
+            "jobs": jobs if jobs is not None else [{"name": "j", "workers": ["h1", "h2"]}]}
+
+
+BASE_LINKS = [["h1", "s1-p1"], ["h2", "s1-p2"], ["agg", "s1-p5"], ["h3", "s2-p1"], ["h4", "s2-p2"]]
+
+
+def test_shipped_topologies_parse():
+    for path in (ROOT / "bmv2_env" / "topologies").glob("*.json"):
+        t = load_topology(path)
+        assert t.jobs and t.attachment(t.aggregator).node in t.switches
+
+
+def test_switch_to_switch_link_parses():
+    t = parse_topology(topo(BASE_LINKS + [["s1-p6", "s2-p3", {"bw": 100}]]))
+    trunk = t.links[-1]
+    assert (trunk.a, trunk.b, trunk.params) == (Endpoint("s1", 6), Endpoint("s2", 3), {"bw": 100})
+    assert t.host_ports("s1") == {"10.0.0.1": {"port": 1, "mac": "08:00:00:00:00:01"},
+                                  "10.0.0.2": {"port": 2, "mac": "08:00:00:00:00:02"},
+                                  "10.0.0.100": {"port": 5, "mac": "08:00:00:00:00:64"}}
+    assert set(t.host_ports("s2")) == {"10.0.0.3", "10.0.0.4"}
+
+
+def test_a_job_across_switches_is_refused_by_name():
+    data = topo(BASE_LINKS + [["s1-p6", "s2-p3"]], jobs=[{"name": "wide", "workers": ["h1", "h3"]}])
+    with pytest.raises(TopologyError, match=r"job wide: its workers \(h1 on s1, h3 on s2\).*one level"):
+        parse_topology(data)
+
+
+@pytest.mark.parametrize("links, message", [
+    ([["h1", "s9-p1"]], "'s9-p1' is neither a host nor a switch port"),
+    ([["h1", "h2"]], "host-to-host link"),
+    ([["h1", "s1-p1"], ["h2", "s1-p1"]], "s1-p1 is already linked"),
+    ([["h1", "s1-p0"]], "port 0 of s1 not in 1..510"),
+    ([["h1"]], r"expected \[a, b\]"),
+])
+def test_bad_links_are_named(links, message):
+    with pytest.raises(TopologyError, match=message):
+        parse_topology(topo(links))
+
+
+def test_unlinked_host_and_unknown_worker_are_named():
+    with pytest.raises(TopologyError, match="host h4 is linked to no switch"):
+        parse_topology(topo(BASE_LINKS[:4]))
+    with pytest.raises(TopologyError, match=r"job j: workers must be hosts, unknown \['h9'\]"):
+        parse_topology(topo(BASE_LINKS, jobs=[{"name": "j", "workers": ["h1", "h9"]}]))
+
+
+def test_epochs_override_keeps_the_jobs_ratio():
+    t = load_topology(ROOT / "bmv2_env" / "topologies" / "two_jobs.json")
+    assert job_epochs(t, None) == {"first": 8, "second": 24}
+    assert job_epochs(t, 2) == {"first": 2, "second": 6}     # the second still outlives the first
+    assert job_epochs(t, 1) == {"first": 1, "second": 3}
+
+
+@pytest.mark.parametrize("workers", range(1, 9))
+def test_every_rank_takes_the_same_steps(workers):
+    """Rank r trains on samples r, r + workers, ...: each rank's share has at least
+    steps_per_epoch batches, whatever the number of workers (5 and 6 used to differ)."""
+    samples = len(load_digits_split(0)[1])
+    steps = steps_per_epoch(samples, workers, 16)
+    shares = [len(np.arange(r, samples, workers)) for r in range(workers)]
+    assert all(share // 16 >= steps for share in shares) and min(shares) // 16 == steps
+
+
+def test_interface_names_carry_the_run_id_and_fit(tmp_path):
+    run = RunDir("ab12", tmp_path)
+    assert run.interface_name("s1", 5) == "ab12s1-eth5"
+    with pytest.raises(ValueError, match="longer than 15 characters"):
+        run.interface_name("switch12", 100)
+
+
+def test_stop_run_signals_only_recorded_live_processes(tmp_path):
+    """A recorded process is stopped; a recorded PID now used by another process is not."""
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = RunDir("cd34", tmp_path)
+        run.path.mkdir()
+        run.add_process(mine.pid, "sleeper")
+        # the other process's PID, recorded with a start time it does not have (a recycled PID)
+        run.record["processes"].append({"pid": other.pid, "start": process_start_time(other.pid) - 1,
+                                        "what": "recycled"})
+        run.save()
+        done = stop_run(RunDir("cd34", tmp_path))
+        assert mine.wait(10) is not None and other.poll() is None
+        assert done == [f"sleeper (pid {mine.pid}) stopped"]
+        assert json.loads((run.path / "run.json").read_text())["finished"]
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (creates a veth pair)")
+def test_netem_probe_uses_only_its_own_interfaces(tmp_path):
+    """The netem probe works on a veth pair named after the run, recorded, and deleted after."""
+    from bmv2_env.mininet_run import netem_available
+    from bmv2_env.run_dir import root_interfaces
+
+    run = RunDir("ef56", tmp_path)
+    run.path.mkdir()
+    assert netem_available(run) in (True, False)
+    assert not [n for n in root_interfaces() if n.startswith("ef56")]
+    assert run.record["interfaces"] == ["ef56netem", "ef56netem2"]
