@@ -7,7 +7,10 @@ Same command-line shape::
                       -- --grpc-server-addr 0.0.0.0:9559 [--cpu-port 255]
 
 It attaches to Linux interfaces with raw sockets and serves P4Runtime on the gRPC address. It
-can run only the inagg program: the pipeline pushed (or the JSON given) must be the committed one.
+can run only the inagg program: the pipeline pushed (or the JSON given) must be the committed one,
+at the K (values per packet) of the P4Info pushed: the software target's own
+(p4/soft/inagg.p4info.txtpb, the default program) or BMv2's 64, any K its ports carry in one
+packet (a P4Info of a larger K is refused).
 
 ``--engine native`` (the default) runs the program in C++ (``bmv2_env.native_pipeline``, the
 tables the P4Runtime server writes mirrored into the core) on a packet-loop thread of its own
