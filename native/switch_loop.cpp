@@ -279,11 +279,6 @@ void SwitchLoop::send_udp(Socket& sock, const std::vector<size_t>& frames) {
         std::memcpy(&d.to.sin_port, f + kEth + kIp + 2, 2);
         dgs.push_back(d);
     }
-    if (sock.udp_batch.gso())
-        std::stable_sort(dgs.begin(), dgs.end(), [](const Datagram& a, const Datagram& b) {
-            return std::make_pair(a.to.sin_addr.s_addr, a.to.sin_port) <
-                   std::make_pair(b.to.sin_addr.s_addr, b.to.sin_port);
-        });
     size_t n = sock.udp_batch.prepare(dgs);
     sendmmsg_all(sock.fd, sock.udp_batch.messages(), n, sock.udp_batch.datagram_counts());
 }

@@ -3,7 +3,9 @@
 
 #include <netinet/udp.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace inagg {
 namespace {
@@ -23,7 +25,12 @@ bool udp_gso_supported(int fd) {
     return getsockopt(fd, SOL_UDP, UDP_SEGMENT, &segment, &size) == 0;
 }
 
-size_t UdpBatch::prepare(const std::vector<Datagram>& dgs) {
+size_t UdpBatch::prepare(std::vector<Datagram>& dgs) {
+    if (gso_)
+        std::stable_sort(dgs.begin(), dgs.end(), [](const Datagram& a, const Datagram& b) {
+            return std::make_pair(a.to.sin_addr.s_addr, a.to.sin_port) <
+                   std::make_pair(b.to.sin_addr.s_addr, b.to.sin_port);
+        });
     msgs_.assign(dgs.size(), mmsghdr{});
     iov_.resize(dgs.size());
     gso_control_.resize(dgs.size());

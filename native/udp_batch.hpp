@@ -31,9 +31,10 @@ class UdpBatch {
     explicit UdpBatch(bool gso = false) : gso_(gso) {}
     bool gso() const { return gso_; }
 
-    // The sendmmsg messages for `dgs` in order (each destination's runs as GSO sends where the
-    // socket takes them); `dgs` must outlive the send. Returns how many messages.
-    size_t prepare(const std::vector<Datagram>& dgs);
+    // The sendmmsg messages for `dgs`; where the socket takes GSO, `dgs` is first grouped by
+    // destination (each destination's order kept) and each destination's runs become GSO
+    // sends. `dgs` must outlive the send. Returns how many messages.
+    size_t prepare(std::vector<Datagram>& dgs);
     mmsghdr* messages() { return msgs_.data(); }
     // How many datagrams message i carries.
     const uint32_t* datagram_counts() const { return counts_.data(); }
