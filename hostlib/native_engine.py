@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Callable, Hashable, Iterable
 
 from . import _native
-from .engine import Emit, JobConfig, JobCounters
+from .engine import AggregationEngine, Emit, JobConfig, JobCounters
 from .protocol import Outcome
 
 SenderIdOf = Callable[[Hashable], int]
@@ -81,15 +81,9 @@ class NativeEngine:
         self.native.remove_job(job_id)
         self.jobs.pop(job_id, None)
 
-    def replace_jobs(self, wanted: dict[int, JobConfig]) -> None:
-        """As ``AggregationEngine.replace_jobs``, step for step (so a refused job leaves the
-        same jobs applied, with the same error)."""
-        for job_id in [j for j in self.jobs if j not in wanted]:
-            self.remove_job(job_id)
-        for job in wanted.values():
-            if self.jobs.get(job.job_id) != job:
-                self.remove_job(job.job_id)
-                self.set_job(job)
+    # the Python engine's, step for step (a refused job leaves the same jobs applied, with the
+    # same error): it only calls set_job/remove_job and reads ``jobs``
+    replace_jobs = AggregationEngine.replace_jobs
 
     # -- data path -------------------------------------------------------------------------
 
