@@ -82,6 +82,7 @@ bench: setup
 	$(BIN)/python benchmarks/dataplane_bench.py
 	$(BIN)/python benchmarks/controller_bench.py
 	$(BIN)/python benchmarks/artopk_bench.py
+	$(BIN)/python benchmarks/train_step_bench.py
 
 clean: stop
 	rm -rf build logs pcaps benchmarks/results .pytest_cache .hypothesis
