@@ -2,7 +2,8 @@
 # Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS, QUICK (bench subset),
 #            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs),
 #            TRANSPORT (udp|roce: override jobs' transport to the switch), CLI (1: stay at a
-#            mininet> prompt after the jobs), RUN (make stop: only this run id), ARGS (make ctl).
+#            mininet> prompt after the jobs), RUN (make stop: only this run id), ARGS (make ctl),
+#            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build).
 
 PYTHON        ?= python3
 VENV          ?= .venv
@@ -97,9 +98,14 @@ protos:
 	sed -i 's/^import inagg_controller_pb2 as/from . import inagg_controller_pb2 as/' \
 	  controller/proto/inagg_controller_pb2_grpc.py
 
-# Compile the P4 program and refresh the committed BMv2 JSON + P4Info (needs p4c).
+# Compile the P4 program and refresh the committed BMv2 JSON + P4Info (needs p4c), then the
+# software target's P4Info: the same program at its own K (tools/soft_p4info.py), measured best
+# on loopback (README, Benchmarks); BMv2 keeps the program's 64.
+SOFT_VALUES_PER_PACKET ?= 4096
 build:
 	$(P4C) --arch v1model --p4runtime-files p4/inagg.p4info.txtpb -o p4/inagg.json p4/inagg.p4
+	$(PYTHON) -m tools.soft_p4info --source p4/inagg.p4info.txtpb \
+	  --values-per-packet $(SOFT_VALUES_PER_PACKET) --out p4/soft/inagg.p4info.txtpb
 
 # Compile the Tofino program with bf-p4c (TNA; TOFINO_TARGETS=tofino2 tries t2na) into build/,
 # then refresh the committed artifacts beside the source: P4Info, tofino.bin, context.json and

@@ -38,11 +38,14 @@ from scapy.layers.l2 import Ether  # noqa: E402
 from bmv2_env.loopback import free_loopback_net  # noqa: E402
 from bmv2_env.soft_switch import udp_host_mac  # noqa: E402
 from bmv2_env.testbed import SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
+from controller.config import default_program  # noqa: E402
+from controller.program import Program  # noqa: E402
 from controller.switch import (  # noqa: E402
     INSERT, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
 )
 from hostlib.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, mac  # noqa: E402
 from hostlib.roce import frame as roce_frame  # noqa: E402
+from tools.soft_p4info import soft_p4info_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SWITCH_MAC, SWITCH_IP = "00:00:00:00:00:fe", "10.0.0.254"
@@ -84,6 +87,15 @@ def worker_addrs(net: str, n: int) -> list[str]:
     return [f"{net}.{r + 1}:{WORKER_PORT_BASE + r}" for r in range(n)]
 
 
+def program_of_k(directory: Path, k: int) -> Program:
+    """The software target's program at K values per packet (its P4Info written into
+    ``directory``): the switch takes K from the P4Info it is pushed."""
+    soft = default_program("soft")
+    p4info = directory / "inagg.p4info.txtpb"
+    p4info.write_text(soft_p4info_text(soft.p4info_path.read_text(), k))
+    return Program("soft", p4info, soft.files)
+
+
 @contextmanager
 def udp_switch(engine: str, net: str, n: int, window: int, k: int):
     """A software switch over UDP at net.254 with hosts net.1..n aggregating K values per packet,
@@ -91,15 +103,14 @@ def udp_switch(engine: str, net: str, n: int, window: int, k: int):
     with tempfile.TemporaryDirectory() as d:
         ports = [a for r in range(n) for a in ("-i", f"{r + 1}@udp:{net}.{r + 1}")]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", engine, "--values-per-packet",
-             str(k), *ports, "--udp-bind", f"{net}.254", "--no-p4", "--",
+            [sys.executable, "-m", "bmv2_env.soft_switch", "--engine", engine, *ports, "--udp-bind", f"{net}.254", "--no-p4", "--",
              "--grpc-server-addr", f"unix:{d}/p4rt.sock"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True)
         try:
             if "inagg-soft-switch" not in proc.stdout.readline():
                 raise RuntimeError("the software switch did not start")
             sw = SwitchConnection(f"unix:{d}/p4rt.sock")
-            sw.push_pipeline()
+            sw.push_pipeline(program_of_k(Path(d), k))
             job = SwitchJob(1, 0, 1, 0, window, tuple(
                 WorkerBinding(r, r + 1, f"{net}.{r + 1}", udp_host_mac(f"{net}.{r + 1}"), WORKER_PORT_BASE + r)
                 for r in range(n)))

@@ -9,7 +9,11 @@ attached to switch port r+1; the switch's inagg address is 127.A.B.254, the host
 ``target="tofino"`` makes it Tofino-shaped: the software data plane runs the Tofino program's
 P4Info (its K, names and counters), the controller deploys to it as to a Tofino (the packed
 tofino.bin + context.json device config, front-panel ports mapped to device ports 128 + 4 r),
-so the controller's Tofino path and grants carrying the Tofino K are tested without the chip."""
+so the controller's Tofino path and grants carrying the Tofino K are tested without the chip.
+
+``p4info`` names the P4Info the controller pushes to the software switch instead of the target's
+own (the software target's large K): BMv2's ``p4/inagg.p4info.txtpb`` runs it at K = 64, as a
+hardware switch would aggregate."""
 
 from __future__ import annotations
 
@@ -69,10 +73,14 @@ class LoopbackDeployment:
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
                  lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
                  aggregator_drop_rate: float = 0.0, target: str = "soft",
-                 metrics: bool = False, die_with_parent: bool = False) -> None:
+                 metrics: bool = False, die_with_parent: bool = False,
+                 p4info: Path | str | None = None) -> None:
         if target not in ("soft", "tofino"):
             raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped 'tofino', not {target!r}")
+        if p4info is not None and target != "soft":
+            raise ValueError("only a 'soft' loopback switch runs another P4Info than its target's")
         self.target = target
+        self.p4info = p4info
         self.n_hosts = n_hosts
         self.with_switch = with_switch
         self.min_window = min_window
@@ -128,6 +136,8 @@ class LoopbackDeployment:
                     "aggregator": f"{self.switch_ip}:{UDP_PORT}",
                     "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
                               for r in range(self.n_hosts)}}
+                if self.p4info is not None:
+                    switch["p4info"] = str(ROOT / self.p4info)
                 if self.target == "tofino":
                     switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
                 switches.append(switch)

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from controller.config import DEFAULT_ARTIFACTS
 from controller.credentials import ADMIN_TOKEN_FILE_ENV, write_token
 from hostlib import add_version_flag
 from hostlib.grant import ETHERNET_MTU, HOST_AGGREGATOR_PORT, values_for_mtu
@@ -439,9 +440,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inagg-mininet: {e}", file=sys.stderr)
         return 2
     dataplane = choose_dataplane(args.dataplane)
-    # the software data plane runs the committed program only (its pipeline is Python)
+    # the software data plane runs the committed program only (its pipeline is Python), here at
+    # BMv2's K: the software target's own K makes datagrams larger than the veth links' MTU
     program_files = {key: str(path.resolve()) for key, path in
                      (("p4info", args.p4info), ("bmv2_json", args.bmv2_json)) if path and dataplane == "bmv2"}
+    if dataplane == "soft":
+        program_files["p4info"] = str(ROOT / DEFAULT_ARTIFACTS["bmv2"]["p4info"])
     run_dir = RunDir.create()
     print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)

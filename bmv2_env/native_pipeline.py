@@ -43,13 +43,13 @@ def _short(action: Action) -> str:
 class NativePipeline:
     """Tables, multicast groups, counters and the slot engine of one software switch, in C++."""
 
-    def __init__(self, p4info: P4Info, values_per_packet: int | None = None) -> None:
+    def __init__(self, p4info: P4Info) -> None:
         self.p4info = p4info
         sizes = {p4info.local_name(c.preamble.name): c.size for c in p4info.message.counters}
-        # K and the drop-counter row are the program's (BMv2: 64 and DROP_REASONS; Tofino's
-        # P4Info: its own), read from the P4Info as the controller reads them
+        # K and the drop-counter row are the pushed P4Info's (the software target's K, BMv2's
+        # 64 or Tofino's, and DROP_REASONS), read from it as the controller reads them
         self.core = _native.SwitchPipeline(
-            p4info.register_size(SLOT_TAG), values_per_packet or p4info.values_per_packet, [sizes[n] for n in CORE_COUNTERS],
+            p4info.register_size(SLOT_TAG), p4info.values_per_packet, [sizes[n] for n in CORE_COUNTERS],
             p4info.drop_row_length)
         self.tables = TableStore(p4info, mirror=self)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))

@@ -2,8 +2,9 @@
 error for everything else (never a silent success).
 
 Implemented: StreamChannel arbitration (primary = highest election id per device), Capabilities,
-Set/GetForwardingPipelineConfig (only the inagg P4Info it runs is accepted; for the Tofino
-program's P4Info also only a well-formed Tofino device config), Write/Read of table entries
+Set/GetForwardingPipelineConfig (only the inagg program it runs is accepted, at any K its ports
+carry: the pipeline takes K from the pushed P4Info; for the Tofino program's P4Info only that
+P4Info itself, with a well-formed Tofino device config), Write/Read of table entries
 and multicast groups, Read and MODIFY of indexed counter entries. Not implemented, as in BMv2:
 register entries; also not implemented here: packet-in/out, digests, action profiles, meters.
 """
@@ -21,8 +22,9 @@ import grpc
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from controller.p4info import P4Info, same_p4info
+from controller.p4info import P4Info, same_p4info, same_program
 from controller.program import unpack_tofino_config
+from hostlib.grant import MAX_IPV4_DATAGRAM, switch_values_for_mtu
 
 from .native_pipeline import NativePipeline
 from .pipeline import JOB_TABLE, WORKER_TABLE, SoftPipeline
@@ -41,13 +43,16 @@ def _election(eid) -> tuple[int, int]:
 
 class SoftSwitchState:
     """What the P4Runtime service manages: the pipeline (once configured) and its lock.
-    ``make_pipeline`` builds a fresh pipeline for each committed config: the Python reference
-    (SoftPipeline) or the C++ core (NativePipeline, attached to the packet loop)."""
+    ``make_pipeline`` builds a fresh pipeline for each committed config (from the pushed P4Info,
+    whose K it runs): the Python reference (SoftPipeline) or the C++ core (NativePipeline,
+    attached to the packet loop). ``max_values_per_packet``: the largest K the ports carry."""
 
     def __init__(self, device_id: int, program: P4Info,
-                 make_pipeline: Callable[[P4Info], Pipeline] = SoftPipeline) -> None:
+                 make_pipeline: Callable[[P4Info], Pipeline] = SoftPipeline,
+                 max_values_per_packet: int = switch_values_for_mtu(MAX_IPV4_DATAGRAM)) -> None:
         self.device_id = device_id
-        self.program = program          # the only P4Info this data plane can run
+        self.program = program          # the only program this data plane can run (K aside)
+        self.max_values_per_packet = max_values_per_packet
         self.make_pipeline = make_pipeline
         self.lock = threading.RLock()
         self.pipeline: Pipeline | None = None
@@ -162,7 +167,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                     if config is None:
                         raise StatusError(grpc.StatusCode.FAILED_PRECONDITION, "nothing saved to commit")
                     self.state.config = config
-                    self.state.pipeline = self.state.make_pipeline(self.state.program)
+                    self.state.pipeline = self.state.make_pipeline(P4Info(config.p4info))
                     log.info("pipeline %s committed", self.state.program.program_name)
                 elif request.action == A.VERIFY_AND_SAVE:
                     self.state.config = request.config
@@ -177,13 +182,28 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"this software data plane runs program '{program.program_name}', "
                 f"not '{config.p4info.pkg_info.name or '(unnamed)'}'")
-        if not same_p4info(config.p4info, program.message):
+        tofino = program.message.pkg_info.arch in ("tna", "t2na")
+        same = same_p4info if tofino else same_program   # Tofino's K is compiled into its lanes
+        if not same(config.p4info, program.message):
             raise StatusError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"P4Info of '{program.program_name}' differs from the one this data plane runs: "
                 f"rebuild or update the controller")
-        if program.message.pkg_info.arch in ("tna", "t2na"):
+        self._verify_values_per_packet(P4Info(config.p4info))
+        if tofino:
             self._verify_tofino_config(config.p4_device_config)
+
+    def _verify_values_per_packet(self, pushed: P4Info) -> None:
+        """The pushed K must be one this data plane's ports carry in one packet."""
+        try:
+            k = pushed.values_per_packet
+        except KeyError as e:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e.args[0])) from None
+        if not 1 <= k <= self.state.max_values_per_packet:
+            raise StatusError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"@inagg_values_per_packet({k}): this data plane's ports carry 1.."
+                f"{self.state.max_values_per_packet} values per packet")
 
     def _verify_tofino_config(self, data: bytes) -> None:
         """A Tofino-shaped switch takes the device config bf_switchd takes: PI's packing of the

@@ -99,13 +99,13 @@ def parse(data: bytes) -> Frame:
 class SoftPipeline:
     """Tables, multicast groups, counters and the slot engine of one software switch."""
 
-    def __init__(self, p4info: P4Info, values_per_packet: int | None = None) -> None:
+    def __init__(self, p4info: P4Info) -> None:
         self.p4info = p4info
         self.tables = TableStore(p4info)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups()
         self.counters = Counters(p4info)
-        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), values_per_packet or p4info.values_per_packet,
+        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), p4info.values_per_packet,
                                         host_mode=False)
         self.drop_row = p4info.drop_row_length
 

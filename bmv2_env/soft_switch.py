@@ -7,7 +7,10 @@ Same command-line shape::
                       -- --grpc-server-addr 0.0.0.0:9559 [--cpu-port 255]
 
 It attaches to Linux interfaces with raw sockets and serves P4Runtime on the gRPC address. It
-can run only the inagg program: the pipeline pushed (or the JSON given) must be the committed one.
+can run only the inagg program: the pipeline pushed (or the JSON given) must be the committed one,
+at the K (values per packet) of the P4Info pushed: the software target's own
+(p4/soft/inagg.p4info.txtpb, the default program) or BMv2's 64, any K its ports carry in one
+packet (a P4Info of a larger K is refused).
 
 ``--engine native`` (the default) runs the program in C++ (``bmv2_env.native_pipeline``, the
 tables the P4Runtime server writes mirrored into the core) on a packet-loop thread of its own
@@ -25,6 +28,7 @@ sent as datagrams to their IPv4/UDP destination. This is how ``make demo`` runs 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import selectors
 import signal
@@ -42,12 +46,10 @@ from controller.p4info import P4Info
 
 from hostlib import _native, add_version_flag
 from hostlib.protocol import (
-    HEADER_BYTES,
-    ROCE_HEADER_BYTES,
-    ROCE_ICRC_BYTES,
     UDP_PORT,
     ipv4,
 )
+from hostlib.grant import MAX_IPV4_DATAGRAM, switch_values_for_mtu
 from hostlib.transport import enlarge_buffers
 
 from .native_pipeline import NativePipeline
@@ -61,11 +63,10 @@ PACKET_OUTGOING = 4
 SOL_PACKET = 263
 PACKET_ADD_MEMBERSHIP = 1
 PACKET_MR_PROMISC = 1
+SIOCGIFMTU = 0x8921
 # Frames a port hands over per select() wakeup: fewer system calls under load, while one busy
 # port still yields to the others every RECV_BATCH frames.
 RECV_BATCH = 32
-# The largest K whose packets (RoCE framing included) fit one UDP datagram of 65507 bytes.
-MAX_VALUES_PER_PACKET = (65507 - ROCE_HEADER_BYTES - ROCE_ICRC_BYTES - HEADER_BYTES) // 4
 # Socket buffers of the switch's ports: a whole window of every worker (1024 slots x 32 workers
 # of about 1 KiB of kernel memory each) can queue up without a drop.
 PORT_BUFFER_BYTES = 32 << 20
@@ -111,6 +112,8 @@ class RawPort:
     def __init__(self, port: int, iface: str) -> None:
         self.port, self.name = port, iface
         self.sock = open_port(iface)
+        request = struct.pack("16si12x", iface.encode(), 0)
+        self.mtu = struct.unpack_from("16si", fcntl.ioctl(self.sock, SIOCGIFMTU, request))[1]
 
     def recv(self) -> list[tuple[int, bytes]]:
         """Up to RECV_BATCH waiting frames (one select per batch, not per frame)."""
@@ -189,10 +192,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine", choices=("native", "python"), default="native",
                    help="the pipeline: C++ on its own packet-loop thread (default), or the "
                         "Python reference")
-    p.add_argument("--values-per-packet", type=int, metavar="K",
-                   help="values per packet this software target aggregates (default: the "
-                        "program's, from its P4Info); workers must be granted the same K, "
-                        "and its packets must fit the ports' MTU")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -211,9 +210,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ports[int(num)] = iface
     if any(i.startswith("udp:") for i in ports.values()) and not args.udp_bind:
         p.error("udp: ports need --udp-bind")
-    if args.values_per_packet is not None and not 1 <= args.values_per_packet <= MAX_VALUES_PER_PACKET:
-        p.error(f"--values-per-packet must be in 1..{MAX_VALUES_PER_PACKET} (a packet must fit "
-                f"one UDP datagram), got {args.values_per_packet}")
     args.ports = ports
     return args
 
@@ -236,18 +232,35 @@ def distinct(attach: dict[int, RawPort | UdpPorts]) -> list[RawPort | UdpPorts]:
     return list({id(a): a for a in attach.values()}.values())
 
 
-def pipeline_factory(engine: str, values_per_packet: int | None, loop: _native.SwitchLoop | None):
-    """What builds the pipeline for each committed config: the Python reference, or a native
-    core that the packet loop (when there is one) switches to."""
+def max_values_per_packet(attach: dict[int, RawPort | UdpPorts]) -> int:
+    """The largest K every port carries in one packet: a UDP datagram's worth on loopback
+    attachments, the interface MTU's on raw ones (1500 on Mininet's veth links)."""
+    mtus = [a.mtu if isinstance(a, RawPort) else MAX_IPV4_DATAGRAM for a in distinct(attach)]
+    return switch_values_for_mtu(min(mtus, default=MAX_IPV4_DATAGRAM))
+
+
+def pipeline_factory(engine: str, loop: _native.SwitchLoop | None):
+    """What builds the pipeline for each committed config (at the K of its P4Info): the Python
+    reference, or a native core that the packet loop (when there is one) switches to."""
     if engine == "python":
-        return lambda program: SoftPipeline(program, values_per_packet)
+        return SoftPipeline
 
     def native(program: P4Info) -> NativePipeline:
-        pipeline = NativePipeline(program, values_per_packet)
+        pipeline = NativePipeline(program)
         if loop is not None:
             loop.set_pipeline(pipeline.core)
         return pipeline
     return native
+
+
+def start_with(state: SoftSwitchState, program: P4Info) -> None:
+    """Run ``program`` from the start (a JSON given on the command line), if its ports carry
+    its K."""
+    if program.values_per_packet > state.max_values_per_packet:
+        raise RuntimeError(f"the program's {program.values_per_packet} values per packet do not fit "
+                           f"the ports ({state.max_values_per_packet} at most); push a P4Info of "
+                           f"a smaller K over P4Runtime instead")
+    state.pipeline = state.make_pipeline(program)
 
 
 def pcap_paths(args: argparse.Namespace) -> dict[int, dict[str, Path]]:
@@ -308,17 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     program = P4Info.load(args.p4info) if args.p4info else default.p4info
     per_frame = args.engine == "python" or args.log_console
     loop = None if per_frame else _native.SwitchLoop()
-    state = SoftSwitchState(args.device_id, program,
-                            pipeline_factory(args.engine, args.values_per_packet, loop))
-    if args.config:
-        if Path(args.config).read_bytes() != default.device_config():
-            print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
-                  f"({default.files['bmv2_json']})", file=sys.stderr)
-            return 2
-        state.pipeline = state.make_pipeline(program)
+    if args.config and Path(args.config).read_bytes() != default.device_config():
+        print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
+              f"({default.files['bmv2_json']})", file=sys.stderr)
+        return 2
     pcaps: dict[tuple[int, str], PcapWriter] = {}
     try:
         attach = attach_ports(args)
+        state = SoftSwitchState(args.device_id, program, pipeline_factory(args.engine, loop),
+                                max_values_per_packet(attach))
+        if args.config:
+            start_with(state, program)
         for port, paths in pcap_paths(args).items():
             if loop is None:
                 pcaps.update({(port, d): PcapWriter(path) for d, path in paths.items()})

@@ -48,7 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 # The programs this repository builds, by target (a config may name others).
 DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
     "bmv2": {"p4info": "p4/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
-    "soft": {"p4info": "p4/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
+    # the BMv2 program at the software target's own K (tools/soft_p4info.py, make build)
+    "soft": {"p4info": "p4/soft/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
     "tofino": {"p4info": "p4/tofino/tofino/inagg.p4info.txtpb",
                "binary": "p4/tofino/tofino/tofino.bin.gz",
                "context": "p4/tofino/tofino/context.json.gz"},

@@ -13,7 +13,10 @@ from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 from p4runtime_sh.context import Context, P4Type
 
-__all__ = ["P4Info", "P4Type", "encode", "decode", "same_p4info"]
+__all__ = ["P4Info", "P4Type", "encode", "decode", "same_p4info", "same_program"]
+
+# K, the values per packet of a target, as job_table carries it (p4/include/job_admission.p4).
+VALUES_PER_PACKET_ANNOTATION = re.compile(r"@inagg_values_per_packet\((\d+)\)")
 
 
 def same_p4info(a: p4info_pb2.P4Info, b: p4info_pb2.P4Info) -> bool:
@@ -21,6 +24,23 @@ def same_p4info(a: p4info_pb2.P4Info, b: p4info_pb2.P4Info) -> bool:
     Tofino extern descriptions (barefoot.PortMetadata) as Any messages whose types this process
     does not know, which protobuf's == cannot compare."""
     return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
+
+
+def without_values_per_packet(message: p4info_pb2.P4Info) -> p4info_pb2.P4Info:
+    """A copy of a P4Info without its K annotation: what is left is the program itself."""
+    copy = p4info_pb2.P4Info()
+    copy.CopyFrom(message)
+    for table in copy.tables:
+        kept = [a for a in table.preamble.annotations if not VALUES_PER_PACKET_ANNOTATION.fullmatch(a)]
+        del table.preamble.annotations[:]
+        table.preamble.annotations.extend(kept)
+    return copy
+
+
+def same_program(a: p4info_pb2.P4Info, b: p4info_pb2.P4Info) -> bool:
+    """Whether two P4Infos are one program built for targets of different K (the BMv2 program
+    and the software target's, tools/soft_p4info.py): the same but for the K annotation."""
+    return same_p4info(without_values_per_packet(a), without_values_per_packet(b))
 
 
 def encode(value: int, bitwidth: int) -> bytes:
@@ -81,7 +101,7 @@ class P4Info:
         by job_table's @inagg_values_per_packet annotation and handed to workers in grants."""
         table = self.obj(P4Type.table, "job_table")
         for note in table.preamble.annotations:
-            m = re.fullmatch(r"@inagg_values_per_packet\((\d+)\)", note)
+            m = VALUES_PER_PACKET_ANNOTATION.fullmatch(note)
             if m:
                 return int(m.group(1))
         raise KeyError(f"{self.program_name}: job_table has no @inagg_values_per_packet annotation")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .protocol import ENCAPSULATIONS, HEADER_BYTES, MAX_SLOT
+from .protocol import ENCAPSULATIONS, HEADER_BYTES, MAX_SLOT, ROCE_HEADER_BYTES, ROCE_ICRC_BYTES
 
 # The host path never relies on IP fragmentation: a datagram (IPv4 + UDP + inagg header + K
 # values) fits the MTU of the interface it leaves by, so K follows from that MTU.
@@ -20,6 +20,14 @@ def values_for_mtu(mtu: int) -> int:
     """The most int32 values a host-path datagram carries unfragmented on a link of ``mtu``
     bytes: 364 at 1500, 2239 at 9000, 16372 on loopback."""
     return (min(mtu, MAX_IPV4_DATAGRAM) - IPV4_UDP_BYTES - HEADER_BYTES) // 4
+
+
+def switch_values_for_mtu(mtu: int) -> int:
+    """The most int32 values a switch-path packet carries unfragmented on a link of ``mtu``
+    bytes, RoCE framing (the larger) included: 355 at 1500, 16363 on loopback. A software
+    switch refuses a program whose K its ports cannot carry."""
+    return (min(mtu, MAX_IPV4_DATAGRAM) - IPV4_UDP_BYTES - ROCE_HEADER_BYTES - ROCE_ICRC_BYTES
+            - HEADER_BYTES) // 4
 
 
 # Host aggregation K where the MTU allows it (loopback, 16 KiB of values per datagram): larger

@@ -15,6 +15,8 @@
 #include <system_error>
 #include <vector>
 
+#include "udp_batch.hpp"
+
 namespace inagg {
 namespace {
 
@@ -54,8 +56,8 @@ struct HostLoop::Buffers {
         sockaddr_in to;
     };
     std::vector<Outgoing> out;
-    std::vector<iovec> tx_iov;
-    std::vector<mmsghdr> tx_msgs;
+    std::vector<Datagram> datagrams;   // out, as the datagrams to send
+    UdpBatch tx;                       // their messages: GSO sends where the socket takes them
 
     void prepare_receive() {
         for (size_t i = 0; i < kBatch; ++i) {
@@ -150,28 +152,23 @@ void HostLoop::serve_batch(int received) {
     }
 }
 
+// A batch's results, each destination's in order and, where the kernel takes UDP_SEGMENT, its
+// runs as one GSO send (native/udp_batch.hpp): a slot's results to a worker walk the stack once.
 void HostLoop::send_all() {
     Buffers& b = *buffers_;
-    size_t n = b.out.size();
-    b.tx_iov.resize(n);
-    b.tx_msgs.assign(n, mmsghdr{});
-    for (size_t i = 0; i < n; ++i) {
-        b.tx_iov[i] = iovec{b.results.data() + b.out[i].at, b.out[i].length};
-        b.tx_msgs[i].msg_hdr.msg_iov = &b.tx_iov[i];
-        b.tx_msgs[i].msg_hdr.msg_iovlen = 1;
-        b.tx_msgs[i].msg_hdr.msg_name = &b.out[i].to;
-        b.tx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
-    }
-    size_t done = 0;
+    b.datagrams.clear();
+    for (const Buffers::Outgoing& o : b.out)
+        b.datagrams.push_back(Datagram{o.to, b.results.data() + o.at, o.length});
+    size_t n = b.tx.prepare(b.datagrams), done = 0;
     while (done < n) {
         unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, kSendChunk));
-        int sent = sendmmsg(fd_, b.tx_msgs.data() + done, chunk, 0);
+        int sent = sendmmsg(fd_, b.tx.messages() + done, chunk, 0);
         if (sent > 0) {
             done += static_cast<size_t>(sent);
         } else if (sent < 0 && errno == EINTR) {
             continue;
-        } else {  // this datagram cannot go (too large, no route, ...): count it, send the rest
-            send_errors_ += 1;
+        } else {  // these datagrams cannot go (too large, no route, ...): count them, send the rest
+            send_errors_ += b.tx.datagram_counts()[done];
             done += 1;
         }
     }

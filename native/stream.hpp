@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine.hpp"  // the wire constants
+#include "udp_batch.hpp"
 
 namespace inagg {
 
@@ -162,6 +163,8 @@ class Stream {
     size_t packet_bytes_ = 0;
     uint32_t outstanding_ = 0;
     std::vector<uint32_t> send_queue_;
+    std::vector<Datagram> send_datagrams_;  // the queued rounds' packets, for send_batch_
+    UdpBatch send_batch_;
     // received batch: buffers, lengths, senders, and the position of the next one to look at
     std::vector<uint8_t> rx_buffers_;
     std::vector<size_t> rx_lengths_;

@@ -4,7 +4,6 @@
 #include <arpa/inet.h>
 #include <linux/if_packet.h>
 #include <netinet/in.h>
-#include <netinet/udp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -21,6 +20,7 @@
 
 #include "checksums.hpp"
 #include "switch_frame.hpp"
+#include "udp_batch.hpp"
 
 namespace inagg {
 
@@ -31,8 +31,6 @@ namespace {
 constexpr size_t kFrameBytes = 65536;          // the largest datagram or frame a port takes
 constexpr size_t kSlotBytes = kInaggAt + kFrameBytes;  // + room for the headers a UDP port adds
 constexpr int kSendWaitMs = 200;               // how long a full send queue may block the loop
-constexpr size_t kGsoSegments = 64;            // datagrams per GSO send (kernel: at most 64+)
-constexpr size_t kGsoBytes = 60000;            // their bytes (one IPv4 datagram's worth)
 constexpr uint8_t kUdpSwitchMac[6] = {0, 0, 0, 0, 0, 0xFE};
 
 std::system_error os_error(const char* what) {
@@ -88,12 +86,10 @@ struct SwitchLoop::Socket {
         sockaddr_ll ll;
     } addrs[kBatch];
     std::vector<size_t> pending;                      // out_ frames leaving by this socket
-    bool gso = false;                                 // udp: the kernel takes UDP_SEGMENT
-    std::vector<Datagram> datagrams;
-    std::vector<mmsghdr> send_msgs;
+    std::vector<Datagram> datagrams;                  // udp: the frames leaving, as datagrams
+    UdpBatch udp_batch;                               // udp: their messages (GSO where it can)
+    std::vector<mmsghdr> send_msgs;                   // raw: one message per frame
     std::vector<iovec> send_iov;
-    std::vector<GsoControl> send_gso;
-    std::vector<uint32_t> send_counts;                // datagrams per message
 };
 
 SwitchLoop::SwitchLoop() {
@@ -120,9 +116,7 @@ void SwitchLoop::add_udp_ports(int fd, uint32_t bind_addr,
                                const std::vector<std::pair<uint32_t, uint16_t>>& peers) {
     auto sock = std::make_unique<Socket>(Socket::Kind::udp, fd);
     sock->bind_addr = bind_addr;
-    int segment = 0;
-    socklen_t size = sizeof segment;
-    sock->gso = getsockopt(fd, SOL_UDP, UDP_SEGMENT, &segment, &size) == 0;
+    sock->udp_batch = UdpBatch(udp_gso_supported(fd));
     for (const auto& [addr, port] : peers) {
         sock->port_of[addr] = port;
         by_port_[port] = sock.get();
@@ -285,51 +279,8 @@ void SwitchLoop::send_udp(Socket& sock, const std::vector<size_t>& frames) {
         std::memcpy(&d.to.sin_port, f + kEth + kIp + 2, 2);
         dgs.push_back(d);
     }
-    if (sock.gso)
-        std::stable_sort(dgs.begin(), dgs.end(), [](const Datagram& a, const Datagram& b) {
-            return std::make_pair(a.to.sin_addr.s_addr, a.to.sin_port) <
-                   std::make_pair(b.to.sin_addr.s_addr, b.to.sin_port);
-        });
-    sock.send_msgs.assign(dgs.size(), mmsghdr{});
-    sock.send_iov.resize(dgs.size());
-    sock.send_gso.resize(dgs.size());
-    sock.send_counts.resize(dgs.size());
-    size_t n = 0;
-    for (size_t first = 0, last; first < dgs.size(); first = last) {
-        last = first + (sock.gso ? gso_run(dgs, first) : 1);
-        for (size_t i = first; i < last; ++i)
-            sock.send_iov[i] = iovec{const_cast<uint8_t*>(dgs[i].data), dgs[i].len};
-        msghdr& h = sock.send_msgs[n].msg_hdr;
-        h.msg_name = &dgs[first].to;
-        h.msg_namelen = sizeof dgs[first].to;
-        h.msg_iov = &sock.send_iov[first];
-        h.msg_iovlen = last - first;
-        if (last - first > 1) {
-            GsoControl& c = sock.send_gso[n];
-            c.hdr.cmsg_level = SOL_UDP;
-            c.hdr.cmsg_type = UDP_SEGMENT;
-            c.hdr.cmsg_len = CMSG_LEN(sizeof(uint16_t));
-            uint16_t segment = uint16_t(dgs[first].len);
-            std::memcpy(CMSG_DATA(&c.hdr), &segment, sizeof segment);
-            h.msg_control = &c;
-            h.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
-        }
-        sock.send_counts[n++] = uint32_t(last - first);
-    }
-    sendmmsg_all(sock.fd, sock.send_msgs.data(), n, sock.send_counts.data());
-}
-
-// How many datagrams from `first` on can go as one GSO send: same destination, all but the last
-// of the first one's size and the last no larger, within the kernel's segment and size limits.
-size_t SwitchLoop::gso_run(const std::vector<Datagram>& dgs, size_t first) {
-    const Datagram& d = dgs[first];
-    size_t last = first + 1, bytes = d.len;
-    while (d.len && last < dgs.size() && last - first < kGsoSegments &&
-           dgs[last].to.sin_addr.s_addr == d.to.sin_addr.s_addr &&
-           dgs[last].to.sin_port == d.to.sin_port && dgs[last - 1].len == d.len &&
-           dgs[last].len <= d.len && bytes + dgs[last].len <= kGsoBytes)
-        bytes += dgs[last++].len;
-    return last - first;
+    size_t n = sock.udp_batch.prepare(dgs);
+    sendmmsg_all(sock.fd, sock.udp_batch.messages(), n, sock.udp_batch.datagram_counts());
 }
 
 void SwitchLoop::send_raw(Socket& sock, const std::vector<size_t>& frames) {

@@ -63,15 +63,6 @@ public:
 
 private:
     struct Socket;
-    struct Datagram {  // a frame leaving a UDP port, as the datagram it becomes
-        sockaddr_in to;
-        const uint8_t* data;
-        size_t len;
-    };
-    union GsoControl {  // the UDP_SEGMENT control message of one GSO send
-        cmsghdr hdr;
-        char space[CMSG_SPACE(sizeof(uint16_t))];
-    };
     struct Capture {
         std::unique_ptr<PcapWriter> in, out;
     };
@@ -82,7 +73,6 @@ private:
     void send_outputs();
     void send_udp(Socket& sock, const std::vector<size_t>& frames);
     void send_raw(Socket& sock, const std::vector<size_t>& frames);
-    static size_t gso_run(const std::vector<Datagram>& dgs, size_t first);
     // `datagrams[i]`: how many datagrams message i carries (null: one each), for the stats.
     void sendmmsg_all(int fd, mmsghdr* msgs, size_t n, const uint32_t* datagrams);
 

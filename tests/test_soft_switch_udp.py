@@ -17,12 +17,16 @@ import pytest
 
 from bmv2_env.loopback import ROOT, free_loopback_net
 from bmv2_env.soft_switch import udp_host_mac
+from controller.config import default_program
+from controller.program import Program
 from controller.switch import (
-    INSERT, JobAdmission, JobCounters, ReplicaRewrite, ResultReplication, SwitchConnection,
+    INSERT, PipelineMismatch, JobAdmission, JobCounters, ReplicaRewrite, ResultReplication, SwitchConnection,
     SwitchJob, WorkerBinding,
 )
+from hostlib.grant import switch_values_for_mtu
 from hostlib.protocol import MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, unpack_header
 from hostlib.transport import enlarge_buffers
+from tools.soft_p4info import soft_p4info_text
 
 SLOTS = 512
 
@@ -123,10 +127,14 @@ def test_windows_come_back_complete_and_strangers_are_ignored(switch):
 
 @pytest.mark.parametrize("engine", ["native", "python"])
 def test_values_per_packet_is_the_software_targets(tmp_path, engine):
-    """--values-per-packet: the software target aggregates packets of its own K, and refuses
-    the P4 program's K (bad_length) as it would any other."""
-    k = 1024
-    with soft_switch(tmp_path, "--engine", engine, "--values-per-packet", str(k)) as (proc, sw, net):
+    """The software target's P4Info (DEFAULT_ARTIFACTS["soft"]) carries its own K: pushed, the
+    switch aggregates packets of that K and refuses the P4 program's K (bad_length) as it would
+    any other; a P4Info whose K no port carries is refused."""
+    soft = default_program("soft")
+    k = soft.p4info.values_per_packet
+    assert k > K
+    with soft_switch(tmp_path, "--engine", engine) as (proc, sw, net):
+        sw.push_pipeline(soft)
         workers = [udp_socket(f"{net}.{r + 1}") for r in range(2)]
         try:
             admit(sw, net, workers, 4)
@@ -147,6 +155,8 @@ def test_values_per_packet_is_the_software_targets(tmp_path, engine):
         finally:
             for w in workers:
                 w.close()
-    bad = subprocess.run([sys.executable, "-m", "bmv2_env.soft_switch", "--values-per-packet", "0",
-                          "--no-p4"], cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 2 and "--values-per-packet must be in 1..16363" in bad.stderr
+        too_large = tmp_path / "too_large.p4info.txtpb"
+        too_large.write_text(soft_p4info_text(soft.p4info_path.read_text(), switch_values_for_mtu(65535) + 1))
+        with pytest.raises(PipelineMismatch, match=r"@inagg_values_per_packet\(16364\): this data plane's "
+                                                   r"ports carry 1\.\.16363 values per packet"):
+            sw.push_pipeline(Program("soft", too_large, soft.files))

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from bmv2_env.loopback import LoopbackDeployment
+from controller.config import DEFAULT_ARTIFACTS
 from controller.client import ControllerClient, ControllerError
 from hostlib.communicator import Communicator, ReduceOp
 from hostlib.train_demo import TrainConfig, train
@@ -34,7 +35,7 @@ def test_grant_switch_over_mid_training_loses_nothing(gloo_run):
         run = train(TrainConfig(workers=2, epochs=2, hook="inagg", drain_at_step=20), dep.controller, bind_ips=dep.worker_ips,
                     admin=(dep.controller, dep.admin_token))
     assert [s["mode"] for s in run.stats] == ["host", "host"]
-    assert all(s["grant_changes"] >= 2 and s["host_results"] > 0 for s in run.stats)
+    assert all(s["grant_changes"] >= 1 and s["host_results"] > 0 for s in run.stats)   # drained to host
     for a, b in zip(run.params, gloo_run.params):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
@@ -68,7 +69,9 @@ def test_many_async_allreduces_in_flight():
     with LoopbackDeployment(3) as dep:
         comms = make_comms(dep, 3)
         try:
-            sizes = [1, 63, 64, 65, 1000, 4097, 20000]
+            # around both K (the software switch's 4096, BMv2's 64) and one call of many packets
+            # at either, whose transfer time pins beta
+            sizes = [1, 63, 64, 65, 1000, 4097, 20000, 300000]
             futures = []
             for r, c in enumerate(comms):
                 for i, n in enumerate(sizes):
@@ -113,9 +116,12 @@ def test_bad_input_gives_clear_errors():
 
 
 def test_artopk_hook_trains_with_far_fewer_bytes():
-    with LoopbackDeployment(2) as dep:
+    """Bytes at a hardware switch's K (BMv2's 64): at the software target's 4096 this model's
+    whole gradient is three packets, so a sparse one cannot be ten times fewer bytes."""
+    bmv2_p4info = DEFAULT_ARTIFACTS["bmv2"]["p4info"]
+    with LoopbackDeployment(2, p4info=bmv2_p4info) as dep:
         dense = train(TrainConfig(workers=2, epochs=2, hook="inagg"), dep.controller, bind_ips=dep.worker_ips)
-    with LoopbackDeployment(2) as dep:
+    with LoopbackDeployment(2, p4info=bmv2_p4info) as dep:
         sparse = train(TrainConfig(workers=2, epochs=2, hook="artopk", cr=0.01), dep.controller, bind_ips=dep.worker_ips)
     sent = [sum(s["wire_bytes_sent"] for s in r.stats) for r in (dense, sparse)]
     assert sent[0] > 10 * sent[1]
