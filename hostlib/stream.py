@@ -553,7 +553,7 @@ class StreamBase:
     number, the control vector and its decoding, the window goal and the public ``allreduce``."""
 
     def __init__(self, grant: Grant, rank: int, n_workers: int, transport: Transport, *,
-                 rto_min: float = 0.005, rto_max: float = 1.0, stall_timeout: float = 30.0) -> None:
+                 rto_min: float = 0.02, rto_max: float = 1.0, stall_timeout: float = 30.0) -> None:
         if not 0 <= rank < n_workers:
             raise ValueError(f"rank {rank} not in 0..{n_workers - 1}")
         self.rank = rank
