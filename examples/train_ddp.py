@@ -76,6 +76,7 @@ def main() -> None:
             json.dump({"params": [t.detach().view(-1).tolist() for t in model.parameters()],
                        "losses": losses, "stats": stats,
                        "hook_choice": getattr(hook_state, "last_choice", None)}, f)
+    dist.barrier()   # no rank tears gloo down while another still uses it (it aborts otherwise)
     dist.destroy_process_group()
 
 
