@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bmv2_env.loopback import LoopbackDeployment  # noqa: E402
 from hostlib.demo import TensorSpec  # noqa: E402
+from plots import pyplot  # noqa: E402  (benchmarks/, the script's own folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ("case", "path", "workers", "elements", "reps", "system", "median_s", "ratio_vs_gloo",
@@ -99,11 +100,10 @@ def run_path(path: str, n: int, cases: list[Case], warmup: int) -> tuple[dict, l
     return slowest, [stats for _, _, stats in reports]
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(rows: list[dict], path: Path) -> bool:
+    plt = pyplot()
+    if plt is None:
+        return False
 
     cases = list(dict.fromkeys(r["case"] for r in rows))
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -168,11 +168,8 @@ def main() -> int:
         w.writeheader()
         w.writerows(rows)
     print(f"wrote {RESULTS / 'allreduce.csv'}")
-    try:
-        plot(rows, RESULTS / "allreduce.png")
+    if plot(rows, RESULTS / "allreduce.png"):
         print(f"wrote {RESULTS / 'allreduce.png'}")
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
     print(f"took {time.perf_counter() - start:.0f} s")
     return 0
 

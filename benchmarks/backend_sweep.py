@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from plots import pyplot  # benchmarks/, the script's own folder
+
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL_SIZES = tuple(4 * 16 ** i for i in range(7))            # 4 B, 64 B, ..., 64 MiB
 QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
@@ -131,12 +133,9 @@ def human(nbytes: int) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for n in sorted({r["workers"] for r in rows}):
@@ -181,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(rows, key=lambda r: r["ratio"])
     print(f"worst ratio {worst['ratio']:.3f} at {worst['workers']} workers, {human(worst['bytes'])} "
           f"(target <= {TARGET}); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    if not plot(rows, RESULTS / "backend_sweep.png"):
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
+    plot(rows, RESULTS / "backend_sweep.png")
     return 0
 
 

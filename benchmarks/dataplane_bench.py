@@ -46,6 +46,7 @@ from controller.switch import (  # noqa: E402
 from hostlib.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, mac  # noqa: E402
 from hostlib.roce import frame as roce_frame  # noqa: E402
 from tools.soft_p4info import soft_p4info_text  # noqa: E402
+from plots import pyplot  # noqa: E402  (benchmarks/, the script's own folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SWITCH_MAC, SWITCH_IP = "00:00:00:00:00:fe", "10.0.0.254"
@@ -183,10 +184,9 @@ def report_cpu(rows: list[dict]) -> None:
 
 
 def plot_cpu(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     systems = list(dict.fromkeys(r["system"] for r in rows))
@@ -284,10 +284,7 @@ def main() -> int:
         rows = cpu_benchmark(args.cpu_reps, args.cpu_rounds, args.cpu_window, args.cpu_k)
         write_csv("dataplane_cpu.csv", rows)
         report_cpu(rows)
-        try:
-            plot_cpu(rows, RESULTS / "dataplane_cpu.png")
-        except ImportError:
-            print("  matplotlib is not installed: no plot (pip install matplotlib)")
+        plot_cpu(rows, RESULTS / "dataplane_cpu.png")
         print(f"  {load_text()}")
     if args.only in (None, "veth"):
         rows = veth_benchmark(args.rounds, args.window)

@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hostlib.demo import JobRun, TensorSpec, run_local_job  # noqa: E402
+from plots import pyplot  # noqa: E402  (benchmarks/, the script's own folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ("drop_rate", "workers", "elements", "reps", "median_s", "ratio_vs_lossless",
@@ -107,11 +108,8 @@ def write(out: Path, rows: list[dict]) -> None:
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
         w.writerows(rows)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
     labels = [f"{float(r['drop_rate']):.0%}" for r in rows]

@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from plots import pyplot  # benchmarks/, the script's own folder
+
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = ("gloo", "switch", "host", "backend")
 TARGETS = {"switch": 1.5, "host": 1.05}
@@ -216,12 +218,9 @@ def summarise(job: Job, params: int, per_rank: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
     names = [r["config"] for r in rows]
@@ -295,8 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
-    if not plot(rows, RESULTS / "train_step_bench.png"):
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
+    plot(rows, RESULTS / "train_step_bench.png")
     return 0
 
 
