@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine.hpp"  // the wire constants (kExpNone)
+#include "protocol.hpp"
 
 namespace inagg {
 

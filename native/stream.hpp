@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine.hpp"  // the wire constants
+#include "protocol.hpp"
 #include "udp_batch.hpp"
 
 namespace inagg {
