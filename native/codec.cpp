@@ -5,7 +5,7 @@
 // Why the loops look as they do: they run over every value of every call (64 MiB per worker per
 // call on the host-path benchmark), and a libm call per value (ldexp, nearbyint) cost more CPU
 // than the rest of a worker's call. Here each loop is branch-free arithmetic the compiler
-// vectorizes, and still bit-identical:
+// vectorizes (value_loops.hpp), and still bit-identical:
 // - ldexp(v, s) is v * 2**s computed exactly in float64: a float32 (or an int32) times a power
 //   of two within [2**-157, 2**157] neither overflows nor loses a bit in float64;
 // - rint for |v| < 2**51 is adding and reading back 1.5 * 2**52: the addition rounds to an
@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "value_loops.hpp"
 
 namespace inagg {
 namespace {
@@ -47,7 +49,7 @@ int32_t round_to_int(double v) {
 }
 
 // Bits of the largest |x[i]| (sign cleared); at or above kInfBits when some value is inf/NaN.
-uint32_t max_abs_bits(const float* x, size_t n) {
+INAGG_VALUE_LOOP uint32_t max_abs_bits(const float* x, size_t n) {
     uint32_t m = 0;
     for (size_t i = 0; i < n; ++i) {
         uint32_t u;
@@ -81,7 +83,7 @@ void block_exponents(const float* x, size_t n, size_t block, int8_t* exps, uint8
     }
 }
 
-void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be) {
+INAGG_VALUE_LOOP void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be) {
     if (exp == kExpNone) {
         std::fill(q_be, q_be + n, 0u);
         return;
@@ -93,7 +95,7 @@ void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be) {
     }
 }
 
-void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y) {
+INAGG_VALUE_LOOP void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y) {
     if (exp == kExpNone) {
         std::fill(y, y + n, 0.0f);
         return;
