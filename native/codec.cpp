@@ -28,12 +28,6 @@ constexpr uint32_t kAbsMask = 0x7fffffffu;
 constexpr uint32_t kInfBits = 0x7f800000u;
 constexpr double kRoundMagic = 6755399441055744.0;  // 1.5 * 2**52
 
-uint32_t bits_of(float v) {
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof u);
-    return u;
-}
-
 float float_of(uint32_t u) {
     float v;
     std::memcpy(&v, &u, sizeof v);
