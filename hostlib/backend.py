@@ -101,12 +101,14 @@ def _off_thread(fut: torch.futures.Future) -> torch.futures.Future:
 
 
 class _TimedWork(dist.Work):
-    """A gloo Work that reports when it is done (``on_done``, once), timed where it is waited
-    for: in ``wait`` on the caller's thread, which costs the call nothing. Only a caller that
-    takes its future (DDP) gets a callback on it, which gloo runs on its own thread *before*
-    waiters learn the call is done: its wait for the GIL delays the call (every call timed so
-    made the backend's gloo path 1.3-1.9x plain gloo at 256 KiB-4 MiB, load 9-11 on 2 cores;
-    a thread of ours waiting beside the caller did as badly)."""
+    """A path's Work that reports when it is done (``on_done``, once), timed where it is waited
+    for: in ``wait`` on the caller's thread, which costs the call nothing and counts the
+    caller's wake-up on every path alike (timed where inagg's future completed instead, inagg
+    looked faster than its callers saw it and was chosen at 2 workers / 4 B, at 5x gloo's time).
+    Only a caller that takes its future (DDP) gets a callback on it, which gloo runs on its own
+    thread *before* waiters learn the call is done: its wait for the GIL delays the call (every
+    call timed so made the backend's gloo path 1.3-1.9x plain gloo at 256 KiB-4 MiB, load 9-11
+    on 2 cores; a thread of ours waiting beside the caller did as badly)."""
 
     def __init__(self, work: dist.Work, on_done) -> None:
         super().__init__()
@@ -151,7 +153,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
         self._lock = threading.Lock()
         self._last_done = {p: 0.0 for p in PATHS}
-        self._last_gloo: dist.Work | None = None
+        self._last_work: dict[str, dist.Work] = {}   # each path's latest call
         self._closed = False
         self.paths = PathChooser(self._agree_min, PATHS, forced=forced)
         self._calibrate()
@@ -164,25 +166,38 @@ class InaggProcessGroup(dist.ProcessGroup):
     # -- allreduce -----------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts=None):
+        # every call pays what runs here before gloo's own allreduce: kept to a few attribute
+        # reads (at 2 workers a 4 B gloo call takes ~0.15 ms; the backend's dispatch was 5 %)
         opts = opts if opts is not None else dist.AllreduceOptions()
-        reason = _ineligible(tensors, opts.reduceOp)
+        op = opts.reduceOp
+        reason = _ineligible(tensors, op)
         if reason:
             return self._to_gloo("allreduce", reason, tensors, opts)
         tensor = tensors[0]
-        nbytes = tensor.numel() * tensor.element_size()
-        average = opts.reduceOp == _AVG
-        path, measure = self.paths.choose(nbytes)
+        path, measure = self.paths.choose(tensor.nbytes)
         self.allreduces[path] += 1
-        if path == "gloo" and not average:   # the fast path: gloo's own Work
-            # timed only when the chooser asks and gloo is idle (a queued call's time is not
-            # its own), on the thread that waits for it (``_TimedWork``)
-            idle = self._last_gloo is None or self._last_gloo.is_completed()
-            started = time.perf_counter()
-            work = self._last_gloo = self._gloo.allreduce(tensors, opts)
-            if measure and idle:
-                return _TimedWork(work, lambda: self._observe(path, nbytes, started))
+        if path == "gloo" and not measure and op == _SUM:   # the fast path: gloo's own Work
+            work = self._last_work["gloo"] = self._gloo.allreduce(tensors, opts)
             return work
-        return _create_work_from_future(self._run(path, tensor, average))
+        return self._start(path, tensor, opts, measure)
+
+    def _start(self, path: str, tensor: torch.Tensor, opts, measure: bool) -> dist.Work:
+        """Start one allreduce on ``path``. Timed only when the chooser asks (``measure``) and
+        the path is idle (a queued call's time is not its own), where the caller waits for it
+        (``_TimedWork``), so every path's time is what its caller sees."""
+        last = self._last_work.get(path)
+        idle = last is None or last.is_completed()
+        started = time.perf_counter()
+        average = opts.reduceOp == _AVG
+        if path == "gloo" and not average:
+            work = self._gloo.allreduce([tensor], opts)
+        else:
+            work = _create_work_from_future(self._run(path, tensor, average))
+        self._last_work[path] = work
+        if measure and idle:
+            nbytes = tensor.nbytes
+            return _TimedWork(work, lambda: self._observe(path, nbytes, started))
+        return work
 
     def _observe(self, path: str, nbytes: int, started: float) -> None:
         """Feed the path's model with a call that just ended: from its start (``started``,
@@ -194,15 +209,8 @@ class InaggProcessGroup(dist.ProcessGroup):
             self._last_done[path] = now
         self.paths.observe(path, nbytes, now - began)
 
-    def _time(self, path: str, nbytes: int, started: float, fut: torch.futures.Future) -> None:
-        """``_observe`` the call behind ``fut`` when it completes."""
-        fut.add_done_callback(lambda _: self._observe(path, nbytes, started))
-
-
     def _run(self, path: str, tensor: torch.Tensor, average: bool) -> torch.futures.Future:
-        """Start one allreduce on ``path``, timed; the future resolves to ``[tensor]`` (as gloo's)."""
-        nbytes = tensor.numel() * tensor.element_size()
-        started = time.perf_counter()
+        """Start one allreduce on ``path``; the future resolves to ``[tensor]`` (as gloo's)."""
         if path == "inagg":
             fut = _off_thread(self.comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM))
         else:
@@ -216,9 +224,7 @@ class InaggProcessGroup(dist.ProcessGroup):
                 tensor.div_(self.size())
             return [tensor]
 
-        out = fut.then(result)
-        self._time(path, nbytes, started, out)   # as its caller sees it: delivery included
-        return out
+        return fut.then(result)
 
     def _agree_min(self, values: np.ndarray) -> np.ndarray:
         """Each element's minimum over the ranks (through gloo: exact and cheap for a few floats)."""
@@ -232,9 +238,12 @@ class InaggProcessGroup(dist.ProcessGroup):
         """Time every path at a few sizes (the same calls on every rank) and agree on the
         result, so the first real calls are already chosen from measurements."""
         for nbytes in _CALIBRATION_BYTES:
-            for _ in range(_CALIBRATION_ROUNDS):
+            # an untimed first round: a group's first calls set up connections and buffers (they
+            # took 3-4 ms at 64 B where later ones took 0.3)
+            for timed in (False,) + (True,) * _CALIBRATION_ROUNDS:
                 for path in self.paths.paths:
-                    self._run(path, torch.zeros(nbytes // 4, dtype=torch.float32), False).wait()
+                    self._start(path, torch.zeros(nbytes // 4, dtype=torch.float32), dist.AllreduceOptions(),
+                                measure=timed).wait()
         self.paths.agree()
 
     # -- everything else -----------------------------------------------------------------------
