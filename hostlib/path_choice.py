@@ -2,12 +2,11 @@
 on the grant the controller gave, and plain gloo) the model predicts fastest, so an inagg job is
 never slower than gloo.
 
-**Measuring.** Each path keeps the recent times of its calls per size class (powers of 4 bytes),
-fed by the backend with calls that ran while the path was otherwise idle (every call of inagg,
-of gloo's fast path those from ``measure_from_bytes`` up and every ``sample_every``-th smaller
-one, every probe and exploration). A class's figure is
-the *median* of its last ``per_class`` times: the machine may be shared, and a call preempted by
-another process is an outlier, not a slower path.
+**Measuring.** Each path keeps the times of its last ``per_class`` measured calls per size
+class (powers of 4 bytes). The chooser says which calls to measure: probes and explorations,
+every call from ``measure_from_bytes`` up, every ``sample_every``-th smaller one (the backend
+times a call where its caller waits, and only when the path was otherwise idle). Every rank
+measures the same calls, so the k-th measured call of a class is the same call on every rank.
 
 **The model.** Per path ``seconds = alpha + beta * payload bytes``, fitted to its size classes'
 figures minimising relative error (so a 64 MiB call does not drown the 4 B ones that pin alpha,
@@ -20,16 +19,21 @@ a 1 KiB one 5 ms), and a line through both would choose wrongly at each.
 **Agreeing.** Every rank must take the same path for the same call, but each measures its own
 times. So the decision uses *agreed* figures only: at fixed call numbers (every rank makes the
 same calls in the same order: calls 16, 32, 64, then every ``agree_every``, and right after a
-new size class's probes) the ranks combine their per-class figures with one small allreduce
-taking each one's minimum over ranks, and every rank fits the same model from the result and
-computes the same choices until the next agreement. The minimum, because a rank's time of a
-call includes waiting for the ranks that arrived later; the last to arrive measures the path
-alone.
+new size class's probes) the ranks combine their recent times with one small allreduce taking
+each call's minimum over ranks, and a class's figure is the fastest of its recent calls. On a
+shared machine noise only adds time: a rank's time of a call includes waiting for the ranks that
+arrived later (the last to arrive measures the path alone), and a call preempted by another
+process is slow for every rank. So the fastest is the path's own time. (Per-rank medians
+combined by maximum chose inagg at 4 workers / 4 B where it took twice gloo's time; the median
+of three probes, with a third of gloo's calls preempted, put gloo at 2.9 ms where it took 0.5 at
+2 workers / 256 KiB, load 12.) Every rank fits the same model from the result and computes the same choices
+until the next agreement.
 
 **Exploring.** A size class first seen is *probed*: its next calls take, ``probes`` times each
-(once where a call is predicted to take ``probe_seconds`` or more), every path not yet measured
-there whose line predicts it within ``probe_ratio`` of the best path, then the ranks agree. After that, the call at an agreement may take a path the model did
-not choose, so the estimate of a path not in use does not go stale (a link's bandwidth changed,
+(once where a call is predicted to take ``probe_seconds`` or more), one path after another,
+every path not yet measured
+there whose line predicts it within ``probe_ratio`` of the best path, then the ranks agree.
+After that, the call at an agreement may take a path the model did not choose, so the estimate of a path not in use does not go stale (a link's bandwidth changed,
 the switch became free). Its predicted extra time is paid from a budget of ``explore_budget`` (a
 fraction) of the predicted time of every call so far: a path predicted much slower is explored
 rarely, one close to the best at nearly every agreement; paths take turns. Probes and budget
@@ -37,10 +41,10 @@ follow from agreed figures and call numbers only, so every rank explores the sam
 
 ``forced`` pins every call to one path (``INAGG_ALLREDUCE_PATH`` in the backend), for tests and
 comparisons; the model still measures what runs and agrees. ``prefer`` (gloo, the baseline)
-wins unless another path is predicted faster by more than ``margin`` (10 %): the aim is never
-to be slower than gloo, and a path predicted a few % faster gains little and may be noise (at
-8 workers / 4 B inagg came out 0.8x and 1.3x gloo in two runs of the sweep). ``history()`` is the per-call record
-(time, call number, size, path, explored) of the last ``history`` calls.
+wins unless another path is predicted faster by more than ``margin`` (25 %): the aim is never
+to be slower than gloo, and where two paths are that close their figures on a shared machine
+are noise (at 8 workers / 4 B inagg came out 0.8x and 1.4x gloo in different runs). ``history()`` is
+the per-call record (time, call number, size, path, explored) of the last ``history`` calls.
 """
 
 from __future__ import annotations
@@ -69,32 +73,42 @@ def size_class(nbytes: int) -> int:
 
 
 class PathTimings:
-    """One path's recent call times, ``per_class`` per size class (module docstring)."""
+    """One path's recent call times: per size class, the last ``per_class`` measured calls in
+    a ring, the k-th measured call of a class in slot k mod ``per_class``. Every rank measures
+    the same calls (the chooser decides which), so a slot holds the same call on every rank
+    and the ranks' minimum per slot is that call's time without waiting for other ranks
+    (module docstring)."""
 
     def __init__(self, per_class: int) -> None:
-        self._seconds = [deque(maxlen=per_class) for _ in range(SIZE_CLASSES)]
+        self._ring = np.full((SIZE_CLASSES, per_class), _UNSEEN)
+        self._count = np.zeros(SIZE_CLASSES, dtype=np.int64)
         self._nbytes = np.full(SIZE_CLASSES, _UNSEEN)
 
     def observe(self, nbytes: int, seconds: float) -> None:
         c = size_class(nbytes)
-        self._seconds[c].append(seconds)
+        self._ring[c, self._count[c] % self._ring.shape[1]] = seconds
+        self._count[c] += 1
         self._nbytes[c] = nbytes
 
     def summary(self) -> np.ndarray:
-        """Per size class its median seconds, then its latest size in bytes (``inf`` where
-        unseen)."""
-        return np.concatenate([[min(s) if s else _UNSEEN for s in self._seconds], self._nbytes])
+        """The ring (``inf`` where unseen), then each class's latest size in bytes."""
+        return np.concatenate([self._ring.ravel(), self._nbytes])
 
 
 class PathModel:
-    """One path's agreed figures (a combined ``PathTimings.summary``) and the alpha-beta line
-    fitted to them (module docstring)."""
+    """One path's agreed figures (the ranks' minimum of ``PathTimings.summary``: per class the
+    fastest of its recent calls) and the alpha-beta line fitted to them (module
+    docstring)."""
 
     def __init__(self, summary: np.ndarray, prior: tuple[float, float]) -> None:
-        self.seconds, self.nbytes = summary[:SIZE_CLASSES], summary[SIZE_CLASSES:]
-        seen = np.isfinite(self.seconds) & np.isfinite(self.nbytes)
-        self.seen = seen
-        self.alpha, self.beta = fit_alpha_beta(self.seconds[seen], self.nbytes[seen], prior)
+        ring = summary[:-SIZE_CLASSES].reshape(SIZE_CLASSES, -1)
+        self.nbytes = summary[-SIZE_CLASSES:]
+        timed = np.isfinite(ring)
+        self.seen = timed.any(axis=1) & np.isfinite(self.nbytes)
+        self.seconds = np.full(SIZE_CLASSES, _UNSEEN)
+        for c in np.flatnonzero(self.seen):
+            self.seconds[c] = ring[c][timed[c]].min()
+        self.alpha, self.beta = fit_alpha_beta(self.seconds[self.seen], self.nbytes[self.seen], prior)
 
     def line(self, nbytes: float) -> float:
         return self.alpha + self.beta * nbytes
@@ -125,8 +139,8 @@ class PathChooser:
 
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = PATHS, *,
                  agree_every: int = 128, explore_budget: float = 0.02, per_class: int = 5,
-                 probes: int = 3, probe_seconds: float = 2e-3, probe_ratio: float = 4.0, sample_every: int = 32,
-                 measure_from_bytes: int = 64 << 10, prefer: str | None = "gloo", margin: float = 0.1,
+                 probes: int = 3, probe_seconds: float = 2e-3, probe_ratio: float = 2.0, sample_every: int = 32,
+                 measure_from_bytes: int = 64 << 10, prefer: str | None = "gloo", margin: float = 0.25,
                  forced: str | None = None, history: int = 4096) -> None:
         if agree_every < _FIRST_AGREEMENT:
             raise ValueError(f"agree_every must be >= {_FIRST_AGREEMENT}, got {agree_every}")
@@ -152,7 +166,7 @@ class PathChooser:
         self.prefer, self.margin = (prefer if prefer in self.paths else None), margin
         self._lock = threading.Lock()
         self.timings = {p: PathTimings(per_class) for p in self.paths}
-        unseen = np.full(2 * SIZE_CLASSES, _UNSEEN)
+        unseen = np.full((per_class + 1) * SIZE_CLASSES, _UNSEEN)
         self.models = {p: PathModel(unseen, (_PRIOR_ALPHA, _PRIOR_BETA)) for p in self.paths}
         # per call size until the next agreement: (fastest path, its predicted seconds, probing)
         self._best: dict[int, tuple[str, float, bool]] = {}
@@ -214,7 +228,7 @@ class PathChooser:
         return self._fastest(nbytes)[1]
 
     def agree(self) -> None:
-        """Combine every rank's timings (each size class's minimum over ranks) and fit every
+        """Combine every rank's timings (each measured call's minimum over ranks) and fit every
         path's model to the result; a collective, so every rank must call it at the same
         point."""
         with self._lock:
@@ -256,14 +270,17 @@ class PathChooser:
         return path, explore is not None or nbytes >= self.measure_from_bytes or self.calls % self.sample_every == 0
 
     def _probe(self, nbytes: int) -> str | None:
-        """The path this call probes, taking turns, the one predicted slowest first (a job's
-        or a benchmark's first call of a size is often a warm-up); when the size's last probe is
-        taken, the ranks agree at the next call so the probes' times are used at once."""
+        """The path this call probes: one path's probes after another, the one predicted
+        slowest first (a job's or a benchmark's first call of a size is often a warm-up). Not
+        in turns: a call right after another path's runs slower (that path's tail still holds
+        the CPU: gloo probes that alternated with inagg's took 3 ms where gloo's calls took
+        0.5, 2 workers / 256 KiB, load 12), so only the first of a run is off. When the size's
+        last probe is taken, the ranks agree at the next call so the probes are used at once."""
         c = size_class(nbytes)
         left = [p for p in self.paths if self._probes_left.get((p, c), 0)]
         if not left:
             return None
-        path = max(left, key=lambda p: (self._probes_left[(p, c)], self.models[p].line(nbytes)))
+        path = max(left, key=lambda p: self.models[p].line(nbytes))
         self._probes_left[(path, c)] -= 1
         self.probed += 1
         if not any(self._probes_left.get((p, c), 0) for p in self.paths):
