@@ -51,10 +51,10 @@ class ControllerClient:
             raise ControllerError(f"controller refused {method}: {e.code().name}: {e.details()}") from None
 
     def create_job(self, n_workers: int, bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
-                   name: str = "", transport: str = "udp") -> tuple[int, str]:
+                   name: str = "", transport: str = "udp", host_only: bool = False) -> tuple[int, str]:
         r = self._call("CreateJob", pb.CreateJobRequest(
             n_workers=n_workers, bytes_per_iteration=bytes_per_iteration,
-            iteration_seconds=iteration_seconds, name=name, transport=transport))
+            iteration_seconds=iteration_seconds, name=name, transport=transport, host_only=host_only))
         return r.job_id, r.token
 
     def join(self, job_id: int, token: str, rank: int, address: str, mac: str = "", *,

@@ -73,6 +73,7 @@ class Job:
     demand: Demand
     workers: dict[int, Member] = field(default_factory=dict)  # by rank
     transport: str = "udp"            # the switch encapsulation: "udp" or "roce"
+    host_only: bool = False           # asked for the host aggregator only (a switch job's host lane)
     place: str | None = None          # switch name, or "" for host-only; None before placement
     job_index: int | None = None
     last_seen: float = field(default_factory=time.monotonic)
@@ -121,8 +122,8 @@ class Controller:
             raw = json.loads(row["state"])
             demand = Demand(**raw["demand"])
             job = Job(row["job_id"], row["name"], row["token"], demand,
-                      {r: Member(*w) for r, *w in row["workers"]}, row["transport"], row["switch"],
-                      row["job_index"])
+                      {r: Member(*w) for r, *w in row["workers"]}, transport=row["transport"],
+                      host_only=row["host_only"], place=row["switch"], job_index=row["job_index"])
             job.rank_seen = dict.fromkeys(job.workers, time.monotonic())
             self.jobs[job.job_id] = job
             if "active" in raw and job.place is not None:
@@ -228,7 +229,11 @@ class Controller:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
 
     def create_job(self, n_workers: int, bytes_per_iteration: int, iteration_seconds: float,
-                   name: str, transport: str = "") -> tuple[int, str]:
+                   name: str, transport: str = "", host_only: bool = False) -> tuple[int, str]:
+        """A new job: placed when its last rank joins, on a switch that has every rank as a host
+        (unless ``host_only``: a job's host lane, which the ``inagg`` backend opens beside a job
+        on a switch so that each call may take either aggregator) or else on the host
+        aggregator."""
         transport = transport or "udp"
         try:
             seconds = check_demand(n_workers, MAX_WORKERS, bytes_per_iteration, iteration_seconds)
@@ -244,9 +249,9 @@ class Controller:
                               f"the controller holds {len(self.jobs)} jobs, its limit (max_jobs)")
             job_id = self.store.next_job_id()
             token = secrets.token_hex(16)
-            self.store.create_job(job_id, name, token, demand, transport)
-            self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport)
-        log.info("job %d created (%d workers)", job_id, n_workers)
+            self.store.create_job(job_id, name, token, demand, transport, host_only)
+            self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport, host_only=host_only)
+        log.info("job %d created (%d workers%s)", job_id, n_workers, ", host only" if host_only else "")
         return job_id, token
 
     def _check_member(self, job: Job, rank: int, member: Member) -> None:
@@ -296,8 +301,9 @@ class Controller:
 
     def _place(self, job: Job) -> None:
         ips = {parse_address(m.address)[0] for m in job.workers.values()}
-        job.place = next((name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)
-                          and job.transport in sw.sw.p4info.encapsulations), "")
+        job.place = "" if job.host_only else next(
+            (name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)
+             and job.transport in sw.sw.p4info.encapsulations), "")
         self.allocators[job.place].add_job(job.job_id, job.demand)
         job.rank_seen = dict.fromkeys(job.workers, time.monotonic())
         log.info("job %d placed on %s", job.job_id, job.place or "host only")
@@ -328,6 +334,8 @@ class Controller:
 
     def _host_reason(self, job: Job) -> str:
         """Why a job aggregates on the host aggregator, in words its workers log."""
+        if job.host_only:
+            return "the job asked for the host aggregator (a host lane beside a job on a switch)"
         if job.place:
             return (f"switch {job.place} has no free slots for it (or an operator drained it); "
                     f"it moves to the switch when slots free up")
@@ -562,7 +570,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
     def CreateJob(self, request, context):
         job_id, token = self._call(context, self.ctl.create_job, request.n_workers,
                                    request.bytes_per_iteration, request.iteration_seconds, request.name,
-                                   request.transport)
+                                   request.transport, request.host_only)
         return pb.CreateJobReply(job_id=job_id, token=token)
 
     def JoinJob(self, request, context):

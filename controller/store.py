@@ -14,7 +14,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
     job_id INTEGER PRIMARY KEY, name TEXT NOT NULL, token TEXT NOT NULL,
-    switch TEXT, job_index INTEGER, state TEXT, transport TEXT NOT NULL DEFAULT 'udp'
+    switch TEXT, job_index INTEGER, state TEXT, transport TEXT NOT NULL DEFAULT 'udp',
+    host_only INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS workers (
     job_id INTEGER NOT NULL, rank INTEGER NOT NULL, address TEXT NOT NULL, mac TEXT NOT NULL,
@@ -30,6 +31,7 @@ CREATE TABLE IF NOT EXISTS activations (
 # older controller gets them with their defaults, so its jobs keep running after an upgrade.
 ADDED_COLUMNS = (
     ("jobs", "transport", "TEXT NOT NULL DEFAULT 'udp'"),
+    ("jobs", "host_only", "INTEGER NOT NULL DEFAULT 0"),
     ("workers", "qp", "INTEGER NOT NULL DEFAULT 0"),
     ("workers", "rkey", "INTEGER NOT NULL DEFAULT 0"),
 )
@@ -64,9 +66,11 @@ class Store:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)", (str(job_id + 1),))
         return job_id
 
-    def create_job(self, job_id: int, name: str, token: str, demand: Demand, transport: str) -> None:
-        self.db.execute("INSERT INTO jobs (job_id, name, token, state, transport) VALUES (?, ?, ?, ?, ?)",
-                        (job_id, name, token, json.dumps({"demand": asdict(demand)}), transport))
+    def create_job(self, job_id: int, name: str, token: str, demand: Demand, transport: str,
+                   host_only: bool = False) -> None:
+        self.db.execute("INSERT INTO jobs (job_id, name, token, state, transport, host_only) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (job_id, name, token, json.dumps({"demand": asdict(demand)}), transport, int(host_only)))
 
     def add_worker(self, job_id: int, rank: int, member: tuple[str, str, int, int]) -> None:
         """``member``: the worker's address, MAC, QP and rkey (service.Member)."""
@@ -103,12 +107,12 @@ class Store:
 
     def jobs(self) -> list[dict]:
         rows = self.db.execute(
-            "SELECT job_id, name, token, switch, job_index, state, transport FROM jobs").fetchall()
+            "SELECT job_id, name, token, switch, job_index, state, transport, host_only FROM jobs").fetchall()
         out = []
-        for job_id, name, token, switch, job_index, state, transport in rows:
+        for job_id, name, token, switch, job_index, state, transport, host_only in rows:
             workers = self.db.execute("SELECT rank, address, mac, qp, rkey FROM workers "
                                       "WHERE job_id=? ORDER BY rank", (job_id,)).fetchall()
             out.append({"job_id": job_id, "name": name, "token": token, "switch": switch,
                         "job_index": job_index, "state": state, "workers": workers,
-                        "transport": transport})
+                        "transport": transport, "host_only": bool(host_only)})
         return out

@@ -4,9 +4,15 @@ A Python ``dist.ProcessGroup`` subclass (the pattern of PyTorch's test_c10d_pypg
 the creator that ``hostlib.torch_plugin`` registers with ``dist.Backend.register_backend``:
 
 * An allreduce of one CPU float32 (SUM or AVG) or int32 (SUM) tensor is eligible for inagg. Each
-  eligible call takes the path the alpha-beta model predicts faster (``hostlib.path_choice``):
-  inagg through the job's ``Communicator`` (the switch, or the host aggregator when the
-  controller grants that) or the inner gloo group; every rank takes the same path.
+  eligible call takes the path the model predicts fastest (``hostlib.path_choice``): ``inagg``,
+  the job's ``Communicator`` (the switch, or the host aggregator when the controller grants
+  that); ``host``, the job's host lane when its grant is on a switch (a second job at the
+  controller, ``host_only``: the host aggregator, with its own socket, slots and call numbers,
+  so a call on one aggregator never touches the other's state); or the inner gloo group. Every
+  rank takes the same path for the same call, so each communicator sees the same calls on every
+  rank. Grant changes stay each job's own (a lane job stays on the host aggregator; the main
+  job may move between switch and host, and the lane is kept: it is decided once, from the
+  first grant, which is the same on every rank).
 * Everything else (other collectives, dtypes, ops, several tensors) goes to an inner
   ``ProcessGroupGloo`` on the same store, unchanged. Each kind is counted (``stats()``) and
   logged once: INFO for collectives inagg does not implement, WARNING for an allreduce that could
@@ -51,7 +57,7 @@ GLOO_COLLECTIVES = (
 _CALIBRATION_BYTES = (64, 16 * 1024, 1 << 20)
 _CALIBRATION_ROUNDS = 3
 _INAGG_DTYPES = (torch.float32, torch.int32)
-PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | gloo
+PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
 
 
 def _forced_path() -> str | None:
@@ -142,23 +148,38 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         self._local_store = dist.PrefixStore("local", store)
         self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size, timeout)
+        self.comm: Communicator | None = None
+        self.lane: Communicator | None = None
         try:
-            self.comm = Communicator(dist.PrefixStore("comm", store), rank, world_size, self.endpoint.controller,
-                                     bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
-                                     name=os.environ.get("TORCHELASTIC_RUN_ID", ""))
+            self.comm = self._join(store, "comm", timeout)
+            # every rank sees the same first grant (a change needs every rank's agreement)
+            if self.comm.grant.mode == "switch":
+                self.lane = self._join(store, "comm-host", timeout, host_only=True)
         except Exception as e:
-            self.endpoint.close(self._local_store, rank, world_size, timeout=0)
+            self._leave(timeout=0)
             raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
+        paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
+        if forced is not None and forced not in paths:
+            self._leave(timeout=0)
+            raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane (its grant is on the host "
+                                  f"aggregator already); use inagg")
+        self._closed = False
         self.allreduces: Counter[str] = Counter()   # eligible calls by path
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
         self._lock = threading.Lock()
-        self._last_done = {p: 0.0 for p in PATHS}
+        self._last_done = {p: 0.0 for p in paths}
         self._last_work: dict[str, dist.Work] = {}   # each path's latest call
-        self._closed = False
-        self.paths = PathChooser(self._agree_min, PATHS, forced=forced)
+        self.paths = PathChooser(self._agree_min, paths, forced=forced)
         self._calibrate()
-        log.info("rank %d: inagg process group ready (job %d, %s mode, address %s)", rank, self.comm.job_id,
-                 self.comm.grant.mode, self.endpoint.bind_ip)
+        log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", rank, self.comm.job_id,
+                 self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
+                 self.endpoint.bind_ip)
+
+    def _join(self, store: dist.Store, prefix: str, timeout: timedelta, **kwargs) -> Communicator:
+        """This rank's communicator of a job at the endpoint's controller (rank 0 creates it)."""
+        return Communicator(dist.PrefixStore(prefix, store), self.rank(), self.size(), self.endpoint.controller,
+                            bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
+                            name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -211,8 +232,9 @@ class InaggProcessGroup(dist.ProcessGroup):
 
     def _run(self, path: str, tensor: torch.Tensor, average: bool) -> torch.futures.Future:
         """Start one allreduce on ``path``; the future resolves to ``[tensor]`` (as gloo's)."""
-        if path == "inagg":
-            fut = _off_thread(self.comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM))
+        if path != "gloo":
+            comm = self.comm if path == "inagg" else self.lane
+            fut = _off_thread(comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM))
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
@@ -263,7 +285,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         counters (mode, bytes, retransmissions, ...)."""
         return {"controller": self.endpoint.controller, "address": self.endpoint.bind_ip,
                 "allreduce_paths": dict(self.allreduces), "fallbacks": dict(self.fallbacks),
-                "path_model": self.paths.as_dict(), "inagg": self.comm.stats()}
+                "path_model": self.paths.as_dict(), "inagg": self.comm.stats(),
+                "host_lane": self.lane.stats() if self.lane is not None else None}
 
     def path_history(self) -> list[dict]:
         """Each recent eligible allreduce's path, in order (``PathChooser.history``): what
@@ -276,9 +299,16 @@ class InaggProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
-        self.comm.close()
-        self.endpoint.close(self._local_store, self.rank(), self.size())
+        self._leave()
         log.info("rank %d: inagg process group closed: %s", self.rank(), self.stats())
+
+
+    def _leave(self, timeout: float = 30.0) -> None:
+        """Leave the jobs joined so far and the endpoint (``Endpoint.close``, ``timeout``)."""
+        for comm in (self.lane, self.comm):
+            if comm is not None:
+                comm.close()
+        self.endpoint.close(self._local_store, self.rank(), self.size(), timeout=timeout)
 
 
 def _gloo_collective(name: str):

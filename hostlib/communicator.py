@@ -6,6 +6,9 @@ job, and follows the controller's grant stream in a background thread. Allreduce
 background I/O thread in submission order (every rank submits the same sequence), so
 ``allreduce_async`` returns at once with a ``torch.futures.Future``.
 
+With ``host_only=True`` the controller places the job on the host aggregator whatever switch its
+ranks sit on: the ``inagg`` backend's host lane beside a job on a switch.
+
 With ``transport="roce"`` the job reaches the switch as RoCEv2 (``hostlib.roce``; raw sockets,
 so root): each rank also opens a RoCE endpoint whose QP number is its UDP port (unique per
 host) and joins with it; host-mode grants still use UDP, as the host aggregator speaks UDP.
@@ -118,12 +121,13 @@ class Communicator:
     def __init__(self, store, rank: int, world_size: int, controller: str, *, bind_ip: str = "127.0.0.1",
                  mac: str = "", bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
                  name: str = "", timeout: float = 60.0, stall_timeout: float = 30.0,
-                 transport: str = "udp", native: bool = True) -> None:
+                 transport: str = "udp", native: bool = True, host_only: bool = False) -> None:
         from controller.client import ControllerClient, to_grant  # gRPC stubs
 
         if transport not in ENCAPSULATIONS:
             raise ValueError(f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport!r}")
         self.rank, self.world_size = rank, world_size
+        self.host_only = host_only
         self._to_grant = to_grant
         # the endpoints first: a rank that cannot open them (RoCE needs root) fails before the
         # job exists
@@ -140,7 +144,7 @@ class Communicator:
         self.client = ControllerClient(controller)
         if rank == 0:
             job_id, token = self.client.create_job(world_size, bytes_per_iteration, iteration_seconds,
-                                                   name, transport)
+                                                   name, transport, host_only)
             store.set("inagg/job", f"{job_id}:{token}")
         store.wait(["inagg/job"])
         job_id_text, self.token = store.get("inagg/job").decode().split(":")
@@ -283,8 +287,8 @@ class Communicator:
         """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
         first: the stream takes the source results must come from from it (a RoCE result's is
         the switch's IP, a UDP one's IP and port)."""
-        if grant.mode == "host":   # every rank's log says it; rank 0's as a warning
-            log.log(logging.WARNING if self.rank == 0 else logging.INFO,
+        if grant.mode == "host":   # every rank's log says it; rank 0's as a warning, unless asked for
+            log.log(logging.WARNING if self.rank == 0 and not self.host_only else logging.INFO,
                     "job %d rank %d: aggregating on the host aggregator %s:%d, not a switch: %s",
                     grant.job_id, self.rank, *grant.aggregator, grant.reason or "the controller's choice")
         else:

@@ -58,7 +58,9 @@ import numpy as np
 
 from .cost_model import nonnegative_fit
 
-PATHS = ("inagg", "gloo")
+# inagg on the job's grant (the switch, or the host aggregator where the controller grants that),
+# the job's host lane (the host aggregator beside a grant on a switch), gloo
+PATHS = ("inagg", "host", "gloo")
 
 # Priors until measured: a loopback/LAN round trip and ~1 GB/s; calibration replaces them.
 _PRIOR_ALPHA, _PRIOR_BETA = 1e-4, 1e-9
@@ -137,7 +139,7 @@ def fit_alpha_beta(seconds: np.ndarray, nbytes: np.ndarray, prior: tuple[float, 
 class PathChooser:
     """Per-call path choice, identical on every rank (module docstring)."""
 
-    def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = PATHS, *,
+    def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"), *,
                  agree_every: int = 128, explore_budget: float = 0.02, per_class: int = 5,
                  probes: int = 3, probe_seconds: float = 2e-3, probe_ratio: float = 2.0, sample_every: int = 32,
                  measure_from_bytes: int = 64 << 10, prefer: str | None = "gloo", margin: float = 0.25,

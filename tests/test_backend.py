@@ -62,6 +62,18 @@ def test_ddp_trains_on_the_inagg_backend_with_nothing_started_by_hand(tmp_path, 
     assert not Path(stats["controller"][len("unix:"):]).parent.exists()
 
 
+def test_calls_take_the_host_lane_beside_the_switch(tmp_path, gloo_runs):
+    """A job on the switch also has the host aggregator (its host lane): every call pinned to
+    it trains exactly as gloo does, while the job's grant stays on the switch."""
+    run = torchrun(tmp_path, "lane", env={"INAGG_ALLREDUCE_PATH": "host"})
+    stats = run["stats"]
+    assert stats["allreduce_paths"] == {"host": 40}
+    assert stats["path_model"]["paths"] == ["inagg", "host", "gloo"]
+    assert (stats["inagg"]["mode"], stats["host_lane"]["mode"]) == ("switch", "host")
+    assert stats["host_lane"]["packets_received"] > 0
+    assert_same_training(run, gloo_runs["none"], atol=1e-5)
+
+
 def test_pytorch_powersgd_hook_runs_on_the_inagg_backend(tmp_path, gloo_runs):
     run = torchrun(tmp_path, "powersgd", "--hook", "powersgd", env={"INAGG_ALLREDUCE_PATH": "inagg"})
     # PowerSGD's P and Q allreduces and its dense warm-up steps all went through inagg

@@ -203,6 +203,26 @@ def test_restart_keeps_grants_and_switch_state(env):
         sw.close()
 
 
+def test_a_host_lane_job_runs_on_the_host_aggregator_beside_the_same_ranks_on_the_switch(env):
+    """The inagg backend's two jobs for one set of ranks: the main one on the switch, the host
+    lane (host_only) on the host aggregator, listed to the aggregator with its workers; both
+    as they were after a controller restart."""
+    c = env["client"]
+    main = new_job(c, [1, 2], "m")
+    lane_id, lane_token = c.create_job(2, 64 << 20, 0.1, "m/host", host_only=True)
+    for rank, h in enumerate([1, 2]):
+        c.join(lane_id, lane_token, rank, f"10.0.0.{h}:{48000 + rank}")
+    settle(c, [main, (lane_id, lane_token)])
+    for _ in range(2):
+        g_main, g_lane = first_grants(c, *main)[0], first_grants(c, lane_id, lane_token)[0]
+        assert (g_main.mode, g_lane.mode) == ("switch", "host")
+        assert g_lane.aggregator == "10.0.0.100:42666" and "asked for the host aggregator" in g_lane.reason
+        host_jobs = {j.job_id: list(j.workers) for j in env["ctl"]().host_jobs().jobs}
+        assert host_jobs == {lane_id: ["10.0.0.1:48000", "10.0.0.2:48001"]}
+        env["stop"]()
+        env["start"]()
+
+
 def test_calls_without_the_token_are_refused(env):
     c = env["client"]
     job_id, token = c.create_job(2)
