@@ -1,5 +1,6 @@
 """The ``inagg`` backend against plain gloo: allreduce time from 4 B to 64 MiB at 2, 4 and 8
-workers. The backend chooses each call's path (inagg or gloo) by its measured alpha-beta model,
+workers. The backend chooses each call's path (inagg on the job's grant, its host lane beside a
+switch grant, or gloo) by its measured model,
 so its time should never exceed gloo's by more than its own overhead: the target is
 inagg-backend / gloo <= 1.1 at every point.
 
@@ -37,8 +38,9 @@ from plots import pyplot  # benchmarks/, the script's own folder
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL_SIZES = tuple(4 * 16 ** i for i in range(7))            # 4 B, 64 B, ..., 64 MiB
 QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
+PATHS = ("inagg", "host", "gloo")   # the backend's paths (hostlib.path_choice)
 FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_of_medians", "inagg_calls",
-          "gloo_calls", "load1")
+          "host_calls", "gloo_calls", "load1")
 TARGET = 1.1
 _SETTLE_CALLS = 50   # untimed calls on each group before the first size
 
@@ -93,7 +95,7 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
                 dist.barrier(group=barrier)
                 times[name].append(timed(x.clone(), groups[name]))
         after = inagg.stats()["allreduce_paths"]
-        calls = {p: after.get(p, 0) - before.get(p, 0) for p in ("inagg", "gloo")}
+        calls = {p: after.get(p, 0) - before.get(p, 0) for p in PATHS}
         rows.append((nbytes, times, calls))
     gathered = [None] * n
     dist.all_gather_object(gathered, rows, group=gloo)
@@ -129,7 +131,7 @@ def run_job(n: int, sizes: tuple[int, ...], reps: int) -> list[dict]:
         paired = statistics.median(a / b for a, b in zip(slowest["inagg"], slowest["gloo"]))
         rows.append(dict(workers=n, bytes=nbytes, reps=len(slowest["gloo"]), inagg_backend_s=med["inagg"],
                          gloo_s=med["gloo"], ratio=paired, ratio_of_medians=med["inagg"] / med["gloo"],
-                         inagg_calls=calls["inagg"], gloo_calls=calls["gloo"], load1=round(load, 2)))
+                         **{f"{p}_calls": calls[p] for p in PATHS}, load1=round(load, 2)))
     return rows
 
 
@@ -174,12 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6} {'of medians':>10}  "
-          f"calls inagg/gloo  load")
+          f"calls inagg/host/gloo  load")
     for n in args.workers:
         for r in run_job(n, sizes, reps):
             rows.append(r)
             print(f"{n:>7} {human(r['bytes']):>8} {r['inagg_backend_s'] * 1e3:>11.3f} ms {r['gloo_s'] * 1e3:>7.3f} ms "
-                  f"{r['ratio']:>6.2f} {r['ratio_of_medians']:>10.2f}  {r['inagg_calls']:>5}/{r['gloo_calls']:<5}"
+                  f"{r['ratio']:>6.2f} {r['ratio_of_medians']:>10.2f}  "
+                  f"{'/'.join(str(r[f'{p}_calls']) for p in PATHS):<16}"
                   f"        {r['load1']}", flush=True)
     with open(RESULTS / "backend_sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)

@@ -1,6 +1,6 @@
 """Which path one allreduce takes in the ``inagg`` backend: whichever of the job's paths (inagg
-on the grant the controller gave, and plain gloo) the model predicts fastest, so an inagg job is
-never slower than gloo.
+on the grant the controller gave, the host lane beside a grant on a switch, plain gloo) the model
+predicts fastest, so an inagg job is never slower than gloo.
 
 **Measuring.** Each path keeps the times of its last ``per_class`` measured calls per size
 class (powers of 4 bytes). The chooser says which calls to measure: probes and explorations,
@@ -20,19 +20,22 @@ a 1 KiB one 5 ms), and a line through both would choose wrongly at each.
 times. So the decision uses *agreed* figures only: at fixed call numbers (every rank makes the
 same calls in the same order: calls 16, 32, 64, then every ``agree_every``, and right after a
 new size class's probes) the ranks combine their recent times with one small allreduce taking
-each call's minimum over ranks, and a class's figure is the fastest of its recent calls. On a
-shared machine noise only adds time: a rank's time of a call includes waiting for the ranks that
-arrived later (the last to arrive measures the path alone), and a call preempted by another
-process is slow for every rank. So the fastest is the path's own time. (Per-rank medians
-combined by maximum chose inagg at 4 workers / 4 B where it took twice gloo's time; the median
-of three probes, with a third of gloo's calls preempted, put gloo at 2.9 ms where it took 0.5 at
-2 workers / 256 KiB, load 12.) Every rank fits the same model from the result and computes the same choices
+each call's minimum over ranks, and a class's figure is the median over its recent calls of
+those minima. The minimum over ranks, because a rank's time of a call includes waiting for the
+ranks that arrived later (the last to arrive measures the path alone); the median over calls,
+because on a shared machine a call preempted by another process is an outlier, not a slower
+path. Other combinations chose wrongly on the loaded 2-core machine: per-rank medians combined
+by maximum (inagg at 4 workers / 4 B, twice gloo's time), the fastest recent call (a path with
+more spread looks faster: the host lane at 8 workers / 4 B, 1.6x), each call's mean or maximum
+over ranks (the host lane or inagg at 2 workers / 4 B, 2.5-5x). Every rank fits the same model from the result and computes the same choices
 until the next agreement.
 
-**Exploring.** A size class first seen is *probed*: its next calls take, ``probes`` times each
-(once where a call is predicted to take ``probe_seconds`` or more), one path after another,
-every path not yet measured
+**Exploring.** A size class first seen where calls are cheap (predicted under ``probe_seconds``)
+is *probed*: its next calls take, ``probes`` times each, one path after another, every path not
+yet measured
 there whose line predicts it within ``probe_ratio`` of the best path, then the ranks agree.
+Larger calls are left to the lines (where bandwidth dominates, a line is a fair model, and a
+probe of a slower path costs a whole slow call) and to exploration.
 After that, the call at an agreement may take a path the model did not choose, so the estimate of a path not in use does not go stale (a link's bandwidth changed,
 the switch became free). Its predicted extra time is paid from a budget of ``explore_budget`` (a
 fraction) of the predicted time of every call so far: a path predicted much slower is explored
@@ -99,8 +102,8 @@ class PathTimings:
 
 class PathModel:
     """One path's agreed figures (the ranks' minimum of ``PathTimings.summary``: per class the
-    fastest of its recent calls) and the alpha-beta line fitted to them (module
-    docstring)."""
+    median over its recent calls of each call's time) and the alpha-beta line fitted to them
+    (module docstring)."""
 
     def __init__(self, summary: np.ndarray, prior: tuple[float, float]) -> None:
         ring = summary[:-SIZE_CLASSES].reshape(SIZE_CLASSES, -1)
@@ -109,7 +112,7 @@ class PathModel:
         self.seen = timed.any(axis=1) & np.isfinite(self.nbytes)
         self.seconds = np.full(SIZE_CLASSES, _UNSEEN)
         for c in np.flatnonzero(self.seen):
-            self.seconds[c] = ring[c][timed[c]].min()
+            self.seconds[c] = np.median(ring[c][timed[c]])
         self.alpha, self.beta = fit_alpha_beta(self.seconds[self.seen], self.nbytes[self.seen], prior)
 
     def line(self, nbytes: float) -> float:
@@ -208,17 +211,18 @@ class PathChooser:
         return entry
 
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
-        """Whether calls of this size still probe: schedules probe calls on each path that was
-        never measured at its size class (nor probed there) and whose line predicts it within
-        ``probe_ratio`` of the best (module docstring): ``probes`` of them (their median is the
-        figure) where calls are predicted under ``probe_seconds``, one where they cost more."""
+        """Whether calls of this size still probe: schedules ``probes`` calls on each path
+        that was never measured at its size class (nor probed there) and whose line predicts it
+        within ``probe_ratio`` of the best, where calls are predicted under ``probe_seconds``
+        (module docstring)."""
         if self.forced:
             return False
         c = size_class(nbytes)
-        count = self.probes if best_seconds < self.probe_seconds else min(self.probes, 1)
+        if best_seconds >= self.probe_seconds:
+            return False
         for p, m in self.models.items():
             if not m.seen[c] and (p, c) not in self._probes_left and m.line(nbytes) <= self.probe_ratio * best_seconds:
-                self._probes_left[(p, c)] = count
+                self._probes_left[(p, c)] = self.probes
         return any(self._probes_left.get((p, c), 0) for p in self.paths)
 
     def best(self, nbytes: int) -> str:
