@@ -60,14 +60,25 @@ class NativeSlotStream(StreamBase):
         self.stats.result_drops = counters["result_drops"]
         self.stats.ignored_results = sum(self.stats.result_drops.values())
 
-    def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
-        summed = np.empty_like(vector)
-        ok, exp, rtt = self._core.control_round(vector, exp0, summed)
+    def _encode_values(self, x: np.ndarray, lanes: np.ndarray) -> bool:
+        if x.dtype != np.float32:
+            return super()._encode_values(x, lanes)
+        return _native.fixed_encode(x, self.n_workers, lanes)
+
+    def _decode_values(self, sums: np.ndarray, x: np.ndarray) -> None:
+        if x.dtype != np.float32:
+            super()._decode_values(sums, x)
+        else:
+            _native.fixed_decode(sums, self.n_workers, x)
+
+    def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
+        summed = np.empty_like(lanes)
+        ok, exp, result_flags, rtt = self._core.control_round(lanes, exp0, flags, summed)
         self._sync_stats()
         if not ok:
             raise self.stall_error(f"call {self.stats.calls - 1}'s control round", self._core.waiting_slots())
         self.control_rtt = rtt
-        return summed, exp
+        return summed, exp, result_flags
 
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
         window = call_window(self.grant.slot_count, exps.n_blocks, goal, exps.is_float)

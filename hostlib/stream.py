@@ -591,7 +591,9 @@ class StreamBase:
         """Sum (``average``: mean) ``x`` (flat, float32 or int32) over all workers, in place.
 
         Every call takes part in the control round, even one this rank refuses (``refusal``
-        given, or ``x`` unusable): then every rank raises the same :class:`CallRefused`.
+        given, or ``x`` unusable): then every rank raises the same :class:`CallRefused`. A call
+        of at most ``one_round_capacity`` values rides in the control round itself (one round
+        trip); a larger one streams its blocks after it.
         ``pending_epoch``: the newest pending grant this rank has seen (0: none); after the
         call, ``agreed_epoch`` holds the smallest such epoch over all ranks (0: none)."""
         if refusal is None:
@@ -604,13 +606,22 @@ class StreamBase:
         delta = pending_epoch - self.grant.epoch if pending_epoch > self.grant.epoch else 0
         spec = CallSpec(call, 0 if refusal else x.size, not refusal and x.dtype == np.float32,
                         average, refusal, self.window_control.goal, delta)
-        local = None if refusal else self._exponents(x)
-        vector = self.control.encode(self.rank, spec)
-        summed, exp0 = self._control_round(vector, local.local_exp(0) if local else EXP_NONE)
+        one_round = not refusal and 0 < x.size <= self.one_round_capacity(spec.is_float)
+        local = None if refusal or one_round else self._exponents(x)
+        lanes = np.zeros(self.grant.values_per_packet, np.int32)
+        lanes[:2 * self.n_workers] = self.control.encode(self.rank, spec)
+        flags = 0
+        if one_round and not self._encode_values(x, lanes[2 * self.n_workers:]):
+            flags = FLAG_OVERFLOW   # inf/NaN/too large: the call fails on every rank, as a bad block
+        summed, exp0, result_flags = self._control_round(lanes, local.local_exp(0) if local else EXP_NONE, flags)
         agreement = self.control.decode(summed, call)
         if agreement.epoch_delta:
             self.agreed_epoch = self.grant.epoch + agreement.epoch_delta
-        if x.size:
+        if one_round:
+            if result_flags & FLAG_OVERFLOW:
+                raise overflow_error([0], self.grant.values_per_packet)
+            self._decode_values(summed[2 * self.n_workers:], x)
+        elif x.size:
             local.agree(0, exp0)
             overflow = self._stream_blocks(x, local, agreement.window_goal)
             self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before))
@@ -623,12 +634,36 @@ class StreamBase:
         self.stats.seconds += time.perf_counter() - started
         return x
 
+    def one_round_capacity(self, is_float: bool) -> int:
+        """The most values of a call that ride in the control packet's spare lanes (K - 2N of
+        them, after the control vector): one lane per int32 value, ``codec.fixed_limbs`` per
+        float32 value (an exact fixed-point encoding, so no exponent needs agreeing first)."""
+        spare = self.grant.values_per_packet - 2 * self.n_workers
+        return spare // codec.fixed_limbs(self.n_workers) if is_float else spare
+
+    def _encode_values(self, x: np.ndarray, lanes: np.ndarray) -> bool:
+        """A one-round call's values into the control packet's spare lanes: int32 as they are
+        (the switch sums them as the blocks'), float32 as exact fixed-point limbs. False when a
+        float is not representable (inf, NaN, |x| >= 2**127)."""
+        if x.dtype != np.float32:
+            lanes[:x.size] = x
+            return True
+        return codec.fixed_encode(x, self.n_workers, lanes)
+
+    def _decode_values(self, sums: np.ndarray, x: np.ndarray) -> None:
+        """The summed spare lanes of a one-round call into ``x``: the exact sum, for float32
+        rounded once."""
+        if x.dtype != np.float32:
+            x[:] = sums[:x.size]
+        else:
+            codec.fixed_decode(sums, self.n_workers, x)
+
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
         return ExponentTracker(x, self.grant.values_per_packet)
 
-    def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
-        """Send the control vector on slot 0 and return (summed vector, agreed exponent of block
-        0); sets ``control_rtt``."""
+    def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
+        """Send the control packet's lanes on slot 0 with ``flags`` and return (summed lanes,
+        agreed exponent of block 0, the result's flags); sets ``control_rtt``."""
         raise NotImplementedError
 
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
@@ -763,14 +798,14 @@ class SlotStream(StreamBase):
 
     # -- the two phases of a call ------------------------------------------------------------
 
-    def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
+    def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
         rounds = OutstandingRounds(self.grant, self._source)
         start = time.perf_counter()
-        self._send_round(rounds, 0, 0, True, vector, exp0, 0, start)
+        self._send_round(rounds, 0, 0, True, lanes, exp0, flags, start)
         _, rnd, now = self._await(rounds, start, lambda: f"call {self.stats.calls - 1}'s control round")
         self.control_rtt = now - rnd.sent_at
-        _, exp, values = self._header_fields()
-        return values.astype(np.int32), exp
+        result_flags, exp, values = self._header_fields()
+        return values.astype(np.int32), exp, result_flags
 
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
         g = self.grant
