@@ -3,8 +3,9 @@ interface as the Python :class:`hostlib.stream.SlotStream`, its specification.
 
 Python keeps what runs once per call (``StreamBase``: the control vector and its decoding, the
 window choice, the errors); the native core runs the per-packet phases with the GIL released:
-the control round, then the blocks (priming, one-round-ahead exponents, quantization, exact
-result checks, retransmission), in sendmmsg/recvmmsg batches on the UDP socket of the
+the control round (with a small call's values, encoded by the C++ twin of
+``codec.fixed_encode``), then the blocks (priming, one-round-ahead exponents, quantization,
+exact result checks, retransmission), in sendmmsg/recvmmsg batches on the UDP socket of the
 transport. Both streams speak the same wire protocol, so ranks of one job may use either.
 """
 

@@ -26,6 +26,16 @@ the next call starts aligned (or, for call numbers, fails again: never absorbed)
 switch to after this call, at the same boundary; the call's window W (slots in use, rounds in
 flight) is the smallest goal, so every rank maps blocks to the same slots.
 
+The control packet has K lanes (count = K); the K - 2N after the control vector are spare. A
+call small enough (:meth:`StreamBase.one_round_capacity`, derived from K and N) rides in them
+and is done in that one round trip: int32 values as they are, float32 values as exact
+fixed-point limbs (``codec.fixed_encode``: the switch's lane-wise int32 sum is the exact sum of
+the ranks' floats, rounded once to float32 on every rank alike, so no exponent agreement is
+needed). Whether a call rides is decided by each rank from its own size, so the ranks agree
+whenever the control vector does (else the call is refused before its lanes are read). A value
+the codecs cannot carry (inf, NaN, |x| >= 2**127) sends zeros and FLAG_OVERFLOW, as a bad
+block does: the call fails on every rank with the same error and leaves the tensor unchanged.
+
 Window: a float32 call uses at most a quarter as many slots as it has blocks
 (``PRIMING_SHARE``), or 16 (``PRIMING_FREE_WINDOW``) if that is more; each rank's goal follows
 loss (:class:`WindowControl`, AIMD).
@@ -175,7 +185,8 @@ class ControlVector:
 
     Word r: ``-(code | detail << 4)`` for a refusal, else ``size << 2 | average << 1 | is_float``.
     Word N + r: ``(call mod 2**8) << 23 | goal << 8 | pending epoch delta`` (delta over the grant's
-    epoch, capped at 255; 0 = none)."""
+    epoch, capped at 255; 0 = none). The words are the first 2N lanes of the control packet;
+    a small call's values follow (:meth:`StreamBase.one_round_capacity`)."""
 
     def __init__(self, n_workers: int) -> None:
         self.n = n_workers
@@ -565,6 +576,7 @@ class StreamBase:
         self.control = ControlVector(n_workers)
         self.agreed_epoch = 0
         self.control_rtt = 0.0  # round trip of the last call's control round: a latency probe
+        self.round_trips = 0    # of the last call: 1 when it rode in the control round, else 2
         self.window = 0  # slots the last call used (agreed by all ranks)
         self.window_control: WindowControl | None = None
         self.aborted = False
@@ -617,6 +629,7 @@ class StreamBase:
         agreement = self.control.decode(summed, call)
         if agreement.epoch_delta:
             self.agreed_epoch = self.grant.epoch + agreement.epoch_delta
+        self.round_trips = 1 if one_round or not x.size else 2
         if one_round:
             if result_flags & FLAG_OVERFLOW:
                 raise overflow_error([0], self.grant.values_per_packet)

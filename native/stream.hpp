@@ -2,10 +2,11 @@
 // executable specification; read its docstring for the protocol) without the Python per-packet
 // cost. Python (hostlib/native_stream.py) keeps the parts that run once per call: the control
 // vector's encoding and decoding, the window choice and the errors. This class runs the two
-// per-packet phases of a call with the GIL released: the control round on slot 0 and the
-// streaming of the blocks (priming, one-round-ahead exponents, quantization, result matching,
-// loss detection and retransmission, stall timeout), sending and receiving in sendmmsg/recvmmsg
-// batches on the UDP socket that Python opened.
+// per-packet phases of a call with the GIL released: the control round on slot 0 (which also
+// carries a small call's values, so that call is done in one round trip) and the streaming of
+// the blocks (priming, one-round-ahead exponents, quantization, result matching, loss detection
+// and retransmission, stall timeout), sending and receiving in sendmmsg/recvmmsg batches on
+// the UDP socket that Python opened.
 #pragma once
 
 #include <netinet/in.h>
