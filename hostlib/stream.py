@@ -206,24 +206,24 @@ class ControlVector:
         """Every rank's view of the call; raises :class:`CallRefused` (the same on every rank)
         when the call numbers differ, a rank refused, or the tensors differ."""
         n = self.n
-        first = [int(w) for w in summed[:n]]
-        second = [int(w) for w in summed[n:2 * n]]
+        words = summed[:2 * n].tolist()    # plain ints: this runs once per call, small ones too
+        first, second = words[:n], words[n:]
         calls = [w >> (_GOAL_BITS + _EPOCH_DELTA_BITS) for w in second]
-        if len(set(calls)) != 1:
+        if calls.count(calls[0]) != n:
             desc = ", ".join(f"rank {r}: call {c}" for r, c in enumerate(calls))
             raise CallRefused(f"allreduce call numbers differ across ranks ({desc}, modulo "
                               f"{1 << CALL_BITS}): a rank skipped or repeated a call")
-        refusals = [(r, Refusal(CallError(-w & 0xF), -w >> 4)) for r, w in enumerate(first) if w < 0]
-        if refusals:
+        if min(first) < 0:
+            refusals = [(r, Refusal(CallError(-w & 0xF), -w >> 4)) for r, w in enumerate(first) if w < 0]
             desc = "; ".join(f"rank {r} passed {ref.describe()}" for r, ref in refusals)
             raise CallRefused(f"allreduce call {call} refused: {desc}")
-        specs = [CallSpec(call, w >> 2, bool(w & 1), bool(w & 2)) for w in first]
-        if len(set(specs)) != 1:
+        if first.count(first[0]) != n:   # the words of equal tensors are equal
+            specs = [CallSpec(call, w >> 2, bool(w & 1), bool(w & 2)) for w in first]
             desc = ", ".join(f"rank {r}: {s.describe()}" for r, s in enumerate(specs))
             raise CallRefused(f"allreduce tensors differ across ranks ({desc})")
-        mask = (1 << _EPOCH_DELTA_BITS) - 1
-        return Agreement(window_goal=min((w >> _EPOCH_DELTA_BITS) & ((1 << _GOAL_BITS) - 1) for w in second),
-                         epoch_delta=min(w & mask for w in second))
+        goal_mask, delta_mask = (1 << _GOAL_BITS) - 1, (1 << _EPOCH_DELTA_BITS) - 1
+        return Agreement(window_goal=min([(w >> _EPOCH_DELTA_BITS) & goal_mask for w in second]),
+                         epoch_delta=min([w & delta_mask for w in second]))
 
 
 # -- the stream's parts --------------------------------------------------------------------------
