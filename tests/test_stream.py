@@ -25,13 +25,17 @@ from hostlib.stream import (
     SlotStream,
 )
 from hostlib.transport import UdpTransport
+from test_codec import exact_reference
 
 STREAMS = {"python": SlotStream, "native": NativeSlotStream}
 SPECS = [
     TensorSpec(100_003, dynamic_range=12.0, seed=11),   # not a multiple of K
-    TensorSpec(5, seed=12),                             # fewer values than one packet
+    TensorSpec(5, seed=12),                             # a small call: rides in the control round
     TensorSpec(0, seed=14),                             # zero-length: a control round only
     TensorSpec(40_000, dtype="int32", seed=13),
+    TensorSpec(25, seed=15),                            # K = 256, N = 3: the most that rides in the control round
+    TensorSpec(26, seed=16),                            # one more: control round, then a block
+    TensorSpec(250, dtype="int32", seed=17),            # int32: K - 2N values ride
 ]
 
 
@@ -421,9 +425,7 @@ def small_calls(draw):
 
 
 def test_small_calls_are_exact_and_bit_identical_on_native_and_python_ranks(mixed_job):
-    from test_codec import exact_reference
-
-    capacity = {True: mixed_job.streams[0].one_round_capacity(True), False: mixed_job.streams[0].one_round_capacity(False)}
+    float_capacity = mixed_job.streams[0].one_round_capacity(True)
 
     @settings(max_examples=40, deadline=None)
     @given(small_calls())
@@ -435,16 +437,16 @@ def test_small_calls_are_exact_and_bit_identical_on_native_and_python_ranks(mixe
         bad = is_float and not all(np.all(np.abs(a) < 2.0**127) for a in arrays)
         if bad:   # |3.4e38| >= 2**127: refused as a bad block, on every rank, in both paths
             assert all(isinstance(e, FloatingPointError) for e in errors)
+            assert all(np.array_equal(x, a) for x, a in zip(xs, arrays))   # left unchanged
             return
         assert errors == [None] * 3
         assert all(np.array_equal(x.view(np.uint32), xs[0].view(np.uint32)) for x in xs)
         if not is_float:
             assert np.array_equal(xs[0], np.sum(np.stack(arrays).astype(np.int64), axis=0).astype(np.int32))
-        elif arrays[0].size <= capacity[True]:     # one round: the exact sum, rounded once
+        elif arrays[0].size <= float_capacity:     # one round: the exact sum, rounded once
             expected = exact_reference(arrays)
             if average:
                 expected = expected / np.float32(MixedJob.N)
             assert np.array_equal(xs[0].view(np.uint32), expected.view(np.uint32))
 
     check()
-    assert capacity == {True: 5, False: 58}
