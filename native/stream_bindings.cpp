@@ -57,6 +57,10 @@ nb::dict counters_dict(const Stream& s) {
     return d;
 }
 
+void check_workers(int n_workers) {
+    if (n_workers < 1) throw std::invalid_argument("n_workers must be >= 1, got " + std::to_string(n_workers));
+}
+
 void check_blocks(size_t size, size_t k, size_t exps, size_t bad) {
     if (exps < (size + k - 1) / k || bad < exps)
         throw std::invalid_argument("exponent arrays shorter than the tensor's blocks");
@@ -84,11 +88,13 @@ void bind_stream(nb::module_& m) {
     m.def("limb_bits", &limb_bits);
     m.def("fixed_limbs", &fixed_limbs);
     m.def("fixed_encode", [](Array<const float> x, int n_workers, Array<int32_t> limbs) {
+        check_workers(n_workers);
         if (limbs.shape(0) < x.shape(0) * size_t(fixed_limbs(n_workers)))
             throw std::invalid_argument("limbs shorter than fixed_limbs(n_workers) per value");
         return fixed_encode(x.data(), x.shape(0), n_workers, limbs.data());
     });
     m.def("fixed_decode", [](Array<const int32_t> sums, int n_workers, Array<float> y) {
+        check_workers(n_workers);
         if (sums.shape(0) < y.shape(0) * size_t(fixed_limbs(n_workers)))
             throw std::invalid_argument("sums shorter than fixed_limbs(n_workers) per value");
         fixed_decode(sums.data(), y.shape(0), n_workers, y.data());

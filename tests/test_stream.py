@@ -318,6 +318,16 @@ def test_native_fixed_point_codec_is_bit_identical_to_numpy(n, seed, size):
     assert np.array_equal(y.view(np.uint32), y_native.view(np.uint32))
 
 
+def test_native_fixed_point_codec_rejects_bad_arguments():
+    x = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="n_workers must be >= 1"):
+        _native.fixed_encode(x, 0, np.zeros(64, np.int32))
+    with pytest.raises(ValueError, match="limbs shorter"):
+        _native.fixed_encode(x, 4, np.zeros(3 * codec.fixed_limbs(4) - 1, np.int32))
+    with pytest.raises(ValueError, match="sums shorter"):
+        _native.fixed_decode(np.zeros(codec.fixed_limbs(4), np.int32), 4, x)
+
+
 class MixedJob:
     """A 3-rank job through the host aggregator (K = 64): ranks 0 and 1 run the native stream,
     rank 2 the Python one, so every call compares the twins on the same wire."""
