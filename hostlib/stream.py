@@ -620,11 +620,7 @@ class StreamBase:
                         average, refusal, self.window_control.goal, delta)
         one_round = not refusal and 0 < x.size <= self.one_round_capacity(spec.is_float)
         local = None if refusal or one_round else self._exponents(x)
-        lanes = np.zeros(self.grant.values_per_packet, np.int32)
-        lanes[:2 * self.n_workers] = self.control.encode(self.rank, spec)
-        flags = 0
-        if one_round and not self._encode_values(x, lanes[2 * self.n_workers:]):
-            flags = FLAG_OVERFLOW   # inf/NaN/too large: the call fails on every rank, as a bad block
+        lanes, flags = self._control_lanes(spec, x if one_round else None)
         summed, exp0, result_flags = self._control_round(lanes, local.local_exp(0) if local else EXP_NONE, flags)
         agreement = self.control.decode(summed, call)
         if agreement.epoch_delta:
@@ -653,6 +649,16 @@ class StreamBase:
         float32 value (an exact fixed-point encoding, so no exponent needs agreeing first)."""
         spare = self.grant.values_per_packet - 2 * self.n_workers
         return spare // codec.fixed_limbs(self.n_workers) if is_float else spare
+
+    def _control_lanes(self, spec: CallSpec, riding: np.ndarray | None) -> tuple[np.ndarray, int]:
+        """The control packet's K lanes (this rank's control words, then the values of the call
+        ``riding`` in it, else zeros) and its flags: FLAG_OVERFLOW when a value cannot ride
+        (inf, NaN, too large), so the call fails on every rank as a bad block does."""
+        lanes = np.zeros(self.grant.values_per_packet, np.int32)
+        lanes[:2 * self.n_workers] = self.control.encode(self.rank, spec)
+        if riding is not None and not self._encode_values(riding, lanes[2 * self.n_workers:]):
+            return lanes, FLAG_OVERFLOW
+        return lanes, 0
 
     def _encode_values(self, x: np.ndarray, lanes: np.ndarray) -> bool:
         """A one-round call's values into the control packet's spare lanes: int32 as they are
