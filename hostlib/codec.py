@@ -150,13 +150,21 @@ def fixed_decode(sums: np.ndarray, n_workers: int, out: np.ndarray) -> np.ndarra
     float32, in ``out``."""
     b, n_limbs = limb_bits(n_workers), fixed_limbs(n_workers)
     rows = sums[:out.size * n_limbs].reshape(out.size, n_limbs).tolist()
-    for j, row in enumerate(rows):
-        out[j] = round_to_float32(sum(int(s) << (b * i) for i, s in enumerate(row)))
+    out[:] = [round_to_float32(_exact_total(row, b)) for row in rows]
     return out
 
 
-def round_to_float32(value: int) -> np.float32:
-    """``value * 2**-149`` rounded to the nearest float32 (ties to even; inf when too large)."""
+def _exact_total(limbs: list[int], b: int) -> int:
+    """sum(limbs[i] << (b * i)): Python's ints are exact, so the carries resolve themselves."""
+    total = 0
+    for limb in reversed(limbs):
+        total = (total << b) + limb
+    return total
+
+
+def round_to_float32(value: int) -> float:
+    """``value * 2**-149`` rounded to the nearest float32 (ties to even; inf when too large), as
+    the float64 that holds it exactly."""
     magnitude = abs(value)
     drop = max(0, magnitude.bit_length() - _SIGNIFICAND_BITS)
     kept = magnitude >> drop
@@ -164,5 +172,5 @@ def round_to_float32(value: int) -> np.float32:
         rest, half = magnitude & ((1 << drop) - 1), 1 << (drop - 1)
         kept += rest > half or (rest == half and kept & 1)
     exact = math.ldexp(kept, drop - FIXED_FRACTION_BITS)   # 24 significant bits: exact in float64
-    y = np.float32(np.inf) if exact >= 2.0**128 else np.float32(exact)
+    y = math.inf if exact >= 2.0**128 else exact
     return -y if value < 0 else y
