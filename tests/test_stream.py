@@ -76,6 +76,28 @@ def test_native_codec_is_bit_identical_to_numpy(k):
             assert np.array_equal(codec.dequantize(total, int(exps[b]), shift), y)
 
 
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), exp=st.integers(-127, 127), workers=st.integers(1, 32))
+def test_native_codec_rounds_and_scales_as_numpy_at_every_exponent(seed, exp, workers):
+    """The vectorized C++ loops (no ldexp/rint per value) against numpy: agreed exponents above
+    the block's own, exact half-quantum ties (round half to even, both signs), and int32 sums of
+    any size back to float32 (subnormal results and overflow to inf included)."""
+    rng = np.random.default_rng(seed)
+    shift = codec.shift_for(workers)
+    quantum = np.ldexp(1.0, exp - shift)
+    ties = (rng.integers(-2**20, 2**20, 256) + 0.5) * quantum   # exact in float32
+    x = np.concatenate([ties, rng.uniform(-1, 1, 256) * np.ldexp(1.0, exp)]).astype(np.float32)
+    x = x[np.abs(x) < np.float32(np.ldexp(1.0, exp))]   # the exponent is an upper bound
+    q_be = np.empty(x.size, np.uint32)
+    _native.quantize_be(x, exp, shift, q_be)
+    assert np.array_equal(codec.quantize(x, exp, shift), q_be.byteswap().view(np.int32))
+    sums = rng.integers(-2**31, 2**31, 512, dtype=np.int64).astype(np.int32)
+    y = np.empty(sums.size, np.float32)
+    _native.dequantize_be(sums.astype(">i4").view(np.uint32), exp, shift, y)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(codec.dequantize(sums, exp, shift), y)
+
 def summed(vectors):
     return np.sum(np.stack(vectors).astype(np.int64), axis=0).astype(np.int32)
 
