@@ -1,6 +1,7 @@
-// Block floating-point codec (see codec.hpp). Every step matches numpy's: frexp for exponents,
-// float64 ldexp then round-half-to-even to quantize, float64 ldexp then one rounding to float32
-// to dequantize.
+// Block floating-point codec (see codec.hpp), then the exact fixed-point codec of the small
+// calls that ride in the control round (at the end). Every block step matches numpy's: frexp
+// for exponents, float64 ldexp then round-half-to-even to quantize, float64 ldexp then one
+// rounding to float32 to dequantize.
 //
 // Why the loops look as they do: they run over every value of every call (64 MiB per worker per
 // call on the host-path benchmark), and a libm call per value (ldexp, nearbyint) cost more CPU

@@ -1,5 +1,5 @@
-// Block floating-point codec, the C++ twin of hostlib/codec.py (which documents the format and
-// proves the error bound). Results must be bit-identical to the numpy version: the worker's
+// Block floating-point codec and the exact fixed-point codec of small calls, the C++ twins of
+// hostlib/codec.py (which documents both formats and proves the block codec's error bound). Results must be bit-identical to the numpy version: the worker's
 // native stream and the Python one may serve ranks of the same job.
 #pragma once
 
