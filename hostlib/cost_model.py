@@ -101,7 +101,8 @@ class LinkEstimator:
 
     ``latencies`` is how many alpha a sample paid: 1 for a one-way message (then the fit is
     the plain ``T = alpha + beta * bytes``), 2 per allreduce round trip, so a float32 inagg
-    allreduce is 4 (int32 too: the control round precedes the data); ``nbytes`` are wire bytes of the bottleneck link
+    allreduce is 4 (int32 too: the control round precedes the data), and 2 for a call small
+    enough to ride in the control round (``StreamBase.round_trips``); ``nbytes`` are wire bytes of the bottleneck link
     (``StreamStats.wire_bytes_sent`` on a switch path). Real transfers pin beta; tiny probes
     (a one-element int32 allreduce) pin alpha. Until the window holds two samples that are not
     proportional in (latencies, nbytes), the priors given at construction are returned.

@@ -1,6 +1,7 @@
-// Block floating-point codec (see codec.hpp). Every step matches numpy's: frexp for exponents,
-// float64 ldexp then round-half-to-even to quantize, float64 ldexp then one rounding to float32
-// to dequantize.
+// Block floating-point codec (see codec.hpp), then the exact fixed-point codec of the small
+// calls that ride in the control round (at the end). Every block step matches numpy's: frexp
+// for exponents, float64 ldexp then round-half-to-even to quantize, float64 ldexp then one
+// rounding to float32 to dequantize.
 //
 // Why the loops look as they do: they run over every value of every call (64 MiB per worker per
 // call on the host-path benchmark), and a libm call per value (ldexp, nearbyint) cost more CPU
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "value_loops.hpp"
 
@@ -98,6 +100,117 @@ INAGG_VALUE_LOOP void dequantize_be(const uint32_t* q_be, size_t n, int exp, int
     for (size_t i = 0; i < n; ++i) {
         auto q = static_cast<int32_t>(__builtin_bswap32(q_be[i]));
         y[i] = static_cast<float>(static_cast<double>(q) * scale);
+    }
+}
+
+}  // namespace inagg
+
+// -- exact fixed point (hostlib/codec.py: fixed_encode, fixed_decode, round_to_float32) --------
+
+namespace inagg {
+namespace {
+
+constexpr int kFixedFractionBits = 149;                     // float32 values are multiples of 2**-149
+constexpr int kFixedBits = kExpMax + kFixedFractionBits;    // |x| * 2**149 < 2**276
+constexpr uint32_t kMaxBiasedExp = kExpMax + 126;           // above: |x| >= 2**kExpMax, inf, NaN
+constexpr int kSignificandBits = 24;
+
+// A non-negative integer as digits 0 <= d[i] < 2**b (d.back() may be larger: the top carry).
+struct Digits {
+    std::vector<int64_t> d;
+    int b;
+
+    // Bits [lo, lo + count) (count <= 32) of the integer.
+    uint64_t bits(int lo, int count) const {
+        uint64_t r = 0;
+        for (int i = lo / b; i < static_cast<int>(d.size()) && i * b < lo + count; ++i) {
+            int at = i * b - lo;   // where digit i's bit 0 lands
+            auto v = static_cast<uint64_t>(d[i]);
+            r |= at >= 0 ? v << at : v >> -at;
+        }
+        return r & ((uint64_t(1) << count) - 1);
+    }
+    // Whether any bit below position `pos` is set.
+    bool any_below(int pos) const {
+        for (int i = 0; i * b < pos; ++i) {
+            int width = std::min(b, pos - i * b);
+            if (static_cast<uint64_t>(d[i]) & ((uint64_t(1) << width) - 1)) return true;
+        }
+        return false;
+    }
+    // Position of the highest set bit, -1 for zero.
+    int top_bit() const {
+        for (int i = static_cast<int>(d.size()) - 1; i >= 0; --i)
+            if (d[i]) return i * b + 63 - __builtin_clzll(static_cast<uint64_t>(d[i]));
+        return -1;
+    }
+};
+
+// Carry the lane sums (times `sign`) into digits; the top carry goes last. Returns it (its sign
+// is the value's).
+int64_t carry_digits(const int32_t* sums, int n_limbs, int sign, Digits& out) {
+    int64_t carry = 0;
+    for (int i = 0; i < n_limbs; ++i) {
+        int64_t t = sign * int64_t(sums[i]) + carry;
+        int64_t digit = static_cast<int64_t>(static_cast<uint64_t>(t) & ((uint64_t(1) << out.b) - 1));
+        carry = (t - digit) / (int64_t(1) << out.b);   // exact: floor division
+        out.d[i] = digit;
+    }
+    out.d[n_limbs] = carry;
+    return carry;
+}
+
+// magnitude * 2**-149 rounded to the nearest float32 (ties to even; inf when too large).
+float round_to_float32(const Digits& magnitude) {
+    int top = magnitude.top_bit();
+    int drop = std::max(0, top + 1 - kSignificandBits);
+    uint64_t kept = magnitude.bits(drop, kSignificandBits);
+    if (drop && magnitude.bits(drop - 1, 1) && (magnitude.any_below(drop - 1) || (kept & 1))) ++kept;
+    double exact = std::ldexp(static_cast<double>(kept), drop - kFixedFractionBits);
+    return exact >= 0x1p128 ? INFINITY : static_cast<float>(exact);
+}
+
+}  // namespace
+
+int limb_bits(int n_workers) { return shift_for(n_workers) + 1; }
+
+int fixed_limbs(int n_workers) {
+    int b = limb_bits(n_workers);
+    return (kFixedBits + b - 1) / b;
+}
+
+bool fixed_encode(const float* x, size_t n, int n_workers, int32_t* limbs) {
+    int b = limb_bits(n_workers), n_limbs = fixed_limbs(n_workers);
+    uint64_t mask = (uint64_t(1) << b) - 1;
+    bool ok = true;
+    for (size_t j = 0; j < n; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, x + j, sizeof bits);
+        uint32_t biased = bits >> 23 & 0xFF;
+        bool good = biased <= kMaxBiasedExp;
+        ok &= good;
+        uint64_t significand = good ? (bits & 0x7FFFFF) | uint64_t(biased > 0) << 23 : 0;
+        int shift = std::max<int>(biased, 1) - 1;   // |x| = significand * 2**(shift - 149)
+        for (int i = 0; i < n_limbs; ++i) {
+            int at = shift - i * b;   // where the significand's bit 0 lands in limb i
+            uint64_t v = at >= 0 ? (at >= b ? 0 : significand << at)
+                                 : (-at >= kSignificandBits ? 0 : significand >> -at);
+            auto limb = static_cast<int32_t>(v & mask);
+            limbs[j * n_limbs + i] = bits >> 31 ? -limb : limb;
+        }
+    }
+    return ok;
+}
+
+void fixed_decode(const int32_t* sums, size_t n, int n_workers, float* y) {
+    int n_limbs = fixed_limbs(n_workers);
+    Digits digits{std::vector<int64_t>(n_limbs + 1), limb_bits(n_workers)};
+    for (size_t j = 0; j < n; ++j) {
+        const int32_t* s = sums + j * n_limbs;
+        bool negative = carry_digits(s, n_limbs, 1, digits) < 0;
+        if (negative) carry_digits(s, n_limbs, -1, digits);   // the digits of -value
+        float magnitude = round_to_float32(digits);
+        y[j] = negative ? -magnitude : magnitude;
     }
 }
 
