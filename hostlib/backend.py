@@ -260,10 +260,12 @@ class InaggProcessGroup(dist.ProcessGroup):
         """Time every path at a few sizes (the same calls on every rank) and agree on the
         result, so the first real calls are already chosen from measurements."""
         for nbytes in _CALIBRATION_BYTES:
-            # an untimed first round: a group's first calls set up connections and buffers (they
-            # took 3-4 ms at 64 B where later ones took 0.3)
-            for timed in (False,) + (True,) * _CALIBRATION_ROUNDS:
-                for path in self.paths.paths:
+            # one path's calls after another's, each path's first untimed: a call right after
+            # another path's is slow (that path's tail still holds the CPU), and a group's first
+            # calls set up connections and buffers (in turns, gloo's 64 B calls measured 2.3 ms
+            # where they took 0.3, and gloo was then never probed at 4 B)
+            for path in self.paths.paths:
+                for timed in (False,) + (True,) * _CALIBRATION_ROUNDS:
                     self._start(path, torch.zeros(nbytes // 4, dtype=torch.float32), dist.AllreduceOptions(),
                                 measure=timed).wait()
         self.paths.agree()
