@@ -33,7 +33,8 @@ until the next agreement.
 **Exploring.** A size class first seen where calls are cheap (predicted under ``probe_seconds``)
 is *probed*: its next calls take, ``probes`` times each, one path after another, every path not
 yet measured
-there whose line predicts it within ``probe_ratio`` of the best path, then the ranks agree.
+there whose line predicts it within ``probe_ratio`` of the best path (and ``prefer`` in any
+case), then the ranks agree.
 Larger calls are left to the lines (where bandwidth dominates, a line is a fair model, and a
 probe of a slower path costs a whole slow call) and to exploration.
 After that, the call at an agreement may take a path the model did not choose, so the estimate of a path not in use does not go stale (a link's bandwidth changed,
@@ -46,7 +47,10 @@ follow from agreed figures and call numbers only, so every rank explores the sam
 comparisons; the model still measures what runs and agrees. ``prefer`` (gloo, the baseline)
 wins unless another path is predicted faster by more than ``margin`` (25 %): the aim is never
 to be slower than gloo, and where two paths are that close their figures on a shared machine
-are noise (at 8 workers / 4 B inagg came out 0.8x and 1.4x gloo in different runs). ``history()`` is
+are noise (at 8 workers / 4 B inagg came out 0.8x and 1.4x gloo in different runs). Nor does a
+line alone move a call off ``prefer``: another path must have been measured at the call's size
+class (a probe, an exploration); lines extrapolated from small calls chose inagg at 8 workers /
+4 and 64 MiB, at 1.3 and 1.65x gloo's time. ``history()`` is
 the per-call record (time, call number, size, path, explored) of the last ``history`` calls.
 """
 
@@ -200,12 +204,15 @@ class PathChooser:
         return self.models[path].predict(nbytes)
 
     def _fastest(self, nbytes: int) -> tuple[str, float, bool]:
-        """The fastest path at the agreed figures (``prefer`` unless another is predicted
-        faster by more than ``margin``; ties: the earlier path), its predicted seconds, and whether the size's class still has probes to run; remembered per size until
+        """The fastest path at the agreed figures (``prefer`` unless another, measured at this
+        size class, is predicted faster by more than ``margin``; ties: the earlier path), its
+        predicted seconds, and whether the size's class still has probes to run; remembered per size until
         the next agreement: a training job repeats a handful of sizes."""
         entry = self._best.get(nbytes)
         if entry is None:
-            path, seconds = min(((p, self.predict(p, nbytes)) for p in self.paths),
+            c = size_class(nbytes)
+            eligible = [p for p in self.paths if p == self.prefer or self.models[p].seen[c]] or self.paths
+            path, seconds = min(((p, self.predict(p, nbytes)) for p in eligible),
                                 key=lambda e: e[1] * (1 - self.margin if e[0] == self.prefer else 1))
             entry = self._best[nbytes] = (path, seconds, self._plan_probes(nbytes, seconds))
         return entry
@@ -213,15 +220,17 @@ class PathChooser:
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
         """Whether calls of this size still probe: schedules ``probes`` calls on each path
         that was never measured at its size class (nor probed there) and whose line predicts it
-        within ``probe_ratio`` of the best, where calls are predicted under ``probe_seconds``
-        (module docstring)."""
+        within ``probe_ratio`` of the best (``prefer`` whatever its line says: the baseline must
+        be measured to be compared), where calls are predicted under ``probe_seconds`` (module
+        docstring)."""
         if self.forced:
             return False
         c = size_class(nbytes)
         if best_seconds >= self.probe_seconds:
             return False
         for p, m in self.models.items():
-            if not m.seen[c] and (p, c) not in self._probes_left and m.line(nbytes) <= self.probe_ratio * best_seconds:
+            close = p == self.prefer or m.line(nbytes) <= self.probe_ratio * best_seconds
+            if not m.seen[c] and (p, c) not in self._probes_left and close:
                 self._probes_left[(p, c)] = self.probes
         return any(self._probes_left.get((p, c), 0) for p in self.paths)
 
