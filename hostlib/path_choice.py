@@ -13,7 +13,13 @@ taking each parameter's maximum (a collective is as slow as its slowest rank), a
 computes the same choices from the result until the next agreement. The call at an agreement
 also explores: it takes the path the model did not choose, when that costs little (predicted at
 most ``explore_ratio`` times the better path, or under ``explore_seconds``), so the estimate of
-a path not in use does not go stale.
+a path not in use does not go stale. A dearer exploration waits until its extra cost fits that
+budget summed over the agreements that refused it, so a path that became slow (a throttled
+link) is still measured now and then. When an exploration finds its path more than
+``explore_ratio`` times faster than that path's model, the link changed while the path was out
+of use (the throttle lifted): the model starts over from its fit scaled to the measurement,
+since the window's samples from before the change would outvote the new ones for a whole
+window (benchmarks/bandwidth_flip.py shows both).
 
 ``forced`` pins every call to one path (``INAGG_ALLREDUCE_PATH=inagg|gloo`` in the backend),
 for tests and comparisons; the model still measures what runs.
@@ -50,17 +56,39 @@ class PathChooser:
         self.explore_ratio = explore_ratio
         self.explore_seconds = explore_seconds
         self._lock = threading.Lock()
+        self._window = window
         self.links = {p: LinkEstimator(_PRIOR_ALPHA, _PRIOR_BETA, window=window) for p in PATHS}
         self.agreed = {p: (_PRIOR_ALPHA, _PRIOR_BETA) for p in PATHS}
         self._best: dict[int, str] = {}
         self.calls = 0
         self.agreements = 0
         self.explorations = 0
+        self.rebases = 0
+        self.exploring = False      # whether the call ``choose`` returned last explores
+        self._unobserved: dict[str, int] = {}   # path -> bytes of its exploration, until observed
+        self._refused = 0           # dear explorations refused since one was last taken
 
     def observe(self, path: str, nbytes: int, seconds: float) -> None:
-        """One call of ``nbytes`` payload took ``seconds`` on ``path`` (any thread)."""
+        """One call of ``nbytes`` payload took ``seconds`` on ``path`` (any thread). The
+        explored path runs no other call of that size, so its next sample of that size is the
+        exploration's."""
         with self._lock:
+            if self._unobserved.get(path) == nbytes:
+                del self._unobserved[path]
+                self._rebase_if_faster(path, nbytes, seconds)
             self.links[path].observe(nbytes, seconds)
+
+    def _rebase_if_faster(self, path: str, nbytes: int, seconds: float) -> None:
+        """Start ``path``'s model over from its fit scaled to this exploration's ``seconds`` when
+        they are more than ``explore_ratio`` times faster than the fit (module docstring). A
+        slower exploration is not acted on: the path is out of use anyway, and a descheduled
+        rank's sample is slow too."""
+        link = self.links[path]
+        predicted = link.alpha + link.beta * nbytes
+        if seconds * self.explore_ratio < predicted:
+            scale = seconds / predicted
+            self.links[path] = LinkEstimator(link.alpha * scale, link.beta * scale, window=self._window)
+            self.rebases += 1
 
     def predict(self, path: str, nbytes: int) -> float:
         """Seconds of an allreduce of ``nbytes`` on ``path`` at the agreed alpha and beta."""
@@ -92,6 +120,7 @@ class PathChooser:
     def choose(self, nbytes: int) -> str:
         """The path of the next call (every rank calls this once per eligible allreduce)."""
         self.calls += 1
+        self.exploring = False
         if self.calls % self.agree_every:
             return self.forced or self.best(nbytes)
         self.agree()
@@ -99,12 +128,27 @@ class PathChooser:
         if self.forced:
             return self.forced
         other = PATHS[1 - PATHS.index(best)]
-        cost, best_cost = self.predict(other, nbytes), self.predict(best, nbytes)
-        if cost <= max(self.explore_ratio * best_cost, self.explore_seconds):
-            self.explorations += 1
-            return other
-        return best
+        if not self._worth_exploring(self.predict(other, nbytes), self.predict(best, nbytes)):
+            return best
+        self.explorations += 1
+        self.exploring = True
+        with self._lock:
+            self._unobserved = {other: nbytes}
+        return other
+
+    def _worth_exploring(self, cost: float, best_cost: float) -> bool:
+        """Whether an agreement's call explores a path predicted ``cost`` seconds (the better
+        one: ``best_cost``): at most ``explore_ratio - 1`` better calls' worth of extra time per
+        agreement, summed over the agreements that refused a dearer one (module docstring)."""
+        extra, budget = cost - best_cost, (self.explore_ratio - 1) * best_cost
+        if cost <= self.explore_seconds or extra <= budget:
+            return True
+        if extra <= budget * (1 + self._refused):
+            self._refused = 0
+            return True
+        self._refused += 1
+        return False
 
     def as_dict(self) -> dict:
         return {"agreed": {p: {"alpha_s": a, "beta_s_per_byte": b} for p, (a, b) in self.agreed.items()},
-                "agreements": self.agreements, "explorations": self.explorations}
+                "agreements": self.agreements, "explorations": self.explorations, "rebases": self.rebases}

@@ -197,6 +197,57 @@ def test_path_choice_is_identical_on_every_rank():
     assert choosers[0].agreements == len(sizes) // 4
 
 
+def _one_rank_chooser(inagg: tuple[float, float], gloo: tuple[float, float], **kw) -> PathChooser:
+    """A single rank's chooser (agreement = its own estimates) fitted to these (alpha, beta)."""
+    chooser = PathChooser(lambda values: values, **kw)
+    for path, (alpha, beta) in (("inagg", inagg), ("gloo", gloo)):
+        for nbytes in (64, 1 << 20):
+            chooser.observe(path, nbytes, alpha + beta * nbytes)
+    chooser.agree()
+    return chooser
+
+
+def test_a_dear_path_is_still_explored_within_the_exploration_budget():
+    """A path predicted 10x the better one (a throttled link) is explored now and then, never
+    more often than the cheap-exploration budget allows: (explore_ratio - 1) better calls of
+    extra time per agreement."""
+    mib = 1 << 20
+    chooser = _one_rank_chooser((1e-4, 1e-9), (1e-3, 1e-8), agree_every=2, explore_ratio=3.0,
+                                explore_seconds=0.0)
+    explored = []
+    for _ in range(200):
+        path = chooser.choose(mib)
+        assert chooser.exploring == (path == "gloo")
+        explored.append(chooser.exploring)
+    best, dear = chooser.predict("inagg", mib), chooser.predict("gloo", mib)
+    extra_time = sum(explored) * (dear - best)
+    assert sum(explored) >= 10
+    assert extra_time <= (chooser.explore_ratio - 1) * best * chooser.agreements
+
+
+def test_an_exploration_much_faster_than_its_model_restarts_that_model():
+    """The throttle lifted while gloo was out of use: one exploration more than explore_ratio
+    times faster than gloo's model restarts it from the measurement, and the next agreement
+    takes gloo again; slower or only somewhat faster explorations leave the model alone."""
+    mib = 1 << 20
+    chooser = _one_rank_chooser((1e-3, 1e-8), (1e-2, 1e-7), agree_every=2, explore_ratio=3.0,
+                                explore_seconds=0.0)
+    predicted = chooser.predict("gloo", mib)
+    for seconds in (predicted / 2, 2 * predicted):      # not a change worth acting on
+        while chooser.choose(mib) != "gloo":
+            pass
+        chooser.observe("gloo", mib, seconds)
+    assert chooser.rebases == 0 and chooser.best(mib) == "inagg"
+    while chooser.choose(mib) != "gloo":
+        pass
+    chooser.observe("gloo", mib, predicted / 50)        # the exploration's sample
+    chooser.observe("gloo", mib, predicted / 50)        # not an exploration's: no second restart
+    assert chooser.rebases == 1
+    chooser.agree()
+    assert chooser.best(mib) == "gloo"
+    assert chooser.predict("gloo", mib) == pytest.approx(predicted / 50, rel=1e-6)
+
+
 def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
     """A failed AR-Topk step completes every bucket's future with InaggHookError (before: the
     exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
