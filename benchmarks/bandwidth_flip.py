@@ -23,7 +23,7 @@ the largest tensor's path), prints the flip times, each phase's median step time
 shares, and the machine's load; exits 1 unless the largest tensor's path flipped away from the
 unthrottled path while throttled and back after the restore.
 
-    sudo .venv/bin/python benchmarks/bandwidth_flip.py [--phases 25 35 35] [--rate 40mbit]
+    sudo .venv/bin/python benchmarks/bandwidth_flip.py [--phases 20 35 35] [--rate 20mbit] [--sizes 524288 131072 4]
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import os
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +53,9 @@ TOPOLOGY = ROOT / "bmv2_env" / "topologies" / "bandwidth_flip.json"
 FIELDS = ("step", "time_s", "step_s", "rate", "phase", "paths")
 PHASES = ("before", "throttled", "restored")
 STORE_PORT = 29500      # in the workers' own namespaces: no other process can hold it
+# A small token bucket: a large one lets an isolated call (an exploration on a link that sat idle)
+# through at line rate, and the throttled path looks fast to it. (Larger GSO frames are segmented.)
+TBF_BURST = "16kb"
 _READY_SECONDS = 180.0  # bring-up and the process group's start on a loaded 2-core machine
 
 
@@ -77,6 +82,7 @@ def worker(args: argparse.Namespace) -> int:
 
     import hostlib.torch_plugin  # noqa: F401 - registers "inagg" where entry points are off
 
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
     dist.init_process_group("inagg", rank=args.rank, world_size=args.world,
                             init_method=f"tcp://{args.master}:{STORE_PORT}",
@@ -147,7 +153,7 @@ class ManagementNetwork:
                 out = intf.node.cmd(f"tc qdisc del dev {intf.name} root")
             else:
                 out = intf.node.cmd(f"tc qdisc replace dev {intf.name} root tbf rate {rate} "
-                                    f"burst 256kb latency 100ms")
+                                    f"burst {TBF_BURST} latency 100ms")
             if out.strip():
                 raise RuntimeError(f"tc on {intf.name}: {out.strip()}")
 
@@ -157,6 +163,7 @@ def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> lis
     each host's switch-side IP (``deployment.json`` beside the controller's socket, which
     ``hostlib.local`` reads), their gloo interface the management link."""
     from bmv2_env.topology import host_ip
+    from hostlib.backend import AGREE_ENV
     from hostlib.local import DEPLOYMENT_FILE
 
     (run.run.path / DEPLOYMENT_FILE).write_text(json.dumps(
@@ -166,10 +173,11 @@ def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> lis
         host = run.net.get(host_name)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
                "--world", str(len(workers)), "--master", mgmt.ips[workers[0]],
-               "--sizes", *map(str, args.sizes), "--warmup", str(args.warmup),
+               "--sizes", *map(str, args.sizes), "--warmup", str(args.warmup), *(["--verbose"] if args.verbose else []),
                "--stop-file", str(run.run.path / "stop"), "--out", str(run.run.path / "steps.json"),
                "--max-seconds", str(sum(args.phases) + _READY_SECONDS)]
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": mgmt.interface(host_name), "INAGG_CONTROLLER": run.controller_addr}
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": mgmt.interface(host_name), "INAGG_CONTROLLER": run.controller_addr,
+               **({AGREE_ENV: str(args.agree_every)} if args.agree_every else {})}
         with run.log(f"worker-{host_name}.log") as log:
             proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
         run.run.add_process(proc.pid, f"worker rank {rank}")
@@ -250,16 +258,15 @@ def main_path(row: dict) -> str:
     return row["paths"].split("/")[0]
 
 
-def flips(rows: list[dict]) -> list[tuple[float, str, str]]:
-    """(time, from, to) where the largest tensor's path changed and stayed changed for at least
-    the next 3 steps (an exploration is a one-call excursion, not a flip)."""
+def flips(rows: list[dict], steady: int = 3) -> list[tuple[float, str, str]]:
+    """(time, from, to) where the largest tensor's path changed and held for ``steady`` steps
+    (an exploration is a one-call excursion, not a flip); the first path to hold is the start."""
     out, current = [], None
     for i, row in enumerate(rows):
         path = main_path(row)
-        if current is None:
-            current = path
-        elif path != current and all(main_path(r) == path for r in rows[i:i + 3]):
-            out.append((row["time_s"], current, path))
+        if path != current and all(main_path(r) == path for r in rows[i:i + steady]):
+            if current is not None:
+                out.append((row["time_s"], current, path))
             current = path
     return out
 
@@ -278,10 +285,13 @@ def phase_summary(rows: list[dict]) -> dict[str, dict]:
 
 
 def check_flipped(rows: list[dict], events: dict) -> str:
-    """'' when the path left the unthrottled one while throttled and came back after the
-    restore; else what did not happen."""
+    """'' when the path left the unthrottled one (the most taken before the throttle) while
+    throttled and came back to it after the restore; else what did not happen."""
+    before = phase_summary(rows).get("before")
+    if before is None:
+        return "no step before the throttle"
+    first = max(before["paths"], key=before["paths"].__getitem__)
     found = flips(rows)
-    first = main_path(rows[0]) if rows else None
     away = [f for f in found if events["throttle"] <= f[0] < events["restore"] and f[1] == first]
     if not away:
         return f"the path stayed {first} while throttled"
@@ -336,8 +346,9 @@ def report(rows: list[dict], events: dict, stats: dict, args) -> str:
         shares = ", ".join(f"{p} {100 * f:.0f} %" for p, f in s["paths"].items())
         print(f"{phase:>9}: {s['steps']} steps, median step {s['median_step_s'] * 1e3:.1f} ms; "
               f"largest tensor on {shares}")
-    print(f"backend: calls by path {stats['allreduce_paths']}, {stats['path_model']['explorations']} "
-          f"explorations, {stats['path_model']['agreements']} agreements")
+    model = stats["path_model"]
+    print(f"backend (rank 0): calls by path {stats['allreduce_paths']}, {model['agreements']} agreements, "
+          f"{model['explorations']} explorations, {model.get('rebases', 0)} models restarted by one")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     verdict = check_flipped(rows, events)
     print("flipped away and back: yes" if not verdict else f"NOT FLIPPED: {verdict}")
@@ -355,15 +366,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--topo", type=Path, default=TOPOLOGY, help="its first job's workers are the ranks")
     p.add_argument("--dataplane", choices=["soft", "bmv2", "auto"], default="soft")
-    p.add_argument("--sizes", type=int, nargs="+", default=[1 << 20, 256 << 10, 4],
+    p.add_argument("--sizes", type=int, nargs="+", default=[512 << 10, 128 << 10, 4],
                    help="bytes of each tensor allreduced per step, largest first (float32)")
-    p.add_argument("--phases", type=float, nargs=3, default=[25.0, 35.0, 35.0],
+    p.add_argument("--phases", type=float, nargs=3, default=[20.0, 35.0, 35.0],
                    metavar=("BEFORE", "THROTTLED", "RESTORED"), help="seconds of each phase")
-    p.add_argument("--rate", default="40mbit", help="tc tbf rate of the throttled link")
+    p.add_argument("--rate", default="20mbit", help="tc tbf rate of the throttled link")
     p.add_argument("--throttle-host", help="whose management link to throttle (default: rank 0's)")
     p.add_argument("--mgmt-subnet", default="192.168.77.0/24",
                    help="the management network's /24 (inside the run's namespaces only)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed steps before the first phase")
+    p.add_argument("--agree-every", type=int,
+                   help="calls between the ranks' path agreements (INAGG_PATH_AGREE_EVERY; default: the backend's)")
+    p.add_argument("--warmup", type=int, default=200,
+                   help="steps before the first phase (the path models settle), not recorded")
+    p.add_argument("--verbose", action="store_true",
+                   help="the workers' logs (build/emulation/<run>/logs/worker-*.log) at DEBUG: model restarts")
     p.add_argument("--name", default="bandwidth_flip", help="results file names (CSV, PNG)")
     p.add_argument("--json", type=Path, help="also write the steps, events and verdict here")
     # worker mode (the launcher starts these in the Mininet hosts)
@@ -381,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    if os.geteuid() != 0:
-        print("bandwidth_flip: the emulation needs root (Mininet)", file=sys.stderr)
+    if os.geteuid() != 0 or shutil.which("mnexec") is None:
+        print("bandwidth_flip: the emulation needs root and Mininet (make setup-emulation)", file=sys.stderr)
         return 2
     rows, events, stats = run_experiment(args)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -51,10 +51,13 @@ _CALIBRATION_ROUNDS = 2
 _INAGG_DTYPES = (torch.float32, torch.int32)
 # A gloo call is timed (a Python callback on gloo's thread, which delays that call's completion
 # and, measured, the median call by ~30 % at 4 B when every 8th call had one) only every this
-# many calls (and an exploration's), and only when it starts with gloo idle; the others cost what
-# gloo's own do.
+# many calls (and an exploration's, and every call predicted longer than _GLOO_TIME_ALWAYS_S, where
+# the callback's microseconds are noise and a model that follows a changing link is worth them),
+# and only when it starts with gloo idle; the others cost what gloo's own do.
 _GLOO_SAMPLE_EVERY = 32
+_GLOO_TIME_ALWAYS_S = 1e-3
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | gloo
+AGREE_ENV = "INAGG_PATH_AGREE_EVERY"   # eligible calls between the ranks' path agreements
 
 
 def _forced_path() -> str | None:
@@ -65,6 +68,17 @@ def _forced_path() -> str | None:
     if value not in PATHS:
         raise InaggSetupError(f"{PATH_ENV} must be auto, {' or '.join(PATHS)}; got {value!r}")
     return value
+
+
+def _agree_every() -> dict:
+    """``INAGG_PATH_AGREE_EVERY``'s value for PathChooser ({}: its default). Fewer calls between
+    agreements follow a changing network sooner, at one small gloo allreduce each."""
+    value = os.environ.get(AGREE_ENV, "").strip()
+    if not value:
+        return {}
+    if not value.isdigit() or int(value) < 2:
+        raise InaggSetupError(f"{AGREE_ENV} must be a whole number >= 2, got {value!r}")
+    return {"agree_every": int(value)}
 
 
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
@@ -108,7 +122,7 @@ class InaggProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         super().__init__(rank, world_size)
-        forced = _forced_path()
+        forced, agreement = _forced_path(), _agree_every()
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         self._local_store = dist.PrefixStore("local", store)
         self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size, timeout)
@@ -125,7 +139,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._last_done = {p: 0.0 for p in PATHS}
         self._last_gloo: dist.Work | None = None
         self._closed = False
-        self.paths = PathChooser(self._agree_max, forced=forced)
+        self.paths = PathChooser(self._agree_max, forced=forced, **agreement)
         self._calibrate()
         log.info("rank %d: inagg process group ready (job %d, %s mode, address %s)", rank, self.comm.job_id,
                  self.comm.grant.mode, self.endpoint.bind_ip)
@@ -148,7 +162,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         if path == "gloo" and not average:   # the fast path: gloo's own Work
             idle = self._last_gloo is None or self._last_gloo.is_completed()
             work = self._last_gloo = self._gloo.allreduce(tensors, opts)
-            if idle and (self.paths.exploring or self.allreduces[path] % _GLOO_SAMPLE_EVERY == 0):
+            if idle and (self.paths.exploring or self.allreduces[path] % _GLOO_SAMPLE_EVERY == 0
+                         or self.paths.predict(path, nbytes) > _GLOO_TIME_ALWAYS_S):
                 self._time(path, nbytes, work.get_future())
             return work
         return _create_work_from_future(self._run(path, tensor, average))

@@ -16,10 +16,12 @@ most ``explore_ratio`` times the better path, or under ``explore_seconds``), so 
 a path not in use does not go stale. A dearer exploration waits until its extra cost fits that
 budget summed over the agreements that refused it, so a path that became slow (a throttled
 link) is still measured now and then. When an exploration finds its path more than
-``explore_ratio`` times faster than that path's model, the link changed while the path was out
-of use (the throttle lifted): the model starts over from its fit scaled to the measurement,
-since the window's samples from before the change would outvote the new ones for a whole
-window (benchmarks/bandwidth_flip.py shows both).
+``rebase_ratio`` times faster than that path's model, the link changed while the path was out
+of use (the throttle lifted): the model starts over from its fit with the parameter that
+dominates at that size refit to the measurement, since the window's samples from before the
+change would outvote the new ones for a whole window (benchmarks/bandwidth_flip.py shows both).
+The ratio is large: a window that mixes samples from before and after a change fits some sizes
+a few times off, and refitting to such a size would be wrong.
 
 ``forced`` pins every call to one path (``INAGG_ALLREDUCE_PATH=inagg|gloo`` in the backend),
 for tests and comparisons; the model still measures what runs.
@@ -27,12 +29,15 @@ for tests and comparisons; the model still measures what runs.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
 
 import numpy as np
 
 from .cost_model import LinkEstimator
+
+log = logging.getLogger("inagg.path_choice")
 
 PATHS = ("inagg", "gloo")
 
@@ -45,7 +50,7 @@ class PathChooser:
 
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], *, agree_every: int = 128,
                  explore_ratio: float = 3.0, explore_seconds: float = 2e-3, window: int = 32,
-                 forced: str | None = None) -> None:
+                 rebase_ratio: float = 8.0, forced: str | None = None) -> None:
         if agree_every < 2:
             raise ValueError(f"agree_every must be >= 2, got {agree_every}")
         if forced is not None and forced not in PATHS:
@@ -55,6 +60,7 @@ class PathChooser:
         self.agree_every = agree_every
         self.explore_ratio = explore_ratio
         self.explore_seconds = explore_seconds
+        self.rebase_ratio = rebase_ratio
         self._lock = threading.Lock()
         self._window = window
         self.links = {p: LinkEstimator(_PRIOR_ALPHA, _PRIOR_BETA, window=window) for p in PATHS}
@@ -79,16 +85,27 @@ class PathChooser:
             self.links[path].observe(nbytes, seconds)
 
     def _rebase_if_faster(self, path: str, nbytes: int, seconds: float) -> None:
-        """Start ``path``'s model over from its fit scaled to this exploration's ``seconds`` when
-        they are more than ``explore_ratio`` times faster than the fit (module docstring). A
-        slower exploration is not acted on: the path is out of use anyway, and a descheduled
-        rank's sample is slow too."""
+        """Start ``path``'s model over when this exploration's ``seconds`` are more than
+        ``rebase_ratio`` times faster than its fit (module docstring): the parameter that
+        dominates the prediction at this size (beta for a large call, alpha for a small one) is
+        refit to the measurement, the other kept, so a one-value call does not rescale the
+        bandwidth. A slower exploration is not acted on: the path is out of use anyway, and a
+        descheduled rank's sample is slow too."""
         link = self.links[path]
-        predicted = link.alpha + link.beta * nbytes
-        if seconds * self.explore_ratio < predicted:
-            scale = seconds / predicted
-            self.links[path] = LinkEstimator(link.alpha * scale, link.beta * scale, window=self._window)
-            self.rebases += 1
+        alpha, beta = link.alpha, link.beta
+        if seconds * self.rebase_ratio >= alpha + beta * nbytes:
+            return
+        if beta * nbytes >= alpha:
+            alpha = min(alpha, seconds)
+            beta = (seconds - alpha) / nbytes
+        else:
+            beta = min(beta, seconds / nbytes)
+            alpha = seconds - beta * nbytes
+        log.debug("%s: an exploration of %d B took %.3g s, its model said %.3g s: model restarted "
+                  "(alpha %.3g s, beta %.3g s/B)", path, nbytes, seconds, link.alpha + link.beta * nbytes,
+                  alpha, beta)
+        self.links[path] = LinkEstimator(alpha, beta, window=self._window)
+        self.rebases += 1
 
     def predict(self, path: str, nbytes: int) -> float:
         """Seconds of an allreduce of ``nbytes`` on ``path`` at the agreed alpha and beta."""

@@ -226,14 +226,14 @@ def test_a_dear_path_is_still_explored_within_the_exploration_budget():
 
 
 def test_an_exploration_much_faster_than_its_model_restarts_that_model():
-    """The throttle lifted while gloo was out of use: one exploration more than explore_ratio
+    """The throttle lifted while gloo was out of use: one exploration more than rebase_ratio
     times faster than gloo's model restarts it from the measurement, and the next agreement
     takes gloo again; slower or only somewhat faster explorations leave the model alone."""
     mib = 1 << 20
     chooser = _one_rank_chooser((1e-3, 1e-8), (1e-2, 1e-7), agree_every=2, explore_ratio=3.0,
-                                explore_seconds=0.0)
+                                explore_seconds=0.0, rebase_ratio=8.0)
     predicted = chooser.predict("gloo", mib)
-    for seconds in (predicted / 2, 2 * predicted):      # not a change worth acting on
+    for seconds in (predicted / 4, 2 * predicted):      # not a change worth acting on
         while chooser.choose(mib) != "gloo":
             pass
         chooser.observe("gloo", mib, seconds)
