@@ -272,15 +272,18 @@ def flips(rows: list[dict], steady: int = 3) -> list[tuple[float, str, str]]:
 
 
 def phase_summary(rows: list[dict]) -> dict[str, dict]:
+    """Per phase: steps, median step seconds, and per path of the largest tensor the share of
+    steps and their median step seconds."""
     out = {}
     for phase in PHASES:
         mine = [r for r in rows if r["phase"] == phase]
         if mine:
-            shares = {}
+            by_path: dict[str, list[float]] = {}
             for r in mine:
-                shares[main_path(r)] = shares.get(main_path(r), 0) + 1
+                by_path.setdefault(main_path(r), []).append(r["step_s"])
             out[phase] = {"steps": len(mine), "median_step_s": statistics.median(r["step_s"] for r in mine),
-                          "paths": {p: n / len(mine) for p, n in sorted(shares.items())}}
+                          "paths": {p: len(v) / len(mine) for p, v in sorted(by_path.items())},
+                          "median_step_s_by_path": {p: statistics.median(v) for p, v in sorted(by_path.items())}}
     return out
 
 
@@ -336,16 +339,17 @@ def when(t: float, events: dict) -> str:
     return "before the throttle"
 
 
-def report(rows: list[dict], events: dict, stats: dict, args) -> str:
+def report(rows: list[dict], events: dict, stats: dict) -> str:
     """Print the flips, each phase's figures and the load; return check_flipped's verdict."""
     print(f"throttle at {events['throttle']:.1f} s, restore at {events['restore']:.1f} s, "
           f"end at {events['end']:.1f} s ({len(rows)} steps)")
     for t, a, b in flips(rows):
         print(f"flip at {t:.1f} s: {a} -> {b} ({when(t, events)})")
     for phase, s in phase_summary(rows).items():
-        shares = ", ".join(f"{p} {100 * f:.0f} %" for p, f in s["paths"].items())
+        shares = ", ".join(f"{p} {100 * f:.0f} % ({s['median_step_s_by_path'][p] * 1e3:.1f} ms)"
+                           for p, f in s["paths"].items())
         print(f"{phase:>9}: {s['steps']} steps, median step {s['median_step_s'] * 1e3:.1f} ms; "
-              f"largest tensor on {shares}")
+              f"largest tensor's steps on {shares}")
     model = stats["path_model"]
     print(f"backend (rank 0): calls by path {stats['allreduce_paths']}, {model['agreements']} agreements, "
           f"{model['explorations']} explorations, {model.get('rebases', 0)} models restarted by one")
@@ -381,6 +385,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true",
                    help="the workers' logs (build/emulation/<run>/logs/worker-*.log) at DEBUG: model restarts")
     p.add_argument("--name", default="bandwidth_flip", help="results file names (CSV, PNG)")
+    p.add_argument("--results", type=Path, default=RESULTS, help="where the CSV and PNG go")
     p.add_argument("--json", type=Path, help="also write the steps, events and verdict here")
     # worker mode (the launcher starts these in the Mininet hosts)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -401,11 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         print("bandwidth_flip: the emulation needs root and Mininet (make setup-emulation)", file=sys.stderr)
         return 2
     rows, events, stats = run_experiment(args)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, RESULTS / f"{args.name}.csv")
-    verdict = report(rows, events, stats, args)
-    if plot(rows, events, args.sizes, args.rate, RESULTS / f"{args.name}.png"):
-        print(f"plot: {RESULTS / args.name}.png")
+    args.results.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, args.results / f"{args.name}.csv")
+    verdict = report(rows, events, stats)
+    if plot(rows, events, args.sizes, args.rate, args.results / f"{args.name}.png"):
+        print(f"plot: {args.results / args.name}.png")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "events": events, "flips": flips(rows),
                                          "phases": phase_summary(rows), "verdict": verdict, "stats": stats}))
