@@ -255,11 +255,29 @@ class Communicator:
         agreed = self.stream.agreed_epoch
         if agreed <= self.stream.grant.epoch:
             return
-        reply = self.client.activate(self.job_id, self.token, agreed, self.boundary)
+        reply = self._activate(agreed)
         grant = self._to_grant(reply.grant)
         if grant.epoch != self.stream.grant.epoch:
             self._use(grant)
             self.grant_changes += 1
+
+    def _activate(self, epoch: int):
+        """Ask the controller to switch to pending grant ``epoch`` at this boundary, again
+        until every rank has asked (the controller changes a grant only then, so no rank still
+        resends in the old epoch); polls from 1 ms, backing off to 50 ms, at most a stall timeout."""
+        deadline = time.monotonic() + self.stream.stall_timeout
+        pause = 1e-3
+        while True:
+            reply = self.client.activate(self.job_id, self.token, epoch, self.boundary, self.rank)
+            if not reply.waiting_for:
+                return reply
+            if self.failure:
+                raise JobFailed(f"job {self.job_id} failed: {self.failure}")
+            if time.monotonic() > deadline:
+                raise JobFailed(f"job {self.job_id} rank {self.rank}: {reply.waiting_for} rank(s) did not ask to "
+                                f"switch to grant epoch {epoch} within {self.stream.stall_timeout:.0f}s of this one")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
 
     def _use(self, grant: Grant) -> None:
         """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
