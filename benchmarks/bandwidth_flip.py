@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import ipaddress
 import json
 import logging
 import os
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -82,7 +84,8 @@ def worker(args: argparse.Namespace) -> int:
 
     import hostlib.torch_plugin  # noqa: F401 - registers "inagg" where entry points are off
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
     dist.init_process_group("inagg", rank=args.rank, world_size=args.world,
                             init_method=f"tcp://{args.master}:{STORE_PORT}",
@@ -117,27 +120,34 @@ def worker(args: argparse.Namespace) -> int:
 
 # -- launcher side (root namespace) -----------------------------------------------------------
 
+def _sh(node, command: str) -> None:
+    """Run ``command`` in a Mininet node's shell; ip and tc print nothing unless they fail."""
+    out = node.cmd(command).strip()
+    if out:
+        raise RuntimeError(f"{node.name}: {command}: {out}")
+
+
 class ManagementNetwork:
     """A Linux bridge in a Mininet node of its own and a link from each worker to it: the
     network gloo runs on. Everything lives in namespaces Mininet made for this run (the node's
     and the workers'), so its names cannot clash with another run's."""
 
-    def __init__(self, net, run_dir, workers: list[str], subnet: str) -> None:
+    def __init__(self, net, run_dir, workers: list[str], subnet: ipaddress.IPv4Network) -> None:
         name = "mgmt"
         while name in net.nameToNode:
             name += "x"
         self.node = net.addHost(name, ip=None)
         run_dir.add_process(self.node.pid, f"management bridge node {name}")
-        self.node.cmd("ip link add br0 type bridge && ip link set br0 up")
+        _sh(self.node, "ip link add br0 type bridge && ip link set br0 up")
         self.ips: dict[str, str] = {}
         self.links: dict[str, object] = {}
-        prefix = subnet.rsplit(".", 1)[0]
-        for i, host_name in enumerate(workers):
+        for host_name, address in zip(workers, subnet.hosts()):
             host = net.get(host_name)
             link = net.addLink(host, self.node)
-            self.node.cmd(f"ip link set {link.intf2.name} master br0 && ip link set {link.intf2.name} up")
-            self.ips[host_name] = f"{prefix}.{i + 1}"
-            host.cmd(f"ip addr add {self.ips[host_name]}/24 dev {link.intf1.name} && ip link set {link.intf1.name} up")
+            _sh(self.node, f"ip link set {link.intf2.name} master br0 && ip link set {link.intf2.name} up")
+            _sh(host, f"ip addr add {address}/{subnet.prefixlen} dev {link.intf1.name} && "
+                      f"ip link set {link.intf1.name} up")
+            self.ips[host_name] = str(address)
             self.links[host_name] = link
 
     def interface(self, host: str) -> str:
@@ -150,12 +160,9 @@ class ManagementNetwork:
         link = self.links[host]
         for intf in (link.intf1, link.intf2):
             if rate is None:
-                out = intf.node.cmd(f"tc qdisc del dev {intf.name} root")
+                _sh(intf.node, f"tc qdisc del dev {intf.name} root")
             else:
-                out = intf.node.cmd(f"tc qdisc replace dev {intf.name} root tbf rate {rate} "
-                                    f"burst {TBF_BURST} latency 100ms")
-            if out.strip():
-                raise RuntimeError(f"tc on {intf.name}: {out.strip()}")
+                _sh(intf.node, f"tc qdisc replace dev {intf.name} root tbf rate {rate} burst {TBF_BURST} latency 100ms")
 
 
 def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> list:
@@ -173,9 +180,9 @@ def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> lis
         host = run.net.get(host_name)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
                "--world", str(len(workers)), "--master", mgmt.ips[workers[0]],
-               "--sizes", *map(str, args.sizes), "--warmup", str(args.warmup), *(["--verbose"] if args.verbose else []),
-               "--stop-file", str(run.run.path / "stop"), "--out", str(run.run.path / "steps.json"),
-               "--max-seconds", str(sum(args.phases) + _READY_SECONDS)]
+               "--sizes", *map(str, args.sizes), "--warmup", str(args.warmup),
+               *(["--verbose"] if args.verbose else []), "--stop-file", str(run.run.path / "stop"),
+               "--out", str(run.run.path / "steps.json"), "--max-seconds", str(sum(args.phases) + _READY_SECONDS)]
         env = {**os.environ, "GLOO_SOCKET_IFNAME": mgmt.interface(host_name), "INAGG_CONTROLLER": run.controller_addr,
                **({AGREE_ENV: str(args.agree_every)} if args.agree_every else {})}
         with run.log(f"worker-{host_name}.log") as log:
@@ -186,7 +193,7 @@ def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> lis
     return procs
 
 
-def wait_ready(rank0, procs: list, timeout: float) -> float:
+def wait_ready(rank0, procs: list, timeout: float, logs: Path) -> float:
     """Rank 0's time at the end of its warm-up steps; fails fast when a worker exits."""
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -196,52 +203,71 @@ def wait_ready(rank0, procs: list, timeout: float) -> float:
                 return json.loads(line)["ready"]
         dead = [p.returncode for p in procs if p.poll() is not None]
         if dead:
-            raise RuntimeError(f"a worker exited (status {dead}) before the run started; see the worker logs")
+            raise RuntimeError(f"a worker exited (status {dead}) before the run started; see {logs}/worker-*.log")
     raise RuntimeError(f"workers not ready within {timeout:.0f}s")
+
+
+def check_setup(topo, args) -> tuple[list[str], str]:
+    """The ranks' hosts (the topology's first job) and the host whose link is throttled; exits
+    with a message on a setting the run cannot use."""
+    workers = topo.jobs[0]["workers"]
+    throttled = args.throttle_host or workers[0]
+    if throttled not in workers:
+        raise SystemExit(f"--throttle-host {throttled}: not one of the job's workers {workers}")
+    if args.mgmt_subnet.num_addresses - 2 < len(workers):
+        raise SystemExit(f"--mgmt-subnet {args.mgmt_subnet}: too small for {len(workers)} workers")
+    for name, host in topo.hosts.items():
+        own = ipaddress.ip_interface(host["ip"]).network
+        if args.mgmt_subnet.overlaps(own):
+            raise SystemExit(f"--mgmt-subnet {args.mgmt_subnet} overlaps {name}'s network {own} in {args.topo}")
+    return workers, throttled
+
+
+def run_phases(mgmt: ManagementNetwork, throttled: str, args, stop_file: Path, procs: list) -> dict[str, float]:
+    """Unthrottled, throttled, restored (``--phases`` seconds each), then stop the workers.
+    Returns when each began (time.time())."""
+    events = {"start": wait_ready(procs[0], procs, _READY_SECONDS, stop_file.parent / "logs")}
+    time.sleep(args.phases[0])
+    mgmt.set_rate(throttled, args.rate)
+    events["throttle"] = time.time()
+    print(f"{throttled}'s management link throttled to {args.rate}", flush=True)
+    time.sleep(args.phases[1])
+    mgmt.set_rate(throttled, None)
+    events["restore"] = time.time()
+    print(f"{throttled}'s management link restored", flush=True)
+    time.sleep(args.phases[2])
+    stop_file.touch()
+    for p in procs:
+        p.wait(60)
+    events["end"] = time.time()
+    if any(p.returncode != 0 for p in procs):
+        raise RuntimeError(f"workers exited with {[p.returncode for p in procs]}; see {stop_file.parent}/logs")
+    return events
 
 
 def run_experiment(args) -> tuple[list[dict], dict, dict]:
     """Bring up the emulation, run the three phases, tear down. Returns the step rows, the
-    phase times and rank 0's final backend stats."""
+    phase times (seconds from the first recorded step) and rank 0's final backend stats."""
     from bmv2_env.mininet_run import Run, choose_dataplane, program_files_for
     from bmv2_env.run_dir import RunDir
-    from bmv2_env.testbed import stop_processes
     from bmv2_env.topology import load_topology
 
     topo = load_topology(args.topo)
-    workers = topo.jobs[0]["workers"]
-    throttled = args.throttle_host or workers[0]
+    workers, throttled = check_setup(topo, args)
     dataplane = choose_dataplane(args.dataplane)
     run_dir = RunDir.create()
     print(f"bandwidth flip: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)
     run = Run(topo, dataplane, run_dir, program_files=program_files_for(dataplane))
-    events: dict[str, float] = {}
     try:
         run.build()
         run.start_services()
         mgmt = ManagementNetwork(run.net, run_dir, workers, args.mgmt_subnet)
         procs = start_workers(run, mgmt, workers, args)
-        events["start"] = wait_ready(procs[0], procs, _READY_SECONDS)
-        time.sleep(args.phases[0])
-        mgmt.set_rate(throttled, args.rate)
-        events["throttle"] = time.time()
-        print(f"{throttled}'s management link throttled to {args.rate}", flush=True)
-        time.sleep(args.phases[1])
-        mgmt.set_rate(throttled, None)
-        events["restore"] = time.time()
-        print(f"{throttled}'s management link restored", flush=True)
-        time.sleep(args.phases[2])
-        (run_dir.path / "stop").touch()
-        for p in procs:
-            p.wait(60)
-        events["end"] = time.time()
-        if any(p.returncode != 0 for p in procs):
-            raise RuntimeError(f"workers exited with {[p.returncode for p in procs]}; see {run_dir.path}/logs")
+        events = run_phases(mgmt, throttled, args, run_dir.path / "stop", procs)
         result = json.loads((run_dir.path / "steps.json").read_text())
     finally:
-        stop_processes(run.procs)
-        run.teardown()
+        run.teardown()      # stops the workers too (run.procs)
     rows = []
     for i, (t, seconds, paths) in enumerate(result["records"]):
         phase = "before" if t < events["throttle"] else "throttled" if t < events["restore"] else "restored"
@@ -376,8 +402,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    metavar=("BEFORE", "THROTTLED", "RESTORED"), help="seconds of each phase")
     p.add_argument("--rate", default="20mbit", help="tc tbf rate of the throttled link")
     p.add_argument("--throttle-host", help="whose management link to throttle (default: rank 0's)")
-    p.add_argument("--mgmt-subnet", default="192.168.77.0/24",
-                   help="the management network's /24 (inside the run's namespaces only)")
+    p.add_argument("--mgmt-subnet", type=ipaddress.IPv4Network, default=ipaddress.IPv4Network("192.168.77.0/24"),
+                   help="the management network (it exists inside the run's namespaces only)")
     p.add_argument("--agree-every", type=int,
                    help="calls between the ranks' path agreements (INAGG_PATH_AGREE_EVERY; default: the backend's)")
     p.add_argument("--warmup", type=int, default=200,
@@ -405,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0 or shutil.which("mnexec") is None:
         print("bandwidth_flip: the emulation needs root and Mininet (make setup-emulation)", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bandwidth_flip: stopped (SIGTERM)"))   # tears down
     rows, events, stats = run_experiment(args)
     args.results.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.results / f"{args.name}.csv")
