@@ -197,6 +197,19 @@ def test_path_choice_is_identical_on_every_rank():
     assert choosers[0].agreements == len(sizes) // 4
 
 
+def test_the_agreement_interval_setting_is_checked(monkeypatch):
+    from hostlib.backend import AGREE_ENV, _agree_every
+
+    monkeypatch.delenv(AGREE_ENV, raising=False)
+    assert _agree_every() == {}
+    monkeypatch.setenv(AGREE_ENV, " 16 ")
+    assert _agree_every() == {"agree_every": 16}
+    for bad in ("1", "ten", "-4", "2.5"):
+        monkeypatch.setenv(AGREE_ENV, bad)
+        with pytest.raises(InaggSetupError, match=f"INAGG_PATH_AGREE_EVERY must be a whole number >= 2, got '{bad}'"):
+            _agree_every()
+
+
 def _one_rank_chooser(inagg: tuple[float, float], gloo: tuple[float, float], **kw) -> PathChooser:
     """A single rank's chooser (agreement = its own estimates) fitted to these (alpha, beta)."""
     chooser = PathChooser(lambda values: values, **kw)
