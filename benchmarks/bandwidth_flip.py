@@ -378,7 +378,8 @@ def report(rows: list[dict], events: dict, stats: dict) -> str:
               f"largest tensor's steps on {shares}")
     model = stats["path_model"]
     print(f"backend (rank 0): calls by path {stats['allreduce_paths']}, {model['agreements']} agreements, "
-          f"{model['explorations']} explorations, {model.get('rebases', 0)} models restarted by one")
+          f"{model['explorations']} explorations, {model.get('rebases', 0)} model restarts "
+          f"(an exploration far faster than its model)")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     verdict = check_flipped(rows, events)
     print("flipped away and back: yes" if not verdict else f"NOT FLIPPED: {verdict}")

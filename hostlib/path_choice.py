@@ -95,11 +95,11 @@ class PathChooser:
         alpha, beta = link.alpha, link.beta
         if seconds * self.rebase_ratio >= alpha + beta * nbytes:
             return
-        if beta * nbytes >= alpha:
+        if nbytes and beta * nbytes >= alpha:
             alpha = min(alpha, seconds)
             beta = (seconds - alpha) / nbytes
         else:
-            beta = min(beta, seconds / nbytes)
+            beta = min(beta, seconds / nbytes) if nbytes else beta
             alpha = seconds - beta * nbytes
         log.debug("%s: an exploration of %d B took %.3g s, its model said %.3g s: model restarted "
                   "(alpha %.3g s, beta %.3g s/B)", path, nbytes, seconds, link.alpha + link.beta * nbytes,
