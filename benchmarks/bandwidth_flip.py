@@ -23,7 +23,7 @@ the largest tensor's path), prints the flip times, each phase's median step time
 shares, and the machine's load; exits 1 unless the largest tensor's path flipped away from the
 unthrottled path while throttled and back after the restore.
 
-    sudo .venv/bin/python benchmarks/bandwidth_flip.py [--phases 20 35 35] [--rate 20mbit] [--sizes 524288 131072 4]
+    sudo .venv/bin/python benchmarks/bandwidth_flip.py [--phases 20 40 35] [--rate 10mbit] [--sizes 262144 65536 4]
 """
 
 from __future__ import annotations
@@ -397,11 +397,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--topo", type=Path, default=TOPOLOGY, help="its first job's workers are the ranks")
     p.add_argument("--dataplane", choices=["soft", "bmv2", "auto"], default="soft")
-    p.add_argument("--sizes", type=int, nargs="+", default=[512 << 10, 128 << 10, 4],
+    p.add_argument("--sizes", type=int, nargs="+", default=[256 << 10, 64 << 10, 4],
                    help="bytes of each tensor allreduced per step, largest first (float32)")
-    p.add_argument("--phases", type=float, nargs=3, default=[20.0, 35.0, 35.0],
+    p.add_argument("--phases", type=float, nargs=3, default=[20.0, 40.0, 35.0],
                    metavar=("BEFORE", "THROTTLED", "RESTORED"), help="seconds of each phase")
-    p.add_argument("--rate", default="20mbit", help="tc tbf rate of the throttled link")
+    p.add_argument("--rate", default="10mbit", help="tc tbf rate of the throttled link")
     p.add_argument("--throttle-host", help="whose management link to throttle (default: rank 0's)")
     p.add_argument("--mgmt-subnet", type=ipaddress.IPv4Network, default=ipaddress.IPv4Network("192.168.77.0/24"),
                    help="the management network (it exists inside the run's namespaces only)")
