@@ -13,7 +13,7 @@ The workers (one process per worker host) ``init_process_group("inagg")`` agains
 controller and loop DDP-like steps: each step allreduces a gradient of ``--sizes`` tensors
 (float32 SUM, the values checked) and ends with a one-element broadcast from rank 0 that says
 whether to go on (a step boundary every rank agrees on). Per call, the path taken is read from
-the process group's ``stats()["allreduce_paths"]``.
+the process group's per-path call counters (``stats()["allreduce_paths"]``).
 
 The launcher waits ``--phases`` seconds unthrottled, then throttles the link with ``tc tbf``
 (``--rate``) for the second phase, restores it for the third, and stops the workers. Per step
@@ -23,7 +23,7 @@ the largest tensor's path), prints the flip times, each phase's median step time
 shares, and the machine's load; exits 1 unless the largest tensor's path flipped away from the
 unthrottled path while throttled and back after the restore.
 
-    sudo .venv/bin/python benchmarks/bandwidth_flip.py [--phases 20 40 35] [--rate 10mbit] [--sizes 262144 65536 4]
+    sudo .venv/bin/python benchmarks/bandwidth_flip.py [--phases 20 40 35] [--rate 20mbit] [--sizes 262144 65536 4]
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ def _path_of_call(pg, tensor) -> str:
     """Allreduce ``tensor`` (SUM) and return the path the backend took, read from its counters."""
     import torch.distributed as dist
 
-    before = dict(pg.stats()["allreduce_paths"])
+    before = dict(pg.allreduces)         # stats()["allreduce_paths"], without the rest of stats()
     dist.all_reduce(tensor)
-    after = pg.stats()["allreduce_paths"]
+    after = pg.allreduces
     taken = [p for p, n in after.items() if n != before.get(p, 0)]
     if len(taken) != 1:
         raise RuntimeError(f"one allreduce moved the path counters {before} -> {after}")
@@ -170,7 +170,6 @@ def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> lis
     each host's switch-side IP (``deployment.json`` beside the controller's socket, which
     ``hostlib.local`` reads), their gloo interface the management link."""
     from bmv2_env.topology import host_ip
-    from hostlib.backend import AGREE_ENV
     from hostlib.local import DEPLOYMENT_FILE
 
     (run.run.path / DEPLOYMENT_FILE).write_text(json.dumps(
@@ -183,8 +182,7 @@ def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> lis
                "--sizes", *map(str, args.sizes), "--warmup", str(args.warmup),
                *(["--verbose"] if args.verbose else []), "--stop-file", str(run.run.path / "stop"),
                "--out", str(run.run.path / "steps.json"), "--max-seconds", str(sum(args.phases) + _READY_SECONDS)]
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": mgmt.interface(host_name), "INAGG_CONTROLLER": run.controller_addr,
-               **({AGREE_ENV: str(args.agree_every)} if args.agree_every else {})}
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": mgmt.interface(host_name), "INAGG_CONTROLLER": run.controller_addr}
         with run.log(f"worker-{host_name}.log") as log:
             proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
         run.run.add_process(proc.pid, f"worker rank {rank}")
@@ -378,8 +376,7 @@ def report(rows: list[dict], events: dict, stats: dict) -> str:
               f"largest tensor's steps on {shares}")
     model = stats["path_model"]
     print(f"backend (rank 0): calls by path {stats['allreduce_paths']}, {model['agreements']} agreements, "
-          f"{model['explorations']} explorations, {model.get('rebases', 0)} model restarts "
-          f"(an exploration far faster than its model)")
+          f"{model['explorations']} explorations, {model.get('probes', 0)} probes")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     verdict = check_flipped(rows, events)
     print("flipped away and back: yes" if not verdict else f"NOT FLIPPED: {verdict}")
@@ -401,12 +398,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bytes of each tensor allreduced per step, largest first (float32)")
     p.add_argument("--phases", type=float, nargs=3, default=[20.0, 40.0, 35.0],
                    metavar=("BEFORE", "THROTTLED", "RESTORED"), help="seconds of each phase")
-    p.add_argument("--rate", default="10mbit", help="tc tbf rate of the throttled link")
+    p.add_argument("--rate", default="20mbit", help="tc tbf rate of the throttled link")
     p.add_argument("--throttle-host", help="whose management link to throttle (default: rank 0's)")
     p.add_argument("--mgmt-subnet", type=ipaddress.IPv4Network, default=ipaddress.IPv4Network("192.168.77.0/24"),
                    help="the management network (it exists inside the run's namespaces only)")
-    p.add_argument("--agree-every", type=int,
-                   help="calls between the ranks' path agreements (INAGG_PATH_AGREE_EVERY; default: the backend's)")
     p.add_argument("--warmup", type=int, default=200,
                    help="steps before the first phase (the path models settle), not recorded")
     p.add_argument("--verbose", action="store_true",

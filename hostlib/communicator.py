@@ -174,7 +174,8 @@ class Communicator:
         self.boundary = 0
         self.grant_changes = 0
         # alpha/beta of this rank's path, measured: every call's control round is a latency
-        # probe and every call a (wire bytes, seconds) transfer sample (hostlib.cost_model)
+        # probe and every call a (wire bytes, seconds) transfer sample of 1 or 2 round trips
+        # (a small call rides in the control round; hostlib.cost_model)
         self.link = LinkEstimator(alpha=1e-4, beta=1e-8)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         # calls run one at a time (_running) in submission order; _queued counts the requests
@@ -316,7 +317,7 @@ class Communicator:
             self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
                                   refusal=req.refusal)
             self.link.observe(self.stream.stats.wire_bytes_sent - sent,
-                              time.perf_counter() - started, latencies=4)
+                              time.perf_counter() - started, latencies=2 * self.stream.round_trips)
             self.link.observe(2 * (HEADER_BYTES + self.transport.overhead), self.stream.control_rtt,
                               latencies=2)
             self.boundary += 1
