@@ -405,7 +405,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=200,
                    help="steps before the first phase (the path models settle), not recorded")
     p.add_argument("--verbose", action="store_true",
-                   help="the workers' logs (build/emulation/<run>/logs/worker-*.log) at DEBUG: model restarts")
+                   help="the workers' logs (build/emulation/<run>/logs/worker-*.log) at DEBUG, not INFO")
     p.add_argument("--name", default="bandwidth_flip", help="results file names (CSV, PNG)")
     p.add_argument("--results", type=Path, default=RESULTS, help="where the CSV and PNG go")
     p.add_argument("--json", type=Path, help="also write the steps, events and verdict here")
