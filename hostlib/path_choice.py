@@ -35,12 +35,14 @@ is *probed*: its next calls take, ``probes`` times each, one path after another,
 yet measured
 there whose line predicts it within ``probe_ratio`` of the best path (and ``prefer`` in any
 case), then the ranks agree.
-Larger calls are left to the lines (where bandwidth dominates, a line is a fair model, and a
-probe of a slower path costs a whole slow call) and to exploration.
+A larger size probes, once, only a path whose line predicts it faster than the best measured
+one (a probe of a slower path costs a whole slow call; a line alone never takes a call off
+``prefer``, below).
 After that, the call at an agreement may take a path the model did not choose, so the estimate of a path not in use does not go stale (a link's bandwidth changed,
-the switch became free). Its predicted extra time is paid from a budget of ``explore_budget`` (a
+the switch became free): that call's time replaces the path's older ones at its size class, and
+the ranks agree at the next call. Its predicted extra time is paid from a budget of ``explore_budget`` (a
 fraction) of the predicted time of every call so far: a path predicted much slower is explored
-rarely, one close to the best at nearly every agreement; paths take turns. Probes and budget
+rarely, one close to the best at nearly every agreement; paths take turns, strictly. Probes and budget
 follow from agreed figures and call numbers only, so every rank explores the same calls.
 
 ``forced`` pins every call to one path (``INAGG_ALLREDUCE_PATH`` in the backend), for tests and
@@ -98,6 +100,11 @@ class PathTimings:
         self._ring[c, self._count[c] % self._ring.shape[1]] = seconds
         self._count[c] += 1
         self._nbytes[c] = nbytes
+
+    def forget(self, c: int) -> None:
+        """Drop size class ``c``'s times (on every rank at the same call: slots stay aligned)."""
+        self._ring[c] = _UNSEEN
+        self._count[c] = 0
 
     def summary(self) -> np.ndarray:
         """The ring (``inf`` where unseen), then each class's latest size in bytes."""
@@ -218,20 +225,24 @@ class PathChooser:
         return entry
 
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
-        """Whether calls of this size still probe: schedules ``probes`` calls on each path
-        that was never measured at its size class (nor probed there) and whose line predicts it
-        within ``probe_ratio`` of the best (``prefer`` whatever its line says: the baseline must
-        be measured to be compared), where calls are predicted under ``probe_seconds`` (module
+        """Whether calls of this size still probe. Schedules probe calls on each path never
+        measured at the size's class (nor probed there): where calls are predicted under
+        ``probe_seconds``, ``probes`` calls on ``prefer`` (the baseline must be measured to be
+        compared) and on each path whose line is within ``probe_ratio`` of the best; where they
+        cost more, one call on each path whose line predicts it faster than the best (module
         docstring)."""
         if self.forced:
             return False
         c = size_class(nbytes)
-        if best_seconds >= self.probe_seconds:
-            return False
+        cheap = best_seconds < self.probe_seconds
         for p, m in self.models.items():
-            close = p == self.prefer or m.line(nbytes) <= self.probe_ratio * best_seconds
-            if not m.seen[c] and (p, c) not in self._probes_left and close:
+            if m.seen[c] or (p, c) in self._probes_left:
+                continue
+            line = m.line(nbytes)
+            if cheap and (p == self.prefer or line <= self.probe_ratio * best_seconds):
                 self._probes_left[(p, c)] = self.probes
+            elif not cheap and line < best_seconds:
+                self._probes_left[(p, c)] = 1
         return any(self._probes_left.get((p, c), 0) for p in self.paths)
 
     def best(self, nbytes: int) -> str:
@@ -279,6 +290,12 @@ class PathChooser:
                 self._credit -= self.predict(explore, nbytes) - seconds
                 self._explored_at[explore] = self.calls
                 self.explorations += 1
+                # a path not in use: its old times are stale, this call's is its figure, used
+                # at once (restored to gloo's link, gloo waited 3 explorations, each ~100
+                # steps apart, to outvote its throttled times)
+                with self._lock:
+                    self.timings[explore].forget(size_class(nbytes))
+                self._next_agreement = self.calls + 1
         self._credit += self.explore_budget * seconds
         path = self.forced or explore or path
         self._history.append((time.time(), self.calls, nbytes, path, explore is not None))
@@ -303,13 +320,16 @@ class PathChooser:
         return path
 
     def _exploration(self, nbytes: int, affordable: float) -> str | None:
-        """The path this agreement call explores, if any: the one explored least recently
-        among those the budget affords (predicted at most ``affordable`` seconds)."""
+        """The path this agreement call explores, if any: the one explored least recently, once
+        the budget affords it (predicted at most ``affordable`` seconds). Strictly in turns: a
+        cheaper path must not spend the budget a dearer one is saving for (after gloo's link was
+        restored, inagg's explorations kept gloo, throttled in the figures, from ever being
+        retried)."""
         if self.forced:
             return None
         best = self.best(nbytes)
-        others = sorted((p for p in self.paths if p != best), key=self._explored_at.__getitem__)
-        return next((p for p in others if self.predict(p, nbytes) <= affordable), None)
+        due = min((p for p in self.paths if p != best), key=self._explored_at.__getitem__, default=None)
+        return due if due is not None and self.predict(due, nbytes) <= affordable else None
 
     def history(self) -> list[dict]:
         """The last calls' choices, oldest first: wall-clock time, call number, payload bytes,

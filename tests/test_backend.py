@@ -238,7 +238,9 @@ def test_exploration_stays_within_its_budget():
             c.observe("gloo", nbytes, 1e-3)
             c.observe("inagg", nbytes, inagg_seconds)
         for _ in range(20000):
-            c.choose(1 << 20)
+            path, measure = c.choose(1 << 20)
+            if measure:
+                c.observe(path, 1 << 20, 1e-3 if path == "gloo" else inagg_seconds)
         return c
 
     far = run(10e-3)
@@ -246,7 +248,7 @@ def test_exploration_stays_within_its_budget():
     extra = far.explorations * (10e-3 - 1e-3)
     assert extra <= 0.02 * 20000 * 1e-3 + 9e-3    # the budget, and at most one exploration ahead
     near = run(1.2e-3)
-    assert near.explorations >= near.agreements - 5
+    assert near.explorations >= 20000 // 128 - 10         # (each also adds an agreement)
 
 
 def test_a_new_size_is_probed_on_each_path_then_agreed():
