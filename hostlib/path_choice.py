@@ -35,9 +35,8 @@ is *probed*: its next calls take, ``probes`` times each, one path after another,
 yet measured
 there whose line predicts it within ``probe_ratio`` of the best path (and ``prefer`` in any
 case), then the ranks agree.
-A larger size probes, once, only a path whose line predicts it faster than the best measured
-one (a probe of a slower path costs a whole slow call; a line alone never takes a call off
-``prefer``, below).
+Larger sizes are left to exploration (a probe of a slower path would cost a whole slow call;
+a line alone never takes a call off ``prefer``, below).
 After that, the call at an agreement may take a path the model did not choose, so the estimate of a path not in use does not go stale (a link's bandwidth changed,
 the switch became free): that call's time replaces the path's older ones at its size class, and
 the ranks agree at the next call. Its predicted extra time is paid from a budget of ``explore_budget`` (a
@@ -101,6 +100,10 @@ class PathTimings:
         self._count[c] += 1
         self._nbytes[c] = nbytes
 
+    def filling(self, c: int) -> bool:
+        """Whether size class ``c`` has fewer measured calls than its ring holds."""
+        return bool(self._count[c] < self._ring.shape[1])
+
     def forget(self, c: int) -> None:
         """Drop size class ``c``'s times (on every rank at the same call: slots stay aligned)."""
         self._ring[c] = _UNSEEN
@@ -120,7 +123,8 @@ class PathModel:
         ring = summary[:-SIZE_CLASSES].reshape(SIZE_CLASSES, -1)
         self.nbytes = summary[-SIZE_CLASSES:]
         timed = np.isfinite(ring)
-        self.seen = timed.any(axis=1) & np.isfinite(self.nbytes)
+        self.samples = timed.sum(axis=1)
+        self.seen = (self.samples > 0) & np.isfinite(self.nbytes)
         self.seconds = np.full(SIZE_CLASSES, _UNSEEN)
         for c in np.flatnonzero(self.seen):
             self.seconds[c] = np.median(ring[c][timed[c]])
@@ -180,6 +184,7 @@ class PathChooser:
         self.probe_seconds = probe_seconds
         self.measure_from_bytes = measure_from_bytes
         self.prefer, self.margin = (prefer if prefer in self.paths else None), margin
+        self.trusted = min(3, per_class)
         self._lock = threading.Lock()
         self.timings = {p: PathTimings(per_class) for p in self.paths}
         unseen = np.full((per_class + 1) * SIZE_CLASSES, _UNSEEN)
@@ -220,30 +225,33 @@ class PathChooser:
             c = size_class(nbytes)
             eligible = [p for p in self.paths if p == self.prefer or self.models[p].seen[c]] or self.paths
             path, seconds = min(((p, self.predict(p, nbytes)) for p in eligible),
-                                key=lambda e: e[1] * (1 - self.margin if e[0] == self.prefer else 1))
+                                key=lambda e: e[1] * self._handicap(e[0], c))
             entry = self._best[nbytes] = (path, seconds, self._plan_probes(nbytes, seconds))
         return entry
 
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
-        """Whether calls of this size still probe. Schedules probe calls on each path never
-        measured at the size's class (nor probed there): where calls are predicted under
-        ``probe_seconds``, ``probes`` calls on ``prefer`` (the baseline must be measured to be
-        compared) and on each path whose line is within ``probe_ratio`` of the best; where they
-        cost more, one call on each path whose line predicts it faster than the best (module
-        docstring)."""
-        if self.forced:
+        """Whether calls of this size still probe. Where calls are predicted under
+        ``probe_seconds``, schedules ``probes`` calls on each path never measured at the size's
+        class (nor probed there): on ``prefer`` (the baseline must be measured to be compared)
+        and on each path whose line is within ``probe_ratio`` of the best. Larger sizes are
+        left to exploration (module docstring)."""
+        if self.forced or best_seconds >= self.probe_seconds:
             return False
         c = size_class(nbytes)
-        cheap = best_seconds < self.probe_seconds
         for p, m in self.models.items():
-            if m.seen[c] or (p, c) in self._probes_left:
-                continue
-            line = m.line(nbytes)
-            if cheap and (p == self.prefer or line <= self.probe_ratio * best_seconds):
+            close = p == self.prefer or m.line(nbytes) <= self.probe_ratio * best_seconds
+            if not m.seen[c] and (p, c) not in self._probes_left and close:
                 self._probes_left[(p, c)] = self.probes
-            elif not cheap and line < best_seconds:
-                self._probes_left[(p, c)] = 1
         return any(self._probes_left.get((p, c), 0) for p in self.paths)
+
+    def _handicap(self, path: str, c: int) -> float:
+        """The factor on ``path``'s predicted time at size class ``c`` when paths are compared:
+        ``prefer``'s is 1 - ``margin``; another path's is 2 while fewer than ``trusted``
+        calls measured it there (one probe or exploration: it must look twice as fast to
+        win; single lucky probes put the host lane on 4 MiB calls at 1.4x gloo's time)."""
+        if path == self.prefer:
+            return 1 - self.margin
+        return 1.0 if self.models[path].samples[c] >= self.trusted else 2.0
 
     def best(self, nbytes: int) -> str:
         """The path the model predicts fastest for ``nbytes``."""
@@ -274,7 +282,16 @@ class PathChooser:
         self._credit += self.explore_budget * entry[1]
         path = self.forced or entry[0]
         self._history.append((time.time(), self.calls, nbytes, path, False))
-        return path, nbytes >= self.measure_from_bytes or self.calls % self.sample_every == 0
+        return path, self._measure(path, nbytes)
+
+    def _measure(self, path: str, nbytes: int) -> bool:
+        """Whether to time this call: from ``measure_from_bytes`` up, every ``sample_every``-th
+        call, and every call of a size class whose times on ``path`` do not fill its ring yet
+        (a path just taken on one exploration's time gets its figure from its next calls, not
+        from 32 x 5 calls later: one lucky exploration kept the host lane on 16 KiB calls at
+        1.7x gloo's time)."""
+        return (nbytes >= self.measure_from_bytes or self.calls % self.sample_every == 0
+                or self.timings[path].filling(size_class(nbytes)))
 
     def _choose_slowly(self, nbytes: int) -> tuple[str, bool]:
         """``choose`` at an agreement, a size not seen since the last one, or a probe."""
@@ -299,7 +316,7 @@ class PathChooser:
         self._credit += self.explore_budget * seconds
         path = self.forced or explore or path
         self._history.append((time.time(), self.calls, nbytes, path, explore is not None))
-        return path, explore is not None or nbytes >= self.measure_from_bytes or self.calls % self.sample_every == 0
+        return path, explore is not None or self._measure(path, nbytes)
 
     def _probe(self, nbytes: int) -> str | None:
         """The path this call probes: one path's probes after another, the one predicted

@@ -263,7 +263,7 @@ def test_a_new_size_is_probed_on_each_path_then_agreed():
     for p, _ in calls:
         c.observe(p, 4096, 1e-4 if p == "gloo" else 5e-4)
     before = c.agreements
-    assert c.choose(4096) == ("gloo", False)                   # agreed on the probes at once
+    assert c.choose(4096) == ("gloo", True)    # agreed on the probes at once; its ring still filling
     assert c.agreements == before + 1
     assert 4096 in c.as_dict()["agreed"]["gloo"]["measured_s"]
 
