@@ -4,9 +4,10 @@ predicts fastest, so an inagg job is never slower than gloo.
 
 **Measuring.** Each path keeps the times of its last ``per_class`` measured calls per size
 class (powers of 4 bytes). The chooser says which calls to measure: probes and explorations,
-every call from ``measure_from_bytes`` up, every ``sample_every``-th smaller one (the backend
-times a call where its caller waits, and only when the path was otherwise idle). Every rank
-measures the same calls, so the k-th measured call of a class is the same call on every rank.
+every call from ``measure_from_bytes`` up, every call of a class whose ring is not full yet,
+every ``sample_every``-th other one (the backend times a call where its caller waits, and only
+when the path was otherwise idle). Every rank measures the same calls, so the k-th measured call
+of a class is the same call on every rank.
 
 **The model.** Per path ``seconds = alpha + beta * payload bytes``, fitted to its size classes'
 figures minimising relative error (so a 64 MiB call does not drown the 4 B ones that pin alpha,
@@ -19,30 +20,29 @@ a 1 KiB one 5 ms), and a line through both would choose wrongly at each.
 **Agreeing.** Every rank must take the same path for the same call, but each measures its own
 times. So the decision uses *agreed* figures only: at fixed call numbers (every rank makes the
 same calls in the same order: calls 16, 32, 64, then every ``agree_every``, and right after a
-new size class's probes) the ranks combine their recent times with one small allreduce taking
-each call's minimum over ranks, and a class's figure is the median over its recent calls of
-those minima. The minimum over ranks, because a rank's time of a call includes waiting for the
-ranks that arrived later (the last to arrive measures the path alone); the median over calls,
+new size class's probes or an exploration) the ranks combine their recent times with one small
+allreduce taking each call's minimum over ranks, and a class's figure is the median over its
+recent calls of those minima. The minimum over ranks, because a rank's time of a call includes
+waiting for the ranks that arrived later (the last to arrive measures the path alone); the median over calls,
 because on a shared machine a call preempted by another process is an outlier, not a slower
 path. Other combinations chose wrongly on the loaded 2-core machine: per-rank medians combined
 by maximum (inagg at 4 workers / 4 B, twice gloo's time), the fastest recent call (a path with
 more spread looks faster: the host lane at 8 workers / 4 B, 1.6x), each call's mean or maximum
-over ranks (the host lane or inagg at 2 workers / 4 B, 2.5-5x). Every rank fits the same model from the result and computes the same choices
-until the next agreement.
+over ranks (the host lane or inagg at 2 workers / 4 B, 2.5-5x). Every rank fits the same
+model from the result and computes the same choices until the next agreement.
 
 **Exploring.** A size class first seen where calls are cheap (predicted under ``probe_seconds``)
-is *probed*: its next calls take, ``probes`` times each, one path after another, every path not
-yet measured
-there whose line predicts it within ``probe_ratio`` of the best path (and ``prefer`` in any
-case), then the ranks agree.
-Larger sizes are left to exploration (a probe of a slower path would cost a whole slow call;
-a line alone never takes a call off ``prefer``, below).
-After that, the call at an agreement may take a path the model did not choose, so the estimate of a path not in use does not go stale (a link's bandwidth changed,
-the switch became free): that call's time replaces the path's older ones at its size class, and
-the ranks agree at the next call. Its predicted extra time is paid from a budget of ``explore_budget`` (a
-fraction) of the predicted time of every call so far: a path predicted much slower is explored
-rarely, one close to the best at nearly every agreement; paths take turns, strictly. Probes and budget
-follow from agreed figures and call numbers only, so every rank explores the same calls.
+is *probed*: its next calls take, ``probes`` times each, one path after another, ``prefer`` and
+every other path not yet measured there whose line predicts it within ``probe_ratio`` of the
+best, then the ranks agree. Larger sizes are left to exploration (a probe of a slower path would
+cost a whole slow call; a line alone never takes a call off ``prefer``, below). After that, the
+call at an agreement may take a path the model did not choose, so the estimate of a path not in
+use does not go stale (a link's bandwidth changed, the switch became free): that call's time
+replaces the path's older ones at its size class, and the ranks agree at the next call. Its
+predicted extra time is paid from a budget of ``explore_budget`` (a fraction) of the predicted
+time of every call so far: a path predicted much slower is explored rarely, one close to the
+best at nearly every agreement; paths take turns, strictly. Probes and budget follow from
+agreed figures and call numbers only, so every rank explores the same calls.
 
 ``forced`` pins every call to one path (``INAGG_ALLREDUCE_PATH`` in the backend), for tests and
 comparisons; the model still measures what runs and agrees. ``prefer`` (gloo, the baseline)
@@ -50,8 +50,9 @@ wins unless another path is predicted faster by more than ``margin`` (25 %): the
 to be slower than gloo, and where two paths are that close their figures on a shared machine
 are noise (at 8 workers / 4 B inagg came out 0.8x and 1.4x gloo in different runs). Nor does a
 line alone move a call off ``prefer``: another path must have been measured at the call's size
-class (a probe, an exploration); lines extrapolated from small calls chose inagg at 8 workers /
-4 and 64 MiB, at 1.3 and 1.65x gloo's time. ``history()`` is
+class (a probe, an exploration), and by ``trusted`` calls unless it looks twice as fast; lines
+extrapolated from small calls chose inagg at 8 workers / 4 and 64 MiB, at 1.3 and 1.65x gloo's
+time. ``history()`` is
 the per-call record (time, call number, size, path, explored) of the last ``history`` calls.
 """
 
