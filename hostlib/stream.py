@@ -35,10 +35,11 @@ round exactly (:class:`OutstandingRounds`); everything else is dropped and count
 :class:`ResultCheck`. Loss recovery (:class:`LossDetector`): a round is resent with
 FLAG_RETRANSMIT when a round sent after it has been answered and it is overdue by more than a
 reordering allowance (fast retransmit, RACK's time-based loss detection, RFC 8985), or when its
-deadline passes (RTO from :class:`RttEstimator`, Karn's rule, floored at twice the smoothed RTT);
-a round's RTO doubles only while no result arrives at all, so random loss on a path that still
-delivers never backs the whole window off. The aggregator never adds a duplicate twice and answers a duplicate
-of a finished round with its stored result, so results are bit-identical with or without loss.
+RTO (:class:`RttEstimator`, Karn's rule) passes with no answer to it or to any round
+ahead of it, so a loss-free window never times out behind its own queue; a round's RTO doubles
+only while no result arrives at all, so random loss on a path that still delivers never backs
+the whole window off. The aggregator never adds a duplicate twice and answers a duplicate of a
+finished round with its stored result, so results are bit-identical with or without loss.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -287,12 +288,7 @@ INITIAL_RTO = 0.05   # seconds, before the first RTT sample
 # A silent path backs a round's RTO off to at most this many RTOs: in a job a round also waits on
 # the other ranks' resends, which a longer backoff here would only delay
 MAX_BACKOFF = 8
-RTO_OVER_MIN_RTT = 32  # the RTO never exceeds this many minimum RTTs (see RttEstimator.sample)
-# Spurious-retransmission response (RttEstimator.spurious): each unneeded retransmission doubles
-# the RTO and reorder floor (rto_min at first) up to SPURIOUS_FLOOR_MAX; it halves towards rto_min
-# after every FLOOR_DECAY_SAMPLES RTT samples without one
-SPURIOUS_FLOOR_MAX = 0.2  # seconds
-FLOOR_DECAY_SAMPLES = 128
+RTO_OVER_MIN_RTT = 32  # the RTO never exceeds this many minimum RTTs (see RttEstimator)
 INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
 
 
@@ -398,14 +394,16 @@ class ExponentTracker:
 
 @dataclass
 class RttEstimator:
-    """RFC 6298 style smoothed RTT -> retransmission timeout, with an adaptive floor.
+    """RFC 6298 style smoothed RTT -> retransmission timeout, at least ``rto_min``.
 
-    ``floor`` (at least ``rto_min``) bounds the RTO and the reordering allowance from below. A
-    resent round answered sooner than any RTT after the resend shows it was not needed (as TCP's DSACK /
-    Eifel, RFC 4015, and RACK's reo_wnd growth): the floor doubles (:meth:`spurious`), up to
-    ``SPURIOUS_FLOOR_MAX``, so a loss-free path with jittery RTTs stops resending. It starts at
-    ``rto_min`` and halves back towards ``rto_min`` after every ``FLOOR_DECAY_SAMPLES`` samples without one. Real losses keep their fast recovery: a
-    lost round is resent as soon as later-sent rounds are answered (LossDetector)."""
+    A round's RTT also holds the wait for the other ranks' contributions, and so their loss
+    recovery: the RTO is capped at ``RTO_OVER_MIN_RTT`` minimum RTTs, so it does not grow with
+    that wait (a longer RTO would slow every rank's recovery: a feedback loop). The cap makes
+    the RTO far shorter than the RTT of a round at the back of a deep window (which waits for
+    the window's whole queue to drain); that is safe because a round's timer runs from the
+    latest answer to a round ahead of it, not from its own send (:meth:`LossDetector.delivered`).
+    There is no adaptive floor (as Eifel's): in a job an answer that follows a resend at once
+    is most often another rank's resend completing the round, no sign that ours was early."""
 
     rto_min: float
     rto_max: float
@@ -413,26 +411,9 @@ class RttEstimator:
     rttvar: float = 0.0
     min_rtt: float = float("inf")
     rto: float = field(init=False)
-    floor: float = field(init=False)
-    clean_samples: int = 0  # RTT samples since the floor last moved
 
     def __post_init__(self) -> None:
-        self.floor = self.rto_min
         self.rto = max(self.rto_min, INITIAL_RTO)
-
-    def answered_resent(self, since_resend: float) -> None:
-        """A resent round was answered ``since_resend`` after its last transmission. Sooner than
-        any RTT, the answer is the original's (Eifel, RFC 3522): the resend was spurious. (A late
-        copy of an answered round is no such sign in a job: another rank's loss held the round,
-        and this rank's own losses must keep their quick recovery.)"""
-        if since_resend < self.min_rtt:
-            self.spurious()
-
-    def spurious(self) -> None:
-        """A retransmission turned out unneeded: double the floor (up to SPURIOUS_FLOOR_MAX)."""
-        self.floor = max(self.floor, min(2 * self.floor, SPURIOUS_FLOOR_MAX, self.rto_max))
-        self.clean_samples = 0
-        self.rto = max(self.rto, self.floor)
 
     def sample(self, rtt: float) -> None:
         if self.srtt is None:
@@ -441,19 +422,12 @@ class RttEstimator:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
         self.min_rtt = min(self.min_rtt, rtt)
-        self.clean_samples += 1
-        if self.clean_samples >= FLOOR_DECAY_SAMPLES:
-            self.floor, self.clean_samples = max(self.rto_min, self.floor / 2), 0
-        # Tied to the path's RTT, not a fixed 50 ms, so a lost round costs a few RTTs, not a
-        # stall. A round's RTT also holds the wait for the other ranks' contributions, and so
-        # their loss recovery: capped at a few minimum RTTs, the RTO does not grow with it (a
-        # longer RTO here would slow every rank's recovery, a feedback loop).
         rto = min(2 * self.srtt + 4 * self.rttvar, RTO_OVER_MIN_RTT * self.min_rtt, self.rto_max)
-        self.rto = max(self.floor, rto)
+        self.rto = max(self.rto_min, rto)
 
     def reorder_window(self) -> float:
         """How late a round may be behind a later-sent answered one before it counts as lost."""
-        return max(self.floor, self.srtt or 0.0) / 4
+        return max(self.rto_min, self.srtt or 0.0) / 4
 
 
 class Loss(enum.Enum):
@@ -468,23 +442,40 @@ class Loss(enum.Enum):
 class LossDetector:
     """Time-based loss detection of the rounds in flight (RACK, RFC 8985).
 
-    The window's rounds complete roughly in the order they were sent, so an answered round that
-    was sent after round X (first transmissions only, Karn) while X is still outstanding more than
-    that round's RTT plus a reordering allowance after X's latest transmission says X (or one of
-    the other ranks' contributions to it) was lost: resend it without waiting for its RTO. A
-    round's RTO doubles on expiry only when no result at all arrived since it was last sent (the
-    path went silent: congestion or an outage), up to ``MAX_BACKOFF`` RTOs; while others are answered the loss is random and
-    the round keeps the current RTO, so one unlucky slot does not stall behind a long backoff."""
+    Fast retransmit: the window's rounds complete roughly in the order they were sent, so an
+    answered round that was sent after round X (first transmissions only, Karn) while X is still
+    outstanding more than that round's RTT plus a reordering allowance after X's latest
+    transmission says X (or one of the other ranks' contributions to it) was lost: resend it
+    without waiting for its RTO.
+
+    Timeout: a round's deadline is an RTO after its latest transmission *or after the latest
+    answer to a round sent no later than it*, whichever is later (:meth:`delivered`; RFC 6298
+    restarts its timer on every new acknowledgement the same way). A round queued behind others
+    is not late while those ahead of it are being answered, however long the window's queue
+    (a window of W rounds of N ranks drains W * N packets before its last answer), so an RTO
+    need not cover a queue and a loss-free path does not resend the back of its window.
+
+    An expired round is resent. Its RTO doubles (up to ``MAX_BACKOFF`` RTOs) only when no
+    result at all arrived since it was last sent (the path went silent: congestion or an
+    outage); while others are answered the loss is random and the round keeps the current RTO,
+    so one unlucky slot does not stall behind a long backoff."""
 
     rtt: RttEstimator
     newest_sent: float = float("-inf")  # first transmission of the newest-sent answered round
     newest_rtt: float = 0.0
     progress: float = float("-inf")     # when the last result was accepted
 
-    def delivered(self, rnd: Round, now: float) -> None:
+    def delivered(self, rnd: Round, now: float, outstanding: Iterable[Round]) -> None:
+        """``rnd`` was answered at ``now``: move the fast-retransmit reference (first
+        transmissions only) and restart the timers of the ``outstanding`` rounds last sent no
+        earlier than ``rnd`` was last sent: they were queued behind every copy of it, so their
+        wait starts anew, for an RTO (not a backed-off one: the path delivers)."""
         self.progress = now
         if not rnd.retransmitted and rnd.sent_at >= self.newest_sent:
             self.newest_sent, self.newest_rtt = rnd.sent_at, now - rnd.sent_at
+        for other in outstanding:
+            if other.last_sent >= rnd.last_sent:
+                other.deadline = max(other.deadline, now + self.rtt.rto)
 
     def verdict(self, rnd: Round, now: float) -> Loss:
         if now >= rnd.deadline:
@@ -732,9 +723,7 @@ class SlotStream(StreamBase):
             self.stats.host_results += 1
         if not rnd.retransmitted:
             self._rtt.sample(now - rnd.sent_at)
-        else:
-            self._rtt.answered_resent(now - rnd.last_sent)
-        self._loss.delivered(rnd, now)
+        self._loss.delivered(rnd, now, rounds.rounds.values())
         return idx, rnd, now
 
     def _await(self, rounds: OutstandingRounds, progress: float,

@@ -22,9 +22,6 @@ constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
 constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
 constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
 constexpr double kRtoOverMinRtt = 32; // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
-// Spurious-retransmission response (stream.py SPURIOUS_FLOOR_MAX, FLOOR_DECAY_SAMPLES)
-constexpr double kSpuriousFloorMax = 0.2;   // seconds
-constexpr int kFloorDecaySamples = 128;
 
 double now_seconds() {
     using namespace std::chrono;
@@ -58,17 +55,7 @@ const char* result_check_name(ResultCheck c) {
 }
 
 RttEstimator::RttEstimator(double rto_min, double rto_max)
-    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, kInitialRto)), floor_(rto_min) {}
-
-void RttEstimator::answered_resent(double since_resend) {
-    if (since_resend < min_rtt_) spurious();
-}
-
-void RttEstimator::spurious() {
-    floor_ = std::max(floor_, std::min({2 * floor_, kSpuriousFloorMax, rto_max_}));
-    clean_samples_ = 0;
-    rto_ = std::max(rto_, floor_);
-}
+    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, kInitialRto)) {}
 
 void RttEstimator::sample(double rtt) {
     if (srtt_ < 0) {
@@ -79,13 +66,8 @@ void RttEstimator::sample(double rtt) {
         srtt_ = 0.875 * srtt_ + 0.125 * rtt;
     }
     min_rtt_ = std::min(min_rtt_, rtt);
-    if (++clean_samples_ >= kFloorDecaySamples) {
-        floor_ = std::max(rto_min_, floor_ / 2);
-        clean_samples_ = 0;
-    }
-    // tied to the path's RTT, not a fixed 50 ms (see stream.py RttEstimator.sample)
-    double rto = std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_});
-    rto_ = std::max(floor_, rto);
+    // capped: a round's RTT holds the other ranks' recovery (see stream.py RttEstimator)
+    rto_ = std::max(rto_min_, std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_}));
 }
 
 void LossDetector::delivered(const Transmission& t, double now) {
@@ -94,6 +76,10 @@ void LossDetector::delivered(const Transmission& t, double now) {
         newest_sent_ = t.sent_at;
         newest_rtt_ = now - t.sent_at;
     }
+}
+
+void LossDetector::restart_timer(Transmission& t, const Transmission& answered, double now) const {
+    if (t.last_sent >= answered.last_sent) t.deadline = std::max(t.deadline, now + rtt_.rto());
 }
 
 Loss LossDetector::verdict(const Transmission& t, double now) const {
@@ -327,8 +313,9 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             if (d[1] & kFlagFromHost) counters_.host_results += 1;
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
-            else rtt_.answered_resent(now - r.last_sent);
             loss_.delivered(r, now);
+            for (Round& other : rounds_)
+                if (other.active) loss_.restart_timer(other, r, now);
             *progress = now;
             *result = d;
             return true;

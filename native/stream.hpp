@@ -43,26 +43,20 @@ struct GrantView {
     uint32_t overhead = 0;  // wire bytes per datagram below the inagg header
 };
 
-// RFC 6298 style smoothed RTT -> retransmission timeout (hostlib.stream.RttEstimator).
+// RFC 6298 style smoothed RTT -> retransmission timeout, at least rto_min, capped at a few
+// minimum RTTs (hostlib.stream.RttEstimator: why, and why there is no adaptive floor).
 class RttEstimator {
   public:
     RttEstimator(double rto_min, double rto_max);
     void sample(double rtt);
-    // A resent round answered since_resend seconds after its last transmission
-    // (hostlib.stream.RttEstimator.answered_resent).
-    void answered_resent(double since_resend);
-    // A retransmission turned out unneeded: double the floor (hostlib.stream.RttEstimator.spurious).
-    void spurious();
     double rto() const { return rto_; }
-    double floor() const { return floor_; }
     // How late a round may be behind a later-sent answered one before it counts as lost.
-    double reorder_window() const { return std::max(floor_, std::max(srtt_, 0.0)) / 4; }
+    double reorder_window() const { return std::max(rto_min_, std::max(srtt_, 0.0)) / 4; }
     double rto_min() const { return rto_min_; }
     double rto_max() const { return rto_max_; }
 
   private:
-    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, min_rtt_ = 1e300, rto_, floor_;
-    int clean_samples_ = 0;  // RTT samples since the floor last moved
+    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, min_rtt_ = 1e300, rto_;
 };
 
 // A round's transmission times and RTO as loss detection sees them.
@@ -78,7 +72,12 @@ enum class Loss : uint8_t { NONE, FAST, TIMEOUT };
 class LossDetector {
   public:
     explicit LossDetector(const RttEstimator& rtt) : rtt_(rtt) {}
+    // t was answered at now: moves the fast-retransmit reference; the caller then restarts the
+    // timers of the rounds still outstanding (restart_timer).
     void delivered(const Transmission& t, double now);
+    // The timer of a round still outstanding when `answered` was answered at now: restarted, for
+    // an RTO, if it was last sent no earlier than `answered` was (queued behind every copy).
+    void restart_timer(Transmission& t, const Transmission& answered, double now) const;
     Loss verdict(const Transmission& t, double now) const;
     bool silent(const Transmission& t) const { return progress_ <= t.last_sent; }
     // The RTO of a round resent now (backoff: its RTO expired on a silent path).
