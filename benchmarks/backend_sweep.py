@@ -7,7 +7,11 @@ Each worker count is one torch.distributed job of real processes (env://, no con
 rank 0 brings up the local deployment, as ``torchrun`` users get it) with two process groups:
 the default one on ``inagg`` and a ``gloo`` group. For each size both groups allreduce the same
 float32 tensor, interleaved (one call of each per repetition, the order alternating), each call
-after a barrier; a call's time is the slowest rank's. Per size: each system's median time, and
+after a barrier on a third gloo group; a call's time is the slowest rank's. The barrier's group
+is neither measured one: a group whose threads just ran the barrier answers its next call
+sooner than one whose threads were asleep (two plain gloo groups measured this way, the barrier
+on one of them, came out 1.4x apart at 8 workers / 4 B on the loaded 2-core machine; with a
+third group, 0.97). Per size: each system's median time, and
 ``ratio``, the median over repetitions of the two calls' time ratio within a repetition: the two
 calls of a pair run back to back, so the ratio cancels the load that other processes put on the
 shared machine, which moves both alike (``ratio_of_medians`` is in the CSV too).
@@ -40,10 +44,13 @@ _SETTLE_CALLS = 50   # untimed calls on each group before the first size
 
 
 def reps_for(nbytes: int, reps: int) -> int:
-    """More repetitions where calls are short (the load's noise is largest relative to them),
-    fewer for the largest sizes (a 64 MiB call takes up to a second on 2 cores)."""
+    """More repetitions where calls are short (the load's noise is largest relative to them: a
+    4 B call took 0.2 to 4 ms at load 8), fewer for the largest sizes (a 64 MiB call takes up to
+    a second on 2 cores)."""
     if nbytes >= 16 << 20:
         return max(3, reps // 3)
+    if nbytes < 64 << 10:
+        return 10 * reps
     return 3 * reps if nbytes < 1 << 20 else reps
 
 
@@ -67,6 +74,7 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
     dist.init_process_group("inagg")
     inagg = dist.group.WORLD
     gloo = dist.new_group(backend="gloo")
+    barrier = dist.new_group(backend="gloo")   # neither measured group (module docstring)
     groups = {"inagg": inagg, "gloo": gloo}
     settle = torch.ones(1)
     for _ in range(_SETTLE_CALLS):   # both groups past the job's start-up transient
@@ -82,7 +90,7 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
         for rep in range(reps_for(nbytes, reps)):
             order = list(groups) if rep % 2 == 0 else list(groups)[::-1]
             for name in order:
-                dist.barrier(group=gloo)
+                dist.barrier(group=barrier)
                 times[name].append(timed(x.clone(), groups[name]))
         after = inagg.stats()["allreduce_paths"]
         calls = {p: after.get(p, 0) - before.get(p, 0) for p in ("inagg", "gloo")}
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--reps", type=int, default=9,
-                   help="repetitions per size (3x below 1 MiB, a third from 16 MiB)")
+                   help="repetitions per size (10x below 64 KiB, 3x below 1 MiB, a third from 16 MiB)")
     p.add_argument("--quick", action="store_true", help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, 5 reps")
     args = p.parse_args(argv)
     sizes, reps = (QUICK_SIZES, min(args.reps, 5)) if args.quick else (FULL_SIZES, args.reps)

@@ -67,9 +67,11 @@ class ControllerClient:
         """Iterator of pb.Grant (no deadline: it lasts as long as the job)."""
         return self.stub.WatchGrant(pb.JobRef(job_id=job_id, token=token), wait_for_ready=True)
 
-    def activate(self, job_id: int, token: str, epoch: int, boundary: int) -> pb.ActivateReply:
+    def activate(self, job_id: int, token: str, epoch: int, boundary: int, rank: int) -> pb.ActivateReply:
+        """Rank ``rank`` asks to use pending grant ``epoch`` from ``boundary`` on; a reply with
+        ``waiting_for`` > 0 means other ranks have not asked yet: ask again."""
         return self._call("ActivateGrant", pb.ActivateRequest(job_id=job_id, token=token, epoch=epoch,
-                                                              boundary=boundary))
+                                                              boundary=boundary, rank=rank))
 
     def heartbeat(self, job_id: int, token: str, rank: int | None = None) -> pb.HeartbeatReply:
         """Renew the job's lease and, with ``rank``, that rank's."""

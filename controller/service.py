@@ -79,6 +79,8 @@ class Job:
     rank_seen: dict[int, float] = field(default_factory=dict)  # last heartbeat of each rank
     left: set[int] = field(default_factory=set)                 # ranks that left cleanly
     failure: str = ""                                            # why it failed; "" while it runs
+    # ranks that asked to activate (epoch, boundary), not decided yet (Controller.activate)
+    activation_asks: dict[tuple[int, int], set[int]] = field(default_factory=dict)
 
 
 class Controller:
@@ -337,29 +339,52 @@ class Controller:
                     f"controller's config")
         return "its workers are attached to different switches (aggregation is one level)"
 
-    def activate(self, job_id: int, token: str, epoch: int, boundary: int) -> tuple[bool, pb.Grant]:
+    def activate(self, job_id: int, token: str, epoch: int, boundary: int,
+                 rank: int | None) -> tuple[bool, pb.Grant, int]:
+        """Rank ``rank`` finished the call before ``boundary`` and asks to use pending grant
+        ``epoch`` from there on. Returns (activated, the grant to use, ranks still to ask).
+
+        The change is decided only once every rank has asked: a rank asks only after it has
+        every result of the call before the boundary, so no rank can still need a resend in the
+        old epoch when the switch is reprogrammed (deciding at the first ask stalled a rank whose
+        last result was lost: its resend carried an epoch the switch no longer had). Until then
+        the answer is "not yet" with the number of ranks missing, and the rank asks again. The
+        decision is stored, so every rank gets the same answer, also after a restart."""
         with self.lock:
             job = self._running(self._job(job_id, token))
             if job.place is None:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} has no grant yet")
             if not 0 <= boundary < 1 << 63:   # stored as an SQLite INTEGER
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"boundary {boundary} is not below 2^63")
+            if rank is None:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                              "an activation names the asking rank (a grant changes once every rank asked)")
+            self._check_rank(job, rank)
             decided = self.store.activation(job_id, epoch, boundary)
             if decided is None:
+                asked = job.activation_asks.setdefault((epoch, boundary), set())
+                asked.add(rank)
+                missing = job.demand.n_workers - len(asked)
+                if missing > 0:
+                    return False, self.grants(job)[0], missing
+                del job.activation_asks[(epoch, boundary)]
                 with self._change(f"activation of job {job_id} epoch {epoch}"):
                     decided = self.allocators[job.place].activate(job_id, epoch)
                 self.store.record_activation(job_id, epoch, boundary, decided)
                 if decided:
                     log.info("job %d activated epoch %d at boundary %d", job_id, epoch, boundary)
-            return decided, self.grants(self.jobs[job_id])[0]
+            return decided, self.grants(self.jobs[job_id])[0], 0
+
+    @staticmethod
+    def _check_rank(job: Job, rank: int) -> None:
+        if not 0 <= rank < job.demand.n_workers:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"rank {rank} not in 0..{job.demand.n_workers - 1}")
 
     def heartbeat(self, job_id: int, token: str, rank: int | None) -> None:
         with self.lock:
             job = self._running(self._job(job_id, token))
             if rank is not None:
-                if not 0 <= rank < job.demand.n_workers:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"rank {rank} not in 0..{job.demand.n_workers - 1}")
+                self._check_rank(job, rank)
                 job.rank_seen[rank] = time.monotonic()
 
     def leave(self, job_id: int, rank: int | None = None) -> None:
@@ -370,9 +395,7 @@ class Controller:
             if job is None:
                 return
             if rank is not None:
-                if not 0 <= rank < job.demand.n_workers:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"rank {rank} not in 0..{job.demand.n_workers - 1}")
+                self._check_rank(job, rank)
                 job.left.add(rank)
                 if len(job.left) < job.demand.n_workers:
                     return
@@ -565,9 +588,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
             yield from grants
 
     def ActivateGrant(self, request, context):
-        ok, grant = self._call(context, self.ctl.activate, request.job_id, request.token,
-                               request.epoch, request.boundary)
-        return pb.ActivateReply(activated=ok, grant=grant)
+        ok, grant, waiting = self._call(context, self.ctl.activate, request.job_id, request.token,
+                                        request.epoch, request.boundary,
+                                        request.rank if request.HasField("rank") else None)
+        return pb.ActivateReply(activated=ok, grant=grant, waiting_for=waiting)
 
     def Heartbeat(self, request, context):
         self._call(context, self.ctl.heartbeat, request.job_id, request.token,

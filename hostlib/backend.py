@@ -46,13 +46,11 @@ GLOO_COLLECTIVES = (
     "reduce_scatter_tensor_coalesced", "gather", "scatter", "alltoall", "alltoall_base", "barrier",
     "monitored_barrier", "send", "recv", "recv_anysource",
 )
-_CALIBRATION_BYTES = (64, 256 * 1024)   # two sizes pin alpha and beta of each path
-_CALIBRATION_ROUNDS = 2
+# three sizes pin alpha and beta of each path (the median of a few rounds each: the machine may
+# be shared), so the first real calls are already chosen from measurements
+_CALIBRATION_BYTES = (64, 16 * 1024, 1 << 20)
+_CALIBRATION_ROUNDS = 3
 _INAGG_DTYPES = (torch.float32, torch.int32)
-# A gloo call is timed (a Python callback on gloo's thread, which delays that call's completion
-# and, measured, the median call by ~30 % at 4 B when every 8th call had one) only every this
-# many calls, and only when it starts with gloo idle; the others cost what gloo's own do.
-_GLOO_SAMPLE_EVERY = 32
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | gloo
 
 
@@ -102,6 +100,39 @@ def _off_thread(fut: torch.futures.Future) -> torch.futures.Future:
     return out
 
 
+class _TimedWork(dist.Work):
+    """A path's Work that reports when it is done (``on_done``, once), timed where it is waited
+    for: in ``wait`` on the caller's thread, which costs the call nothing and counts the
+    caller's wake-up on every path alike (timed where inagg's future completed instead, inagg
+    looked faster than its callers saw it and was chosen at 2 workers / 4 B, at 5x gloo's time).
+    Only a caller that takes its future (DDP) gets a callback on it, which gloo runs on its own
+    thread *before* waiters learn the call is done: its wait for the GIL delays the call (every
+    call timed so made the backend's gloo path 1.3-1.9x plain gloo at 256 KiB-4 MiB, load 9-11
+    on 2 cores; a thread of ours waiting beside the caller did as badly)."""
+
+    def __init__(self, work: dist.Work, on_done) -> None:
+        super().__init__()
+        self._work, self._on_done = work, on_done
+
+    def _done(self) -> None:
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        ok = self._work.wait() if timeout is None else self._work.wait(timeout)
+        self._done()
+        return ok
+
+    def get_future(self) -> torch.futures.Future:
+        fut = self._work.get_future()
+        fut.add_done_callback(lambda _: self._done())
+        return fut
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+
 class InaggProcessGroup(dist.ProcessGroup):
     """One rank's ``inagg`` process group (module docstring)."""
 
@@ -122,9 +153,9 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
         self._lock = threading.Lock()
         self._last_done = {p: 0.0 for p in PATHS}
-        self._last_gloo: dist.Work | None = None
+        self._last_work: dict[str, dist.Work] = {}   # each path's latest call
         self._closed = False
-        self.paths = PathChooser(self._agree_max, forced=forced)
+        self.paths = PathChooser(self._agree_min, PATHS, forced=forced)
         self._calibrate()
         log.info("rank %d: inagg process group ready (job %d, %s mode, address %s)", rank, self.comm.job_id,
                  self.comm.grant.mode, self.endpoint.bind_ip)
@@ -135,48 +166,57 @@ class InaggProcessGroup(dist.ProcessGroup):
     # -- allreduce -----------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts=None):
+        # every call pays what runs here before gloo's own allreduce: kept to a few attribute
+        # reads (at 2 workers a 4 B gloo call takes ~0.15 ms; the backend's dispatch was 5 %)
         opts = opts if opts is not None else dist.AllreduceOptions()
-        reason = _ineligible(tensors, opts.reduceOp)
+        op = opts.reduceOp
+        reason = _ineligible(tensors, op)
         if reason:
             return self._to_gloo("allreduce", reason, tensors, opts)
         tensor = tensors[0]
-        nbytes = tensor.numel() * tensor.element_size()
-        average = opts.reduceOp == _AVG
-        path = self.paths.choose(nbytes)
+        path, measure = self.paths.choose(tensor.nbytes)
         self.allreduces[path] += 1
-        if path == "gloo" and not average:   # the fast path: gloo's own Work
-            idle = self._last_gloo is None or self._last_gloo.is_completed()
-            work = self._last_gloo = self._gloo.allreduce(tensors, opts)
-            if idle and self.allreduces[path] % _GLOO_SAMPLE_EVERY == 0:
-                self._time(path, nbytes, work.get_future())
+        if path == "gloo" and not measure and op == _SUM:   # the fast path: gloo's own Work
+            work = self._last_work["gloo"] = self._gloo.allreduce(tensors, opts)
             return work
-        return _create_work_from_future(self._run(path, tensor, average))
+        return self._start(path, tensor, opts, measure)
 
-    def _time(self, path: str, nbytes: int, fut: torch.futures.Future) -> None:
-        """Feed the path's estimator with this call's service time: from its start, or from the
-        previous call's end on that path if it was queued behind it (both paths run their
-        calls in order), to its end."""
+    def _start(self, path: str, tensor: torch.Tensor, opts, measure: bool) -> dist.Work:
+        """Start one allreduce on ``path``. Timed only when the chooser asks (``measure``) and
+        the path is idle (a queued call's time is not its own), where the caller waits for it
+        (``_TimedWork``), so every path's time is what its caller sees."""
+        last = self._last_work.get(path)
+        idle = last is None or last.is_completed()
         started = time.perf_counter()
+        average = opts.reduceOp == _AVG
+        if path == "gloo" and not average:
+            work = self._gloo.allreduce([tensor], opts)
+        else:
+            work = _create_work_from_future(self._run(path, tensor, average))
+        self._last_work[path] = work
+        if measure and idle:
+            nbytes = tensor.nbytes
+            return _TimedWork(work, lambda: self._observe(path, nbytes, started))
+        return work
 
-        def done(_: torch.futures.Future) -> None:
-            now = time.perf_counter()
-            with self._lock:
-                began = max(started, self._last_done[path])
-                self._last_done[path] = now
-            self.paths.observe(path, nbytes, now - began)
-
-        fut.add_done_callback(done)
+    def _observe(self, path: str, nbytes: int, started: float) -> None:
+        """Feed the path's model with a call that just ended: from its start (``started``,
+        taken before it was submitted), or from the previous call's end on that path if it was
+        queued behind it (both paths run their calls in order), to now."""
+        now = time.perf_counter()
+        with self._lock:
+            began = max(started, self._last_done[path])
+            self._last_done[path] = now
+        self.paths.observe(path, nbytes, now - began)
 
     def _run(self, path: str, tensor: torch.Tensor, average: bool) -> torch.futures.Future:
-        """Start one allreduce on ``path``, timed; the future resolves to ``[tensor]`` (as gloo's)."""
-        nbytes = tensor.numel() * tensor.element_size()
+        """Start one allreduce on ``path``; the future resolves to ``[tensor]`` (as gloo's)."""
         if path == "inagg":
             fut = _off_thread(self.comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM))
         else:
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
             fut = self._gloo.allreduce([tensor], opts).get_future()
-        self._time(path, nbytes, fut)
 
         def result(f: torch.futures.Future) -> list[torch.Tensor]:
             f.value()   # raises the path's error, if any, into the returned future
@@ -186,21 +226,24 @@ class InaggProcessGroup(dist.ProcessGroup):
 
         return fut.then(result)
 
-    def _agree_max(self, values: np.ndarray) -> np.ndarray:
-        """Each element's maximum over the ranks (through gloo: exact and cheap for a few floats)."""
+    def _agree_min(self, values: np.ndarray) -> np.ndarray:
+        """Each element's minimum over the ranks (through gloo: exact and cheap for a few floats)."""
         t = torch.from_numpy(values.astype(np.float64))
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
+        opts.reduceOp = dist.ReduceOp.MIN
         self._gloo.allreduce([t], opts).wait()
         return t.numpy()
 
     def _calibrate(self) -> None:
-        """Time both paths at two sizes (the same calls on every rank) and agree on the result,
-        so the first real calls are already chosen from measurements."""
+        """Time every path at a few sizes (the same calls on every rank) and agree on the
+        result, so the first real calls are already chosen from measurements."""
         for nbytes in _CALIBRATION_BYTES:
-            for _ in range(_CALIBRATION_ROUNDS):
-                for path in PATHS:
-                    self._run(path, torch.zeros(nbytes // 4, dtype=torch.float32), False).wait()
+            # an untimed first round: a group's first calls set up connections and buffers (they
+            # took 3-4 ms at 64 B where later ones took 0.3)
+            for timed in (False,) + (True,) * _CALIBRATION_ROUNDS:
+                for path in self.paths.paths:
+                    self._start(path, torch.zeros(nbytes // 4, dtype=torch.float32), dist.AllreduceOptions(),
+                                measure=timed).wait()
         self.paths.agree()
 
     # -- everything else -----------------------------------------------------------------------
@@ -221,6 +264,11 @@ class InaggProcessGroup(dist.ProcessGroup):
         return {"controller": self.endpoint.controller, "address": self.endpoint.bind_ip,
                 "allreduce_paths": dict(self.allreduces), "fallbacks": dict(self.fallbacks),
                 "path_model": self.paths.as_dict(), "inagg": self.comm.stats()}
+
+    def path_history(self) -> list[dict]:
+        """Each recent eligible allreduce's path, in order (``PathChooser.history``): what
+        the backend chose over time."""
+        return self.paths.history()
 
     def shutdown(self) -> None:
         """Leave the inagg job; rank 0 stops the local deployment it started once every rank

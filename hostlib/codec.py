@@ -96,3 +96,81 @@ def error_bound(exact_sum: np.ndarray, exp: int, n_workers: int) -> np.ndarray:
     s = shift_for(n_workers)
     quantum_err = n_workers * math.ldexp(1.0, exp - s - 1) * (1 + 2.0**-24)
     return quantum_err + 2.0**-24 * np.abs(exact_sum.astype(np.float64)) + 2.0**-150
+
+
+# -- exact fixed point: the small calls that ride in the control round ----------------------------
+#
+# A float32 is an integer multiple of 2**-149 (the smallest subnormal), and the codec's values are
+# below 2**EXP_MAX, so ``x * 2**149`` is an integer below 2**FIXED_BITS. Split into signed limbs of
+# ``limb_bits(N)`` bits (one per int32 lane, least significant first), N ranks' limbs sum without
+# int32 overflow, and the lane-wise sums, carried, are the EXACT sum of the ranks' floats. It is
+# rounded once to float32 (to nearest, ties to even; inf beyond float32's range), so the result
+# is the correctly rounded sum, the same bits on every rank. No exponent needs agreeing first:
+# one round trip. inf, NaN and |x| >= 2**EXP_MAX are not representable, as in the block codec.
+
+FIXED_FRACTION_BITS = 149                      # float32 values are multiples of 2**-149
+FIXED_BITS = EXP_MAX + FIXED_FRACTION_BITS     # |x| < 2**EXP_MAX: |x| * 2**149 < 2**276
+_MAX_BIASED_EXP = EXP_MAX + 126                # float32 biased exponents above: |x| >= 2**EXP_MAX, inf, NaN
+_SIGNIFICAND_BITS = 24
+
+
+def limb_bits(n_workers: int) -> int:
+    """Bits per limb for a job of ``n_workers``: N limbs of magnitude < 2**b sum to less than
+    2**31 in magnitude (b = 31 - ceil(log2 N), one more than the block codec's shift)."""
+    return shift_for(n_workers) + 1
+
+
+def fixed_limbs(n_workers: int) -> int:
+    """int32 lanes per float32 value in the exact fixed-point encoding."""
+    return -(-FIXED_BITS // limb_bits(n_workers))
+
+
+def fixed_encode(x: np.ndarray, n_workers: int, out: np.ndarray) -> bool:
+    """float32 values -> their exact signed limbs in ``out`` (int32, ``fixed_limbs`` per value,
+    least significant first). False when some value is inf, NaN or |x| >= 2**EXP_MAX: its limbs
+    are zero (the caller flags the call, FLAG_OVERFLOW)."""
+    b, n_limbs = limb_bits(n_workers), fixed_limbs(n_workers)
+    bits = x.view(np.uint32).astype(np.int64)
+    biased = (bits >> 23) & 0xFF
+    good = biased <= _MAX_BIASED_EXP
+    significand = ((bits & 0x7FFFFF) | (biased > 0).astype(np.int64) << 23) * good
+    shift = np.maximum(biased - 1, 0)          # |x| = significand * 2**(shift - 149)
+    # position of the significand's bit 0 within each limb
+    at = shift[:, None] - b * np.arange(n_limbs)[None, :]
+    up = significand[:, None] << np.clip(at, 0, b)
+    down = significand[:, None] >> np.clip(-at, 0, _SIGNIFICAND_BITS)
+    limbs = np.where(at >= 0, up, down) & ((1 << b) - 1)
+    limbs *= 1 - 2 * (bits >> 31)[:, None]
+    out[:x.size * n_limbs] = limbs.reshape(-1)
+    return bool(good.all())
+
+
+def fixed_decode(sums: np.ndarray, n_workers: int, out: np.ndarray) -> np.ndarray:
+    """Lane-wise int32 sums of ``fixed_encode`` limbs -> the exact sums, each rounded once to
+    float32, in ``out``."""
+    b, n_limbs = limb_bits(n_workers), fixed_limbs(n_workers)
+    rows = sums[:out.size * n_limbs].reshape(out.size, n_limbs).tolist()
+    out[:] = [round_to_float32(_exact_total(row, b)) for row in rows]
+    return out
+
+
+def _exact_total(limbs: list[int], b: int) -> int:
+    """sum(limbs[i] << (b * i)): Python's ints are exact, so the carries resolve themselves."""
+    total = 0
+    for limb in reversed(limbs):
+        total = (total << b) + limb
+    return total
+
+
+def round_to_float32(value: int) -> float:
+    """``value * 2**-149`` rounded to the nearest float32 (ties to even; inf when too large), as
+    the float64 that holds it exactly."""
+    magnitude = abs(value)
+    drop = max(0, magnitude.bit_length() - _SIGNIFICAND_BITS)
+    kept = magnitude >> drop
+    if drop:
+        rest, half = magnitude & ((1 << drop) - 1), 1 << (drop - 1)
+        kept += rest > half or (rest == half and kept & 1)
+    exact = math.ldexp(kept, drop - FIXED_FRACTION_BITS)   # 24 significant bits: exact in float64
+    y = math.inf if exact >= 2.0**128 else exact
+    return -y if value < 0 else y

@@ -174,7 +174,8 @@ class Communicator:
         self.boundary = 0
         self.grant_changes = 0
         # alpha/beta of this rank's path, measured: every call's control round is a latency
-        # probe and every call a (wire bytes, seconds) transfer sample (hostlib.cost_model)
+        # probe and every call a (wire bytes, seconds) transfer sample of 1 or 2 round trips
+        # (a small call rides in the control round; hostlib.cost_model)
         self.link = LinkEstimator(alpha=1e-4, beta=1e-8)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         # calls run one at a time (_running) in submission order; _queued counts the requests
@@ -255,11 +256,29 @@ class Communicator:
         agreed = self.stream.agreed_epoch
         if agreed <= self.stream.grant.epoch:
             return
-        reply = self.client.activate(self.job_id, self.token, agreed, self.boundary)
+        reply = self._activate(agreed)
         grant = self._to_grant(reply.grant)
         if grant.epoch != self.stream.grant.epoch:
             self._use(grant)
             self.grant_changes += 1
+
+    def _activate(self, epoch: int):
+        """Ask the controller to switch to pending grant ``epoch`` at this boundary, again
+        until every rank has asked (the controller changes a grant only then, so no rank still
+        resends in the old epoch); polls from 1 ms, backing off to 50 ms, at most a stall timeout."""
+        deadline = time.monotonic() + self.stream.stall_timeout
+        pause = 1e-3
+        while True:
+            reply = self.client.activate(self.job_id, self.token, epoch, self.boundary, self.rank)
+            if not reply.waiting_for:
+                return reply
+            if self.failure:
+                raise JobFailed(f"job {self.job_id} failed: {self.failure}")
+            if time.monotonic() > deadline:
+                raise JobFailed(f"job {self.job_id} rank {self.rank}: {reply.waiting_for} rank(s) did not ask to "
+                                f"switch to grant epoch {epoch} within {self.stream.stall_timeout:.0f}s of this one")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
 
     def _use(self, grant: Grant) -> None:
         """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
@@ -298,7 +317,7 @@ class Communicator:
             self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
                                   refusal=req.refusal)
             self.link.observe(self.stream.stats.wire_bytes_sent - sent,
-                              time.perf_counter() - started, latencies=4)
+                              time.perf_counter() - started, latencies=2 * self.stream.round_trips)
             self.link.observe(2 * (HEADER_BYTES + self.transport.overhead), self.stream.control_rtt,
                               latencies=2)
             self.boundary += 1

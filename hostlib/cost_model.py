@@ -101,7 +101,8 @@ class LinkEstimator:
 
     ``latencies`` is how many alpha a sample paid: 1 for a one-way message (then the fit is
     the plain ``T = alpha + beta * bytes``), 2 per allreduce round trip, so a float32 inagg
-    allreduce is 4 (int32 too: the control round precedes the data); ``nbytes`` are wire bytes of the bottleneck link
+    allreduce is 4 (int32 too: the control round precedes the data), and 2 for a call small
+    enough to ride in the control round (``StreamBase.round_trips``); ``nbytes`` are wire bytes of the bottleneck link
     (``StreamStats.wire_bytes_sent`` on a switch path). Real transfers pin beta; tiny probes
     (a one-element int32 allreduce) pin alpha. Until the window holds two samples that are not
     proportional in (latencies, nbytes), the priors given at construction are returned.
@@ -150,26 +151,32 @@ class LinkEstimator:
 
     def _solve(self) -> tuple[float, float]:
         data = np.array(self._samples, dtype=np.float64).reshape(-1, 3)
-        x, t = data[:, :2], data[:, 2]
-        scale = np.linalg.norm(x, axis=0)
-        if len(t) < 2 or not np.all(scale > 0):
-            return self._prior
-        coef, _, rank, _ = np.linalg.lstsq(x / scale, t, rcond=None)
-        if rank < 2:
-            return self._prior
-        coef /= scale
-        if np.all(coef >= 0):
-            return float(coef[0]), float(coef[1])
-        # The problem is convex: with the unconstrained optimum outside the quadrant, the
-        # constrained one lies on an axis, at that axis's 1-D least squares (>= 0 because every
-        # sample is), whichever of the two fits better.
-        on_axes = []
-        for j in range(2):
-            fit = np.zeros(2)
-            fit[j] = x[:, j] @ t / (x[:, j] @ x[:, j])
-            on_axes.append((float(np.sum((x @ fit - t) ** 2)), fit))
-        best = min(on_axes, key=lambda e: e[0])[1]
-        return float(best[0]), float(best[1])
+        fit = nonnegative_fit(data[:, :2], data[:, 2])
+        return self._prior if fit is None else fit
+
+
+def nonnegative_fit(x: np.ndarray, t: np.ndarray) -> tuple[float, float] | None:
+    """The least-squares ``(a, b) >= 0`` of ``x @ (a, b) = t`` (rows of x >= 0, t >= 0), or
+    None when the rows do not pin both (fewer than two, or all proportional)."""
+    scale = np.linalg.norm(x, axis=0)
+    if len(t) < 2 or not np.all(scale > 0):
+        return None
+    coef, _, rank, _ = np.linalg.lstsq(x / scale, t, rcond=None)
+    if rank < 2:
+        return None
+    coef /= scale
+    if np.all(coef >= 0):
+        return float(coef[0]), float(coef[1])
+    # The problem is convex: with the unconstrained optimum outside the quadrant, the
+    # constrained one lies on an axis, at that axis's 1-D least squares (>= 0 because every
+    # sample is), whichever of the two fits better.
+    on_axes = []
+    for j in range(2):
+        fit = np.zeros(2)
+        fit[j] = x[:, j] @ t / (x[:, j] @ x[:, j])
+        on_axes.append((float(np.sum((x @ fit - t) ** 2)), fit))
+    best = min(on_axes, key=lambda e: e[0])[1]
+    return float(best[0]), float(best[1])
 
 
 class CollectiveChooser:

@@ -3,8 +3,9 @@ interface as the Python :class:`hostlib.stream.SlotStream`, its specification.
 
 Python keeps what runs once per call (``StreamBase``: the control vector and its decoding, the
 window choice, the errors); the native core runs the per-packet phases with the GIL released:
-the control round, then the blocks (priming, one-round-ahead exponents, quantization, exact
-result checks, retransmission), in sendmmsg/recvmmsg batches on the UDP socket of the
+the control round (with a small call's values, encoded by the C++ twin of
+``codec.fixed_encode``), then the blocks (priming, one-round-ahead exponents, quantization,
+exact result checks, retransmission), in sendmmsg/recvmmsg batches on the UDP socket of the
 transport. Both streams speak the same wire protocol, so ranks of one job may use either.
 """
 
@@ -60,14 +61,25 @@ class NativeSlotStream(StreamBase):
         self.stats.result_drops = counters["result_drops"]
         self.stats.ignored_results = sum(self.stats.result_drops.values())
 
-    def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
-        summed = np.empty_like(vector)
-        ok, exp, rtt = self._core.control_round(vector, exp0, summed)
+    def _encode_values(self, x: np.ndarray, lanes: np.ndarray) -> bool:
+        if x.dtype != np.float32:
+            return super()._encode_values(x, lanes)
+        return _native.fixed_encode(x, self.n_workers, lanes)
+
+    def _decode_values(self, sums: np.ndarray, x: np.ndarray) -> None:
+        if x.dtype != np.float32:
+            super()._decode_values(sums, x)
+        else:
+            _native.fixed_decode(sums, self.n_workers, x)
+
+    def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
+        summed = np.empty_like(lanes)
+        ok, exp, result_flags, rtt = self._core.control_round(lanes, exp0, flags, summed)
         self._sync_stats()
         if not ok:
             raise self.stall_error(f"call {self.stats.calls - 1}'s control round", self._core.waiting_slots())
         self.control_rtt = rtt
-        return summed, exp
+        return summed, exp, result_flags
 
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
         window = call_window(self.grant.slot_count, exps.n_blocks, goal, exps.is_float)

@@ -26,6 +26,16 @@ the next call starts aligned (or, for call numbers, fails again: never absorbed)
 switch to after this call, at the same boundary; the call's window W (slots in use, rounds in
 flight) is the smallest goal, so every rank maps blocks to the same slots.
 
+The control packet has K lanes (count = K); the K - 2N after the control vector are spare. A
+call small enough (:meth:`StreamBase.one_round_capacity`, derived from K and N) rides in them
+and is done in that one round trip: int32 values as they are, float32 values as exact
+fixed-point limbs (``codec.fixed_encode``: the switch's lane-wise int32 sum is the exact sum of
+the ranks' floats, rounded once to float32 on every rank alike, so no exponent agreement is
+needed). Whether a call rides is decided by each rank from its own size, so the ranks agree
+whenever the control vector does (else the call is refused before its lanes are read). A value
+the codecs cannot carry (inf, NaN, |x| >= 2**127) sends zeros and FLAG_OVERFLOW, as a bad
+block does: the call fails on every rank with the same error and leaves the tensor unchanged.
+
 Window: a float32 call uses at most a quarter as many slots as it has blocks
 (``PRIMING_SHARE``), or 16 (``PRIMING_FREE_WINDOW``) if that is more; each rank's goal follows
 loss (:class:`WindowControl`, AIMD).
@@ -176,7 +186,8 @@ class ControlVector:
 
     Word r: ``-(code | detail << 4)`` for a refusal, else ``size << 2 | average << 1 | is_float``.
     Word N + r: ``(call mod 2**8) << 23 | goal << 8 | pending epoch delta`` (delta over the grant's
-    epoch, capped at 255; 0 = none)."""
+    epoch, capped at 255; 0 = none). The words are the first 2N lanes of the control packet;
+    a small call's values follow (:meth:`StreamBase.one_round_capacity`)."""
 
     def __init__(self, n_workers: int) -> None:
         self.n = n_workers
@@ -196,24 +207,24 @@ class ControlVector:
         """Every rank's view of the call; raises :class:`CallRefused` (the same on every rank)
         when the call numbers differ, a rank refused, or the tensors differ."""
         n = self.n
-        first = [int(w) for w in summed[:n]]
-        second = [int(w) for w in summed[n:2 * n]]
+        words = summed[:2 * n].tolist()    # plain ints: this runs once per call, small ones too
+        first, second = words[:n], words[n:]
         calls = [w >> (_GOAL_BITS + _EPOCH_DELTA_BITS) for w in second]
-        if len(set(calls)) != 1:
+        if calls.count(calls[0]) != n:
             desc = ", ".join(f"rank {r}: call {c}" for r, c in enumerate(calls))
             raise CallRefused(f"allreduce call numbers differ across ranks ({desc}, modulo "
                               f"{1 << CALL_BITS}): a rank skipped or repeated a call")
-        refusals = [(r, Refusal(CallError(-w & 0xF), -w >> 4)) for r, w in enumerate(first) if w < 0]
-        if refusals:
+        if min(first) < 0:
+            refusals = [(r, Refusal(CallError(-w & 0xF), -w >> 4)) for r, w in enumerate(first) if w < 0]
             desc = "; ".join(f"rank {r} passed {ref.describe()}" for r, ref in refusals)
             raise CallRefused(f"allreduce call {call} refused: {desc}")
-        specs = [CallSpec(call, w >> 2, bool(w & 1), bool(w & 2)) for w in first]
-        if len(set(specs)) != 1:
+        if first.count(first[0]) != n:   # the words of equal tensors are equal
+            specs = [CallSpec(call, w >> 2, bool(w & 1), bool(w & 2)) for w in first]
             desc = ", ".join(f"rank {r}: {s.describe()}" for r, s in enumerate(specs))
             raise CallRefused(f"allreduce tensors differ across ranks ({desc})")
-        mask = (1 << _EPOCH_DELTA_BITS) - 1
-        return Agreement(window_goal=min((w >> _EPOCH_DELTA_BITS) & ((1 << _GOAL_BITS) - 1) for w in second),
-                         epoch_delta=min(w & mask for w in second))
+        goal_mask, delta_mask = (1 << _GOAL_BITS) - 1, (1 << _EPOCH_DELTA_BITS) - 1
+        return Agreement(window_goal=min([(w >> _EPOCH_DELTA_BITS) & goal_mask for w in second]),
+                         epoch_delta=min([w & delta_mask for w in second]))
 
 
 # -- the stream's parts --------------------------------------------------------------------------
@@ -556,6 +567,7 @@ class StreamBase:
         self.control = ControlVector(n_workers)
         self.agreed_epoch = 0
         self.control_rtt = 0.0  # round trip of the last call's control round: a latency probe
+        self.round_trips = 0    # of the last call: 1 when it rode in the control round, else 2
         self.window = 0  # slots the last call used (agreed by all ranks)
         self.window_control: WindowControl | None = None
         self.aborted = False
@@ -582,7 +594,9 @@ class StreamBase:
         """Sum (``average``: mean) ``x`` (flat, float32 or int32) over all workers, in place.
 
         Every call takes part in the control round, even one this rank refuses (``refusal``
-        given, or ``x`` unusable): then every rank raises the same :class:`CallRefused`.
+        given, or ``x`` unusable): then every rank raises the same :class:`CallRefused`. A call
+        of at most ``one_round_capacity`` values rides in the control round itself (one round
+        trip); a larger one streams its blocks after it.
         ``pending_epoch``: the newest pending grant this rank has seen (0: none); after the
         call, ``agreed_epoch`` holds the smallest such epoch over all ranks (0: none)."""
         if refusal is None:
@@ -595,13 +609,19 @@ class StreamBase:
         delta = pending_epoch - self.grant.epoch if pending_epoch > self.grant.epoch else 0
         spec = CallSpec(call, 0 if refusal else x.size, not refusal and x.dtype == np.float32,
                         average, refusal, self.window_control.goal, delta)
-        local = None if refusal else self._exponents(x)
-        vector = self.control.encode(self.rank, spec)
-        summed, exp0 = self._control_round(vector, local.local_exp(0) if local else EXP_NONE)
+        one_round = not refusal and 0 < x.size <= self.one_round_capacity(spec.is_float)
+        local = None if refusal or one_round else self._exponents(x)
+        lanes, flags = self._control_lanes(spec, x if one_round else None)
+        summed, exp0, result_flags = self._control_round(lanes, local.local_exp(0) if local else EXP_NONE, flags)
         agreement = self.control.decode(summed, call)
         if agreement.epoch_delta:
             self.agreed_epoch = self.grant.epoch + agreement.epoch_delta
-        if x.size:
+        self.round_trips = 1 if one_round or not x.size else 2
+        if one_round:
+            if result_flags & FLAG_OVERFLOW:
+                raise overflow_error([0], self.grant.values_per_packet)
+            self._decode_values(summed[2 * self.n_workers:], x)
+        elif x.size:
             local.agree(0, exp0)
             overflow = self._stream_blocks(x, local, agreement.window_goal)
             self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before))
@@ -614,12 +634,46 @@ class StreamBase:
         self.stats.seconds += time.perf_counter() - started
         return x
 
+    def one_round_capacity(self, is_float: bool) -> int:
+        """The most values of a call that ride in the control packet's spare lanes (K - 2N of
+        them, after the control vector): one lane per int32 value, ``codec.fixed_limbs`` per
+        float32 value (an exact fixed-point encoding, so no exponent needs agreeing first)."""
+        spare = self.grant.values_per_packet - 2 * self.n_workers
+        return spare // codec.fixed_limbs(self.n_workers) if is_float else spare
+
+    def _control_lanes(self, spec: CallSpec, riding: np.ndarray | None) -> tuple[np.ndarray, int]:
+        """The control packet's K lanes (this rank's control words, then the values of the call
+        ``riding`` in it, else zeros) and its flags: FLAG_OVERFLOW when a value cannot ride
+        (inf, NaN, too large), so the call fails on every rank as a bad block does."""
+        lanes = np.zeros(self.grant.values_per_packet, np.int32)
+        lanes[:2 * self.n_workers] = self.control.encode(self.rank, spec)
+        if riding is not None and not self._encode_values(riding, lanes[2 * self.n_workers:]):
+            return lanes, FLAG_OVERFLOW
+        return lanes, 0
+
+    def _encode_values(self, x: np.ndarray, lanes: np.ndarray) -> bool:
+        """A one-round call's values into the control packet's spare lanes: int32 as they are
+        (the switch sums them as the blocks'), float32 as exact fixed-point limbs. False when a
+        float is not representable (inf, NaN, |x| >= 2**127)."""
+        if x.dtype != np.float32:
+            lanes[:x.size] = x
+            return True
+        return codec.fixed_encode(x, self.n_workers, lanes)
+
+    def _decode_values(self, sums: np.ndarray, x: np.ndarray) -> None:
+        """The summed spare lanes of a one-round call into ``x``: the exact sum, for float32
+        rounded once."""
+        if x.dtype != np.float32:
+            x[:] = sums[:x.size]
+        else:
+            codec.fixed_decode(sums, self.n_workers, x)
+
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
         return ExponentTracker(x, self.grant.values_per_packet)
 
-    def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
-        """Send the control vector on slot 0 and return (summed vector, agreed exponent of block
-        0); sets ``control_rtt``."""
+    def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
+        """Send the control packet's lanes on slot 0 with ``flags`` and return (summed lanes,
+        agreed exponent of block 0, the result's flags); sets ``control_rtt``."""
         raise NotImplementedError
 
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
@@ -752,14 +806,14 @@ class SlotStream(StreamBase):
 
     # -- the two phases of a call ------------------------------------------------------------
 
-    def _control_round(self, vector: np.ndarray, exp0: int) -> tuple[np.ndarray, int]:
+    def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
         rounds = OutstandingRounds(self.grant, self._source)
         start = time.perf_counter()
-        self._send_round(rounds, 0, 0, True, vector, exp0, 0, start)
+        self._send_round(rounds, 0, 0, True, lanes, exp0, flags, start)
         _, rnd, now = self._await(rounds, start, lambda: f"call {self.stats.calls - 1}'s control round")
         self.control_rtt = now - rnd.sent_at
-        _, exp, values = self._header_fields()
-        return values.astype(np.int32), exp
+        result_flags, exp, values = self._header_fields()
+        return values.astype(np.int32), exp, result_flags
 
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
         g = self.grant

@@ -1,5 +1,5 @@
-// Block floating-point codec, the C++ twin of hostlib/codec.py (which documents the format and
-// proves the error bound). Results must be bit-identical to the numpy version: the worker's
+// Block floating-point codec and the exact fixed-point codec of small calls, the C++ twins of
+// hostlib/codec.py (which documents both formats and proves the block codec's error bound). Results must be bit-identical to the numpy version: the worker's
 // native stream and the Python one may serve ranks of the same job.
 #pragma once
 
@@ -26,5 +26,17 @@ void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be);
 
 // y[i] = float32(q[i] * 2**(exp - shift)) from big-endian int32 sums (zero for kExpNone).
 void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y);
+
+// Exact fixed point (hostlib/codec.py documents it): a float32 is x * 2**149, an integer below
+// 2**(kExpMax + 149), split into signed limbs of limb_bits(N) bits, one per int32 lane.
+int limb_bits(int n_workers);
+int fixed_limbs(int n_workers);
+
+// The limbs of x[0..n) into limbs[0 .. n * fixed_limbs); false when some value is inf, NaN or
+// |x| >= 2**kExpMax (its limbs are zero).
+bool fixed_encode(const float* x, size_t n, int n_workers, int32_t* limbs);
+
+// Lane-wise sums of N ranks' limbs -> the exact sums rounded once to float32 (ties to even).
+void fixed_decode(const int32_t* sums, size_t n, int n_workers, float* y);
 
 }  // namespace inagg

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "value_loops.hpp"
+
 namespace inagg {
 namespace {
 
@@ -29,6 +31,23 @@ void store_u16(uint8_t* p, uint16_t v) {
 void store_u32(uint8_t* p, uint32_t v) {
     v = __builtin_bswap32(v);
     std::memcpy(p, &v, sizeof v);
+}
+
+// The value loops: free functions over plain pointers and a local count, so the compiler sees
+// that the stores cannot change the count (in a member function they could alias k_) and
+// vectorizes them (value_loops.hpp).
+INAGG_VALUE_LOOP void load_values(int32_t* values, const uint8_t* payload, uint32_t k) {
+    for (size_t i = 0; i < k; ++i) values[i] = static_cast<int32_t>(load_u32(payload + 4 * i));
+}
+
+// int32 wrap-around sums, as the switch's registers do.
+INAGG_VALUE_LOOP void add_values(int32_t* values, const uint8_t* payload, uint32_t k) {
+    for (size_t i = 0; i < k; ++i)
+        values[i] = static_cast<int32_t>(static_cast<uint32_t>(values[i]) + load_u32(payload + 4 * i));
+}
+
+INAGG_VALUE_LOOP void store_values(uint8_t* out, const int32_t* values, uint32_t k) {
+    for (size_t i = 0; i < k; ++i) store_u32(out + 4 * i, static_cast<uint32_t>(values[i]));
 }
 
 // The inagg header as on the wire (hostlib.protocol.HEADER_FIELDS).
@@ -303,8 +322,10 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
         set.flags[slot] = h.flags & kStickyFlags;
         set.offset[slot] = h.offset;
         set.count[slot] = h.count;
-        for (uint32_t i = 0; i < k_; ++i) {
-            values[i] = h.count ? static_cast<int32_t>(load_u32(payload + 4 * i)) : 0;
+        if (h.count) {
+            load_values(values, payload, k_);
+        } else {
+            std::fill(values, values + k_, 0);
         }
     } else if (complete) {                                     // STALE
         return drop_job(ctr, Outcome::StaleRound);
@@ -315,11 +336,8 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
         set.seen[slot] += 1;
         set.exp[slot] = std::max(set.exp[slot], h.exp);
         set.flags[slot] |= h.flags & kStickyFlags;
-        if (h.count) {  // int32 wrap-around, as the switch's registers do
-            for (uint32_t i = 0; i < k_; ++i) {
-                values[i] = static_cast<int32_t>(static_cast<uint32_t>(values[i])
-                                                 + load_u32(payload + 4 * i));
-            }
+        if (h.count) {
+            add_values(values, payload, k_);
         }
     }
     set.bitmap[slot] |= bit;
@@ -362,10 +380,7 @@ size_t Engine::write_result(uint32_t slot, int s, const JobConfig& job, uint8_t 
     if (!count) {
         return kHeaderBytes;
     }
-    const int32_t* values = &set.values[static_cast<size_t>(slot) * k_];
-    for (uint32_t i = 0; i < k_; ++i) {
-        store_u32(out + kHeaderBytes + 4 * i, static_cast<uint32_t>(values[i]));
-    }
+    store_values(out + kHeaderBytes, &set.values[static_cast<size_t>(slot) * k_], k_);
     return kHeaderBytes + 4 * static_cast<size_t>(k_);
 }
 

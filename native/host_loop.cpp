@@ -77,6 +77,7 @@ HostLoop::HostLoop(Engine& engine, int fd, double drop_rate, uint64_t seed)
     if (!(drop_rate >= 0.0 && drop_rate < 1.0)) {
         throw std::invalid_argument("drop rate must be in [0, 1), got " + std::to_string(drop_rate));
     }
+    buffers_->tx = UdpBatch(udp_gso_supported(fd));
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) {
         throw os_error("eventfd");

@@ -334,19 +334,20 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
     }
 }
 
-bool Stream::control_round(const int32_t* vector, size_t n_values, int8_t exp0, int32_t* summed,
-                           int8_t* agreed_exp0, double* rtt) {
+bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, uint8_t flags, int32_t* summed,
+                           int8_t* agreed_exp0, uint8_t* result_flags, double* rtt) {
     start_call(1);
     double start = now_seconds();
-    for (size_t i = 0; i < n_values; ++i) payload(0)[i] = htonl(static_cast<uint32_t>(vector[i]));
-    build(0, 0, true, static_cast<uint16_t>(n_values), exp0, 0, start);
+    for (size_t i = 0; i < n_lanes; ++i) payload(0)[i] = htonl(static_cast<uint32_t>(lanes[i]));
+    build(0, 0, true, static_cast<uint16_t>(n_lanes), exp0, flags, start);
     uint32_t idx = 0;
     const uint8_t* res = nullptr;
     double progress = start;
     if (!await_result(&idx, &res, &progress)) return false;
     *rtt = progress - rounds_[0].sent_at;
-    for (size_t i = 0; i < n_values; ++i) summed[i] = static_cast<int32_t>(be32(res + kHeaderBytes + 4 * i));
+    for (size_t i = 0; i < n_lanes; ++i) summed[i] = static_cast<int32_t>(be32(res + kHeaderBytes + 4 * i));
     *agreed_exp0 = static_cast<int8_t>(res[5]);
+    *result_flags = res[1];
     return true;
 }
 

@@ -2,10 +2,11 @@
 // executable specification; read its docstring for the protocol) without the Python per-packet
 // cost. Python (hostlib/native_stream.py) keeps the parts that run once per call: the control
 // vector's encoding and decoding, the window choice and the errors. This class runs the two
-// per-packet phases of a call with the GIL released: the control round on slot 0 and the
-// streaming of the blocks (priming, one-round-ahead exponents, quantization, result matching,
-// loss detection and retransmission, stall timeout), sending and receiving in sendmmsg/recvmmsg
-// batches on the UDP socket that Python opened.
+// per-packet phases of a call with the GIL released: the control round on slot 0 (which also
+// carries a small call's values, so that call is done in one round trip) and the streaming of
+// the blocks (priming, one-round-ahead exponents, quantization, result matching, loss detection
+// and retransmission, stall timeout), sending and receiving in sendmmsg/recvmmsg batches on
+// the UDP socket that Python opened.
 #pragma once
 
 #include <netinet/in.h>
@@ -105,10 +106,12 @@ class Stream {
 
     void set_grant(const GrantView& grant);
 
-    // Slot 0's round with the control vector; fills `summed` (same length) and the agreed
-    // exponent of block 0. False: no result before the stall timeout.
-    bool control_round(const int32_t* vector, size_t n_values, int8_t exp0, int32_t* summed,
-                       int8_t* agreed_exp0, double* rtt);
+    // Slot 0's round with the control packet's lanes (the control vector, then a small call's
+    // values), this rank's exponent of block 0 and flags (FLAG_OVERFLOW: a small call's bad
+    // value); fills `summed` (same length), the agreed exponent of block 0 and the result's
+    // flags. False: no result before the stall timeout.
+    bool control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, uint8_t flags, int32_t* summed,
+                       int8_t* agreed_exp0, uint8_t* result_flags, double* rtt);
 
     // Allreduce the blocks in place. False: stalled (stall_detail() says what). Blocks whose
     // result carried FLAG_OVERFLOW are left unchanged and listed in overflow().

@@ -57,6 +57,10 @@ nb::dict counters_dict(const Stream& s) {
     return d;
 }
 
+void check_workers(int n_workers) {
+    if (n_workers < 1) throw std::invalid_argument("n_workers must be >= 1, got " + std::to_string(n_workers));
+}
+
 void check_blocks(size_t size, size_t k, size_t exps, size_t bad) {
     if (exps < (size + k - 1) / k || bad < exps)
         throw std::invalid_argument("exponent arrays shorter than the tensor's blocks");
@@ -81,6 +85,20 @@ void bind_stream(nb::module_& m) {
         if (out.shape(0) < x.shape(0)) throw std::invalid_argument("output shorter than input");
         quantize_be(x.data(), x.shape(0), exp, shift, out.data());
     });
+    m.def("limb_bits", &limb_bits);
+    m.def("fixed_limbs", &fixed_limbs);
+    m.def("fixed_encode", [](Array<const float> x, int n_workers, Array<int32_t> limbs) {
+        check_workers(n_workers);
+        if (limbs.shape(0) < x.shape(0) * size_t(fixed_limbs(n_workers)))
+            throw std::invalid_argument("limbs shorter than fixed_limbs(n_workers) per value");
+        return fixed_encode(x.data(), x.shape(0), n_workers, limbs.data());
+    });
+    m.def("fixed_decode", [](Array<const int32_t> sums, int n_workers, Array<float> y) {
+        check_workers(n_workers);
+        if (sums.shape(0) < y.shape(0) * size_t(fixed_limbs(n_workers)))
+            throw std::invalid_argument("sums shorter than fixed_limbs(n_workers) per value");
+        fixed_decode(sums.data(), y.shape(0), n_workers, y.data());
+    });
     m.def("dequantize_be", [](Array<const uint32_t> q, int exp, int shift, Array<float> out) {
         if (out.shape(0) < q.shape(0)) throw std::invalid_argument("output shorter than input");
         dequantize_be(q.data(), q.shape(0), exp, shift, out.data());
@@ -93,17 +111,19 @@ void bind_stream(nb::module_& m) {
                              uint32_t k, const std::string& ip, int port, uint32_t overhead) {
             s.set_grant(grant_view(job, epoch, slot_base, slot_count, k, ip, port, overhead));
         })
-        .def("control_round", [](Stream& s, Array<const int32_t> vector, int exp0, Array<int32_t> summed) {
-            if (summed.shape(0) < vector.shape(0)) throw std::invalid_argument("summed shorter than vector");
+        .def("control_round", [](Stream& s, Array<const int32_t> lanes, int exp0, uint8_t flags,
+                                 Array<int32_t> summed) {
+            if (summed.shape(0) < lanes.shape(0)) throw std::invalid_argument("summed shorter than lanes");
             int8_t agreed = kExpNone;
+            uint8_t result_flags = 0;
             double rtt = 0;
             bool ok;
             {
                 nb::gil_scoped_release release;
-                ok = s.control_round(vector.data(), vector.shape(0), static_cast<int8_t>(exp0),
-                                     summed.data(), &agreed, &rtt);
+                ok = s.control_round(lanes.data(), lanes.shape(0), static_cast<int8_t>(exp0), flags,
+                                     summed.data(), &agreed, &result_flags, &rtt);
             }
-            return std::make_tuple(ok, static_cast<int>(agreed), rtt);
+            return std::make_tuple(ok, static_cast<int>(agreed), static_cast<int>(result_flags), rtt);
         })
         .def("stream_float", [](Stream& s, Array<float> x, Array<const int8_t> exps, Array<const uint8_t> bad,
                                 int exp0, uint32_t window, size_t k) {

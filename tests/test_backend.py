@@ -161,31 +161,48 @@ def test_controller_address_gives_the_routed_source_address(tmp_path, monkeypatc
         find_endpoint(store, 0, 1, timedelta(seconds=5))
 
 
-def test_path_choice_is_identical_on_every_rank():
-    """Two ranks whose own measurements differ take the same path for every call."""
-    n, barrier, shared = 2, threading.Barrier(2), {}
+def _agree_min_over(n: int):
+    """Each rank's agree function of an n-rank job run as threads: the elementwise minimum."""
+    barrier, shared = threading.Barrier(n), {}
 
-    def agree_max(rank):
+    def agree_min(rank):
         def agree(values):
             shared[rank] = values
             barrier.wait()
-            out = np.maximum(shared[0], shared[1])
+            out = np.minimum.reduce([shared[r] for r in range(n)])
             barrier.wait()
             return out
         return agree
 
-    choosers = [PathChooser(agree_max(r), agree_every=4) for r in range(n)]
-    # rank 0 sees inagg fast and gloo slow for big calls, rank 1 the opposite
+    return agree_min
+
+
+def test_path_choice_is_identical_on_every_rank():
+    """Two ranks whose own measurements differ take the same path for every call, probes and
+    explorations included."""
+    n = 2
+    agree_min = _agree_min_over(n)
+    choosers = [PathChooser(agree_min(r), agree_every=16) for r in range(n)]
+    # rank 0 sees inagg fast and gloo slow for big calls, rank 1 the opposite; each feeds its own
+    # chooser what its calls took, so their local figures keep differing
+    def took(r, path, nbytes):
+        if path == "inagg":
+            return 1e-4 + (3e-9 if r == 0 else 1e-8) * nbytes
+        return 5e-5 + (1e-8 if r == 0 else 2e-9) * nbytes
+
     for r, c in enumerate(choosers):
         for nbytes in (64, 1 << 20):
-            c.observe("inagg", nbytes, 1e-4 + (3e-9 if r == 0 else 1e-8) * nbytes)
-            c.observe("gloo", nbytes, 5e-5 + (1e-8 if r == 0 else 2e-9) * nbytes)
-    sizes = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 24] * 4
+            for p in ("inagg", "gloo"):
+                c.observe(p, nbytes, took(r, p, nbytes))
+    sizes = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 24] * 40
     picks = [[], []]
 
     def run(r):
         for s in sizes:
-            picks[r].append(choosers[r].choose(s))
+            path, measure = choosers[r].choose(s)
+            picks[r].append(path)
+            if measure:
+                choosers[r].observe(path, s, took(r, path, s))
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
     for t in threads:
@@ -193,8 +210,48 @@ def test_path_choice_is_identical_on_every_rank():
     for t in threads:
         t.join(30)
     assert picks[0] == picks[1]
+    assert [h["explored"] for h in choosers[0].history()] == [h["explored"] for h in choosers[1].history()]
     assert {"inagg", "gloo"} <= set(picks[0])       # small calls gloo (lower alpha), large inagg
-    assert choosers[0].agreements == len(sizes) // 4
+    assert choosers[0].agreements == choosers[1].agreements >= 5
+    assert choosers[0].probed > 0
+
+
+def test_exploration_stays_within_its_budget():
+    """A path predicted 10x slower is explored, but its extra time stays within the budget
+    (2 % of the predicted time of all calls); with the paths close, it is explored at almost
+    every agreement."""
+    def run(inagg_seconds: float) -> PathChooser:
+        c = PathChooser(lambda v: v, agree_every=128, explore_budget=0.02)
+        for nbytes in (4, 1 << 20):
+            c.observe("gloo", nbytes, 1e-3)
+            c.observe("inagg", nbytes, inagg_seconds)
+        for _ in range(20000):
+            c.choose(1 << 20)
+        return c
+
+    far = run(10e-3)
+    assert far.explorations >= 2
+    extra = far.explorations * (10e-3 - 1e-3)
+    assert extra <= 0.02 * 20000 * 1e-3 + 9e-3    # the budget, and at most one exploration ahead
+    near = run(1.2e-3)
+    assert near.explorations >= near.agreements - 5
+
+
+def test_a_new_size_is_probed_on_each_path_then_agreed():
+    c = PathChooser(lambda v: v, agree_every=128)
+    for nbytes in (64, 1 << 20):
+        c.observe("gloo", nbytes, 1e-4 + 1e-9 * nbytes)
+        c.observe("inagg", nbytes, 2e-4 + 1e-9 * nbytes)
+    c.agree()
+    calls = [c.choose(4096) for _ in range(6)]
+    assert [p for p, _ in calls] == ["inagg", "gloo"] * 3     # three each, the slower first
+    assert all(measure for _, measure in calls)
+    for p, _ in calls:
+        c.observe(p, 4096, 1e-4 if p == "gloo" else 5e-4)
+    before = c.agreements
+    assert c.choose(4096) == ("gloo", False)                   # agreed on the probes at once
+    assert c.agreements == before + 1
+    assert 4096 in c.as_dict()["agreed"]["gloo"]["measured_s"]
 
 
 def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():

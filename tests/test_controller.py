@@ -75,6 +75,12 @@ def new_job(client, hosts, name):
     return job_id, token
 
 
+def activate_all(client, job_id, token, epoch, boundary):
+    """Every rank of the job asks to activate ``epoch`` at ``boundary``; the last reply."""
+    n = {j.job_id: j.n_workers for j in client.list_jobs(ADMIN).jobs}[job_id]
+    return [client.activate(job_id, token, epoch, boundary, rank) for rank in range(n)][-1]
+
+
 def settle(client, jobs):
     """Activate every pending grant, as the jobs' workers would at their next boundary."""
     for _ in range(6):
@@ -82,7 +88,7 @@ def settle(client, jobs):
         for job_id, token in jobs:
             info = {j.job_id: j for j in client.list_jobs(ADMIN).jobs}.get(job_id)
             if info is not None and info.HasField("pending"):
-                client.activate(job_id, token, info.pending.epoch, boundary=10)
+                activate_all(client, job_id, token, info.pending.epoch, boundary=10)
                 progressed = True
         if not progressed:
             return
@@ -132,7 +138,7 @@ def test_jobs_fill_switch_third_falls_back_to_host_then_is_upgraded(env):
         c.release(ADMIN, j1[0])                       # j1 leaves: j3 is offered the switch
         pending = first_grants(c, *j3, n=2)[1]
         assert pending.pending and pending.mode == "switch" and pending.epoch > g3.epoch
-        reply = c.activate(*j3, pending.epoch, boundary=7)
+        reply = activate_all(c, *j3, pending.epoch, boundary=7)
         assert reply.activated and reply.grant.mode == "switch" and reply.grant.epoch == pending.epoch
         assert set(table(sw, "job_table")) == {j2[0], j3[0]}
         assert len(next(c.watch_host_jobs(ADMIN)).jobs) == 0
@@ -148,10 +154,34 @@ def test_activation_answer_is_the_same_for_every_rank(env):
     new_job(c, [2, 3], "b")               # j1 must shrink: pending grant
     pending = first_grants(c, *j1, n=2)[1]
     assert pending.pending
-    answers = [c.activate(*j1, pending.epoch, boundary=3).activated for _ in range(2)]
-    stale = [c.activate(*j1, pending.epoch + 9, boundary=4).activated for _ in range(2)]
+    answers = [activate_all(c, *j1, pending.epoch, boundary=3).activated for _ in range(2)]
+    stale = [activate_all(c, *j1, pending.epoch + 9, boundary=4).activated for _ in range(2)]
     assert answers == [True, True] and stale == [False, False]
     assert first_grants(c, *j1)[0].epoch == pending.epoch
+
+
+def test_a_grant_changes_only_once_every_rank_asked(env):
+    """A rank asks only after it has every result of the boundary's call; until the last rank
+    asked, the switch keeps the old epoch (a rank that lost its last result may still resend)."""
+    c = env["client"]
+    j1 = new_job(c, [1, 2], "a")
+    settle(c, [j1])
+    active = first_grants(c, *j1)[0]
+    new_job(c, [2, 3], "b")                                   # j1 must shrink: pending grant
+    pending = first_grants(c, *j1, n=2)[1]
+    for _ in range(2):                                        # rank 0 asks (and asks again)
+        reply = c.activate(*j1, pending.epoch, 5, 0)
+        assert not reply.activated and reply.waiting_for == 1 and reply.grant.epoch == active.epoch
+    sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
+    try:
+        assert table(sw, "job_table")[j1[0]]["epoch"] == active.epoch
+    finally:
+        sw.close()
+    reply = c.activate(*j1, pending.epoch, 5, 1)              # the last rank: decided
+    assert reply.activated and reply.waiting_for == 0 and reply.grant.epoch == pending.epoch
+    assert c.activate(*j1, pending.epoch, 5, 0).activated     # the first rank's next ask: the same
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: an activation names the asking rank"):
+        c.activate(*j1, pending.epoch, 6, None)
 
 
 def test_restart_keeps_grants_and_switch_state(env):
@@ -344,7 +374,7 @@ def test_out_of_range_ranks_and_boundaries_are_refused(env):
     c = env["client"]
     job_id, token = new_job(c, [1, 2], "a")
     with pytest.raises(ControllerError, match="INVALID_ARGUMENT: boundary .* is not below 2\\^63"):
-        c.activate(job_id, token, 1, 1 << 63)
+        c.activate(job_id, token, 1, 1 << 63, 0)
     with pytest.raises(ControllerError, match="INVALID_ARGUMENT: rank 7 not in 0..1"):
         c.leave(job_id, token, 7)
     with pytest.raises(ControllerError, match="INVALID_ARGUMENT: rank 7 not in 0..1"):
@@ -359,7 +389,7 @@ def test_drain_and_activate_of_an_unplaced_job_are_refused(env):
     with pytest.raises(ControllerError, match="FAILED_PRECONDITION: job .* is not placed"):
         c.drain(ADMIN, job_id)
     with pytest.raises(ControllerError, match="FAILED_PRECONDITION: job .* has no grant yet"):
-        c.activate(job_id, token, 1, 1)
+        c.activate(job_id, token, 1, 1, 0)
     with pytest.raises(ControllerError, match="NOT_FOUND"):
         c.drain(ADMIN, job_id + 1000)
 
@@ -389,7 +419,7 @@ def test_many_small_jobs_fill_the_job_rows_then_run_on_host(tmp_path):
         assert modes == ["switch"] * 64 + ["host"] * 6
         c.release(ADMIN, jobs[0][0])                 # a row frees: the first host job is offered it
         pending = first_grants(c, *jobs[64], n=2)[1]
-        assert pending.mode == "switch" and c.activate(*jobs[64], pending.epoch, 1).activated
+        assert pending.mode == "switch" and c.activate(*jobs[64], pending.epoch, 1, 0).activated
         assert len(c.list_jobs(ADMIN).jobs) == 69
         sw = SwitchConnection(e["sw_addr"], election_id=(0, 0))
         try:

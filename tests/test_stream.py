@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hostlib import _native, codec
 from hostlib.demo import TensorSpec, run_local_job
@@ -23,13 +25,17 @@ from hostlib.stream import (
     SlotStream,
 )
 from hostlib.transport import UdpTransport
+from test_codec import exact_reference
 
 STREAMS = {"python": SlotStream, "native": NativeSlotStream}
 SPECS = [
     TensorSpec(100_003, dynamic_range=12.0, seed=11),   # not a multiple of K
-    TensorSpec(5, seed=12),                             # fewer values than one packet
+    TensorSpec(5, seed=12),                             # a small call: rides in the control round
     TensorSpec(0, seed=14),                             # zero-length: a control round only
     TensorSpec(40_000, dtype="int32", seed=13),
+    TensorSpec(25, seed=15),                            # K = 256, N = 3: the most that rides in the control round
+    TensorSpec(26, seed=16),                            # one more: control round, then a block
+    TensorSpec(250, dtype="int32", seed=17),            # int32: K - 2N values ride
 ]
 
 
@@ -69,6 +75,28 @@ def test_native_codec_is_bit_identical_to_numpy(k):
         with np.errstate(over="ignore"):    # exponent 127 blocks overflow to inf alike
             assert np.array_equal(codec.dequantize(total, int(exps[b]), shift), y)
 
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), exp=st.integers(-127, 127), workers=st.integers(1, 32))
+def test_native_codec_rounds_and_scales_as_numpy_at_every_exponent(seed, exp, workers):
+    """The vectorized C++ loops (no ldexp/rint per value) against numpy: agreed exponents above
+    the block's own, exact half-quantum ties (round half to even, both signs), and int32 sums of
+    any size back to float32 (subnormal results and overflow to inf included)."""
+    rng = np.random.default_rng(seed)
+    shift = codec.shift_for(workers)
+    quantum = np.ldexp(1.0, exp - shift)
+    ties = (rng.integers(-2**20, 2**20, 256) + 0.5) * quantum   # exact in float32
+    x = np.concatenate([ties, rng.uniform(-1, 1, 256) * np.ldexp(1.0, exp)]).astype(np.float32)
+    x = x[np.abs(x) < np.float32(np.ldexp(1.0, exp))]   # the exponent is an upper bound
+    q_be = np.empty(x.size, np.uint32)
+    _native.quantize_be(x, exp, shift, q_be)
+    assert np.array_equal(codec.quantize(x, exp, shift), q_be.byteswap().view(np.int32))
+    sums = rng.integers(-2**31, 2**31, 512, dtype=np.int64).astype(np.int32)
+    y = np.empty(sums.size, np.float32)
+    _native.dequantize_be(sums.astype(">i4").view(np.uint32), exp, shift, y)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(codec.dequantize(sums, exp, shift), y)
 
 def summed(vectors):
     return np.sum(np.stack(vectors).astype(np.int64), axis=0).astype(np.int32)
@@ -290,3 +318,167 @@ def test_retransmissions_answered_twice_are_spurious_and_keep_the_window(kind):
         agg.sock.close()
         transport.close()
         thread.join(5)
+
+
+# -- small calls: one round trip, values in the control packet's spare lanes --------------------
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 256), seed=st.integers(0, 2**32 - 1), size=st.integers(0, 30))
+def test_native_fixed_point_codec_is_bit_identical_to_numpy(n, seed, size):
+    """Encode: floats across the whole range, specials included. Decode: any int32 lane sums,
+    not only those of valid encodings (every carry path)."""
+    x = awkward_floats(max(size, 401), seed)[np.random.default_rng(seed).permutation(max(size, 401))[:size]]
+    n_limbs = codec.fixed_limbs(n)
+    assert _native.fixed_limbs(n) == n_limbs and _native.limb_bits(n) == codec.limb_bits(n)
+    ours, theirs = np.zeros(size * n_limbs, np.int32), np.zeros(size * n_limbs, np.int32)
+    assert codec.fixed_encode(x, n, ours) == _native.fixed_encode(x, n, theirs)
+    assert np.array_equal(ours, theirs)
+    sums = np.random.default_rng(seed).integers(-2**31, 2**31, size * n_limbs, dtype=np.int64).astype(np.int32)
+    y, y_native = np.empty(size, np.float32), np.empty(size, np.float32)
+    codec.fixed_decode(sums, n, y)
+    _native.fixed_decode(sums, n, y_native)
+    assert np.array_equal(y.view(np.uint32), y_native.view(np.uint32))
+
+
+def test_native_fixed_point_codec_rejects_bad_arguments():
+    x = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="n_workers must be >= 1"):
+        _native.fixed_encode(x, 0, np.zeros(64, np.int32))
+    with pytest.raises(ValueError, match="limbs shorter"):
+        _native.fixed_encode(x, 4, np.zeros(3 * codec.fixed_limbs(4) - 1, np.int32))
+    with pytest.raises(ValueError, match="sums shorter"):
+        _native.fixed_decode(np.zeros(codec.fixed_limbs(4), np.int32), 4, x)
+
+
+class MixedJob:
+    """A 3-rank job through the host aggregator (K = 64): ranks 0 and 1 run the native stream,
+    rank 2 the Python one, so every call compares the twins on the same wire."""
+
+    N, K = 3, 64
+
+    def __init__(self) -> None:
+        from hostlib.aggregator import HostAggregator
+        from hostlib.engine import AggregationEngine, JobConfig
+
+        self.transports = [UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0)) for _ in range(self.N)]
+        engine = AggregationEngine(8, self.K)
+        engine.set_job(JobConfig(1, 1, 0, 8, tuple(t.address for t in self.transports)))
+        self.agg = HostAggregator(("127.0.0.1", 0), engine)
+        self.thread = threading.Thread(target=self.agg.serve, daemon=True)
+        self.thread.start()
+        for t in self.transports:
+            t.retarget(self.agg.address)
+        kinds = (NativeSlotStream, NativeSlotStream, SlotStream)
+        self.streams = [kind(Grant(1, 1, 0, 8, self.K, self.agg.address), r, self.N, t, stall_timeout=20.0)
+                        for r, (kind, t) in enumerate(zip(kinds, self.transports))]
+
+    def rounds(self) -> int:
+        return self.agg.report()["jobs"][1]["results"]
+
+    def call(self, arrays: list[np.ndarray], average: bool = False) -> list[Exception | None]:
+        errors: list[Exception | None] = [None] * self.N
+
+        def go(r: int) -> None:
+            try:
+                self.streams[r].allreduce(arrays[r], average=average)
+            except Exception as e:  # noqa: BLE001 - compared by the caller
+                errors[r] = e
+
+        threads = [threading.Thread(target=go, args=(r,)) for r in range(self.N)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        return errors
+
+    def close(self) -> None:
+        self.agg.stop()
+        self.thread.join(5)
+        for t in self.transports:
+            t.close()
+
+
+@pytest.fixture
+def mixed_job():
+    job = MixedJob()
+    yield job
+    job.close()
+
+
+def test_a_small_call_takes_one_round_and_the_capacity_follows_k(mixed_job):
+    streams = mixed_job.streams
+    # K - 2N = 58 spare lanes: 58 int32 values, or 5 float32 values of 10 limbs (29-bit limbs)
+    assert [s.one_round_capacity(False) for s in streams] == [58] * 3
+    assert [s.one_round_capacity(True) for s in streams] == [5] * 3
+    for size, dtype, rounds in ((5, np.float32, 1), (58, np.int32, 1), (6, np.float32, 2), (59, np.int32, 2)):
+        xs = [np.arange(size, dtype=dtype) * (r + 1) for r in range(3)]
+        before = mixed_job.rounds()
+        assert mixed_job.call(xs) == [None] * 3
+        assert mixed_job.rounds() - before == rounds    # control (+ block 0)
+        assert all(np.array_equal(x, np.arange(size, dtype=dtype) * 6) for x in xs)
+
+
+def test_a_bad_value_in_a_small_call_fails_it_on_every_rank_as_a_bad_block(mixed_job):
+    xs = [np.array([1.0, 2.0, -3.0], np.float32) for _ in range(3)]
+    xs[1][2] = np.nan
+    kept = [x.copy() for x in xs]
+    errors = mixed_job.call(xs)
+    assert all(isinstance(e, FloatingPointError) for e in errors)
+    assert len({str(e) for e in errors}) == 1 and "first at element 0" in str(errors[0])
+    assert all(np.array_equal(x, k, equal_nan=True) for x, k in zip(xs, kept))   # left unchanged
+    ys = [np.array([1.0, 2.0, -3.0], np.float32) for _ in range(3)]
+    assert mixed_job.call(ys, average=True) == [None] * 3                       # the next is exact
+    assert all(np.array_equal(y, [1.0, 2.0, -3.0]) for y in ys)
+
+
+def test_a_small_call_mismatch_is_refused_not_summed(mixed_job):
+    xs = [np.ones(3, np.float32), np.ones(3, np.float32), np.ones(4, np.float32)]
+    errors = mixed_job.call(xs)
+    assert all(isinstance(e, CallRefused) and "differ across ranks" in str(e) for e in errors)
+    assert all(np.all(x == 1.0) for x in xs)
+
+
+SMALL_FLOATS = st.one_of(
+    st.floats(width=32, allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.0, -0.0, 1.4e-45, -1.4e-45, 2.0**-126, 1e30, -1e30, 1.0, 3.4e38, -3.4e38]))
+
+
+@st.composite
+def small_calls(draw):
+    """One call of the mixed job: dtype, op and every rank's values, around the capacity."""
+    is_float = draw(st.booleans())
+    size = draw(st.integers(1, 7 if is_float else 60))
+    if not is_float:
+        return [np.array(draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=size, max_size=size)), np.int32)
+                for _ in range(MixedJob.N)], False
+    arrays = [np.array(draw(st.lists(SMALL_FLOATS, min_size=size, max_size=size)), np.float32)
+              for _ in range(MixedJob.N)]
+    return arrays, draw(st.booleans())
+
+
+def test_small_calls_are_exact_and_bit_identical_on_native_and_python_ranks(mixed_job):
+    float_capacity = mixed_job.streams[0].one_round_capacity(True)
+
+    @settings(max_examples=40, deadline=None)
+    @given(small_calls())
+    def check(call):
+        arrays, average = call
+        xs = [a.copy() for a in arrays]
+        is_float = xs[0].dtype == np.float32
+        errors = mixed_job.call(xs, average)
+        bad = is_float and not all(np.all(np.abs(a) < 2.0**127) for a in arrays)
+        if bad:   # |3.4e38| >= 2**127: refused as a bad block, on every rank, in both paths
+            assert all(isinstance(e, FloatingPointError) for e in errors)
+            assert all(np.array_equal(x, a) for x, a in zip(xs, arrays))   # left unchanged
+            return
+        assert errors == [None] * 3
+        assert all(np.array_equal(x.view(np.uint32), xs[0].view(np.uint32)) for x in xs)
+        if not is_float:
+            assert np.array_equal(xs[0], np.sum(np.stack(arrays).astype(np.int64), axis=0).astype(np.int32))
+        elif arrays[0].size <= float_capacity:     # one round: the exact sum, rounded once
+            expected = exact_reference(arrays)
+            if average:
+                expected = expected / np.float32(MixedJob.N)
+            assert np.array_equal(xs[0].view(np.uint32), expected.view(np.uint32))
+
+    check()
