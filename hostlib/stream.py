@@ -300,6 +300,8 @@ INITIAL_RTO = 0.05   # seconds, before the first RTT sample
 # the other ranks' resends, which a longer backoff here would only delay
 MAX_BACKOFF = 8
 RTO_OVER_MIN_RTT = 32  # the RTO never exceeds this many minimum RTTs (see RttEstimator)
+LOSS_MEMORY = 1.0  # seconds a fast retransmission marks the path lossy (LossDetector.timeout)
+TICKS_PER_RTO_MIN = 20  # the scan tick is rto_min / 20 (RttEstimator.scan_tick)
 INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
 
 
@@ -436,9 +438,22 @@ class RttEstimator:
         rto = min(2 * self.srtt + 4 * self.rttvar, RTO_OVER_MIN_RTT * self.min_rtt, self.rto_max)
         self.rto = max(self.rto_min, rto)
 
-    def reorder_window(self) -> float:
-        """How late a round may be behind a later-sent answered one before it counts as lost."""
-        return max(self.rto_min, self.srtt or 0.0) / 4
+    def reorder_window(self, lossy: bool) -> float:
+        """How late a round may be behind a later-sent answered one before it counts as lost: a
+        quarter of SRTT (RACK's), on a loss-free path at least a quarter of ``rto_min``, as the
+        ranks' contributions to rounds sent close together reach the aggregator in any order."""
+        return max(0.0 if lossy else self.rto_min, self.srtt or 0.0) / 4
+
+    def lossy_timeout(self) -> float:
+        """The timeout on a path that is losing rounds: two smoothed RTTs (the probe timeout of
+        RACK-TLP, RFC 8985), at least a scan tick, at most the RTO."""
+        return self.rto if self.srtt is None else min(self.rto, max(2 * self.srtt, self.scan_tick()))
+
+    def scan_tick(self) -> float:
+        """How often the stream looks for lost rounds while it waits: a loss is seen within a
+        tick of its deadline, so the tick bounds every recovery from below (1 ms at the default
+        ``rto_min``; a scan costs only when the socket is idle)."""
+        return self.rto_min / TICKS_PER_RTO_MIN
 
 
 class Loss(enum.Enum):
@@ -469,12 +484,25 @@ class LossDetector:
     An expired round is resent. Its RTO doubles (up to ``MAX_BACKOFF`` RTOs) only when no
     result at all arrived since it was last sent (the path went silent: congestion or an
     outage); while others are answered the loss is random and the round keeps the current RTO,
-    so one unlucky slot does not stall behind a long backoff."""
+    so one unlucky slot does not stall behind a long backoff.
+
+    Which timeout (:meth:`timeout`): the RTO (at least ``rto_min``) rides out a descheduled
+    aggregator or switch on a shared machine, which a loss-free path meets far more often than
+    loss. A path that fast-retransmitted within ``LOSS_MEMORY`` is losing rounds for real (a
+    later-sent round was answered and an earlier one was not: an aggregator answers in order,
+    and a loss-free path never shows it), and there rounds whose resends are the newest sent
+    (the end of a call, the control round) can only be recovered by their timers: they use
+    RACK-TLP's probe timeout, two smoothed RTTs, as a silent round there is far more likely lost
+    than late, and a needless resend costs one packet. There the reordering allowance is RACK's
+    quarter SRTT too, without the loss-free path's floor (:meth:`RttEstimator.reorder_window`):
+    under 30 % loss most rounds need a recovery on some rank before the slot's next round can
+    complete, so a call's time is the sum of these waits along each slot's rounds."""
 
     rtt: RttEstimator
     newest_sent: float = float("-inf")  # first transmission of the newest-sent answered round
     newest_rtt: float = 0.0
     progress: float = float("-inf")     # when the last result was accepted
+    lossy_until: float = float("-inf")  # the path counts as lossy until then (saw_loss)
 
     def delivered(self, rnd: Round, now: float, outstanding: Iterable[Round]) -> None:
         """``rnd`` was answered at ``now``: move the fast-retransmit reference (first
@@ -486,12 +514,12 @@ class LossDetector:
             self.newest_sent, self.newest_rtt = rnd.sent_at, now - rnd.sent_at
         for other in outstanding:
             if other.last_sent >= rnd.last_sent:
-                other.deadline = max(other.deadline, now + self.rtt.rto)
+                other.deadline = max(other.deadline, now + self.timeout(now))
 
     def verdict(self, rnd: Round, now: float) -> Loss:
         if now >= rnd.deadline:
             return Loss.TIMEOUT
-        if rnd.last_sent < self.newest_sent and now >= rnd.last_sent + self.newest_rtt + self.rtt.reorder_window():
+        if rnd.last_sent < self.newest_sent and now >= rnd.last_sent + self.newest_rtt + self.rtt.reorder_window(self.lossy(now)):
             return Loss.FAST
         return Loss.NONE
 
@@ -499,11 +527,23 @@ class LossDetector:
         """No result at all arrived since ``rnd`` was last sent."""
         return self.progress <= rnd.last_sent
 
-    def next_rto(self, rnd: Round, backoff: bool) -> float:
+    def saw_loss(self, now: float) -> None:
+        """A round was fast-retransmitted: the path is lossy for ``LOSS_MEMORY``."""
+        self.lossy_until = now + LOSS_MEMORY
+
+    def lossy(self, now: float) -> bool:
+        return now < self.lossy_until
+
+    def timeout(self, now: float) -> float:
+        """The timeout of a round sent or restarted now: the RTO, on a lossy path the probe
+        timeout (see the class docstring)."""
+        return self.rtt.lossy_timeout() if self.lossy(now) else self.rtt.rto
+
+    def next_rto(self, rnd: Round, backoff: bool, now: float) -> float:
         """The RTO of a round resent now (``backoff``: its RTO expired on a silent path)."""
         if backoff:
-            return min(2 * rnd.rto, MAX_BACKOFF * self.rtt.rto, self.rtt.rto_max)
-        return self.rtt.rto
+            return min(2 * rnd.rto, MAX_BACKOFF * self.timeout(now), self.rtt.rto_max)
+        return self.timeout(now)
 
 
 @dataclass
@@ -714,7 +754,7 @@ class SlotStream(StreamBase):
         offset = chunk * g.values_per_packet
         pkt = build_contribution(g.job_id, self.rank, g.epoch, g.slot_base + idx, slot_set, offset,
                                  values, g.values_per_packet, exp=exp, flags=flags)
-        rto = self._rtt.rto
+        rto = self._loss.timeout(now)
         count = 0 if values is None else len(values)
         rounds.add(idx, Round(chunk, priming, slot_set, offset, count, pkt, now, now + rto, rto))
         self._transmit(pkt)
@@ -747,9 +787,11 @@ class SlotStream(StreamBase):
                 rnd.retransmitted = True
             self.stats.retransmissions += 1
             backoff = loss is Loss.TIMEOUT and self._loss.silent(rnd)
-            self.stats.fast_retransmissions += loss is Loss.FAST
+            if loss is Loss.FAST:
+                self.stats.fast_retransmissions += 1
+                self._loss.saw_loss(now)
             backoffs += backoff
-            rnd.rto = self._loss.next_rto(rnd, backoff)
+            rnd.rto = self._loss.next_rto(rnd, backoff, now)
             rnd.deadline = now + rnd.rto
             rnd.last_sent = now
             self._transmit(rnd.packet)
@@ -782,11 +824,11 @@ class SlotStream(StreamBase):
 
     def _await(self, rounds: OutstandingRounds, progress: float,
                missing: Callable[[], str]) -> tuple[int, Round, float]:
-        """Receive until some round completes; resend lost rounds every scan tick (a quarter of
-        ``rto_min``) once nothing waits in the socket (after this process was descheduled, the
+        """Receive until some round completes; resend lost rounds every scan tick
+        (:meth:`RttEstimator.scan_tick`) once nothing waits in the socket (after this process was descheduled, the
         answers of rounds that look lost may be queued there); raise the stall error (naming
         ``missing()``) after ``stall_timeout`` without progress."""
-        tick = self._rtt.rto_min / 4
+        tick = self._rtt.scan_tick()
         while True:
             now = time.perf_counter()
             if now >= self._next_scan and self._drained:

@@ -22,6 +22,7 @@ constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
 constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
 constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
 constexpr double kRtoOverMinRtt = 32; // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
+constexpr double kLossMemory = 1.0;   // seconds a fast retransmission marks the path lossy (LOSS_MEMORY)
 
 double now_seconds() {
     using namespace std::chrono;
@@ -79,19 +80,21 @@ void LossDetector::delivered(const Transmission& t, double now) {
 }
 
 void LossDetector::restart_timer(Transmission& t, const Transmission& answered, double now) const {
-    if (t.last_sent >= answered.last_sent) t.deadline = std::max(t.deadline, now + rtt_.rto());
+    if (t.last_sent >= answered.last_sent) t.deadline = std::max(t.deadline, now + timeout(now));
 }
 
 Loss LossDetector::verdict(const Transmission& t, double now) const {
     if (now >= t.deadline) return Loss::TIMEOUT;
-    if (t.last_sent < newest_sent_ && now >= t.last_sent + newest_rtt_ + rtt_.reorder_window())
+    if (t.last_sent < newest_sent_ && now >= t.last_sent + newest_rtt_ + rtt_.reorder_window(lossy(now)))
         return Loss::FAST;
     return Loss::NONE;
 }
 
-double LossDetector::next_rto(const Transmission& t, bool backoff) const {
-    if (backoff) return std::min({2 * t.rto, kMaxBackoff * rtt_.rto(), rtt_.rto_max()});
-    return rtt_.rto();
+void LossDetector::saw_loss(double now) { lossy_until_ = now + kLossMemory; }
+
+double LossDetector::next_rto(const Transmission& t, bool backoff, double now) const {
+    if (backoff) return std::min({2 * t.rto, kMaxBackoff * timeout(now), rtt_.rto_max()});
+    return timeout(now);
 }
 
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
@@ -143,7 +146,7 @@ void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, i
     r.count = count;
     r.length = kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0);
     r.sent_at = r.last_sent = now;
-    r.rto = rtt_.rto();
+    r.rto = loss_.timeout(now);
     r.deadline = now + r.rto;
     r.retransmitted = false;
     r.active = true;
@@ -226,9 +229,12 @@ void Stream::resend_lost(double now) {
         }
         counters_.retransmissions += 1;
         bool backoff = loss == Loss::TIMEOUT && loss_.silent(r);
-        counters_.fast_retransmissions += loss == Loss::FAST;
+        if (loss == Loss::FAST) {
+            counters_.fast_retransmissions += 1;
+            loss_.saw_loss(now);
+        }
         backoffs += backoff;
-        r.rto = loss_.next_rto(r, backoff);
+        r.rto = loss_.next_rto(r, backoff, now);
         r.deadline = now + r.rto;
         r.last_sent = now;
         queue_send(idx);

@@ -44,6 +44,8 @@ struct GrantView {
     uint32_t overhead = 0;  // wire bytes per datagram below the inagg header
 };
 
+constexpr double kTicksPerRtoMin = 20;  // the scan tick is rto_min / 20 (stream.py TICKS_PER_RTO_MIN)
+
 // RFC 6298 style smoothed RTT -> retransmission timeout, at least rto_min, capped at a few
 // minimum RTTs (hostlib.stream.RttEstimator: why, and why there is no adaptive floor).
 class RttEstimator {
@@ -51,8 +53,17 @@ class RttEstimator {
     RttEstimator(double rto_min, double rto_max);
     void sample(double rtt);
     double rto() const { return rto_; }
-    // How late a round may be behind a later-sent answered one before it counts as lost.
-    double reorder_window() const { return std::max(rto_min_, std::max(srtt_, 0.0)) / 4; }
+    // How late a round may be behind a later-sent answered one before it counts as lost
+    // (hostlib.stream.RttEstimator.reorder_window).
+    double reorder_window(bool lossy) const {
+        return std::max(lossy ? 0.0 : rto_min_, std::max(srtt_, 0.0)) / 4;
+    }
+    // How often expired rounds are looked for (hostlib.stream.RttEstimator.scan_tick).
+    double scan_tick() const { return rto_min_ / kTicksPerRtoMin; }
+    // The timeout on a path that is losing rounds (hostlib.stream.RttEstimator.lossy_timeout).
+    double lossy_timeout() const {
+        return srtt_ < 0 ? rto_ : std::min(rto_, std::max(2 * srtt_, scan_tick()));
+    }
     double rto_min() const { return rto_min_; }
     double rto_max() const { return rto_max_; }
 
@@ -81,12 +92,17 @@ class LossDetector {
     void restart_timer(Transmission& t, const Transmission& answered, double now) const;
     Loss verdict(const Transmission& t, double now) const;
     bool silent(const Transmission& t) const { return progress_ <= t.last_sent; }
+    // A round was fast-retransmitted: the path is lossy for kLossMemory seconds.
+    void saw_loss(double now);
+    // The timeout of a round sent or restarted now: the RTO, on a lossy path the probe timeout.
+    double timeout(double now) const { return lossy(now) ? rtt_.lossy_timeout() : rtt_.rto(); }
+    bool lossy(double now) const { return now < lossy_until_; }
     // The RTO of a round resent now (backoff: its RTO expired on a silent path).
-    double next_rto(const Transmission& t, bool backoff) const;
+    double next_rto(const Transmission& t, bool backoff, double now) const;
 
   private:
     const RttEstimator& rtt_;
-    double newest_sent_ = -1e300, newest_rtt_ = 0, progress_ = -1e300;
+    double newest_sent_ = -1e300, newest_rtt_ = 0, progress_ = -1e300, lossy_until_ = -1e300;
 };
 
 // What a call's block phase streams: the tensor and its exponents (float calls).
@@ -150,7 +166,7 @@ class Stream {
     bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
     void start_call(uint32_t window);
     // How often expired rounds are looked for (and the longest a receive waits).
-    double scan_tick() const { return rtt_.rto_min() / 4; }
+    double scan_tick() const { return rtt_.scan_tick(); }
 
     int fd_, rank_, n_workers_, shift_;
     bool blocking_ = false;  // the socket blocks: recvmmsg waits (SO_RCVTIMEO = one scan tick)

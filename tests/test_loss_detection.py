@@ -15,8 +15,10 @@ from hostlib.grant import Grant
 from hostlib.native_stream import NativeSlotStream
 from hostlib.protocol import FLAG_RETRANSMIT, MSG_RESULT, VERSION
 from hostlib.stream import (
+    LOSS_MEMORY,
     MAX_BACKOFF,
     RTO_OVER_MIN_RTT,
+    TICKS_PER_RTO_MIN,
     Loss,
     LossDetector,
     Round,
@@ -82,12 +84,12 @@ def test_backoff_only_on_a_silent_path_and_bounded():
     rto = d.rtt.rto
     a = sent(0.0, rto=rto)
     assert d.silent(a)                   # nothing answered since a was sent
-    assert d.next_rto(a, backoff=True) == pytest.approx(2 * rto)
+    assert d.next_rto(a, backoff=True, now=0.1) == pytest.approx(2 * rto)
     a.rto = 100.0
-    assert d.next_rto(a, backoff=True) == pytest.approx(min(MAX_BACKOFF * rto, 1.0))
+    assert d.next_rto(a, backoff=True, now=0.1) == pytest.approx(min(MAX_BACKOFF * rto, 1.0))
     d.delivered(sent(0.001), 0.011, [])
     assert not d.silent(a)               # results keep coming: random loss, no backoff
-    assert d.next_rto(a, backoff=False) == rto
+    assert d.next_rto(a, backoff=False, now=0.1) == rto
 
 
 def test_a_round_queued_behind_answered_ones_waits_an_rto_from_their_answers():
@@ -121,7 +123,33 @@ def test_a_resend_answered_at_once_leaves_the_rto_alone():
     a = sent(0.0, rto)
     a.last_sent, a.retransmitted = rto, True
     d.delivered(a, rto + 1e-6, [])
-    assert d.rtt.rto == rto and d.rtt.reorder_window() == 0.01 / 4
+    assert d.rtt.rto == rto and d.rtt.reorder_window(lossy=False) == 0.01 / 4
+
+
+def test_a_fast_retransmission_marks_the_path_lossy_for_a_while():
+    d = detector(rtt=0.002, rto_min=0.02)          # RTO: rto_min; reorder window: rto_min / 4
+    assert d.timeout(0.0) == 0.02 and not d.lossy(0.0)
+    d.saw_loss(1.0)
+    assert d.lossy(1.0) and d.lossy(1.0 + LOSS_MEMORY / 2)
+    assert d.timeout(1.0) == pytest.approx(0.004)   # two SRTTs: RACK-TLP's probe timeout
+    assert d.rtt.reorder_window(lossy=True) == pytest.approx(0.0005)
+    assert d.rtt.reorder_window(lossy=False) == pytest.approx(0.005)
+    a = sent(1.0, 0.004)
+    d.delivered(sent(1.0005, 0.004), 1.0025, [a])   # a later-sent round answered
+    assert d.verdict(a, 1.0024) is Loss.NONE
+    assert d.verdict(a, 1.0026) is Loss.FAST        # 1.0 + its 2 ms RTT + 0.5 ms (loss-free: 5 ms)
+    assert not d.lossy(1.0 + LOSS_MEMORY) and d.timeout(1.0 + LOSS_MEMORY) == 0.02
+    a.rto = 1.0
+    assert d.next_rto(a, backoff=True, now=1.1) == pytest.approx(MAX_BACKOFF * 0.004)
+
+
+def test_the_lossy_timeout_is_at_least_a_scan_tick_and_at_most_the_rto():
+    est = RttEstimator(0.02, 1.0)
+    assert est.lossy_timeout() == est.rto             # no sample yet
+    est.sample(0.00001)
+    assert est.lossy_timeout() == est.scan_tick() == 0.02 / TICKS_PER_RTO_MIN
+    est.sample(0.5)
+    assert est.lossy_timeout() == est.rto
 
 
 def test_rto_follows_the_minimum_rtt_not_the_waits_for_other_ranks():
