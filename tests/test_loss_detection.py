@@ -169,31 +169,46 @@ def test_a_burst_is_half_the_window_timing_out_at_once(backoffs, window, burst):
     assert is_burst(backoffs, window) is burst
 
 
-class LoseOneContribution:
-    """A one-rank job's aggregator that loses the first transmission of one block's
-    contribution and answers every other datagram at once."""
+class ScriptedAggregator:
+    """A one-rank job's aggregator on a real socket: ``answer`` decides, datagram by datagram,
+    whether to echo it as its result (a one-rank sum is the contribution itself)."""
 
-    def __init__(self, lost_offset: int) -> None:
-        self.lost_offset = lost_offset
+    def __init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(5.0)
-        self.resent_offsets: list[int] = []
+
+    def answer(self, data: bytes) -> bool:
+        raise NotImplementedError
 
     def serve(self) -> None:
-        lost = False
         while True:
             try:
                 data, sender = self.sock.recvfrom(65536)
             except (TimeoutError, OSError):
                 return
-            offset = int.from_bytes(data[12:16], "big")
-            if data[1] & FLAG_RETRANSMIT:
-                self.resent_offsets.append(offset)
-            if offset == self.lost_offset and not lost:
-                lost = True
-                continue
-            self.sock.sendto(bytes([(VERSION << 4) | MSG_RESULT]) + data[1:], sender)
+            if self.answer(data):
+                self.sock.sendto(bytes([(VERSION << 4) | MSG_RESULT]) + data[1:], sender)
+
+
+class LoseOneContribution(ScriptedAggregator):
+    """Loses the first transmission of one block's contribution, answers every other datagram
+    at once."""
+
+    def __init__(self, lost_offset: int) -> None:
+        super().__init__()
+        self.lost_offset = lost_offset
+        self.lost = False
+        self.resent_offsets: list[int] = []
+
+    def answer(self, data: bytes) -> bool:
+        offset = int.from_bytes(data[12:16], "big")
+        if data[1] & FLAG_RETRANSMIT:
+            self.resent_offsets.append(offset)
+        if offset == self.lost_offset and not self.lost:
+            self.lost = True
+            return False
+        return True
 
 
 @pytest.mark.parametrize("kind", STREAMS)
@@ -219,27 +234,20 @@ def test_a_lost_contribution_is_resent_once_by_fast_retransmit(kind):
         transport.close()
 
 
-class SlowFifoAggregator:
-    """A one-rank job's aggregator that answers every datagram in arrival order, one each
-    ``service`` seconds: a window of W rounds takes W services to drain, far longer than the
-    RTO, while answers keep coming far more often than the RTO."""
+class SlowFifoAggregator(ScriptedAggregator):
+    """Answers every datagram in arrival order, one each ``service`` seconds: a window of W
+    rounds takes W services to drain, far longer than the RTO, while answers keep coming far
+    more often than the RTO."""
 
     def __init__(self, service: float) -> None:
+        super().__init__()
         self.service = service
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(5.0)
         self.resent = 0
 
-    def serve(self) -> None:
-        while True:
-            try:
-                data, sender = self.sock.recvfrom(65536)
-            except (TimeoutError, OSError):
-                return
-            self.resent += bool(data[1] & FLAG_RETRANSMIT)
-            time.sleep(self.service)
-            self.sock.sendto(bytes([(VERSION << 4) | MSG_RESULT]) + data[1:], sender)
+    def answer(self, data: bytes) -> bool:
+        self.resent += bool(data[1] & FLAG_RETRANSMIT)
+        time.sleep(self.service)
+        return True
 
 
 @pytest.mark.parametrize("kind", STREAMS)
