@@ -486,6 +486,15 @@ class LossDetector:
     outage); while others are answered the loss is random and the round keeps the current RTO,
     so one unlucky slot does not stall behind a long backoff.
 
+    On a silent path that has not been losing rounds (see below) a whole window expiring at
+    once is far more likely a descheduled aggregator or switch, every answer still coming, than
+    a lost window: there only one round is resent per timeout, as a probe (:meth:`probe`; TCP
+    resends one segment on an RTO), the one waiting longest, so successive probes visit every
+    silent round (each rank's oldest round may wait on another rank's loss). Its timeout
+    doubles with every probe until an answer arrives; that answer restarts the timers of the
+    rounds queued behind it, and rounds still unanswered then are resent as above. A stall costs
+    each rank one packet per timeout, not a window.
+
     Which timeout (:meth:`timeout`): the RTO (at least ``rto_min``) rides out a descheduled
     aggregator or switch on a shared machine, which a loss-free path meets far more often than
     loss. A path that fast-retransmitted within ``LOSS_MEMORY`` is losing rounds for real (a
@@ -503,6 +512,8 @@ class LossDetector:
     newest_rtt: float = 0.0
     progress: float = float("-inf")     # when the last result was accepted
     lossy_until: float = float("-inf")  # the path counts as lossy until then (saw_loss)
+    probe_until: float = float("-inf")  # a silent path's probe is pending until then (probe)
+    probes: int = 0                     # probes sent since the last answer
 
     def delivered(self, rnd: Round, now: float, outstanding: Iterable[Round]) -> None:
         """``rnd`` was answered at ``now``: move the fast-retransmit reference (first
@@ -510,6 +521,7 @@ class LossDetector:
         earlier than ``rnd`` was last sent: they were queued behind every copy of it, so their
         wait starts anew, for an RTO (not a backed-off one: the path delivers)."""
         self.progress = now
+        self.probe_until, self.probes = float("-inf"), 0
         if not rnd.retransmitted and rnd.sent_at >= self.newest_sent:
             self.newest_sent, self.newest_rtt = rnd.sent_at, now - rnd.sent_at
         for other in outstanding:
@@ -526,6 +538,18 @@ class LossDetector:
     def silent(self, rnd: Round) -> bool:
         """No result at all arrived since ``rnd`` was last sent."""
         return self.progress <= rnd.last_sent
+
+    def may_probe(self, now: float) -> bool:
+        """No probe of a silent path is pending."""
+        return now >= self.probe_until
+
+    def probe(self, now: float) -> float:
+        """A probe of a silent path is sent now: its timeout, doubling with every probe since
+        the last answer (up to ``MAX_BACKOFF`` RTOs); no other silent round is resent before."""
+        rto = min(self.rtt.rto * 2 ** (self.probes + 1), MAX_BACKOFF * self.rtt.rto, self.rtt.rto_max)
+        self.probes += 1
+        self.probe_until = now + rto
+        return rto
 
     def saw_loss(self, now: float) -> None:
         """A round was fast-retransmitted: the path is lossy for ``LOSS_MEMORY``."""
@@ -777,26 +801,41 @@ class SlotStream(StreamBase):
         self._send_round(rounds, idx, chunk, False, block, exps.local_exp(chunk + window), flags, now)
 
     def _resend_lost(self, rounds: OutstandingRounds, now: float) -> None:
-        backoffs = 0
-        for rnd in rounds.rounds.values():
+        """Resend what :class:`LossDetector` finds lost: fast retransmits and timeouts on a
+        delivering path at once; rounds that timed out on a silent path at once on a lossy path,
+        else only one probe at a time (the round waiting longest; slot order on ties, as the
+        native twin)."""
+        lossy = self._loss.lossy(now)
+        silent, probe = 0, None
+        for _, rnd in sorted(rounds.rounds.items()):
             loss = self._loss.verdict(rnd, now)
             if loss is Loss.NONE:
                 continue
-            if not rnd.retransmitted:
-                rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
-                rnd.retransmitted = True
-            self.stats.retransmissions += 1
             backoff = loss is Loss.TIMEOUT and self._loss.silent(rnd)
+            silent += backoff
+            if backoff and not lossy:
+                if probe is None or rnd.last_sent < probe.last_sent:
+                    probe = rnd
+                continue
             if loss is Loss.FAST:
                 self.stats.fast_retransmissions += 1
                 self._loss.saw_loss(now)
-            backoffs += backoff
-            rnd.rto = self._loss.next_rto(rnd, backoff, now)
-            rnd.deadline = now + rnd.rto
-            rnd.last_sent = now
-            self._transmit(rnd.packet)
-        self.stats.backoffs += backoffs
-        self.stats.bursts += is_burst(backoffs, self.window)
+            self._resend(rnd, self._loss.next_rto(rnd, backoff, now), now)
+        if probe is not None:
+            if not self._loss.may_probe(now):
+                return  # the episode's probe is pending: the silent rounds wait
+            self._resend(probe, self._loss.probe(now), now)
+        if silent:
+            self.stats.backoffs += 1 if probe is not None else silent
+            self.stats.bursts += is_burst(silent, self.window)
+
+    def _resend(self, rnd: Round, rto: float, now: float) -> None:
+        if not rnd.retransmitted:
+            rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
+            rnd.retransmitted = True
+        self.stats.retransmissions += 1
+        rnd.rto, rnd.deadline, rnd.last_sent = rto, now + rto, now
+        self._transmit(rnd.packet)
 
     # -- receiving ---------------------------------------------------------------------------
 

@@ -73,6 +73,8 @@ void RttEstimator::sample(double rtt) {
 
 void LossDetector::delivered(const Transmission& t, double now) {
     progress_ = now;
+    probe_until_ = -1e300;
+    probes_ = 0;
     if (!t.retransmitted && t.sent_at >= newest_sent_) {
         newest_sent_ = t.sent_at;
         newest_rtt_ = now - t.sent_at;
@@ -91,6 +93,13 @@ Loss LossDetector::verdict(const Transmission& t, double now) const {
 }
 
 void LossDetector::saw_loss(double now) { lossy_until_ = now + kLossMemory; }
+
+double LossDetector::probe(double now) {
+    double rto = std::min({rtt_.rto() * std::ldexp(1.0, probes_ + 1), kMaxBackoff * rtt_.rto(), rtt_.rto_max()});
+    ++probes_;
+    probe_until_ = now + rto;
+    return rto;
+}
 
 double LossDetector::next_rto(const Transmission& t, bool backoff, double now) const {
     if (backoff) return std::min({2 * t.rto, kMaxBackoff * timeout(now), rtt_.rto_max()});
@@ -217,31 +226,50 @@ void Stream::flush_sends() {
     send_queue_.clear();
 }
 
+// Fast retransmits and timeouts on a delivering path at once; rounds that timed out on a silent
+// path at once on a lossy path, else one probe at a time (stream.py SlotStream._resend_lost).
 void Stream::resend_lost(double now) {
-    uint64_t backoffs = 0;
+    bool lossy = loss_.lossy(now);
+    uint64_t silent = 0;
+    int64_t probe = -1;
     for (uint32_t idx = 0; idx < rounds_.size(); ++idx) {
         Round& r = rounds_[idx];
         Loss loss = r.active ? loss_.verdict(r, now) : Loss::NONE;
         if (loss == Loss::NONE) continue;
-        if (!r.retransmitted) {
-            packet(idx)[1] |= kFlagRetransmit;
-            r.retransmitted = true;
-        }
-        counters_.retransmissions += 1;
         bool backoff = loss == Loss::TIMEOUT && loss_.silent(r);
+        silent += backoff;
+        if (backoff && !lossy) {
+            if (probe < 0 || r.last_sent < rounds_[probe].last_sent) probe = idx;
+            continue;
+        }
         if (loss == Loss::FAST) {
             counters_.fast_retransmissions += 1;
             loss_.saw_loss(now);
         }
-        backoffs += backoff;
-        r.rto = loss_.next_rto(r, backoff, now);
-        r.deadline = now + r.rto;
-        r.last_sent = now;
-        queue_send(idx);
+        resend(idx, loss_.next_rto(r, backoff, now), now);
     }
-    counters_.backoffs += backoffs;
-    // half the window or more timing out at once on a silent path: a burst (stream.py is_burst)
-    counters_.bursts += backoffs >= std::max<uint64_t>(2, rounds_.size() / 2);
+    if (probe >= 0) {
+        if (!loss_.may_probe(now)) return;  // the episode's probe is pending: the silent rounds wait
+        resend(static_cast<uint32_t>(probe), loss_.probe(now), now);
+    }
+    if (silent) {
+        counters_.backoffs += probe >= 0 ? 1 : silent;
+        // half the window or more timing out at once on a silent path: a burst (stream.py is_burst)
+        counters_.bursts += silent >= std::max<uint64_t>(2, rounds_.size() / 2);
+    }
+}
+
+void Stream::resend(uint32_t idx, double rto, double now) {
+    Round& r = rounds_[idx];
+    if (!r.retransmitted) {
+        packet(idx)[1] |= kFlagRetransmit;
+        r.retransmitted = true;
+    }
+    counters_.retransmissions += 1;
+    r.rto = rto;
+    r.deadline = now + rto;
+    r.last_sent = now;
+    queue_send(idx);
 }
 
 int Stream::receive_batch(double wait) {

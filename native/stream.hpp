@@ -92,6 +92,10 @@ class LossDetector {
     void restart_timer(Transmission& t, const Transmission& answered, double now) const;
     Loss verdict(const Transmission& t, double now) const;
     bool silent(const Transmission& t) const { return progress_ <= t.last_sent; }
+    // No probe of a silent path is pending.
+    bool may_probe(double now) const { return now >= probe_until_; }
+    // A probe of a silent path is sent now: its timeout (hostlib.stream.LossDetector.probe).
+    double probe(double now);
     // A round was fast-retransmitted: the path is lossy for kLossMemory seconds.
     void saw_loss(double now);
     // The timeout of a round sent or restarted now: the RTO, on a lossy path the probe timeout.
@@ -103,6 +107,8 @@ class LossDetector {
   private:
     const RttEstimator& rtt_;
     double newest_sent_ = -1e300, newest_rtt_ = 0, progress_ = -1e300, lossy_until_ = -1e300;
+    double probe_until_ = -1e300;  // a silent path's probe is pending until then
+    int probes_ = 0;               // probes sent since the last answer
 };
 
 // What a call's block phase streams: the tensor and its exponents (float calls).
@@ -160,6 +166,7 @@ class Stream {
     void queue_send(uint32_t idx);
     void flush_sends();
     void resend_lost(double now);
+    void resend(uint32_t idx, double rto, double now);
     int receive_batch(double wait);
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
