@@ -272,3 +272,54 @@ def test_a_deep_window_drained_slower_than_the_rto_is_not_resent(kind):
         agg.sock.close()
         transport.close()
         thread.join(5)
+
+
+def test_probes_of_a_silent_path_double_and_end_with_an_answer():
+    d = detector(rtt=0.001, rto_min=0.02)         # RTO: rto_min
+    assert d.may_probe(0.0)
+    assert d.probe(0.0) == pytest.approx(0.04)
+    assert not d.may_probe(0.039) and d.may_probe(0.04)
+    assert d.probe(0.04) == pytest.approx(0.08)
+    for _ in range(5):
+        last = d.probe(1.0)
+    assert last == pytest.approx(MAX_BACKOFF * 0.02)
+    d.delivered(sent(0.5), 1.01, [])              # an answer ends the episode
+    assert d.may_probe(1.01) and d.probe(1.01) == pytest.approx(0.04)
+
+
+class StallOnce(ScriptedAggregator):
+    """Answers every datagram at once but, at the first data round, stops for ``stall``
+    seconds (a descheduled aggregator): the window waits in its socket, then is answered."""
+
+    def __init__(self, stall: float) -> None:
+        super().__init__()
+        self.stall = stall
+        self.seen = 0
+
+    def answer(self, data: bytes) -> bool:
+        self.seen += 1
+        if self.seen == 2:                        # 1: the control round
+            time.sleep(self.stall)
+        return True
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_stalled_aggregator_costs_a_probe_per_timeout_not_a_window(kind):
+    rto, window = 0.05, 16
+    agg = StallOnce(stall=6 * rto)                # probes after 1 and 3 RTOs; answers at 6
+    thread = threading.Thread(target=agg.serve, daemon=True)
+    thread.start()
+    transport = UdpTransport(agg.sock.getsockname(), bind=("127.0.0.1", 0))
+    try:
+        stream = STREAMS[kind](Grant(3, 2, 0, window, 4, agg.sock.getsockname()), 0, 1, transport,
+                               rto_min=rto, rto_max=1.0, stall_timeout=10.0)
+        stream.window_control.goal = window
+        x = np.arange(4 * window, dtype=np.int32)
+        stream.allreduce(x)
+        assert x.tolist() == list(range(4 * window)) and stream.window == window
+        s = stream.stats
+        assert 1 <= s.retransmissions <= 3 and s.fast_retransmissions == 0
+    finally:
+        agg.sock.close()
+        transport.close()
+        thread.join(5)
