@@ -137,6 +137,15 @@ def netem_available(run: RunDir) -> bool:
         subprocess.run(["ip", "link", "del", probe], capture_output=True)
 
 
+def program_files_for(dataplane: str, p4info: Path | None = None, bmv2_json: Path | None = None) -> dict[str, str]:
+    """The P4Info/BMv2 JSON the controller pushes to every switch ({}: p4/'s committed ones).
+    The software data plane runs the committed program only (its pipeline is Python), here at
+    BMv2's K: the software target's own K makes datagrams larger than the veth links' MTU."""
+    if dataplane == "soft":
+        return {"p4info": str(ROOT / DEFAULT_ARTIFACTS["bmv2"]["p4info"])}
+    return {key: str(path.resolve()) for key, path in (("p4info", p4info), ("bmv2_json", bmv2_json)) if path}
+
+
 def job_epochs(topo: Topology, epochs: int | None) -> dict[str, int]:
     """Each job's epochs. ``epochs`` sets the first job's and scales the others by the same
     factor, so the jobs keep their relative lengths (the two-job demo's second job still
@@ -440,12 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inagg-mininet: {e}", file=sys.stderr)
         return 2
     dataplane = choose_dataplane(args.dataplane)
-    # the software data plane runs the committed program only (its pipeline is Python), here at
-    # BMv2's K: the software target's own K makes datagrams larger than the veth links' MTU
-    program_files = {key: str(path.resolve()) for key, path in
-                     (("p4info", args.p4info), ("bmv2_json", args.bmv2_json)) if path and dataplane == "bmv2"}
-    if dataplane == "soft":
-        program_files["p4info"] = str(ROOT / DEFAULT_ARTIFACTS["bmv2"]["p4info"])
+    program_files = program_files_for(dataplane, args.p4info, args.bmv2_json)
     run_dir = RunDir.create()
     print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)

@@ -11,7 +11,7 @@ the core's. The packet loop (``hostlib._native.SwitchLoop``) runs the core on it
 from __future__ import annotations
 
 from controller.p4info import P4Info
-from hostlib import _native
+from hostlib.native_build import _native
 
 from .pipeline import (
     GLOBAL_DROPS,

@@ -44,7 +44,8 @@ from scapy.utils import RawPcapWriter
 from controller.config import default_program
 from controller.p4info import P4Info
 
-from hostlib import _native, add_version_flag
+from hostlib import add_version_flag
+from hostlib.native_build import _native
 from hostlib.protocol import (
     UDP_PORT,
     ipv4,

@@ -21,7 +21,8 @@ import threading
 from pathlib import Path
 from typing import Iterable
 
-from . import _native, add_version_flag
+from . import add_version_flag
+from .native_build import _native
 from .engine import AggregationEngine, JobConfig
 from .grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, IPV4_UDP_BYTES, parse_address,
                     values_for_mtu)

@@ -18,7 +18,7 @@ import struct
 from collections import Counter
 from typing import Callable, Hashable, Iterable
 
-from . import _native
+from .native_build import _native
 from .engine import AggregationEngine, Emit, JobConfig, JobCounters
 from .protocol import Outcome
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _native
+from .native_build import _native
 from .grant import Grant
 from .stream import ExponentTracker, StreamBase, call_window
 from .transport import UdpTransport

@@ -12,6 +12,7 @@
 
 #include "engine.hpp"
 #include "host_loop.hpp"
+#include "source_digest.hpp"  // generated into the build folder (cmake/source_digest.cmake)
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -208,7 +209,7 @@ void bind_stream(nb::module_& m);  // stream_bindings.cpp
 
 NB_MODULE(_native, m) {
     m.doc() = "inagg's per-packet data path in C++ (see native/*.hpp)";
-    m.attr("ABI_VERSION") = 1;
+    m.attr("SOURCE_DIGEST") = inagg::kSourceDigest;  // hostlib/native_build.py checks it
     m.def("sender_id_ipv4", &inagg::sender_id_ipv4, "addr"_a, "port"_a,
           "The engine's id of a UDP sender: (IPv4 address << 16) | port");
     bind_engine(m);

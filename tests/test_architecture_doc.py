@@ -13,7 +13,7 @@ ANCHOR = re.compile(r"`((?:hostlib|native|controller|bmv2_env|p4)/[\w/]+\.(?:py|
 FILE = re.compile(r"`((?:hostlib|native|controller|bmv2_env|p4)/[\w/]+\.(?:py|cpp|hpp|p4|txtpb|json))`")
 
 # The bottom layer: wire format, codec, transports and the aggregation engine.
-BOTTOM = {"hostlib.protocol", "hostlib.grant", "hostlib.codec", "hostlib.transport", "hostlib.roce",
+BOTTOM = {"hostlib.protocol", "hostlib.native_build", "hostlib.grant", "hostlib.codec", "hostlib.transport", "hostlib.roce",
           "hostlib.scapy_layer", "hostlib.engine", "hostlib.native_engine"}
 
 

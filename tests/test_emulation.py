@@ -183,3 +183,27 @@ def test_stop_without_runs_touches_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bmv2_env.mininet_run", "--stop", "--run", "zzzz"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and f"no run zzzz in {RUNS_DIR}" in proc.stderr
+
+
+def test_a_bandwidth_change_flips_the_backend_path_and_back(tmp_path):
+    """benchmarks/bandwidth_flip.py, briefly: the ``inagg`` backend's workers run gloo over a
+    management bridge and inagg through the switch; one worker's management link is throttled
+    with tc tbf mid-run, then restored. The largest tensor's path leaves gloo while throttled
+    and comes back after the restore (the workers check every allreduce's sum), and the run
+    leaves nothing behind. Phases of 5/20/15 s fit it in about a minute; at 40 Mbit/s throttled
+    gloo costs ~2x inagg, so the exploration budget tries it again within seconds of the
+    restore."""
+    reason = mininet_missing()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "flip.json"
+    proc = subprocess.run([sys.executable, "benchmarks/bandwidth_flip.py", "--phases", "5", "20", "15",
+                           "--rate", "40mbit", "--results", str(tmp_path), "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    run = RunDir(RUN_LINE.search(proc.stdout).group(1))
+    assert run.record["finished"] and run.live_processes() == [], proc.stdout
+    assert [n for n in root_interfaces() if n.startswith(run.run_id)] == []
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["verdict"] == "", proc.stdout
+    assert (tmp_path / "bandwidth_flip.csv").read_text().count("\n") == len(result["rows"]) + 1

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hostlib import _native
+from hostlib.native_build import _native
 from hostlib.engine import AggregationEngine, JobConfig
 from hostlib.native_engine import NativeEngine, udp_sender_id
 from hostlib.protocol import EXP_NONE, Outcome, build_contribution, pack_header

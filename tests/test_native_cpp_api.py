@@ -47,3 +47,18 @@ def test_engine_header_is_a_plain_cpp_api(tmp_path):
     out = subprocess.run([tmp_path / "t"], check=True, capture_output=True, text=True).stdout
     # 5 + 5 = 10, -1 + -1 = -2 (0xFE low byte); multicast (-1) to both ranks
     assert out.split("\n")[:3] == ["first 0", "add 24 -1 10 254", "1 7"]
+
+
+def test_a_build_from_other_sources_is_refused(tmp_path):
+    """The extension carries the digest of the sources it was built from; a checkout whose
+    native/ changed since (a pull without `make setup`) is refused with the fix, not run."""
+    from hostlib import native_build
+
+    assert native_build._native.SOURCE_DIGEST == native_build.source_digest(native_build.SOURCES)
+    native_build.check_build(native_build._native)               # this checkout: accepted
+    changed = tmp_path / "native"
+    shutil.copytree(native_build.SOURCES, changed)
+    (changed / "stream.cpp").write_text((changed / "stream.cpp").read_text() + "\n// edited\n")
+    with pytest.raises(ImportError, match=r"stale build.*make setup"):
+        native_build.check_build(native_build._native, changed)
+    native_build.check_build(native_build._native, tmp_path / "absent")   # a wheel: nothing to compare

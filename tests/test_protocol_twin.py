@@ -97,7 +97,7 @@ def test_scapy_layer_decodes_pcap(tmp_path):
 def test_outcome_has_its_twins(outcome):
     """One row per outcome: the same code in the C++ engine, and in the P4 program either the
     same SLOT_* code (a row of SlotState's table) or a drop reason of the same name."""
-    from hostlib import _native
+    from hostlib.native_build import _native
 
     assert _native.OUTCOMES[outcome.label] == outcome.value
     consts = p4_constants((P4_INCLUDE / "constants.p4").read_text())
@@ -112,6 +112,6 @@ def test_outcome_has_its_twins(outcome):
 
 
 def test_native_has_no_other_outcomes():
-    from hostlib import _native
+    from hostlib.native_build import _native
 
     assert _native.OUTCOMES == {o.label: o.value for o in protocol.Outcome}

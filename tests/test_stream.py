@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hostlib import _native, codec
+from hostlib import codec
+from hostlib.native_build import _native
 from hostlib.demo import TensorSpec, run_local_job
 from hostlib.grant import Grant
 from hostlib.native_stream import NativeSlotStream, native_block_exponents
