@@ -51,6 +51,7 @@ class WorkerReport:
     results: list[np.ndarray] | None
     max_err_over_bound: float
     seconds: list[float] = field(default_factory=list)
+    started: list[float] = field(default_factory=list)  # time.perf_counter() (CLOCK_MONOTONIC) at each call
 
 
 def check_result(spec: TensorSpec, y: np.ndarray, n: int, k: int) -> float:
@@ -78,17 +79,18 @@ def _worker(rank: int, n: int, specs: list[TensorSpec], conn, keep: bool, check:
     grant: Grant = conn.recv()
     transport.retarget(grant.aggregator)
     stream = (NativeSlotStream if native else SlotStream)(grant, rank, n, transport)
-    results, seconds, worst = [], [], 0.0
+    results, seconds, started, worst = [], [], [], 0.0
     for spec in specs:
         x = spec.make(rank)
         t0 = time.perf_counter()
         stream.allreduce(x)
         seconds.append(time.perf_counter() - t0)
+        started.append(t0)
         if keep:
             results.append(x)
         if check:
             worst = max(worst, check_result(spec, x, n, grant.values_per_packet))
-    conn.send(WorkerReport(rank, stream.stats.as_dict(), results if keep else None, worst, seconds))
+    conn.send(WorkerReport(rank, stream.stats.as_dict(), results if keep else None, worst, seconds, started))
     transport.close()
 
 

@@ -45,10 +45,11 @@ round exactly (:class:`OutstandingRounds`); everything else is dropped and count
 :class:`ResultCheck`. Loss recovery (:class:`LossDetector`): a round is resent with
 FLAG_RETRANSMIT when a round sent after it has been answered and it is overdue by more than a
 reordering allowance (fast retransmit, RACK's time-based loss detection, RFC 8985), or when its
-deadline passes (RTO from :class:`RttEstimator`, Karn's rule, floored at twice the smoothed RTT);
-a round's RTO doubles only while no result arrives at all, so random loss on a path that still
-delivers never backs the whole window off. The aggregator never adds a duplicate twice and answers a duplicate
-of a finished round with its stored result, so results are bit-identical with or without loss.
+RTO (:class:`RttEstimator`, Karn's rule) passes with no answer to it or to any round
+ahead of it, so a loss-free window never times out behind its own queue; a round's RTO doubles
+only while no result arrives at all, so random loss on a path that still delivers never backs
+the whole window off. The aggregator never adds a duplicate twice and answers a duplicate of a
+finished round with its stored result, so results are bit-identical with or without loss.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -298,12 +299,9 @@ INITIAL_RTO = 0.05   # seconds, before the first RTT sample
 # A silent path backs a round's RTO off to at most this many RTOs: in a job a round also waits on
 # the other ranks' resends, which a longer backoff here would only delay
 MAX_BACKOFF = 8
-RTO_OVER_MIN_RTT = 32  # the RTO never exceeds this many minimum RTTs (see RttEstimator.sample)
-# Spurious-retransmission response (RttEstimator.spurious): each unneeded retransmission doubles
-# the RTO and reorder floor (rto_min at first) up to SPURIOUS_FLOOR_MAX; it halves towards rto_min
-# after every FLOOR_DECAY_SAMPLES RTT samples without one
-SPURIOUS_FLOOR_MAX = 0.2  # seconds
-FLOOR_DECAY_SAMPLES = 128
+RTO_OVER_MIN_RTT = 32  # the RTO never exceeds this many minimum RTTs (see RttEstimator)
+LOSS_MEMORY = 1.0  # seconds a fast retransmission marks the path lossy (LossDetector.timeout)
+TICKS_PER_RTO_MIN = 20  # the scan tick is rto_min / 20 (RttEstimator.scan_tick)
 INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
 
 
@@ -409,14 +407,16 @@ class ExponentTracker:
 
 @dataclass
 class RttEstimator:
-    """RFC 6298 style smoothed RTT -> retransmission timeout, with an adaptive floor.
+    """RFC 6298 style smoothed RTT -> retransmission timeout, at least ``rto_min``.
 
-    ``floor`` (at least ``rto_min``) bounds the RTO and the reordering allowance from below. A
-    resent round answered sooner than any RTT after the resend shows it was not needed (as TCP's DSACK /
-    Eifel, RFC 4015, and RACK's reo_wnd growth): the floor doubles (:meth:`spurious`), up to
-    ``SPURIOUS_FLOOR_MAX``, so a loss-free path with jittery RTTs stops resending. It starts at
-    ``rto_min`` and halves back towards ``rto_min`` after every ``FLOOR_DECAY_SAMPLES`` samples without one. Real losses keep their fast recovery: a
-    lost round is resent as soon as later-sent rounds are answered (LossDetector)."""
+    A round's RTT also holds the wait for the other ranks' contributions, and so their loss
+    recovery: the RTO is capped at ``RTO_OVER_MIN_RTT`` minimum RTTs, so it does not grow with
+    that wait (a longer RTO would slow every rank's recovery: a feedback loop). The cap makes
+    the RTO far shorter than the RTT of a round at the back of a deep window (which waits for
+    the window's whole queue to drain); that is safe because a round's timer runs from the
+    latest answer to a round ahead of it, not from its own send (:meth:`LossDetector.delivered`).
+    There is no adaptive floor (as Eifel's): in a job an answer that follows a resend at once
+    is most often another rank's resend completing the round, no sign that ours was early."""
 
     rto_min: float
     rto_max: float
@@ -424,26 +424,9 @@ class RttEstimator:
     rttvar: float = 0.0
     min_rtt: float = float("inf")
     rto: float = field(init=False)
-    floor: float = field(init=False)
-    clean_samples: int = 0  # RTT samples since the floor last moved
 
     def __post_init__(self) -> None:
-        self.floor = self.rto_min
         self.rto = max(self.rto_min, INITIAL_RTO)
-
-    def answered_resent(self, since_resend: float) -> None:
-        """A resent round was answered ``since_resend`` after its last transmission. Sooner than
-        any RTT, the answer is the original's (Eifel, RFC 3522): the resend was spurious. (A late
-        copy of an answered round is no such sign in a job: another rank's loss held the round,
-        and this rank's own losses must keep their quick recovery.)"""
-        if since_resend < self.min_rtt:
-            self.spurious()
-
-    def spurious(self) -> None:
-        """A retransmission turned out unneeded: double the floor (up to SPURIOUS_FLOOR_MAX)."""
-        self.floor = max(self.floor, min(2 * self.floor, SPURIOUS_FLOOR_MAX, self.rto_max))
-        self.clean_samples = 0
-        self.rto = max(self.rto, self.floor)
 
     def sample(self, rtt: float) -> None:
         if self.srtt is None:
@@ -452,19 +435,25 @@ class RttEstimator:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
         self.min_rtt = min(self.min_rtt, rtt)
-        self.clean_samples += 1
-        if self.clean_samples >= FLOOR_DECAY_SAMPLES:
-            self.floor, self.clean_samples = max(self.rto_min, self.floor / 2), 0
-        # Tied to the path's RTT, not a fixed 50 ms, so a lost round costs a few RTTs, not a
-        # stall. A round's RTT also holds the wait for the other ranks' contributions, and so
-        # their loss recovery: capped at a few minimum RTTs, the RTO does not grow with it (a
-        # longer RTO here would slow every rank's recovery, a feedback loop).
         rto = min(2 * self.srtt + 4 * self.rttvar, RTO_OVER_MIN_RTT * self.min_rtt, self.rto_max)
-        self.rto = max(self.floor, rto)
+        self.rto = max(self.rto_min, rto)
 
-    def reorder_window(self) -> float:
-        """How late a round may be behind a later-sent answered one before it counts as lost."""
-        return max(self.floor, self.srtt or 0.0) / 4
+    def reorder_window(self, lossy: bool) -> float:
+        """How late a round may be behind a later-sent answered one before it counts as lost: a
+        quarter of SRTT (RACK's), on a loss-free path at least a quarter of ``rto_min``, as the
+        ranks' contributions to rounds sent close together reach the aggregator in any order."""
+        return max(0.0 if lossy else self.rto_min, self.srtt or 0.0) / 4
+
+    def lossy_timeout(self) -> float:
+        """The timeout on a path that is losing rounds: two smoothed RTTs (the probe timeout of
+        RACK-TLP, RFC 8985), at least a scan tick, at most the RTO."""
+        return self.rto if self.srtt is None else min(self.rto, max(2 * self.srtt, self.scan_tick()))
+
+    def scan_tick(self) -> float:
+        """How often the stream looks for lost rounds while it waits: a loss is seen within a
+        tick of its deadline, so the tick bounds every recovery from below (1 ms at the default
+        ``rto_min``; a scan costs only when the socket is idle)."""
+        return self.rto_min / TICKS_PER_RTO_MIN
 
 
 class Loss(enum.Enum):
@@ -479,28 +468,70 @@ class Loss(enum.Enum):
 class LossDetector:
     """Time-based loss detection of the rounds in flight (RACK, RFC 8985).
 
-    The window's rounds complete roughly in the order they were sent, so an answered round that
-    was sent after round X (first transmissions only, Karn) while X is still outstanding more than
-    that round's RTT plus a reordering allowance after X's latest transmission says X (or one of
-    the other ranks' contributions to it) was lost: resend it without waiting for its RTO. A
-    round's RTO doubles on expiry only when no result at all arrived since it was last sent (the
-    path went silent: congestion or an outage), up to ``MAX_BACKOFF`` RTOs; while others are answered the loss is random and
-    the round keeps the current RTO, so one unlucky slot does not stall behind a long backoff."""
+    Fast retransmit: the window's rounds complete roughly in the order they were sent, so an
+    answered round that was sent after round X (first transmissions only, Karn) while X is still
+    outstanding more than that round's RTT plus a reordering allowance after X's latest
+    transmission says X (or one of the other ranks' contributions to it) was lost: resend it
+    without waiting for its RTO.
+
+    Timeout: a round's deadline is an RTO after its latest transmission *or after the latest
+    answer to a round sent no later than it*, whichever is later (:meth:`delivered`; RFC 6298
+    restarts its timer on every new acknowledgement the same way). A round queued behind others
+    is not late while those ahead of it are being answered, however long the window's queue
+    (a window of W rounds of N ranks drains W * N packets before its last answer), so an RTO
+    need not cover a queue and a loss-free path does not resend the back of its window.
+
+    An expired round is resent. Its RTO doubles (up to ``MAX_BACKOFF`` RTOs) only when no
+    result at all arrived since it was last sent (the path went silent: congestion or an
+    outage); while others are answered the loss is random and the round keeps the current RTO,
+    so one unlucky slot does not stall behind a long backoff.
+
+    On a silent path that has not been losing rounds (see below) a whole window expiring at
+    once is far more likely a descheduled aggregator or switch, every answer still coming, than
+    a lost window: there only one round is resent per timeout, as a probe (:meth:`probe`; TCP
+    resends one segment on an RTO), the one waiting longest, so successive probes visit every
+    silent round (each rank's oldest round may wait on another rank's loss). Its timeout
+    doubles with every probe until an answer arrives; that answer restarts the timers of the
+    rounds queued behind it, and rounds still unanswered then are resent as above. A stall costs
+    each rank one packet per timeout, not a window.
+
+    Which timeout (:meth:`timeout`): the RTO (at least ``rto_min``) rides out a descheduled
+    aggregator or switch on a shared machine, which a loss-free path meets far more often than
+    loss. A path that fast-retransmitted within ``LOSS_MEMORY`` is losing rounds for real (a
+    later-sent round was answered and an earlier one was not: an aggregator answers in order,
+    and a loss-free path never shows it), and there rounds whose resends are the newest sent
+    (the end of a call, the control round) can only be recovered by their timers: they use
+    RACK-TLP's probe timeout, two smoothed RTTs, as a silent round there is far more likely lost
+    than late, and a needless resend costs one packet. There the reordering allowance is RACK's
+    quarter SRTT too, without the loss-free path's floor (:meth:`RttEstimator.reorder_window`):
+    under 30 % loss most rounds need a recovery on some rank before the slot's next round can
+    complete, so a call's time is the sum of these waits along each slot's rounds."""
 
     rtt: RttEstimator
     newest_sent: float = float("-inf")  # first transmission of the newest-sent answered round
     newest_rtt: float = 0.0
     progress: float = float("-inf")     # when the last result was accepted
+    lossy_until: float = float("-inf")  # the path counts as lossy until then (saw_loss)
+    probe_until: float = float("-inf")  # a silent path's probe is pending until then (probe)
+    probes: int = 0                     # probes sent since the last answer
 
-    def delivered(self, rnd: Round, now: float) -> None:
+    def delivered(self, rnd: Round, now: float, outstanding: Iterable[Round]) -> None:
+        """``rnd`` was answered at ``now``: move the fast-retransmit reference (first
+        transmissions only) and restart the timers of the ``outstanding`` rounds last sent no
+        earlier than ``rnd`` was last sent: they were queued behind every copy of it, so their
+        wait starts anew, for an RTO (not a backed-off one: the path delivers)."""
         self.progress = now
+        self.probe_until, self.probes = float("-inf"), 0
         if not rnd.retransmitted and rnd.sent_at >= self.newest_sent:
             self.newest_sent, self.newest_rtt = rnd.sent_at, now - rnd.sent_at
+        for other in outstanding:
+            if other.last_sent >= rnd.last_sent:
+                other.deadline = max(other.deadline, now + self.timeout(now))
 
     def verdict(self, rnd: Round, now: float) -> Loss:
         if now >= rnd.deadline:
             return Loss.TIMEOUT
-        if rnd.last_sent < self.newest_sent and now >= rnd.last_sent + self.newest_rtt + self.rtt.reorder_window():
+        if rnd.last_sent < self.newest_sent and now >= rnd.last_sent + self.newest_rtt + self.rtt.reorder_window(self.lossy(now)):
             return Loss.FAST
         return Loss.NONE
 
@@ -508,11 +539,35 @@ class LossDetector:
         """No result at all arrived since ``rnd`` was last sent."""
         return self.progress <= rnd.last_sent
 
-    def next_rto(self, rnd: Round, backoff: bool) -> float:
+    def may_probe(self, now: float) -> bool:
+        """No probe of a silent path is pending."""
+        return now >= self.probe_until
+
+    def probe(self, now: float) -> float:
+        """A probe of a silent path is sent now: its timeout, doubling with every probe since
+        the last answer (up to ``MAX_BACKOFF`` RTOs); no other silent round is resent before."""
+        rto = min(self.rtt.rto * 2 ** (self.probes + 1), MAX_BACKOFF * self.rtt.rto, self.rtt.rto_max)
+        self.probes += 1
+        self.probe_until = now + rto
+        return rto
+
+    def saw_loss(self, now: float) -> None:
+        """A round was fast-retransmitted: the path is lossy for ``LOSS_MEMORY``."""
+        self.lossy_until = now + LOSS_MEMORY
+
+    def lossy(self, now: float) -> bool:
+        return now < self.lossy_until
+
+    def timeout(self, now: float) -> float:
+        """The timeout of a round sent or restarted now: the RTO, on a lossy path the probe
+        timeout (see the class docstring)."""
+        return self.rtt.lossy_timeout() if self.lossy(now) else self.rtt.rto
+
+    def next_rto(self, rnd: Round, backoff: bool, now: float) -> float:
         """The RTO of a round resent now (``backoff``: its RTO expired on a silent path)."""
         if backoff:
-            return min(2 * rnd.rto, MAX_BACKOFF * self.rtt.rto, self.rtt.rto_max)
-        return self.rtt.rto
+            return min(2 * rnd.rto, MAX_BACKOFF * self.timeout(now), self.rtt.rto_max)
+        return self.timeout(now)
 
 
 @dataclass
@@ -723,7 +778,7 @@ class SlotStream(StreamBase):
         offset = chunk * g.values_per_packet
         pkt = build_contribution(g.job_id, self.rank, g.epoch, g.slot_base + idx, slot_set, offset,
                                  values, g.values_per_packet, exp=exp, flags=flags)
-        rto = self._rtt.rto
+        rto = self._loss.timeout(now)
         count = 0 if values is None else len(values)
         rounds.add(idx, Round(chunk, priming, slot_set, offset, count, pkt, now, now + rto, rto))
         self._transmit(pkt)
@@ -746,24 +801,41 @@ class SlotStream(StreamBase):
         self._send_round(rounds, idx, chunk, False, block, exps.local_exp(chunk + window), flags, now)
 
     def _resend_lost(self, rounds: OutstandingRounds, now: float) -> None:
-        backoffs = 0
-        for rnd in rounds.rounds.values():
+        """Resend what :class:`LossDetector` finds lost: fast retransmits and timeouts on a
+        delivering path at once; rounds that timed out on a silent path at once on a lossy path,
+        else only one probe at a time (the round waiting longest; slot order on ties, as the
+        native twin)."""
+        lossy = self._loss.lossy(now)
+        silent, probe = 0, None
+        for _, rnd in sorted(rounds.rounds.items()):
             loss = self._loss.verdict(rnd, now)
             if loss is Loss.NONE:
                 continue
-            if not rnd.retransmitted:
-                rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
-                rnd.retransmitted = True
-            self.stats.retransmissions += 1
             backoff = loss is Loss.TIMEOUT and self._loss.silent(rnd)
-            self.stats.fast_retransmissions += loss is Loss.FAST
-            backoffs += backoff
-            rnd.rto = self._loss.next_rto(rnd, backoff)
-            rnd.deadline = now + rnd.rto
-            rnd.last_sent = now
-            self._transmit(rnd.packet)
-        self.stats.backoffs += backoffs
-        self.stats.bursts += is_burst(backoffs, self.window)
+            silent += backoff
+            if backoff and not lossy:
+                if probe is None or rnd.last_sent < probe.last_sent:
+                    probe = rnd
+                continue
+            if loss is Loss.FAST:
+                self.stats.fast_retransmissions += 1
+                self._loss.saw_loss(now)
+            self._resend(rnd, self._loss.next_rto(rnd, backoff, now), now)
+        if probe is not None:
+            if not self._loss.may_probe(now):
+                return  # the episode's probe is pending: the silent rounds wait
+            self._resend(probe, self._loss.probe(now), now)
+        if silent:
+            self.stats.backoffs += 1 if probe is not None else silent
+            self.stats.bursts += is_burst(silent, self.window)
+
+    def _resend(self, rnd: Round, rto: float, now: float) -> None:
+        if not rnd.retransmitted:
+            rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
+            rnd.retransmitted = True
+        self.stats.retransmissions += 1
+        rnd.rto, rnd.deadline, rnd.last_sent = rto, now + rto, now
+        self._transmit(rnd.packet)
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -786,18 +858,16 @@ class SlotStream(StreamBase):
             self.stats.host_results += 1
         if not rnd.retransmitted:
             self._rtt.sample(now - rnd.sent_at)
-        else:
-            self._rtt.answered_resent(now - rnd.last_sent)
-        self._loss.delivered(rnd, now)
+        self._loss.delivered(rnd, now, rounds.rounds.values())
         return idx, rnd, now
 
     def _await(self, rounds: OutstandingRounds, progress: float,
                missing: Callable[[], str]) -> tuple[int, Round, float]:
-        """Receive until some round completes; resend lost rounds every scan tick (a quarter of
-        ``rto_min``) once nothing waits in the socket (after this process was descheduled, the
+        """Receive until some round completes; resend lost rounds every scan tick
+        (:meth:`RttEstimator.scan_tick`) once nothing waits in the socket (after this process was descheduled, the
         answers of rounds that look lost may be queued there); raise the stall error (naming
         ``missing()``) after ``stall_timeout`` without progress."""
-        tick = self._rtt.rto_min / 4
+        tick = self._rtt.scan_tick()
         while True:
             now = time.perf_counter()
             if now >= self._next_scan and self._drained:

@@ -22,9 +22,7 @@ constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
 constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
 constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
 constexpr double kRtoOverMinRtt = 32; // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
-// Spurious-retransmission response (stream.py SPURIOUS_FLOOR_MAX, FLOOR_DECAY_SAMPLES)
-constexpr double kSpuriousFloorMax = 0.2;   // seconds
-constexpr int kFloorDecaySamples = 128;
+constexpr double kLossMemory = 1.0;   // seconds a fast retransmission marks the path lossy (LOSS_MEMORY)
 
 double now_seconds() {
     using namespace std::chrono;
@@ -58,17 +56,7 @@ const char* result_check_name(ResultCheck c) {
 }
 
 RttEstimator::RttEstimator(double rto_min, double rto_max)
-    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, kInitialRto)), floor_(rto_min) {}
-
-void RttEstimator::answered_resent(double since_resend) {
-    if (since_resend < min_rtt_) spurious();
-}
-
-void RttEstimator::spurious() {
-    floor_ = std::max(floor_, std::min({2 * floor_, kSpuriousFloorMax, rto_max_}));
-    clean_samples_ = 0;
-    rto_ = std::max(rto_, floor_);
-}
+    : rto_min_(rto_min), rto_max_(rto_max), rto_(std::max(rto_min, kInitialRto)) {}
 
 void RttEstimator::sample(double rtt) {
     if (srtt_ < 0) {
@@ -79,33 +67,43 @@ void RttEstimator::sample(double rtt) {
         srtt_ = 0.875 * srtt_ + 0.125 * rtt;
     }
     min_rtt_ = std::min(min_rtt_, rtt);
-    if (++clean_samples_ >= kFloorDecaySamples) {
-        floor_ = std::max(rto_min_, floor_ / 2);
-        clean_samples_ = 0;
-    }
-    // tied to the path's RTT, not a fixed 50 ms (see stream.py RttEstimator.sample)
-    double rto = std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_});
-    rto_ = std::max(floor_, rto);
+    // capped: a round's RTT holds the other ranks' recovery (see stream.py RttEstimator)
+    rto_ = std::max(rto_min_, std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_}));
 }
 
 void LossDetector::delivered(const Transmission& t, double now) {
     progress_ = now;
+    probe_until_ = -1e300;
+    probes_ = 0;
     if (!t.retransmitted && t.sent_at >= newest_sent_) {
         newest_sent_ = t.sent_at;
         newest_rtt_ = now - t.sent_at;
     }
 }
 
+void LossDetector::restart_timer(Transmission& t, const Transmission& answered, double now) const {
+    if (t.last_sent >= answered.last_sent) t.deadline = std::max(t.deadline, now + timeout(now));
+}
+
 Loss LossDetector::verdict(const Transmission& t, double now) const {
     if (now >= t.deadline) return Loss::TIMEOUT;
-    if (t.last_sent < newest_sent_ && now >= t.last_sent + newest_rtt_ + rtt_.reorder_window())
+    if (t.last_sent < newest_sent_ && now >= t.last_sent + newest_rtt_ + rtt_.reorder_window(lossy(now)))
         return Loss::FAST;
     return Loss::NONE;
 }
 
-double LossDetector::next_rto(const Transmission& t, bool backoff) const {
-    if (backoff) return std::min({2 * t.rto, kMaxBackoff * rtt_.rto(), rtt_.rto_max()});
-    return rtt_.rto();
+void LossDetector::saw_loss(double now) { lossy_until_ = now + kLossMemory; }
+
+double LossDetector::probe(double now) {
+    double rto = std::min({rtt_.rto() * std::ldexp(1.0, probes_ + 1), kMaxBackoff * rtt_.rto(), rtt_.rto_max()});
+    ++probes_;
+    probe_until_ = now + rto;
+    return rto;
+}
+
+double LossDetector::next_rto(const Transmission& t, bool backoff, double now) const {
+    if (backoff) return std::min({2 * t.rto, kMaxBackoff * timeout(now), rtt_.rto_max()});
+    return timeout(now);
 }
 
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
@@ -157,7 +155,7 @@ void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, i
     r.count = count;
     r.length = kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0);
     r.sent_at = r.last_sent = now;
-    r.rto = rtt_.rto();
+    r.rto = loss_.timeout(now);
     r.deadline = now + r.rto;
     r.retransmitted = false;
     r.active = true;
@@ -228,28 +226,50 @@ void Stream::flush_sends() {
     send_queue_.clear();
 }
 
+// Fast retransmits and timeouts on a delivering path at once; rounds that timed out on a silent
+// path at once on a lossy path, else one probe at a time (stream.py SlotStream._resend_lost).
 void Stream::resend_lost(double now) {
-    uint64_t backoffs = 0;
+    bool lossy = loss_.lossy(now);
+    uint64_t silent = 0;
+    int64_t probe = -1;
     for (uint32_t idx = 0; idx < rounds_.size(); ++idx) {
         Round& r = rounds_[idx];
         Loss loss = r.active ? loss_.verdict(r, now) : Loss::NONE;
         if (loss == Loss::NONE) continue;
-        if (!r.retransmitted) {
-            packet(idx)[1] |= kFlagRetransmit;
-            r.retransmitted = true;
-        }
-        counters_.retransmissions += 1;
         bool backoff = loss == Loss::TIMEOUT && loss_.silent(r);
-        counters_.fast_retransmissions += loss == Loss::FAST;
-        backoffs += backoff;
-        r.rto = loss_.next_rto(r, backoff);
-        r.deadline = now + r.rto;
-        r.last_sent = now;
-        queue_send(idx);
+        silent += backoff;
+        if (backoff && !lossy) {
+            if (probe < 0 || r.last_sent < rounds_[probe].last_sent) probe = idx;
+            continue;
+        }
+        if (loss == Loss::FAST) {
+            counters_.fast_retransmissions += 1;
+            loss_.saw_loss(now);
+        }
+        resend(idx, loss_.next_rto(r, backoff, now), now);
     }
-    counters_.backoffs += backoffs;
-    // half the window or more timing out at once on a silent path: a burst (stream.py is_burst)
-    counters_.bursts += backoffs >= std::max<uint64_t>(2, rounds_.size() / 2);
+    if (probe >= 0) {
+        if (!loss_.may_probe(now)) return;  // the episode's probe is pending: the silent rounds wait
+        resend(static_cast<uint32_t>(probe), loss_.probe(now), now);
+    }
+    if (silent) {
+        counters_.backoffs += probe >= 0 ? 1 : silent;
+        // half the window or more timing out at once on a silent path: a burst (stream.py is_burst)
+        counters_.bursts += silent >= std::max<uint64_t>(2, rounds_.size() / 2);
+    }
+}
+
+void Stream::resend(uint32_t idx, double rto, double now) {
+    Round& r = rounds_[idx];
+    if (!r.retransmitted) {
+        packet(idx)[1] |= kFlagRetransmit;
+        r.retransmitted = true;
+    }
+    counters_.retransmissions += 1;
+    r.rto = rto;
+    r.deadline = now + rto;
+    r.last_sent = now;
+    queue_send(idx);
 }
 
 int Stream::receive_batch(double wait) {
@@ -327,8 +347,9 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             if (d[1] & kFlagFromHost) counters_.host_results += 1;
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
-            else rtt_.answered_resent(now - r.last_sent);
             loss_.delivered(r, now);
+            for (Round& other : rounds_)
+                if (other.active) loss_.restart_timer(other, r, now);
             *progress = now;
             *result = d;
             return true;

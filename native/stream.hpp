@@ -44,26 +44,31 @@ struct GrantView {
     uint32_t overhead = 0;  // wire bytes per datagram below the inagg header
 };
 
-// RFC 6298 style smoothed RTT -> retransmission timeout (hostlib.stream.RttEstimator).
+constexpr double kTicksPerRtoMin = 20;  // the scan tick is rto_min / 20 (stream.py TICKS_PER_RTO_MIN)
+
+// RFC 6298 style smoothed RTT -> retransmission timeout, at least rto_min, capped at a few
+// minimum RTTs (hostlib.stream.RttEstimator: why, and why there is no adaptive floor).
 class RttEstimator {
   public:
     RttEstimator(double rto_min, double rto_max);
     void sample(double rtt);
-    // A resent round answered since_resend seconds after its last transmission
-    // (hostlib.stream.RttEstimator.answered_resent).
-    void answered_resent(double since_resend);
-    // A retransmission turned out unneeded: double the floor (hostlib.stream.RttEstimator.spurious).
-    void spurious();
     double rto() const { return rto_; }
-    double floor() const { return floor_; }
-    // How late a round may be behind a later-sent answered one before it counts as lost.
-    double reorder_window() const { return std::max(floor_, std::max(srtt_, 0.0)) / 4; }
+    // How late a round may be behind a later-sent answered one before it counts as lost
+    // (hostlib.stream.RttEstimator.reorder_window).
+    double reorder_window(bool lossy) const {
+        return std::max(lossy ? 0.0 : rto_min_, std::max(srtt_, 0.0)) / 4;
+    }
+    // How often expired rounds are looked for (hostlib.stream.RttEstimator.scan_tick).
+    double scan_tick() const { return rto_min_ / kTicksPerRtoMin; }
+    // The timeout on a path that is losing rounds (hostlib.stream.RttEstimator.lossy_timeout).
+    double lossy_timeout() const {
+        return srtt_ < 0 ? rto_ : std::min(rto_, std::max(2 * srtt_, scan_tick()));
+    }
     double rto_min() const { return rto_min_; }
     double rto_max() const { return rto_max_; }
 
   private:
-    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, min_rtt_ = 1e300, rto_, floor_;
-    int clean_samples_ = 0;  // RTT samples since the floor last moved
+    double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, min_rtt_ = 1e300, rto_;
 };
 
 // A round's transmission times and RTO as loss detection sees them.
@@ -79,15 +84,31 @@ enum class Loss : uint8_t { NONE, FAST, TIMEOUT };
 class LossDetector {
   public:
     explicit LossDetector(const RttEstimator& rtt) : rtt_(rtt) {}
+    // t was answered at now: moves the fast-retransmit reference; the caller then restarts the
+    // timers of the rounds still outstanding (restart_timer).
     void delivered(const Transmission& t, double now);
+    // The timer of a round still outstanding when `answered` was answered at now: restarted, for
+    // an RTO, if it was last sent no earlier than `answered` was (queued behind every copy).
+    void restart_timer(Transmission& t, const Transmission& answered, double now) const;
     Loss verdict(const Transmission& t, double now) const;
     bool silent(const Transmission& t) const { return progress_ <= t.last_sent; }
+    // No probe of a silent path is pending.
+    bool may_probe(double now) const { return now >= probe_until_; }
+    // A probe of a silent path is sent now: its timeout (hostlib.stream.LossDetector.probe).
+    double probe(double now);
+    // A round was fast-retransmitted: the path is lossy for kLossMemory seconds.
+    void saw_loss(double now);
+    // The timeout of a round sent or restarted now: the RTO, on a lossy path the probe timeout.
+    double timeout(double now) const { return lossy(now) ? rtt_.lossy_timeout() : rtt_.rto(); }
+    bool lossy(double now) const { return now < lossy_until_; }
     // The RTO of a round resent now (backoff: its RTO expired on a silent path).
-    double next_rto(const Transmission& t, bool backoff) const;
+    double next_rto(const Transmission& t, bool backoff, double now) const;
 
   private:
     const RttEstimator& rtt_;
-    double newest_sent_ = -1e300, newest_rtt_ = 0, progress_ = -1e300;
+    double newest_sent_ = -1e300, newest_rtt_ = 0, progress_ = -1e300, lossy_until_ = -1e300;
+    double probe_until_ = -1e300;  // a silent path's probe is pending until then
+    int probes_ = 0;               // probes sent since the last answer
 };
 
 // What a call's block phase streams: the tensor and its exponents (float calls).
@@ -145,13 +166,14 @@ class Stream {
     void queue_send(uint32_t idx);
     void flush_sends();
     void resend_lost(double now);
+    void resend(uint32_t idx, double rto, double now);
     int receive_batch(double wait);
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
     bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
     void start_call(uint32_t window);
     // How often expired rounds are looked for (and the longest a receive waits).
-    double scan_tick() const { return rtt_.rto_min() / 4; }
+    double scan_tick() const { return rtt_.scan_tick(); }
 
     int fd_, rank_, n_workers_, shift_;
     bool blocking_ = false;  // the socket blocks: recvmmsg waits (SO_RCVTIMEO = one scan tick)
