@@ -125,6 +125,11 @@ class LinkEstimator:
         self._fit = None
 
     @property
+    def samples(self) -> int:
+        """Transfers in the window (the fit's data)."""
+        return len(self._samples)
+
+    @property
     def alpha(self) -> float:
         return self._estimate()[0]
 

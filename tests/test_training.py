@@ -86,9 +86,10 @@ def test_many_async_allreduces_in_flight():
                     expect = sum(r + 1 + i for r in range(3)) / (3 if i % 2 else 1)
                     assert torch.allclose(out, torch.full_like(out, expect), rtol=1e-6)
             assert all(c.stats()["allreduces"] == len(sizes) + 1 for c in comms)
-            # every call fed the link estimator: alpha and beta are measured, not configured
-            assert all(c.link.alpha > 0 and c.link.beta > 0 for c in comms)
-            assert comms[0].link.alpha != 1e-4 and comms[0].link.beta != 1e-8
+            # every call fed the link estimator: alpha and beta are measured, not configured (their
+            # values are the machine's: under load a fit may put all of a call's time in one)
+            assert all(c.link.samples == 2 * (len(sizes) + 1) for c in comms)   # a call and its control round
+            assert all((c.link.alpha, c.link.beta) != (1e-4, 1e-8) for c in comms)
         finally:
             for c in comms:
                 c.close()
