@@ -6,8 +6,9 @@ inagg-backend / gloo <= 1.1 at every point.
 
 Each worker count is one torch.distributed job of real processes (env://, no controller named:
 rank 0 brings up the local deployment, as ``torchrun`` users get it) with two process groups:
-the default one on ``inagg`` and a ``gloo`` group. For each size both groups allreduce the same
-float32 tensor, interleaved (one call of each per repetition, the order alternating), each call
+the default one on ``inagg`` and a ``gloo`` group. For each size both groups first make ``_WARMUP_CALLS`` untimed calls
+(the backend probes every path at a new size, a one-time cost a training job pays once per
+bucket size), then allreduce the same float32 tensor, interleaved (one call of each per repetition, the order alternating), each call
 after a barrier on a third gloo group; a call's time is the slowest rank's. The barrier's group
 is neither measured one: a group whose threads just ran the barrier answers its next call
 sooner than one whose threads were asleep (two plain gloo groups measured this way, the barrier
@@ -43,6 +44,11 @@ FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "rat
           "host_calls", "gloo_calls", "load1")
 TARGET = 1.1
 _SETTLE_CALLS = 50   # untimed calls on each group before the first size
+# untimed calls of each size on each group before its timed ones: the backend's first calls of
+# a size probe every path (3 calls each, hostlib/path_choice.py) before the ranks agree; a
+# training job repeats its sizes every step, so the sweep times the steady state after that
+# one-time cost, explorations (2 % budget) and agreements included
+_WARMUP_CALLS = 12
 
 
 def reps_for(nbytes: int, reps: int) -> int:
@@ -50,10 +56,10 @@ def reps_for(nbytes: int, reps: int) -> int:
     4 B call took 0.2 to 4 ms at load 8), fewer for the largest sizes (a 64 MiB call takes up to
     a second on 2 cores)."""
     if nbytes >= 16 << 20:
-        return max(3, reps // 3)
+        return max(5, reps // 2)
     if nbytes < 64 << 10:
         return 10 * reps
-    return 3 * reps if nbytes < 1 << 20 else reps
+    return 3 * reps if nbytes < 1 << 20 else 2 * reps
 
 
 def timed(tensor, group) -> float:
@@ -85,8 +91,9 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
-        for g in groups.values():       # warm-up: buffers, connections
-            timed(x.clone(), g)
+        for _ in range(_WARMUP_CALLS):  # warm-up: buffers, connections, the backend's probes
+            for g in groups.values():
+                timed(x.clone(), g)
         before = dict(inagg.stats()["allreduce_paths"])
         times = {name: [] for name in groups}
         for rep in range(reps_for(nbytes, reps)):
