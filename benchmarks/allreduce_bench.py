@@ -5,7 +5,7 @@ software data plane, the controller and the host aggregator as processes on loop
 switch (``soft``: jobs aggregate in the software data plane) or without it (``host``: the host
 aggregator). Each of the N worker processes opens a gloo process group and an inagg
 Communicator on the same store, then for every repetition times one inagg call and one gloo call
-of the same tensor, each after a gloo barrier, so both systems see the same machine load, after
+of the same tensor, each after a barrier on a gloo group of its own (neither measured one), so both systems see the same machine load, after
 ``--warmup`` untimed calls of each (inagg's window grows out of slow start over its first
 calls, as in any training run). A figure is the median over repetitions of the slowest rank's
 time; the ratio is inagg / gloo.
@@ -63,6 +63,10 @@ def _rank(rank: int, n: int, store_path: str, controller: str, bind_ip: str, cas
     store = dist.FileStore(store_path, n)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=n)
     comm = Communicator(store, rank, n, controller, bind_ip=bind_ip)
+    # the barrier before each timed call runs on a group of its own: on the measured gloo group it
+    # leaves that group's threads awake for its next call (two identical gloo groups measured so
+    # came out 1.4x apart at 8 workers / 4 B; benchmarks/backend_sweep.py)
+    barrier = dist.new_group(backend="gloo")
     calls = {"inagg": comm.allreduce, "gloo": dist.all_reduce}
     times: dict[tuple[str, str], list[float]] = {}
     for case in cases:
@@ -73,7 +77,7 @@ def _rank(rank: int, n: int, store_path: str, controller: str, bind_ip: str, cas
         for _ in range(case.reps):
             for system in SYSTEMS:
                 y = x.clone()
-                dist.barrier()
+                dist.barrier(group=barrier)
                 t0 = time.perf_counter()
                 calls[system](y)
                 times.setdefault((case.name, system), []).append(time.perf_counter() - t0)
