@@ -304,7 +304,6 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._leave()
         log.info("rank %d: inagg process group closed: %s", self.rank(), self.stats())
 
-
     def _leave(self, timeout: float = 30.0) -> None:
         """Leave the jobs joined so far and the endpoint (``Endpoint.close``, ``timeout``)."""
         for comm in (self.lane, self.comm):

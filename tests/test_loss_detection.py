@@ -4,7 +4,6 @@ aggregators, in both streams (the native one, native/stream.cpp, is the twin of 
 specification): one that loses one contribution (the stream resends exactly that round, early)
 and one that drains a deep window slower than the RTO (nothing is resent)."""
 
-import socket
 import threading
 import time
 
@@ -13,7 +12,7 @@ import pytest
 
 from hostlib.grant import Grant
 from hostlib.native_stream import NativeSlotStream
-from hostlib.protocol import FLAG_RETRANSMIT, MSG_RESULT, VERSION
+from hostlib.protocol import FLAG_RETRANSMIT
 from hostlib.stream import (
     LOSS_MEMORY,
     MAX_BACKOFF,
@@ -27,6 +26,7 @@ from hostlib.stream import (
     is_burst,
 )
 from hostlib.transport import UdpTransport
+from scripted_udp import as_result, bound_socket, datagrams
 
 STREAMS = {"python": SlotStream, "native": NativeSlotStream}
 
@@ -174,21 +174,15 @@ class ScriptedAggregator:
     whether to echo it as its result (a one-rank sum is the contribution itself)."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(5.0)
+        self.sock = bound_socket()
 
     def answer(self, data: bytes) -> bool:
         raise NotImplementedError
 
     def serve(self) -> None:
-        while True:
-            try:
-                data, sender = self.sock.recvfrom(65536)
-            except (TimeoutError, OSError):
-                return
+        for data, sender in datagrams(self.sock):
             if self.answer(data):
-                self.sock.sendto(bytes([(VERSION << 4) | MSG_RESULT]) + data[1:], sender)
+                self.sock.sendto(as_result(data), sender)
 
 
 class LoseOneContribution(ScriptedAggregator):

@@ -1,7 +1,6 @@
 """The worker's stream: the native one (C++) against the Python one (its specification), the
 control vector, and the exact result checks, over real sockets and the aggregator CLI."""
 
-import socket
 import threading
 import time
 
@@ -15,7 +14,7 @@ from hostlib.native_build import _native
 from hostlib.demo import TensorSpec, run_local_job
 from hostlib.grant import Grant
 from hostlib.native_stream import NativeSlotStream, native_block_exponents
-from hostlib.protocol import FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, MSG_RESULT, VERSION
+from hostlib.protocol import FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
 from hostlib.stream import (
     CallError,
     CallRefused,
@@ -26,6 +25,7 @@ from hostlib.stream import (
     SlotStream,
 )
 from hostlib.transport import UdpTransport
+from scripted_udp import as_result, bound_socket, datagrams
 from test_codec import exact_reference
 
 STREAMS = {"python": SlotStream, "native": NativeSlotStream}
@@ -152,11 +152,8 @@ class ScriptedAggregator:
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(5.0)
-        self.foreign = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.foreign.bind(("127.0.0.1", 0))
+        self.sock = bound_socket()
+        self.foreign = bound_socket()
         self.rounds = 0
 
     def wrong_answers(self, result: bytes) -> list[bytes]:
@@ -178,13 +175,9 @@ class ScriptedAggregator:
                 result + b"\0\0\0\0"]                                       # wrong length
 
     def serve(self) -> None:
-        while True:
-            try:
-                data, sender = self.sock.recvfrom(65536)
-            except (TimeoutError, OSError):
-                return
+        for data, sender in datagrams(self.sock):
             self.rounds += 1
-            result = bytes([(VERSION << 4) | MSG_RESULT]) + data[1:]
+            result = as_result(data)
             self.foreign.sendto(result, sender)
             for wrong in self.wrong_answers(result):
                 self.sock.sendto(wrong, sender)
@@ -276,17 +269,11 @@ class SlowFirstAnswer:
     again, flagged FLAG_RETRANSMIT."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(5.0)
+        self.sock = bound_socket()
 
     def serve(self) -> None:
         answered: dict[bytes, bytes] = {}
-        while True:
-            try:
-                data, sender = self.sock.recvfrom(65536)
-            except (TimeoutError, OSError):
-                return
+        for data, sender in datagrams(self.sock):
             key = data[2:4] + data[8:16]          # job, slot, count, offset
             if key in answered:
                 self.sock.sendto(answered[key][:1] + bytes([answered[key][1] | FLAG_RETRANSMIT])
@@ -294,7 +281,7 @@ class SlowFirstAnswer:
                 continue
             if not answered:
                 time.sleep(0.3)                   # the control round's answer comes late
-            answered[key] = bytes([(VERSION << 4) | MSG_RESULT]) + data[1:]
+            answered[key] = as_result(data)
             self.sock.sendto(answered[key], sender)
 
 
