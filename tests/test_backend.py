@@ -268,6 +268,51 @@ def test_a_new_size_is_probed_on_each_path_then_agreed():
     assert 4096 in c.as_dict()["agreed"]["gloo"]["measured_s"]
 
 
+def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
+    """The backend's fast path: calls taken without ``choose`` as ``run_length`` allows, then
+    reported by ``skip``, leave the chooser exactly where asking on every call leaves it (same
+    paths, measurements, agreements, explorations, history)."""
+    def took(path, nbytes):
+        return (2e-4 if path == "inagg" else 1e-4) + 1e-9 * nbytes
+
+    def chooser():
+        c = PathChooser(lambda v: v, agree_every=64)
+        for nbytes in (64, 1 << 20):
+            for p in ("inagg", "gloo"):
+                c.observe(p, nbytes, took(p, nbytes))
+        c.agree()
+        return c
+
+    sizes = [4] * 300 + [4096] * 50 + [4] * 200 + [1 << 20] * 20 + [4] * 100
+    asked, running = chooser(), chooser()
+    every = []
+    for s in sizes:
+        path, measure = asked.choose(s)
+        every.append((path, measure))
+        if measure:
+            asked.observe(path, s, took(path, s))
+    ran, left, taken, skipped = [], 0, 0, 0
+    for s in sizes:
+        if left and s == ran[-1][2]:
+            left, taken = left - 1, taken + 1
+            ran.append((ran[-1][0], False, s))
+            continue
+        running.skip(taken)
+        skipped += taken
+        path, measure = running.choose(s)
+        ran.append((path, measure, s))
+        if measure:
+            running.observe(path, s, took(path, s))
+        left, taken = running.run_length(s), 0
+    running.skip(taken)
+    assert [(p, m) for p, m, _ in ran] == every
+    assert skipped > len(sizes) // 2                      # most calls took the fast path
+    assert (running.calls, running.agreements, running.explorations) == (asked.calls, asked.agreements,
+                                                                          asked.explorations)
+    expand = lambda c: [(h["path"], h["bytes"]) for h in c.history() for _ in range(h["calls"])]
+    assert expand(running) == expand(asked) == [(p, s) for (p, _), s in zip(every, sizes)]
+
+
 def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
     """A failed AR-Topk step completes every bucket's future with InaggHookError (before: the
     exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
