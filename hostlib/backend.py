@@ -31,6 +31,7 @@ import threading
 import time
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -71,6 +72,19 @@ def _forced_path() -> str | None:
 
 
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _ranks_share_a_clock(store: dist.Store, rank: int, world_size: int) -> bool:
+    """Whether every rank's ``time.perf_counter`` reads one clock (CLOCK_MONOTONIC is the
+    kernel's: one boot id on every rank), so the path chooser can time a call from the last
+    rank's start to the last rank's end (``hostlib.path_choice``). A collective."""
+    try:
+        mine = _BOOT_ID.read_text().strip()
+    except OSError:   # not Linux: no boot id to compare
+        mine = ""
+    store.set(str(rank), mine)
+    return bool(mine) and all(store.get(str(r)).decode() == mine for r in range(world_size))
 
 
 def _ineligible(tensors: list[torch.Tensor], op) -> str:
@@ -170,7 +184,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._last_done = {p: 0.0 for p in paths}
         self._last_work: dict[str, dist.Work] = {}   # each path's latest call
         self._run_nbytes, self._run_left, self._run_taken = 0, 0, 0   # the fast path's run (allreduce)
-        self.paths = PathChooser(self._agree_min, paths, forced=forced)
+        self.paths = PathChooser(self._agree_min, paths, forced=forced,
+                                 shared_clock=_ranks_share_a_clock(dist.PrefixStore("clock", store), rank, world_size))
         self._calibrate()
         log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", rank, self.comm.job_id,
                  self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
@@ -252,7 +267,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         with self._lock:
             began = max(started, self._last_done[path])
             self._last_done[path] = now
-        self.paths.observe(path, nbytes, now - began)
+        self.paths.observe(path, nbytes, now - began, began)
 
     def _run(self, path: str, tensor: torch.Tensor, average: bool) -> torch.futures.Future:
         """Start one allreduce on ``path``; the future resolves to ``[tensor]`` (as gloo's)."""

@@ -268,6 +268,30 @@ def test_a_new_size_is_probed_on_each_path_then_agreed():
     assert 4096 in c.as_dict()["agreed"]["gloo"]["measured_s"]
 
 
+@pytest.mark.parametrize("shared_clock, agreed_ms", [(True, 0.9), (False, 0.3)])
+def test_a_call_is_timed_from_the_last_start_to_the_last_end_on_a_shared_clock(shared_clock, agreed_ms):
+    """Rank 0 starts a call at 0 and is done at 0.3 ms, rank 1 starts at 0.1 ms and is done at
+    1.0 ms: the job waited 0.9 ms from its last rank's start. Without a shared clock the ranks'
+    own times are all there is, and their minimum (0.3 ms) is the figure."""
+    n = 2
+    agree_min = _agree_min_over(n)
+    choosers = [PathChooser(agree_min(r), shared_clock=shared_clock) for r in range(n)]
+    spans = [(10.0, 10.0003), (10.0001, 10.001)]      # (start, end) in seconds, per rank
+
+    def run(r):
+        for _ in range(3):
+            choosers[r].observe("gloo", 64, spans[r][1] - spans[r][0], spans[r][0])
+        choosers[r].agree()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for c in choosers:
+        assert c.as_dict()["agreed"]["gloo"]["measured_s"][64] == pytest.approx(agreed_ms * 1e-3)
+
+
 def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
     """The backend's fast path: calls taken without ``choose`` as ``run_length`` allows, then
     reported by ``skip``, leave the chooser exactly where asking on every call leaves it (same
