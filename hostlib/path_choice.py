@@ -45,7 +45,9 @@ best, then the ranks agree. Larger sizes are left to exploration (a probe of a s
 cost a whole slow call; a line alone never takes a call off ``prefer``, below). After that, the
 call at an agreement may take a path the model did not choose, so the estimate of a path not in
 use does not go stale (a link's bandwidth changed, the switch became free): that call's time
-replaces the path's older ones at its size class, and the ranks agree at the next call. Its
+replaces the path's older ones at its size class, and the ranks agree at the next call (and
+again as soon as a class that moved off ``prefer`` has its new path's ring full of that path's
+own calls: a lucky exploration costs a handful of calls, not ``agree_every``). Its
 predicted extra time is paid from a budget of ``explore_budget`` (a fraction) of the predicted
 time of every call of its size class so far: a path predicted much slower is explored rarely,
 one close to the best at nearly every agreement; paths take turns, strictly. Each size class
@@ -212,7 +214,7 @@ class PathChooser:
         self.probe_seconds = probe_seconds
         self.measure_from_seconds = measure_from_seconds
         self.prefer, self.margin = (prefer if prefer in self.paths else None), margin
-        self.trusted = min(3, per_class)
+        self.per_class, self.trusted = per_class, min(3, per_class)
         self._lock = threading.Lock()
         self.shared_clock = shared_clock
         self.timings = {p: PathTimings(per_class, shared_clock) for p in self.paths}
@@ -221,6 +223,8 @@ class PathChooser:
         # per call size until the next agreement: (fastest path, its predicted seconds, probing)
         self._best: dict[int, tuple[str, float, bool]] = {}
         self._probes_left: dict[tuple[str, int], int] = {}   # (path, size class) -> probe calls
+        self._chosen: dict[int, str] = {}                    # size class -> its path (``_confirm_soon``)
+        self._confirming: dict[int, tuple[str, int]] = {}    # size class -> (new path, calls to wait for)
         self._credit = np.zeros(SIZE_CLASSES)                # exploration budget left per class, seconds
         self._explored_at = dict.fromkeys(self.paths, 0)     # call of each path's last exploration
         self._next_agreement = _FIRST_AGREEMENT
@@ -258,7 +262,34 @@ class PathChooser:
             path, seconds = min(((p, self.predict(p, nbytes)) for p in eligible),
                                 key=lambda e: e[1] * self._handicap(e[0], c))
             entry = self._best[nbytes] = (path, seconds, self._plan_probes(nbytes, seconds))
+            self._confirm_soon(c, path)
         return entry
+
+    def _confirm_soon(self, c: int, path: str) -> None:
+        """Where size class ``c`` moves off ``prefer``, agree again as soon as the new path's
+        ring is full of its own calls (all timed while it fills, ``_measure``), rather than at
+        the next scheduled agreement up to ``agree_every`` calls later: a path taken on a few
+        lucky times (an exploration, probes) is dropped after a handful of calls if its own
+        calls say otherwise. Follows from agreed figures and call numbers only, as every
+        agreement."""
+        if self.forced or self._chosen.get(c, self.prefer) == path:
+            return
+        self._chosen[c] = path
+        self._confirming.pop(c, None)
+        if path != self.prefer:
+            self._confirming[c] = (path, max(1, self.per_class - int(self.models[path].samples[c])))
+
+    def _count_toward_confirmation(self, c: int, path: str) -> None:
+        """A call of class ``c`` took ``path``: once the calls ``_confirm_soon`` waits for
+        are taken, the ranks agree at the next call."""
+        pending = self._confirming.get(c)
+        if pending is None or pending[0] != path:
+            return
+        if pending[1] > 1:
+            self._confirming[c] = (path, pending[1] - 1)
+            return
+        del self._confirming[c]
+        self._next_agreement = min(self._next_agreement, self.calls + 1)
 
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
         """Whether calls of this size still probe. Where calls are predicted under
@@ -311,8 +342,11 @@ class PathChooser:
         entry = self._best.get(nbytes)
         if entry is None or entry[2] or self.calls >= self._next_agreement:
             return self._choose_slowly(nbytes)
-        self._credit[size_class(nbytes)] += self.explore_budget * entry[1]
+        c = size_class(nbytes)
+        self._credit[c] += self.explore_budget * entry[1]
         path = self.forced or entry[0]
+        if self._confirming:
+            self._count_toward_confirmation(c, path)
         self._history.append([time.time(), self.calls, 1, nbytes, path, False])
         return path, self._measure(path, nbytes, entry[1])
 
@@ -327,7 +361,7 @@ class PathChooser:
         entry = self._best.get(nbytes)
         path = self.forced or (entry[0] if entry is not None else None)
         if (entry is None or entry[2] or path is None or entry[1] >= self.measure_from_seconds
-                or self.timings[path].filling(c)):
+                or self.timings[path].filling(c) or c in self._confirming):
             return 0
         to_sample = self.sample_every - 1 - self.calls % self.sample_every
         return max(0, min(to_sample, self._next_agreement - self.calls - 1))
@@ -358,10 +392,10 @@ class PathChooser:
         if agreement:
             self._next_agreement = self.calls + min(self.calls, self.agree_every)
             self.agree()
+        c = size_class(nbytes)
         path, seconds, probing = self._fastest(nbytes)
         explore = self._probe(nbytes) if probing else None
         if explore is None and agreement:
-            c = size_class(nbytes)
             explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c])
             if explore is not None:
                 self._credit[c] -= self.predict(explore, nbytes) - seconds
@@ -373,8 +407,10 @@ class PathChooser:
                 with self._lock:
                     self.timings[explore].forget(c)
                 self._next_agreement = self.calls + 1
-        self._credit[size_class(nbytes)] += self.explore_budget * seconds
+        self._credit[c] += self.explore_budget * seconds
         path = self.forced or explore or path
+        if self._confirming:
+            self._count_toward_confirmation(c, path)
         self._history.append([time.time(), self.calls, 1, nbytes, path, explore is not None])
         return path, explore is not None or self._measure(path, nbytes, seconds)
 

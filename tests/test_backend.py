@@ -337,6 +337,33 @@ def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
     assert expand(running) == expand(asked) == [(p, s) for (p, _), s in zip(every, sizes)]
 
 
+def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
+    """The first exploration of inagg comes out 5x faster than gloo, so the next calls take
+    inagg; its other calls take 3x gloo's time. The ranks agree again once inagg's ring is full of them,
+    and the calls go back to gloo within per_class + 1 calls, not at the next scheduled
+    agreement up to 128 calls later."""
+    c = PathChooser(lambda v: v, agree_every=128, per_class=5)
+    for _ in range(3):
+        c.observe("gloo", 4096, 1e-3)
+        c.observe("inagg", 4096, 1.5e-3)
+    c.agree()
+    runs, lucky = [], False
+    for _ in range(5000):
+        path, measure = c.choose(4096)
+        first = c.history()[-1]["explored"] and path == "inagg" and not lucky
+        lucky |= first
+        if measure:
+            c.observe(path, 4096, 1e-3 if path == "gloo" else 0.2e-3 if first else 3e-3)
+        if runs and runs[-1][0] == path:
+            runs[-1][1] += 1
+        else:
+            runs.append([path, 1])
+    assert lucky
+    inagg_runs = [n for p, n in runs if p == "inagg"]
+    assert max(inagg_runs) > 1                    # the lucky exploration did win calls ...
+    assert max(inagg_runs) <= 1 + 5 + 1           # ... only until inagg's own calls were agreed on
+
+
 def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
     """A failed AR-Topk step completes every bucket's future with InaggHookError (before: the
     exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
