@@ -8,15 +8,19 @@ Each worker count is one torch.distributed job of real processes (env://, no con
 rank 0 brings up the local deployment, as ``torchrun`` users get it) with two process groups:
 the default one on ``inagg`` and a ``gloo`` group. For each size both groups first make ``_WARMUP_CALLS`` untimed calls
 (the backend probes every path at a new size, a one-time cost a training job pays once per
-bucket size), then allreduce the same float32 tensor, interleaved (one call of each per repetition, the order alternating), each call
-after a barrier on a third gloo group; a call's time is the slowest rank's. The barrier's group
+bucket size), then allreduce the same float32 tensor, interleaved: each repetition makes two
+calls of each, in the order ABBA (BAAB in the next), so each system is first and last after
+another's call equally often; each call after a barrier on a third gloo group; a call's time is
+the slowest rank's. The barrier's group
 is neither measured one: a group whose threads just ran the barrier answers its next call
 sooner than one whose threads were asleep (two plain gloo groups measured this way, the barrier
 on one of them, came out 1.4x apart at 8 workers / 4 B on the loaded 2-core machine; with a
 third group, 0.97). Per size: each system's median time, and
-``ratio``, the median over repetitions of the two calls' time ratio within a repetition: the two
-calls of a pair run back to back, so the ratio cancels the load that other processes put on the
-shared machine, which moves both alike (``ratio_of_medians`` is in the CSV too).
+``ratio``, the median over repetitions of the ratio of the two systems' summed times within a
+repetition: its four calls run back to back, so the ratio cancels the load that other processes
+put on the shared machine, which moves both alike, and the ABBA order cancels the position (with
+one call of each per repetition in alternating order, an odd number of repetitions put one
+system first more often; ``ratio_of_medians`` is in the CSV too).
 
 Writes benchmarks/results/backend_sweep.csv and backend_sweep.png (ratio per size and worker
 count; needs matplotlib), and prints the worst ratio, where it occurred and the machine's load.
@@ -54,12 +58,12 @@ _WARMUP_CALLS = 12
 def reps_for(nbytes: int, reps: int) -> int:
     """More repetitions where calls are short (the load's noise is largest relative to them: a
     4 B call took 0.2 to 4 ms at load 8), fewer for the largest sizes (a 64 MiB call takes up to
-    a second on 2 cores)."""
+    a second on 2 cores). Each repetition is four calls (ABBA)."""
     if nbytes >= 16 << 20:
         return max(5, reps // 2)
     if nbytes < 64 << 10:
-        return 10 * reps
-    return 3 * reps if nbytes < 1 << 20 else 2 * reps
+        return 6 * reps
+    return 2 * reps if nbytes < 1 << 20 else reps
 
 
 def timed(tensor, group) -> float:
@@ -97,8 +101,8 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
         before = dict(inagg.stats()["allreduce_paths"])
         times = {name: [] for name in groups}
         for rep in range(reps_for(nbytes, reps)):
-            order = list(groups) if rep % 2 == 0 else list(groups)[::-1]
-            for name in order:
+            a, b = list(groups) if rep % 2 == 0 else list(groups)[::-1]
+            for name in (a, b, b, a):
                 dist.barrier(group=barrier)
                 times[name].append(timed(x.clone(), groups[name]))
         after = inagg.stats()["allreduce_paths"]
@@ -135,8 +139,9 @@ def run_job(n: int, sizes: tuple[int, ...], reps: int) -> list[dict]:
         per_rank = [g[i][1] for g in gathered]
         slowest = {name: [max(call) for call in zip(*(r[name] for r in per_rank))] for name in per_rank[0]}
         med = {name: statistics.median(v) for name, v in slowest.items()}
-        paired = statistics.median(a / b for a, b in zip(slowest["inagg"], slowest["gloo"]))
-        rows.append(dict(workers=n, bytes=nbytes, reps=len(slowest["gloo"]), inagg_backend_s=med["inagg"],
+        per_rep = {name: [sum(v[i:i + 2]) for i in range(0, len(v), 2)] for name, v in slowest.items()}
+        paired = statistics.median(a / b for a, b in zip(per_rep["inagg"], per_rep["gloo"]))
+        rows.append(dict(workers=n, bytes=nbytes, reps=len(per_rep["gloo"]), inagg_backend_s=med["inagg"],
                          gloo_s=med["gloo"], ratio=paired, ratio_of_medians=med["inagg"] / med["gloo"],
                          **{f"{p}_calls": calls[p] for p in PATHS}, load1=round(load, 2)))
     return rows
@@ -162,7 +167,7 @@ def plot(rows: list[dict], path: Path) -> bool:
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("allreduce size (bytes, float32)")
-    ax.set_ylabel("inagg backend / gloo time (median of pairs)")
+    ax.set_ylabel("inagg backend / gloo time (median over ABBA repetitions)")
     ax.set_title("inagg backend vs gloo, interleaved, slowest rank per call")
     ax.legend()
     fig.tight_layout()
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--reps", type=int, default=9,
-                   help="repetitions per size (10x below 64 KiB, 3x below 1 MiB, a third from 16 MiB)")
+                   help="repetitions per size (ABBA: 4 calls each; 6x below 64 KiB, 2x below 1 MiB, half from 16 MiB)")
     p.add_argument("--quick", action="store_true", help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, 5 reps")
     args = p.parse_args(argv)
     sizes, reps = (QUICK_SIZES, min(args.reps, 5)) if args.quick else (FULL_SIZES, args.reps)
