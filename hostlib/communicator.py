@@ -343,26 +343,24 @@ class Communicator:
         refusal = bad_input or refusal or check_array(array, average)
         return _Request(array, average, refusal, torch.futures.Future(), tensor, staged)
 
-    def allreduce_async(self, tensor, op=ReduceOp.SUM):
+    def allreduce_async(self, tensor, op=ReduceOp.SUM, *, inline_if_idle: bool = False):
         """Queue an allreduce of a torch tensor (float32 or int32, contiguous; CUDA tensors are
         staged through pinned host memory) or a numpy array; returns a ``torch.futures.Future``
         resolving to the same tensor, reduced in place. ``op``: SUM or AVG, this library's
         ``ReduceOp`` or ``torch.distributed.ReduceOp``.
 
+        ``inline_if_idle``: when no call submitted before it is unfinished, run it here, on the
+        caller's thread, and return its future already complete (no hand-over to the I/O thread
+        and back: a small call's latency; the caller waits for the whole call). Otherwise it is
+        queued behind the others, as without.
+
         A call this rank cannot run (another dtype, a non-contiguous tensor, another op...) is
         still queued: it takes part in the call's control round with its reason, so every rank
         fails that call with the same error naming this rank, and later calls stay aligned."""
-        return self._submit(self._request(tensor, op))
-
-    def _submit(self, req: _Request):
-        with self._queued_lock:
-            self._queued += 1
-        self._queue.put(req)
-        return req.future
-
-    def allreduce(self, tensor, op=ReduceOp.SUM):
-        """Blocking allreduce; raises what went wrong (on every rank alike)."""
         req = self._request(tensor, op)
+        if not inline_if_idle:
+            self._submit(req)
+            return req.future
         with self._running:
             with self._queued_lock:
                 inline = not self._queued
@@ -370,7 +368,17 @@ class Communicator:
                 self._run(req)
             else:
                 self._submit(req)
-        return req.future.wait()
+        return req.future
+
+    def _submit(self, req: _Request) -> None:
+        with self._queued_lock:
+            self._queued += 1
+        self._queue.put(req)
+
+    def allreduce(self, tensor, op=ReduceOp.SUM):
+        """Blocking allreduce (on the caller's thread when nothing is queued); raises what went
+        wrong (on every rank alike)."""
+        return self.allreduce_async(tensor, op, inline_if_idle=True).wait()
 
     @property
     def grant(self) -> Grant:

@@ -475,3 +475,85 @@ def test_the_commented_example_controller_config_loads():
     assert [s.name for s in config.switches] == ["s1"] and config.switches[0].ports == [1, 2, 3, 4]
     assert config.database == str(ROOT / "examples" / "controller.sqlite")
     assert config.tls_cert == str(ROOT / "examples" / "controller.pem") and not config.insecure
+
+
+@pytest.fixture(scope="module")
+def inagg_groups():
+    """Two ranks' inagg process groups in one process (a thread each), every eligible call
+    pinned to the inagg path, on a local deployment of their own."""
+    import torch  # noqa: F401 - torch.distributed's Store types need torch loaded
+
+    from hostlib.backend import PATH_ENV, InaggProcessGroup
+
+    saved = os.environ.get(PATH_ENV)
+    os.environ[PATH_ENV] = "inagg"
+    store = dist.HashStore()
+    groups = [None, None]
+    try:
+        on_each_rank(lambda r: groups.__setitem__(r, InaggProcessGroup(store, r, 2, timedelta(seconds=60))))
+    finally:
+        if saved is None:
+            os.environ.pop(PATH_ENV)
+        else:
+            os.environ[PATH_ENV] = saved
+    yield groups
+    on_each_rank(lambda r: groups[r].shutdown())
+
+
+def on_each_rank(call, n: int = 2) -> list:
+    """``call(rank)`` on a thread per rank; each rank's result, or the exception it raised."""
+    out: list = [None] * n
+
+    def run(r: int) -> None:
+        try:
+            out[r] = call(r)
+        except Exception as e:  # noqa: BLE001 - returned for the test to inspect
+            out[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+@pytest.mark.parametrize("elements", [3, 64 << 10])   # run on the caller's thread; queued
+def test_a_failed_inagg_call_raises_on_every_rank_from_wait_and_future(inagg_groups, elements):
+    """Before: wait() on a failed inagg call returned True (torch's future-wrapping Work), so
+    dist.all_reduce returned as if the call had succeeded."""
+    import torch
+
+    def poisoned(r: int) -> torch.Tensor:
+        return torch.full((elements,), float("inf") if r == 0 else 1.0)
+
+    for finish in (lambda w: w.wait(), lambda w: w.get_future().wait()):
+        errors = on_each_rank(lambda r: finish(inagg_groups[r].allreduce([poisoned(r)])))
+        assert all(isinstance(e, FloatingPointError) and "inf/NaN" in str(e) for e in errors), errors
+    # the calls after it are exact
+    out = on_each_rank(lambda r: inagg_groups[r].allreduce([torch.full((elements,), r + 1.0)]).get_future().wait())
+    assert all(t[0].eq(3.0).all() for t in out)
+
+
+def test_a_callback_on_an_inagg_call_may_make_another_call(inagg_groups):
+    """As PowerSGD's hook does: a small call is complete when allreduce returns, so its callback
+    runs at once on the caller's thread; a large one's runs on a thread of its own, never on
+    the communicator's I/O thread (where waiting for another call would wait for itself)."""
+    import torch
+
+    def nested(r: int, elements: int) -> tuple[bool, str, list[float]]:
+        work = inagg_groups[r].allreduce([torch.full((elements,), 1.0)])
+        completed = work.is_completed()
+
+        def then(f: torch.futures.Future) -> tuple[str, list[float]]:
+            inner = torch.full((2,), f.value()[0][0].item() + r)
+            inagg_groups[r].allreduce([inner]).wait()
+            return threading.current_thread().name, inner.tolist()
+
+        thread, values = work.get_future().then(then).wait()
+        return completed, thread, values
+
+    small = on_each_rank(lambda r: (nested(r, 3), threading.current_thread().name))
+    assert all(done and thread == caller and values == [5.0, 5.0] for (done, thread, values), caller in small)
+    large = on_each_rank(lambda r: nested(r, 64 << 10))
+    assert all(thread == "inagg-complete" and values == [5.0, 5.0] for _, thread, values in large)
