@@ -1,4 +1,8 @@
-"""``inagg-controller`` (serve) and ``inaggctl`` (operate)."""
+"""``inagg-controller`` (serve) and ``inaggctl`` (operate).
+
+``inaggctl`` needs only the job service's client, which a worker's install has
+(``pip install inagg[torch]``): the control plane's modules (P4Runtime, the switch) are imported
+by ``inagg-controller`` alone, when it runs."""
 
 from __future__ import annotations
 
@@ -13,9 +17,7 @@ import threading
 from hostlib import add_version_flag
 
 from .client import ControllerClient, ControllerError
-from .config import load_config
 from .credentials import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, CA_ENV, INSECURE_ENV, load_token
-from .switch import SwitchError
 
 
 def controller_main(argv: list[str] | None = None) -> int:
@@ -32,7 +34,9 @@ def controller_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from .service import Controller, serve  # grpc server imports only when serving
+    from .config import load_config           # the control plane: inagg[control]
+    from .service import Controller, serve
+    from .switch import SwitchError
     try:
         config = load_config(args.config)
         if args.insecure:
