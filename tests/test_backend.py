@@ -379,3 +379,4 @@ def test_the_commented_example_controller_config_loads():
     assert [s.name for s in config.switches] == ["s1"] and config.switches[0].ports == [1, 2, 3, 4]
     assert config.database == str(ROOT / "examples" / "controller.sqlite")
     assert config.tls_cert == str(ROOT / "examples" / "controller.pem") and not config.insecure
+    assert config.metrics_listen == "127.0.0.1:9464" and config.switches[0].program.target == "bmv2"
