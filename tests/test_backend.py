@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -142,6 +143,7 @@ def test_a_killed_job_leaves_no_services_behind():
             deadline -= 1
         assert deadline, f"service {pid} outlived its supervisor"
     assert info["pid"] == serve.pid
+    shutil.rmtree(info["dir"])  # a supervisor killed -9 leaves its directory (logs, SQLite) behind
 
 
 def test_parent_closing_the_pipe_stops_the_deployment():
