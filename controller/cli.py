@@ -73,6 +73,18 @@ def _grant_text(g) -> str:
     return f"{g.mode} [{g.slot_base},{g.slot_base + g.slot_count}) e{g.epoch} -> {g.aggregator}{via}"
 
 
+def _positive_seconds(text: str) -> float:
+    """argparse type of a refresh interval: a number of seconds above 0 (0 would poll the
+    controller in a busy loop; a negative one failed in time.sleep)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def ctl_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.",
                                 allow_abbrev=False)  # no --admin-token prefix of --admin-token-file
@@ -89,7 +101,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
     sub.add_parser("jobs", help="jobs with mode, slots, epoch and counters")
     sub.add_parser("slots", help="the switch slot map")
     tp = sub.add_parser("top", help="live table of jobs and switch counters")
-    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    tp.add_argument("--interval", type=_positive_seconds, default=1.0, help="seconds between refreshes")
     tp.add_argument("--once", action="store_true", help="print one table and exit")
     for name, text in (("drain", "move a job to host aggregation"), ("release", "end a job")):
         sp = sub.add_parser(name, help=text)
