@@ -29,11 +29,14 @@ HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 all: run
 
 # The virtual environment with inagg (editable, its C++ data path compiled into build/), its test
-# tools and a CPU build of torch. On a bare Debian, python3-venv is installed first (needs root).
+# tools and a CPU build of torch. On a bare Debian, what a venv and the C++ build need (venv/pip,
+# Python's headers, a C++ compiler, CMake) is installed first (needs root).
 # The build tools live in the venv (no build isolation) so a C++ change rebuilds incrementally.
 $(STAMP): pyproject.toml CMakeLists.txt $(wildcard native/*.cpp native/*.hpp)
-	@$(PYTHON) -c "import ensurepip" 2>/dev/null || \
-	  (apt-get update -qq && apt-get install -y -qq python3-venv python3-pip)
+	@$(PYTHON) -c "import ensurepip, sysconfig, os.path as p; \
+	  assert p.exists(p.join(sysconfig.get_path('include'), 'Python.h'))" 2>/dev/null && \
+	  command -v c++ >/dev/null && command -v cmake >/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq python3-venv python3-pip python3-dev g++ cmake)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)" "scikit-build-core>=0.10" "nanobind>=2.0"
 	$(BIN)/pip install -q --no-build-isolation -e ".[dev,torch,control]"

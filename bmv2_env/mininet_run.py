@@ -438,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop", action="store_true", help="stop this checkout's unfinished runs and exit")
     p.add_argument("--run", metavar="ID", help="with --stop: only this run")
     args = p.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        p.error(f"--epochs must be >= 1, got {args.epochs}")   # 0 used to mean "the topology's"
     if args.stop:
         return stop_leftovers(args.run)
     if os.geteuid() != 0:

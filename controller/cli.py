@@ -1,4 +1,8 @@
-"""``inagg-controller`` (serve) and ``inaggctl`` (operate)."""
+"""``inagg-controller`` (serve) and ``inaggctl`` (operate).
+
+``inaggctl`` needs only the job service's client, which a worker's install has
+(``pip install inagg[torch]``): the control plane's modules (P4Runtime, the switch) are imported
+by ``inagg-controller`` alone, when it runs."""
 
 from __future__ import annotations
 
@@ -13,9 +17,7 @@ import threading
 from hostlib import add_version_flag
 
 from .client import ControllerClient, ControllerError
-from .config import load_config
 from .credentials import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, CA_ENV, INSECURE_ENV, load_token
-from .switch import SwitchError
 
 
 def controller_main(argv: list[str] | None = None) -> int:
@@ -32,7 +34,9 @@ def controller_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from .service import Controller, serve  # grpc server imports only when serving
+    from .config import load_config           # the control plane: inagg[control]
+    from .service import Controller, serve
+    from .switch import SwitchError
     try:
         config = load_config(args.config)
         if args.insecure:
@@ -69,6 +73,18 @@ def _grant_text(g) -> str:
     return f"{g.mode} [{g.slot_base},{g.slot_base + g.slot_count}) e{g.epoch} -> {g.aggregator}{via}"
 
 
+def _positive_seconds(text: str) -> float:
+    """argparse type of a refresh interval: a number of seconds above 0 (0 would poll the
+    controller in a busy loop; a negative one failed in time.sleep)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def ctl_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.",
                                 allow_abbrev=False)  # no --admin-token prefix of --admin-token-file
@@ -85,7 +101,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
     sub.add_parser("jobs", help="jobs with mode, slots, epoch and counters")
     sub.add_parser("slots", help="the switch slot map")
     tp = sub.add_parser("top", help="live table of jobs and switch counters")
-    tp.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    tp.add_argument("--interval", type=_positive_seconds, default=1.0, help="seconds between refreshes")
     tp.add_argument("--once", action="store_true", help="print one table and exit")
     for name, text in (("drain", "move a job to host aggregation"), ("release", "end a job")):
         sp = sub.add_parser(name, help=text)

@@ -2,7 +2,11 @@
 plane (which validates what it is sent against the same P4Info).
 
 Built on p4runtime-shell's ``Context`` (names, short names, ids) so both sides resolve names
-exactly as the p4runtime-shell tooling does."""
+exactly as the p4runtime-shell tooling does.
+
+Every control-plane command (``inagg-controller``, ``inagg-soft-switch``, ``inagg``, ``inagg-demo``)
+imports this module before any other P4Runtime one, so a worker's install without the control
+plane (``pip install inagg[torch]``) is told here which extra to install."""
 
 from __future__ import annotations
 
@@ -10,8 +14,13 @@ import re
 from pathlib import Path
 
 from google.protobuf import text_format
-from p4.config.v1 import p4info_pb2
-from p4runtime_sh.context import Context, P4Type
+
+try:
+    from p4.config.v1 import p4info_pb2
+    from p4runtime_sh.context import Context, P4Type
+except ModuleNotFoundError as e:
+    raise ModuleNotFoundError(f"{e}: inagg's control plane (P4Runtime) is not installed here; "
+                              f"pip install 'inagg[control]'", name=e.name) from e
 
 __all__ = ["P4Info", "P4Type", "encode", "decode", "same_p4info", "same_program"]
 

@@ -42,7 +42,7 @@ def register_hook(ddp: DDP, hook: str):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="inagg")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--hook", choices=("none", "powersgd", "fp16", "artopk", "artopk-adaptive"), default="none")

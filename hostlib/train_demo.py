@@ -220,8 +220,6 @@ def worker_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bmv2_env.loopback import LoopbackDeployment
-
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         return worker_main(argv[1:])
@@ -233,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cr", type=float, default=0.01, help="AR-Topk compression ratio")
     p.add_argument("--no-switch", action="store_true", help="host aggregation only")
     args = p.parse_args(argv)
+    from bmv2_env.loopback import LoopbackDeployment   # the control plane (inagg[control]), after --help
+
     cfg = TrainConfig(workers=args.workers, epochs=args.epochs, hook=args.hook, cr=args.cr)
     print(f"inagg demo: MLP on digits, {cfg.workers} workers, DDP + {cfg.hook} hook, through the "
           f"{'host aggregator' if args.no_switch else 'software data plane'} on loopback")

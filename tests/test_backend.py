@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -142,6 +143,7 @@ def test_a_killed_job_leaves_no_services_behind():
             deadline -= 1
         assert deadline, f"service {pid} outlived its supervisor"
     assert info["pid"] == serve.pid
+    shutil.rmtree(info["dir"])  # a supervisor killed -9 leaves its directory (logs, SQLite) behind
 
 
 def test_parent_closing_the_pipe_stops_the_deployment():
@@ -378,6 +380,44 @@ def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
         fut.wait()
 
 
+NAN_STEP = """
+import json, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from hostlib.torch_hooks import InaggHookState, inagg_hook
+dist.init_process_group("inagg")
+ddp = DDP(torch.nn.Linear(8, 2))
+ddp.register_comm_hook(InaggHookState(process_group=None), inagg_hook)
+x = torch.ones(4, 8)
+if dist.get_rank() == 1:
+    x[0, 0] = float("nan")
+try:
+    ddp(x).sum().backward()
+    outcome = ["no error", ""]
+except Exception as e:
+    outcome = [type(e).__name__, str(e)]
+with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
+    json.dump(outcome, f)
+dist.destroy_process_group()
+"""
+
+
+def test_a_failed_hook_step_reaches_every_rank_as_the_library_error(tmp_path):
+    """Through DDP's reducer, for real: one rank's NaN gradient fails the inagg hook's allreduce,
+    and every rank's backward raises with InaggHookError naming the hook, the job and the rank
+    (before: "Unable to cast ... to Tensor")."""
+    script = tmp_path / "nan_step.py"
+    script.write_text(NAN_STEP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
+    proc = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", str(script),
+                           str(tmp_path / "outcome")], cwd=ROOT, env={**env, "INAGG_ALLREDUCE_PATH": "inagg"},
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    for rank in (0, 1):
+        kind, message = json.loads((tmp_path / f"outcome.{rank}").read_text())
+        assert kind == "RuntimeError" and f"InaggHookError: inagg_hook (job " in message, message
+        assert f" rank {rank}): " in message and "FloatingPointError" in message, message
+
+
 def test_artopk_state_checkpoints_residual_and_settings():
     """torch.save/torch.load of the hook state, as with PowerSGD's: the restored state goes on
     exactly as the original (same residual, same updates)."""
@@ -475,6 +515,7 @@ def test_the_commented_example_controller_config_loads():
     assert [s.name for s in config.switches] == ["s1"] and config.switches[0].ports == [1, 2, 3, 4]
     assert config.database == str(ROOT / "examples" / "controller.sqlite")
     assert config.tls_cert == str(ROOT / "examples" / "controller.pem") and not config.insecure
+    assert config.metrics_listen == "127.0.0.1:9464" and config.switches[0].program.target == "bmv2"
 
 
 @pytest.fixture(scope="module")

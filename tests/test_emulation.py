@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from scapy.contrib.roce import BTH
 
 from bmv2_env.run_dir import RUNS_DIR, RunDir, root_interfaces
 from bmv2_env.testbed import bmv2_missing
 from hostlib.grant import ETHERNET_MTU, values_for_mtu
-from hostlib.protocol import MSG_RESULT
+from hostlib.protocol import MSG_RESULT, ROCE_OPCODE_UC_WRITE_ONLY_IMM, SWITCH_VALUES_PER_PACKET
 from hostlib.scapy_layer import Inagg, read_pcap
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,12 +90,15 @@ def test_single_switch_training_over_roce(tmp_path, dataplane):
     reason = mininet_missing() or (bmv2_missing() if dataplane == "bmv2" else None)
     if reason:
         pytest.skip(reason)
-    rows, stdout, _ = run_topology(tmp_path, "single_switch.json", dataplane, "--epochs", "1",
-                                   "--transport", "roce")
+    rows, stdout, run = run_topology(tmp_path, "single_switch.json", dataplane, "--epochs", "1",
+                                     "--transport", "roce")
     job = rows["mlp"]
     assert job["ok"] and job["mode"] == "switch" and job["transport"] == "roce", stdout
     assert job["accuracy"] >= 0.6, stdout             # 1 epoch: 64.2 %, as over UDP
     assert job["switch_results"] > 0 and job["host_results"] == 0
+    # the switch's results to h1 as captured, at the emulation's program's K (BMv2's)
+    assert_results_decode(run.path / "pcaps" / f"{run.run_id}s1-eth1_out.pcap", SWITCH_VALUES_PER_PACKET,
+                          roce=True)
 
 
 def test_two_jobs_fallback_and_upgrade(tmp_path):
@@ -113,23 +117,30 @@ def test_two_jobs_fallback_and_upgrade(tmp_path):
     assert second["mode"] == "switch" and second["grant_changes"] >= 1 and second["switch_results"] > 0
     assert first["accuracy"] > 0.85 and second["accuracy"] > 0.9, stdout
     assert_clean_logs(run)
-    assert_host_results_decode(run.path / "pcaps" / f"{run.run_id}s1-eth5_in.pcap")
+    # the host aggregator's results, sized to the links' 1500-byte MTU, entering the switch
+    assert_results_decode(run.path / "pcaps" / f"{run.run_id}s1-eth5_in.pcap", values_for_mtu(ETHERNET_MTU))
 
 
-def assert_host_results_decode(pcap: Path) -> None:
-    """The host aggregator's results as the switch captured them on its port (sized to the
-    links' 1500-byte MTU), decoded by the scapy layer and by tshark's dissector (header-only
-    results answer a call's control round)."""
-    frames, k = 400, values_for_mtu(ETHERNET_MTU)
-    results = [p[Inagg] for p in read_pcap(pcap, count=frames) if Inagg in p]
-    assert {(r.msg_type, len(r.values)) for r in results} == {(MSG_RESULT, 0), (MSG_RESULT, k)}
+def assert_results_decode(pcap: Path, k: int, roce: bool = False) -> None:
+    """The results a switch port's capture holds (its first frames), decoded by the scapy layer
+    and by tshark's dissector: header-only ones answer a call's control round, the others carry
+    ``k`` values; over RoCEv2, each inside BTH/RETH/ImmDt (UC RDMA WRITE ONLY WITH IMMEDIATE)."""
+    frames = 400
+    results = [p for p in read_pcap(pcap, count=frames) if Inagg in p]
+    assert {(p[Inagg].msg_type, len(p[Inagg].values)) for p in results} == {(MSG_RESULT, 0), (MSG_RESULT, k)}
+    assert {p[BTH].opcode if BTH in p else None for p in results} == \
+        {ROCE_OPCODE_UC_WRITE_ONLY_IMM if roce else None}
     if shutil.which("tshark") is None:
         return
+    fields = ["inagg.msg_type", "inagg.n_values"] + (["infiniband.bth.opcode"] if roce else [])
     proc = subprocess.run(["tshark", "-r", str(pcap), "-c", str(frames), "-X", f"lua_script:{DISSECTOR}",
-                           "-Y", "inagg", "-T", "fields", "-e", "inagg.msg_type", "-e", "inagg.n_values"],
+                           "-Y", "inagg", "-T", "fields", *(a for f in fields for a in ("-e", f))],
                           capture_output=True, text=True, timeout=120)
     rows = {tuple(line.split("\t")) for line in proc.stdout.splitlines()}
-    assert proc.returncode == 0 and rows == {(str(MSG_RESULT), "0"), (str(MSG_RESULT), str(k))}, proc.stderr
+    expected = {(str(MSG_RESULT), "0"), (str(MSG_RESULT), str(k))}
+    if roce:
+        expected = {row + (str(ROCE_OPCODE_UC_WRITE_ONLY_IMM),) for row in expected}
+    assert proc.returncode == 0 and rows == expected, proc.stderr
 
 
 def test_two_runs_side_by_side_and_stop(tmp_path):

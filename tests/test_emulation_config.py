@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmv2_env.mininet_run import job_epochs
+from bmv2_env.mininet_run import job_epochs, main as mininet_main
 from bmv2_env.run_dir import RunDir, process_start_time, stop_run
 from bmv2_env.topology import Endpoint, TopologyError, load_topology, parse_topology
 from hostlib.train_demo import load_digits_split, steps_per_epoch
@@ -75,6 +75,13 @@ def test_epochs_override_keeps_the_jobs_ratio():
     assert job_epochs(t, None) == {"first": 8, "second": 24}
     assert job_epochs(t, 2) == {"first": 2, "second": 6}     # the second still outlives the first
     assert job_epochs(t, 1) == {"first": 1, "second": 3}
+
+
+@pytest.mark.parametrize("epochs", ["0", "-2"])
+def test_epochs_below_one_are_refused(epochs, capsys):
+    with pytest.raises(SystemExit) as exit_:      # before anything is brought up
+        mininet_main(["--epochs", epochs])
+    assert exit_.value.code == 2 and f"--epochs must be >= 1, got {epochs}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("workers", range(1, 9))

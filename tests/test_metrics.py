@@ -8,6 +8,7 @@ import time
 import urllib.request
 from unittest import mock
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bmv2_env.loopback import LoopbackDeployment
@@ -88,3 +89,10 @@ def test_metrics_and_top_follow_a_training_job():
 
     top = seen["top"]
     assert "1 job(s)" in top and "metrics-job" in top and "host [" in top, top
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "soon"])
+def test_top_refuses_an_interval_that_is_not_positive(interval, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        ctl_main(["top", "--interval", interval])
+    assert exit_.value.code == 2 and f"expected seconds > 0, got {interval!r}" in capsys.readouterr().err
