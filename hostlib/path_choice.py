@@ -4,9 +4,11 @@ predicts fastest, so an inagg job is never slower than gloo.
 
 **Measuring.** Each path keeps the times of its last ``per_class`` measured calls per size
 class (powers of 4 bytes). The chooser says which calls to measure: probes and explorations,
-every call from ``measure_from_bytes`` up, every call of a class whose ring is not full yet,
-every ``sample_every``-th other one (the backend times a call where its caller waits, and only
-when the path was otherwise idle). Every rank measures the same calls, so the k-th measured call
+every call predicted to take ``measure_from_seconds`` or more, every call of a class whose ring
+is not full yet, every ``sample_every``-th other one (the backend times a call where its caller
+waits, and only when the path was otherwise idle; a timed call costs ~0.1 ms of Python, so
+shorter calls are sampled: timing every call from 64 KiB up made the backend's gloo path 1.17x
+plain gloo at 256 KiB). Every rank measures the same calls, so the k-th measured call
 of a class is the same call on every rank.
 
 **The model.** Per path ``seconds = alpha + beta * payload bytes``, fitted to its size classes'
@@ -21,11 +23,16 @@ a 1 KiB one 5 ms), and a line through both would choose wrongly at each.
 times. So the decision uses *agreed* figures only: at fixed call numbers (every rank makes the
 same calls in the same order: calls 16, 32, 64, then every ``agree_every``, and right after a
 new size class's probes or an exploration) the ranks combine their recent times with one small
-allreduce taking each call's minimum over ranks, and a class's figure is the median over its
-recent calls of those minima. The minimum over ranks, because a rank's time of a call includes
-waiting for the ranks that arrived later (the last to arrive measures the path alone); the median over calls,
-because on a shared machine a call preempted by another process is an outlier, not a slower
-path. Other combinations chose wrongly on the loaded 2-core machine: per-rank medians combined
+allreduce taking minima over ranks, and a class's figure is the median over its recent calls of
+each call's agreed time. Where the ranks share a clock (``shared_clock``: one kernel, as in the
+local deployment), a call's time runs from the last rank's start to the last rank's end: what
+the job waits for, without the ranks' arrival skew, which is not the path's doing. Otherwise it
+is the minimum over ranks of each rank's time, because a rank's time of a call includes waiting
+for the ranks that arrived later (the last to arrive measures the path alone); but that is the
+rank that finished first, which flatters a path whose ranks finish apart (results handed
+between threads: inagg at 2 workers / 64 B, chosen 25 % faster, measured 1.1-1.25x gloo). The
+median over calls, because on a shared machine a call preempted by another process is an
+outlier, not a slower path. Other combinations chose wrongly on the loaded 2-core machine: per-rank medians combined
 by maximum (inagg at 4 workers / 4 B, twice gloo's time), the fastest recent call (a path with
 more spread looks faster: the host lane at 8 workers / 4 B, 1.6x), each call's mean or maximum
 over ranks (the host lane or inagg at 2 workers / 4 B, 2.5-5x). Every rank fits the same
@@ -38,10 +45,14 @@ best, then the ranks agree. Larger sizes are left to exploration (a probe of a s
 cost a whole slow call; a line alone never takes a call off ``prefer``, below). After that, the
 call at an agreement may take a path the model did not choose, so the estimate of a path not in
 use does not go stale (a link's bandwidth changed, the switch became free): that call's time
-replaces the path's older ones at its size class, and the ranks agree at the next call. Its
+replaces the path's older ones at its size class, and the ranks agree at the next call (and
+again as soon as a class that moved off ``prefer`` has its new path's ring full of that path's
+own calls: a lucky exploration costs a handful of calls, not ``agree_every``). Its
 predicted extra time is paid from a budget of ``explore_budget`` (a fraction) of the predicted
-time of every call so far: a path predicted much slower is explored rarely, one close to the
-best at nearly every agreement; paths take turns, strictly. Probes and budget follow from
+time of every call of its size class so far: a path predicted much slower is explored rarely,
+one close to the best at nearly every agreement; paths take turns, strictly. Each size class
+pays for its own explorations (one budget for all let the calls of earlier sizes pay for a
+burst at a later one: 5 of the 18 timed 4 MiB calls explored, at 8 workers, 1.6x gloo). Probes and budget follow from
 agreed figures and call numbers only, so every rank explores the same calls.
 
 ``forced`` pins every call to one path (``INAGG_ALLREDUCE_PATH`` in the backend), for tests and
@@ -90,14 +101,18 @@ class PathTimings:
     and the ranks' minimum per slot is that call's time without waiting for other ranks
     (module docstring)."""
 
-    def __init__(self, per_class: int) -> None:
+    def __init__(self, per_class: int, shared_clock: bool = False) -> None:
         self._ring = np.full((SIZE_CLASSES, per_class), _UNSEEN)
+        self._starts = np.full((SIZE_CLASSES, per_class), _UNSEEN) if shared_clock else None
         self._count = np.zeros(SIZE_CLASSES, dtype=np.int64)
         self._nbytes = np.full(SIZE_CLASSES, _UNSEEN)
 
-    def observe(self, nbytes: int, seconds: float) -> None:
+    def observe(self, nbytes: int, seconds: float, started: float) -> None:
         c = size_class(nbytes)
-        self._ring[c, self._count[c] % self._ring.shape[1]] = seconds
+        slot = self._count[c] % self._ring.shape[1]
+        self._ring[c, slot] = seconds
+        if self._starts is not None:
+            self._starts[c, slot] = started
         self._count[c] += 1
         self._nbytes[c] = nbytes
 
@@ -108,11 +123,19 @@ class PathTimings:
     def forget(self, c: int) -> None:
         """Drop size class ``c``'s times (on every rank at the same call: slots stay aligned)."""
         self._ring[c] = _UNSEEN
+        if self._starts is not None:
+            self._starts[c] = _UNSEEN
         self._count[c] = 0
 
     def summary(self) -> np.ndarray:
-        """The ring (``inf`` where unseen), then each class's latest size in bytes."""
-        return np.concatenate([self._ring.ravel(), self._nbytes])
+        """What the ranks combine by their minimum (``inf`` where unseen), then each class's
+        latest size in bytes: the ring of times; on a shared clock, each call's start and end,
+        negated (the minimum of those is the last rank's start and end)."""
+        if self._starts is None:
+            return np.concatenate([self._ring.ravel(), self._nbytes])
+        seen = np.isfinite(self._ring)
+        starts, ends = np.where(seen, -self._starts, _UNSEEN), np.where(seen, -(self._starts + self._ring), _UNSEEN)
+        return np.concatenate([starts.ravel(), ends.ravel(), self._nbytes])
 
 
 class PathModel:
@@ -120,9 +143,15 @@ class PathModel:
     median over its recent calls of each call's time) and the alpha-beta line fitted to them
     (module docstring)."""
 
-    def __init__(self, summary: np.ndarray, prior: tuple[float, float]) -> None:
-        ring = summary[:-SIZE_CLASSES].reshape(SIZE_CLASSES, -1)
-        self.nbytes = summary[-SIZE_CLASSES:]
+    def __init__(self, summary: np.ndarray, prior: tuple[float, float], shared_clock: bool = False) -> None:
+        body, self.nbytes = summary[:-SIZE_CLASSES], summary[-SIZE_CLASSES:]
+        if shared_clock:   # last start and last end, negated: the call's time, from the last rank's start
+            neg_start, neg_end = body.reshape(2, SIZE_CLASSES, -1)
+            with np.errstate(invalid="ignore"):
+                ring = np.where(np.isfinite(neg_start) & np.isfinite(neg_end), np.maximum(neg_start - neg_end, 1e-9),
+                                _UNSEEN)
+        else:
+            ring = body.reshape(SIZE_CLASSES, -1)
         timed = np.isfinite(ring)
         self.samples = timed.sum(axis=1)
         self.seen = (self.samples > 0) & np.isfinite(self.nbytes)
@@ -161,8 +190,8 @@ class PathChooser:
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"), *,
                  agree_every: int = 128, explore_budget: float = 0.02, per_class: int = 5,
                  probes: int = 3, probe_seconds: float = 2e-3, probe_ratio: float = 2.0, sample_every: int = 32,
-                 measure_from_bytes: int = 64 << 10, prefer: str | None = "gloo", margin: float = 0.25,
-                 forced: str | None = None, history: int = 4096) -> None:
+                 measure_from_seconds: float = 10e-3, prefer: str | None = "gloo", margin: float = 0.25,
+                 forced: str | None = None, history: int = 4096, shared_clock: bool = False) -> None:
         if agree_every < _FIRST_AGREEMENT:
             raise ValueError(f"agree_every must be >= {_FIRST_AGREEMENT}, got {agree_every}")
         if not 0 <= explore_budget < 1:
@@ -183,20 +212,24 @@ class PathChooser:
         self.explore_budget = explore_budget
         self.probes, self.probe_ratio, self.sample_every = probes, probe_ratio, sample_every
         self.probe_seconds = probe_seconds
-        self.measure_from_bytes = measure_from_bytes
+        self.measure_from_seconds = measure_from_seconds
         self.prefer, self.margin = (prefer if prefer in self.paths else None), margin
-        self.trusted = min(3, per_class)
+        self.per_class, self.trusted = per_class, min(3, per_class)
         self._lock = threading.Lock()
-        self.timings = {p: PathTimings(per_class) for p in self.paths}
-        unseen = np.full((per_class + 1) * SIZE_CLASSES, _UNSEEN)
-        self.models = {p: PathModel(unseen, (_PRIOR_ALPHA, _PRIOR_BETA)) for p in self.paths}
+        self.shared_clock = shared_clock
+        self.timings = {p: PathTimings(per_class, shared_clock) for p in self.paths}
+        unseen = np.full_like(self.timings[self.paths[0]].summary(), _UNSEEN)
+        self.models = {p: PathModel(unseen, (_PRIOR_ALPHA, _PRIOR_BETA), shared_clock) for p in self.paths}
         # per call size until the next agreement: (fastest path, its predicted seconds, probing)
         self._best: dict[int, tuple[str, float, bool]] = {}
         self._probes_left: dict[tuple[str, int], int] = {}   # (path, size class) -> probe calls
-        self._credit = 0.0                                   # exploration budget left, seconds
+        self._chosen: dict[int, str] = {}                    # size class -> its path (``_confirm_soon``)
+        self._confirming: dict[int, tuple[str, int]] = {}    # size class -> (new path, calls to wait for)
+        self._credit = np.zeros(SIZE_CLASSES)                # exploration budget left per class, seconds
         self._explored_at = dict.fromkeys(self.paths, 0)     # call of each path's last exploration
         self._next_agreement = _FIRST_AGREEMENT
-        self._history: deque[tuple[float, int, int, str, bool]] = deque(maxlen=history)
+        # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
+        self._history: deque[list] = deque(maxlen=history)
         self.calls = 0
         self.agreements = 0
         self.explorations = 0
@@ -207,10 +240,11 @@ class PathChooser:
         """Each path's agreed alpha and beta."""
         return {p: (m.alpha, m.beta) for p, m in self.models.items()}
 
-    def observe(self, path: str, nbytes: int, seconds: float) -> None:
-        """One call of ``nbytes`` payload took ``seconds`` on ``path`` (any thread)."""
+    def observe(self, path: str, nbytes: int, seconds: float, started: float = 0.0) -> None:
+        """One call of ``nbytes`` payload took ``seconds`` on ``path`` from ``started`` (on
+        the clock every rank shares, where they do: ``shared_clock``; any thread)."""
         with self._lock:
-            self.timings[path].observe(nbytes, seconds)
+            self.timings[path].observe(nbytes, seconds, started)
 
     def predict(self, path: str, nbytes: int) -> float:
         """Seconds of an allreduce of ``nbytes`` on ``path`` at the agreed figures."""
@@ -228,7 +262,34 @@ class PathChooser:
             path, seconds = min(((p, self.predict(p, nbytes)) for p in eligible),
                                 key=lambda e: e[1] * self._handicap(e[0], c))
             entry = self._best[nbytes] = (path, seconds, self._plan_probes(nbytes, seconds))
+            self._confirm_soon(c, path)
         return entry
+
+    def _confirm_soon(self, c: int, path: str) -> None:
+        """Where size class ``c`` moves off ``prefer``, agree again as soon as the new path's
+        ring is full of its own calls (all timed while it fills, ``_measure``), rather than at
+        the next scheduled agreement up to ``agree_every`` calls later: a path taken on a few
+        lucky times (an exploration, probes) is dropped after a handful of calls if its own
+        calls say otherwise. Follows from agreed figures and call numbers only, as every
+        agreement."""
+        if self.forced or self._chosen.get(c, self.prefer) == path:
+            return
+        self._chosen[c] = path
+        self._confirming.pop(c, None)
+        if path != self.prefer:
+            self._confirming[c] = (path, max(1, self.per_class - int(self.models[path].samples[c])))
+
+    def _count_toward_confirmation(self, c: int, path: str) -> None:
+        """A call of class ``c`` took ``path``: once the calls ``_confirm_soon`` waits for
+        are taken, the ranks agree at the next call."""
+        pending = self._confirming.get(c)
+        if pending is None or pending[0] != path:
+            return
+        if pending[1] > 1:
+            self._confirming[c] = (path, pending[1] - 1)
+            return
+        del self._confirming[c]
+        self._next_agreement = min(self._next_agreement, self.calls + 1)
 
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
         """Whether calls of this size still probe. Where calls are predicted under
@@ -269,7 +330,8 @@ class PathChooser:
         with self._lock:
             local = np.concatenate([self.timings[p].summary() for p in self.paths])
         combined = self._agree_fn(local).reshape(len(self.paths), -1)
-        self.models = {p: PathModel(combined[i], (_PRIOR_ALPHA, _PRIOR_BETA)) for i, p in enumerate(self.paths)}
+        self.models = {p: PathModel(combined[i], (_PRIOR_ALPHA, _PRIOR_BETA), self.shared_clock)
+                       for i, p in enumerate(self.paths)}
         self._best.clear()
         self.agreements += 1
 
@@ -280,18 +342,48 @@ class PathChooser:
         entry = self._best.get(nbytes)
         if entry is None or entry[2] or self.calls >= self._next_agreement:
             return self._choose_slowly(nbytes)
-        self._credit += self.explore_budget * entry[1]
+        c = size_class(nbytes)
+        self._credit[c] += self.explore_budget * entry[1]
         path = self.forced or entry[0]
-        self._history.append((time.time(), self.calls, nbytes, path, False))
-        return path, self._measure(path, nbytes)
+        if self._confirming:
+            self._count_toward_confirmation(c, path)
+        self._history.append([time.time(), self.calls, 1, nbytes, path, False])
+        return path, self._measure(path, nbytes, entry[1])
 
-    def _measure(self, path: str, nbytes: int) -> bool:
-        """Whether to time this call: from ``measure_from_bytes`` up, every ``sample_every``-th
-        call, and every call of a size class whose times on ``path`` do not fill its ring yet
-        (a path just taken on one exploration's time gets its figure from its next calls, not
+    def run_length(self, nbytes: int) -> int:
+        """How many calls of ``nbytes`` right after the one ``choose`` just answered would be
+        answered the same, unmeasured, with nothing but counting (no agreement, probe or
+        exploration due, no sample): a caller may take them without asking, then report them
+        with ``skip`` before its next ``choose``. The backend's gloo path does (a few
+        attribute reads per call instead of ``choose``: at 2 workers / 4 B its per-call Python
+        made the backend 1.2x plain gloo)."""
+        c = size_class(nbytes)
+        entry = self._best.get(nbytes)
+        path = self.forced or (entry[0] if entry is not None else None)
+        if (entry is None or entry[2] or path is None or entry[1] >= self.measure_from_seconds
+                or self.timings[path].filling(c) or c in self._confirming):
+            return 0
+        to_sample = self.sample_every - 1 - self.calls % self.sample_every
+        return max(0, min(to_sample, self._next_agreement - self.calls - 1))
+
+    def skip(self, count: int) -> None:
+        """``count`` calls were taken as ``run_length`` allowed, after the last ``choose``:
+        counted, in the budget and the history, as ``choose`` would have."""
+        if count <= 0:
+            return
+        run = self._history[-1]
+        nbytes, c = run[3], size_class(run[3])
+        self.calls += count
+        self._credit[c] += count * self.explore_budget * self._best[nbytes][1]
+        run[2] += count
+
+    def _measure(self, path: str, nbytes: int, seconds: float) -> bool:
+        """Whether to time this call, predicted to take ``seconds``: from
+        ``measure_from_seconds`` up, every ``sample_every``-th call, and every call of a size
+        class whose times on ``path`` do not fill its ring yet (a path just taken on one exploration's time gets its figure from its next calls, not
         from 32 x 5 calls later: one lucky exploration kept the host lane on 16 KiB calls at
         1.7x gloo's time)."""
-        return (nbytes >= self.measure_from_bytes or self.calls % self.sample_every == 0
+        return (seconds >= self.measure_from_seconds or self.calls % self.sample_every == 0
                 or self.timings[path].filling(size_class(nbytes)))
 
     def _choose_slowly(self, nbytes: int) -> tuple[str, bool]:
@@ -300,24 +392,27 @@ class PathChooser:
         if agreement:
             self._next_agreement = self.calls + min(self.calls, self.agree_every)
             self.agree()
+        c = size_class(nbytes)
         path, seconds, probing = self._fastest(nbytes)
         explore = self._probe(nbytes) if probing else None
         if explore is None and agreement:
-            explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit)
+            explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c])
             if explore is not None:
-                self._credit -= self.predict(explore, nbytes) - seconds
+                self._credit[c] -= self.predict(explore, nbytes) - seconds
                 self._explored_at[explore] = self.calls
                 self.explorations += 1
                 # a path not in use: its old times are stale, this call's is its figure, used
                 # at once (restored to gloo's link, gloo waited 3 explorations, each ~100
                 # steps apart, to outvote its throttled times)
                 with self._lock:
-                    self.timings[explore].forget(size_class(nbytes))
+                    self.timings[explore].forget(c)
                 self._next_agreement = self.calls + 1
-        self._credit += self.explore_budget * seconds
+        self._credit[c] += self.explore_budget * seconds
         path = self.forced or explore or path
-        self._history.append((time.time(), self.calls, nbytes, path, explore is not None))
-        return path, explore is not None or self._measure(path, nbytes)
+        if self._confirming:
+            self._count_toward_confirmation(c, path)
+        self._history.append([time.time(), self.calls, 1, nbytes, path, explore is not None])
+        return path, explore is not None or self._measure(path, nbytes, seconds)
 
     def _probe(self, nbytes: int) -> str | None:
         """The path this call probes: one path's probes after another, the one predicted
@@ -350,13 +445,15 @@ class PathChooser:
         return due if due is not None and self.predict(due, nbytes) <= affordable else None
 
     def history(self) -> list[dict]:
-        """The last calls' choices, oldest first: wall-clock time, call number, payload bytes,
-        path, and whether the call explored (took a path the model did not choose)."""
-        return [dict(time=t, call=c, bytes=b, path=p, explored=e) for t, c, b, p, e in list(self._history)]
+        """The last runs of calls, oldest first: each run's wall-clock time (of its first
+        call), first call number, number of calls, payload bytes, path, and whether it explored
+        (took a path the model did not choose; a run of one call)."""
+        return [dict(time=t, call=c, calls=n, bytes=b, path=p, explored=e) for t, c, n, b, p, e in list(self._history)]
 
     def as_dict(self) -> dict:
         return {"agreed": {p: {"alpha_s": m.alpha, "beta_s_per_byte": m.beta,
                                "measured_s": {int(n): float(t) for n, t in zip(m.nbytes[m.seen], m.seconds[m.seen])}}
                            for p, m in self.models.items()},
                 "paths": list(self.paths), "calls": self.calls, "agreements": self.agreements,
-                "explorations": self.explorations, "probes": self.probed, "explore_credit_s": self._credit}
+                "explorations": self.explorations, "probes": self.probed,
+                "explore_credit_s": {1 << 2 * int(c): float(self._credit[c]) for c in np.flatnonzero(self._credit)}}

@@ -305,6 +305,102 @@ def test_a_new_size_is_probed_on_each_path_then_agreed():
     assert 4096 in c.as_dict()["agreed"]["gloo"]["measured_s"]
 
 
+@pytest.mark.parametrize("shared_clock, agreed_ms", [(True, 0.9), (False, 0.3)])
+def test_a_call_is_timed_from_the_last_start_to_the_last_end_on_a_shared_clock(shared_clock, agreed_ms):
+    """Rank 0 starts a call at 0 and is done at 0.3 ms, rank 1 starts at 0.1 ms and is done at
+    1.0 ms: the job waited 0.9 ms from its last rank's start. Without a shared clock the ranks'
+    own times are all there is, and their minimum (0.3 ms) is the figure."""
+    n = 2
+    agree_min = _agree_min_over(n)
+    choosers = [PathChooser(agree_min(r), shared_clock=shared_clock) for r in range(n)]
+    spans = [(10.0, 10.0003), (10.0001, 10.001)]      # (start, end) in seconds, per rank
+
+    def run(r):
+        for _ in range(3):
+            choosers[r].observe("gloo", 64, spans[r][1] - spans[r][0], spans[r][0])
+        choosers[r].agree()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for c in choosers:
+        assert c.as_dict()["agreed"]["gloo"]["measured_s"][64] == pytest.approx(agreed_ms * 1e-3)
+
+
+def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
+    """The backend's fast path: calls taken without ``choose`` as ``run_length`` allows, then
+    reported by ``skip``, leave the chooser exactly where asking on every call leaves it (same
+    paths, measurements, agreements, explorations, history)."""
+    def took(path, nbytes):
+        return (2e-4 if path == "inagg" else 1e-4) + 1e-9 * nbytes
+
+    def chooser():
+        c = PathChooser(lambda v: v, agree_every=64)
+        for nbytes in (64, 1 << 20):
+            for p in ("inagg", "gloo"):
+                c.observe(p, nbytes, took(p, nbytes))
+        c.agree()
+        return c
+
+    sizes = [4] * 300 + [4096] * 50 + [4] * 200 + [1 << 20] * 20 + [4] * 100
+    asked, running = chooser(), chooser()
+    every = []
+    for s in sizes:
+        path, measure = asked.choose(s)
+        every.append((path, measure))
+        if measure:
+            asked.observe(path, s, took(path, s))
+    ran, left, taken, skipped = [], 0, 0, 0
+    for s in sizes:
+        if left and s == ran[-1][2]:
+            left, taken = left - 1, taken + 1
+            ran.append((ran[-1][0], False, s))
+            continue
+        running.skip(taken)
+        skipped += taken
+        path, measure = running.choose(s)
+        ran.append((path, measure, s))
+        if measure:
+            running.observe(path, s, took(path, s))
+        left, taken = running.run_length(s), 0
+    running.skip(taken)
+    assert [(p, m) for p, m, _ in ran] == every
+    assert skipped > len(sizes) // 2                      # most calls took the fast path
+    assert (running.calls, running.agreements, running.explorations) == (asked.calls, asked.agreements,
+                                                                          asked.explorations)
+    expand = lambda c: [(h["path"], h["bytes"]) for h in c.history() for _ in range(h["calls"])]
+    assert expand(running) == expand(asked) == [(p, s) for (p, _), s in zip(every, sizes)]
+
+
+def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
+    """The first exploration of inagg comes out 5x faster than gloo, so the next calls take
+    inagg; its other calls take 3x gloo's time. The ranks agree again once inagg's ring is full of them,
+    and the calls go back to gloo within per_class + 1 calls, not at the next scheduled
+    agreement up to 128 calls later."""
+    c = PathChooser(lambda v: v, agree_every=128, per_class=5)
+    for _ in range(3):
+        c.observe("gloo", 4096, 1e-3)
+        c.observe("inagg", 4096, 1.5e-3)
+    c.agree()
+    runs, lucky = [], False
+    for _ in range(5000):
+        path, measure = c.choose(4096)
+        first = c.history()[-1]["explored"] and path == "inagg" and not lucky
+        lucky |= first
+        if measure:
+            c.observe(path, 4096, 1e-3 if path == "gloo" else 0.2e-3 if first else 3e-3)
+        if runs and runs[-1][0] == path:
+            runs[-1][1] += 1
+        else:
+            runs.append([path, 1])
+    assert lucky
+    inagg_runs = [n for p, n in runs if p == "inagg"]
+    assert max(inagg_runs) > 1                    # the lucky exploration did win calls ...
+    assert max(inagg_runs) <= 1 + 5 + 1           # ... only until inagg's own calls were agreed on
+
+
 def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
     """A failed AR-Topk step completes every bucket's future with InaggHookError (before: the
     exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
