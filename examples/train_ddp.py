@@ -76,7 +76,11 @@ def main() -> None:
             json.dump({"params": [t.detach().view(-1).tolist() for t in model.parameters()],
                        "losses": losses, "stats": stats,
                        "hook_choice": getattr(hook_state, "last_choice", None)}, f)
-    dist.barrier()   # no rank tears gloo down while another still uses it (it aborts otherwise)
+    # no rank tears its group down while another is still in a collective. (With --backend gloo a
+    # rank can still abort at exit, torch's race: DDP keeps the gloo group past
+    # destroy_process_group, and a gloo worker that lets go of a tensor Python owns while the
+    # interpreter finalizes ends in std::terminate. inagg's backend joins its own gloo group.)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from .communicator import Communicator, ReduceOp
-from .errors import InaggSetupError
+from .errors import InaggError, InaggSetupError
 from .local import Endpoint, find_endpoint
 from .path_choice import PATHS, PathChooser
 from . import BACKEND_NAME
@@ -193,6 +193,14 @@ class _TimedWork(dist.Work):
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
+
+
+class _ShutDownGloo:
+    """Stands in for the inner gloo group once the process group is shut down: every use says so
+    (instead of an AttributeError on None)."""
+
+    def __getattr__(self, name: str):
+        raise InaggError(f"the inagg process group was shut down (destroy_process_group): no {name} on it")
 
 
 class InaggProcessGroup(dist.ProcessGroup):
@@ -397,11 +405,23 @@ class InaggProcessGroup(dist.ProcessGroup):
         log.info("rank %d: inagg process group closed: %s", self.rank(), self.stats())
 
     def _leave(self, timeout: float = 30.0) -> None:
-        """Leave the jobs joined so far and the endpoint (``Endpoint.close``, ``timeout``)."""
+        """Leave the jobs joined so far and the endpoint (``Endpoint.close``, ``timeout``), and
+        let the inner gloo group go."""
         for comm in (self.lane, self.comm):
             if comm is not None:
                 comm.close()
         self.endpoint.close(self._local_store, self.rank(), self.size(), timeout=timeout)
+        self._release_gloo()
+
+    def _release_gloo(self) -> None:
+        """Destroy the inner gloo group now, while the interpreter runs: its destructor joins
+        its worker threads. A worker still letting go of a finished call (a tensor Python owns)
+        needs the GIL; once the interpreter is finalizing, Python ends such a thread with a
+        forced unwind that std::terminate()s the process (SIGABRT, "terminate called without an
+        active exception", seen with PyTorch's own gloo groups, which outlive
+        destroy_process_group under DDP). Nothing else holds the inner group, so dropping it
+        destroys it (torch releases the GIL in that destructor)."""
+        self._gloo = _ShutDownGloo()
 
 
 def _gloo_collective(name: str):

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cost_model import LinkEstimator
+from .errors import InaggError
 from .grant import Grant
 from .protocol import ENCAPSULATIONS, HEADER_BYTES
 from .roce import RoceRawTransport
@@ -163,7 +164,8 @@ class Communicator:
         self.stream_reopened = 0
         self.stream: SlotStream | NativeSlotStream | None = None  # once the first grant came
         self._grant_stream = self.client.watch(self.job_id, self.token)
-        threading.Thread(target=self._follow_grants, daemon=True, name="inagg-grants").start()
+        self._threads = [threading.Thread(target=self._follow_grants, daemon=True, name="inagg-grants")]
+        self._threads[0].start()
         if not self._first.wait(timeout):
             raise TimeoutError(f"job {self.job_id}: no grant from the controller within {timeout}s "
                                f"(did all {world_size} ranks join?)")
@@ -188,8 +190,10 @@ class Communicator:
         self._running = threading.RLock()   # reentrant: a future's callback may call again
         self._queued_lock = threading.Lock()
         self._queued = 0
-        threading.Thread(target=self._io_loop, daemon=True, name="inagg-io").start()
-        threading.Thread(target=self._heartbeat, daemon=True, name="inagg-lease").start()
+        self._io_thread = threading.Thread(target=self._io_loop, daemon=True, name="inagg-io")
+        self._threads += [self._io_thread, threading.Thread(target=self._heartbeat, daemon=True, name="inagg-lease")]
+        for thread in self._threads[1:]:
+            thread.start()
 
     @classmethod
     def from_rendezvous(cls, url: str, controller: str, **kwargs) -> "Communicator":
@@ -251,6 +255,8 @@ class Communicator:
                 self.client.heartbeat(self.job_id, self.token, self.rank)
                 last_ok = time.monotonic()
             except Exception as e:  # noqa: BLE001 - any failure: logged, retried next beat
+                if self._closed.is_set():   # close() cancelled it
+                    return
                 silent = time.monotonic() - last_ok
                 level = logging.ERROR if silent > lease else logging.WARNING
                 log.log(level, "job %d rank %d: heartbeat failed (%s); no renewal for %.0fs of a %.0fs lease",
@@ -317,6 +323,8 @@ class Communicator:
         try:
             if self.failure:
                 raise JobFailed(f"job {self.job_id} failed: {self.failure}")
+            if self._closed.is_set():
+                raise self._closed_error()
             sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
             self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
                                   refusal=req.refusal)
@@ -333,7 +341,12 @@ class Communicator:
             self.boundary += 1
             if self.failure and not isinstance(e, JobFailed):
                 e = JobFailed(f"job {self.job_id} failed: {self.failure}")
+            elif self._closed.is_set() and not isinstance(e, InaggError):   # close() aborted it
+                e = self._closed_error()
             req.future.set_exception(e)
+
+    def _closed_error(self) -> InaggError:
+        return InaggError(f"job {self.job_id} rank {self.rank}: the communicator was closed before this call ended")
 
     def _request(self, tensor, op) -> _Request:
         import torch
@@ -393,9 +406,14 @@ class Communicator:
         return s
 
     def close(self, leave: bool = True) -> None:
-        """Stop the I/O thread; rank 0 ends the job at the controller when ``leave``."""
-        self._queue.put(None)
+        """Stop the communicator; rank 0 ends the job at the controller when ``leave``. A call
+        still running or queued fails at once (its stream is aborted). Returns when its threads
+        have ended: at interpreter exit, a thread still inside a native call (which releases
+        the GIL) aborts the process when it takes the GIL back, and one writing a log line can
+        too; and the sockets close only once no call can use them."""
         self._closed.set()
+        self.stream.abort()
+        self._queue.put(None)
         self._grant_stream.cancel()
         if leave:  # rank 0 ends the job; any other rank says it is done (no longer watched)
             try:
@@ -405,6 +423,19 @@ class Communicator:
                 log.log(logging.WARNING if self.rank == 0 else logging.INFO,
                         "job %d rank %d: could not leave at the controller (%s); its lease expires "
                         "instead", self.job_id, self.rank, e)
+        self._join(self._io_thread)
         for transport in self._transports.values():
             transport.close()
-        self.client.close()
+        self.client.close()   # ends a heartbeat in flight
+        for thread in self._threads:
+            self._join(thread)
+
+    def _join(self, thread: threading.Thread, timeout: float = 10.0) -> None:
+        """Wait for one of this communicator's threads to end (not when close() runs on it: a
+        future's callback on the I/O thread); one that outlives ``timeout`` is logged."""
+        if thread is threading.current_thread():
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("job %d rank %d: thread %s still running %.0fs after close()", self.job_id, self.rank,
+                        thread.name, timeout)

@@ -15,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 
-from hostlib.errors import InaggSetupError
+from hostlib.backend import InaggProcessGroup
+from hostlib.errors import InaggError, InaggSetupError
 from hostlib.local import find_endpoint
 from hostlib.path_choice import PathChooser
+from test_training import on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -115,6 +118,40 @@ def test_inagg_up_serves_jobs_named_by_inagg_controller(tmp_path):
     assert not Path(controller[len("unix:"):]).exists()
     status = subprocess.run(cli + ["status"], env=env, capture_output=True, text=True, timeout=60)
     assert status.returncode == 1 and "no local deployment" in status.stdout
+
+
+def _gloo_workers() -> set[int]:
+    """This process's gloo worker threads (those that run a group's calls), by kernel thread id.
+    (A device's TCP loop thread may outlive its group; it never takes the GIL.)"""
+    return {int(t) for t in os.listdir("/proc/self/task")
+            if Path(f"/proc/self/task/{t}/comm").read_text().strip() == "pt_gloo_runloop"}
+
+
+def test_shutdown_ends_the_inner_gloo_group_and_the_communicators_threads(tmp_path, monkeypatch):
+    """After shutdown (destroy_process_group) no thread of the group is left for interpreter exit:
+    a gloo worker letting go of a Python tensor then, or a communicator thread returning from a
+    native call, aborts the process (SIGABRT). Two ranks in this process, rank 0 bringing up the
+    local deployment."""
+    for name in ("INAGG_CONTROLLER", "INAGG_ALLREDUCE_PATH", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    gloo_before, before = _gloo_workers(), set(threading.enumerate())
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    groups = on_ranks(lambda r: InaggProcessGroup(store, r, 2, timedelta(seconds=60)), 2)
+    assert _gloo_workers() - gloo_before
+
+    def use(r):
+        t = torch.full((1000,), r + 1.0)
+        groups[r].allreduce([t]).wait()               # inagg, host or gloo: the chooser's pick
+        groups[r].broadcast([t], dist.BroadcastOptions()).wait()   # gloo
+        return t.tolist()
+
+    assert on_ranks(use, 2) == [[3.0] * 1000] * 2
+    on_ranks(lambda r: groups[r].shutdown(), 2)
+    assert not _gloo_workers() - gloo_before
+    assert not [t.name for t in set(threading.enumerate()) - before
+                if t.name.startswith("inagg-") and t.name != "inagg-complete"]
+    with pytest.raises(InaggError, match="shut down"):
+        groups[0].broadcast([torch.ones(1)], dist.BroadcastOptions())
 
 
 def _children(pid: int) -> list[int]:

@@ -9,12 +9,14 @@ import tempfile
 import threading
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from bmv2_env.loopback import LoopbackDeployment
 from controller.client import ControllerClient
 from hostlib.communicator import Communicator
+from hostlib.errors import InaggError
 from test_training import on_ranks
 
 RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")
@@ -122,3 +124,23 @@ def test_restarted_switch_is_reprogrammed_and_the_job_finishes_exact():
         finally:
             for r in ranks:
                 r.stop()
+
+
+def test_close_fails_the_call_in_flight_and_ends_every_thread():
+    """close() on a rank whose call waits for a peer that never joins it: by the time close()
+    returns the call has failed as closed (not after the stall timeout), and none of the
+    communicators' threads is left (one still inside a native call when the interpreter exits
+    aborts the process)."""
+    before = set(threading.enumerate())
+    with LoopbackDeployment(2) as dep:
+        comms = in_process_job(dep, [0, 1])
+        assert allreduce_all(comms) == [[2.0] * 500] * 2
+        pending = comms[0].allreduce_async(torch.ones(500))   # rank 1 never makes this call
+        for c in comms:
+            c.close()
+        assert pending.done()
+        with pytest.raises(InaggError, match="rank 0: the communicator was closed before this call ended"):
+            pending.wait()
+        with pytest.raises(InaggError, match="closed"):
+            comms[1].allreduce(torch.ones(10))
+    assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("inagg-")]
