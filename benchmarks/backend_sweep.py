@@ -88,10 +88,9 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
     gloo = dist.new_group(backend="gloo")
     barrier = dist.new_group(backend="gloo")   # neither measured group (module docstring)
     groups = {"inagg": inagg, "gloo": gloo}
-    settle = torch.ones(1)
     for _ in range(_SETTLE_CALLS):   # both groups past the job's start-up transient
         for g in groups.values():
-            timed(settle, g)
+            timed(torch.ones(1), g)   # a fresh one: summed in place 100 times it overflowed at 4 workers
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
