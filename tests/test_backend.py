@@ -568,32 +568,14 @@ def inagg_groups():
     store = dist.HashStore()
     groups = [None, None]
     try:
-        on_each_rank(lambda r: groups.__setitem__(r, InaggProcessGroup(store, r, 2, timedelta(seconds=60))))
+        on_ranks(lambda r: groups.__setitem__(r, InaggProcessGroup(store, r, 2, timedelta(seconds=60))), 2, 120)
     finally:
         if saved is None:
             os.environ.pop(PATH_ENV)
         else:
             os.environ[PATH_ENV] = saved
     yield groups
-    on_each_rank(lambda r: groups[r].shutdown())
-
-
-def on_each_rank(call, n: int = 2) -> list:
-    """``call(rank)`` on a thread per rank; each rank's result, or the exception it raised."""
-    out: list = [None] * n
-
-    def run(r: int) -> None:
-        try:
-            out[r] = call(r)
-        except Exception as e:  # noqa: BLE001 - returned for the test to inspect
-            out[r] = e
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return out
+    on_ranks(lambda r: groups[r].shutdown(), 2, 120)
 
 
 @pytest.mark.parametrize("elements", [3, 64 << 10])   # run on the caller's thread; queued
@@ -606,10 +588,10 @@ def test_a_failed_inagg_call_raises_on_every_rank_from_wait_and_future(inagg_gro
         return torch.full((elements,), float("inf") if r == 0 else 1.0)
 
     for finish in (lambda w: w.wait(), lambda w: w.get_future().wait()):
-        errors = on_each_rank(lambda r: finish(inagg_groups[r].allreduce([poisoned(r)])))
+        errors = on_ranks(lambda r: finish(inagg_groups[r].allreduce([poisoned(r)])), 2, 120, return_errors=True)
         assert all(isinstance(e, FloatingPointError) and "inf/NaN" in str(e) for e in errors), errors
     # the calls after it are exact
-    out = on_each_rank(lambda r: inagg_groups[r].allreduce([torch.full((elements,), r + 1.0)]).get_future().wait())
+    out = on_ranks(lambda r: inagg_groups[r].allreduce([torch.full((elements,), r + 1.0)]).get_future().wait(), 2, 120)
     assert all(t[0].eq(3.0).all() for t in out)
 
 
@@ -631,7 +613,7 @@ def test_a_callback_on_an_inagg_call_may_make_another_call(inagg_groups):
         thread, values = work.get_future().then(then).wait()
         return completed, thread, values
 
-    small = on_each_rank(lambda r: (nested(r, 3), threading.current_thread().name))
+    small = on_ranks(lambda r: (nested(r, 3), threading.current_thread().name), 2, 120)
     assert all(done and thread == caller and values == [5.0, 5.0] for (done, thread, values), caller in small)
-    large = on_each_rank(lambda r: nested(r, 64 << 10))
+    large = on_ranks(lambda r: nested(r, 64 << 10), 2, 120)
     assert all(thread == "inagg-complete" and values == [5.0, 5.0] for _, thread, values in large)

@@ -40,14 +40,16 @@ def test_grant_switch_over_mid_training_loses_nothing(gloo_run):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
-def on_ranks(fn, n, timeout=60):
-    """Run ``fn(rank)`` for every rank at once (ranks block on each other); their results."""
+def on_ranks(fn, n, timeout=60, *, return_errors=False):
+    """Run ``fn(rank)`` for every rank at once (ranks block on each other); their results. A
+    rank's exception fails the test, or with ``return_errors`` stands in for its result."""
     out, errors = [None] * n, []
 
     def run(r):
         try:
             out[r] = fn(r)
         except Exception as e:  # noqa: BLE001 - reported below
+            out[r] = e
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
@@ -55,7 +57,7 @@ def on_ranks(fn, n, timeout=60):
         t.start()
     for t in threads:
         t.join(timeout)
-    assert not errors, errors
+    assert return_errors or not errors, errors
     return out
 
 
