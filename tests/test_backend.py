@@ -123,8 +123,15 @@ def test_inagg_up_serves_jobs_named_by_inagg_controller(tmp_path):
 def _gloo_workers() -> set[int]:
     """This process's gloo worker threads (those that run a group's calls), by kernel thread id.
     (A device's TCP loop thread may outlive its group; it never takes the GIL.)"""
-    return {int(t) for t in os.listdir("/proc/self/task")
-            if Path(f"/proc/self/task/{t}/comm").read_text().strip() == "pt_gloo_runloop"}
+    return {int(t) for t in os.listdir("/proc/self/task") if _thread_name(t) == "pt_gloo_runloop"}
+
+
+def _thread_name(tid: str) -> str:
+    """A thread's kernel name; '' for one that ended since /proc/self/task was listed."""
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def test_shutdown_ends_the_inner_gloo_group_and_the_communicators_threads(tmp_path, monkeypatch):
