@@ -263,7 +263,8 @@ class InaggProcessGroup(dist.ProcessGroup):
             if t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
                 self._run_left -= 1
                 self._run_taken += 1
-                return self._gloo.allreduce(tensors, opts)
+                work = self._last_work["gloo"] = self._gloo.allreduce(tensors, opts)   # for ``_start``'s idle
+                return work
         return self._allreduce(tensors, opts if opts is not None else dist.AllreduceOptions())
 
     def _allreduce(self, tensors: list[torch.Tensor], opts) -> dist.Work:
