@@ -363,9 +363,8 @@ class PathChooser:
         made the backend 1.2x plain gloo)."""
         c = size_class(nbytes)
         entry = self._best.get(nbytes)
-        path = self.forced or (entry[0] if entry is not None else None)
-        if (entry is None or entry[2] or path is None or entry[1] >= self.measure_from_seconds
-                or self.timings[path].filling(c) or c in self._confirming):
+        if (entry is None or entry[2] or entry[1] >= self.measure_from_seconds
+                or self.timings[self.forced or entry[0]].filling(c) or c in self._confirming):
             return 0
         to_sample = self.sample_every - 1 - self.calls % self.sample_every
         return max(0, min(to_sample, self._next_agreement - self.calls - 1))
