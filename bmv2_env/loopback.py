@@ -12,8 +12,8 @@ tofino.bin + context.json device config, front-panel ports mapped to device port
 so the controller's Tofino path and grants carrying the Tofino K are tested without the chip.
 
 ``p4info`` names the P4Info the controller pushes to the software switch instead of the target's
-own (the software target's large K): BMv2's ``p4/inagg.p4info.txtpb`` runs it at K = 64, as a
-hardware switch would aggregate."""
+own (the software target's large K): BMv2's P4Info (``default_program("bmv2")``) runs it at K = 64,
+as a hardware switch would aggregate."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from controller.config import DEFAULT_ARTIFACTS
+from controller.config import default_program
 from controller.credentials import ADMIN_TOKEN_ENV
 from hostlib.grant import HOST_AGGREGATOR_PORT
 from hostlib.protocol import UDP_PORT
@@ -39,6 +39,8 @@ from hostlib.protocol import UDP_PORT
 from .soft_switch import udp_host_mac
 from .testbed import stop_processes
 
+# The folder holding the packages (a checkout, or site-packages): the services' working
+# directory, so that their `python -m` imports the same inagg as this process.
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -137,7 +139,7 @@ class LoopbackDeployment:
                     "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
                               for r in range(self.n_hosts)}}
                 if self.p4info is not None:
-                    switch["p4info"] = str(ROOT / self.p4info)
+                    switch["p4info"] = str(Path(self.p4info).resolve())
                 if self.target == "tofino":
                     switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
                 switches.append(switch)
@@ -160,7 +162,7 @@ class LoopbackDeployment:
     def start_switch(self) -> None:
         ports = [a for r in range(self.n_hosts)
                  for a in ("-i", f"{self.device_port(r)}@udp:{self.worker_ip(r)}")]
-        p4info = ROOT / DEFAULT_ARTIFACTS[self.target]["p4info"]
+        p4info = default_program(self.target).p4info_path
         self.switch_proc = self._start(
             "switch", [sys.executable, "-m", "bmv2_env.soft_switch", *ports, "--udp-bind", self.switch_ip,
                        "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",

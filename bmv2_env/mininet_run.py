@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from controller.config import DEFAULT_ARTIFACTS
+from controller.config import default_program
 from controller.credentials import ADMIN_TOKEN_FILE_ENV, write_token
 from hostlib import add_version_flag
 from hostlib.grant import ETHERNET_MTU, HOST_AGGREGATOR_PORT, values_for_mtu
@@ -142,7 +142,7 @@ def program_files_for(dataplane: str, p4info: Path | None = None, bmv2_json: Pat
     The software data plane runs the committed program only (its pipeline is Python), here at
     BMv2's K: the software target's own K makes datagrams larger than the veth links' MTU."""
     if dataplane == "soft":
-        return {"p4info": str(ROOT / DEFAULT_ARTIFACTS["bmv2"]["p4info"])}
+        return {"p4info": str(default_program("bmv2").p4info_path)}
     return {key: str(path.resolve()) for key, path in (("p4info", p4info), ("bmv2_json", bmv2_json)) if path}
 
 
@@ -426,7 +426,7 @@ def stop_leftovers(run_id: str | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inagg-mininet", description=__doc__.split("\n\n")[0])
     add_version_flag(p)
-    p.add_argument("--topo", type=Path, default=ROOT / "bmv2_env/topologies/single_switch.json")
+    p.add_argument("--topo", type=Path, default=Path(__file__).parent / "topologies/single_switch.json")
     p.add_argument("--dataplane", choices=["auto", "bmv2", "soft"], default="auto")
     p.add_argument("--epochs", type=int, help="the first job's epochs; the others scale alike")
     p.add_argument("--transport", choices=["udp", "roce"],

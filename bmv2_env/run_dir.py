@@ -1,11 +1,13 @@
 """One emulation run's directory and its record of what it started, so that runs of this and
 other checkouts can share a machine and ``make stop`` touches only its own.
 
-Each run gets a short random id and ``build/emulation/<id>/``: logs, pcaps, the controller's
-socket, config and database, the admin token, and ``run.json``, which lists every process the run
-started (PID and kernel start time, so a recycled PID is never signalled) and every interface it
-created in the root namespace (named ``<id><switch>-eth<port>``, unique per run). ``stop_run``
-signals exactly those processes and deletes exactly those interfaces; nothing is found by pattern.
+Each run gets a short random id and a directory ``<id>/`` in RUNS_DIR (a checkout's
+``build/emulation``; installed from a wheel, ``emulation`` in ``inagg up``'s state folder): logs,
+pcaps, the controller's socket, config and database, the admin token, and ``run.json``, which
+lists every process the run started (PID and kernel start time, so a recycled PID is never
+signalled) and every interface it created in the root namespace (named
+``<id><switch>-eth<port>``, unique per run). ``stop_run`` signals exactly those processes and
+deletes exactly those interfaces; nothing is found by pattern.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from .services import default_state_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-RUNS_DIR = ROOT / "build" / "emulation"
+# where `make run`/`make stop`/`make ctl` look in a checkout; an installed wheel's ROOT is
+# site-packages, which is no place for logs and sockets
+RUNS_DIR = ROOT / "build" / "emulation" if (ROOT / "pyproject.toml").is_file() else default_state_dir() / "emulation"
 MAX_IFNAME = 15          # Linux IFNAMSIZ - 1
 _ID_CHARS = string.ascii_lowercase + string.digits
 

@@ -188,7 +188,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
     p.add_argument("--udp-bind", metavar="IP", help="switch address for udp: ports (loopback mode)")
     p.add_argument("--p4info", metavar="PATH",
-                   help="the P4Info of the program this data plane runs (default: p4/inagg's; "
+                   help="the P4Info of the program this data plane runs (default: p4/soft/inagg's; "
                         "p4/tofino/tofino/inagg.p4info.txtpb makes a Tofino-shaped switch)")
     p.add_argument("--engine", choices=("native", "python"), default="native",
                    help="the pipeline: C++ on its own packet-loop thread (default), or the "
@@ -318,16 +318,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    default = default_program("soft")
-    program = P4Info.load(args.p4info) if args.p4info else default.p4info
     per_frame = args.engine == "python" or args.log_console
     loop = None if per_frame else _native.SwitchLoop()
-    if args.config and Path(args.config).read_bytes() != default.device_config():
-        print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
-              f"({default.files['bmv2_json']})", file=sys.stderr)
-        return 2
     pcaps: dict[tuple[int, str], PcapWriter] = {}
     try:
+        default = default_program("soft")   # a wheel's or a checkout's p4/, else an OSError naming both
+        program = P4Info.load(args.p4info) if args.p4info else default.p4info
+        if args.config and Path(args.config).read_bytes() != default.device_config():
+            print(f"inagg-soft-switch: {args.config} is not the committed inagg program "
+                  f"({default.files['bmv2_json']})", file=sys.stderr)
+            return 2
         attach = attach_ports(args)
         state = SoftSwitchState(args.device_id, program, pipeline_factory(args.engine, loop),
                                 max_values_per_packet(attach))

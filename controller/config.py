@@ -22,9 +22,10 @@ Example in JSON (bmv2_env/topologies/ ships real ones)::
 
 Each switch names its ``target`` (bmv2, soft, tofino; default bmv2) and may name its program's
 artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context``); the shipped
-builds in p4/ are the defaults. A Tofino switch maps the front-panel ports its hosts use to
+builds in p4/ are the defaults (controller/artifacts.py finds them in a checkout or a wheel). A Tofino switch maps the front-panel ports its hosts use to
 device ports (``"device_ports": {"1": 128, ...}``, docs/tofino.md), every used port mapped.
-Relative paths are relative to the config file.
+Relative paths are relative to the config file (to the working directory for a config given as
+a dict).
 """
 
 from __future__ import annotations
@@ -41,18 +42,18 @@ except ModuleNotFoundError:   # Python 3.10: the same parser from PyPI (inagg[co
 
 from hostlib.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
+from .artifacts import artifact
 from .credentials import load_token
 from .program import DEVICE_FILES, TARGETS, Program
 
-REPO = Path(__file__).resolve().parents[1]
-# The programs this repository builds, by target (a config may name others).
+# The programs this repository builds, by target (a config may name others), relative to p4/.
 DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
-    "bmv2": {"p4info": "p4/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
+    "bmv2": {"p4info": "inagg.p4info.txtpb", "bmv2_json": "inagg.json"},
     # the BMv2 program at the software target's own K (tools/soft_p4info.py, make build)
-    "soft": {"p4info": "p4/soft/inagg.p4info.txtpb", "bmv2_json": "p4/inagg.json"},
-    "tofino": {"p4info": "p4/tofino/tofino/inagg.p4info.txtpb",
-               "binary": "p4/tofino/tofino/tofino.bin.gz",
-               "context": "p4/tofino/tofino/context.json.gz"},
+    "soft": {"p4info": "soft/inagg.p4info.txtpb", "bmv2_json": "inagg.json"},
+    "tofino": {"p4info": "tofino/tofino/inagg.p4info.txtpb",
+               "binary": "tofino/tofino/tofino.bin.gz",
+               "context": "tofino/tofino/context.json.gz"},
 }
 
 
@@ -123,7 +124,7 @@ def parse_program(s: dict, where: str, base: Path | None) -> Program:
     paths = {}
     for key, default in DEFAULT_ARTIFACTS[target].items():
         given = s.get(key)
-        paths[key] = (base or REPO) / given if given is not None else REPO / default
+        paths[key] = (base or Path()) / given if given is not None else artifact(default)
     stray = set(k for keys in DEVICE_FILES.values() for k in keys) - set(DEVICE_FILES[target])
     if stray & set(s):
         raise ValueError(f"{where}: {sorted(stray & set(s))} do not belong to a {target} program")
@@ -134,7 +135,8 @@ def parse_program(s: dict, where: str, base: Path | None) -> Program:
 
 
 def default_program(target: str) -> Program:
-    """The program this repository builds for ``target`` (p4/, see DEFAULT_ARTIFACTS)."""
+    """The program this repository builds for ``target`` (p4/, see DEFAULT_ARTIFACTS); raises
+    FileNotFoundError naming the missing folder when neither a checkout's nor a wheel's is there."""
     return parse_program({"target": target}, target, None)
 
 

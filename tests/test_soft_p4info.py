@@ -3,7 +3,7 @@ P4Info at the software target's own K, regenerated from the committed one."""
 
 import pytest
 
-from controller.config import DEFAULT_ARTIFACTS, REPO, default_program
+from controller.config import default_program
 from controller.p4info import P4Info, same_p4info, same_program
 from hostlib.protocol import SWITCH_VALUES_PER_PACKET
 from tools.soft_p4info import main, soft_p4info_text
@@ -12,7 +12,7 @@ from tools.soft_p4info import main, soft_p4info_text
 def test_the_committed_soft_p4info_is_current():
     """Fails when p4/inagg.p4info.txtpb changed and `make build` was not rerun."""
     soft = default_program("soft")
-    source = (REPO / DEFAULT_ARTIFACTS["bmv2"]["p4info"]).read_text()
+    source = default_program("bmv2").p4info_path.read_text()
     assert soft.p4info_path.read_text() == soft_p4info_text(source, soft.p4info.values_per_packet)
 
 
@@ -25,7 +25,7 @@ def test_it_is_the_bmv2_program_at_another_k():
 
 def test_generation(tmp_path):
     out = tmp_path / "soft" / "p4info.txtpb"
-    assert main(["--source", str(REPO / DEFAULT_ARTIFACTS["bmv2"]["p4info"]), "--values-per-packet", "300",
+    assert main(["--source", str(default_program("bmv2").p4info_path), "--values-per-packet", "300",
                  "--out", str(out)]) == 0
     assert P4Info.load(out).values_per_packet == 300
     with pytest.raises(ValueError, match="must be >= 1"):

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from bmv2_env.loopback import LoopbackDeployment
-from controller.config import DEFAULT_ARTIFACTS
+from controller.config import default_program
 from controller.client import ControllerClient, ControllerError
 from hostlib.communicator import Communicator, ReduceOp
 from hostlib.train_demo import TrainConfig, train
@@ -121,7 +121,7 @@ def test_bad_input_gives_clear_errors():
 def test_artopk_hook_trains_with_far_fewer_bytes():
     """Bytes at a hardware switch's K (BMv2's 64): at the software target's 4096 this model's
     whole gradient is three packets, so a sparse one cannot be ten times fewer bytes."""
-    bmv2_p4info = DEFAULT_ARTIFACTS["bmv2"]["p4info"]
+    bmv2_p4info = default_program("bmv2").p4info_path
     with LoopbackDeployment(2, p4info=bmv2_p4info) as dep:
         dense = train(TrainConfig(workers=2, epochs=2, hook="inagg"), dep.controller, bind_ips=dep.worker_ips)
     with LoopbackDeployment(2, p4info=bmv2_p4info) as dep:
