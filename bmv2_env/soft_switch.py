@@ -114,6 +114,7 @@ class PortCaptures:
 
 
 def now_usec() -> int:
+    """The pcap time of a frame the Python loop handles now: microseconds since the epoch."""
     return time.time_ns() // 1000
 
 
@@ -201,6 +202,7 @@ class UdpPorts:
 
 
 def positive_int(text: str) -> int:
+    """An argparse type: a size of which 0 would mean nothing at all (a capture queue of none)."""
     if not text.isdigit() or int(text) == 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(text)
@@ -332,10 +334,10 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
                                [(ipv4(ip), port) for port, ip in a.peers.items()])
         else:
             loop.add_raw_port(a.sock.fileno(), a.port)
-    drained = threading.Event()
+    writer_done = threading.Event()
     writer = None
     if captures is not None:
-        writer = threading.Thread(target=drain_captures, args=(loop, captures, drained),
+        writer = threading.Thread(target=drain_captures, args=(loop, captures, writer_done),
                                   name="pcap-writer", daemon=True)
         writer.start()
     loop.start()
@@ -344,7 +346,7 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
     failed = not loop.running and not stop.is_set()
     loop.stop()
     if writer is not None:
-        drained.set()
+        writer_done.set()
         writer.join()
         write_captures(loop, captures)   # what the loop captured since the last drain
     stats = loop.stats()
