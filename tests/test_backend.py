@@ -4,12 +4,15 @@ hand; ``inagg up/status/down``; the path choice agreeing across ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
+import weakref
 from datetime import timedelta
 from pathlib import Path
 
@@ -562,16 +565,16 @@ def test_the_commented_example_controller_config_loads():
     assert config.metrics_listen == "127.0.0.1:9464" and config.switches[0].program.target == "bmv2"
 
 
-@pytest.fixture(scope="module")
-def inagg_groups():
+@contextlib.contextmanager
+def groups_on(path: str):
     """Two ranks' inagg process groups in one process (a thread each), every eligible call
-    pinned to the inagg path, on a local deployment of their own."""
+    pinned to ``path``, on a local deployment of their own."""
     import torch  # noqa: F401 - torch.distributed's Store types need torch loaded
 
     from hostlib.backend import PATH_ENV, InaggProcessGroup
 
     saved = os.environ.get(PATH_ENV)
-    os.environ[PATH_ENV] = "inagg"
+    os.environ[PATH_ENV] = path
     store = dist.HashStore()
     groups = [None, None]
     try:
@@ -581,8 +584,44 @@ def inagg_groups():
             os.environ.pop(PATH_ENV)
         else:
             os.environ[PATH_ENV] = saved
-    yield groups
-    on_ranks(lambda r: groups[r].shutdown(), 2, 120)
+    try:
+        yield groups
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2, 120)
+
+
+@pytest.fixture(scope="module")
+def inagg_groups():
+    """Two ranks' groups, every eligible call on the inagg path."""
+    with groups_on("inagg") as groups:
+        yield groups
+
+
+@pytest.mark.parametrize("path", ["gloo", "inagg"])
+def test_the_backend_keeps_no_callers_tensor_after_its_call(path):
+    """Before: each path's latest Work was held until the next call, and with it the caller's
+    tensor: memory the caller had let go of, freed inside its next timed call."""
+    import torch
+
+    def calls(groups, r: int, elements: int) -> list[bool]:
+        alive = []
+        for _ in range(40):   # the gloo path's fast runs included
+            x = torch.ones(elements)
+            ref = weakref.ref(x)
+            groups[r].allreduce([x]).wait()
+            del x
+            alive.append(not gone(ref))
+        return alive
+
+    def gone(ref: weakref.ref) -> bool:
+        deadline = time.monotonic() + 1   # gloo's thread lets go of its Work just after the wake-up
+        while ref() is not None and time.monotonic() < deadline:
+            time.sleep(1e-3)
+        return ref() is None
+
+    with groups_on(path) as groups:
+        for elements in (3, 64 << 10):
+            assert not any(any(a) for a in on_ranks(lambda r: calls(groups, r, elements), 2, 120))
 
 
 @pytest.mark.parametrize("elements", [3, 64 << 10])   # run on the caller's thread; queued
