@@ -8,7 +8,8 @@ Each worker count is one torch.distributed job of real processes (env://, no con
 rank 0 brings up the local deployment, as ``torchrun`` users get it) with two process groups:
 the default one on ``inagg`` and a ``gloo`` group. For each size both groups first make ``_WARMUP_CALLS`` untimed calls
 (the backend probes every path at a new size, a one-time cost a training job pays once per
-bucket size), then allreduce the same float32 tensor, interleaved: each repetition makes two
+bucket size), then allreduce a fresh copy of one float32 tensor, interleaved, for about ``--seconds``
+per system (the repetitions follow from gloo's warm-up calls): each repetition makes two
 calls of each, in the order ABBA (BAAB in the next), so each system is first and last after
 another's call equally often; each call after a barrier on a third gloo group; a call's time is
 the slowest rank's. The barrier's group
@@ -55,15 +56,13 @@ _SETTLE_CALLS = 50   # untimed calls on each group before the first size
 _WARMUP_CALLS = 12
 
 
-def reps_for(nbytes: int, reps: int) -> int:
-    """More repetitions where calls are short (the load's noise is largest relative to them: a
-    4 B call took 0.2 to 4 ms at load 8), fewer for the largest sizes (a 64 MiB call takes up to
-    a second on 2 cores). Each repetition is four calls (ABBA)."""
-    if nbytes >= 16 << 20:
-        return max(5, reps // 2)
-    if nbytes < 64 << 10:
-        return 6 * reps
-    return 2 * reps if nbytes < 1 << 20 else reps
+def reps_for(call_seconds: float, budget: float, fewest: int, most: int) -> int:
+    """Repetitions for a size whose calls take ``call_seconds``: enough to spend about
+    ``budget`` seconds on each system (each repetition makes two calls of each), within
+    [``fewest``, ``most``]. A fixed count was too few where calls are short next to the
+    machine's noise: nine repetitions of 2 workers / 4 MiB calls (4-27 ms each at load 0.4)
+    read 0.6x and 1.3x in two runs."""
+    return max(fewest, min(most, round(budget / (2 * call_seconds))))
 
 
 def timed(tensor, group) -> float:
@@ -74,7 +73,7 @@ def timed(tensor, group) -> float:
     return time.perf_counter() - t0
 
 
-def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out) -> None:
+def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: tuple[float, int, int], out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n))
     import torch
@@ -94,12 +93,15 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        gloo_warm = []
         for _ in range(_WARMUP_CALLS):  # warm-up: buffers, connections, the backend's probes
-            for g in groups.values():
-                timed(x.clone(), g)
+            timed(x.clone(), inagg)
+            gloo_warm.append(timed(x.clone(), gloo))
+        call = torch.tensor([statistics.median(gloo_warm)], dtype=torch.float64)
+        dist.all_reduce(call, op=dist.ReduceOp.MAX, group=barrier)   # every rank the same count
         before = dict(inagg.stats()["allreduce_paths"])
         times = {name: [] for name in groups}
-        for rep in range(reps_for(nbytes, reps)):
+        for rep in range(reps_for(call.item(), *reps)):
             a, b = list(groups) if rep % 2 == 0 else list(groups)[::-1]
             for name in (a, b, b, a):
                 dist.barrier(group=barrier)
@@ -120,7 +122,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(n: int, sizes: tuple[int, ...], reps: int) -> list[dict]:
+def run_job(n: int, sizes: tuple[int, ...], reps: tuple[float, int, int]) -> list[dict]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
@@ -177,11 +179,17 @@ def plot(rows: list[dict], path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--reps", type=int, default=9,
-                   help="repetitions per size (ABBA: 4 calls each; 6x below 64 KiB, 2x below 1 MiB, half from 16 MiB)")
-    p.add_argument("--quick", action="store_true", help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, 5 reps")
+    p.add_argument("--seconds", type=float, default=3.0,
+                   help="time to spend on each system per size (the repetitions follow from gloo's warm-up calls)")
+    p.add_argument("--min-reps", type=int, default=7, help="fewest repetitions per size (ABBA: 4 calls each)")
+    p.add_argument("--max-reps", type=int, default=150, help="most repetitions per size")
+    p.add_argument("--quick", action="store_true",
+                   help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, a sixth of the time")
     args = p.parse_args(argv)
-    sizes, reps = (QUICK_SIZES, min(args.reps, 5)) if args.quick else (FULL_SIZES, args.reps)
+    sizes, seconds = (QUICK_SIZES, args.seconds / 6) if args.quick else (FULL_SIZES, args.seconds)
+    if not (seconds > 0 and 1 <= args.min_reps <= args.max_reps):
+        p.error("--seconds must be > 0 and 1 <= --min-reps <= --max-reps")
+    reps = (seconds, args.min_reps, args.max_reps)
     for k in [k for k in os.environ if k.startswith("INAGG_")]:
         del os.environ[k]   # the backend's zero-setup default, automatic path choice
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -413,6 +413,34 @@ def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
     assert max(inagg_runs) <= 1 + 5 + 1           # ... only until inagg's own calls were agreed on
 
 
+def test_a_path_that_got_slower_is_left_within_one_agreement_period():
+    """The bandwidth-flip run's steps: 256 KiB, 64 KiB and 4 B per step, gloo faster until its
+    link is throttled (40x slower), inagg unchanged. The first slow sample of the 256 KiB class
+    (one in 32 calls: every 32 steps) is seen at the next scheduled agreement (every 128
+    calls, 43 steps), the class's next 5 calls are all timed, then the ranks agree again: the
+    calls leave gloo within 32 + 43 + 5 + 1 steps of the throttle, whenever it comes. Before,
+    the median waited for three slow samples: 102-153 steps."""
+    def took(path: str, nbytes: int, throttled: bool) -> float:
+        if path == "gloo":
+            return (0.2 if throttled else 0.005) * nbytes / (256 << 10) + 1e-4
+        return 0.03 * nbytes / (256 << 10) + 1e-3
+
+    def steps_to_leave_gloo(throttle_at: int) -> int:
+        c = PathChooser(lambda v: v, ("inagg", "gloo"), agree_every=128)
+        for step in range(throttle_at + 1000):
+            for nbytes in (256 << 10, 64 << 10, 4):
+                path, measure = c.choose(nbytes)
+                if measure:
+                    c.observe(path, nbytes, took(path, nbytes, step >= throttle_at))
+                chosen = path == "inagg" and not c.history()[-1]["explored"]
+                if nbytes == 256 << 10 and step >= throttle_at and chosen:
+                    return step - throttle_at
+        raise AssertionError("the calls never left the throttled path")
+
+    steps = [steps_to_leave_gloo(t) for t in range(1000, 1100, 7)]
+    assert max(steps) <= 32 + 43 + 5 + 1, steps
+
+
 def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
     """A failed AR-Topk step completes every bucket's future with InaggHookError (before: the
     exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
