@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0,
                    help="time to spend on each system per size (the repetitions follow from gloo's warm-up calls)")
     p.add_argument("--min-reps", type=int, default=7, help="fewest repetitions per size (ABBA: 4 calls each)")
-    p.add_argument("--max-reps", type=int, default=150, help="most repetitions per size")
+    p.add_argument("--max-reps", type=int, default=500, help="most repetitions per size")
     p.add_argument("--quick", action="store_true",
                    help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, a sixth of the time")
     args = p.parse_args(argv)

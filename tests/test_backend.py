@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
 
@@ -411,6 +413,17 @@ def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
     inagg_runs = [n for p, n in runs if p == "inagg"]
     assert max(inagg_runs) > 1                    # the lucky exploration did win calls ...
     assert max(inagg_runs) <= 1 + 5 + 1           # ... only until inagg's own calls were agreed on
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.floats(1e-6, 10.0), st.just(np.inf)), min_size=5, max_size=5),
+                min_size=1, max_size=24))
+def test_row_medians_are_each_rows_median_over_its_seen_calls(rows):
+    from hostlib.path_choice import row_medians
+
+    ring = np.array(rows)
+    expected = [np.median(r[np.isfinite(r)]) if np.isfinite(r).any() else np.inf for r in ring]
+    assert row_medians(ring).tolist() == expected
 
 
 def test_a_path_that_got_slower_is_left_within_one_agreement_period():
