@@ -8,7 +8,8 @@ Each worker count is one torch.distributed job of real processes (env://, no con
 rank 0 brings up the local deployment, as ``torchrun`` users get it) with two process groups:
 the default one on ``inagg`` and a ``gloo`` group. For each size both groups first make ``_WARMUP_CALLS`` untimed calls
 (the backend probes every path at a new size, a one-time cost a training job pays once per
-bucket size), then allreduce the same float32 tensor, interleaved: each repetition makes two
+bucket size), then allreduce a fresh copy of one float32 tensor, interleaved, for about ``--seconds``
+per system (the repetitions follow from gloo's warm-up calls): each repetition makes two
 calls of each, in the order ABBA (BAAB in the next), so each system is first and last after
 another's call equally often; each call after a barrier on a third gloo group; a call's time is
 the slowest rank's. The barrier's group
@@ -20,7 +21,9 @@ third group, 0.97). Per size: each system's median time, and
 repetition: its four calls run back to back, so the ratio cancels the load that other processes
 put on the shared machine, which moves both alike, and the ABBA order cancels the position (with
 one call of each per repetition in alternating order, an odd number of repetitions put one
-system first more often; ``ratio_of_medians`` is in the CSV too).
+system first more often; ``ratio_of_medians`` and ``ratio_of_means``, the total time's ratio, are
+printed and in the CSV too: where a system's call times are bimodal, as gloo's were at 2 workers
+/ 256 KiB (0.5 or 3 ms), the three differ).
 
 Writes benchmarks/results/backend_sweep.csv and backend_sweep.png (ratio per size and worker
 count; needs matplotlib), and prints the worst ratio, where it occurred and the machine's load.
@@ -44,7 +47,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FULL_SIZES = tuple(4 * 16 ** i for i in range(7))            # 4 B, 64 B, ..., 64 MiB
 QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
 PATHS = ("inagg", "host", "gloo")   # the backend's paths (hostlib.path_choice)
-FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_of_medians", "inagg_calls",
+FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_of_medians", "ratio_of_means", "inagg_calls",
           "host_calls", "gloo_calls", "load1")
 TARGET = 1.1
 _SETTLE_CALLS = 50   # untimed calls on each group before the first size
@@ -55,15 +58,13 @@ _SETTLE_CALLS = 50   # untimed calls on each group before the first size
 _WARMUP_CALLS = 12
 
 
-def reps_for(nbytes: int, reps: int) -> int:
-    """More repetitions where calls are short (the load's noise is largest relative to them: a
-    4 B call took 0.2 to 4 ms at load 8), fewer for the largest sizes (a 64 MiB call takes up to
-    a second on 2 cores). Each repetition is four calls (ABBA)."""
-    if nbytes >= 16 << 20:
-        return max(5, reps // 2)
-    if nbytes < 64 << 10:
-        return 6 * reps
-    return 2 * reps if nbytes < 1 << 20 else reps
+def reps_for(call_seconds: float, budget: float, fewest: int, most: int) -> int:
+    """Repetitions for a size whose calls take ``call_seconds``: enough to spend about
+    ``budget`` seconds on each system (each repetition makes two calls of each), within
+    [``fewest``, ``most``]. A fixed count was too few where calls are short next to the
+    machine's noise: nine repetitions of 2 workers / 4 MiB calls (4-27 ms each at load 0.4)
+    read 0.6x and 1.3x in two runs."""
+    return max(fewest, min(most, round(budget / (2 * call_seconds))))
 
 
 def timed(tensor, group) -> float:
@@ -74,7 +75,7 @@ def timed(tensor, group) -> float:
     return time.perf_counter() - t0
 
 
-def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out) -> None:
+def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: tuple[float, int, int], out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(n),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n))
     import torch
@@ -94,12 +95,15 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: int, out)
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        gloo_warm = []
         for _ in range(_WARMUP_CALLS):  # warm-up: buffers, connections, the backend's probes
-            for g in groups.values():
-                timed(x.clone(), g)
+            timed(x.clone(), inagg)
+            gloo_warm.append(timed(x.clone(), gloo))
+        call = torch.tensor([statistics.median(gloo_warm)], dtype=torch.float64)
+        dist.all_reduce(call, op=dist.ReduceOp.MAX, group=barrier)   # every rank the same count
         before = dict(inagg.stats()["allreduce_paths"])
         times = {name: [] for name in groups}
-        for rep in range(reps_for(nbytes, reps)):
+        for rep in range(reps_for(call.item(), *reps)):
             a, b = list(groups) if rep % 2 == 0 else list(groups)[::-1]
             for name in (a, b, b, a):
                 dist.barrier(group=barrier)
@@ -120,7 +124,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(n: int, sizes: tuple[int, ...], reps: int) -> list[dict]:
+def run_job(n: int, sizes: tuple[int, ...], reps: tuple[float, int, int]) -> list[dict]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
@@ -142,6 +146,7 @@ def run_job(n: int, sizes: tuple[int, ...], reps: int) -> list[dict]:
         paired = statistics.median(a / b for a, b in zip(per_rep["inagg"], per_rep["gloo"]))
         rows.append(dict(workers=n, bytes=nbytes, reps=len(per_rep["gloo"]), inagg_backend_s=med["inagg"],
                          gloo_s=med["gloo"], ratio=paired, ratio_of_medians=med["inagg"] / med["gloo"],
+                         ratio_of_means=sum(slowest["inagg"]) / sum(slowest["gloo"]),
                          **{f"{p}_calls": calls[p] for p in PATHS}, load1=round(load, 2)))
     return rows
 
@@ -177,22 +182,28 @@ def plot(rows: list[dict], path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--reps", type=int, default=9,
-                   help="repetitions per size (ABBA: 4 calls each; 6x below 64 KiB, 2x below 1 MiB, half from 16 MiB)")
-    p.add_argument("--quick", action="store_true", help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, 5 reps")
+    p.add_argument("--seconds", type=float, default=3.0,
+                   help="time to spend on each system per size (the repetitions follow from gloo's warm-up calls)")
+    p.add_argument("--min-reps", type=int, default=7, help="fewest repetitions per size (ABBA: 4 calls each)")
+    p.add_argument("--max-reps", type=int, default=500, help="most repetitions per size")
+    p.add_argument("--quick", action="store_true",
+                   help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, a sixth of the time")
     args = p.parse_args(argv)
-    sizes, reps = (QUICK_SIZES, min(args.reps, 5)) if args.quick else (FULL_SIZES, args.reps)
+    sizes, seconds = (QUICK_SIZES, args.seconds / 6) if args.quick else (FULL_SIZES, args.seconds)
+    if not (seconds > 0 and 1 <= args.min_reps <= args.max_reps):
+        p.error("--seconds must be > 0 and 1 <= --min-reps <= --max-reps")
+    reps = (seconds, args.min_reps, args.max_reps)
     for k in [k for k in os.environ if k.startswith("INAGG_")]:
         del os.environ[k]   # the backend's zero-setup default, automatic path choice
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6} {'of medians':>10}  "
+    print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6} {'of medians':>10} {'of means':>8}  "
           f"calls inagg/host/gloo  load")
     for n in args.workers:
         for r in run_job(n, sizes, reps):
             rows.append(r)
             print(f"{n:>7} {human(r['bytes']):>8} {r['inagg_backend_s'] * 1e3:>11.3f} ms {r['gloo_s'] * 1e3:>7.3f} ms "
-                  f"{r['ratio']:>6.2f} {r['ratio_of_medians']:>10.2f}  "
+                  f"{r['ratio']:>6.2f} {r['ratio_of_medians']:>10.2f} {r['ratio_of_means']:>8.2f}  "
                   f"{'/'.join(str(r[f'{p}_calls']) for p in PATHS):<16}"
                   f"        {r['load1']}", flush=True)
     with open(RESULTS / "backend_sweep.csv", "w", newline="") as f:

@@ -3,6 +3,7 @@
 Same command-line shape::
 
     inagg-soft-switch -i 1@veth1 -i 2@veth2 --device-id 0 [--log-console] [--pcap DIR]
+                      [--pcap-buffer KIB]
                       [--engine native|python] [--no-p4 | p4/inagg.json]
                       -- --grpc-server-addr 0.0.0.0:9559 [--cpu-port 255]
 
@@ -14,10 +15,17 @@ packet (a P4Info of a larger K is refused).
 
 ``--engine native`` (the default) runs the program in C++ (``bmv2_env.native_pipeline``, the
 tables the P4Runtime server writes mirrored into the core) on a packet-loop thread of its own
-that batches its system calls (recvmmsg/sendmmsg), writes the pcaps itself and never takes the
-GIL; with ``--log-console`` (a log line per frame) frames take a per-frame Python loop instead.
+that batches its system calls (recvmmsg/sendmmsg) and never takes the GIL; with
+``--log-console`` (a log line per frame) frames take a per-frame Python loop instead.
 ``--engine python`` runs ``bmv2_env.pipeline.SoftPipeline``, the reference (the program in
 Python, its slot logic being the shared aggregation engine), in that Python loop.
+
+``--pcap DIR`` writes <iface>_in.pcap / <iface>_out.pcap per port with scapy's writer
+(``PortCaptures``), whichever loop runs: the Python loop writes each frame as it goes; the
+native loop copies each captured frame (with its time) into a bounded queue that a Python thread
+drains every 50 ms and once at stop. When the writer falls behind and the queue
+(``--pcap-buffer``) is full, frames are left out of the capture, never held up: the count is in
+the loop's stats (``capture_dropped``) and a warning at stop.
 
 Loopback attachment (no root, no interfaces): ``--udp-bind 127.A.B.254`` listens on that address
 at the inagg UDP port, and ``-i N@udp:127.A.B.N`` makes the host 127.A.B.N port N. Datagrams
@@ -36,6 +44,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from pathlib import Path
 
 from scapy.data import DLT_EN10MB
@@ -73,19 +82,40 @@ RECV_BATCH = 32
 PORT_BUFFER_BYTES = 32 << 20
 
 
-class PcapWriter:
-    """One pcap (Ethernet) per port and direction, as BMv2 writes them, by scapy's writer;
-    flushed per frame so a capture is readable while the switch runs."""
+# How often the native loop's captured frames are written out (and flushed): a capture lags the
+# wire by about this much.
+CAPTURE_DRAIN_SECONDS = 0.05
 
-    def __init__(self, path: Path) -> None:
-        self.writer = RawPcapWriter(str(path), linktype=DLT_EN10MB, sync=True)
-        self.writer.write_header(None)    # a port that sees no traffic still gets a valid file
 
-    def write(self, frame: bytes) -> None:
-        self.writer.write(bytes(frame))
+class PortCaptures:
+    """The --pcap files of both packet loops, by scapy's writer: one pcap (Ethernet) per port
+    and direction, as BMv2 writes them, each valid from the start (a port that sees no traffic
+    still gets one) and flushed per batch, so a capture is readable while the switch runs."""
+
+    def __init__(self, paths: dict[int, dict[str, Path]]) -> None:
+        self.writers = {(port, d): RawPcapWriter(str(path), linktype=DLT_EN10MB)
+                        for port, by_direction in paths.items() for d, path in by_direction.items()}
+        for w in self.writers.values():
+            w.write_header(None)
+
+    def write(self, port: int, direction: str, usec: int, frame: bytes) -> None:
+        """One frame that entered (``"in"``) or left (``"out"``) ``port`` at ``usec``
+        (microseconds since the epoch)."""
+        self.writers[port, direction].write_packet(bytes(frame), sec=usec // 1_000_000,
+                                                   usec=usec % 1_000_000)
+
+    def flush(self) -> None:
+        for w in self.writers.values():
+            w.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        for w in self.writers.values():
+            w.close()
+
+
+def now_usec() -> int:
+    """The pcap time of a frame the Python loop handles now: microseconds since the epoch."""
+    return time.time_ns() // 1000
 
 
 def recv_batch(sock: socket.socket):
@@ -171,6 +201,13 @@ class UdpPorts:
         self.sock.sendto(frame[INAGG_AT: ETH + IP + length], (dst, dport))
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a size of which 0 would mean nothing at all (a capture queue of none)."""
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if "--" in argv:
         split = argv.index("--")
@@ -185,6 +222,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--log-console", action="store_true", help="log every packet to stderr")
     p.add_argument("--pcap", nargs="?", const=".", metavar="DIR",
                    help="write <iface>_in.pcap / <iface>_out.pcap per port into DIR")
+    p.add_argument("--pcap-buffer", type=positive_int, metavar="KIB",
+                   default=_native.SWITCH_LOOP_CAPTURE_BYTES >> 10,
+                   help="native engine: the captured frames waiting to be written, at most "
+                        "(beyond, frames are left out of the pcaps and counted; default %(default)s)")
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
     p.add_argument("--udp-bind", metavar="IP", help="switch address for udp: ports (loopback mode)")
     p.add_argument("--p4info", metavar="PATH",
@@ -266,32 +307,58 @@ def start_with(state: SoftSwitchState, program: P4Info) -> None:
 
 def pcap_paths(args: argparse.Namespace) -> dict[int, dict[str, Path]]:
     """Per port, <iface>_in.pcap and <iface>_out.pcap in the --pcap directory."""
-    if not args.pcap:
-        return {}
     return {port: {d: Path(args.pcap) / f"{iface.replace(':', '_')}_{d}.pcap" for d in ("in", "out")}
             for port, iface in args.ports.items()}
 
 
+def write_captures(loop: _native.SwitchLoop, captures: PortCaptures) -> None:
+    """Write out (and flush) what the packet loop captured since the last call."""
+    for port, direction, usec, frame in loop.take_captures():
+        captures.write(port, direction, usec, frame)
+    captures.flush()
+
+
+def drain_captures(loop: _native.SwitchLoop, captures: PortCaptures, done: threading.Event) -> None:
+    """The capture writer of the native loop: every CAPTURE_DRAIN_SECONDS until ``done``."""
+    while not done.wait(CAPTURE_DRAIN_SECONDS):
+        write_captures(loop, captures)
+
+
 def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPorts],
-                    stop: threading.Event) -> int:
-    """Hand the ports to the C++ packet loop and wait for a signal (or the loop's failure)."""
+                    captures: PortCaptures | None, stop: threading.Event) -> int:
+    """Hand the ports to the C++ packet loop (and its captures to a writer thread) and wait for
+    a signal (or the loop's failure)."""
     for a in distinct(attach):
         if isinstance(a, UdpPorts):
             loop.add_udp_ports(a.sock.fileno(), ipv4(socket.inet_ntoa(a.bind_ip)),
                                [(ipv4(ip), port) for port, ip in a.peers.items()])
         else:
             loop.add_raw_port(a.sock.fileno(), a.port)
+    writer_done = threading.Event()
+    writer = None
+    if captures is not None:
+        writer = threading.Thread(target=drain_captures, args=(loop, captures, writer_done),
+                                  name="pcap-writer", daemon=True)
+        writer.start()
     loop.start()
     while not stop.wait(0.5) and loop.running:
         pass
     failed = not loop.running and not stop.is_set()
     loop.stop()
-    log.info("packet loop: %s", loop.stats())
+    if writer is not None:
+        writer_done.set()
+        writer.join()
+        write_captures(loop, captures)   # what the loop captured since the last drain
+    stats = loop.stats()
+    log.info("packet loop: %s", stats)
+    if stats["capture_dropped"]:
+        log.warning("pcap: %d captured frames left out of the pcaps (the writer fell behind; "
+                    "a larger --pcap-buffer holds more)", stats["capture_dropped"])
     return 1 if failed else 0
 
 
 def run_python_loop(state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts],
-                    pcaps: dict, stop: threading.Event) -> int:
+                    captures: PortCaptures | None, stop: threading.Event) -> int:
     """The per-frame loop: every frame through Python (pcaps, packet logs, the reference)."""
     sel = selectors.DefaultSelector()
     for a in distinct(attach):
@@ -299,8 +366,8 @@ def run_python_loop(state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts
     while not stop.is_set():
         for key, _ in sel.select(timeout=0.2):
             for port, frame in key.data.recv():
-                if pcaps:
-                    pcaps[port, "in"].write(frame)
+                if captures is not None:
+                    captures.write(port, "in", now_usec(), frame)
                 with state.lock:
                     out = state.pipeline.process(port, frame) if state.pipeline else []
                 for egress, data in out:
@@ -309,8 +376,10 @@ def run_python_loop(state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts
                         continue
                     log.debug("port %d -> %d: %d bytes", port, egress, len(data))
                     a.send(egress, data)
-                    if pcaps:
-                        pcaps[egress, "out"].write(data)
+                    if captures is not None:
+                        captures.write(egress, "out", now_usec(), data)
+            if captures is not None:
+                captures.flush()
     return 0
 
 
@@ -319,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     per_frame = args.engine == "python" or args.log_console
-    loop = None if per_frame else _native.SwitchLoop()
-    pcaps: dict[tuple[int, str], PcapWriter] = {}
+    loop = None if per_frame else _native.SwitchLoop(args.pcap_buffer << 10)
+    captures = None
     try:
         default = default_program("soft")   # a wheel's or a checkout's p4/, else an OSError naming both
         program = P4Info.load(args.p4info) if args.p4info else default.p4info
@@ -333,11 +402,11 @@ def main(argv: list[str] | None = None) -> int:
                                 max_values_per_packet(attach))
         if args.config:
             start_with(state, program)
-        for port, paths in pcap_paths(args).items():
-            if loop is None:
-                pcaps.update({(port, d): PcapWriter(path) for d, path in paths.items()})
-            else:  # the packet loop writes its own
-                loop.capture(port, str(paths["in"]), str(paths["out"]))
+        if args.pcap:
+            captures = PortCaptures(pcap_paths(args))
+            if loop is not None:
+                for port in args.ports:
+                    loop.capture(port)
         server = serve(state, args.target.grpc_server_addr)
     except (OSError, RuntimeError) as e:
         print(f"inagg-soft-switch: {e}", file=sys.stderr)
@@ -350,12 +419,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(f'{p}@{i}' for p, i in sorted(args.ports.items()))}; "
           f"P4Runtime on {args.target.grpc_server_addr}; {args.engine} engine", flush=True)
     if loop is not None:
-        status = run_native_loop(loop, attach, stop)
+        status = run_native_loop(loop, attach, captures, stop)
     else:
-        status = run_python_loop(state, attach, pcaps, stop)
+        status = run_python_loop(state, attach, captures, stop)
     server.stop(grace=1)
-    for w in pcaps.values():
-        w.close()
+    if captures is not None:
+        captures.close()
     return status
 
 

@@ -309,14 +309,12 @@ class Communicator:
     # -- allreduce ---------------------------------------------------------------------------
 
     def _io_loop(self) -> None:
-        while True:
-            req = self._queue.get()
-            if req is None:
-                return
+        while (req := self._queue.get()) is not None:
             with self._running:
                 self._run(req)
             with self._queued_lock:
                 self._queued -= 1
+            del req   # held until the next call came, it kept the caller's tensor alive
 
     def _run(self, req: _Request) -> None:
         """One call, start to end; its outcome goes to the request's future."""

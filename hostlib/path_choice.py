@@ -50,7 +50,10 @@ a scheduled agreement explores (not one an exploration, probes or a confirmation
 forward: chained so, explorations took 6 % of the calls at 4 workers / 4 B, each with an
 agreement of its own, and the backend 1.3x gloo on the mean). The ranks also agree
 again as soon as a class that moved off ``prefer`` has its new path's ring full of that path's
-own calls: a lucky exploration costs a handful of calls, not ``agree_every``). Its
+own calls: a lucky exploration costs a handful of calls, not ``agree_every``), and where a
+class's newest agreed call on its path was slower than the class's other recent ones by
+``measure_from_seconds`` or more (a link slowed down: its older times go, its next calls are all
+timed, then the ranks agree). Its
 predicted extra time is paid from a budget of ``explore_budget`` (a fraction) of the predicted
 time of every call of its size class so far: a path predicted much slower is explored rarely,
 one close to the best at nearly every agreement; paths take turns, strictly. Each size class
@@ -90,6 +93,17 @@ _PRIOR_ALPHA, _PRIOR_BETA = 1e-4, 1e-9
 SIZE_CLASSES = 24            # powers of 4: 1 B ... 2^48 B (the last class takes anything larger)
 _FIRST_AGREEMENT = 16        # then 32, 64, ... up to every ``agree_every`` calls
 _UNSEEN = np.inf             # a size class a rank has no time for (the minimum over ranks skips it)
+
+
+def row_medians(ring: np.ndarray) -> np.ndarray:
+    """Each row's median over its finite entries, ``inf`` where it has none (unseen entries are
+    ``inf`` and sort last): one sort for every class, where a median per class made an
+    agreement cost ~2 ms of Python, as much as six 4 B calls at 2 workers."""
+    s = np.sort(ring, axis=1)
+    n = np.isfinite(s).sum(axis=1)
+    rows = np.arange(len(s))
+    mid = (s[rows, np.maximum(n - 1, 0) // 2] + s[rows, n // 2]) / 2
+    return np.where(n > 0, mid, _UNSEEN)
 
 
 def size_class(nbytes: int) -> int:
@@ -132,22 +146,25 @@ class PathTimings:
 
     def summary(self) -> np.ndarray:
         """What the ranks combine by their minimum (``inf`` where unseen), then each class's
-        latest size in bytes: the ring of times; on a shared clock, each call's start and end,
-        negated (the minimum of those is the last rank's start and end)."""
+        measured calls and latest size in bytes: the ring of times; on a shared clock, each
+        call's start and end, negated (the minimum of those is the last rank's start and end)."""
+        tail = [self._count.astype(float), self._nbytes]
         if self._starts is None:
-            return np.concatenate([self._ring.ravel(), self._nbytes])
+            return np.concatenate([self._ring.ravel(), *tail])
         seen = np.isfinite(self._ring)
         starts, ends = np.where(seen, -self._starts, _UNSEEN), np.where(seen, -(self._starts + self._ring), _UNSEEN)
-        return np.concatenate([starts.ravel(), ends.ravel(), self._nbytes])
+        return np.concatenate([starts.ravel(), ends.ravel(), *tail])
 
 
 class PathModel:
     """One path's agreed figures (the ranks' minimum of ``PathTimings.summary``: per class the
     median over its recent calls of each call's time) and the alpha-beta line fitted to them
-    (module docstring)."""
+    (module docstring); ``ring`` holds the calls' agreed times, ``counts`` each class's
+    measured calls so far (the newest in slot ``counts - 1`` mod the ring's length)."""
 
     def __init__(self, summary: np.ndarray, prior: tuple[float, float], shared_clock: bool = False) -> None:
-        body, self.nbytes = summary[:-SIZE_CLASSES], summary[-SIZE_CLASSES:]
+        body, self.nbytes = summary[:-2 * SIZE_CLASSES], summary[-SIZE_CLASSES:]
+        self.counts = summary[-2 * SIZE_CLASSES:-SIZE_CLASSES]
         if shared_clock:   # last start and last end, negated: the call's time, from the last rank's start
             neg_start, neg_end = body.reshape(2, SIZE_CLASSES, -1)
             with np.errstate(invalid="ignore"):
@@ -155,16 +172,27 @@ class PathModel:
                                 _UNSEEN)
         else:
             ring = body.reshape(SIZE_CLASSES, -1)
+        self.ring = ring
         timed = np.isfinite(ring)
         self.samples = timed.sum(axis=1)
         self.seen = (self.samples > 0) & np.isfinite(self.nbytes)
-        self.seconds = np.full(SIZE_CLASSES, _UNSEEN)
-        for c in np.flatnonzero(self.seen):
-            self.seconds[c] = np.median(ring[c][timed[c]])
+        self.seconds = np.where(self.seen, row_medians(ring), _UNSEEN)
         self.alpha, self.beta = fit_alpha_beta(self.seconds[self.seen], self.nbytes[self.seen], prior)
 
     def line(self, nbytes: float) -> float:
         return self.alpha + self.beta * nbytes
+
+    def newest_lags(self) -> np.ndarray:
+        """Per size class, how much slower its newest call was than the median of its other
+        recent calls (0 with fewer than two calls)."""
+        counts = np.where(np.isfinite(self.counts), self.counts, 0).astype(np.int64)
+        rows = np.arange(SIZE_CLASSES)
+        newest = (counts - 1) % self.ring.shape[1]
+        others = self.ring.copy()
+        others[rows, newest] = _UNSEEN
+        with np.errstate(invalid="ignore"):
+            lags = self.ring[rows, newest] - row_medians(others)
+        return np.where((counts >= 2) & np.isfinite(lags), lags, 0.0)
 
     def predict(self, nbytes: int) -> float:
         """Seconds of a call of ``nbytes``: its class's figure scaled along the line, or the line."""
@@ -338,6 +366,26 @@ class PathChooser:
                        for i, p in enumerate(self.paths)}
         self._best.clear()
         self.agreements += 1
+        self._refresh_where_slower()
+
+    def _refresh_where_slower(self) -> None:
+        """Where a size class's newest agreed call on the path it takes was slower than the
+        class's other recent calls by ``measure_from_seconds`` or more (its link got slower),
+        the older times go, every call of the class is timed until its ring is full again,
+        and the ranks agree at once then (``_confirming``). Otherwise, sampled 1 in
+        ``sample_every``, three slow calls had to come in to move the median: a link throttled
+        to 20 Mbit/s stayed in use for 27 s, 135 steps at 200 ms where the host lane took
+        30 ms. Decided from agreed figures only, as every agreement."""
+        if self.forced:
+            return
+        for path in {*self._chosen.values(), self.prefer} - {None}:
+            for c in np.flatnonzero(self.models[path].newest_lags() >= self.measure_from_seconds):
+                c = int(c)
+                if self._chosen.get(c, self.prefer) != path or c in self._confirming:
+                    continue
+                with self._lock:
+                    self.timings[path].forget(c)
+                self._confirming[c] = (path, self.per_class)
 
     def choose(self, nbytes: int) -> tuple[str, bool]:
         """The path of the next call, and whether to time it (every rank calls this once per

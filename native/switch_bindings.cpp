@@ -5,12 +5,12 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "switch_loop.hpp"
 
@@ -66,6 +66,22 @@ nb::list process_frame(SwitchPipeline& p, uint16_t port, nb::bytes frame) {
         frames.append(nb::make_tuple(
             out.port(i), nb::bytes(reinterpret_cast<const char*>(out.data(i)), out.len(i))));
     return frames;
+}
+
+// The frames the loop captured since the last call, as [(port, "in"|"out", usec, frame)]; the
+// queue is swapped out without the GIL, the Python objects made with it.
+nb::list take_captures(inagg::SwitchLoop& loop) {
+    inagg::CaptureBatch batch;
+    {
+        nb::gil_scoped_release release;
+        loop.take_captures(batch);
+    }
+    nb::list records;
+    for (const auto& r : batch.records)
+        records.append(nb::make_tuple(
+            r.port, r.sent ? "out" : "in", r.usec,
+            nb::bytes(reinterpret_cast<const char*>(batch.bytes.data() + r.offset), r.len)));
+    return records;
 }
 
 void bind_pipeline(nb::module_& m) {
@@ -190,11 +206,15 @@ void bind_loop(nb::module_& m) {
     nb::class_<inagg::SwitchLoop>(m, "SwitchLoop",
                                   "The software switch's packet loop thread "
                                   "(native/switch_loop.hpp)")
-        .def(nb::init<>())
+        .def(nb::init<size_t>(), "capture_bytes"_a = inagg::SwitchLoop::kCaptureBytes,
+             "capture_bytes: the bound of the captured frames waiting for take_captures()")
         .def("add_udp_ports", &inagg::SwitchLoop::add_udp_ports, "fd"_a, "bind_addr"_a,
              "peers"_a)
         .def("add_raw_port", &inagg::SwitchLoop::add_raw_port, "fd"_a, "port"_a)
-        .def("capture", &inagg::SwitchLoop::capture, "port"_a, "in_path"_a, "out_path"_a)
+        .def("capture", &inagg::SwitchLoop::capture, "port"_a,
+             "Capture the frames `port` receives and sends (before start())")
+        .def("take_captures", &take_captures,
+             "The frames captured since the last call: [(port, 'in'|'out', usec, frame)]")
         .def("set_pipeline", &inagg::SwitchLoop::set_pipeline, "pipeline"_a.none(),
              nb::call_guard<nb::gil_scoped_release>())
         .def("start", &inagg::SwitchLoop::start)
@@ -208,6 +228,7 @@ void bind_loop(nb::module_& m) {
             d["unknown_peer"] = s.unknown_peer.load();
             d["send_errors"] = s.send_errors.load();
             d["wakeups"] = s.wakeups.load();
+            d["capture_dropped"] = loop.capture_dropped();  // captured frames the queue had no room for
             return d;
         });
 }
@@ -220,6 +241,7 @@ void bind_switch(nb::module_& m) {
     m.def("unbound_sender_id", &inagg::unbound_sender_id, "rank"_a,
           "The engine's id for a rank no worker_table entry binds: no packet carries it");
     m.attr("SWITCH_LOOP_BATCH") = inagg::SwitchLoop::kBatch;
+    m.attr("SWITCH_LOOP_CAPTURE_BYTES") = inagg::SwitchLoop::kCaptureBytes;
     bind_pipeline(m);
     bind_loop(m);
 }

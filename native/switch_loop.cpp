@@ -92,7 +92,8 @@ struct SwitchLoop::Socket {
     std::vector<iovec> send_iov;
 };
 
-SwitchLoop::SwitchLoop() {
+SwitchLoop::SwitchLoop(size_t capture_bytes) : captures_(capture_bytes) {
+    if (capture_bytes == 0) throw std::invalid_argument("switch loop: capture_bytes must be > 0");
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (epoll_fd_ < 0 || wake_fd_ < 0) throw os_error("switch loop: epoll/eventfd");
@@ -133,16 +134,16 @@ void SwitchLoop::add_raw_port(int fd, uint16_t port) {
     sockets_.push_back(std::move(sock));
 }
 
-void SwitchLoop::capture(uint16_t port, const std::string& in_path, const std::string& out_path) {
+void SwitchLoop::capture(uint16_t port) {
     if (running_) throw std::logic_error("capture() while the switch loop runs");
-    captures_[port] = Capture{std::make_unique<PcapWriter>(in_path),
-                              std::make_unique<PcapWriter>(out_path)};
+    captured_ports_.insert(port);
 }
 
 void SwitchLoop::record(uint16_t port, bool sent, const uint8_t* frame, size_t len) {
-    auto capture = captures_.find(port);
-    if (capture == captures_.end()) return;
-    (sent ? capture->second.out : capture->second.in)->write(frame, len, batch_usec_);
+    if (captured_ports_.empty() || captured_ports_.count(port) == 0) return;  // off: one branch
+    int64_t usec = std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+    captures_.push(port, sent, usec, frame, len);
 }
 
 void SwitchLoop::set_pipeline(std::shared_ptr<SwitchPipeline> pipeline) {
@@ -201,9 +202,6 @@ void SwitchLoop::receive_batch(Socket& sock) {
     }
     stats_.wakeups += 1;
     stats_.received += uint64_t(n);
-    if (!captures_.empty())
-        batch_usec_ = std::chrono::duration_cast<std::chrono::microseconds>(
-                          std::chrono::system_clock::now().time_since_epoch()).count();
     std::shared_ptr<SwitchPipeline> pipeline;
     {
         std::lock_guard<std::mutex> lock(pipeline_mutex_);
@@ -254,10 +252,6 @@ void SwitchLoop::send_outputs() {
         sock->pending.clear();
     }
     out_.clear();
-    for (auto& entry : captures_) {
-        entry.second.in->flush();
-        entry.second.out->flush();
-    }
 }
 
 // A frame leaving a UDP port is sent as a datagram to its IPv4/UDP destination (UdpPorts.send).

@@ -20,9 +20,10 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
-#include "pcap_writer.hpp"
+#include "capture_queue.hpp"
 #include "switch_pipeline.hpp"
 
 namespace inagg {
@@ -39,8 +40,11 @@ struct LoopStats {
 class SwitchLoop {
 public:
     static constexpr size_t kBatch = 64;
+    // The default bound of the frames captured and not yet taken (--pcap): 64 MiB, a drain
+    // interval's worth (50 ms, bmv2_env/soft_switch.py) at over 1 GB/s of captured frames.
+    static constexpr size_t kCaptureBytes = size_t(64) << 20;
 
-    SwitchLoop();
+    explicit SwitchLoop(size_t capture_bytes = kCaptureBytes);
     ~SwitchLoop();
     SwitchLoop(const SwitchLoop&) = delete;
     SwitchLoop& operator=(const SwitchLoop&) = delete;
@@ -50,9 +54,13 @@ public:
     void add_udp_ports(int fd, uint32_t bind_addr,
                        const std::vector<std::pair<uint32_t, uint16_t>>& peers);
     void add_raw_port(int fd, uint16_t port);
-    // Write the frames `port` receives and sends into pcap files (--pcap), flushed after every
-    // batch. Before start() only.
-    void capture(uint16_t port, const std::string& in_path, const std::string& out_path);
+    // Copy the frames `port` receives and sends into the capture queue (--pcap), for
+    // take_captures(). Before start() only.
+    void capture(uint16_t port);
+    // The frames captured since the last call, in the order the loop handled them.
+    void take_captures(CaptureBatch& into) { captures_.take(into); }
+    // Captured frames that found the queue full (the writer fell behind), not in any batch.
+    uint64_t capture_dropped() const { return captures_.dropped(); }
     // The pipeline frames go through; null drops every frame (no program pushed yet).
     void set_pipeline(std::shared_ptr<SwitchPipeline> pipeline);
 
@@ -63,9 +71,6 @@ public:
 
 private:
     struct Socket;
-    struct Capture {
-        std::unique_ptr<PcapWriter> in, out;
-    };
     void watch(int fd, Socket* sock);  // epoll: wake for fd (sock null: the stop eventfd)
     void run();
     void record(uint16_t port, bool sent, const uint8_t* frame, size_t len);
@@ -78,8 +83,8 @@ private:
 
     std::vector<std::unique_ptr<Socket>> sockets_;
     std::unordered_map<uint16_t, Socket*> by_port_;  // egress port -> the socket it leaves by
-    std::unordered_map<uint16_t, Capture> captures_;
-    int64_t batch_usec_ = 0;                          // the batch's pcap timestamp
+    std::unordered_set<uint16_t> captured_ports_;    // empty: capture off
+    CaptureQueue captures_;
     std::shared_ptr<SwitchPipeline> pipeline_;
     std::mutex pipeline_mutex_;                       // guards pipeline_ (swap vs. use)
     OutputBatch out_;

@@ -4,17 +4,22 @@ hand; ``inagg up/status/down``; the path choice agreeing across ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
+import weakref
 from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
 
@@ -410,6 +415,45 @@ def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
     assert max(inagg_runs) <= 1 + 5 + 1           # ... only until inagg's own calls were agreed on
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.floats(1e-6, 10.0), st.just(np.inf)), min_size=5, max_size=5),
+                min_size=1, max_size=24))
+def test_row_medians_are_each_rows_median_over_its_seen_calls(rows):
+    from hostlib.path_choice import row_medians
+
+    ring = np.array(rows)
+    expected = [np.median(r[np.isfinite(r)]) if np.isfinite(r).any() else np.inf for r in ring]
+    assert row_medians(ring).tolist() == expected
+
+
+def test_a_path_that_got_slower_is_left_within_one_agreement_period():
+    """The bandwidth-flip run's steps: 256 KiB, 64 KiB and 4 B per step, gloo faster until its
+    link is throttled (40x slower), inagg unchanged. The first slow sample of the 256 KiB class
+    (one in 32 calls: every 32 steps) is seen at the next scheduled agreement (every 128
+    calls, 43 steps), the class's next 5 calls are all timed, then the ranks agree again: the
+    calls leave gloo within 32 + 43 + 5 + 1 steps of the throttle, whenever it comes. Before,
+    the median waited for three slow samples: 102-153 steps."""
+    def took(path: str, nbytes: int, throttled: bool) -> float:
+        if path == "gloo":
+            return (0.2 if throttled else 0.005) * nbytes / (256 << 10) + 1e-4
+        return 0.03 * nbytes / (256 << 10) + 1e-3
+
+    def steps_to_leave_gloo(throttle_at: int) -> int:
+        c = PathChooser(lambda v: v, ("inagg", "gloo"), agree_every=128)
+        for step in range(throttle_at + 1000):
+            for nbytes in (256 << 10, 64 << 10, 4):
+                path, measure = c.choose(nbytes)
+                if measure:
+                    c.observe(path, nbytes, took(path, nbytes, step >= throttle_at))
+                chosen = path == "inagg" and not c.history()[-1]["explored"]
+                if nbytes == 256 << 10 and step >= throttle_at and chosen:
+                    return step - throttle_at
+        raise AssertionError("the calls never left the throttled path")
+
+    steps = [steps_to_leave_gloo(t) for t in range(1000, 1100, 7)]
+    assert max(steps) <= 32 + 43 + 5 + 1, steps
+
+
 def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
     """A failed AR-Topk step completes every bucket's future with InaggHookError (before: the
     exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
@@ -562,16 +606,16 @@ def test_the_commented_example_controller_config_loads():
     assert config.metrics_listen == "127.0.0.1:9464" and config.switches[0].program.target == "bmv2"
 
 
-@pytest.fixture(scope="module")
-def inagg_groups():
+@contextlib.contextmanager
+def groups_on(path: str):
     """Two ranks' inagg process groups in one process (a thread each), every eligible call
-    pinned to the inagg path, on a local deployment of their own."""
+    pinned to ``path``, on a local deployment of their own."""
     import torch  # noqa: F401 - torch.distributed's Store types need torch loaded
 
     from hostlib.backend import PATH_ENV, InaggProcessGroup
 
     saved = os.environ.get(PATH_ENV)
-    os.environ[PATH_ENV] = "inagg"
+    os.environ[PATH_ENV] = path
     store = dist.HashStore()
     groups = [None, None]
     try:
@@ -581,8 +625,44 @@ def inagg_groups():
             os.environ.pop(PATH_ENV)
         else:
             os.environ[PATH_ENV] = saved
-    yield groups
-    on_ranks(lambda r: groups[r].shutdown(), 2, 120)
+    try:
+        yield groups
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2, 120)
+
+
+@pytest.fixture(scope="module")
+def inagg_groups():
+    """Two ranks' groups, every eligible call on the inagg path."""
+    with groups_on("inagg") as groups:
+        yield groups
+
+
+@pytest.mark.parametrize("path", ["gloo", "inagg"])
+def test_the_backend_keeps_no_callers_tensor_after_its_call(path):
+    """Before: each path's latest Work was held until the next call, and with it the caller's
+    tensor: memory the caller had let go of, freed inside its next timed call."""
+    import torch
+
+    def calls(groups, r: int, elements: int) -> list[bool]:
+        alive = []
+        for _ in range(40):   # the gloo path's fast runs included
+            x = torch.ones(elements)
+            ref = weakref.ref(x)
+            groups[r].allreduce([x]).wait()
+            del x
+            alive.append(not gone(ref))
+        return alive
+
+    def gone(ref: weakref.ref) -> bool:
+        deadline = time.monotonic() + 1   # gloo's thread lets go of its Work just after the wake-up
+        while ref() is not None and time.monotonic() < deadline:
+            time.sleep(1e-3)
+        return ref() is None
+
+    with groups_on(path) as groups:
+        for elements in (3, 64 << 10):
+            assert not any(any(a) for a in on_ranks(lambda r: calls(groups, r, elements), 2, 120))
 
 
 @pytest.mark.parametrize("elements", [3, 64 << 10])   # run on the caller's thread; queued

@@ -4,12 +4,16 @@ engines: the native packet loop (recvmmsg/sendmmsg batches) and the Python refer
 Real processes and sockets: the switch is programmed over P4Runtime, workers are UDP sockets at
 their own loopback addresses. A burst of whole windows must come back complete (no drop on a
 clean path), a datagram from an address that is no port's host is ignored, every frame in and
-out is in the ports' pcaps, and the switch stops cleanly on SIGTERM."""
+out is in the ports' pcaps, and the switch stops cleanly on SIGTERM. The native loop's pcaps are
+written by scapy's writer from its capture queue: they decode with their frames' times, and what
+a full queue leaves out is counted."""
 
+import re
 import socket
 import struct
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -24,7 +28,8 @@ from controller.switch import (
     SwitchJob, WorkerBinding,
 )
 from hostlib.grant import switch_values_for_mtu
-from hostlib.protocol import MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, unpack_header
+from hostlib.protocol import MSG_CONTRIBUTION, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, unpack_header
+from hostlib.scapy_layer import Inagg, read_pcap
 from hostlib.transport import enlarge_buffers
 from tools.soft_p4info import soft_p4info_text
 
@@ -160,3 +165,68 @@ def test_values_per_packet_is_the_software_targets(tmp_path, engine):
         with pytest.raises(PipelineMismatch, match=r"@inagg_values_per_packet\(16364\): this data plane's "
                                                    r"ports carry 1\.\.16363 values per packet"):
             sw.push_pipeline(Program("soft", too_large, soft.files))
+
+
+def exchange_rounds(sw, net: str, slots: int) -> None:
+    """Two workers each contribute to ``slots`` slots and get every result back."""
+    workers = [udp_socket(f"{net}.{r + 1}") for r in range(2)]
+    try:
+        admit(sw, net, workers, slots)
+        for slot in range(slots):
+            for rank, w in enumerate(workers):
+                w.sendto(build_contribution(1, rank, 1, slot, 0, K * slot, np.full(K, rank + slot, np.int32), K),
+                         (f"{net}.254", UDP_PORT))
+        for w in workers:
+            for _ in range(slots):
+                assert unpack_header(w.recv(65535)).msg_type == MSG_RESULT
+    finally:
+        for w in workers:
+            w.close()
+
+
+def stop_switch(proc) -> str:
+    """SIGTERM; the switch's output after its first line."""
+    proc.terminate()
+    assert proc.wait(10) == 0
+    return proc.stdout.read()
+
+
+def test_native_captures_decode_with_the_times_the_loop_saw(tmp_path):
+    """Every contribution in and every result out of each port decodes from its pcap (scapy's
+    writer, fed by the native loop's capture queue), stamped between the first send and the last
+    receive, in time order."""
+    slots = 64
+    with soft_switch(tmp_path, "--engine", "native") as (proc, sw, net):
+        start = time.time()
+        exchange_rounds(sw, net, slots)
+        end = time.time()
+        stop_switch(proc)
+    for rank in range(2):
+        for direction, msg_type in (("in", MSG_CONTRIBUTION), ("out", MSG_RESULT)):
+            pkts = read_pcap(tmp_path / f"udp_{net}.{rank + 1}_{direction}.pcap")
+            assert [p[Inagg].msg_type for p in pkts] == [msg_type] * slots
+            assert sorted(p[Inagg].slot for p in pkts) == list(range(slots))
+            times = [float(p.time) for p in pkts]
+            assert times == sorted(times)
+            assert start - 0.001 <= times[0] and times[-1] <= end + 0.001
+
+
+def test_a_full_capture_queue_counts_what_it_leaves_out(tmp_path):
+    """A 1 KiB capture queue (--pcap-buffer 1) holds three frames per drain: the rest of a burst
+    is left out of the pcaps, the data path does not wait for the writer (every result comes
+    back), and the warning at stop counts exactly the frames missing."""
+    slots = 256
+    with soft_switch(tmp_path, "--engine", "native", "--pcap-buffer", "1") as (proc, sw, net):
+        exchange_rounds(sw, net, slots)
+        output = stop_switch(proc)
+    captured = sum(len(pcap_frames(tmp_path / f"udp_{net}.{r + 1}_{d}.pcap")) for r in range(2) for d in ("in", "out"))
+    dropped = re.search(r"pcap: (\d+) captured frames left out", output)
+    assert dropped, output
+    assert int(dropped[1]) > 0 and captured + int(dropped[1]) == 4 * slots
+
+
+def test_the_capture_buffer_must_be_positive(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bmv2_env.soft_switch", "--pcap", str(tmp_path),
+                           "--pcap-buffer", "0", "--no-p4"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "--pcap-buffer: expected a positive integer, got '0'" in proc.stderr
