@@ -1,29 +1,32 @@
 """The ``inagg`` backend against plain gloo: allreduce time from 4 B to 64 MiB at 2, 4 and 8
 workers. The backend chooses each call's path (inagg on the job's grant, its host lane beside a
-switch grant, or gloo) by its measured model,
-so its time should never exceed gloo's by more than its own overhead: the target is
-inagg-backend / gloo <= 1.1 at every point.
+switch grant, or gloo) by its measured model, so its time should never exceed gloo's by more
+than its own overhead: the target is inagg-backend / gloo <= 1.1 at every point.
 
 Each worker count is one torch.distributed job of real processes (env://, no controller named:
-rank 0 brings up the local deployment, as ``torchrun`` users get it) with two process groups:
-the default one on ``inagg`` and a ``gloo`` group. For each size both groups first make ``_WARMUP_CALLS`` untimed calls
-(the backend probes every path at a new size, a one-time cost a training job pays once per
-bucket size), then allreduce a fresh copy of one float32 tensor, interleaved, for about ``--seconds``
-per system (the repetitions follow from gloo's warm-up calls): each repetition makes two
-calls of each, in the order ABBA (BAAB in the next), so each system is first and last after
-another's call equally often; each call after a barrier on a third gloo group; a call's time is
-the slowest rank's. The barrier's group
-is neither measured one: a group whose threads just ran the barrier answers its next call
-sooner than one whose threads were asleep (two plain gloo groups measured this way, the barrier
-on one of them, came out 1.4x apart at 8 workers / 4 B on the loaded 2-core machine; with a
-third group, 0.97). Per size: each system's median time, and
-``ratio``, the median over repetitions of the ratio of the two systems' summed times within a
-repetition: its four calls run back to back, so the ratio cancels the load that other processes
-put on the shared machine, which moves both alike, and the ABBA order cancels the position (with
-one call of each per repetition in alternating order, an odd number of repetitions put one
-system first more often; ``ratio_of_medians`` and ``ratio_of_means``, the total time's ratio, are
-printed and in the CSV too: where a system's call times are bimodal, as gloo's were at 2 workers
-/ 256 KiB (0.5 or 3 ms), the three differ).
+rank 0 brings up the local deployment, as ``torchrun`` users get it) with three measured process
+groups: the default one on ``inagg``, a ``gloo`` group (the baseline) and a second, identical
+gloo group (``gloo2``, the control: what the harness reads for two systems that are the same).
+For each size every group first makes ``_WARMUP_CALLS`` untimed calls (the backend probes every
+path at a new size, a one-time cost a training job pays once per bucket size), then allreduces a
+fresh copy of one float32 tensor for about ``--seconds`` per system (the repetitions follow from
+gloo's warm-up calls). A repetition makes two calls of each system, in a rotation of the three
+and then its reverse (ABCCBA, BCAACB, CABBAC, ...), so over three repetitions every system is
+first, last and in the middle equally often; each call after a barrier on a fourth gloo group;
+a call's time is the slowest rank's. The barrier's group is none of the measured ones: a group
+whose threads just ran the barrier answers its next call sooner than one whose threads were
+asleep (two plain gloo groups measured this way, the barrier on one of them, came out 1.4x apart
+at 8 workers / 4 B on the loaded 2-core machine; with a group of its own, 0.97).
+
+Per size: each system's median time; ``ratio``, the median over repetitions of the ratio of the
+inagg backend's summed time to gloo's within a repetition (its calls run back to back, so the
+ratio cancels the load other processes put on the shared machine, which moves both alike), with
+a 95 % bootstrap interval over the repetitions; ``gloo_vs_gloo``, the same ratio of the control
+group to the baseline, which shows how far from 1 the harness reads where nothing differs (on
+the 2-core machine, 0.93-1.07 at 4 workers / 4 MiB in three runs of 120-200 repetitions).
+``ratio_of_medians`` and ``ratio_of_means`` (the total time's ratio) are in the CSV too: where a
+system's call times are bimodal, as gloo's were at 2 workers / 256 KiB (0.5 or 3 ms), the three
+differ.
 
 Writes benchmarks/results/backend_sweep.csv and backend_sweep.png (ratio per size and worker
 count; needs matplotlib), and prints the worst ratio, where it occurred and the machine's load.
@@ -41,14 +44,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from plots import pyplot  # benchmarks/, the script's own folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL_SIZES = tuple(4 * 16 ** i for i in range(7))            # 4 B, 64 B, ..., 64 MiB
 QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
 PATHS = ("inagg", "host", "gloo")   # the backend's paths (hostlib.path_choice)
-FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_of_medians", "ratio_of_means", "inagg_calls",
-          "host_calls", "gloo_calls", "load1")
+SYSTEMS = ("inagg", "gloo", "gloo2")   # the backend, the baseline, the control (module docstring)
+FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_ci_low", "ratio_ci_high",
+          "gloo_vs_gloo", "ratio_of_medians", "ratio_of_means", "inagg_calls", "host_calls", "gloo_calls", "load1")
+_BOOTSTRAP = 2000   # resamples of the repetitions for the ratio's 95 % interval
 TARGET = 1.1
 _SETTLE_CALLS = 50   # untimed calls on each group before the first size
 # untimed calls of each size on each group before its timed ones: the backend's first calls of
@@ -85,37 +92,61 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: tuple[flo
 
     torch.set_num_threads(1)
     dist.init_process_group("inagg")
-    inagg = dist.group.WORLD
-    gloo = dist.new_group(backend="gloo")
-    barrier = dist.new_group(backend="gloo")   # neither measured group (module docstring)
-    groups = {"inagg": inagg, "gloo": gloo}
-    for _ in range(_SETTLE_CALLS):   # both groups past the job's start-up transient
+    groups = {"inagg": dist.group.WORLD, "gloo": dist.new_group(backend="gloo"),
+              "gloo2": dist.new_group(backend="gloo")}
+    barrier = dist.new_group(backend="gloo")   # none of the measured groups (module docstring)
+    for _ in range(_SETTLE_CALLS):   # every group past the job's start-up transient
         for g in groups.values():
             timed(torch.ones(1), g)   # a fresh one: summed in place 100 times it overflowed at 4 workers
+    inagg = groups["inagg"]
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
         gloo_warm = []
         for _ in range(_WARMUP_CALLS):  # warm-up: buffers, connections, the backend's probes
-            timed(x.clone(), inagg)
-            gloo_warm.append(timed(x.clone(), gloo))
+            for name, g in groups.items():
+                t = timed(x.clone(), g)
+                if name == "gloo":
+                    gloo_warm.append(t)
         call = torch.tensor([statistics.median(gloo_warm)], dtype=torch.float64)
         dist.all_reduce(call, op=dist.ReduceOp.MAX, group=barrier)   # every rank the same count
         before = dict(inagg.stats()["allreduce_paths"])
         times = {name: [] for name in groups}
         for rep in range(reps_for(call.item(), *reps)):
-            a, b = list(groups) if rep % 2 == 0 else list(groups)[::-1]
-            for name in (a, b, b, a):
+            for name in call_order(rep):
                 dist.barrier(group=barrier)
                 times[name].append(timed(x.clone(), groups[name]))
         after = inagg.stats()["allreduce_paths"]
         calls = {p: after.get(p, 0) - before.get(p, 0) for p in PATHS}
         rows.append((nbytes, times, calls))
     gathered = [None] * n
-    dist.all_gather_object(gathered, rows, group=gloo)
+    dist.all_gather_object(gathered, rows, group=groups["gloo"])
     if rank == 0:
         out.put(gathered)
     dist.destroy_process_group()
+
+
+def call_order(rep: int) -> tuple[str, ...]:
+    """Repetition ``rep``'s calls: a rotation of ``SYSTEMS``, then its reverse (module
+    docstring); two calls of each system."""
+    k = rep % len(SYSTEMS)
+    rotation = SYSTEMS[k:] + SYSTEMS[:k]
+    return rotation + rotation[::-1]
+
+
+def paired_ratios(slowest: dict[str, list[float]], a: str, b: str) -> np.ndarray:
+    """Per repetition, ``a``'s summed call time over ``b``'s (each system's calls in
+    ``slowest`` in order, two per repetition)."""
+    per_rep = {name: np.add.reduceat(np.asarray(slowest[name]), np.arange(0, len(slowest[name]), 2))
+               for name in (a, b)}
+    return per_rep[a] / per_rep[b]
+
+
+def median_interval(values: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
+    """A 95 % percentile-bootstrap interval of the median of ``values``."""
+    resampled = rng.choice(values, size=(_BOOTSTRAP, len(values)), replace=True)
+    low, high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+    return float(low), float(high)
 
 
 def free_port() -> int:
@@ -138,14 +169,17 @@ def run_job(n: int, sizes: tuple[int, ...], reps: tuple[float, int, int]) -> lis
         raise RuntimeError(f"{n} workers: exit codes {[p.exitcode for p in procs]}")
     rows = []
     load = os.getloadavg()[0]
+    rng = np.random.default_rng(0)   # the same resamples for the same times
     for i, (nbytes, _, calls) in enumerate(gathered[0]):
         per_rank = [g[i][1] for g in gathered]
-        slowest = {name: [max(call) for call in zip(*(r[name] for r in per_rank))] for name in per_rank[0]}
+        slowest = {name: [max(call) for call in zip(*(r[name] for r in per_rank))] for name in SYSTEMS}
         med = {name: statistics.median(v) for name, v in slowest.items()}
-        per_rep = {name: [sum(v[i:i + 2]) for i in range(0, len(v), 2)] for name, v in slowest.items()}
-        paired = statistics.median(a / b for a, b in zip(per_rep["inagg"], per_rep["gloo"]))
-        rows.append(dict(workers=n, bytes=nbytes, reps=len(per_rep["gloo"]), inagg_backend_s=med["inagg"],
-                         gloo_s=med["gloo"], ratio=paired, ratio_of_medians=med["inagg"] / med["gloo"],
+        ratios = paired_ratios(slowest, "inagg", "gloo")
+        low, high = median_interval(ratios, rng)
+        rows.append(dict(workers=n, bytes=nbytes, reps=len(ratios), inagg_backend_s=med["inagg"],
+                         gloo_s=med["gloo"], ratio=float(np.median(ratios)), ratio_ci_low=low, ratio_ci_high=high,
+                         gloo_vs_gloo=float(np.median(paired_ratios(slowest, "gloo2", "gloo"))),
+                         ratio_of_medians=med["inagg"] / med["gloo"],
                          ratio_of_means=sum(slowest["inagg"]) / sum(slowest["gloo"]),
                          **{f"{p}_calls": calls[p] for p in PATHS}, load1=round(load, 2)))
     return rows
@@ -166,14 +200,18 @@ def plot(rows: list[dict], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4))
     for n in sorted({r["workers"] for r in rows}):
         mine = [r for r in rows if r["workers"] == n]
-        ax.plot([r["bytes"] for r in mine], [r["ratio"] for r in mine], marker="o", label=f"{n} workers")
+        x = [r["bytes"] for r in mine]
+        errors = [[r["ratio"] - r["ratio_ci_low"] for r in mine], [r["ratio_ci_high"] - r["ratio"] for r in mine]]
+        line = ax.errorbar(x, [r["ratio"] for r in mine], yerr=errors, marker="o", capsize=3, label=f"{n} workers")
+        ax.plot(x, [r["gloo_vs_gloo"] for r in mine], linestyle=":", color=line[0].get_color(),
+                label=f"{n} workers, gloo / gloo (control)")
     ax.axhline(TARGET, color="red", linestyle="--", label=f"target {TARGET}")
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("allreduce size (bytes, float32)")
-    ax.set_ylabel("inagg backend / gloo time (median over ABBA repetitions)")
+    ax.set_ylabel("inagg backend / gloo (median over repetitions, 95 % CI)")
     ax.set_title("inagg backend vs gloo, interleaved, slowest rank per call")
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
@@ -184,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--seconds", type=float, default=3.0,
                    help="time to spend on each system per size (the repetitions follow from gloo's warm-up calls)")
-    p.add_argument("--min-reps", type=int, default=7, help="fewest repetitions per size (ABBA: 4 calls each)")
+    p.add_argument("--min-reps", type=int, default=7, help="fewest repetitions per size (two calls of each system)")
     p.add_argument("--max-reps", type=int, default=500, help="most repetitions per size")
     p.add_argument("--quick", action="store_true",
                    help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, a sixth of the time")
@@ -197,22 +235,25 @@ def main(argv: list[str] | None = None) -> int:
         del os.environ[k]   # the backend's zero-setup default, automatic path choice
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6} {'of medians':>10} {'of means':>8}  "
-          f"calls inagg/host/gloo  load")
+    print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6} {'95 % CI':>11} "
+          f"{'gloo/gloo':>9} {'of medians':>10} {'of means':>8}  calls inagg/host/gloo  load")
     for n in args.workers:
         for r in run_job(n, sizes, reps):
             rows.append(r)
             print(f"{n:>7} {human(r['bytes']):>8} {r['inagg_backend_s'] * 1e3:>11.3f} ms {r['gloo_s'] * 1e3:>7.3f} ms "
-                  f"{r['ratio']:>6.2f} {r['ratio_of_medians']:>10.2f} {r['ratio_of_means']:>8.2f}  "
-                  f"{'/'.join(str(r[f'{p}_calls']) for p in PATHS):<16}"
-                  f"        {r['load1']}", flush=True)
+                  f"{r['ratio']:>6.2f} {r['ratio_ci_low']:>5.2f}-{r['ratio_ci_high']:<5.2f} {r['gloo_vs_gloo']:>9.2f} "
+                  f"{r['ratio_of_medians']:>10.2f} {r['ratio_of_means']:>8.2f}  "
+                  f"{'/'.join(str(r[f'{p}_calls']) for p in PATHS):<21} {r['load1']}", flush=True)
     with open(RESULTS / "backend_sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
     worst = max(rows, key=lambda r: r["ratio"])
-    print(f"worst ratio {worst['ratio']:.3f} at {worst['workers']} workers, {human(worst['bytes'])} "
-          f"(target <= {TARGET}); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    control = [r["gloo_vs_gloo"] for r in rows]
+    print(f"worst ratio {worst['ratio']:.3f} (95 % CI {worst['ratio_ci_low']:.3f}-{worst['ratio_ci_high']:.3f}) at "
+          f"{worst['workers']} workers, {human(worst['bytes'])} (target <= {TARGET}); "
+          f"{sum(r['ratio'] <= TARGET for r in rows)} of {len(rows)} points <= {TARGET}; gloo / gloo control "
+          f"{min(control):.3f}-{max(control):.3f}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     plot(rows, RESULTS / "backend_sweep.png")
     return 0
 
