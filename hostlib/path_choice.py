@@ -21,10 +21,11 @@ a 1 KiB one 5 ms), and a line through both would choose wrongly at each.
 
 **Agreeing.** Every rank must take the same path for the same call, but each measures its own
 times. So the decision uses *agreed* figures only: at fixed call numbers (every rank makes the
-same calls in the same order: calls 16, 32, 64, then every ``agree_every``, and right after a
-new size class's probes or an exploration) the ranks combine their recent times with one small
-allreduce taking minima over ranks, and a class's figure is the median over its recent calls of
-each call's agreed time. Where the ranks share a clock (``shared_clock``: one kernel, as in the
+same calls in the same order: calls 16, 32, 64, then every ``agree_every`` but no sooner than
+the calls' predicted time since the last one reaches ``1 / agree_budget`` times one agreement's
+agreed time, and right after a new size class's probes or an exploration) the ranks combine
+their recent times with one small allreduce taking minima over ranks, and a class's figure is
+the median over its recent calls of each call's agreed time. Where the ranks share a clock (``shared_clock``: one kernel, as in the
 local deployment), a call's time runs from the last rank's start to the last rank's end: what
 the job waits for, without the ranks' arrival skew, which is not the path's doing. Otherwise it
 is the minimum over ranks of each rank's time, because a rank's time of a call includes waiting
@@ -50,7 +51,8 @@ a scheduled agreement explores (not one an exploration, probes or a confirmation
 forward: chained so, explorations took 6 % of the calls at 4 workers / 4 B, each with an
 agreement of its own, and the backend 1.3x gloo on the mean). The ranks also agree
 again as soon as a class that moved off ``prefer`` has its new path's ring full of that path's
-own calls: a lucky exploration costs a handful of calls, not ``agree_every``), and where a
+own calls and ``prefer`` has been timed again there (``_recheck_prefer``): a lucky exploration
+or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``), and where a
 class's newest agreed call on its path was slower than the class's other recent ones by
 ``measure_from_seconds`` or more (a link slowed down: its older times go, its next calls are all
 timed, then the ranks agree). Its
@@ -219,14 +221,17 @@ class PathChooser:
     """Per-call path choice, identical on every rank (module docstring)."""
 
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"), *,
-                 agree_every: int = 128, explore_budget: float = 0.02, per_class: int = 5,
+                 agree_every: int = 128, agree_budget: float = 0.01, explore_budget: float = 0.02, per_class: int = 5,
                  probes: int = 3, probe_seconds: float = 2e-3, probe_ratio: float = 2.0, sample_every: int = 32,
                  measure_from_seconds: float = 10e-3, prefer: str | None = "gloo", margin: float = 0.25,
-                 forced: str | None = None, history: int = 4096, shared_clock: bool = False) -> None:
+                 forced: str | None = None, history: int = 4096, shared_clock: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if agree_every < _FIRST_AGREEMENT:
             raise ValueError(f"agree_every must be >= {_FIRST_AGREEMENT}, got {agree_every}")
         if not 0 <= explore_budget < 1:
             raise ValueError(f"explore_budget must be in [0, 1), got {explore_budget}")
+        if not 0 < agree_budget < 1:
+            raise ValueError(f"agree_budget must be in (0, 1), got {agree_budget}")
         if len(set(paths)) != len(paths) or not paths:
             raise ValueError(f"paths must be distinct names, got {paths}")
         if forced is not None and forced not in paths:
@@ -239,7 +244,7 @@ class PathChooser:
         self.paths = tuple(paths)
         self.forced = forced
         self._agree_fn = agree
-        self.agree_every = agree_every
+        self.agree_every, self.agree_budget = agree_every, agree_budget
         self.explore_budget = explore_budget
         self.probes, self.probe_ratio, self.sample_every = probes, probe_ratio, sample_every
         self.probe_seconds = probe_seconds
@@ -247,7 +252,7 @@ class PathChooser:
         self.prefer, self.margin = (prefer if prefer in self.paths else None), margin
         self.per_class, self.trusted = per_class, min(3, per_class)
         self._lock = threading.Lock()
-        self.shared_clock = shared_clock
+        self.shared_clock, self._clock = shared_clock, clock   # ``clock`` times the agreements
         self.timings = {p: PathTimings(per_class, shared_clock) for p in self.paths}
         unseen = np.full_like(self.timings[self.paths[0]].summary(), _UNSEEN)
         self.models = {p: PathModel(unseen, (_PRIOR_ALPHA, _PRIOR_BETA), shared_clock) for p in self.paths}
@@ -259,7 +264,13 @@ class PathChooser:
         self._credit = np.zeros(SIZE_CLASSES)                # exploration budget left per class, seconds
         self._explored_at = dict.fromkeys(self.paths, 0)     # call of each path's last exploration
         self._next_agreement = _FIRST_AGREEMENT     # the next agreement, scheduled or not
-        self._next_scheduled = _FIRST_AGREEMENT     # the next scheduled one (16, 32, 64, ...)
+        self._next_scheduled = _FIRST_AGREEMENT     # the next scheduled one: not before ...
+        self._scheduled_floor = _FIRST_AGREEMENT    # ... this call (16, 32, 64, then every agree_every)
+        self._soon = False                          # an unscheduled agreement is due at _next_agreement
+        self._predicted_s = 0.0                     # predicted seconds of the calls since the last scheduled one
+        self._due_s = 0.0                           # ... that the next scheduled one waits for
+        self._own_agreement_s = _UNSEEN             # this rank's time for the last agreement
+        self.agreement_s = 0.0                      # one agreement's agreed time (0: none yet)
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
         self._history: deque[list] = deque(maxlen=history)
         self.calls = 0
@@ -321,21 +332,43 @@ class PathChooser:
             self._confirming[c] = (path, pending[1] - 1)
             return
         del self._confirming[c]
-        self._next_agreement = min(self._next_agreement, self.calls + 1)
+        if path != self.prefer and self.prefer is not None:
+            self._recheck_prefer(c)
+        else:
+            self._agree_soon()
+
+    def _agree_soon(self) -> None:
+        """The ranks agree at the next call (an unscheduled agreement)."""
+        self._next_agreement, self._soon = min(self._next_agreement, self.calls + 1), True
+
+    def _recheck_prefer(self, c: int) -> None:
+        """Size class ``c``'s calls on a path other than ``prefer`` filled its ring: measure
+        ``prefer`` again there, ``trusted`` calls in a run (as probes: then the ranks agree),
+        so leaving it rests on its fresh times, not on the few it had, taken beside other
+        paths' calls (probes, an exploration). gloo's times are bimodal at 2 workers / 4 B and
+        256 KiB on the 2-core machine (0.2 or 0.4 ms, 0.5 or 3 ms): three slow probes put
+        the host lane on every call at 1.6x gloo's time."""
+        with self._lock:
+            self.timings[self.prefer].forget(c)
+        self._probes_left[(self.prefer, c)] = self.trusted
+        for nbytes in [n for n in self._best if size_class(n) == c]:
+            del self._best[nbytes]   # the class's next call plans its probes (``_fastest``)
 
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
-        """Whether calls of this size still probe. Where calls are predicted under
-        ``probe_seconds``, schedules ``probes`` calls on each path never measured at the size's
-        class (nor probed there): on ``prefer`` (the baseline must be measured to be compared)
-        and on each path whose line is within ``probe_ratio`` of the best. Larger sizes are
-        left to exploration (module docstring)."""
-        if self.forced or best_seconds >= self.probe_seconds:
+        """Whether calls of this size still probe (planned here, or a recheck of ``prefer``,
+        ``_recheck_prefer``). Where calls are predicted under ``probe_seconds``, schedules
+        ``probes`` calls on each path never measured at the size's class (nor probed there):
+        on ``prefer`` (the baseline must be measured to be compared) and on each path whose
+        line is within ``probe_ratio`` of the best. Larger sizes are left to exploration
+        (module docstring)."""
+        if self.forced:
             return False
         c = size_class(nbytes)
-        for p, m in self.models.items():
-            close = p == self.prefer or m.line(nbytes) <= self.probe_ratio * best_seconds
-            if not m.seen[c] and (p, c) not in self._probes_left and close:
-                self._probes_left[(p, c)] = self.probes
+        if best_seconds < self.probe_seconds:
+            for p, m in self.models.items():
+                close = p == self.prefer or m.line(nbytes) <= self.probe_ratio * best_seconds
+                if not m.seen[c] and (p, c) not in self._probes_left and close:
+                    self._probes_left[(p, c)] = self.probes
         return any(self._probes_left.get((p, c), 0) for p in self.paths)
 
     def _handicap(self, path: str, c: int) -> float:
@@ -359,14 +392,19 @@ class PathChooser:
         """Combine every rank's timings (each measured call's minimum over ranks) and fit every
         path's model to the result; a collective, so every rank must call it at the same
         point."""
+        started = self._clock()
         with self._lock:
-            local = np.concatenate([self.timings[p].summary() for p in self.paths])
-        combined = self._agree_fn(local).reshape(len(self.paths), -1)
+            local = np.concatenate([self.timings[p].summary() for p in self.paths] + [[self._own_agreement_s]])
+        agreed = self._agree_fn(local)
+        if np.isfinite(agreed[-1]):
+            self.agreement_s = float(agreed[-1])
+        combined = agreed[:-1].reshape(len(self.paths), -1)
         self.models = {p: PathModel(combined[i], (_PRIOR_ALPHA, _PRIOR_BETA), self.shared_clock)
                        for i, p in enumerate(self.paths)}
         self._best.clear()
         self.agreements += 1
         self._refresh_where_slower()
+        self._own_agreement_s = self._clock() - started
 
     def _refresh_where_slower(self) -> None:
         """Where a size class's newest agreed call on the path it takes was slower than the
@@ -395,7 +433,7 @@ class PathChooser:
         if entry is None or entry[2] or self.calls >= self._next_agreement:
             return self._choose_slowly(nbytes)
         c = size_class(nbytes)
-        self._credit[c] += self.explore_budget * entry[1]
+        self._count(c, entry[1])
         path = self.forced or entry[0]
         if self._confirming:
             self._count_toward_confirmation(c, path)
@@ -425,8 +463,14 @@ class PathChooser:
         run = self._history[-1]
         nbytes, c = run[3], size_class(run[3])
         self.calls += count
-        self._credit[c] += count * self.explore_budget * self._best[nbytes][1]
+        self._count(c, self._best[nbytes][1], count)
         run[2] += count
+
+    def _count(self, c: int, seconds: float, calls: int = 1) -> None:
+        """``calls`` calls of size class ``c``, each predicted to take ``seconds``: what they
+        add to the class's exploration budget and to the time the agreements' budget counts."""
+        self._credit[c] += calls * self.explore_budget * seconds
+        self._predicted_s += calls * seconds
 
     def _measure(self, path: str, nbytes: int, seconds: float) -> bool:
         """Whether to time this call, predicted to take ``seconds``: from
@@ -439,15 +483,18 @@ class PathChooser:
 
     def _choose_slowly(self, nbytes: int) -> tuple[str, bool]:
         """``choose`` at an agreement, a size not seen since the last one, or a probe."""
-        agreement = self.calls >= self._next_agreement
-        scheduled = self.calls >= self._next_scheduled
+        # scheduled: its calls have come and, at the calls' predicted time, its time too
+        scheduled = self.calls >= self._next_scheduled and self._predicted_s >= self._due_s
+        agreement = scheduled or (self._soon and self.calls >= self._next_agreement)
         if agreement:
-            if scheduled:
-                self._next_scheduled = self.calls + min(self.calls, self.agree_every)
-            self._next_agreement = self._next_scheduled
             self.agree()
+            if scheduled:
+                self._scheduled_floor = self.calls + min(self.calls, self.agree_every)
+                self._due_s, self._predicted_s = self.agreement_s / self.agree_budget, 0.0
+            self._soon = False
         c = size_class(nbytes)
         path, seconds, probing = self._fastest(nbytes)
+        self._plan_scheduled(seconds)
         explore = self._probe(nbytes) if probing else None
         if explore is None and scheduled:
             explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c])
@@ -460,13 +507,30 @@ class PathChooser:
                 # steps apart, to outvote its throttled times)
                 with self._lock:
                     self.timings[explore].forget(c)
-                self._next_agreement = self.calls + 1
-        self._credit[c] += self.explore_budget * seconds
+                self._agree_soon()
+        self._count(c, seconds)
         path = self.forced or explore or path
         if self._confirming:
             self._count_toward_confirmation(c, path)
         self._history.append([time.time(), self.calls, 1, nbytes, path, explore is not None])
         return path, explore is not None or self._measure(path, nbytes, seconds)
+
+    def _plan_scheduled(self, seconds: float) -> None:
+        """When the next scheduled agreement comes: at its floor of calls (16, 32, 64, then
+        every ``agree_every``), and not before the calls since the last one are predicted to
+        have taken ``1 / agree_budget`` times one agreement's agreed time, reckoned at
+        ``seconds`` per call from now on (this call's size; checked again when that call
+        comes, so a job whose sizes change keeps to the budget). An agreement is a small
+        allreduce and a refit, 0.8-2 ms at 2 workers and ~10 ms at 8 on the 2-core machine:
+        every 128 calls of 0.2 ms, and once more after each exploration, it cost 10-15 % of
+        the time on the mean (the backend 1.2x gloo at 2 workers / 4 B). Planned on every
+        slow call (a new size since the last agreement, a probe, an agreement): a plan
+        reckoned at a cheaper size's calls put the next agreement, and with it the next
+        exploration, seconds away once the calls became dearer."""
+        remaining = self._due_s - self._predicted_s
+        at = self.calls + max(1, int(np.ceil(remaining / max(seconds, 1e-9)))) if remaining > 0 else 0
+        self._next_scheduled = max(self._scheduled_floor, at)
+        self._next_agreement = min(self._next_agreement, self._next_scheduled) if self._soon else self._next_scheduled
 
     def _probe(self, nbytes: int) -> str | None:
         """The path this call probes: one path's probes after another, the one predicted
@@ -483,7 +547,7 @@ class PathChooser:
         self._probes_left[(path, c)] -= 1
         self.probed += 1
         if not any(self._probes_left.get((p, c), 0) for p in self.paths):
-            self._next_agreement = self.calls + 1
+            self._agree_soon()
         return path
 
     def _exploration(self, nbytes: int, affordable: float) -> str | None:
@@ -509,5 +573,6 @@ class PathChooser:
                                "measured_s": {int(n): float(t) for n, t in zip(m.nbytes[m.seen], m.seconds[m.seen])}}
                            for p, m in self.models.items()},
                 "paths": list(self.paths), "calls": self.calls, "agreements": self.agreements,
+                "agreement_s": self.agreement_s,
                 "explorations": self.explorations, "probes": self.probed,
                 "explore_credit_s": {1 << 2 * int(c): float(self._credit[c]) for c in np.flatnonzero(self._credit)}}

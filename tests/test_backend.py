@@ -302,6 +302,34 @@ def test_exploration_stays_within_its_budget():
     assert near.explorations >= 20000 // 128 - 10         # (each also adds an agreement)
 
 
+def test_agreements_and_the_explorations_they_bring_stay_within_their_budgets():
+    """Calls of 0.2 ms and agreements of 1.5 ms (2 workers / 4 B on the 2-core machine): the
+    agreements take at most ``agree_budget`` of the calls' time, plus the explorations'
+    ``explore_budget`` (each exploration brings one), where every 128 calls and once more
+    after each exploration they took 12 %. The other path is still explored."""
+    now = [0.0]
+
+    def agree(values):
+        now[0] += 1.5e-3
+        return values
+
+    c = PathChooser(agree, ("inagg", "gloo"), agree_every=128, agree_budget=0.01, explore_budget=0.02,
+                    clock=lambda: now[0])
+    for _ in range(3):
+        c.observe("gloo", 4, 0.2e-3)
+        c.observe("inagg", 4, 0.25e-3)
+    c.agree()
+    calls = 50000
+    for _ in range(calls):
+        path, measure = c.choose(4)
+        if measure:
+            c.observe(path, 4, 0.2e-3 if path == "gloo" else 0.25e-3)
+    assert c.agreement_s == pytest.approx(1.5e-3)
+    spent = c.agreements * 1.5e-3 + c.explorations * 0.05e-3
+    assert spent <= (0.01 + 0.02) * calls * 0.2e-3 + 2 * 1.5e-3
+    assert c.explorations >= 10
+
+
 def test_a_new_size_is_probed_on_each_path_then_agreed():
     c = PathChooser(lambda v: v, agree_every=128)
     for nbytes in (64, 1 << 20):
@@ -351,7 +379,8 @@ def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
         return (2e-4 if path == "inagg" else 1e-4) + 1e-9 * nbytes
 
     def chooser():
-        c = PathChooser(lambda v: v, agree_every=64)
+        ticks = iter(range(10 ** 6))   # each agreement takes 0.1 ms (two readings of this clock)
+        c = PathChooser(lambda v: v, agree_every=64, clock=lambda: next(ticks) * 1e-4)
         for nbytes in (64, 1 << 20):
             for p in ("inagg", "gloo"):
                 c.observe(p, nbytes, took(p, nbytes))
@@ -413,6 +442,26 @@ def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
     inagg_runs = [n for p, n in runs if p == "inagg"]
     assert max(inagg_runs) > 1                    # the lucky exploration did win calls ...
     assert max(inagg_runs) <= 1 + 5 + 1           # ... only until inagg's own calls were agreed on
+
+
+def test_leaving_gloo_on_slow_probes_is_rechecked_at_once():
+    """gloo's three probes at a new size come out 3 ms (its slow mode on a shared machine),
+    its calls take 0.5 ms; the host lane takes 1 ms. The calls move to the host lane, and once
+    its ring is full gloo is measured again in a run of its own and the calls go back to it:
+    within 3 + 3 + 5 + 3 + 1 calls of the size, not at an exploration hundreds of calls later."""
+    c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, per_class=5)
+    gloo_timed = 0
+    paths = []
+    for _ in range(300):
+        path, measure = c.choose(256 << 10)
+        paths.append("explored" if c.history()[-1]["explored"] else path)
+        if measure:
+            if path == "gloo":
+                gloo_timed += 1
+            c.observe(path, 256 << 10, 1e-3 if path == "host" else 3e-3 if gloo_timed <= 3 else 0.5e-3)
+    assert "host" in paths[6:]                        # the slow probes did move the calls ...
+    assert max(i for i, p in enumerate(paths) if p == "host") < 3 + 3 + 5 + 3 + 1   # ... until gloo's
+    assert set(paths[15:]) <= {"gloo", "explored"}   # own run was agreed on; explorations aside
 
 
 @settings(max_examples=200, deadline=None)
