@@ -139,12 +139,16 @@ class PathTimings:
         """Whether size class ``c`` has fewer measured calls than its ring holds."""
         return bool(self._count[c] < self._ring.shape[1])
 
-    def forget(self, c: int) -> None:
-        """Drop size class ``c``'s times (on every rank at the same call: slots stay aligned)."""
-        self._ring[c] = _UNSEEN
-        if self._starts is not None:
-            self._starts[c] = _UNSEEN
-        self._count[c] = 0
+    def forget(self, c: int, keep_newest: bool = False) -> None:
+        """Drop size class ``c``'s times, all or all but the newest (on every rank at the same
+        call: slots stay aligned)."""
+        kept = (self._count[c] - 1) % self._ring.shape[1] if keep_newest and self._count[c] else None
+        for ring in (self._ring, self._starts):
+            if ring is not None:
+                newest = ring[c, kept] if kept is not None else _UNSEEN
+                ring[c] = _UNSEEN
+                ring[c, 0] = newest
+        self._count[c] = 0 if kept is None else 1
 
     def summary(self) -> np.ndarray:
         """What the ranks combine by their minimum (``inf`` where unseen), then each class's
@@ -260,17 +264,18 @@ class PathChooser:
         self._best: dict[int, tuple[str, float, bool]] = {}
         self._probes_left: dict[tuple[str, int], int] = {}   # (path, size class) -> probe calls
         self._chosen: dict[int, str] = {}                    # size class -> its path (``_confirm_soon``)
-        self._confirming: dict[int, tuple[str, int]] = {}    # size class -> (new path, calls to wait for)
+        # size class -> (its path, calls to wait for, whether it just left ``prefer``)
+        self._confirming: dict[int, tuple[str, int, bool]] = {}
         self._credit = np.zeros(SIZE_CLASSES)                # exploration budget left per class, seconds
         self._explored_at = dict.fromkeys(self.paths, 0)     # call of each path's last exploration
         self._next_agreement = _FIRST_AGREEMENT     # the next agreement, scheduled or not
-        self._next_scheduled = _FIRST_AGREEMENT     # the next scheduled one: not before ...
-        self._scheduled_floor = _FIRST_AGREEMENT    # ... this call (16, 32, 64, then every agree_every)
+        self._next_scheduled = _FIRST_AGREEMENT     # the next scheduled one (16, 32, 64, ..., time allowing)
+        self._scheduled_at = 0                      # the call of the last scheduled one
         self._soon = False                          # an unscheduled agreement is due at _next_agreement
         self._predicted_s = 0.0                     # predicted seconds of the calls since the last scheduled one
         self._due_s = 0.0                           # ... that the next scheduled one waits for
         self._own_agreement_s = _UNSEEN             # this rank's time for the last agreement
-        self.agreement_s = 0.0                      # one agreement's agreed time (0: none yet)
+        self.agreement_s = 0.0                      # one agreement's own work, agreed (0: none yet)
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
         self._history: deque[list] = deque(maxlen=history)
         self.calls = 0
@@ -320,19 +325,20 @@ class PathChooser:
         self._chosen[c] = path
         self._confirming.pop(c, None)
         if path != self.prefer:
-            self._confirming[c] = (path, max(1, self.per_class - int(self.models[path].samples[c])))
+            self._confirming[c] = (path, max(1, self.per_class - int(self.models[path].samples[c])), True)
 
     def _count_toward_confirmation(self, c: int, path: str) -> None:
-        """A call of class ``c`` took ``path``: once the calls ``_confirm_soon`` waits for
-        are taken, the ranks agree at the next call."""
+        """A call of class ``c`` took ``path``: once the calls ``_confirm_soon`` (or
+        ``_refresh_where_slower``) waits for are taken, the ranks agree at the next call, or,
+        where the class just left ``prefer``, after ``prefer`` is timed again there."""
         pending = self._confirming.get(c)
         if pending is None or pending[0] != path:
             return
         if pending[1] > 1:
-            self._confirming[c] = (path, pending[1] - 1)
+            self._confirming[c] = (path, pending[1] - 1, pending[2])
             return
         del self._confirming[c]
-        if path != self.prefer and self.prefer is not None:
+        if pending[2] and self.prefer is not None:
             self._recheck_prefer(c)
         else:
             self._agree_soon()
@@ -395,7 +401,9 @@ class PathChooser:
         started = self._clock()
         with self._lock:
             local = np.concatenate([self.timings[p].summary() for p in self.paths] + [[self._own_agreement_s]])
+        sent = self._clock()
         agreed = self._agree_fn(local)
+        received = self._clock()
         if np.isfinite(agreed[-1]):
             self.agreement_s = float(agreed[-1])
         combined = agreed[:-1].reshape(len(self.paths), -1)
@@ -404,13 +412,19 @@ class PathChooser:
         self._best.clear()
         self.agreements += 1
         self._refresh_where_slower()
-        self._own_agreement_s = self._clock() - started
+        # its own work, not the allreduce: that runs where the calls' baseline does (gloo) and
+        # costs what its link does; budgeted too, a throttled link put the agreements, which
+        # notice the throttle, tens of seconds apart
+        self._own_agreement_s = (sent - started) + (self._clock() - received)
 
     def _refresh_where_slower(self) -> None:
         """Where a size class's newest agreed call on the path it takes was slower than the
         class's other recent calls by ``measure_from_seconds`` or more (its link got slower),
         the older times go, every call of the class is timed until its ring is full again,
-        and the ranks agree at once then (``_confirming``). Otherwise, sampled 1 in
+        and the ranks agree at once then (``_confirming``). The newest stays: with none, an
+        agreement in between (another class's exploration) found the path unmeasured there,
+        and so not eligible (``_fastest``): one slow call on inagg (45 ms among 20 ms ones,
+        the machine loaded) put a class back on gloo's throttled link for 14 s. Otherwise, sampled 1 in
         ``sample_every``, three slow calls had to come in to move the median: a link throttled
         to 20 Mbit/s stayed in use for 27 s, 135 steps at 200 ms where the host lane took
         30 ms. Decided from agreed figures only, as every agreement."""
@@ -422,8 +436,8 @@ class PathChooser:
                 if self._chosen.get(c, self.prefer) != path or c in self._confirming:
                     continue
                 with self._lock:
-                    self.timings[path].forget(c)
-                self._confirming[c] = (path, self.per_class)
+                    self.timings[path].forget(c, keep_newest=True)
+                self._confirming[c] = (path, self.per_class, False)
 
     def choose(self, nbytes: int) -> tuple[str, bool]:
         """The path of the next call, and whether to time it (every rank calls this once per
@@ -483,18 +497,21 @@ class PathChooser:
 
     def _choose_slowly(self, nbytes: int) -> tuple[str, bool]:
         """``choose`` at an agreement, a size not seen since the last one, or a probe."""
-        # scheduled: its calls have come and, at the calls' predicted time, its time too
-        scheduled = self.calls >= self._next_scheduled and self._predicted_s >= self._due_s
+        scheduled = self.calls >= self._next_scheduled
+        if scheduled and self._predicted_s < self._due_s:   # its calls have come, not its time
+            scheduled = False
+            self._postpone_scheduled()
         agreement = scheduled or (self._soon and self.calls >= self._next_agreement)
         if agreement:
             self.agree()
             if scheduled:
-                self._scheduled_floor = self.calls + min(self.calls, self.agree_every)
-                self._due_s, self._predicted_s = self.agreement_s / self.agree_budget, 0.0
-            self._soon = False
+                self._next_scheduled = self.calls + min(self.calls, self.agree_every)
+                self._scheduled_at, self._predicted_s = self.calls, 0.0
+                self._due_s = self.agreement_s / self.agree_budget
+            self._next_agreement, self._soon = self._next_scheduled, False
         c = size_class(nbytes)
         path, seconds, probing = self._fastest(nbytes)
-        self._plan_scheduled(seconds)
+        self._bring_scheduled_forward(seconds)
         explore = self._probe(nbytes) if probing else None
         if explore is None and scheduled:
             explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c])
@@ -515,21 +532,30 @@ class PathChooser:
         self._history.append([time.time(), self.calls, 1, nbytes, path, explore is not None])
         return path, explore is not None or self._measure(path, nbytes, seconds)
 
-    def _plan_scheduled(self, seconds: float) -> None:
-        """When the next scheduled agreement comes: at its floor of calls (16, 32, 64, then
-        every ``agree_every``), and not before the calls since the last one are predicted to
-        have taken ``1 / agree_budget`` times one agreement's agreed time, reckoned at
-        ``seconds`` per call from now on (this call's size; checked again when that call
-        comes, so a job whose sizes change keeps to the budget). An agreement is a small
-        allreduce and a refit, 0.8-2 ms at 2 workers and ~10 ms at 8 on the 2-core machine:
-        every 128 calls of 0.2 ms, and once more after each exploration, it cost 10-15 % of
-        the time on the mean (the backend 1.2x gloo at 2 workers / 4 B). Planned on every
-        slow call (a new size since the last agreement, a probe, an agreement): a plan
-        reckoned at a cheaper size's calls put the next agreement, and with it the next
-        exploration, seconds away once the calls became dearer."""
+    def _postpone_scheduled(self) -> None:
+        """The scheduled agreement's calls (16, 32, 64, then every ``agree_every``) have come,
+        but the calls since the last one are predicted to have taken less than ``1 /
+        agree_budget`` times one agreement's agreed time: put it off by as many calls as that
+        takes at their mean predicted time so far (checked again then). An agreement is a
+        small allreduce and a refit, 0.8-2 ms at 2 workers and ~10 ms at 8 on the 2-core
+        machine: every 128 calls of 0.2 ms, and once more after each exploration, it cost
+        10-15 % of the time on the mean (the backend 1.2x gloo at 2 workers / 4 B)."""
+        mean = self._predicted_s / max(1, self.calls - self._scheduled_at)
+        self._next_scheduled = self.calls + max(1, int(np.ceil((self._due_s - self._predicted_s) / max(mean, 1e-9))))
+        if not self._soon:
+            self._next_agreement = self._next_scheduled
+
+    def _bring_scheduled_forward(self, seconds: float) -> None:
+        """A put-off scheduled agreement comes sooner where calls of ``seconds`` (this call's
+        size, a slow call: new since the last agreement, a probe) would earn its time sooner:
+        reckoned at the mean of cheaper calls, it was put seconds away once the calls became
+        dearer (at 8 workers, 1 KiB calls after 64 B ones: no exploration in 260 calls)."""
         remaining = self._due_s - self._predicted_s
-        at = self.calls + max(1, int(np.ceil(remaining / max(seconds, 1e-9)))) if remaining > 0 else 0
-        self._next_scheduled = max(self._scheduled_floor, at)
+        if self._next_scheduled <= self.calls or remaining <= 0:
+            return
+        at = self.calls + max(1, int(np.ceil(remaining / max(seconds, 1e-9))))
+        self._next_scheduled = max(self._scheduled_at + min(self._scheduled_at, self.agree_every),
+                                   min(self._next_scheduled, at))
         self._next_agreement = min(self._next_agreement, self._next_scheduled) if self._soon else self._next_scheduled
 
     def _probe(self, nbytes: int) -> str | None:
