@@ -23,7 +23,7 @@ a 1 KiB one 5 ms), and a line through both would choose wrongly at each.
 times. So the decision uses *agreed* figures only: at fixed call numbers (every rank makes the
 same calls in the same order: calls 16, 32, 64, then every ``agree_every`` but no sooner than
 the calls' predicted time since the last one reaches ``1 / agree_budget`` times one agreement's
-agreed time, and right after a new size class's probes or an exploration) the ranks combine
+own work, and right after a new size class's probes or an exploration) the ranks combine
 their recent times with one small allreduce taking minima over ranks, and a class's figure is
 the median over its recent calls of each call's agreed time. Where the ranks share a clock (``shared_clock``: one kernel, as in the
 local deployment), a call's time runs from the last rank's start to the last rank's end: what
@@ -535,11 +535,12 @@ class PathChooser:
     def _postpone_scheduled(self) -> None:
         """The scheduled agreement's calls (16, 32, 64, then every ``agree_every``) have come,
         but the calls since the last one are predicted to have taken less than ``1 /
-        agree_budget`` times one agreement's agreed time: put it off by as many calls as that
-        takes at their mean predicted time so far (checked again then). An agreement is a
-        small allreduce and a refit, 0.8-2 ms at 2 workers and ~10 ms at 8 on the 2-core
-        machine: every 128 calls of 0.2 ms, and once more after each exploration, it cost
-        10-15 % of the time on the mean (the backend 1.2x gloo at 2 workers / 4 B)."""
+        agree_budget`` times one agreement's own work (``agreement_s``): put it off by as many
+        calls as that takes at their mean predicted time so far (checked again then). An
+        agreement's summaries and refit take ~1 ms at 2 workers on the 2-core machine, its
+        allreduce 0.3-2 ms more: every 128 calls of 0.2 ms, and once more after each
+        exploration, agreements cost 10-15 % of the time on the mean (the backend 1.2x gloo
+        at 2 workers / 4 B)."""
         mean = self._predicted_s / max(1, self.calls - self._scheduled_at)
         self._next_scheduled = self.calls + max(1, int(np.ceil((self._due_s - self._predicted_s) / max(mean, 1e-9))))
         if not self._soon:
