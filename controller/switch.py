@@ -186,9 +186,11 @@ class SwitchConnection:
         except grpc.RpcError as e:
             raise SwitchError(f"switch {self.address} refused a write: {write_error_text(e)}") from None
 
-    def read(self, entity: p4runtime_pb2.Entity) -> Iterator[p4runtime_pb2.Entity]:
+    def read(self, *entities: p4runtime_pb2.Entity) -> Iterator[p4runtime_pb2.Entity]:
+        """What the switch holds of ``entities``, asked in one request."""
         req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
-        req.entities.add().CopyFrom(entity)
+        for entity in entities:
+            req.entities.add().CopyFrom(entity)
         try:
             replies = list(self.stub.Read(req, timeout=self.timeout))
         except grpc.RpcError as e:
@@ -241,6 +243,21 @@ class SwitchConnection:
         if index is not None:
             q.counter_entry.index.index = index
         return {e.counter_entry.index.index: e.counter_entry.data.packet_count for e in self.read(q)}
+
+    def counter_cells(self, cells: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Packet counts of ``(counter, index)`` cells, read in one request: counters read one
+        request each drift apart while traffic flows (a job's results read after its aggregated
+        contributions came out 5.7 % more than half of them, at 2 workers, for rounds that
+        completed between the two reads)."""
+        names, queries = {}, []
+        for name, index in cells:
+            q = p4runtime_pb2.Entity()
+            q.counter_entry.counter_id = names.setdefault(name, self.p4info.obj(P4Type.counter, name).preamble.id)
+            q.counter_entry.index.index = index
+            queries.append(q)
+        by_id = {i: n for n, i in names.items()}
+        return {(by_id[e.counter_entry.counter_id], e.counter_entry.index.index): e.counter_entry.data.packet_count
+                for e in self.read(*queries)}
 
 
 INSERT, MODIFY, DELETE = (p4runtime_pb2.Update.INSERT, p4runtime_pb2.Update.MODIFY,
@@ -380,6 +397,9 @@ class Forwarding:
         ]
 
 
+_JOB_COUNTS = ("packets", "aggregated", "duplicates", "results")   # job_<name>, one cell per job
+
+
 class JobCounters:
     """Reads the counters of p4/include/job_counters.p4."""
 
@@ -387,22 +407,19 @@ class JobCounters:
         self.sw = sw
 
     def job(self, job_index: int) -> dict:
-        c = self.sw.counter
+        """Job row ``job_index``'s counters, read together (``SwitchConnection.counter_cells``)."""
         base = job_index * self.sw.p4info.drop_row_length
-        drops = {r: c("job_drops", base + i)[base + i] for i, r in enumerate(DROP_REASONS)}
-        return {
-            "packets": c("job_packets", job_index)[job_index],
-            "aggregated": c("job_aggregated", job_index)[job_index],
-            "duplicates": c("job_duplicates", job_index)[job_index],
-            "results": c("job_results", job_index)[job_index],
-            "drops": {r: n for r, n in drops.items() if n},
-        }
+        drop_cells = [("job_drops", base + i) for i in range(len(DROP_REASONS))]
+        row = [(f"job_{name}", job_index) for name in _JOB_COUNTS]
+        counts = self.sw.counter_cells(row + drop_cells)
+        drops = {r: counts.get(cell, 0) for r, cell in zip(DROP_REASONS, drop_cells)}
+        return {**{name: counts.get(cell, 0) for name, cell in zip(_JOB_COUNTS, row)},
+                "drops": {r: n for r, n in drops.items() if n}}
 
     def reset_updates(self, job_index: int) -> list[p4runtime_pb2.Update]:
         """Zero every counter of job row ``job_index``: a job taking a row must not inherit the
         counts of the job that held it before."""
-        cells = [(name, job_index) for name in ("job_packets", "job_aggregated", "job_duplicates",
-                                                "job_results")]
+        cells = [(f"job_{name}", job_index) for name in _JOB_COUNTS]
         row = self.sw.p4info.drop_row_length   # the program's row (Tofino pads it to 8)
         cells += [("job_drops", job_index * row + i) for i in range(row)]
         ups = []
