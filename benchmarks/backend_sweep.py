@@ -209,7 +209,7 @@ def plot(rows: list[dict], path: Path) -> bool:
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("allreduce size (bytes, float32)")
-    ax.set_ylabel("inagg backend / gloo (median over repetitions, 95 % CI)")
+    ax.set_ylabel("inagg backend / gloo (paired, 95 % CI)")
     ax.set_title("inagg backend vs gloo, interleaved, slowest rank per call")
     ax.legend(fontsize=7)
     fig.tight_layout()
