@@ -124,28 +124,32 @@ def _barrier(port: int, step: int) -> bytes:
                  / f"inagg-barrier {step} {port}".encode())
 
 
-def _frames_out(dp: Dataplane, step: int) -> dict[int, list[bytes]]:
-    """The frames the switch sends after one frame in. Two flooded barriers follow the frame
-    (from ports 1 and 4: together they leave by every port); each port's queue is FIFO, so
-    once every port has sent its barriers, everything the frame caused has come out."""
-    barriers = {_barrier(p, step): {q for q in dp.socks if q != p} for p in (1, 4)}
-    for frame in barriers:
-        dp.send(frame[6:12][-1], frame)
+def _frames_out(dp: Dataplane, port: int, step: int) -> dict[int, list[bytes]]:
+    """The frames the switch sends after one frame in from ``port``. Two flooded barriers
+    follow, one after the other: the first from ``port`` itself (a port's frames enter the
+    pipeline in order, frames of two ports in either order: a barrier sent at once from another
+    port overtook the frame 1 run in 6, and its output was counted a step late); once it is
+    out everywhere else, the frame has been processed, and the second, from another port,
+    leaves by ``port`` behind everything the frame caused there (each port's queue is FIFO)."""
     got: dict[int, list[bytes]] = {p: [] for p in dp.socks}
     by_fd = {s.fileno(): p for p, s in dp.socks.items()}
     deadline = time.time() + 30.0   # the Python engine on a loaded 2-core CI
-    while any(barriers.values()):
-        assert time.time() < deadline, f"step {step}: barriers missing on {barriers}"
-        ready, _, _ = select.select(list(dp.socks.values()), [], [], 0.1)
-        for s in ready:
-            data, addr = s.recvfrom(65535)
-            port = by_fd[s.fileno()]
-            if addr[2] == 4:  # PACKET_OUTGOING: our own sends
-                continue
-            if data in barriers:
-                barriers[data].discard(port)
-            else:
-                got[port].append(data)
+    for source in (port, next(p for p in dp.socks if p != port)):
+        barrier = _barrier(source, step)
+        waiting = {q for q in dp.socks if q != source}
+        dp.send(source, barrier)
+        while waiting:
+            assert time.time() < deadline, f"step {step}: barrier from port {source} missing on {waiting}"
+            ready, _, _ = select.select(list(dp.socks.values()), [], [], 0.1)
+            for s in ready:
+                data, addr = s.recvfrom(65535)
+                out = by_fd[s.fileno()]
+                if addr[2] == 4:  # PACKET_OUTGOING: our own sends
+                    continue
+                if data == barrier:
+                    waiting.discard(out)
+                else:
+                    got[out].append(data)
     return got
 
 
@@ -166,7 +170,7 @@ def run(target: str, sequence: list[tuple[int, bytes]]) -> dict:
         steps = []
         for i, (port, frame) in enumerate(sequence):
             dp.send(port, frame)
-            got = _frames_out(dp, i)
+            got = _frames_out(dp, port, i)
             steps.append({str(p): sorted(_digest(f) for f in fs) for p, fs in got.items() if fs})
         counters = JobCounters(sw)
         return {"steps": steps,
