@@ -270,6 +270,7 @@ class PathChooser:
         self._explored_at = dict.fromkeys(self.paths, 0)     # call of each path's last exploration
         self._next_agreement = _FIRST_AGREEMENT     # the next agreement, scheduled or not
         self._next_scheduled = _FIRST_AGREEMENT     # the next scheduled one (16, 32, 64, ..., time allowing)
+        self._scheduled_floor = _FIRST_AGREEMENT    # ... not before this call
         self._scheduled_at = 0                      # the call of the last scheduled one
         self._soon = False                          # an unscheduled agreement is due at _next_agreement
         self._predicted_s = 0.0                     # predicted seconds of the calls since the last scheduled one
@@ -505,7 +506,7 @@ class PathChooser:
         if agreement:
             self.agree()
             if scheduled:
-                self._next_scheduled = self.calls + min(self.calls, self.agree_every)
+                self._next_scheduled = self._scheduled_floor = self.calls + min(self.calls, self.agree_every)
                 self._scheduled_at, self._predicted_s = self.calls, 0.0
                 self._due_s = self.agreement_s / self.agree_budget
             self._next_agreement, self._soon = self._next_scheduled, False
@@ -555,8 +556,7 @@ class PathChooser:
         if self._next_scheduled <= self.calls or remaining <= 0:
             return
         at = self.calls + max(1, int(np.ceil(remaining / max(seconds, 1e-9))))
-        self._next_scheduled = max(self._scheduled_at + min(self._scheduled_at, self.agree_every),
-                                   min(self._next_scheduled, at))
+        self._next_scheduled = max(self._scheduled_floor, min(self._next_scheduled, at))
         self._next_agreement = min(self._next_agreement, self._next_scheduled) if self._soon else self._next_scheduled
 
     def _probe(self, nbytes: int) -> str | None:
