@@ -412,9 +412,8 @@ class JobCounters:
         drop_cells = [("job_drops", base + i) for i in range(len(DROP_REASONS))]
         row = [(f"job_{name}", job_index) for name in _JOB_COUNTS]
         counts = self.sw.counter_cells(row + drop_cells)
-        drops = {r: counts.get(cell, 0) for r, cell in zip(DROP_REASONS, drop_cells)}
         return {**{name: counts.get(cell, 0) for name, cell in zip(_JOB_COUNTS, row)},
-                "drops": {r: n for r, n in drops.items() if n}}
+                "drops": {r: n for r, cell in zip(DROP_REASONS, drop_cells) if (n := counts.get(cell, 0))}}
 
     def reset_updates(self, job_index: int) -> list[p4runtime_pb2.Update]:
         """Zero every counter of job row ``job_index``: a job taking a row must not inherit the

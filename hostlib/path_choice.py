@@ -542,22 +542,25 @@ class PathChooser:
         allreduce 0.3-2 ms more: every 128 calls of 0.2 ms, and once more after each
         exploration, agreements cost 10-15 % of the time on the mean (the backend 1.2x gloo
         at 2 workers / 4 B)."""
-        mean = self._predicted_s / max(1, self.calls - self._scheduled_at)
-        self._next_scheduled = self.calls + max(1, int(np.ceil((self._due_s - self._predicted_s) / max(mean, 1e-9))))
-        if not self._soon:
-            self._next_agreement = self._next_scheduled
+        self._schedule_at(self._call_earning_due(self._predicted_s / max(1, self.calls - self._scheduled_at)))
 
     def _bring_scheduled_forward(self, seconds: float) -> None:
         """A put-off scheduled agreement comes sooner where calls of ``seconds`` (this call's
         size, a slow call: new since the last agreement, a probe) would earn its time sooner:
         reckoned at the mean of cheaper calls, it was put seconds away once the calls became
         dearer (at 8 workers, 1 KiB calls after 64 B ones: no exploration in 260 calls)."""
-        remaining = self._due_s - self._predicted_s
-        if self._next_scheduled <= self.calls or remaining <= 0:
-            return
-        at = self.calls + max(1, int(np.ceil(remaining / max(seconds, 1e-9))))
-        self._next_scheduled = max(self._scheduled_floor, min(self._next_scheduled, at))
-        self._next_agreement = min(self._next_agreement, self._next_scheduled) if self._soon else self._next_scheduled
+        if self._next_scheduled > self.calls and self._predicted_s < self._due_s:
+            self._schedule_at(max(self._scheduled_floor, min(self._next_scheduled, self._call_earning_due(seconds))))
+
+    def _call_earning_due(self, per_call: float) -> int:
+        """The call by which calls of ``per_call`` predicted seconds from now on bring the
+        calls' predicted time since the last scheduled agreement to its due."""
+        return self.calls + max(1, int(np.ceil((self._due_s - self._predicted_s) / max(per_call, 1e-9))))
+
+    def _schedule_at(self, call: int) -> None:
+        """The next scheduled agreement at ``call`` (an unscheduled one due sooner stays due)."""
+        self._next_scheduled = call
+        self._next_agreement = min(self._next_agreement, call) if self._soon else call
 
     def _probe(self, nbytes: int) -> str | None:
         """The path this call probes: one path's probes after another, the one predicted
