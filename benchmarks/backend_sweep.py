@@ -3,14 +3,14 @@ workers. The backend chooses each call's path (inagg on the job's grant, its hos
 switch grant, or gloo) by its measured model, so its time should never exceed gloo's by more
 than its own overhead: the target is inagg-backend / gloo <= 1.1 at every point.
 
-Each worker count is one torch.distributed job of real processes (env://, no controller named:
-rank 0 brings up the local deployment, as ``torchrun`` users get it) with three measured process
+A job is one torch.distributed job of real processes (env://, no controller named: rank 0
+brings up the local deployment, as ``torchrun`` users get it) with three measured process
 groups: the default one on ``inagg``, a ``gloo`` group (the baseline) and a second, identical
 gloo group (``gloo2``, the control: what the harness reads for two systems that are the same).
 For each size every group first makes ``_WARMUP_CALLS`` untimed calls (the backend probes every
 path at a new size, a one-time cost a training job pays once per bucket size), then allreduces a
-fresh copy of one float32 tensor for about ``--seconds`` per system (the repetitions follow from
-gloo's warm-up calls). A repetition makes two calls of each system, in a rotation of the three
+fresh copy of one float32 tensor for about ``--seconds`` / ``--jobs`` per system (the repetitions
+follow from gloo's warm-up calls). A repetition makes two calls of each system, in a rotation of the three
 and then its reverse (ABCCBA, BCAACB, CABBAC, ...), so over three repetitions every system is
 first, last and in the middle equally often; each call after a barrier on a fourth gloo group;
 a call's time is the slowest rank's. The barrier's group is none of the measured ones: a group
@@ -18,15 +18,21 @@ whose threads just ran the barrier answers its next call sooner than one whose t
 asleep (two plain gloo groups measured this way, the barrier on one of them, came out 1.4x apart
 at 8 workers / 4 B on the loaded 2-core machine; with a group of its own, 0.97).
 
-Per size: each system's median time; ``ratio``, the median over repetitions of the ratio of the
-inagg backend's summed time to gloo's within a repetition (its calls run back to back, so the
-ratio cancels the load other processes put on the shared machine, which moves both alike), with
-a 95 % bootstrap interval over the repetitions; ``gloo_vs_gloo``, the same ratio of the control
-group to the baseline, which shows how far from 1 the harness reads where nothing differs (on
-the 2-core machine, 0.93-1.07 at 4 workers / 4 MiB in three runs of 120-200 repetitions).
-``ratio_of_medians`` and ``ratio_of_means`` (the total time's ratio) are in the CSV too: where a
-system's call times are bimodal, as gloo's were at 2 workers / 256 KiB (0.5 or 3 ms), the three
-differ.
+Each worker count runs as ``--jobs`` separate jobs (fresh processes, groups and local
+deployment), each with its share of the time: two identical gloo groups of one job differ by a
+few percent for the whole job (2-core machine, 4 workers / 4 MiB: 0.92-1.08 between groups,
+the same in both halves of a job, different in the next job), so one job measures its groups'
+draw as much as the systems; pooled over jobs the draws average out.
+
+Per size: each system's median time; ``ratio``, the median over all jobs' repetitions of the
+ratio of the inagg backend's summed time to gloo's within a repetition (its calls run back to
+back, so the ratio cancels the load other processes put on the shared machine, which moves both
+alike), with a 95 % bootstrap interval that resamples jobs, then repetitions within each (so it
+counts the groups' draw); ``job_ratios``, each job's own ratio; ``gloo_vs_gloo``, the same
+ratio of the control group to the baseline, which shows how far from 1 the harness reads where
+nothing differs. ``ratio_of_medians`` and ``ratio_of_means`` (the total time's ratio) are in the
+CSV too: where a system's call times are bimodal, as gloo's were at 2 workers / 256 KiB (0.5 or
+3 ms), the three differ.
 
 Writes benchmarks/results/backend_sweep.csv and backend_sweep.png (ratio per size and worker
 count; needs matplotlib), and prints the worst ratio, where it occurred and the machine's load.
@@ -53,9 +59,9 @@ FULL_SIZES = tuple(4 * 16 ** i for i in range(7))            # 4 B, 64 B, ..., 6
 QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
 PATHS = ("inagg", "host", "gloo")   # the backend's paths (hostlib.path_choice)
 SYSTEMS = ("inagg", "gloo", "gloo2")   # the backend, the baseline, the control (module docstring)
-FIELDS = ("workers", "bytes", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_ci_low", "ratio_ci_high",
-          "gloo_vs_gloo", "ratio_of_medians", "ratio_of_means", "inagg_calls", "host_calls", "gloo_calls", "load1")
-_BOOTSTRAP = 2000   # resamples of the repetitions for the ratio's 95 % interval
+FIELDS = ("workers", "bytes", "jobs", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_ci_low", "ratio_ci_high",
+          "job_ratios", "gloo_vs_gloo", "ratio_of_medians", "ratio_of_means", "inagg_calls", "host_calls", "gloo_calls", "load1")
+_BOOTSTRAP = 2000   # resamples (of jobs, then repetitions) for the ratio's 95 % interval
 TARGET = 1.1
 _SETTLE_CALLS = 50   # untimed calls on each group before the first size
 # untimed calls of each size on each group before its timed ones: the backend's first calls of
@@ -142,10 +148,14 @@ def paired_ratios(slowest: dict[str, list[float]], a: str, b: str) -> np.ndarray
     return per_rep[a] / per_rep[b]
 
 
-def median_interval(values: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
-    """A 95 % percentile-bootstrap interval of the median of ``values``."""
-    resampled = rng.choice(values, size=(_BOOTSTRAP, len(values)), replace=True)
-    low, high = np.percentile(np.median(resampled, axis=1), [2.5, 97.5])
+def pooled_median_interval(per_job: list[np.ndarray], rng: np.random.Generator) -> tuple[float, float]:
+    """A 95 % bootstrap interval of the median of all jobs' ``per_job`` values pooled:
+    each resample draws jobs with replacement, then each drawn job's values with replacement."""
+    medians = np.empty(_BOOTSTRAP)
+    for b in range(_BOOTSTRAP):
+        drawn = rng.integers(len(per_job), size=len(per_job))
+        medians[b] = np.median(np.concatenate([rng.choice(per_job[j], size=len(per_job[j])) for j in drawn]))
+    low, high = np.percentile(medians, [2.5, 97.5])
     return float(low), float(high)
 
 
@@ -155,7 +165,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(n: int, sizes: tuple[int, ...], reps: tuple[float, int, int]) -> list[dict]:
+def run_job(n: int, sizes: tuple[int, ...], reps: tuple[float, int, int]) -> list[tuple[int, dict, dict]]:
+    """One job of ``n`` workers over ``sizes``: per size, its bytes, each system's call times
+    (the slowest rank's) and the backend's calls by path."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
@@ -167,19 +179,32 @@ def run_job(n: int, sizes: tuple[int, ...], reps: tuple[float, int, int]) -> lis
         p.join(60)
     if any(p.exitcode != 0 for p in procs):
         raise RuntimeError(f"{n} workers: exit codes {[p.exitcode for p in procs]}")
-    rows = []
-    load = os.getloadavg()[0]
-    rng = np.random.default_rng(0)   # the same resamples for the same times
+    results = []
     for i, (nbytes, _, calls) in enumerate(gathered[0]):
         per_rank = [g[i][1] for g in gathered]
         slowest = {name: [max(call) for call in zip(*(r[name] for r in per_rank))] for name in SYSTEMS}
+        results.append((nbytes, slowest, calls))
+    return results
+
+
+def summarize(n: int, jobs: list[list[tuple[int, dict, dict]]], rng: np.random.Generator) -> list[dict]:
+    """One CSV row per size from ``jobs`` (``run_job``'s results, same sizes): times and
+    ratios pooled over the jobs (module docstring)."""
+    rows = []
+    load = os.getloadavg()[0]
+    for per_size in zip(*jobs):
+        nbytes = per_size[0][0]
+        slowest = {name: [t for _, times, _ in per_size for t in times[name]] for name in SYSTEMS}
+        ratios = [paired_ratios(times, "inagg", "gloo") for _, times, _ in per_size]
+        pooled = np.concatenate(ratios)
+        low, high = pooled_median_interval(ratios, rng)
+        control = np.concatenate([paired_ratios(times, "gloo2", "gloo") for _, times, _ in per_size])
         med = {name: statistics.median(v) for name, v in slowest.items()}
-        ratios = paired_ratios(slowest, "inagg", "gloo")
-        low, high = median_interval(ratios, rng)
-        rows.append(dict(workers=n, bytes=nbytes, reps=len(ratios), inagg_backend_s=med["inagg"],
-                         gloo_s=med["gloo"], ratio=float(np.median(ratios)), ratio_ci_low=low, ratio_ci_high=high,
-                         gloo_vs_gloo=float(np.median(paired_ratios(slowest, "gloo2", "gloo"))),
-                         ratio_of_medians=med["inagg"] / med["gloo"],
+        calls = {p: sum(c[p] for _, _, c in per_size) for p in PATHS}
+        rows.append(dict(workers=n, bytes=nbytes, jobs=len(per_size), reps=len(pooled), inagg_backend_s=med["inagg"],
+                         gloo_s=med["gloo"], ratio=float(np.median(pooled)), ratio_ci_low=low, ratio_ci_high=high,
+                         job_ratios=" ".join(f"{np.median(r):.3f}" for r in ratios),
+                         gloo_vs_gloo=float(np.median(control)), ratio_of_medians=med["inagg"] / med["gloo"],
                          ratio_of_means=sum(slowest["inagg"]) / sum(slowest["gloo"]),
                          **{f"{p}_calls": calls[p] for p in PATHS}, load1=round(load, 2)))
     return rows
@@ -221,27 +246,31 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--seconds", type=float, default=3.0,
-                   help="time to spend on each system per size (the repetitions follow from gloo's warm-up calls)")
-    p.add_argument("--min-reps", type=int, default=7, help="fewest repetitions per size (two calls of each system)")
-    p.add_argument("--max-reps", type=int, default=500, help="most repetitions per size")
+                   help="time to spend on each system per size, over all jobs (the repetitions follow from gloo's "
+                        "warm-up calls)")
+    p.add_argument("--jobs", type=int, default=3, help="separate jobs per worker count (module docstring)")
+    p.add_argument("--min-reps", type=int, default=5, help="fewest repetitions per size and job (two calls of each system)")
+    p.add_argument("--max-reps", type=int, default=200, help="most repetitions per size and job")
     p.add_argument("--quick", action="store_true",
                    help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, a sixth of the time")
     args = p.parse_args(argv)
     sizes, seconds = (QUICK_SIZES, args.seconds / 6) if args.quick else (FULL_SIZES, args.seconds)
-    if not (seconds > 0 and 1 <= args.min_reps <= args.max_reps):
-        p.error("--seconds must be > 0 and 1 <= --min-reps <= --max-reps")
-    reps = (seconds, args.min_reps, args.max_reps)
+    if not (seconds > 0 and args.jobs >= 1 and 1 <= args.min_reps <= args.max_reps):
+        p.error("--seconds must be > 0, --jobs >= 1 and 1 <= --min-reps <= --max-reps")
+    reps = (seconds / args.jobs, args.min_reps, args.max_reps)
     for k in [k for k in os.environ if k.startswith("INAGG_")]:
         del os.environ[k]   # the backend's zero-setup default, automatic path choice
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
+    rng = np.random.default_rng(0)   # the same resamples for the same times
     print(f"{'workers':>7} {'size':>8} {'inagg backend':>14} {'gloo':>10} {'ratio':>6} {'95 % CI':>11} "
-          f"{'gloo/gloo':>9} {'of medians':>10} {'of means':>8}  calls inagg/host/gloo  load")
+          f"{'per job':>17} {'gloo/gloo':>9} {'of medians':>10} {'of means':>8}  calls inagg/host/gloo  load")
     for n in args.workers:
-        for r in run_job(n, sizes, reps):
+        for r in summarize(n, [run_job(n, sizes, reps) for _ in range(args.jobs)], rng):
             rows.append(r)
             print(f"{n:>7} {human(r['bytes']):>8} {r['inagg_backend_s'] * 1e3:>11.3f} ms {r['gloo_s'] * 1e3:>7.3f} ms "
-                  f"{r['ratio']:>6.2f} {r['ratio_ci_low']:>5.2f}-{r['ratio_ci_high']:<5.2f} {r['gloo_vs_gloo']:>9.2f} "
+                  f"{r['ratio']:>6.2f} {r['ratio_ci_low']:>5.2f}-{r['ratio_ci_high']:<5.2f} "
+                  f"{' '.join(f'{float(v):.2f}' for v in r['job_ratios'].split()):>17} {r['gloo_vs_gloo']:>9.2f} "
                   f"{r['ratio_of_medians']:>10.2f} {r['ratio_of_means']:>8.2f}  "
                   f"{'/'.join(str(r[f'{p}_calls']) for p in PATHS):<21} {r['load1']}", flush=True)
     with open(RESULTS / "backend_sweep.csv", "w", newline="") as f:
