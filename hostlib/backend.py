@@ -283,11 +283,12 @@ class InaggProcessGroup(dist.ProcessGroup):
         nbytes = tensor.nbytes
         path, measure = self.paths.choose(nbytes)
         self.allreduces[path] += 1
-        if path == "gloo" and not measure and op == _SUM:   # gloo's own Work, and a run may follow
-            self._run_nbytes, self._run_left = nbytes, self.paths.run_length(nbytes)
-            work = self._gloo.allreduce(tensors, opts)
-            self._last_work["gloo"] = weakref.ref(work)
-            return work
+        if path == "gloo" and op == _SUM:   # a run may follow, after a sampled call too
+            self._run_nbytes, self._run_left = nbytes, self.paths.run_length(nbytes, path)
+            if not measure:   # gloo's own Work
+                work = self._gloo.allreduce(tensors, opts)
+                self._last_work["gloo"] = weakref.ref(work)
+                return work
         return self._start(path, tensor, opts, measure)
 
     def _end_run(self) -> None:

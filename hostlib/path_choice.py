@@ -455,17 +455,17 @@ class PathChooser:
         self._history.append([time.time(), self.calls, 1, nbytes, path, False])
         return path, self._measure(path, nbytes, entry[1])
 
-    def run_length(self, nbytes: int) -> int:
-        """How many calls of ``nbytes`` right after the one ``choose`` just answered would be
-        answered the same, unmeasured, with nothing but counting (no agreement, probe or
-        exploration due, no sample): a caller may take them without asking, then report them
-        with ``skip`` before its next ``choose``. The backend's gloo path does (a few
-        attribute reads per call instead of ``choose``: at 2 workers / 4 B its per-call Python
-        made the backend 1.2x plain gloo)."""
+    def run_length(self, nbytes: int, path: str) -> int:
+        """How many calls of ``nbytes`` right after the one ``choose`` just answered (with
+        ``path``, measured or not) would be answered ``path``, unmeasured, with nothing but
+        counting (no agreement, probe or exploration due, no sample): a caller may take them
+        without asking, then report them with ``skip`` before its next ``choose``. The
+        backend's gloo path does (a few attribute reads per call instead of ``choose``: at 2
+        workers / 4 B its per-call Python made the backend 1.2x plain gloo)."""
         c = size_class(nbytes)
         entry = self._best.get(nbytes)
-        if (entry is None or entry[2] or entry[1] >= self.measure_from_seconds
-                or self.timings[self.forced or entry[0]].filling(c) or c in self._confirming):
+        if (entry is None or entry[2] or entry[1] >= self.measure_from_seconds or (self.forced or entry[0]) != path
+                or self.timings[path].filling(c) or c in self._confirming):
             return 0
         to_sample = self.sample_every - 1 - self.calls % self.sample_every
         return max(0, min(to_sample, self._next_agreement - self.calls - 1))

@@ -403,7 +403,7 @@ def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
         ran.append((path, measure, s))
         if measure:
             running.observe(path, s, took(path, s))
-        left, taken = running.run_length(s), 0
+        left, taken = running.run_length(s, path), 0
     running.skip(taken)
     assert [(p, m) for p, m, _ in ran] == every
     assert skipped > len(sizes) // 2                      # most calls took the fast path
@@ -411,6 +411,30 @@ def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
                                                                           asked.explorations)
     expand = lambda c: [(h["path"], h["bytes"]) for h in c.history() for _ in range(h["calls"])]
     assert expand(running) == expand(asked) == [(p, s) for (p, _), s in zip(every, sizes)]
+
+
+def test_a_run_follows_a_sampled_call_and_only_on_its_path():
+    """After a call the chooser samples (timed), the next calls may run untimed on the same
+    path without asking (the backend's fast path; asking again after each sample doubled its
+    slow calls), and a run is never granted for a path other than the one just answered."""
+    c = PathChooser(lambda v: v, agree_every=1024, sample_every=32)
+    for _ in range(5):
+        c.observe("gloo", 4096, 1e-3)
+        c.observe("inagg", 4096, 2e-3)
+    c.agree()
+    sampled = 0
+    for _ in range(200):
+        path, measure = c.choose(4096)
+        if c.history()[-1]["explored"]:
+            c.observe(path, 4096, 2e-3)
+            continue
+        assert path == "gloo"
+        assert c.run_length(4096, "inagg") == 0
+        if measure:
+            c.observe(path, 4096, 1e-3)
+            sampled += 1
+            assert c.run_length(4096, path) > 0
+    assert sampled >= 3
 
 
 def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
