@@ -343,6 +343,33 @@ def test_a_new_size_is_probed_on_each_path_then_agreed():
     assert 4096 in c.as_dict()["agreed"]["gloo"]["measured_s"]
 
 
+@pytest.mark.parametrize("host_line_ms, probed", [(4.0, True), (12.0, False)])
+def test_a_dear_new_size_probes_a_path_its_line_says_is_faster(host_line_ms, probed):
+    """8 workers / 1 KiB: gloo takes 14 ms (measured at 64 B and 16 KiB alike), the host lane's
+    line says 4 ms. Above ``probe_seconds`` a new size is left to exploration, except for a
+    path predicted faster than gloo by the margin: it is probed (and gloo beside it), the
+    ranks agree, and the calls take it at once. A path predicted only a little faster (12 ms)
+    is not probed: gloo keeps the calls."""
+    c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128)
+    for nbytes in (64, 16384):
+        for _ in range(3):
+            c.observe("gloo", nbytes, 14e-3)
+            c.observe("host", nbytes, host_line_ms * 1e-3)
+    c.agree()
+    calls = [c.choose(1024) for _ in range(6)]
+    if not probed:
+        assert [p for p, _ in calls] == ["gloo"] * 6
+        return
+    assert sorted(p for p, _ in calls) == ["gloo"] * 3 + ["host"] * 3 and all(m for _, m in calls)
+    for _ in range(30):
+        path, measure = calls[-1]
+        if measure:
+            c.observe(path, 1024, 14e-3 if path == "gloo" else 4e-3)
+        calls.append(c.choose(1024))
+    paths = [p for p, _ in calls[6:]]
+    assert paths.count("host") >= 25 and paths[-10:] == ["host"] * 10   # gloo re-checked 3 times, no more
+
+
 @pytest.mark.parametrize("shared_clock, agreed_ms", [(True, 0.9), (False, 0.3)])
 def test_a_call_is_timed_from_the_last_start_to_the_last_end_on_a_shared_clock(shared_clock, agreed_ms):
     """Rank 0 starts a call at 0 and is done at 0.3 ms, rank 1 starts at 0.1 ms and is done at
