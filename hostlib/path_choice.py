@@ -56,7 +56,9 @@ or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``), and 
 class's newest agreed call on its path was slower than the class's other recent ones by
 ``measure_from_seconds`` or more (a link slowed down: its older times go, its next calls are all
 timed, then the ranks agree). Its
-predicted extra time is paid from a budget of ``explore_budget`` (a fraction) of the predicted
+predicted extra time and the agreement it brings (``agreement_s``: where calls take 0.3 ms, an
+agreement's ~3 ms dwarfs the exploration itself) are paid from a budget of ``explore_budget``
+(a fraction) of the predicted
 time of every call of its size class so far: a path predicted much slower is explored rarely,
 one close to the best at nearly every agreement; paths take turns, strictly. Each size class
 pays for its own explorations (one budget for all let the calls of earlier sizes pay for a
@@ -525,10 +527,11 @@ class PathChooser:
         path, seconds, probing = self._fastest(nbytes)
         self._bring_scheduled_forward(seconds)
         explore = self._probe(nbytes) if probing else None
-        if explore is None and scheduled:
-            explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c])
+        if explore is None and scheduled:   # the exploration pays for the agreement it brings too
+            explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c]
+                                        - self.agreement_s)
             if explore is not None:
-                self._credit[c] -= self.predict(explore, nbytes) - seconds
+                self._credit[c] -= self.predict(explore, nbytes) - seconds + self.agreement_s
                 self._explored_at[explore] = self.calls
                 self.explorations += 1
                 # a path not in use: its old times are stale, this call's is its figure, used

@@ -326,6 +326,28 @@ def test_agreements_and_the_explorations_they_bring_stay_within_their_budgets():
     assert c.explorations >= 10
 
 
+def test_an_exploration_pays_for_the_agreement_it_brings():
+    """Calls of 0.2 ms, agreements whose own work takes 3 ms: each exploration brings an
+    agreement, so the explorations and their agreements together stay within
+    ``explore_budget`` (where the exploration paid for its own extra 0.05 ms only, one came at
+    every scheduled agreement: twice the budget)."""
+    ticks = iter(range(10 ** 6))
+    c = PathChooser(lambda v: v, ("inagg", "gloo"), agree_budget=0.01, explore_budget=0.005,
+                    clock=lambda: next(ticks) * 1.5e-3)
+    for _ in range(3):
+        c.observe("gloo", 4, 0.2e-3)
+        c.observe("inagg", 4, 0.25e-3)
+    c.agree()
+    calls = 50000
+    for _ in range(calls):
+        path, measure = c.choose(4)
+        if measure:
+            c.observe(path, 4, 0.2e-3 if path == "gloo" else 0.25e-3)
+    each = c.agreement_s + 0.05e-3
+    assert c.agreement_s == pytest.approx(3e-3)
+    assert 5 <= c.explorations and c.explorations * each <= 0.005 * calls * 0.2e-3 + each
+
+
 def test_a_new_size_is_probed_on_each_path_then_agreed():
     c = PathChooser(lambda v: v, agree_every=128)
     for nbytes in (64, 1 << 20):
