@@ -302,24 +302,32 @@ def test_exploration_stays_within_its_budget():
     assert near.explorations >= 20000 // 128 - 10         # (each also adds an agreement)
 
 
+def _tiny_calls_on(calls: int, agreement_s: float, **budgets) -> PathChooser:
+    """A chooser after ``calls`` 4 B calls, gloo's taking 0.2 ms and inagg's 0.25 ms, whose
+    agreements' own work takes ``agreement_s`` (two readings of a fake clock)."""
+    ticks = iter(range(10 ** 6))
+    c = PathChooser(lambda v: v, ("inagg", "gloo"), agree_every=128, clock=lambda: next(ticks) * agreement_s / 2,
+                    **budgets)
+    took = {"gloo": 0.2e-3, "inagg": 0.25e-3}
+    for _ in range(3):
+        for path, seconds in took.items():
+            c.observe(path, 4, seconds)
+    c.agree()
+    for _ in range(calls):
+        path, measure = c.choose(4)
+        if measure:
+            c.observe(path, 4, took[path])
+    return c
+
+
 def test_agreements_and_the_explorations_they_bring_stay_within_their_budgets():
     """Calls of 0.2 ms and agreements whose own work (summaries and refit: each reading of
     this clock 0.75 ms apart) takes 1.5 ms, as at 2 workers / 4 B on the 2-core machine: the
     agreements take at most ``agree_budget`` of the calls' time, plus the explorations'
     ``explore_budget`` (each exploration brings one), where every 128 calls and once more
     after each exploration they took 12 %. The other path is still explored."""
-    ticks = iter(range(10 ** 6))
-    c = PathChooser(lambda v: v, ("inagg", "gloo"), agree_every=128, agree_budget=0.01, explore_budget=0.02,
-                    clock=lambda: next(ticks) * 0.75e-3)
-    for _ in range(3):
-        c.observe("gloo", 4, 0.2e-3)
-        c.observe("inagg", 4, 0.25e-3)
-    c.agree()
     calls = 50000
-    for _ in range(calls):
-        path, measure = c.choose(4)
-        if measure:
-            c.observe(path, 4, 0.2e-3 if path == "gloo" else 0.25e-3)
+    c = _tiny_calls_on(calls, 1.5e-3, agree_budget=0.01, explore_budget=0.02)
     assert c.agreement_s == pytest.approx(1.5e-3)
     spent = c.agreements * 1.5e-3 + c.explorations * 0.05e-3
     assert spent <= (0.01 + 0.02) * calls * 0.2e-3 + 2 * 1.5e-3
@@ -331,18 +339,8 @@ def test_an_exploration_pays_for_the_agreement_it_brings():
     agreement, so the explorations and their agreements together stay within
     ``explore_budget`` (where the exploration paid for its own extra 0.05 ms only, one came at
     every scheduled agreement: twice the budget)."""
-    ticks = iter(range(10 ** 6))
-    c = PathChooser(lambda v: v, ("inagg", "gloo"), agree_budget=0.01, explore_budget=0.005,
-                    clock=lambda: next(ticks) * 1.5e-3)
-    for _ in range(3):
-        c.observe("gloo", 4, 0.2e-3)
-        c.observe("inagg", 4, 0.25e-3)
-    c.agree()
     calls = 50000
-    for _ in range(calls):
-        path, measure = c.choose(4)
-        if measure:
-            c.observe(path, 4, 0.2e-3 if path == "gloo" else 0.25e-3)
+    c = _tiny_calls_on(calls, 3e-3, agree_budget=0.01, explore_budget=0.005)
     each = c.agreement_s + 0.05e-3
     assert c.agreement_s == pytest.approx(3e-3)
     assert 5 <= c.explorations and c.explorations * each <= 0.005 * calls * 0.2e-3 + each
