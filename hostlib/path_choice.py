@@ -317,12 +317,18 @@ class PathChooser:
         return entry
 
     def _confirm_soon(self, c: int, path: str) -> None:
-        """Where size class ``c`` moves off ``prefer``, agree again as soon as the new path's
-        ring is full of its own calls (all timed while it fills, ``_measure``), rather than at
+        """Where size class ``c`` moves off ``prefer``, or is new to its path, agree again as
+        soon as the path's ring is full of its own calls (all timed while it fills, ``_measure``), rather than at
         the next scheduled agreement up to ``agree_every`` calls later: a path taken on a few
         lucky times (an exploration, probes) is dropped after a handful of calls if its own
         calls say otherwise. Follows from agreed figures and call numbers only, as every
         agreement."""
+        if not self.forced and not self.models[path].seen[c] and c not in self._confirming:
+            # a size new to its path: agree once its ring is full, so its own figure replaces
+            # the line's guess (and a dearer size probes a path faster than that figure,
+            # ``_plan_probes``: gloo's line said 5 ms at 8 workers / 1 KiB, its calls took 14 ms,
+            # and the next agreement, 150 calls later, came after the size's last call)
+            self._confirming[c] = (path, self.per_class, False)
         if self.forced or self._chosen.get(c, self.prefer) == path:
             return
         self._chosen[c] = path

@@ -390,6 +390,30 @@ def test_a_dear_new_size_probes_a_path_its_line_says_is_faster(host_line_ms, pro
     assert paths.count("host") >= 25 and paths[-10:] == ["host"] * 10   # gloo re-checked 3 times, no more
 
 
+def test_a_size_new_to_its_path_is_agreed_once_its_ring_is_full():
+    """gloo's line says 5 ms at 1 KiB (its 64 B and 16 KiB calls), the host lane's 4 ms: not
+    faster by the margin, so 1 KiB starts on gloo unprobed. Its calls take 14 ms (as at 8
+    workers): once gloo's ring there is full the ranks agree, the host lane is probed and takes
+    the calls, within a few dozen calls, not at the next scheduled agreement."""
+    ticks = iter(range(10 ** 6))
+    c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, clock=lambda: next(ticks) * 0.5e-3)
+    took = {("gloo", 64): 5e-3, ("gloo", 16384): 5e-3, ("gloo", 1024): 14e-3,
+            ("host", 64): 4e-3, ("host", 16384): 4e-3, ("host", 1024): 4e-3}
+    for nbytes in (64, 16384):
+        for path in ("gloo", "host"):
+            for _ in range(5):
+                c.observe(path, nbytes, took[(path, nbytes)])
+    c.agree()
+    for nbytes, calls in ((64, 300), (1024, 30)):
+        paths = []
+        for _ in range(calls):
+            path, measure = c.choose(nbytes)
+            paths.append(path)
+            if measure:
+                c.observe(path, nbytes, took[(path, nbytes)])
+    assert paths[:5] == ["gloo"] * 5 and paths[-10:] == ["host"] * 10
+
+
 @pytest.mark.parametrize("shared_clock, agreed_ms", [(True, 0.9), (False, 0.3)])
 def test_a_call_is_timed_from_the_last_start_to_the_last_end_on_a_shared_clock(shared_clock, agreed_ms):
     """Rank 0 starts a call at 0 and is done at 0.3 ms, rank 1 starts at 0.1 ms and is done at
