@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             print(f"{n:>7} {human(r['bytes']):>8} {r['inagg_backend_s'] * 1e3:>11.3f} ms {r['gloo_s'] * 1e3:>7.3f} ms "
                   f"{r['ratio']:>6.2f} {r['ratio_ci_low']:>5.2f}-{r['ratio_ci_high']:<5.2f} "
-                  f"{' '.join(f'{float(v):.2f}' for v in r['job_ratios'].split()):>17} {r['gloo_vs_gloo']:>9.2f} "
+                  f"{r['job_ratios']:>17} {r['gloo_vs_gloo']:>9.2f} "
                   f"{r['ratio_of_medians']:>10.2f} {r['ratio_of_means']:>8.2f}  "
                   f"{'/'.join(str(r[f'{p}_calls']) for p in PATHS):<21} {r['load1']}", flush=True)
     with open(RESULTS / "backend_sweep.csv", "w", newline="") as f:

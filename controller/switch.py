@@ -249,13 +249,14 @@ class SwitchConnection:
         request each drift apart while traffic flows (a job's results read after its aggregated
         contributions came out 5.7 % more than half of them, at 2 workers, for rounds that
         completed between the two reads)."""
-        names, queries = {}, []
+        ids = {name: self.p4info.obj(P4Type.counter, name).preamble.id for name in {n for n, _ in cells}}
+        queries = []
         for name, index in cells:
             q = p4runtime_pb2.Entity()
-            q.counter_entry.counter_id = names.setdefault(name, self.p4info.obj(P4Type.counter, name).preamble.id)
+            q.counter_entry.counter_id = ids[name]
             q.counter_entry.index.index = index
             queries.append(q)
-        by_id = {i: n for n, i in names.items()}
+        by_id = {i: n for n, i in ids.items()}
         return {(by_id[e.counter_entry.counter_id], e.counter_entry.index.index): e.counter_entry.data.packet_count
                 for e in self.read(*queries)}
 

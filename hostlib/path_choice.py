@@ -82,7 +82,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -97,6 +97,15 @@ _PRIOR_ALPHA, _PRIOR_BETA = 1e-4, 1e-9
 SIZE_CLASSES = 24            # powers of 4: 1 B ... 2^48 B (the last class takes anything larger)
 _FIRST_AGREEMENT = 16        # then 32, 64, ... up to every ``agree_every`` calls
 _UNSEEN = np.inf             # a size class a rank has no time for (the minimum over ranks skips it)
+
+
+class _Pending(NamedTuple):
+    """A size class waiting for ``calls`` more calls on ``path`` before the ranks agree
+    (``PathChooser._confirm_soon``); ``left_prefer``: it just moved off ``prefer``, which is
+    timed again first."""
+    path: str
+    calls: int
+    left_prefer: bool
 
 
 def row_medians(ring: np.ndarray) -> np.ndarray:
@@ -266,8 +275,7 @@ class PathChooser:
         self._best: dict[int, tuple[str, float, bool]] = {}
         self._probes_left: dict[tuple[str, int], int] = {}   # (path, size class) -> probe calls
         self._chosen: dict[int, str] = {}                    # size class -> its path (``_confirm_soon``)
-        # size class -> (its path, calls to wait for, whether it just left ``prefer``)
-        self._confirming: dict[int, tuple[str, int, bool]] = {}
+        self._confirming: dict[int, _Pending] = {}          # size class -> what it waits for
         self._credit = np.zeros(SIZE_CLASSES)                # exploration budget left per class, seconds
         self._explored_at = dict.fromkeys(self.paths, 0)     # call of each path's last exploration
         self._next_agreement = _FIRST_AGREEMENT     # the next agreement, scheduled or not
@@ -323,31 +331,33 @@ class PathChooser:
         lucky times (an exploration, probes) is dropped after a handful of calls if its own
         calls say otherwise. Follows from agreed figures and call numbers only, as every
         agreement."""
-        if not self.forced and not self.models[path].seen[c] and c not in self._confirming:
+        if self.forced:
+            return
+        if not self.models[path].seen[c] and c not in self._confirming:
             # a size new to its path: agree once its ring is full, so its own figure replaces
             # the line's guess (and a dearer size probes a path faster than that figure,
             # ``_plan_probes``: gloo's line said 5 ms at 8 workers / 1 KiB, its calls took 14 ms,
             # and the next agreement, 150 calls later, came after the size's last call)
-            self._confirming[c] = (path, self.per_class, False)
-        if self.forced or self._chosen.get(c, self.prefer) == path:
+            self._confirming[c] = _Pending(path, self.per_class, False)
+        if self._chosen.get(c, self.prefer) == path:
             return
         self._chosen[c] = path
         self._confirming.pop(c, None)
         if path != self.prefer:
-            self._confirming[c] = (path, max(1, self.per_class - int(self.models[path].samples[c])), True)
+            self._confirming[c] = _Pending(path, max(1, self.per_class - int(self.models[path].samples[c])), True)
 
     def _count_toward_confirmation(self, c: int, path: str) -> None:
         """A call of class ``c`` took ``path``: once the calls ``_confirm_soon`` (or
         ``_refresh_where_slower``) waits for are taken, the ranks agree at the next call, or,
         where the class just left ``prefer``, after ``prefer`` is timed again there."""
         pending = self._confirming.get(c)
-        if pending is None or pending[0] != path:
+        if pending is None or pending.path != path:
             return
-        if pending[1] > 1:
-            self._confirming[c] = (path, pending[1] - 1, pending[2])
+        if pending.calls > 1:
+            self._confirming[c] = pending._replace(calls=pending.calls - 1)
             return
         del self._confirming[c]
-        if pending[2] and self.prefer is not None:
+        if pending.left_prefer and self.prefer is not None:
             self._recheck_prefer(c)
         else:
             self._agree_soon()
@@ -457,7 +467,7 @@ class PathChooser:
                     continue
                 with self._lock:
                     self.timings[path].forget(c, keep_newest=True)
-                self._confirming[c] = (path, self.per_class, False)
+                self._confirming[c] = _Pending(path, self.per_class, False)
 
     def choose(self, nbytes: int) -> tuple[str, bool]:
         """The path of the next call, and whether to time it (every rank calls this once per
