@@ -487,8 +487,10 @@ def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
 def test_a_run_follows_a_sampled_call_and_only_on_its_path():
     """After a call the chooser samples (timed), the next calls may run untimed on the same
     path without asking (the backend's fast path; asking again after each sample doubled its
-    slow calls), and a run is never granted for a path other than the one just answered."""
-    c = PathChooser(lambda v: v, agree_every=1024, sample_every=32)
+    slow calls), and a run is never granted for a path other than the one just answered. (A
+    frozen clock: an agreement's own time, measured, moves the agreements and so the runs; a
+    loaded machine put an agreement right after a sample.)"""
+    c = PathChooser(lambda v: v, agree_every=1024, sample_every=32, clock=lambda: 0.0)
     for _ in range(5):
         c.observe("gloo", 4096, 1e-3)
         c.observe("inagg", 4096, 2e-3)
@@ -803,19 +805,27 @@ def inagg_groups():
 
 
 @pytest.mark.parametrize("path", ["gloo", "inagg"])
-def test_the_backend_keeps_no_callers_tensor_after_its_call(path):
+def test_the_backend_keeps_no_callers_tensor_past_its_next_call(path):
     """Before: each path's latest Work was held until the next call, and with it the caller's
-    tensor: memory the caller had let go of, freed inside its next timed call."""
+    tensor: memory the caller had let go of, freed inside its next call before that was
+    submitted. Now a call the chooser handles keeps nothing, and a gloo run (the fast path,
+    ``opts`` given as ``dist.all_reduce`` gives them) keeps its latest Work until the next call
+    is on the wire."""
     import torch
+    import torch.distributed as dist
 
     def calls(groups, r: int, elements: int) -> list[bool]:
-        alive = []
+        alive, previous = [], None
         for _ in range(40):   # the gloo path's fast runs included
             x = torch.ones(elements)
             ref = weakref.ref(x)
-            groups[r].allreduce([x]).wait()
+            groups[r].allreduce([x], dist.AllreduceOptions()).wait()
             del x
-            alive.append(not gone(ref))
+            if previous is not None:
+                alive.append(not gone(previous))
+            previous = ref
+            if path == "inagg":
+                alive.append(not gone(ref))
         return alive
 
     def gone(ref: weakref.ref) -> bool:
