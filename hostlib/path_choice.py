@@ -52,7 +52,9 @@ forward: chained so, explorations took 6 % of the calls at 4 workers / 4 B, each
 agreement of its own, and the backend 1.3x gloo on the mean). The ranks also agree
 again as soon as a class that moved off ``prefer`` has its new path's ring full of that path's
 own calls and ``prefer`` has been timed again there (``_recheck_prefer``): a lucky exploration
-or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``), and where a
+or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``; where ``prefer``
+stays within ``probe_ratio`` of the path there, it is rechecked again after 10, 20, 40, ... calls:
+its times may be bimodal, ``_recheck_again``), and where a
 class's newest agreed call on its path was slower than the class's other recent ones by
 ``measure_from_seconds`` or more (a link slowed down: its older times go, its next calls are all
 timed, then the ranks agree). Its
@@ -276,6 +278,7 @@ class PathChooser:
         self._probes_left: dict[tuple[str, int], int] = {}   # (path, size class) -> probe calls
         self._chosen: dict[int, str] = {}                    # size class -> its path (``_confirm_soon``)
         self._confirming: dict[int, _Pending] = {}          # size class -> what it waits for
+        self._rechecks: dict[int, int] = {}                  # size class off prefer -> its rechecks of prefer
         self._credit = np.zeros(SIZE_CLASSES)                # exploration budget left per class, seconds
         self._explored_at = dict.fromkeys(self.paths, 0)     # call of each path's last exploration
         self._next_agreement = _FIRST_AGREEMENT     # the next agreement, scheduled or not
@@ -340,9 +343,11 @@ class PathChooser:
             # and the next agreement, 150 calls later, came after the size's last call)
             self._confirming[c] = _Pending(path, self.per_class, False)
         if self._chosen.get(c, self.prefer) == path:
+            self._recheck_again(c, path)
             return
         self._chosen[c] = path
         self._confirming.pop(c, None)
+        self._rechecks.pop(c, None)
         if path != self.prefer:
             self._confirming[c] = _Pending(path, max(1, self.per_class - int(self.models[path].samples[c])), True)
 
@@ -373,11 +378,28 @@ class PathChooser:
         paths' calls (probes, an exploration). gloo's times are bimodal at 2 workers / 4 B and
         256 KiB on the 2-core machine (0.2 or 0.4 ms, 0.5 or 3 ms): three slow probes put
         the host lane on every call at 1.6x gloo's time."""
-        with self._lock:
-            self.timings[self.prefer].forget(c)
+        if c not in self._rechecks:
+            with self._lock:
+                self.timings[self.prefer].forget(c)
+        self._rechecks[c] = self._rechecks.get(c, 0) + 1
         self._probes_left[(self.prefer, c)] = self.trusted
         for nbytes in [n for n in self._best if size_class(n) == c]:
             del self._best[nbytes]   # the class's next call plans its probes (``_fastest``)
+
+    def _recheck_again(self, c: int, path: str) -> None:
+        """Size class ``c`` stayed on ``path``, off ``prefer``, after ``prefer`` was rechecked
+        there (``_recheck_prefer``): where ``prefer``'s figure is within ``probe_ratio`` of the
+        path's, recheck it again after ``per_class`` times 2^(rechecks so far) more calls, its
+        new times joining the last recheck's. gloo's times at 2 workers / 64 B-16 KiB on the
+        2-core machine are bimodal (~0.36 ms, or 1-4 ms for a third of the calls) and its first
+        call after another path's is slow: three such calls put the host lane, 1.3x gloo's
+        typical time, on hundreds of 16 KiB calls, where the next exploration of gloo, priced
+        at its slow figure, came late. A recheck's calls are gloo's, the baseline's."""
+        done = self._rechecks.get(c)
+        if done is None or path == self.prefer or c in self._confirming:
+            return
+        if self.models[self.prefer].seconds[c] <= self.probe_ratio * self.models[path].seconds[c]:
+            self._confirming[c] = _Pending(path, self.per_class << done, True)
 
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
         """Whether calls of this size still probe (planned here, or a recheck of ``prefer``,

@@ -557,6 +557,27 @@ def test_leaving_gloo_on_slow_probes_is_rechecked_at_once():
     assert set(paths[15:]) <= {"gloo", "explored"}   # own run was agreed on; explorations aside
 
 
+def test_gloo_rechecked_slow_is_rechecked_again_soon():
+    """As above, but gloo's recheck comes out slow too (its first call after the host lane's
+    is slow, and its times are bimodal): the calls stay on the host lane, and gloo is rechecked
+    again after 10 more of its calls (its times joining the last recheck's), so the calls go
+    back within 3 + 3 + 5 + 3 + 1 + 10 + 3 + 1 calls, not at the next exploration, priced at
+    gloo's slow figure (62 calls here; hundreds at 2 workers / 16 KiB in the sweep)."""
+    c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, per_class=5, clock=lambda: 0.0)
+    gloo_timed = 0
+    paths = []
+    for _ in range(300):
+        path, measure = c.choose(256 << 10)
+        paths.append("explored" if c.history()[-1]["explored"] else path)
+        if measure:
+            if path == "gloo":
+                gloo_timed += 1
+            c.observe(path, 256 << 10, 1e-3 if path == "host" else 1.8e-3 if gloo_timed <= 6 else 0.5e-3)
+    host = [i for i, p in enumerate(paths) if p == "host"]
+    assert host and 3 + 3 + 5 + 3 + 1 < max(host) < 3 + 3 + 5 + 3 + 1 + 10 + 3 + 1   # rechecked twice
+    assert set(paths[30:]) <= {"gloo", "explored"}
+
+
 def test_a_path_retimed_after_one_slow_call_stays_eligible_through_another_agreement():
     """A 256 KiB class on inagg (20 ms; gloo's link throttled, 150 ms) has one 45 ms call: the
     agreement that sees it re-times the class on inagg. Another agreement before inagg's next
