@@ -348,8 +348,15 @@ class PathChooser:
         self._chosen[c] = path
         self._confirming.pop(c, None)
         self._rechecks.pop(c, None)
+        samples = int(self.models[path].samples[c])
         if path != self.prefer:
-            self._confirming[c] = _Pending(path, max(1, self.per_class - int(self.models[path].samples[c])), True)
+            self._confirming[c] = _Pending(path, max(1, self.per_class - samples), True)
+        elif samples < self.per_class:
+            # back on ``prefer`` on a few calls (a recheck): its own calls confirm it too. A
+            # throttled link's token bucket, full after seconds unused, let gloo's three
+            # recheck calls through at full speed; its next calls took 180 ms where the host
+            # lane's took 17, and only the next scheduled agreement, 7 s later, saw it
+            self._confirming[c] = _Pending(path, self.per_class - samples, False)
 
     def _count_toward_confirmation(self, c: int, path: str) -> None:
         """A call of class ``c`` took ``path``: once the calls ``_confirm_soon`` (or

@@ -578,6 +578,32 @@ def test_gloo_rechecked_slow_is_rechecked_again_soon():
     assert set(paths[30:]) <= {"gloo", "explored"}
 
 
+def test_back_on_gloo_on_a_fast_recheck_its_own_calls_confirm_it():
+    """gloo's link is throttled (20 ms calls) but its token bucket, full after a while unused,
+    lets its three recheck calls through at 0.5 ms: the calls go back to gloo, and its own
+    next calls, timed until its ring is full, send them to the host lane (1 ms) again within a
+    few calls, not at the next scheduled agreement (7 s of 180 ms steps in the emulation)."""
+    c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, per_class=5, clock=lambda: 0.0)
+    for _ in range(300):   # another size first: the early scheduled agreements (calls 16, 32, 64) pass
+        path, measure = c.choose(64)
+        if measure:
+            c.observe(path, 64, 1e-4)
+    gloo_timed = 0
+    paths = []
+    for _ in range(200):
+        path, measure = c.choose(256 << 10)
+        paths.append("explored" if c.history()[-1]["explored"] else path)
+        if measure:
+            if path == "gloo":
+                gloo_timed += 1
+            fast = 3 < gloo_timed <= 6   # the recheck's three
+            c.observe(path, 256 << 10, 1e-3 if path == "host" else 0.5e-3 if fast else 20e-3)
+    back = paths.index("gloo", 3 + 3 + 5)
+    assert back < 3 + 3 + 5 + 3 + 1                   # the fast recheck took the calls back ...
+    assert max(i for i, p in enumerate(paths) if p == "gloo") < back + 2 + 5 + 2   # ... briefly
+    assert set(paths[30:]) <= {"host", "explored"}
+
+
 def test_a_path_retimed_after_one_slow_call_stays_eligible_through_another_agreement():
     """A 256 KiB class on inagg (20 ms; gloo's link throttled, 150 ms) has one 45 ms call: the
     agreement that sees it re-times the class on inagg. Another agreement before inagg's next
