@@ -52,9 +52,10 @@ forward: chained so, explorations took 6 % of the calls at 4 workers / 4 B, each
 agreement of its own, and the backend 1.3x gloo on the mean). The ranks also agree
 again as soon as a class that moved off ``prefer`` has its new path's ring full of that path's
 own calls and ``prefer`` has been timed again there (``_recheck_prefer``): a lucky exploration
-or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``; where ``prefer``
-stays within ``probe_ratio`` of the path there, it is rechecked again after 10, 20, 40, ... calls:
-its times may be bimodal, ``_recheck_again``), and where a
+or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``; where ``prefer``'s
+fastest recent call there is within ``probe_ratio`` of the path's figure, it is rechecked again
+after 10, 20, 40, ... calls: its times may be bimodal, ``_recheck_again``; a class back on
+``prefer`` on a recheck's few calls agrees again once its ring is full), and where a
 class's newest agreed call on its path was slower than the class's other recent ones by
 ``measure_from_seconds`` or more (a link slowed down: its older times go, its next calls are all
 timed, then the ranks agree). Its
@@ -395,17 +396,20 @@ class PathChooser:
 
     def _recheck_again(self, c: int, path: str) -> None:
         """Size class ``c`` stayed on ``path``, off ``prefer``, after ``prefer`` was rechecked
-        there (``_recheck_prefer``): where ``prefer``'s figure is within ``probe_ratio`` of the
-        path's, recheck it again after ``per_class`` times 2^(rechecks so far) more calls, its
-        new times joining the last recheck's. gloo's times at 2 workers / 64 B-16 KiB on the
-        2-core machine are bimodal (~0.36 ms, or 1-4 ms for a third of the calls) and its first
-        call after another path's is slow: three such calls put the host lane, 1.3x gloo's
-        typical time, on hundreds of 16 KiB calls, where the next exploration of gloo, priced
-        at its slow figure, came late. A recheck's calls are gloo's, the baseline's."""
+        there (``_recheck_prefer``): where ``prefer``'s fastest recent call there is within
+        ``probe_ratio`` of the path's figure, recheck it again after ``per_class`` times
+        2^(rechecks so far) more calls, its new times joining the last recheck's. gloo's times
+        at 2 workers / 64 B-16 KiB on the 2-core machine are bimodal (~0.36 ms, or 1-4 ms for
+        a third of the calls) and its first call after another path's is slow: three such
+        calls put the host lane, 1.3x gloo's typical time, on hundreds of 16 KiB calls, where
+        the next exploration of gloo, priced at its slow figure, came late; rechecked only
+        where gloo's figure (a median of slow calls) was within ``probe_ratio``, the calls still
+        stayed off gloo in 2 of 3 simulated jobs. A throttled link's calls are all slow: no
+        more rechecks. A recheck's calls are gloo's, the baseline's."""
         done = self._rechecks.get(c)
         if done is None or path == self.prefer or c in self._confirming:
             return
-        if self.models[self.prefer].seconds[c] <= self.probe_ratio * self.models[path].seconds[c]:
+        if self.models[self.prefer].ring[c].min() <= self.probe_ratio * self.models[path].seconds[c]:
             self._confirming[c] = _Pending(path, self.per_class << done, True)
 
     def _plan_probes(self, nbytes: int, best_seconds: float) -> bool:
