@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import string
 import subprocess
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # site-packages, which is no place for logs and sockets
 RUNS_DIR = ROOT / "build" / "emulation" if (ROOT / "pyproject.toml").is_file() else default_state_dir() / "emulation"
 MAX_IFNAME = 15          # Linux IFNAMSIZ - 1
+KEEP_ENV = "INAGG_KEEP_RUNS"   # finished runs kept beside a new one (default 3)
+_KEEP_DEFAULT = 3
 _ID_CHARS = string.ascii_lowercase + string.digits
 
 
@@ -68,6 +71,9 @@ class RunDir:
 
     @classmethod
     def create(cls, base: Path = RUNS_DIR) -> "RunDir":
+        """A new run's directory, after older finished runs beyond the newest few are deleted
+        (``prune_finished_runs``)."""
+        prune_finished_runs(base)
         run = cls(new_run_id(), base)
         for sub in ("logs", "pcaps"):
             (run.path / sub).mkdir(parents=True)
@@ -152,6 +158,34 @@ def stop_run(run: RunDir, launcher_grace: float = 30.0) -> list[str]:
         done.append(f"interface {name} deleted")
     run.finish()
     return done
+
+
+def keep_runs() -> int:
+    """How many finished runs a new run leaves in place (``INAGG_KEEP_RUNS``, default 3)."""
+    value = os.environ.get(KEEP_ENV, str(_KEEP_DEFAULT))
+    try:
+        keep = int(value)
+    except ValueError:
+        keep = -1
+    if keep < 0:
+        raise ValueError(f"{KEEP_ENV} must be a whole number >= 0, got {value!r}")
+    return keep
+
+
+def prune_finished_runs(base: Path = RUNS_DIR, keep: int | None = None) -> list[str]:
+    """Delete this checkout's finished runs but the ``keep`` newest (``keep_runs()``) and
+    return their ids. Every run keeps pcaps of every switch port: a bandwidth-flip run wrote
+    2-7 GB, and a checkout's runs had filled the 252 GB disk, failing the tests that ran next.
+    Unfinished runs stay (``make stop`` needs their record of processes and interfaces)."""
+    keep = keep_runs() if keep is None else keep
+    if not base.exists():
+        return []
+    finished = [p for p in base.iterdir() if p.is_dir() and not p.is_symlink() and (p / "run.json").exists()
+                and RunDir(p.name, base).record.get("finished")]
+    finished.sort(key=lambda p: (p / "run.json").stat().st_mtime, reverse=True)
+    for old in finished[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return [p.name for p in finished[keep:]]
 
 
 def unfinished_runs(base: Path = RUNS_DIR) -> list[RunDir]:

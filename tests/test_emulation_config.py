@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,31 @@ def test_stop_run_signals_only_recorded_live_processes(tmp_path):
         for p in (mine, other):
             p.kill()
             p.wait()
+
+
+def test_a_new_run_deletes_finished_runs_but_the_newest(tmp_path, monkeypatch):
+    """Runs piled up (each with pcaps of every port, up to 7 GB) until the disk was full; a new
+    run now deletes finished runs but the newest ``INAGG_KEEP_RUNS``; unfinished ones stay."""
+    from bmv2_env.run_dir import prune_finished_runs
+
+    def run(rid: str, finished: bool, age: int) -> None:
+        r = RunDir(rid, tmp_path)
+        r.path.mkdir()
+        r.record["finished"] = finished
+        r.save()
+        os.utime(r.record_path, (time.time() - age, time.time() - age))
+
+    for i in range(5):
+        run(f"f{i}aa", True, age=100 * i)      # f0aa the newest
+    run("u0aa", False, age=1000)
+    monkeypatch.setenv("INAGG_KEEP_RUNS", "2")
+    new = RunDir.create(tmp_path)
+    left = {p.name for p in tmp_path.iterdir() if p.is_dir() and not p.is_symlink()}
+    assert left == {"f0aa", "f1aa", "u0aa", new.run_id}
+    assert prune_finished_runs(tmp_path, keep=0) == ["f0aa", "f1aa"]
+    monkeypatch.setenv("INAGG_KEEP_RUNS", "-1")
+    with pytest.raises(ValueError, match="INAGG_KEEP_RUNS must be a whole number"):
+        RunDir.create(tmp_path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (creates a veth pair)")
