@@ -402,10 +402,11 @@ class PathChooser:
         at 2 workers / 64 B-16 KiB on the 2-core machine are bimodal (~0.36 ms, or 1-4 ms for
         a third of the calls) and its first call after another path's is slow: three such
         calls put the host lane, 1.3x gloo's typical time, on hundreds of 16 KiB calls, where
-        the next exploration of gloo, priced at its slow figure, came late; rechecked only
-        where gloo's figure (a median of slow calls) was within ``probe_ratio``, the calls still
-        stayed off gloo in 2 of 3 simulated jobs. A throttled link's calls are all slow: no
-        more rechecks. A recheck's calls are gloo's, the baseline's."""
+        the next exploration of gloo, priced at its slow figure, came late. Keyed on gloo's
+        figure (a median of slow calls) instead, the rechecks stopped early: simulated jobs of
+        1,200 calls with gloo fast on 65 % of calls still spent 212 calls off gloo on the mean
+        (34 keyed so). A throttled link's calls are all slow: no more rechecks. A recheck's
+        calls are gloo's, the baseline's."""
         done = self._rechecks.get(c)
         if done is None or path == self.prefer or c in self._confirming:
             return
