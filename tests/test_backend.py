@@ -15,6 +15,7 @@ import time
 import weakref
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -537,21 +538,26 @@ def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
     assert max(inagg_runs) <= 1 + 5 + 1           # ... only until inagg's own calls were agreed on
 
 
+def _paths_beside_host(c: PathChooser, calls: int, gloo_s: Callable[[int], float]) -> list[str]:
+    """``calls`` 256 KiB calls on a host-lane/gloo chooser: each call's path ("explored" for an
+    exploration or probe); the host lane takes 1 ms, gloo's k-th timed call ``gloo_s(k)``."""
+    gloo_timed, paths = 0, []
+    for _ in range(calls):
+        path, measure = c.choose(256 << 10)
+        paths.append("explored" if c.history()[-1]["explored"] else path)
+        if measure:
+            gloo_timed += path == "gloo"
+            c.observe(path, 256 << 10, 1e-3 if path == "host" else gloo_s(gloo_timed))
+    return paths
+
+
 def test_leaving_gloo_on_slow_probes_is_rechecked_at_once():
     """gloo's three probes at a new size come out 3 ms (its slow mode on a shared machine),
     its calls take 0.5 ms; the host lane takes 1 ms. The calls move to the host lane, and once
     its ring is full gloo is measured again in a run of its own and the calls go back to it:
     within 3 + 3 + 5 + 3 + 1 calls of the size, not at an exploration hundreds of calls later."""
     c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, per_class=5)
-    gloo_timed = 0
-    paths = []
-    for _ in range(300):
-        path, measure = c.choose(256 << 10)
-        paths.append("explored" if c.history()[-1]["explored"] else path)
-        if measure:
-            if path == "gloo":
-                gloo_timed += 1
-            c.observe(path, 256 << 10, 1e-3 if path == "host" else 3e-3 if gloo_timed <= 3 else 0.5e-3)
+    paths = _paths_beside_host(c, 300, lambda k: 3e-3 if k <= 3 else 0.5e-3)
     assert "host" in paths[6:]                        # the slow probes did move the calls ...
     assert max(i for i, p in enumerate(paths) if p == "host") < 3 + 3 + 5 + 3 + 1   # ... until gloo's
     assert set(paths[15:]) <= {"gloo", "explored"}   # own run was agreed on; explorations aside
@@ -564,15 +570,7 @@ def test_gloo_rechecked_slow_is_rechecked_again_soon():
     back within 3 + 3 + 5 + 3 + 1 + 10 + 3 + 1 calls, not at the next exploration, priced at
     gloo's slow figure (62 calls here; hundreds at 2 workers / 16 KiB in the sweep)."""
     c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, per_class=5, clock=lambda: 0.0)
-    gloo_timed = 0
-    paths = []
-    for _ in range(300):
-        path, measure = c.choose(256 << 10)
-        paths.append("explored" if c.history()[-1]["explored"] else path)
-        if measure:
-            if path == "gloo":
-                gloo_timed += 1
-            c.observe(path, 256 << 10, 1e-3 if path == "host" else 1.8e-3 if gloo_timed <= 6 else 0.5e-3)
+    paths = _paths_beside_host(c, 300, lambda k: 1.8e-3 if k <= 6 else 0.5e-3)
     host = [i for i, p in enumerate(paths) if p == "host"]
     assert host and 3 + 3 + 5 + 3 + 1 < max(host) < 3 + 3 + 5 + 3 + 1 + 10 + 3 + 1   # rechecked twice
     assert set(paths[30:]) <= {"gloo", "explored"}
@@ -588,16 +586,7 @@ def test_back_on_gloo_on_a_fast_recheck_its_own_calls_confirm_it():
         path, measure = c.choose(64)
         if measure:
             c.observe(path, 64, 1e-4)
-    gloo_timed = 0
-    paths = []
-    for _ in range(200):
-        path, measure = c.choose(256 << 10)
-        paths.append("explored" if c.history()[-1]["explored"] else path)
-        if measure:
-            if path == "gloo":
-                gloo_timed += 1
-            fast = 3 < gloo_timed <= 6   # the recheck's three
-            c.observe(path, 256 << 10, 1e-3 if path == "host" else 0.5e-3 if fast else 20e-3)
+    paths = _paths_beside_host(c, 200, lambda k: 0.5e-3 if 3 < k <= 6 else 20e-3)   # the recheck's three fast
     back = paths.index("gloo", 3 + 3 + 5)
     assert back < 3 + 3 + 5 + 3 + 1                   # the fast recheck took the calls back ...
     assert max(i for i, p in enumerate(paths) if p == "gloo") < back + 2 + 5 + 2   # ... briefly
