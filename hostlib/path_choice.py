@@ -407,8 +407,8 @@ class PathChooser:
         1,200 calls with gloo fast on 65 % of calls still spent 212 calls off gloo on the mean
         (34 keyed so). A throttled link's calls are all slow: no more rechecks. A recheck's
         calls are gloo's, the baseline's."""
-        done = self._rechecks.get(c)
-        if done is None or path == self.prefer or c in self._confirming:
+        done = self._rechecks.get(c)   # none once the class is back on ``prefer`` (``_confirm_soon``)
+        if done is None or c in self._confirming:
             return
         if self.models[self.prefer].ring[c].min() <= self.probe_ratio * self.models[path].seconds[c]:
             self._confirming[c] = _Pending(path, self.per_class << done, True)
