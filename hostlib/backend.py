@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .agreement import StoreMin
 from .communicator import Communicator, ReduceOp
 from .errors import InaggError, InaggSetupError
 from .local import Endpoint, find_endpoint
@@ -239,7 +240,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._last_work: dict[str, weakref.ref] = {}
         self._run_nbytes, self._run_length, self._run_left = 0, 0, 0   # the fast path's run (allreduce)
         self._run_work: dist.Work | None = None
-        self.paths = PathChooser(self._agree_min, paths, forced=forced,
+        self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size), paths, forced=forced,
                                  shared_clock=_ranks_share_a_clock(dist.PrefixStore("clock", store), rank, world_size))
         self._calibrate()
         log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", rank, self.comm.job_id,
@@ -369,14 +370,6 @@ class InaggProcessGroup(dist.ProcessGroup):
 
         fut = self._gloo.allreduce([tensor], opts).get_future().then(result)
         return _CallWork(fut, lambda: fut)
-
-    def _agree_min(self, values: np.ndarray) -> np.ndarray:
-        """Each element's minimum over the ranks (through gloo: exact and cheap for a few floats)."""
-        t = torch.from_numpy(values.astype(np.float64))
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MIN
-        self._gloo.allreduce([t], opts).wait()
-        return t.numpy()
 
     def _calibrate(self) -> None:
         """Time every path at a few sizes (the same calls on every rank) and agree on the

@@ -5,10 +5,12 @@ predicts fastest, so an inagg job is never slower than gloo.
 **Measuring.** Each path keeps the times of its last ``per_class`` measured calls per size
 class (powers of 4 bytes). The chooser says which calls to measure: probes and explorations,
 every call predicted to take ``measure_from_seconds`` or more, every call of a class whose ring
-is not full yet, every ``sample_every``-th other one (the backend times a call where its caller
-waits, and only when the path was otherwise idle; a timed call costs ~0.1 ms of Python, so
-shorter calls are sampled: timing every call from 64 KiB up made the backend's gloo path 1.17x
-plain gloo at 256 KiB). Every rank measures the same calls, so the k-th measured call
+is not full yet, and of the others one once ``sample_every`` calls and ``sample_seconds`` of
+their predicted time have passed since the last measured call (the backend times a call where
+its caller waits, and only when the path was otherwise idle; a timed call costs ~0.1 ms of
+Python, so shorter calls are sampled: timing every call from 64 KiB up made the backend's gloo
+path 1.17x plain gloo at 256 KiB; and one in 32 calls timed cost 0.2 ms each at 2 workers /
+4 B, 0.5-1.2 ms at 4 workers, on calls of 0.25 and 0.9 ms). Every rank measures the same calls, so the k-th measured call
 of a class is the same call on every rank.
 
 **The model.** Per path ``seconds = alpha + beta * payload bytes``, fitted to its size classes'
@@ -183,6 +185,7 @@ class PathModel:
     measured calls so far (the newest in slot ``counts - 1`` mod the ring's length)."""
 
     def __init__(self, summary: np.ndarray, prior: tuple[float, float], shared_clock: bool = False) -> None:
+        self.summary = summary
         body, self.nbytes = summary[:-2 * SIZE_CLASSES], summary[-SIZE_CLASSES:]
         self.counts = summary[-2 * SIZE_CLASSES:-SIZE_CLASSES]
         if shared_clock:   # last start and last end, negated: the call's time, from the last rank's start
@@ -241,7 +244,7 @@ class PathChooser:
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"), *,
                  agree_every: int = 128, agree_budget: float = 0.01, explore_budget: float = 0.02, per_class: int = 5,
                  probes: int = 3, probe_seconds: float = 2e-3, probe_ratio: float = 2.0, sample_every: int = 32,
-                 measure_from_seconds: float = 10e-3, prefer: str | None = "gloo", margin: float = 0.25,
+                 sample_seconds: float = 0.05, measure_from_seconds: float = 10e-3, prefer: str | None = "gloo", margin: float = 0.25,
                  forced: str | None = None, history: int = 4096, shared_clock: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if agree_every < _FIRST_AGREEMENT:
@@ -256,16 +259,16 @@ class PathChooser:
             raise ValueError(f"a forced path must be one of {', '.join(paths)}, got {forced!r}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
-        if probes < 0 or probe_ratio < 1 or sample_every < 1:
-            raise ValueError(f"need probes >= 0, probe_ratio >= 1, sample_every >= 1; got {probes}, "
-                             f"{probe_ratio}, {sample_every}")
+        if probes < 0 or probe_ratio < 1 or sample_every < 1 or sample_seconds < 0:
+            raise ValueError(f"need probes >= 0, probe_ratio >= 1, sample_every >= 1, sample_seconds >= 0; got "
+                             f"{probes}, {probe_ratio}, {sample_every}, {sample_seconds}")
         self.paths = tuple(paths)
         self.forced = forced
         self._agree_fn = agree
         self.agree_every, self.agree_budget = agree_every, agree_budget
         self.explore_budget = explore_budget
         self.probes, self.probe_ratio, self.sample_every = probes, probe_ratio, sample_every
-        self.probe_seconds = probe_seconds
+        self.probe_seconds, self.sample_seconds = probe_seconds, sample_seconds
         self.measure_from_seconds = measure_from_seconds
         self.prefer, self.margin = (prefer if prefer in self.paths else None), margin
         self.per_class, self.trusted = per_class, min(3, per_class)
@@ -289,6 +292,8 @@ class PathChooser:
         self._soon = False                          # an unscheduled agreement is due at _next_agreement
         self._predicted_s = 0.0                     # predicted seconds of the calls since the last scheduled one
         self._due_s = 0.0                           # ... that the next scheduled one waits for
+        self._measured_at = 0                       # the call last measured (``_measure``)
+        self._unmeasured_s = 0.0                    # predicted seconds of the calls since then
         self._own_agreement_s = _UNSEEN             # this rank's time for the last agreement
         self.agreement_s = 0.0                      # one agreement's own work, agreed (0: none yet)
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
@@ -471,8 +476,7 @@ class PathChooser:
         if np.isfinite(agreed[-1]):
             self.agreement_s = float(agreed[-1])
         combined = agreed[:-1].reshape(len(self.paths), -1)
-        self.models = {p: PathModel(combined[i], (_PRIOR_ALPHA, _PRIOR_BETA), self.shared_clock)
-                       for i, p in enumerate(self.paths)}
+        self.models = {p: self._refit(p, combined[i]) for i, p in enumerate(self.paths)}
         self._best.clear()
         self.agreements += 1
         self._refresh_where_slower()
@@ -480,6 +484,15 @@ class PathChooser:
         # costs what its link does; budgeted too, a throttled link put the agreements, which
         # notice the throttle, tens of seconds apart
         self._own_agreement_s = (sent - started) + (self._clock() - received)
+
+    def _refit(self, path: str, summary: np.ndarray) -> PathModel:
+        """``path``'s model from its agreed ``summary``: the one it has where nothing changed
+        since the last agreement (the paths not in use, mostly; a fit costs ~0.1 ms of the
+        agreement's own work, which every rank does while the job waits)."""
+        model = self.models[path]
+        if np.array_equal(model.summary, summary):
+            return model
+        return PathModel(summary, (_PRIOR_ALPHA, _PRIOR_BETA), self.shared_clock)
 
     def _refresh_where_slower(self) -> None:
         """Where a size class's newest agreed call on the path it takes was slower than the
@@ -530,8 +543,14 @@ class PathChooser:
         if (entry is None or entry[2] or entry[1] >= self.measure_from_seconds or (self.forced or entry[0]) != path
                 or self.timings[path].filling(c) or c in self._confirming):
             return 0
-        to_sample = self.sample_every - 1 - self.calls % self.sample_every
-        return max(0, min(to_sample, self._next_agreement - self.calls - 1))
+        return max(0, min(self._calls_to_sample(entry[1]), self._next_agreement - self.calls) - 1)
+
+    def _calls_to_sample(self, seconds: float) -> int:
+        """In how many calls of ``seconds`` predicted each, from now, one is sampled
+        (``_measure``)."""
+        by_calls = self.sample_every - (self.calls - self._measured_at)
+        by_time = int(np.ceil((self.sample_seconds - self._unmeasured_s) / max(seconds, 1e-9)))
+        return max(1, by_calls, by_time)
 
     def skip(self, count: int) -> None:
         """``count`` calls were taken as ``run_length`` allowed, after the last ``choose``:
@@ -549,15 +568,21 @@ class PathChooser:
         add to the class's exploration budget and to the time the agreements' budget counts."""
         self._credit[c] += calls * self.explore_budget * seconds
         self._predicted_s += calls * seconds
+        self._unmeasured_s += calls * seconds
 
     def _measure(self, path: str, nbytes: int, seconds: float) -> bool:
         """Whether to time this call, predicted to take ``seconds``: from
-        ``measure_from_seconds`` up, every ``sample_every``-th call, and every call of a size
-        class whose times on ``path`` do not fill its ring yet (a path just taken on one exploration's time gets its figure from its next calls, not
-        from 32 x 5 calls later: one lucky exploration kept the host lane on 16 KiB calls at
-        1.7x gloo's time)."""
-        return (seconds >= self.measure_from_seconds or self.calls % self.sample_every == 0
-                or self.timings[path].filling(size_class(nbytes)))
+        ``measure_from_seconds`` up, every call of a size class whose times on ``path`` do not
+        fill its ring yet (a path just taken on one exploration's time gets its figure from its
+        next calls, not from 32 x 5 calls later: one lucky exploration kept the host lane on 16
+        KiB calls at 1.7x gloo's time), and a sample once ``sample_every`` calls and
+        ``sample_seconds`` of predicted time have passed since the last measured call."""
+        measure = (seconds >= self.measure_from_seconds or self.timings[path].filling(size_class(nbytes))
+                   or (self.calls - self._measured_at >= self.sample_every
+                       and self._unmeasured_s >= self.sample_seconds))
+        if measure:
+            self._measured_at, self._unmeasured_s = self.calls, 0.0
+        return measure
 
     def _choose_slowly(self, nbytes: int) -> tuple[str, bool]:
         """``choose`` at an agreement, a size not seen since the last one, or a probe."""

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from hostlib.backend import InaggProcessGroup
 from hostlib.errors import InaggError, InaggSetupError
 from hostlib.local import find_endpoint
-from hostlib.path_choice import PathChooser
+from hostlib.path_choice import PathChooser, size_class
 from test_training import on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -509,6 +509,37 @@ def test_a_run_follows_a_sampled_call_and_only_on_its_path():
             sampled += 1
             assert c.run_length(4096, path) > 0
     assert sampled >= 3
+
+
+@pytest.mark.parametrize("call_ms, most_samples", [(0.25, 1000 * 0.25 / 50 + 1), (5.0, 1000 / 32 + 1)])
+def test_samples_come_once_per_sample_seconds_of_calls_and_32_calls(call_ms, most_samples):
+    """A steady class is sampled once 32 calls and 50 ms of their predicted time have passed:
+    calls of 0.25 ms every 200 calls (timed, one cost 0.2-1.2 ms on the loaded machine), calls
+    of 5 ms every 32; and often enough that its ring keeps up (more than half the bound)."""
+    c = PathChooser(lambda v: v, agree_every=1 << 20, clock=lambda: 0.0)
+    for _ in range(5):
+        c.observe("gloo", 4096, call_ms * 1e-3)
+        c.observe("inagg", 4096, 4 * call_ms * 1e-3)
+    c.agree()
+    sampled = 0
+    for _ in range(1000):
+        path, measure = c.choose(4096)
+        if measure:
+            c.observe(path, 4096, call_ms * 1e-3 * (4 if path == "inagg" else 1))
+            sampled += path == "gloo"
+    assert most_samples / 2 < sampled <= most_samples
+
+
+def test_an_agreement_refits_only_the_paths_whose_figures_changed():
+    c = PathChooser(lambda v: v, paths=("inagg", "host", "gloo"), clock=lambda: 0.0)
+    for p in c.paths:
+        c.observe(p, 4096, 1e-3)
+    c.agree()
+    before = dict(c.models)
+    c.observe("gloo", 4096, 2e-3)
+    c.agree()
+    assert c.models["inagg"] is before["inagg"] and c.models["host"] is before["host"]
+    assert c.models["gloo"] is not before["gloo"] and c.models["gloo"].samples[size_class(4096)] == 2
 
 
 def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
