@@ -11,7 +11,12 @@ per rank (linear in the ranks, where every rank reading every vector would be qu
 Each round's keys are unique (its number and the rank), and each goes once nothing can still
 read it: a rank deletes its own vector of the last round (rank 0 read it before it published
 that round's result, which this rank read), and rank 0 the last round's result (every rank read
-it before sending this round's vector). So a job's store holds at most two rounds' keys.
+it before sending this round's vector). So a job's store holds at most two rounds' keys. And
+each process group's keys are its own: a group created again on the same store under the same
+name (torch names groups by a counter it resets when the default group is destroyed) would
+otherwise read the last one's round 0 result, left behind, as its own. The ranks count
+themselves in on the store at creation; every rank of one group is counted before any rank of
+the next (creating a group is a collective), so the count divided by the ranks numbers it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class StoreMin:
 
     def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
         self._store, self._rank, self._n = store, rank, world_size
+        self._group = (store.add("groups", 1) - 1) // world_size
         self._round = 0
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
@@ -39,18 +45,18 @@ class StoreMin:
         if self._rank == 0:
             return self._combine(k, mine)
         if k:
-            self._store.delete_key(f"{k - 1}/{self._rank}")
-        self._store.set(f"{k}/{self._rank}", mine.tobytes())
-        return self._decode(self._store.get(f"{k}/min"), len(mine), "rank 0's result")
+            self._store.delete_key(f"{self._group}/{k - 1}/{self._rank}")
+        self._store.set(f"{self._group}/{k}/{self._rank}", mine.tobytes())
+        return self._decode(self._store.get(f"{self._group}/{k}/min"), len(mine), "rank 0's result")
 
     def _combine(self, k: int, mine: np.ndarray) -> np.ndarray:
         """Rank 0: wait for every other rank's vector of round ``k``, publish the minimum."""
-        others = self._store.multi_get([f"{k}/{r}" for r in range(1, self._n)])
+        others = self._store.multi_get([f"{self._group}/{k}/{r}" for r in range(1, self._n)])
         result = np.minimum.reduce([mine] + [self._decode(b, len(mine), f"rank {r}'s vector")
                                              for r, b in enumerate(others, start=1)])
-        self._store.set(f"{k}/min", result.tobytes())
+        self._store.set(f"{self._group}/{k}/min", result.tobytes())
         if k:
-            self._store.delete_key(f"{k - 1}/min")
+            self._store.delete_key(f"{self._group}/{k - 1}/min")
         return result
 
     def _decode(self, raw: bytes, length: int, what: str) -> np.ndarray:

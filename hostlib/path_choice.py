@@ -26,7 +26,8 @@ times. So the decision uses *agreed* figures only: at fixed call numbers (every 
 same calls in the same order: calls 16, 32, 64, then every ``agree_every`` but no sooner than
 the calls' predicted time since the last one reaches ``1 / agree_budget`` times one agreement's
 own work, and right after a new size class's probes or an exploration) the ranks combine
-their recent times with one small allreduce taking minima over ranks, and a class's figure is
+their recent times with one exchange taking minima over ranks (``agree``: the backend's goes
+through the job's store, ``hostlib.agreement``), and a class's figure is
 the median over its recent calls of each call's agreed time. Where the ranks share a clock (``shared_clock``: one kernel, as in the
 local deployment), a call's time runs from the last rank's start to the last rank's end: what
 the job waits for, without the ranks' arrival skew, which is not the path's doing. Otherwise it
@@ -480,8 +481,8 @@ class PathChooser:
         self._best.clear()
         self.agreements += 1
         self._refresh_where_slower()
-        # its own work, not the allreduce: that runs where the calls' baseline does (gloo) and
-        # costs what its link does; budgeted too, a throttled link put the agreements, which
+        # its own work, not the exchange: that crosses a link (the store's, in the backend) and
+        # costs what the link does; budgeted too, a throttled link put the agreements, which
         # notice the throttle, tens of seconds apart
         self._own_agreement_s = (sent - started) + (self._clock() - received)
 
@@ -501,8 +502,8 @@ class PathChooser:
         and the ranks agree at once then (``_confirming``). The newest stays: with none, an
         agreement in between (another class's exploration) found the path unmeasured there,
         and so not eligible (``_fastest``): one slow call on inagg (45 ms among 20 ms ones,
-        the machine loaded) put a class back on gloo's throttled link for 14 s. Otherwise, sampled 1 in
-        ``sample_every``, three slow calls had to come in to move the median: a link throttled
+        the machine loaded) put a class back on gloo's throttled link for 14 s. Otherwise, sampled (1 in
+        ``sample_every`` or fewer), three slow calls had to come in to move the median: a link throttled
         to 20 Mbit/s stayed in use for 27 s, 135 steps at 200 ms where the host lane took
         30 ms. Decided from agreed figures only, as every agreement."""
         if self.forced:

@@ -1,6 +1,6 @@
 """The path chooser's agreement through the job's store (``hostlib.agreement.StoreMin``): every
 rank gets each element's minimum over the ranks, round after round, the store keeps at most
-two rounds' keys, and ranks that disagree on what they exchange get an error saying so."""
+two rounds' keys, a group made again under the same name reads its own rounds, and ranks that disagree on what they exchange get an error saying so."""
 
 from __future__ import annotations
 
@@ -54,8 +54,20 @@ def test_every_rank_gets_the_elementwise_minimum_each_round_and_old_keys_go(n):
         got = _on_ranks(n, lambda r: agrees[r](vectors[r]))
         for r in range(n):
             np.testing.assert_array_equal(got[r], vectors.min(axis=0))
-        # the next round's vectors and result, at most (plus torch's own counter key)
-        assert server.num_keys() <= 2 * n + 1
+        # the next round's vectors and result, at most (plus the groups' count, torch's own key)
+        assert server.num_keys() <= 2 * n + 2
+
+
+def test_a_group_created_again_on_the_same_store_reads_its_own_rounds():
+    """A group that made one round and went, then a new one under the same name: the new
+    group's round 0 is its own, not the last one's result left in the store."""
+    _, stores = _stores(2)
+    first = [StoreMin(stores[r], r, 2) for r in range(2)]
+    _on_ranks(2, lambda r: first[r](np.zeros(3)))
+    again = [StoreMin(stores[r], r, 2) for r in range(2)]
+    got = _on_ranks(2, lambda r: again[r](np.full(3, 5.0 + r)))
+    for r in range(2):
+        np.testing.assert_array_equal(got[r], np.full(3, 5.0))
 
 
 def test_ranks_sending_different_lengths_are_told_so():
