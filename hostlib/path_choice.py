@@ -5,8 +5,10 @@ predicts fastest, so an inagg job is never slower than gloo.
 **Measuring.** Each path keeps the times of its last ``per_class`` measured calls per size
 class (powers of 4 bytes). The chooser says which calls to measure: probes and explorations,
 every call predicted to take ``measure_from_seconds`` or more, every call of a class whose ring
-is not full yet, and of the others one once ``sample_every`` calls and ``sample_seconds`` of
-their predicted time have passed since the last measured call (the backend times a call where
+is not full yet, and of the others a class's call once ``sample_every`` calls have passed since
+the last measured call and ``sample_seconds`` of the class's predicted time since its own (the
+size where the time goes is sampled most: at the bandwidth flip's 256 KiB, 64 KiB and 4 B per
+step, the 256 KiB class every ~11 steps, not every third sample; the backend times a call where
 its caller waits, and only when the path was otherwise idle; a timed call costs ~0.1 ms of
 Python, so shorter calls are sampled: timing every call from 64 KiB up made the backend's gloo
 path 1.17x plain gloo at 256 KiB; and one in 32 calls timed cost 0.2 ms each at 2 workers /
@@ -294,7 +296,7 @@ class PathChooser:
         self._predicted_s = 0.0                     # predicted seconds of the calls since the last scheduled one
         self._due_s = 0.0                           # ... that the next scheduled one waits for
         self._measured_at = 0                       # the call last measured (``_measure``)
-        self._unmeasured_s = 0.0                    # predicted seconds of the calls since then
+        self._unmeasured_s = np.zeros(SIZE_CLASSES)  # per class, predicted seconds since its last one
         self._own_agreement_s = _UNSEEN             # this rank's time for the last agreement
         self.agreement_s = 0.0                      # one agreement's own work, agreed (0: none yet)
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
@@ -544,13 +546,13 @@ class PathChooser:
         if (entry is None or entry[2] or entry[1] >= self.measure_from_seconds or (self.forced or entry[0]) != path
                 or self.timings[path].filling(c) or c in self._confirming):
             return 0
-        return max(0, min(self._calls_to_sample(entry[1]), self._next_agreement - self.calls) - 1)
+        return max(0, min(self._calls_to_sample(c, entry[1]), self._next_agreement - self.calls) - 1)
 
-    def _calls_to_sample(self, seconds: float) -> int:
-        """In how many calls of ``seconds`` predicted each, from now, one is sampled
-        (``_measure``)."""
+    def _calls_to_sample(self, c: int, seconds: float) -> int:
+        """In how many calls of size class ``c``, ``seconds`` predicted each, from now, one
+        is sampled (``_measure``)."""
         by_calls = self.sample_every - (self.calls - self._measured_at)
-        by_time = int(np.ceil((self.sample_seconds - self._unmeasured_s) / max(seconds, 1e-9)))
+        by_time = int(np.ceil((self.sample_seconds - self._unmeasured_s[c]) / max(seconds, 1e-9)))
         return max(1, by_calls, by_time)
 
     def skip(self, count: int) -> None:
@@ -569,20 +571,22 @@ class PathChooser:
         add to the class's exploration budget and to the time the agreements' budget counts."""
         self._credit[c] += calls * self.explore_budget * seconds
         self._predicted_s += calls * seconds
-        self._unmeasured_s += calls * seconds
+        self._unmeasured_s[c] += calls * seconds
 
     def _measure(self, path: str, nbytes: int, seconds: float) -> bool:
         """Whether to time this call, predicted to take ``seconds``: from
         ``measure_from_seconds`` up, every call of a size class whose times on ``path`` do not
         fill its ring yet (a path just taken on one exploration's time gets its figure from its
         next calls, not from 32 x 5 calls later: one lucky exploration kept the host lane on 16
-        KiB calls at 1.7x gloo's time), and a sample once ``sample_every`` calls and
-        ``sample_seconds`` of predicted time have passed since the last measured call."""
-        measure = (seconds >= self.measure_from_seconds or self.timings[path].filling(size_class(nbytes))
+        KiB calls at 1.7x gloo's time), and a sample once ``sample_every`` calls have passed
+        since the last measured call and ``sample_seconds`` of the class's predicted time since
+        its own."""
+        c = size_class(nbytes)
+        measure = (seconds >= self.measure_from_seconds or self.timings[path].filling(c)
                    or (self.calls - self._measured_at >= self.sample_every
-                       and self._unmeasured_s >= self.sample_seconds))
+                       and self._unmeasured_s[c] >= self.sample_seconds))
         if measure:
-            self._measured_at, self._unmeasured_s = self.calls, 0.0
+            self._measured_at, self._unmeasured_s[c] = self.calls, 0.0
         return measure
 
     def _choose_slowly(self, nbytes: int) -> tuple[str, bool]:
