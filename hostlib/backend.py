@@ -320,7 +320,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         (``_TimedWork``), so every path's time is what its caller sees. A latest call that no
         one holds any more counts as done: its caller waited for it and let go, or handed it to
         C++ (DDP's reducer keeps its Works there; a call it queued behind an untimed one may
-        be timed with the wait: one of 32 sampled times, where the calls are under
+        be timed with the wait: one sample among a ring's, where the calls are under
         ``measure_from_seconds``, the median of a ring)."""
         last = self._last_work.get(path)
         last = last() if last is not None else None

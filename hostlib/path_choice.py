@@ -5,15 +5,19 @@ predicts fastest, so an inagg job is never slower than gloo.
 **Measuring.** Each path keeps the times of its last ``per_class`` measured calls per size
 class (powers of 4 bytes). The chooser says which calls to measure: probes and explorations,
 every call predicted to take ``measure_from_seconds`` or more, every call of a class whose ring
-is not full yet, and of the others a class's call once ``sample_every`` calls have passed since
-the last measured call and ``sample_seconds`` of the class's predicted time since its own (the
-size where the time goes is sampled most: at the bandwidth flip's 256 KiB, 64 KiB and 4 B per
-step, the 256 KiB class every ~11 steps, not every third sample; the backend times a call where
-its caller waits, and only when the path was otherwise idle; a timed call costs ~0.1 ms of
-Python, so shorter calls are sampled: timing every call from 64 KiB up made the backend's gloo
-path 1.17x plain gloo at 256 KiB; and one in 32 calls timed cost 0.2 ms each at 2 workers /
-4 B, 0.5-1.2 ms at 4 workers, on calls of 0.25 and 0.9 ms). Every rank measures the same calls, so the k-th measured call
-of a class is the same call on every rank.
+is not full yet, and *samples* of the others: a class's call once ``sample_every`` calls have
+passed since the last sample and ``sample_seconds`` of the class's predicted time since its own.
+Every rank measures the same calls, so the k-th measured call of a class is the same call on
+every rank; samples follow from call numbers and agreed figures only, so a call one rank could
+not time (the backend times a call where its caller waits, and only when the path was otherwise
+idle) does not move the others.
+
+Why samples, and why so: a timed call costs ~0.1 ms of Python (timing every call from 64 KiB up
+made the backend's gloo path 1.17x plain gloo at 256 KiB; one call in 32 timed cost 0.2 ms each
+at 2 workers / 4 B and 0.5-1.2 ms at 4 workers, on calls of 0.25 and 0.9 ms); and the size where
+the time goes is sampled most (at the bandwidth flip's 256 KiB, 64 KiB and 4 B per step, the
+256 KiB class every ~11 steps, where one sample in 32 calls whatever their size took it every
+third sample).
 
 **The model.** Per path ``seconds = alpha + beta * payload bytes``, fitted to its size classes'
 figures minimising relative error (so a 64 MiB call does not drown the 4 B ones that pin alpha,
@@ -262,7 +266,7 @@ class PathChooser:
             raise ValueError(f"a forced path must be one of {', '.join(paths)}, got {forced!r}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
-        if probes < 0 or probe_ratio < 1 or sample_every < 1 or sample_seconds < 0:
+        if probes < 0 or probe_ratio < 1 or sample_every < 1 or not 0 <= sample_seconds < np.inf:
             raise ValueError(f"need probes >= 0, probe_ratio >= 1, sample_every >= 1, sample_seconds >= 0; got "
                              f"{probes}, {probe_ratio}, {sample_every}, {sample_seconds}")
         self.paths = tuple(paths)
@@ -295,8 +299,8 @@ class PathChooser:
         self._soon = False                          # an unscheduled agreement is due at _next_agreement
         self._predicted_s = 0.0                     # predicted seconds of the calls since the last scheduled one
         self._due_s = 0.0                           # ... that the next scheduled one waits for
-        self._measured_at = 0                       # the call last measured (``_measure``)
-        self._unmeasured_s = np.zeros(SIZE_CLASSES)  # per class, predicted seconds since its last one
+        self._sampled_at = 0                        # the call of the last sample (``_measure``)
+        self._unsampled_s = np.zeros(SIZE_CLASSES)  # per class, predicted seconds since its last one
         self._own_agreement_s = _UNSEEN             # this rank's time for the last agreement
         self.agreement_s = 0.0                      # one agreement's own work, agreed (0: none yet)
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
@@ -551,8 +555,8 @@ class PathChooser:
     def _calls_to_sample(self, c: int, seconds: float) -> int:
         """In how many calls of size class ``c``, ``seconds`` predicted each, from now, one
         is sampled (``_measure``)."""
-        by_calls = self.sample_every - (self.calls - self._measured_at)
-        by_time = int(np.ceil((self.sample_seconds - self._unmeasured_s[c]) / max(seconds, 1e-9)))
+        by_calls = self.sample_every - (self.calls - self._sampled_at)
+        by_time = int(np.ceil((self.sample_seconds - self._unsampled_s[c]) / max(seconds, 1e-9)))
         return max(1, by_calls, by_time)
 
     def skip(self, count: int) -> None:
@@ -571,23 +575,28 @@ class PathChooser:
         add to the class's exploration budget and to the time the agreements' budget counts."""
         self._credit[c] += calls * self.explore_budget * seconds
         self._predicted_s += calls * seconds
-        self._unmeasured_s[c] += calls * seconds
+        self._unsampled_s[c] += calls * seconds
 
     def _measure(self, path: str, nbytes: int, seconds: float) -> bool:
         """Whether to time this call, predicted to take ``seconds``: from
         ``measure_from_seconds`` up, every call of a size class whose times on ``path`` do not
         fill its ring yet (a path just taken on one exploration's time gets its figure from its
-        next calls, not from 32 x 5 calls later: one lucky exploration kept the host lane on 16
-        KiB calls at 1.7x gloo's time), and a sample once ``sample_every`` calls have passed
-        since the last measured call and ``sample_seconds`` of the class's predicted time since
-        its own."""
-        c = size_class(nbytes)
-        measure = (seconds >= self.measure_from_seconds or self.timings[path].filling(c)
-                   or (self.calls - self._measured_at >= self.sample_every
-                       and self._unmeasured_s[c] >= self.sample_seconds))
-        if measure:
-            self._measured_at, self._unmeasured_s[c] = self.calls, 0.0
-        return measure
+        next calls, not from five samples later: one lucky exploration kept the host lane on 16
+        KiB calls at 1.7x gloo's time), and a sample (``_sample_due``)."""
+        c = size_class(nbytes)   # every call of a class timed anyway takes no sample's turn
+        return seconds >= self.measure_from_seconds or self._sample_due(c) or self.timings[path].filling(c)
+
+    def _sample_due(self, c: int) -> bool:
+        """Whether this call of size class ``c`` is a sample: ``sample_every`` calls since the
+        last sample and ``sample_seconds`` of the class's predicted time since its own. Only
+        samples move this count, and they follow from call numbers and agreed figures alone:
+        counted from any timed call, a rank's own ring count (a ring still filling) moved its
+        samples off the other ranks', and a 12 ms class, timed on every call, kept a 256 KiB
+        class beside it unsampled for 3,300 simulated calls."""
+        if self.calls - self._sampled_at < self.sample_every or self._unsampled_s[c] < self.sample_seconds:
+            return False
+        self._sampled_at, self._unsampled_s[c] = self.calls, 0.0
+        return True
 
     def _choose_slowly(self, nbytes: int) -> tuple[str, bool]:
         """``choose`` at an agreement, a size not seen since the last one, or a probe."""
@@ -632,8 +641,8 @@ class PathChooser:
         but the calls since the last one are predicted to have taken less than ``1 /
         agree_budget`` times one agreement's own work (``agreement_s``): put it off by as many
         calls as that takes at their mean predicted time so far (checked again then). An
-        agreement's summaries and refit take ~1 ms at 2 workers on the 2-core machine, its
-        allreduce 0.3-2 ms more: every 128 calls of 0.2 ms, and once more after each
+        agreement's summaries and refit took ~1 ms at 2 workers on the 2-core machine, its
+        allreduce on gloo 0.3-2 ms more (its store exchange now 0.4): every 128 calls of 0.2 ms, and once more after each
         exploration, agreements cost 10-15 % of the time on the mean (the backend 1.2x gloo
         at 2 workers / 4 B)."""
         self._schedule_at(self._call_earning_due(self._predicted_s / max(1, self.calls - self._scheduled_at)))

@@ -23,30 +23,39 @@ def _stores(n: int, timeout: float = 10) -> tuple[dist.TCPStore, list[dist.Store
     return server, [dist.PrefixStore("agree", c) for c in clients]
 
 
-def _on_ranks(n: int, body) -> list:
-    """``body(rank)`` on ``n`` threads at once; their results, or the first error raised."""
-    results, errors = [None] * n, []
+def _outcomes(n: int, body) -> list:
+    """``body(rank)`` on ``n`` threads at once: each rank's result or the error it raised."""
+    outcomes: list = [None] * n
 
     def run(rank):
         try:
-            results[rank] = body(rank)
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
+            outcomes[rank] = body(rank)
+        except Exception as e:  # noqa: BLE001 - the caller looks at it
+            outcomes[rank] = e
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    if errors:
-        raise errors[0]
-    return results
+    assert not any(t.is_alive() for t in threads), "a rank is still waiting after 30 s"
+    return outcomes
+
+
+def _on_ranks(n: int, body) -> list:
+    """``body(rank)`` on ``n`` threads at once; their results (an error raised fails the test)."""
+    outcomes = _outcomes(n, body)
+    for o in outcomes:
+        if isinstance(o, Exception):
+            raise o
+    return outcomes
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_every_rank_gets_the_elementwise_minimum_each_round_and_old_keys_go(n):
     server, stores = _stores(n)
     agrees = [StoreMin(stores[r], r, n) for r in range(n)]
+    created = server.num_keys()   # the groups' count and the store's own
     rng = np.random.default_rng(n)
     for _ in range(6):
         vectors = rng.normal(size=(n, 40))
@@ -54,8 +63,8 @@ def test_every_rank_gets_the_elementwise_minimum_each_round_and_old_keys_go(n):
         got = _on_ranks(n, lambda r: agrees[r](vectors[r]))
         for r in range(n):
             np.testing.assert_array_equal(got[r], vectors.min(axis=0))
-        # the next round's vectors and result, at most (plus the groups' count, torch's own key)
-        assert server.num_keys() <= 2 * n + 2
+        # between rounds, the last round's keys only: the other ranks' vectors and the result
+        assert server.num_keys() == created + (n if n > 1 else 0)
 
 
 def test_a_group_created_again_on_the_same_store_reads_its_own_rounds():
@@ -70,14 +79,32 @@ def test_a_group_created_again_on_the_same_store_reads_its_own_rounds():
         np.testing.assert_array_equal(got[r], np.full(3, 5.0))
 
 
-def test_ranks_sending_different_lengths_are_told_so():
-    """Rank 1 sends three values, rank 0 four: rank 0 says whose vector is wrong (rank 1 then
-    waits for a result that never comes, until the store's timeout)."""
-    _, stores = _stores(2, timeout=2)
-    rank1 = StoreMin(stores[1], 1, 2)
-    waiting = threading.Thread(target=lambda: pytest.raises(Exception, rank1, np.zeros(3)), daemon=True)
-    waiting.start()
-    with pytest.raises(InaggError, match="round 0: rank 1's vector has 24 bytes, expected 32"):
-        StoreMin(stores[0], 0, 2)(np.zeros(4))
-    waiting.join(10)
-    assert not waiting.is_alive()
+def test_ranks_sending_different_lengths_are_told_so_on_every_rank():
+    """Rank 1 sends three values, rank 0 and rank 2 four: rank 0 names rank 1, and every other
+    rank is told the ranks differ (rank 0 publishes the failure instead of waiting them out)."""
+    _, stores = _stores(3, timeout=5)
+    agrees = [StoreMin(stores[r], r, 3) for r in range(3)]
+    errors = _outcomes(3, lambda r: agrees[r](np.zeros(3 if r == 1 else 4)))
+    assert all(isinstance(e, InaggError) for e in errors), errors
+    assert "round 0: rank 1's vector has 24 bytes, expected 32" in str(errors[0])
+    for e in errors[1:]:
+        assert "round 0: the ranks' vectors differ in length" in str(e)
+
+
+def test_a_rank_that_never_comes_is_a_library_error_naming_the_round():
+    _, stores = _stores(2, timeout=1)
+    with pytest.raises(InaggError, match=r"agreement round 0 \(2\.0\), rank 1: the store failed"):
+        StoreMin(stores[1], 1, 2)(np.zeros(2))
+
+
+def test_groups_of_different_sizes_under_one_name_keep_their_own_numbers():
+    """A 2-rank group, then a 3-rank one under the same name on the same store (torch reuses
+    names once the default group is destroyed): the 3-rank group is group 0 of its size,
+    counted apart, so its ranks agree on its keys."""
+    _, stores = _stores(3)
+    pair = [StoreMin(stores[r], r, 2) for r in range(2)]
+    _on_ranks(2, lambda r: pair[r](np.zeros(2)))
+    trio = [StoreMin(stores[r], r, 3) for r in range(3)]
+    got = _on_ranks(3, lambda r: trio[r](np.full(2, 1.0 + r)))
+    for r in range(3):
+        np.testing.assert_array_equal(got[r], np.ones(2))

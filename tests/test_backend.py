@@ -439,16 +439,18 @@ def test_a_call_is_timed_from_the_last_start_to_the_last_end_on_a_shared_clock(s
         assert c.as_dict()["agreed"]["gloo"]["measured_s"][64] == pytest.approx(agreed_ms * 1e-3)
 
 
-def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked():
+@pytest.mark.parametrize("sample_seconds", [0.05, 0.005])
+def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked(sample_seconds):
     """The backend's fast path: calls taken without ``choose`` as ``run_length`` allows, then
     reported by ``skip``, leave the chooser exactly where asking on every call leaves it (same
-    paths, measurements, agreements, explorations, history)."""
+    paths, measurements, agreements, explorations, history); with samples due by call count
+    and, at 5 ms, by the 4 B class's predicted time (50 of its calls)."""
     def took(path, nbytes):
         return (2e-4 if path == "inagg" else 1e-4) + 1e-9 * nbytes
 
     def chooser():
         ticks = iter(range(10 ** 6))   # each agreement takes 0.1 ms (two readings of this clock)
-        c = PathChooser(lambda v: v, agree_every=64, clock=lambda: next(ticks) * 1e-4)
+        c = PathChooser(lambda v: v, agree_every=64, sample_seconds=sample_seconds, clock=lambda: next(ticks) * 1e-4)
         for nbytes in (64, 1 << 20):
             for p in ("inagg", "gloo"):
                 c.observe(p, nbytes, took(p, nbytes))
@@ -528,6 +530,27 @@ def test_samples_come_once_per_sample_seconds_of_calls_and_32_calls(call_ms, mos
             c.observe(path, 4096, call_ms * 1e-3 * (4 if path == "inagg" else 1))
             sampled += path == "gloo"
     assert most_samples / 2 < sampled <= most_samples
+
+
+def test_a_class_beside_one_timed_on_every_call_is_still_sampled():
+    """Each step: one 4 MiB call (12 ms: timed every time) and ten 256 KiB calls (1 ms). The
+    256 KiB class is sampled by its own count, every ~50 of its calls (counted from every timed
+    call, it never was: the 4 MiB call comes every 11 calls)."""
+    c = PathChooser(lambda v: v, agree_every=1 << 20, clock=lambda: 0.0)
+    took = {4 << 20: 12e-3, 256 << 10: 1e-3}
+    for _ in range(5):
+        for nbytes, seconds in took.items():
+            c.observe("gloo", nbytes, seconds)
+            c.observe("inagg", nbytes, 3 * seconds)
+    c.agree()
+    sampled = 0
+    for _ in range(300):
+        for nbytes in [4 << 20] + [256 << 10] * 10:
+            path, measure = c.choose(nbytes)
+            if measure:
+                c.observe(path, nbytes, took[nbytes] * (3 if path == "inagg" else 1))
+                sampled += nbytes == 256 << 10 and path == "gloo"
+    assert 3000 / 60 <= sampled <= 3000 / 50 + 1
 
 
 def test_an_agreement_refits_only_the_paths_whose_figures_changed():
