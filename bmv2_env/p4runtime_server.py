@@ -35,6 +35,7 @@ Pipeline = Union[SoftPipeline, NativePipeline]
 log = logging.getLogger("inagg.soft_switch.p4runtime")
 API_VERSION = "1.4.1"
 MAX_MESSAGE_BYTES = 256 << 20
+_STREAM_POLL_SECONDS = 0.5   # how often an open StreamChannel looks whether the service is closing
 
 
 def _election(eid) -> tuple[int, int]:
@@ -65,6 +66,15 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         self._streams: dict[int, tuple[tuple[int, int], queue.Queue]] = {}
         self._streams_lock = threading.Lock()
         self._next_stream = 0
+        self._closing = threading.Event()
+
+    def close(self) -> None:
+        """End every open StreamChannel within ``_STREAM_POLL_SECONDS`` (before the server stops).
+        A stream ends when its request iterator does; a call arriving while gRPC's server was
+        stopping killed its serving thread once ("cannot schedule new futures after shutdown"),
+        no stream was ever told it ended, and its handler held the executor, which the
+        interpreter joins at exit: a local deployment's switch lived on after its job."""
+        self._closing.set()
 
     # -- arbitration -------------------------------------------------------------------------
 
@@ -127,7 +137,12 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         threading.Thread(target=reader, daemon=True).start()
         try:
             while True:
-                msg = out.get()
+                try:
+                    msg = out.get(timeout=_STREAM_POLL_SECONDS)
+                except queue.Empty:
+                    if self._closing.is_set():
+                        break
+                    continue
                 if msg is None:
                     break
                 if isinstance(msg, StatusError):
@@ -325,13 +340,15 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         yield rep
 
 
-def serve(state: SoftSwitchState, address: str) -> grpc.Server:
-    """Start the gRPC server (``host:port`` or ``unix:/path``); raises if it cannot bind."""
+def serve(state: SoftSwitchState, address: str, service: P4RuntimeService | None = None) -> grpc.Server:
+    """Start the gRPC server (``host:port`` or ``unix:/path``) with ``service`` (a new one if
+    not given: an owner that stops the server calls its ``close`` first); raises if it cannot
+    bind."""
     # a Tofino device config (tofino.bin + context.json) is several MB; P4Runtime servers take
     # large pipelines (gRPC's 4 MB default would refuse it)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(P4RuntimeService(state), server)
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(service or P4RuntimeService(state), server)
     if server.add_insecure_port(address) == 0 and not address.startswith("unix:"):
         raise OSError(f"cannot listen on {address}")
     server.start()

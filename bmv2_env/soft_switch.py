@@ -63,7 +63,7 @@ from hostlib.grant import MAX_IPV4_DATAGRAM, switch_values_for_mtu
 from hostlib.transport import enlarge_buffers
 
 from .native_pipeline import NativePipeline
-from .p4runtime_server import SoftSwitchState, serve
+from .p4runtime_server import P4RuntimeService, SoftSwitchState, serve
 from .pipeline import ETH, INAGG_AT, IP, SoftPipeline, build_frame
 
 log = logging.getLogger("inagg.soft_switch")
@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             if loop is not None:
                 for port in args.ports:
                     loop.capture(port)
-        server = serve(state, args.target.grpc_server_addr)
+        service = P4RuntimeService(state)
+        server = serve(state, args.target.grpc_server_addr, service)
     except (OSError, RuntimeError) as e:
         print(f"inagg-soft-switch: {e}", file=sys.stderr)
         return 2
@@ -422,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         status = run_native_loop(loop, attach, captures, stop)
     else:
         status = run_python_loop(state, attach, captures, stop)
+    service.close()
     server.stop(grace=1)
     if captures is not None:
         captures.close()

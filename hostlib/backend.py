@@ -41,7 +41,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 

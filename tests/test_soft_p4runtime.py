@@ -139,3 +139,28 @@ def test_a_refused_batch_names_each_failed_update_and_never_hangs(server):
         assert len(sw.table_entries("worker_table")) == 2   # the good updates were applied
     finally:
         sw.close()
+
+
+def test_a_stream_whose_requests_never_end_ends_when_the_service_closes():
+    """A StreamChannel ends when its request iterator does, which gRPC's server once never
+    told it (its serving thread died stopping): closing the service ends the stream anyway, so
+    the server's executor, which the interpreter joins at exit, is free."""
+    import threading
+
+    from bmv2_env.p4runtime_server import P4RuntimeService
+
+    service = P4RuntimeService(SoftSwitchState(0, default_program("soft").p4info, SoftPipeline))
+    never = threading.Event()
+
+    def requests():   # a client stream that neither sends nor ends
+        never.wait()
+        yield from ()
+
+    ended = threading.Event()
+    stream = threading.Thread(target=lambda: (list(service.StreamChannel(requests(), None)), ended.set()),
+                              daemon=True)
+    stream.start()
+    assert not ended.wait(0.7)   # open while the service is
+    service.close()
+    assert ended.wait(2), "the stream outlived the service"
+    never.set()
