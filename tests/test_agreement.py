@@ -67,15 +67,18 @@ def test_every_rank_gets_the_elementwise_minimum_each_round_and_old_keys_go(n):
         assert server.num_keys() == created + (n if n > 1 else 0)
 
 
-def test_a_group_created_again_on_the_same_store_reads_its_own_rounds():
-    """A group that made one round and went, then a new one under the same name: the new
-    group's round 0 is its own, not the last one's result left in the store."""
-    _, stores = _stores(2)
-    first = [StoreMin(stores[r], r, 2) for r in range(2)]
-    _on_ranks(2, lambda r: first[r](np.zeros(3)))
-    again = [StoreMin(stores[r], r, 2) for r in range(2)]
-    got = _on_ranks(2, lambda r: again[r](np.full(3, 5.0 + r)))
-    for r in range(2):
+@pytest.mark.parametrize("first, then", [(2, 2), (2, 3)])
+def test_a_group_made_again_under_the_same_name_reads_its_own_rounds(first, then):
+    """A group that made one round and went, then a new one under the same name on the same
+    store (torch reuses names once the default group is destroyed), of the same size or
+    another: the new group's round 0 is its own, not the last one's result left in the store,
+    and its ranks agree on its number (counted per size)."""
+    _, stores = _stores(max(first, then))
+    old = [StoreMin(stores[r], r, first) for r in range(first)]
+    _on_ranks(first, lambda r: old[r](np.zeros(3)))
+    new = [StoreMin(stores[r], r, then) for r in range(then)]
+    got = _on_ranks(then, lambda r: new[r](np.full(3, 5.0 + r)))
+    for r in range(then):
         np.testing.assert_array_equal(got[r], np.full(3, 5.0))
 
 
@@ -95,16 +98,3 @@ def test_a_rank_that_never_comes_is_a_library_error_naming_the_round():
     _, stores = _stores(2, timeout=1)
     with pytest.raises(InaggError, match=r"agreement round 0 \(2\.0\), rank 1: the store failed"):
         StoreMin(stores[1], 1, 2)(np.zeros(2))
-
-
-def test_groups_of_different_sizes_under_one_name_keep_their_own_numbers():
-    """A 2-rank group, then a 3-rank one under the same name on the same store (torch reuses
-    names once the default group is destroyed): the 3-rank group is group 0 of its size,
-    counted apart, so its ranks agree on its keys."""
-    _, stores = _stores(3)
-    pair = [StoreMin(stores[r], r, 2) for r in range(2)]
-    _on_ranks(2, lambda r: pair[r](np.zeros(2)))
-    trio = [StoreMin(stores[r], r, 3) for r in range(3)]
-    got = _on_ranks(3, lambda r: trio[r](np.full(2, 1.0 + r)))
-    for r in range(3):
-        np.testing.assert_array_equal(got[r], np.ones(2))
