@@ -68,10 +68,8 @@ after 10, 20, 40, ... calls: its times may be bimodal, ``_recheck_again``; a cla
 class's newest agreed call on its path was slower than the class's other recent ones by
 ``measure_from_seconds`` or more (a link slowed down: its older times go, its next calls are all
 timed, then the ranks agree). Its
-predicted extra time and the agreement it brings (``agreement_s`` + ``exchange_s``, its own work
-and its exchange: where calls take 0.3 ms, an agreement's ~3 ms dwarfs the exploration itself;
-charged its own work alone, explorations and their agreements took ~6 % of the time at 4
-workers / 4 B, where the exchange took 1-2 ms) are paid from a budget of ``explore_budget``
+predicted extra time and the agreement it brings (``agreement_s``: where calls take 0.3 ms, an
+agreement's ~3 ms dwarfs the exploration itself) are paid from a budget of ``explore_budget``
 (a fraction) of the predicted
 time of every call of its size class so far: a path predicted much slower is explored rarely,
 one close to the best at nearly every agreement; paths take turns, strictly. Each size class
@@ -305,8 +303,6 @@ class PathChooser:
         self._unsampled_s = np.zeros(SIZE_CLASSES)  # per class, predicted seconds since its last one
         self._own_agreement_s = _UNSEEN             # this rank's time for the last agreement
         self.agreement_s = 0.0                      # one agreement's own work, agreed (0: none yet)
-        self._own_exchange_s = _UNSEEN              # this rank's exchange in the last agreement
-        self.exchange_s = 0.0                       # one agreement's exchange, agreed (0: none yet)
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
         self._history: deque[list] = deque(maxlen=history)
         self.calls = 0
@@ -480,14 +476,13 @@ class PathChooser:
         point."""
         started = self._clock()
         with self._lock:
-            local = np.concatenate([self.timings[p].summary() for p in self.paths]
-                                   + [[self._own_agreement_s, self._own_exchange_s]])
+            local = np.concatenate([self.timings[p].summary() for p in self.paths] + [[self._own_agreement_s]])
         sent = self._clock()
         agreed = self._agree_fn(local)
         received = self._clock()
-        if np.isfinite(agreed[-2]):
-            self.agreement_s, self.exchange_s = float(agreed[-2]), float(agreed[-1])
-        combined = agreed[:-2].reshape(len(self.paths), -1)
+        if np.isfinite(agreed[-1]):
+            self.agreement_s = float(agreed[-1])
+        combined = agreed[:-1].reshape(len(self.paths), -1)
         self.models = {p: self._refit(p, combined[i]) for i, p in enumerate(self.paths)}
         self._best.clear()
         self.agreements += 1
@@ -496,7 +491,6 @@ class PathChooser:
         # costs what the link does; budgeted too, a throttled link put the agreements, which
         # notice the throttle, tens of seconds apart
         self._own_agreement_s = (sent - started) + (self._clock() - received)
-        self._own_exchange_s = received - sent   # the last rank in waits least: the minimum is the exchange's own
 
     def _refit(self, path: str, summary: np.ndarray) -> PathModel:
         """``path``'s model from its agreed ``summary``: the one it has where nothing changed
@@ -623,10 +617,10 @@ class PathChooser:
         self._bring_scheduled_forward(seconds)
         explore = self._probe(nbytes) if probing else None
         if explore is None and scheduled:   # the exploration pays for the agreement it brings too
-            brought = self.agreement_s + self.exchange_s
-            explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c] - brought)
+            explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c]
+                                        - self.agreement_s)
             if explore is not None:
-                self._credit[c] -= self.predict(explore, nbytes) - seconds + brought
+                self._credit[c] -= self.predict(explore, nbytes) - seconds + self.agreement_s
                 self._explored_at[explore] = self.calls
                 self.explorations += 1
                 # a path not in use: its old times are stale, this call's is its figure, used
@@ -712,6 +706,6 @@ class PathChooser:
                                "measured_s": {int(n): float(t) for n, t in zip(m.nbytes[m.seen], m.seconds[m.seen])}}
                            for p, m in self.models.items()},
                 "paths": list(self.paths), "calls": self.calls, "agreements": self.agreements,
-                "agreement_s": self.agreement_s, "exchange_s": self.exchange_s,
+                "agreement_s": self.agreement_s,
                 "explorations": self.explorations, "probes": self.probed,
                 "explore_credit_s": {1 << 2 * int(c): float(self._credit[c]) for c in np.flatnonzero(self._credit)}}
