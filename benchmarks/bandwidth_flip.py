@@ -256,7 +256,7 @@ def run_experiment(args) -> tuple[list[dict], dict, dict]:
     run_dir = RunDir.create()
     print(f"bandwidth flip: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)
-    run = Run(topo, dataplane, run_dir, program_files=program_files_for(dataplane))
+    run = Run(topo, dataplane, run_dir, program_files=program_files_for(dataplane), pcaps=args.pcaps)
     try:
         run.build()
         run.start_services()
@@ -404,6 +404,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the management network (it exists inside the run's namespaces only)")
     p.add_argument("--warmup", type=int, default=200,
                    help="steps before the first phase (the path models settle), not recorded")
+    p.add_argument("--pcaps", action="store_true",
+                   help="keep the switch's per-port pcaps in the run directory (2-7 GB for the default phases)")
     p.add_argument("--verbose", action="store_true",
                    help="the workers' logs (build/emulation/<run>/logs/worker-*.log) at DEBUG, not INFO")
     p.add_argument("--name", default="bandwidth_flip", help="results file names (CSV, PNG)")

@@ -81,9 +81,9 @@ def make_switch_class(Switch):
         """A Mininet switch node running a P4Runtime data plane process in the root namespace;
         its P4Runtime server listens on a Unix socket in the run directory."""
 
-        def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, **kw):
+        def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, pcaps=True, **kw):
             Switch.__init__(self, name, **kw)
-            self.dataplane, self.run, self.device_id = dataplane, run, device_id
+            self.dataplane, self.run, self.device_id, self.pcaps = dataplane, run, device_id, pcaps
             self.grpc = f"unix:{run.path / (name + '-p4rt.sock')}"
             self.proc = None
 
@@ -96,8 +96,8 @@ def make_switch_class(Switch):
                           "--notifications-addr", f"ipc://{self.run.path / (self.name + '-notify.ipc')}"]
             else:
                 binary = [sys.executable, "-m", "bmv2_env.soft_switch"]
-            return binary + ports + ["--device-id", str(self.device_id), "--pcap",
-                                     str(self.run.path / "pcaps"), "--no-p4", "--",
+            capture = ["--pcap", str(self.run.path / "pcaps")] if self.pcaps else []
+            return binary + ports + ["--device-id", str(self.device_id), *capture, "--no-p4", "--",
                                      "--grpc-server-addr", self.grpc]
 
         def start(self, controllers):
@@ -161,8 +161,10 @@ class Run:
     """One bring-up of a topology: network, controller, aggregator, jobs, summary, teardown."""
 
     def __init__(self, topo: Topology, dataplane: str, run: RunDir, epochs: int | None = None,
-                 transport: str | None = None, program_files: dict[str, str] | None = None) -> None:
+                 transport: str | None = None, program_files: dict[str, str] | None = None,
+                 pcaps: bool = True) -> None:
         self.topo, self.dataplane, self.run, self.transport = topo, dataplane, run, transport
+        self.pcaps = pcaps   # every switch port's pcaps in the run directory (2-7 GB for a bandwidth flip)
         self.epochs = job_epochs(topo, epochs)
         self.program_files = program_files or {}   # p4info/bmv2_json for every switch; {}: p4/
         self.net = None
@@ -196,7 +198,8 @@ class Run:
         self.write_env()
         self.net = Mininet(topo=None, controller=None, link=TCLink, build=False, autoSetMacs=False)
         for i, name in enumerate(self.topo.switches):
-            self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i)
+            self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i,
+                               pcaps=self.pcaps)
         for name, h in self.topo.hosts.items():
             self.net.addHost(name, ip=h["ip"], mac=h["mac"])
         names = []

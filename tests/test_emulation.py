@@ -201,7 +201,7 @@ def test_a_bandwidth_change_flips_the_backend_path_and_back(tmp_path):
     management bridge and inagg through the switch; one worker's management link is throttled
     with tc tbf mid-run, then restored. The largest tensor's path leaves gloo while throttled
     and comes back after the restore (the workers check every allreduce's sum), and the run
-    leaves nothing behind. Phases of 5/20/15 s fit it in about a minute; at 40 Mbit/s throttled
+    leaves nothing behind (no pcaps either, unless asked for). Phases of 5/20/15 s fit it in about a minute; at 40 Mbit/s throttled
     gloo costs ~2x inagg, so the exploration budget tries it again within seconds of the
     restore."""
     reason = mininet_missing()
@@ -215,6 +215,7 @@ def test_a_bandwidth_change_flips_the_backend_path_and_back(tmp_path):
     assert run.record["finished"] and run.live_processes() == [], proc.stdout
     assert [n for n in root_interfaces() if n.startswith(run.run_id)] == []
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not list(run.path.glob("pcaps/*.pcap"))   # only with --pcaps (2-7 GB a run)
     result = json.loads(out.read_text())
     assert result["verdict"] == "", proc.stdout
     assert (tmp_path / "bandwidth_flip.csv").read_text().count("\n") == len(result["rows"]) + 1
