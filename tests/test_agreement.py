@@ -16,10 +16,14 @@ from hostlib.errors import InaggError
 
 
 def _stores(n: int, timeout: float = 10) -> tuple[dist.TCPStore, list[dist.Store]]:
-    """A TCPStore server and one client per rank, as a job's ranks see their store."""
-    wait = timedelta(seconds=timeout)
-    server = dist.TCPStore("127.0.0.1", 0, n + 1, True, wait, wait_for_workers=False)
-    clients = [dist.TCPStore("127.0.0.1", server.port, n + 1, False, wait) for _ in range(n)]
+    """A TCPStore server and one client per rank, as a job's ranks see their store, waiting
+    ``timeout`` seconds for a key (connecting may take longer: a loaded CI machine took over
+    1 s once)."""
+    connect = timedelta(seconds=30)
+    server = dist.TCPStore("127.0.0.1", 0, n + 1, True, connect, wait_for_workers=False)
+    clients = [dist.TCPStore("127.0.0.1", server.port, n + 1, False, connect) for _ in range(n)]
+    for c in clients:
+        c.set_timeout(timedelta(seconds=timeout))
     return server, [dist.PrefixStore("agree", c) for c in clients]
 
 
