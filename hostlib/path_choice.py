@@ -536,7 +536,7 @@ class PathChooser:
         if self._confirming:
             self._count_toward_confirmation(c, path)
         self._history.append([time.time(), self.calls, 1, nbytes, path, False])
-        return path, self._measure(path, nbytes, entry[1])
+        return path, self._measure(path, c, entry[1])
 
     def run_length(self, nbytes: int, path: str) -> int:
         """How many calls of ``nbytes`` right after the one ``choose`` just answered (with
@@ -577,13 +577,13 @@ class PathChooser:
         self._predicted_s += calls * seconds
         self._unsampled_s[c] += calls * seconds
 
-    def _measure(self, path: str, nbytes: int, seconds: float) -> bool:
-        """Whether to time this call, predicted to take ``seconds``: from
+    def _measure(self, path: str, c: int, seconds: float) -> bool:
+        """Whether to time this call, of size class ``c`` and predicted to take ``seconds``: from
         ``measure_from_seconds`` up, every call of a size class whose times on ``path`` do not
         fill its ring yet (a path just taken on one exploration's time gets its figure from its
         next calls, not from five samples later: one lucky exploration kept the host lane on 16
         KiB calls at 1.7x gloo's time), and a sample (``_sample_due``)."""
-        c = size_class(nbytes)   # every call of a class timed anyway takes no sample's turn
+        # every call of a class timed anyway takes no sample's turn
         return seconds >= self.measure_from_seconds or self._sample_due(c) or self.timings[path].filling(c)
 
     def _sample_due(self, c: int) -> bool:
@@ -634,7 +634,7 @@ class PathChooser:
         if self._confirming:
             self._count_toward_confirmation(c, path)
         self._history.append([time.time(), self.calls, 1, nbytes, path, explore is not None])
-        return path, explore is not None or self._measure(path, nbytes, seconds)
+        return path, explore is not None or self._measure(path, c, seconds)
 
     def _postpone_scheduled(self) -> None:
         """The scheduled agreement's calls (16, 32, 64, then every ``agree_every``) have come,
