@@ -51,7 +51,7 @@ model from the result and computes the same choices until the next agreement.
 **Exploring.** A size class first seen where calls are cheap (predicted under ``probe_seconds``)
 is *probed*: its next calls take, ``probes`` times each, one path after another, ``prefer`` and
 every other path not yet measured there whose line predicts it within ``probe_ratio`` of the
-best, then the ranks agree. Larger sizes are left to exploration (a probe of a slower path would
+best (a path's first call after another path's is an untimed warm-up), then the ranks agree. Larger sizes are left to exploration (a probe of a slower path would
 cost a whole slow call; a line alone never takes a call off ``prefer``, below). After that, the
 call at an agreement may take a path the model did not choose, so the estimate of a path not in
 use does not go stale (a link's bandwidth changed, the switch became free): that call's time
@@ -60,7 +60,7 @@ a scheduled agreement explores (not one an exploration, probes or a confirmation
 forward: chained so, explorations took 6 % of the calls at 4 workers / 4 B, each with an
 agreement of its own, and the backend 1.3x gloo on the mean). The ranks also agree
 again as soon as a class that moved off ``prefer`` has its new path's ring full of that path's
-own calls and ``prefer`` has been timed again there (``_recheck_prefer``): a lucky exploration
+own calls and both it and ``prefer`` have been timed afresh there (``_recheck_prefer``): a lucky exploration
 or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``; where ``prefer``'s
 fastest recent call there is within ``probe_ratio`` of the path's figure, it is rechecked again
 after 10, 20, 40, ... calls: its times may be bimodal, ``_recheck_again``; a class back on
@@ -287,6 +287,7 @@ class PathChooser:
         # per call size until the next agreement: (fastest path, its predicted seconds, probing)
         self._best: dict[int, tuple[str, float, bool]] = {}
         self._probes_left: dict[tuple[str, int], int] = {}   # (path, size class) -> probe calls
+        self._warm_up_due: set[tuple[str, int]] = set()      # probe runs not started yet (``_probe``)
         self._chosen: dict[int, str] = {}                    # size class -> its path (``_confirm_soon``)
         self._confirming: dict[int, _Pending] = {}          # size class -> what it waits for
         self._rechecks: dict[int, int] = {}                  # size class off prefer -> its rechecks of prefer
@@ -305,6 +306,7 @@ class PathChooser:
         self.agreement_s = 0.0                      # one agreement's own work, agreed (0: none yet)
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
         self._history: deque[list] = deque(maxlen=history)
+        self._last_path: str | None = None         # the path of the last call (``_probe``'s warm-ups)
         self.calls = 0
         self.agreements = 0
         self.explorations = 0
@@ -383,7 +385,7 @@ class PathChooser:
             return
         del self._confirming[c]
         if pending.left_prefer and self.prefer is not None:
-            self._recheck_prefer(c)
+            self._recheck_prefer(c, path)
         else:
             self._agree_soon()
 
@@ -391,18 +393,25 @@ class PathChooser:
         """The ranks agree at the next call (an unscheduled agreement)."""
         self._next_agreement, self._soon = min(self._next_agreement, self.calls + 1), True
 
-    def _recheck_prefer(self, c: int) -> None:
-        """Size class ``c``'s calls on a path other than ``prefer`` filled its ring: measure
-        ``prefer`` again there, ``trusted`` calls in a run (as probes: then the ranks agree),
-        so leaving it rests on its fresh times, not on the few it had, taken beside other
-        paths' calls (probes, an exploration). gloo's times are bimodal at 2 workers / 4 B and
-        256 KiB on the 2-core machine (0.2 or 0.4 ms, 0.5 or 3 ms): three slow probes put
-        the host lane on every call at 1.6x gloo's time."""
+    def _recheck_prefer(self, c: int, path: str) -> None:
+        """Size class ``c``'s calls on ``path``, not ``prefer``, filled its ring: measure both
+        again there, ``trusted`` calls each in a run (as probes: then the ranks agree), so
+        leaving ``prefer`` rests on fresh times of both, not on the few ``prefer`` had, taken
+        beside other paths' calls (probes, an exploration), nor on ``path``'s old ones (its
+        ring keeps its two newest beside the three: a majority, so its median is a fresh call;
+        emptied, ``path`` was not eligible at an agreement falling among the probes). gloo's
+        times are bimodal at 2 workers / 4 B and 256 KiB on the 2-core machine (0.2 or 0.4 ms,
+        0.5 or 3 ms): three slow probes put the host lane on every call at 1.6x gloo's time.
+        And ``path``'s calls are timed only as samples once its ring is full (at 0.25 ms, one
+        in 200): rechecked against the host lane's figure from its first calls (0.25 ms), gloo's
+        fresh 0.4-1.3 ms kept 16 KiB calls on the host lane for 150-300 calls at 2 workers,
+        where its calls took 0.9-1.5 ms."""
         if c not in self._rechecks:
             with self._lock:
                 self.timings[self.prefer].forget(c)
         self._rechecks[c] = self._rechecks.get(c, 0) + 1
-        self._probes_left[(self.prefer, c)] = self.trusted
+        self._probes_left[(self.prefer, c)] = self._probes_left[(path, c)] = self.trusted
+        self._warm_up_due.update({(self.prefer, c), (path, c)})
         for nbytes in [n for n in self._best if size_class(n) == c]:
             del self._best[nbytes]   # the class's next call plans its probes (``_fastest``)
 
@@ -451,6 +460,7 @@ class PathChooser:
                 wanted.append(self.prefer)
         for p in wanted:
             self._probes_left[(p, c)] = self.probes
+            self._warm_up_due.add((p, c))
         return any(self._probes_left.get((p, c), 0) for p in self.paths)
 
     def _handicap(self, path: str, c: int) -> float:
@@ -536,6 +546,7 @@ class PathChooser:
         if self._confirming:
             self._count_toward_confirmation(c, path)
         self._history.append([time.time(), self.calls, 1, nbytes, path, False])
+        self._last_path = path
         return path, self._measure(path, c, entry[1])
 
     def run_length(self, nbytes: int, path: str) -> int:
@@ -615,7 +626,7 @@ class PathChooser:
         c = size_class(nbytes)
         path, seconds, probing = self._fastest(nbytes)
         self._bring_scheduled_forward(seconds)
-        explore = self._probe(nbytes) if probing else None
+        explore, warm_up = self._probe(nbytes) if probing else (None, False)
         if explore is None and scheduled:   # the exploration pays for the agreement it brings too
             explore = self._exploration(nbytes, seconds + self.explore_budget * seconds + self._credit[c]
                                         - self.agreement_s)
@@ -634,7 +645,8 @@ class PathChooser:
         if self._confirming:
             self._count_toward_confirmation(c, path)
         self._history.append([time.time(), self.calls, 1, nbytes, path, explore is not None])
-        return path, explore is not None or self._measure(path, c, seconds)
+        self._last_path = path
+        return path, not warm_up and (explore is not None or self._measure(path, c, seconds))
 
     def _postpone_scheduled(self) -> None:
         """The scheduled agreement's calls (16, 32, 64, then every ``agree_every``) have come,
@@ -665,23 +677,33 @@ class PathChooser:
         self._next_scheduled = call
         self._next_agreement = min(self._next_agreement, call) if self._soon else call
 
-    def _probe(self, nbytes: int) -> str | None:
-        """The path this call probes: one path's probes after another, the one predicted
-        slowest first (a job's or a benchmark's first call of a size is often a warm-up). Not
-        in turns: a call right after another path's runs slower (that path's tail still holds
-        the CPU: gloo probes that alternated with inagg's took 3 ms where gloo's calls took
-        0.5, 2 workers / 256 KiB, load 12), so only the first of a run is off. When the size's
-        last probe is taken, the ranks agree at the next call so the probes are used at once."""
+    def _probe(self, nbytes: int) -> tuple[str | None, bool]:
+        """The path this call probes (None: no probes left at its size), and whether the call
+        is a warm-up: one path's probes after another, the one predicted slowest first (a job's
+        or a benchmark's first call of a size is often a warm-up). Not in turns, and a path's
+        first call right after another path's is untimed and not one of its probes: a call right
+        after another path's runs slower (that path's tail still holds the CPU: gloo probes that
+        alternated with inagg's took 3 ms where gloo's calls took 0.5, 2 workers / 256 KiB,
+        load 12; gloo's first call after ten on the host lane took 0.56 ms, its next ones
+        0.33-0.37, 2 workers / 16 KiB: one such call among a recheck's three counted against
+        gloo). One warm-up per run: where calls of other sizes on other paths come between
+        (the bandwidth flip's steps), each of its calls follows another path's, and a warm-up
+        before each would never let the probes end. When the size's last probe is taken, the
+        ranks agree at the next call so the probes are used at once."""
         c = size_class(nbytes)
         left = [p for p in self.paths if self._probes_left.get((p, c), 0)]
         if not left:
-            return None
+            return None, False
         path = max(left, key=lambda p: self.models[p].line(nbytes))
+        if (path, c) in self._warm_up_due:
+            self._warm_up_due.discard((path, c))
+            if path != self._last_path:
+                return path, True
         self._probes_left[(path, c)] -= 1
         self.probed += 1
         if not any(self._probes_left.get((p, c), 0) for p in self.paths):
             self._agree_soon()
-        return path
+        return path, False
 
     def _exploration(self, nbytes: int, affordable: float) -> str | None:
         """The path this agreement call explores, if any: the one explored least recently, once

@@ -353,15 +353,37 @@ def test_a_new_size_is_probed_on_each_path_then_agreed():
         c.observe("gloo", nbytes, 1e-4 + 1e-9 * nbytes)
         c.observe("inagg", nbytes, 2e-4 + 1e-9 * nbytes)
     c.agree()
-    calls = [c.choose(4096) for _ in range(6)]
-    assert [p for p, _ in calls] == ["inagg"] * 3 + ["gloo"] * 3     # three each, the slower first
-    assert all(measure for _, measure in calls)
-    for p, _ in calls:
-        c.observe(p, 4096, 1e-4 if p == "gloo" else 5e-4)
+    calls = [c.choose(4096) for _ in range(8)]
+    assert [p for p, _ in calls] == ["inagg"] * 4 + ["gloo"] * 4     # three each, the slower first ...
+    assert [m for _, m in calls] == [False, True, True, True] * 2     # ... after an untimed warm-up
+    for p, measure in calls:
+        if measure:
+            c.observe(p, 4096, 1e-4 if p == "gloo" else 5e-4)
     before = c.agreements
     assert c.choose(4096) == ("gloo", True)    # agreed on the probes at once; its ring still filling
     assert c.agreements == before + 1
     assert 4096 in c.as_dict()["agreed"]["gloo"]["measured_s"]
+
+
+def test_probes_end_where_calls_of_another_size_on_another_path_come_between():
+    """Each path's probes of a new size start with one untimed warm-up where the call before
+    was another path's; with 64 B calls on the host lane between 4 KiB calls (as the bandwidth
+    flip's steps interleave sizes), every 4 KiB call follows a host-lane call, and the probes
+    still end after one warm-up each (warming up before each call, they never did: gloo's
+    figure stayed throttled after the link was restored)."""
+    c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, prefer=None)   # no rechecks of gloo
+    for nbytes in (64, 1 << 20):
+        c.observe("gloo", nbytes, 0.8e-3 + 1e-9 * nbytes)
+        c.observe("host", nbytes, 0.5e-3 + 1e-9 * nbytes)
+    c.agree()
+    before_4k = []
+    for _ in range(20):
+        before_4k.append(c.choose(64)[0])
+        path, measure = c.choose(4096)
+        if measure:
+            c.observe(path, 4096, 1e-3)
+    assert before_4k == ["host"] * 20           # every 4 KiB call came after a host-lane call
+    assert all(4096 in m["measured_s"] for m in c.as_dict()["agreed"].values())
 
 
 @pytest.mark.parametrize("host_line_ms, probed", [(4.0, True), (12.0, False)])
@@ -377,11 +399,12 @@ def test_a_dear_new_size_probes_a_path_its_line_says_is_faster(host_line_ms, pro
             c.observe("gloo", nbytes, 14e-3)
             c.observe("host", nbytes, host_line_ms * 1e-3)
     c.agree()
-    calls = [c.choose(1024) for _ in range(6)]
+    calls = [c.choose(1024) for _ in range(8)]
     if not probed:
-        assert [p for p, _ in calls] == ["gloo"] * 6
+        assert [p for p, _ in calls] == ["gloo"] * 8
         return
-    assert sorted(p for p, _ in calls) == ["gloo"] * 3 + ["host"] * 3 and all(m for _, m in calls)
+    assert sorted(p for p, _ in calls) == ["gloo"] * 4 + ["host"] * 4   # three probes each, after a warm-up
+    assert [m for _, m in calls] == [False, True, True, True] * 2
     for _ in range(30):
         path, measure = calls[-1]
         if measure:
@@ -592,16 +615,17 @@ def test_a_path_taken_on_one_lucky_exploration_is_dropped_after_a_few_calls():
     assert max(inagg_runs) <= 1 + 5 + 1           # ... only until inagg's own calls were agreed on
 
 
-def _paths_beside_host(c: PathChooser, calls: int, gloo_s: Callable[[int], float]) -> list[str]:
+def _paths_beside_host(c: PathChooser, calls: int, gloo_s: Callable[[int], float],
+                       host_s: Callable[[int], float] = lambda k: 1e-3) -> list[str]:
     """``calls`` 256 KiB calls on a host-lane/gloo chooser: each call's path ("explored" for an
-    exploration or probe); the host lane takes 1 ms, gloo's k-th timed call ``gloo_s(k)``."""
-    gloo_timed, paths = 0, []
+    exploration or probe); each path's k-th timed call takes ``gloo_s(k)``, ``host_s(k)``."""
+    timed, paths = {"gloo": 0, "host": 0}, []
     for _ in range(calls):
         path, measure = c.choose(256 << 10)
         paths.append("explored" if c.history()[-1]["explored"] else path)
         if measure:
-            gloo_timed += path == "gloo"
-            c.observe(path, 256 << 10, 1e-3 if path == "host" else gloo_s(gloo_timed))
+            timed[path] += 1
+            c.observe(path, 256 << 10, (gloo_s if path == "gloo" else host_s)(timed[path]))
     return paths
 
 
@@ -609,25 +633,38 @@ def test_leaving_gloo_on_slow_probes_is_rechecked_at_once():
     """gloo's three probes at a new size come out 3 ms (its slow mode on a shared machine),
     its calls take 0.5 ms; the host lane takes 1 ms. The calls move to the host lane, and once
     its ring is full gloo is measured again in a run of its own and the calls go back to it:
-    within 3 + 3 + 5 + 3 + 1 calls of the size, not at an exploration hundreds of calls later."""
+    within 4 + 4 + 2 + 8 calls of the size (each path's three probes after an untimed warm-up
+    call; the host lane's ring needs two calls beside its probes; the recheck times both paths
+    afresh), not at an exploration hundreds of calls later."""
     c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, per_class=5)
     paths = _paths_beside_host(c, 300, lambda k: 3e-3 if k <= 3 else 0.5e-3)
     assert "host" in paths[6:]                        # the slow probes did move the calls ...
-    assert max(i for i, p in enumerate(paths) if p == "host") < 3 + 3 + 5 + 3 + 1   # ... until gloo's
-    assert set(paths[15:]) <= {"gloo", "explored"}   # own run was agreed on; explorations aside
+    assert max(i for i, p in enumerate(paths) if p == "host") < 4 + 4 + 2 + 8   # ... until gloo's
+    assert set(paths[18:]) <= {"gloo", "explored"}   # own run was agreed on; explorations aside
 
 
 def test_gloo_rechecked_slow_is_rechecked_again_soon():
     """As above, but gloo's recheck comes out slow too (its first call after the host lane's
     is slow, and its times are bimodal): the calls stay on the host lane, and gloo is rechecked
-    again after 10 more of its calls (its times joining the last recheck's), so the calls go
-    back within 3 + 3 + 5 + 3 + 1 + 10 + 3 + 1 calls, not at the next exploration, priced at
+    again after 10 more host-lane calls (the recheck's among them; gloo's new times joining the
+    last recheck's), so the calls go back within 4 + 4 + 2 + 8 + 6 + 8 + 1 calls, not at the next exploration, priced at
     gloo's slow figure (62 calls here; hundreds at 2 workers / 16 KiB in the sweep)."""
     c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, per_class=5, clock=lambda: 0.0)
     paths = _paths_beside_host(c, 300, lambda k: 1.8e-3 if k <= 6 else 0.5e-3)
     host = [i for i, p in enumerate(paths) if p == "host"]
-    assert host and 3 + 3 + 5 + 3 + 1 < max(host) < 3 + 3 + 5 + 3 + 1 + 10 + 3 + 1   # rechecked twice
+    assert host and 4 + 4 + 2 + 8 < max(host) < 4 + 4 + 2 + 8 + 6 + 8 + 1   # rechecked twice
     assert set(paths[30:]) <= {"gloo", "explored"}
+
+
+def test_a_recheck_times_the_path_left_for_afresh_too():
+    """The host lane's probes come out 0.25 ms and its calls then take 1 ms; gloo takes 0.45
+    ms. The calls move to the host lane on its probes; the recheck times both again, and the
+    calls go back to gloo (compared with the host lane's first figure, gloo's recheck kept
+    them there: 150-300 calls of 2 workers / 16 KiB on the host lane at 2-3x gloo's time)."""
+    c = PathChooser(lambda v: v, ("host", "gloo"), agree_every=128, per_class=5, clock=lambda: 0.0)
+    paths = _paths_beside_host(c, 200, lambda k: 0.45e-3, lambda k: 0.25e-3 if k <= 3 else 1e-3)
+    assert "host" in paths[:10]                       # taken on its probes ...
+    assert "host" not in paths[4 + 4 + 2 + 8:]       # ... until the recheck (explorations aside)
 
 
 def test_back_on_gloo_on_a_fast_recheck_its_own_calls_confirm_it():
@@ -641,8 +678,8 @@ def test_back_on_gloo_on_a_fast_recheck_its_own_calls_confirm_it():
         if measure:
             c.observe(path, 64, 1e-4)
     paths = _paths_beside_host(c, 200, lambda k: 0.5e-3 if 3 < k <= 6 else 20e-3)   # the recheck's three fast
-    back = paths.index("gloo", 3 + 3 + 5)
-    assert back < 3 + 3 + 5 + 3 + 1                   # the fast recheck took the calls back ...
+    back = paths.index("gloo", 4 + 4 + 2)            # probes, the host lane's ring, the recheck
+    assert back < 4 + 4 + 2 + 8 + 1                   # the fast recheck took the calls back ...
     assert max(i for i, p in enumerate(paths) if p == "gloo") < back + 2 + 5 + 2   # ... briefly
     assert set(paths[30:]) <= {"host", "explored"}
 
