@@ -21,8 +21,10 @@ at 8 workers / 4 B on the loaded 2-core machine; with a group of its own, 0.97).
 Each worker count runs as ``--jobs`` separate jobs (fresh processes, groups and local
 deployment), each with its share of the time: two identical gloo groups of one job differ by a
 few percent for the whole job (2-core machine, 4 workers / 4 MiB: 0.92-1.08 between groups,
-the same in both halves of a job, different in the next job), so one job measures its groups'
-draw as much as the systems; pooled over jobs the draws average out.
+the same in both halves of a job, different in the next job; 4 workers / 4 B: 0.85-1.15 over
+six jobs), so one job measures its groups' draw as much as the systems; pooled over jobs the
+draws average out. Five by default: with three, the small sizes' points, whose jobs read
+0.96-1.17x with nearly every call on gloo, came out over 1.1 in one run in three on the draw.
 
 Per size: each system's median time; ``ratio``, the median over all jobs' repetitions of the
 ratio of the inagg backend's summed time to gloo's within a repetition (its calls run back to
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0,
                    help="time to spend on each system per size, over all jobs (the repetitions follow from gloo's "
                         "warm-up calls)")
-    p.add_argument("--jobs", type=int, default=3, help="separate jobs per worker count (module docstring)")
+    p.add_argument("--jobs", type=int, default=5, help="separate jobs per worker count (module docstring)")
     p.add_argument("--min-reps", type=int, default=5, help="fewest repetitions per size and job (two calls of each system)")
     p.add_argument("--max-reps", type=int, default=200, help="most repetitions per size and job")
     p.add_argument("--quick", action="store_true",

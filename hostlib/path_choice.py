@@ -51,8 +51,9 @@ model from the result and computes the same choices until the next agreement.
 **Exploring.** A size class first seen where calls are cheap (predicted under ``probe_seconds``)
 is *probed*: its next calls take, ``probes`` times each, one path after another, ``prefer`` and
 every other path not yet measured there whose line predicts it within ``probe_ratio`` of the
-best (a path's first call after another path's is an untimed warm-up), then the ranks agree. Larger sizes are left to exploration (a probe of a slower path would
-cost a whole slow call; a line alone never takes a call off ``prefer``, below). After that, the
+best (a path's first call after another path's is an untimed warm-up), then the ranks agree.
+Larger sizes are left to exploration (a probe of a slower path would cost a whole slow call; a
+line alone never takes a call off ``prefer``, below). After that, the
 call at an agreement may take a path the model did not choose, so the estimate of a path not in
 use does not go stale (a link's bandwidth changed, the switch became free): that call's time
 replaces the path's older ones at its size class, and the ranks agree at the next call. Only
@@ -60,8 +61,8 @@ a scheduled agreement explores (not one an exploration, probes or a confirmation
 forward: chained so, explorations took 6 % of the calls at 4 workers / 4 B, each with an
 agreement of its own, and the backend 1.3x gloo on the mean). The ranks also agree
 again as soon as a class that moved off ``prefer`` has its new path's ring full of that path's
-own calls and both it and ``prefer`` have been timed afresh there (``_recheck_prefer``): a lucky exploration
-or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``; where ``prefer``'s
+own calls and both it and ``prefer`` have been timed afresh there (``_recheck_prefer``): a lucky
+exploration or slow probes of ``prefer`` cost a handful of calls, not ``agree_every``; where ``prefer``'s
 fastest recent call there is within ``probe_ratio`` of the path's figure, it is rechecked again
 after 10, 20, 40, ... calls: its times may be bimodal, ``_recheck_again``; a class back on
 ``prefer`` on a recheck's few calls agrees again once its ring is full), and where a
