@@ -4,9 +4,11 @@ predicts fastest, so an inagg job is never slower than gloo.
 
 **Measuring.** Each path keeps the times of its last ``per_class`` measured calls per size
 class (powers of 4 bytes). The chooser says which calls to measure: probes and explorations,
-every call predicted to take ``measure_from_seconds`` or more, every call of a class whose ring
-is not full yet, and *samples* of the others: a class's call once ``sample_every`` calls have
-passed since the last sample and ``sample_seconds`` of the class's predicted time since its own.
+every call of a class whose ring is not full yet, a call predicted to take
+``measure_from_seconds`` or more once ``measure_every_seconds`` of its class's predicted time has
+passed since the class's last timed one (every call from 100 ms, every fifth of 20 ms), and
+*samples* of the others: a class's call once ``sample_every`` calls have passed since the last
+sample and ``sample_seconds`` of the class's predicted time since its own.
 Every rank measures the same calls, so the k-th measured call of a class is the same call on
 every rank; samples follow from call numbers and agreed figures only, so a call one rank could
 not time (the backend times a call where its caller waits, and only when the path was otherwise
@@ -17,7 +19,8 @@ made the backend's gloo path 1.17x plain gloo at 256 KiB; one call in 32 timed c
 at 2 workers / 4 B and 0.5-1.2 ms at 4 workers, on calls of 0.25 and 0.9 ms); and the size where
 the time goes is sampled most (at the bandwidth flip's 256 KiB, 64 KiB and 4 B per step, the
 256 KiB class every ~11 steps, where one sample in 32 calls whatever their size took it every
-third sample).
+third sample). And a timed call's Python is paid on every rank: with 8 ranks on 2 cores, timing
+every 4 MiB call (24 ms) made the backend's gloo path 1.04-1.08x plain gloo in every sweep.
 
 **The model.** Per path ``seconds = alpha + beta * payload bytes``, fitted to its size classes'
 figures minimising relative error (so a 64 MiB call does not drown the 4 B ones that pin alpha,
@@ -252,7 +255,8 @@ class PathChooser:
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"), *,
                  agree_every: int = 128, agree_budget: float = 0.01, explore_budget: float = 0.02, per_class: int = 5,
                  probes: int = 3, probe_seconds: float = 2e-3, probe_ratio: float = 2.0, sample_every: int = 32,
-                 sample_seconds: float = 0.05, measure_from_seconds: float = 10e-3, prefer: str | None = "gloo", margin: float = 0.25,
+                 sample_seconds: float = 0.05, measure_from_seconds: float = 10e-3, measure_every_seconds: float = 0.1,
+                 prefer: str | None = "gloo", margin: float = 0.25,
                  forced: str | None = None, history: int = 4096, shared_clock: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if agree_every < _FIRST_AGREEMENT:
@@ -267,9 +271,11 @@ class PathChooser:
             raise ValueError(f"a forced path must be one of {', '.join(paths)}, got {forced!r}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
-        if probes < 0 or probe_ratio < 1 or sample_every < 1 or not 0 <= sample_seconds < np.inf:
-            raise ValueError(f"need probes >= 0, probe_ratio >= 1, sample_every >= 1, sample_seconds >= 0; got "
-                             f"{probes}, {probe_ratio}, {sample_every}, {sample_seconds}")
+        if (probes < 0 or probe_ratio < 1 or sample_every < 1 or not 0 <= sample_seconds < np.inf
+                or not 0 <= measure_every_seconds < np.inf):
+            raise ValueError(f"need probes >= 0, probe_ratio >= 1, sample_every >= 1, sample_seconds >= 0, "
+                             f"measure_every_seconds >= 0; got {probes}, {probe_ratio}, {sample_every}, "
+                             f"{sample_seconds}, {measure_every_seconds}")
         self.paths = tuple(paths)
         self.forced = forced
         self._agree_fn = agree
@@ -277,7 +283,7 @@ class PathChooser:
         self.explore_budget = explore_budget
         self.probes, self.probe_ratio, self.sample_every = probes, probe_ratio, sample_every
         self.probe_seconds, self.sample_seconds = probe_seconds, sample_seconds
-        self.measure_from_seconds = measure_from_seconds
+        self.measure_from_seconds, self.measure_every_seconds = measure_from_seconds, measure_every_seconds
         self.prefer, self.margin = (prefer if prefer in self.paths else None), margin
         self.per_class, self.trusted = per_class, min(3, per_class)
         self._lock = threading.Lock()
@@ -303,6 +309,7 @@ class PathChooser:
         self._due_s = 0.0                           # ... that the next scheduled one waits for
         self._sampled_at = 0                        # the call of the last sample (``_measure``)
         self._unsampled_s = np.zeros(SIZE_CLASSES)  # per class, predicted seconds since its last one
+        self._untimed_s = np.zeros(SIZE_CLASSES)    # per class, predicted seconds since its last timed call
         self._own_agreement_s = _UNSEEN             # this rank's time for the last agreement
         self.agreement_s = 0.0                      # one agreement's own work, agreed (0: none yet)
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
@@ -588,15 +595,22 @@ class PathChooser:
         self._credit[c] += calls * self.explore_budget * seconds
         self._predicted_s += calls * seconds
         self._unsampled_s[c] += calls * seconds
+        self._untimed_s[c] += calls * seconds
 
     def _measure(self, path: str, c: int, seconds: float) -> bool:
-        """Whether to time this call, of size class ``c`` and predicted to take ``seconds``: from
-        ``measure_from_seconds`` up, every call of a size class whose times on ``path`` do not
-        fill its ring yet (a path just taken on one exploration's time gets its figure from its
-        next calls, not from five samples later: one lucky exploration kept the host lane on 16
-        KiB calls at 1.7x gloo's time), and a sample (``_sample_due``)."""
-        # every call of a class timed anyway takes no sample's turn
-        return seconds >= self.measure_from_seconds or self._sample_due(c) or self.timings[path].filling(c)
+        """Whether to time this call, of size class ``c`` and predicted to take ``seconds``: every
+        call of a size class whose times on ``path`` do not fill its ring yet (a path just taken
+        on one exploration's time gets its figure from its next calls, not from five samples
+        later: one lucky exploration kept the host lane on 16 KiB calls at 1.7x gloo's time),
+        from ``measure_from_seconds`` up one per ``measure_every_seconds`` of the class's
+        predicted time, and a sample (``_sample_due``)."""
+        if seconds >= self.measure_from_seconds:   # takes no sample's turn
+            timed = self._untimed_s[c] >= self.measure_every_seconds or self.timings[path].filling(c)
+        else:
+            timed = self._sample_due(c) or self.timings[path].filling(c)
+        if timed:
+            self._untimed_s[c] = 0.0
+        return timed
 
     def _sample_due(self, c: int) -> bool:
         """Whether this call of size class ``c`` is a sample: ``sample_every`` calls since the

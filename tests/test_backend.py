@@ -555,6 +555,26 @@ def test_samples_come_once_per_sample_seconds_of_calls_and_32_calls(call_ms, mos
     assert most_samples / 2 < sampled <= most_samples
 
 
+@pytest.mark.parametrize("call_ms, every", [(24.0, 5), (150.0, 1)])
+def test_a_dear_call_is_timed_once_per_100_ms_of_its_class(call_ms, every):
+    """Calls from 10 ms up are timed once per 100 ms of their class's predicted time: at 8
+    ranks on 2 cores each timed 4 MiB call (24 ms) cost every rank its Python, and timing every
+    one made the backend 1.04-1.08x plain gloo there; a 150 ms call is still timed every time."""
+    c = PathChooser(lambda v: v, agree_every=1 << 20, clock=lambda: 0.0)
+    for _ in range(5):
+        c.observe("gloo", 4 << 20, call_ms * 1e-3)
+        c.observe("inagg", 4 << 20, 4 * call_ms * 1e-3)
+    c.agree()
+    timed = []
+    for _ in range(100):
+        path, measure = c.choose(4 << 20)
+        if measure:
+            c.observe(path, 4 << 20, call_ms * 1e-3 * (4 if path == "inagg" else 1))
+        if path == "gloo" and not c.history()[-1]["explored"]:
+            timed.append(measure)
+    assert len(timed) // every - 2 <= sum(timed) <= len(timed) // every + 1
+
+
 def test_a_class_beside_one_timed_on_every_call_is_still_sampled():
     """Each step: one 4 MiB call (12 ms: timed every time) and ten 256 KiB calls (1 ms). The
     256 KiB class is sampled by its own count, every ~50 of its calls (counted from every timed
@@ -701,6 +721,11 @@ def test_a_path_retimed_after_one_slow_call_stays_eligible_through_another_agree
         if measure:
             c.observe(path, nbytes, 0.02 if path == "inagg" else 0.15)
     path, measure = c.choose(nbytes)
+    for _ in range(5):   # one call per 100 ms of the class's calls is timed: one in five
+        if measure:
+            break
+        assert path == "inagg"
+        path, measure = c.choose(nbytes)
     assert (path, measure) == ("inagg", True)
     c.observe(path, nbytes, 0.045)
     c.agree()   # sees the slow call: inagg's older times go
