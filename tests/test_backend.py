@@ -488,22 +488,27 @@ def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked(sample_seconds):
         every.append((path, measure))
         if measure:
             asked.observe(path, s, took(path, s))
-    ran, left, taken, skipped = [], 0, 0, 0
+    ran, left, samples, taken, skipped, run_samples = [], 0, False, 0, 0, 0
     for s in sizes:
         if left and s == ran[-1][2]:
             left, taken = left - 1, taken + 1
-            ran.append((ran[-1][0], False, s))
+            sample = samples and not left   # the run's last call: the backend times it
+            ran.append((ran[-1][0], sample, s))
+            if sample:
+                running.observe(ran[-1][0], s, took(ran[-1][0], s))
+                run_samples += 1
             continue
-        running.skip(taken)
+        running.skip(taken, sampled=samples and not left)
         skipped += taken
         path, measure = running.choose(s)
         ran.append((path, measure, s))
         if measure:
             running.observe(path, s, took(path, s))
-        left, taken = running.run_length(s, path), 0
-    running.skip(taken)
+        (left, samples), taken = running.run_length(s, path), 0
+    running.skip(taken, sampled=samples and not left)
     assert [(p, m) for p, m, _ in ran] == every
-    assert skipped > len(sizes) // 2                      # most calls took the fast path
+    assert skipped > len(sizes) // 2                      # most calls took the fast path ...
+    assert run_samples >= 1                               # ... samples among them
     assert (running.calls, running.agreements, running.explorations) == (asked.calls, asked.agreements,
                                                                           asked.explorations)
     expand = lambda c: [(h["path"], h["bytes"]) for h in c.history() for _ in range(h["calls"])]
@@ -528,11 +533,11 @@ def test_a_run_follows_a_sampled_call_and_only_on_its_path():
             c.observe(path, 4096, 2e-3)
             continue
         assert path == "gloo"
-        assert c.run_length(4096, "inagg") == 0
+        assert c.run_length(4096, "inagg") == (0, False)
         if measure:
             c.observe(path, 4096, 1e-3)
             sampled += 1
-            assert c.run_length(4096, path) > 0
+            assert c.run_length(4096, path)[0] > 0
     assert sampled >= 3
 
 
@@ -991,6 +996,34 @@ def test_the_backend_keeps_no_callers_tensor_past_its_next_call(path):
     with groups_on(path) as groups:
         for elements in (3, 64 << 10):
             assert not any(any(a) for a in on_ranks(lambda r: calls(groups, r, elements), 2, 120))
+
+
+def test_the_gloo_paths_samples_are_timed_inside_its_runs():
+    """A gloo run's last call may be a sample (``PathChooser.run_length``): the backend times it
+    itself, without asking the chooser, and the time reaches the chooser's ring of that size on
+    both ranks alike; the run's calls and the sample are counted as asking would have."""
+    import torch
+    import torch.distributed as dist
+
+    from hostlib.path_choice import size_class
+
+    def calls(groups, r: int) -> tuple[int, int]:
+        pg = groups[r]
+        before = int(pg.paths.timings["gloo"]._count[size_class(4)])
+        samples = 0
+        for _ in range(1500):
+            opts = dist.AllreduceOptions()
+            if pg._run_left == 1 and pg._run_samples:
+                samples += 1
+            pg.allreduce([torch.ones(1)], opts).wait()
+        pg.allreduce([torch.ones(1)], dist.AllreduceOptions()).wait()   # ends the last run
+        return samples, int(pg.paths.timings["gloo"]._count[size_class(4)]) - before
+
+    with groups_on("gloo") as groups:
+        (samples0, timed0), (samples1, timed1) = on_ranks(lambda r: calls(groups, r), 2, 120)
+        assert samples0 == samples1 >= 2 and timed0 >= samples0 and timed1 >= samples1
+        assert groups[0].paths.calls == groups[1].paths.calls
+        assert groups[0].stats()["allreduce_paths"]["gloo"] >= 1501
 
 
 @pytest.mark.parametrize("elements", [3, 64 << 10])   # run on the caller's thread; queued
