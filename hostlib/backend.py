@@ -237,8 +237,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         # until the next call, which then freed it inside the caller's timed call (3.3 ms for
         # 64 MiB; the backend's gloo path read 1.05-1.08x plain gloo with a fresh tensor per call)
         self._last_work: dict[str, weakref.ref] = {}
-        # the fast path's run (allreduce): its size, calls, calls left, and whether its last is a sample
-        self._run_nbytes, self._run_length, self._run_left, self._run_samples = 0, 0, 0, False
+        # the fast path's run (allreduce): its size, calls, calls left, calls to its next sample, the samples' period
+        self._run_nbytes, self._run_length, self._run_left, self._to_sample, self._sample_period = 0, 0, 0, 0, 0
         self._run_work: dist.Work | None = None
         self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size), paths, forced=forced,
                                  shared_clock=_ranks_share_a_clock(dist.PrefixStore("clock", store), rank, world_size))
@@ -260,7 +260,7 @@ class InaggProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts=None):
         # The fast path: a call in a run of gloo calls of one size (the chooser's
-        # ``run_length``; its last may be a sample, ``_sample``), counted later (``_end_run``). Every call pays what runs here before
+        # ``run_length``; some samples, ``_sample``), counted later (``_end_run``). Every call pays what runs here before
         # gloo's own allreduce, and Python right after a wait runs cold (the chooser's ``choose``
         # took 13 us there, 1 us in a loop): with the whole slow path on every call the backend
         # was 1.2x plain gloo at 2 workers / 4 B (0.25 ms). The run's latest Work is held
@@ -272,15 +272,17 @@ class InaggProcessGroup(dist.ProcessGroup):
             t = tensors[0]
             if t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
                 self._run_left -= 1
-                if self._run_left or not self._run_samples:
+                self._to_sample -= 1
+                if self._to_sample:
                     self._run_work = self._gloo.allreduce(tensors, opts)
                     return self._run_work
+                self._to_sample = self._sample_period
                 return self._sample(tensors, opts)
         return self._allreduce(tensors, opts if opts is not None else dist.AllreduceOptions())
 
     def _sample(self, tensors: list[torch.Tensor], opts) -> dist.Work:
-        """The run's last call, a sample of gloo's time (``PathChooser.run_length``): timed as
-        ``_start`` times a call, without asking the chooser (counted with the run, ``_end_run``)."""
+        """A sample of gloo's time in the run (``PathChooser.run_length``): timed as ``_start``
+        times a call, without asking the chooser (counted with the run, ``_end_run``)."""
         previous = self._run_work
         if previous is None:   # the run's first call: the call before it was the chooser's
             last = self._last_work.get("gloo")
@@ -306,8 +308,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.allreduces[path] += 1
         if path == "gloo" and op == _SUM:   # a run may follow, after a sampled call too
             self._run_nbytes = nbytes
-            self._run_left, self._run_samples = self.paths.run_length(nbytes, path)
-            self._run_length = self._run_left
+            self._run_left, first, self._sample_period = self.paths.run_length(nbytes, path)
+            self._run_length, self._to_sample = self._run_left, first or -1   # -1: none in this run
             if not measure:   # gloo's own Work
                 work = self._gloo.allreduce(tensors, opts)
                 self._last_work["gloo"] = weakref.ref(work)
@@ -321,7 +323,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         lets go of it once its own call is submitted."""
         taken, latest = self._run_taken(), self._run_work
         if taken:
-            self.paths.skip(taken, sampled=self._run_samples and not self._run_left)
+            self.paths.skip(taken)
             self.allreduces["gloo"] += taken
             self._last_work["gloo"] = weakref.ref(latest)
         self._run_length = self._run_left = 0

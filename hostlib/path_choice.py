@@ -557,46 +557,51 @@ class PathChooser:
         self._last_path = path
         return path, self._measure(path, c, entry[1])
 
-    def run_length(self, nbytes: int, path: str) -> tuple[int, bool]:
+    def run_length(self, nbytes: int, path: str) -> tuple[int, int, int]:
         """How many calls of ``nbytes`` right after the one ``choose`` just answered (with
         ``path``, measured or not) would be answered ``path`` with nothing but counting (no
-        agreement, probe or exploration due), and whether the last of them is a sample (timed;
-        the others are not): a caller may take them without asking, then report them with
-        ``skip`` before its next ``choose``. The backend's gloo path does (a few attribute reads
-        per call instead of ``choose``: at 2 workers / 4 B its per-call Python made the backend
-        1.2x plain gloo), and times the sample itself: asked for through ``choose``, a sample
-        cost ~0.2 ms of each rank's CPU at 4 workers / 4 B (1.2 ms calls) and fell in 4 % of the
-        sweep's repetitions there, each read 1.2-1.3x."""
+        agreement, probe or exploration due), and which of them are samples (timed; the others
+        are not): the ``first``-th from now and every ``period``-th after it (``first`` 0: none).
+        A caller may take them without asking, then report them with ``skip`` before its next
+        ``choose``. The backend's gloo path does (a few attribute reads per call instead of
+        ``choose``: at 2 workers / 4 B its per-call Python made the backend 1.2x plain gloo),
+        and times the samples itself: asked for through ``choose``, a sample cost ~0.2 ms of each
+        rank's CPU at 4 workers / 4 B (1.2 ms calls) and fell in 4 % of the sweep's repetitions
+        there, each read 1.2-1.3x."""
         c = size_class(nbytes)
         entry = self._best.get(nbytes)
         if (entry is None or entry[2] or entry[1] >= self.measure_from_seconds or (self.forced or entry[0]) != path
                 or self.timings[path].filling(c) or c in self._confirming):
-            return 0, False
-        to_sample, to_agreement = self._calls_to_sample(c, entry[1]), self._next_agreement - self.calls
-        if to_sample < to_agreement:
-            return to_sample, True
-        return max(0, to_agreement - 1), False
+            return 0, 0, 0
+        calls = max(0, self._next_agreement - self.calls - 1)
+        first, period = self._samples_ahead(c, entry[1])
+        return calls, (first if first <= calls else 0), period
 
-    def _calls_to_sample(self, c: int, seconds: float) -> int:
-        """In how many calls of size class ``c``, ``seconds`` predicted each, from now, one
-        is sampled (``_measure``)."""
+    def _samples_ahead(self, c: int, seconds: float) -> tuple[int, int]:
+        """Which calls of size class ``c``, ``seconds`` predicted each, from now, are sampled
+        (``_sample_due``) if nothing else comes between: the ``first``-th and every
+        ``period``-th after it."""
         by_calls = self.sample_every - (self.calls - self._sampled_at)
         by_time = int(np.ceil((self.sample_seconds - self._unsampled_s[c]) / max(seconds, 1e-9)))
-        return max(1, by_calls, by_time)
+        period = max(self.sample_every, int(np.ceil(self.sample_seconds / max(seconds, 1e-9))), 1)
+        return max(1, by_calls, by_time), period
 
-    def skip(self, count: int, sampled: bool = False) -> None:
+    def skip(self, count: int) -> None:
         """``count`` calls were taken as ``run_length`` allowed, after the last ``choose``:
-        counted, in the budget and the history, as ``choose`` would have; ``sampled``: all of
-        the run, its last call the sample."""
+        counted, in the budget, the samples and the history, as ``choose`` would have."""
         if count <= 0:
             return
         run = self._history[-1]
         nbytes, c = run[3], size_class(run[3])
+        seconds = self._best[nbytes][1]
+        first, period = self._samples_ahead(c, seconds)
+        self._count(c, seconds, count)
+        if first <= count:   # samples among them: counted from the last one
+            last = first + (count - first) // period * period
+            self._sampled_at = self.calls + last
+            self._unsampled_s[c] = self._untimed_s[c] = (count - last) * seconds
         self.calls += count
-        self._count(c, self._best[nbytes][1], count)
         run[2] += count
-        if sampled:
-            self._sampled_at, self._unsampled_s[c], self._untimed_s[c] = self.calls, 0.0, 0.0
 
     def _count(self, c: int, seconds: float, calls: int = 1) -> None:
         """``calls`` calls of size class ``c``, each predicted to take ``seconds``: what they

@@ -488,24 +488,27 @@ def test_calls_taken_in_runs_are_chosen_as_if_each_was_asked(sample_seconds):
         every.append((path, measure))
         if measure:
             asked.observe(path, s, took(path, s))
-    ran, left, samples, taken, skipped, run_samples = [], 0, False, 0, 0, 0
+    ran, left, to_sample, period, taken, skipped, run_samples = [], 0, 0, 0, 0, 0, 0
     for s in sizes:
         if left and s == ran[-1][2]:
-            left, taken = left - 1, taken + 1
-            sample = samples and not left   # the run's last call: the backend times it
+            left, taken, to_sample = left - 1, taken + 1, to_sample - 1
+            sample = to_sample == 0   # the backend times it
+            if sample:
+                to_sample = period
             ran.append((ran[-1][0], sample, s))
             if sample:
                 running.observe(ran[-1][0], s, took(ran[-1][0], s))
                 run_samples += 1
             continue
-        running.skip(taken, sampled=samples and not left)
+        running.skip(taken)
         skipped += taken
         path, measure = running.choose(s)
         ran.append((path, measure, s))
         if measure:
             running.observe(path, s, took(path, s))
-        (left, samples), taken = running.run_length(s, path), 0
-    running.skip(taken, sampled=samples and not left)
+        (left, first, period), taken = running.run_length(s, path), 0
+        to_sample = first or -1
+    running.skip(taken)
     assert [(p, m) for p, m, _ in ran] == every
     assert skipped > len(sizes) // 2                      # most calls took the fast path ...
     assert run_samples >= 1                               # ... samples among them
@@ -533,7 +536,7 @@ def test_a_run_follows_a_sampled_call_and_only_on_its_path():
             c.observe(path, 4096, 2e-3)
             continue
         assert path == "gloo"
-        assert c.run_length(4096, "inagg") == (0, False)
+        assert c.run_length(4096, "inagg") == (0, 0, 0)
         if measure:
             c.observe(path, 4096, 1e-3)
             sampled += 1
@@ -999,9 +1002,9 @@ def test_the_backend_keeps_no_callers_tensor_past_its_next_call(path):
 
 
 def test_the_gloo_paths_samples_are_timed_inside_its_runs():
-    """A gloo run's last call may be a sample (``PathChooser.run_length``): the backend times it
-    itself, without asking the chooser, and the time reaches the chooser's ring of that size on
-    both ranks alike; the run's calls and the sample are counted as asking would have."""
+    """A gloo run's calls may include samples (``PathChooser.run_length``): the backend times
+    them itself, without asking the chooser, and the times reach the chooser's ring of that size
+    on both ranks alike; the run's calls and samples are counted as asking would have."""
     import torch
     import torch.distributed as dist
 
@@ -1013,7 +1016,7 @@ def test_the_gloo_paths_samples_are_timed_inside_its_runs():
         samples = 0
         for _ in range(1500):
             opts = dist.AllreduceOptions()
-            if pg._run_left == 1 and pg._run_samples:
+            if pg._run_left and pg._to_sample == 1:
                 samples += 1
             pg.allreduce([torch.ones(1)], opts).wait()
         pg.allreduce([torch.ones(1)], dist.AllreduceOptions()).wait()   # ends the last run
