@@ -237,7 +237,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         # until the next call, which then freed it inside the caller's timed call (3.3 ms for
         # 64 MiB; the backend's gloo path read 1.05-1.08x plain gloo with a fresh tensor per call)
         self._last_work: dict[str, weakref.ref] = {}
-        # the fast path's run (allreduce): its size, calls, calls left, calls to its next sample, the samples' period
+        # the fast path's run (allreduce): its size, calls, calls left, calls to its next sample,
+        # the samples' period
         self._run_nbytes, self._run_length, self._run_left, self._to_sample, self._sample_period = 0, 0, 0, 0, 0
         self._run_work: dist.Work | None = None
         self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size), paths, forced=forced,
@@ -260,10 +261,11 @@ class InaggProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts=None):
         # The fast path: a call in a run of gloo calls of one size (the chooser's
-        # ``run_length``; some samples, ``_sample``), counted later (``_end_run``). Every call pays what runs here before
-        # gloo's own allreduce, and Python right after a wait runs cold (the chooser's ``choose``
-        # took 13 us there, 1 us in a loop): with the whole slow path on every call the backend
-        # was 1.2x plain gloo at 2 workers / 4 B (0.25 ms). The run's latest Work is held
+        # ``run_length``; some of them samples, ``_sample``), counted later (``_end_run``).
+        # Every call pays what runs here before gloo's own allreduce, and Python right after a
+        # wait runs cold (the chooser's ``choose`` took 13 us there, 1 us in a loop): with the
+        # whole slow path on every call the backend was 1.2x plain gloo at 2 workers / 4 B
+        # (0.25 ms). The run's latest Work is held
         # (``_run_work``) until the next call is on the wire: the previous one, and the tensor
         # its caller let go of, are freed here then, not in the caller's ``wait`` (a weak
         # reference to each call's Work instead: the backend's gloo path 1.036x plain gloo,
