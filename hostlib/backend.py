@@ -285,17 +285,22 @@ class InaggProcessGroup(dist.ProcessGroup):
     def _sample(self, tensors: list[torch.Tensor], opts) -> dist.Work:
         """A sample of gloo's time in the run (``PathChooser.run_length``): timed as ``_start``
         times a call, without asking the chooser (counted with the run, ``_end_run``)."""
-        previous = self._run_work
-        if previous is None:   # the run's first call: the call before it was the chooser's
-            last = self._last_work.get("gloo")
-            previous = last() if last is not None else None
-        idle = previous is None or previous.is_completed()
-        started = time.perf_counter()
+        idle, started = self._idle("gloo"), time.perf_counter()
         work = self._run_work = self._gloo.allreduce(tensors, opts)
-        if not idle:
-            return work
-        nbytes = tensors[0].nbytes
-        return _TimedWork(work, lambda: self._observe("gloo", nbytes, started))
+        return self._timed("gloo", work, tensors[0].nbytes, started) if idle else work
+
+    def _idle(self, path: str) -> bool:
+        """Whether ``path``'s latest call is done (the run's, held, or else the weakly held
+        one: a latest call no one holds any more counts as done, ``_start``)."""
+        latest = self._run_work if path == "gloo" else None
+        if latest is None:
+            ref = self._last_work.get(path)
+            latest = ref() if ref is not None else None
+        return latest is None or latest.is_completed()
+
+    def _timed(self, path: str, work: dist.Work, nbytes: int, started: float) -> dist.Work:
+        """``work``, reporting its time from ``started`` to the chooser once its caller has waited."""
+        return _TimedWork(work, lambda: self._observe(path, nbytes, started))
 
     def _allreduce(self, tensors: list[torch.Tensor], opts) -> dist.Work:
         """An allreduce the fast path did not take: the chooser picks its path."""
@@ -344,9 +349,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         C++ (DDP's reducer keeps its Works there; a call it queued behind an untimed one may
         be timed with the wait: one sample among a ring's, where the calls are under
         ``measure_from_seconds``, the median of a ring)."""
-        last = self._last_work.get(path)
-        last = last() if last is not None else None
-        idle = last is None or last.is_completed()
+        idle = self._idle(path)
         started = time.perf_counter()
         average = opts.reduceOp == _AVG
         if path == "gloo" and not average:
@@ -354,10 +357,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         else:
             work = self._run(path, tensor, average)
         self._last_work[path] = weakref.ref(work)
-        if measure and idle:
-            nbytes = tensor.nbytes
-            return _TimedWork(work, lambda: self._observe(path, nbytes, started))
-        return work
+        return self._timed(path, work, tensor.nbytes, started) if measure and idle else work
 
     def _observe(self, path: str, nbytes: int, started: float) -> None:
         """Feed the path's model with a call that just ended: from its start (``started``,
