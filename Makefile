@@ -13,7 +13,7 @@ STAMP         := $(VENV)/.inagg-installed
 
 P4C           ?= p4c-bm2-ss
 BF_P4C        ?= bf-p4c
-TOPO          ?= bmv2_env/topologies/single_switch.json
+TOPO          ?= inagg/emulation/topologies/single_switch.json
 DATAPLANE     ?= auto
 EPOCHS        ?=
 TRANSPORT     ?=
@@ -55,7 +55,7 @@ setup-emulation: setup
 # the committed JSON/P4Info), then bring up the topology, the controller, the host aggregator and
 # the jobs in a run directory of its own (build/emulation/<run id>); prints a per-job summary.
 run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
-	$(BIN)/python -m bmv2_env.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
+	$(BIN)/python -m inagg.emulation.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
 	  $(if $(HAVE_P4C),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
 	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli)
 
@@ -66,7 +66,7 @@ $(P4_BUILD)/inagg.json: p4/inagg.p4 $(wildcard p4/include/*.p4)
 # Stop what this checkout's unfinished runs started (RUN=<id>: only that one), by the PIDs and
 # interface names recorded in their run directories.
 stop:
-	$(BIN)/python -m bmv2_env.mininet_run --stop $(if $(RUN),--run $(RUN))
+	$(BIN)/python -m inagg.emulation.mininet_run --stop $(if $(RUN),--run $(RUN))
 
 # inaggctl against the newest run (ARGS=top by default; e.g. make ctl ARGS=jobs).
 ctl:
@@ -98,10 +98,10 @@ clean: stop
 protos:
 	$(PYTHON) -m venv build/protoc-venv
 	build/protoc-venv/bin/pip install -q "grpcio-tools==1.59.3"
-	cd controller/proto && ../../build/protoc-venv/bin/python -m grpc_tools.protoc -I. \
+	cd inagg/jobservice/proto && ../../../build/protoc-venv/bin/python -m grpc_tools.protoc -I. \
 	  --python_out=. --grpc_python_out=. inagg_controller.proto
 	sed -i 's/^import inagg_controller_pb2 as/from . import inagg_controller_pb2 as/' \
-	  controller/proto/inagg_controller_pb2_grpc.py
+	  inagg/jobservice/proto/inagg_controller_pb2_grpc.py
 
 # Compile the P4 program and refresh the committed BMv2 JSON + P4Info (needs p4c), then the
 # software target's P4Info: the same program at its own K (tools/soft_p4info.py), measured best

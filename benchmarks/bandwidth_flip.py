@@ -1,8 +1,8 @@
 """The ``inagg`` backend's per-call path choice under a bandwidth change: a link's rate is cut
 mid-run and restored, and the choice between inagg and gloo follows.
 
-The emulation (``bmv2_env.mininet_run``, needs root and Mininet) brings up
-``bmv2_env/topologies/bandwidth_flip.json``: three workers on one switch (the software data
+The emulation (``inagg.emulation.mininet_run``, needs root and Mininet) brings up
+``inagg/emulation/topologies/bandwidth_flip.json``: three workers on one switch (the software data
 plane, or BMv2) and the host aggregator. This script adds a management network, a Linux bridge
 in a Mininet node of its own, with a second interface on every worker: the workers' gloo traffic
 (``GLOO_SOCKET_IFNAME``) and the TCP store run on it, inagg's data plane traffic runs through the
@@ -51,7 +51,7 @@ if __name__ == "__main__":
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TOPOLOGY = ROOT / "bmv2_env" / "topologies" / "bandwidth_flip.json"
+TOPOLOGY = ROOT / "inagg" / "emulation" / "topologies" / "bandwidth_flip.json"
 FIELDS = ("step", "time_s", "step_s", "rate", "phase", "paths")
 PHASES = ("before", "throttled", "restored")
 STORE_PORT = 29500      # in the workers' own namespaces: no other process can hold it
@@ -82,7 +82,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    import hostlib.torch_plugin  # noqa: F401 - registers "inagg" where entry points are off
+    import inagg.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -168,9 +168,9 @@ class ManagementNetwork:
 def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> list:
     """One worker process per host, rank order as in the topology's job; their inagg address is
     each host's switch-side IP (``deployment.json`` beside the controller's socket, which
-    ``hostlib.local`` reads), their gloo interface the management link."""
-    from bmv2_env.topology import host_ip
-    from hostlib.local import DEPLOYMENT_FILE
+    ``inagg.worker.local`` reads), their gloo interface the management link."""
+    from inagg.emulation.topology import host_ip
+    from inagg.worker.local import DEPLOYMENT_FILE
 
     (run.run.path / DEPLOYMENT_FILE).write_text(json.dumps(
         {"controller": run.controller_addr, "worker_ips": [host_ip(run.topo.hosts[h]) for h in workers]}))
@@ -246,9 +246,9 @@ def run_phases(mgmt: ManagementNetwork, throttled: str, args, stop_file: Path, p
 def run_experiment(args) -> tuple[list[dict], dict, dict]:
     """Bring up the emulation, run the three phases, tear down. Returns the step rows, the
     phase times (seconds from the first recorded step) and rank 0's final backend stats."""
-    from bmv2_env.mininet_run import Run, choose_dataplane, program_files_for
-    from bmv2_env.run_dir import RunDir
-    from bmv2_env.topology import load_topology
+    from inagg.emulation.mininet_run import Run, choose_dataplane, program_files_for
+    from inagg.emulation.run_dir import RunDir
+    from inagg.emulation.topology import load_topology
 
     topo = load_topology(args.topo)
     workers, throttled = check_setup(topo, args)

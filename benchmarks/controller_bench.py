@@ -12,11 +12,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bmv2_env.p4runtime_server import SoftSwitchState, serve as serve_switch  # noqa: E402
-from controller.allocator import Demand, SlotAllocator  # noqa: E402
-from controller.client import ControllerClient  # noqa: E402
-from controller.config import default_program, parse_config  # noqa: E402
-from controller.service import Controller, serve as serve_controller  # noqa: E402
+from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch  # noqa: E402
+from inagg.control.allocator import Demand, SlotAllocator  # noqa: E402
+from inagg.jobservice.client import ControllerClient  # noqa: E402
+from inagg.control.config import default_program, parse_config  # noqa: E402
+from inagg.control.service import Controller, serve as serve_controller  # noqa: E402
 
 
 def admission(jobs: int = 20, workers: int = 4) -> list[float]:

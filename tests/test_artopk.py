@@ -2,16 +2,16 @@
 its own SlotStream over UDP, and a HostAggregator on loopback.
 
 References are float64. Sums through the aggregator are checked against the codec's proven
-per-block bound (hostlib/codec.py), as the end-to-end allreduce tests do."""
+per-block bound (inagg/wire/codec.py), as the end-to-end allreduce tests do."""
 
 import threading
 
 import numpy as np
 import pytest
 
-from hostlib import codec
-from hostlib.aggregator import HostAggregator
-from hostlib.artopk import (
+from inagg.wire import codec
+from inagg.aggregator.server import HostAggregator
+from inagg.worker.artopk import (
     DEFAULT_CANDIDATES,
     ARTopk,
     CompressionSchedule,
@@ -21,10 +21,10 @@ from hostlib.artopk import (
     pareto_knee,
     topk_indices,
 )
-from hostlib.engine import AggregationEngine, JobConfig
-from hostlib.grant import Grant
-from hostlib.stream import SlotStream
-from hostlib.transport import UdpTransport
+from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.wire.grant import Grant
+from inagg.worker.stream import SlotStream
+from inagg.wire.transport import UdpTransport
 
 K = 256        # values per packet
 W = 8          # slots of the job

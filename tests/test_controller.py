@@ -4,11 +4,11 @@
 import grpc
 import pytest
 
-from bmv2_env.p4runtime_server import SoftSwitchState, serve as serve_switch
-from controller.client import ControllerClient, ControllerError
-from controller.config import default_program, parse_config
-from controller.service import Controller, serve as serve_controller
-from controller.switch import ResultReplication, SwitchConnection
+from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch
+from inagg.jobservice.client import ControllerClient, ControllerError
+from inagg.control.config import default_program, parse_config
+from inagg.control.service import Controller, serve as serve_controller
+from inagg.control.switch import ResultReplication, SwitchConnection
 
 ADMIN = "s3cret"
 
@@ -289,7 +289,7 @@ def test_store_written_before_roce_gains_its_columns(tmp_path):
     back as UDP jobs with their workers."""
     import sqlite3
 
-    from controller.store import Store
+    from inagg.control.store import Store
 
     db = sqlite3.connect(tmp_path / "old.sqlite")
     db.executescript("""
@@ -546,7 +546,7 @@ def test_a_job_taking_a_used_job_row_starts_from_zero_counters(env):
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
-    from hostlib.protocol import SWITCH_VALUES_PER_PACKET, UDP_PORT, build_contribution
+    from inagg.wire.protocol import SWITCH_VALUES_PER_PACKET, UDP_PORT, build_contribution
 
     c = env["client"]
     j1 = c.create_job(2, 256, 0.1, "first")

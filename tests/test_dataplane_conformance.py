@@ -10,15 +10,15 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from bmv2_env.testbed import Dataplane, bmv2_missing, have_netns, program_testbed
-from controller.switch import (
+from inagg.emulation.testbed import Dataplane, bmv2_missing, have_netns, program_testbed
+from inagg.control.switch import (
     MODIFY, JobAdmission, JobCounters, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
 )
-from hostlib.protocol import (
+from inagg.wire.protocol import (
     EXP_NONE, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K,
     UDP_PORT, build_contribution, pack_header, unpack_header,
 )
-from hostlib.roce import INAGG_IMMEDIATE, IPV4_BYTES, ROCE_UDP_PORT, decapsulate, frame
+from inagg.wire.roce import INAGG_IMMEDIATE, IPV4_BYTES, ROCE_UDP_PORT, decapsulate, frame
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.254", "00:00:00:00:00:fe"
 
@@ -327,7 +327,7 @@ def test_counters_and_state_read_back(dp):
 
 def roce_contribution(job, rank, values, *, slot, exp=EXP_NONE, flags=0, psn=7, imm=INAGG_IMMEDIATE,
                       raw=None, dma_len=None, udp_len=None):
-    """A RoCEv2 worker's contribution frame (hostlib.roce framing, ICRC included); ``imm``,
+    """A RoCEv2 worker's contribution frame (inagg.wire.roce framing, ICRC included); ``imm``,
     ``dma_len`` and ``udp_len`` overwrite those fields afterwards (the ICRC is then stale)."""
     w = job.workers[rank]
     inagg = raw if raw is not None else build_contribution(
@@ -347,7 +347,7 @@ def roce_contribution(job, rank, values, *, slot, exp=EXP_NONE, flags=0, psn=7, 
 
 def expect_roce_results(dp, job, ranks, timeout=1.0):
     """The RoCE results on the ranks' ports: each addressed to its worker's QP and rkey, with an
-    ICRC that both hostlib.roce and scapy's independent BTH.compute_icrc accept."""
+    ICRC that both inagg.wire.roce and scapy's independent BTH.compute_icrc accept."""
     got = dp.recv_all(timeout)
     out = {}
     for port, frames in got.items():

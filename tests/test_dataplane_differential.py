@@ -30,11 +30,11 @@ from test_dataplane_conformance import (  # noqa: E402 - the conformance suite's
     JOB1, JOB2, JOB3, JOB4, K, contribution, host, roce_contribution,
 )
 
-from bmv2_env.testbed import (  # noqa: E402
+from inagg.emulation.testbed import (  # noqa: E402
     SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed,
 )
-from controller.switch import JobCounters, SwitchConnection  # noqa: E402
-from hostlib.protocol import EXP_NONE, pack_header  # noqa: E402
+from inagg.control.switch import JobCounters, SwitchConnection  # noqa: E402
+from inagg.wire.protocol import EXP_NONE, pack_header  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "dataplane_differential.json"
 SEED = 12

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from scapy.contrib.roce import BTH
 
-from bmv2_env.run_dir import RUNS_DIR, RunDir, root_interfaces
-from bmv2_env.testbed import bmv2_missing
-from hostlib.grant import ETHERNET_MTU, values_for_mtu
-from hostlib.protocol import MSG_RESULT, ROCE_OPCODE_UC_WRITE_ONLY_IMM, SWITCH_VALUES_PER_PACKET
-from hostlib.scapy_layer import Inagg, read_pcap
+from inagg.emulation.run_dir import RUNS_DIR, RunDir, root_interfaces
+from inagg.emulation.testbed import bmv2_missing
+from inagg.wire.grant import ETHERNET_MTU, values_for_mtu
+from inagg.wire.protocol import MSG_RESULT, ROCE_OPCODE_UC_WRITE_ONLY_IMM, SWITCH_VALUES_PER_PACKET
+from inagg.wire.scapy_layer import Inagg, read_pcap
 
 ROOT = Path(__file__).resolve().parents[1]
 DISSECTOR = ROOT / "tools" / "wireshark" / "inagg.lua"
@@ -38,7 +38,7 @@ def mininet_missing():
 
 def launcher(tmp_path, topo, dataplane, *extra) -> tuple[list[str], Path]:
     out = tmp_path / f"summary-{time.monotonic_ns()}.json"
-    return [sys.executable, "-m", "bmv2_env.mininet_run", "--topo", f"bmv2_env/topologies/{topo}",
+    return [sys.executable, "-m", "inagg.emulation.mininet_run", "--topo", f"inagg/emulation/topologies/{topo}",
             "--dataplane", dataplane, "--json", str(out), *extra], out
 
 
@@ -174,7 +174,7 @@ def test_two_runs_side_by_side_and_stop(tmp_path):
         assert run_b.run_id != run_a.run_id
         assert len(run_b.live_processes()) >= 8, "run b should be up at its mininet> prompt"
         assert "inagg: 0 job(s), 1024 switch slots" in "".join(lines_b)    # top, once the job left
-        stop = subprocess.run([sys.executable, "-m", "bmv2_env.mininet_run", "--stop", "--run", run_b.run_id],
+        stop = subprocess.run([sys.executable, "-m", "inagg.emulation.mininet_run", "--stop", "--run", run_b.run_id],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         stdout_b = "".join(lines_b) + b.communicate(timeout=60)[0]
@@ -191,7 +191,7 @@ def test_two_runs_side_by_side_and_stop(tmp_path):
 
 def test_stop_without_runs_touches_nothing(tmp_path):
     """``--stop`` with no unfinished run of this checkout does nothing (and says so)."""
-    proc = subprocess.run([sys.executable, "-m", "bmv2_env.mininet_run", "--stop", "--run", "zzzz"],
+    proc = subprocess.run([sys.executable, "-m", "inagg.emulation.mininet_run", "--stop", "--run", "zzzz"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and f"no run zzzz in {RUNS_DIR}" in proc.stderr
 

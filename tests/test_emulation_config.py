@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmv2_env.mininet_run import job_epochs, main as mininet_main
-from bmv2_env.run_dir import RunDir, process_start_time, stop_run
-from bmv2_env.topology import Endpoint, TopologyError, load_topology, parse_topology
-from hostlib.train_demo import load_digits_split, steps_per_epoch
+from inagg.emulation.mininet_run import job_epochs, main as mininet_main
+from inagg.emulation.run_dir import RunDir, process_start_time, stop_run
+from inagg.emulation.topology import Endpoint, TopologyError, load_topology, parse_topology
+from inagg.demos.train_demo import load_digits_split, steps_per_epoch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ BASE_LINKS = [["h1", "s1-p1"], ["h2", "s1-p2"], ["agg", "s1-p5"], ["h3", "s2-p1"
 
 
 def test_shipped_topologies_parse():
-    for path in (ROOT / "bmv2_env" / "topologies").glob("*.json"):
+    for path in (ROOT / "inagg" / "emulation" / "topologies").glob("*.json"):
         t = load_topology(path)
         assert t.jobs and t.attachment(t.aggregator).node in t.switches
 
@@ -72,7 +72,7 @@ def test_unlinked_host_and_unknown_worker_are_named():
 
 
 def test_epochs_override_keeps_the_jobs_ratio():
-    t = load_topology(ROOT / "bmv2_env" / "topologies" / "two_jobs.json")
+    t = load_topology(ROOT / "inagg" / "emulation" / "topologies" / "two_jobs.json")
     assert job_epochs(t, None) == {"first": 8, "second": 24}
     assert job_epochs(t, 2) == {"first": 2, "second": 6}     # the second still outlives the first
     assert job_epochs(t, 1) == {"first": 1, "second": 3}
@@ -127,7 +127,7 @@ def test_stop_run_signals_only_recorded_live_processes(tmp_path):
 def test_a_new_run_deletes_finished_runs_but_the_newest(tmp_path, monkeypatch):
     """Runs piled up (each with pcaps of every port, up to 7 GB) until the disk was full; a new
     run now deletes finished runs but the newest ``INAGG_KEEP_RUNS``; unfinished ones stay."""
-    from bmv2_env.run_dir import prune_finished_runs
+    from inagg.emulation.run_dir import prune_finished_runs
 
     def run(rid: str, finished: bool, age: int) -> None:
         r = RunDir(rid, tmp_path)
@@ -152,8 +152,8 @@ def test_a_new_run_deletes_finished_runs_but_the_newest(tmp_path, monkeypatch):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (creates a veth pair)")
 def test_netem_probe_uses_only_its_own_interfaces(tmp_path):
     """The netem probe works on a veth pair named after the run, recorded, and deleted after."""
-    from bmv2_env.mininet_run import netem_available
-    from bmv2_env.run_dir import root_interfaces
+    from inagg.emulation.mininet_run import netem_available
+    from inagg.emulation.run_dir import root_interfaces
 
     run = RunDir("ef56", tmp_path)
     run.path.mkdir()

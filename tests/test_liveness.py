@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bmv2_env.loopback import LoopbackDeployment
-from controller.client import ControllerClient
-from hostlib.communicator import Communicator
-from hostlib.errors import InaggError
+from inagg.emulation.loopback import LoopbackDeployment
+from inagg.jobservice.client import ControllerClient
+from inagg.worker.communicator import Communicator
+from inagg.errors import InaggError
 from test_training import on_ranks
 
 RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")

@@ -1,4 +1,4 @@
-"""Loss detection of the worker's stream (hostlib.stream.LossDetector, RttEstimator, is_burst):
+"""Loss detection of the worker's stream (inagg.worker.stream.LossDetector, RttEstimator, is_burst):
 its decisions on scripted sequences of sends and results, and over a real socket scripted
 aggregators, in both streams (the native one, native/stream.cpp, is the twin of the Python
 specification): one that loses one contribution (the stream resends exactly that round, early)
@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from hostlib.grant import Grant
-from hostlib.native_stream import NativeSlotStream
-from hostlib.protocol import FLAG_RETRANSMIT
-from hostlib.stream import (
+from inagg.wire.grant import Grant
+from inagg.worker.native_stream import NativeSlotStream
+from inagg.wire.protocol import FLAG_RETRANSMIT
+from inagg.worker.stream import (
     LOSS_MEMORY,
     MAX_BACKOFF,
     RTO_OVER_MIN_RTT,
@@ -25,7 +25,7 @@ from hostlib.stream import (
     SlotStream,
     is_burst,
 )
-from hostlib.transport import UdpTransport
+from inagg.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
 
 STREAMS = {"python": SlotStream, "native": NativeSlotStream}

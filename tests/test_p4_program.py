@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bmv2_env import pipeline
-from controller.config import default_program
-from controller.p4info import P4Type
-from hostlib.protocol import SWITCH_VALUES_PER_PACKET
+from inagg.softswitch import pipeline_reference as pipeline
+from inagg.control.config import default_program
+from inagg.control.p4info import P4Type
+from inagg.wire.protocol import SWITCH_VALUES_PER_PACKET
 
 ROOT = Path(__file__).resolve().parents[1]
 BMV2 = default_program("bmv2")

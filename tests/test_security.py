@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import ctl_main
-from controller.client import ControllerClient, ControllerError
+from inagg.control.cli import ctl_main
+from inagg.jobservice.client import ControllerClient, ControllerError
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "admin-secret-7f3e9c"

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hostlib import codec
-from hostlib.native_build import _native
-from hostlib.demo import TensorSpec, run_local_job
-from hostlib.grant import Grant
-from hostlib.native_stream import NativeSlotStream, native_block_exponents
-from hostlib.protocol import FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
-from hostlib.stream import (
+from inagg.wire import codec
+from inagg.native_build import _native
+from inagg.demos.allreduce_demo import TensorSpec, run_local_job
+from inagg.wire.grant import Grant
+from inagg.worker.native_stream import NativeSlotStream, native_block_exponents
+from inagg.wire.protocol import FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
+from inagg.worker.stream import (
     CallError,
     CallRefused,
     CallSpec,
@@ -24,7 +24,7 @@ from hostlib.stream import (
     ResultCheck,
     SlotStream,
 )
-from hostlib.transport import UdpTransport
+from inagg.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
 from test_codec import exact_reference
 
@@ -214,8 +214,8 @@ def test_only_exact_results_from_the_granted_aggregator_are_accepted(kind):
 
 @pytest.mark.parametrize("kind", STREAMS)
 def test_a_refused_call_fails_on_every_rank_and_the_next_is_exact(kind):
-    from hostlib.aggregator import HostAggregator
-    from hostlib.engine import AggregationEngine, JobConfig
+    from inagg.aggregator.server import HostAggregator
+    from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
 
     transports = [UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0)) for _ in range(2)]
     engine = AggregationEngine(8, 64)
@@ -345,8 +345,8 @@ class MixedJob:
     N, K = 3, 64
 
     def __init__(self) -> None:
-        from hostlib.aggregator import HostAggregator
-        from hostlib.engine import AggregationEngine, JobConfig
+        from inagg.aggregator.server import HostAggregator
+        from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
 
         self.transports = [UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0)) for _ in range(self.N)]
         engine = AggregationEngine(8, self.K)

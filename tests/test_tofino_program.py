@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bmv2_env.loopback import LoopbackDeployment
-from controller.config import default_program, parse_config
-from controller.p4info import P4Type
-from controller.program import pack_tofino_config, read_artifact, unpack_tofino_config
-from controller.switch import JobCounters, SwitchConnection
-from hostlib import protocol
-from hostlib.communicator import ReduceOp
+from inagg.emulation.loopback import LoopbackDeployment
+from inagg.control.config import default_program, parse_config
+from inagg.control.p4info import P4Type
+from inagg.control.program import pack_tofino_config, read_artifact, unpack_tofino_config
+from inagg.control.switch import JobCounters, SwitchConnection
+from inagg.wire import protocol
+from inagg.worker.communicator import ReduceOp
 from test_training import make_comms
 
 ROOT = Path(__file__).resolve().parents[1]

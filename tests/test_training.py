@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bmv2_env.loopback import LoopbackDeployment
-from controller.config import default_program
-from controller.client import ControllerClient, ControllerError
-from hostlib.communicator import Communicator, ReduceOp
-from hostlib.train_demo import TrainConfig, train
+from inagg.emulation.loopback import LoopbackDeployment
+from inagg.control.config import default_program
+from inagg.jobservice.client import ControllerClient, ControllerError
+from inagg.worker.communicator import Communicator, ReduceOp
+from inagg.demos.train_demo import TrainConfig, train
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +138,8 @@ def test_adaptive_artopk_hook_uses_the_measured_cost_model():
 
 
 def test_adaptive_choice_follows_the_measured_link_and_is_the_same_on_every_rank():
-    from hostlib.cost_model import LinkEstimator
-    from hostlib.torch_hooks import ARTopkHookState, _choose_dense
+    from inagg.worker.cost_model import LinkEstimator
+    from inagg.pytorch.hooks import ARTopkHookState, _choose_dense
 
     with LoopbackDeployment(2) as dep:
         comms = make_comms(dep, 2)

@@ -1,5 +1,5 @@
 """A regular, non-editable install runs the control plane: the sdist carries p4/ whole, the wheel
-built from it carries the compiled P4 programs (controller/artifacts.py finds them there), and
+built from it carries the compiled P4 programs (inagg/control/artifacts.py finds them there), and
 from a working directory outside the checkout the default programs load from the wheel,
 ``inagg up``/``status``/``down`` work, and a 2-rank ``init_process_group("inagg")`` with nothing
 started by hand allreduces through the software switch of the deployment rank 0 starts.
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = """
 import json, sys
 import torch, torch.distributed as dist
-import hostlib
+import inagg
 
 dist.init_process_group("inagg")            # no INAGG_CONTROLLER: rank 0 starts the services
 t = torch.ones(1000)
@@ -36,7 +36,7 @@ dist.all_reduce(t)
 assert t.tolist() == [2.0] * 1000, t[:4]
 if dist.get_rank() == 0:
     with open(sys.argv[1], "w") as f:
-        json.dump({"hostlib": hostlib.__file__, "stats": dist.group.WORLD.stats()}, f)
+        json.dump({"inagg": inagg.__file__, "stats": dist.group.WORLD.stats()}, f)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -77,7 +77,7 @@ def installed(wheel, tmp_path_factory) -> Path:
 
 
 def test_the_default_programs_load_from_the_wheel(installed, tmp_path):
-    code = ("from controller.artifacts import p4_dir; from controller.config import DEFAULT_ARTIFACTS, "
+    code = ("from inagg.control.artifacts import p4_dir; from inagg.control.config import DEFAULT_ARTIFACTS, "
             "default_program; [default_program(t).device_config() for t in DEFAULT_ARTIFACTS]; print(p4_dir())")
     proc = subprocess.run([str(installed / "python"), "-c", code], cwd=tmp_path, env=clean_env(),
                           capture_output=True, text=True, timeout=120)
@@ -111,6 +111,6 @@ def test_a_two_rank_job_runs_on_the_wheel_with_nothing_started_by_hand(installed
                           env=clean_env(INAGG_ALLREDUCE_PATH="inagg"), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(out.read_text())
-    assert Path(result["hostlib"]).is_relative_to(installed.parent)
+    assert Path(result["inagg"]).is_relative_to(installed.parent)
     assert result["stats"]["allreduce_paths"] == {"inagg": 1}
     assert result["stats"]["inagg"]["mode"] == "switch"

@@ -1,5 +1,0 @@
-import sys
-
-from .cli import controller_main
-
-sys.exit(controller_main())

@@ -1,0 +1,302 @@
+"""The aggregation engine: the switch's slot logic as pure Python/numpy, no I/O.
+
+One engine instance models one aggregator: a fixed pool of ``n_slots`` slots, each with two
+shadow sets (SwitchML) holding K int32 values, a worker bitmap, a contribution count, the
+maximum block exponent, ORed flags and the offset/count of the round it holds; plus a per-slot
+owner tag (job id, epoch) that lets the first packet of a new allocation reset the slot without
+any control-plane register write (BMv2's P4Runtime cannot write registers). This is the
+executable specification: the host aggregator and the software data plane run its C++ twin
+(``native/engine.cpp``), held to it packet for packet by tests/test_engine_native.py, and
+``p4/inagg.p4`` implements the same table control by control.
+
+Per-packet decision for a contribution of worker w to set s of a slot (``o`` = the other set;
+"same round": the packet's offset and count are those stored for the round in set s)::
+
+    bit w in bitmap[s] | bitmap[s] | round complete | same round | action
+    -------------------+-----------+----------------+------------+----------------------------
+    0                  | == 0      | any            | any        | FIRST: overwrite set s
+    0                  | != 0      | no             | yes        | ADD: sum, max exponent, OR flags
+    0                  | != 0      | no             | no         | BAD_ROUND: drop
+    0                  | != 0      | yes            | any        | STALE_ROUND: drop (reordered)
+    1                  | any       | no             | yes        | DUP_PENDING: drop
+    1                  | any       | yes            | yes        | DUP_DONE: stored result to w
+    1                  | any       | any            | no         | BAD_ROUND: drop
+    after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o];
+                     if the round is now complete, multicast the result to all workers.
+
+Why FIRST is safe: a worker sends round r+2 of a slot only after the result of round r+1,
+so all workers have contributed to r+1 on set o and cleared their bits in set s.
+Why BAD_ROUND: a round's result is what its first contribution announced (offset, count); a
+packet claiming other values never joins it nor gets its result (p4/include/slot_state.p4).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Hashable, NamedTuple
+
+import numpy as np
+
+from inagg.wire.protocol import (
+    EXP_NONE,
+    FLAG_CONGESTION,
+    FLAG_FROM_HOST,
+    FLAG_OVERFLOW,
+    FLAG_RETRANSMIT,
+    HEADER_BYTES,
+    HEADER_STRUCT,
+    MAX_SLOT,
+    MAX_WORKERS,
+    MSG_CONTRIBUTION,
+    MSG_RESULT,
+    VERSION,
+    Outcome,
+    unpack_raw,
+)
+
+_STICKY_FLAGS = FLAG_OVERFLOW | FLAG_CONGESTION  # ORed into a round, returned with its result
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What an aggregator must know about one job.
+
+    ``members[r]`` is rank r's identity as the front end sees it (a UDP ``(ip, port)`` for the
+    host aggregator, ``(port, IPv4, MAC, UDP port)`` for the software switch): a packet claiming
+    rank r from anyone else is dropped. Results go to every member.
+    """
+
+    job_id: int
+    epoch: int
+    slot_base: int
+    slot_count: int
+    members: tuple[Hashable, ...]
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.members)
+
+    def validate(self, n_slots: int) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        if not 1 <= self.job_id <= 0xFFFF:
+            raise ValueError(f"job {self.job_id}: job_id must be in 1..65535")
+        if not 0 <= self.epoch <= 0xFFFF:
+            raise ValueError(f"job {self.job_id}: epoch must be in 0..65535")
+        if not 1 <= self.n_workers <= MAX_WORKERS:
+            raise ValueError(f"job {self.job_id}: needs 1..{MAX_WORKERS} workers, got {self.n_workers}")
+        if len(set(self.members)) != self.n_workers:
+            raise ValueError(f"job {self.job_id}: duplicate worker addresses {self.members}")
+        if self.slot_count < 1 or self.slot_base < 0 or self.slot_base + self.slot_count > n_slots:
+            raise ValueError(
+                f"job {self.job_id}: slots [{self.slot_base}, {self.slot_base + self.slot_count}) "
+                f"outside the pool of {n_slots}"
+            )
+
+
+@dataclass
+class JobCounters:
+    """Per-job counters, named as the P4 program's counters."""
+
+    packets: int = 0
+    aggregated: int = 0
+    duplicates: int = 0
+    results: int = 0
+    resent_results: int = 0
+    drops: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {
+            "packets": self.packets, "aggregated": self.aggregated,
+            "duplicates": self.duplicates, "results": self.results,
+            "resent_results": self.resent_results, "drops": dict(self.drops),
+        }
+
+
+class Emit(NamedTuple):
+    """A packet to send: ``data`` (inagg header + payload) to the listed ranks of ``job``."""
+
+    job: JobConfig
+    ranks: tuple[int, ...]
+    data: bytes
+
+
+class AggregationEngine:
+    """Slot pool + per-job admission; ``process()`` maps one packet to the packets it causes."""
+
+    def __init__(self, n_slots: int, values_per_packet: int, *, host_mode: bool = True) -> None:
+        if not 1 <= n_slots <= MAX_SLOT + 1:
+            raise ValueError(f"n_slots must be in 1..{MAX_SLOT + 1}, got {n_slots}")
+        if values_per_packet < 1:
+            raise ValueError("values_per_packet must be >= 1")
+        self.n_slots = n_slots
+        self.k = values_per_packet
+        self.result_flags = FLAG_FROM_HOST if host_mode else 0
+        self.jobs: dict[int, JobConfig] = {}
+        self.counters: dict[int, JobCounters] = {}
+        self.drops: Counter = Counter()  # drops that belong to no known job, by label
+        # What the last process() call did; the software data plane maps it onto the P4
+        # program's counters. None before the first packet.
+        self.last_outcome: Outcome | None = None
+        # Per-slot state. Scalars live in Python lists (faster than numpy scalars per packet).
+        self._tag: list[int] = [0] * n_slots          # (job_id << 16) | epoch of the owner
+        self._bitmap = [[0] * n_slots, [0] * n_slots]
+        self._seen = [[0] * n_slots, [0] * n_slots]   # contributions in the current round
+        self._exp = [[EXP_NONE] * n_slots, [EXP_NONE] * n_slots]
+        self._flags = [[0] * n_slots, [0] * n_slots]
+        self._offset = [[0] * n_slots, [0] * n_slots]
+        self._count = [[0] * n_slots, [0] * n_slots]
+        self._values = np.zeros((2, n_slots, values_per_packet), dtype=np.int32)
+
+    # -- configuration -------------------------------------------------------------------
+
+    def set_job(self, job: JobConfig) -> None:
+        """Admit a job or replace its configuration (a new grant); validated before use.
+
+        Slots are not touched here: the owner tag resets each slot lazily on the job's first
+        packet with the new (job, epoch), exactly as the switch does."""
+        job.validate(self.n_slots)
+        for other in self.jobs.values():
+            if other.job_id != job.job_id and _overlaps(other, job):
+                raise ValueError(
+                    f"job {job.job_id}: slots [{job.slot_base}, {job.slot_base + job.slot_count}) "
+                    f"overlap job {other.job_id}"
+                )
+        self.jobs[job.job_id] = job
+        self.counters.setdefault(job.job_id, JobCounters())
+
+    def remove_job(self, job_id: int) -> None:
+        self.jobs.pop(job_id, None)
+
+    def replace_jobs(self, wanted: dict[int, JobConfig]) -> None:
+        """Serve exactly ``wanted`` (job id -> config): jobs not in it are removed first, so
+        their slots are free for the others; unchanged jobs are left as they are. Raises
+        ``ValueError`` (from ``set_job``) for a config the pool cannot hold."""
+        for job_id in [j for j in self.jobs if j not in wanted]:
+            self.remove_job(job_id)
+        for job in wanted.values():
+            if self.jobs.get(job.job_id) != job:
+                self.remove_job(job.job_id)
+                self.set_job(job)
+
+    # -- data path -------------------------------------------------------------------------
+
+    def process(self, data: bytes | bytearray | memoryview, sender: Hashable,
+                framing_ok: bool = True) -> list[Emit]:
+        """Handle one received inagg packet (header + payload) from ``sender``. ``framing_ok``
+        False: the encapsulation's own length (RoCE's RETH DMA length, its ICRC's presence)
+        disagrees with the packet, which is then malformed (bad_length, in check order)."""
+        if len(data) < HEADER_BYTES:
+            return self._drop_global(Outcome.TRUNCATED)
+        vt, flags, job_id, worker, exp, epoch, ss, count, offset = unpack_raw(data)
+        if vt >> 4 != VERSION:
+            return self._drop_global(Outcome.BAD_VERSION)
+        job = self.jobs.get(job_id)
+        if job is None:
+            return self._drop_global(Outcome.UNKNOWN_JOB)
+        ctr = self.counters[job_id]
+        ctr.packets += 1
+        slot = ss & MAX_SLOT
+        reason = None
+        if vt & 0xF != MSG_CONTRIBUTION:
+            reason = Outcome.BAD_TYPE
+        elif worker >= len(job.members) or job.members[worker] != sender:
+            reason = Outcome.BAD_WORKER
+        elif epoch != job.epoch:
+            reason = Outcome.STALE_EPOCH
+        elif not job.slot_base <= slot < job.slot_base + job.slot_count:
+            reason = Outcome.BAD_SLOT
+        elif (not framing_ok or count > self.k
+              or len(data) - HEADER_BYTES != (4 * self.k if count else 0)):
+            reason = Outcome.BAD_LENGTH
+        if reason is not None:
+            return self._drop_job(ctr, reason)
+
+        tag = (job_id << 16) | epoch
+        if self._tag[slot] != tag:  # first packet of a new owner/epoch: reset the slot
+            self._tag[slot] = tag
+            for s in (0, 1):
+                self._bitmap[s][slot] = 0
+                self._seen[s][slot] = 0
+        s = ss >> 15
+        bit = 1 << worker
+        bitmap = self._bitmap[s]
+        seen = self._seen[s]
+        n = len(job.members)
+        complete = seen[slot] == n
+        same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
+
+        if bitmap[slot] & bit:
+            if not same_round:                                 # BAD_ROUND
+                return self._drop_job(ctr, Outcome.BAD_ROUND)
+            ctr.duplicates += 1
+            if not complete:                                   # DUP_PENDING
+                self.last_outcome = Outcome.DUP_PENDING
+                return []
+            ctr.resent_results += 1                            # DUP_DONE
+            self.last_outcome = Outcome.DUP_DONE
+            return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT))]
+        if bitmap[slot] == 0:                                  # FIRST
+            self.last_outcome = Outcome.FIRST
+            seen[slot] = 1
+            self._exp[s][slot] = exp
+            self._flags[s][slot] = flags & _STICKY_FLAGS
+            self._offset[s][slot] = offset
+            self._count[s][slot] = count
+            if count:
+                self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
+            else:
+                self._values[s, slot] = 0
+        elif complete:                                         # STALE_ROUND
+            return self._drop_job(ctr, Outcome.STALE_ROUND)
+        elif not same_round:                                   # BAD_ROUND
+            return self._drop_job(ctr, Outcome.BAD_ROUND)
+        else:                                                  # ADD
+            self.last_outcome = Outcome.ADD
+            seen[slot] += 1
+            if exp > self._exp[s][slot]:
+                self._exp[s][slot] = exp
+            self._flags[s][slot] |= flags & _STICKY_FLAGS
+            if count:
+                self._values[s, slot] += np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
+        bitmap[slot] |= bit
+        self._bitmap[1 - s][slot] &= ~bit
+        ctr.aggregated += 1
+        if seen[slot] < n:
+            return []
+        ctr.results += 1
+        return [Emit(job, tuple(range(n)), self._result(slot, s, job, worker, 0))]
+
+    def _drop_global(self, reason: Outcome) -> list[Emit]:
+        self.drops[reason.label] += 1
+        self.last_outcome = reason
+        return []
+
+    def _drop_job(self, ctr: JobCounters, reason: Outcome) -> list[Emit]:
+        ctr.drops[reason.label] += 1
+        self.last_outcome = reason
+        return []
+
+    def _result(self, slot: int, s: int, job: JobConfig, worker: int, extra_flags: int) -> bytes:
+        count = self._count[s][slot]
+        header = HEADER_STRUCT.pack(
+            (VERSION << 4) | MSG_RESULT,
+            self._flags[s][slot] | self.result_flags | extra_flags,
+            job.job_id, worker, self._exp[s][slot], job.epoch, (s << 15) | slot,
+            count, self._offset[s][slot],
+        )
+        if not count:
+            return header
+        return header + self._values[s, slot].astype(">i4").tobytes()
+
+    def snapshot_counters(self) -> dict:
+        """All counters as plain data (for logs, the CLI and tests)."""
+        return {
+            "jobs": {j: c.as_dict() for j, c in self.counters.items()},
+            "drops": dict(self.drops),
+        }
+
+
+def _overlaps(a: JobConfig, b: JobConfig) -> bool:
+    return a.slot_base < b.slot_base + b.slot_count and b.slot_base < a.slot_base + a.slot_count
+

@@ -1,0 +1,199 @@
+"""The controller's configuration file (TOML or JSON): switches, host aggregator, pool policy,
+service. examples/controller.toml is a commented example.
+
+Example in JSON (inagg/emulation/topologies/ ships real ones)::
+
+    {
+      "listen": "10.0.0.100:50051", "tls_cert": "ctl.pem", "tls_key": "ctl.key",
+      "admin_token_file": "admin.token",
+      "database": "controller.sqlite",
+      "lease_seconds": 30, "rank_lease_seconds": 8,
+      "min_window": 8,
+      "host_aggregator": "10.0.0.100:42666",
+      "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
+      "metrics_listen": "127.0.0.1:9464",
+      "switches": [{
+        "name": "s1", "grpc": "127.0.0.1:9559", "device_id": 0,
+        "target": "bmv2",
+        "aggregator": "10.0.0.254:42602", "aggregator_mac": "00:00:00:00:00:fe",
+        "hosts": {"10.0.0.1": {"port": 1, "mac": "00:00:00:00:00:01"}}
+      }]
+    }
+
+Each switch names its ``target`` (bmv2, soft, tofino; default bmv2) and may name its program's
+artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context``); the shipped
+builds in p4/ are the defaults (inagg/control/artifacts.py finds them in a checkout or a wheel). A Tofino switch maps the front-panel ports its hosts use to
+device ports (``"device_ports": {"1": 128, ...}``, docs/tofino.md), every used port mapped.
+Relative paths are relative to the config file (to the working directory for a config given as
+a dict).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:   # Python 3.10: the same parser from PyPI (inagg[control])
+    import tomli as tomllib
+
+from inagg.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
+
+from inagg.control.artifacts import artifact
+from inagg.jobservice.credentials import load_token
+from inagg.control.program import DEVICE_FILES, TARGETS, Program
+
+# The programs this repository builds, by target (a config may name others), relative to p4/.
+DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
+    "bmv2": {"p4info": "inagg.p4info.txtpb", "bmv2_json": "inagg.json"},
+    # the BMv2 program at the software target's own K (tools/soft_p4info.py, make build)
+    "soft": {"p4info": "soft/inagg.p4info.txtpb", "bmv2_json": "inagg.json"},
+    "tofino": {"p4info": "tofino/tofino/inagg.p4info.txtpb",
+               "binary": "tofino/tofino/tofino.bin.gz",
+               "context": "tofino/tofino/context.json.gz"},
+}
+
+
+@dataclass(frozen=True)
+class HostPort:
+    port: int
+    mac: str
+
+
+@dataclass(frozen=True)
+class SwitchConfig:
+    name: str
+    grpc: str
+    device_id: int
+    aggregator: str               # "ip:port" workers send contributions to in switch mode
+    hosts: dict[str, HostPort]    # IPv4 -> where that host is attached (front-panel port)
+    program: Program | None = None   # None: the default program of bmv2
+    device_ports: dict[int, int] = field(default_factory=dict)  # front panel -> device port
+
+    @property
+    def ports(self) -> list[int]:
+        """The device ports the hosts are attached to."""
+        return sorted({self.device_port(h.port) for h in self.hosts.values()})
+
+    def device_port(self, front_panel: int) -> int:
+        """The device port of a front-panel port (the same number where no map is given)."""
+        return self.device_ports.get(front_panel, front_panel) if self.device_ports else front_panel
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    switches: tuple[SwitchConfig, ...]
+    host_aggregator: str
+    listen: str = "127.0.0.1:50051"
+    admin_token: str = ""             # or admin_token_file, or $INAGG_ADMIN_TOKEN
+    admin_token_file: str = ""
+    tls_cert: str = ""                # PEM certificate and key of the job service (TCP)
+    tls_key: str = ""
+    insecure: bool = False            # serve TCP in plaintext (tokens readable on the wire)
+    database: str = "controller.sqlite"
+    lease_seconds: float = 30.0       # a job no rank renews for this long ends
+    rank_lease_seconds: float = 8.0   # a placed job one of whose ranks is silent this long fails
+    switch_check_seconds: float = 1.0 # how often each switch is checked for a restart
+    max_jobs: int = 4096              # jobs the controller holds at once (CreateJob is open)
+    min_window: int = 8
+    host_slots: int = 4096
+    host_window: int = HOST_WINDOW
+    host_values_per_packet: int = HOST_VALUES_PER_PACKET
+    metrics_listen: str = ""              # "ip:port" of the Prometheus endpoint; "" = none
+    extra: dict = field(default_factory=dict)
+
+
+def _need(d: dict, key: str, where: str):
+    if key not in d:
+        raise ValueError(f"{where}: missing key {key!r}")
+    return d[key]
+
+
+_SWITCH_KEYS = {"name", "grpc", "device_id", "target", "aggregator", "aggregator_mac", "hosts",
+                "device_ports", "p4info"} | {k for keys in DEVICE_FILES.values() for k in keys}
+
+
+def parse_program(s: dict, where: str, base: Path | None) -> Program:
+    """The switch's program: its target and artifacts (config paths over the defaults)."""
+    target = s.get("target", "bmv2")
+    if target not in TARGETS:
+        raise ValueError(f"{where}: target must be one of {', '.join(TARGETS)}, got {target!r}")
+    paths = {}
+    for key, default in DEFAULT_ARTIFACTS[target].items():
+        given = s.get(key)
+        paths[key] = (base or Path()) / given if given is not None else artifact(default)
+    stray = set(k for keys in DEVICE_FILES.values() for k in keys) - set(DEVICE_FILES[target])
+    if stray & set(s):
+        raise ValueError(f"{where}: {sorted(stray & set(s))} do not belong to a {target} program")
+    try:
+        return Program(target, paths.pop("p4info"), paths)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def default_program(target: str) -> Program:
+    """The program this repository builds for ``target`` (p4/, see DEFAULT_ARTIFACTS); raises
+    FileNotFoundError naming the missing folder when neither a checkout's nor a wheel's is there."""
+    return parse_program({"target": target}, target, None)
+
+
+def parse_device_ports(s: dict, where: str, ports: set[int]) -> dict[int, int]:
+    """Front-panel -> device port map; every port a host uses must be in it when given."""
+    given = s.get("device_ports", {})
+    mapping = {int(k): int(v) for k, v in given.items()}
+    if mapping and not ports <= set(mapping):
+        raise ValueError(f"{where}.device_ports: no device port for front-panel port(s) "
+                         f"{sorted(ports - set(mapping))}")
+    if len(set(mapping.values())) != len(mapping):
+        raise ValueError(f"{where}.device_ports: two front-panel ports share a device port")
+    return mapping
+
+
+def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
+    """Validate a config dict, naming the first bad entry."""
+    switches = []
+    for i, s in enumerate(data.get("switches", [])):
+        where = f"switches[{i}]"
+        unknown_keys = set(s) - _SWITCH_KEYS
+        if unknown_keys:
+            raise ValueError(f"{where}: unknown key(s) {sorted(unknown_keys)}")
+        hosts = {}
+        for ip, h in _need(s, "hosts", where).items():
+            ipaddress.IPv4Address(ip)
+            hosts[ip] = HostPort(int(_need(h, "port", f"{where}.hosts[{ip}]")),
+                                 str(_need(h, "mac", f"{where}.hosts[{ip}]")))
+        parse_address(_need(s, "aggregator", where))
+        switches.append(SwitchConfig(
+            str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)), int(s.get("device_id", 0)),
+            s["aggregator"], hosts, parse_program(s, where, base),
+            parse_device_ports(s, where, {h.port for h in hosts.values()})))
+    host_aggregator = _need(data, "host_aggregator", "config")
+    parse_address(host_aggregator)
+    known = {f for f in ControllerConfig.__dataclass_fields__} - {"switches", "host_aggregator", "extra"}
+    unknown = set(data) - known - {"switches", "host_aggregator"}
+    if unknown:
+        raise ValueError(f"config: unknown key(s) {sorted(unknown)}")
+    kwargs = {k: data[k] for k in known if k in data}
+    for key in ("database", "admin_token_file", "tls_cert", "tls_key"):
+        if kwargs.get(key) and base is not None and not Path(kwargs[key]).is_absolute():
+            kwargs[key] = str(base / kwargs[key])
+    if bool(kwargs.get("tls_cert")) != bool(kwargs.get("tls_key")):
+        raise ValueError("config: tls_cert and tls_key go together")
+    if not kwargs.get("admin_token"):
+        kwargs["admin_token"] = load_token(kwargs.get("admin_token_file"))
+    return ControllerConfig(switches=tuple(switches), host_aggregator=host_aggregator, **kwargs)
+
+
+def load_config(path: Path | str) -> ControllerConfig:
+    """Read a config file: TOML when it ends in ``.toml`` (comments allowed; the commented
+    example is examples/controller.toml), else JSON. Same keys either way."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"cannot read controller config {path}: {e}") from None
+    return parse_config(data, path.parent)

@@ -1,0 +1,118 @@
+"""SQLite persistence of jobs, workers and grants, so a restarted controller rebuilds the
+switch from it and running jobs keep their grants."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import asdict
+from pathlib import Path
+
+from inagg.control.allocator import Demand, JobState, Placement
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id INTEGER PRIMARY KEY, name TEXT NOT NULL, token TEXT NOT NULL,
+    switch TEXT, job_index INTEGER, state TEXT, transport TEXT NOT NULL DEFAULT 'udp',
+    host_only INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS workers (
+    job_id INTEGER NOT NULL, rank INTEGER NOT NULL, address TEXT NOT NULL, mac TEXT NOT NULL,
+    qp INTEGER NOT NULL DEFAULT 0, rkey INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, rank)
+);
+CREATE TABLE IF NOT EXISTS activations (
+    job_id INTEGER NOT NULL, epoch INTEGER NOT NULL, boundary INTEGER NOT NULL,
+    activated INTEGER NOT NULL, PRIMARY KEY (job_id, epoch, boundary)
+);
+"""
+# Columns added since the first schema: (table, column, declaration). A store written by an
+# older controller gets them with their defaults, so its jobs keep running after an upgrade.
+ADDED_COLUMNS = (
+    ("jobs", "transport", "TEXT NOT NULL DEFAULT 'udp'"),
+    ("jobs", "host_only", "INTEGER NOT NULL DEFAULT 0"),
+    ("workers", "qp", "INTEGER NOT NULL DEFAULT 0"),
+    ("workers", "rkey", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+
+def state_to_json(s: JobState) -> str:
+    return json.dumps(asdict(s))
+
+
+def state_from_json(text: str) -> JobState:
+    d = json.loads(text)
+    return JobState(d["job_id"], Demand(**d["demand"]), Placement(**d["active"]),
+                    Placement(**d["pending"]) if d["pending"] else None, d["drained"], d["order"])
+
+
+class Store:
+    def __init__(self, path: Path | str) -> None:
+        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.db.executescript(SCHEMA)
+        for table, column, decl in ADDED_COLUMNS:
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
+    def next_job_id(self) -> int:
+        """Job ids are never reused (a slot's owner tag must never match a past job)."""
+        with self.db:
+            row = self.db.execute("SELECT value FROM meta WHERE key='next_job_id'").fetchone()
+            job_id = int(row[0]) if row else 1
+            if job_id > 0xFFFF:
+                raise RuntimeError("job ids exhausted (65535 jobs created)")
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)", (str(job_id + 1),))
+        return job_id
+
+    def create_job(self, job_id: int, name: str, token: str, demand: Demand, transport: str,
+                   host_only: bool = False) -> None:
+        self.db.execute("INSERT INTO jobs (job_id, name, token, state, transport, host_only) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (job_id, name, token, json.dumps({"demand": asdict(demand)}), transport, int(host_only)))
+
+    def add_worker(self, job_id: int, rank: int, member: tuple[str, str, int, int]) -> None:
+        """``member``: the worker's address, MAC, QP and rkey (service.Member)."""
+        self.db.execute("INSERT OR REPLACE INTO workers (job_id, rank, address, mac, qp, rkey) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", (job_id, rank, *member))
+
+    def save_state(self, state: JobState, switch: str | None, job_index: int | None) -> None:
+        self.db.execute("UPDATE jobs SET state=?, switch=?, job_index=? WHERE job_id=?",
+                        (state_to_json(state), switch, job_index, state.job_id))
+
+    def delete_job(self, job_id: int) -> None:
+        with self.db:
+            for table in ("jobs", "workers", "activations"):
+                self.db.execute(f"DELETE FROM {table} WHERE job_id=?", (job_id,))
+
+    def record_activation(self, job_id: int, epoch: int, boundary: int, activated: bool) -> bool:
+        """The first decision for (job, epoch, boundary) wins; returns the recorded one."""
+        self.db.execute("INSERT OR IGNORE INTO activations VALUES (?, ?, ?, ?)",
+                        (job_id, epoch, boundary, int(activated)))
+        row = self.db.execute("SELECT activated FROM activations WHERE job_id=? AND epoch=? AND boundary=?",
+                              (job_id, epoch, boundary)).fetchone()
+        return bool(row[0])
+
+    def activation(self, job_id: int, epoch: int, boundary: int) -> bool | None:
+        row = self.db.execute("SELECT activated FROM activations WHERE job_id=? AND epoch=? AND boundary=?",
+                              (job_id, epoch, boundary)).fetchone()
+        return None if row is None else bool(row[0])
+
+    def activation_counts(self) -> dict[int, int]:
+        """Grant changes each job's workers activated: {job_id: distinct epochs activated}."""
+        rows = self.db.execute("SELECT job_id, COUNT(DISTINCT epoch) FROM activations "
+                               "WHERE activated=1 GROUP BY job_id").fetchall()
+        return dict(rows)
+
+    def jobs(self) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT job_id, name, token, switch, job_index, state, transport, host_only FROM jobs").fetchall()
+        out = []
+        for job_id, name, token, switch, job_index, state, transport, host_only in rows:
+            workers = self.db.execute("SELECT rank, address, mac, qp, rkey FROM workers "
+                                      "WHERE job_id=? ORDER BY rank", (job_id,)).fetchall()
+            out.append({"job_id": job_id, "name": name, "token": token, "switch": switch,
+                        "job_index": job_index, "state": state, "workers": workers,
+                        "transport": transport, "host_only": bool(host_only)})
+        return out

@@ -1,0 +1,201 @@
+"""The embedded default deployment on loopback, no root needed: the software data plane
+(attached over UDP), the controller and a host aggregator, each a real process.
+
+Each deployment takes a loopback /24 of its own, 127.A.B.0/24, chosen at random and checked free,
+so runs of other checkouts on the same machine never meet it: worker r uses 127.A.B.(r+1),
+attached to switch port r+1; the switch's inagg address is 127.A.B.254, the host aggregator's
+127.A.B.100. ``make demo``, the training tests and the benchmarks run on it.
+
+``target="tofino"`` makes it Tofino-shaped: the software data plane runs the Tofino program's
+P4Info (its K, names and counters), the controller deploys to it as to a Tofino (the packed
+tofino.bin + context.json device config, front-panel ports mapped to device ports 128 + 4 r),
+so the controller's Tofino path and grants carrying the Tofino K are tested without the chip.
+
+``p4info`` names the P4Info the controller pushes to the software switch instead of the target's
+own (the software target's large K): BMv2's P4Info (``default_program("bmv2")``) runs it at K = 64,
+as a hardware switch would aggregate."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import re
+import secrets
+import signal
+import socket
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from inagg.control.config import default_program
+from inagg.jobservice.credentials import ADMIN_TOKEN_ENV
+from inagg.wire.grant import HOST_AGGREGATOR_PORT
+from inagg.wire.protocol import UDP_PORT
+
+from inagg.softswitch.switch import udp_host_mac
+from inagg.emulation.testbed import stop_processes
+
+# The folder holding the packages (a checkout, or site-packages): the services' working
+# directory, so that their `python -m` imports the same inagg as this process.
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_loopback_net(tries: int = 64) -> str:
+    """A ``127.A.B`` prefix whose switch and aggregator addresses nothing on this machine holds."""
+    for _ in range(tries):
+        net = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
+        probes = [(f"{net}.254", UDP_PORT), (f"{net}.100", HOST_AGGREGATOR_PORT)]
+        try:
+            for addr in probes:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.bind(addr)
+        except OSError:
+            continue
+        return net
+    raise RuntimeError(f"no free loopback /24 found in {tries} tries")
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: the kernel sends it SIGTERM when its parent dies (Linux), so a
+    killed supervisor leaves no orphans."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class LoopbackDeployment:
+    """Context manager: start everything, yield, stop everything (and remove its files).
+
+    ``die_with_parent``: the services also stop when the process that started them dies
+    (``inagg.emulation.services`` sets it: nothing outlives a killed training job)."""
+
+    def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
+                 lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
+                 aggregator_drop_rate: float = 0.0, target: str = "soft",
+                 metrics: bool = False, die_with_parent: bool = False,
+                 p4info: Path | str | None = None) -> None:
+        if target not in ("soft", "tofino"):
+            raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped 'tofino', not {target!r}")
+        if p4info is not None and target != "soft":
+            raise ValueError("only a 'soft' loopback switch runs another P4Info than its target's")
+        self.target = target
+        self.p4info = p4info
+        self.n_hosts = n_hosts
+        self.with_switch = with_switch
+        self.min_window = min_window
+        self.lease_seconds = lease_seconds
+        self.rank_lease_seconds = rank_lease_seconds
+        self.drop_rate = aggregator_drop_rate
+        self.metrics = metrics
+        self.metrics_url: str | None = None   # the controller's Prometheus endpoint (metrics=True)
+        self.die_with_parent = die_with_parent
+        self.admin_token = secrets.token_hex(8)
+        self.procs: list[subprocess.Popen] = []
+        self.net = free_loopback_net()
+        self.switch_ip = f"{self.net}.254"
+        self.host_aggregator = f"{self.net}.100:{HOST_AGGREGATOR_PORT}"
+
+    def worker_ip(self, rank: int) -> str:
+        return f"{self.net}.{rank + 1}"
+
+    def device_port(self, rank: int) -> int:
+        """The switch port worker ``rank`` is attached to: front-panel port rank + 1, which a
+        Tofino-shaped switch maps to device port 128 + 4 rank (pipe 1, as on a Tofino)."""
+        return 128 + 4 * rank if self.target == "tofino" else rank + 1
+
+    def worker_mac(self, rank: int) -> str:
+        """The source MAC the soft switch gives host ``rank``'s datagrams."""
+        return udp_host_mac(self.worker_ip(rank))
+
+    @property
+    def worker_ips(self) -> list[str]:
+        return [self.worker_ip(r) for r in range(self.n_hosts)]
+
+    def _start(self, name: str, cmd: list[str], ready: str, env: dict | None = None) -> subprocess.Popen:
+        log = open(self.dir / f"{name}.log", "a")
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                                env={**os.environ, **env} if env else None,
+                                preexec_fn=_die_with_parent if self.die_with_parent else None)
+        self.procs.append(proc)
+        line = proc.stdout.readline()
+        if ready not in line:
+            raise RuntimeError(f"{name} did not start: {line!r}\n{(self.dir / f'{name}.log').read_text()}")
+        return proc
+
+    def __enter__(self) -> "LoopbackDeployment":
+        self.dir = Path(tempfile.mkdtemp(prefix="inagg-lo-"))
+        self.controller = f"unix:{self.dir}/controller.sock"
+        py = sys.executable
+        try:
+            switches = []
+            if self.with_switch:
+                self.start_switch()
+                switch = {
+                    "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "target": self.target,
+                    "aggregator": f"{self.switch_ip}:{UDP_PORT}",
+                    "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
+                              for r in range(self.n_hosts)}}
+                if self.p4info is not None:
+                    switch["p4info"] = str(Path(self.p4info).resolve())
+                if self.target == "tofino":
+                    switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
+                switches.append(switch)
+            config = {"listen": self.controller, "admin_token": self.admin_token,
+                      "database": str(self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
+                      "rank_lease_seconds": self.rank_lease_seconds, "switch_check_seconds": 0.5,
+                      "min_window": self.min_window, "host_aggregator": self.host_aggregator,
+                      "switches": switches, **({"metrics_listen": "127.0.0.1:0"} if self.metrics else {})}
+            (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
+            self.start_controller()
+            self.aggregator = self._start(
+                "aggregator", [py, "-m", "inagg.aggregator.server", "--bind", self.host_aggregator, "--controller",
+                               self.controller, "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening",
+                env={ADMIN_TOKEN_ENV: self.admin_token})   # never on argv
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def start_switch(self) -> None:
+        ports = [a for r in range(self.n_hosts)
+                 for a in ("-i", f"{self.device_port(r)}@udp:{self.worker_ip(r)}")]
+        p4info = default_program(self.target).p4info_path
+        self.switch_proc = self._start(
+            "switch", [sys.executable, "-m", "inagg.softswitch.switch", *ports, "--udp-bind", self.switch_ip,
+                       "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
+                       "--grpc-server-addr", f"unix:{self.dir}/switch.sock"],
+            "inagg-soft-switch")
+
+    def restart_switch(self) -> None:
+        """Stop the soft switch process and start a fresh one (no pipeline, no entries, no slot
+        state): the controller must notice and program it again."""
+        stop_processes([self.switch_proc])
+        self.procs.remove(self.switch_proc)
+        self.start_switch()
+
+    def start_controller(self) -> None:
+        self.controller_proc = self._start(
+            "controller", [sys.executable, "-m", "controller", "--config", str(self.dir / "controller.json")],
+            "inagg-controller serving")
+        if self.metrics:
+            found = re.search(r"metrics on (http://\S+)", self.log("controller"))
+            if found is None:
+                raise RuntimeError(f"controller announced no metrics endpoint: {self.log('controller')}")
+            self.metrics_url = found.group(1)
+
+    def restart_controller(self) -> None:
+        """Stop the controller process and start it again on the same state (SQLite)."""
+        stop_processes([self.controller_proc])
+        self.procs.remove(self.controller_proc)
+        self.start_controller()
+
+    def __exit__(self, *exc) -> None:
+        stop_processes(reversed(self.procs))
+        if not os.environ.get("INAGG_KEEP_TESTBED"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log(self, name: str) -> str:
+        return (self.dir / f"{name}.log").read_text()

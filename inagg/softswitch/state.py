@@ -1,0 +1,316 @@
+"""Switch state the software data plane exposes over P4Runtime: table entries validated
+against the P4Info, multicast groups (the packet replication engine) and indexed counters.
+
+Errors are ``StatusError`` carrying the gRPC status code the P4Runtime server answers with.
+A ``StateMirror`` (the native data plane's core) is told of every change as it happens, undos
+included, so a copy of the state kept elsewhere never drifts from what P4Runtime reads back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import grpc
+import numpy as np
+from p4.v1 import p4runtime_pb2
+
+from inagg.control.p4info import P4Info, P4Type, decode, encode
+
+
+class StatusError(Exception):
+    """A request the switch refuses; ``code`` is the gRPC status to answer with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    params: tuple[tuple[str, int], ...] = ()
+
+    def param(self, name: str) -> int:
+        return dict(self.params)[name]
+
+
+class StateMirror(Protocol):
+    """Receives every change of the tables and multicast groups, in order."""
+
+    def entry_changed(self, table: str, key: tuple[int, ...], action: Action | None) -> None: ...
+
+    def default_changed(self, table: str, action: Action | None) -> None: ...
+
+    def group_changed(self, group: int, replicas: tuple[Replica, ...] | None) -> None: ...
+
+
+@dataclass
+class Table:
+    """One P4 table: exact-match entries (our program has no other match kind). Change it only
+    through ``put``/``remove``/``set_default_action``, which keep the mirror in step."""
+
+    name: str
+    info: object  # p4info_pb2.Table
+    entries: dict[tuple[int, ...], Action] = field(default_factory=dict)
+    default: Action | None = None
+    default_is_const: bool = False
+    mirror: StateMirror | None = None
+
+    def lookup(self, key: tuple[int, ...]) -> Action | None:
+        return self.entries.get(key)
+
+    def put(self, key: tuple[int, ...], action: Action) -> None:
+        self.entries[key] = action
+        if self.mirror:
+            self.mirror.entry_changed(self.name, key, action)
+
+    def remove(self, key: tuple[int, ...]) -> None:
+        del self.entries[key]
+        if self.mirror:
+            self.mirror.entry_changed(self.name, key, None)
+
+    def set_default_action(self, action: Action | None) -> None:
+        self.default = action
+        if self.mirror:
+            self.mirror.default_changed(self.name, action)
+
+
+class TableStore:
+    """All tables of the program, written and read with P4Runtime ``TableEntry`` messages."""
+
+    def __init__(self, p4info: P4Info, mirror: StateMirror | None = None) -> None:
+        self.p4info = p4info
+        self.tables: dict[str, Table] = {}
+        for t in p4info.message.tables:
+            default = None
+            for a in p4info.message.actions:
+                if a.preamble.id == t.const_default_action_id:
+                    default = Action(a.preamble.name)
+            name = p4info.local_name(t.preamble.name)   # the same names for BMv2 and TNA P4Infos
+            self.tables[name] = Table(name, t, default_is_const=bool(t.const_default_action_id),
+                                      mirror=mirror)
+            self.tables[name].set_default_action(default)
+
+    def __getitem__(self, name: str) -> Table:
+        return self.tables[name]
+
+    def set_default(self, table: str, action: Action) -> None:
+        """The default action the program declares (read from the BMv2 JSON at load time)."""
+        self.tables[table].set_default_action(action)
+
+    # -- decoding --------------------------------------------------------------------------
+
+    def table_name(self, table_id: int) -> str:
+        return self._table(table_id).name
+
+    def _table(self, table_id: int) -> Table:
+        for t in self.tables.values():
+            if t.info.preamble.id == table_id:
+                return t
+        raise StatusError(grpc.StatusCode.NOT_FOUND, f"no table with id {table_id}")
+
+    def _key(self, table: Table, entry: p4runtime_pb2.TableEntry) -> tuple[int, ...]:
+        given = {m.field_id: m for m in entry.match}
+        values = []
+        for mf in table.info.match_fields:
+            m = given.pop(mf.id, None)
+            if m is None:
+                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{table.name}: missing match field {mf.name}")
+            if not m.HasField("exact"):
+                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{table.name}: field {mf.name} must be an exact match")
+            try:
+                values.append(decode(m.exact.value, mf.bitwidth))
+            except ValueError as e:
+                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{table.name}.{mf.name}: {e}") from None
+        if given:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{table.name}: unknown match field id(s) {sorted(given)}")
+        return tuple(values)
+
+    def _action(self, table: Table, entry: p4runtime_pb2.TableEntry) -> Action:
+        if not entry.action.HasField("action"):
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{table.name}: only direct actions are supported")
+        a = entry.action.action
+        allowed = {ref.id for ref in table.info.action_refs}
+        if a.action_id not in allowed:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{table.name}: action id {a.action_id} not allowed in this table")
+        info = self.p4info.by_id(a.action_id)
+        given = {p.param_id: p.value for p in a.params}
+        params = []
+        for p in info.params:
+            if p.id not in given:
+                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{info.preamble.name}: missing parameter {p.name}")
+            try:
+                params.append((p.name, decode(given.pop(p.id), p.bitwidth)))
+            except ValueError as e:
+                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{info.preamble.name}.{p.name}: {e}") from None
+        if given:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{info.preamble.name}: unknown parameter id(s) {sorted(given)}")
+        return Action(info.preamble.name, tuple(params))
+
+    # -- P4Runtime ---------------------------------------------------------------------------
+
+    def write(self, update_type: int, entry: p4runtime_pb2.TableEntry):
+        """Apply one update; returns a function that undoes it."""
+        table = self._table(entry.table_id)
+        U = p4runtime_pb2.Update
+        if entry.is_default_action:
+            if update_type != U.MODIFY:
+                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{table.name}: the default entry can only be modified")
+            if table.default_is_const:
+                raise StatusError(grpc.StatusCode.PERMISSION_DENIED,
+                                  f"{table.name}: the default action is const")
+            old = table.default
+            table.set_default_action(self._action(table, entry))
+            return lambda: table.set_default_action(old)
+        if entry.priority:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{table.name}: exact-match entries take no priority")
+        key = self._key(table, entry)
+        old = table.entries.get(key)
+        if update_type == U.INSERT:
+            if old is not None:
+                raise StatusError(grpc.StatusCode.ALREADY_EXISTS, f"{table.name}: entry {key} exists")
+            table.put(key, self._action(table, entry))
+            return lambda: table.remove(key)
+        if old is None:
+            raise StatusError(grpc.StatusCode.NOT_FOUND, f"{table.name}: no entry {key}")
+        if update_type == U.MODIFY:
+            table.put(key, self._action(table, entry))
+        elif update_type == U.DELETE:
+            table.remove(key)
+        else:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"bad update type {update_type}")
+        return lambda: table.put(key, old)
+
+    def read(self, query: p4runtime_pb2.TableEntry):
+        """Entries matching a (possibly wildcard, table_id 0) TableEntry query."""
+        tables = self.tables.values() if query.table_id == 0 else [self._table(query.table_id)]
+        for table in tables:
+            for key, action in table.entries.items():
+                yield self._entry_message(table, key, action)
+
+    def _entry_message(self, table: Table, key, action: Action) -> p4runtime_pb2.TableEntry:
+        e = p4runtime_pb2.TableEntry(table_id=table.info.preamble.id)
+        for mf, value in zip(table.info.match_fields, key):
+            m = e.match.add(field_id=mf.id)
+            m.exact.value = encode(value, mf.bitwidth)
+        info = self.p4info.obj(P4Type.action, action.name)
+        e.action.action.action_id = info.preamble.id
+        widths = {p.name: (p.id, p.bitwidth) for p in info.params}
+        for name, value in action.params:
+            pid, width = widths[name]
+            e.action.action.params.add(param_id=pid, value=encode(value, width))
+        return e
+
+
+@dataclass(frozen=True)
+class Replica:
+    port: int
+    instance: int
+
+
+class MulticastGroups:
+    """The packet replication engine's multicast groups."""
+
+    def __init__(self, mirror: StateMirror | None = None) -> None:
+        self.groups: dict[int, tuple[Replica, ...]] = {}
+        self.mirror = mirror
+
+    def _set(self, gid: int, replicas: tuple[Replica, ...] | None) -> None:
+        if replicas is None:
+            self.groups.pop(gid, None)
+        else:
+            self.groups[gid] = replicas
+        if self.mirror:
+            self.mirror.group_changed(gid, replicas)
+
+    def write(self, update_type: int, entry: p4runtime_pb2.MulticastGroupEntry):
+        gid = entry.multicast_group_id
+        U = p4runtime_pb2.Update
+        if gid == 0:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, "multicast group 0 is reserved")
+        replicas = tuple(Replica(r.egress_port, r.instance) for r in entry.replicas)
+        if len(set(replicas)) != len(replicas):
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"multicast group {gid}: duplicate replicas")
+        old = self.groups.get(gid)
+        if update_type == U.INSERT and old is not None:
+            raise StatusError(grpc.StatusCode.ALREADY_EXISTS, f"multicast group {gid} exists")
+        if update_type in (U.MODIFY, U.DELETE) and old is None:
+            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no multicast group {gid}")
+        self._set(gid, None if update_type == U.DELETE else replicas)
+        return lambda: self._set(gid, old)
+
+    def read(self, query: p4runtime_pb2.MulticastGroupEntry):
+        for gid, replicas in sorted(self.groups.items()):
+            if query.multicast_group_id in (0, gid):
+                e = p4runtime_pb2.MulticastGroupEntry(multicast_group_id=gid)
+                for r in replicas:
+                    e.replicas.add(egress_port=r.port, instance=r.instance)
+                yield e
+
+
+class Counters:
+    """Indexed packet counters, sized from the P4Info; ``arrays`` gives their cells when they
+    live elsewhere (read-only views of the native core's counters)."""
+
+    def __init__(self, p4info: P4Info, arrays: dict[str, np.ndarray] | None = None,
+                 set_cell: Callable[[str, int, int], None] | None = None) -> None:
+        """``set_cell(name, index, value)`` writes a cell of ``arrays`` when they are views."""
+        self.p4info = p4info
+        self.arrays: dict[str, np.ndarray] = arrays or {
+            p4info.local_name(c.preamble.name): np.zeros(c.size, dtype=np.int64)
+            for c in p4info.message.counters
+        }
+        self._set_cell = set_cell or (lambda name, index, value: self.arrays[name].__setitem__(index, value))
+        self._by_id = {c.preamble.id: p4info.local_name(c.preamble.name) for c in p4info.message.counters}
+
+    def count(self, name: str, index: int) -> None:
+        array = self.arrays[name]
+        if 0 <= index < array.size:  # BMv2 ignores out-of-range counter indices too
+            array[index] += 1
+
+    def write(self, update_type: int, entry: p4runtime_pb2.CounterEntry):
+        """MODIFY one indexed counter's packet count (as BMv2 allows); returns an undo."""
+        if update_type != p4runtime_pb2.Update.MODIFY:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, "counter entries can only be modified")
+        if entry.counter_id not in self._by_id:
+            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no counter with id {entry.counter_id}")
+        array = self.arrays[self._by_id[entry.counter_id]]
+        if not entry.HasField("index"):
+            raise StatusError(grpc.StatusCode.UNIMPLEMENTED, "writing every index of a counter is not supported")
+        i = entry.index.index
+        if not 0 <= i < array.size:
+            raise StatusError(grpc.StatusCode.OUT_OF_RANGE, f"counter index {i} >= {array.size}")
+        name, old = self._by_id[entry.counter_id], int(array[i])
+        self._set_cell(name, i, entry.data.packet_count)
+        return lambda: self._set_cell(name, i, old)
+
+    def read(self, query: p4runtime_pb2.CounterEntry):
+        if query.counter_id and query.counter_id not in self._by_id:
+            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no counter with id {query.counter_id}")
+        ids = [query.counter_id] if query.counter_id else list(self._by_id)
+        for cid in ids:
+            array = self.arrays[self._by_id[cid]]
+            if query.HasField("index"):
+                indices = [query.index.index]
+                if not 0 <= query.index.index < array.size:
+                    raise StatusError(grpc.StatusCode.OUT_OF_RANGE,
+                                      f"counter index {query.index.index} >= {array.size}")
+            else:
+                indices = range(array.size)
+            for i in indices:
+                e = p4runtime_pb2.CounterEntry(counter_id=cid)
+                e.index.index = i
+                e.data.packet_count = int(array[i])
+                yield e

@@ -1,0 +1,187 @@
+"""Where a rank finds inagg: the controller to talk to and the address to send from.
+
+Two ways, and nothing typed by hand:
+
+* ``INAGG_CONTROLLER`` set (a cluster, or services started with ``inagg up``): that controller.
+  The rank's address is the one its kernel would send from towards the controller's host (the
+  interface that routes there). A ``unix:`` controller of a local deployment (``inagg up``) has a
+  ``deployment.json`` beside its socket that assigns rank r the loopback address of switch
+  port r + 1.
+* Unset: the job brings up its own local deployment (software data plane, controller and host
+  aggregator on loopback and Unix sockets). Rank 0 starts it as a child process
+  (``python -m inagg.emulation.services serve``: a process boundary, so the host library imports none of
+  the control plane) and publishes its description in the job's store; every rank takes its
+  address from it. It goes down with the process group, and with rank 0's process however that
+  ends: the child exits when its stdin (a pipe from rank 0) closes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from inagg.errors import InaggSetupError
+from inagg.wire.grant import parse_address
+
+log = logging.getLogger("inagg.local")
+
+CONTROLLER_ENV = "INAGG_CONTROLLER"
+DEPLOYMENT_FILE = "deployment.json"   # written beside a local deployment's controller socket
+_STORE_KEY = "deployment"
+_CLOSED_KEY = "closed"
+_START_SECONDS = 120.0   # a local deployment is up in seconds; waiting longer helps no one
+
+
+def route_source_ip(host: str, port: int = 9) -> str:
+    """The local address this machine sends from to ``host`` (a connected UDP socket sends
+    nothing; the kernel only picks the route and its source address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((socket.gethostbyname(host), port))
+        except OSError as e:
+            raise InaggSetupError(f"no route to the controller's host {host!r}: {e}") from None
+        return s.getsockname()[0]
+
+
+def read_deployment(directory: Path) -> dict:
+    """The description a local deployment wrote in ``directory`` (see inagg.emulation.services)."""
+    path = directory / DEPLOYMENT_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InaggSetupError(f"cannot read the local deployment's {path}: {e}") from None
+
+
+def _rank_address(deployment: dict, rank: int, world_size: int, where: str) -> str:
+    ips = deployment["worker_ips"]
+    if world_size > len(ips):
+        raise InaggSetupError(f"{where} has addresses for {len(ips)} workers, the job has {world_size}: "
+                              f"start it with `inagg up --workers {world_size}` or more")
+    return ips[rank]
+
+
+def bind_address(controller: str, rank: int, world_size: int) -> str:
+    """This rank's address for a job at ``controller`` (see the module docstring)."""
+    if controller.startswith("unix:"):
+        path = controller[len("unix:"):]
+        directory = Path("/" + path.lstrip("/") if path.startswith("//") else path).parent
+        return _rank_address(read_deployment(directory), rank, world_size, f"the deployment in {directory}")
+    try:
+        host, _ = parse_address(controller)
+    except ValueError as e:
+        raise InaggSetupError(f"{CONTROLLER_ENV}={controller!r} is neither host:port nor unix:PATH ({e})") from None
+    return route_source_ip(host)
+
+
+class LocalServices:
+    """The local deployment rank 0 started for this job (a child process), until ``close``."""
+
+    def __init__(self, n_workers: int, timeout: float) -> None:
+        cmd = [sys.executable, "-m", "inagg.emulation.services", "serve", "--workers", str(n_workers),
+               "--until-stdin-closes"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        atexit.register(self.close)
+        try:
+            self.info = self._read_ready(timeout)
+        except BaseException:
+            self.close()
+            raise
+        log.info("started a local inagg deployment for %d workers: controller %s, switch %s "
+                 "(logs in %s)", n_workers, self.info["controller"], self.info["switch"], self.info["dir"])
+
+    def _read_ready(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            why = f"no answer within {timeout:.0f}s"
+        else:
+            line = self.proc.stdout.readline()
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                pass
+            try:
+                why = f"it exited with status {self.proc.wait(5)}"
+            except subprocess.TimeoutExpired:
+                why = f"it printed {line[:200]!r} instead of its description"
+        raise InaggSetupError(
+            f"the local inagg deployment did not start ({why}; its errors are above). It needs "
+            f"inagg's control plane: pip install 'inagg[control]'. Or name a running controller "
+            f"with {CONTROLLER_ENV}=host:port.")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the deployment (idempotent): closing its stdin tells it to stop."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("local deployment (pid %d) did not stop within %.0fs; killing it", self.proc.pid, timeout)
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+        atexit.unregister(self.close)
+
+
+def _single_node() -> None:
+    """Refuse a job that spans machines (torchrun's LOCAL_WORLD_SIZE < WORLD_SIZE): each machine
+    would start its own deployment, and ranks on different ones cannot aggregate together."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if local is not None and world is not None and int(local) != int(world):
+        raise InaggSetupError(
+            f"this job spans several machines ({world} ranks, {local} on this one) and no "
+            f"controller is named: start the services (docs/training.md) and set "
+            f"{CONTROLLER_ENV}=host:port on every rank")
+
+
+@dataclass
+class Endpoint:
+    """What a rank needs to join a job: the controller, its own address, and (rank 0 of a job
+    that brought up its own deployment) that deployment."""
+
+    controller: str
+    bind_ip: str
+    services: LocalServices | None = None
+
+    def close(self, store, rank: int, world_size: int, timeout: float = 30.0) -> None:
+        """Rank 0 stops the deployment it started once every rank has said it is done with it
+        (or after ``timeout``); the other ranks only say so."""
+        if self.services is None:
+            if rank != 0 or world_size == 1:
+                store.add(_CLOSED_KEY, 1)
+            return
+        deadline = time.monotonic() + timeout
+        while store.add(_CLOSED_KEY, 0) < world_size - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.services.close()
+
+
+def find_endpoint(store, rank: int, world_size: int, timeout: timedelta) -> Endpoint:
+    """The controller and this rank's address (module docstring); rank 0 starts the local
+    deployment when no controller is named. ``store`` is the job's (prefixed) store."""
+    controller = os.environ.get(CONTROLLER_ENV, "").strip()
+    if controller:
+        return Endpoint(controller, bind_address(controller, rank, world_size))
+    _single_node()
+    services = None
+    if rank == 0:
+        try:
+            services = LocalServices(world_size, min(timeout.total_seconds(), _START_SECONDS))
+            store.set(_STORE_KEY, json.dumps(services.info))
+        except Exception as e:
+            store.set(_STORE_KEY, json.dumps({"error": str(e)}))
+            raise
+    info = json.loads(store.get(_STORE_KEY))
+    if "error" in info:
+        raise InaggSetupError(f"rank 0 could not start the local inagg deployment: {info['error']}")
+    return Endpoint(info["controller"], _rank_address(info, rank, world_size, "the job's deployment"), services)

@@ -1,0 +1,96 @@
+"""The worker's stream in C++ (``inagg._native.Stream``, native/stream.cpp) behind the same
+interface as the Python :class:`inagg.worker.stream.SlotStream`, its specification.
+
+Python keeps what runs once per call (``StreamBase``: the control vector and its decoding, the
+window choice, the errors); the native core runs the per-packet phases with the GIL released:
+the control round (with a small call's values, encoded by the C++ twin of
+``codec.fixed_encode``), then the blocks (priming, one-round-ahead exponents, quantization,
+exact result checks, retransmission), in sendmmsg/recvmmsg batches on the UDP socket of the
+transport. Both streams speak the same wire protocol, so ranks of one job may use either.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inagg.native_build import _native
+from inagg.wire.grant import Grant
+from inagg.worker.stream import ExponentTracker, StreamBase, call_window
+from inagg.wire.transport import UdpTransport
+
+_COUNTERS = ("packets_sent", "packets_received", "wire_bytes_sent", "wire_bytes_received",
+             "retransmissions", "fast_retransmissions", "backoffs", "bursts", "spurious_retransmissions", "host_results")
+
+
+def native_block_exponents(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``codec.block_exponents`` in C++ (bit-identical), without the GIL."""
+    n_blocks = -(-x.size // k)
+    exps, bad = np.empty(n_blocks, np.int8), np.empty(n_blocks, np.uint8)
+    _native.block_exponents(x, k, exps, bad)
+    return exps, bad.view(bool)
+
+
+class NativeSlotStream(StreamBase):
+    """Blocking allreduce of flat float32/int32 arrays for one worker of one job, over UDP, in
+    C++."""
+
+    def __init__(self, grant: Grant, rank: int, n_workers: int, transport: UdpTransport, **kw) -> None:
+        self._core: _native.Stream | None = None
+        super().__init__(grant, rank, n_workers, transport, **kw)
+
+    def set_grant(self, grant: Grant) -> None:
+        super().set_grant(grant)
+        if self._core is None:
+            self._core = _native.Stream(self.transport.sock.fileno(), self.rank, self.n_workers,
+                                        self.rto_min, self.rto_max, self.stall_timeout)
+        ip, port = self.transport.source_of(grant.aggregator)
+        self._core.set_grant(grant.job_id, grant.epoch, grant.slot_base, grant.slot_count,
+                             grant.values_per_packet, ip, port, self.transport.overhead)
+
+    def abort(self) -> None:
+        super().abort()
+        self._core.abort()
+
+    def _exponents(self, x: np.ndarray) -> ExponentTracker:
+        return ExponentTracker(x, self.grant.values_per_packet, native_block_exponents)
+
+    def _sync_stats(self) -> None:
+        counters = self._core.counters()
+        for name in _COUNTERS:
+            setattr(self.stats, name, counters[name])
+        self.stats.result_drops = counters["result_drops"]
+        self.stats.ignored_results = sum(self.stats.result_drops.values())
+
+    def _encode_values(self, x: np.ndarray, lanes: np.ndarray) -> bool:
+        if x.dtype != np.float32:
+            return super()._encode_values(x, lanes)
+        return _native.fixed_encode(x, self.n_workers, lanes)
+
+    def _decode_values(self, sums: np.ndarray, x: np.ndarray) -> None:
+        if x.dtype != np.float32:
+            super()._decode_values(sums, x)
+        else:
+            _native.fixed_decode(sums, self.n_workers, x)
+
+    def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
+        summed = np.empty_like(lanes)
+        ok, exp, result_flags, rtt = self._core.control_round(lanes, exp0, flags, summed)
+        self._sync_stats()
+        if not ok:
+            raise self.stall_error(f"call {self.stats.calls - 1}'s control round", self._core.waiting_slots())
+        self.control_rtt = rtt
+        return summed, exp, result_flags
+
+    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
+        window = call_window(self.grant.slot_count, exps.n_blocks, goal, exps.is_float)
+        self.window = window
+        if exps.is_float:
+            ok = self._core.stream_float(x, exps.local, exps.bad.view(np.uint8), exps.agreed[0], window,
+                                         self.grant.values_per_packet)
+        else:
+            ok = self._core.stream_int(x, window)
+        self._sync_stats()
+        if not ok:
+            raise self.stall_error(f"{self._core.remaining()} of {exps.n_blocks} blocks",
+                                   self._core.waiting_slots())
+        return list(self._core.overflow())
