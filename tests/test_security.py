@@ -45,7 +45,7 @@ def free_port() -> int:
 
 def start_controller(d: Path, config: str, *args: str) -> subprocess.Popen:
     (d / "config.json").write_text(config)
-    return subprocess.Popen([sys.executable, "-m", "controller", "--config", str(d / "config.json"), *args],
+    return subprocess.Popen([sys.executable, "-m", "inagg.control", "--config", str(d / "config.json"), *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -178,7 +178,7 @@ class LoopbackDeployment:
 
     def start_controller(self) -> None:
         self.controller_proc = self._start(
-            "controller", [sys.executable, "-m", "controller", "--config", str(self.dir / "controller.json")],
+            "controller", [sys.executable, "-m", "inagg.control", "--config", str(self.dir / "controller.json")],
             "inagg-controller serving")
         if self.metrics:
             found = re.search(r"metrics on (http://\S+)", self.log("controller"))

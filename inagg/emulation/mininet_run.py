@@ -253,7 +253,7 @@ class Run:
     def start_services(self) -> None:
         config_path = self.run.path / "controller.json"
         config_path.write_text(json.dumps(self.controller_config(), indent=2))
-        ctl = subprocess.Popen([sys.executable, "-m", "controller", "--config", str(config_path)],
+        ctl = subprocess.Popen([sys.executable, "-m", "inagg.control", "--config", str(config_path)],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log("controller.log"), text=True)
         self.procs.append(ctl)
         self.run.add_process(ctl.pid, "controller")
