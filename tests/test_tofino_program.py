@@ -104,7 +104,7 @@ def test_config_names_targets_artifacts_and_device_ports(tmp_path):
     with pytest.raises(ValueError, match="target must be one of bmv2, soft, tofino"):
         parse_config({**base, "switches": [{**sw, "target": "tofino3"}]})
     with pytest.raises(ValueError, match=r"\['bmv2_json'\] do not belong to a tofino program"):
-        parse_config({**base, "switches": [{**sw, "bmv2_json": "p4/inagg.json"}]})
+        parse_config({**base, "switches": [{**sw, "bmv2_json": "p4/out/bmv2/inagg.json"}]})
     with pytest.raises(ValueError, match="no file"):
         parse_config({**base, "switches": [{**sw, "binary": "missing.bin"}]}, tmp_path)
 
@@ -147,7 +147,7 @@ def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact():
 BUDGET = {"stages_used": 12, "stateful_alus": 24, "stats_alus": 8, "sram_blocks": 200,
           "map_ram_blocks": 140, "tcam_blocks": 16, "hash_bits": 600, "logical_tables": 80,
           "gateways": 40}
-RESOURCES = TOFINO_DIR / "tofino" / "resources.json"
+RESOURCES = ROOT / "p4" / "out" / "tofino" / "resources.json"
 
 
 def test_resources_within_budget():
