@@ -44,10 +44,6 @@ const bit<8>  MAX_WORKERS          = 32;
 /* Bytes of the inagg header (without payload). */
 const bit<8>  INAGG_HEADER_BYTES   = 16;
 
-/* int32 values per packet on the BMv2 switch (a compile-time constant of the P4 program;
- * host aggregators accept any per-job value count). */
-const bit<16> SWITCH_VALUES_PER_PACKET = 64;
-
 /* SlotState's decision for an admitted contribution (meta.outcome; the rows of the table in
  * slot_state.p4). hostlib.protocol.Outcome and native/engine.hpp's inagg::Outcome use the same
  * values for the same rows. */

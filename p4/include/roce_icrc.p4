@@ -19,7 +19,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 /* The covered fields in wire order, masked ones as constants ones. */
 #define ICRC_HEADERS \

@@ -30,7 +30,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 control SlotState(inout headers_t hdr, inout metadata_t meta) {
     register<bit<32>>(INAGG_SLOTS)     slot_tag;
