@@ -17,7 +17,7 @@
 #ifndef _INAGG_TOFINO_VALUE_LANES_P4_
 #define _INAGG_TOFINO_VALUE_LANES_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 control ValueLane(inout bit<32> v, in bit<2> lane_op, in slot_index_t idx) {
     Register<bit<32>, slot_index_t>(2 * TOFINO_SLOTS) lane;
