@@ -82,6 +82,27 @@ def test_sizes_are_set_at_build_time(tmp_path):
     assert out.returncode != 0 and "SWITCH_VALUES_PER_PACKET must be" in out.stderr
 
 
+def test_one_control_per_file_with_include_guards():
+    """Each include file holds one control (parser.p4: the parser and its deparser; checksum.p4:
+    v1model's verify and compute pair), or none (types, sizes); the top file only wires them."""
+    top = (ROOT / "p4" / "inagg.p4").read_text()
+    assert not re.search(r"\b(table|register|counter|action)\b", top)
+    for path in INCLUDE.glob("*.p4"):
+        text = path.read_text()
+        guard = re.search(r"#ifndef (_INAGG_\w+_P4_)\n#define \1\n", text)
+        assert guard and text.rstrip().endswith(f"#endif /* {guard.group(1)} */"), f"{path.name} has no include guard"
+        controls = re.findall(r"^control (\w+)", text, re.M)
+        parsers = re.findall(r"^parser (\w+)", text, re.M)
+        if parsers:
+            assert [c.replace("Deparser", "Parser") for c in controls] == parsers, path.name
+        elif path.name == "checksum.p4":
+            assert controls == ["InaggVerifyChecksum", "InaggComputeChecksum"]
+        else:
+            assert len(controls) <= 1, f"{path.name}: {controls}"
+        if controls:
+            assert f'#include "include/{path.name}"' in top, path.name
+
+
 def test_p4info_has_what_the_python_side_uses():
     info = BMV2.p4info
     assert info.program_name == "inagg"
