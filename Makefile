@@ -20,7 +20,8 @@ TRANSPORT     ?=
 CLI           ?=
 RUN           ?=
 ARGS          ?= top
-P4_BUILD      := build/p4
+P4_BUILD      := build/p4/bmv2
+P4_OUT        := p4/out
 HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
 .PHONY: all run stop ctl setup setup-emulation demo test bench build tofino clean protos
@@ -51,9 +52,10 @@ setup-emulation: setup
 	  [ "$$(id -u)" != 0 ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends mininet ethtool tshark)
 
-# Compile into build/p4 when p4c is present (BMv2 runs that; else, and on the software data plane,
-# the committed JSON/P4Info), then bring up the topology, the controller, the host aggregator and
-# the jobs in a run directory of its own (build/emulation/<run id>); prints a per-job summary.
+# Compile into build/p4/bmv2 when p4c is present (BMv2 runs that; else, and on the software data
+# plane, the committed JSON/P4Info in p4/out/bmv2/), then bring up the topology, the controller,
+# the host aggregator and the jobs in a run directory of its own (build/emulation/<run id>);
+# prints a per-job summary.
 run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
 	$(BIN)/python -m inagg.emulation.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
 	  $(if $(HAVE_P4C),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
@@ -103,17 +105,20 @@ protos:
 	sed -i 's/^import inagg_controller_pb2 as/from . import inagg_controller_pb2 as/' \
 	  inagg/jobservice/proto/inagg_controller_pb2_grpc.py
 
-# Compile the P4 program and refresh the committed BMv2 JSON + P4Info (needs p4c), then the
-# software target's P4Info: the same program at its own K (tools/soft_p4info.py), measured best
-# on loopback (README, Benchmarks); BMv2 keeps the program's 64.
+# Compile the P4 program and refresh the committed BMv2 JSON + P4Info in p4/out/bmv2/ (needs
+# p4c), then the software target's P4Info in p4/out/soft/: the same program at its own K
+# (tools/soft_p4info.py), measured best on loopback (README, Benchmarks); BMv2 keeps the
+# program's 64. One folder per target under p4/out/ (as ONOS's p4c-out/<target>/).
 SOFT_VALUES_PER_PACKET ?= 4096
 build:
-	$(P4C) --arch v1model --p4runtime-files p4/inagg.p4info.txtpb -o p4/inagg.json p4/inagg.p4
-	$(PYTHON) -m tools.soft_p4info --source p4/inagg.p4info.txtpb \
-	  --values-per-packet $(SOFT_VALUES_PER_PACKET) --out p4/soft/inagg.p4info.txtpb
+	mkdir -p $(P4_OUT)/bmv2 $(P4_OUT)/soft
+	$(P4C) --arch v1model --p4runtime-files $(P4_OUT)/bmv2/inagg.p4info.txtpb \
+	  -o $(P4_OUT)/bmv2/inagg.json p4/inagg.p4
+	$(PYTHON) -m tools.soft_p4info --source $(P4_OUT)/bmv2/inagg.p4info.txtpb \
+	  --values-per-packet $(SOFT_VALUES_PER_PACKET) --out $(P4_OUT)/soft/inagg.p4info.txtpb
 
 # Compile the Tofino program with bf-p4c (TNA; TOFINO_TARGETS=tofino2 tries t2na) into build/,
-# then refresh the committed artifacts beside the source: P4Info, tofino.bin, context.json and
+# then refresh the committed artifacts in p4/out/<target>/: P4Info, tofino.bin, context.json and
 # bfrt.json (gzipped: 170 KB instead of 5 MB) and the compiler's resource summary
 # (docs/tofino.md). Standard P4Runtime counters/registers, so bf_switchd's P4Runtime server and
 # our software switch read the same P4Info.
@@ -121,12 +126,12 @@ TOFINO_TARGETS ?= tofino
 tofino: setup
 	@for t in $(TOFINO_TARGETS); do \
 	  arch=$$( [ $$t = tofino2 ] && echo t2na || echo tna ); \
-	  rm -rf build/$$t && mkdir -p build/$$t p4/tofino/$$t && \
+	  rm -rf build/$$t && mkdir -p build/$$t $(P4_OUT)/$$t && \
 	  $(BF_P4C) --target $$t --arch $$arch --p4runtime-force-std-externs --verbose 1 \
 	    --p4runtime-files build/$$t/inagg.p4info.txtpb -o build/$$t p4/tofino/inagg.p4 \
 	    2> build/$$t/compile.log || { tail -20 build/$$t/compile.log; exit 1; }; \
-	  cp build/$$t/inagg.p4info.txtpb p4/tofino/$$t/ && \
+	  cp build/$$t/inagg.p4info.txtpb $(P4_OUT)/$$t/ && \
 	  for f in bfrt.json pipe/$$t.bin pipe/context.json; do \
-	    gzip -9 -n -c build/$$t/$$f > p4/tofino/$$t/$$(basename $$f).gz; done && \
-	  $(BIN)/python -m tools.tofino_resources build/$$t > p4/tofino/$$t/resources.json || exit 1; \
+	    gzip -9 -n -c build/$$t/$$f > $(P4_OUT)/$$t/$$(basename $$f).gz; done && \
+	  $(BIN)/python -m tools.tofino_resources build/$$t > $(P4_OUT)/$$t/resources.json || exit 1; \
 	done

@@ -3,9 +3,10 @@
 #include <core.p4>
 #include <v1model.p4>
 
-#include "include/headers.p4"
-#include "include/metadata.p4"
+#include "include/size.p4"
+#include "include/types.p4"
 #include "include/parser.p4"
+#include "include/checksum.p4"
 #include "include/job_admission.p4"
 #include "include/slot_state.p4"
 #include "include/value_aggregation.p4"

@@ -25,10 +25,82 @@ def test_committed_artifacts_are_current(tmp_path):
     assert (tmp_path / "x.p4info.txtpb").read_bytes() == P4INFO_PATH.read_bytes(), "run `make build` and commit"
 
 
+INCLUDE = ROOT / "p4" / "include"
+# size.p4's overridable sizes (#ifndef X / #define X default / #endif)
+SIZES = {m.group(1): int(m.group(2)) for m in re.finditer(
+    r"#ifndef (\w+)\n#define \1 (\d+)\n#endif", (INCLUDE / "size.p4").read_text())}
+
+
 def test_value_loop_is_unrolled_k_times():
-    text = (ROOT / "p4/include/metadata.p4").read_text()
-    body = re.search(r"#define FOR_EACH_VALUE\(M\)(.*?)\n\n", text, re.S).group(1)
-    assert [int(i) for i in re.findall(r"M\((\d+)\)", body)] == list(range(SWITCH_VALUES_PER_PACKET))
+    """FOR_EACH_VALUE unrolls K times, for any K size.p4 allows: INAGG_UNROLL_n is
+    INAGG_UNROLL_(n-1) and M(n-1), up to INAGG_UNROLL_MAX."""
+    assert SIZES["SWITCH_VALUES_PER_PACKET"] == SWITCH_VALUES_PER_PACKET
+    assert "#define FOR_EACH_VALUE(M) INAGG_UNROLL(SWITCH_VALUES_PER_PACKET, M)" in (INCLUDE / "size.p4").read_text()
+    text = (INCLUDE / "unroll.p4").read_text()
+    steps = {int(n): body.strip() for n, body in re.findall(r"#define INAGG_UNROLL_(\d+)\(M\)(.*)", text)}
+    top = int(re.search(r"#define INAGG_UNROLL_MAX (\d+)", text).group(1))
+    assert steps == {1: "M(0)", **{n: f"INAGG_UNROLL_{n - 1}(M) M({n - 1})" for n in range(2, top + 1)}}
+
+
+def test_every_size_is_in_size_p4_and_overridable():
+    """No control has a literal size: tables, registers and counters take size.p4's macros
+    (const tables are sized by their entries)."""
+    assert set(SIZES) == {"INAGG_SLOTS", "INAGG_MAX_JOBS", "SWITCH_VALUES_PER_PACKET",
+                          "INAGG_WORKER_TABLE_SIZE", "INAGG_REPLICA_TABLE_SIZE", "INAGG_L2_TABLE_SIZE"}
+    for path in [ROOT / "p4" / "inagg.p4", *INCLUDE.glob("*.p4")]:
+        text = path.read_text()
+        for table in re.finditer(r"\btable (\w+) \{(.*?)\n    \}", text, re.S):
+            if "const entries" not in table.group(2):
+                assert not re.search(r"size = \d", table.group(2)), f"{path.name}: {table.group(1)}"
+        assert not re.search(r"\b(register|counter)\b.*?\(\d+\s*[,)]", text), path.name
+        assert not re.search(r"@\w+\(\d", text), path.name   # annotations too (K)
+        if path.name != "size.p4":
+            assert not re.search(r"#define (INAGG_|SWITCH_)", text) or path.name == "unroll.p4", path.name
+
+
+@pytest.mark.skipif(shutil.which("p4c-bm2-ss") is None, reason="p4c-bm2-ss not on PATH")
+def test_sizes_are_set_at_build_time(tmp_path):
+    """-D overrides every size; the P4Info, which the controller reads them from, follows."""
+    sizes = {"INAGG_SLOTS": 512, "INAGG_MAX_JOBS": 16, "SWITCH_VALUES_PER_PACKET": 32,
+             "INAGG_WORKER_TABLE_SIZE": 256, "INAGG_REPLICA_TABLE_SIZE": 128, "INAGG_L2_TABLE_SIZE": 64}
+    assert set(sizes) == set(SIZES)
+    subprocess.run(["p4c-bm2-ss", "--arch", "v1model", *(f"-D{k}={v}" for k, v in sizes.items()),
+                    "--p4runtime-files", str(tmp_path / "x.p4info.txtpb"), "-o", str(tmp_path / "x.json"),
+                    "p4/inagg.p4"], cwd=ROOT, check=True, capture_output=True)
+    from inagg.control.p4info import P4Info
+    info = P4Info.load(tmp_path / "x.p4info.txtpb")
+    assert info.values_per_packet == 32
+    assert info.register_size(pipeline.SLOT_TAG) == 512
+    assert info.register_size("values") == 2 * 512 * 32
+    assert info.obj(P4Type.table, pipeline.JOB_TABLE).size == 16
+    assert info.obj(P4Type.counter, pipeline.JOB_PACKETS).size == 16
+    assert info.obj(P4Type.table, pipeline.WORKER_TABLE).size == 256
+    assert info.obj(P4Type.table, pipeline.REPLICA_TABLE).size == 128
+    assert info.obj(P4Type.table, pipeline.L2_TABLE).size == 64
+    out = subprocess.run(["p4c-bm2-ss", "--arch", "v1model", "-DSWITCH_VALUES_PER_PACKET=65",
+                          "-o", str(tmp_path / "y.json"), "p4/inagg.p4"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and "SWITCH_VALUES_PER_PACKET must be" in out.stderr
+
+
+def test_one_control_per_file_with_include_guards():
+    """Each include file holds one control (parser.p4: the parser and its deparser; checksum.p4:
+    v1model's verify and compute pair), or none (types, sizes); the top file only wires them."""
+    top = (ROOT / "p4" / "inagg.p4").read_text()
+    assert not re.search(r"\b(table|register|counter|action)\b", top)
+    for path in INCLUDE.glob("*.p4"):
+        text = path.read_text()
+        guard = re.search(r"#ifndef (_INAGG_\w+_P4_)\n#define \1\n", text)
+        assert guard and text.rstrip().endswith(f"#endif /* {guard.group(1)} */"), f"{path.name} has no include guard"
+        controls = re.findall(r"^control (\w+)", text, re.M)
+        parsers = re.findall(r"^parser (\w+)", text, re.M)
+        if parsers:
+            assert [c.replace("Deparser", "Parser") for c in controls] == parsers, path.name
+        elif path.name == "checksum.p4":
+            assert controls == ["InaggVerifyChecksum", "InaggComputeChecksum"]
+        else:
+            assert len(controls) <= 1, f"{path.name}: {controls}"
+        if controls:
+            assert f'#include "include/{path.name}"' in top, path.name
 
 
 def test_p4info_has_what_the_python_side_uses():

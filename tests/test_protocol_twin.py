@@ -54,8 +54,16 @@ def test_header_size_matches():
     assert protocol.HEADER_STRUCT.size == protocol.HEADER_BYTES
 
 
+def p4_sizes(text: str) -> dict[str, int]:
+    """The defaults of size.p4's overridable sizes (#ifndef X / #define X n / #endif)."""
+    return {m.group(1): int(m.group(2), 0)
+            for m in re.finditer(r"#ifndef (\w+)\n#define \1 (\w+)\n#endif", text)}
+
+
 def test_constants_match_p4():
+    """The wire constants, and K (a size of the program: size.p4's default)."""
     consts = p4_constants((P4_INCLUDE / "constants.p4").read_text())
+    consts["SWITCH_VALUES_PER_PACKET"] = p4_sizes((P4_INCLUDE / "size.p4").read_text())["SWITCH_VALUES_PER_PACKET"]
     assert consts == protocol.P4_CONSTANTS
 
 

@@ -10,7 +10,7 @@ from tools.soft_p4info import main, soft_p4info_text
 
 
 def test_the_committed_soft_p4info_is_current():
-    """Fails when p4/inagg.p4info.txtpb changed and `make build` was not rerun."""
+    """Fails when p4/out/bmv2/inagg.p4info.txtpb changed and `make build` was not rerun."""
     soft = default_program("soft")
     source = default_program("bmv2").p4info_path.read_text()
     assert soft.p4info_path.read_text() == soft_p4info_text(source, soft.p4info.values_per_packet)

@@ -28,7 +28,7 @@ SOURCES = sorted(TOFINO_DIR.glob("*.p4"))
 
 def test_the_wire_protocol_is_the_shared_one():
     """Headers and constants come from p4/include/ only: no TNA file redefines them."""
-    assert '#include "../include/headers.p4"' in (TOFINO_DIR / "sizes.p4").read_text()
+    assert '#include "../include/headers.p4"' in (TOFINO_DIR / "types.p4").read_text()
     shared = set(protocol.P4_CONSTANTS) | {"inagg_h", "inagg_value_h", "ethernet_h", "ipv4_h", "udp_h"}
     for path in SOURCES:
         text = path.read_text()
@@ -45,10 +45,35 @@ def test_one_control_per_file_with_include_guards():
         guard = re.search(r"#ifndef (_INAGG_TOFINO_\w+_P4_)\n#define \1", text)
         assert guard, f"{path.name} has no include guard"
         controls = re.findall(r"^control (\w+)", text, re.M)
-        assert len(controls) <= 2 and len({c.removesuffix("Deparser") for c in controls}) <= 2, path.name
+        parsers = re.findall(r"^parser (\w+)", text, re.M)
+        if parsers:    # parser.p4: the parsers and, beside them, their deparsers only
+            assert {c.replace("Deparser", "Parser") for c in controls} == set(parsers), path.name
+        else:
+            assert len(controls) <= 1, f"{path.name}: {controls}"
 
 
 TOFINO = default_program("tofino")
+# size.p4's overridable sizes (#ifndef X / #define X default / #endif)
+SIZES = {m.group(1): int(m.group(2)) for m in re.finditer(
+    r"#ifndef (\w+)\n#define \1 (\d+)\n#endif", (TOFINO_DIR / "size.p4").read_text())}
+
+
+def test_every_size_is_in_size_p4_and_overridable():
+    """No control has a literal size: tables, registers and counters take size.p4's macros
+    (const tables, and keyless ones, are sized by their entries)."""
+    assert set(SIZES) == {"TOFINO_SLOT_BITS", "TOFINO_MAX_JOBS", "TOFINO_DROP_ROW_BITS",
+                          "TOFINO_VALUES_PER_PACKET", "TOFINO_WORKER_TABLE_SIZE",
+                          "TOFINO_REPLICA_TABLE_SIZE", "TOFINO_L2_TABLE_SIZE"}
+    for path in SOURCES:
+        text = path.read_text()
+        for table in re.finditer(r"\btable (\w+) \{(.*?)\n    \}", text, re.S):
+            body = table.group(2)
+            if "const entries" not in body and "key" in body:
+                assert not re.search(r"size = \d", body), f"{path.name}: {table.group(1)}"
+        assert not re.search(r"\b(Register|Counter)\b.*?\(\d+\s*[,)]", text), path.name
+        assert not re.search(r"@\w+\(\d", text), path.name
+        if path.name != "size.p4":
+            assert not re.search(r"#define TOFINO_", text), path.name
 
 
 def test_p4info_has_what_the_controller_uses():
@@ -67,10 +92,8 @@ def test_p4info_has_what_the_controller_uses():
         assert info.obj(P4Type.counter, counter).size == bmv2.obj(P4Type.counter, counter).size
     row = info.drop_row_length
     assert row >= len(protocol.DROP_REASONS) and row & (row - 1) == 0
-    lanes = re.search(r"#define TOFINO_VALUES_PER_PACKET (\d+)\n#define FOR_EACH_LANE\(M\)(.*?)\n\n",
-                      (TOFINO_DIR / "sizes.p4").read_text(), re.S)
-    assert info.values_per_packet == int(lanes.group(1))
-    assert [int(i) for i in re.findall(r"M\((\d+)\)", lanes.group(2))] == list(range(info.values_per_packet))
+    assert info.values_per_packet == SIZES["TOFINO_VALUES_PER_PACKET"]
+    assert "#define FOR_EACH_LANE(M) INAGG_UNROLL(TOFINO_VALUES_PER_PACKET, M)" in (TOFINO_DIR / "size.p4").read_text()
     assert info.encapsulations == ("udp",)
     assert info.register_size("slot_tag") == 8192
 
@@ -104,7 +127,7 @@ def test_config_names_targets_artifacts_and_device_ports(tmp_path):
     with pytest.raises(ValueError, match="target must be one of bmv2, soft, tofino"):
         parse_config({**base, "switches": [{**sw, "target": "tofino3"}]})
     with pytest.raises(ValueError, match=r"\['bmv2_json'\] do not belong to a tofino program"):
-        parse_config({**base, "switches": [{**sw, "bmv2_json": "p4/inagg.json"}]})
+        parse_config({**base, "switches": [{**sw, "bmv2_json": "p4/out/bmv2/inagg.json"}]})
     with pytest.raises(ValueError, match="no file"):
         parse_config({**base, "switches": [{**sw, "binary": "missing.bin"}]}, tmp_path)
 
@@ -147,7 +170,7 @@ def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact():
 BUDGET = {"stages_used": 12, "stateful_alus": 24, "stats_alus": 8, "sram_blocks": 200,
           "map_ram_blocks": 140, "tcam_blocks": 16, "hash_bits": 600, "logical_tables": 80,
           "gateways": 40}
-RESOURCES = TOFINO_DIR / "tofino" / "resources.json"
+RESOURCES = ROOT / "p4" / "out" / "tofino" / "resources.json"
 
 
 def test_resources_within_budget():
@@ -159,6 +182,29 @@ def test_resources_within_budget():
             assert used[key]["used"] <= limit, f"{key}: {used[key]['used']} > budget {limit}"
     assert used["stateful_alus"]["used"] >= TOFINO.p4info.values_per_packet   # one per lane
     assert used["phv_containers"]["normal"] <= 112                              # half of 224
+
+
+@pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")
+def test_sizes_are_set_at_build_time(tmp_path):
+    """-D overrides every size; the P4Info, which the controller reads them from, follows."""
+    sizes = {"TOFINO_SLOT_BITS": 12, "TOFINO_MAX_JOBS": 32, "TOFINO_DROP_ROW_BITS": 4,
+             "TOFINO_VALUES_PER_PACKET": 8, "TOFINO_WORKER_TABLE_SIZE": 1024,
+             "TOFINO_REPLICA_TABLE_SIZE": 512, "TOFINO_L2_TABLE_SIZE": 256}
+    assert set(sizes) == set(SIZES)
+    subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna", "--p4runtime-force-std-externs",
+                    *(f"-D{k}={v}" for k, v in sizes.items()),
+                    "--p4runtime-files", str(tmp_path / "inagg.p4info.txtpb"), "-o", str(tmp_path),
+                    "p4/tofino/inagg.p4"], cwd=ROOT, check=True, capture_output=True)
+    from inagg.control.p4info import P4Info
+    info = P4Info.load(tmp_path / "inagg.p4info.txtpb")
+    assert info.values_per_packet == 8
+    assert info.register_size("slot_tag") == 1 << 12
+    assert info.obj(P4Type.table, "job_table").size == 32
+    assert info.obj(P4Type.counter, "job_packets").size == 32
+    assert info.drop_row_length == 1 << 4
+    assert info.obj(P4Type.table, "worker_table").size == 1024
+    assert info.obj(P4Type.table, "replica_table").size == 512
+    assert info.obj(P4Type.table, "l2_table").size == 256
 
 
 @pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")

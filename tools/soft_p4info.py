@@ -7,7 +7,7 @@ same BMv2 JSON) at a K of its own, limited only by the datagram its ports carry,
 is per packet. This writes that P4Info, identical to the source but for the annotation; ``make
 build`` runs it after p4c, and tests/test_soft_p4info.py fails when the committed one is stale::
 
-    python -m tools.soft_p4info --source p4/inagg.p4info.txtpb --values-per-packet K --out PATH
+    python -m tools.soft_p4info --source p4/out/bmv2/inagg.p4info.txtpb --values-per-packet K --out PATH
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the compiler's per-stage resource table, and ``pipe/logs/metrics.json``). Output
 JSON with the stages used, and per resource what the program uses and what the chip has, the
 capacity taken from the compiler's own percentage table (value / share), not from a copy here.
 
-    python -m tools.tofino_resources build/tofino > p4/tofino/tofino/resources.json
+    python -m tools.tofino_resources build/tofino > p4/out/tofino/resources.json
 """
 
 from __future__ import annotations

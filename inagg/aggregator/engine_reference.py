@@ -10,7 +10,8 @@ executable specification: the host aggregator and the software data plane run it
 ``p4/inagg.p4`` implements the same table control by control.
 
 Per-packet decision for a contribution of worker w to set s of a slot (``o`` = the other set;
-"same round": the packet's offset and count are those stored for the round in set s)::
+"same round": the packet's offset and count are those stored for the round in set s); the P4
+program's const table slot_decision, whose twin is ``protocol.SLOT_DECISION``::
 
     bit w in bitmap[s] | bitmap[s] | round complete | same round | action
     -------------------+-----------+----------------+------------+----------------------------

@@ -1,8 +1,8 @@
 """Where the compiled P4 programs (P4Info, BMv2 JSON, Tofino build) are found at run time.
 
 Why a lookup: in a checkout, and in an editable install of one, they are the committed files in
-p4/ beside the packages (`make build` regenerates them; tests/test_p4_program.py checks they are
-current). An installed wheel has no checkout beside it, so the wheel carries p4/ as
+p4/out/<target>/ beside the packages (`make build` regenerates them; tests/test_p4_program.py
+checks they are current). An installed wheel has no checkout beside it, so the wheel carries p4/ as
 ``controller/p4`` (CMakeLists.txt installs it there; an editable install skips that copy and reads
 p4/). Every default program path goes through ``artifact``, so the controller, the software
 switch and the local deployment run the same way from either.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 PACKAGED = Path(__file__).resolve().parent / "p4"       # an installed wheel's copy
 CHECKOUT = Path(__file__).resolve().parents[2] / "p4"   # a checkout's (or an editable install's)
-MARKER = "inagg.p4info.txtpb"                           # in p4/ wherever p4/ is complete
+MARKER = "out/bmv2/inagg.p4info.txtpb"                  # in p4/ wherever p4/ is complete
 
 
 def p4_dir() -> Path:
@@ -29,5 +29,5 @@ def p4_dir() -> Path:
 
 
 def artifact(name: str) -> Path:
-    """The compiled program file ``name``, relative to p4/ (e.g. ``soft/inagg.p4info.txtpb``)."""
+    """The compiled program file ``name``, relative to p4/ (e.g. ``out/soft/inagg.p4info.txtpb``)."""
     return p4_dir() / name

@@ -46,14 +46,15 @@ from inagg.control.artifacts import artifact
 from inagg.jobservice.credentials import load_token
 from inagg.control.program import DEVICE_FILES, TARGETS, Program
 
-# The programs this repository builds, by target (a config may name others), relative to p4/.
+# The programs this repository builds, by target (a config may name others), relative to p4/:
+# one folder per target under p4/out/ (make build, make tofino).
 DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
-    "bmv2": {"p4info": "inagg.p4info.txtpb", "bmv2_json": "inagg.json"},
+    "bmv2": {"p4info": "out/bmv2/inagg.p4info.txtpb", "bmv2_json": "out/bmv2/inagg.json"},
     # the BMv2 program at the software target's own K (tools/soft_p4info.py, make build)
-    "soft": {"p4info": "soft/inagg.p4info.txtpb", "bmv2_json": "inagg.json"},
-    "tofino": {"p4info": "tofino/tofino/inagg.p4info.txtpb",
-               "binary": "tofino/tofino/tofino.bin.gz",
-               "context": "tofino/tofino/context.json.gz"},
+    "soft": {"p4info": "out/soft/inagg.p4info.txtpb", "bmv2_json": "out/bmv2/inagg.json"},
+    "tofino": {"p4info": "out/tofino/inagg.p4info.txtpb",
+               "binary": "out/tofino/tofino.bin.gz",
+               "context": "out/tofino/context.json.gz"},
 }
 
 

@@ -4,13 +4,13 @@ Same command-line shape::
 
     inagg-soft-switch -i 1@veth1 -i 2@veth2 --device-id 0 [--log-console] [--pcap DIR]
                       [--pcap-buffer KIB]
-                      [--engine native|python] [--no-p4 | p4/inagg.json]
+                      [--engine native|python] [--no-p4 | p4/out/bmv2/inagg.json]
                       -- --grpc-server-addr 0.0.0.0:9559 [--cpu-port 255]
 
 It attaches to Linux interfaces with raw sockets and serves P4Runtime on the gRPC address. It
 can run only the inagg program: the pipeline pushed (or the JSON given) must be the committed one,
 at the K (values per packet) of the P4Info pushed: the software target's own
-(p4/soft/inagg.p4info.txtpb, the default program) or BMv2's 64, any K its ports carry in one
+(p4/out/soft/inagg.p4info.txtpb, the default program) or BMv2's 64, any K its ports carry in one
 packet (a P4Info of a larger K is refused).
 
 ``--engine native`` (the default) runs the program in C++ (``inagg.softswitch.pipeline``, the
@@ -229,12 +229,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
     p.add_argument("--udp-bind", metavar="IP", help="switch address for udp: ports (loopback mode)")
     p.add_argument("--p4info", metavar="PATH",
-                   help="the P4Info of the program this data plane runs (default: p4/soft/inagg's; "
-                        "p4/tofino/tofino/inagg.p4info.txtpb makes a Tofino-shaped switch)")
+                   help="the P4Info of the program this data plane runs (default: p4/out/soft/inagg's; "
+                        "p4/out/tofino/inagg.p4info.txtpb makes a Tofino-shaped switch)")
     p.add_argument("--engine", choices=("native", "python"), default="native",
                    help="the pipeline: C++ on its own packet-loop thread (default), or the "
                         "Python reference")
-    p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/inagg.json)")
+    p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/out/bmv2/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
     t.add_argument("--cpu-port", type=int, default=None, help="accepted for compatibility; unused")

@@ -87,6 +87,20 @@ class Outcome(enum.IntEnum):
 # The rows of SlotState's decision table (p4/include/slot_state.p4), in P4 code order.
 SLOT_OUTCOMES: tuple[Outcome, ...] = tuple(o for o in Outcome if o <= Outcome.BAD_ROUND)
 
+# SlotState's decision: the const entries of table slot_decision (p4/include/slot_state.p4),
+# entry for entry, as (key, outcome); a key is SLOT_DECISION_KEYS' bits, None for "any". The
+# reference engine (inagg/aggregator/engine_reference.py) decides each row the same: tests/test_slot_decision.py.
+SLOT_DECISION_KEYS: tuple[str, ...] = ("mine", "empty", "complete", "same_round")
+SLOT_DECISION: tuple[tuple[tuple[int | None, ...], Outcome], ...] = (
+    ((0, 1, None, None), Outcome.FIRST),
+    ((0, 0, 0, 1), Outcome.ADD),
+    ((0, 0, 0, 0), Outcome.BAD_ROUND),
+    ((0, 0, 1, None), Outcome.STALE_ROUND),
+    ((1, None, 0, 1), Outcome.DUP_PENDING),
+    ((1, None, 1, 1), Outcome.DUP_DONE),
+    ((1, None, None, 0), Outcome.BAD_ROUND),
+)
+
 # Bytes below the inagg header on an Ethernet/IPv4/UDP path: what each packet costs on the wire
 # beyond its inagg header and payload (Ethernet 14 + IPv4 20 + UDP 8).
 ENCAP_BYTES = 14 + 20 + 8

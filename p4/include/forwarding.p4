@@ -12,7 +12,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 control Forwarding(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t sm) {
     action forward(bit<9> port) {
@@ -32,7 +32,7 @@ control Forwarding(inout headers_t hdr, inout metadata_t meta, inout standard_me
         key = { hdr.ethernet.dst_addr: exact @name("dst_addr"); }
         actions = { forward; flood; drop; }
         default_action = drop();
-        size = 1024;
+        size = INAGG_L2_TABLE_SIZE;
     }
 
     apply {

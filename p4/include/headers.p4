@@ -1,5 +1,6 @@
-/* inagg header declarations (standard headers + the inagg header and payload).
- * Field order and widths are mirrored by hostlib/protocol.py (HEADER_FIELDS).
+/* inagg header declarations (standard headers + the inagg header and payload): the wire format
+ * both targets share. Field order and widths are mirrored by inagg/wire/protocol.py (HEADER_FIELDS).
+ * Each program's header struct is in its types.p4.
  */
 #ifndef _INAGG_HEADERS_P4_
 #define _INAGG_HEADERS_P4_
@@ -97,22 +98,10 @@ header inagg_h {
     bit<32> offset;
 }
 
-/* One int32 value of the payload (network byte order); the payload is a stack of
- * SWITCH_VALUES_PER_PACKET of them, or absent when count == 0. */
+/* One int32 value of the payload (network byte order); the payload is a stack of K of them
+ * (the target's values per packet), or absent when count == 0. */
 header inagg_value_h {
     bit<32> v;
-}
-
-struct headers_t {
-    ethernet_h    ethernet;
-    ipv4_h        ipv4;
-    udp_h         udp;
-    bth_h         bth;
-    reth_h        reth;
-    immdt_h       immdt;
-    inagg_h       inagg;
-    inagg_value_h[SWITCH_VALUES_PER_PACKET] values;
-    icrc_h        icrc;
 }
 
 #endif /* _INAGG_HEADERS_P4_ */

@@ -9,7 +9,7 @@
  * so a RoCEv2 rank is bound by port, IP and MAC only (the controller gives each its own IP).
  * None of this is authentication: a host on the same port can forge all four (docs/security.md).
  *
- * Checks, in order (the aggregation engine in hostlib/engine.py applies the same order from
+ * Checks, in order (the aggregation engine in inagg/aggregator/engine_reference.py applies the same order from
  * msg_type on):
  *   not inagg (parser's encap is 0)   -> forward
  *   not a full inagg header          -> drop GLOBAL_DROP_TRUNCATED
@@ -30,7 +30,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 control JobAdmission(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t sm) {
@@ -51,9 +51,9 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         meta.job_encap = encap;
     }
 
-    /* K for the controller (controller/p4info.py values_per_packet): a property of the target,
-     * handed to the workers in their grants; tests/test_p4_program.py ties it to the constant. */
-    @inagg_values_per_packet(64)
+    /* K for the controller (inagg/control/p4info.py values_per_packet): a property of the target,
+     * handed to the workers in their grants; the preprocessor writes size.p4's number here. */
+    @inagg_values_per_packet(SWITCH_VALUES_PER_PACKET)
     table job_table {
         key = { hdr.inagg.job_id: exact @name("job_id"); }
         actions = { admit; NoAction; }
@@ -75,7 +75,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         }
         actions = { bind_worker; NoAction; }
         default_action = NoAction();
-        size = 2048;
+        size = INAGG_WORKER_TABLE_SIZE;
     }
 
     /* A GLOBAL_DROP_* reason when meta.admitted is 0, the job's DROP_* reason when 1. */

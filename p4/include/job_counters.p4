@@ -15,7 +15,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 control JobCounters(inout headers_t hdr, inout metadata_t meta) {
     counter(INAGG_MAX_JOBS, CounterType.packets) job_packets;

@@ -1,4 +1,4 @@
-/* Parser and deparser: Ethernet / IPv4 / UDP, then the inagg header with its K values in either
+/* Parser and deparser (checksums: checksum.p4): Ethernet / IPv4 / UDP, then the inagg header with its K values in either
  * encapsulation (meta.encap says which):
  *
  *   UDP destination port | then                                         | encap
@@ -14,7 +14,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 parser InaggParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
                    inout standard_metadata_t sm) {
@@ -103,22 +103,6 @@ control InaggDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.inagg);
         pkt.emit(hdr.values);
         pkt.emit(hdr.icrc);
-    }
-}
-
-control InaggVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
-    apply { }
-}
-
-/* Results change IPv4 addresses: recompute the header checksum (UDP checksum is zeroed). */
-control InaggComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
-    apply {
-        update_checksum(
-            hdr.ipv4.isValid(),
-            { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.diffserv, hdr.ipv4.total_len,
-              hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,
-              hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
-            hdr.ipv4.hdr_checksum, HashAlgorithm.csum16);
     }
 }
 

@@ -20,7 +20,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 control ReplicaRewrite(inout headers_t hdr, inout metadata_t meta,
                        inout standard_metadata_t sm) {
@@ -45,7 +45,7 @@ control ReplicaRewrite(inout headers_t hdr, inout metadata_t meta,
         }
         actions = { set_worker_address; set_roce_worker_address; NoAction; }
         default_action = NoAction();
-        size = 2048;
+        size = INAGG_REPLICA_TABLE_SIZE;
     }
 
     apply {

@@ -20,7 +20,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 control ResultReplication(inout headers_t hdr, inout metadata_t meta,
                           inout standard_metadata_t sm) {

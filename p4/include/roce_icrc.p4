@@ -12,14 +12,14 @@
  * priming round). BMv2's crc32 is the Ethernet CRC-32 (as zlib.crc32); the wire carries it least
  * significant byte first, hence the byte swap.
  * ICRCs of incoming packets are not checked, as no switch checks a UDP checksum here: the
- * receiving NIC (or hostlib.roce.decapsulate) does.
+ * receiving NIC (or inagg.wire.roce.decapsulate) does.
  */
 #ifndef _INAGG_ROCE_ICRC_P4_
 #define _INAGG_ROCE_ICRC_P4_
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 /* The covered fields in wire order, masked ones as constants ones. */
 #define ICRC_HEADERS \

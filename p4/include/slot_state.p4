@@ -6,17 +6,20 @@
  * control-plane register write is ever needed (BMv2's P4Runtime cannot write registers).
  *
  * Decision for worker w, set s (o = the other set; "same round": the packet's offset and count
- * are the ones stored for the round in set s):
+ * are the ones stored for the round in set s), the const entries of table slot_decision, row
+ * for row (inagg.wire.protocol.SLOT_DECISION is the Python twin; tests/test_slot_decision.py holds
+ * it to these entries and the reference engine to each row):
  *
- *   bit w in bitmap[s] | bitmap[s] | seen[s] == N | same round | outcome
- *   -------------------+-----------+--------------+------------+------------------------------
- *   0                  | == 0      | any          | any        | SLOT_FIRST: overwrite set s
- *   0                  | != 0      | no           | yes        | SLOT_ADD: add, max exp, OR flags
- *   0                  | != 0      | no           | no         | SLOT_BAD_ROUND: drop
- *   0                  | != 0      | yes          | any        | SLOT_STALE_ROUND: drop (reordered)
- *   1                  | any       | no           | yes        | SLOT_DUP_PENDING: drop
- *   1                  | any       | yes          | yes        | SLOT_DUP_DONE: stored result to w
- *   1                  | any       | any          | no         | SLOT_BAD_ROUND: drop
+ *   mine: bit w in | empty:         | complete:    | same_round | outcome
+ *   bitmap[s]      | bitmap[s] == 0 | seen[s] == N |            |
+ *   ---------------+----------------+--------------+------------+------------------------------
+ *   0              | 1              | any          | any        | SLOT_FIRST: overwrite set s
+ *   0              | 0              | 0            | 1          | SLOT_ADD: add, max exp, OR flags
+ *   0              | 0              | 0            | 0          | SLOT_BAD_ROUND: drop
+ *   0              | 0              | 1            | any        | SLOT_STALE_ROUND: drop (reordered)
+ *   1              | any            | 0            | 1          | SLOT_DUP_PENDING: drop
+ *   1              | any            | 1            | 1          | SLOT_DUP_DONE: stored result to w
+ *   1              | any            | any          | 0          | SLOT_BAD_ROUND: drop
  *   after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o]; complete when seen == N.
  *
  * BAD_ROUND keeps a round's result what its first contribution announced: a packet claiming
@@ -30,7 +33,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 control SlotState(inout headers_t hdr, inout metadata_t meta) {
     register<bit<32>>(INAGG_SLOTS)     slot_tag;
@@ -40,6 +43,39 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
     register<bit<8>>(2 * INAGG_SLOTS)  slot_flags;
     register<bit<32>>(2 * INAGG_SLOTS) slot_offset;
     register<bit<16>>(2 * INAGG_SLOTS) slot_count;
+
+    /* The decision's inputs (the columns of the table above). */
+    bit<1> mine = 0;
+    bit<1> empty = 0;
+    bit<1> complete = 0;
+    bit<1> same_round = 0;
+
+    action set_outcome(bit<3> outcome) {
+        meta.outcome = outcome;
+    }
+
+    /* The table above; the entries cover every key, so the default is never taken. */
+    table slot_decision {
+        key = {
+            mine: ternary @name("mine");
+            empty: ternary @name("empty");
+            complete: ternary @name("complete");
+            same_round: ternary @name("same_round");
+        }
+        actions = { set_outcome; NoAction; }
+        const default_action = NoAction();
+        size = 7;
+        const entries = {
+            /* mine, empty, complete, same_round */
+            (0, 1, _, _): set_outcome(SLOT_FIRST);
+            (0, 0, 0, 1): set_outcome(SLOT_ADD);
+            (0, 0, 0, 0): set_outcome(SLOT_BAD_ROUND);
+            (0, 0, 1, _): set_outcome(SLOT_STALE_ROUND);
+            (1, _, 0, 1): set_outcome(SLOT_DUP_PENDING);
+            (1, _, 1, 1): set_outcome(SLOT_DUP_DONE);
+            (1, _, _, 0): set_outcome(SLOT_BAD_ROUND);
+        }
+    }
 
     apply {
         bit<32> slot = (bit<32>) hdr.inagg.slot;
@@ -67,30 +103,23 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
         slot_bitmap.read(bitmap, idx);
         slot_seen.read(seen, idx);
         bit<32> me = (bit<32>) 1 << hdr.inagg.worker_id;
-        bool complete = seen == meta.n_workers;
         bit<32> round_offset;
         bit<16> round_count;
         slot_offset.read(round_offset, idx);
         slot_count.read(round_count, idx);
-        bool same_round = round_offset == hdr.inagg.offset && round_count == hdr.inagg.count;
-
         if ((bitmap & me) != 0) {
-            if (!same_round) {
-                meta.outcome = SLOT_BAD_ROUND;
-            } else if (complete) {
-                meta.outcome = SLOT_DUP_DONE;
-            } else {
-                meta.outcome = SLOT_DUP_PENDING;
-            }
-        } else if (bitmap == 0) {
-            meta.outcome = SLOT_FIRST;
-        } else if (complete) {
-            meta.outcome = SLOT_STALE_ROUND;
-        } else if (!same_round) {
-            meta.outcome = SLOT_BAD_ROUND;
-        } else {
-            meta.outcome = SLOT_ADD;
+            mine = 1;
         }
+        if (bitmap == 0) {
+            empty = 1;
+        }
+        if (seen == meta.n_workers) {
+            complete = 1;
+        }
+        if (round_offset == hdr.inagg.offset && round_count == hdr.inagg.count) {
+            same_round = 1;
+        }
+        slot_decision.apply();
 
         bit<8> flags = 0;
         bit<8> exp = 0;

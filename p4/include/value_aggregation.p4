@@ -16,7 +16,7 @@
 
 #include <core.p4>
 #include <v1model.p4>
-#include "metadata.p4"
+#include "types.p4"
 
 #define VALUE_STORE(i) values.write(meta.value_base + i, hdr.values[i].v);
 #define VALUE_ADD(i) values.read(sum, meta.value_base + i); \

@@ -10,7 +10,7 @@
 #ifndef _INAGG_TOFINO_FORWARDING_P4_
 #define _INAGG_TOFINO_FORWARDING_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 control Forwarding(inout tofino_headers_t hdr,
                    inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
@@ -32,7 +32,7 @@ control Forwarding(inout tofino_headers_t hdr,
         key = { hdr.ethernet.dst_addr: exact @name("dst_addr"); }
         actions = { forward; flood; drop; }
         default_action = drop();
-        size = 1024;
+        size = TOFINO_L2_TABLE_SIZE;
     }
 
     apply {

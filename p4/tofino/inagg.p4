@@ -8,7 +8,8 @@
 #include <tna.p4>
 #endif
 
-#include "sizes.p4"
+#include "size.p4"
+#include "types.p4"
 #include "parser.p4"
 #include "slot_inputs.p4"
 #include "job_admission.p4"

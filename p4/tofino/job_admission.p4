@@ -19,7 +19,7 @@
 #ifndef _INAGG_TOFINO_JOB_ADMISSION_P4_
 #define _INAGG_TOFINO_JOB_ADMISSION_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 
 /* The UDP length of a header-only packet and of one with K values. */
@@ -85,7 +85,7 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         }
         actions = { bind_worker; NoAction; }
         default_action = NoAction();
-        size = 2048;
+        size = TOFINO_WORKER_TABLE_SIZE;
     }
 
     /* slot_base <= slot < slot_base + slot_count: slot_lead = slot_base - slot is 0 or

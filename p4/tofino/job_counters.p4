@@ -17,7 +17,7 @@
 #ifndef _INAGG_TOFINO_JOB_COUNTERS_P4_
 #define _INAGG_TOFINO_JOB_COUNTERS_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 control JobCounters(in tofino_ingress_md_t meta) {
 

@@ -13,7 +13,7 @@
 #ifndef _INAGG_TOFINO_PARSER_P4_
 #define _INAGG_TOFINO_PARSER_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 #define EXTRACT_LANE(i) pkt.extract(hdr.values[i]);
 

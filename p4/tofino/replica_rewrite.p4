@@ -14,7 +14,7 @@
 #ifndef _INAGG_TOFINO_REPLICA_REWRITE_P4_
 #define _INAGG_TOFINO_REPLICA_REWRITE_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 control ReplicaRewrite(inout tofino_headers_t hdr, in egress_intrinsic_metadata_t eg_intr_md,
                        inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md) {
@@ -33,7 +33,7 @@ control ReplicaRewrite(inout tofino_headers_t hdr, in egress_intrinsic_metadata_
         }
         actions = { set_worker_address; NoAction; }
         default_action = NoAction();
-        size = 2048;
+        size = TOFINO_REPLICA_TABLE_SIZE;
     }
 
     apply {

@@ -15,7 +15,7 @@
 #ifndef _INAGG_TOFINO_RESULT_REPLICATION_P4_
 #define _INAGG_TOFINO_RESULT_REPLICATION_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t meta,
                           in ingress_intrinsic_metadata_t ig_intr_md,

@@ -13,7 +13,7 @@
 #ifndef _INAGG_TOFINO_SLOT_INPUTS_P4_
 #define _INAGG_TOFINO_SLOT_INPUTS_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     /* me = 1 << worker_id (Tofino has no shift by a variable amount). */

@@ -26,7 +26,7 @@
 #ifndef _INAGG_TOFINO_SLOT_STATE_P4_
 #define _INAGG_TOFINO_SLOT_STATE_P4_
 
-#include "sizes.p4"
+#include "types.p4"
 
 control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     Register<bit<32>, slot_t>(TOFINO_SLOTS) slot_tag;

@@ -1,29 +1,15 @@
-/* inagg for Tofino: the build parameters, types, headers and metadata the controls share.
+/* inagg for Tofino: the types the controls share, in one file (headers, bridged header,
+ * metadata, and the codes of their fields). Sizes are in size.p4.
  *
  * The wire format (inagg_h, inagg_value_h, the standard headers) and its constants come from
  * the shared p4/include/headers.p4 and constants.p4, so the BMv2 and Tofino programs cannot
  * drift apart; tests/test_tofino_program.py also checks that nothing here redefines them.
  */
-#ifndef _INAGG_TOFINO_SIZES_P4_
-#define _INAGG_TOFINO_SIZES_P4_
+#ifndef _INAGG_TOFINO_TYPES_P4_
+#define _INAGG_TOFINO_TYPES_P4_
 
+#include "size.p4"
 #include "../include/headers.p4"
-
-/* Aggregator slots per shadow set. A slot's register index is set ++ slot[12:0], so the pool is
- * a power of two; the controller reads it from the P4Info (size of slot_tag). */
-#define TOFINO_SLOT_BITS 13
-#define TOFINO_SLOTS (1 << TOFINO_SLOT_BITS)
-/* Jobs at once (job_table size, counter rows). */
-#define TOFINO_MAX_JOBS 64
-/* A job's row of drop counters: 2^TOFINO_DROP_ROW_BITS >= DROP_REASONS (tests check). */
-#define TOFINO_DROP_ROW_BITS 3
-
-/* int32 values per packet (K): one stateful ALU per value lane, four per stage. The number is
- * a property of the target: the controller reads it from the @inagg_values_per_packet
- * annotation of job_table in the P4Info and hands it to the workers in their grant. */
-#define TOFINO_VALUES_PER_PACKET 16
-#define FOR_EACH_LANE(M) \
-    M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
 
 typedef bit<(TOFINO_SLOT_BITS + 1)> slot_index_t;   /* set ++ slot */
 typedef bit<TOFINO_SLOT_BITS>       slot_t;
@@ -112,4 +98,4 @@ struct tofino_ingress_md_t {
 
 struct tofino_egress_md_t { }
 
-#endif /* _INAGG_TOFINO_SIZES_P4_ */
+#endif /* _INAGG_TOFINO_TYPES_P4_ */

@@ -1,0 +1,85 @@
+"""SlotState's decision: the const entries of the P4 table slot_decision
+(p4/include/slot_state.p4), their Python twin inagg.wire.protocol.SLOT_DECISION, and the reference
+engine (inagg/aggregator/engine_reference.py, and its C++ twin native/engine.cpp) deciding each row the same."""
+
+import itertools
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.aggregator.engine import NativeEngine
+from inagg.wire.protocol import SLOT_DECISION, SLOT_DECISION_KEYS, Outcome, build_contribution
+
+SLOT_STATE = Path(__file__).resolve().parents[1] / "p4" / "include" / "slot_state.p4"
+K = 4
+MEMBERS = (("10.0.0.1", 5), ("10.0.0.2", 5), ("10.0.0.3", 5))   # N = 3 workers
+
+
+def p4_table():
+    """(key names, [(key, outcome)]) of slot_decision's const entries, in P4 order."""
+    body = re.search(r"table slot_decision \{(.*?)\n    \}", SLOT_STATE.read_text(), re.S).group(1)
+    keys = re.findall(r"(\w+): ternary", re.search(r"key = \{(.*?)\}", body, re.S).group(1))
+    entries = re.search(r"const entries = \{(.*?)\n        \}", body, re.S).group(1)
+    rows = []
+    for key, outcome in re.findall(r"\(([^)]*)\): set_outcome\(SLOT_(\w+)\);", entries):
+        rows.append((tuple(None if v.strip() == "_" else int(v) for v in key.split(",")), Outcome[outcome]))
+    return tuple(keys), tuple(rows)
+
+
+def covers(key, values):
+    return all(k is None or k == v for k, v in zip(key, values))
+
+
+def test_the_twin_is_the_p4_table():
+    keys, rows = p4_table()
+    assert keys == SLOT_DECISION_KEYS
+    assert rows == SLOT_DECISION
+
+
+def test_every_key_takes_exactly_one_row():
+    """The entries cover every key once: their order (ternary priority) and the default action
+    never matter."""
+    for values in itertools.product((0, 1), repeat=len(SLOT_DECISION_KEYS)):
+        assert sum(covers(key, values) for key, _ in SLOT_DECISION) == 1, values
+
+
+def contribution(worker, *, slot_set=0, offset=0, count=K):
+    values = np.arange(1, count + 1, dtype=np.int32) if count else None
+    return build_contribution(1, worker, 1, 1, slot_set, offset, values, K)
+
+
+def history(mine, empty, complete, same_round):
+    """The packets that bring slot 1's set 0 into the state (mine, empty, complete, same_round)
+    for worker 0, then worker 0's packet. A round in set 0 is at offset 0 with K values; a fresh
+    slot's stored round is offset 0, count 0."""
+    full = [contribution(w) for w in range(3)]
+    if empty:                     # mine is 0: nothing, or a round whose workers all moved on
+        before = full + [contribution(w, slot_set=1) for w in range(3)] if complete else []
+        if not complete:          # the fresh slot's (0, 0): a header-only packet is its round
+            return before, contribution(0, count=0 if same_round else K)
+    elif mine:
+        before = full if complete else [contribution(0)]
+    else:                         # others' bits: worker 0 moved on from a complete round
+        before = full + [contribution(0, slot_set=1)] if complete else [contribution(1)]
+    return before, contribution(0, offset=0 if same_round else K)
+
+
+@pytest.mark.parametrize("key, outcome", SLOT_DECISION,
+                         ids=[f"{'-'.join('x' if v is None else str(v) for v in key)}:{o.label}"
+                              for key, o in SLOT_DECISION])
+def test_the_reference_decides_the_row(key, outcome):
+    """Every state the row covers (a set bit of mine means the bitmap is not empty), on the
+    Python reference engine and its C++ twin."""
+    states = [v for v in itertools.product((0, 1), repeat=4) if covers(key, v) and not (v[0] and v[1])]
+    assert states
+    for values in states:
+        before, packet = history(*values)
+        for eng in (AggregationEngine(4, K), NativeEngine(4, K)):
+            eng.replace_jobs({1: JobConfig(1, 1, 0, 4, MEMBERS)})
+            for data in before:
+                eng.process(data, MEMBERS[data[4]])
+            eng.process(packet, MEMBERS[0])
+            assert eng.last_outcome == outcome, (type(eng).__name__, dict(zip(SLOT_DECISION_KEYS, values)))
