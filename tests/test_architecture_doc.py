@@ -28,6 +28,8 @@ def python_names(path: Path) -> set[str]:
                          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
         if isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
     return names
 
 
