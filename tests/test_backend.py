@@ -1012,7 +1012,7 @@ def test_the_gloo_paths_samples_are_timed_inside_its_runs():
 
     def calls(groups, r: int) -> tuple[int, int]:
         pg = groups[r]
-        before = int(pg.paths.timings["gloo"]._count[size_class(4)])
+        before = pg.paths.timings["gloo"].measured(size_class(4))
         samples = 0
         for _ in range(1500):
             opts = dist.AllreduceOptions()
@@ -1020,7 +1020,7 @@ def test_the_gloo_paths_samples_are_timed_inside_its_runs():
                 samples += 1
             pg.allreduce([torch.ones(1)], opts).wait()
         pg.allreduce([torch.ones(1)], dist.AllreduceOptions()).wait()   # ends the last run
-        return samples, int(pg.paths.timings["gloo"]._count[size_class(4)]) - before
+        return samples, pg.paths.timings["gloo"].measured(size_class(4)) - before
 
     with groups_on("gloo") as groups:
         (samples0, timed0), (samples1, timed1) = on_ranks(lambda r: calls(groups, r), 2, 120)

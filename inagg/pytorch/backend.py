@@ -39,7 +39,7 @@ import weakref
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -65,10 +65,9 @@ GLOO_COLLECTIVES = (
 _CALIBRATION_BYTES = (64, 16 * 1024, 1 << 20)
 _CALIBRATION_ROUNDS = 3
 _INAGG_DTYPES = (torch.float32, torch.int32)
-# a smaller call on a communicator with nothing queued runs on the caller's thread (``_run``);
-# larger ones stay queued, so DDP overlaps them with its backward pass. The hand-over to the I/O
-# thread and back cost 80-90 % of a 4 B-64 KiB call at 2 workers (load 6-12 on 2 cores), 25 %
-# at 1 MiB
+# a smaller call on a communicator with nothing queued runs on the caller's thread (``_run``):
+# the hand-over to the I/O thread and back costs most of a small call's time; larger ones stay
+# queued, so DDP overlaps them with its backward pass
 _INLINE_BELOW_BYTES = 64 << 10
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
 
@@ -166,14 +165,12 @@ class _CallWork(dist.Work):
 class _TimedWork(dist.Work):
     """A path's Work that reports when it is done (``on_done``, once), timed where it is waited
     for: in ``wait`` on the caller's thread, which costs the call nothing and counts the
-    caller's wake-up on every path alike (timed where inagg's future completed instead, inagg
-    looked faster than its callers saw it and was chosen at 2 workers / 4 B, at 5x gloo's time).
-    Only a caller that takes its future (DDP) gets a callback on it, which gloo runs on its own
-    thread *before* waiters learn the call is done: its wait for the GIL delays the call (every
-    call timed so made the backend's gloo path 1.3-1.9x plain gloo at 256 KiB-4 MiB, load 9-11
-    on 2 cores; a thread of ours waiting beside the caller did as badly)."""
+    caller's wake-up on every path alike, so every path's time is what its callers see. Only a
+    caller that takes its future (DDP) gets a callback on it instead: gloo runs future callbacks
+    on its own thread before waiters learn the call is done, so a callback on every call would
+    delay the calls themselves."""
 
-    def __init__(self, work: dist.Work, on_done) -> None:
+    def __init__(self, work: dist.Work, on_done: Callable[[], None]) -> None:
         super().__init__()
         self._work, self._on_done = work, on_done
 
@@ -200,7 +197,7 @@ class _ShutDownGloo:
     """Stands in for the inner gloo group once the process group is shut down: every use says so
     (instead of an AttributeError on None)."""
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> NoReturn:
         raise InaggError(f"the inagg process group was shut down (destroy_process_group): no {name} on it")
 
 
@@ -233,9 +230,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
         self._lock = threading.Lock()
         self._last_done = {p: 0.0 for p in paths}
-        # each path's latest call, weakly: a strong reference kept the caller's tensor alive
-        # until the next call, which then freed it inside the caller's timed call (3.3 ms for
-        # 64 MiB; the backend's gloo path read 1.05-1.08x plain gloo with a fresh tensor per call)
+        # each path's latest call, weakly: a strong reference would keep the caller's tensor alive
+        # until the next call, which would then free it inside the caller's timed call
         self._last_work: dict[str, weakref.ref] = {}
         # the fast path's run (allreduce): its size, calls, calls left, calls to its next sample,
         # the samples' period
@@ -259,17 +255,15 @@ class InaggProcessGroup(dist.ProcessGroup):
 
     # -- allreduce -----------------------------------------------------------------------------
 
-    def allreduce(self, tensors: list[torch.Tensor], opts=None):
-        # The fast path: a call in a run of gloo calls of one size (the chooser's
-        # ``run_length``; some of them samples, ``_sample``), counted later (``_end_run``).
-        # Every call pays what runs here before gloo's own allreduce, and Python right after a
-        # wait runs cold (the chooser's ``choose`` took 13 us there, 1 us in a loop): with the
-        # whole slow path on every call the backend was 1.2x plain gloo at 2 workers / 4 B
-        # (0.25 ms). The run's latest Work is held
-        # (``_run_work``) until the next call is on the wire: the previous one, and the tensor
-        # its caller let go of, are freed here then, not in the caller's ``wait`` (a weak
-        # reference to each call's Work instead: the backend's gloo path 1.036x plain gloo,
-        # held 1.011x, variants interleaved in one job, 2 workers / 4 B).
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
+        """Allreduce ``tensors`` on the path the chooser picks (module docstring).
+
+        The fast path first: a call in a run of gloo calls of one size (the chooser's
+        ``run_length``; some of them samples, ``_sample``), counted later (``_end_run``), costs
+        a few attribute reads instead of the chooser's per-call Python, which every call pays
+        before gloo's own allreduce. The run's latest Work is held (``_run_work``) until the
+        next call is on the wire, so the previous one, and the tensor its caller let go of, are
+        freed here, not inside the caller's ``wait``."""
         if self._run_left and opts is not None and len(tensors) == 1 and opts.reduceOp == _SUM:
             t = tensors[0]
             if t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
@@ -399,8 +393,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         for nbytes in _CALIBRATION_BYTES:
             # one path's calls after another's, each path's first untimed: a call right after
             # another path's is slow (that path's tail still holds the CPU), and a group's first
-            # calls set up connections and buffers (in turns, gloo's 64 B calls measured 2.3 ms
-            # where they took 0.3, and gloo was then never probed at 4 B)
+            # calls set up connections and buffers
             for path in self.paths.paths:
                 for timed in (False,) + (True,) * _CALIBRATION_ROUNDS:
                     self._start(path, torch.zeros(nbytes // 4, dtype=torch.float32), dist.AllreduceOptions(),
@@ -409,7 +402,8 @@ class InaggProcessGroup(dist.ProcessGroup):
 
     # -- everything else -----------------------------------------------------------------------
 
-    def _to_gloo(self, collective: str, reason: str, *args, **kwargs):
+    def _to_gloo(self, collective: str, reason: str, *args: Any, **kwargs: Any) -> dist.Work:
+        """Run ``collective`` on the inner gloo group, counted under ``reason`` (logged once)."""
         key = f"{collective}: {reason}"
         first = key not in self.fallbacks
         self.fallbacks[key] += 1
@@ -467,8 +461,9 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._gloo = _ShutDownGloo()
 
 
-def _gloo_collective(name: str):
-    def forward(self: InaggProcessGroup, *args, **kwargs):
+def _gloo_collective(name: str) -> Callable[..., dist.Work]:
+    """The method that hands collective ``name`` to the inner gloo group (counted)."""
+    def forward(self: InaggProcessGroup, *args: Any, **kwargs: Any) -> dist.Work:
         return self._to_gloo(name, "inagg implements allreduce only", *args, **kwargs)
 
     forward.__name__ = forward.__qualname__ = name

@@ -1,0 +1,220 @@
+"""The path chooser's parts on their own (``inagg.pytorch.path_timings``, ``path_cost``,
+``path_options``, ``path_schedule``, ``path_explore``, ``path_confirm``): what each records,
+predicts and decides, without the chooser around it. The chooser as a whole:
+tests/test_backend.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from inagg.pytorch.path_choice import PathChooser
+from inagg.pytorch.path_confirm import Confirmations, Pending
+from inagg.pytorch.path_cost import PRIOR, PathModel
+from inagg.pytorch.path_explore import ExplorationBudget, Probes
+from inagg.pytorch.path_options import FIRST_AGREEMENT, PathChoiceOptions
+from inagg.pytorch.path_schedule import AgreementSchedule, Sampler
+from inagg.pytorch.path_timings import SIZE_CLASSES, PathTimings, size_class
+
+
+def model_of(*timings: PathTimings, shared_clock: bool = False) -> PathModel:
+    """The model the ranks of ``timings`` (one per rank) agree on: their elementwise minimum."""
+    return PathModel(np.minimum.reduce([t.summary() for t in timings]), PRIOR, shared_clock)
+
+
+def timed(calls: dict[int, list[float]], per_class: int = 5) -> PathTimings:
+    """A rank's timings with ``calls`` (payload bytes -> the calls' seconds) recorded."""
+    t = PathTimings(per_class)
+    for nbytes, seconds in calls.items():
+        for s in seconds:
+            t.observe(nbytes, s, 0.0)
+    return t
+
+
+# -- timings -------------------------------------------------------------------------------------
+
+def test_size_classes_are_powers_of_four_and_the_last_takes_anything_larger():
+    assert [size_class(n) for n in (0, 1, 3, 4, 15, 16, 1 << 20)] == [0, 0, 0, 1, 1, 2, 10]
+    assert size_class(1 << 200) == SIZE_CLASSES - 1
+
+
+def test_a_ring_keeps_the_last_calls_of_each_class_and_forgets_all_or_all_but_the_newest():
+    t = timed({64: [1.0, 2.0, 3.0, 4.0]}, per_class=3)
+    c = size_class(64)
+    assert t.measured(c) == 4 and not t.filling(c)
+    assert sorted(model_of(t).ring[c]) == [2.0, 3.0, 4.0]        # the oldest went
+    t.forget(c, keep_newest=True)
+    assert t.measured(c) == 1 and t.filling(c)
+    assert model_of(t).ring[c].tolist() == [4.0, np.inf, np.inf]
+    t.forget(c)
+    assert t.measured(c) == 0 and not model_of(t).seen[c]
+
+
+def test_on_a_shared_clock_a_call_runs_from_the_last_start_to_the_last_end():
+    ranks = [PathTimings(5, shared_clock=True) for _ in range(2)]
+    ranks[0].observe(64, 0.3, 10.0)    # 10.0 .. 10.3
+    ranks[1].observe(64, 0.4, 10.5)    # 10.5 .. 10.9
+    assert model_of(*ranks, shared_clock=True).seconds[size_class(64)] == pytest.approx(0.4)
+    apart = [PathTimings(5) for _ in range(2)]
+    apart[0].observe(64, 0.3, 0.0)
+    apart[1].observe(64, 0.4, 0.0)
+    assert model_of(*apart).seconds[size_class(64)] == pytest.approx(0.3)   # the ranks' minimum
+
+
+# -- cost model ----------------------------------------------------------------------------------
+
+def test_a_class_figure_is_its_median_and_predicts_its_sizes_along_the_line():
+    m = model_of(timed({64: [1e-3, 9e-3, 2e-3], 1 << 20: [3e-3, 3e-3, 3e-3]}))
+    assert m.seconds[size_class(64)] == pytest.approx(2e-3)      # a preempted call is an outlier
+    assert m.predict(64) == pytest.approx(2e-3)
+    assert m.predict(1 << 20) == pytest.approx(3e-3)
+    assert m.predict(96) == pytest.approx(2e-3 * m.line(96) / m.line(64))
+    assert m.predict(1 << 14) == pytest.approx(m.line(1 << 14))   # unmeasured class: the line
+
+
+def test_an_unseen_model_predicts_the_prior_and_a_refit_keeps_what_did_not_change():
+    t = timed({})
+    unseen = PathModel.unseen(len(t.summary()))
+    assert unseen.predict(1000) == pytest.approx(PRIOR[0] + PRIOR[1] * 1000)
+    assert unseen.refit(unseen.summary.copy(), False) is unseen
+    t.observe(64, 1e-3, 0.0)
+    assert unseen.refit(t.summary(), False) is not unseen
+
+
+def test_newest_lags_is_how_much_slower_the_newest_call_was_than_the_others():
+    m = model_of(timed({64: [1e-3, 1e-3, 1e-3, 6e-3], 4096: [2e-3]}))
+    lags = m.newest_lags()
+    assert lags[size_class(64)] == pytest.approx(5e-3)
+    assert lags[size_class(4096)] == 0.0            # a single call has nothing to lag behind
+
+
+# -- options -------------------------------------------------------------------------------------
+
+def test_options_are_frozen_checked_and_overridable_through_the_chooser():
+    o = PathChoiceOptions()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.margin = 0.5   # type: ignore[misc]
+    assert o.trusted == 3 and PathChoiceOptions(per_class=2).trusted == 2
+    for bad in (dict(agree_every=FIRST_AGREEMENT - 1), dict(explore_budget=1.0), dict(agree_budget=0.0),
+                dict(margin=1.0), dict(probes=-1), dict(probe_ratio=0.5), dict(sample_every=0),
+                dict(sample_seconds=-1.0), dict(measure_every_seconds=float("inf"))):
+        with pytest.raises(ValueError):
+            PathChoiceOptions(**bad)
+    c = PathChooser(lambda v: v, ("inagg", "gloo"), PathChoiceOptions(margin=0.1), agree_every=64)
+    assert (c.options.margin, c.options.agree_every) == (0.1, 64)
+    assert PathChooser(lambda v: v, ("inagg", "host"), prefer="gloo").prefer is None   # not among its paths
+    with pytest.raises(ValueError):
+        PathChooser(lambda v: v, ("inagg", "gloo"), forced="host")
+
+
+# -- schedule and samples ------------------------------------------------------------------------
+
+def test_scheduled_agreements_come_at_16_32_64_then_every_agree_every_while_time_allows():
+    s = AgreementSchedule(agree_every=128, agree_budget=0.5)
+    held = []
+    for call in range(1, 600):
+        s.count(1.0)   # calls far dearer than an agreement: time never holds one back
+        agreement, scheduled = s.check(call)
+        if agreement:
+            held.append(call)
+            s.agreed(call, scheduled, agreement_s=0.1)
+    assert held == [16, 32, 64, 128, 256, 384, 512]
+
+
+def test_a_scheduled_agreement_waits_for_its_time_and_comes_sooner_at_dearer_calls():
+    s = AgreementSchedule(agree_every=128, agree_budget=0.01)
+    for call in range(1, 17):
+        s.count(1e-4)
+    assert s.check(16) == (True, True)
+    s.agreed(16, True, agreement_s=1e-3)      # the next one waits for 0.1 s of calls
+    for call in range(17, 33):
+        s.count(1e-4)
+    assert s.check(32) == (False, False)      # 1.6 ms of calls: put off ...
+    assert 32 + 984 <= s.next_agreement <= 32 + 985   # ... by 98.4 ms more at 0.1 ms a call
+    s.reprice(33, 10e-3)                      # calls of 10 ms now: 10 of them earn it
+    assert s.next_agreement == 33 + 10
+    s.agree_at_next_call(33)                  # an unscheduled one comes first
+    assert s.next_agreement == 34 and s.check(34) == (True, False)
+
+
+def test_samples_ahead_names_the_calls_the_sampler_times():
+    ms = 2.0 ** -10                           # ~1 ms, exact in binary: sums stay exact
+    s = Sampler(PathChoiceOptions(sample_every=8, sample_seconds=10 * ms))
+    c = size_class(4096)
+    first, period = s.samples_ahead(0, c, ms)
+    assert (first, period) == (10, 10)        # 10 calls' time comes after 8 calls
+    picked = []
+    for call in range(1, 41):
+        s.count(c, ms)
+        if s.timed(call, c, ms, filling=False):
+            picked.append(call)
+    assert picked == [first, first + period, first + 2 * period, first + 3 * period]
+
+
+def test_calls_from_measure_from_seconds_up_are_timed_by_their_class_time():
+    call_s = 2.0 ** -5                        # ~31 ms, exact in binary
+    s = Sampler(PathChoiceOptions(measure_from_seconds=10e-3, measure_every_seconds=4 * call_s))
+    c = size_class(4 << 20)
+    picked = []
+    for call in range(1, 21):
+        s.count(c, call_s)
+        picked.append(s.timed(call, c, call_s, filling=False))
+    assert [i + 1 for i, p in enumerate(picked) if p] == [4, 8, 12, 16, 20]   # one per 4 calls' time
+
+
+# -- probes and explorations ---------------------------------------------------------------------
+
+def test_a_cheap_new_size_probes_prefer_and_close_paths_a_dear_one_only_faster_paths():
+    o = PathChoiceOptions()
+    t = timed({})
+    models = {p: PathModel.unseen(len(t.summary())) for p in ("inagg", "host", "gloo")}
+    probes = Probes(("inagg", "host", "gloo"), o)
+    assert probes.plan(models, "gloo", 4, best_seconds=1e-4)       # cheap: every path's prior line is close
+    taken = [probes.take(models, 4, last_path="gloo") for _ in range(11)]
+    # one path's run after another, each after an untimed warm-up unless the call before was its own
+    assert taken == [("inagg", True)] + [("inagg", False)] * 3 + [("host", True)] + [("host", False)] * 3 \
+        + [("gloo", False)] * 3
+    assert not probes.pending(size_class(4)) and probes.take(models, 4, "gloo") == (None, False)
+    two = {p: models[p] for p in ("inagg", "gloo")}
+    dear = Probes(("inagg", "gloo"), o)
+    big = 1 << 24
+    assert not dear.plan(two, "gloo", big, best_seconds=two["inagg"].line(big))   # not faster by the margin
+    assert dear.plan(two, "gloo", big, best_seconds=1.0)                         # far faster by its line
+
+
+def test_explorations_take_turns_and_wait_for_their_class_budget():
+    b = ExplorationBudget(("inagg", "host", "gloo"), fraction=0.1)
+    c = size_class(4096)
+    assert b.next_turn("gloo") == "inagg"
+    b.spend(c, 0.0, "inagg", call=5)
+    assert b.next_turn("gloo") == "host"
+    b.spend(c, 0.0, "host", call=6)
+    assert b.next_turn("gloo") == "inagg"                            # least recently explored
+    b.earn(c, 1e-3, calls=100)
+    assert b.affordable(c, 1e-3, agreement_s=2e-3) == pytest.approx(1e-3 + 1e-4 + 1e-2 - 2e-3)
+    assert b.credit[size_class(64)] == 0.0                           # each class earns its own
+
+
+# -- confirmations -------------------------------------------------------------------------------
+
+def test_a_class_that_leaves_prefer_waits_for_its_ring_then_rechecks_prefer():
+    models = {"host": model_of(timed({4096: [1e-3] * 3})), "gloo": model_of(timed({4096: [2e-3] * 5}))}
+    k = Confirmations("gloo", per_class=5, probe_ratio=2.0)
+    c = size_class(4096)
+    k.track(c, "host", models)
+    assert k.waiting[c] == Pending("host", 2, True)                  # its ring holds 3 of 5
+    assert k.count(c, "gloo") is None and k.count(c, "host") is None
+    assert k.count(c, "host") == Pending("host", 1, True) and c not in k.waiting
+    assert k.start_recheck(c) and not k.start_recheck(c)
+    k.track(c, "host", models)                                       # stays on host, gloo close
+    assert k.waiting[c] == Pending("host", 5 << 2, True)
+
+
+def test_a_class_whose_newest_call_was_much_slower_waits_for_a_full_ring():
+    models = {"gloo": model_of(timed({4096: [1e-3] * 4 + [50e-3]}))}
+    k = Confirmations("gloo", per_class=5, probe_ratio=2.0)
+    assert k.slowed(models, threshold=10e-3) == [("gloo", size_class(4096))]
+    assert k.waiting[size_class(4096)] == Pending("gloo", 5, False)
+    assert k.slowed(models, threshold=10e-3) == []                   # already waiting
