@@ -35,7 +35,8 @@ def controller_main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from inagg.control.config import load_config           # the control plane: inagg[control]
-    from inagg.control.service import Controller, serve
+    from inagg.control.controller import Controller
+    from inagg.control.service import serve
     from inagg.control.switch import SwitchError
     try:
         config = load_config(args.config)
