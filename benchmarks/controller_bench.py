@@ -16,7 +16,8 @@ from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_sw
 from inagg.control.allocator import Demand, SlotAllocator  # noqa: E402
 from inagg.jobservice.client import ControllerClient  # noqa: E402
 from inagg.control.config import default_program, parse_config  # noqa: E402
-from inagg.control.service import Controller, serve as serve_controller  # noqa: E402
+from inagg.control.controller import Controller  # noqa: E402
+from inagg.control.service import serve as serve_controller  # noqa: E402
 
 
 def admission(jobs: int = 20, workers: int = 4) -> list[float]:

@@ -93,6 +93,22 @@ def test_drain_and_superseded_epochs():
     assert a.activate(1, p.epoch) and a.jobs[1].active.mode == HOST
 
 
+def test_restore_brings_back_the_jobs_and_the_arrival_order():
+    a = SlotAllocator(switch_slots=16, min_window=8)
+    a.add_job(1, Demand(1, 1 << 20))
+    saved = a.snapshot()
+    a.add_job(2, Demand(1, 1 << 20))
+    a.add_job(3, Demand(1, 1 << 20))
+    a.drain(1)
+    a.restore(saved)
+    assert a.jobs == saved.jobs and not a.jobs[1].drained
+    a.add_job(4, Demand(1, 1 << 20))         # arrives second, as if jobs 2 and 3 never came
+    assert [j.order for j in a.jobs.values()] == [1, 2]
+    a.remove_job(4)
+    a.restore(saved)                         # a snapshot can be restored more than once
+    assert a.jobs == saved.jobs and a.jobs[1] is not saved.jobs[1]
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "remove", "activate", "drain"]),
                           st.integers(1, 12), st.integers(0, 1 << 22)), max_size=60),

@@ -7,7 +7,8 @@ import pytest
 from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch
 from inagg.jobservice.client import ControllerClient, ControllerError
 from inagg.control.config import default_program, parse_config
-from inagg.control.service import Controller, serve as serve_controller
+from inagg.control.controller import Controller
+from inagg.control.service import serve as serve_controller
 from inagg.control.switch import ResultReplication, SwitchConnection
 
 ADMIN = "s3cret"

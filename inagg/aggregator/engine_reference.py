@@ -182,6 +182,23 @@ class AggregationEngine:
 
     # -- data path -------------------------------------------------------------------------
 
+    def _admission(self, job: JobConfig, data: bytes | bytearray | memoryview, sender: Hashable,
+                   framing_ok: bool, msg_type: int, worker: int, epoch: int, slot: int,
+                   count: int) -> Outcome | None:
+        """The per-job checks in the order of the P4 program's JobAdmission; None when admitted."""
+        if msg_type != MSG_CONTRIBUTION:
+            return Outcome.BAD_TYPE
+        if worker >= len(job.members) or job.members[worker] != sender:
+            return Outcome.BAD_WORKER
+        if epoch != job.epoch:
+            return Outcome.STALE_EPOCH
+        if not job.slot_base <= slot < job.slot_base + job.slot_count:
+            return Outcome.BAD_SLOT
+        if (not framing_ok or count > self.k
+                or len(data) - HEADER_BYTES != (4 * self.k if count else 0)):
+            return Outcome.BAD_LENGTH
+        return None
+
     def process(self, data: bytes | bytearray | memoryview, sender: Hashable,
                 framing_ok: bool = True) -> list[Emit]:
         """Handle one received inagg packet (header + payload) from ``sender``. ``framing_ok``
@@ -198,20 +215,9 @@ class AggregationEngine:
         ctr = self.counters[job_id]
         ctr.packets += 1
         slot = ss & MAX_SLOT
-        reason = None
-        if vt & 0xF != MSG_CONTRIBUTION:
-            reason = Outcome.BAD_TYPE
-        elif worker >= len(job.members) or job.members[worker] != sender:
-            reason = Outcome.BAD_WORKER
-        elif epoch != job.epoch:
-            reason = Outcome.STALE_EPOCH
-        elif not job.slot_base <= slot < job.slot_base + job.slot_count:
-            reason = Outcome.BAD_SLOT
-        elif (not framing_ok or count > self.k
-              or len(data) - HEADER_BYTES != (4 * self.k if count else 0)):
-            reason = Outcome.BAD_LENGTH
-        if reason is not None:
-            return self._drop_job(ctr, reason)
+        refused = self._admission(job, data, sender, framing_ok, vt & 0xF, worker, epoch, slot, count)
+        if refused is not None:
+            return self._drop_job(ctr, refused)
 
         tag = (job_id << 16) | epoch
         if self._tag[slot] != tag:  # first packet of a new owner/epoch: reset the slot
@@ -227,39 +233,16 @@ class AggregationEngine:
         complete = seen[slot] == n
         same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
 
-        if bitmap[slot] & bit:
-            if not same_round:                                 # BAD_ROUND
-                return self._drop_job(ctr, Outcome.BAD_ROUND)
-            ctr.duplicates += 1
-            if not complete:                                   # DUP_PENDING
-                self.last_outcome = Outcome.DUP_PENDING
-                return []
-            ctr.resent_results += 1                            # DUP_DONE
-            self.last_outcome = Outcome.DUP_DONE
-            return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT))]
+        if bitmap[slot] & bit:                                 # BAD_ROUND, DUP_PENDING, DUP_DONE
+            return self._duplicate(ctr, job, slot, s, worker, complete, same_round)
         if bitmap[slot] == 0:                                  # FIRST
-            self.last_outcome = Outcome.FIRST
-            seen[slot] = 1
-            self._exp[s][slot] = exp
-            self._flags[s][slot] = flags & _STICKY_FLAGS
-            self._offset[s][slot] = offset
-            self._count[s][slot] = count
-            if count:
-                self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
-            else:
-                self._values[s, slot] = 0
+            self._first(slot, s, data, flags, exp, offset, count)
         elif complete:                                         # STALE_ROUND
             return self._drop_job(ctr, Outcome.STALE_ROUND)
         elif not same_round:                                   # BAD_ROUND
             return self._drop_job(ctr, Outcome.BAD_ROUND)
         else:                                                  # ADD
-            self.last_outcome = Outcome.ADD
-            seen[slot] += 1
-            if exp > self._exp[s][slot]:
-                self._exp[s][slot] = exp
-            self._flags[s][slot] |= flags & _STICKY_FLAGS
-            if count:
-                self._values[s, slot] += np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
+            self._add(slot, s, data, flags, exp, count)
         bitmap[slot] |= bit
         self._bitmap[1 - s][slot] &= ~bit
         ctr.aggregated += 1
@@ -267,6 +250,44 @@ class AggregationEngine:
             return []
         ctr.results += 1
         return [Emit(job, tuple(range(n)), self._result(slot, s, job, worker, 0))]
+
+    def _duplicate(self, ctr: JobCounters, job: JobConfig, slot: int, s: int, worker: int,
+                   complete: bool, same_round: bool) -> list[Emit]:
+        """A contribution of a worker whose bit is set in set ``s``: the table's rows 5 to 7."""
+        if not same_round:                                     # BAD_ROUND
+            return self._drop_job(ctr, Outcome.BAD_ROUND)
+        ctr.duplicates += 1
+        if not complete:                                       # DUP_PENDING
+            self.last_outcome = Outcome.DUP_PENDING
+            return []
+        ctr.resent_results += 1                                # DUP_DONE
+        self.last_outcome = Outcome.DUP_DONE
+        return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT))]
+
+    def _first(self, slot: int, s: int, data: bytes | bytearray | memoryview, flags: int, exp: int,
+               offset: int, count: int) -> None:
+        """FIRST: the contribution opens a round in set ``s``, overwriting what it held."""
+        self.last_outcome = Outcome.FIRST
+        self._seen[s][slot] = 1
+        self._exp[s][slot] = exp
+        self._flags[s][slot] = flags & _STICKY_FLAGS
+        self._offset[s][slot] = offset
+        self._count[s][slot] = count
+        if count:
+            self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
+        else:
+            self._values[s, slot] = 0
+
+    def _add(self, slot: int, s: int, data: bytes | bytearray | memoryview, flags: int, exp: int,
+             count: int) -> None:
+        """ADD: the contribution joins the round in set ``s``: sum, max exponent, OR flags."""
+        self.last_outcome = Outcome.ADD
+        self._seen[s][slot] += 1
+        if exp > self._exp[s][slot]:
+            self._exp[s][slot] = exp
+        self._flags[s][slot] |= flags & _STICKY_FLAGS
+        if count:
+            self._values[s, slot] += np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
 
     def _drop_global(self, reason: Outcome) -> list[Emit]:
         self.drops[reason.label] += 1

@@ -28,6 +28,7 @@ always has a valid grant.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 SWITCH, HOST = "switch", "host"
@@ -76,6 +77,15 @@ class JobState:
         return self.pending or self.active
 
 
+@dataclass(frozen=True)
+class AllocatorSnapshot:
+    """An allocator's whole state at one moment (``SlotAllocator.snapshot``): its job states and
+    its arrival counter, which orders the jobs and so must roll back with them."""
+
+    jobs: dict[int, JobState]
+    arrivals: int
+
+
 @dataclass
 class SlotAllocator:
     """Grants for all jobs over one switch pool and one host-aggregator pool."""
@@ -94,6 +104,18 @@ class SlotAllocator:
     worker_entries: int = 1 << 30
     jobs: dict[int, JobState] = field(default_factory=dict)
     _arrivals: int = 0
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(self) -> AllocatorSnapshot:
+        """A copy of the state that ``restore`` brings back (the controller's rollback of a
+        change that failed half way)."""
+        return AllocatorSnapshot(copy.deepcopy(self.jobs), self._arrivals)
+
+    def restore(self, snapshot: AllocatorSnapshot) -> None:
+        """Put back the state of ``snapshot``, which stays usable (it is copied, not adopted)."""
+        self.jobs = copy.deepcopy(snapshot.jobs)
+        self._arrivals = snapshot.arrivals
 
     # -- events ------------------------------------------------------------------------------
 

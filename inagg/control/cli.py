@@ -35,7 +35,8 @@ def controller_main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from inagg.control.config import load_config           # the control plane: inagg[control]
-    from inagg.control.service import Controller, serve
+    from inagg.control.controller import Controller
+    from inagg.control.service import serve
     from inagg.control.switch import SwitchError
     try:
         config = load_config(args.config)
@@ -85,7 +86,7 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def ctl_main(argv: list[str] | None = None) -> int:
+def _ctl_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="inaggctl", description="Operate an inagg controller.",
                                 allow_abbrev=False)  # no --admin-token prefix of --admin-token-file
     add_version_flag(p)
@@ -106,49 +107,70 @@ def ctl_main(argv: list[str] | None = None) -> int:
     for name, text in (("drain", "move a job to host aggregation"), ("release", "end a job")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("job_id", type=int)
-    args = p.parse_args(argv)
+    return p
+
+
+def _connect(args: argparse.Namespace) -> tuple[str, ControllerClient]:
+    """The admin token (from a file or the environment) and a client of the controller."""
+    admin_token = load_token(args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV))
+    if not admin_token:
+        raise ValueError(f"no admin token: give --admin-token-file, or set ${ADMIN_TOKEN_FILE_ENV} "
+                         f"or ${ADMIN_TOKEN_ENV}")
+    return admin_token, ControllerClient(args.controller, ca=args.controller_ca, insecure=args.insecure or None)
+
+
+def _print_jobs(listing) -> None:
+    """``inaggctl jobs``: one line a job."""
+    print(f"{'job':>5} {'name':<12} {'workers':>7}  {'active grant':<48} {'pending':<14} counters")
+    for j in listing.jobs:
+        pending = f"{j.pending.mode} e{j.pending.epoch}" if j.HasField("pending") else "-"
+        counters = " ".join(f"{k}={v}" for k, v in sorted(j.counters.items()))
+        print(f"{j.job_id:>5} {j.name:<12} {j.joined:>3}/{j.n_workers:<3}  "
+              f"{_grant_text(j.active):<48} {pending:<14} {counters}")
+
+
+def _print_slots(listing) -> None:
+    """``inaggctl slots``: the switch pool as 64 cells, each lettered by the job holding it."""
+    width = 64
+    cells = ["."] * width
+    scale = listing.switch_slots / width if listing.switch_slots else 1
+    for j in listing.jobs:
+        if j.active.mode == "switch":
+            for c in range(int(j.active.slot_base / scale), int((j.active.slot_base + j.active.slot_count) / scale)):
+                cells[c] = chr(ord("A") + (j.job_id - 1) % 26)
+    print(f"switch slots 0..{listing.switch_slots} ({scale:g} per cell): |{''.join(cells)}|")
+    for j in listing.jobs:
+        print(f"  {chr(ord('A') + (j.job_id - 1) % 26)} = job {j.job_id} {_grant_text(j.active)}")
+
+
+def _run_command(client: ControllerClient, admin_token: str, args: argparse.Namespace) -> None:
+    if args.cmd == "jobs":
+        _print_jobs(client.list_jobs(admin_token))
+    elif args.cmd == "slots":
+        _print_slots(client.list_jobs(admin_token))
+    elif args.cmd == "top":
+        from inagg.control.top import top
+        try:
+            top(client, admin_token, args.interval, args.once)
+        except KeyboardInterrupt:
+            pass
+    elif args.cmd == "drain":
+        g = client.drain(admin_token, args.job_id)
+        print(f"job {args.job_id}: {'pending' if g.pending else 'active'} {_grant_text(g)}")
+    elif args.cmd == "release":
+        client.release(admin_token, args.job_id)
+        print(f"job {args.job_id} released")
+
+
+def ctl_main(argv: list[str] | None = None) -> int:
+    args = _ctl_parser().parse_args(argv)
     try:
-        admin_token = load_token(args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV))
-        if not admin_token:
-            raise ValueError(f"no admin token: give --admin-token-file, or set ${ADMIN_TOKEN_FILE_ENV} "
-                             f"or ${ADMIN_TOKEN_ENV}")
-        client = ControllerClient(args.controller, ca=args.controller_ca, insecure=args.insecure or None)
+        admin_token, client = _connect(args)
     except (ValueError, ControllerError) as e:
         print(f"inaggctl: {e}", file=sys.stderr)
         return 2
     try:
-        if args.cmd == "jobs":
-            listing = client.list_jobs(admin_token)
-            print(f"{'job':>5} {'name':<12} {'workers':>7}  {'active grant':<48} {'pending':<14} counters")
-            for j in listing.jobs:
-                pending = f"{j.pending.mode} e{j.pending.epoch}" if j.HasField("pending") else "-"
-                counters = " ".join(f"{k}={v}" for k, v in sorted(j.counters.items()))
-                print(f"{j.job_id:>5} {j.name:<12} {j.joined:>3}/{j.n_workers:<3}  "
-                      f"{_grant_text(j.active):<48} {pending:<14} {counters}")
-        elif args.cmd == "slots":
-            listing = client.list_jobs(admin_token)
-            width = 64
-            cells = ["."] * width
-            scale = listing.switch_slots / width if listing.switch_slots else 1
-            for j in listing.jobs:
-                if j.active.mode == "switch":
-                    for c in range(int(j.active.slot_base / scale), int((j.active.slot_base + j.active.slot_count) / scale)):
-                        cells[c] = chr(ord("A") + (j.job_id - 1) % 26)
-            print(f"switch slots 0..{listing.switch_slots} ({scale:g} per cell): |{''.join(cells)}|")
-            for j in listing.jobs:
-                print(f"  {chr(ord('A') + (j.job_id - 1) % 26)} = job {j.job_id} {_grant_text(j.active)}")
-        elif args.cmd == "top":
-            from inagg.control.top import top
-            try:
-                top(client, admin_token, args.interval, args.once)
-            except KeyboardInterrupt:
-                pass
-        elif args.cmd == "drain":
-            g = client.drain(admin_token, args.job_id)
-            print(f"job {args.job_id}: {'pending' if g.pending else 'active'} {_grant_text(g)}")
-        elif args.cmd == "release":
-            client.release(admin_token, args.job_id)
-            print(f"job {args.job_id} released")
+        _run_command(client, admin_token, args)
     except ControllerError as e:
         print(f"inaggctl: {e}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from prometheus_client.registry import CollectorRegistry
 from inagg.wire.grant import parse_address
 
 if TYPE_CHECKING:
-    from inagg.control.service import Controller
+    from inagg.control.controller import Controller
 
 JOB_LABELS = ["job_id", "name"]
 SWITCH_COUNTERS = ("packets", "aggregated", "duplicates", "results")
@@ -81,7 +81,7 @@ class ControllerCollector:
         yield from [*g.values(), mode, grant_changes, *counters.values(), drops]
 
     def _switch_of(self, aggregator: str) -> str:
-        for name, sw in self.ctl.switches.items():
+        for name, sw in self.ctl.fabric.switches.items():
             if sw.cfg.aggregator == aggregator:
                 return name
         return ""

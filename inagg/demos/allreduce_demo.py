@@ -121,6 +121,28 @@ def run_local_job(
     (``WorkerReport.max_err_over_bound``) and returns them when ``keep_results`` is set.
     ``native``: workers run the C++ stream (else the Python one, its specification)."""
     ctx = mp.get_context("spawn")
+    pipes, procs = _start_workers(ctx, n_workers, specs, keep_results, check, native)
+    agg = None
+    try:
+        job = {"job_id": JOB_ID, "epoch": EPOCH, "slot_base": 0, "slot_count": window,
+               "workers": _worker_addresses(pipes)}
+        agg = subprocess.Popen(_aggregator_command(job, window, values_per_packet, drop_rate, seed),
+                               stdout=subprocess.PIPE, text=True)
+        address = _aggregator_address(agg)
+        grant = Grant(JOB_ID, EPOCH, 0, window, values_per_packet, address, mode="host")
+        t0 = time.perf_counter()
+        for conn in pipes:
+            conn.send(grant)
+        reports = _reports(pipes, timeout)
+        wall = time.perf_counter() - t0
+    finally:
+        out = _stop(procs, agg)
+    return JobRun(reports, json.loads(out[out.index("{"):]), wall)
+
+
+def _start_workers(ctx, n_workers: int, specs: list[TensorSpec], keep_results: bool, check: bool,
+                   native: bool) -> tuple[list, list]:
+    """One process a rank, each with a pipe to this one; returns (pipes, processes)."""
     pipes, procs = [], []
     for rank in range(n_workers):
         parent, child = ctx.Pipe()
@@ -129,44 +151,57 @@ def run_local_job(
         p.start()
         pipes.append(parent)
         procs.append(p)
-    agg = None
-    try:
-        members = []
-        for conn in pipes:
-            if not conn.poll(60):
-                raise RuntimeError("a worker process did not start")
-            members.append("%s:%d" % conn.recv())
-        job = {"job_id": JOB_ID, "epoch": EPOCH, "slot_base": 0, "slot_count": window,
-               "workers": members}
-        agg = subprocess.Popen(
-            [sys.executable, "-m", "inagg.aggregator.server", "--bind", "127.0.0.1:0",
-             "--slots", str(window), "--values-per-packet", str(values_per_packet),
-             "--job", json.dumps(job), "--drop-rate", str(drop_rate), "--seed", str(seed)],
-            stdout=subprocess.PIPE, text=True,
-        )
-        line = agg.stdout.readline()
-        if "listening on" not in line:
-            raise RuntimeError(f"aggregator did not start: {line!r}")
-        address = parse_address(line.split()[3])
-        grant = Grant(JOB_ID, EPOCH, 0, window, values_per_packet, address, mode="host")
-        t0 = time.perf_counter()
-        for conn in pipes:
-            conn.send(grant)
-        reports = []
-        for conn in pipes:
-            if not conn.poll(timeout):
-                raise TimeoutError(f"workers did not finish within {timeout}s")
-            reports.append(conn.recv())
-        wall = time.perf_counter() - t0
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-        if agg is not None:
-            agg.terminate()
-            out, _ = agg.communicate(timeout=30)
-    return JobRun(reports, json.loads(out[out.index("{"):]), wall)
+    return pipes, procs
+
+
+def _worker_addresses(pipes: list) -> list[str]:
+    """Each worker's "ip:port", sent once it bound its socket."""
+    members = []
+    for conn in pipes:
+        if not conn.poll(60):
+            raise RuntimeError("a worker process did not start")
+        members.append("%s:%d" % conn.recv())
+    return members
+
+
+def _aggregator_command(job: dict, window: int, values_per_packet: int, drop_rate: float,
+                        seed: int) -> list[str]:
+    """The aggregator CLI serving ``job`` alone on a free loopback port."""
+    return [sys.executable, "-m", "inagg.aggregator.server", "--bind", "127.0.0.1:0",
+            "--slots", str(window), "--values-per-packet", str(values_per_packet),
+            "--job", json.dumps(job), "--drop-rate", str(drop_rate), "--seed", str(seed)]
+
+
+def _aggregator_address(agg: subprocess.Popen) -> tuple[str, int]:
+    """The address the aggregator announces on its first line."""
+    line = agg.stdout.readline()
+    if "listening on" not in line:
+        raise RuntimeError(f"aggregator did not start: {line!r}")
+    return parse_address(line.split()[3])
+
+
+def _reports(pipes: list, timeout: float) -> list:
+    """Every worker's report, in rank order."""
+    reports = []
+    for conn in pipes:
+        if not conn.poll(timeout):
+            raise TimeoutError(f"workers did not finish within {timeout}s")
+        reports.append(conn.recv())
+    return reports
+
+
+def _stop(procs: list, agg: subprocess.Popen | None) -> str:
+    """Wait for the workers (killing any left after 5 s each) and stop the aggregator; returns
+    what it printed (its counters as JSON at the end)."""
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    out = ""
+    if agg is not None:
+        agg.terminate()
+        out, _ = agg.communicate(timeout=30)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -79,7 +80,7 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
     dist.init_process_group("gloo", init_method=f"file://{dist_file}", rank=rank, world_size=cfg.workers)
-    xtr, ytr, xte, yte = load_digits_split(cfg.seed)
+    data = load_digits_split(cfg.seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, cfg.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(cfg.hidden, 10))
     ddp = DDP(model, bucket_cap_mb=64)
@@ -87,21 +88,55 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
     if before_join is not None:
         before_join()
     if cfg.hook != "gloo":
-        from inagg.worker.communicator import Communicator
-        from inagg.pytorch.hooks import ARTopkHookState, InaggHookState, artopk_hook, inagg_hook
-
-        nbytes = 4 * sum(p.numel() for p in model.parameters())
-        comm = Communicator.from_rendezvous(
-            f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}", controller,
-            bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.job_name or cfg.hook,
-            transport=cfg.transport)
-        if cfg.hook == "inagg":
-            ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
-        else:
-            ddp.register_comm_hook(ARTopkHookState(comm, cr=cfg.cr, selection=cfg.selection,
-                                                   adaptive=cfg.adaptive), artopk_hook)
+        comm = _hook_to_inagg(ddp, model, rank, cfg, rdv_file, controller, bind_ip)
     if before_training is not None:
         before_training()
+    drain = (lambda: _drain(admin, comm.job_id)) if rank == 0 and admin is not None else None
+    seconds, steps = _train(ddp, model, rank, cfg, data, report, drain)
+    params = [p.detach().numpy().copy() for p in model.parameters()]
+    report(("done", rank, params if rank == 0 else None, comm.stats() if comm else None, seconds, steps))
+    if comm is not None:
+        dist.barrier()
+        comm.close()
+    dist.destroy_process_group()
+
+
+def _hook_to_inagg(ddp, model, rank: int, cfg: TrainConfig, rdv_file: str, controller: str | None,
+                   bind_ip: str | None):
+    """Join the job (its demand: the model's gradient bytes every 50 ms) and average DDP's
+    gradient buckets through it with the config's hook; returns the ``Communicator``."""
+    from inagg.worker.communicator import Communicator
+    from inagg.pytorch.hooks import ARTopkHookState, InaggHookState, artopk_hook, inagg_hook
+
+    nbytes = 4 * sum(p.numel() for p in model.parameters())
+    comm = Communicator.from_rendezvous(
+        f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}", controller,
+        bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.job_name or cfg.hook,
+        transport=cfg.transport)
+    if cfg.hook == "inagg":
+        ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
+    else:
+        ddp.register_comm_hook(ARTopkHookState(comm, cr=cfg.cr, selection=cfg.selection,
+                                               adaptive=cfg.adaptive), artopk_hook)
+    return comm
+
+
+def _drain(admin: tuple[str, str], job_id: int) -> None:
+    """Ask the controller at ``admin[0]`` (admin token ``admin[1]``) to move the job to host mode."""
+    from inagg.jobservice.client import ControllerClient
+    c = ControllerClient(admin[0])
+    c.drain(admin[1], job_id)
+    c.close()
+
+
+def _train(ddp, model, rank: int, cfg: TrainConfig, data: tuple, report,
+           drain: Callable[[], None] | None) -> tuple[float, int]:
+    """SGD over this rank's share of the training set (every ``cfg.workers``-th sample, shuffled
+    per epoch by the seed), ``drain()`` at step ``cfg.drain_at_step``; rank 0 reports each
+    epoch's loss and test accuracy. Returns (seconds, steps)."""
+    import torch
+
+    xtr, ytr, xte, yte = data
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
     mine = np.arange(rank, len(ytr), cfg.workers)
     xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr)
@@ -118,22 +153,13 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
             opt.step()
             losses.append(loss.item())
             steps += 1
-            if steps == cfg.drain_at_step and rank == 0 and admin is not None:
-                from inagg.jobservice.client import ControllerClient
-                c = ControllerClient(admin[0])
-                c.drain(admin[1], comm.job_id)
-                c.close()
+            if steps == cfg.drain_at_step and drain is not None:
+                drain()
         with torch.no_grad():
             acc = (model(torch.from_numpy(xte)).argmax(1).numpy() == yte).mean()
         if rank == 0:
             report(("epoch", epoch, float(np.mean(losses)), float(acc)))
-    seconds = time.perf_counter() - t0
-    params = [p.detach().numpy().copy() for p in model.parameters()]
-    report(("done", rank, params if rank == 0 else None, comm.stats() if comm else None, seconds, steps))
-    if comm is not None:
-        dist.barrier()
-        comm.close()
-    dist.destroy_process_group()
+    return time.perf_counter() - t0, steps
 
 
 def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str] | None = None,

@@ -25,6 +25,21 @@ class StatusError(Exception):
         self.code = code
 
 
+def _decode_field(value: bytes, bitwidth: int, where: str) -> int:
+    """A match field's or action parameter's bytes as an integer of ``bitwidth`` bits; a value
+    that does not fit is INVALID_ARGUMENT, named by ``where`` ("table.field", "action.param")."""
+    try:
+        return decode(value, bitwidth)
+    except ValueError as e:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"{where}: {e}") from None
+
+
+def _refuse_unknown(given: dict, owner: str, kind: str) -> None:
+    """INVALID_ARGUMENT when ids of ``kind`` the P4Info does not give ``owner`` are left over."""
+    if given:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"{owner}: unknown {kind} id(s) {sorted(given)}")
+
+
 @dataclass(frozen=True)
 class Action:
     name: str
@@ -120,14 +135,8 @@ class TableStore:
             if not m.HasField("exact"):
                 raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"{table.name}: field {mf.name} must be an exact match")
-            try:
-                values.append(decode(m.exact.value, mf.bitwidth))
-            except ValueError as e:
-                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"{table.name}.{mf.name}: {e}") from None
-        if given:
-            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"{table.name}: unknown match field id(s) {sorted(given)}")
+            values.append(_decode_field(m.exact.value, mf.bitwidth, f"{table.name}.{mf.name}"))
+        _refuse_unknown(given, table.name, "match field")
         return tuple(values)
 
     def _action(self, table: Table, entry: p4runtime_pb2.TableEntry) -> Action:
@@ -146,14 +155,8 @@ class TableStore:
             if p.id not in given:
                 raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"{info.preamble.name}: missing parameter {p.name}")
-            try:
-                params.append((p.name, decode(given.pop(p.id), p.bitwidth)))
-            except ValueError as e:
-                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"{info.preamble.name}.{p.name}: {e}") from None
-        if given:
-            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"{info.preamble.name}: unknown parameter id(s) {sorted(given)}")
+            params.append((p.name, _decode_field(given.pop(p.id), p.bitwidth, f"{info.preamble.name}.{p.name}")))
+        _refuse_unknown(given, info.preamble.name, "parameter")
         return Action(info.preamble.name, tuple(params))
 
     # -- P4Runtime ---------------------------------------------------------------------------

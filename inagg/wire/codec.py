@@ -65,27 +65,32 @@ def block_exponents(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
 def quantize(block: np.ndarray, exp: int, shift: int, out: np.ndarray | None = None) -> np.ndarray:
     """float32 block -> int32 with shared exponent ``exp`` (``EXP_NONE``: every value is 0)."""
     if exp == EXP_NONE:
-        q = np.zeros(block.size, dtype=np.int32) if out is None else out
-        q[:] = 0
-        return q
+        return _zeros(block.size, np.int32, out)
     scaled = np.ldexp(block, shift - exp, dtype=np.float64)
     np.rint(scaled, out=scaled)
-    if out is None:
-        return scaled.astype(np.int32)
-    out[:] = scaled
-    return out
+    return _as(scaled, np.int32, out)
 
 
 def dequantize(q: np.ndarray, exp: int, shift: int, out: np.ndarray | None = None) -> np.ndarray:
     """int32 sum with shared exponent ``exp`` -> float32 (one rounding, in float64 first)."""
     if exp == EXP_NONE:
-        y = np.zeros(q.size, dtype=np.float32) if out is None else out
-        y[:] = 0
-        return y
+        return _zeros(q.size, np.float32, out)
     y64 = np.ldexp(q, exp - shift, dtype=np.float64)
+    return _as(y64, np.float32, out)
+
+
+def _zeros(size: int, dtype: type, out: np.ndarray | None) -> np.ndarray:
+    """``size`` zeros of ``dtype``: a new array, or ``out`` zeroed when given."""
+    zeros = np.zeros(size, dtype=dtype) if out is None else out
+    zeros[:] = 0
+    return zeros
+
+
+def _as(values: np.ndarray, dtype: type, out: np.ndarray | None) -> np.ndarray:
+    """``values`` converted to ``dtype``: a new array, or written into ``out`` when given."""
     if out is None:
-        return y64.astype(np.float32)
-    out[:] = y64
+        return values.astype(dtype)
+    out[:] = values
     return out
 
 

@@ -132,6 +132,21 @@ class Communicator:
         self._to_grant = to_grant
         # the endpoints first: a rank that cannot open them (RoCE needs root) fails before the
         # job exists
+        ip, port = self._open_endpoints(bind_ip, transport)
+        self.client = ControllerClient(controller)
+        self._join_job(store, f"{ip}:{port}", mac, port if transport == "roce" else 0,
+                       bytes_per_iteration=bytes_per_iteration, iteration_seconds=iteration_seconds,
+                       name=name, transport=transport)
+        grant = self._first_grant(timeout)
+        # UDP jobs (the default) run the native stream; RoCE jobs (raw sockets) and native=False
+        # the Python one
+        stream_class = SlotStream if transport == "roce" or not native else NativeSlotStream
+        self._start_stream(stream_class, grant, stall_timeout)
+        self._start_calls()
+
+    def _open_endpoints(self, bind_ip: str, transport: str) -> tuple[str, int]:
+        """This rank's UDP socket (its address is the rank's endpoint) and, for a RoCE job, its
+        RoCE endpoint on the same address (QP number = UDP port); returns (ip, port)."""
         udp = UdpTransport(("127.0.0.1", 9), bind=(bind_ip, 0))
         ip, port = udp.address
         self._transports = {"udp": udp}
@@ -142,20 +157,27 @@ class Communicator:
                 udp.close()
                 raise
         self.transport = udp
-        self.client = ControllerClient(controller)
-        if rank == 0:
-            job_id, token = self.client.create_job(world_size, bytes_per_iteration, iteration_seconds,
-                                                   name, transport, host_only)
+        return ip, port
+
+    def _join_job(self, store, address: str, mac: str, roce_qp: int, *, bytes_per_iteration: int,
+                  iteration_seconds: float, name: str, transport: str) -> None:
+        """Rank 0 creates the job and publishes its id and token under ``inagg/job`` in the
+        rendezvous store; every rank reads them and joins with its endpoint."""
+        if self.rank == 0:
+            job_id, token = self.client.create_job(self.world_size, bytes_per_iteration, iteration_seconds,
+                                                   name, transport, self.host_only)
             store.set("inagg/job", f"{job_id}:{token}")
         store.wait(["inagg/job"])
         job_id_text, self.token = store.get("inagg/job").decode().split(":")
         self.job_id = int(job_id_text)
-        reply = self.client.join(self.job_id, self.token, rank, f"{ip}:{port}", mac,
-                                 roce_qp=port if transport == "roce" else 0)
+        reply = self.client.join(self.job_id, self.token, self.rank, address, mac, roce_qp=roce_qp)
         self.lease_seconds = reply.lease_seconds
         self.rank_lease_seconds = reply.rank_lease_seconds or reply.lease_seconds
-        self.failure = ""  # set when the controller failed the job
 
+    def _first_grant(self, timeout: float) -> Grant:
+        """Follow the job's grant stream (a background thread) and wait for its first active
+        grant, which comes once every rank joined."""
+        self.failure = ""  # set when the controller failed the job
         self._grants: dict[int, Grant] = {}
         self._pending_epoch = 0
         self._active_epoch = 0
@@ -168,17 +190,20 @@ class Communicator:
         self._threads[0].start()
         if not self._first.wait(timeout):
             raise TimeoutError(f"job {self.job_id}: no grant from the controller within {timeout}s "
-                               f"(did all {world_size} ranks join?)")
+                               f"(did all {self.world_size} ranks join?)")
         if self.failure:
             raise JobFailed(f"job {self.job_id} failed: {self.failure}")
-        grant = self._grants[self._active_epoch]
-        # UDP jobs (the default) run the native stream; RoCE jobs (raw sockets) and native=False
-        # the Python one
-        stream_class = SlotStream if transport == "roce" or not native else NativeSlotStream
-        self.stream = stream_class(grant, rank, world_size, self.transport, stall_timeout=stall_timeout)
+        return self._grants[self._active_epoch]
+
+    def _start_stream(self, stream_class: type, grant: Grant, stall_timeout: float) -> None:
+        """The stream this rank's calls run on, under the first grant."""
+        self.stream = stream_class(grant, self.rank, self.world_size, self.transport, stall_timeout=stall_timeout)
         self._use(grant)
         self.boundary = 0
         self.grant_changes = 0
+
+    def _start_calls(self) -> None:
+        """The path model, the call queue and its I/O thread, and the lease thread."""
         # alpha/beta of this rank's path, measured: every call's control round is a latency
         # probe and every call a (wire bytes, seconds) transfer sample of 1 or 2 round trips
         # (a small call rides in the control round; inagg.worker.cost_model)

@@ -1,0 +1,153 @@
+"""The switches and their slot pools: where a job aggregates and what each switch must hold.
+
+There is one ``SlotAllocator`` per configured switch (its pool, job rows and K are its program's,
+read from its P4Info) and one, named "", for jobs on no switch (the host aggregator only); the
+host aggregator's slots are split evenly between them. A job goes to the first switch that has
+every rank as a host and speaks the job's transport, else to "" (``Fabric.place``).
+
+A switch's desired entries are a function of the jobs placed on it whose active grant is on the
+switch (``Fabric.switch_jobs``); ``Fabric.program`` pushes them to every switch whose desired
+entries changed, and ``Fabric.reconnect``/``Fabric.reprogram`` bring back a switch that
+restarted. The caller (the controller) holds its lock around all of these except ``reconnect``,
+which takes it itself around the part that changes shared state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from inagg.control.allocator import SWITCH, AllocatorSnapshot, JobState, Placement, SlotAllocator
+from inagg.control.config import ControllerConfig
+from inagg.control.jobs import Job
+from inagg.control.runtime import SwitchCapacity, SwitchRuntime
+from inagg.control.switch import SwitchError, SwitchJob, WorkerBinding
+from inagg.wire.grant import parse_address
+
+log = logging.getLogger("inagg.controller")
+
+
+class Fabric:
+    """The allocators (by switch name, "" for host only) and the switches' runtimes."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        n = len(config.switches) + 1
+        share = config.host_slots // n
+        self.allocators: dict[str, SlotAllocator] = {}
+        self.switches: dict[str, SwitchRuntime] = {}
+        for i, cfg in enumerate(config.switches):
+            p4info = cfg.program.p4info
+            cap = SwitchCapacity.from_p4info(p4info)
+            alloc = SlotAllocator(cap.slots, config.min_window, p4info.values_per_packet, share,
+                                  config.host_window, share * i, max_jobs=cap.job_rows,
+                                  max_job_workers=cap.job_workers, worker_entries=cap.worker_entries)
+            self.allocators[cfg.name] = alloc
+            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info)
+        self.allocators[""] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
+                                            config.host_window, share * (n - 1))
+
+    # -- allocation --------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, AllocatorSnapshot]:
+        return {name: alloc.snapshot() for name, alloc in self.allocators.items()}
+
+    def restore(self, saved: dict[str, AllocatorSnapshot]) -> None:
+        for name, snapshot in saved.items():
+            self.allocators[name].restore(snapshot)
+
+    def place(self, job: Job) -> None:
+        """Place a job every rank of which joined: give it a pool and its first grant there."""
+        ips = {parse_address(m.address)[0] for m in job.workers.values()}
+        job.place = "" if job.host_only else next(
+            (name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)
+             and job.transport in sw.sw.p4info.encapsulations), "")
+        self.allocators[job.place].add_job(job.job_id, job.demand)
+        log.info("job %d placed on %s", job.job_id, job.place or "host only")
+
+    def state(self, job: Job) -> JobState | None:
+        """The allocator's state of a placed job; None before placement or after it left."""
+        alloc = self.allocators.get(job.place) if job.place is not None else None
+        return alloc.jobs.get(job.job_id) if alloc is not None else None
+
+    def remove(self, job: Job) -> None:
+        """A job's slots return to its pool (if it holds any)."""
+        if job.place is not None and job.job_id in self.allocators[job.place].jobs:
+            self.allocators[job.place].remove_job(job.job_id)
+
+    # -- programming -------------------------------------------------------------------------
+
+    def _switch_job(self, job: Job, sw: SwitchRuntime, p: Placement) -> SwitchJob:
+        bindings = []
+        for rank, m in sorted(job.workers.items()):
+            ip, udp_port = parse_address(m.address)
+            host = sw.cfg.hosts[ip]
+            bindings.append(WorkerBinding(rank, sw.cfg.device_port(host.port), ip, host.mac or m.mac,
+                                          udp_port, m.qp, m.rkey))
+        return SwitchJob(job.job_id, job.job_index, p.epoch, p.slot_base, p.slot_count, tuple(bindings),
+                         job.transport)
+
+    def switch_jobs(self, name: str, jobs: dict[int, Job]) -> list[SwitchJob]:
+        """The jobs switch ``name`` should hold now, each with a job row (counter index): a job
+        off the switch gives its row back, one new on it takes the lowest free row."""
+        alloc = self.allocators[name]
+        on_switch = [j for j in sorted(jobs.values(), key=lambda j: j.job_id)
+                     if j.place == name and j.job_id in alloc.jobs and alloc.jobs[j.job_id].active.mode == SWITCH]
+        for job in jobs.values():
+            if job.place == name and job not in on_switch:
+                job.job_index = None
+        used = {j.job_index for j in on_switch}
+        for job in on_switch:
+            if job.job_index is None:
+                free = set(range(self.switches[name].capacity.job_rows)) - used
+                if not free:  # the allocator admits no more jobs than rows: a bug if reached
+                    raise RuntimeError(f"switch {name}: no free job row for job {job.job_id}")
+                job.job_index = min(free)
+                used.add(job.job_index)
+        return [self._switch_job(j, self.switches[name], alloc.jobs[j.job_id].active) for j in on_switch]
+
+    def program(self, jobs: dict[int, Job], *, force: bool = False) -> None:
+        """Program every switch whose desired entries changed; raises when one refuses.
+        ``force`` (after a rollback): program every switch, logging the ones that fail (the
+        keeper retries them)."""
+        for name, sw in self.switches.items():
+            wanted = self.switch_jobs(name, jobs)
+            if wanted == sw.wanted and not force:
+                continue           # unchanged; a switch that is down is the keeper's
+            try:
+                sw.program(wanted)
+            except SwitchError as e:
+                if not force:
+                    raise
+                log.warning("switch %s: %s (the keeper retries)", name, e)
+
+    # -- switch keeper -----------------------------------------------------------------------
+
+    def reconnect(self, name: str, lock: threading.RLock) -> None:
+        """Take a new session to switch ``name`` when its stream broke (it restarted), or push
+        our pipeline again when its pipeline is not ours any more; raises while it is down.
+        Connecting happens outside ``lock``, adopting the session under it."""
+        sw = self.switches[name]
+        if sw.sw.lost.is_set():
+            log.warning("switch %s: P4Runtime stream lost; reconnecting", name)
+            session = sw.reconnect()
+            with lock:
+                sw.adopt(session)
+        elif sw.sw.restore_pipeline():
+            log.warning("switch %s: its pipeline was gone or replaced; pushed ours again", name)
+            with lock:
+                sw.adopt(None)
+
+    def reprogram(self, name: str, jobs: dict[int, Job]) -> bool:
+        """Program switch ``name`` if its entries are unknown (it restarted, or a failed sync left
+        them so); True when it was."""
+        sw = self.switches[name]
+        if sw.applied is not None:
+            return False
+        sw.program(self.switch_jobs(name, jobs))
+        log.warning("switch %s re-programmed (%d job(s))", name, len(sw.applied))
+        return True
+
+    def close(self) -> None:
+        for sw in self.switches.values():
+            sw.sw.close()
