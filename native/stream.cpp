@@ -29,13 +29,6 @@ double now_seconds() {
     return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-uint16_t be16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
-uint32_t be32(const uint8_t* p) {
-    return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
-}
-void put16(uint8_t* p, uint16_t v) { p[0] = v >> 8; p[1] = v & 0xFF; }
-void put32(uint8_t* p, uint32_t v) { put16(p, v >> 16); put16(p + 2, v & 0xFFFF); }
-
 // Wait until the socket is readable (or writable), at most `seconds`.
 void wait_for(int fd, short events, double seconds) {
     pollfd p{fd, events, 0};
@@ -145,7 +138,6 @@ void Stream::start_call(uint32_t window) {
 
 void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp,
                    uint8_t flags, double now) {
-    uint8_t* p = packet(idx);
     Round& r = rounds_[idx];
     r.slot_set = next_set_[idx];
     next_set_[idx] ^= 1;
@@ -160,15 +152,18 @@ void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, i
     r.retransmitted = false;
     r.active = true;
     ++outstanding_;
-    p[0] = kVersion << 4 | kMsgContribution;
-    p[1] = flags;
-    put16(p + 2, grant_.job);
-    p[4] = static_cast<uint8_t>(rank_);
-    p[5] = static_cast<uint8_t>(exp);
-    put16(p + 6, grant_.epoch);
-    put16(p + 8, static_cast<uint16_t>(r.slot_set << 15 | (grant_.slot_base + idx)));
-    put16(p + 10, count);
-    put32(p + 12, r.offset);
+    Header h;
+    h.msg_type = kMsgContribution;
+    h.flags = flags;
+    h.job = grant_.job;
+    h.worker = static_cast<uint8_t>(rank_);
+    h.exp = exp;
+    h.epoch = grant_.epoch;
+    h.set = r.slot_set;
+    h.slot = grant_.slot_base + idx;
+    h.count = count;
+    h.offset = r.offset;
+    write_header(packet(idx), h);
     if (count) std::fill(payload(idx) + count, payload(idx) + grant_.k, 0u);
     queue_send(idx);
 }
@@ -262,7 +257,7 @@ void Stream::resend_lost(double now) {
 void Stream::resend(uint32_t idx, double rto, double now) {
     Round& r = rounds_[idx];
     if (!r.retransmitted) {
-        packet(idx)[1] |= kFlagRetransmit;
+        packet(idx)[field::kFlags] |= kFlagRetransmit;
         r.retransmitted = true;
     }
     counters_.retransmissions += 1;
@@ -304,21 +299,19 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, u
         from.sin_port != grant_.aggregator.sin_port)
         return ResultCheck::FOREIGN_SOURCE;
     if (n < kHeaderBytes) return ResultCheck::TRUNCATED;
-    if (d[0] != (kVersion << 4 | kMsgResult)) return ResultCheck::NOT_A_RESULT;
-    if (be16(d + 2) != grant_.job) return ResultCheck::WRONG_JOB;
-    if (be16(d + 6) != grant_.epoch) return ResultCheck::WRONG_EPOCH;
-    uint16_t ss = be16(d + 8);
-    uint32_t slot = ss & kMaxSlot;
-    if (slot < grant_.slot_base || slot - grant_.slot_base >= rounds_.size() ||
-        !rounds_[slot - grant_.slot_base].active)
+    Header h = read_header(d);
+    if (h.version != kVersion || h.msg_type != kMsgResult) return ResultCheck::NOT_A_RESULT;
+    if (h.job != grant_.job) return ResultCheck::WRONG_JOB;
+    if (h.epoch != grant_.epoch) return ResultCheck::WRONG_EPOCH;
+    if (h.slot < grant_.slot_base || h.slot - grant_.slot_base >= rounds_.size() ||
+        !rounds_[h.slot - grant_.slot_base].active)
         return ResultCheck::NO_ROUND;
-    *idx = slot - grant_.slot_base;
+    *idx = h.slot - grant_.slot_base;
     const Round& r = rounds_[*idx];
-    if ((ss >> 15) != r.slot_set) return ResultCheck::WRONG_SET;
-    if (be32(d + 12) != r.offset) return ResultCheck::WRONG_OFFSET;
-    uint16_t count = be16(d + 10);
-    if (count != r.count) return ResultCheck::WRONG_COUNT;
-    if (n != kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WRONG_LENGTH;
+    if (h.set != r.slot_set) return ResultCheck::WRONG_SET;
+    if (h.offset != r.offset) return ResultCheck::WRONG_OFFSET;
+    if (h.count != r.count) return ResultCheck::WRONG_COUNT;
+    if (n != kHeaderBytes + (h.count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WRONG_LENGTH;
     return ResultCheck::ACCEPTED;
 }
 
@@ -335,7 +328,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             if (verdict != ResultCheck::ACCEPTED) {
                 counters_.drops[static_cast<size_t>(verdict)] += 1;
                 // a late copy the aggregator sent for our retransmission: it was not needed
-                if (n > 1 && (d[1] & kFlagRetransmit) &&
+                if (n > field::kFlags && (d[field::kFlags] & kFlagRetransmit) &&
                     (verdict == ResultCheck::NO_ROUND || verdict == ResultCheck::WRONG_SET)) {
                     counters_.spurious_retransmissions += 1;
                 }
@@ -344,7 +337,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             Round& r = rounds_[*idx];
             r.active = false;
             --outstanding_;
-            if (d[1] & kFlagFromHost) counters_.host_results += 1;
+            if (d[field::kFlags] & kFlagFromHost) counters_.host_results += 1;
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
             loss_.delivered(r, now);
@@ -379,9 +372,10 @@ bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, ui
     double progress = start;
     if (!await_result(&idx, &res, &progress)) return false;
     *rtt = progress - rounds_[0].sent_at;
-    for (size_t i = 0; i < n_lanes; ++i) summed[i] = static_cast<int32_t>(be32(res + kHeaderBytes + 4 * i));
-    *agreed_exp0 = static_cast<int8_t>(res[5]);
-    *result_flags = res[1];
+    for (size_t i = 0; i < n_lanes; ++i) summed[i] = static_cast<int32_t>(load_be32(res + kHeaderBytes + 4 * i));
+    Header h = read_header(res);
+    *agreed_exp0 = h.exp;
+    *result_flags = h.flags;
     return true;
 }
 
@@ -407,8 +401,7 @@ bool Stream::stream_blocks(const BlockCall& call) {
         const uint8_t* res = nullptr;
         if (!await_result(&idx, &res, &progress)) return false;
         const Round& r = rounds_[idx];
-        uint8_t flags = res[1];
-        auto exp = static_cast<int8_t>(res[5]);
+        Header h = read_header(res);
         size_t next = r.priming ? r.chunk : size_t(r.chunk) + call.window;
         if (!r.priming) {
             --remaining_;
@@ -416,14 +409,14 @@ bool Stream::stream_blocks(const BlockCall& call) {
             if (!call.is_float) {
                 int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
                 for (size_t i = 0; i < r.count; ++i) out[i] = static_cast<int32_t>(ntohl(values[i]));
-            } else if (flags & kFlagOverflow) {
+            } else if (h.flags & kFlagOverflow) {
                 overflow_.push_back(r.chunk);
             } else {
                 dequantize_be(values, r.count, agreed_[r.chunk], shift_, static_cast<float*>(call.data) + r.offset);
             }
         }
         if (next < n_blocks) {
-            if (call.is_float) agreed_[next] = exp;
+            if (call.is_float) agreed_[next] = h.exp;
             send_block(call, idx, static_cast<uint32_t>(next), progress);
         }
     }

@@ -44,20 +44,20 @@ void write_udp_headers(uint8_t* f, uint32_t src, uint16_t sport, uint32_t dst, s
     std::memcpy(f, kUdpSwitchMac, 6);
     f[6] = 0x02;
     f[7] = 0x00;
-    put32(f + 8, src);
-    put16(f + 12, 0x0800);
+    store_be32(f + 8, src);
+    store_be16(f + 12, 0x0800);
     uint8_t* ip = f + kEth;
     const uint8_t fixed[12] = {0x45, 0, 0, 0, 0, 0, 0, 0, 64, 17, 0, 0};
     std::memcpy(ip, fixed, sizeof fixed);
-    put16(ip + 2, uint16_t(kIp + kUdp + len));
-    put32(ip + 12, src);
-    put32(ip + 16, dst);
-    put16(ip + 10, ipv4_checksum(ip));
+    store_be16(ip + 2, uint16_t(kIp + kUdp + len));
+    store_be32(ip + 12, src);
+    store_be32(ip + 16, dst);
+    store_be16(ip + 10, ipv4_checksum(ip));
     uint8_t* udp = ip + kIp;
-    put16(udp, sport);
-    put16(udp + 2, kInaggUdpPort);
-    put16(udp + 4, uint16_t(kUdp + len));
-    put16(udp + 6, 0);
+    store_be16(udp, sport);
+    store_be16(udp + 2, kInaggUdpPort);
+    store_be16(udp + 4, uint16_t(kUdp + len));
+    store_be16(udp + 6, 0);
 }
 
 }  // namespace
@@ -266,7 +266,7 @@ void SwitchLoop::send_udp(Socket& sock, const std::vector<size_t>& frames) {
         const uint8_t* f = out_.data(i);
         size_t len = out_.len(i);
         if (len < kInaggAt) continue;
-        size_t end = std::min(len, kEth + kIp + be16(f + kEth + kIp + 4));
+        size_t end = std::min(len, kEth + kIp + load_be16(f + kEth + kIp + 4));
         Datagram d{sockaddr_in{}, f + kInaggAt, end > kInaggAt ? end - kInaggAt : 0};
         d.to.sin_family = AF_INET;
         std::memcpy(&d.to.sin_addr.s_addr, f + kEth + 16, 4);
