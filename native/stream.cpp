@@ -8,17 +8,15 @@
 #include <sys/time.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 
 #include "codec.hpp"
 
 namespace inagg {
 namespace {
 
-constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
+constexpr size_t kBatch = 32;  // datagrams per recvmmsg
 constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
 constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
 constexpr double kRtoOverMinRtt = 32; // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
@@ -27,16 +25,6 @@ constexpr double kLossMemory = 1.0;   // seconds a fast retransmission marks the
 double now_seconds() {
     using namespace std::chrono;
     return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-// Wait until the socket is readable (or writable), at most `seconds`.
-void wait_for(int fd, short events, double seconds) {
-    pollfd p{fd, events, 0};
-    timespec ts{};
-    seconds = std::max(seconds, 0.0);
-    ts.tv_sec = static_cast<time_t>(seconds);
-    ts.tv_nsec = static_cast<long>((seconds - ts.tv_sec) * 1e9);
-    ppoll(&p, 1, &ts, nullptr);
 }
 
 }  // namespace
@@ -100,7 +88,7 @@ double LossDetector::next_rto(const Transmission& t, bool backoff, double now) c
 }
 
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
-    : fd_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
+    : socket_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
       stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {
     // A blocking socket waits in recvmmsg itself (MSG_WAITFORONE), at most one scan tick: one
     // system call per batch. A non-blocking one (Python gave it a timeout) is polled when empty.
@@ -110,7 +98,6 @@ Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, 
     tick.tv_usec = static_cast<suseconds_t>((scan_tick() - tick.tv_sec) * 1e6);
     blocking_ = fl >= 0 && !(fl & O_NONBLOCK) &&
                 setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tick, sizeof(tick)) == 0;
-    send_batch_ = UdpBatch(udp_gso_supported(fd));
 }
 
 void Stream::set_grant(const GrantView& grant) {
@@ -120,10 +107,8 @@ void Stream::set_grant(const GrantView& grant) {
     packet_bytes_ = kHeaderBytes + 4 * size_t(grant.k);
     packets_.assign(packet_bytes_ * grant.slot_count, 0);
     // one spare word per buffer: a longer datagram shows as a wrong length, not a right one
-    rx_buffers_.assign((packet_bytes_ + 4) * BATCH, 0);
-    rx_lengths_.assign(BATCH, 0);
-    rx_from_.assign(BATCH, sockaddr_in{});
-    rx_count_ = rx_next_ = 0;
+    rx_ = RecvBatch(kBatch, packet_bytes_ + 4);
+    rx_next_ = 0;
 }
 
 void Stream::start_call(uint32_t window) {
@@ -199,25 +184,9 @@ void Stream::flush_sends() {
     send_datagrams_.clear();
     for (uint32_t idx : send_queue_)
         send_datagrams_.push_back(Datagram{grant_.aggregator, packet(idx), rounds_[idx].length});
-    size_t n = send_batch_.prepare(send_datagrams_), done = 0, first = 0;
-    mmsghdr* msgs = send_batch_.messages();
-    while (done < n) {
-        int sent = sendmmsg(fd_, msgs + done, static_cast<unsigned>(n - done), MSG_DONTWAIT);
-        if (sent < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ENOBUFS) {
-                wait_for(fd_, POLLOUT, 0.001);
-                continue;
-            }
-            sent = 1;  // an unsendable message's datagrams are lost ones: RTO resends them
-        }
-        for (size_t m = done; m < done + static_cast<size_t>(sent); ++m) {
-            for (uint32_t i = 0; i < send_batch_.datagram_counts()[m]; ++i)
-                counters_.wire_bytes_sent += send_datagrams_[first + i].len + grant_.overhead;
-            counters_.packets_sent += send_batch_.datagram_counts()[m];
-            first += send_batch_.datagram_counts()[m];
-        }
-        done += static_cast<size_t>(sent);
-    }
+    size_t sent = socket_.send(send_datagrams_);  // the rest are lost: loss detection resends them
+    counters_.packets_sent += sent;
+    for (size_t i = 0; i < sent; ++i) counters_.wire_bytes_sent += send_datagrams_[i].len + grant_.overhead;
     send_queue_.clear();
 }
 
@@ -267,31 +236,15 @@ void Stream::resend(uint32_t idx, double rto, double now) {
     queue_send(idx);
 }
 
-int Stream::receive_batch(double wait) {
-    mmsghdr msgs[BATCH];
-    iovec iov[BATCH];
-    size_t rx_bytes = packet_bytes_ + 4;
-    for (size_t i = 0; i < BATCH; ++i) {
-        iov[i] = {rx_buffers_.data() + i * rx_bytes, rx_bytes};
-        msgs[i] = {};
-        msgs[i].msg_hdr.msg_name = &rx_from_[i];
-        msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
+// The next batch of datagrams into rx_: a blocking socket waits in recvmmsg (one scan tick at
+// most), a non-blocking one is polled for `wait` seconds when empty.
+void Stream::receive_batch(double wait) {
+    size_t got = socket_.receive(rx_, blocking_ ? MSG_WAITFORONE : MSG_DONTWAIT);
+    if (!got && !blocking_) {
+        socket_.wait(POLLIN, wait);
+        socket_.receive(rx_, MSG_DONTWAIT);
     }
-    int got = recvmmsg(fd_, msgs, BATCH, blocking_ ? MSG_WAITFORONE : MSG_DONTWAIT, nullptr);
-    if (got <= 0 && !blocking_) {
-        wait_for(fd_, POLLIN, wait);
-        got = recvmmsg(fd_, msgs, BATCH, MSG_DONTWAIT, nullptr);
-    }
-    got = std::max(got, 0);
-    for (int i = 0; i < got; ++i) {
-        rx_lengths_[i] = msgs[i].msg_len;
-        if (msgs[i].msg_hdr.msg_namelen != sizeof(sockaddr_in)) rx_from_[i] = sockaddr_in{};
-    }
-    rx_count_ = static_cast<size_t>(got);
     rx_next_ = 0;
-    return got;
 }
 
 ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, uint32_t* idx) const {
@@ -316,15 +269,14 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, u
 }
 
 bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress) {
-    size_t rx_bytes = packet_bytes_ + 4;
     for (;;) {
-        while (rx_next_ < rx_count_) {
+        while (rx_next_ < rx_.size()) {
             size_t i = rx_next_++;
-            const uint8_t* d = rx_buffers_.data() + i * rx_bytes;
-            size_t n = rx_lengths_[i];
+            const uint8_t* d = rx_.data(i);
+            size_t n = rx_.len(i);
             counters_.packets_received += 1;
             counters_.wire_bytes_received += n + grant_.overhead;
-            ResultCheck verdict = check(d, n, rx_from_[i], idx);
+            ResultCheck verdict = check(d, n, rx_.from(i), idx);
             if (verdict != ResultCheck::ACCEPTED) {
                 counters_.drops[static_cast<size_t>(verdict)] += 1;
                 // a late copy the aggregator sent for our retransmission: it was not needed
@@ -351,7 +303,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
         double now = now_seconds();
         // only on a drained socket: after a deschedule, the answers of rounds that look lost
         // may wait in it (stream.py SlotStream._await)
-        if (now >= next_scan_ && rx_count_ < BATCH) {
+        if (now >= next_scan_ && rx_.size() < kBatch) {
             resend_lost(now);
             flush_sends();
             next_scan_ = now + scan_tick();

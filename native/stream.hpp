@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "protocol.hpp"
-#include "udp_batch.hpp"
+#include "net.hpp"
 
 namespace inagg {
 
@@ -167,7 +167,7 @@ class Stream {
     void flush_sends();
     void resend_lost(double now);
     void resend(uint32_t idx, double rto, double now);
-    int receive_batch(double wait);
+    void receive_batch(double wait);
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
     bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
@@ -175,7 +175,8 @@ class Stream {
     // How often expired rounds are looked for (and the longest a receive waits).
     double scan_tick() const { return rtt_.scan_tick(); }
 
-    int fd_, rank_, n_workers_, shift_;
+    Socket socket_;
+    int rank_, n_workers_, shift_;
     bool blocking_ = false;  // the socket blocks: recvmmsg waits (SO_RCVTIMEO = one scan tick)
     double stall_timeout_;
     std::atomic<bool> aborted_{false};
@@ -188,13 +189,9 @@ class Stream {
     size_t packet_bytes_ = 0;
     uint32_t outstanding_ = 0;
     std::vector<uint32_t> send_queue_;
-    std::vector<Datagram> send_datagrams_;  // the queued rounds' packets, for send_batch_
-    UdpBatch send_batch_;
-    // received batch: buffers, lengths, senders, and the position of the next one to look at
-    std::vector<uint8_t> rx_buffers_;
-    std::vector<size_t> rx_lengths_;
-    std::vector<sockaddr_in> rx_from_;
-    size_t rx_count_ = 0, rx_next_ = 0;
+    std::vector<Datagram> send_datagrams_;  // the queued rounds' packets, for socket_.send
+    RecvBatch rx_;                          // the received batch
+    size_t rx_next_ = 0;                    // the next one of it to look at
     double next_scan_ = 0;
     StreamCounters counters_;
     std::vector<int8_t> agreed_;  // agreed block exponents of the running float call
