@@ -67,10 +67,10 @@ void LossDetector::restart_timer(Transmission& t, const Transmission& answered, 
 }
 
 Loss LossDetector::verdict(const Transmission& t, double now) const {
-    if (now >= t.deadline) return Loss::TIMEOUT;
+    if (now >= t.deadline) return Loss::Timeout;
     if (t.last_sent < newest_sent_ && now >= t.last_sent + newest_rtt_ + rtt_.reorder_window(lossy(now)))
-        return Loss::FAST;
-    return Loss::NONE;
+        return Loss::Fast;
+    return Loss::None;
 }
 
 void LossDetector::saw_loss(double now) { lossy_until_ = now + kLossMemory; }
@@ -198,15 +198,15 @@ void Stream::resend_lost(double now) {
     int64_t probe = -1;
     for (uint32_t idx = 0; idx < rounds_.size(); ++idx) {
         Round& r = rounds_[idx];
-        Loss loss = r.active ? loss_.verdict(r, now) : Loss::NONE;
-        if (loss == Loss::NONE) continue;
-        bool backoff = loss == Loss::TIMEOUT && loss_.silent(r);
+        Loss loss = r.active ? loss_.verdict(r, now) : Loss::None;
+        if (loss == Loss::None) continue;
+        bool backoff = loss == Loss::Timeout && loss_.silent(r);
         silent += backoff;
         if (backoff && !lossy) {
             if (probe < 0 || r.last_sent < rounds_[probe].last_sent) probe = idx;
             continue;
         }
-        if (loss == Loss::FAST) {
+        if (loss == Loss::Fast) {
             counters_.fast_retransmissions += 1;
             loss_.saw_loss(now);
         }
@@ -250,22 +250,22 @@ void Stream::receive_batch(double wait) {
 ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, uint32_t* idx) const {
     if (from.sin_family != AF_INET || from.sin_addr.s_addr != grant_.aggregator.sin_addr.s_addr ||
         from.sin_port != grant_.aggregator.sin_port)
-        return ResultCheck::FOREIGN_SOURCE;
-    if (n < kHeaderBytes) return ResultCheck::TRUNCATED;
+        return ResultCheck::ForeignSource;
+    if (n < kHeaderBytes) return ResultCheck::Truncated;
     Header h = read_header(d);
-    if (h.version != kVersion || h.msg_type != kMsgResult) return ResultCheck::NOT_A_RESULT;
-    if (h.job != grant_.job) return ResultCheck::WRONG_JOB;
-    if (h.epoch != grant_.epoch) return ResultCheck::WRONG_EPOCH;
+    if (h.version != kVersion || h.msg_type != kMsgResult) return ResultCheck::NotAResult;
+    if (h.job != grant_.job) return ResultCheck::WrongJob;
+    if (h.epoch != grant_.epoch) return ResultCheck::WrongEpoch;
     if (h.slot < grant_.slot_base || h.slot - grant_.slot_base >= rounds_.size() ||
         !rounds_[h.slot - grant_.slot_base].active)
-        return ResultCheck::NO_ROUND;
+        return ResultCheck::NoRound;
     *idx = h.slot - grant_.slot_base;
     const Round& r = rounds_[*idx];
-    if (h.set != r.slot_set) return ResultCheck::WRONG_SET;
-    if (h.offset != r.offset) return ResultCheck::WRONG_OFFSET;
-    if (h.count != r.count) return ResultCheck::WRONG_COUNT;
-    if (n != kHeaderBytes + (h.count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WRONG_LENGTH;
-    return ResultCheck::ACCEPTED;
+    if (h.set != r.slot_set) return ResultCheck::WrongSet;
+    if (h.offset != r.offset) return ResultCheck::WrongOffset;
+    if (h.count != r.count) return ResultCheck::WrongCount;
+    if (n != kHeaderBytes + (h.count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WrongLength;
+    return ResultCheck::Accepted;
 }
 
 bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress) {
@@ -277,11 +277,11 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             counters_.packets_received += 1;
             counters_.wire_bytes_received += n + grant_.overhead;
             ResultCheck verdict = check(d, n, rx_.from(i), idx);
-            if (verdict != ResultCheck::ACCEPTED) {
+            if (verdict != ResultCheck::Accepted) {
                 counters_.drops[static_cast<size_t>(verdict)] += 1;
                 // a late copy the aggregator sent for our retransmission: it was not needed
                 if (n > field::kFlags && (d[field::kFlags] & kFlagRetransmit) &&
-                    (verdict == ResultCheck::NO_ROUND || verdict == ResultCheck::WRONG_SET)) {
+                    (verdict == ResultCheck::NoRound || verdict == ResultCheck::WrongSet)) {
                     counters_.spurious_retransmissions += 1;
                 }
                 continue;

@@ -25,16 +25,16 @@ namespace inagg {
 
 // Verdict on a received datagram; the twin of hostlib.stream.ResultCheck (same order).
 enum class ResultCheck : uint8_t {
-    ACCEPTED, FOREIGN_SOURCE, TRUNCATED, NOT_A_RESULT, WRONG_JOB, WRONG_EPOCH, NO_ROUND,
-    WRONG_SET, WRONG_OFFSET, WRONG_COUNT, WRONG_LENGTH, COUNT_
+    Accepted, ForeignSource, Truncated, NotAResult, WrongJob, WrongEpoch, NoRound, WrongSet,
+    WrongOffset, WrongCount, WrongLength
 };
-constexpr size_t RESULT_CHECKS = static_cast<size_t>(ResultCheck::COUNT_);
+constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::WrongLength) + 1;
 const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
     uint64_t retransmissions = 0, fast_retransmissions = 0, backoffs = 0, bursts = 0, spurious_retransmissions = 0, host_results = 0;
-    std::array<uint64_t, RESULT_CHECKS> drops{};  // indexed by ResultCheck (ACCEPTED unused)
+    std::array<uint64_t, kResultChecks> drops{};  // indexed by ResultCheck (Accepted unused)
 };
 
 struct GrantView {
@@ -77,7 +77,7 @@ struct Transmission {
     bool retransmitted = false;
 };
 
-enum class Loss : uint8_t { NONE, FAST, TIMEOUT };
+enum class Loss : uint8_t { None, Fast, Timeout };
 
 // Time-based loss detection of the rounds in flight (RACK, RFC 8985); the twin of
 // hostlib.stream.LossDetector (read its docstring for why).

@@ -51,7 +51,7 @@ nb::dict counters_dict(const Stream& s) {
     d["bursts"] = c.bursts;
     d["spurious_retransmissions"] = c.spurious_retransmissions;
     d["host_results"] = c.host_results;
-    for (size_t i = 1; i < RESULT_CHECKS; ++i)
+    for (size_t i = 1; i < kResultChecks; ++i)
         if (c.drops[i]) drops[result_check_name(static_cast<ResultCheck>(i))] = c.drops[i];
     d["result_drops"] = drops;
     return d;
@@ -72,7 +72,7 @@ void bind_stream(nb::module_& m) {
     // a Communicator's I/O thread is a daemon that may still hold its Stream at interpreter exit
     nb::set_leak_warnings(false);
     nb::list names;
-    for (size_t i = 0; i < RESULT_CHECKS; ++i) names.append(result_check_name(static_cast<ResultCheck>(i)));
+    for (size_t i = 0; i < kResultChecks; ++i) names.append(result_check_name(static_cast<ResultCheck>(i)));
     m.attr("RESULT_CHECKS") = names;
 
     m.def("shift_for", &shift_for);

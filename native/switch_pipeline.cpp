@@ -33,9 +33,9 @@ void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, Out
     if (len < kEth) return;
     auto hit = tables_.l2.find(load_be48(f));
     const L2Action& action = hit == tables_.l2.end() ? tables_.l2_default : hit->second;
-    if (action.kind == L2Kind::forward) {
+    if (action.kind == L2Kind::Forward) {
         out.forward(action.arg, f, len);
-    } else if (action.kind == L2Kind::flood) {
+    } else if (action.kind == L2Kind::Flood) {
         auto group = tables_.groups.find(action.arg);
         if (group == tables_.groups.end()) return;
         for (const Replica& r : group->second)
@@ -96,19 +96,19 @@ SenderId SwitchPipeline::sender(uint16_t port, const uint8_t* f, size_t at) cons
 }
 
 void SwitchPipeline::count_global(Outcome reason) {
-    if (int code = p4_drop_code(reason); code >= 0) counters_.count(Counter::global_drops, size_t(code));
+    if (int code = p4_drop_code(reason); code >= 0) counters_.count(Counter::GlobalDrops, size_t(code));
 }
 
 void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool result) {
     size_t job = admit.job_index;
-    counters_.count(Counter::job_packets, job);
+    counters_.count(Counter::JobPackets, job);
     if (outcome == Outcome::First || outcome == Outcome::Add) {
-        counters_.count(Counter::job_aggregated, job);
-        if (result) counters_.count(Counter::job_results, job);
+        counters_.count(Counter::JobAggregated, job);
+        if (result) counters_.count(Counter::JobResults, job);
     } else if (outcome == Outcome::DupPending || outcome == Outcome::DupDone) {
-        counters_.count(Counter::job_duplicates, job);
+        counters_.count(Counter::JobDuplicates, job);
     } else if (int code = p4_drop_code(outcome); code >= 0) {
-        counters_.count(Counter::job_drops, job * n_drop_reasons_ + size_t(code));
+        counters_.count(Counter::JobDrops, job * n_drop_reasons_ + size_t(code));
     }
 }
 
