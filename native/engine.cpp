@@ -245,39 +245,77 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
         return drop_job(ctr, refused);
     }
 
+    return aggregate(job, ctr, h, data + kHeaderBytes, out);
+}
+
+// The slot decision for an admitted contribution: one row of the decision table.
+Emit Engine::aggregate(const JobConfig& job, JobCounters& ctr, const Header& h,
+                       const uint8_t* payload, uint8_t* out) {
+    claim_slot(h);
     uint32_t slot = h.slot;
-    uint32_t tag = static_cast<uint32_t>(h.job) << 16 | h.epoch;
-    if (tag_[slot] != tag) {  // first packet of a new owner/epoch: reset the slot
-        tag_[slot] = tag;
-        for (SetState& set : sets_) {
-            set.bitmap[slot] = 0;
-            set.seen[slot] = 0;
-        }
-    }
     SetState& set = sets_[h.set];
     uint32_t bit = 1u << h.worker;
     uint32_t n = static_cast<uint32_t>(job.members.size());
     bool complete = set.seen[slot] == n;
     bool same_round = set.offset[slot] == h.offset && set.count[slot] == h.count;
-    int32_t* values = &set.values[static_cast<size_t>(slot) * k_];
-    const uint8_t* payload = data + kHeaderBytes;
 
     if (set.bitmap[slot] & bit) {
-        if (!same_round) {                                     // BAD_ROUND
-            return drop_job(ctr, Outcome::BadRound);
-        }
-        ctr.duplicates += 1;
-        if (!complete) {                                       // DUP_PENDING
-            last_outcome_ = Outcome::DupPending;
-            return Emit{};
-        }
-        ctr.resent_results += 1;                               // DUP_DONE
-        last_outcome_ = Outcome::DupDone;
-        return Emit{h.job, h.worker,
-                    write_result(slot, h.set, job, h.worker, kFlagRetransmit, out)};
+        return duplicate(job, ctr, h, complete, same_round, out);
     }
     if (set.bitmap[slot] == 0) {                               // FIRST
         last_outcome_ = Outcome::First;
+        accumulate(set, h, payload, true);
+    } else if (complete) {                                     // STALE
+        return drop_job(ctr, Outcome::StaleRound);
+    } else if (!same_round) {                                  // BAD_ROUND
+        return drop_job(ctr, Outcome::BadRound);
+    } else {                                                   // ADD
+        last_outcome_ = Outcome::Add;
+        accumulate(set, h, payload, false);
+    }
+    set.bitmap[slot] |= bit;
+    sets_[1 - h.set].bitmap[slot] &= ~bit;
+    ctr.aggregated += 1;
+    if (set.seen[slot] < n) {
+        return Emit{};
+    }
+    ctr.results += 1;
+    return Emit{h.job, -1, write_result(slot, h.set, job, h.worker, 0, out)};
+}
+
+// The first packet of a new owner/epoch in a slot resets it.
+void Engine::claim_slot(const Header& h) {
+    uint32_t tag = static_cast<uint32_t>(h.job) << 16 | h.epoch;
+    if (tag_[h.slot] != tag) {
+        tag_[h.slot] = tag;
+        for (SetState& set : sets_) {
+            set.bitmap[h.slot] = 0;
+            set.seen[h.slot] = 0;
+        }
+    }
+}
+
+// A contribution the set already holds: a bad round, pending, or its result again.
+Emit Engine::duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, bool complete,
+                       bool same_round, uint8_t* out) {
+    if (!same_round) {                                         // BAD_ROUND
+        return drop_job(ctr, Outcome::BadRound);
+    }
+    ctr.duplicates += 1;
+    if (!complete) {                                           // DUP_PENDING
+        last_outcome_ = Outcome::DupPending;
+        return Emit{};
+    }
+    ctr.resent_results += 1;                                   // DUP_DONE
+    last_outcome_ = Outcome::DupDone;
+    return Emit{h.job, h.worker, write_result(h.slot, h.set, job, h.worker, kFlagRetransmit, out)};
+}
+
+// A contribution into the set's registers: the first overwrites them, a further one adds.
+void Engine::accumulate(SetState& set, const Header& h, const uint8_t* payload, bool first) {
+    uint32_t slot = h.slot;
+    int32_t* values = &set.values[static_cast<size_t>(slot) * k_];
+    if (first) {
         set.seen[slot] = 1;
         set.exp[slot] = h.exp;
         set.flags[slot] = h.flags & kStickyFlags;
@@ -288,27 +326,14 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
         } else {
             std::fill(values, values + k_, 0);
         }
-    } else if (complete) {                                     // STALE
-        return drop_job(ctr, Outcome::StaleRound);
-    } else if (!same_round) {                                  // BAD_ROUND
-        return drop_job(ctr, Outcome::BadRound);
-    } else {                                                   // ADD
-        last_outcome_ = Outcome::Add;
-        set.seen[slot] += 1;
-        set.exp[slot] = std::max(set.exp[slot], h.exp);
-        set.flags[slot] |= h.flags & kStickyFlags;
-        if (h.count) {
-            add_values(values, payload, k_);
-        }
+        return;
     }
-    set.bitmap[slot] |= bit;
-    sets_[1 - h.set].bitmap[slot] &= ~bit;
-    ctr.aggregated += 1;
-    if (set.seen[slot] < n) {
-        return Emit{};
+    set.seen[slot] += 1;
+    set.exp[slot] = std::max(set.exp[slot], h.exp);
+    set.flags[slot] |= h.flags & kStickyFlags;
+    if (h.count) {
+        add_values(values, payload, k_);
     }
-    ctr.results += 1;
-    return Emit{h.job, -1, write_result(slot, h.set, job, h.worker, 0, out)};
 }
 
 void Engine::process_batch(const std::vector<Received>& packets, std::vector<uint8_t>& arena,

@@ -167,6 +167,12 @@ private:
 
     Emit drop_global(Outcome reason);
     Emit drop_job(JobCounters& ctr, Outcome reason);
+    Emit aggregate(const JobConfig& job, JobCounters& ctr, const Header& h, const uint8_t* payload,
+                   uint8_t* out);
+    void claim_slot(const Header& h);
+    Emit duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, bool complete,
+                   bool same_round, uint8_t* out);
+    void accumulate(SetState& set, const Header& h, const uint8_t* payload, bool first);
     Outcome admission(const JobConfig& job, const uint8_t* data, size_t len, SenderId sender,
                       bool framing_ok) const;
     size_t write_result(uint32_t slot, int s, const JobConfig& job, uint8_t worker,
