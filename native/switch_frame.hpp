@@ -12,6 +12,12 @@
 namespace inagg::frame {
 
 constexpr size_t kEth = 14, kIp = 20, kUdp = 8;
+// Field offsets in the Ethernet, IPv4 (from the IPv4 header) and UDP (from the UDP header) headers.
+constexpr size_t kEthDst = 0, kEthSrc = 6, kEthType = 12;
+constexpr size_t kIpTotalLength = 2, kIpFragment = 6, kIpProtocol = 9, kIpChecksum = 10,
+                 kIpSrc = 12, kIpDst = 16;
+constexpr size_t kUdpSrcPort = 0, kUdpDstPort = 2, kUdpLength = 4, kUdpChecksum = 6;
+constexpr size_t kIpAt = kEth, kUdpAt = kEth + kIp;  // where the IPv4 and UDP headers start
 constexpr size_t kInaggAt = kEth + kIp + kUdp;          // inagg header, UDP encapsulation
 constexpr size_t kRoceHeaderBytes = 32;                 // BTH 12 + RETH 16 + ImmDt 4
 constexpr size_t kRoceInaggAt = kInaggAt + kRoceHeaderBytes;
@@ -28,12 +34,15 @@ constexpr uint32_t kRoceInaggImmediate = 0x494E4147;     // "INAG"
 // protocol.ENCAP_CODE: job_table's encap parameter; 0 = not an inagg frame.
 constexpr uint8_t kEncapNone = 0, kEncapUdp = 1, kEncapRoce = 2;
 
+// Where the frame's UDP datagram ends, as its UDP length says.
+inline size_t udp_end(const uint8_t* f) { return kUdpAt + load_be16(f + kUdpAt + kUdpLength); }
+
 // InaggParser: the encapsulation code when the inagg header follows, else kEncapNone.
 inline uint8_t parse_encap(const uint8_t* f, size_t len) {
-    if (len < kInaggAt || load_be16(f + 12) != 0x0800 || f[kEth] != 0x45 ||
-        (load_be16(f + kEth + 6) & 0x1FFF) != 0 || f[kEth + 9] != 17)
+    if (len < kInaggAt || load_be16(f + kEthType) != 0x0800 || f[kIpAt] != 0x45 ||
+        (load_be16(f + kIpAt + kIpFragment) & 0x1FFF) != 0 || f[kIpAt + kIpProtocol] != 17)
         return kEncapNone;
-    uint16_t dport = load_be16(f + kEth + kIp + 2);
+    uint16_t dport = load_be16(f + kUdpAt + kUdpDstPort);
     if (dport == kInaggUdpPort) return kEncapUdp;
     if (dport == kRoceUdpPort && len >= kRoceInaggAt && f[kInaggAt] == kRoceOpcodeUcWriteOnlyImm &&
         load_be32(f + kRoceInaggAt - 4) == kRoceInaggImmediate)

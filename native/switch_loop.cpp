@@ -35,23 +35,24 @@ constexpr uint8_t kUdpSwitchMac[6] = {0, 0, 0, 0, 0, 0xFE};
 // switch at dst (UdpPorts.recv in bmv2_env/soft_switch.py): written into the kInaggAt bytes
 // before the datagram.
 void write_udp_headers(uint8_t* f, uint32_t src, uint16_t sport, uint32_t dst, size_t len) {
-    std::memcpy(f, kUdpSwitchMac, 6);
-    f[6] = 0x02;
-    f[7] = 0x00;
-    store_be32(f + 8, src);
-    store_be16(f + 12, 0x0800);
-    uint8_t* ip = f + kEth;
+    std::memcpy(f + kEthDst, kUdpSwitchMac, 6);
+    uint8_t* mac = f + kEthSrc;  // the host's: 02:00 and its IPv4 address (udp_host_mac)
+    mac[0] = 0x02;
+    mac[1] = 0x00;
+    store_be32(mac + 2, src);
+    store_be16(f + kEthType, 0x0800);
+    uint8_t* ip = f + kIpAt;
     const uint8_t fixed[12] = {0x45, 0, 0, 0, 0, 0, 0, 0, 64, 17, 0, 0};
     std::memcpy(ip, fixed, sizeof fixed);
-    store_be16(ip + 2, uint16_t(kIp + kUdp + len));
-    store_be32(ip + 12, src);
-    store_be32(ip + 16, dst);
-    store_be16(ip + 10, ipv4_checksum(ip));
-    uint8_t* udp = ip + kIp;
-    store_be16(udp, sport);
-    store_be16(udp + 2, kInaggUdpPort);
-    store_be16(udp + 4, uint16_t(kUdp + len));
-    store_be16(udp + 6, 0);
+    store_be16(ip + kIpTotalLength, uint16_t(kIp + kUdp + len));
+    store_be32(ip + kIpSrc, src);
+    store_be32(ip + kIpDst, dst);
+    store_be16(ip + kIpChecksum, ipv4_checksum(ip));
+    uint8_t* udp = f + kUdpAt;
+    store_be16(udp + kUdpSrcPort, sport);
+    store_be16(udp + kUdpDstPort, kInaggUdpPort);
+    store_be16(udp + kUdpLength, uint16_t(kUdp + len));
+    store_be16(udp + kUdpChecksum, 0);
 }
 
 }  // namespace
@@ -249,11 +250,11 @@ void SwitchLoop::queue_udp(PortSocket& sock) {
         const uint8_t* f = out_.data(i);
         size_t len = out_.len(i);
         if (len < kInaggAt) continue;
-        size_t end = std::min(len, kEth + kIp + load_be16(f + kEth + kIp + 4));
+        size_t end = std::min(len, udp_end(f));
         Datagram d{sockaddr_in{}, f + kInaggAt, end > kInaggAt ? end - kInaggAt : 0};
         d.to.sin_family = AF_INET;
-        std::memcpy(&d.to.sin_addr.s_addr, f + kEth + 16, 4);
-        std::memcpy(&d.to.sin_port, f + kEth + kIp + 2, 2);
+        std::memcpy(&d.to.sin_addr.s_addr, f + kIpAt + kIpDst, 4);
+        std::memcpy(&d.to.sin_port, f + kUdpAt + kUdpDstPort, 2);
         sock.datagrams.push_back(d);
     }
 }

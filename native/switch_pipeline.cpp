@@ -66,7 +66,7 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
     }
     // The inagg bytes end where UDP says (RoCE: before the ICRC, and RETH's DMA length must
     // agree); a UDP length too short for the header the P4 parser extracts is bad_length.
-    size_t inagg_end = kEth + kIp + load_be16(f + kEth + kIp + 4);
+    size_t inagg_end = udp_end(f);
     bool framing_ok = true;
     if (encap == kEncapRoce) {
         framing_ok = len >= inagg_end && load_be32(f + kInaggAt + kRoceDmaLen) ==
@@ -90,8 +90,8 @@ SenderId SwitchPipeline::sender(uint16_t port, const uint8_t* f, size_t at) cons
     auto hit = tables_.workers.find(SwitchTables::worker_key(header_job(f + at), rank));
     if (hit == tables_.workers.end()) return kForgedSender;
     const WorkerBinding& w = hit->second;
-    bool same = w.port == port && w.addr == load_be32(f + kEth + 12) && w.mac == load_be48(f + 6) &&
-                (w.udp_port == 0 || w.udp_port == load_be16(f + kEth + kIp));
+    bool same = w.port == port && w.addr == load_be32(f + kIpAt + kIpSrc) && w.mac == load_be48(f + kEthSrc) &&
+                (w.udp_port == 0 || w.udp_port == load_be16(f + kUdpAt + kUdpSrcPort));
     return same ? bound_sender_id(rank) : kForgedSender;
 }
 
@@ -128,8 +128,8 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
     }
     // As BMv2 does, the bytes after the UDP payload (Ethernet padding, a trailer: what the
     // parser did not extract) follow the deparsed headers of every copy.
-    size_t udp_end = kEth + kIp + load_be16(f + kEth + kIp + 4);
-    size_t trailer = len > udp_end ? len - udp_end : 0;
+    size_t end = udp_end(f);
+    size_t trailer = len > end ? len - end : 0;
     size_t frame_len = result_frame_len(encap, result_len);
     for (const Replica* r = first; r != last; ++r) {
         const ReplicaAddress* rewrite = nullptr;
@@ -140,7 +140,7 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
         }
         uint8_t* o = out.reserve(r->port, frame_len + trailer);
         write_result_frame(f, encap, rewrite, result_len, o);
-        std::memcpy(o + frame_len, f + udp_end, trailer);
+        std::memcpy(o + frame_len, f + end, trailer);
     }
 }
 
@@ -158,21 +158,21 @@ void SwitchPipeline::write_result_frame(const uint8_t* f, uint8_t encap,
     bool roce = encap == kEncapRoce;
     size_t at = roce ? kRoceInaggAt : kInaggAt;
     size_t udp_len = kUdp + (at - kInaggAt) + result_len + (roce ? kRoceIcrcBytes : 0);
-    std::memcpy(o, f + 6, 6);
-    std::memcpy(o + 6, f, 6);
-    std::memcpy(o + 12, f + 12, 2);
-    uint8_t* ip = o + kEth;
-    std::memcpy(ip, f + kEth, 12);
-    std::memcpy(ip + 12, f + kEth + 16, 4);
-    std::memcpy(ip + 16, f + kEth + 12, 4);
-    uint8_t* udp = ip + kIp;
-    std::memcpy(udp, f + kEth + kIp + 2, 2);
-    std::memcpy(udp + 2, f + kEth + kIp, 2);
+    std::memcpy(o + kEthDst, f + kEthSrc, 6);
+    std::memcpy(o + kEthSrc, f + kEthDst, 6);
+    std::memcpy(o + kEthType, f + kEthType, 2);
+    uint8_t* ip = o + kIpAt;
+    std::memcpy(ip, f + kIpAt, kIpSrc);
+    std::memcpy(ip + kIpSrc, f + kIpAt + kIpDst, 4);
+    std::memcpy(ip + kIpDst, f + kIpAt + kIpSrc, 4);
+    uint8_t* udp = o + kUdpAt;
+    std::memcpy(udp + kUdpSrcPort, f + kUdpAt + kUdpDstPort, 2);
+    std::memcpy(udp + kUdpDstPort, f + kUdpAt + kUdpSrcPort, 2);
     if (roce) std::memcpy(o + kInaggAt, f + kInaggAt, kRoceHeaderBytes);
     if (rewrite) {
         store_be48(o, rewrite->mac);
-        store_be32(ip + 16, rewrite->addr);
-        store_be16(udp + 2, rewrite->roce ? kRoceUdpPort : rewrite->udp_port);
+        store_be32(ip + kIpDst, rewrite->addr);
+        store_be16(udp + kUdpDstPort, rewrite->roce ? kRoceUdpPort : rewrite->udp_port);
         if (rewrite->roce && roce) {  // on a UDP frame BTH and RETH are not valid: no-ops
             uint8_t* q = o + kInaggAt + kRoceQp;
             q[0] = uint8_t(rewrite->qp >> 16);
@@ -180,10 +180,10 @@ void SwitchPipeline::write_result_frame(const uint8_t* f, uint8_t encap,
             store_be32(o + kInaggAt + kRoceRkey, rewrite->rkey);
         }
     }
-    store_be16(ip + 10, 0);
-    store_be16(ip + 10, ipv4_checksum(ip));
-    store_be16(udp + 4, uint16_t(udp_len));
-    store_be16(udp + 6, 0);
+    store_be16(ip + kIpChecksum, 0);
+    store_be16(ip + kIpChecksum, ipv4_checksum(ip));
+    store_be16(udp + kUdpLength, uint16_t(udp_len));
+    store_be16(udp + kUdpChecksum, 0);
     std::memcpy(o + at, result_.data(), result_len);
     if (roce) roce_icrc(ip, kIp + udp_len, o + at + result_len);
 }
