@@ -6,7 +6,7 @@
 // carries a small call's values, so that call is done in one round trip) and the streaming of
 // the blocks (priming, one-round-ahead exponents, quantization, result matching, loss detection
 // and retransmission, stall timeout), sending and receiving in sendmmsg/recvmmsg batches on
-// the UDP socket that Python opened.
+// the UDP socket that Python opened (net.hpp: a socket error raises, a full queue is loss).
 #pragma once
 
 #include <netinet/in.h>
