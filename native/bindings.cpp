@@ -1,4 +1,4 @@
-// Python bindings of the native data path (hostlib._native). Only the binding glue lives here;
+// Python bindings of the native data path (inagg._native). Only the binding glue lives here;
 // each concern has its own file beside it (engine.hpp: the slot engine; host_loop.hpp: the host
 // aggregator's packet loop; switch_bindings.cpp: the soft switch; stream_bindings.cpp: the
 // worker's stream). Packet work runs with the GIL released; configuration and counters are plain
@@ -9,6 +9,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <stdexcept>
+#include <system_error>
 
 #include "engine.hpp"
 #include "host_loop.hpp"
@@ -200,6 +201,18 @@ void bind_host_loop(nb::module_& m) {
         .def_prop_ro("send_errors", &inagg::HostLoop::send_errors);
 }
 
+// An operating system error (net.hpp's policy: a socket call that failed) as Python's OSError
+// with its errno, so Python sees the subclass of that errno (ConnectionRefusedError, ...); its
+// message names the call and the socket.
+void translate_os_error(const std::exception_ptr& error, void*) {
+    try {
+        std::rethrow_exception(error);
+    } catch (const std::system_error& e) {
+        nb::object args = nb::make_tuple(e.code().value(), e.what());
+        PyErr_SetObject(PyExc_OSError, args.ptr());
+    }
+}
+
 }  // namespace
 
 void bind_switch(nb::module_& m);  // switch_bindings.cpp
@@ -209,7 +222,8 @@ void bind_stream(nb::module_& m);  // stream_bindings.cpp
 
 NB_MODULE(_native, m) {
     m.doc() = "inagg's per-packet data path in C++ (see native/*.hpp)";
-    m.attr("SOURCE_DIGEST") = inagg::kSourceDigest;  // hostlib/native_build.py checks it
+    m.attr("SOURCE_DIGEST") = inagg::kSourceDigest;  // inagg/native_build.py checks it
+    nb::register_exception_translator(&translate_os_error);
     m.def("sender_id_ipv4", &inagg::sender_id_ipv4, "addr"_a, "port"_a,
           "The engine's id of a UDP sender: (IPv4 address << 16) | port");
     bind_engine(m);

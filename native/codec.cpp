@@ -105,7 +105,7 @@ INAGG_VALUE_LOOP void dequantize_be(const uint32_t* q_be, size_t n, int exp, int
 
 }  // namespace inagg
 
-// -- exact fixed point (hostlib/codec.py: fixed_encode, fixed_decode, round_to_float32) --------
+// -- exact fixed point (inagg/wire/codec.py: fixed_encode, fixed_decode, round_to_float32) --------
 
 namespace inagg {
 namespace {

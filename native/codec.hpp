@@ -1,5 +1,5 @@
 // Block floating-point codec and the exact fixed-point codec of small calls, the C++ twins of
-// hostlib/codec.py (which documents both formats and proves the block codec's error bound). Results must be bit-identical to the numpy version: the worker's
+// inagg/wire/codec.py (which documents both formats and proves the block codec's error bound). Results must be bit-identical to the numpy version: the worker's
 // native stream and the Python one may serve ranks of the same job.
 #pragma once
 
@@ -27,7 +27,7 @@ void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be);
 // y[i] = float32(q[i] * 2**(exp - shift)) from big-endian int32 sums (zero for kExpNone).
 void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y);
 
-// Exact fixed point (hostlib/codec.py documents it): a float32 is x * 2**149, an integer below
+// Exact fixed point (inagg/wire/codec.py documents it): a float32 is x * 2**149, an integer below
 // 2**(kExpMax + 149), split into signed limbs of limb_bits(N) bits, one per int32 lane.
 int limb_bits(int n_workers);
 int fixed_limbs(int n_workers);

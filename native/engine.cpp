@@ -1,5 +1,5 @@
 // The slot engine (see engine.hpp for why it exists). Each step below names the line of the
-// Python engine's decision table (hostlib/engine.py) it implements; keep them in step.
+// Python engine's decision table (inagg/aggregator/engine_reference.py) it implements; keep them in step.
 #include "engine.hpp"
 
 #include <algorithm>
@@ -14,60 +14,21 @@ namespace {
 
 constexpr uint8_t kStickyFlags = kFlagOverflow | kFlagCongestion;
 
-uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
-
-// Network-order words through memcpy + byte swap: the value loops below vectorize.
-uint32_t load_u32(const uint8_t* p) {
-    uint32_t v;
-    std::memcpy(&v, p, sizeof v);
-    return __builtin_bswap32(v);
-}
-
-void store_u16(uint8_t* p, uint16_t v) {
-    p[0] = static_cast<uint8_t>(v >> 8);
-    p[1] = static_cast<uint8_t>(v);
-}
-
-void store_u32(uint8_t* p, uint32_t v) {
-    v = __builtin_bswap32(v);
-    std::memcpy(p, &v, sizeof v);
-}
-
 // The value loops: free functions over plain pointers and a local count, so the compiler sees
 // that the stores cannot change the count (in a member function they could alias k_) and
 // vectorizes them (value_loops.hpp).
 INAGG_VALUE_LOOP void load_values(int32_t* values, const uint8_t* payload, uint32_t k) {
-    for (size_t i = 0; i < k; ++i) values[i] = static_cast<int32_t>(load_u32(payload + 4 * i));
+    for (size_t i = 0; i < k; ++i) values[i] = static_cast<int32_t>(load_be32(payload + 4 * i));
 }
 
 // int32 wrap-around sums, as the switch's registers do.
 INAGG_VALUE_LOOP void add_values(int32_t* values, const uint8_t* payload, uint32_t k) {
     for (size_t i = 0; i < k; ++i)
-        values[i] = static_cast<int32_t>(static_cast<uint32_t>(values[i]) + load_u32(payload + 4 * i));
+        values[i] = static_cast<int32_t>(static_cast<uint32_t>(values[i]) + load_be32(payload + 4 * i));
 }
 
 INAGG_VALUE_LOOP void store_values(uint8_t* out, const int32_t* values, uint32_t k) {
-    for (size_t i = 0; i < k; ++i) store_u32(out + 4 * i, static_cast<uint32_t>(values[i]));
-}
-
-// The inagg header as on the wire (hostlib.protocol.HEADER_FIELDS).
-struct Header {
-    uint8_t version, msg_type, flags;
-    uint16_t job_id;
-    uint8_t worker;
-    int8_t exp;
-    uint16_t epoch;
-    int set;
-    uint32_t slot;
-    uint16_t count;
-    uint32_t offset;
-};
-
-Header parse_header(const uint8_t* p) {
-    uint16_t slot_set = load_u16(p + 8);
-    return Header{static_cast<uint8_t>(p[0] >> 4), static_cast<uint8_t>(p[0] & 0xF), p[1],
-                  load_u16(p + 2), p[4], static_cast<int8_t>(p[5]), load_u16(p + 6),
-                  slot_set >> 15, slot_set & kMaxSlot, load_u16(p + 10), load_u32(p + 12)};
+    for (size_t i = 0; i < k; ++i) store_be32(out + 4 * i, static_cast<uint32_t>(values[i]));
 }
 
 std::string members_text(const std::vector<SenderId>& members) {
@@ -243,7 +204,7 @@ Emit Engine::drop_job(JobCounters& ctr, Outcome reason) {
 // The per-job checks in the order of the P4 program's JobAdmission; None when admitted.
 Outcome Engine::admission(const JobConfig& job, const uint8_t* data, size_t len,
                           SenderId sender, bool framing_ok) const {
-    Header h = parse_header(data);
+    Header h = read_header(data);
     if (h.msg_type != kMsgContribution) {
         return Outcome::BadType;
     }
@@ -268,55 +229,93 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
     if (len < kHeaderBytes) {
         return drop_global(Outcome::Truncated);
     }
-    Header h = parse_header(data);
+    Header h = read_header(data);
     if (h.version != kVersion) {
         return drop_global(Outcome::BadVersion);
     }
-    auto found = jobs_.find(h.job_id);
+    auto found = jobs_.find(h.job);
     if (found == jobs_.end()) {
         return drop_global(Outcome::UnknownJob);
     }
     const JobConfig& job = found->second;
-    JobCounters& ctr = counters_[h.job_id];
+    JobCounters& ctr = counters_[h.job];
     ctr.packets += 1;
     Outcome refused = admission(job, data, len, sender, framing_ok);
     if (refused != Outcome::None) {
         return drop_job(ctr, refused);
     }
 
+    return aggregate(job, ctr, h, data + kHeaderBytes, out);
+}
+
+// The slot decision for an admitted contribution: one row of the decision table.
+Emit Engine::aggregate(const JobConfig& job, JobCounters& ctr, const Header& h,
+                       const uint8_t* payload, uint8_t* out) {
+    claim_slot(h);
     uint32_t slot = h.slot;
-    uint32_t tag = static_cast<uint32_t>(h.job_id) << 16 | h.epoch;
-    if (tag_[slot] != tag) {  // first packet of a new owner/epoch: reset the slot
-        tag_[slot] = tag;
-        for (SetState& set : sets_) {
-            set.bitmap[slot] = 0;
-            set.seen[slot] = 0;
-        }
-    }
     SetState& set = sets_[h.set];
     uint32_t bit = 1u << h.worker;
     uint32_t n = static_cast<uint32_t>(job.members.size());
     bool complete = set.seen[slot] == n;
     bool same_round = set.offset[slot] == h.offset && set.count[slot] == h.count;
-    int32_t* values = &set.values[static_cast<size_t>(slot) * k_];
-    const uint8_t* payload = data + kHeaderBytes;
 
     if (set.bitmap[slot] & bit) {
-        if (!same_round) {                                     // BAD_ROUND
-            return drop_job(ctr, Outcome::BadRound);
-        }
-        ctr.duplicates += 1;
-        if (!complete) {                                       // DUP_PENDING
-            last_outcome_ = Outcome::DupPending;
-            return Emit{};
-        }
-        ctr.resent_results += 1;                               // DUP_DONE
-        last_outcome_ = Outcome::DupDone;
-        return Emit{h.job_id, h.worker,
-                    write_result(slot, h.set, job, h.worker, kFlagRetransmit, out)};
+        return duplicate(job, ctr, h, complete, same_round, out);
     }
     if (set.bitmap[slot] == 0) {                               // FIRST
         last_outcome_ = Outcome::First;
+        accumulate(set, h, payload, true);
+    } else if (complete) {                                     // STALE
+        return drop_job(ctr, Outcome::StaleRound);
+    } else if (!same_round) {                                  // BAD_ROUND
+        return drop_job(ctr, Outcome::BadRound);
+    } else {                                                   // ADD
+        last_outcome_ = Outcome::Add;
+        accumulate(set, h, payload, false);
+    }
+    set.bitmap[slot] |= bit;
+    sets_[1 - h.set].bitmap[slot] &= ~bit;
+    ctr.aggregated += 1;
+    if (set.seen[slot] < n) {
+        return Emit{};
+    }
+    ctr.results += 1;
+    return Emit{h.job, -1, write_result(slot, h.set, job, h.worker, 0, out)};
+}
+
+// The first packet of a new owner/epoch in a slot resets it.
+void Engine::claim_slot(const Header& h) {
+    uint32_t tag = static_cast<uint32_t>(h.job) << 16 | h.epoch;
+    if (tag_[h.slot] != tag) {
+        tag_[h.slot] = tag;
+        for (SetState& set : sets_) {
+            set.bitmap[h.slot] = 0;
+            set.seen[h.slot] = 0;
+        }
+    }
+}
+
+// A contribution the set already holds: a bad round, pending, or its result again.
+Emit Engine::duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, bool complete,
+                       bool same_round, uint8_t* out) {
+    if (!same_round) {                                         // BAD_ROUND
+        return drop_job(ctr, Outcome::BadRound);
+    }
+    ctr.duplicates += 1;
+    if (!complete) {                                           // DUP_PENDING
+        last_outcome_ = Outcome::DupPending;
+        return Emit{};
+    }
+    ctr.resent_results += 1;                                   // DUP_DONE
+    last_outcome_ = Outcome::DupDone;
+    return Emit{h.job, h.worker, write_result(h.slot, h.set, job, h.worker, kFlagRetransmit, out)};
+}
+
+// A contribution into the set's registers: the first overwrites them, a further one adds.
+void Engine::accumulate(SetState& set, const Header& h, const uint8_t* payload, bool first) {
+    uint32_t slot = h.slot;
+    int32_t* values = &set.values[static_cast<size_t>(slot) * k_];
+    if (first) {
         set.seen[slot] = 1;
         set.exp[slot] = h.exp;
         set.flags[slot] = h.flags & kStickyFlags;
@@ -327,27 +326,14 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
         } else {
             std::fill(values, values + k_, 0);
         }
-    } else if (complete) {                                     // STALE
-        return drop_job(ctr, Outcome::StaleRound);
-    } else if (!same_round) {                                  // BAD_ROUND
-        return drop_job(ctr, Outcome::BadRound);
-    } else {                                                   // ADD
-        last_outcome_ = Outcome::Add;
-        set.seen[slot] += 1;
-        set.exp[slot] = std::max(set.exp[slot], h.exp);
-        set.flags[slot] |= h.flags & kStickyFlags;
-        if (h.count) {
-            add_values(values, payload, k_);
-        }
+        return;
     }
-    set.bitmap[slot] |= bit;
-    sets_[1 - h.set].bitmap[slot] &= ~bit;
-    ctr.aggregated += 1;
-    if (set.seen[slot] < n) {
-        return Emit{};
+    set.seen[slot] += 1;
+    set.exp[slot] = std::max(set.exp[slot], h.exp);
+    set.flags[slot] |= h.flags & kStickyFlags;
+    if (h.count) {
+        add_values(values, payload, k_);
     }
-    ctr.results += 1;
-    return Emit{h.job_id, -1, write_result(slot, h.set, job, h.worker, 0, out)};
 }
 
 void Engine::process_batch(const std::vector<Received>& packets, std::vector<uint8_t>& arena,
@@ -368,15 +354,18 @@ size_t Engine::write_result(uint32_t slot, int s, const JobConfig& job, uint8_t 
                             uint8_t extra_flags, uint8_t* out) const {
     const SetState& set = sets_[s];
     uint16_t count = set.count[slot];
-    out[0] = static_cast<uint8_t>(kVersion << 4 | kMsgResult);
-    out[1] = set.flags[slot] | result_flags_ | extra_flags;
-    store_u16(out + 2, static_cast<uint16_t>(job.job_id));
-    out[4] = worker;
-    out[5] = static_cast<uint8_t>(set.exp[slot]);
-    store_u16(out + 6, static_cast<uint16_t>(job.epoch));
-    store_u16(out + 8, static_cast<uint16_t>(s << 15 | slot));
-    store_u16(out + 10, count);
-    store_u32(out + 12, set.offset[slot]);
+    Header h;
+    h.msg_type = kMsgResult;
+    h.flags = set.flags[slot] | result_flags_ | extra_flags;
+    h.job = static_cast<uint16_t>(job.job_id);
+    h.worker = worker;
+    h.exp = set.exp[slot];
+    h.epoch = static_cast<uint16_t>(job.epoch);
+    h.set = static_cast<uint8_t>(s);
+    h.slot = slot;
+    h.count = count;
+    h.offset = set.offset[slot];
+    write_header(out, h);
     if (!count) {
         return kHeaderBytes;
     }

@@ -1,4 +1,4 @@
-// The slot engine: hostlib/engine.py::AggregationEngine in C++, decision for decision.
+// The slot engine: inagg/aggregator/engine_reference.py::AggregationEngine in C++, decision for decision.
 //
 // Why it exists: the per-packet slot logic (owner tag, shadow sets, worker bitmap, exponent max,
 // duplicate/stale handling, counters) is the hot loop of the host aggregator and of the software
@@ -33,8 +33,8 @@
 namespace inagg {
 
 // What the engine did with one packet. The slot decisions carry their P4 codes (SLOT_* in
-// p4/include/constants.p4); the rest are drop reasons named as hostlib.protocol names them.
-// hostlib.protocol.Outcome is the Python twin (tests/test_protocol_twin.py ties all three).
+// p4/include/constants.p4); the rest are drop reasons named as inagg.wire.protocol names them.
+// inagg.wire.protocol.Outcome is the Python twin (tests/test_protocol_twin.py ties all three).
 enum class Outcome : uint8_t {
     None = 0,          // nothing processed yet
     First = 1,         // first contribution of a round: overwrite the set
@@ -70,7 +70,7 @@ constexpr SenderId sender_id_ipv4(uint32_t addr, uint16_t port) {
     return (static_cast<SenderId>(addr) << 16) | port;
 }
 
-// What the engine must know about one job (hostlib.engine.JobConfig): members[r] is the one
+// What the engine must know about one job (inagg.aggregator.engine_reference.JobConfig): members[r] is the one
 // sender allowed to claim rank r; results go to every member.
 // Numbers are wide so that set_job, not a conversion, names an out-of-range value.
 struct JobConfig {
@@ -132,7 +132,7 @@ public:
     // Bytes a result can take: the size of the buffer process() writes into.
     size_t max_result_bytes() const { return kHeaderBytes + 4 * static_cast<size_t>(k_); }
 
-    // -- configuration (hostlib.engine.AggregationEngine.set_job/remove_job/replace_jobs) --
+    // -- configuration (inagg.aggregator.engine_reference.AggregationEngine.set_job/remove_job/replace_jobs) --
     void set_job(const JobConfig& job);               // throws std::invalid_argument
     void remove_job(uint16_t job_id);
     void replace_jobs(const std::vector<JobConfig>& wanted);
@@ -167,6 +167,12 @@ private:
 
     Emit drop_global(Outcome reason);
     Emit drop_job(JobCounters& ctr, Outcome reason);
+    Emit aggregate(const JobConfig& job, JobCounters& ctr, const Header& h, const uint8_t* payload,
+                   uint8_t* out);
+    void claim_slot(const Header& h);
+    Emit duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, bool complete,
+                   bool same_round, uint8_t* out);
+    void accumulate(SetState& set, const Header& h, const uint8_t* payload, bool first);
     Outcome admission(const JobConfig& job, const uint8_t* data, size_t len, SenderId sender,
                       bool framing_ok) const;
     size_t write_result(uint32_t slot, int s, const JobConfig& job, uint8_t worker,

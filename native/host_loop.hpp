@@ -17,6 +17,7 @@
 #include <random>
 
 #include "engine.hpp"
+#include "net.hpp"
 
 namespace inagg {
 
@@ -30,23 +31,23 @@ public:
     HostLoop(const HostLoop&) = delete;
     HostLoop& operator=(const HostLoop&) = delete;
 
-    // Serve until stop(); throws std::system_error when the socket fails.
+    // Serve until stop(); throws std::system_error when the socket fails (net.hpp's policy).
     void run();
     // Make run() return (from any thread, at any time, also before run()).
     void stop();
 
     uint64_t injected_drops() const { return injected_drops_.load(); }
-    // Results the kernel refused to send (e.g. EMSGSIZE: larger than the path MTU allows).
+    // Results the kernel did not take: the send queue stayed full for net.hpp's kSendWait.
     uint64_t send_errors() const { return send_errors_.load(); }
 
 private:
     struct Buffers;  // receive slots, result arena, send list (host_loop.cpp)
     bool lost();
-    void serve_batch(int received);
+    void serve_batch(size_t received);
     void send_all();
 
     Engine& engine_;
-    int fd_;
+    Socket socket_;
     int wake_fd_;
     double drop_rate_;
     std::mt19937_64 rng_;

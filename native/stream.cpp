@@ -1,4 +1,4 @@
-// The worker's window protocol (see stream.hpp and hostlib/stream.py, its specification).
+// The worker's window protocol (see stream.hpp and inagg/worker/stream.py, its specification).
 #include "stream.hpp"
 
 #include <arpa/inet.h>
@@ -8,17 +8,15 @@
 #include <sys/time.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 
 #include "codec.hpp"
 
 namespace inagg {
 namespace {
 
-constexpr size_t BATCH = 32;  // datagrams per recvmmsg/sendmmsg
+constexpr size_t kBatch = 32;  // datagrams per recvmmsg
 constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
 constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
 constexpr double kRtoOverMinRtt = 32; // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
@@ -27,23 +25,6 @@ constexpr double kLossMemory = 1.0;   // seconds a fast retransmission marks the
 double now_seconds() {
     using namespace std::chrono;
     return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-uint16_t be16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
-uint32_t be32(const uint8_t* p) {
-    return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
-}
-void put16(uint8_t* p, uint16_t v) { p[0] = v >> 8; p[1] = v & 0xFF; }
-void put32(uint8_t* p, uint32_t v) { put16(p, v >> 16); put16(p + 2, v & 0xFFFF); }
-
-// Wait until the socket is readable (or writable), at most `seconds`.
-void wait_for(int fd, short events, double seconds) {
-    pollfd p{fd, events, 0};
-    timespec ts{};
-    seconds = std::max(seconds, 0.0);
-    ts.tv_sec = static_cast<time_t>(seconds);
-    ts.tv_nsec = static_cast<long>((seconds - ts.tv_sec) * 1e9);
-    ppoll(&p, 1, &ts, nullptr);
 }
 
 }  // namespace
@@ -86,10 +67,10 @@ void LossDetector::restart_timer(Transmission& t, const Transmission& answered, 
 }
 
 Loss LossDetector::verdict(const Transmission& t, double now) const {
-    if (now >= t.deadline) return Loss::TIMEOUT;
+    if (now >= t.deadline) return Loss::Timeout;
     if (t.last_sent < newest_sent_ && now >= t.last_sent + newest_rtt_ + rtt_.reorder_window(lossy(now)))
-        return Loss::FAST;
-    return Loss::NONE;
+        return Loss::Fast;
+    return Loss::None;
 }
 
 void LossDetector::saw_loss(double now) { lossy_until_ = now + kLossMemory; }
@@ -107,7 +88,7 @@ double LossDetector::next_rto(const Transmission& t, bool backoff, double now) c
 }
 
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
-    : fd_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
+    : socket_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
       stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {
     // A blocking socket waits in recvmmsg itself (MSG_WAITFORONE), at most one scan tick: one
     // system call per batch. A non-blocking one (Python gave it a timeout) is polled when empty.
@@ -117,7 +98,6 @@ Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, 
     tick.tv_usec = static_cast<suseconds_t>((scan_tick() - tick.tv_sec) * 1e6);
     blocking_ = fl >= 0 && !(fl & O_NONBLOCK) &&
                 setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tick, sizeof(tick)) == 0;
-    send_batch_ = UdpBatch(udp_gso_supported(fd));
 }
 
 void Stream::set_grant(const GrantView& grant) {
@@ -127,10 +107,8 @@ void Stream::set_grant(const GrantView& grant) {
     packet_bytes_ = kHeaderBytes + 4 * size_t(grant.k);
     packets_.assign(packet_bytes_ * grant.slot_count, 0);
     // one spare word per buffer: a longer datagram shows as a wrong length, not a right one
-    rx_buffers_.assign((packet_bytes_ + 4) * BATCH, 0);
-    rx_lengths_.assign(BATCH, 0);
-    rx_from_.assign(BATCH, sockaddr_in{});
-    rx_count_ = rx_next_ = 0;
+    rx_ = RecvBatch(kBatch, packet_bytes_ + 4);
+    rx_next_ = 0;
 }
 
 void Stream::start_call(uint32_t window) {
@@ -145,7 +123,6 @@ void Stream::start_call(uint32_t window) {
 
 void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp,
                    uint8_t flags, double now) {
-    uint8_t* p = packet(idx);
     Round& r = rounds_[idx];
     r.slot_set = next_set_[idx];
     next_set_[idx] ^= 1;
@@ -160,15 +137,18 @@ void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, i
     r.retransmitted = false;
     r.active = true;
     ++outstanding_;
-    p[0] = kVersion << 4 | kMsgContribution;
-    p[1] = flags;
-    put16(p + 2, grant_.job);
-    p[4] = static_cast<uint8_t>(rank_);
-    p[5] = static_cast<uint8_t>(exp);
-    put16(p + 6, grant_.epoch);
-    put16(p + 8, static_cast<uint16_t>(r.slot_set << 15 | (grant_.slot_base + idx)));
-    put16(p + 10, count);
-    put32(p + 12, r.offset);
+    Header h;
+    h.msg_type = kMsgContribution;
+    h.flags = flags;
+    h.job = grant_.job;
+    h.worker = static_cast<uint8_t>(rank_);
+    h.exp = exp;
+    h.epoch = grant_.epoch;
+    h.set = r.slot_set;
+    h.slot = grant_.slot_base + idx;
+    h.count = count;
+    h.offset = r.offset;
+    write_header(packet(idx), h);
     if (count) std::fill(payload(idx) + count, payload(idx) + grant_.k, 0u);
     queue_send(idx);
 }
@@ -204,25 +184,11 @@ void Stream::flush_sends() {
     send_datagrams_.clear();
     for (uint32_t idx : send_queue_)
         send_datagrams_.push_back(Datagram{grant_.aggregator, packet(idx), rounds_[idx].length});
-    size_t n = send_batch_.prepare(send_datagrams_), done = 0, first = 0;
-    mmsghdr* msgs = send_batch_.messages();
-    while (done < n) {
-        int sent = sendmmsg(fd_, msgs + done, static_cast<unsigned>(n - done), MSG_DONTWAIT);
-        if (sent < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ENOBUFS) {
-                wait_for(fd_, POLLOUT, 0.001);
-                continue;
-            }
-            sent = 1;  // an unsendable message's datagrams are lost ones: RTO resends them
-        }
-        for (size_t m = done; m < done + static_cast<size_t>(sent); ++m) {
-            for (uint32_t i = 0; i < send_batch_.datagram_counts()[m]; ++i)
-                counters_.wire_bytes_sent += send_datagrams_[first + i].len + grant_.overhead;
-            counters_.packets_sent += send_batch_.datagram_counts()[m];
-            first += send_batch_.datagram_counts()[m];
-        }
-        done += static_cast<size_t>(sent);
-    }
+    SendResult result = socket_.send(send_datagrams_);  // the rest are lost: loss detection resends them
+    if (result.refused) throw os_error("sendmmsg to the aggregator on " + socket_.name(), result.refusal);
+    size_t sent = result.sent;
+    counters_.packets_sent += sent;
+    for (size_t i = 0; i < sent; ++i) counters_.wire_bytes_sent += send_datagrams_[i].len + grant_.overhead;
     send_queue_.clear();
 }
 
@@ -234,15 +200,15 @@ void Stream::resend_lost(double now) {
     int64_t probe = -1;
     for (uint32_t idx = 0; idx < rounds_.size(); ++idx) {
         Round& r = rounds_[idx];
-        Loss loss = r.active ? loss_.verdict(r, now) : Loss::NONE;
-        if (loss == Loss::NONE) continue;
-        bool backoff = loss == Loss::TIMEOUT && loss_.silent(r);
+        Loss loss = r.active ? loss_.verdict(r, now) : Loss::None;
+        if (loss == Loss::None) continue;
+        bool backoff = loss == Loss::Timeout && loss_.silent(r);
         silent += backoff;
         if (backoff && !lossy) {
             if (probe < 0 || r.last_sent < rounds_[probe].last_sent) probe = idx;
             continue;
         }
-        if (loss == Loss::FAST) {
+        if (loss == Loss::Fast) {
             counters_.fast_retransmissions += 1;
             loss_.saw_loss(now);
         }
@@ -262,7 +228,7 @@ void Stream::resend_lost(double now) {
 void Stream::resend(uint32_t idx, double rto, double now) {
     Round& r = rounds_[idx];
     if (!r.retransmitted) {
-        packet(idx)[1] |= kFlagRetransmit;
+        packet(idx)[field::kFlags] |= kFlagRetransmit;
         r.retransmitted = true;
     }
     counters_.retransmissions += 1;
@@ -272,71 +238,52 @@ void Stream::resend(uint32_t idx, double rto, double now) {
     queue_send(idx);
 }
 
-int Stream::receive_batch(double wait) {
-    mmsghdr msgs[BATCH];
-    iovec iov[BATCH];
-    size_t rx_bytes = packet_bytes_ + 4;
-    for (size_t i = 0; i < BATCH; ++i) {
-        iov[i] = {rx_buffers_.data() + i * rx_bytes, rx_bytes};
-        msgs[i] = {};
-        msgs[i].msg_hdr.msg_name = &rx_from_[i];
-        msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
+// The next batch of datagrams into rx_: a blocking socket waits in recvmmsg (one scan tick at
+// most), a non-blocking one is polled for `wait` seconds when empty.
+void Stream::receive_batch(double wait) {
+    size_t got = socket_.receive(rx_, blocking_ ? MSG_WAITFORONE : MSG_DONTWAIT);
+    if (!got && !blocking_) {
+        socket_.wait(POLLIN, wait);
+        socket_.receive(rx_, MSG_DONTWAIT);
     }
-    int got = recvmmsg(fd_, msgs, BATCH, blocking_ ? MSG_WAITFORONE : MSG_DONTWAIT, nullptr);
-    if (got <= 0 && !blocking_) {
-        wait_for(fd_, POLLIN, wait);
-        got = recvmmsg(fd_, msgs, BATCH, MSG_DONTWAIT, nullptr);
-    }
-    got = std::max(got, 0);
-    for (int i = 0; i < got; ++i) {
-        rx_lengths_[i] = msgs[i].msg_len;
-        if (msgs[i].msg_hdr.msg_namelen != sizeof(sockaddr_in)) rx_from_[i] = sockaddr_in{};
-    }
-    rx_count_ = static_cast<size_t>(got);
     rx_next_ = 0;
-    return got;
 }
 
 ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, uint32_t* idx) const {
     if (from.sin_family != AF_INET || from.sin_addr.s_addr != grant_.aggregator.sin_addr.s_addr ||
         from.sin_port != grant_.aggregator.sin_port)
-        return ResultCheck::FOREIGN_SOURCE;
-    if (n < kHeaderBytes) return ResultCheck::TRUNCATED;
-    if (d[0] != (kVersion << 4 | kMsgResult)) return ResultCheck::NOT_A_RESULT;
-    if (be16(d + 2) != grant_.job) return ResultCheck::WRONG_JOB;
-    if (be16(d + 6) != grant_.epoch) return ResultCheck::WRONG_EPOCH;
-    uint16_t ss = be16(d + 8);
-    uint32_t slot = ss & kMaxSlot;
-    if (slot < grant_.slot_base || slot - grant_.slot_base >= rounds_.size() ||
-        !rounds_[slot - grant_.slot_base].active)
-        return ResultCheck::NO_ROUND;
-    *idx = slot - grant_.slot_base;
+        return ResultCheck::ForeignSource;
+    if (n < kHeaderBytes) return ResultCheck::Truncated;
+    Header h = read_header(d);
+    if (h.version != kVersion || h.msg_type != kMsgResult) return ResultCheck::NotAResult;
+    if (h.job != grant_.job) return ResultCheck::WrongJob;
+    if (h.epoch != grant_.epoch) return ResultCheck::WrongEpoch;
+    if (h.slot < grant_.slot_base || h.slot - grant_.slot_base >= rounds_.size() ||
+        !rounds_[h.slot - grant_.slot_base].active)
+        return ResultCheck::NoRound;
+    *idx = h.slot - grant_.slot_base;
     const Round& r = rounds_[*idx];
-    if ((ss >> 15) != r.slot_set) return ResultCheck::WRONG_SET;
-    if (be32(d + 12) != r.offset) return ResultCheck::WRONG_OFFSET;
-    uint16_t count = be16(d + 10);
-    if (count != r.count) return ResultCheck::WRONG_COUNT;
-    if (n != kHeaderBytes + (count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WRONG_LENGTH;
-    return ResultCheck::ACCEPTED;
+    if (h.set != r.slot_set) return ResultCheck::WrongSet;
+    if (h.offset != r.offset) return ResultCheck::WrongOffset;
+    if (h.count != r.count) return ResultCheck::WrongCount;
+    if (n != kHeaderBytes + (h.count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WrongLength;
+    return ResultCheck::Accepted;
 }
 
 bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress) {
-    size_t rx_bytes = packet_bytes_ + 4;
     for (;;) {
-        while (rx_next_ < rx_count_) {
+        while (rx_next_ < rx_.size()) {
             size_t i = rx_next_++;
-            const uint8_t* d = rx_buffers_.data() + i * rx_bytes;
-            size_t n = rx_lengths_[i];
+            const uint8_t* d = rx_.data(i);
+            size_t n = rx_.len(i);
             counters_.packets_received += 1;
             counters_.wire_bytes_received += n + grant_.overhead;
-            ResultCheck verdict = check(d, n, rx_from_[i], idx);
-            if (verdict != ResultCheck::ACCEPTED) {
+            ResultCheck verdict = check(d, n, rx_.from(i), idx);
+            if (verdict != ResultCheck::Accepted) {
                 counters_.drops[static_cast<size_t>(verdict)] += 1;
                 // a late copy the aggregator sent for our retransmission: it was not needed
-                if (n > 1 && (d[1] & kFlagRetransmit) &&
-                    (verdict == ResultCheck::NO_ROUND || verdict == ResultCheck::WRONG_SET)) {
+                if (n > field::kFlags && (d[field::kFlags] & kFlagRetransmit) &&
+                    (verdict == ResultCheck::NoRound || verdict == ResultCheck::WrongSet)) {
                     counters_.spurious_retransmissions += 1;
                 }
                 continue;
@@ -344,7 +291,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             Round& r = rounds_[*idx];
             r.active = false;
             --outstanding_;
-            if (d[1] & kFlagFromHost) counters_.host_results += 1;
+            if (d[field::kFlags] & kFlagFromHost) counters_.host_results += 1;
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
             loss_.delivered(r, now);
@@ -358,7 +305,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
         double now = now_seconds();
         // only on a drained socket: after a deschedule, the answers of rounds that look lost
         // may wait in it (stream.py SlotStream._await)
-        if (now >= next_scan_ && rx_count_ < BATCH) {
+        if (now >= next_scan_ && rx_.size() < kBatch) {
             resend_lost(now);
             flush_sends();
             next_scan_ = now + scan_tick();
@@ -379,9 +326,10 @@ bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, ui
     double progress = start;
     if (!await_result(&idx, &res, &progress)) return false;
     *rtt = progress - rounds_[0].sent_at;
-    for (size_t i = 0; i < n_lanes; ++i) summed[i] = static_cast<int32_t>(be32(res + kHeaderBytes + 4 * i));
-    *agreed_exp0 = static_cast<int8_t>(res[5]);
-    *result_flags = res[1];
+    for (size_t i = 0; i < n_lanes; ++i) summed[i] = static_cast<int32_t>(load_be32(res + kHeaderBytes + 4 * i));
+    Header h = read_header(res);
+    *agreed_exp0 = h.exp;
+    *result_flags = h.flags;
     return true;
 }
 
@@ -407,8 +355,7 @@ bool Stream::stream_blocks(const BlockCall& call) {
         const uint8_t* res = nullptr;
         if (!await_result(&idx, &res, &progress)) return false;
         const Round& r = rounds_[idx];
-        uint8_t flags = res[1];
-        auto exp = static_cast<int8_t>(res[5]);
+        Header h = read_header(res);
         size_t next = r.priming ? r.chunk : size_t(r.chunk) + call.window;
         if (!r.priming) {
             --remaining_;
@@ -416,14 +363,14 @@ bool Stream::stream_blocks(const BlockCall& call) {
             if (!call.is_float) {
                 int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
                 for (size_t i = 0; i < r.count; ++i) out[i] = static_cast<int32_t>(ntohl(values[i]));
-            } else if (flags & kFlagOverflow) {
+            } else if (h.flags & kFlagOverflow) {
                 overflow_.push_back(r.chunk);
             } else {
                 dequantize_be(values, r.count, agreed_[r.chunk], shift_, static_cast<float*>(call.data) + r.offset);
             }
         }
         if (next < n_blocks) {
-            if (call.is_float) agreed_[next] = exp;
+            if (call.is_float) agreed_[next] = h.exp;
             send_block(call, idx, static_cast<uint32_t>(next), progress);
         }
     }

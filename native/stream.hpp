@@ -1,12 +1,12 @@
-// The worker's stream in C++: the window protocol of hostlib/stream.py::SlotStream (the
+// The worker's stream in C++: the window protocol of inagg/worker/stream.py::SlotStream (the
 // executable specification; read its docstring for the protocol) without the Python per-packet
-// cost. Python (hostlib/native_stream.py) keeps the parts that run once per call: the control
+// cost. Python (inagg/worker/native_stream.py) keeps the parts that run once per call: the control
 // vector's encoding and decoding, the window choice and the errors. This class runs the two
 // per-packet phases of a call with the GIL released: the control round on slot 0 (which also
 // carries a small call's values, so that call is done in one round trip) and the streaming of
 // the blocks (priming, one-round-ahead exponents, quantization, result matching, loss detection
 // and retransmission, stall timeout), sending and receiving in sendmmsg/recvmmsg batches on
-// the UDP socket that Python opened.
+// the UDP socket that Python opened (net.hpp: a socket error raises, a full queue is loss).
 #pragma once
 
 #include <netinet/in.h>
@@ -19,22 +19,22 @@
 #include <vector>
 
 #include "protocol.hpp"
-#include "udp_batch.hpp"
+#include "net.hpp"
 
 namespace inagg {
 
-// Verdict on a received datagram; the twin of hostlib.stream.ResultCheck (same order).
+// Verdict on a received datagram; the twin of inagg.worker.stream.ResultCheck (same order).
 enum class ResultCheck : uint8_t {
-    ACCEPTED, FOREIGN_SOURCE, TRUNCATED, NOT_A_RESULT, WRONG_JOB, WRONG_EPOCH, NO_ROUND,
-    WRONG_SET, WRONG_OFFSET, WRONG_COUNT, WRONG_LENGTH, COUNT_
+    Accepted, ForeignSource, Truncated, NotAResult, WrongJob, WrongEpoch, NoRound, WrongSet,
+    WrongOffset, WrongCount, WrongLength
 };
-constexpr size_t RESULT_CHECKS = static_cast<size_t>(ResultCheck::COUNT_);
+constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::WrongLength) + 1;
 const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
     uint64_t retransmissions = 0, fast_retransmissions = 0, backoffs = 0, bursts = 0, spurious_retransmissions = 0, host_results = 0;
-    std::array<uint64_t, RESULT_CHECKS> drops{};  // indexed by ResultCheck (ACCEPTED unused)
+    std::array<uint64_t, kResultChecks> drops{};  // indexed by ResultCheck (Accepted unused)
 };
 
 struct GrantView {
@@ -47,20 +47,20 @@ struct GrantView {
 constexpr double kTicksPerRtoMin = 20;  // the scan tick is rto_min / 20 (stream.py TICKS_PER_RTO_MIN)
 
 // RFC 6298 style smoothed RTT -> retransmission timeout, at least rto_min, capped at a few
-// minimum RTTs (hostlib.stream.RttEstimator: why, and why there is no adaptive floor).
+// minimum RTTs (inagg.worker.stream.RttEstimator: why, and why there is no adaptive floor).
 class RttEstimator {
   public:
     RttEstimator(double rto_min, double rto_max);
     void sample(double rtt);
     double rto() const { return rto_; }
     // How late a round may be behind a later-sent answered one before it counts as lost
-    // (hostlib.stream.RttEstimator.reorder_window).
+    // (inagg.worker.stream.RttEstimator.reorder_window).
     double reorder_window(bool lossy) const {
         return std::max(lossy ? 0.0 : rto_min_, std::max(srtt_, 0.0)) / 4;
     }
-    // How often expired rounds are looked for (hostlib.stream.RttEstimator.scan_tick).
+    // How often expired rounds are looked for (inagg.worker.stream.RttEstimator.scan_tick).
     double scan_tick() const { return rto_min_ / kTicksPerRtoMin; }
-    // The timeout on a path that is losing rounds (hostlib.stream.RttEstimator.lossy_timeout).
+    // The timeout on a path that is losing rounds (inagg.worker.stream.RttEstimator.lossy_timeout).
     double lossy_timeout() const {
         return srtt_ < 0 ? rto_ : std::min(rto_, std::max(2 * srtt_, scan_tick()));
     }
@@ -77,10 +77,10 @@ struct Transmission {
     bool retransmitted = false;
 };
 
-enum class Loss : uint8_t { NONE, FAST, TIMEOUT };
+enum class Loss : uint8_t { None, Fast, Timeout };
 
 // Time-based loss detection of the rounds in flight (RACK, RFC 8985); the twin of
-// hostlib.stream.LossDetector (read its docstring for why).
+// inagg.worker.stream.LossDetector (read its docstring for why).
 class LossDetector {
   public:
     explicit LossDetector(const RttEstimator& rtt) : rtt_(rtt) {}
@@ -94,7 +94,7 @@ class LossDetector {
     bool silent(const Transmission& t) const { return progress_ <= t.last_sent; }
     // No probe of a silent path is pending.
     bool may_probe(double now) const { return now >= probe_until_; }
-    // A probe of a silent path is sent now: its timeout (hostlib.stream.LossDetector.probe).
+    // A probe of a silent path is sent now: its timeout (inagg.worker.stream.LossDetector.probe).
     double probe(double now);
     // A round was fast-retransmitted: the path is lossy for kLossMemory seconds.
     void saw_loss(double now);
@@ -167,7 +167,7 @@ class Stream {
     void flush_sends();
     void resend_lost(double now);
     void resend(uint32_t idx, double rto, double now);
-    int receive_batch(double wait);
+    void receive_batch(double wait);
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
     bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
@@ -175,7 +175,8 @@ class Stream {
     // How often expired rounds are looked for (and the longest a receive waits).
     double scan_tick() const { return rtt_.scan_tick(); }
 
-    int fd_, rank_, n_workers_, shift_;
+    Socket socket_;
+    int rank_, n_workers_, shift_;
     bool blocking_ = false;  // the socket blocks: recvmmsg waits (SO_RCVTIMEO = one scan tick)
     double stall_timeout_;
     std::atomic<bool> aborted_{false};
@@ -188,13 +189,9 @@ class Stream {
     size_t packet_bytes_ = 0;
     uint32_t outstanding_ = 0;
     std::vector<uint32_t> send_queue_;
-    std::vector<Datagram> send_datagrams_;  // the queued rounds' packets, for send_batch_
-    UdpBatch send_batch_;
-    // received batch: buffers, lengths, senders, and the position of the next one to look at
-    std::vector<uint8_t> rx_buffers_;
-    std::vector<size_t> rx_lengths_;
-    std::vector<sockaddr_in> rx_from_;
-    size_t rx_count_ = 0, rx_next_ = 0;
+    std::vector<Datagram> send_datagrams_;  // the queued rounds' packets, for socket_.send
+    RecvBatch rx_;                          // the received batch
+    size_t rx_next_ = 0;                    // the next one of it to look at
     double next_scan_ = 0;
     StreamCounters counters_;
     std::vector<int8_t> agreed_;  // agreed block exponents of the running float call

@@ -1,4 +1,4 @@
-// Python bindings of the worker's stream and the codec (hostlib._native.Stream, block_exponents,
+// Python bindings of the worker's stream and the codec (inagg._native.Stream, block_exponents,
 // quantize, dequantize). Every call that waits on the network releases the GIL for its whole
 // duration; arrays are numpy buffers that Python allocated, written in place.
 #include <arpa/inet.h>
@@ -51,7 +51,7 @@ nb::dict counters_dict(const Stream& s) {
     d["bursts"] = c.bursts;
     d["spurious_retransmissions"] = c.spurious_retransmissions;
     d["host_results"] = c.host_results;
-    for (size_t i = 1; i < RESULT_CHECKS; ++i)
+    for (size_t i = 1; i < kResultChecks; ++i)
         if (c.drops[i]) drops[result_check_name(static_cast<ResultCheck>(i))] = c.drops[i];
     d["result_drops"] = drops;
     return d;
@@ -66,15 +66,8 @@ void check_blocks(size_t size, size_t k, size_t exps, size_t bad) {
         throw std::invalid_argument("exponent arrays shorter than the tensor's blocks");
 }
 
-}  // namespace
-
-void bind_stream(nb::module_& m) {
-    // a Communicator's I/O thread is a daemon that may still hold its Stream at interpreter exit
-    nb::set_leak_warnings(false);
-    nb::list names;
-    for (size_t i = 0; i < RESULT_CHECKS; ++i) names.append(result_check_name(static_cast<ResultCheck>(i)));
-    m.attr("RESULT_CHECKS") = names;
-
+// The codec (codec.hpp): the block exponents, quantization and the small calls' fixed point.
+void bind_codec(nb::module_& m) {
     m.def("shift_for", &shift_for);
     m.def("block_exponents", [](Array<const float> x, size_t block, Array<int8_t> exps, Array<uint8_t> bad) {
         check_blocks(x.shape(0), block, exps.shape(0), bad.shape(0));
@@ -103,7 +96,9 @@ void bind_stream(nb::module_& m) {
         if (out.shape(0) < q.shape(0)) throw std::invalid_argument("output shorter than input");
         dequantize_be(q.data(), q.shape(0), exp, shift, out.data());
     });
+}
 
+void bind_stream_class(nb::module_& m) {
     nb::class_<Stream>(m, "Stream")
         .def(nb::init<int, int, int, double, double, double>(), nb::arg("fd"), nb::arg("rank"),
              nb::arg("n_workers"), nb::arg("rto_min"), nb::arg("rto_max"), nb::arg("stall_timeout"))
@@ -142,6 +137,18 @@ void bind_stream(nb::module_& m) {
         .def("abort", &Stream::abort, "Stop the call in progress (from another thread)")
         .def("remaining", &Stream::remaining)
         .def("waiting_slots", &Stream::waiting_slots);
+}
+
+}  // namespace
+
+void bind_stream(nb::module_& m) {
+    // a Communicator's I/O thread is a daemon that may still hold its Stream at interpreter exit
+    nb::set_leak_warnings(false);
+    nb::list names;
+    for (size_t i = 0; i < kResultChecks; ++i) names.append(result_check_name(static_cast<ResultCheck>(i)));
+    m.attr("RESULT_CHECKS") = names;
+    bind_codec(m);
+    bind_stream_class(m);
 }
 
 }  // namespace inagg

@@ -1,6 +1,6 @@
-// Python bindings of the software switch's core (hostlib._native.SwitchPipeline, SwitchLoop):
-// bmv2_env/native_pipeline.py mirrors the P4Runtime server's tables into a SwitchPipeline and
-// bmv2_env/soft_switch.py hands its sockets to a SwitchLoop. Packet work never holds the GIL.
+// Python bindings of the software switch's core (inagg._native.SwitchPipeline, SwitchLoop):
+// inagg/softswitch/pipeline.py mirrors the P4Runtime server's tables into a SwitchPipeline and
+// inagg/softswitch/switch.py hands its sockets to a SwitchLoop. Packet work never holds the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -84,20 +84,12 @@ nb::list take_captures(inagg::SwitchLoop& loop) {
     return records;
 }
 
-void bind_pipeline(nb::module_& m) {
-    using inagg::SwitchTables;
-    nb::class_<PipelineHold>(m, "_PipelineHold")
-        .def("__enter__", &PipelineHold::enter)
-        .def("__exit__", [](PipelineHold& h, nb::args) { h.exit(); });
+using PipelineClass = nb::class_<SwitchPipeline>;
+using inagg::SwitchTables;
 
-    nb::class_<SwitchPipeline>(m, "SwitchPipeline",
-                               "The software switch's tables, slot engine and counters "
-                               "(native/switch_pipeline.hpp)")
-        .def(nb::new_(&make_pipeline), "n_slots"_a, "values_per_packet"_a, "counter_sizes"_a,
-             "n_drop_reasons"_a)
-        .def("hold", [](nb::handle self) { return PipelineHold{nb::cast<std::shared_ptr<SwitchPipeline>>(self)}; },
-             "A context manager holding the pipeline's lock: no packet sees half a write")
-        .def("set_job_admit",
+// JobAdmission's and ReplicaRewrite's tables: job_table, worker_table, replica_table.
+void bind_job_tables(PipelineClass& cls) {
+    cls.def("set_job_admit",
              [](SwitchPipeline& p, uint16_t job_id, uint8_t job_index, uint16_t slot_base,
                 uint16_t slot_count, uint8_t n_workers, uint16_t epoch, uint16_t mcast_grp,
                 uint8_t encap) {
@@ -137,8 +129,12 @@ void bind_pipeline(nb::module_& m) {
                  with_tables(p, [&](SwitchTables& t) {
                      t.replicas.erase(SwitchTables::replica_key(job_id, replica));
                  });
-             })
-        .def("set_l2",
+             });
+}
+
+// Forwarding's l2_table and the packet replication engine's multicast groups.
+void bind_l2_tables(PipelineClass& cls) {
+    cls.def("set_l2",
              [](SwitchPipeline& p, uint64_t mac, uint8_t kind, uint16_t arg) {
                  with_tables(p, [&](SwitchTables& t) {
                      t.l2[mac] = inagg::L2Action{inagg::L2Kind(kind), arg};
@@ -164,8 +160,12 @@ void bind_pipeline(nb::module_& m) {
         .def("remove_group",
              [](SwitchPipeline& p, uint16_t group) {
                  with_tables(p, [&](SwitchTables& t) { t.groups.erase(group); });
-             })
-        .def("replace_jobs",
+             });
+}
+
+// The slot engine's jobs, the counters and the per-frame slow path.
+void bind_engine_and_counters(PipelineClass& cls) {
+    cls.def("replace_jobs",
              [](SwitchPipeline& p,
                 const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
                                              std::vector<inagg::SenderId>>>& wanted) {
@@ -200,6 +200,23 @@ void bind_pipeline(nb::module_& m) {
              "which"_a, "index"_a, "value"_a, "Set one counter cell (P4Runtime MODIFY)")
         .def("process", &process_frame, "port"_a, "frame"_a,
              "One frame in: the (egress port, frame) pairs it causes (the slow path)");
+}
+
+void bind_pipeline(nb::module_& m) {
+    nb::class_<PipelineHold>(m, "_PipelineHold")
+        .def("__enter__", &PipelineHold::enter)
+        .def("__exit__", [](PipelineHold& h, nb::args) { h.exit(); });
+
+    PipelineClass cls(m, "SwitchPipeline",
+                      "The software switch's tables, slot engine and counters "
+                      "(native/switch_pipeline.hpp)");
+    cls.def(nb::new_(&make_pipeline), "n_slots"_a, "values_per_packet"_a, "counter_sizes"_a,
+            "n_drop_reasons"_a)
+        .def("hold", [](nb::handle self) { return PipelineHold{nb::cast<std::shared_ptr<SwitchPipeline>>(self)}; },
+             "A context manager holding the pipeline's lock: no packet sees half a write");
+    bind_job_tables(cls);
+    bind_l2_tables(cls);
+    bind_engine_and_counters(cls);
 }
 
 void bind_loop(nb::module_& m) {

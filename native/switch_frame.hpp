@@ -1,14 +1,23 @@
 // Frame layout the software switch reads and writes: Ethernet / IPv4 (no options) / UDP, then the
-// inagg header directly (UDP encapsulation) or after BTH|RETH|ImmDt (RoCEv2), with big-endian
-// field access. The twin of the offsets in bmv2_env/pipeline.py and hostlib/roce.py.
+// inagg header directly (UDP encapsulation) or after BTH|RETH|ImmDt (RoCEv2). The twin of the
+// offsets in inagg/softswitch/pipeline_reference.py and inagg/wire/roce.py; the inagg header's own fields and the
+// big-endian loads and stores are protocol.hpp's.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "protocol.hpp"
+
 namespace inagg::frame {
 
 constexpr size_t kEth = 14, kIp = 20, kUdp = 8;
+// Field offsets in the Ethernet, IPv4 (from the IPv4 header) and UDP (from the UDP header) headers.
+constexpr size_t kEthDst = 0, kEthSrc = 6, kEthType = 12;
+constexpr size_t kIpTotalLength = 2, kIpFragment = 6, kIpProtocol = 9, kIpChecksum = 10,
+                 kIpSrc = 12, kIpDst = 16;
+constexpr size_t kUdpSrcPort = 0, kUdpDstPort = 2, kUdpLength = 4, kUdpChecksum = 6;
+constexpr size_t kIpAt = kEth, kUdpAt = kEth + kIp;  // where the IPv4 and UDP headers start
 constexpr size_t kInaggAt = kEth + kIp + kUdp;          // inagg header, UDP encapsulation
 constexpr size_t kRoceHeaderBytes = 32;                 // BTH 12 + RETH 16 + ImmDt 4
 constexpr size_t kRoceInaggAt = kInaggAt + kRoceHeaderBytes;
@@ -16,7 +25,6 @@ constexpr size_t kRoceIcrcBytes = 4;
 constexpr size_t kRoceQp = 5;                           // in BTH|RETH|ImmDt
 constexpr size_t kRoceRkey = 12 + 8;
 constexpr size_t kRoceDmaLen = 12 + 12;
-constexpr size_t kInaggHeaderBytes = 16;
 
 constexpr uint16_t kInaggUdpPort = 0xA66A;
 constexpr uint16_t kRoceUdpPort = 4791;
@@ -26,33 +34,18 @@ constexpr uint32_t kRoceInaggImmediate = 0x494E4147;     // "INAG"
 // protocol.ENCAP_CODE: job_table's encap parameter; 0 = not an inagg frame.
 constexpr uint8_t kEncapNone = 0, kEncapUdp = 1, kEncapRoce = 2;
 
-inline uint16_t be16(const uint8_t* p) { return uint16_t(p[0] << 8 | p[1]); }
-inline uint32_t be32(const uint8_t* p) {
-    return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
-}
-inline uint64_t be48(const uint8_t* p) { return uint64_t(be16(p)) << 32 | be32(p + 2); }
-inline void put16(uint8_t* p, uint16_t v) {
-    p[0] = uint8_t(v >> 8);
-    p[1] = uint8_t(v);
-}
-inline void put32(uint8_t* p, uint32_t v) {
-    put16(p, uint16_t(v >> 16));
-    put16(p + 2, uint16_t(v));
-}
-inline void put48(uint8_t* p, uint64_t v) {
-    put16(p, uint16_t(v >> 32));
-    put32(p + 2, uint32_t(v));
-}
+// Where the frame's UDP datagram ends, as its UDP length says.
+inline size_t udp_end(const uint8_t* f) { return kUdpAt + load_be16(f + kUdpAt + kUdpLength); }
 
 // InaggParser: the encapsulation code when the inagg header follows, else kEncapNone.
 inline uint8_t parse_encap(const uint8_t* f, size_t len) {
-    if (len < kInaggAt || be16(f + 12) != 0x0800 || f[kEth] != 0x45 ||
-        (be16(f + kEth + 6) & 0x1FFF) != 0 || f[kEth + 9] != 17)
+    if (len < kInaggAt || load_be16(f + kEthType) != 0x0800 || f[kIpAt] != 0x45 ||
+        (load_be16(f + kIpAt + kIpFragment) & 0x1FFF) != 0 || f[kIpAt + kIpProtocol] != 17)
         return kEncapNone;
-    uint16_t dport = be16(f + kEth + kIp + 2);
+    uint16_t dport = load_be16(f + kUdpAt + kUdpDstPort);
     if (dport == kInaggUdpPort) return kEncapUdp;
     if (dport == kRoceUdpPort && len >= kRoceInaggAt && f[kInaggAt] == kRoceOpcodeUcWriteOnlyImm &&
-        be32(f + kRoceInaggAt - 4) == kRoceInaggImmediate)
+        load_be32(f + kRoceInaggAt - 4) == kRoceInaggImmediate)
         return kEncapRoce;
     return kEncapNone;
 }

@@ -4,7 +4,6 @@
 #include <arpa/inet.h>
 #include <linux/if_packet.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -16,11 +15,11 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
-#include <system_error>
+#include <utility>
 
 #include "checksums.hpp"
+#include "net.hpp"
 #include "switch_frame.hpp"
-#include "udp_batch.hpp"
 
 namespace inagg {
 
@@ -30,66 +29,47 @@ namespace {
 
 constexpr size_t kFrameBytes = 65536;          // the largest datagram or frame a port takes
 constexpr size_t kSlotBytes = kInaggAt + kFrameBytes;  // + room for the headers a UDP port adds
-constexpr int kSendWaitMs = 200;               // how long a full send queue may block the loop
 constexpr uint8_t kUdpSwitchMac[6] = {0, 0, 0, 0, 0, 0xFE};
 
-std::system_error os_error(const char* what) {
-    return std::system_error(errno, std::generic_category(), what);
-}
-
 // The frame host `src` would have sent for a datagram of `len` bytes from src:sport to the
-// switch at dst (UdpPorts.recv in bmv2_env/soft_switch.py): written into the kInaggAt bytes
+// switch at dst (UdpPorts.recv in inagg/softswitch/switch.py): written into the kInaggAt bytes
 // before the datagram.
 void write_udp_headers(uint8_t* f, uint32_t src, uint16_t sport, uint32_t dst, size_t len) {
-    std::memcpy(f, kUdpSwitchMac, 6);
-    f[6] = 0x02;
-    f[7] = 0x00;
-    put32(f + 8, src);
-    put16(f + 12, 0x0800);
-    uint8_t* ip = f + kEth;
+    std::memcpy(f + kEthDst, kUdpSwitchMac, 6);
+    uint8_t* mac = f + kEthSrc;  // the host's: 02:00 and its IPv4 address (udp_host_mac)
+    mac[0] = 0x02;
+    mac[1] = 0x00;
+    store_be32(mac + 2, src);
+    store_be16(f + kEthType, 0x0800);
+    uint8_t* ip = f + kIpAt;
     const uint8_t fixed[12] = {0x45, 0, 0, 0, 0, 0, 0, 0, 64, 17, 0, 0};
     std::memcpy(ip, fixed, sizeof fixed);
-    put16(ip + 2, uint16_t(kIp + kUdp + len));
-    put32(ip + 12, src);
-    put32(ip + 16, dst);
-    put16(ip + 10, ipv4_checksum(ip));
-    uint8_t* udp = ip + kIp;
-    put16(udp, sport);
-    put16(udp + 2, kInaggUdpPort);
-    put16(udp + 4, uint16_t(kUdp + len));
-    put16(udp + 6, 0);
+    store_be16(ip + kIpTotalLength, uint16_t(kIp + kUdp + len));
+    store_be32(ip + kIpSrc, src);
+    store_be32(ip + kIpDst, dst);
+    store_be16(ip + kIpChecksum, ipv4_checksum(ip));
+    uint8_t* udp = f + kUdpAt;
+    store_be16(udp + kUdpSrcPort, sport);
+    store_be16(udp + kUdpDstPort, kInaggUdpPort);
+    store_be16(udp + kUdpLength, uint16_t(kUdp + len));
+    store_be16(udp + kUdpChecksum, 0);
 }
 
 }  // namespace
 
-struct SwitchLoop::Socket {
-    enum class Kind { udp, raw };
+struct SwitchLoop::PortSocket {
+    enum class Kind { Udp, Raw };
 
-    Socket(Kind kind, int fd) : kind(kind), fd(fd), buffers(new uint8_t[kBatch * kSlotBytes]) {
-        for (size_t i = 0; i < kBatch; ++i) {
-            iov[i].iov_base = slot(i) + (kind == Kind::udp ? kInaggAt : 0);
-            iov[i].iov_len = kFrameBytes;
-        }
-    }
-    uint8_t* slot(size_t i) { return buffers.get() + i * kSlotBytes; }
+    PortSocket(Kind k, int fd) : kind(k), socket(fd), rx(kBatch, kFrameBytes, k == Kind::Udp ? kInaggAt : 0) {}
 
     Kind kind;
-    int fd;
+    Socket socket;
     uint16_t port = 0;                                // raw: its switch port
     uint32_t bind_addr = 0;                           // udp: the switch's address
     std::unordered_map<uint32_t, uint16_t> port_of;   // udp: host IPv4 -> switch port
-    std::unique_ptr<uint8_t[]> buffers;               // kBatch receive slots (not zero-filled)
-    iovec iov[kBatch];
-    mmsghdr msgs[kBatch];
-    union {
-        sockaddr_in in;
-        sockaddr_ll ll;
-    } addrs[kBatch];
+    RecvBatch rx;                                     // udp: room for the frame's headers
     std::vector<size_t> pending;                      // out_ frames leaving by this socket
-    std::vector<Datagram> datagrams;                  // udp: the frames leaving, as datagrams
-    UdpBatch udp_batch;                               // udp: their messages (GSO where it can)
-    std::vector<mmsghdr> send_msgs;                   // raw: one message per frame
-    std::vector<iovec> send_iov;
+    std::vector<Datagram> datagrams;                  // them, as the datagrams or frames to send
 };
 
 SwitchLoop::SwitchLoop(size_t capture_bytes) : captures_(capture_bytes) {
@@ -100,7 +80,7 @@ SwitchLoop::SwitchLoop(size_t capture_bytes) : captures_(capture_bytes) {
     watch(wake_fd_, nullptr);
 }
 
-void SwitchLoop::watch(int fd, Socket* sock) {
+void SwitchLoop::watch(int fd, PortSocket* sock) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = sock;
@@ -108,16 +88,16 @@ void SwitchLoop::watch(int fd, Socket* sock) {
 }
 
 SwitchLoop::~SwitchLoop() {
-    stop();
+    running_ = false;
+    join();
     close(epoll_fd_);
     close(wake_fd_);
 }
 
 void SwitchLoop::add_udp_ports(int fd, uint32_t bind_addr,
                                const std::vector<std::pair<uint32_t, uint16_t>>& peers) {
-    auto sock = std::make_unique<Socket>(Socket::Kind::udp, fd);
+    auto sock = std::make_unique<PortSocket>(PortSocket::Kind::Udp, fd);
     sock->bind_addr = bind_addr;
-    sock->udp_batch = UdpBatch(udp_gso_supported(fd));
     for (const auto& [addr, port] : peers) {
         sock->port_of[addr] = port;
         by_port_[port] = sock.get();
@@ -127,7 +107,7 @@ void SwitchLoop::add_udp_ports(int fd, uint32_t bind_addr,
 }
 
 void SwitchLoop::add_raw_port(int fd, uint16_t port) {
-    auto sock = std::make_unique<Socket>(Socket::Kind::raw, fd);
+    auto sock = std::make_unique<PortSocket>(PortSocket::Kind::Raw, fd);
     sock->port = port;
     by_port_[port] = sock.get();
     watch(fd, sock.get());
@@ -154,54 +134,52 @@ void SwitchLoop::set_pipeline(std::shared_ptr<SwitchPipeline> pipeline) {
 void SwitchLoop::start() {
     if (running_.exchange(true)) throw std::logic_error("the switch loop is already running");
     if (thread_.joinable()) thread_.join();  // a loop that stopped by itself
+    error_ = nullptr;
     thread_ = std::thread([this] { run(); });
 }
 
 void SwitchLoop::stop() {
     running_ = false;
+    join();
+    if (std::exception_ptr error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
+}
+
+void SwitchLoop::join() {
     uint64_t one = 1;
     if (write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN) perror("switch loop: wake");
     if (thread_.joinable()) thread_.join();
 }
 
+// The loop thread: until stop(), or until an error, which it keeps for stop() to throw.
 void SwitchLoop::run() {
-    epoll_event events[16];
     try {
-        while (running_) {
-            int n = epoll_wait(epoll_fd_, events, 16, -1);
-            if (n < 0 && errno != EINTR) throw os_error("epoll_wait");
-            for (int i = 0; i < n && running_; ++i) {
-                if (events[i].data.ptr) {
-                    receive_batch(*static_cast<Socket*>(events[i].data.ptr));
-                } else {  // stop(): consume the wake-up, so a later start() waits again
-                    uint64_t count;
-                    if (read(wake_fd_, &count, sizeof count) < 0 && errno != EAGAIN)
-                        throw os_error("switch loop: wake");
-                }
-            }
-        }
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "inagg-soft-switch: packet loop stopped: %s\n", e.what());
+        while (running_) wait_and_receive();
+    } catch (...) {
+        error_ = std::current_exception();
         running_ = false;
     }
 }
 
-void SwitchLoop::receive_batch(Socket& sock) {
-    for (size_t i = 0; i < kBatch; ++i) {
-        sock.msgs[i] = mmsghdr{};
-        sock.msgs[i].msg_hdr.msg_iov = &sock.iov[i];
-        sock.msgs[i].msg_hdr.msg_iovlen = 1;
-        sock.msgs[i].msg_hdr.msg_name = &sock.addrs[i];
-        sock.msgs[i].msg_hdr.msg_namelen = sizeof sock.addrs[i];
+void SwitchLoop::wait_and_receive() {
+    epoll_event events[16];
+    int n = epoll_wait(epoll_fd_, events, 16, -1);
+    if (n < 0 && errno != EINTR) throw os_error("epoll_wait");
+    for (int i = 0; i < n && running_; ++i) {
+        if (events[i].data.ptr) {
+            receive_batch(*static_cast<PortSocket*>(events[i].data.ptr));
+        } else {  // stop(): consume the wake-up, so a later start() waits again
+            uint64_t count;
+            if (read(wake_fd_, &count, sizeof count) < 0 && errno != EAGAIN)
+                throw os_error("switch loop: wake");
+        }
     }
-    int n = recvmmsg(sock.fd, sock.msgs, kBatch, MSG_DONTWAIT, nullptr);
-    if (n <= 0) {
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            throw os_error("recvmmsg");
-        return;
-    }
+}
+
+void SwitchLoop::receive_batch(PortSocket& sock) {
+    size_t n = sock.socket.receive(sock.rx, MSG_DONTWAIT);
+    if (!n) return;
     stats_.wakeups += 1;
-    stats_.received += uint64_t(n);
+    stats_.received += n;
     std::shared_ptr<SwitchPipeline> pipeline;
     {
         std::lock_guard<std::mutex> lock(pipeline_mutex_);
@@ -210,31 +188,36 @@ void SwitchLoop::receive_batch(Socket& sock) {
     if (!pipeline) return;
     {
         std::lock_guard<std::recursive_mutex> lock(pipeline->mutex());
-        for (int i = 0; i < n; ++i) {
-            const msghdr& h = sock.msgs[i].msg_hdr;
-            size_t len = sock.msgs[i].msg_len;
-            if (h.msg_flags & MSG_TRUNC) continue;
-            uint8_t* f = sock.slot(size_t(i));
-            if (sock.kind == Socket::Kind::raw) {
-                if (sock.addrs[i].ll.sll_pkttype == PACKET_OUTGOING) continue;  // our own sends
-                record(sock.port, false, f, len);
-                pipeline->process(sock.port, f, len, out_);
-                continue;
+        for (size_t i = 0; i < n; ++i) {
+            if (sock.rx.truncated(i)) continue;
+            if (sock.kind == PortSocket::Kind::Udp) {
+                receive_udp(sock, i, *pipeline);
+            } else if (sock.rx.link(i).sll_pkttype != PACKET_OUTGOING) {  // not our own sends
+                record(sock.port, false, sock.rx.slot(i), sock.rx.len(i));
+                pipeline->process(sock.port, sock.rx.slot(i), sock.rx.len(i), out_);
             }
-            uint32_t src = ntohl(sock.addrs[i].in.sin_addr.s_addr);
-            auto port = sock.port_of.find(src);
-            if (port == sock.port_of.end()) {
-                stats_.unknown_peer += 1;
-                continue;
-            }
-            write_udp_headers(f, src, ntohs(sock.addrs[i].in.sin_port), sock.bind_addr, len);
-            record(port->second, false, f, kInaggAt + len);
-            pipeline->process(port->second, f, kInaggAt + len, out_);
         }
     }
     send_outputs();
 }
 
+// Datagram i of a UDP port group, as the frame its host would have sent, into the pipeline.
+void SwitchLoop::receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipeline) {
+    uint32_t src = ntohl(sock.rx.from(i).sin_addr.s_addr);
+    auto port = sock.port_of.find(src);
+    if (port == sock.port_of.end()) {
+        stats_.unknown_peer += 1;
+        return;
+    }
+    uint8_t* f = sock.rx.slot(i);
+    size_t len = sock.rx.len(i);
+    write_udp_headers(f, src, ntohs(sock.rx.from(i).sin_port), sock.bind_addr, len);
+    record(port->second, false, f, kInaggAt + len);
+    pipeline.process(port->second, f, kInaggAt + len, out_);
+}
+
+// The batch's output frames, each by the socket of its egress port; what a full send queue
+// kept (net.hpp) counts as send_errors.
 void SwitchLoop::send_outputs() {
     for (size_t i = 0; i < out_.size(); ++i) {
         auto sock = by_port_.find(out_.port(i));
@@ -244,11 +227,15 @@ void SwitchLoop::send_outputs() {
     }
     for (auto& sock : sockets_) {
         if (sock->pending.empty()) continue;
-        if (sock->kind == Socket::Kind::udp) {
-            send_udp(*sock, sock->pending);
+        sock->datagrams.clear();
+        if (sock->kind == PortSocket::Kind::Udp) {
+            queue_udp(*sock);
         } else {
-            send_raw(*sock, sock->pending);
+            queue_raw(*sock);
         }
+        size_t sent = sock->socket.send(sock->datagrams).sent;  // refused or kept by a full queue
+        stats_.sent += sent;
+        stats_.send_errors += sock->datagrams.size() - sent;
         sock->pending.clear();
     }
     out_.clear();
@@ -257,71 +244,24 @@ void SwitchLoop::send_outputs() {
 // A frame leaving a UDP port is sent as a datagram to its IPv4/UDP destination (UdpPorts.send).
 // Where the kernel can, datagrams to one destination go as one UDP GSO send (UDP_SEGMENT): a
 // round's results to a worker walk the stack once instead of once each; the receiver still gets
-// them one datagram at a time. Datagrams are grouped by destination, each destination's order
-// kept.
-void SwitchLoop::send_udp(Socket& sock, const std::vector<size_t>& frames) {
-    std::vector<Datagram>& dgs = sock.datagrams;
-    dgs.clear();
-    for (size_t i : frames) {
+// them one datagram at a time (send_batch.hpp).
+void SwitchLoop::queue_udp(PortSocket& sock) {
+    for (size_t i : sock.pending) {
         const uint8_t* f = out_.data(i);
         size_t len = out_.len(i);
         if (len < kInaggAt) continue;
-        size_t end = std::min(len, kEth + kIp + be16(f + kEth + kIp + 4));
+        size_t end = std::min(len, udp_end(f));
         Datagram d{sockaddr_in{}, f + kInaggAt, end > kInaggAt ? end - kInaggAt : 0};
         d.to.sin_family = AF_INET;
-        std::memcpy(&d.to.sin_addr.s_addr, f + kEth + 16, 4);
-        std::memcpy(&d.to.sin_port, f + kEth + kIp + 2, 2);
-        dgs.push_back(d);
+        std::memcpy(&d.to.sin_addr.s_addr, f + kIpAt + kIpDst, 4);
+        std::memcpy(&d.to.sin_port, f + kUdpAt + kUdpDstPort, 2);
+        sock.datagrams.push_back(d);
     }
-    size_t n = sock.udp_batch.prepare(dgs);
-    sendmmsg_all(sock.fd, sock.udp_batch.messages(), n, sock.udp_batch.datagram_counts());
 }
 
-void SwitchLoop::send_raw(Socket& sock, const std::vector<size_t>& frames) {
-    sock.send_msgs.assign(frames.size(), mmsghdr{});
-    sock.send_iov.resize(frames.size());
-    for (size_t n = 0; n < frames.size(); ++n) {
-        size_t i = frames[n];
-        sock.send_iov[n] = iovec{const_cast<uint8_t*>(out_.data(i)), out_.len(i)};
-        sock.send_msgs[n].msg_hdr.msg_iov = &sock.send_iov[n];
-        sock.send_msgs[n].msg_hdr.msg_iovlen = 1;
-    }
-    sendmmsg_all(sock.fd, sock.send_msgs.data(), frames.size(), nullptr);
-}
-
-// Send every message; a full send queue holds the loop (back-pressure rather than loss) for
-// up to kSendWaitMs, and a message the kernel refuses is counted and skipped.
-void SwitchLoop::sendmmsg_all(int fd, mmsghdr* msgs, size_t n, const uint32_t* datagrams) {
-    auto count = [datagrams](size_t from, size_t to) {
-        uint64_t c = 0;
-        for (size_t i = from; i < to; ++i) c += datagrams ? datagrams[i] : 1;
-        return c;
-    };
-    using Clock = std::chrono::steady_clock;
-    size_t done = 0;
-    Clock::time_point give_up{};
-    while (done < n) {
-        int sent = sendmmsg(fd, msgs + done, unsigned(n - done), 0);
-        if (sent > 0) {
-            stats_.sent += count(done, done + size_t(sent));
-            done += size_t(sent);
-            give_up = {};
-            continue;
-        }
-        int err = errno;
-        if (err == EINTR) continue;
-        bool full = err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS;
-        if (full && give_up == Clock::time_point{})
-            give_up = Clock::now() + std::chrono::milliseconds(kSendWaitMs);
-        if (full && Clock::now() < give_up) {
-            pollfd p{fd, POLLOUT, 0};
-            if (poll(&p, 1, 1) > 0 && err == ENOBUFS) usleep(50);  // poll cannot wait for it
-            continue;
-        }
-        stats_.send_errors += count(done, done + 1);
-        done += 1;
-        give_up = {};
-    }
+// A frame leaving a raw port is sent whole, one message each.
+void SwitchLoop::queue_raw(PortSocket& sock) {
+    for (size_t i : sock.pending) sock.datagrams.push_back(Datagram{sockaddr_in{}, out_.data(i), out_.len(i)});
 }
 
 }  // namespace inagg

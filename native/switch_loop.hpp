@@ -1,14 +1,15 @@
 // The software switch's packet loop: its ports and the thread that moves frames between them and
 // the pipeline (switch_pipeline.hpp), with batched system calls and no Python on the way.
 //
-// Ports come from Python as open sockets (bmv2_env/soft_switch.py opens and owns them, so the
+// Ports come from Python as open sockets (inagg/softswitch/switch.py opens and owns them, so the
 // same sockets serve the Python reference loop):
 //  - a UDP port group: one datagram socket at the switch's inagg address on loopback; a datagram
 //    from host H enters H's port as the Ethernet/IPv4/UDP frame H would have sent, and a frame
 //    leaving any of the group's ports goes out as a datagram to its IPv4/UDP destination;
 //  - raw ports: one AF_PACKET socket per Linux interface (veth, Mininet), whole frames.
 // Each wakeup takes up to kBatch frames per ready socket with one recvmmsg, runs them through the
-// pipeline under its lock, and sends what they caused with one sendmmsg per socket.
+// pipeline under its lock, and sends what they caused with one sendmmsg per socket (net.hpp: its
+// error policy; a socket error stops the loop and stop() throws it).
 #pragma once
 
 #include <netinet/in.h>
@@ -16,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -33,7 +35,7 @@ struct LoopStats {
     std::atomic<uint64_t> received{0};
     std::atomic<uint64_t> sent{0};
     std::atomic<uint64_t> unknown_peer{0};   // datagrams from no host of a UDP port
-    std::atomic<uint64_t> send_errors{0};    // frames the kernel refused to send
+    std::atomic<uint64_t> send_errors{0};    // frames not sent: the send queue stayed full
     std::atomic<uint64_t> wakeups{0};        // batches received
 };
 
@@ -41,7 +43,7 @@ class SwitchLoop {
 public:
     static constexpr size_t kBatch = 64;
     // The default bound of the frames captured and not yet taken (--pcap): 64 MiB, a drain
-    // interval's worth (50 ms, bmv2_env/soft_switch.py) at over 1 GB/s of captured frames.
+    // interval's worth (50 ms, inagg/softswitch/switch.py) at over 1 GB/s of captured frames.
     static constexpr size_t kCaptureBytes = size_t(64) << 20;
 
     explicit SwitchLoop(size_t capture_bytes = kCaptureBytes);
@@ -65,24 +67,27 @@ public:
     void set_pipeline(std::shared_ptr<SwitchPipeline> pipeline);
 
     void start();
-    void stop();  // joins the thread; the sockets stay open (their owner closes them)
+    // Joins the thread; the sockets stay open (their owner closes them). Throws the error that
+    // stopped the loop, if one did (std::system_error naming the socket and errno).
+    void stop();
     bool running() const { return running_; }  // false once stopped, or if the loop failed
     const LoopStats& stats() const { return stats_; }
 
 private:
-    struct Socket;
-    void watch(int fd, Socket* sock);  // epoll: wake for fd (sock null: the stop eventfd)
+    struct PortSocket;
+    void watch(int fd, PortSocket* sock);  // epoll: wake for fd (sock null: the stop eventfd)
+    void join();
     void run();
+    void wait_and_receive();
     void record(uint16_t port, bool sent, const uint8_t* frame, size_t len);
-    void receive_batch(Socket& sock);
+    void receive_batch(PortSocket& sock);
+    void receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipeline);
     void send_outputs();
-    void send_udp(Socket& sock, const std::vector<size_t>& frames);
-    void send_raw(Socket& sock, const std::vector<size_t>& frames);
-    // `datagrams[i]`: how many datagrams message i carries (null: one each), for the stats.
-    void sendmmsg_all(int fd, mmsghdr* msgs, size_t n, const uint32_t* datagrams);
+    void queue_udp(PortSocket& sock);
+    void queue_raw(PortSocket& sock);
 
-    std::vector<std::unique_ptr<Socket>> sockets_;
-    std::unordered_map<uint16_t, Socket*> by_port_;  // egress port -> the socket it leaves by
+    std::vector<std::unique_ptr<PortSocket>> sockets_;
+    std::unordered_map<uint16_t, PortSocket*> by_port_;  // egress port -> the socket it leaves by
     std::unordered_set<uint16_t> captured_ports_;    // empty: capture off
     CaptureQueue captures_;
     std::shared_ptr<SwitchPipeline> pipeline_;
@@ -91,6 +96,7 @@ private:
     LoopStats stats_;
     int epoll_fd_ = -1, wake_fd_ = -1;
     std::atomic<bool> running_{false};
+    std::exception_ptr error_;  // what stopped the loop thread, for stop() to throw
     std::thread thread_;
 };
 

@@ -1,5 +1,5 @@
 // The software switch's pipeline (see switch_pipeline.hpp). Each method is one P4 control, as in
-// bmv2_env/pipeline.py::SoftPipeline; keep the two in step.
+// inagg/softswitch/pipeline_reference.py::SoftPipeline; keep the two in step.
 #include "switch_pipeline.hpp"
 
 #include <algorithm>
@@ -31,11 +31,11 @@ void SwitchPipeline::process(uint16_t port, const uint8_t* f, size_t len, Output
 
 void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
     if (len < kEth) return;
-    auto hit = tables_.l2.find(be48(f));
+    auto hit = tables_.l2.find(load_be48(f));
     const L2Action& action = hit == tables_.l2.end() ? tables_.l2_default : hit->second;
-    if (action.kind == L2Kind::forward) {
+    if (action.kind == L2Kind::Forward) {
         out.forward(action.arg, f, len);
-    } else if (action.kind == L2Kind::flood) {
+    } else if (action.kind == L2Kind::Flood) {
         auto group = tables_.groups.find(action.arg);
         if (group == tables_.groups.end()) return;
         for (const Replica& r : group->second)
@@ -46,15 +46,15 @@ void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, Out
 void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint8_t encap,
                                OutputBatch& out) {
     size_t at = encap == kEncapRoce ? kRoceInaggAt : kInaggAt;
-    if (len < at + kInaggHeaderBytes) {
+    if (len < at + kHeaderBytes) {
         count_global(Outcome::Truncated);
         return;
     }
-    if (f[at] >> 4 != kVersion) {
+    if (header_version(f + at) != kVersion) {
         count_global(Outcome::BadVersion);
         return;
     }
-    auto admitted = tables_.jobs.find(be16(f + at + 2));
+    auto admitted = tables_.jobs.find(header_job(f + at));
     if (admitted == tables_.jobs.end()) {  // not admitted to the switch: forward untouched
         forwarding(port, f, len, out);
         return;
@@ -66,16 +66,16 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
     }
     // The inagg bytes end where UDP says (RoCE: before the ICRC, and RETH's DMA length must
     // agree); a UDP length too short for the header the P4 parser extracts is bad_length.
-    size_t inagg_end = kEth + kIp + be16(f + kEth + kIp + 4);
+    size_t inagg_end = udp_end(f);
     bool framing_ok = true;
     if (encap == kEncapRoce) {
-        framing_ok = len >= inagg_end && be32(f + kInaggAt + kRoceDmaLen) ==
+        framing_ok = len >= inagg_end && load_be32(f + kInaggAt + kRoceDmaLen) ==
                                              inagg_end - kRoceIcrcBytes - at;
         inagg_end -= kRoceIcrcBytes;
     }
-    if (inagg_end < at + kInaggHeaderBytes) {
+    if (inagg_end < at + kHeaderBytes) {
         framing_ok = false;
-        inagg_end = at + kInaggHeaderBytes;
+        inagg_end = at + kHeaderBytes;
     }
     Emit emit = engine_.process(f + at, std::min(inagg_end, len) - at, sender(port, f, at),
                                 framing_ok, result_.data());
@@ -86,29 +86,29 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
 }
 
 SenderId SwitchPipeline::sender(uint16_t port, const uint8_t* f, size_t at) const {
-    uint8_t rank = f[at + 4];
-    auto hit = tables_.workers.find(SwitchTables::worker_key(be16(f + at + 2), rank));
+    uint8_t rank = header_worker(f + at);
+    auto hit = tables_.workers.find(SwitchTables::worker_key(header_job(f + at), rank));
     if (hit == tables_.workers.end()) return kForgedSender;
     const WorkerBinding& w = hit->second;
-    bool same = w.port == port && w.addr == be32(f + kEth + 12) && w.mac == be48(f + 6) &&
-                (w.udp_port == 0 || w.udp_port == be16(f + kEth + kIp));
+    bool same = w.port == port && w.addr == load_be32(f + kIpAt + kIpSrc) && w.mac == load_be48(f + kEthSrc) &&
+                (w.udp_port == 0 || w.udp_port == load_be16(f + kUdpAt + kUdpSrcPort));
     return same ? bound_sender_id(rank) : kForgedSender;
 }
 
 void SwitchPipeline::count_global(Outcome reason) {
-    if (int code = p4_drop_code(reason); code >= 0) counters_.count(Counter::global_drops, size_t(code));
+    if (int code = p4_drop_code(reason); code >= 0) counters_.count(Counter::GlobalDrops, size_t(code));
 }
 
 void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool result) {
     size_t job = admit.job_index;
-    counters_.count(Counter::job_packets, job);
+    counters_.count(Counter::JobPackets, job);
     if (outcome == Outcome::First || outcome == Outcome::Add) {
-        counters_.count(Counter::job_aggregated, job);
-        if (result) counters_.count(Counter::job_results, job);
+        counters_.count(Counter::JobAggregated, job);
+        if (result) counters_.count(Counter::JobResults, job);
     } else if (outcome == Outcome::DupPending || outcome == Outcome::DupDone) {
-        counters_.count(Counter::job_duplicates, job);
+        counters_.count(Counter::JobDuplicates, job);
     } else if (int code = p4_drop_code(outcome); code >= 0) {
-        counters_.count(Counter::job_drops, job * n_drop_reasons_ + size_t(code));
+        counters_.count(Counter::JobDrops, job * n_drop_reasons_ + size_t(code));
     }
 }
 
@@ -116,8 +116,8 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
                                const JobAdmit& admit, bool unicast, size_t result_len,
                                OutputBatch& out) {
     size_t at = encap == kEncapRoce ? kRoceInaggAt : kInaggAt;
-    uint16_t job_id = be16(f + at + 2);
-    Replica asker{port, uint16_t(f[at + 4] + 1)};  // DUP_DONE: replica = the sender's rank + 1
+    uint16_t job_id = header_job(f + at);
+    Replica asker{port, uint16_t(header_worker(f + at) + 1)};  // DUP_DONE: replica = the sender's rank + 1
     const Replica* first = &asker;
     const Replica* last = first + 1;
     if (!unicast) {
@@ -128,8 +128,8 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
     }
     // As BMv2 does, the bytes after the UDP payload (Ethernet padding, a trailer: what the
     // parser did not extract) follow the deparsed headers of every copy.
-    size_t udp_end = kEth + kIp + be16(f + kEth + kIp + 4);
-    size_t trailer = len > udp_end ? len - udp_end : 0;
+    size_t end = udp_end(f);
+    size_t trailer = len > end ? len - end : 0;
     size_t frame_len = result_frame_len(encap, result_len);
     for (const Replica* r = first; r != last; ++r) {
         const ReplicaAddress* rewrite = nullptr;
@@ -140,7 +140,7 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
         }
         uint8_t* o = out.reserve(r->port, frame_len + trailer);
         write_result_frame(f, encap, rewrite, result_len, o);
-        std::memcpy(o + frame_len, f + udp_end, trailer);
+        std::memcpy(o + frame_len, f + end, trailer);
     }
 }
 
@@ -158,32 +158,32 @@ void SwitchPipeline::write_result_frame(const uint8_t* f, uint8_t encap,
     bool roce = encap == kEncapRoce;
     size_t at = roce ? kRoceInaggAt : kInaggAt;
     size_t udp_len = kUdp + (at - kInaggAt) + result_len + (roce ? kRoceIcrcBytes : 0);
-    std::memcpy(o, f + 6, 6);
-    std::memcpy(o + 6, f, 6);
-    std::memcpy(o + 12, f + 12, 2);
-    uint8_t* ip = o + kEth;
-    std::memcpy(ip, f + kEth, 12);
-    std::memcpy(ip + 12, f + kEth + 16, 4);
-    std::memcpy(ip + 16, f + kEth + 12, 4);
-    uint8_t* udp = ip + kIp;
-    std::memcpy(udp, f + kEth + kIp + 2, 2);
-    std::memcpy(udp + 2, f + kEth + kIp, 2);
+    std::memcpy(o + kEthDst, f + kEthSrc, 6);
+    std::memcpy(o + kEthSrc, f + kEthDst, 6);
+    std::memcpy(o + kEthType, f + kEthType, 2);
+    uint8_t* ip = o + kIpAt;
+    std::memcpy(ip, f + kIpAt, kIpSrc);
+    std::memcpy(ip + kIpSrc, f + kIpAt + kIpDst, 4);
+    std::memcpy(ip + kIpDst, f + kIpAt + kIpSrc, 4);
+    uint8_t* udp = o + kUdpAt;
+    std::memcpy(udp + kUdpSrcPort, f + kUdpAt + kUdpDstPort, 2);
+    std::memcpy(udp + kUdpDstPort, f + kUdpAt + kUdpSrcPort, 2);
     if (roce) std::memcpy(o + kInaggAt, f + kInaggAt, kRoceHeaderBytes);
     if (rewrite) {
-        put48(o, rewrite->mac);
-        put32(ip + 16, rewrite->addr);
-        put16(udp + 2, rewrite->roce ? kRoceUdpPort : rewrite->udp_port);
+        store_be48(o, rewrite->mac);
+        store_be32(ip + kIpDst, rewrite->addr);
+        store_be16(udp + kUdpDstPort, rewrite->roce ? kRoceUdpPort : rewrite->udp_port);
         if (rewrite->roce && roce) {  // on a UDP frame BTH and RETH are not valid: no-ops
             uint8_t* q = o + kInaggAt + kRoceQp;
             q[0] = uint8_t(rewrite->qp >> 16);
-            put16(q + 1, uint16_t(rewrite->qp));
-            put32(o + kInaggAt + kRoceRkey, rewrite->rkey);
+            store_be16(q + 1, uint16_t(rewrite->qp));
+            store_be32(o + kInaggAt + kRoceRkey, rewrite->rkey);
         }
     }
-    put16(ip + 10, 0);
-    put16(ip + 10, ipv4_checksum(ip));
-    put16(udp + 4, uint16_t(udp_len));
-    put16(udp + 6, 0);
+    store_be16(ip + kIpChecksum, 0);
+    store_be16(ip + kIpChecksum, ipv4_checksum(ip));
+    store_be16(udp + kUdpLength, uint16_t(udp_len));
+    store_be16(udp + kUdpChecksum, 0);
     std::memcpy(o + at, result_.data(), result_len);
     if (roce) roce_icrc(ip, kIp + udp_len, o + at + result_len);
 }

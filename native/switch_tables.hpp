@@ -1,6 +1,6 @@
 // The software switch's match-action state, as the P4 program declares it
 // (p4/include/job_admission.p4, forwarding.p4, replica_rewrite.p4, job_counters.p4) and the
-// Python P4Runtime server writes it (bmv2_env/native_pipeline.py mirrors every accepted
+// Python P4Runtime server writes it (inagg/softswitch/pipeline.py mirrors every accepted
 // TableEntry / MulticastGroupEntry into here): exact-match tables as hash maps, the packet
 // replication engine's groups, and the indexed packet counters that P4Runtime reads back.
 #pragma once
@@ -43,9 +43,9 @@ struct ReplicaAddress {
 };
 
 // l2_table's actions (Forwarding); `arg` is the port of forward or the group of flood.
-enum class L2Kind : uint8_t { drop, forward, flood };
+enum class L2Kind : uint8_t { Drop, Forward, Flood };
 struct L2Action {
-    L2Kind kind = L2Kind::drop;
+    L2Kind kind = L2Kind::Drop;
     uint16_t arg = 0;
 };
 
@@ -73,9 +73,9 @@ struct SwitchTables {
 
 // The counters of JobCounters, in P4Info order of their names' meaning.
 enum class Counter : uint8_t {
-    job_packets, job_aggregated, job_duplicates, job_results, job_drops, global_drops, count_
+    JobPackets, JobAggregated, JobDuplicates, JobResults, JobDrops, GlobalDrops
 };
-constexpr size_t kCounters = size_t(Counter::count_);
+constexpr size_t kCounters = size_t(Counter::GlobalDrops) + 1;
 
 // Indexed packet counters. One thread counts at a time (the switch's lock); Python reads them
 // through array views at any time, so each cell is written with a relaxed atomic store and an

@@ -344,7 +344,11 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
     while not stop.wait(0.5) and loop.running:
         pass
     failed = not loop.running and not stop.is_set()
-    loop.stop()
+    try:
+        loop.stop()
+    except Exception as e:  # what stopped the loop: a socket's OSError (errno, socket), ...
+        print(f"inagg-soft-switch: packet loop stopped: {e}", file=sys.stderr)
+        failed = True
     if writer is not None:
         writer_done.set()
         writer.join()

@@ -1,11 +1,11 @@
-// Batched UDP sends with GSO, shared by the switch's packet loop (results to workers) and the
-// worker's stream (contributions to the aggregator).
+// The sendmmsg messages of one batch of datagrams (or raw frames), with UDP GSO: the message
+// assembly behind net.hpp's Socket::send, which the switch's packet loop (results to workers,
+// frames out of its ports), the host aggregator's loop and the worker's stream all send through.
 //
 // Why: on loopback the cost of a datagram is the walk through the stack, not its bytes. A run of
 // datagrams to one destination, all of one size but the last (no larger), goes as one UDP GSO
 // send (UDP_SEGMENT): the stack is walked once for the run, and the receiver still gets them one
 // datagram at a time. Where the kernel has no UDP_SEGMENT each datagram is a message of its own.
-// The messages of one batch go in one sendmmsg call (the caller's loop handles a short send).
 #pragma once
 
 #include <netinet/in.h>
@@ -18,18 +18,17 @@
 namespace inagg {
 
 struct Datagram {  // one datagram to send; its bytes stay the caller's until the send is done
-    sockaddr_in to;
+    sockaddr_in to;  // sin_family AF_UNSPEC: no destination (a frame for a packet socket)
     const uint8_t* data;
     size_t len;
 };
 
-// Whether the kernel takes UDP_SEGMENT on this UDP socket.
+// Whether the kernel takes UDP_SEGMENT on this socket (false for any but a UDP socket).
 bool udp_gso_supported(int fd);
 
-class UdpBatch {
+class SendBatch {
   public:
-    explicit UdpBatch(bool gso = false) : gso_(gso) {}
-    bool gso() const { return gso_; }
+    explicit SendBatch(bool gso = false) : gso_(gso) {}
 
     // The sendmmsg messages for `dgs`; where the socket takes GSO, `dgs` is first grouped by
     // destination (each destination's order kept) and each destination's runs become GSO
@@ -45,6 +44,7 @@ class UdpBatch {
         char space[CMSG_SPACE(sizeof(uint16_t))];
     };
     size_t gso_run(const std::vector<Datagram>& dgs, size_t first) const;
+    void set_gso_segment(mmsghdr& msg, size_t n, uint16_t segment);
 
     bool gso_;
     std::vector<mmsghdr> msgs_;

@@ -1,5 +1,5 @@
-// Batched UDP sends with GSO (see udp_batch.hpp).
-#include "udp_batch.hpp"
+// The sendmmsg messages of a batch, with UDP GSO (see send_batch.hpp).
+#include "send_batch.hpp"
 
 #include <netinet/udp.h>
 
@@ -25,7 +25,7 @@ bool udp_gso_supported(int fd) {
     return getsockopt(fd, SOL_UDP, UDP_SEGMENT, &segment, &size) == 0;
 }
 
-size_t UdpBatch::prepare(std::vector<Datagram>& dgs) {
+size_t SendBatch::prepare(std::vector<Datagram>& dgs) {
     if (gso_)
         std::stable_sort(dgs.begin(), dgs.end(), [](const Datagram& a, const Datagram& b) {
             return std::make_pair(a.to.sin_addr.s_addr, a.to.sin_port) <
@@ -41,28 +41,32 @@ size_t UdpBatch::prepare(std::vector<Datagram>& dgs) {
         for (size_t i = first; i < last; ++i)
             iov_[i] = iovec{const_cast<uint8_t*>(dgs[i].data), dgs[i].len};
         msghdr& h = msgs_[n].msg_hdr;
-        h.msg_name = const_cast<sockaddr_in*>(&dgs[first].to);
-        h.msg_namelen = sizeof dgs[first].to;
+        if (dgs[first].to.sin_family != AF_UNSPEC) {
+            h.msg_name = const_cast<sockaddr_in*>(&dgs[first].to);
+            h.msg_namelen = sizeof dgs[first].to;
+        }
         h.msg_iov = &iov_[first];
         h.msg_iovlen = last - first;
-        if (last - first > 1) {
-            GsoControl& c = gso_control_[n];
-            c.hdr.cmsg_level = SOL_UDP;
-            c.hdr.cmsg_type = UDP_SEGMENT;
-            c.hdr.cmsg_len = CMSG_LEN(sizeof(uint16_t));
-            uint16_t segment = uint16_t(dgs[first].len);
-            std::memcpy(CMSG_DATA(&c.hdr), &segment, sizeof segment);
-            h.msg_control = &c;
-            h.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
-        }
+        if (last - first > 1) set_gso_segment(msgs_[n], n, uint16_t(dgs[first].len));
         counts_[n++] = uint32_t(last - first);
     }
     return n;
 }
 
+// Message n is a GSO send of `segment`-byte datagrams (its control message is the n-th).
+void SendBatch::set_gso_segment(mmsghdr& msg, size_t n, uint16_t segment) {
+    GsoControl& c = gso_control_[n];
+    c.hdr.cmsg_level = SOL_UDP;
+    c.hdr.cmsg_type = UDP_SEGMENT;
+    c.hdr.cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    std::memcpy(CMSG_DATA(&c.hdr), &segment, sizeof segment);
+    msg.msg_hdr.msg_control = &c;
+    msg.msg_hdr.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
+}
+
 // How many datagrams from `first` on can go as one GSO send: same destination, all but the last
 // of the first one's size and the last no larger, within the kernel's segment and size limits.
-size_t UdpBatch::gso_run(const std::vector<Datagram>& dgs, size_t first) const {
+size_t SendBatch::gso_run(const std::vector<Datagram>& dgs, size_t first) const {
     const Datagram& d = dgs[first];
     size_t last = first + 1, bytes = d.len;
     while (d.len && last < dgs.size() && last - first < kGsoSegments &&
