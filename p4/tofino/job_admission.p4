@@ -90,18 +90,30 @@ control JobAdmission(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
 
     /* slot_base <= slot < slot_base + slot_count: slot_lead = slot_base - slot is 0 or
      * negative, slot_room = slot_lead + slot_count is positive (slots < 2^15, so bit 15 is the
-     * sign); count <= K. (No "- 1" on action data: that costs the first stage.) */
-    action subtract() {
+     * sign); count <= K. (No "- 1" on action data: that costs the first stage.) Keyed on the
+     * job's worker count for SlotState's maps: others = full ^ me, full = (1 << n_workers) - 1
+     * the action datum (Tofino cannot shift by a variable). */
+    action subtract(bit<32> full) {
         meta.slot_room = meta.slot_lead + meta.slot_count;
-        meta.n_last = meta.n_workers - 1;
         meta.rank_gap = hdr.inagg.worker_id - meta.n_workers;
+        meta.n_last = meta.n_workers - 1;
         meta.count_gap = TOFINO_VALUES_PER_PACKET - hdr.inagg.count;
+        meta.others = full ^ meta.me;
     }
+#define SPAN(n) n: subtract((bit<32>) ((1 << n) - 1));
     table differences {
+        key = { meta.n_workers: exact; }
         actions = { subtract; }
-        const default_action = subtract();
-        size = 1;
+        const default_action = subtract(0);
+        size = 33;
+        const entries = {
+            SPAN(1) SPAN(2) SPAN(3) SPAN(4) SPAN(5) SPAN(6) SPAN(7) SPAN(8) SPAN(9) SPAN(10)
+            SPAN(11) SPAN(12) SPAN(13) SPAN(14) SPAN(15) SPAN(16) SPAN(17) SPAN(18) SPAN(19)
+            SPAN(20) SPAN(21) SPAN(22) SPAN(23) SPAN(24) SPAN(25) SPAN(26) SPAN(27) SPAN(28)
+            SPAN(29) SPAN(30) SPAN(31) 32: subtract(0xFFFFFFFF);
+        }
     }
+#undef SPAN
 
     action aggregate() {
         meta.verdict = VERDICT_AGGREGATE;

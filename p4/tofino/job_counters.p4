@@ -37,7 +37,7 @@ control JobCounters(in tofino_ingress_md_t meta) {
             job_packets.count(meta.job_index);
         }
         if (meta.encap != 0 && meta.admitted == 1
-            && (meta.verdict == VERDICT_DROP || meta.outcome == SLOT_STALE_ROUND)) {
+            && (meta.verdict == VERDICT_DROP || meta.slot_drop == 1)) {
             job_drops.count(meta.job_index ++ meta.drop_reason[TOFINO_DROP_ROW_BITS - 1:0]);
         }
         if (meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD) {

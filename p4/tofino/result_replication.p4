@@ -3,7 +3,8 @@
  *
  *   send_result | outcome        | where the result goes
  *   ------------+----------------+--------------------------------------------------------
- *   1           | SLOT_DUP_DONE  | unicast back out of the ingress port, FLAG_RETRANSMIT set,
+ *   1           | SLOT_DUP_DONE  | unicast back out of the ingress port (SlotState set
+ *               |                | FLAG_RETRANSMIT),
  *               |                | bridged replica = sender's rank + 1
  *   1           | FIRST/ADD      | the job's multicast group through the PRE (one replica per
  *               |                | worker, rid = rank + 1)
@@ -35,7 +36,6 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
     }
 
     action answer_sender() {
-        hdr.inagg.flags = hdr.inagg.flags | FLAG_RETRANSMIT;
         ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
         hdr.bridged.replica = hdr.inagg.worker_id + 1;
     }

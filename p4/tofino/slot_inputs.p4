@@ -42,6 +42,7 @@ control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
         meta.slot = hdr.inagg.slot[TOFINO_SLOT_BITS - 1:0];
         meta.idx = hdr.inagg.slot_set ++ hdr.inagg.slot[TOFINO_SLOT_BITS - 1:0];
         meta.tag = hdr.inagg.job_id ++ hdr.inagg.epoch;
+        meta.count32 = (bit<32>) hdr.inagg.count;
         meta.exp_biased = (bit<8>) hdr.inagg.exp ^ 8w0x80;
         meta.flags_in = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION);
     }

@@ -45,14 +45,11 @@ const bit<2> VERDICT_DROP      = 2;  /* dropped and counted (drop_reason)       
 
 /* SlotState's decision (meta.outcome): SLOT_* of the shared constants.p4; 0 = none. */
 
-/* What the value lanes do, decided with seen from the bitmaps alone (slot_state.p4): store
- * (FIRST), add (ADD, or a STALE packet seen's count reveals), load (DUP). */
+/* What the value lanes (and the exponent and flags) do, by SlotState's decision: store (FIRST),
+ * add (ADD), load (DUP_DONE); 0: nothing (every other outcome). */
 const bit<2> LANE_STORE        = 1;
 const bit<2> LANE_ADD          = 2;
 const bit<2> LANE_LOAD         = 3;
-
-/* seen's mark on a round a STALE packet was added to (slot_state.p4). */
-const bit<8> SEEN_TAINTED      = 0x80;
 
 struct tofino_ingress_md_t {
     bit<2>       encap;          /* parser: ENCAP_UDP for an inagg packet, 0 for other traffic */
@@ -61,7 +58,7 @@ struct tofino_ingress_md_t {
     bit<1>       admitted;       /* job_table hit */
     bit<8>       job_index;
     bit<8>       n_workers;
-    bit<8>       n_last;         /* n_workers - 1: the count before the completing packet */
+    bit<8>       n_last;         /* n_workers - 1: seen before the completing packet */
     bit<16>      mcast_grp;
     bit<1>       bound;          /* worker_table hit */
     /* JobAdmission's differences (0 = equal; borrow bits for the range checks) */
@@ -83,14 +80,22 @@ struct tofino_ingress_md_t {
     slot_index_t idx;            /* set ++ slot: a (slot, set)'s register index */
     slot_t       slot;
     bit<1>       reset;          /* the slot had another owner: this packet starts afresh */
-    bit<32>      old_bitmap;     /* this set's bitmap before this packet */
-    bit<32>      mine;           /* old_bitmap & me */
-    bit<8>       seen_before;    /* contributions of the round before this packet */
+    bit<32>      others;         /* ((1 << n_workers) - 1) ^ me: the contributors before the
+                                    completing packet */
+    bit<32>      count32;        /* the header's count, as the round record stores it */
+    bit<32>      old_bitmap;     /* this set's contributors before this packet */
+    bit<32>      old_other;      /* the other set's contributors before this packet */
+    bit<32>      mine;           /* old_bitmap & me (0: w had not contributed to this round) */
+    bit<32>      moved;          /* old_other & me (w went on to the other set's round) */
+    bit<32>      done_gap;       /* old_bitmap ^ others (0: this packet completes the round) */
+    bit<1>       complete;       /* seen: the round is complete (ADD: this packet completes it) */
+    bit<1>       same_round;     /* offset and count are the round record's (or FIRST) */
+    bit<8>       flags_out;      /* FLAG_RETRANSMIT on a DUP_DONE answer */
+    bit<1>       slot_drop;      /* STALE_ROUND or BAD_ROUND: dropped, counted */
     bit<8>       exp_biased;     /* exponent ^ 0x80: signed order as unsigned */
     bit<8>       exp_result;     /* the round's biased exponent max after this packet */
     bit<8>       flags_result;   /* the round's sticky flags after this packet */
     bit<8>       flags_in;       /* the sticky flags this packet brings */
-    bit<1>       first;          /* old_bitmap == 0: the round's first contribution */
     bit<2>       lane_op;        /* LANE_*: what the value lanes do */
     bit<3>       outcome;        /* SLOT_* (constants.p4); 0 until SlotState decides */
     bit<1>       send_result;

@@ -2,16 +2,15 @@
  * i of every (slot, set) lives in lane i's register at index set ++ slot), so each lane is one
  * stateful ALU and one register access per packet, as Tofino demands.
  *
- *   bitmaps say           | lane register            | packet's value
- *   ----------------------+--------------------------+------------------------------
- *   first (SLOT_FIRST)    | = packet                 | unchanged (the sum so far)
- *   my bit set (DUP_*)    | unchanged                | = the stored sum (DUP_DONE's result;
- *                         |                          |   DUP_PENDING is dropped)
- *   else (ADD or STALE)   | += packet (int32 wrap)   | = the new sum
+ *   lane_choice (slot_state.p4)        | lane register          | packet's value
+ *   -----------------------------------+------------------------+----------------------------
+ *   empty set: FIRST                   | = packet               | unchanged
+ *   this round, worker not in it: ADD  | += packet (int32 wrap) | = the new sum
+ *   else                               | unchanged              | = the stored sum (DUP_DONE's
+ *                                      |                        |   result; the rest is dropped)
  *
- * SlotState's seen table decides (lane_op) from the bitmaps alone, before seen's count is
- * known, so that K lanes fit in the stages left; the one case this gets wrong, a STALE packet (seen finds it later), is dropped and
- * counted, and SlotState marks the finished round it was added to (slot_state.p4).
+ * lane_choice is keyed on the contributor maps and the round record, so STALE, duplicates and
+ * other-round packets never change a lane.
  * Header-only packets (count == 0, exponent priming) have no values and touch nothing.
  */
 #ifndef _INAGG_TOFINO_VALUE_LANES_P4_

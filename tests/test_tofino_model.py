@@ -1,0 +1,291 @@
+"""The executable model of the TNA slot logic (inagg/softswitch/tofino_model.py): held to the
+P4's register actions and to the stages bf-p4c placed them in (the committed context.json),
+then run frame by frame beside the reference engine at the TNA's K: the issue-25 replay, the
+conformance cases' orders, and a random differential fuzz (loss, duplication, reordering behind
+the next round, forged and malformed frames) must give the same frames and counters.
+
+In process, no network namespace: both are SoftPipelines with the Tofino P4Info; only the slot
+logic differs (the reference engine, the BMv2 program's specification, vs the TNA model)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inagg.control.config import default_program
+from inagg.control.program import read_artifact
+from inagg.softswitch import tofino_model
+from inagg.softswitch.pipeline_reference import (
+    JOB_TABLE, REPLICA_TABLE, WORKER_TABLE, SoftPipeline, build_frame,
+)
+from inagg.softswitch.state import Action, Replica
+from inagg.softswitch.tofino_model import REGISTER_ACTIONS, TofinoModelPipeline, register_stages
+from inagg.wire.protocol import EXP_NONE, UDP_PORT, build_contribution, pack_header, unpack_header
+
+ROOT = Path(__file__).resolve().parents[1]
+TOFINO = default_program("tofino")
+K = TOFINO.p4info.values_per_packet
+SWITCH_IP, SWITCH_MAC = 0x0A0000FE, 0xFE
+
+
+def test_register_actions_are_the_p4s():
+    """Every RegisterAction of the TNA program, by register, is one the model runs."""
+    src = "\n".join(p.read_text() for p in sorted((ROOT / "p4" / "tofino").glob("*.p4")))
+    found: dict[str, set[str]] = {}
+    for reg, name in re.findall(r"RegisterAction<.*?>\((\w+)\)\s+(\w+)\s*=", src):
+        found.setdefault(reg, set()).add(name)
+    for reg in re.findall(r"^\s*CONTRIBUTOR_ACTIONS\((\w+),", src, re.M):
+        found.setdefault(reg, set()).update(f"{reg}_{a}" for a in ("set0", "set1", "restart0", "restart1"))
+    assert found == {r: set(a) for r, a in REGISTER_ACTIONS.items()}
+
+
+def test_register_stages_are_the_compilers():
+    """The stage of each register in the committed bf-p4c output is the model's."""
+    context = json.loads(read_artifact(TOFINO.files["context"]))
+    placed = {}
+    for t in context["tables"]:
+        if t.get("table_type") == "stateful":
+            name = t["name"].split(".")
+            short = name[-2] if name[-1] == "lane" else name[-1]
+            placed[short] = sorted({s["stage_number"] for s in t["stage_tables"]})
+    assert placed == {r: [s] for r, s in register_stages(K).items()}, "the P4 or its placement changed: update tofino_model.py"
+
+
+# -- a test bed in process: job 1 three ranks on ports 1-3, job 2 two ranks on ports 2-3 --------
+
+JOBS = {1: dict(job_index=0, slot_base=0, slot_count=4, ports=(1, 2, 3)),
+        2: dict(job_index=1, slot_base=8, slot_count=2, ports=(2, 3))}
+
+
+def _addr(port: int, rank: int, job_id: int) -> tuple[int, int, int]:
+    return 0x0A000000 + port, port, 50000 + 100 * job_id + rank   # IPv4, MAC, UDP port
+
+
+def make(pipeline_cls) -> SoftPipeline:
+    p = pipeline_cls(TOFINO.p4info)
+    for job_id, j in JOBS.items():
+        p.tables[JOB_TABLE].put((job_id,), Action("InaggIngress.admission.admit", (
+            ("job_index", j["job_index"]), ("slot_base", j["slot_base"]), ("slot_count", j["slot_count"]),
+            ("n_workers", len(j["ports"])), ("epoch", 1), ("mcast_grp", job_id), ("encap", 1))))
+        for rank, port in enumerate(j["ports"]):
+            ip, mac, udp = _addr(port, rank, job_id)
+            p.tables[WORKER_TABLE].put((job_id, rank), Action("InaggIngress.admission.bind_worker", (
+                ("port", port), ("addr", ip), ("mac", mac), ("udp_port", udp))))
+            p.tables[REPLICA_TABLE].put((job_id, rank + 1), Action(
+                "InaggEgress.replica_rewrite.set_worker_address", (("mac", mac), ("addr", ip), ("udp_port", udp))))
+        p.pre.groups[job_id] = tuple(Replica(port, r + 1) for r, port in enumerate(j["ports"]))
+    p.sync_jobs()
+    return p
+
+
+def frame(job_id, rank, values, *, slot, slot_set=0, offset=0, epoch=1, exp=EXP_NONE, flags=0,
+          port=None, raw=None):
+    """(ingress port, frame) of a contribution; ``port`` other than the rank's: forged."""
+    own = JOBS[job_id]["ports"][rank]
+    ip, mac, udp = _addr(own, rank, job_id)
+    payload = raw if raw is not None else build_contribution(
+        job_id, rank, epoch, slot, slot_set, offset,
+        None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
+    eth = SWITCH_MAC.to_bytes(6, "big") + mac.to_bytes(6, "big") + b"\x08\x00"
+    iph = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 0, 0, 0, 64, 17, 0,
+                                ip.to_bytes(4, "big"), SWITCH_IP.to_bytes(4, "big")))
+    udp_ports = struct.pack("!HH", udp, UDP_PORT)
+    return (port or own), build_frame(eth, iph, udp_ports, payload)
+
+
+def run_both(sequence):
+    """Per step, (outputs of the reference engine's pipeline, of the model's); and the counters."""
+    ref, model = make(SoftPipeline), make(TofinoModelPipeline)
+    steps = []
+    for port, data in sequence:
+        a, b = sorted(ref.process(port, data)), sorted(model.process(port, data))
+        steps.append((a, b))
+    return steps, ref.counters, model.counters
+
+
+def assert_same(sequence):
+    steps, ref_c, model_c = run_both(sequence)
+    for i, (a, b) in enumerate(steps):
+        assert a == b, f"step {i} ({unpack_header(sequence[i][1][42:58]) if len(sequence[i][1]) >= 58 else 'short'}): engine {a} vs model {b}"
+    for name in ref_c.arrays:
+        assert np.array_equal(ref_c.arrays[name], model_c.arrays[name]), name
+    return steps
+
+
+def _sums(outputs):
+    return [np.frombuffer(data, ">i4", K, 42 + 16).tolist() for _, data in outputs]
+
+
+def test_issue_25_replay_late_duplicate_then_retransmit():
+    """3 workers; round 0 on set 0 completes (111); rank 0 starts round 1 on set 1; its round-0
+    packet arrives late (STALE: dropped, counted, changes nothing); rank 0 retransmits round 1
+    (DUP_PENDING); ranks 1 and 2 complete round 1: 222, then round 2 on set 0: 333."""
+    r0 = [frame(1, r, [10 ** r] * K, slot=2, offset=0) for r in range(3)]
+    r1 = [frame(1, r, [2 * 10 ** r] * K, slot=2, slot_set=1, offset=K) for r in range(3)]
+    r2 = [frame(1, r, [3 * 10 ** r] * K, slot=2, offset=2 * K) for r in range(3)]
+    steps = assert_same([*r0, r1[0], r0[0], r1[0], r1[1], r1[2], *r2])
+    results = [_sums(b) for _, b in steps if b]
+    assert results == [[[111] * K] * 3, [[222] * K] * 3, [[333] * K] * 3]
+    model = make(TofinoModelPipeline)
+    for port, data in [*r0, r1[0], r0[0]]:
+        model.process(port, data)
+    assert model.engine.last_outcome.label == "stale_round"
+    assert model.counters.arrays["InaggIngress.job_counters.job_drops"][5] == 1   # job 0, stale_round
+
+
+def contribution_values(job_id, rank, slot, slot_set, offset):
+    """A worker's values for one round identity (a resend carries the same ones)."""
+    vals = [((job_id * 7 + slot * 13 + rank * 101 + slot_set * 1009 + offset * 31 + i * 17) % 2001) - 1000
+            for i in range(K)]
+    vals[0] = 2**31 - 1 if rank == 0 else vals[0]    # sums wrap
+    return vals
+
+
+def true_sum(job_id, slot, slot_set, offset):
+    n = len(JOBS[job_id]["ports"])
+    rows = [np.asarray(contribution_values(job_id, r, slot, slot_set, offset), np.int32) for r in range(n)]
+    with np.errstate(over="ignore"):
+        return np.sum(rows, axis=0, dtype=np.int32).tolist()
+
+
+def assert_never_a_wrong_result(sequence):
+    """Every result the model sends carries the true sum of its round (every worker's values
+    for that offset and set, once each)."""
+    steps, _, _ = run_both(sequence)
+    for i, (_, b) in enumerate(steps):
+        for _, data in b:
+            h = unpack_header(data[42:58])
+            if h.count:
+                assert _sums([(0, data)])[0] == true_sum(h.job_id, h.slot, h.slot_set, h.offset), f"step {i}: {h}"
+    return steps
+
+
+def test_bad_round_is_dropped_and_dup_done_answers_the_stored_round():
+    """An other-round packet of a worker already in the round changes nothing (the engine's
+    frames, step for step); a DUP_DONE answer is the stored round."""
+    seq = [frame(1, 0, [1] * K, slot=3, offset=256),
+           frame(1, 1, [2] * K, slot=3, offset=256),
+           frame(1, 1, [2] * K, slot=3, offset=320),          # rank 1 in the round, other offset
+           frame(1, 2, [3] * K, slot=3, offset=256),          # completes: 6
+           frame(1, 2, [3] * K, slot=3, offset=320),          # done round, other offset: bad_round
+           frame(1, 2, [3] * K, slot=3, offset=256, flags=1)]  # DUP_DONE: the stored sum
+    steps = assert_same(seq)
+    assert [len(b) for _, b in steps] == [0, 0, 0, 3, 0, 1]
+    assert _sums(steps[5][1]) == [[6] * K]
+
+
+def test_bad_round_of_a_worker_not_yet_in_the_round_is_never_summed():
+    """The one write a dropped packet makes (slot_state.p4): its sender's contributor bit. Its
+    values are never added and no result leaves without every worker's values: the round
+    waits (the engine, which reads everything before writing, sums the real packet)."""
+    v = [contribution_values(1, r, 3, 0, 256) for r in range(3)]
+    seq = [frame(1, 0, v[0], slot=3, offset=256),
+           frame(1, 1, v[1], slot=3, offset=320),             # another offset: bad_round
+           frame(1, 1, v[1], slot=3, offset=256),             # the real one: DUP_PENDING here
+           frame(1, 2, v[2], slot=3, offset=256)]
+    steps = assert_never_a_wrong_result(seq)
+    assert [len(a) for a, _ in steps] == [0, 0, 0, 3] and not any(b for _, b in steps)
+    model = make(TofinoModelPipeline)
+    for port, data in seq[:2]:
+        model.process(port, data)
+    assert model.engine.last_outcome.label == "bad_round"
+
+
+def _odd(rng, job_id, rank, values, kw):
+    """A forged or malformed variant of a contribution, or None."""
+    odd = rng.randrange(24)
+    if odd == 0:
+        return frame(job_id, rank, values, **{**kw, "epoch": 2})
+    if odd == 1:
+        own = JOBS[job_id]["ports"][rank]
+        return frame(job_id, rank, values, **{**kw, "port": rng.choice([p for p in (1, 2, 3, 4) if p != own])})
+    if odd == 2:
+        return frame(job_id, rank, values, **{**kw, "slot": rng.choice([5, 6, 12])})   # no job's
+    if odd == 3:
+        raw = pack_header(1, 1, 0, job_id, rank, EXP_NONE, 1, 0, kw["slot"], K + 1, 0) + bytes(4 * K)
+        return frame(job_id, rank, None, raw=raw, **kw)
+    if odd == 4:
+        port, data = frame(job_id, rank, values, **kw)
+        return port, data[:rng.choice([20, 50, len(data) - 4])]    # always short
+    return None
+
+
+class Workers:
+    """Workers as the protocol has them: a worker sends round r + 1 of a slot (other set) only
+    once round r is complete (every rank's round-r packet delivered); it resends its current
+    round (a lost packet, a lost result) at will. Round r's offset is K * (r % 3), so a set sees
+    one offset again (a round identity is not unique)."""
+
+    def __init__(self, rng, bad_rounds):
+        self.rng, self.bad_rounds = rng, bad_rounds
+        self.cur: dict = {}          # (job, slot, rank) -> round
+        self.delivered: dict = {}    # (job, slot, round) -> ranks delivered
+        self.complete: dict = {}     # (job, slot) -> the latest complete round
+
+    def step(self):
+        rng = self.rng
+        job_id = rng.choice([1, 1, 2])
+        j = JOBS[job_id]
+        slot, rank = j["slot_base"] + rng.randrange(2), rng.randrange(len(j["ports"]))
+        r = self.cur.get((job_id, slot, rank), 0)
+        if len(self.delivered.get((job_id, slot, r), ())) == len(j["ports"]) and rng.random() < 0.7:
+            r = self.cur[(job_id, slot, rank)] = r + 1          # result received: next round
+        other = self.bad_rounds and rng.random() < 0.1
+        kw = dict(slot=slot, slot_set=r % 2, offset=K * ((r + other) % 3),
+                  exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice([0, 0, 1, 4, 8]))
+        values = None if r % 5 == 4 else contribution_values(job_id, rank, slot, r % 2, kw["offset"])
+        odd = _odd(rng, job_id, rank, values, kw)
+        if odd is not None:
+            return (job_id, slot, -1), odd
+        if rng.random() < 0.1:
+            return None                                          # lost
+        if not other:
+            self.delivered.setdefault((job_id, slot, r), set()).add(rank)
+        if len(self.delivered.get((job_id, slot, r), ())) == len(j["ports"]):
+            self.complete[(job_id, slot)] = max(self.complete.get((job_id, slot), -1), r)
+        return (job_id, slot, r), frame(job_id, rank, values, **kw)
+
+
+def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False):
+    """Frames as a network delivers the workers' packets: lost, duplicated, and late copies
+    arriving behind the next round (a copy of round r while round r + 1 is under way; one that
+    arrives after round r + 1 completed is the case the BMv2 program itself takes for a new
+    round, docs/tofino.md)."""
+    rng, out, rounds = random.Random(seed), [], []
+    workers = Workers(rng, bad_rounds)
+    while len(out) < steps:
+        if out and rng.random() < 0.2:
+            late = [i for i in range(max(0, len(out) - 30), len(out))
+                    if rounds[i][2] >= workers.complete.get(rounds[i][:2], -1)]
+            if late:
+                i = rng.choice(late)
+                out.append(out[i])
+                rounds.append(rounds[i])
+            continue
+        f = workers.step()
+        if f is not None:
+            rounds.append(f[0])
+            out.append(f[1])
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_differential_fuzz_model_matches_the_reference_engine(seed):
+    """Loss, duplicates, late copies behind the next rounds, forged and malformed frames:
+    the same frames and counters, step for step."""
+    steps = assert_same(fuzz_sequence(seed, 1500))
+    assert sum(bool(b) for _, b in steps) > 50      # rounds do complete
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_differential_fuzz_with_other_round_packets_never_a_wrong_result(seed):
+    """With other-round packets too: the model may withhold a result (the case above), never
+    send a wrong one."""
+    steps = assert_never_a_wrong_result(fuzz_sequence(seed, 1500, bad_rounds=True))
+    assert sum(bool(b) for _, b in steps) > 20
