@@ -16,7 +16,7 @@ Per (N, size): each path's median time, ``ratio`` (the median of the repetitions
 its calls run back to back, so load from other processes moves both alike), and beside inagg's
 time the framing limit, the time the tensor takes on one link at the rate when every frame
 carries K values: bytes x frame bytes / value bytes / rate (the frame: Ethernet 14, IPv4 20,
-UDP 8, inagg 16 + 4K bytes), and gloo's ideal ring time, 2(N-1)/N of the tensor at the rate in
+UDP 8, inagg 16 + 4K bytes; twice that for two jobs sharing the links), and gloo's ideal ring time, 2(N-1)/N of the tensor at the rate in
 full TCP segments of the MTU. ``--two-jobs N`` adds two jobs of N ranks on the same hosts (so
 on the same links), both inagg-forced, started together: each job's median and the worst
 rank-summed retransmissions.
@@ -50,7 +50,7 @@ from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 RESULTS = Path(__file__).resolve().parent / "results"
 MIB = 1 << 20
 PATHS = ("inagg", "gloo")
-FIELDS = ("case", "rate", "mtu", "k", "workers", "bytes", "reps", "inagg_s", "gloo_s", "ratio",
+FIELDS = ("case", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "inagg_s", "gloo_s", "ratio",
           "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio", "retransmissions", "load1")
 ETH_IP_UDP_INAGG = 14 + 20 + 8 + 16    # bytes of a frame besides its K values
 ETH_IP_TCP = 14 + 20 + 32              # a TCP segment's headers (timestamps on)
@@ -135,15 +135,16 @@ def rank_main(args: argparse.Namespace) -> int:
 
 # -- launcher side (root namespace) -----------------------------------------------------------
 
-def topology(n_hosts: int):
-    """One switch, worker hosts h1..h<n_hosts> on ports 1..n and the host aggregator's host."""
+def topology(n_hosts: int, mtu: int):
+    """One switch, worker hosts h1..h<n_hosts> on ports 1..n and the host aggregator's host,
+    every link at ``mtu``."""
     from inagg.emulation.topology import parse_topology
 
     hosts = {f"h{i}": {"ip": f"10.0.0.{i}/24", "mac": f"08:00:00:00:00:{i:02x}"} for i in range(1, n_hosts + 1)}
     hosts["agg"] = {"ip": "10.0.0.100/24", "mac": "08:00:00:00:00:64"}
     links = [[h, f"s1-p{i}"] for i, h in enumerate(hosts, 1)]
     return parse_topology({
-        "hosts": hosts, "links": links, "aggregator": "agg",
+        "hosts": hosts, "links": links, "aggregator": "agg", "mtu": mtu,
         "switches": {"s1": {"aggregator_ip": "10.0.0.254", "aggregator_mac": "00:00:00:00:00:fe"}},
         "jobs": [{"name": "wire", "workers": [h for h in hosts if h != "agg"]}]}, "wire_bench")
 
@@ -216,9 +217,9 @@ def run_experiment(args) -> list[dict]:
     from inagg.emulation.run_dir import RunDir
     from inagg.emulation.topology import host_ip
 
-    topo = topology(max(args.workers + [args.two_jobs or 0]))
+    topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu)
     run_dir = RunDir.create()
-    print(f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, soft data plane, run {run_dir.run_id} "
+    print(f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}, soft data plane, run {run_dir.run_id} "
           f"in {run_dir.path}", flush=True)
     run = Run(topo, "soft", run_dir, program_files=program_files_for("soft"), pcaps=False)
     try:
@@ -256,10 +257,11 @@ def summarize(result: dict, args, load: float) -> list[dict]:
         mine = [c for c in result["calls"] if c[0] == nbytes]
         by_path = {p: [c[3] for c in mine if c[2] == p] for p in PATHS}
         inagg = statistics.median(by_path["inagg"])
-        limit = framing_limit(nbytes, k, args.rate)
+        limit = framing_limit(nbytes, k, args.rate) * (2 if result["case"].startswith("shared") else 1)
         gloo = statistics.median(by_path["gloo"]) if by_path["gloo"] else None
         ratios = [i / g for i, g in zip(by_path["inagg"], by_path["gloo"])]
-        rows.append({"case": result["case"], "rate": args.rate, "mtu": args.mtu, "k": k, "workers": n,
+        rows.append({"case": result["case"], "rate": args.rate, "mtu": args.mtu, "mode": result["mode"], "k": k,
+                     "workers": n,
                      "bytes": nbytes, "reps": len(by_path["inagg"]), "inagg_s": round(inagg, 4),
                      "gloo_s": gloo and round(gloo, 4),
                      "ratio": round(statistics.median(ratios), 3) if ratios else None,
@@ -319,6 +321,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8], help="worker counts, one job each")
     p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 4, 16, 64], help="tensor sizes (MiB)")
     p.add_argument("--reps", type=int, default=3, help="timed calls of each path per size")
+    p.add_argument("--mtu", type=int, default=1500, help="every link's MTU (9000: jumbo frames); K follows it")
     p.add_argument("--two-jobs", type=int, default=4, metavar="N",
                    help="ranks of each of two jobs sharing the links (0: no such case)")
     p.add_argument("--quick", action="store_true", help="N = 2 and 4, 4 MiB, one repetition, no two-jobs case")
@@ -333,7 +336,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.workers, args.sizes_mib, args.reps, args.two_jobs = [2, 4], [4], 1, 0
-    args.mtu = 1500
     args.sizes = [int(s * MIB) // 4 * 4 for s in args.sizes_mib]
     rate_bits(args.rate)
     return args
