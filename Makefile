@@ -98,7 +98,8 @@ in_emulation = if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then $(BI
 	  else echo "$(firstword $(1)): needs root and Mininet (make setup-emulation): skipped"; fi
 
 # inagg against gloo's ring on shaped links (100 Mbit/s; WIRE_ARGS="--rate 1gbit" etc.): N = 2, 4, 8,
-# 1-64 MiB, two jobs sharing the links; benchmarks/results/wire_bench.csv and .png (~8 min).
+# 1, 4, 16, 64 MiB, 3 repetitions, two jobs of 4 sharing the links; benchmarks/results/wire_bench.csv
+# and .png (~6 min on a quiet 2-core machine; QUICK=1: N = 2, 4 at 4 MiB, under a minute).
 bench-wire: setup-emulation
 	@$(call in_emulation,benchmarks/wire_bench.py $(if $(QUICK),--quick) $(WIRE_ARGS))
 
