@@ -3,7 +3,8 @@
 #            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs),
 #            TRANSPORT (udp|roce: override jobs' transport to the switch), CLI (1: stay at a
 #            mininet> prompt after the jobs), RUN (make stop: only this run id), ARGS (make ctl),
-#            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build).
+#            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build),
+#            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options).
 
 PYTHON        ?= python3
 VENV          ?= .venv
@@ -24,7 +25,7 @@ P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
 HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
-.PHONY: all run stop ctl setup setup-emulation demo test bench build tofino clean protos
+.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire build tofino clean protos
 
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
@@ -89,8 +90,18 @@ bench: setup
 	$(BIN)/python benchmarks/artopk_bench.py
 	$(BIN)/python benchmarks/loss_bench.py
 	$(BIN)/python benchmarks/train_step_bench.py
-	@if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then $(BIN)/python benchmarks/bandwidth_flip.py; \
-	  else echo "benchmarks/bandwidth_flip.py: needs root and Mininet (make setup-emulation): skipped"; fi
+	@$(call in_emulation,benchmarks/bandwidth_flip.py)
+	@$(call in_emulation,benchmarks/wire_bench.py $(if $(QUICK),--quick))
+
+# The emulation's benchmarks need root and Mininet: without them, say so and go on.
+in_emulation = if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then $(BIN)/python $(1); \
+	  else echo "$(firstword $(1)): needs root and Mininet (make setup-emulation): skipped"; fi
+
+# inagg against gloo's ring on shaped links (100 Mbit/s; WIRE_ARGS="--rate 1gbit" etc.): N = 2, 4, 8,
+# 1, 4, 16, 64 MiB, 3 repetitions, two jobs of 4 sharing the links; benchmarks/results/wire_bench.csv
+# and .png (~6 min on a quiet 2-core machine; QUICK=1: N = 2, 4 at 4 MiB, under a minute).
+bench-wire: setup-emulation
+	@$(call in_emulation,benchmarks/wire_bench.py $(if $(QUICK),--quick) $(WIRE_ARGS))
 
 clean: stop
 	rm -rf build logs pcaps benchmarks/results .pytest_cache .hypothesis

@@ -29,16 +29,11 @@ unthrottled path while throttled and back after the restore.
 from __future__ import annotations
 
 import argparse
-import csv
 import ipaddress
 import json
 import logging
 import os
-import select
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -48,17 +43,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
+from emulation_ranks import (READY_SECONDS, STORE_PORT, launcher_can_run, node_sh,  # noqa: E402
+                             shape_link, start_rank, wait_line, write_csv, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOPOLOGY = ROOT / "inagg" / "emulation" / "topologies" / "bandwidth_flip.json"
 FIELDS = ("step", "time_s", "step_s", "rate", "phase", "paths")
 PHASES = ("before", "throttled", "restored")
-STORE_PORT = 29500      # in the workers' own namespaces: no other process can hold it
-# A small token bucket: a large one lets an isolated call (an exploration on a link that sat idle)
-# through at line rate, and the throttled path looks fast to it. (Larger GSO frames are segmented.)
-TBF_BURST = "16kb"
-_READY_SECONDS = 180.0  # bring-up and the process group's start on a loaded 2-core machine
 
 
 # -- worker side (one process in each worker's Mininet host) ----------------------------------
@@ -120,13 +112,6 @@ def worker(args: argparse.Namespace) -> int:
 
 # -- launcher side (root namespace) -----------------------------------------------------------
 
-def _sh(node, command: str) -> None:
-    """Run ``command`` in a Mininet node's shell; ip and tc print nothing unless they fail."""
-    out = node.cmd(command).strip()
-    if out:
-        raise RuntimeError(f"{node.name}: {command}: {out}")
-
-
 class ManagementNetwork:
     """A Linux bridge in a Mininet node of its own and a link from each worker to it: the
     network gloo runs on. Everything lives in namespaces Mininet made for this run (the node's
@@ -138,14 +123,14 @@ class ManagementNetwork:
             name += "x"
         self.node = net.addHost(name, ip=None)
         run_dir.add_process(self.node.pid, f"management bridge node {name}")
-        _sh(self.node, "ip link add br0 type bridge && ip link set br0 up")
+        node_sh(self.node, "ip link add br0 type bridge && ip link set br0 up")
         self.ips: dict[str, str] = {}
         self.links: dict[str, object] = {}
         for host_name, address in zip(workers, subnet.hosts()):
             host = net.get(host_name)
             link = net.addLink(host, self.node)
-            _sh(self.node, f"ip link set {link.intf2.name} master br0 && ip link set {link.intf2.name} up")
-            _sh(host, f"ip addr add {address}/{subnet.prefixlen} dev {link.intf1.name} && "
+            node_sh(self.node, f"ip link set {link.intf2.name} master br0 && ip link set {link.intf2.name} up")
+            node_sh(host, f"ip addr add {address}/{subnet.prefixlen} dev {link.intf1.name} && "
                       f"ip link set {link.intf1.name} up")
             self.ips[host_name] = str(address)
             self.links[host_name] = link
@@ -157,52 +142,25 @@ class ManagementNetwork:
     def set_rate(self, host: str, rate: str | None) -> None:
         """Throttle both directions of ``host``'s management link to ``rate`` (tc tbf on each
         end's egress), or restore it (None)."""
-        link = self.links[host]
-        for intf in (link.intf1, link.intf2):
-            if rate is None:
-                _sh(intf.node, f"tc qdisc del dev {intf.name} root")
-            else:
-                _sh(intf.node, f"tc qdisc replace dev {intf.name} root tbf rate {rate} burst {TBF_BURST} latency 100ms")
+        shape_link(self.links[host], rate)
 
 
 def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> list:
     """One worker process per host, rank order as in the topology's job; their inagg address is
-    each host's switch-side IP (``deployment.json`` beside the controller's socket, which
-    ``inagg.worker.local`` reads), their gloo interface the management link."""
+    each host's switch-side IP, their gloo interface the management link."""
     from inagg.emulation.topology import host_ip
-    from inagg.worker.local import DEPLOYMENT_FILE
 
-    (run.run.path / DEPLOYMENT_FILE).write_text(json.dumps(
-        {"controller": run.controller_addr, "worker_ips": [host_ip(run.topo.hosts[h]) for h in workers]}))
+    write_deployment(run, [host_ip(run.topo.hosts[h]) for h in workers])
     procs = []
     for rank, host_name in enumerate(workers):
-        host = run.net.get(host_name)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
-               "--world", str(len(workers)), "--master", mgmt.ips[workers[0]],
-               "--sizes", *map(str, args.sizes), "--warmup", str(args.warmup),
-               *(["--verbose"] if args.verbose else []), "--stop-file", str(run.run.path / "stop"),
-               "--out", str(run.run.path / "steps.json"), "--max-seconds", str(sum(args.phases) + _READY_SECONDS)]
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": mgmt.interface(host_name), "INAGG_CONTROLLER": run.controller_addr}
-        with run.log(f"worker-{host_name}.log") as log:
-            proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
-        run.run.add_process(proc.pid, f"worker rank {rank}")
-        run.procs.append(proc)
-        procs.append(proc)
+        argv = [str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
+                "--world", str(len(workers)), "--master", mgmt.ips[workers[0]],
+                "--sizes", *map(str, args.sizes), "--warmup", str(args.warmup),
+                *(["--verbose"] if args.verbose else []), "--stop-file", str(run.run.path / "stop"),
+                "--out", str(run.run.path / "steps.json"), "--max-seconds", str(sum(args.phases) + READY_SECONDS)]
+        procs.append(start_rank(run, host_name, argv, {"GLOO_SOCKET_IFNAME": mgmt.interface(host_name)},
+                                f"worker-{host_name}"))
     return procs
-
-
-def wait_ready(rank0, procs: list, timeout: float, logs: Path) -> float:
-    """Rank 0's time at the end of its warm-up steps; fails fast when a worker exits."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if select.select([rank0.stdout], [], [], 0.5)[0]:
-            line = rank0.stdout.readline()
-            if line:
-                return json.loads(line)["ready"]
-        dead = [p.returncode for p in procs if p.poll() is not None]
-        if dead:
-            raise RuntimeError(f"a worker exited (status {dead}) before the run started; see {logs}/worker-*.log")
-    raise RuntimeError(f"workers not ready within {timeout:.0f}s")
 
 
 def check_setup(topo, args) -> tuple[list[str], str]:
@@ -224,7 +182,7 @@ def check_setup(topo, args) -> tuple[list[str], str]:
 def run_phases(mgmt: ManagementNetwork, throttled: str, args, stop_file: Path, procs: list) -> dict[str, float]:
     """Unthrottled, throttled, restored (``--phases`` seconds each), then stop the workers.
     Returns when each began (time.time())."""
-    events = {"start": wait_ready(procs[0], procs, _READY_SECONDS, stop_file.parent / "logs")}
+    events = {"start": wait_line(procs[0], procs, READY_SECONDS, stop_file.parent / "logs")["ready"]}
     time.sleep(args.phases[0])
     mgmt.set_rate(throttled, args.rate)
     events["throttle"] = time.time()
@@ -383,13 +341,6 @@ def report(rows: list[dict], events: dict, stats: dict) -> str:
     return verdict
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--topo", type=Path, default=TOPOLOGY, help="its first job's workers are the ranks")
@@ -426,13 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    if os.geteuid() != 0 or shutil.which("mnexec") is None:
-        print("bandwidth_flip: the emulation needs root and Mininet (make setup-emulation)", file=sys.stderr)
+    if not launcher_can_run("bandwidth_flip"):
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bandwidth_flip: stopped (SIGTERM)"))   # tears down
     rows, events, stats = run_experiment(args)
     args.results.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, args.results / f"{args.name}.csv")
+    write_csv(args.results / f"{args.name}.csv", FIELDS, rows)
     verdict = report(rows, events, stats)
     if plot(rows, events, args.sizes, args.rate, args.results / f"{args.name}.png"):
         print(f"plot: {args.results / args.name}.png")

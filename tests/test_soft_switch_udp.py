@@ -27,7 +27,7 @@ from inagg.control.switch import (
     INSERT, PipelineMismatch, JobAdmission, JobCounters, ReplicaRewrite, ResultReplication, SwitchConnection,
     SwitchJob, WorkerBinding,
 )
-from inagg.wire.grant import switch_values_for_mtu
+from inagg.wire.grant import values_for_mtu
 from inagg.wire.protocol import MSG_CONTRIBUTION, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, unpack_header
 from inagg.wire.scapy_layer import Inagg, read_pcap
 from inagg.wire.transport import enlarge_buffers
@@ -161,9 +161,9 @@ def test_values_per_packet_is_the_software_targets(tmp_path, engine):
             for w in workers:
                 w.close()
         too_large = tmp_path / "too_large.p4info.txtpb"
-        too_large.write_text(soft_p4info_text(soft.p4info_path.read_text(), switch_values_for_mtu(65535) + 1))
-        with pytest.raises(PipelineMismatch, match=r"@inagg_values_per_packet\(16364\): this data plane's "
-                                                   r"ports carry 1\.\.16363 values per packet"):
+        too_large.write_text(soft_p4info_text(soft.p4info_path.read_text(), values_for_mtu(65535) + 1))
+        with pytest.raises(PipelineMismatch, match=r"@inagg_values_per_packet\(16373\): this data plane's "
+                                                   r"ports carry 1\.\.16372 values per packet"):
             sw.push_pipeline(Program("soft", too_large, soft.files))
 
 

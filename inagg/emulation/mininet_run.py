@@ -33,7 +33,8 @@ from pathlib import Path
 from inagg.control.config import default_program
 from inagg.jobservice.credentials import ADMIN_TOKEN_FILE_ENV, write_token
 from inagg import add_version_flag
-from inagg.wire.grant import ETHERNET_MTU, HOST_AGGREGATOR_PORT, values_for_mtu
+from inagg.wire.grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, switch_values_for_mtu,
+                              values_for_mtu)
 from inagg.wire.protocol import UDP_PORT
 
 from inagg.emulation.run_dir import RUNS_DIR, RunDir, stop_run, unfinished_runs
@@ -138,12 +139,32 @@ def netem_available(run: RunDir) -> bool:
 
 
 def program_files_for(dataplane: str, p4info: Path | None = None, bmv2_json: Path | None = None) -> dict[str, str]:
-    """The P4Info/BMv2 JSON the controller pushes to every switch ({}: p4/'s committed ones).
-    The software data plane runs the committed program only (its pipeline is Python), here at
-    BMv2's K: the software target's own K makes datagrams larger than the veth links' MTU."""
+    """The P4Info/BMv2 JSON the controller pushes to every switch ({}: p4/'s committed ones, or
+    on the software data plane, which runs the committed program only, the P4Info the run writes
+    at the K of its links' MTU: ``Run.soft_program``)."""
     if dataplane == "soft":
-        return {"p4info": str(default_program("bmv2").p4info_path)}
+        return {}
     return {key: str(path.resolve()) for key, path in (("p4info", p4info), ("bmv2_json", bmv2_json)) if path}
+
+
+def soft_values_per_packet(mtu: int, transports: set[str]) -> int:
+    """The software target's K on links of ``mtu`` bytes: as many values as a frame carries in
+    the framing of every transport its jobs use (364 at 1500 over UDP, 355 once a job runs RoCE,
+    2239 at 9000 over UDP)."""
+    return switch_values_for_mtu(mtu) if "roce" in transports else values_for_mtu(mtu)
+
+
+def write_soft_p4info(path: Path, values_per_packet: int) -> Path:
+    """The committed program's P4Info with job_table's K annotation set to ``values_per_packet``
+    (what tools/soft_p4info.py writes for p4/out/soft/, here for one run's links)."""
+    from google.protobuf import text_format
+    from inagg.control.p4info import without_values_per_packet
+
+    message = without_values_per_packet(default_program("soft").p4info.message)
+    table = next(t for t in message.tables if t.preamble.name.rsplit(".", 1)[-1] == "job_table")
+    table.preamble.annotations.append(f"@inagg_values_per_packet({values_per_packet})")
+    path.write_text(text_format.MessageToString(message))
+    return path
 
 
 def job_epochs(topo: Topology, epochs: int | None) -> dict[str, int]:
@@ -214,6 +235,7 @@ class Run:
             self.net.addLink(link.a.node, link.b.node, **opts)
         self.run.add_interfaces(names)
         self.net.build()
+        self.apply_mtu()
         for host in self.net.hosts:
             self.run.add_process(host.pid, f"host {host.name} shell")
         for sw in self.net.switches:
@@ -232,15 +254,31 @@ class Run:
             for s in self.topo.switches.values():
                 host.setARP(s["aggregator_ip"], s["aggregator_mac"])
 
+    def apply_mtu(self) -> None:
+        """Every interface at the topology's MTU, before the switches start (the software data
+        plane reads its ports' MTU once), and the software target's program at its K."""
+        for node in self.net.hosts + self.net.switches:
+            for intf in node.intfList():
+                if intf.name != "lo":
+                    node.cmd(f"ip link set dev {intf.name} mtu {self.topo.mtu}")
+        if self.dataplane == "soft" and not self.program_files:
+            self.program_files = {"p4info": str(self.soft_program())}
+
+    def soft_program(self) -> Path:
+        """The software target's P4Info at the K of the links' MTU, in the run directory."""
+        transports = {self.transport or job.get("transport", "udp") for job in self.topo.jobs}
+        k = soft_values_per_packet(self.topo.mtu, transports)
+        return write_soft_p4info(self.run.path / "soft.p4info.txtpb", k)
+
     def controller_config(self) -> dict:
         agg_ip = host_ip(self.topo.hosts[self.topo.aggregator])
         return {
             "listen": self.controller_addr, "admin_token_file": str(self.admin_file),
             "database": str(self.run.path / "controller.sqlite"),
             "host_aggregator": f"{agg_ip}:{HOST_AGGREGATOR_PORT}",
-            # Mininet links have Ethernet's MTU: host-path datagrams must fit it unfragmented
-            # (the aggregator derives the same K from its interface)
-            "host_values_per_packet": values_for_mtu(ETHERNET_MTU),
+            # host-path datagrams fit the links' MTU unfragmented (the aggregator derives the
+            # same K from its interface)
+            "host_values_per_packet": min(HOST_VALUES_PER_PACKET, values_for_mtu(self.topo.mtu)),
             "metrics_listen": self.metrics_addr,
             "switches": [{"name": name, "grpc": sw.grpc, "device_id": sw.device_id, "target": self.dataplane,
                           **self.program_files,

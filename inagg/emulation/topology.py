@@ -1,7 +1,8 @@
 """The emulation's topology file, read and checked before anything is started.
 
 A topology lists hosts (ip, mac), switches (the inagg address they answer on), links, the host
-aggregator's host and the jobs. A link joins two endpoints: a host (``"h1"``) or a switch port
+aggregator's host, the jobs, and optionally ``mtu``, every link's MTU (1500 by default; 9000 for
+jumbo frames), from which the software data plane's K follows. A link joins two endpoints: a host (``"h1"``) or a switch port
 (``"s1-p3"``); an optional third element holds link options (delay, bw, loss). Switch-to-switch
 links are built, but aggregation is one level: every job's workers and the host aggregator must
 hang off one switch (the controller programs each switch for its own hosts only), and a topology
@@ -21,9 +22,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inagg.wire.grant import ETHERNET_MTU, MAX_IPV4_DATAGRAM
+
 _SWITCH_PORT = re.compile(r"^(?P<switch>[A-Za-z][A-Za-z0-9]*)-p(?P<port>[0-9]+)$")
 # Mininet names a node's shell and interfaces after it: keep names short and plain
 _NODE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
+MIN_MTU = 576    # every IPv4 host takes datagrams this large
 
 
 class TopologyError(ValueError):
@@ -54,6 +58,7 @@ class Topology:
     aggregator: str
     jobs: list[dict]
     controller: dict
+    mtu: int = ETHERNET_MTU
 
     def attachment(self, host: str) -> Endpoint:
         """The switch port a host is wired to."""
@@ -148,8 +153,11 @@ def parse_topology(data: dict, where: str = "topology") -> Topology:
     for name, s in switches.items():
         if "aggregator_ip" not in s or "aggregator_mac" not in s:
             raise TopologyError(f"{where}: switch {name} needs 'aggregator_ip' and 'aggregator_mac'")
+    mtu = data.get("mtu", ETHERNET_MTU)
+    if not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_IPV4_DATAGRAM:
+        raise TopologyError(f"{where}: mtu must be an integer in {MIN_MTU}..{MAX_IPV4_DATAGRAM}, got {mtu!r}")
     topo = Topology(hosts, switches, parse_links(data["links"], hosts, switches), data["aggregator"],
-                    data["jobs"], data.get("controller", {}))
+                    data["jobs"], data.get("controller", {}), mtu)
     if topo.aggregator not in hosts:
         raise TopologyError(f"{where}: aggregator {topo.aggregator!r} is not a host")
     names = [j.get("name") for j in topo.jobs]

@@ -24,7 +24,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from inagg.control.p4info import P4Info, same_p4info, same_program
 from inagg.control.program import unpack_tofino_config
-from inagg.wire.grant import MAX_IPV4_DATAGRAM, switch_values_for_mtu
+from inagg.wire.grant import MAX_IPV4_DATAGRAM, values_for_mtu
 
 from inagg.softswitch.pipeline import NativePipeline
 from inagg.softswitch.pipeline_reference import JOB_TABLE, WORKER_TABLE, SoftPipeline
@@ -50,7 +50,7 @@ class SoftSwitchState:
 
     def __init__(self, device_id: int, program: P4Info,
                  make_pipeline: Callable[[P4Info], Pipeline] = SoftPipeline,
-                 max_values_per_packet: int = switch_values_for_mtu(MAX_IPV4_DATAGRAM)) -> None:
+                 max_values_per_packet: int = values_for_mtu(MAX_IPV4_DATAGRAM)) -> None:
         self.device_id = device_id
         self.program = program          # the only program this data plane can run (K aside)
         self.max_values_per_packet = max_values_per_packet

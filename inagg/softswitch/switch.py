@@ -59,7 +59,7 @@ from inagg.wire.protocol import (
     UDP_PORT,
     ipv4,
 )
-from inagg.wire.grant import MAX_IPV4_DATAGRAM, switch_values_for_mtu
+from inagg.wire.grant import MAX_IPV4_DATAGRAM, values_for_mtu
 from inagg.wire.transport import enlarge_buffers
 
 from inagg.softswitch.pipeline import NativePipeline
@@ -275,10 +275,12 @@ def distinct(attach: dict[int, RawPort | UdpPorts]) -> list[RawPort | UdpPorts]:
 
 
 def max_values_per_packet(attach: dict[int, RawPort | UdpPorts]) -> int:
-    """The largest K every port carries in one packet: a UDP datagram's worth on loopback
-    attachments, the interface MTU's on raw ones (1500 on Mininet's veth links)."""
+    """The largest K every port carries in one packet, in the leaner framing (UDP's): a UDP
+    datagram's worth on loopback attachments, the interface MTU's on raw ones (364 on Mininet's
+    1500-byte veth links). RoCE framing carries 9 values fewer (``switch_values_for_mtu``):
+    whoever pushes the program picks its K for the transports its jobs use."""
     mtus = [a.mtu if isinstance(a, RawPort) else MAX_IPV4_DATAGRAM for a in distinct(attach)]
-    return switch_values_for_mtu(min(mtus, default=MAX_IPV4_DATAGRAM))
+    return values_for_mtu(min(mtus, default=MAX_IPV4_DATAGRAM))
 
 
 def pipeline_factory(engine: str, loop: _native.SwitchLoop | None):

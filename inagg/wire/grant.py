@@ -17,15 +17,16 @@ MAX_IPV4_DATAGRAM = 65535  # loopback's MTU (65536) allows more than IPv4 can sa
 
 
 def values_for_mtu(mtu: int) -> int:
-    """The most int32 values a host-path datagram carries unfragmented on a link of ``mtu``
-    bytes: 364 at 1500, 2239 at 9000, 16372 on loopback."""
+    """The most int32 values a datagram (host path, or switch path over UDP) carries
+    unfragmented on a link of ``mtu`` bytes: 364 at 1500, 2239 at 9000, 16372 on loopback."""
     return (min(mtu, MAX_IPV4_DATAGRAM) - IPV4_UDP_BYTES - HEADER_BYTES) // 4
 
 
 def switch_values_for_mtu(mtu: int) -> int:
     """The most int32 values a switch-path packet carries unfragmented on a link of ``mtu``
-    bytes, RoCE framing (the larger) included: 355 at 1500, 16363 on loopback. A software
-    switch refuses a program whose K its ports cannot carry."""
+    bytes in either framing, RoCE's (the larger) included: 355 at 1500, 2230 at 9000, 16363
+    on loopback. A software switch refuses a program whose K its ports cannot carry over UDP
+    (``values_for_mtu``); RoCE jobs need this K."""
     return (min(mtu, MAX_IPV4_DATAGRAM) - IPV4_UDP_BYTES - ROCE_HEADER_BYTES - ROCE_ICRC_BYTES
             - HEADER_BYTES) // 4
 

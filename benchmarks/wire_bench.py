@@ -1,0 +1,368 @@
+"""inagg against gloo's ring where the links are the bottleneck: the Mininet emulation with every
+host link shaped by ``tc tbf`` (100 Mbit/s by default, ``--rate 1gbit``), both going through the
+same switch (the software data plane), N workers, tensors of 1-64 MiB.
+
+The emulation (needs root and Mininet) brings up one switch, ``max(--workers)`` worker hosts
+and the host aggregator's host, every host's link shaped in both directions (each end's egress),
+at the links' MTU (``--mtu``; the switch's K follows it). Each worker count then runs as one
+torch.distributed job of N rank processes on hosts h1..hN: the default group is the ``inagg``
+backend with its path forced to the switch (``INAGG_ALLREDUCE_PATH=inagg``), a second group is
+plain gloo (its ring over the same links, ``GLOO_SOCKET_IFNAME`` the switch-side interface), and
+a third gloo group only holds the barrier before every call. One untimed call on each path at the
+first size, then per size ``--reps`` repetitions of one call on each, the order alternating
+(inagg first in even repetitions), the float32 sums checked; a call's time is the slowest rank's.
+
+Per (N, size): each path's median time, ``ratio`` (the median of the repetitions' inagg / gloo:
+its calls run back to back, so load from other processes moves both alike), and beside inagg's
+time the framing limit, the time the tensor takes on one link at the rate when every frame
+carries K values: bytes x frame bytes / value bytes / rate (the frame: Ethernet 14, IPv4 20,
+UDP 8, inagg 16 + 4K bytes; twice that for two jobs sharing the links), and gloo's ideal ring
+time, 2(N-1)/N of the tensor at the rate in full TCP segments of the MTU. ``--two-jobs N`` adds
+two jobs of N ranks on the same hosts (so on the same links), both inagg-forced, started
+together: each job's median, its ranks' retransmissions summed, and the wall time of all its
+calls (``job_s``): a job held up by loss leaves the links to the other, so its calls' median
+alone does not show the share.
+
+Writes benchmarks/results/wire_bench.csv and wire_bench.png (time vs N for both paths per size,
+the framing limit dashed: SwitchML's figure), prints the table and the machine's load.
+
+    sudo .venv/bin/python benchmarks/wire_bench.py [--rate 100mbit] [--workers 2 4 8]
+        [--sizes-mib 1 4 16 64] [--reps 3] [--mtu 1500] [--two-jobs 4] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+
+from emulation_ranks import (READY_SECONDS, STORE_PORT, launcher_can_run, rate_bits,  # noqa: E402
+                             shape_link, start_rank, wait_line, write_csv, write_deployment)
+from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MIB = 1 << 20
+PATHS = ("inagg", "gloo")
+FIELDS = ("case", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "job_s", "inagg_s", "gloo_s", "ratio",
+          "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio", "retransmissions", "load1")
+ETH_IP_UDP_INAGG = 14 + 20 + 8 + 16    # bytes of a frame besides its K values
+ETH_IP_TCP = 14 + 20 + 32              # a TCP segment's headers (timestamps on)
+
+
+# -- rank side (one process in each worker's Mininet host) ------------------------------------
+
+def timed_call(tensor, group, barrier) -> float:
+    """One allreduce on ``group`` after a barrier on ``barrier``, its sum checked; seconds."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    tensor.fill_(1.0)
+    dist.barrier(group=barrier)
+    t0 = time.perf_counter()
+    dist.all_reduce(tensor, group=group)
+    seconds = time.perf_counter() - t0
+    if tensor[0].item() != world or tensor[-1].item() != world:
+        raise RuntimeError(f"allreduce summed to {tensor[0].item()}, not {world}")
+    return seconds
+
+
+def measure(groups: dict, barrier, args) -> list[list]:
+    """[bytes, rep, path, seconds] of every timed call (this rank's clock): one untimed call on
+    each path at the first size, then per size the repetitions, the paths' order alternating."""
+    import torch
+
+    calls = []
+    for i, nbytes in enumerate(args.sizes):
+        x = torch.empty(nbytes // 4, dtype=torch.float32)
+        for path in groups if i == 0 else ():
+            timed_call(x, groups[path], barrier)
+        for rep in range(args.reps):
+            order = list(groups) if rep % 2 == 0 else list(reversed(groups))
+            calls += [[nbytes, rep, path, timed_call(x, groups[path], barrier)] for path in order]
+    return calls
+
+
+def wait_go(go_file: str | None, barrier) -> None:
+    """Rank 0 says it is ready and waits for the launcher's go file (two jobs start together);
+    the other ranks wait for rank 0 at the barrier."""
+    import torch.distributed as dist
+
+    if go_file:
+        if dist.get_rank() == 0:
+            print(json.dumps({"ready": time.time()}), flush=True)
+            while not Path(go_file).exists():
+                time.sleep(0.05)
+        dist.barrier(group=barrier)
+
+
+def rank_main(args: argparse.Namespace) -> int:
+    """One rank of one job: the groups, the calls, and (rank 0) the slowest rank's time of every
+    call, the grant's K and the job's retransmissions written to ``--out``."""
+    import torch
+    import torch.distributed as dist
+
+    import inagg.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
+
+    torch.set_num_threads(1)
+    dist.init_process_group("inagg", rank=args.rank, world_size=args.world,
+                            init_method=f"tcp://{args.master}:{args.store_port}", timeout=timedelta(seconds=300))
+    pg = dist.group.WORLD
+    barrier = dist.new_group(backend="gloo")   # none of the measured groups
+    groups = {"inagg": pg, "gloo": dist.new_group(backend="gloo")}
+    groups = {p: groups[p] for p in args.paths}
+    wait_go(args.go_file, barrier)
+    started = time.perf_counter()
+    calls = measure(groups, barrier, args)
+    job_seconds = time.perf_counter() - started
+    slowest = torch.tensor([c[3] for c in calls], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=barrier)
+    retx = torch.tensor([pg.stats()["inagg"]["retransmissions"]], dtype=torch.int64)
+    dist.all_reduce(retx, group=barrier)
+    if args.rank == 0:
+        for c, t in zip(calls, slowest.tolist()):
+            c[3] = t
+        Path(args.out).write_text(json.dumps({"calls": calls, "job_s": job_seconds, "k": pg.comm.grant.values_per_packet,
+                                              "mode": pg.comm.grant.mode, "retransmissions": retx.item()}))
+    dist.barrier(group=barrier)
+    dist.destroy_process_group()
+    return 0
+
+
+# -- launcher side (root namespace) -----------------------------------------------------------
+
+def topology(n_hosts: int, mtu: int):
+    """One switch, worker hosts h1..h<n_hosts> on ports 1..n and the host aggregator's host,
+    every link at ``mtu``."""
+    from inagg.emulation.topology import parse_topology
+
+    hosts = {f"h{i}": {"ip": f"10.0.0.{i}/24", "mac": f"08:00:00:00:00:{i:02x}"} for i in range(1, n_hosts + 1)}
+    hosts["agg"] = {"ip": "10.0.0.100/24", "mac": "08:00:00:00:00:64"}
+    links = [[h, f"s1-p{i}"] for i, h in enumerate(hosts, 1)]
+    return parse_topology({
+        "hosts": hosts, "links": links, "aggregator": "agg", "mtu": mtu,
+        "switches": {"s1": {"aggregator_ip": "10.0.0.254", "aggregator_mac": "00:00:00:00:00:fe"}},
+        "jobs": [{"name": "wire", "workers": [h for h in hosts if h != "agg"]}]}, "wire_bench")
+
+
+def start_job(run, args, n: int, name: str, paths: tuple[str, ...], go_file: Path | None, port: int):
+    """N rank processes of one job on h1..hN (its store on rank 0's ``port``); returns them and
+    where rank 0 writes its result."""
+    from inagg.emulation.topology import host_ip
+
+    out = run.run.path / f"{name}.json"
+    procs = []
+    for rank in range(n):
+        host = f"h{rank + 1}"
+        argv = [str(Path(__file__).resolve()), "--rank-of", name, "--rank", str(rank), "--world", str(n),
+                "--master", host_ip(run.topo.hosts["h1"]), "--store-port", str(port), "--out", str(out),
+                "--sizes-mib", *map(str, args.sizes_mib), "--reps", str(args.reps), "--paths", *paths,
+                *(["--go-file", str(go_file)] if go_file else [])]
+        env = {"GLOO_SOCKET_IFNAME": run.net.get(host).defaultIntf().name, "INAGG_ALLREDUCE_PATH": "inagg",
+               "TORCHELASTIC_RUN_ID": name}
+        procs.append(start_rank(run, host, argv, env, f"{name}-{host}"))
+    return procs, out
+
+
+def finish_job(procs: list, out: Path, timeout: float) -> dict:
+    """Wait for a job's ranks to exit (all of them, within ``timeout``) and read its result."""
+    deadline = time.time() + timeout
+    for p in procs:
+        p.wait(max(1.0, deadline - time.time()))
+    if any(p.returncode != 0 for p in procs):
+        raise RuntimeError(f"ranks exited with {[p.returncode for p in procs]}; see {out.parent}/logs")
+    return json.loads(out.read_text())
+
+
+def expected_seconds(args, n: int, paths: tuple[str, ...] = PATHS, share: int = 1) -> float:
+    """The calls' time for one job of ``n`` ranks at the framing limit and gloo's ideal (a K of
+    64, the smallest a target grants, so never under), ``share`` jobs on each link."""
+    per_call = {"inagg": lambda b: framing_limit(b, 64, args.rate),
+                "gloo": lambda b: gloo_ideal(b, n, args.mtu, args.rate)}
+    warmup = sum(per_call[p](args.sizes[0]) for p in paths)
+    return share * (warmup + args.reps * sum(per_call[p](b) for b in args.sizes for p in paths))
+
+
+def run_counts(run, args) -> list[dict]:
+    """One job per worker count, each after the last; every job's result with its N."""
+    results = []
+    for n in args.workers:
+        print(f"N = {n}: about {expected_seconds(args, n):.1f} s of calls at the links' rate", flush=True)
+        procs, out = start_job(run, args, n, f"wire{n}", PATHS, None, STORE_PORT + n)
+        result = finish_job(procs, out, READY_SECONDS + 3 * expected_seconds(args, n))
+        results.append({"case": "single", "workers": n, **result})
+    return results
+
+
+def run_two_jobs(run, args) -> list[dict]:
+    """Two inagg-forced jobs of ``--two-jobs`` ranks on the same hosts, released together."""
+    n, go = args.two_jobs, run.run.path / "go"
+    jobs = [start_job(run, args, n, name, ("inagg",), go, STORE_PORT + 100 + i)
+            for i, name in enumerate(("shareA", "shareB"))]
+    for procs, _ in jobs:
+        wait_line(procs[0], procs, READY_SECONDS, run.run.path / "logs")
+    go.touch()
+    timeout = READY_SECONDS + 3 * expected_seconds(args, n, ("inagg",), share=2)
+    return [{"case": f"shared{i}", "workers": n, **finish_job(procs, out, timeout)}
+            for i, (procs, out) in enumerate(jobs, 1)]
+
+
+def run_experiment(args) -> list[dict]:
+    """Bring up the network (pcaps off), shape every host link, run the jobs, tear down."""
+    from inagg.emulation.mininet_run import Run, program_files_for
+    from inagg.emulation.run_dir import RunDir
+    from inagg.emulation.topology import host_ip
+
+    topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu)
+    run_dir = RunDir.create()
+    print(f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}, soft data plane, run {run_dir.run_id} "
+          f"in {run_dir.path}", flush=True)
+    run = Run(topo, "soft", run_dir, program_files=program_files_for("soft"), pcaps=False)
+    try:
+        run.build()
+        for link in run.net.links:
+            shape_link(link, args.rate)
+        run.start_services()
+        write_deployment(run, [host_ip(h) for name, h in topo.hosts.items() if name != "agg"])
+        results = run_counts(run, args)
+        if args.two_jobs:
+            results += run_two_jobs(run, args)
+    finally:
+        run.teardown()      # stops the ranks too (run.procs)
+    return results
+
+
+# -- what the run shows -----------------------------------------------------------------------
+
+def framing_limit(nbytes: int, k: int, rate: str) -> float:
+    """Seconds a tensor of ``nbytes`` takes on a link of ``rate`` in frames of K values."""
+    return nbytes * (ETH_IP_UDP_INAGG + 4 * k) / (4 * k) * 8 / rate_bits(rate)
+
+
+def gloo_ideal(nbytes: int, n: int, mtu: int, rate: str) -> float:
+    """Seconds of a ring allreduce's traffic per link direction, 2(N-1)/N of the tensor, in full
+    TCP segments of ``mtu`` bytes."""
+    mss = mtu - ETH_IP_TCP + 14
+    return 2 * (n - 1) / n * nbytes * (mtu + 14) / mss * 8 / rate_bits(rate)
+
+
+def summarize(result: dict, args, load: float) -> list[dict]:
+    """One CSV row per size of one job: medians, ratio, framing limit, gloo's ideal."""
+    n, k, rows = result["workers"], result["k"], []
+    for nbytes in args.sizes:
+        mine = [c for c in result["calls"] if c[0] == nbytes]
+        by_path = {p: [c[3] for c in mine if c[2] == p] for p in PATHS}
+        inagg = statistics.median(by_path["inagg"])
+        limit = framing_limit(nbytes, k, args.rate) * (2 if result["case"].startswith("shared") else 1)
+        gloo = statistics.median(by_path["gloo"]) if by_path["gloo"] else None
+        ratios = [i / g for i, g in zip(by_path["inagg"], by_path["gloo"])]
+        rows.append({"case": result["case"], "rate": args.rate, "mtu": args.mtu, "mode": result["mode"], "k": k,
+                     "workers": n, "job_s": round(result["job_s"], 3),
+                     "bytes": nbytes, "reps": len(by_path["inagg"]), "inagg_s": round(inagg, 4),
+                     "gloo_s": gloo and round(gloo, 4),
+                     "ratio": round(statistics.median(ratios), 3) if ratios else None,
+                     "framing_limit_s": round(limit, 4), "inagg_vs_limit": round(inagg / limit, 3),
+                     "gloo_ideal_s": round(gloo_ideal(nbytes, n, args.mtu, args.rate), 4),
+                     "ideal_ratio": round(n / (2 * (n - 1)), 3),
+                     "retransmissions": result["retransmissions"], "load1": round(load, 2)})
+    return rows
+
+
+def report(rows: list[dict]) -> None:
+    """The table, the two-jobs fairness and the load."""
+    print(f"\n{'case':<8} {'N':>2} {'MiB':>4} {'K':>5} {'inagg s':>8} {'gloo s':>8} {'ratio':>6} {'ideal':>6} "
+          f"{'limit s':>8} {'/limit':>7} {'retx':>5}")
+    for r in rows:
+        gloo = f"{r['gloo_s']:8.3f}" if r["gloo_s"] is not None else f"{'-':>8}"
+        ratio = f"{r['ratio']:6.2f}" if r["ratio"] is not None else f"{'-':>6}"
+        print(f"{r['case']:<8} {r['workers']:>2} {r['bytes'] / MIB:>4.0f} {r['k']:>5} {r['inagg_s']:8.3f} {gloo} "
+              f"{ratio} {r['ideal_ratio']:6.2f} {r['framing_limit_s']:8.3f} {r['inagg_vs_limit']:7.3f} "
+              f"{r['retransmissions']:>5}")
+    shared = {r["case"]: r for r in rows if r["case"].startswith("shared")}   # one job's calls: its time
+    if shared:
+        a, b = (r["job_s"] for r in shared.values())
+        print(f"two jobs sharing the links: all their calls in {a:.2f} s and {b:.2f} s ({max(a, b) / min(a, b):.2f}x "
+              f"apart), retransmissions {' and '.join(str(r['retransmissions']) for r in shared.values())}")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    """Time vs N per size: inagg, gloo, the framing limit (dashed) and gloo's ideal (dotted)."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    single = [r for r in rows if r["case"] == "single"]
+    sizes = sorted({r["bytes"] for r in single})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(3.6 * len(sizes), 3.6), squeeze=False)
+    for ax, nbytes in zip(axes[0], sizes):
+        mine = sorted((r for r in single if r["bytes"] == nbytes), key=lambda r: r["workers"])
+        ns = [r["workers"] for r in mine]
+        for key, style, label in (("inagg_s", "o-", "inagg (switch)"), ("gloo_s", "s-", "gloo ring"),
+                                  ("framing_limit_s", "k--", "framing limit"), ("gloo_ideal_s", "k:", "ring ideal")):
+            ax.plot(ns, [r[key] for r in mine], style, label=label, markersize=4)
+        ax.set_title(f"{nbytes / MIB:.0f} MiB, K = {mine[0]['k']}")
+        ax.set_xlabel("workers")
+        ax.set_xticks(ns)
+        ax.set_ylim(bottom=0)
+    axes[0][0].set_ylabel(f"allreduce time (s), links {single[0]['rate']}")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", default="100mbit", help="every host link's rate (tc tbf), e.g. 1gbit")
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8], help="worker counts, one job each")
+    p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 4, 16, 64], help="tensor sizes (MiB)")
+    p.add_argument("--reps", type=int, default=3, help="timed calls of each path per size")
+    p.add_argument("--mtu", type=int, default=1500, help="every link's MTU (9000: jumbo frames); K follows it")
+    p.add_argument("--two-jobs", type=int, default=4, metavar="N",
+                   help="ranks of each of two jobs sharing the links (0: no such case)")
+    p.add_argument("--quick", action="store_true", help="N = 2 and 4, 4 MiB, one repetition, no two-jobs case")
+    p.add_argument("--name", default="wire_bench", help="results file names (CSV, PNG)")
+    p.add_argument("--results", type=Path, default=RESULTS, help="where the CSV and PNG go")
+    # rank mode (the launcher starts these in the Mininet hosts)
+    p.add_argument("--rank-of", help=argparse.SUPPRESS)
+    for flag, kind in (("--rank", int), ("--world", int), ("--master", str), ("--store-port", int),
+                       ("--out", str), ("--go-file", str)):
+        p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+    p.add_argument("--paths", nargs="+", default=list(PATHS), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.workers, args.sizes_mib, args.reps, args.two_jobs = [2, 4], [4], 1, 0
+    args.sizes = [int(s * MIB) // 4 * 4 for s in args.sizes_mib]
+    rate_bits(args.rate)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rank_of:
+        return rank_main(args)
+    if not launcher_can_run("wire_bench"):
+        return 2
+    started = time.time()
+    results = run_experiment(args)
+    load = os.getloadavg()[0]
+    rows = [row for result in results for row in summarize(result, args, load)]
+    args.results.mkdir(parents=True, exist_ok=True)
+    write_csv(args.results / f"{args.name}.csv", FIELDS, rows)
+    report(rows)
+    if plot(rows, args.results / f"{args.name}.png"):
+        print(f"plot: {args.results / args.name}.png")
+    print(f"wall time {time.time() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
