@@ -21,9 +21,12 @@ Example in JSON (inagg/emulation/topologies/ ships real ones)::
     }
 
 Each switch names its ``target`` (bmv2, soft, tofino; default bmv2) and may name its program's
-artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context``); the shipped
-builds in p4/ are the defaults (inagg/control/artifacts.py finds them in a checkout or a wheel). A Tofino switch maps the front-panel ports its hosts use to
-device ports (``"device_ports": {"1": 128, ...}``, docs/tofino.md), every used port mapped.
+artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context`` + ``bfrt``); the
+shipped builds in p4/ are the defaults (inagg/control/artifacts.py finds them in a checkout or a
+wheel). A Tofino switch names the P4Runtime server it runs (``p4runtime_server``: ``bf_switchd``,
+the default, or ``stratum``: the device config's packing, inagg/control/tofino_config.py) and
+maps the front-panel ports its hosts use to device ports (``"device_ports": {"1": 128, ...}``,
+docs/tofino.md), every used port mapped.
 Relative paths are relative to the config file (to the working directory for a config given as
 a dict).
 """
@@ -54,7 +57,8 @@ DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
     "soft": {"p4info": "out/soft/inagg.p4info.txtpb", "bmv2_json": "out/bmv2/inagg.json"},
     "tofino": {"p4info": "out/tofino/inagg.p4info.txtpb",
                "binary": "out/tofino/tofino.bin.gz",
-               "context": "out/tofino/context.json.gz"},
+               "context": "out/tofino/context.json.gz",
+               "bfrt": "out/tofino/bfrt.json.gz"},
 }
 
 
@@ -114,7 +118,7 @@ def _need(d: dict, key: str, where: str):
 
 
 _SWITCH_KEYS = {"name", "grpc", "device_id", "target", "aggregator", "aggregator_mac", "hosts",
-                "device_ports", "p4info"} | {k for keys in DEVICE_FILES.values() for k in keys}
+                "device_ports", "p4info", "p4runtime_server"} | {k for keys in DEVICE_FILES.values() for k in keys}
 
 
 def parse_program(s: dict, where: str, base: Path | None) -> Program:
@@ -127,10 +131,12 @@ def parse_program(s: dict, where: str, base: Path | None) -> Program:
         given = s.get(key)
         paths[key] = (base or Path()) / given if given is not None else artifact(default)
     stray = set(k for keys in DEVICE_FILES.values() for k in keys) - set(DEVICE_FILES[target])
+    if target != "tofino":
+        stray.add("p4runtime_server")
     if stray & set(s):
         raise ValueError(f"{where}: {sorted(stray & set(s))} do not belong to a {target} program")
     try:
-        return Program(target, paths.pop("p4info"), paths)
+        return Program(target, paths.pop("p4info"), paths, s.get("p4runtime_server", "bf_switchd"))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
 
