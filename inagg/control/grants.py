@@ -17,7 +17,6 @@ from inagg.control.fabric import Fabric
 from inagg.control.jobs import Job
 from inagg.control.switch import JobCounters, SwitchError
 from inagg.jobservice.proto import inagg_controller_pb2 as pb
-from inagg.wire.grant import parse_address
 
 log = logging.getLogger("inagg.controller")
 
@@ -55,13 +54,7 @@ def host_reason(fabric: Fabric, job: Job) -> str:
     if job.place:
         return (f"switch {job.place} has no free slots for it (or an operator drained it); "
                 f"it moves to the switch when slots free up")
-    ips = sorted({parse_address(m.address)[0] for m in job.workers.values()})
-    known = {ip for sw in fabric.switches.values() for ip in sw.cfg.hosts}
-    strangers = [ip for ip in ips if ip not in known]
-    if strangers:
-        return (f"worker address(es) {', '.join(strangers)} are not hosts of any switch in the "
-                f"controller's config")
-    return "its workers are attached to different switches (aggregation is one level)"
+    return fabric.why_no_switch(job)
 
 
 def host_jobs(fabric: Fabric, jobs: Iterable[Job]) -> pb.HostJobs:
