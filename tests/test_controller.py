@@ -5,7 +5,7 @@ import grpc
 import pytest
 
 from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch
-from inagg.jobservice.client import ControllerClient, ControllerError
+from inagg.jobservice.client import ControllerClient, ControllerError, to_grant
 from inagg.control.config import default_program, parse_config
 from inagg.control.controller import Controller
 from inagg.control.service import serve as serve_controller
@@ -248,6 +248,27 @@ def test_a_job_across_tofino_pipes_runs_on_the_host_aggregator_and_says_why(tmp_
         assert g.mode == "host" and "carries udp only, not the job's roce" in g.reason
     finally:
         next(env, None)
+
+
+def test_switch_grants_carry_the_configured_aggregator_mac(tmp_path):
+    """The switch answers no ARP for its aggregator address: its MAC (config) is in every switch
+    grant, which the worker checks against its neighbour table; host grants carry none."""
+    env = controller_env(tmp_path, {"aggregator_mac": "02:00:00:00:00:fe"})
+    e = next(env)
+    try:
+        c = e["client"]
+        job, token = new_job(c, [1, 2], "j")
+        g = first_grants(c, job, token)[0]
+        assert (g.mode, g.aggregator_mac) == ("switch", "02:00:00:00:00:fe")
+        assert to_grant(g).aggregator_mac == "02:00:00:00:00:fe"
+        c.drain(ADMIN, job)
+        assert first_grants(c, job, token, 2)[1].aggregator_mac == ""
+    finally:
+        next(env, None)
+    bad = {"host_aggregator": "10.0.0.100:42666", "switches": [
+        {"grpc": "unix:x", "aggregator": "10.0.0.254:42602", "hosts": {}, "aggregator_mac": "02:00"}]}
+    with pytest.raises(ValueError, match=r"switches\[0\].aggregator_mac: bad MAC '02:00'"):
+        parse_config(bad)
 
 
 def test_calls_without_the_token_are_refused(env):

@@ -48,6 +48,7 @@ from inagg.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 from inagg.control.artifacts import artifact
 from inagg.jobservice.credentials import load_token
 from inagg.control.program import DEVICE_FILES, TARGETS, Program
+from inagg.control.validation import check_mac
 
 # The programs this repository builds, by target (a config may name others), relative to p4/:
 # one folder per target under p4/out/ (make build, make tofino).
@@ -77,6 +78,7 @@ class SwitchConfig:
     hosts: dict[str, HostPort]    # IPv4 -> where that host is attached (front-panel port)
     program: Program | None = None   # None: the default program of bmv2
     device_ports: dict[int, int] = field(default_factory=dict)  # front panel -> device port
+    aggregator_mac: str = ""      # the MAC workers must map ``aggregator``'s IP to ("" = not said)
 
     @property
     def ports(self) -> list[int]:
@@ -159,6 +161,14 @@ def parse_device_ports(s: dict, where: str, ports: set[int]) -> dict[int, int]:
     return mapping
 
 
+def parse_mac(s: dict, key: str, where: str) -> str:
+    """An optional MAC entry, checked; "" when absent."""
+    try:
+        return check_mac(str(s.get(key, "")))
+    except ValueError as e:
+        raise ValueError(f"{where}.{key}: {e}") from None
+
+
 def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     """Validate a config dict, naming the first bad entry."""
     switches = []
@@ -176,7 +186,8 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
         switches.append(SwitchConfig(
             str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)), int(s.get("device_id", 0)),
             s["aggregator"], hosts, parse_program(s, where, base),
-            parse_device_ports(s, where, {h.port for h in hosts.values()})))
+            parse_device_ports(s, where, {h.port for h in hosts.values()}),
+            parse_mac(s, "aggregator_mac", where)))
     host_aggregator = _need(data, "host_aggregator", "config")
     parse_address(host_aggregator)
     known = {f for f in ControllerConfig.__dataclass_fields__} - {"switches", "host_aggregator", "extra"}

@@ -38,13 +38,13 @@ def grants(fabric: Fabric, job: Job) -> list[pb.Grant]:
 def grant(fabric: Fabric, job: Job, p: Placement, pending: bool) -> pb.Grant:
     if p.mode == SWITCH:
         sw = fabric.switches[job.place]
-        aggregator, k = sw.cfg.aggregator, sw.sw.p4info.values_per_packet
+        aggregator, k, mac = sw.cfg.aggregator, sw.sw.p4info.values_per_packet, sw.cfg.aggregator_mac
     else:
-        aggregator, k = fabric.config.host_aggregator, fabric.config.host_values_per_packet
+        aggregator, k, mac = fabric.config.host_aggregator, fabric.config.host_values_per_packet, ""
     return pb.Grant(job_id=job.job_id, epoch=p.epoch, mode=p.mode, slot_base=p.slot_base,
                     slot_count=p.slot_count, values_per_packet=k, aggregator=aggregator,
                     pending=pending, transport=job.transport if p.mode == SWITCH else "udp",
-                    reason="" if p.mode == SWITCH else host_reason(fabric, job))
+                    reason="" if p.mode == SWITCH else host_reason(fabric, job), aggregator_mac=mac)
 
 
 def host_reason(fabric: Fabric, job: Job) -> str:
