@@ -89,6 +89,7 @@ bench: setup
 	$(BIN)/python benchmarks/artopk_bench.py
 	$(BIN)/python benchmarks/loss_bench.py
 	$(BIN)/python benchmarks/train_step_bench.py
+	$(BIN)/python benchmarks/wire_efficiency.py
 	@if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then $(BIN)/python benchmarks/bandwidth_flip.py; \
 	  else echo "benchmarks/bandwidth_flip.py: needs root and Mininet (make setup-emulation): skipped"; fi
 
