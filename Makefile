@@ -90,6 +90,7 @@ bench: setup
 	$(BIN)/python benchmarks/artopk_bench.py
 	$(BIN)/python benchmarks/loss_bench.py
 	$(BIN)/python benchmarks/train_step_bench.py
+	$(BIN)/python benchmarks/wire_efficiency.py
 	@$(call in_emulation,benchmarks/bandwidth_flip.py)
 	@$(call in_emulation,benchmarks/wire_bench.py $(if $(QUICK),--quick))
 

@@ -5,7 +5,7 @@ import grpc
 import pytest
 
 from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch
-from inagg.jobservice.client import ControllerClient, ControllerError
+from inagg.jobservice.client import ControllerClient, ControllerError, to_grant
 from inagg.control.config import default_program, parse_config
 from inagg.control.controller import Controller
 from inagg.control.service import serve as serve_controller
@@ -14,18 +14,22 @@ from inagg.control.switch import ResultReplication, SwitchConnection
 ADMIN = "s3cret"
 
 
-def controller_env(tmp_path, **overrides):
+def controller_env(tmp_path, switch_keys: dict | None = None, **overrides):
     """A soft switch (in process, restartable), a controller on it and a client; yields a dict
-    of handles. ``overrides``: controller config keys."""
+    of handles. ``switch_keys``: keys of the switch's config entry (``target: tofino`` makes the
+    soft switch Tofino-shaped); ``overrides``: controller config keys."""
     sw_addr = f"unix:{tmp_path}/sw.sock"
-    switch = {"state": SoftSwitchState(0, default_program("soft").p4info)}
+    switch_keys = switch_keys or {}
+    program = default_program("tofino" if switch_keys.get("target") == "tofino" else "soft")
+    switch = {"state": SoftSwitchState(0, program.p4info)}
     switch["server"] = serve_switch(switch["state"], sw_addr)
     config = parse_config({
         "listen": f"unix:{tmp_path}/ctl.sock", "admin_token": ADMIN,
         "database": str(tmp_path / "ctl.sqlite"), "lease_seconds": 60, "rank_lease_seconds": 60, "min_window": 512,
         "switch_check_seconds": 0.2, "host_aggregator": "10.0.0.100:42666",
         "switches": [{"name": "s1", "grpc": sw_addr, "aggregator": "10.0.0.254:42602",
-                      "hosts": {f"10.0.0.{i}": {"port": i, "mac": f"00:00:00:00:00:0{i}"} for i in range(1, 5)}}],
+                      "hosts": {f"10.0.0.{i}": {"port": i, "mac": f"00:00:00:00:00:0{i}"} for i in range(1, 5)},
+                      **switch_keys}],
         **overrides,
     })
     running = {}
@@ -44,7 +48,7 @@ def controller_env(tmp_path, **overrides):
 
     def start_switch():
         """A fresh switch process stand-in: no pipeline, no entries."""
-        switch["state"] = SoftSwitchState(0, default_program("soft").p4info)
+        switch["state"] = SoftSwitchState(0, program.p4info)
         switch["server"] = serve_switch(switch["state"], sw_addr)
         return switch["state"]
 
@@ -222,6 +226,49 @@ def test_a_host_lane_job_runs_on_the_host_aggregator_beside_the_same_ranks_on_th
         assert host_jobs == {lane_id: ["10.0.0.1:48000", "10.0.0.2:48001"]}
         env["stop"]()
         env["start"]()
+
+
+def test_a_job_across_tofino_pipes_runs_on_the_host_aggregator_and_says_why(tmp_path):
+    """Tofino registers are per pipe (pipe = device port >> 7): hosts 1, 2 are in pipe 0,
+    3, 4 in pipe 1. A job within a pipe goes to the switch, one across pipes to the host
+    aggregator with the reason; so does a RoCE job (the Tofino program carries UDP only)."""
+    ports = {"target": "tofino", "device_ports": {"1": 0, "2": 4, "3": 128, "4": 132}}
+    env = controller_env(tmp_path, ports)
+    e = next(env)
+    try:
+        c = e["client"]
+        across, within = new_job(c, [2, 3], "across"), new_job(c, [3, 4], "within")
+        roce, roce_token = c.create_job(2, 64 << 20, 0.1, "roce", transport="roce")
+        for rank in range(2):
+            c.join(roce, roce_token, rank, f"10.0.0.{rank + 1}:47000", roce_qp=0x300 + rank)
+        assert first_grants(c, *within)[0].mode == "switch"
+        g = first_grants(c, *across)[0]
+        assert g.mode == "host" and "ports on switch s1 are in pipes 0, 1" in g.reason
+        g = first_grants(c, roce, roce_token)[0]
+        assert g.mode == "host" and "carries udp only, not the job's roce" in g.reason
+    finally:
+        next(env, None)
+
+
+def test_switch_grants_carry_the_configured_aggregator_mac(tmp_path):
+    """The switch answers no ARP for its aggregator address: its MAC (config) is in every switch
+    grant, which the worker checks against its neighbour table; host grants carry none."""
+    env = controller_env(tmp_path, {"aggregator_mac": "02:00:00:00:00:fe"})
+    e = next(env)
+    try:
+        c = e["client"]
+        job, token = new_job(c, [1, 2], "j")
+        g = first_grants(c, job, token)[0]
+        assert (g.mode, g.aggregator_mac) == ("switch", "02:00:00:00:00:fe")
+        assert to_grant(g).aggregator_mac == "02:00:00:00:00:fe"
+        c.drain(ADMIN, job)
+        assert first_grants(c, job, token, 2)[1].aggregator_mac == ""
+    finally:
+        next(env, None)
+    bad = {"host_aggregator": "10.0.0.100:42666", "switches": [
+        {"grpc": "unix:x", "aggregator": "10.0.0.254:42602", "hosts": {}, "aggregator_mac": "02:00"}]}
+    with pytest.raises(ValueError, match=r"switches\[0\].aggregator_mac: bad MAC '02:00'"):
+        parse_config(bad)
 
 
 def test_calls_without_the_token_are_refused(env):

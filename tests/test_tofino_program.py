@@ -1,6 +1,6 @@
 """The Tofino (TNA) program: one wire protocol with the BMv2 program, what the controller reads
-from its P4Info, the device config packed from its real compiled outputs, the committed
-artifacts and resource budget, and a job through a Tofino-shaped software switch."""
+from its P4Info, the committed artifacts and resource budget, and a job through a Tofino-shaped
+software switch (the device config: test_tofino_device_config.py)."""
 
 import json
 import re
@@ -15,7 +15,7 @@ import torch
 from inagg.emulation.loopback import LoopbackDeployment
 from inagg.control.config import default_program, parse_config
 from inagg.control.p4info import P4Type
-from inagg.control.program import pack_tofino_config, read_artifact, unpack_tofino_config
+from inagg.control.program import read_artifact
 from inagg.control.switch import JobCounters, SwitchConnection
 from inagg.wire import protocol
 from inagg.worker.communicator import ReduceOp
@@ -96,24 +96,6 @@ def test_p4info_has_what_the_controller_uses():
     assert "#define FOR_EACH_LANE(M) INAGG_UNROLL(TOFINO_VALUES_PER_PACKET, M)" in (TOFINO_DIR / "size.p4").read_text()
     assert info.encapsulations == ("udp",)
     assert info.register_size("slot_tag") == 8192
-
-
-def test_device_config_packs_the_real_compiled_outputs():
-    packed = TOFINO.device_config()
-    name, binary, context = unpack_tofino_config(packed)
-    assert name == "inagg"
-    assert binary == read_artifact(TOFINO.files["binary"]) and len(binary) > 100_000
-    assert context == read_artifact(TOFINO.files["context"])
-    assert json.loads(context)["program_name"].startswith("inagg")
-    # the layout, byte by byte: little-endian uint32 length before each part
-    assert packed[:4] == (5).to_bytes(4, "little") and packed[4:9] == b"inagg"
-    assert packed[9:13] == len(binary).to_bytes(4, "little")
-    with pytest.raises(ValueError, match="binary length .* runs past the end"):
-        unpack_tofino_config(packed[:20])
-    with pytest.raises(ValueError, match="trailing"):
-        unpack_tofino_config(packed + b"\0")
-    with pytest.raises(ValueError, match="empty program name"):
-        pack_tofino_config("", b"x", b"{}")
 
 
 def test_config_names_targets_artifacts_and_device_ports(tmp_path):

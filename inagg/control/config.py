@@ -21,9 +21,12 @@ Example in JSON (inagg/emulation/topologies/ ships real ones)::
     }
 
 Each switch names its ``target`` (bmv2, soft, tofino; default bmv2) and may name its program's
-artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context``); the shipped
-builds in p4/ are the defaults (inagg/control/artifacts.py finds them in a checkout or a wheel). A Tofino switch maps the front-panel ports its hosts use to
-device ports (``"device_ports": {"1": 128, ...}``, docs/tofino.md), every used port mapped.
+artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context`` + ``bfrt``); the
+shipped builds in p4/ are the defaults (inagg/control/artifacts.py finds them in a checkout or a
+wheel). A Tofino switch names the P4Runtime server it runs (``p4runtime_server``: ``bf_switchd``,
+the default, or ``stratum``: the device config's packing, inagg/control/tofino_config.py) and
+maps the front-panel ports its hosts use to device ports (``"device_ports": {"1": 128, ...}``,
+docs/tofino.md), every used port mapped.
 Relative paths are relative to the config file (to the working directory for a config given as
 a dict).
 """
@@ -45,6 +48,7 @@ from inagg.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 from inagg.control.artifacts import artifact
 from inagg.jobservice.credentials import load_token
 from inagg.control.program import DEVICE_FILES, TARGETS, Program
+from inagg.control.validation import check_mac
 
 # The programs this repository builds, by target (a config may name others), relative to p4/:
 # one folder per target under p4/out/ (make build, make tofino).
@@ -54,7 +58,8 @@ DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
     "soft": {"p4info": "out/soft/inagg.p4info.txtpb", "bmv2_json": "out/bmv2/inagg.json"},
     "tofino": {"p4info": "out/tofino/inagg.p4info.txtpb",
                "binary": "out/tofino/tofino.bin.gz",
-               "context": "out/tofino/context.json.gz"},
+               "context": "out/tofino/context.json.gz",
+               "bfrt": "out/tofino/bfrt.json.gz"},
 }
 
 
@@ -73,6 +78,7 @@ class SwitchConfig:
     hosts: dict[str, HostPort]    # IPv4 -> where that host is attached (front-panel port)
     program: Program | None = None   # None: the default program of bmv2
     device_ports: dict[int, int] = field(default_factory=dict)  # front panel -> device port
+    aggregator_mac: str = ""      # the MAC workers must map ``aggregator``'s IP to ("" = not said)
 
     @property
     def ports(self) -> list[int]:
@@ -114,7 +120,7 @@ def _need(d: dict, key: str, where: str):
 
 
 _SWITCH_KEYS = {"name", "grpc", "device_id", "target", "aggregator", "aggregator_mac", "hosts",
-                "device_ports", "p4info"} | {k for keys in DEVICE_FILES.values() for k in keys}
+                "device_ports", "p4info", "p4runtime_server"} | {k for keys in DEVICE_FILES.values() for k in keys}
 
 
 def parse_program(s: dict, where: str, base: Path | None) -> Program:
@@ -127,10 +133,12 @@ def parse_program(s: dict, where: str, base: Path | None) -> Program:
         given = s.get(key)
         paths[key] = (base or Path()) / given if given is not None else artifact(default)
     stray = set(k for keys in DEVICE_FILES.values() for k in keys) - set(DEVICE_FILES[target])
+    if target != "tofino":
+        stray.add("p4runtime_server")
     if stray & set(s):
         raise ValueError(f"{where}: {sorted(stray & set(s))} do not belong to a {target} program")
     try:
-        return Program(target, paths.pop("p4info"), paths)
+        return Program(target, paths.pop("p4info"), paths, s.get("p4runtime_server", "bf_switchd"))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
 
@@ -153,6 +161,14 @@ def parse_device_ports(s: dict, where: str, ports: set[int]) -> dict[int, int]:
     return mapping
 
 
+def parse_mac(s: dict, key: str, where: str) -> str:
+    """An optional MAC entry, checked; "" when absent."""
+    try:
+        return check_mac(str(s.get(key, "")))
+    except ValueError as e:
+        raise ValueError(f"{where}.{key}: {e}") from None
+
+
 def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     """Validate a config dict, naming the first bad entry."""
     switches = []
@@ -170,7 +186,8 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
         switches.append(SwitchConfig(
             str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)), int(s.get("device_id", 0)),
             s["aggregator"], hosts, parse_program(s, where, base),
-            parse_device_ports(s, where, {h.port for h in hosts.values()})))
+            parse_device_ports(s, where, {h.port for h in hosts.values()}),
+            parse_mac(s, "aggregator_mac", where)))
     host_aggregator = _need(data, "host_aggregator", "config")
     parse_address(host_aggregator)
     known = {f for f in ControllerConfig.__dataclass_fields__} - {"switches", "host_aggregator", "extra"}

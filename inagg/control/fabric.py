@@ -3,7 +3,9 @@
 There is one ``SlotAllocator`` per configured switch (its pool, job rows and K are its program's,
 read from its P4Info) and one, named "", for jobs on no switch (the host aggregator only); the
 host aggregator's slots are split evenly between them. A job goes to the first switch that has
-every rank as a host and speaks the job's transport, else to "" (``Fabric.place``).
+every rank as a host, speaks the job's transport and, on a Tofino, has every rank's port in one
+pipe (registers are per pipe: pipe = device port >> 7), else to "" (``Fabric.place``), and
+``Fabric.why_no_switch`` says why in words the workers log.
 
 A switch's desired entries are a function of the jobs placed on it whose active grant is on the
 switch (``Fabric.switch_jobs``); ``Fabric.program`` pushes them to every switch whose desired
@@ -25,6 +27,32 @@ from inagg.control.switch import SwitchError, SwitchJob, WorkerBinding
 from inagg.wire.grant import parse_address
 
 log = logging.getLogger("inagg.controller")
+
+PIPE_SHIFT = 7   # a Tofino device port's pipe is dev_port >> 7 (128 device ports per pipe)
+
+
+def job_ips(job: Job) -> set[str]:
+    """The IPv4 addresses of a job's joined ranks."""
+    return {parse_address(m.address)[0] for m in job.workers.values()}
+
+
+def refusal(sw: SwitchRuntime, job: Job) -> str:
+    """Why switch ``sw`` cannot aggregate ``job``, in words its workers log; "" when it can."""
+    cfg, ips = sw.cfg, job_ips(job)
+    strangers = sorted(ips - set(cfg.hosts))
+    if strangers:
+        return f"worker address(es) {', '.join(strangers)} are not hosts of switch {cfg.name}"
+    carried = sw.sw.p4info.encapsulations
+    if job.transport not in carried:
+        return (f"switch {cfg.name}'s program carries {'/'.join(carried)} only, not the job's "
+                f"{job.transport} (docs/tofino.md: Tofino cannot compute RoCE's ICRC)")
+    if cfg.program is not None and cfg.program.target == "tofino":
+        pipes = sorted({cfg.device_port(cfg.hosts[ip].port) >> PIPE_SHIFT for ip in ips})
+        if len(pipes) > 1:
+            return (f"its workers' ports on switch {cfg.name} are in pipes "
+                    f"{', '.join(map(str, pipes))}: a Tofino's registers are per pipe, so one "
+                    f"job's ports must share a pipe (docs/tofino.md)")
+    return ""
 
 
 class Fabric:
@@ -58,12 +86,24 @@ class Fabric:
 
     def place(self, job: Job) -> None:
         """Place a job every rank of which joined: give it a pool and its first grant there."""
-        ips = {parse_address(m.address)[0] for m in job.workers.values()}
         job.place = "" if job.host_only else next(
-            (name for name, sw in self.switches.items() if ips <= set(sw.cfg.hosts)
-             and job.transport in sw.sw.p4info.encapsulations), "")
+            (name for name, sw in self.switches.items() if not refusal(sw, job)), "")
         self.allocators[job.place].add_job(job.job_id, job.demand)
         log.info("job %d placed on %s", job.job_id, job.place or "host only")
+
+    def why_no_switch(self, job: Job) -> str:
+        """Why no switch takes ``job``: the refusal of the switch that has every rank as a host,
+        else which addresses no switch has, else that its ranks are on different switches."""
+        ips = job_ips(job)
+        for sw in self.switches.values():
+            if ips <= set(sw.cfg.hosts) and (why := refusal(sw, job)):
+                return why
+        known = {ip for sw in self.switches.values() for ip in sw.cfg.hosts}
+        strangers = sorted(ips - known)
+        if strangers:
+            return (f"worker address(es) {', '.join(strangers)} are not hosts of any switch in "
+                    f"the controller's config")
+        return "its workers are attached to different switches (aggregation is one level)"
 
     def state(self, job: Job) -> JobState | None:
         """The allocator's state of a placed job; None before placement or after it left."""

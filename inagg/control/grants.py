@@ -17,7 +17,6 @@ from inagg.control.fabric import Fabric
 from inagg.control.jobs import Job
 from inagg.control.switch import JobCounters, SwitchError
 from inagg.jobservice.proto import inagg_controller_pb2 as pb
-from inagg.wire.grant import parse_address
 
 log = logging.getLogger("inagg.controller")
 
@@ -39,13 +38,13 @@ def grants(fabric: Fabric, job: Job) -> list[pb.Grant]:
 def grant(fabric: Fabric, job: Job, p: Placement, pending: bool) -> pb.Grant:
     if p.mode == SWITCH:
         sw = fabric.switches[job.place]
-        aggregator, k = sw.cfg.aggregator, sw.sw.p4info.values_per_packet
+        aggregator, k, mac = sw.cfg.aggregator, sw.sw.p4info.values_per_packet, sw.cfg.aggregator_mac
     else:
-        aggregator, k = fabric.config.host_aggregator, fabric.config.host_values_per_packet
+        aggregator, k, mac = fabric.config.host_aggregator, fabric.config.host_values_per_packet, ""
     return pb.Grant(job_id=job.job_id, epoch=p.epoch, mode=p.mode, slot_base=p.slot_base,
                     slot_count=p.slot_count, values_per_packet=k, aggregator=aggregator,
                     pending=pending, transport=job.transport if p.mode == SWITCH else "udp",
-                    reason="" if p.mode == SWITCH else host_reason(fabric, job))
+                    reason="" if p.mode == SWITCH else host_reason(fabric, job), aggregator_mac=mac)
 
 
 def host_reason(fabric: Fabric, job: Job) -> str:
@@ -55,13 +54,7 @@ def host_reason(fabric: Fabric, job: Job) -> str:
     if job.place:
         return (f"switch {job.place} has no free slots for it (or an operator drained it); "
                 f"it moves to the switch when slots free up")
-    ips = sorted({parse_address(m.address)[0] for m in job.workers.values()})
-    known = {ip for sw in fabric.switches.values() for ip in sw.cfg.hosts}
-    strangers = [ip for ip in ips if ip not in known]
-    if strangers:
-        return (f"worker address(es) {', '.join(strangers)} are not hosts of any switch in the "
-                f"controller's config")
-    return "its workers are attached to different switches (aggregation is one level)"
+    return fabric.why_no_switch(job)
 
 
 def host_jobs(fabric: Fabric, jobs: Iterable[Job]) -> pb.HostJobs:

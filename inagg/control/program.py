@@ -11,65 +11,30 @@ Targets and what SetForwardingPipelineConfig carries as ``p4_device_config``:
     bmv2    | P4Info, BMv2 JSON                      | the JSON
     soft    | P4Info, BMv2 JSON                      | the JSON (the software data plane checks
             |                                        | the P4Info only)
-    tofino  | P4Info, tofino.bin, context.json       | PI's Tofino packing (pack_tofino_config)
+    tofino  | P4Info, tofino.bin, context.json,      | the program packed for the switch's P4Runtime
+            | bfrt.json                              | server: bf_switchd (PI) or Stratum
+            |                                        | (inagg/control/tofino_config.py)
 """
 
 from __future__ import annotations
 
 import gzip
-import json
-import struct
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from inagg.control.p4info import P4Info
+from inagg.control.tofino_config import SERVERS, TofinoDeviceConfig
 
 TARGETS: tuple[str, ...] = ("bmv2", "soft", "tofino")
 # The files each target's program consists of (config keys), besides the P4Info.
 DEVICE_FILES: dict[str, tuple[str, ...]] = {
     "bmv2": ("bmv2_json",),
     "soft": ("bmv2_json",),
-    "tofino": ("binary", "context"),
+    "tofino": ("binary", "context", "bfrt"),
 }
-
-_LENGTH = struct.Struct("<I")
-
-
-def pack_tofino_config(program_name: str, binary: bytes, context: bytes) -> bytes:
-    """The p4_device_config bf_switchd's P4Runtime server (PI's Tofino backend) unpacks: the
-    program name, the compiled binary (tofino.bin) and context.json, each preceded by its
-    length as a little-endian uint32.
-
-    The layout is PI's legacy Tofino packing, as written by Stratum's
-    BfPipelineConfigToPiConfig (stratum/hal/lib/tdi/tdi_pipeline_utils.cc: Uint32ToLeByteStream
-    of the name size, the name, the binary size, the binary, the context size, the context) and
-    by p4runtime test tools for bf_switchd (Yi-Tseng/P4-runtime-test-tool,
-    p4runtime_lib/tofino.py: struct.pack("<i", len(...)) before each part)."""
-    name = program_name.encode()
-    if not name:
-        raise ValueError("tofino device config: empty program name")
-    return b"".join(_LENGTH.pack(len(part)) + part for part in (name, binary, context))
-
-
-def unpack_tofino_config(data: bytes) -> tuple[str, bytes, bytes]:
-    """(program name, binary, context) of a packed Tofino device config; ValueError naming the
-    part that does not fit, or trailing bytes."""
-    parts, at = [], 0
-    for what in ("program name", "binary", "context"):
-        if at + _LENGTH.size > len(data):
-            raise ValueError(f"tofino device config: truncated before the {what} length")
-        (n,) = _LENGTH.unpack_from(data, at)
-        at += _LENGTH.size
-        if at + n > len(data):
-            raise ValueError(f"tofino device config: {what} length {n} runs past the end "
-                             f"({len(data) - at} bytes left)")
-        parts.append(data[at:at + n])
-        at += n
-    if at != len(data):
-        raise ValueError(f"tofino device config: {len(data) - at} trailing bytes")
-    name, binary, context = parts
-    return name.decode(), binary, context
+# The pipeline name bf-p4c gives inagg's TNA program: `Switch(pipe) main` in p4/tofino/inagg.p4.
+TOFINO_PIPELINE = "pipe"
 
 
 def read_artifact(path: Path) -> bytes:
@@ -86,10 +51,13 @@ class Program:
     target: str
     p4info_path: Path
     files: dict[str, Path]   # DEVICE_FILES[target] -> path
+    server: str = "bf_switchd"   # tofino: the P4Runtime server whose packing it is pushed in
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise ValueError(f"unknown target {self.target!r}: one of {', '.join(TARGETS)}")
+        if self.server not in SERVERS:
+            raise ValueError(f"unknown P4Runtime server {self.server!r}: one of {', '.join(SERVERS)}")
         missing = [k for k in DEVICE_FILES[self.target] if k not in self.files]
         if missing:
             raise ValueError(f"{self.target} program: missing artifact(s) {', '.join(missing)}")
@@ -105,7 +73,7 @@ class Program:
         """The p4_device_config of this program for its target."""
         if self.target != "tofino":
             return read_artifact(self.files["bmv2_json"])
-        context = read_artifact(self.files["context"])
-        json.loads(context)   # a broken context.json is refused here, not by the switch
-        return pack_tofino_config(self.p4info.program_name, read_artifact(self.files["binary"]),
-                                  context)
+        binary, context, bfrt = (read_artifact(self.files[k]) for k in DEVICE_FILES["tofino"])
+        # a broken artifact is refused here (TofinoDeviceConfig checks), not by the switch
+        return TofinoDeviceConfig(self.p4info.program_name, binary, context, TOFINO_PIPELINE,
+                                  bfrt).pack(self.server)

@@ -8,7 +8,7 @@ attached to switch port r+1; the switch's inagg address is 127.A.B.254, the host
 
 ``target="tofino"`` makes it Tofino-shaped: the software data plane runs the Tofino program's
 P4Info (its K, names and counters), the controller deploys to it as to a Tofino (the packed
-tofino.bin + context.json device config, front-panel ports mapped to device ports 128 + 4 r),
+device config in bf_switchd's packing, front-panel ports mapped to device ports 128 + 4 r),
 so the controller's Tofino path and grants carrying the Tofino K are tested without the chip.
 
 ``p4info`` names the P4Info the controller pushes to the software switch instead of the target's

@@ -283,6 +283,7 @@ class Run:
             "switches": [{"name": name, "grpc": sw.grpc, "device_id": sw.device_id, "target": self.dataplane,
                           **self.program_files,
                           "aggregator": f"{s['aggregator_ip']}:{UDP_PORT}",
+                          "aggregator_mac": s["aggregator_mac"],   # the hosts' setARP above
                           "hosts": self.topo.host_ports(name)}
                          for (name, s), sw in zip(self.topo.switches.items(), self.net.switches)],
             **self.topo.controller,

@@ -20,7 +20,7 @@ class ControllerError(RuntimeError):
 
 def to_grant(g: pb.Grant) -> Grant:
     return Grant(g.job_id, g.epoch, g.slot_base, g.slot_count, g.values_per_packet,
-                 parse_address(g.aggregator), g.mode, g.transport or "udp", g.reason)
+                 parse_address(g.aggregator), g.mode, g.transport or "udp", g.reason, g.aggregator_mac)
 
 
 class ControllerClient:

@@ -11,7 +11,6 @@ register entries; also not implemented here: packet-in/out, digests, action prof
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -23,7 +22,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from inagg.control.p4info import P4Info, same_p4info, same_program
-from inagg.control.program import unpack_tofino_config
+from inagg.control.tofino_config import TofinoDeviceConfig
 from inagg.wire.grant import MAX_IPV4_DATAGRAM, values_for_mtu
 
 from inagg.softswitch.pipeline import NativePipeline
@@ -221,17 +220,16 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                 f"{self.state.max_values_per_packet} values per packet")
 
     def _verify_tofino_config(self, data: bytes) -> None:
-        """A Tofino-shaped switch takes the device config bf_switchd takes: PI's packing of the
-        program name, tofino.bin and context.json (inagg/control/program.py), all checked."""
+        """A Tofino-shaped switch takes the device configs a Tofino's P4Runtime servers take:
+        bf_switchd's (PI's packing) or Stratum's (inagg/control/tofino_config.py), all checked."""
         try:
-            name, binary, context = unpack_tofino_config(data)
-            json.loads(context)
+            _, config = TofinoDeviceConfig.unpack(data)
         except ValueError as e:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        if name != self.state.program.program_name or not binary:
+        if config.program != self.state.program.program_name:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"tofino device config is for program '{name}' "
-                              f"({len(binary)}-byte binary), not '{self.state.program.program_name}'")
+                              f"tofino device config is for program '{config.program}', "
+                              f"not '{self.state.program.program_name}'")
 
     def GetForwardingPipelineConfig(self, request, context):
         R = p4runtime_pb2.GetForwardingPipelineConfigRequest

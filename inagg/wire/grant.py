@@ -52,6 +52,7 @@ class Grant:
     mode: str = "host"  # "switch": aggregated in the data plane; "host": by a host aggregator
     transport: str = "udp"  # how contributions are carried: "udp", or "roce" (RoCEv2)
     reason: str = ""        # host mode: why the controller did not put the job on a switch
+    aggregator_mac: str = ""  # switch mode, when configured: the MAC of the aggregator address
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id <= 0xFFFF:

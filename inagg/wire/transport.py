@@ -26,12 +26,9 @@ def _ifreq(sock: socket.socket, request: int, name: str) -> bytes:
     return fcntl.ioctl(sock.fileno(), request, struct.pack("16s16s", name.encode()[:15], b""))
 
 
-def interface_mtu(local_ip: str) -> int:
-    """The MTU of the interface whose IPv4 subnet holds ``local_ip`` (127.x.y.z: loopback);
-    for a wildcard or an address on no interface, the smallest MTU of the interfaces that are
-    up (any of them may carry the datagram)."""
-    addr = ipaddress.IPv4Address(socket.gethostbyname(local_ip or "0.0.0.0"))
-    mtus = {}
+def up_interfaces() -> list[tuple[str, int, ipaddress.IPv4Network | None]]:
+    """(name, MTU, IPv4 subnet or None) of every interface that is up."""
+    out = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
             if not struct.unpack_from("H", _ifreq(s, _SIOCGIFFLAGS, name), 16)[0] & _IFF_UP:
@@ -41,14 +38,32 @@ def interface_mtu(local_ip: str) -> int:
                 own = _ifreq(s, _SIOCGIFADDR, name)[20:24]
                 mask = _ifreq(s, _SIOCGIFNETMASK, name)[20:24]
             except OSError:  # no IPv4 address
+                out.append((name, mtu, None))
                 continue
-            net = ipaddress.IPv4Network((socket.inet_ntoa(own), socket.inet_ntoa(mask)), strict=False)
-            if not addr.is_unspecified and addr in net:
-                return mtu
-            mtus[name] = mtu
-    if not mtus:
+            out.append((name, mtu, ipaddress.IPv4Network((socket.inet_ntoa(own), socket.inet_ntoa(mask)),
+                                                         strict=False)))
+    return out
+
+
+def interface_of(ip: str) -> str | None:
+    """The name of the interface that is up and whose IPv4 subnet holds ``ip``; None if none."""
+    addr = ipaddress.IPv4Address(ip)
+    return next((name for name, _, net in up_interfaces() if net is not None and addr in net), None)
+
+
+def interface_mtu(local_ip: str) -> int:
+    """The MTU of the interface whose IPv4 subnet holds ``local_ip`` (127.x.y.z: loopback);
+    for a wildcard or an address on no interface, the smallest MTU of the interfaces that are
+    up and have an IPv4 address (any of them may carry the datagram)."""
+    addr = ipaddress.IPv4Address(socket.gethostbyname(local_ip or "0.0.0.0"))
+    addressed = [(mtu, net) for _, mtu, net in up_interfaces() if net is not None]
+    if not addressed:
         raise OSError(f"no interface that is up has an IPv4 address (looking for {local_ip})")
-    return min(mtus.values())
+    if not addr.is_unspecified:
+        for mtu, net in addressed:
+            if addr in net:
+                return mtu
+    return min(mtu for mtu, _ in addressed)
 
 
 def enlarge_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER_BYTES) -> None:

@@ -49,6 +49,7 @@ from inagg.wire.grant import Grant
 from inagg.wire.protocol import ENCAPSULATIONS, HEADER_BYTES
 from inagg.wire.roce import RoceRawTransport
 from inagg.worker.native_stream import NativeSlotStream
+from inagg.worker.neighbour import neighbour_problem
 from inagg.worker.stream import OP_NAMES, CallError, Refusal, SlotStream, check_array, dtype_refusal
 from inagg.wire.transport import UdpTransport
 
@@ -326,6 +327,8 @@ class Communicator:
         else:
             log.info("job %d rank %d: aggregating on the switch (%s:%d, slots [%d,%d), epoch %d)", grant.job_id,
                      self.rank, *grant.aggregator, grant.slot_base, grant.slot_base + grant.slot_count, grant.epoch)
+            if grant.aggregator_mac and (problem := neighbour_problem(grant.aggregator[0], grant.aggregator_mac)):
+                log.warning("job %d rank %d: %s", grant.job_id, self.rank, problem)
         self.transport = self.stream.transport = self._transports[grant.transport]
         # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
         self.transport.retarget(grant.aggregator)

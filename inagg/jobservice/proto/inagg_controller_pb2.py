@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16inagg_controller.proto\x12\x13inagg.controller.v1\"\x07\n\x05\x45mpty\"\x91\x01\n\x10\x43reateJobRequest\x12\x11\n\tn_workers\x18\x01 \x01(\r\x12\x1b\n\x13\x62ytes_per_iteration\x18\x02 \x01(\x04\x12\x19\n\x11iteration_seconds\x18\x03 \x01(\x01\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\x11\n\thost_only\x18\x06 \x01(\x08\"/\n\x0e\x43reateJobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\"\x7f\n\x0eJoinJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03mac\x18\x05 \x01(\t\x12\x0f\n\x07roce_qp\x18\x06 \x01(\r\x12\x11\n\troce_rkey\x18\x07 \x01(\r\"T\n\x0cJoinJobReply\x12\x11\n\tn_workers\x18\x01 \x01(\r\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\x12\x1a\n\x12rank_lease_seconds\x18\x03 \x01(\x01\"C\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\x04rank\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\"\xcf\x01\n\x05Grant\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x11\n\tslot_base\x18\x04 \x01(\r\x12\x12\n\nslot_count\x18\x05 \x01(\r\x12\x19\n\x11values_per_packet\x18\x06 \x01(\r\x12\x12\n\naggregator\x18\x07 \x01(\t\x12\x0f\n\x07pending\x18\x08 \x01(\x08\x12\x11\n\ttransport\x18\t \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\n \x01(\t\x12\x0e\n\x06reason\x18\x0b \x01(\t\"m\n\x0f\x41\x63tivateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\r\x12\x10\n\x08\x62oundary\x18\x04 \x01(\x04\x12\x11\n\x04rank\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\"b\n\rActivateReply\x12\x11\n\tactivated\x18\x01 \x01(\x08\x12)\n\x05grant\x18\x02 \x01(\x0b\x32\x1a.inagg.controller.v1.Grant\x12\x13\n\x0bwaiting_for\x18\x03 \x01(\r\"C\n\x0eHeartbeatReply\x12\x15\n\rlease_seconds\x18\x01 \x01(\x01\x12\x1a\n\x12rank_lease_seconds\x18\x02 \x01(\x01\"\x1f\n\x08\x41\x64minRef\x12\x13\n\x0b\x61\x64min_token\x18\x01 \x01(\t\"2\n\x0b\x41\x64minJobRef\x12\x13\n\x0b\x61\x64min_token\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\r\"`\n\x07HostJob\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\x11\n\tslot_base\x18\x03 \x01(\r\x12\x12\n\nslot_count\x18\x04 \x01(\r\x12\x0f\n\x07workers\x18\x05 \x03(\t\"6\n\x08HostJobs\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.inagg.controller.v1.HostJob\"\xa3\x02\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tn_workers\x18\x03 \x01(\r\x12\x0e\n\x06joined\x18\x04 \x01(\r\x12*\n\x06\x61\x63tive\x18\x05 \x01(\x0b\x32\x1a.inagg.controller.v1.Grant\x12+\n\x07pending\x18\x06 \x01(\x0b\x32\x1a.inagg.controller.v1.Grant\x12<\n\x08\x63ounters\x18\x07 \x03(\x0b\x32*.inagg.controller.v1.JobInfo.CountersEntry\x12\x0f\n\x07\x66\x61ilure\x18\x08 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"K\n\x07JobList\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.inagg.controller.v1.JobInfo\x12\x14\n\x0cswitch_slots\x18\x02 \x01(\r2\xa0\x06\n\nJobService\x12W\n\tCreateJob\x12%.inagg.controller.v1.CreateJobRequest\x1a#.inagg.controller.v1.CreateJobReply\x12Q\n\x07JoinJob\x12#.inagg.controller.v1.JoinJobRequest\x1a!.inagg.controller.v1.JoinJobReply\x12G\n\nWatchGrant\x12\x1b.inagg.controller.v1.JobRef\x1a\x1a.inagg.controller.v1.Grant0\x01\x12Y\n\rActivateGrant\x12$.inagg.controller.v1.ActivateRequest\x1a\".inagg.controller.v1.ActivateReply\x12M\n\tHeartbeat\x12\x1b.inagg.controller.v1.JobRef\x1a#.inagg.controller.v1.HeartbeatReply\x12\x43\n\x08LeaveJob\x12\x1b.inagg.controller.v1.JobRef\x1a\x1a.inagg.controller.v1.Empty\x12O\n\rWatchHostJobs\x12\x1d.inagg.controller.v1.AdminRef\x1a\x1d.inagg.controller.v1.HostJobs0\x01\x12G\n\x08ListJobs\x12\x1d.inagg.controller.v1.AdminRef\x1a\x1c.inagg.controller.v1.JobList\x12H\n\x08\x44rainJob\x12 .inagg.controller.v1.AdminJobRef\x1a\x1a.inagg.controller.v1.Grant\x12J\n\nReleaseJob\x12 .inagg.controller.v1.AdminJobRef\x1a\x1a.inagg.controller.v1.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16inagg_controller.proto\x12\x13inagg.controller.v1\"\x07\n\x05\x45mpty\"\x91\x01\n\x10\x43reateJobRequest\x12\x11\n\tn_workers\x18\x01 \x01(\r\x12\x1b\n\x13\x62ytes_per_iteration\x18\x02 \x01(\x04\x12\x19\n\x11iteration_seconds\x18\x03 \x01(\x01\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\x11\n\thost_only\x18\x06 \x01(\x08\"/\n\x0e\x43reateJobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\"\x7f\n\x0eJoinJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03mac\x18\x05 \x01(\t\x12\x0f\n\x07roce_qp\x18\x06 \x01(\r\x12\x11\n\troce_rkey\x18\x07 \x01(\r\"T\n\x0cJoinJobReply\x12\x11\n\tn_workers\x18\x01 \x01(\r\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\x12\x1a\n\x12rank_lease_seconds\x18\x03 \x01(\x01\"C\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\x04rank\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\"\xe7\x01\n\x05Grant\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x11\n\tslot_base\x18\x04 \x01(\r\x12\x12\n\nslot_count\x18\x05 \x01(\r\x12\x19\n\x11values_per_packet\x18\x06 \x01(\r\x12\x12\n\naggregator\x18\x07 \x01(\t\x12\x0f\n\x07pending\x18\x08 \x01(\x08\x12\x11\n\ttransport\x18\t \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\n \x01(\t\x12\x0e\n\x06reason\x18\x0b \x01(\t\x12\x16\n\x0e\x61ggregator_mac\x18\x0c \x01(\t\"m\n\x0f\x41\x63tivateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\r\x12\x10\n\x08\x62oundary\x18\x04 \x01(\x04\x12\x11\n\x04rank\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\"b\n\rActivateReply\x12\x11\n\tactivated\x18\x01 \x01(\x08\x12)\n\x05grant\x18\x02 \x01(\x0b\x32\x1a.inagg.controller.v1.Grant\x12\x13\n\x0bwaiting_for\x18\x03 \x01(\r\"C\n\x0eHeartbeatReply\x12\x15\n\rlease_seconds\x18\x01 \x01(\x01\x12\x1a\n\x12rank_lease_seconds\x18\x02 \x01(\x01\"\x1f\n\x08\x41\x64minRef\x12\x13\n\x0b\x61\x64min_token\x18\x01 \x01(\t\"2\n\x0b\x41\x64minJobRef\x12\x13\n\x0b\x61\x64min_token\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\r\"`\n\x07HostJob\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\x11\n\tslot_base\x18\x03 \x01(\r\x12\x12\n\nslot_count\x18\x04 \x01(\r\x12\x0f\n\x07workers\x18\x05 \x03(\t\"6\n\x08HostJobs\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.inagg.controller.v1.HostJob\"\xa3\x02\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tn_workers\x18\x03 \x01(\r\x12\x0e\n\x06joined\x18\x04 \x01(\r\x12*\n\x06\x61\x63tive\x18\x05 \x01(\x0b\x32\x1a.inagg.controller.v1.Grant\x12+\n\x07pending\x18\x06 \x01(\x0b\x32\x1a.inagg.controller.v1.Grant\x12<\n\x08\x63ounters\x18\x07 \x03(\x0b\x32*.inagg.controller.v1.JobInfo.CountersEntry\x12\x0f\n\x07\x66\x61ilure\x18\x08 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"K\n\x07JobList\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.inagg.controller.v1.JobInfo\x12\x14\n\x0cswitch_slots\x18\x02 \x01(\r2\xa0\x06\n\nJobService\x12W\n\tCreateJob\x12%.inagg.controller.v1.CreateJobRequest\x1a#.inagg.controller.v1.CreateJobReply\x12Q\n\x07JoinJob\x12#.inagg.controller.v1.JoinJobRequest\x1a!.inagg.controller.v1.JoinJobReply\x12G\n\nWatchGrant\x12\x1b.inagg.controller.v1.JobRef\x1a\x1a.inagg.controller.v1.Grant0\x01\x12Y\n\rActivateGrant\x12$.inagg.controller.v1.ActivateRequest\x1a\".inagg.controller.v1.ActivateReply\x12M\n\tHeartbeat\x12\x1b.inagg.controller.v1.JobRef\x1a#.inagg.controller.v1.HeartbeatReply\x12\x43\n\x08LeaveJob\x12\x1b.inagg.controller.v1.JobRef\x1a\x1a.inagg.controller.v1.Empty\x12O\n\rWatchHostJobs\x12\x1d.inagg.controller.v1.AdminRef\x1a\x1d.inagg.controller.v1.HostJobs0\x01\x12G\n\x08ListJobs\x12\x1d.inagg.controller.v1.AdminRef\x1a\x1c.inagg.controller.v1.JobList\x12H\n\x08\x44rainJob\x12 .inagg.controller.v1.AdminJobRef\x1a\x1a.inagg.controller.v1.Grant\x12J\n\nReleaseJob\x12 .inagg.controller.v1.AdminJobRef\x1a\x1a.inagg.controller.v1.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,27 +35,27 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_JOBREF']._serialized_start=468
   _globals['_JOBREF']._serialized_end=535
   _globals['_GRANT']._serialized_start=538
-  _globals['_GRANT']._serialized_end=745
-  _globals['_ACTIVATEREQUEST']._serialized_start=747
-  _globals['_ACTIVATEREQUEST']._serialized_end=856
-  _globals['_ACTIVATEREPLY']._serialized_start=858
-  _globals['_ACTIVATEREPLY']._serialized_end=956
-  _globals['_HEARTBEATREPLY']._serialized_start=958
-  _globals['_HEARTBEATREPLY']._serialized_end=1025
-  _globals['_ADMINREF']._serialized_start=1027
-  _globals['_ADMINREF']._serialized_end=1058
-  _globals['_ADMINJOBREF']._serialized_start=1060
-  _globals['_ADMINJOBREF']._serialized_end=1110
-  _globals['_HOSTJOB']._serialized_start=1112
-  _globals['_HOSTJOB']._serialized_end=1208
-  _globals['_HOSTJOBS']._serialized_start=1210
-  _globals['_HOSTJOBS']._serialized_end=1264
-  _globals['_JOBINFO']._serialized_start=1267
-  _globals['_JOBINFO']._serialized_end=1558
-  _globals['_JOBINFO_COUNTERSENTRY']._serialized_start=1511
-  _globals['_JOBINFO_COUNTERSENTRY']._serialized_end=1558
-  _globals['_JOBLIST']._serialized_start=1560
-  _globals['_JOBLIST']._serialized_end=1635
-  _globals['_JOBSERVICE']._serialized_start=1638
-  _globals['_JOBSERVICE']._serialized_end=2438
+  _globals['_GRANT']._serialized_end=769
+  _globals['_ACTIVATEREQUEST']._serialized_start=771
+  _globals['_ACTIVATEREQUEST']._serialized_end=880
+  _globals['_ACTIVATEREPLY']._serialized_start=882
+  _globals['_ACTIVATEREPLY']._serialized_end=980
+  _globals['_HEARTBEATREPLY']._serialized_start=982
+  _globals['_HEARTBEATREPLY']._serialized_end=1049
+  _globals['_ADMINREF']._serialized_start=1051
+  _globals['_ADMINREF']._serialized_end=1082
+  _globals['_ADMINJOBREF']._serialized_start=1084
+  _globals['_ADMINJOBREF']._serialized_end=1134
+  _globals['_HOSTJOB']._serialized_start=1136
+  _globals['_HOSTJOB']._serialized_end=1232
+  _globals['_HOSTJOBS']._serialized_start=1234
+  _globals['_HOSTJOBS']._serialized_end=1288
+  _globals['_JOBINFO']._serialized_start=1291
+  _globals['_JOBINFO']._serialized_end=1582
+  _globals['_JOBINFO_COUNTERSENTRY']._serialized_start=1535
+  _globals['_JOBINFO_COUNTERSENTRY']._serialized_end=1582
+  _globals['_JOBLIST']._serialized_start=1584
+  _globals['_JOBLIST']._serialized_end=1659
+  _globals['_JOBSERVICE']._serialized_start=1662
+  _globals['_JOBSERVICE']._serialized_end=2462
 # @@protoc_insertion_point(module_scope)
