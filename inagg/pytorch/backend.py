@@ -3,8 +3,10 @@
 A Python ``dist.ProcessGroup`` subclass (the pattern of PyTorch's test_c10d_pypg.py), created by
 the creator that ``inagg.pytorch.plugin`` registers with ``dist.Backend.register_backend``:
 
-* An allreduce of one CPU float32 (SUM or AVG) or int32 (SUM) tensor is eligible for inagg. Each
-  eligible call takes the path the model predicts fastest (``inagg.pytorch.path_choice``): ``inagg``,
+* An allreduce of one CPU float32, bfloat16 or float16 (SUM or AVG) or int32 (SUM) tensor is
+  eligible for inagg (a 16-bit tensor is quantized from its own format and its result is the
+  float32 one rounded once to it: ``inagg.wire.codec``). Each eligible call takes the path the
+  model predicts fastest (``inagg.pytorch.path_choice``): ``inagg``,
   the job's ``Communicator`` (the switch, or the host aggregator when the controller grants
   that); ``host``, the job's host lane when its grant is on a switch (a second job at the
   controller, ``host_only``: the host aggregator, with its own socket, slots and call numbers,
@@ -64,7 +66,8 @@ GLOO_COLLECTIVES = (
 # be shared), so the first real calls are already chosen from measurements
 _CALIBRATION_BYTES = (64, 16 * 1024, 1 << 20)
 _CALIBRATION_ROUNDS = 3
-_INAGG_DTYPES = (torch.float32, torch.int32)
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # each quantized from its own format
+_INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
 # a smaller call on a communicator with nothing queued runs on the caller's thread (``_run``):
 # the hand-over to the I/O thread and back costs most of a small call's time; larger ones stay
 # queued, so DDP overlaps them with its backward pass
@@ -109,7 +112,7 @@ def _ineligible(tensors: list[torch.Tensor], op) -> str:
         return f"dtype {t.dtype}"
     if not t.is_contiguous():
         return "non-contiguous tensor"
-    if op == _SUM or (op == _AVG and t.dtype == torch.float32):
+    if op == _SUM or (op == _AVG and t.dtype in _FLOAT_DTYPES):
         return ""
     return f"op {op}"
 

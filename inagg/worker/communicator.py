@@ -45,6 +45,7 @@ import numpy as np
 
 from inagg.worker.cost_model import LinkEstimator
 from inagg.errors import InaggError
+from inagg.wire import codec
 from inagg.wire.grant import Grant
 from inagg.wire.protocol import ENCAPSULATIONS, HEADER_BYTES
 from inagg.wire.roce import RoceRawTransport
@@ -95,15 +96,26 @@ def as_array(tensor) -> tuple[np.ndarray | None, object, Refusal | None]:
         return array, None, None
     if not isinstance(tensor, torch.Tensor):
         return None, None, Refusal(CallError.NOT_A_TENSOR)
-    if tensor.dtype not in (torch.float32, torch.int32):
+    if tensor.dtype not in (torch.float32, torch.int32, torch.float16, torch.bfloat16):
         return None, None, dtype_refusal(str(tensor.dtype).removeprefix("torch."))
     if not tensor.is_contiguous():
         return None, None, Refusal(CallError.LAYOUT)
     if tensor.is_cuda:
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor)
-        return host.view(-1).numpy(), (tensor, host), None
-    return tensor.detach().view(-1).numpy(), None, None
+        return numpy_view(host), (tensor, host), None
+    return numpy_view(tensor), None, None
+
+
+def numpy_view(tensor) -> np.ndarray:
+    """The flat numpy array over a contiguous CPU tensor's memory; a bfloat16 tensor's as
+    ``codec.BFLOAT16`` (numpy has no bfloat16)."""
+    import torch
+
+    flat = tensor.detach().view(-1)
+    if flat.dtype == torch.bfloat16:
+        return flat.view(torch.int16).numpy().view(codec.BFLOAT16)
+    return flat.numpy()
 
 
 @dataclass
@@ -380,8 +392,8 @@ class Communicator:
         return _Request(array, average, refusal, torch.futures.Future(), tensor, staged)
 
     def allreduce_async(self, tensor, op=ReduceOp.SUM, *, inline_if_idle: bool = False):
-        """Queue an allreduce of a torch tensor (float32 or int32, contiguous; CUDA tensors are
-        staged through pinned host memory) or a numpy array; returns a ``torch.futures.Future``
+        """Queue an allreduce of a torch tensor (float32, float16, bfloat16 or int32, contiguous;
+        CUDA tensors are staged through pinned host memory) or a numpy array; returns a ``torch.futures.Future``
         resolving to the same tensor, reduced in place. ``op``: SUM or AVG, this library's
         ``ReduceOp`` or ``torch.distributed.ReduceOp``.
 
