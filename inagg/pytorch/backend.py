@@ -21,6 +21,9 @@ the creator that ``inagg.pytorch.plugin`` registers with ``dist.Backend.register
   the backward pass, and its Work's future is delivered on a thread of its own (a callback that
   waits for another allreduce, as PowerSGD's does, must not block the I/O thread). Either
   way ``wait`` raises the call's error (``JobFailed``, a refused input...), on every rank alike.
+* Every path gives the same bits (unless ``INAGG_REPRODUCIBLE=0``): the communicators share one
+  exponent block and ride limit, and the gloo path sums inagg's fixed point, not floats
+  (``inagg.pytorch.reproducible``), so a run does not depend on the paths its calls took.
 * Everything else (other collectives, dtypes, ops, several tensors) goes to an inner
   ``ProcessGroupGloo`` on the same store, unchanged. Each kind is counted (``stats()``) and
   logged once: INFO for collectives inagg does not implement, WARNING for an allreduce that could
@@ -34,6 +37,7 @@ controller, and the local deployment a job brings up when none is named: ``inagg
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -51,6 +55,8 @@ from inagg.worker.communicator import Communicator, ReduceOp
 from inagg.errors import InaggError, InaggSetupError
 from inagg.worker.local import Endpoint, find_endpoint
 from inagg.pytorch.path_choice import PATHS, PathChooser
+from inagg.pytorch.reproducible import FixedPointGloo
+from inagg.worker.stream import Reduction
 from inagg import BACKEND_NAME
 
 log = logging.getLogger("inagg.backend")
@@ -73,6 +79,16 @@ _INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
 # queued, so DDP overlaps them with its backward pass
 _INLINE_BELOW_BYTES = 64 << 10
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
+REPRODUCIBLE_ENV = "INAGG_REPRODUCIBLE"   # 1 (default): the same bits on every path | 0
+
+
+def _reproducible_requested() -> bool:
+    """Whether ``INAGG_REPRODUCIBLE`` asks for the same bits on every path (the default)."""
+    value = os.environ.get(REPRODUCIBLE_ENV, "1").strip().lower()
+    if value not in ("0", "1"):
+        raise InaggSetupError(f"{REPRODUCIBLE_ENV} must be 1 (the same bits on every path, the default) or 0 "
+                              f"(gloo sums floats in its own order); got {value!r}")
+    return value == "1"
 
 
 def _forced_path() -> str | None:
@@ -215,11 +231,13 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size, timeout)
         self.comm: Communicator | None = None
         self.lane: Communicator | None = None
+        self._fixed: FixedPointGloo | None = None
         try:
             self.comm = self._join(store, "comm", timeout)
             # every rank sees the same first grant (a change needs every rank's agreement)
             if self.comm.grant.mode == "switch":
                 self.lane = self._join(store, "comm-host", timeout, host_only=True)
+            self._fixed = self._reproducible(store, timeout)
         except Exception as e:
             self._leave(timeout=0)
             raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
@@ -253,6 +271,21 @@ class InaggProcessGroup(dist.ProcessGroup):
                             bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
                             name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
 
+    def _reproducible(self, store: dist.Store, timeout: timedelta) -> FixedPointGloo | None:
+        """Unless ``INAGG_REPRODUCIBLE=0``: one ``Reduction`` for every path, so a float call
+        gives the same bits whichever it takes (``inagg.pytorch.reproducible``). The
+        communicators' streams share its exponent block (a multiple of each grant's K) and the
+        limit of calls that ride in the control round (the smallest capacity); the gloo path runs
+        their arithmetic. Decided from the first grants, the same on every rank."""
+        if not _reproducible_requested():
+            return None
+        comms = [c for c in (self.comm, self.lane) if c is not None]
+        reduction = Reduction(block=math.lcm(*(c.grant.values_per_packet for c in comms)),
+                              exact_limit=max(0, min(c.stream.one_round_capacity(True) for c in comms)))
+        for comm in comms:
+            comm.stream.reduction = reduction
+        return FixedPointGloo(dist.PrefixStore("gloo-fixed", store), self.rank(), self.size(), timeout, reduction)
+
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
 
@@ -273,7 +306,7 @@ class InaggProcessGroup(dist.ProcessGroup):
                 self._run_left -= 1
                 self._to_sample -= 1
                 if self._to_sample:
-                    self._run_work = self._gloo.allreduce(tensors, opts)
+                    self._run_work = self._gloo_sum(tensors, opts)
                     return self._run_work
                 self._to_sample = self._sample_period
                 return self._sample(tensors, opts)
@@ -283,7 +316,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         """A sample of gloo's time in the run (``PathChooser.run_length``): timed as ``_start``
         times a call, without asking the chooser (counted with the run, ``_end_run``)."""
         idle, started = self._idle("gloo"), time.perf_counter()
-        work = self._run_work = self._gloo.allreduce(tensors, opts)
+        work = self._run_work = self._gloo_sum(tensors, opts)
         return self._timed("gloo", work, tensors[0].nbytes, started) if idle else work
 
     def _idle(self, path: str) -> bool:
@@ -315,7 +348,7 @@ class InaggProcessGroup(dist.ProcessGroup):
             self._run_left, first, self._sample_period = self.paths.run_length(nbytes, path)
             self._run_length, self._to_sample = self._run_left, first or -1   # -1: none in this run
             if not measure:   # gloo's own Work
-                work = self._gloo.allreduce(tensors, opts)
+                work = self._gloo_sum(tensors, opts)
                 self._last_work["gloo"] = weakref.ref(work)
                 return work
         return self._start(path, tensor, opts, measure)
@@ -350,7 +383,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         started = time.perf_counter()
         average = opts.reduceOp == _AVG
         if path == "gloo" and not average:
-            work = self._gloo.allreduce([tensor], opts)
+            work = self._gloo_sum([tensor], opts)
         else:
             work = self._run(path, tensor, average)
         self._last_work[path] = weakref.ref(work)
@@ -378,6 +411,8 @@ class InaggProcessGroup(dist.ProcessGroup):
             fut = comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM,
                                        inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
             return _CallWork(fut, lambda: _resolve_to(fut, [tensor]))
+        if self._fixed is not None and tensor.is_floating_point():
+            return self._fixed_call(tensor, self.size() if average else 1)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
 
@@ -389,6 +424,19 @@ class InaggProcessGroup(dist.ProcessGroup):
 
         fut = self._gloo.allreduce([tensor], opts).get_future().then(result)
         return _CallWork(fut, lambda: fut)
+
+    def _gloo_sum(self, tensors: list[torch.Tensor], opts) -> dist.Work:
+        """An eligible SUM on the gloo path: gloo's own, or for a float tensor with reproducible
+        results the fixed-point one (``_reproducible``)."""
+        if self._fixed is not None and tensors[0].is_floating_point():
+            return self._fixed_call(tensors[0], 1)
+        return self._gloo.allreduce(tensors, opts)
+
+    def _fixed_call(self, tensor: torch.Tensor, divisor: int) -> dist.Work:
+        """A float call on the gloo path in inagg's fixed point; a small one with nothing queued
+        runs on the caller's thread (as ``_run``'s), and a future is delivered as ``_run``'s."""
+        fut = self._fixed.allreduce(tensor, divisor, inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
+        return _CallWork(fut, lambda: _resolve_to(fut, [tensor]))
 
     def _calibrate(self) -> None:
         """Time every path at a few sizes (the same calls on every rank) and agree on the
@@ -449,6 +497,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         for comm in (self.lane, self.comm):
             if comm is not None:
                 comm.close()
+        if self._fixed is not None:
+            self._fixed.close()
         self.endpoint.close(self._local_store, self.rank(), self.size(), timeout=timeout)
         self._release_gloo()
 

@@ -53,7 +53,7 @@ class NativeSlotStream(StreamBase):
         self._core.abort()
 
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
-        return ExponentTracker(x, self.grant.values_per_packet, native_block_exponents)
+        return ExponentTracker(x, self.grant.values_per_packet, native_block_exponents, self.reduction.block)
 
     def _sync_stats(self) -> None:
         counters = self._core.counters()

@@ -383,15 +383,37 @@ class OutstandingRounds:
 
 
 
+@dataclass
+class Reduction:
+    """What a float call's result depends on besides its inputs, when a job wants the same bits
+    on every path (``inagg.pytorch.reproducible``): blocks of ``block`` values share an exponent
+    (a multiple of every K the job's paths use: each packet of K values takes the exponent of
+    the block it lies in), and a call rides in the control round (exact fixed point) only up to
+    ``exact_limit`` values. None: the grant's own K and capacity (each path its own)."""
+
+    block: int | None = None
+    exact_limit: int | None = None
+
+    def rides(self, capacity: int, is_float: bool) -> int:
+        """The most values of a call that ride in the control round (int32 sums are exact on
+        every path)."""
+        return capacity if not is_float or self.exact_limit is None else min(capacity, self.exact_limit)
+
+
 class ExponentTracker:
     """One-round-ahead block exponents of a call: this rank's own (sent one round early) and
     the agreed job-wide maxima (returned with results). An int32 call has none.
-    ``exponents(x, k)`` -> (int8 exponents, bool overflow mask): numpy's or the native codec's."""
+    ``exponents(x, k)`` -> (int8 exponents, bool overflow mask): numpy's or the native codec's.
+    ``block``: the exponents' block (``Reduction.block``), a multiple of K; each packet of K
+    values takes its block's exponent (None, or a block K does not divide: K)."""
 
-    def __init__(self, x: np.ndarray, k: int, exponents=codec.block_exponents) -> None:
+    def __init__(self, x: np.ndarray, k: int, exponents=codec.block_exponents, block: int | None = None) -> None:
         self.n_blocks = -(-x.size // k)
         self.is_float = codec.is_float(x.dtype)
-        if self.is_float:
+        if self.is_float and block and block != k and block % k == 0:
+            local, bad = exponents(x, block)
+            self.local, self.bad = (np.repeat(a, block // k)[:self.n_blocks] for a in (local, bad))
+        elif self.is_float:
             self.local, self.bad = exponents(x, k)
         else:
             self.local = np.full(self.n_blocks, EXP_NONE, np.int8)
@@ -636,6 +658,7 @@ class StreamBase:
         self.window = 0  # slots the last call used (agreed by all ranks)
         self.window_control: WindowControl | None = None
         self.aborted = False
+        self.reduction = Reduction()
         self.set_grant(grant)
 
     def abort(self) -> None:
@@ -677,7 +700,8 @@ class StreamBase:
         delta = pending_epoch - self.grant.epoch if pending_epoch > self.grant.epoch else 0
         spec = CallSpec(call, 0 if refusal else x.size, not refusal and codec.is_float(x.dtype),
                         average, refusal, self.window_control.goal, delta)
-        one_round = not refusal and 0 < x.size <= self.one_round_capacity(spec.is_float)
+        one_round = not refusal and 0 < x.size <= self.reduction.rides(self.one_round_capacity(spec.is_float),
+                                                                        spec.is_float)
         local = None if refusal or one_round else self._exponents(x)
         lanes, flags = self._control_lanes(spec, x if one_round else None)
         summed, exp0, result_flags = self._control_round(lanes, local.local_exp(0) if local else EXP_NONE, flags)
@@ -746,7 +770,7 @@ class StreamBase:
         return codec.fixed_decode(sums, self.n_workers, y)
 
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
-        return ExponentTracker(x, self.grant.values_per_packet)
+        return ExponentTracker(x, self.grant.values_per_packet, block=self.reduction.block)
 
     def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
         """Send the control packet's lanes on slot 0 with ``flags`` and return (summed lanes,
