@@ -3,9 +3,10 @@
 A Python ``dist.ProcessGroup`` subclass (the pattern of PyTorch's test_c10d_pypg.py), created by
 the creator that ``inagg.pytorch.plugin`` registers with ``dist.Backend.register_backend``:
 
-* An allreduce of one CPU float32, bfloat16 or float16 (SUM or AVG) or int32 (SUM) tensor is
-  eligible for inagg (a 16-bit tensor is quantized from its own format and its result is the
-  float32 one rounded once to it: ``inagg.wire.codec``). Each eligible call takes the path the
+* An allreduce of one CPU or CUDA float32, bfloat16 or float16 (SUM or AVG) or int32 (SUM)
+  tensor is eligible for inagg (a 16-bit tensor is quantized from its own format and its result
+  is the float32 one rounded once to it: ``inagg.wire.codec``; a CUDA tensor is staged through
+  pinned host memory: ``inagg.worker.cuda_staging``). Each eligible call takes the path the
   model predicts fastest (``inagg.pytorch.path_choice``): ``inagg``,
   the job's ``Communicator`` (the switch, or the host aggregator when the controller grants
   that); ``host``, the job's host lane when its grant is on a switch (a second job at the
@@ -122,7 +123,7 @@ def _ineligible(tensors: list[torch.Tensor], op) -> str:
     if len(tensors) != 1:
         return f"{len(tensors)} tensors in one call"
     t = tensors[0]
-    if not t.is_cpu:
+    if not (t.is_cpu or t.is_cuda):   # a CUDA tensor is staged through pinned host memory
         return f"{t.device.type} tensor"
     if t.dtype not in _INAGG_DTYPES:
         return f"dtype {t.dtype}"

@@ -63,16 +63,18 @@ class FixedPointGloo:
         self._thread.start()
 
     def allreduce(self, tensor: torch.Tensor, divisor: int, inline_if_idle: bool) -> torch.futures.Future:
-        """Sum (``divisor`` = N: average) the contiguous CPU float tensor in place; the future
+        """Sum (``divisor`` = N: average) the contiguous float tensor in place; the future
         resolves to ``[tensor]``. ``inline_if_idle``: run it here when nothing is queued (a
-        small call's latency), else it is queued (the caller overlaps it with its own work)."""
+        small call's latency), else it is queued (the caller overlaps it with its own work). A
+        CUDA tensor is reduced in a host copy, taken here (after the caller's stream's work)."""
         fut = torch.futures.Future()
+        host = tensor.cpu() if tensor.is_cuda else tensor
         with self._running:
             if inline_if_idle and not self._queued:
-                self._settle(fut, tensor, divisor)
+                self._settle(fut, tensor, host, divisor)
                 return fut
             self._queued += 1
-        self._queue.put((fut, tensor, divisor))
+        self._queue.put((fut, tensor, host, divisor))
         return fut
 
     def close(self) -> None:
@@ -88,9 +90,13 @@ class FixedPointGloo:
                 self._settle(*item)
                 self._queued -= 1
 
-    def _settle(self, fut: torch.futures.Future, tensor: torch.Tensor, divisor: int) -> None:
+    def _settle(self, fut: torch.futures.Future, tensor: torch.Tensor, host: torch.Tensor, divisor: int) -> None:
+        """Reduce ``host`` (``tensor`` or its host copy), copy a CUDA tensor's result back, and
+        complete ``fut``."""
         try:
-            self._reduce(tensor, divisor)
+            self._reduce(host, divisor)
+            if host is not tensor:
+                tensor.copy_(host)
             fut.set_result([tensor])
         except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
             fut.set_exception(e)
