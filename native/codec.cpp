@@ -13,7 +13,11 @@
 //   integer (half to even, the default rounding mode) and the low 32 bits of the sum's mantissa
 //   are that integer in two's complement (quantized values stay below 2**30);
 // - max|x| and "all finite" are one unsigned max over the values' bits with the sign cleared:
-//   such bits order as the magnitudes do, and inf/NaN are the ones at or above 0x7f800000.
+//   such bits order as the magnitudes do (in float16 and bfloat16 too), and inf/NaN are the
+//   largest.
+// A float16 or bfloat16 tensor is read and written in its own format: each value widens to
+// float32 in a register and each result is rounded to the format there, so the loops touch
+// the tensor's own bytes only.
 #include "codec.hpp"
 
 #include <algorithm>
@@ -26,14 +30,18 @@
 namespace inagg {
 namespace {
 
-constexpr uint32_t kAbsMask = 0x7fffffffu;
-constexpr uint32_t kInfBits = 0x7f800000u;
 constexpr double kRoundMagic = 6755399441055744.0;  // 1.5 * 2**52
 
 float float_of(uint32_t u) {
     float v;
     std::memcpy(&v, &u, sizeof v);
     return v;
+}
+
+uint32_t bits_of(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof u);
+    return u;
 }
 
 // rint(v) as int32 for |v| < 2**31 (see the header comment).
@@ -44,18 +52,142 @@ int32_t round_to_int(double v) {
     return static_cast<int32_t>(static_cast<uint32_t>(u));
 }
 
-// Bits of the largest |x[i]| (sign cleared); at or above kInfBits when some value is inf/NaN.
-INAGG_VALUE_LOOP uint32_t max_abs_bits(const float* x, size_t n) {
-    uint32_t m = 0;
-    for (size_t i = 0; i < n; ++i) {
-        uint32_t u;
-        std::memcpy(&u, x + i, sizeof u);
-        m = std::max(m, u & kAbsMask);
+// Each format's elements as float32 values (exact) and float32 values back as elements (to
+// nearest, ties to even; the codec's results are never NaN). Branch-free, so the value loops
+// that inline them still vectorize.
+struct Float32Values {
+    using Element = float;
+    static float load(float v) { return v; }
+    static float store(float y) { return y; }
+};
+
+struct BFloat16Values {  // bfloat16 is the top half of a float32
+    using Element = uint16_t;
+    static float load(uint16_t v) { return float_of(uint32_t(v) << 16); }
+    static uint16_t store(float y) {
+        uint32_t u = bits_of(y);
+        return static_cast<uint16_t>((u + 0x7fffu + (u >> 16 & 1)) >> 16);
     }
+};
+
+struct Float16Values {  // IEEE binary16 (F. Giesen's conversions; tests/test_codec.py checks every one)
+    using Element = uint16_t;
+    static float load(uint16_t h) {
+        uint32_t o = uint32_t(h & 0x7fffu) << 13;
+        uint32_t exp = o & 0x0f800000u;
+        o += (127u - 15) << 23;
+        o += exp == 0x0f800000u ? (128u - 16) << 23 : 0;                   // inf, NaN
+        uint32_t sub = bits_of(float_of(o + (1u << 23)) - float_of(113u << 23));  // exact
+        return float_of((exp == 0 ? sub : o) | uint32_t(h & 0x8000u) << 16);
+    }
+    static uint16_t store(float y) {
+        constexpr uint32_t kF16Max = (127u + 16) << 23, kDenormMagic = ((127u - 15) + (23 - 10) + 1) << 23;
+        uint32_t u = bits_of(y);
+        uint32_t sign = u & 0x80000000u;
+        u ^= sign;
+        uint32_t big = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+        uint32_t denormal = bits_of(float_of(u) + float_of(kDenormMagic)) - kDenormMagic;   // rounds
+        uint32_t normal = (u + ((15u - 127u) << 23) + 0xfffu + (u >> 13 & 1)) >> 13;
+        uint32_t o = u >= kF16Max ? big : u < (113u << 23) ? denormal : normal;
+        return static_cast<uint16_t>(o | sign >> 16);
+    }
+};
+
+// Bits of the largest |x[i]| (sign cleared): such bits order as the magnitudes do, in every format.
+INAGG_VALUE_LOOP uint32_t max_abs_bits32(const uint32_t* x, size_t n) {
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; ++i) m = std::max(m, x[i] & 0x7fffffffu);
     return m;
 }
 
+INAGG_VALUE_LOOP uint32_t max_abs_bits16(const uint16_t* x, size_t n) {
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; ++i) m = std::max(m, uint32_t(x[i] & 0x7fffu));
+    return m;
+}
+
+// The float32 value of the largest |x[i]| (inf/NaN when some value is).
+float max_abs(const void* x, Format f, size_t n) {
+    if (f == Format::Float32) return float_of(max_abs_bits32(static_cast<const uint32_t*>(x), n));
+    auto m = static_cast<uint16_t>(max_abs_bits16(static_cast<const uint16_t*>(x), n));
+    return f == Format::Float16 ? Float16Values::load(m) : BFloat16Values::load(m);
+}
+
+template <class V, bool kBigEndian>
+[[gnu::always_inline]] inline void quantize_loop(const void* x, size_t n, double scale, uint32_t* q) {
+    auto in = static_cast<const typename V::Element*>(x);
+    for (size_t i = 0; i < n; ++i) {
+        auto v = static_cast<uint32_t>(round_to_int(static_cast<double>(V::load(in[i])) * scale));
+        q[i] = kBigEndian ? __builtin_bswap32(v) : v;
+    }
+}
+
+template <class V, bool kBigEndian>
+[[gnu::always_inline]] inline void dequantize_loop(const uint32_t* q, size_t n, double scale, float divisor,
+                                                   void* y) {
+    auto out = static_cast<typename V::Element*>(y);
+    auto value = [&](size_t i) {
+        auto s = static_cast<int32_t>(kBigEndian ? __builtin_bswap32(q[i]) : q[i]);
+        return static_cast<float>(static_cast<double>(s) * scale);
+    };
+    if (divisor == 1.0f) {
+        for (size_t i = 0; i < n; ++i) out[i] = V::store(value(i));
+    } else {
+        for (size_t i = 0; i < n; ++i) out[i] = V::store(value(i) / divisor);
+    }
+}
+
+// One loop per format and byte order, each built for the CPU (value_loops.hpp).
+INAGG_VALUE_LOOP void quantize_values(const void* x, Format f, size_t n, double scale, bool big_endian,
+                                      uint32_t* q) {
+    switch (f) {
+        case Format::Float32:
+            return big_endian ? quantize_loop<Float32Values, true>(x, n, scale, q)
+                              : quantize_loop<Float32Values, false>(x, n, scale, q);
+        case Format::Float16:
+            return big_endian ? quantize_loop<Float16Values, true>(x, n, scale, q)
+                              : quantize_loop<Float16Values, false>(x, n, scale, q);
+        case Format::BFloat16:
+            return big_endian ? quantize_loop<BFloat16Values, true>(x, n, scale, q)
+                              : quantize_loop<BFloat16Values, false>(x, n, scale, q);
+    }
+}
+
+INAGG_VALUE_LOOP void dequantize_values(const uint32_t* q, size_t n, double scale, float divisor, bool big_endian,
+                                        Format f, void* y) {
+    switch (f) {
+        case Format::Float32:
+            return big_endian ? dequantize_loop<Float32Values, true>(q, n, scale, divisor, y)
+                              : dequantize_loop<Float32Values, false>(q, n, scale, divisor, y);
+        case Format::Float16:
+            return big_endian ? dequantize_loop<Float16Values, true>(q, n, scale, divisor, y)
+                              : dequantize_loop<Float16Values, false>(q, n, scale, divisor, y);
+        case Format::BFloat16:
+            return big_endian ? dequantize_loop<BFloat16Values, true>(q, n, scale, divisor, y)
+                              : dequantize_loop<BFloat16Values, false>(q, n, scale, divisor, y);
+    }
+}
+
+void quantize_block(const void* x, Format f, size_t n, int exp, int shift, bool big_endian, uint32_t* q) {
+    if (exp == kExpNone) {
+        std::fill(q, q + n, 0u);
+        return;
+    }
+    quantize_values(x, f, n, std::ldexp(1.0, shift - exp), big_endian, q);
+}
+
+void dequantize_block(const uint32_t* q, size_t n, int exp, int shift, float divisor, bool big_endian, Format f,
+                      void* y) {
+    if (exp == kExpNone) {
+        std::memset(y, 0, n * format_bytes(f));
+        return;
+    }
+    dequantize_values(q, n, std::ldexp(1.0, exp - shift), divisor, big_endian, f, y);
+}
+
 }  // namespace
+
+size_t format_bytes(Format f) { return f == Format::Float32 ? 4 : 2; }
 
 int shift_for(int n_workers) {
     int bits = 0;
@@ -63,13 +195,13 @@ int shift_for(int n_workers) {
     return 30 - bits;
 }
 
-void block_exponents(const float* x, size_t n, size_t block, int8_t* exps, uint8_t* bad) {
+void block_exponents(const void* x, Format f, size_t n, size_t block, int8_t* exps, uint8_t* bad) {
     size_t n_blocks = (n + block - 1) / block;
     for (size_t b = 0; b < n_blocks; ++b) {
-        uint32_t m = max_abs_bits(x + b * block, std::min(block, n - b * block));
+        float m = max_abs(element_at(x, f, b * block), f, std::min(block, n - b * block));
         int e = 0;
-        bool finite = m < kInfBits;
-        if (finite) std::frexp(float_of(m), &e);
+        bool finite = std::isfinite(m);
+        if (finite) std::frexp(m, &e);
         bad[b] = !finite || e > kExpMax;
         if (bad[b] || m == 0) {
             exps[b] = kExpNone;
@@ -79,28 +211,25 @@ void block_exponents(const float* x, size_t n, size_t block, int8_t* exps, uint8
     }
 }
 
-INAGG_VALUE_LOOP void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be) {
-    if (exp == kExpNone) {
-        std::fill(q_be, q_be + n, 0u);
-        return;
-    }
-    const double scale = std::ldexp(1.0, shift - exp);
-    for (size_t i = 0; i < n; ++i) {
-        auto q = static_cast<uint32_t>(round_to_int(static_cast<double>(x[i]) * scale));
-        q_be[i] = __builtin_bswap32(q);
-    }
+void quantize_be(const void* x, Format f, size_t n, int exp, int shift, uint32_t* q_be) {
+    quantize_block(x, f, n, exp, shift, true, q_be);
 }
 
-INAGG_VALUE_LOOP void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y) {
-    if (exp == kExpNone) {
-        std::fill(y, y + n, 0.0f);
-        return;
-    }
-    const double scale = std::ldexp(1.0, exp - shift);
-    for (size_t i = 0; i < n; ++i) {
-        auto q = static_cast<int32_t>(__builtin_bswap32(q_be[i]));
-        y[i] = static_cast<float>(static_cast<double>(q) * scale);
-    }
+void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float divisor, Format f, void* y) {
+    dequantize_block(q_be, n, exp, shift, divisor, true, f, y);
+}
+
+void quantize_blocks(const void* x, Format f, size_t n, size_t block, const int8_t* exps, int shift, int32_t* q) {
+    for (size_t b = 0, i = 0; i < n; ++b, i += block)
+        quantize_block(element_at(x, f, i), f, std::min(block, n - i), exps[b], shift, false,
+                       reinterpret_cast<uint32_t*>(q + i));
+}
+
+void dequantize_blocks(const int32_t* q, size_t n, size_t block, const int8_t* exps, int shift, float divisor,
+                       Format f, void* y) {
+    for (size_t b = 0, i = 0; i < n; ++b, i += block)
+        dequantize_block(reinterpret_cast<const uint32_t*>(q + i), std::min(block, n - i), exps[b], shift, divisor,
+                         false, f, element_at(y, f, i));
 }
 
 }  // namespace inagg

@@ -16,16 +16,35 @@ constexpr int kExpMax = 127;   // largest representable block exponent (values b
 // The scale exponent S for a job of n workers: n values of magnitude <= 2**S sum below 2**31.
 int shift_for(int n_workers);
 
+// The element formats of float tensors (inagg/wire/codec.py FLOAT_DTYPES, in the same order).
+// A 16-bit value widens exactly to float32, so every step below computes on the float32 value
+// of an element, and a result is the float32 result rounded once to the element's format
+// (to nearest, ties to even): the same bits as the float32 codec's result converted after.
+enum class Format : uint8_t { Float32 = 0, Float16 = 1, BFloat16 = 2 };
+size_t format_bytes(Format f);
+// The address of element i of a tensor in format f.
+inline const void* element_at(const void* x, Format f, size_t i) {
+    return static_cast<const uint8_t*>(x) + i * format_bytes(f);
+}
+inline void* element_at(void* x, Format f, size_t i) { return static_cast<uint8_t*>(x) + i * format_bytes(f); }
+
 // Per-block exponents of x (blocks of `block` values): exps[b] = the smallest e with
 // max|x| < 2**e (at least kExpMin), kExpNone for an all-zero block; bad[b] = 1 (and kExpNone)
 // for a block holding inf/NaN or |x| >= 2**127.
-void block_exponents(const float* x, size_t n, size_t block, int8_t* exps, uint8_t* bad);
+void block_exponents(const void* x, Format f, size_t n, size_t block, int8_t* exps, uint8_t* bad);
 
 // q[i] = rint(x[i] * 2**(shift - exp)) (all zero for kExpNone), written big-endian for the wire.
-void quantize_be(const float* x, size_t n, int exp, int shift, uint32_t* q_be);
+void quantize_be(const void* x, Format f, size_t n, int exp, int shift, uint32_t* q_be);
 
-// y[i] = float32(q[i] * 2**(exp - shift)) from big-endian int32 sums (zero for kExpNone).
-void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float* y);
+// y[i] = float32(q[i] * 2**(exp - shift)) / divisor, rounded to format f, from big-endian int32
+// sums (zero for kExpNone). divisor: 1 for a sum, the worker count for an average.
+void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float divisor, Format f, void* y);
+
+// The same steps over every block of a tensor with native-endian int32 (the fixed point of a
+// call that runs on another transport, e.g. gloo, under agreed exponents exps[n / block]).
+void quantize_blocks(const void* x, Format f, size_t n, size_t block, const int8_t* exps, int shift, int32_t* q);
+void dequantize_blocks(const int32_t* q, size_t n, size_t block, const int8_t* exps, int shift, float divisor,
+                       Format f, void* y);
 
 // Exact fixed point (inagg/wire/codec.py documents it): a float32 is x * 2**149, an integer below
 // 2**(kExpMax + 149), split into signed limbs of limb_bits(N) bits, one per int32 lane.

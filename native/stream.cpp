@@ -164,7 +164,7 @@ void Stream::send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, dou
             flags = kFlagOverflow;
             std::fill(out, out + count, 0u);
         } else {
-            quantize_be(static_cast<const float*>(call.data) + offset, count, agreed_[chunk], shift_, out);
+            quantize_be(element_at(call.data, call.format, offset), call.format, count, agreed_[chunk], shift_, out);
         }
         size_t ahead = size_t(chunk) + call.window;
         size_t n_blocks = agreed_.size();
@@ -366,7 +366,8 @@ bool Stream::stream_blocks(const BlockCall& call) {
             } else if (h.flags & kFlagOverflow) {
                 overflow_.push_back(r.chunk);
             } else {
-                dequantize_be(values, r.count, agreed_[r.chunk], shift_, static_cast<float*>(call.data) + r.offset);
+                dequantize_be(values, r.count, agreed_[r.chunk], shift_, call.divisor, call.format,
+                              element_at(call.data, call.format, r.offset));
             }
         }
         if (next < n_blocks) {

@@ -18,8 +18,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "protocol.hpp"
+#include "codec.hpp"
 #include "net.hpp"
+#include "protocol.hpp"
 
 namespace inagg {
 
@@ -113,9 +114,11 @@ class LossDetector {
 
 // What a call's block phase streams: the tensor and its exponents (float calls).
 struct BlockCall {
-    void* data = nullptr;  // float* or int32_t*
+    void* data = nullptr;  // int32_t*, or a float tensor's values in `format`
     size_t size = 0;
     bool is_float = false;
+    Format format = Format::Float32;
+    float divisor = 1.0f;  // float calls: results are divided by it (an average) before rounding to format
     const int8_t* local_exps = nullptr;  // this rank's block exponents (float calls)
     const uint8_t* bad = nullptr;        // blocks holding inf/NaN/too large (float calls)
     int8_t exp0 = kExpNone;                  // agreed exponent of block 0 (from the control round)

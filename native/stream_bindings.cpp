@@ -21,6 +21,24 @@ namespace {
 
 template <typename T>
 using Array = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// A float tensor's values in any of the codec's formats (format_of).
+using Values = nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using ConstValues = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// The codec format of an array: float32, float16, or bfloat16 passed as its uint16 bits (numpy
+// has no bfloat16: inagg.wire.codec.native_values gives its BFLOAT16 arrays so).
+template <typename A>
+Format format_of(const A& x) {
+    auto d = x.dtype();
+    bool float_code = d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float);
+    if (float_code && d.bits == 32) return Format::Float32;
+    if (float_code && d.bits == 16) return Format::Float16;
+    if (d.bits == 16 && (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) ||
+                         d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat)))
+        return Format::BFloat16;
+    throw std::invalid_argument("values must be float32, float16 or bfloat16 (as its uint16 bits); pass "
+                                "inagg.wire.codec.native_values(x)");
+}
 
 GrantView grant_view(int job, int epoch, uint32_t slot_base, uint32_t slot_count, uint32_t k,
                      const std::string& ip, int port, uint32_t overhead) {
@@ -69,14 +87,34 @@ void check_blocks(size_t size, size_t k, size_t exps, size_t bad) {
 // The codec (codec.hpp): the block exponents, quantization and the small calls' fixed point.
 void bind_codec(nb::module_& m) {
     m.def("shift_for", &shift_for);
-    m.def("block_exponents", [](Array<const float> x, size_t block, Array<int8_t> exps, Array<uint8_t> bad) {
+    m.def("block_exponents", [](ConstValues x, size_t block, Array<int8_t> exps, Array<uint8_t> bad) {
         check_blocks(x.shape(0), block, exps.shape(0), bad.shape(0));
+        Format f = format_of(x);
         nb::gil_scoped_release release;
-        block_exponents(x.data(), x.shape(0), block, exps.data(), bad.data());
+        block_exponents(x.data(), f, x.shape(0), block, exps.data(), bad.data());
     });
-    m.def("quantize_be", [](Array<const float> x, int exp, int shift, Array<uint32_t> out) {
+    m.def("quantize_be", [](ConstValues x, int exp, int shift, Array<uint32_t> out) {
         if (out.shape(0) < x.shape(0)) throw std::invalid_argument("output shorter than input");
-        quantize_be(x.data(), x.shape(0), exp, shift, out.data());
+        quantize_be(x.data(), format_of(x), x.shape(0), exp, shift, out.data());
+    });
+    m.def("dequantize_be", [](Array<const uint32_t> q, int exp, int shift, Values out, float divisor) {
+        if (out.shape(0) < q.shape(0)) throw std::invalid_argument("output shorter than input");
+        dequantize_be(q.data(), q.shape(0), exp, shift, divisor, format_of(out), out.data());
+    }, nb::arg("q"), nb::arg("exp"), nb::arg("shift"), nb::arg("out"), nb::arg("divisor") = 1.0f);
+    m.def("quantize_blocks", [](ConstValues x, size_t block, Array<const int8_t> exps, int shift, Array<int32_t> q) {
+        check_blocks(x.shape(0), block, exps.shape(0), exps.shape(0));
+        if (q.shape(0) < x.shape(0)) throw std::invalid_argument("output shorter than input");
+        Format f = format_of(x);
+        nb::gil_scoped_release release;
+        quantize_blocks(x.data(), f, x.shape(0), block, exps.data(), shift, q.data());
+    });
+    m.def("dequantize_blocks", [](Array<const int32_t> q, size_t block, Array<const int8_t> exps, int shift,
+                                  float divisor, Values out) {
+        check_blocks(out.shape(0), block, exps.shape(0), exps.shape(0));
+        if (q.shape(0) < out.shape(0)) throw std::invalid_argument("sums shorter than output");
+        Format f = format_of(out);
+        nb::gil_scoped_release release;
+        dequantize_blocks(q.data(), out.shape(0), block, exps.data(), shift, divisor, f, out.data());
     });
     m.def("limb_bits", &limb_bits);
     m.def("fixed_limbs", &fixed_limbs);
@@ -91,10 +129,6 @@ void bind_codec(nb::module_& m) {
         if (sums.shape(0) < y.shape(0) * size_t(fixed_limbs(n_workers)))
             throw std::invalid_argument("sums shorter than fixed_limbs(n_workers) per value");
         fixed_decode(sums.data(), y.shape(0), n_workers, y.data());
-    });
-    m.def("dequantize_be", [](Array<const uint32_t> q, int exp, int shift, Array<float> out) {
-        if (out.shape(0) < q.shape(0)) throw std::invalid_argument("output shorter than input");
-        dequantize_be(q.data(), q.shape(0), exp, shift, out.data());
     });
 }
 
@@ -120,15 +154,16 @@ void bind_stream_class(nb::module_& m) {
             }
             return std::make_tuple(ok, static_cast<int>(agreed), static_cast<int>(result_flags), rtt);
         })
-        .def("stream_float", [](Stream& s, Array<float> x, Array<const int8_t> exps, Array<const uint8_t> bad,
-                                int exp0, uint32_t window, size_t k) {
+        .def("stream_float", [](Stream& s, Values x, Array<const int8_t> exps, Array<const uint8_t> bad,
+                                int exp0, uint32_t window, size_t k, float divisor) {
             check_blocks(x.shape(0), k, exps.shape(0), bad.shape(0));
-            BlockCall call{x.data(), x.shape(0), true, exps.data(), bad.data(), static_cast<int8_t>(exp0), window};
+            BlockCall call{x.data(), x.shape(0), true, format_of(x), divisor, exps.data(), bad.data(),
+                           static_cast<int8_t>(exp0), window};
             nb::gil_scoped_release release;
             return s.stream_blocks(call);
         })
         .def("stream_int", [](Stream& s, Array<int32_t> x, uint32_t window) {
-            BlockCall call{x.data(), x.shape(0), false, nullptr, nullptr, kExpNone, window};
+            BlockCall call{x.data(), x.shape(0), false, Format::Float32, 1.0f, nullptr, nullptr, kExpNone, window};
             nb::gil_scoped_release release;
             return s.stream_blocks(call);
         })

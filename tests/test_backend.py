@@ -34,13 +34,15 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def torchrun(tmp_path: Path, name: str, *args: str, workers: int = 2, env: dict | None = None) -> dict:
-    """Run examples/train_ddp.py under torchrun; rank 0's parameters, losses and stats."""
+def torchrun(tmp_path: Path, name: str, *args: str, workers: int = 2, env: dict | None = None,
+             script: Path = ROOT / "examples" / "train_ddp.py") -> dict:
+    """Run ``script`` (examples/train_ddp.py: rank 0's parameters, losses and stats) under
+    torchrun; what its rank 0 wrote to ``--out``."""
     out = tmp_path / f"{name}.json"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
     full_env.update(env or {})
     proc = subprocess.run([str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={workers}",
-                           str(ROOT / "examples" / "train_ddp.py"), "--out", str(out), *args],
+                           str(script), "--out", str(out), *args],
                           cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())
@@ -91,14 +93,56 @@ def test_pytorch_powersgd_hook_runs_on_the_inagg_backend(tmp_path, gloo_runs):
     assert_same_training(run, gloo_runs["powersgd"], atol=1e-4)
 
 
-def test_auto_path_runs_and_fp16_hook_falls_back_visibly(tmp_path, gloo_runs):
+def test_auto_path_runs_the_fp16_hook_s_buckets_on_a_chosen_path(tmp_path, gloo_runs):
     run = torchrun(tmp_path, "fp16", "--hook", "fp16")
     stats = run["stats"]
-    # float16 buckets are not inagg's: gloo, counted by reason; float32 metrics chose a path
-    assert stats["fallbacks"]["allreduce: dtype torch.float16"] == 20
-    assert sum(stats["allreduce_paths"].values()) == 20
+    # the hook's float16 buckets and the float32 metrics alike chose a path: no allreduce fell back
+    assert not [k for k in stats["fallbacks"] if k.startswith("allreduce")]
+    assert sum(stats["allreduce_paths"].values()) == 40
     assert stats["path_model"]["agreements"] >= 1
     assert run["losses"][-1] < run["losses"][0]
+
+
+@pytest.fixture(scope="module")
+def path_runs(tmp_path_factory):
+    """tests/allreduce_ranks.py's calls (float32, bfloat16, float16; SUM, AVG; a call riding in
+    the control round and one of several packets), all pinned to each path in turn."""
+    tmp = tmp_path_factory.mktemp("paths")
+    return {path: torchrun(tmp, path, script=ROOT / "tests" / "allreduce_ranks.py", env={"INAGG_ALLREDUCE_PATH": path})
+            for path in ("inagg", "host", "gloo")}
+
+
+def test_bfloat16_and_float16_through_the_switch_are_the_float32_results_rounded_once(path_runs):
+    """In real processes on the backend string: every 16-bit allreduce on the switch path gives
+    the bits of the same values allreduced as float32 there, rounded once to the dtype; counted
+    as the switch's calls, none as a fallback."""
+    run = path_runs["inagg"]
+    for case in run["cases"]:
+        assert case["result"] == case["reference"], (case["dtype"], case["size"], case["op"])
+    stats = run["stats"]
+    assert stats["allreduce_paths"] == {"inagg": 2 * len(run["cases"])} and stats["inagg"]["mode"] == "switch"
+    assert not [k for k in stats["fallbacks"] if k.startswith("allreduce")]
+
+
+def test_every_path_gives_the_same_bits(path_runs):
+    """The same tensors allreduced on the switch, the host lane and gloo: bit-identical results
+    (gloo sums inagg's fixed point under the agreed exponents, not floats in ring order), and
+    on each path a 16-bit result is the float32 one rounded once."""
+    switch = path_runs["inagg"]["cases"]
+    for path, run in path_runs.items():
+        assert run["stats"]["allreduce_paths"] == {path: 2 * len(switch)}
+        for case, on_switch in zip(run["cases"], switch):
+            assert case["result"] == on_switch["result"], (path, case["dtype"], case["size"], case["op"])
+            assert case["result"] == case["reference"], (path, case["dtype"], case["size"], case["op"])
+
+
+def test_three_training_runs_end_with_bit_identical_parameters(tmp_path):
+    """examples/train_ddp.py on the backend string three times, each call on whatever path the
+    chooser's timings pick: the same parameters and losses to the bit."""
+    runs = [torchrun(tmp_path, f"run{i}") for i in range(3)]
+    paths = [run["stats"]["allreduce_paths"] for run in runs]
+    for run in runs[1:]:
+        assert run["params"] == runs[0]["params"] and run["losses"] == runs[0]["losses"], paths
 
 
 def test_inagg_up_serves_jobs_named_by_inagg_controller(tmp_path):

@@ -49,8 +49,8 @@ def assert_next_call_exact(comms, n=100):
     (torch.zeros(10, 10).t(), "rank 1 passed a tensor that is not contiguous"),
     (np.zeros(100), "rank 1 passed a float64 tensor"),
     (torch.zeros(100, dtype=torch.int64), "rank 1 passed a int64 tensor"),
-    (torch.zeros(0), r"differ across ranks \(rank 0: 100 x float32, rank 1: 0 x float32\)"),
-    (torch.zeros(101), r"differ across ranks \(rank 0: 100 x float32, rank 1: 101 x float32\)"),
+    (torch.zeros(0), r"differ across ranks \(rank 0: 100 x float, rank 1: 0 x float\)"),
+    (torch.zeros(101), r"differ across ranks \(rank 0: 100 x float, rank 1: 101 x float\)"),
 ])
 def test_a_bad_input_on_one_rank_fails_that_call_on_every_rank(comms, bad, message):
     fail_alike([comms[0].allreduce_async(torch.ones(100)), comms[1].allreduce_async(bad)], message)
@@ -81,7 +81,7 @@ def test_avg_of_int32_and_mixed_ops_are_refused(comms):
                "rank 0 passed AVG of an int32 tensor")
     fail_alike([comms[0].allreduce_async(torch.ones(8), ReduceOp.SUM),
                 comms[1].allreduce_async(torch.ones(8), dist.ReduceOp.AVG)],
-               r"rank 0: 8 x float32, rank 1: 8 x float32 avg")
+               r"rank 0: 8 x float, rank 1: 8 x float avg")
     assert_next_call_exact(comms)
 
 

@@ -99,6 +99,102 @@ def test_native_codec_rounds_and_scales_as_numpy_at_every_exponent(seed, exp, wo
     with np.errstate(over="ignore"):
         assert np.array_equal(codec.dequantize(sums, exp, shift), y)
 
+# -- float16 and bfloat16: quantized from their own format, results rounded once ----------------
+
+FORMATS = {"float16": np.dtype(np.float16), "bfloat16": codec.BFLOAT16}
+
+
+def every_value(dtype: np.dtype) -> np.ndarray:
+    """Every 16-bit pattern of ``dtype``: zeros, subnormals, normals, inf and NaN."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
+
+
+def torch_rounded(y: np.ndarray, name: str) -> np.ndarray:
+    """float32 ``y`` rounded to the format by torch's ``.to`` (the reference), as uint16 bits."""
+    import torch
+
+    return torch.from_numpy(y).to(getattr(torch, name)).view(torch.int16).numpy().view(np.uint16)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_16_bit_value_widens_and_rounds_back_exactly_in_both_codecs(name):
+    """Each value its own block: the C++ and numpy exponents and int32 are equal, and each
+    value's int32 (exact: 11 or 8 significant bits) dequantizes to the same bits."""
+    x = every_value(FORMATS[name])
+    exps, bad = codec.block_exponents(x, 1)
+    n_exps, n_bad = native_block_exponents(x, 1)
+    assert np.array_equal(exps, n_exps) and np.array_equal(bad, n_bad)
+    # inf and NaN; in bfloat16 also |x| >= 2**127
+    assert np.flatnonzero(bad).size == (2048 if name == "float16" else 512)
+    shift = codec.shift_for(1)
+    q = codec.quantize_blocks(x, 1, exps, shift)
+    q_native = np.empty(x.size, np.int32)
+    _native.quantize_blocks(codec.native_values(x), 1, exps, shift, q_native)
+    assert np.array_equal(q, q_native)
+    back, back_native = np.empty_like(x), np.empty_like(x)
+    codec.dequantize_blocks(q, 1, exps, shift, 1, back)
+    _native.dequantize_blocks(q, 1, exps, shift, 1, codec.native_values(back_native))
+    good = ~bad & (x.view(np.uint16) != 0x8000)          # -0 comes back as +0, as in float32
+    assert np.array_equal(back.view(np.uint16)[good], x.view(np.uint16)[good])
+    assert np.array_equal(back.view(np.uint16), back_native.view(np.uint16))
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), name=st.sampled_from(sorted(FORMATS)), divisor=st.integers(1, 32))
+def test_float32_results_round_to_16_bits_as_torch_rounds_them(seed, name, divisor):
+    """Arbitrary float32 results (every exponent the codec carries, ties, subnormal and float16
+    overflowing ones), written as float16 or bfloat16 by the C++ and numpy codecs: torch's
+    rounding of the float32 result (divided by ``divisor``, as an average), bit for bit."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 0x7F000000, 4096, dtype=np.uint32).view(np.float32)   # below 2**127
+    y[:1024] = (y[:1024].view(np.uint32) & ~np.uint32(0xFFF)).view(np.float32)   # ties to 16 bits
+    y *= np.where(rng.random(y.size) < 0.5, -1, 1).astype(np.float32)
+    exps, _ = codec.block_exponents(y, 1)
+    shift = codec.shift_for(1)
+    q = codec.quantize_blocks(y, 1, exps, shift)     # 30 bits: y exactly
+    out, out_native = np.empty(y.size, FORMATS[name]), np.empty(y.size, FORMATS[name])
+    codec.dequantize_blocks(q, 1, exps, shift, divisor, out)
+    _native.dequantize_blocks(q, 1, exps, shift, divisor, codec.native_values(out_native))
+    y32 = codec.dequantize_blocks(q, 1, exps, shift, divisor, np.empty(y.size, np.float32))
+    assert np.array_equal(y32, y / np.float32(divisor))   # (-0 gives +0, as every zero sum)
+    expected = torch_rounded(y32, name)
+    assert np.array_equal(out.view(np.uint16), expected)
+    assert np.array_equal(out_native.view(np.uint16), expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 32), size=st.integers(1, 700), k=st.sampled_from([1, 7, 64, 256]),
+       seed=st.integers(0, 2**32 - 1), name=st.sampled_from(sorted(FORMATS)), average=st.booleans())
+def test_16_bit_aggregation_is_the_float32_one_rounded_once_in_both_codecs(n, size, k, seed, name, average):
+    """What a job computes, block by block, for N ranks' float16 or bfloat16 tensors: the C++
+    codec reads them in their own format and gives the numpy twin's bits, which are the bits of
+    the same values aggregated as float32, rounded once to the format."""
+    rng = np.random.default_rng(seed)
+    scale = np.exp2(rng.integers(-30, 12, (n, size))).astype(np.float32)
+    xs = [codec.narrow(row, np.empty(size, FORMATS[name])) for row in rng.standard_normal((n, size)).astype(np.float32) * scale]
+    exps = np.max([codec.block_exponents(x, k)[0] for x in xs], axis=0)
+    assert np.array_equal(exps, np.max([native_block_exponents(x, k)[0] for x in xs], axis=0))
+    shift, divisor = codec.shift_for(n), n if average else 1
+    total = np.zeros(size, np.int64)
+    for x in xs:
+        q = codec.quantize_blocks(x, k, exps, shift)
+        assert np.array_equal(q, codec.quantize_blocks(codec.widen(x), k, exps, shift))
+        for b, e in enumerate(exps.tolist()):   # the wire's big-endian blocks
+            q_be = np.empty(min(k, size - b * k), np.uint32)
+            _native.quantize_be(codec.native_values(x[b * k:b * k + k]), e, shift, q_be)
+            assert np.array_equal(q_be.byteswap().view(np.int32), q[b * k:b * k + k])
+        total += q
+    sums = total.astype(np.int32)
+    y32 = codec.dequantize_blocks(sums, k, exps, shift, divisor, np.empty(size, np.float32))
+    y, y_native = np.empty(size, FORMATS[name]), np.empty(size, FORMATS[name])
+    codec.dequantize_blocks(sums, k, exps, shift, divisor, y)
+    for b, e in enumerate(exps.tolist()):
+        chunk = sums[b * k:b * k + k].astype(">i4").view(np.uint32)
+        _native.dequantize_be(chunk, e, shift, codec.native_values(y_native[b * k:b * k + k]), divisor)
+    assert np.array_equal(y.view(np.uint16), torch_rounded(y32, name))
+    assert np.array_equal(y.view(np.uint16), y_native.view(np.uint16))
+
+
 def summed(vectors):
     return np.sum(np.stack(vectors).astype(np.int64), axis=0).astype(np.int32)
 
@@ -118,9 +214,9 @@ def test_control_vector_gives_every_rank_the_same_agreement():
     ([CallSpec(7, refusal=Refusal(CallError.REDUCE_OP, 3)), CallSpec(7, 100, True)],
      r"rank 0 passed reduce op MAX \(inagg supports SUM and AVG\)"),
     ([CallSpec(7, 100, True), CallSpec(7, 100, True, average=True)],
-     r"differ across ranks \(rank 0: 100 x float32, rank 1: 100 x float32 avg\)"),
+     r"differ across ranks \(rank 0: 100 x float, rank 1: 100 x float avg\)"),
     ([CallSpec(7, 0, True), CallSpec(7, 3, True)],
-     r"differ across ranks \(rank 0: 0 x float32, rank 1: 3 x float32\)"),
+     r"differ across ranks \(rank 0: 0 x float, rank 1: 3 x float\)"),
 ])
 def test_control_vector_mismatches_are_errors(specs, message):
     cv = ControlVector(2)
@@ -470,3 +566,20 @@ def test_small_calls_are_exact_and_bit_identical_on_native_and_python_ranks(mixe
             assert np.array_equal(xs[0].view(np.uint32), expected.view(np.uint32))
 
     check()
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_16_bit_calls_are_their_float32_calls_rounded_once_on_native_and_python_ranks(mixed_job, name):
+    """float16 and bfloat16 tensors through the aggregator, in a call that rides in the control
+    round and in one of many blocks, SUM and AVG: every rank (two native, one Python) gets the
+    bits of the same values allreduced as float32, rounded once to the format."""
+    rng = np.random.default_rng(7)
+    for size in (3, 500):
+        for average in (False, True):
+            rows = rng.standard_normal((MixedJob.N, size)).astype(np.float32) * np.float32(1000.0)
+            xs = [codec.narrow(row, np.empty(size, FORMATS[name])) for row in rows]
+            references = [codec.widen(x).copy() for x in xs]
+            assert mixed_job.call(xs, average) == [None] * MixedJob.N
+            assert mixed_job.call(references, average) == [None] * MixedJob.N
+            for x, reference in zip(xs, references):
+                assert np.array_equal(x.view(np.uint16), torch_rounded(reference, name))

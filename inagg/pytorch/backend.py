@@ -3,8 +3,11 @@
 A Python ``dist.ProcessGroup`` subclass (the pattern of PyTorch's test_c10d_pypg.py), created by
 the creator that ``inagg.pytorch.plugin`` registers with ``dist.Backend.register_backend``:
 
-* An allreduce of one CPU float32 (SUM or AVG) or int32 (SUM) tensor is eligible for inagg. Each
-  eligible call takes the path the model predicts fastest (``inagg.pytorch.path_choice``): ``inagg``,
+* An allreduce of one CPU or CUDA float32, bfloat16 or float16 (SUM or AVG) or int32 (SUM)
+  tensor is eligible for inagg (a 16-bit tensor is quantized from its own format and its result
+  is the float32 one rounded once to it: ``inagg.wire.codec``; a CUDA tensor is staged through
+  pinned host memory: ``inagg.worker.cuda_staging``). Each eligible call takes the path the
+  model predicts fastest (``inagg.pytorch.path_choice``): ``inagg``,
   the job's ``Communicator`` (the switch, or the host aggregator when the controller grants
   that); ``host``, the job's host lane when its grant is on a switch (a second job at the
   controller, ``host_only``: the host aggregator, with its own socket, slots and call numbers,
@@ -19,6 +22,9 @@ the creator that ``inagg.pytorch.plugin`` registers with ``dist.Backend.register
   the backward pass, and its Work's future is delivered on a thread of its own (a callback that
   waits for another allreduce, as PowerSGD's does, must not block the I/O thread). Either
   way ``wait`` raises the call's error (``JobFailed``, a refused input...), on every rank alike.
+* Every path gives the same bits (unless ``INAGG_REPRODUCIBLE=0``): the communicators share one
+  exponent block and ride limit, and the gloo path sums inagg's fixed point, not floats
+  (``inagg.pytorch.reproducible``), so a run does not depend on the paths its calls took.
 * Everything else (other collectives, dtypes, ops, several tensors) goes to an inner
   ``ProcessGroupGloo`` on the same store, unchanged. Each kind is counted (``stats()``) and
   logged once: INFO for collectives inagg does not implement, WARNING for an allreduce that could
@@ -32,6 +38,7 @@ controller, and the local deployment a job brings up when none is named: ``inagg
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -49,6 +56,8 @@ from inagg.worker.communicator import Communicator, ReduceOp
 from inagg.errors import InaggError, InaggSetupError
 from inagg.worker.local import Endpoint, find_endpoint
 from inagg.pytorch.path_choice import PATHS, PathChooser
+from inagg.pytorch.reproducible import FixedPointGloo
+from inagg.worker.stream import Reduction
 from inagg import BACKEND_NAME
 
 log = logging.getLogger("inagg.backend")
@@ -64,12 +73,23 @@ GLOO_COLLECTIVES = (
 # be shared), so the first real calls are already chosen from measurements
 _CALIBRATION_BYTES = (64, 16 * 1024, 1 << 20)
 _CALIBRATION_ROUNDS = 3
-_INAGG_DTYPES = (torch.float32, torch.int32)
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # each quantized from its own format
+_INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
 # a smaller call on a communicator with nothing queued runs on the caller's thread (``_run``):
 # the hand-over to the I/O thread and back costs most of a small call's time; larger ones stay
 # queued, so DDP overlaps them with its backward pass
 _INLINE_BELOW_BYTES = 64 << 10
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
+REPRODUCIBLE_ENV = "INAGG_REPRODUCIBLE"   # 1 (default): the same bits on every path | 0
+
+
+def _reproducible_requested() -> bool:
+    """Whether ``INAGG_REPRODUCIBLE`` asks for the same bits on every path (the default)."""
+    value = os.environ.get(REPRODUCIBLE_ENV, "1").strip().lower()
+    if value not in ("0", "1"):
+        raise InaggSetupError(f"{REPRODUCIBLE_ENV} must be 1 (the same bits on every path, the default) or 0 "
+                              f"(gloo sums floats in its own order); got {value!r}")
+    return value == "1"
 
 
 def _forced_path() -> str | None:
@@ -103,13 +123,13 @@ def _ineligible(tensors: list[torch.Tensor], op) -> str:
     if len(tensors) != 1:
         return f"{len(tensors)} tensors in one call"
     t = tensors[0]
-    if not t.is_cpu:
+    if not (t.is_cpu or t.is_cuda):   # a CUDA tensor is staged through pinned host memory
         return f"{t.device.type} tensor"
     if t.dtype not in _INAGG_DTYPES:
         return f"dtype {t.dtype}"
     if not t.is_contiguous():
         return "non-contiguous tensor"
-    if op == _SUM or (op == _AVG and t.dtype == torch.float32):
+    if op == _SUM or (op == _AVG and t.dtype in _FLOAT_DTYPES):
         return ""
     return f"op {op}"
 
@@ -212,11 +232,13 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size, timeout)
         self.comm: Communicator | None = None
         self.lane: Communicator | None = None
+        self._fixed: FixedPointGloo | None = None
         try:
             self.comm = self._join(store, "comm", timeout)
             # every rank sees the same first grant (a change needs every rank's agreement)
             if self.comm.grant.mode == "switch":
                 self.lane = self._join(store, "comm-host", timeout, host_only=True)
+            self._fixed = self._reproducible(store, timeout)
         except Exception as e:
             self._leave(timeout=0)
             raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
@@ -250,6 +272,21 @@ class InaggProcessGroup(dist.ProcessGroup):
                             bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
                             name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
 
+    def _reproducible(self, store: dist.Store, timeout: timedelta) -> FixedPointGloo | None:
+        """Unless ``INAGG_REPRODUCIBLE=0``: one ``Reduction`` for every path, so a float call
+        gives the same bits whichever it takes (``inagg.pytorch.reproducible``). The
+        communicators' streams share its exponent block (a multiple of each grant's K) and the
+        limit of calls that ride in the control round (the smallest capacity); the gloo path runs
+        their arithmetic. Decided from the first grants, the same on every rank."""
+        if not _reproducible_requested():
+            return None
+        comms = [c for c in (self.comm, self.lane) if c is not None]
+        reduction = Reduction(block=math.lcm(*(c.grant.values_per_packet for c in comms)),
+                              exact_limit=max(0, min(c.stream.one_round_capacity(True) for c in comms)))
+        for comm in comms:
+            comm.stream.reduction = reduction
+        return FixedPointGloo(dist.PrefixStore("gloo-fixed", store), self.rank(), self.size(), timeout, reduction)
+
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
 
@@ -270,7 +307,7 @@ class InaggProcessGroup(dist.ProcessGroup):
                 self._run_left -= 1
                 self._to_sample -= 1
                 if self._to_sample:
-                    self._run_work = self._gloo.allreduce(tensors, opts)
+                    self._run_work = self._gloo_sum(tensors, opts)
                     return self._run_work
                 self._to_sample = self._sample_period
                 return self._sample(tensors, opts)
@@ -280,7 +317,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         """A sample of gloo's time in the run (``PathChooser.run_length``): timed as ``_start``
         times a call, without asking the chooser (counted with the run, ``_end_run``)."""
         idle, started = self._idle("gloo"), time.perf_counter()
-        work = self._run_work = self._gloo.allreduce(tensors, opts)
+        work = self._run_work = self._gloo_sum(tensors, opts)
         return self._timed("gloo", work, tensors[0].nbytes, started) if idle else work
 
     def _idle(self, path: str) -> bool:
@@ -312,7 +349,7 @@ class InaggProcessGroup(dist.ProcessGroup):
             self._run_left, first, self._sample_period = self.paths.run_length(nbytes, path)
             self._run_length, self._to_sample = self._run_left, first or -1   # -1: none in this run
             if not measure:   # gloo's own Work
-                work = self._gloo.allreduce(tensors, opts)
+                work = self._gloo_sum(tensors, opts)
                 self._last_work["gloo"] = weakref.ref(work)
                 return work
         return self._start(path, tensor, opts, measure)
@@ -347,7 +384,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         started = time.perf_counter()
         average = opts.reduceOp == _AVG
         if path == "gloo" and not average:
-            work = self._gloo.allreduce([tensor], opts)
+            work = self._gloo_sum([tensor], opts)
         else:
             work = self._run(path, tensor, average)
         self._last_work[path] = weakref.ref(work)
@@ -375,6 +412,8 @@ class InaggProcessGroup(dist.ProcessGroup):
             fut = comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM,
                                        inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
             return _CallWork(fut, lambda: _resolve_to(fut, [tensor]))
+        if self._fixed is not None and tensor.is_floating_point():
+            return self._fixed_call(tensor, self.size() if average else 1)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
 
@@ -386,6 +425,19 @@ class InaggProcessGroup(dist.ProcessGroup):
 
         fut = self._gloo.allreduce([tensor], opts).get_future().then(result)
         return _CallWork(fut, lambda: fut)
+
+    def _gloo_sum(self, tensors: list[torch.Tensor], opts) -> dist.Work:
+        """An eligible SUM on the gloo path: gloo's own, or for a float tensor with reproducible
+        results the fixed-point one (``_reproducible``)."""
+        if self._fixed is not None and tensors[0].is_floating_point():
+            return self._fixed_call(tensors[0], 1)
+        return self._gloo.allreduce(tensors, opts)
+
+    def _fixed_call(self, tensor: torch.Tensor, divisor: int) -> dist.Work:
+        """A float call on the gloo path in inagg's fixed point; a small one with nothing queued
+        runs on the caller's thread (as ``_run``'s), and a future is delivered as ``_run``'s."""
+        fut = self._fixed.allreduce(tensor, divisor, inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
+        return _CallWork(fut, lambda: _resolve_to(fut, [tensor]))
 
     def _calibrate(self) -> None:
         """Time every path at a few sizes (the same calls on every rank) and agree on the
@@ -446,6 +498,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         for comm in (self.lane, self.comm):
             if comm is not None:
                 comm.close()
+        if self._fixed is not None:
+            self._fixed.close()
         self.endpoint.close(self._local_store, self.rank(), self.size(), timeout=timeout)
         self._release_gloo()
 

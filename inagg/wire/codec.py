@@ -15,6 +15,12 @@ Error bound, per element of a block with shared exponent E (proved in tests/test
 term covers float32 subnormal outputs.) With N = 4 the quantum is 2**-28 of the block's range,
 below float32's own precision.
 
+Float formats (``FLOAT_DTYPES``): float32, float16 and bfloat16 (``BFLOAT16``: numpy has none,
+so its bits, as a dtype of their own). A 16-bit value widens exactly to float32, so exponents and
+quantization see the float32 values; a result is the float32 result (divided by the worker count
+for an average) rounded once to the tensor's format, to nearest, ties to even: the same bits
+as the float32 codec's result converted with torch's ``.to(dtype)``.
+
 Not representable, and reported rather than summed: inf, NaN and ``|x| >= 2**127`` (the block
 exponent travels as int8). Blocks whose values are all below ``2**-127`` use exponent -127;
 all-zero blocks send ``EXP_NONE``.
@@ -40,12 +46,47 @@ def shift_for(n_workers: int) -> int:
     return 30 - math.ceil(math.log2(n_workers))
 
 
+# numpy has no bfloat16: a bfloat16 array is its uint16 bits under a dtype of its own (so no
+# plain uint16 array is taken for one); ``native_values`` hands the C++ codec its uint16 view
+BFLOAT16 = np.dtype([("bfloat16", np.uint16)])
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), BFLOAT16)   # native Format's order
+
+
+def is_float(dtype: np.dtype) -> bool:
+    """Whether arrays of ``dtype`` are float values the block codec carries."""
+    return dtype in FLOAT_DTYPES
+
+
+def native_values(x: np.ndarray) -> np.ndarray:
+    """``x`` as the C++ codec takes it: float32 and float16 as they are, bfloat16 as its bits."""
+    return x.view(np.uint16) if x.dtype == BFLOAT16 else x
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    """The float32 values of ``x`` (any of FLOAT_DTYPES; exact)."""
+    if x.dtype == BFLOAT16:
+        return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32, copy=False)
+
+
+def narrow(y: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """float32 ``y`` rounded to ``out``'s format (to nearest, ties to even), written into ``out``."""
+    if out.dtype == BFLOAT16:
+        u = y.astype(np.float32, copy=False).view(np.uint32)
+        out.view(np.uint16)[:] = (u + 0x7FFF + ((u >> 16) & 1)) >> 16   # results are never NaN
+    else:
+        with np.errstate(over="ignore"):   # beyond float16's range: inf, as the rounding says
+            out[:] = y
+    return out
+
+
 def block_exponents(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-block exponents of a flat float32 array.
+    """Per-block exponents of a flat array of one of FLOAT_DTYPES.
 
     Returns ``(exps, bad)``: ``exps`` int8 (EXP_NONE for all-zero blocks), ``bad`` a bool mask
     of blocks holding inf/NaN or values too large for the codec (their exponent is EXP_NONE).
     """
+    x = widen(x)
     n = x.size
     n_blocks = -(-n // block)
     full = n // block
@@ -63,20 +104,51 @@ def block_exponents(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def quantize(block: np.ndarray, exp: int, shift: int, out: np.ndarray | None = None) -> np.ndarray:
-    """float32 block -> int32 with shared exponent ``exp`` (``EXP_NONE``: every value is 0)."""
+    """A block of one of FLOAT_DTYPES -> int32 with shared exponent ``exp`` (``EXP_NONE``: every
+    value is 0)."""
     if exp == EXP_NONE:
         return _zeros(block.size, np.int32, out)
-    scaled = np.ldexp(block, shift - exp, dtype=np.float64)
+    scaled = np.ldexp(widen(block), shift - exp, dtype=np.float64)
     np.rint(scaled, out=scaled)
     return _as(scaled, np.int32, out)
 
 
-def dequantize(q: np.ndarray, exp: int, shift: int, out: np.ndarray | None = None) -> np.ndarray:
-    """int32 sum with shared exponent ``exp`` -> float32 (one rounding, in float64 first)."""
+def dequantize(q: np.ndarray, exp: int, shift: int, out: np.ndarray | None = None, divisor: int = 1) -> np.ndarray:
+    """int32 sum with shared exponent ``exp`` -> float32 (one rounding, in float64 first), divided
+    by ``divisor`` (an average), written into ``out`` in its format when given."""
     if exp == EXP_NONE:
-        return _zeros(q.size, np.float32, out)
-    y64 = np.ldexp(q, exp - shift, dtype=np.float64)
-    return _as(y64, np.float32, out)
+        y = np.zeros(q.size, np.float32)
+    else:
+        y = np.ldexp(q, exp - shift, dtype=np.float64).astype(np.float32)
+    if divisor != 1:
+        np.divide(y, np.float32(divisor), out=y)
+    return y if out is None else narrow(y, out)
+
+
+def quantize_blocks(x: np.ndarray, block: int, exps: np.ndarray, shift: int) -> np.ndarray:
+    """``quantize`` of every block of ``x`` under its agreed exponent ``exps[b]``, native-endian
+    int32 (a call's fixed point on another transport than the wire's)."""
+    e = _per_value(exps, block, x.size)
+    with np.errstate(invalid="ignore", over="ignore"):   # bad blocks' values: EXP_NONE, zeroed
+        q = np.rint(np.ldexp(widen(x), shift - e, dtype=np.float64))
+    q[e == EXP_NONE] = 0
+    return q.astype(np.int32)
+
+
+def dequantize_blocks(q: np.ndarray, block: int, exps: np.ndarray, shift: int, divisor: int,
+                      out: np.ndarray) -> np.ndarray:
+    """``dequantize`` of every block's int32 sums under its agreed exponent into ``out``."""
+    e = _per_value(exps, block, out.size)
+    y = np.ldexp(q[:out.size], e - shift, dtype=np.float64).astype(np.float32)
+    y[e == EXP_NONE] = 0
+    if divisor != 1:
+        np.divide(y, np.float32(divisor), out=y)
+    return narrow(y, out)
+
+
+def _per_value(exps: np.ndarray, block: int, size: int) -> np.ndarray:
+    """Each value's block exponent (int64)."""
+    return np.repeat(exps.astype(np.int64), block)[:size]
 
 
 def _zeros(size: int, dtype: type, out: np.ndarray | None) -> np.ndarray:

@@ -44,7 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from inagg.worker.cost_model import LinkEstimator
+from inagg.worker.cuda_staging import CudaStaging, StagedCall
 from inagg.errors import InaggError
+from inagg.wire import codec
 from inagg.wire.grant import Grant
 from inagg.wire.protocol import ENCAPSULATIONS, HEADER_BYTES
 from inagg.wire.roce import RoceRawTransport
@@ -84,27 +86,42 @@ def reduce_kind(op) -> tuple[bool, Refusal | None]:
     return False, Refusal(CallError.REDUCE_OP)
 
 
-def as_array(tensor) -> tuple[np.ndarray | None, object, Refusal | None]:
-    """(flat host array, CUDA tensor to copy the result back into or None, refusal) for a torch
-    tensor or a numpy array; a tensor this library cannot allreduce gives its refusal."""
+def as_array(tensor) -> tuple[np.ndarray | None, Refusal | None]:
+    """(flat host array, refusal) for a CPU torch tensor or a numpy array; a tensor this library
+    cannot allreduce gives its refusal (a CUDA one it can is staged: ``Communicator._request``)."""
     import torch
 
     if isinstance(tensor, np.ndarray):
         array = tensor.reshape(-1)
         if not np.shares_memory(array, tensor):
-            return None, None, Refusal(CallError.LAYOUT)
-        return array, None, None
+            return None, Refusal(CallError.LAYOUT)
+        return array, None
+    refusal = tensor_refusal(tensor)
+    return (None, refusal) if refusal else (numpy_view(tensor), None)
+
+
+def tensor_refusal(tensor) -> Refusal | None:
+    """Why this library cannot allreduce ``tensor`` (a CPU or CUDA torch tensor), else None."""
+    import torch
+
     if not isinstance(tensor, torch.Tensor):
-        return None, None, Refusal(CallError.NOT_A_TENSOR)
-    if tensor.dtype not in (torch.float32, torch.int32):
-        return None, None, dtype_refusal(str(tensor.dtype).removeprefix("torch."))
+        return Refusal(CallError.NOT_A_TENSOR)
+    if tensor.dtype not in (torch.float32, torch.int32, torch.float16, torch.bfloat16):
+        return dtype_refusal(str(tensor.dtype).removeprefix("torch."))
     if not tensor.is_contiguous():
-        return None, None, Refusal(CallError.LAYOUT)
-    if tensor.is_cuda:
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-        host.copy_(tensor)
-        return host.view(-1).numpy(), (tensor, host), None
-    return tensor.detach().view(-1).numpy(), None, None
+        return Refusal(CallError.LAYOUT)
+    return None
+
+
+def numpy_view(tensor) -> np.ndarray:
+    """The flat numpy array over a contiguous CPU tensor's memory; a bfloat16 tensor's as
+    ``codec.BFLOAT16`` (numpy has no bfloat16)."""
+    import torch
+
+    flat = tensor.detach().view(-1)
+    if flat.dtype == torch.bfloat16:
+        return flat.view(torch.int16).numpy().view(codec.BFLOAT16)
+    return flat.numpy()
 
 
 @dataclass
@@ -114,7 +131,7 @@ class _Request:
     refusal: Refusal | None
     future: object  # torch.futures.Future
     result: object  # what the future resolves to
-    staged: object = None  # (CUDA tensor, pinned host copy) to copy the result back from
+    staged: StagedCall | None = None  # a CUDA tensor's call: its pinned host copy
 
 
 class Communicator:
@@ -209,6 +226,7 @@ class Communicator:
         # probe and every call a (wire bytes, seconds) transfer sample of 1 or 2 round trips
         # (a small call rides in the control round; inagg.worker.cost_model)
         self.link = LinkEstimator(alpha=1e-4, beta=1e-8)
+        self._staging = CudaStaging()   # CUDA tensors' copy streams and pinned buffers
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         # calls run one at a time (_running) in submission order; _queued counts the requests
         # given to the I/O thread and not yet finished: a blocking call with none queued runs
@@ -351,6 +369,8 @@ class Communicator:
                 raise JobFailed(f"job {self.job_id} failed: {self.failure}")
             if self._closed.is_set():
                 raise self._closed_error()
+            if req.staged is not None:
+                CudaStaging.ready(req.staged)
             sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
             self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
                                   refusal=req.refusal)
@@ -361,9 +381,11 @@ class Communicator:
             self.boundary += 1
             self._switch_if_agreed()
             if req.staged is not None:
-                req.staged[0].copy_(req.staged[1])
+                self._staging.finish(req.staged)
             req.future.set_result(req.result)
         except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
+            if req.staged is not None:
+                self._staging.release(req.staged)
             self.boundary += 1
             if self.failure and not isinstance(e, JobFailed):
                 e = JobFailed(f"job {self.job_id} failed: {self.failure}")
@@ -378,13 +400,19 @@ class Communicator:
         import torch
 
         average, refusal = reduce_kind(op)
-        array, staged, bad_input = as_array(tensor)
+        if isinstance(tensor, torch.Tensor) and tensor.is_cuda and not tensor_refusal(tensor):
+            staged = self._staging.stage(tensor, numpy_view)   # the copy to host starts now
+            array, bad_input = staged.values, None
+        else:
+            staged, (array, bad_input) = None, as_array(tensor)
         refusal = bad_input or refusal or check_array(array, average)
         return _Request(array, average, refusal, torch.futures.Future(), tensor, staged)
 
     def allreduce_async(self, tensor, op=ReduceOp.SUM, *, inline_if_idle: bool = False):
-        """Queue an allreduce of a torch tensor (float32 or int32, contiguous; CUDA tensors are
-        staged through pinned host memory) or a numpy array; returns a ``torch.futures.Future``
+        """Queue an allreduce of a torch tensor (float32, float16, bfloat16 or int32, contiguous;
+        CUDA tensors are staged through pinned host memory, ``inagg.worker.cuda_staging``: their copy
+        to host starts here, on a stream of its own, and overlaps the calls queued before) or a
+        numpy array; returns a ``torch.futures.Future``
         resolving to the same tensor, reduced in place. ``op``: SUM or AVG, this library's
         ``ReduceOp`` or ``torch.distributed.ReduceOp``.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from inagg.native_build import _native
+from inagg.wire import codec
 from inagg.wire.grant import Grant
 from inagg.worker.stream import ExponentTracker, StreamBase, call_window
 from inagg.wire.transport import UdpTransport
@@ -26,13 +27,13 @@ def native_block_exponents(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
     """``codec.block_exponents`` in C++ (bit-identical), without the GIL."""
     n_blocks = -(-x.size // k)
     exps, bad = np.empty(n_blocks, np.int8), np.empty(n_blocks, np.uint8)
-    _native.block_exponents(x, k, exps, bad)
+    _native.block_exponents(codec.native_values(x), k, exps, bad)
     return exps, bad.view(bool)
 
 
 class NativeSlotStream(StreamBase):
-    """Blocking allreduce of flat float32/int32 arrays for one worker of one job, over UDP, in
-    C++."""
+    """Blocking allreduce of flat int32 and float arrays (``codec.FLOAT_DTYPES``) for one worker
+    of one job, over UDP, in C++."""
 
     def __init__(self, grant: Grant, rank: int, n_workers: int, transport: UdpTransport, **kw) -> None:
         self._core: _native.Stream | None = None
@@ -52,7 +53,7 @@ class NativeSlotStream(StreamBase):
         self._core.abort()
 
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
-        return ExponentTracker(x, self.grant.values_per_packet, native_block_exponents)
+        return ExponentTracker(x, self.grant.values_per_packet, native_block_exponents, self.reduction.block)
 
     def _sync_stats(self) -> None:
         counters = self._core.counters()
@@ -61,16 +62,12 @@ class NativeSlotStream(StreamBase):
         self.stats.result_drops = counters["result_drops"]
         self.stats.ignored_results = sum(self.stats.result_drops.values())
 
-    def _encode_values(self, x: np.ndarray, lanes: np.ndarray) -> bool:
-        if x.dtype != np.float32:
-            return super()._encode_values(x, lanes)
+    def _fixed_encode(self, x: np.ndarray, lanes: np.ndarray) -> bool:
         return _native.fixed_encode(x, self.n_workers, lanes)
 
-    def _decode_values(self, sums: np.ndarray, x: np.ndarray) -> None:
-        if x.dtype != np.float32:
-            super()._decode_values(sums, x)
-        else:
-            _native.fixed_decode(sums, self.n_workers, x)
+    def _fixed_decode(self, sums: np.ndarray, y: np.ndarray) -> np.ndarray:
+        _native.fixed_decode(sums, self.n_workers, y)
+        return y
 
     def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
         summed = np.empty_like(lanes)
@@ -81,12 +78,12 @@ class NativeSlotStream(StreamBase):
         self.control_rtt = rtt
         return summed, exp, result_flags
 
-    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
+    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int, divisor: int) -> list[int]:
         window = call_window(self.grant.slot_count, exps.n_blocks, goal, exps.is_float)
         self.window = window
         if exps.is_float:
-            ok = self._core.stream_float(x, exps.local, exps.bad.view(np.uint8), exps.agreed[0], window,
-                                         self.grant.values_per_packet)
+            ok = self._core.stream_float(codec.native_values(x), exps.local, exps.bad.view(np.uint8), exps.agreed[0],
+                                         window, self.grant.values_per_packet, divisor)
         else:
             ok = self._core.stream_int(x, window)
         self._sync_stats()

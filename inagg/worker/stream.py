@@ -126,7 +126,8 @@ class Refusal:
 
     def describe(self) -> str:
         if self.code is CallError.DTYPE:
-            return f"a {DTYPE_NAMES[self.detail]} tensor (inagg allreduces float32 and int32)"
+            return (f"a {DTYPE_NAMES[self.detail]} tensor (inagg allreduces float32, float16, bfloat16 "
+                    f"and int32)")
         if self.code is CallError.REDUCE_OP:
             return f"reduce op {OP_NAMES[self.detail]} (inagg supports SUM and AVG)"
         return {CallError.LAYOUT: "a tensor that is not contiguous",
@@ -144,13 +145,13 @@ def check_array(x: np.ndarray, average: bool) -> Refusal | None:
     """The refusal for a numpy array this stream cannot allreduce, else None."""
     if not isinstance(x, np.ndarray):
         return Refusal(CallError.NOT_A_TENSOR)
-    if x.dtype not in (np.float32, np.int32):
+    if not codec.is_float(x.dtype) and x.dtype != np.int32:
         return dtype_refusal(str(x.dtype))
     if x.ndim != 1 or not x.flags.c_contiguous:
         return Refusal(CallError.LAYOUT)
     if x.size >= MAX_ELEMENTS:
         return Refusal(CallError.TOO_LARGE)
-    if average and x.dtype != np.float32:
+    if average and not codec.is_float(x.dtype):
         return Refusal(CallError.AVG_OF_INT)
     return None
 
@@ -169,7 +170,7 @@ class CallSpec:
     epoch_delta: int = 0
 
     def describe(self) -> str:
-        kind = "float32" if self.is_float else "int32"
+        kind = "float" if self.is_float else "int32"
         return f"{self.size} x {kind}{' avg' if self.average else ''}"
 
 
@@ -382,15 +383,37 @@ class OutstandingRounds:
 
 
 
+@dataclass
+class Reduction:
+    """What a float call's result depends on besides its inputs, when a job wants the same bits
+    on every path (``inagg.pytorch.reproducible``): blocks of ``block`` values share an exponent
+    (a multiple of every K the job's paths use: each packet of K values takes the exponent of
+    the block it lies in), and a call rides in the control round (exact fixed point) only up to
+    ``exact_limit`` values. None: the grant's own K and capacity (each path its own)."""
+
+    block: int | None = None
+    exact_limit: int | None = None
+
+    def rides(self, capacity: int, is_float: bool) -> int:
+        """The most values of a call that ride in the control round (int32 sums are exact on
+        every path)."""
+        return capacity if not is_float or self.exact_limit is None else min(capacity, self.exact_limit)
+
+
 class ExponentTracker:
     """One-round-ahead block exponents of a call: this rank's own (sent one round early) and
     the agreed job-wide maxima (returned with results). An int32 call has none.
-    ``exponents(x, k)`` -> (int8 exponents, bool overflow mask): numpy's or the native codec's."""
+    ``exponents(x, k)`` -> (int8 exponents, bool overflow mask): numpy's or the native codec's.
+    ``block``: the exponents' block (``Reduction.block``), a multiple of K; each packet of K
+    values takes its block's exponent (None, or a block K does not divide: K)."""
 
-    def __init__(self, x: np.ndarray, k: int, exponents=codec.block_exponents) -> None:
+    def __init__(self, x: np.ndarray, k: int, exponents=codec.block_exponents, block: int | None = None) -> None:
         self.n_blocks = -(-x.size // k)
-        self.is_float = x.dtype == np.float32
-        if self.is_float:
+        self.is_float = codec.is_float(x.dtype)
+        if self.is_float and block and block != k and block % k == 0:
+            local, bad = exponents(x, block)
+            self.local, self.bad = (np.repeat(a, block // k)[:self.n_blocks] for a in (local, bad))
+        elif self.is_float:
             self.local, self.bad = exponents(x, k)
         else:
             self.local = np.full(self.n_blocks, EXP_NONE, np.int8)
@@ -635,6 +658,7 @@ class StreamBase:
         self.window = 0  # slots the last call used (agreed by all ranks)
         self.window_control: WindowControl | None = None
         self.aborted = False
+        self.reduction = Reduction()
         self.set_grant(grant)
 
     def abort(self) -> None:
@@ -655,7 +679,9 @@ class StreamBase:
 
     def allreduce(self, x: np.ndarray | None, pending_epoch: int = 0, *, average: bool = False,
                   refusal: Refusal | None = None) -> np.ndarray | None:
-        """Sum (``average``: mean) ``x`` (flat, float32 or int32) over all workers, in place.
+        """Sum (``average``: mean) ``x`` (flat, int32 or one of ``codec.FLOAT_DTYPES``) over all
+        workers, in place. A float16 or bfloat16 result is the float32 one (its mean for an
+        average) rounded once to the tensor's format (``codec``).
 
         Every call takes part in the control round, even one this rank refuses (``refusal``
         given, or ``x`` unusable): then every rank raises the same :class:`CallRefused`. A call
@@ -670,10 +696,12 @@ class StreamBase:
         call = self.stats.calls
         self.stats.calls += 1
         lost_before = self.stats.timeouts()
+        divisor = self.n_workers if average else 1   # applied to float results before their rounding
         delta = pending_epoch - self.grant.epoch if pending_epoch > self.grant.epoch else 0
-        spec = CallSpec(call, 0 if refusal else x.size, not refusal and x.dtype == np.float32,
+        spec = CallSpec(call, 0 if refusal else x.size, not refusal and codec.is_float(x.dtype),
                         average, refusal, self.window_control.goal, delta)
-        one_round = not refusal and 0 < x.size <= self.one_round_capacity(spec.is_float)
+        one_round = not refusal and 0 < x.size <= self.reduction.rides(self.one_round_capacity(spec.is_float),
+                                                                        spec.is_float)
         local = None if refusal or one_round else self._exponents(x)
         lanes, flags = self._control_lanes(spec, x if one_round else None)
         summed, exp0, result_flags = self._control_round(lanes, local.local_exp(0) if local else EXP_NONE, flags)
@@ -684,15 +712,13 @@ class StreamBase:
         if one_round:
             if result_flags & FLAG_OVERFLOW:
                 raise overflow_error([0], self.grant.values_per_packet)
-            self._decode_values(summed[2 * self.n_workers:], x)
+            self._decode_values(summed[2 * self.n_workers:], x, divisor)
         elif x.size:
             local.agree(0, exp0)
-            overflow = self._stream_blocks(x, local, agreement.window_goal)
+            overflow = self._stream_blocks(x, local, agreement.window_goal, divisor)
             self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before))
             if overflow:
                 raise overflow_error(overflow, self.grant.values_per_packet)
-        if average:
-            np.divide(x, np.float32(self.n_workers), out=x)
         self.stats.allreduces += 1
         self.stats.elements += x.size
         self.stats.seconds += time.perf_counter() - started
@@ -717,31 +743,43 @@ class StreamBase:
 
     def _encode_values(self, x: np.ndarray, lanes: np.ndarray) -> bool:
         """A one-round call's values into the control packet's spare lanes: int32 as they are
-        (the switch sums them as the blocks'), float32 as exact fixed-point limbs. False when a
-        float is not representable (inf, NaN, |x| >= 2**127)."""
-        if x.dtype != np.float32:
+        (the switch sums them as the blocks'), floats as the exact fixed-point limbs of their
+        float32 values. False when a float is not representable (inf, NaN, |x| >= 2**127)."""
+        if not codec.is_float(x.dtype):
             lanes[:x.size] = x
             return True
+        return self._fixed_encode(codec.widen(x), lanes)
+
+    def _decode_values(self, sums: np.ndarray, x: np.ndarray, divisor: int) -> None:
+        """The summed spare lanes of a one-round call into ``x``: the exact sum, for floats
+        rounded once to float32, divided by ``divisor``, then rounded to ``x``'s format."""
+        if not codec.is_float(x.dtype):
+            x[:] = sums[:x.size]
+            return
+        y = self._fixed_decode(sums, np.empty(x.size, np.float32))
+        if divisor != 1:
+            np.divide(y, np.float32(divisor), out=y)
+        codec.narrow(y, x)
+
+    def _fixed_encode(self, x: np.ndarray, lanes: np.ndarray) -> bool:
+        """``codec.fixed_encode`` of float32 ``x`` (the native stream's is its C++ twin)."""
         return codec.fixed_encode(x, self.n_workers, lanes)
 
-    def _decode_values(self, sums: np.ndarray, x: np.ndarray) -> None:
-        """The summed spare lanes of a one-round call into ``x``: the exact sum, for float32
-        rounded once."""
-        if x.dtype != np.float32:
-            x[:] = sums[:x.size]
-        else:
-            codec.fixed_decode(sums, self.n_workers, x)
+    def _fixed_decode(self, sums: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``codec.fixed_decode`` into float32 ``y`` (the native stream's is its C++ twin)."""
+        return codec.fixed_decode(sums, self.n_workers, y)
 
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
-        return ExponentTracker(x, self.grant.values_per_packet)
+        return ExponentTracker(x, self.grant.values_per_packet, block=self.reduction.block)
 
     def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
         """Send the control packet's lanes on slot 0 with ``flags`` and return (summed lanes,
         agreed exponent of block 0, the result's flags); sets ``control_rtt``."""
         raise NotImplementedError
 
-    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
-        """Allreduce the blocks of ``x`` in place; returns the blocks that overflowed."""
+    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int, divisor: int) -> list[int]:
+        """Allreduce the blocks of ``x`` in place (float results divided by ``divisor`` before
+        their rounding to ``x``'s format); returns the blocks that overflowed."""
         raise NotImplementedError
 
     def stall_error(self, missing: str, waiting: list[int]) -> AllreduceError:
@@ -896,7 +934,7 @@ class SlotStream(StreamBase):
         result_flags, exp, values = self._header_fields()
         return values.astype(np.int32), exp, result_flags
 
-    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int) -> list[int]:
+    def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int, divisor: int) -> list[int]:
         g = self.grant
         n_blocks = exps.n_blocks
         window = call_window(g.slot_count, n_blocks, goal, exps.is_float)
@@ -924,7 +962,7 @@ class SlotStream(StreamBase):
                 elif flags & FLAG_OVERFLOW:
                     overflow.append(rnd.chunk)
                 else:
-                    codec.dequantize(values, exps.agreed[rnd.chunk], self.shift, out=out)
+                    codec.dequantize(values, exps.agreed[rnd.chunk], self.shift, out=out, divisor=divisor)
             exps.agree(nxt, exp)
             if nxt < n_blocks:
                 self._send_block(rounds, idx, x, exps, nxt, window, progress)

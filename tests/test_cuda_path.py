@@ -1,0 +1,63 @@
+"""CUDA tensors through INA (``inagg.worker.cuda_staging``): the GPU check, in this one file.
+Run ``pytest tests/test_cuda_path.py`` on a machine with a GPU and a CUDA build of torch; where
+there is none, every test here skips and says so."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from inagg.pytorch.backend import InaggProcessGroup
+from test_training import on_ranks
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device here (torch.cuda.is_available() is False): run `pytest tests/test_cuda_path.py` "
+           "on a machine with a GPU and a CUDA build of torch")
+
+CASES = [(dtype, size) for dtype in (torch.float32, torch.bfloat16) for size in (5, 300_000)]
+
+
+def values(rank: int, size: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 * rank + size)
+    return (torch.randn(size, generator=g) * torch.exp2(torch.randint(-12, 4, (size,), generator=g).float())).to(dtype)
+
+
+def calls(group: InaggProcessGroup, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every case's CUDA tensor and its CPU twin on this rank, all CUDA calls in flight at once,
+    each tensor written on the caller's stream just before its call (the staging copy must wait
+    for that write); then the CPU twins."""
+    pairs = [(torch.empty((size,), dtype=dtype, device="cuda"), values(rank, size, dtype)) for dtype, size in CASES]
+    works = []
+    for gpu, cpu in pairs:
+        gpu.copy_(cpu.pin_memory(), non_blocking=True)
+        works.append(group.allreduce([gpu]))
+    works += [group.allreduce([cpu]) for _, cpu in pairs]
+    for work in works:
+        work.wait()
+    return [(gpu.cpu(), cpu) for gpu, cpu in pairs]
+
+
+def test_cuda_tensors_take_the_switch_path_and_give_their_cpu_twins_bits(tmp_path, monkeypatch):
+    """Two ranks on the backend string, every call pinned to the switch: CUDA tensors (float32,
+    bfloat16; a call riding in the control round and one of many packets) come back with the
+    bits of the same values reduced from CPU memory, and count as the switch's calls."""
+    for name in ("INAGG_CONTROLLER", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("INAGG_ALLREDUCE_PATH", "inagg")
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    groups = on_ranks(lambda r: InaggProcessGroup(store, r, 2, timedelta(seconds=60)), 2, 120)
+    try:
+        results = on_ranks(lambda r: calls(groups[r], r), 2, 120)
+        for rank, pairs in enumerate(results):
+            for (gpu, cpu), case in zip(pairs, CASES):
+                bits = torch.int16 if cpu.element_size() == 2 else torch.int32
+                assert torch.equal(gpu.view(bits), cpu.view(bits)), (rank, case)
+        stats = groups[0].stats()
+        assert stats["allreduce_paths"] == {"inagg": 2 * len(CASES)}   # the CUDA calls and their twins
+        assert not [k for k in stats["fallbacks"] if k.startswith("allreduce")]
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2, 120)
