@@ -41,6 +41,7 @@ from inagg.control.jobs import (Job, Member, Refused, authenticated, check_membe
 from inagg.control.store import Store, state_from_json
 from inagg.control.switch import SwitchError
 from inagg.control.validation import MAX_NAME_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
+from inagg.jobservice.client import CALL_SECONDS
 from inagg.jobservice.proto import inagg_controller_pb2 as pb
 from inagg.wire.protocol import ENCAPSULATIONS, MAX_WORKERS
 
@@ -66,8 +67,11 @@ class Controller:
     # -- persistence -------------------------------------------------------------------------
 
     def _restore(self) -> None:
+        """The jobs of the store. Each rank gets a heartbeat's deadline on top of its lease: a
+        beat it sent while the controller was down waits that long for it (a healthy rank is
+        never failed for the controller's own absence)."""
         for row in self.store.jobs():
-            job = job_from_row(row)
+            job = job_from_row(row, grace=CALL_SECONDS)
             self.jobs[job.job_id] = job
             if "active" in json.loads(row["state"]) and job.place is not None:
                 self.fabric.allocators[job.place].restore_job(state_from_json(row["state"]))

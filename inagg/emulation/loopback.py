@@ -186,10 +186,14 @@ class LoopbackDeployment:
                 raise RuntimeError(f"controller announced no metrics endpoint: {self.log('controller')}")
             self.metrics_url = found.group(1)
 
-    def restart_controller(self) -> None:
-        """Stop the controller process and start it again on the same state (SQLite)."""
+    def stop_controller(self) -> None:
+        """Stop the controller process; its state stays in its SQLite store."""
         stop_processes([self.controller_proc])
         self.procs.remove(self.controller_proc)
+
+    def restart_controller(self) -> None:
+        """Stop the controller process and start it again on the same state (SQLite)."""
+        self.stop_controller()
         self.start_controller()
 
     def __exit__(self, *exc) -> None:

@@ -268,7 +268,9 @@ class Communicator:
             stream.abort()
 
     def _heartbeat(self) -> None:
-        """Renew this rank's lease, four times per lease so one lost beat never expires it. A
+        """Renew this rank's lease, four times per lease so one lost beat never expires it; a
+        beat waits at most half a lease for a controller that is down (then the next one goes),
+        so the first beat after a controller restart arrives within a beat period. A
         failed beat is logged and retried; when a whole lease has passed without one, the
         controller may have ended the job, which is logged as an error."""
         lease = min(self.lease_seconds, self.rank_lease_seconds)
@@ -277,7 +279,7 @@ class Communicator:
             if self.failure:
                 return
             try:
-                self.client.heartbeat(self.job_id, self.token, self.rank)
+                self.client.heartbeat(self.job_id, self.token, self.rank, timeout=max(lease / 2, 0.2))
                 last_ok = time.monotonic()
             except Exception as e:  # noqa: BLE001 - any failure: logged, retried next beat
                 if self._closed.is_set():   # close() cancelled it
