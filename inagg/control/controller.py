@@ -2,8 +2,10 @@
 
 State changes go through one lock and are transactions (``Controller._change``): the new state
 is computed, applied to the switches, then persisted; when any step fails (a switch refuses or is
-unreachable) the in-memory state is restored and the switches re-synced, so one job's failure
-never half-applies and never blocks another job. A switch is *reconciled* whenever its desired
+unreachable, the database cannot be written) the in-memory state is restored and the switches
+re-synced, so one job's failure never half-applies and never blocks another job. Decisions that
+end or fail a job are not undone by a database that cannot be written (a full disk): they hold in
+memory, reach the ranks, and are saved once the database takes writes again (``_save_if_behind``). A switch is *reconciled* whenever its desired
 entries change: the desired table entries and multicast groups are computed from the allocator's
 active grants and diffed against what the switch reports by Read, so a restarted controller
 converges to the same state from the SQLite store, and a restarted switch (its stream channel
@@ -38,7 +40,7 @@ from inagg.control.config import ControllerConfig
 from inagg.control.fabric import Fabric
 from inagg.control.jobs import (Job, Member, Refused, authenticated, check_member, check_rank,
                                 job_from_row, running, silence)
-from inagg.control.store import Store, state_from_json
+from inagg.control.store import Store, StoreError, state_from_json
 from inagg.control.switch import SwitchError
 from inagg.control.validation import MAX_NAME_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
 from inagg.jobservice.client import CALL_SECONDS
@@ -59,6 +61,7 @@ class Controller:
         self.store = Store(config.database)
         self.fabric = Fabric(config)
         self.jobs: dict[int, Job] = {}
+        self.unsaved = False   # the store is behind the memory (it could not be written)
         self.stopped = threading.Event()
         self._restore()
         with self.lock:
@@ -77,10 +80,27 @@ class Controller:
                 self.fabric.allocators[job.place].restore_job(state_from_json(row["state"]))
         log.info("restored %d job(s)", len(self.jobs))
 
-    def _persist(self, job: Job) -> None:
-        state = self.fabric.state(job)
-        if state is not None:
-            self.store.save_state(state, job.place, job.job_index)
+    def _save(self, *, durable: bool) -> None:
+        """Persist every placed job's state and delete the rows of jobs that ended or failed.
+        When the database cannot be written: raise if ``durable``, else log it and remember
+        that the store is behind (the change holds in memory)."""
+        try:
+            states = [(state, job.place, job.job_index) for job in self.jobs.values()
+                      if not job.failure and (state := self.fabric.state(job)) is not None]
+            gone = [i for i in self.store.job_ids() if i not in self.jobs or self.jobs[i].failure]
+            self.store.save(states, gone)
+            self.unsaved = False
+        except StoreError as e:
+            if durable:
+                raise
+            self.unsaved = True
+            log.error("%s (the change holds in memory; it is saved once the database takes writes)", e)
+
+    def _save_if_behind(self) -> None:
+        """Retry saving what a full or read-only database refused before."""
+        with self.lock:
+            if self.unsaved:
+                self._save(durable=False)
 
     # -- transactions ------------------------------------------------------------------------
 
@@ -89,30 +109,33 @@ class Controller:
         self.version += 1
         self.changed.notify_all()
 
-    def _sync(self, *, force: bool = False) -> None:
-        """Called with the lock held after any change: job rows, switches whose entries changed,
-        store, watchers. Raises when a switch refuses. ``force`` (after a rollback): program
-        every switch, logging the ones that fail (the keeper retries them)."""
+    def _sync(self, *, force: bool = False, durable: bool = True) -> None:
+        """Called with the lock held after any change: switches whose entries changed, store
+        (``_save``), watchers. Raises when a switch refuses. ``force`` (after a rollback):
+        program every switch, logging the ones that fail (the keeper retries them)."""
         self.fabric.program(self.jobs, force=force)
-        for job in self.jobs.values():
-            self._persist(job)
+        self._save(durable=durable and not force)
         self._announce()
 
     @contextlib.contextmanager
-    def _change(self, what: str) -> Iterator[None]:
+    def _change(self, what: str, *, durable: bool = True) -> Iterator[None]:
         """A transaction over the jobs and allocators (lock held): the body changes them, then
         the switches are synced; on any error both are restored and the switches re-synced, so
-        nothing is half applied. Errors other than ``Refused`` are answered ABORTED."""
+        nothing is half applied. ``durable=False``: a database that cannot be written does not
+        undo the change (``_save``). A database error is answered with its own code (full:
+        RESOURCE_EXHAUSTED), other errors but ``Refused`` ABORTED."""
         saved_jobs, saved_pools = copy.deepcopy(self.jobs), self.fabric.snapshot()
         try:
             yield
-            self._sync()
+            self._sync(durable=durable)
         except BaseException as e:
             self.jobs = saved_jobs
             self.fabric.restore(saved_pools)
             self._sync(force=True)
             if isinstance(e, Refused) or not isinstance(e, Exception):
                 raise
+            if isinstance(e, StoreError):
+                raise Refused(e.code, f"{what} was rolled back: {e}") from None
             if isinstance(e, SwitchError):
                 log.warning("%s rolled back: %s", what, e)
             else:
@@ -247,9 +270,8 @@ class Controller:
                 job.left.add(rank)
                 if len(job.left) < job.demand.n_workers:
                     return
-            with self._change(f"end of job {job_id}"):
+            with self._change(f"end of job {job_id}", durable=False):
                 self.fabric.remove(self.jobs.pop(job_id))
-            self.store.delete_job(job_id)
             log.info("job %d left", job_id)
 
     def fail(self, job_id: int, why: str) -> None:
@@ -258,16 +280,17 @@ class Controller:
         with self.lock:
             if job_id not in self.jobs or self.jobs[job_id].failure:
                 return
-            with self._change(f"failure of job {job_id}"):
+            with self._change(f"failure of job {job_id}", durable=False):
                 job = self.jobs[job_id]
                 job.failure = why
                 self.fabric.remove(job)
-            self.store.delete_job(job_id)
             log.warning("job %d failed: %s", job_id, why)
 
     def expire_leases(self) -> list[int]:
         """End jobs whose lease ran out; fail jobs one of whose ranks stopped. Each job on its
-        own: one that cannot be handled is logged and never stops the others."""
+        own: one that cannot be handled is logged and never stops the others. First, what the
+        database refused before is saved if it takes writes again."""
+        self._save_if_behind()
         now = time.monotonic()
         with self.lock:
             jobs = list(self.jobs.values())

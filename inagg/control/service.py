@@ -18,6 +18,7 @@ import grpc
 from inagg.control.config import ControllerConfig
 from inagg.control.controller import Controller
 from inagg.control.jobs import Refused
+from inagg.control.store import StoreError
 from inagg.jobservice.credentials import is_unix, server_credentials
 from inagg.jobservice.proto import inagg_controller_pb2 as pb
 from inagg.jobservice.proto import inagg_controller_pb2_grpc as pb_grpc
@@ -53,7 +54,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
     def _call(self, context, fn, *args):
         try:
             return fn(*args)
-        except Refused as e:
+        except (Refused, StoreError) as e:
             context.abort(e.code, str(e))
 
     def CreateJob(self, request, context):
