@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from inagg.emulation.loopback import LoopbackDeployment
-from inagg.jobservice.client import ControllerClient
-from inagg.worker.communicator import Communicator
+from inagg.jobservice.client import ControllerClient, ControllerError
+from inagg.worker.communicator import Communicator, JobFailed
 from inagg.errors import InaggError
 from test_training import on_ranks
 
@@ -169,3 +169,26 @@ def test_a_controller_down_longer_than_a_rank_lease_fails_no_healthy_job():
         finally:
             for r in ranks:
                 r.stop()
+
+
+def test_only_the_admin_or_every_rank_ends_a_job_and_its_ranks_are_told_who():
+    """A rank-less LeaveJob carrying the job's token is refused (the job runs on); the
+    operator's ReleaseJob ends it and every rank's next call fails at once with JobFailed
+    saying so (not after the stall timeout)."""
+    with LoopbackDeployment(2) as dep:
+        comms = in_process_job(dep, [0, 1])
+        client = ControllerClient(dep.controller)
+        try:
+            with pytest.raises(ControllerError, match="PERMISSION_DENIED: ending job .* needs the admin token"):
+                client.leave(comms[0].job_id, comms[0].token)
+            assert allreduce_all(comms) == [[2.0] * 500] * 2
+            client.release(dep.admin_token, comms[0].job_id)
+            started = time.monotonic()
+            for c in comms:
+                with pytest.raises(JobFailed, match=f"job {c.job_id} failed: ended by the operator"):
+                    c.allreduce(torch.ones(500))
+            assert time.monotonic() - started < 5.0
+        finally:
+            client.close()
+            for c in comms:
+                c.close()

@@ -259,8 +259,8 @@ class Controller:
                 job.rank_seen[rank] = time.monotonic()
 
     def leave(self, job_id: int, rank: int | None = None) -> None:
-        """The job ends (``rank`` None), or rank ``rank`` is done: it is watched no more, and the
-        job ends when every rank is done."""
+        """The job ends (``rank`` None: its lease expired, or the operator's call), or rank
+        ``rank`` is done: it is watched no more, and the job ends when every rank is done."""
         with self.lock:
             job = self.jobs.get(job_id)
             if job is None:
@@ -324,10 +324,15 @@ class Controller:
             return grants.grant(self.fabric, job, p, p.epoch != active.epoch)
 
     def release(self, job_id: int) -> None:
+        """The operator ends a job: its slots free at once and its ranks are told, as a failure
+        "ended by the operator", so their calls fail at once (a job that failed already goes)."""
         with self.lock:
             if job_id not in self.jobs:
                 raise Refused(grpc.StatusCode.NOT_FOUND, f"no job {job_id}")
-            self.leave(job_id)
+            if self.jobs[job_id].failure:
+                self.leave(job_id)
+            else:
+                self.fail(job_id, "ended by the operator (ReleaseJob)")
 
     def host_jobs(self) -> pb.HostJobs:
         with self.lock:

@@ -99,8 +99,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     def LeaveJob(self, request, context):
         self._call(context, lambda: self.ctl.authenticate(request.job_id, request.token))
-        self._call(context, self.ctl.leave, request.job_id,
-                   request.rank if request.HasField("rank") else None)
+        if not request.HasField("rank"):   # a job token is every rank's: it cannot speak for all
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"ending job {request.job_id} needs the admin token (ReleaseJob) or every "
+                          f"rank's LeaveJob naming its rank")
+        self._call(context, self.ctl.leave, request.job_id, request.rank)
         return pb.Empty()
 
     def WatchHostJobs(self, request, context):

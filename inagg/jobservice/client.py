@@ -89,8 +89,8 @@ class ControllerClient:
         return self._call("Heartbeat", pb.JobRef(job_id=job_id, token=token, rank=rank), timeout)
 
     def leave(self, job_id: int, token: str, rank: int | None = None) -> None:
-        """End the job; with ``rank``, only say that this rank is done (the job ends when every
-        rank is)."""
+        """Say that rank ``rank`` is done: the job ends when every rank is. Without a rank the
+        controller refuses (only the operator's ``release`` ends a job for all its ranks)."""
         self._call("LeaveJob", pb.JobRef(job_id=job_id, token=token, rank=rank))
 
     def list_jobs(self, admin_token: str) -> pb.JobList:

@@ -479,7 +479,8 @@ class Communicator:
         return s
 
     def close(self, leave: bool = True) -> None:
-        """Stop the communicator; rank 0 ends the job at the controller when ``leave``. A call
+        """Stop the communicator; with ``leave`` the rank says it is done at the controller (the
+        job ends when every rank did, or when its lease runs out). A call
         still running or queued fails at once (its stream is aborted). Returns when its threads
         have ended: at interpreter exit, a thread still inside a native call (which releases
         the GIL) aborts the process when it takes the GIL back, and one writing a log line can
@@ -488,14 +489,12 @@ class Communicator:
         self.stream.abort()
         self._queue.put(None)
         self._grant_stream.cancel()
-        if leave:  # rank 0 ends the job; any other rank says it is done (no longer watched)
+        if leave:  # the rank is done (no longer watched); the last one's leave ends the job
             try:
-                self.client.leave(self.job_id, self.token, None if self.rank == 0 else self.rank)
+                self.client.leave(self.job_id, self.token, self.rank)
             except Exception as e:  # noqa: BLE001 - logged; the lease expires anyway
-                # another rank's leave usually finds the job ended by rank 0's already
-                log.log(logging.WARNING if self.rank == 0 else logging.INFO,
-                        "job %d rank %d: could not leave at the controller (%s); its lease expires "
-                        "instead", self.job_id, self.rank, e)
+                log.info("job %d rank %d: could not leave at the controller (%s); its lease expires "
+                         "instead", self.job_id, self.rank, e)
         self._join(self._io_thread)
         for transport in self._transports.values():
             transport.close()
