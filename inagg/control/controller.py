@@ -129,7 +129,7 @@ class Controller:
             yield
             self._sync(durable=durable)
         except BaseException as e:
-            self.jobs = saved_jobs
+            self.jobs = _keep_leases(saved_jobs, self.jobs)
             self.fabric.restore(saved_pools)
             self._sync(force=True)
             if isinstance(e, Refused) or not isinstance(e, Exception):
@@ -252,10 +252,13 @@ class Controller:
         return decided
 
     def heartbeat(self, job_id: int, token: str, rank: int | None) -> None:
-        with self.lock:
-            job = running(self.authenticate(job_id, token))
-            if rank is not None:
-                check_rank(job, rank)
+        """Renew the job's lease and rank ``rank``'s, without the lock: a beat never waits
+        behind a placement. It only assigns times of a job and a rank that exist (no dict
+        grows under a transaction's copy), and a rollback keeps them (``_keep_leases``)."""
+        job = running(self.authenticate(job_id, token))
+        if rank is not None:
+            check_rank(job, rank)
+            if rank in job.rank_seen:
                 job.rank_seen[rank] = time.monotonic()
 
     def leave(self, job_id: int, rank: int | None = None) -> None:
@@ -339,8 +342,13 @@ class Controller:
             return grants.host_jobs(self.fabric, self.jobs.values())
 
     def list_jobs(self) -> pb.JobList:
+        """Every job; the switches' counters are read after the lock is let go (a slow switch
+        never holds up the controller)."""
         with self.lock:
-            return grants.list_jobs(self.fabric, self.jobs.values())
+            listing, on_switches = grants.list_jobs(self.fabric, self.jobs.values())
+        for info, job in on_switches:
+            grants.add_counters(info, self.fabric, job)
+        return listing
 
     # -- switch keeper -----------------------------------------------------------------------
 
@@ -356,3 +364,13 @@ class Controller:
         self.stopped.set()
         with self.lock:
             self.fabric.close()
+
+
+def _keep_leases(saved: dict[int, Job], current: dict[int, Job]) -> dict[int, Job]:
+    """``saved`` (a transaction's copy, being restored) with the lease times of ``current``:
+    heartbeats renewed during the transaction stand."""
+    for job_id, job in saved.items():
+        if job_id in current:
+            job.last_seen = current[job_id].last_seen
+            job.rank_seen.update((r, t) for r, t in current[job_id].rank_seen.items() if r in job.rank_seen)
+    return saved

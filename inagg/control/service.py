@@ -26,6 +26,10 @@ from inagg.jobservice.proto import inagg_controller_pb2_grpc as pb_grpc
 log = logging.getLogger("inagg.controller")
 # Largest request the job service reads: every valid one is far smaller.
 MAX_REQUEST_BYTES = 64 << 10
+# Threads serving calls. A call waiting for the controller's lock (a placement) holds one; a
+# call that finds none free queues behind them all, so there are enough that heartbeats and
+# listings (which need no lock, or hold it briefly) find one during a storm of placements.
+SERVER_THREADS = 256
 
 
 def run_forever(name: str, period: float, stopped: threading.Event,
@@ -146,7 +150,7 @@ def add_port(server: grpc.Server, address: str, config: ControllerConfig) -> Non
 
 
 def serve(ctl: Controller, address: str) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_THREADS),
                          options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
     pb_grpc.add_JobServiceServicer_to_server(JobServicer(ctl), server)
     add_port(server, address, ctl.config)
