@@ -3,7 +3,7 @@ running job: ``python tests/rank_process.py STORE RANK N CONTROLLER BIND_IP CALL
 
 It allreduces ``torch.ones(1000)`` CALLS times (0: until an error), checks every result is
 exactly N, and prints one line per event on stdout: ``ready``, ``ok I`` every 10 calls,
-``done`` or ``error TIME TYPE: MESSAGE`` (TIME: time.time() when the error was raised)."""
+``done`` or ``error TIME TYPE: MESSAGE`` (also when the communicator cannot be made) (TIME: time.time() when the error was raised)."""
 
 import os
 import sys
@@ -20,8 +20,12 @@ from inagg.worker.communicator import Communicator  # noqa: E402
 def main() -> int:
     store_path, rank, n, controller, bind_ip, calls = sys.argv[1:7]
     rank, n, calls = int(rank), int(n), int(calls)
-    comm = Communicator(dist.FileStore(store_path, n), rank, n, controller, bind_ip=bind_ip,
-                        stall_timeout=120.0)
+    try:
+        comm = Communicator(dist.FileStore(store_path, n), rank, n, controller, bind_ip=bind_ip,
+                            stall_timeout=120.0)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        print(f"error {time.time():.3f} {type(e).__name__}: {e}", flush=True)
+        return 1
     print("ready", flush=True)
     i = 0
     while not calls or i < calls:

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from inagg.emulation.loopback import LoopbackDeployment
-from inagg.jobservice.client import ControllerClient
-from inagg.worker.communicator import Communicator
+from inagg.jobservice.client import ControllerClient, ControllerError
+from inagg.worker.communicator import Communicator, JobFailed
 from inagg.errors import InaggError
 from test_training import on_ranks
 
@@ -144,3 +144,51 @@ def test_close_fails_the_call_in_flight_and_ends_every_thread():
         with pytest.raises(InaggError, match="closed"):
             comms[1].allreduce(torch.ones(10))
     assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("inagg-")]
+
+
+def test_a_controller_down_longer_than_a_rank_lease_fails_no_healthy_job():
+    """The controller is stopped for 15 s (far over the 4 s rank lease and over a heartbeat's
+    10 s deadline) under a running job and restarted on its SQLite: the restored controller
+    hears every rank again before their leases run out, and the job goes on exact."""
+    with LoopbackDeployment(2, rank_lease_seconds=4.0) as dep:
+        ranks = start_job(dep, 2, [0, 1])
+        try:
+            for r in ranks:
+                r.wait_for("ok 10", 60)
+            dep.stop_controller()
+            time.sleep(15.0)
+            dep.start_controller()
+            calls_before = len(ranks[0].lines)
+            time.sleep(4.0 + 10.0 + 3.0)       # rank lease + heartbeat deadline + the lease check
+            assert not [line for r in ranks for line in r.lines if line.startswith("error")]
+            assert len(ranks[0].lines) > calls_before         # calls went on, each one exact
+            admin = ControllerClient(dep.controller)
+            jobs = admin.list_jobs(dep.admin_token).jobs
+            admin.close()
+            assert [j.failure for j in jobs] == [""]
+        finally:
+            for r in ranks:
+                r.stop()
+
+
+def test_only_the_admin_or_every_rank_ends_a_job_and_its_ranks_are_told_who():
+    """A rank-less LeaveJob carrying the job's token is refused (the job runs on); the
+    operator's ReleaseJob ends it and every rank's next call fails at once with JobFailed
+    saying so (not after the stall timeout)."""
+    with LoopbackDeployment(2) as dep:
+        comms = in_process_job(dep, [0, 1])
+        client = ControllerClient(dep.controller)
+        try:
+            with pytest.raises(ControllerError, match="PERMISSION_DENIED: ending job .* needs the admin token"):
+                client.leave(comms[0].job_id, comms[0].token)
+            assert allreduce_all(comms) == [[2.0] * 500] * 2
+            client.release(dep.admin_token, comms[0].job_id)
+            started = time.monotonic()
+            for c in comms:
+                with pytest.raises(JobFailed, match=f"job {c.job_id} failed: ended by the operator"):
+                    c.allreduce(torch.ones(500))
+            assert time.monotonic() - started < 5.0
+        finally:
+            client.close()
+            for c in comms:
+                c.close()

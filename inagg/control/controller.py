@@ -2,8 +2,10 @@
 
 State changes go through one lock and are transactions (``Controller._change``): the new state
 is computed, applied to the switches, then persisted; when any step fails (a switch refuses or is
-unreachable) the in-memory state is restored and the switches re-synced, so one job's failure
-never half-applies and never blocks another job. A switch is *reconciled* whenever its desired
+unreachable, the database cannot be written) the in-memory state is restored and the switches
+re-synced, so one job's failure never half-applies and never blocks another job. Decisions that
+end or fail a job are not undone by a database that cannot be written (a full disk): they hold in
+memory, reach the ranks, and are saved once the database takes writes again (``_save_if_behind``). A switch is *reconciled* whenever its desired
 entries change: the desired table entries and multicast groups are computed from the allocator's
 active grants and diffed against what the switch reports by Read, so a restarted controller
 converges to the same state from the SQLite store, and a restarted switch (its stream channel
@@ -38,9 +40,10 @@ from inagg.control.config import ControllerConfig
 from inagg.control.fabric import Fabric
 from inagg.control.jobs import (Job, Member, Refused, authenticated, check_member, check_rank,
                                 job_from_row, running, silence)
-from inagg.control.store import Store, state_from_json
+from inagg.control.store import Store, StoreError, state_from_json
 from inagg.control.switch import SwitchError
 from inagg.control.validation import MAX_NAME_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
+from inagg.jobservice.client import CALL_SECONDS
 from inagg.jobservice.proto import inagg_controller_pb2 as pb
 from inagg.wire.protocol import ENCAPSULATIONS, MAX_WORKERS
 
@@ -58,6 +61,7 @@ class Controller:
         self.store = Store(config.database)
         self.fabric = Fabric(config)
         self.jobs: dict[int, Job] = {}
+        self.unsaved = False   # the store is behind the memory (it could not be written)
         self.stopped = threading.Event()
         self._restore()
         with self.lock:
@@ -66,17 +70,37 @@ class Controller:
     # -- persistence -------------------------------------------------------------------------
 
     def _restore(self) -> None:
+        """The jobs of the store. Each rank gets a heartbeat's deadline on top of its lease: a
+        beat it sent while the controller was down waits that long for it (a healthy rank is
+        never failed for the controller's own absence)."""
         for row in self.store.jobs():
-            job = job_from_row(row)
+            job = job_from_row(row, grace=CALL_SECONDS)
             self.jobs[job.job_id] = job
             if "active" in json.loads(row["state"]) and job.place is not None:
                 self.fabric.allocators[job.place].restore_job(state_from_json(row["state"]))
         log.info("restored %d job(s)", len(self.jobs))
 
-    def _persist(self, job: Job) -> None:
-        state = self.fabric.state(job)
-        if state is not None:
-            self.store.save_state(state, job.place, job.job_index)
+    def _save(self, *, durable: bool) -> None:
+        """Persist every placed job's state and delete the rows of jobs that ended or failed.
+        When the database cannot be written: raise if ``durable``, else log it and remember
+        that the store is behind (the change holds in memory)."""
+        try:
+            states = [(state, job.place, job.job_index) for job in self.jobs.values()
+                      if not job.failure and (state := self.fabric.state(job)) is not None]
+            gone = [i for i in self.store.job_ids() if i not in self.jobs or self.jobs[i].failure]
+            self.store.save(states, gone)
+            self.unsaved = False
+        except StoreError as e:
+            if durable:
+                raise
+            self.unsaved = True
+            log.error("%s (the change holds in memory; it is saved once the database takes writes)", e)
+
+    def _save_if_behind(self) -> None:
+        """Retry saving what a full or read-only database refused before."""
+        with self.lock:
+            if self.unsaved:
+                self._save(durable=False)
 
     # -- transactions ------------------------------------------------------------------------
 
@@ -85,30 +109,33 @@ class Controller:
         self.version += 1
         self.changed.notify_all()
 
-    def _sync(self, *, force: bool = False) -> None:
-        """Called with the lock held after any change: job rows, switches whose entries changed,
-        store, watchers. Raises when a switch refuses. ``force`` (after a rollback): program
-        every switch, logging the ones that fail (the keeper retries them)."""
+    def _sync(self, *, force: bool = False, durable: bool = True) -> None:
+        """Called with the lock held after any change: switches whose entries changed, store
+        (``_save``), watchers. Raises when a switch refuses. ``force`` (after a rollback):
+        program every switch, logging the ones that fail (the keeper retries them)."""
         self.fabric.program(self.jobs, force=force)
-        for job in self.jobs.values():
-            self._persist(job)
+        self._save(durable=durable and not force)
         self._announce()
 
     @contextlib.contextmanager
-    def _change(self, what: str) -> Iterator[None]:
+    def _change(self, what: str, *, durable: bool = True) -> Iterator[None]:
         """A transaction over the jobs and allocators (lock held): the body changes them, then
         the switches are synced; on any error both are restored and the switches re-synced, so
-        nothing is half applied. Errors other than ``Refused`` are answered ABORTED."""
+        nothing is half applied. ``durable=False``: a database that cannot be written does not
+        undo the change (``_save``). A database error is answered with its own code (full:
+        RESOURCE_EXHAUSTED), other errors but ``Refused`` ABORTED."""
         saved_jobs, saved_pools = copy.deepcopy(self.jobs), self.fabric.snapshot()
         try:
             yield
-            self._sync()
+            self._sync(durable=durable)
         except BaseException as e:
-            self.jobs = saved_jobs
+            self.jobs = _keep_leases(saved_jobs, self.jobs)
             self.fabric.restore(saved_pools)
             self._sync(force=True)
             if isinstance(e, Refused) or not isinstance(e, Exception):
                 raise
+            if isinstance(e, StoreError):
+                raise Refused(e.code, f"{what} was rolled back: {e}") from None
             if isinstance(e, SwitchError):
                 log.warning("%s rolled back: %s", what, e)
             else:
@@ -225,15 +252,18 @@ class Controller:
         return decided
 
     def heartbeat(self, job_id: int, token: str, rank: int | None) -> None:
-        with self.lock:
-            job = running(self.authenticate(job_id, token))
-            if rank is not None:
-                check_rank(job, rank)
+        """Renew the job's lease and rank ``rank``'s, without the lock: a beat never waits
+        behind a placement. It only assigns times of a job and a rank that exist (no dict
+        grows under a transaction's copy), and a rollback keeps them (``_keep_leases``)."""
+        job = running(self.authenticate(job_id, token))
+        if rank is not None:
+            check_rank(job, rank)
+            if rank in job.rank_seen:
                 job.rank_seen[rank] = time.monotonic()
 
     def leave(self, job_id: int, rank: int | None = None) -> None:
-        """The job ends (``rank`` None), or rank ``rank`` is done: it is watched no more, and the
-        job ends when every rank is done."""
+        """The job ends (``rank`` None: its lease expired, or the operator's call), or rank
+        ``rank`` is done: it is watched no more, and the job ends when every rank is done."""
         with self.lock:
             job = self.jobs.get(job_id)
             if job is None:
@@ -243,9 +273,8 @@ class Controller:
                 job.left.add(rank)
                 if len(job.left) < job.demand.n_workers:
                     return
-            with self._change(f"end of job {job_id}"):
+            with self._change(f"end of job {job_id}", durable=False):
                 self.fabric.remove(self.jobs.pop(job_id))
-            self.store.delete_job(job_id)
             log.info("job %d left", job_id)
 
     def fail(self, job_id: int, why: str) -> None:
@@ -254,16 +283,17 @@ class Controller:
         with self.lock:
             if job_id not in self.jobs or self.jobs[job_id].failure:
                 return
-            with self._change(f"failure of job {job_id}"):
+            with self._change(f"failure of job {job_id}", durable=False):
                 job = self.jobs[job_id]
                 job.failure = why
                 self.fabric.remove(job)
-            self.store.delete_job(job_id)
             log.warning("job %d failed: %s", job_id, why)
 
     def expire_leases(self) -> list[int]:
         """End jobs whose lease ran out; fail jobs one of whose ranks stopped. Each job on its
-        own: one that cannot be handled is logged and never stops the others."""
+        own: one that cannot be handled is logged and never stops the others. First, what the
+        database refused before is saved if it takes writes again."""
+        self._save_if_behind()
         now = time.monotonic()
         with self.lock:
             jobs = list(self.jobs.values())
@@ -297,18 +327,28 @@ class Controller:
             return grants.grant(self.fabric, job, p, p.epoch != active.epoch)
 
     def release(self, job_id: int) -> None:
+        """The operator ends a job: its slots free at once and its ranks are told, as a failure
+        "ended by the operator", so their calls fail at once (a job that failed already goes)."""
         with self.lock:
             if job_id not in self.jobs:
                 raise Refused(grpc.StatusCode.NOT_FOUND, f"no job {job_id}")
-            self.leave(job_id)
+            if self.jobs[job_id].failure:
+                self.leave(job_id)
+            else:
+                self.fail(job_id, "ended by the operator (ReleaseJob)")
 
     def host_jobs(self) -> pb.HostJobs:
         with self.lock:
             return grants.host_jobs(self.fabric, self.jobs.values())
 
     def list_jobs(self) -> pb.JobList:
+        """Every job; the switches' counters are read after the lock is let go (a slow switch
+        never holds up the controller)."""
         with self.lock:
-            return grants.list_jobs(self.fabric, self.jobs.values())
+            listing, on_switches = grants.list_jobs(self.fabric, self.jobs.values())
+        for info, job in on_switches:
+            grants.add_counters(info, self.fabric, job)
+        return listing
 
     # -- switch keeper -----------------------------------------------------------------------
 
@@ -324,3 +364,13 @@ class Controller:
         self.stopped.set()
         with self.lock:
             self.fabric.close()
+
+
+def _keep_leases(saved: dict[int, Job], current: dict[int, Job]) -> dict[int, Job]:
+    """``saved`` (a transaction's copy, being restored) with the lease times of ``current``:
+    heartbeats renewed during the transaction stand."""
+    for job_id, job in saved.items():
+        if job_id in current:
+            job.last_seen = current[job_id].last_seen
+            job.rank_seen.update((r, t) for r, t in current[job_id].rank_seen.items() if r in job.rank_seen)
+    return saved

@@ -71,10 +71,11 @@ def host_jobs(fabric: Fabric, jobs: Iterable[Job]) -> pb.HostJobs:
     return out
 
 
-def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> pb.JobList:
-    """Every job with its grants and, for one on a switch, the switch's counters of it (read
-    now; a switch that does not answer leaves them out)."""
+def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[tuple[pb.JobInfo, Job]]]:
+    """Every job with its grants, and the entries of the jobs on a switch with their jobs: the
+    caller adds the switch's counters to those (``add_counters``), after letting its lock go."""
     out = pb.JobList()
+    on_switches = []
     for job in sorted(jobs, key=lambda j: j.job_id):
         info = out.jobs.add(job_id=job.job_id, name=job.name, n_workers=job.demand.n_workers,
                             joined=len(job.workers), failure=job.failure)
@@ -84,13 +85,14 @@ def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> pb.JobList:
         if len(held) > 1:
             info.pending.CopyFrom(held[1])
         if held and held[0].mode == SWITCH and job.job_index is not None:
-            add_counters(info, fabric, job)
+            on_switches.append((info, job))
     out.switch_slots = sum(a.switch_slots for a in fabric.allocators.values())
-    return out
+    return out, on_switches
 
 
 def add_counters(info: pb.JobInfo, fabric: Fabric, job: Job) -> None:
-    """The switch's counters of ``job`` into its listing entry."""
+    """The switch's counters of ``job`` into its listing entry (read now; a switch that does
+    not answer leaves them out)."""
     sw = fabric.switches[job.place]
     try:
         c = JobCounters(sw.sw).job(job.job_index)

@@ -60,14 +60,15 @@ class Job:
     activation_asks: dict[tuple[int, int], set[int]] = field(default_factory=dict)
 
 
-def job_from_row(row: Mapping[str, Any]) -> Job:
-    """A job as the store persisted it; every rank's lease starts afresh (a restarted controller
-    cannot know when a rank was last heard)."""
+def job_from_row(row: Mapping[str, Any], grace: float = 0.0) -> Job:
+    """A job as the store persisted it; every rank's lease starts afresh, ``grace`` seconds
+    ahead (a restarted controller cannot know when a rank was last heard, and a rank's beat
+    sent while it was down may still be waiting for it)."""
     demand = Demand(**json.loads(row["state"])["demand"])
     job = Job(row["job_id"], row["name"], row["token"], demand,
               {r: Member(*w) for r, *w in row["workers"]}, transport=row["transport"],
               host_only=row["host_only"], place=row["switch"], job_index=row["job_index"])
-    job.rank_seen = dict.fromkeys(job.workers, time.monotonic())
+    job.rank_seen = dict.fromkeys(job.workers, time.monotonic() + grace)
     return job
 
 

@@ -18,6 +18,7 @@ import grpc
 from inagg.control.config import ControllerConfig
 from inagg.control.controller import Controller
 from inagg.control.jobs import Refused
+from inagg.control.store import StoreError
 from inagg.jobservice.credentials import is_unix, server_credentials
 from inagg.jobservice.proto import inagg_controller_pb2 as pb
 from inagg.jobservice.proto import inagg_controller_pb2_grpc as pb_grpc
@@ -25,6 +26,10 @@ from inagg.jobservice.proto import inagg_controller_pb2_grpc as pb_grpc
 log = logging.getLogger("inagg.controller")
 # Largest request the job service reads: every valid one is far smaller.
 MAX_REQUEST_BYTES = 64 << 10
+# Threads serving calls. A call waiting for the controller's lock (a placement) holds one; a
+# call that finds none free queues behind them all, so there are enough that heartbeats and
+# listings (which need no lock, or hold it briefly) find one during a storm of placements.
+SERVER_THREADS = 256
 
 
 def run_forever(name: str, period: float, stopped: threading.Event,
@@ -53,7 +58,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
     def _call(self, context, fn, *args):
         try:
             return fn(*args)
-        except Refused as e:
+        except (Refused, StoreError) as e:
             context.abort(e.code, str(e))
 
     def CreateJob(self, request, context):
@@ -98,8 +103,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     def LeaveJob(self, request, context):
         self._call(context, lambda: self.ctl.authenticate(request.job_id, request.token))
-        self._call(context, self.ctl.leave, request.job_id,
-                   request.rank if request.HasField("rank") else None)
+        if not request.HasField("rank"):   # a job token is every rank's: it cannot speak for all
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"ending job {request.job_id} needs the admin token (ReleaseJob) or every "
+                          f"rank's LeaveJob naming its rank")
+        self._call(context, self.ctl.leave, request.job_id, request.rank)
         return pb.Empty()
 
     def WatchHostJobs(self, request, context):
@@ -142,7 +150,7 @@ def add_port(server: grpc.Server, address: str, config: ControllerConfig) -> Non
 
 
 def serve(ctl: Controller, address: str) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_THREADS),
                          options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
     pb_grpc.add_JobServiceServicer_to_server(JobServicer(ctl), server)
     add_port(server, address, ctl.config)

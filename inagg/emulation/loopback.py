@@ -76,13 +76,14 @@ class LoopbackDeployment:
                  lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
                  aggregator_drop_rate: float = 0.0, target: str = "soft",
                  metrics: bool = False, die_with_parent: bool = False,
-                 p4info: Path | str | None = None) -> None:
+                 p4info: Path | str | None = None, database: Path | str | None = None) -> None:
         if target not in ("soft", "tofino"):
             raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped 'tofino', not {target!r}")
         if p4info is not None and target != "soft":
             raise ValueError("only a 'soft' loopback switch runs another P4Info than its target's")
         self.target = target
         self.p4info = p4info
+        self.database = database   # the controller's SQLite file; default: in the run's folder
         self.n_hosts = n_hosts
         self.with_switch = with_switch
         self.min_window = min_window
@@ -144,7 +145,7 @@ class LoopbackDeployment:
                     switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
                 switches.append(switch)
             config = {"listen": self.controller, "admin_token": self.admin_token,
-                      "database": str(self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
+                      "database": str(self.database or self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
                       "rank_lease_seconds": self.rank_lease_seconds, "switch_check_seconds": 0.5,
                       "min_window": self.min_window, "host_aggregator": self.host_aggregator,
                       "switches": switches, **({"metrics_listen": "127.0.0.1:0"} if self.metrics else {})}
@@ -186,10 +187,14 @@ class LoopbackDeployment:
                 raise RuntimeError(f"controller announced no metrics endpoint: {self.log('controller')}")
             self.metrics_url = found.group(1)
 
-    def restart_controller(self) -> None:
-        """Stop the controller process and start it again on the same state (SQLite)."""
+    def stop_controller(self) -> None:
+        """Stop the controller process; its state stays in its SQLite store."""
         stop_processes([self.controller_proc])
         self.procs.remove(self.controller_proc)
+
+    def restart_controller(self) -> None:
+        """Stop the controller process and start it again on the same state (SQLite)."""
+        self.stop_controller()
         self.start_controller()
 
     def __exit__(self, *exc) -> None:

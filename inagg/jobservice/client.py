@@ -18,6 +18,15 @@ class ControllerError(RuntimeError):
     """The controller refused a call or could not be reached; the message says which."""
 
 
+# A call's deadline unless the caller gives its own: a call made while the controller is down
+# waits this long for it to come back.
+CALL_SECONDS = 10.0
+# How long a channel waits at most between two tries to reach a controller that is down, so a
+# restarted controller is heard from within about a second (gRPC's default backs off to 120 s).
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 def to_grant(g: pb.Grant) -> Grant:
     return Grant(g.job_id, g.epoch, g.slot_base, g.slot_count, g.values_per_packet,
                  parse_address(g.aggregator), g.mode, g.transport or "udp", g.reason, g.aggregator_mac)
@@ -27,12 +36,12 @@ class ControllerClient:
     """The job service's calls. TCP addresses need TLS (``ca``, or $INAGG_CONTROLLER_CA) unless
     plaintext is asked for (``insecure``, or $INAGG_CONTROLLER_INSECURE=1); see credentials.py."""
 
-    def __init__(self, address: str, timeout: float = 10.0, *, ca: str | Path | None = None,
+    def __init__(self, address: str, timeout: float = CALL_SECONDS, *, ca: str | Path | None = None,
                  insecure: bool | None = None) -> None:
         self.address = address
         self.timeout = timeout
         try:
-            self.channel = open_channel(address, ca, insecure)
+            self.channel = open_channel(address, ca, insecure, CHANNEL_OPTIONS)
         except ValueError as e:
             raise ControllerError(str(e)) from None
         self.stub = pb_grpc.JobServiceStub(self.channel)
@@ -40,11 +49,11 @@ class ControllerClient:
     def close(self) -> None:
         self.channel.close()
 
-    def _call(self, method: str, request):
+    def _call(self, method: str, request, timeout: float | None = None):
         try:
             # wait_for_ready: ride out a controller restart (up to the timeout) instead of failing
             # at once while the channel backs off from a refused connection
-            return getattr(self.stub, method)(request, timeout=self.timeout, wait_for_ready=True)
+            return getattr(self.stub, method)(request, timeout=timeout or self.timeout, wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise ControllerError(f"controller at {self.address} unreachable: {e.details()}") from None
@@ -73,13 +82,15 @@ class ControllerClient:
         return self._call("ActivateGrant", pb.ActivateRequest(job_id=job_id, token=token, epoch=epoch,
                                                               boundary=boundary, rank=rank))
 
-    def heartbeat(self, job_id: int, token: str, rank: int | None = None) -> pb.HeartbeatReply:
-        """Renew the job's lease and, with ``rank``, that rank's."""
-        return self._call("Heartbeat", pb.JobRef(job_id=job_id, token=token, rank=rank))
+    def heartbeat(self, job_id: int, token: str, rank: int | None = None,
+                  timeout: float | None = None) -> pb.HeartbeatReply:
+        """Renew the job's lease and, with ``rank``, that rank's; ``timeout``: this beat's
+        deadline (a rank keeps it under its lease, so one beat never blocks the next)."""
+        return self._call("Heartbeat", pb.JobRef(job_id=job_id, token=token, rank=rank), timeout)
 
     def leave(self, job_id: int, token: str, rank: int | None = None) -> None:
-        """End the job; with ``rank``, only say that this rank is done (the job ends when every
-        rank is)."""
+        """Say that rank ``rank`` is done: the job ends when every rank is. Without a rank the
+        controller refuses (only the operator's ``release`` ends a job for all its ranks)."""
         self._call("LeaveJob", pb.JobRef(job_id=job_id, token=token, rank=rank))
 
     def list_jobs(self, admin_token: str) -> pb.JobList:

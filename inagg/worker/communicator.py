@@ -2,7 +2,15 @@
 
 Bootstrap uses torch.distributed's rendezvous store (rank 0 creates the job at the controller
 and publishes its id and token under ``inagg/job``). Every rank binds a UDP socket, joins the
-job, and follows the controller's grant stream in a background thread. Allreduces run on one
+job, and follows the controller's grant stream in a background thread.
+
+A store is one job's: rank 0 lists its job under ``inagg/jobs`` and publishes it only where no
+other job is (compare-and-set), and every rank claims its rank number in it (a counter). Two
+jobs given one store thus find each other (a second rank 0, a rank claimed twice): the finder
+sets ``inagg/shared``, and every rank of either job raises ``SharedStore`` naming the jobs listed,
+while waiting for its first grant or, in a job already running, at its next heartbeat. So when
+both launches reach the store before the first is placed, no call runs; a launch that comes
+later fails the running job within a quarter of its rank lease. Allreduces run on one
 background I/O thread in submission order (every rank submits the same sequence), so
 ``allreduce_async`` returns at once with a ``torch.futures.Future``.
 
@@ -60,6 +68,14 @@ log = logging.getLogger("inagg.communicator")
 
 class JobFailed(RuntimeError):
     """The controller failed the job (a rank stopped); the message names the rank(s)."""
+
+
+class SharedStore(InaggError):
+    """Two jobs were given one rendezvous store; the message names both."""
+
+
+SHARED_KEY = "inagg/shared"   # set when two jobs were found in one store: how they were found
+JOBS_KEY = "inagg/jobs"       # the ids of the jobs rank 0s created with this store
 
 
 class ReduceOp(enum.Enum):
@@ -181,16 +197,39 @@ class Communicator:
                   iteration_seconds: float, name: str, transport: str) -> None:
         """Rank 0 creates the job and publishes its id and token under ``inagg/job`` in the
         rendezvous store; every rank reads them and joins with its endpoint."""
+        self._store = store
+        claims = store.add(f"inagg/rank/{self.rank}", 1)
         if self.rank == 0:
             job_id, token = self.client.create_job(self.world_size, bytes_per_iteration, iteration_seconds,
                                                    name, transport, self.host_only)
-            store.set("inagg/job", f"{job_id}:{token}")
+            store.append(JOBS_KEY, f"{job_id} ")
+            if store.compare_set("inagg/job", "", f"{job_id}:{token}").decode() != f"{job_id}:{token}":
+                self._shared("two rank 0s created a job")
         store.wait(["inagg/job"])
         job_id_text, self.token = store.get("inagg/job").decode().split(":")
         self.job_id = int(job_id_text)
+        if claims > 1:
+            self._shared(f"rank {self.rank} claimed {claims} times")
         reply = self.client.join(self.job_id, self.token, self.rank, address, mac, roce_qp=roce_qp)
         self.lease_seconds = reply.lease_seconds
         self.rank_lease_seconds = reply.rank_lease_seconds or reply.lease_seconds
+
+    def _shared(self, how: str) -> None:
+        """Two jobs are in this store: say so to every rank of both (``SHARED_KEY``), and raise."""
+        self._store.set(SHARED_KEY, how)
+        self._check_store()
+
+    def _check_store(self, wait: float = 5.0) -> None:
+        """Raise ``SharedStore`` naming the jobs when a rank found another job in this store
+        (waiting up to ``wait`` s for the other launch's rank 0 to list its job)."""
+        if not self._store.check([SHARED_KEY]):
+            return
+        deadline = time.monotonic() + wait
+        while len(jobs := self._store.get(JOBS_KEY).decode().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise SharedStore(f"jobs {' and '.join(jobs)} share one rendezvous store "
+                          f"({self._store.get(SHARED_KEY).decode()}); give each job its own "
+                          f"(another MASTER_PORT or init_method)")
 
     def _first_grant(self, timeout: float) -> Grant:
         """Follow the job's grant stream (a background thread) and wait for its first active
@@ -206,7 +245,11 @@ class Communicator:
         self._grant_stream = self.client.watch(self.job_id, self.token)
         self._threads = [threading.Thread(target=self._follow_grants, daemon=True, name="inagg-grants")]
         self._threads[0].start()
-        if not self._first.wait(timeout):
+        deadline = time.monotonic() + timeout
+        while not self._first.wait(0.2) and time.monotonic() < deadline:
+            self._check_store()
+        self._check_store()
+        if not self._first.is_set():
             raise TimeoutError(f"job {self.job_id}: no grant from the controller within {timeout}s "
                                f"(did all {self.world_size} ranks join?)")
         if self.failure:
@@ -287,7 +330,9 @@ class Communicator:
             stream.abort()
 
     def _heartbeat(self) -> None:
-        """Renew this rank's lease, four times per lease so one lost beat never expires it. A
+        """Renew this rank's lease, four times per lease so one lost beat never expires it; a
+        beat waits at most half a lease for a controller that is down (then the next one goes),
+        so the first beat after a controller restart arrives within a beat period. A
         failed beat is logged and retried; when a whole lease has passed without one, the
         controller may have ended the job, which is logged as an error."""
         lease = min(self.lease_seconds, self.rank_lease_seconds)
@@ -296,7 +341,12 @@ class Communicator:
             if self.failure:
                 return
             try:
-                self.client.heartbeat(self.job_id, self.token, self.rank)
+                self._check_store()
+            except SharedStore as e:
+                self._fail(str(e))
+                return
+            try:
+                self.client.heartbeat(self.job_id, self.token, self.rank, timeout=max(lease / 2, 0.2))
                 last_ok = time.monotonic()
             except Exception as e:  # noqa: BLE001 - any failure: logged, retried next beat
                 if self._closed.is_set():   # close() cancelled it
@@ -460,7 +510,8 @@ class Communicator:
         return s
 
     def close(self, leave: bool = True) -> None:
-        """Stop the communicator; rank 0 ends the job at the controller when ``leave``. A call
+        """Stop the communicator; with ``leave`` the rank says it is done at the controller (the
+        job ends when every rank did, or when its lease runs out). A call
         still running or queued fails at once (its stream is aborted). Returns when its threads
         have ended: at interpreter exit, a thread still inside a native call (which releases
         the GIL) aborts the process when it takes the GIL back, and one writing a log line can
@@ -469,14 +520,12 @@ class Communicator:
         self.stream.abort()
         self._queue.put(None)
         self._grant_stream.cancel()
-        if leave:  # rank 0 ends the job; any other rank says it is done (no longer watched)
+        if leave:  # the rank is done (no longer watched); the last one's leave ends the job
             try:
-                self.client.leave(self.job_id, self.token, None if self.rank == 0 else self.rank)
+                self.client.leave(self.job_id, self.token, self.rank)
             except Exception as e:  # noqa: BLE001 - logged; the lease expires anyway
-                # another rank's leave usually finds the job ended by rank 0's already
-                log.log(logging.WARNING if self.rank == 0 else logging.INFO,
-                        "job %d rank %d: could not leave at the controller (%s); its lease expires "
-                        "instead", self.job_id, self.rank, e)
+                log.info("job %d rank %d: could not leave at the controller (%s); its lease expires "
+                         "instead", self.job_id, self.rank, e)
         self._join(self._io_thread)
         for transport in self._transports.values():
             transport.close()
