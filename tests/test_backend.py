@@ -34,13 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def torchrun(tmp_path: Path, name: str, *args: str, workers: int = 2, env: dict | None = None) -> dict:
-    """Run examples/train_ddp.py under torchrun; rank 0's parameters, losses and stats."""
+def torchrun(tmp_path: Path, name: str, *args: str, workers: int = 2, env: dict | None = None,
+             script: str = "train_ddp.py") -> dict:
+    """Run examples/``script`` under torchrun; rank 0's parameters, losses and stats."""
     out = tmp_path / f"{name}.json"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
     full_env.update(env or {})
     proc = subprocess.run([str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={workers}",
-                           str(ROOT / "examples" / "train_ddp.py"), "--out", str(out), *args],
+                           str(ROOT / "examples" / script), "--out", str(out), *args],
                           cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())
@@ -65,7 +66,7 @@ def test_ddp_trains_on_the_inagg_backend_with_nothing_started_by_hand(tmp_path, 
     assert stats["allreduce_paths"] == {"inagg": 40} and stats["inagg"]["mode"] == "switch"
     assert stats["inagg"]["packets_received"] > 0
     # ...DDP's own broadcasts/allgathers through gloo, counted
-    assert stats["fallbacks"]["broadcast: inagg implements allreduce only"] > 0
+    assert stats["fallbacks"]["broadcast: inagg runs allreduce and reduce-scatter only"] > 0
     assert_same_training(run, gloo_runs["none"], atol=1e-5)
     # the job's own deployment is gone with it: its directory (sockets, logs) removed
     assert stats["controller"].startswith("unix:")
