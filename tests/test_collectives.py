@@ -94,14 +94,25 @@ def test_coalesced_reduce_scatters_and_all_gathers(groups):
     assert groups[0].via_allreduce["reduce_scatter_tensor_coalesced"] >= 1
 
 
-def test_a_reduce_scatter_inagg_cannot_run_goes_to_gloo_counted_by_its_ops_name(groups):
+def test_calls_inagg_cannot_run_go_to_gloo_counted_by_their_ops_name(groups):
     def scatter(r: int) -> list[float]:
         out = torch.zeros(2)
         groups[r].reduce_scatter_single(out, torch.tensor([r, 5.0, 1.0, r]), _scatter_opts(dist.ReduceOp.MAX)).wait()
         return out.tolist()
 
+    def maximum(r: int) -> list[float]:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        out = torch.tensor([float(r)])
+        groups[r].allreduce([out], opts).wait()
+        return out.tolist()
+
     assert on_ranks(scatter, 2) == [[1.0, 5.0], [1.0, 1.0]]
+    assert on_ranks(maximum, 2) == on_ranks(maximum, 2) == [[1.0], [1.0]]
+    # one key per kind of call (before: the op printed as an object address, one key per call)
     assert groups[0].fallbacks["reduce_scatter_single: op MAX"] >= 1
+    assert groups[0].fallbacks["allreduce: op MAX"] == 2
+    assert not any("object at" in key for key in groups[0].fallbacks)
 
 
 def test_all_gather_and_all_to_all_single_on_the_inner_gloo_group(groups):
