@@ -214,16 +214,16 @@ def test_multi_node_job_without_a_controller_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     store = dist.FileStore(str(tmp_path / "store"), 1)
     with pytest.raises(InaggSetupError, match=r"spans several machines \(4 ranks, 2 on this one\).*INAGG_CONTROLLER"):
-        find_endpoint(store, 0, 4, timedelta(seconds=5))
+        find_endpoint(store, 0, 4)
 
 
 def test_controller_address_gives_the_routed_source_address(tmp_path, monkeypatch):
     monkeypatch.setenv("INAGG_CONTROLLER", "127.0.0.1:50051")
     store = dist.FileStore(str(tmp_path / "store"), 1)
-    assert find_endpoint(store, 0, 1, timedelta(seconds=5)).bind_ip == "127.0.0.1"
+    assert find_endpoint(store, 0, 1).bind_ip == "127.0.0.1"
     monkeypatch.setenv("INAGG_CONTROLLER", "not an address")
     with pytest.raises(InaggSetupError, match="neither host:port nor unix:PATH"):
-        find_endpoint(store, 0, 1, timedelta(seconds=5))
+        find_endpoint(store, 0, 1)
 
 
 def _agree_min_over(n: int):

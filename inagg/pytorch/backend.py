@@ -269,7 +269,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         self._gloo_group = _gloo_group(self._gloo, store, rank, world_size)
         self._local_store = dist.PrefixStore("local", store)
-        self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size, timeout)
+        self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size)
         self.comm: Communicator | None = None
         self.lane: Communicator | None = None
         try:

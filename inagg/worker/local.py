@@ -175,9 +175,11 @@ class Endpoint:
         self.services.close()
 
 
-def find_endpoint(store, rank: int, world_size: int, timeout: timedelta) -> Endpoint:
+def find_endpoint(store, rank: int, world_size: int) -> Endpoint:
     """The controller and this rank's address (module docstring); rank 0 starts the local
-    deployment when no controller is named. ``store`` is the job's (prefixed) store."""
+    deployment when no controller is named. ``store`` is the job's (prefixed) store. Starting
+    the deployment takes what it takes, whatever the group's timeout for its collectives
+    (torch's suite creates groups with 1 s): every rank waits for it up to ``_START_SECONDS``."""
     controller = os.environ.get(CONTROLLER_ENV, "").strip()
     if controller:
         return Endpoint(controller, bind_address(controller, rank, world_size))
@@ -185,11 +187,12 @@ def find_endpoint(store, rank: int, world_size: int, timeout: timedelta) -> Endp
     services = None
     if rank == 0:
         try:
-            services = LocalServices(world_size, min(timeout.total_seconds(), _START_SECONDS))
+            services = LocalServices(world_size, _START_SECONDS)
             store.set(_STORE_KEY, json.dumps(services.info))
         except Exception as e:
             store.set(_STORE_KEY, json.dumps({"error": str(e)}))
             raise
+    store.wait([_STORE_KEY], timedelta(seconds=_START_SECONDS + 5))
     info = json.loads(store.get(_STORE_KEY))
     if "error" in info:
         raise InaggSetupError(f"rank 0 could not start the local inagg deployment: {info['error']}")
