@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from scapy.layers.inet import IP, UDP  # noqa: E402
 from scapy.layers.l2 import Ether  # noqa: E402
 
-from inagg.emulation.loopback import free_loopback_net  # noqa: E402
+from inagg.emulation.loopback import random_loopback_net  # noqa: E402
 from inagg.softswitch.switch import udp_host_mac  # noqa: E402
 from inagg.emulation.testbed import SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
 from inagg.control.config import default_program  # noqa: E402
@@ -149,7 +149,7 @@ def drive(pid: int, target: str, port: int, net: str, n: int, window: int, round
 
 def cpu_benchmark(reps: int, rounds: int, window: int, k: int, n: int = 4) -> list[dict]:
     build_echo()
-    net = free_loopback_net()
+    net = random_loopback_net()
     rows = []
     with udp_switch("native", net, n, window, k) as switch_pid, udp_echo(f"{net}.253") as echo_pid:
         drive(switch_pid, f"{net}.254", UDP_PORT, net, n, window, rounds // 10, k)   # warm-up

@@ -19,7 +19,7 @@ from scapy.layers.inet import IP, UDP, fragment
 from scapy.layers.l2 import Ether
 from scapy.utils import wrpcap
 
-from inagg.emulation.loopback import free_loopback_net
+from inagg.emulation.loopback import free_udp_port, random_loopback_net
 from inagg.control.config import default_program
 from inagg.emulation.testbed import stop_processes
 from inagg.wire import protocol, roce
@@ -54,10 +54,11 @@ def switch_capture(request, tmp_path_factory) -> Path:
     written by either engine's packet loop (started with the program: the C++ loop captures
     only while a pipeline is set)."""
     out = tmp_path_factory.mktemp("pcap")
-    net = free_loopback_net()
+    net = random_loopback_net()
+    to_switch = (f"{net}.254", free_udp_port(f"{net}.254"))
     proc = subprocess.Popen([sys.executable, "-m", "inagg.softswitch.switch", "--engine", request.param,
                              "-i", f"1@udp:{net}.1",
-                             "--udp-bind", f"{net}.254", "--pcap", str(out), str(default_program("soft").files["bmv2_json"]), "--",
+                             "--udp-bind", "%s:%d" % to_switch, "--pcap", str(out), str(default_program("soft").files["bmv2_json"]), "--",
                              "--grpc-server-addr", f"unix:{out}/p4rt.sock"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -65,7 +66,7 @@ def switch_capture(request, tmp_path_factory) -> Path:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind((f"{net}.1", 0))
             s.sendto(protocol.build_contribution(3, 1, 2, 7, 0, 448, SWITCH_VALUES, 64, exp=-5),
-                     (f"{net}.254", protocol.UDP_PORT))
+                     to_switch)
         pcap = out / f"udp_{net}.1_in.pcap"
         deadline = time.time() + 30
         while not (pcap.exists() and pcap.stat().st_size > 24):   # the pcap header is 24 bytes

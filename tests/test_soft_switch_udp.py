@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from inagg.emulation.loopback import ROOT, free_loopback_net
+from inagg.emulation.loopback import ROOT, free_udp_port, random_loopback_net
 from inagg.softswitch.switch import udp_host_mac
 from inagg.control.config import default_program
 from inagg.control.program import Program
@@ -28,7 +28,7 @@ from inagg.control.switch import (
     SwitchJob, WorkerBinding,
 )
 from inagg.wire.grant import values_for_mtu
-from inagg.wire.protocol import MSG_CONTRIBUTION, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, unpack_header
+from inagg.wire.protocol import MSG_CONTRIBUTION, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, build_contribution, unpack_header
 from inagg.wire.scapy_layer import Inagg, read_pcap
 from inagg.wire.transport import enlarge_buffers
 from tools.soft_p4info import soft_p4info_text
@@ -38,12 +38,14 @@ SLOTS = 512
 
 @contextmanager
 def soft_switch(tmp_path, *options: str):
-    """(switch process, P4Runtime connection, loopback /24 prefix) with 2 UDP-attached hosts."""
-    net = free_loopback_net()
+    """(switch process, P4Runtime connection, loopback /24 prefix, the switch's UDP address) with
+    2 UDP-attached hosts."""
+    net = random_loopback_net()
+    to_switch = (f"{net}.254", free_udp_port(f"{net}.254"))
     sock = tmp_path / "p4rt.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "inagg.softswitch.switch", *options,
-         "-i", f"1@udp:{net}.1", "-i", f"2@udp:{net}.2", "--udp-bind", f"{net}.254", "--no-p4",
+         "-i", f"1@udp:{net}.1", "-i", f"2@udp:{net}.2", "--udp-bind", "%s:%d" % to_switch, "--no-p4",
          "--pcap", str(tmp_path), "--", "--grpc-server-addr", f"unix:{sock}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sw = None
@@ -51,7 +53,7 @@ def soft_switch(tmp_path, *options: str):
         assert "inagg-soft-switch" in proc.stdout.readline()
         sw = SwitchConnection(f"unix:{sock}")
         sw.push_pipeline()
-        yield proc, sw, net
+        yield proc, sw, net, to_switch
     finally:
         if sw is not None:
             sw.close()
@@ -62,8 +64,8 @@ def soft_switch(tmp_path, *options: str):
 
 @pytest.fixture(params=["native", "python"])
 def switch(request, tmp_path):
-    with soft_switch(tmp_path, "--engine", request.param) as (proc, sw, net):
-        yield proc, sw, net, tmp_path
+    with soft_switch(tmp_path, "--engine", request.param) as (proc, sw, net, to_switch):
+        yield proc, sw, net, to_switch, tmp_path
 
 
 def admit(sw, net: str, workers: list[socket.socket], slots: int) -> None:
@@ -95,12 +97,11 @@ def pcap_frames(path) -> list[bytes]:
 
 
 def test_windows_come_back_complete_and_strangers_are_ignored(switch):
-    proc, sw, net, pcap_dir = switch
+    proc, sw, net, to_switch, pcap_dir = switch
     workers = [udp_socket(f"{net}.{r + 1}") for r in range(2)]
     stranger = udp_socket(f"{net}.3")
     try:
         admit(sw, net, workers, SLOTS)
-        to_switch = (f"{net}.254", UDP_PORT)
         stranger.sendto(build_contribution(1, 0, 1, 0, 0, 0, np.full(K, 1000, np.int32), K), to_switch)
         for rnd in range(2):
             for slot in range(SLOTS):
@@ -138,12 +139,11 @@ def test_values_per_packet_is_the_software_targets(tmp_path, engine):
     soft = default_program("soft")
     k = soft.p4info.values_per_packet
     assert k > K
-    with soft_switch(tmp_path, "--engine", engine) as (proc, sw, net):
+    with soft_switch(tmp_path, "--engine", engine) as (proc, sw, net, to_switch):
         sw.push_pipeline(soft)
         workers = [udp_socket(f"{net}.{r + 1}") for r in range(2)]
         try:
             admit(sw, net, workers, 4)
-            to_switch = (f"{net}.254", UDP_PORT)
             for rank, w in enumerate(workers):
                 w.sendto(build_contribution(1, rank, 1, 0, 0, 0, np.arange(k, dtype=np.int32) * (rank + 1), k),
                          to_switch)
@@ -167,7 +167,7 @@ def test_values_per_packet_is_the_software_targets(tmp_path, engine):
             sw.push_pipeline(Program("soft", too_large, soft.files))
 
 
-def exchange_rounds(sw, net: str, slots: int) -> None:
+def exchange_rounds(sw, net: str, to_switch: tuple[str, int], slots: int) -> None:
     """Two workers each contribute to ``slots`` slots and get every result back."""
     workers = [udp_socket(f"{net}.{r + 1}") for r in range(2)]
     try:
@@ -175,7 +175,7 @@ def exchange_rounds(sw, net: str, slots: int) -> None:
         for slot in range(slots):
             for rank, w in enumerate(workers):
                 w.sendto(build_contribution(1, rank, 1, slot, 0, K * slot, np.full(K, rank + slot, np.int32), K),
-                         (f"{net}.254", UDP_PORT))
+                         to_switch)
         for w in workers:
             for _ in range(slots):
                 assert unpack_header(w.recv(65535)).msg_type == MSG_RESULT
@@ -196,9 +196,9 @@ def test_native_captures_decode_with_the_times_the_loop_saw(tmp_path):
     writer, fed by the native loop's capture queue), stamped between the first send and the last
     receive, in time order."""
     slots = 64
-    with soft_switch(tmp_path, "--engine", "native") as (proc, sw, net):
+    with soft_switch(tmp_path, "--engine", "native") as (proc, sw, net, to_switch):
         start = time.time()
-        exchange_rounds(sw, net, slots)
+        exchange_rounds(sw, net, to_switch, slots)
         end = time.time()
         stop_switch(proc)
     for rank in range(2):
@@ -216,8 +216,8 @@ def test_a_full_capture_queue_counts_what_it_leaves_out(tmp_path):
     is left out of the pcaps, the data path does not wait for the writer (every result comes
     back), and the warning at stop counts exactly the frames missing."""
     slots = 256
-    with soft_switch(tmp_path, "--engine", "native", "--pcap-buffer", "1") as (proc, sw, net):
-        exchange_rounds(sw, net, slots)
+    with soft_switch(tmp_path, "--engine", "native", "--pcap-buffer", "1") as (proc, sw, net, to_switch):
+        exchange_rounds(sw, net, to_switch, slots)
         output = stop_switch(proc)
     captured = sum(len(pcap_frames(tmp_path / f"udp_{net}.{r + 1}_{d}.pcap")) for r in range(2) for d in ("in", "out"))
     dropped = re.search(r"pcap: (\d+) captured frames left out", output)

@@ -1,10 +1,11 @@
 """The embedded default deployment on loopback, no root needed: the software data plane
 (attached over UDP), the controller and a host aggregator, each a real process.
 
-Each deployment takes a loopback /24 of its own, 127.A.B.0/24, chosen at random and checked free,
-so runs of other checkouts on the same machine never meet it: worker r uses 127.A.B.(r+1),
-attached to switch port r+1; the switch's inagg address is 127.A.B.254, the host aggregator's
-127.A.B.100. ``make demo``, the training tests and the benchmarks run on it.
+Each deployment takes a loopback /24 of its own, 127.A.B.0/24, chosen at random, so runs of
+other checkouts on the same machine never meet it: worker r uses 127.A.B.(r+1), attached to
+switch port r+1; the switch's inagg address is 127.A.B.254, the host aggregator's 127.A.B.100,
+each on a UDP port the kernel finds free there (never a fixed one: another program bound to
+0.0.0.0 on inagg's well-known ports holds them on every address). ``make demo``, the training tests and the benchmarks run on it.
 
 ``target="tofino"`` makes it Tofino-shaped: the software data plane runs the Tofino program's
 P4Info (its K, names and counters), the controller deploys to it as to a Tofino (the packed
@@ -33,8 +34,6 @@ from pathlib import Path
 
 from inagg.control.config import default_program
 from inagg.jobservice.credentials import ADMIN_TOKEN_ENV
-from inagg.wire.grant import HOST_AGGREGATOR_PORT
-from inagg.wire.protocol import UDP_PORT
 
 from inagg.softswitch.switch import udp_host_mac
 from inagg.emulation.testbed import stop_processes
@@ -44,19 +43,22 @@ from inagg.emulation.testbed import stop_processes
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_loopback_net(tries: int = 64) -> str:
-    """A ``127.A.B`` prefix whose switch and aggregator addresses nothing on this machine holds."""
-    for _ in range(tries):
-        net = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
-        probes = [(f"{net}.254", UDP_PORT), (f"{net}.100", HOST_AGGREGATOR_PORT)]
-        try:
-            for addr in probes:
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                    s.bind(addr)
-        except OSError:
-            continue
-        return net
-    raise RuntimeError(f"no free loopback /24 found in {tries} tries")
+def free_udp_port(ip: str) -> int:
+    """A UDP port nothing on this machine holds at ``ip`` (the kernel's pick), for a service
+    started next to bind."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((ip, 0))
+            return s.getsockname()[1]
+    except OSError as e:
+        raise RuntimeError(f"cannot bind a UDP socket on {ip} ({e}): the local deployment needs the "
+                           f"loopback network 127.0.0.0/8 (lo up, with its /8 route)") from e
+
+
+def random_loopback_net() -> str:
+    """A random ``127.A.B`` prefix: another deployment on this machine takes the same one only
+    by a 1 in 65,000 chance, and then still runs (its services are on ports of their own)."""
+    return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
 
 
 def _die_with_parent() -> None:
@@ -95,9 +97,15 @@ class LoopbackDeployment:
         self.die_with_parent = die_with_parent
         self.admin_token = secrets.token_hex(8)
         self.procs: list[subprocess.Popen] = []
-        self.net = free_loopback_net()
+        self.net = random_loopback_net()
         self.switch_ip = f"{self.net}.254"
-        self.host_aggregator = f"{self.net}.100:{HOST_AGGREGATOR_PORT}"
+        self.switch_port = free_udp_port(self.switch_ip)
+        self.host_aggregator = f"{self.net}.100:{free_udp_port(f'{self.net}.100')}"
+
+    @property
+    def switch_address(self) -> str:
+        """Where workers send to the switch: its inagg address and UDP port."""
+        return f"{self.switch_ip}:{self.switch_port}"
 
     def worker_ip(self, rank: int) -> str:
         return f"{self.net}.{rank + 1}"
@@ -136,7 +144,7 @@ class LoopbackDeployment:
                 self.start_switch()
                 switch = {
                     "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "target": self.target,
-                    "aggregator": f"{self.switch_ip}:{UDP_PORT}",
+                    "aggregator": self.switch_address,
                     "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
                               for r in range(self.n_hosts)}}
                 if self.p4info is not None:
@@ -165,7 +173,7 @@ class LoopbackDeployment:
                  for a in ("-i", f"{self.device_port(r)}@udp:{self.worker_ip(r)}")]
         p4info = default_program(self.target).p4info_path
         self.switch_proc = self._start(
-            "switch", [sys.executable, "-m", "inagg.softswitch.switch", *ports, "--udp-bind", self.switch_ip,
+            "switch", [sys.executable, "-m", "inagg.softswitch.switch", *ports, "--udp-bind", self.switch_address,
                        "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
                        "--grpc-server-addr", f"unix:{self.dir}/switch.sock"],
             "inagg-soft-switch")

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from inagg import add_version_flag
 from inagg.worker.local import CONTROLLER_ENV, DEPLOYMENT_FILE
-from inagg.wire.protocol import UDP_PORT
 
 from inagg.emulation.loopback import LoopbackDeployment
 
@@ -49,7 +48,7 @@ def default_state_dir() -> Path:
 
 def describe(dep: LoopbackDeployment) -> dict:
     return {"controller": dep.controller, "worker_ips": dep.worker_ips,
-            "switch": f"{dep.switch_ip}:{UDP_PORT}", "host_aggregator": dep.host_aggregator,
+            "switch": dep.switch_address, "host_aggregator": dep.host_aggregator,
             "admin_token": dep.admin_token, "dir": str(dep.dir), "pid": os.getpid()}
 
 

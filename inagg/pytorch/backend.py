@@ -62,12 +62,13 @@ from inagg import BACKEND_NAME
 
 log = logging.getLogger("inagg.backend")
 
-# Collectives inagg does not implement: the inner gloo group runs them as they are.
+# Collectives inagg does not implement, by the names torch's c10d calls on a process group: the
+# inner gloo group runs them as they are (``_gloo_group``)
 GLOO_COLLECTIVES = (
-    "broadcast", "allgather", "_allgather_base", "allgather_coalesced", "allgather_into_tensor_coalesced",
-    "all_gather_single", "allreduce_coalesced", "reduce", "reduce_scatter", "_reduce_scatter_base",
-    "reduce_scatter_tensor_coalesced", "gather", "scatter", "alltoall", "alltoall_base", "barrier",
-    "monitored_barrier", "send", "recv", "recv_anysource",
+    "broadcast", "allgather", "_allgather_base", "all_gather_single", "allgather_coalesced",
+    "allgather_into_tensor_coalesced", "all_gather_single_coalesced", "allreduce_coalesced", "reduce",
+    "reduce_scatter", "gather", "scatter", "alltoall", "alltoall_base", "all_to_all_single", "barrier",
+    "send", "recv", "recv_anysource",
 )
 # three sizes pin alpha and beta of each path (the median of a few rounds each: the machine may
 # be shared), so the first real calls are already chosen from measurements
@@ -79,6 +80,7 @@ _INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
 # the hand-over to the I/O thread and back costs most of a small call's time; larger ones stay
 # queued, so DDP overlaps them with its backward pass
 _INLINE_BELOW_BYTES = 64 << 10
+_NOT_A_REDUCTION = "inagg runs allreduce and reduce-scatter only"
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
 REPRODUCIBLE_ENV = "INAGG_REPRODUCIBLE"   # 1 (default): the same bits on every path | 0
 
@@ -131,7 +133,12 @@ def _ineligible(tensors: list[torch.Tensor], op) -> str:
         return "non-contiguous tensor"
     if op == _SUM or (op == _AVG and t.dtype in _FLOAT_DTYPES):
         return ""
-    return f"op {op}"
+    return f"op {op_name(op)}"
+
+
+def op_name(op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> str:
+    """``op``'s name (SUM, MAX, PREMUL_SUM...): a ``dist.ReduceOp`` prints as an object address."""
+    return getattr(op, "op", op).name
 
 
 def _settle(out: torch.futures.Future, fut: torch.futures.Future, value) -> None:
@@ -213,6 +220,56 @@ class _TimedWork(dist.Work):
         return self._work.is_completed()
 
 
+class _ShardWork(dist.Work):
+    """The Work of reduce-scatters run as allreduces (``InaggProcessGroup._reduce_scatter``):
+    ``calls`` are (output, full, work), ``full`` the tensor ``work`` allreduces; once every
+    ``work`` is done, this rank's shard of each ``full`` is copied to its output, once, on
+    whichever thread learns it first (``wait`` or the future's callback). ``wait`` raises a
+    call's error; the future resolves to the outputs (as gloo's reduce-scatter's)."""
+
+    def __init__(self, calls: list[tuple[torch.Tensor, torch.Tensor, dist.Work]], rank: int) -> None:
+        super().__init__()
+        self._calls, self._rank = calls, rank
+        self._lock, self._kept = threading.Lock(), False
+
+    def _keep_shards(self) -> list[torch.Tensor]:
+        with self._lock:
+            if not self._kept:
+                for output, full, _ in self._calls:
+                    n = output.numel()
+                    output.copy_(full.view(-1)[self._rank * n:(self._rank + 1) * n].view_as(output))
+                self._kept = True
+        return [output for output, _, _ in self._calls]
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        for _, _, work in self._calls:
+            work.wait()
+        self._keep_shards()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        def kept(f: torch.futures.Future) -> list[torch.Tensor]:
+            for done in f.value():
+                done.value()   # raises a call's error into the returned future
+            return self._keep_shards()
+
+        return torch.futures.collect_all([work.get_future() for _, _, work in self._calls]).then(kept)
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for _, _, work in self._calls)
+
+
+def _gloo_group(gloo: dist.ProcessGroupGloo, store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
+    """A process group whose CPU backend is ``gloo``, as torch builds one for
+    ``init_process_group("gloo")``: torch's ``ProcessGroup`` methods (``all_gather_single``,
+    ``reduce_scatter_tensor_coalesced``...) dispatch to the backend's own collectives, which the
+    backend's Python binding does not all have."""
+    group = dist.ProcessGroup(store, rank, world_size)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    return group
+
+
 class _ShutDownGloo:
     """Stands in for the inner gloo group once the process group is shut down: every use says so
     (instead of an AttributeError on None)."""
@@ -227,9 +284,12 @@ class InaggProcessGroup(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         super().__init__(rank, world_size)
         forced = _forced_path()
+        self._timeout = timeout
+        self._group_name = self._group_desc = ""
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
+        self._gloo_group = _gloo_group(self._gloo, store, rank, world_size)
         self._local_store = dist.PrefixStore("local", store)
-        self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size, timeout)
+        self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size)
         self.comm: Communicator | None = None
         self.lane: Communicator | None = None
         self._fixed: FixedPointGloo | None = None
@@ -250,6 +310,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._closed = False
         self.allreduces: Counter[str] = Counter()   # eligible calls by path
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
+        self.via_allreduce: Counter[str] = Counter()   # collective -> calls run as allreduces
         self._lock = threading.Lock()
         self._last_done = {p: 0.0 for p in paths}
         # each path's latest call, weakly: a strong reference would keep the caller's tensor alive
@@ -289,6 +350,20 @@ class InaggProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
+
+    # torch keeps a group's name and description on its backends; this group has none registered
+    # (every collective is its own), so it keeps them itself: DeviceMesh (FSDP2) names groups
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._group_desc
 
     # -- allreduce -----------------------------------------------------------------------------
 
@@ -452,7 +527,71 @@ class InaggProcessGroup(dist.ProcessGroup):
                                 measure=timed).wait()
         self.paths.agree()
 
+    # -- reduce-scatter: an allreduce whose result each rank keeps its shard of ------------------
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002 - torch's name
+                              opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+        """``dist.reduce_scatter_tensor`` (``_reduce_scatter``)."""
+        return self._reduce_scatter("reduce_scatter_single", [output], [input], opts, coalesced=False)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002 - torch's name
+                             opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+        """The older name of ``reduce_scatter_single`` (``_reduce_scatter``)."""
+        return self._reduce_scatter("_reduce_scatter_base", [output], [input], opts, coalesced=False)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+        """Reduce-scatters gathered by ``dist._coalescing_manager`` (``_reduce_scatter``)."""
+        return self._reduce_scatter("reduce_scatter_single_coalesced", outputs, inputs, opts, coalesced=True)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+        """The C++ name of ``reduce_scatter_single_coalesced`` (``_reduce_scatter``)."""
+        return self._reduce_scatter("reduce_scatter_tensor_coalesced", outputs, inputs, opts, coalesced=True)
+
+    def _reduce_scatter(self, collective: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                        opts: dist.ReduceScatterOptions | None, coalesced: bool) -> dist.Work:
+        """Each input allreduced (a copy: the input stays as it was) on the path ``allreduce``
+        chooses, and the rank's shard of the sum copied to its output: every rank's share of
+        the work is the allreduce's, which INA does at line rate. Where an allreduce of the
+        input could not use inagg (``_unshardable``), the inner gloo group's reduce-scatter."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        reason = self._unshardable(outputs, inputs, opts.reduceOp)
+        if reason:
+            args = (outputs, inputs) if coalesced else (outputs[0], inputs[0])
+            return self._to_gloo(collective, reason, *args, opts)
+        self.via_allreduce[collective] += 1
+        allreduce_opts = dist.AllreduceOptions()
+        allreduce_opts.reduceOp = opts.reduceOp
+        calls = []
+        for output, input_ in zip(outputs, inputs):
+            full = input_.clone(memory_format=torch.contiguous_format)
+            calls.append((output, full, self.allreduce([full], allreduce_opts)))
+        return _ShardWork(calls, self.rank())
+
+    def _unshardable(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], op) -> str:
+        """Why these reduce-scatters cannot run as allreduces on inagg's paths ('' if they can)."""
+        if len(outputs) != len(inputs) or not inputs:
+            return f"{len(outputs)} outputs for {len(inputs)} inputs"
+        for output, input_ in zip(outputs, inputs):
+            reason = _ineligible([input_], op)
+            if reason:
+                return reason
+            if output.dtype != input_.dtype or not output.is_contiguous() or not output.is_cpu:
+                return "output not a contiguous CPU tensor of the input's dtype"
+            if input_.numel() != output.numel() * self.size():
+                return "input not the ranks' outputs end to end"
+        return ""
+
     # -- everything else -----------------------------------------------------------------------
+
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier on the inner group: rank 0 names the ranks that did not
+        arrive within ``timeout`` (the group's, if None). ``dist.monitored_barrier`` refuses
+        every backend not named gloo before it gets here; ``monitored_barrier`` (this module)
+        is the same call for any group."""
+        self._to_gloo("monitored_barrier", _NOT_A_REDUCTION, timeout if timeout is not None else self._timeout,
+                      wait_all_ranks=wait_all_ranks)
 
     def _to_gloo(self, collective: str, reason: str, *args: Any, **kwargs: Any) -> dist.Work:
         """Run ``collective`` on the inner gloo group, counted under ``reason`` (logged once)."""
@@ -463,14 +602,15 @@ class InaggProcessGroup(dist.ProcessGroup):
             level = logging.WARNING if collective == "allreduce" else logging.INFO
             log.log(level, "rank %d: %s goes to gloo (%s); counted in stats()['fallbacks']",
                     self.rank(), collective, reason)
-        return getattr(self._gloo, collective)(*args, **kwargs)
+        gloo = self._gloo if collective == "allreduce" else self._gloo_group
+        return getattr(gloo, collective)(*args, **kwargs)
 
     def stats(self) -> dict:
         """Calls by path, gloo fallbacks by kind, the agreed path model and the communicator's
         counters (mode, bytes, retransmissions, ...)."""
         return {"controller": self.endpoint.controller, "address": self.endpoint.bind_ip,
                 "allreduce_paths": dict(self.allreduces + Counter(gloo=self._run_taken())),
-                "fallbacks": dict(self.fallbacks),
+                "fallbacks": dict(self.fallbacks), "via_allreduce": dict(self.via_allreduce),
                 "path_model": self.paths.as_dict(), "inagg": self.comm.stats(),
                 "host_lane": self.lane.stats() if self.lane is not None else None}
 
@@ -504,7 +644,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._release_gloo()
 
     def _release_gloo(self) -> None:
-        """Destroy the inner gloo group now, while the interpreter runs: its destructor joins
+        """Destroy the inner gloo group (its backend and the process group around it) now, while the interpreter runs: its destructor joins
         its worker threads. A worker still letting go of a finished call (a tensor Python owns)
         needs the GIL; once the interpreter is finalizing, Python ends such a thread with a
         forced unwind that std::terminate()s the process (SIGABRT, "terminate called without an
@@ -512,13 +652,13 @@ class InaggProcessGroup(dist.ProcessGroup):
         destroy_process_group under DDP). Nothing else holds the inner group, so dropping it
         destroys it (torch releases the GIL in that destructor)."""
         self._run_work = None
-        self._gloo = _ShutDownGloo()
+        self._gloo = self._gloo_group = _ShutDownGloo()
 
 
 def _gloo_collective(name: str) -> Callable[..., dist.Work]:
     """The method that hands collective ``name`` to the inner gloo group (counted)."""
     def forward(self: InaggProcessGroup, *args: Any, **kwargs: Any) -> dist.Work:
-        return self._to_gloo(name, "inagg implements allreduce only", *args, **kwargs)
+        return self._to_gloo(name, _NOT_A_REDUCTION, *args, **kwargs)
 
     forward.__name__ = forward.__qualname__ = name
     forward.__doc__ = f"``{name}`` through the inner gloo group (counted)."
@@ -527,3 +667,16 @@ def _gloo_collective(name: str) -> Callable[..., dist.Work]:
 
 for _name in GLOO_COLLECTIVES:
     setattr(InaggProcessGroup, _name, _gloo_collective(_name))
+
+
+def monitored_barrier(group: dist.ProcessGroup | None = None, timeout: timedelta | None = None,
+                      wait_all_ranks: bool = False) -> None:
+    """``dist.monitored_barrier`` that also takes an inagg group: torch's refuses every group
+    whose backend is not named gloo, though all it does then is call the group's own
+    ``monitored_barrier`` (``InaggProcessGroup.monitored_barrier``). Any other group goes to
+    torch's, unchanged. Rank 0 raises naming the ranks that did not arrive within ``timeout``
+    (default: the group's timeout)."""
+    pg = group if group is not None else dist.group.WORLD
+    if isinstance(pg, InaggProcessGroup):
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    return dist.monitored_barrier(group, timeout, wait_all_ranks)

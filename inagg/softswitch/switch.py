@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import re
 import logging
 import selectors
 import signal
@@ -166,11 +167,17 @@ def udp_host_mac(ip: str) -> str:
 
 
 class UdpPorts:
-    """Hosts on loopback as switch ports: one UDP socket at the switch's inagg address."""
+    """Hosts on loopback as switch ports: one UDP socket at the switch's inagg address and port
+    (inagg's own by default; the frames the pipeline sees carry inagg's port whatever it is)."""
 
-    def __init__(self, bind_ip: str, peers: dict[int, str]) -> None:
+    def __init__(self, bind_ip: str, peers: dict[int, str], port: int = UDP_PORT) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind((bind_ip, UDP_PORT))
+        try:
+            self.sock.bind((bind_ip, port))
+        except OSError as e:
+            self.sock.close()
+            raise OSError(e.errno, f"the switch cannot bind UDP {bind_ip}:{port} ({e.strerror}): another "
+                                   f"program holds it; give --udp-bind {bind_ip}:PORT with a free port") from e
         enlarge_buffers(self.sock, PORT_BUFFER_BYTES)
         self.sock.setblocking(False)
         self.name = f"udp:{bind_ip}"
@@ -227,7 +234,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="native engine: the captured frames waiting to be written, at most "
                         "(beyond, frames are left out of the pcaps and counted; default %(default)s)")
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
-    p.add_argument("--udp-bind", metavar="IP", help="switch address for udp: ports (loopback mode)")
+    p.add_argument("--udp-bind", metavar="IP[:PORT]",
+                   help=f"switch address for udp: ports (loopback mode); port {UDP_PORT} unless given")
     p.add_argument("--p4info", metavar="PATH",
                    help="the P4Info of the program this data plane runs (default: p4/out/soft/inagg's; "
                         "p4/out/tofino/inagg.p4info.txtpb makes a Tofino-shaped switch)")
@@ -252,6 +260,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ports[int(num)] = iface
     if any(i.startswith("udp:") for i in ports.values()) and not args.udp_bind:
         p.error("udp: ports need --udp-bind")
+    if args.udp_bind and not re.fullmatch(r"[\d.]+(:\d{1,5})?", args.udp_bind):
+        p.error(f"bad --udp-bind {args.udp_bind!r}: expected IP or IP:PORT")
     args.ports = ports
     return args
 
@@ -262,7 +272,8 @@ def attach_ports(args: argparse.Namespace) -> dict[int, RawPort | UdpPorts]:
     attach: dict[int, RawPort | UdpPorts] = {}
     udp_peers = {p: i[4:] for p, i in args.ports.items() if i.startswith("udp:")}
     if udp_peers:
-        udp = UdpPorts(args.udp_bind, udp_peers)
+        ip, _, port = args.udp_bind.partition(":")
+        udp = UdpPorts(ip, udp_peers, int(port) if port else UDP_PORT)
         attach.update({p: udp for p in udp_peers})
     for port, iface in args.ports.items():
         if port not in udp_peers:

@@ -18,6 +18,7 @@ Two ways, and nothing typed by hand:
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import logging
 import os
@@ -36,6 +37,8 @@ from inagg.wire.grant import parse_address
 log = logging.getLogger("inagg.local")
 
 CONTROLLER_ENV = "INAGG_CONTROLLER"
+# what the local deployment imports beyond a worker's install (pyproject's inagg[control])
+_CONTROL_PLANE_MODULES = ("p4runtime_sh", "prometheus_client")
 DEPLOYMENT_FILE = "deployment.json"   # written beside a local deployment's controller socket
 _STORE_KEY = "deployment"
 _CLOSED_KEY = "closed"
@@ -60,6 +63,11 @@ def read_deployment(directory: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise InaggSetupError(f"cannot read the local deployment's {path}: {e}") from None
+
+
+def _missing_control_plane() -> list[str]:
+    """The modules of inagg's control plane (``inagg[control]``) this environment lacks."""
+    return [m for m in _CONTROL_PLANE_MODULES if importlib.util.find_spec(m) is None]
 
 
 def _rank_address(deployment: dict, rank: int, world_size: int, where: str) -> str:
@@ -113,10 +121,11 @@ class LocalServices:
                 why = f"it exited with status {self.proc.wait(5)}"
             except subprocess.TimeoutExpired:
                 why = f"it printed {line[:200]!r} instead of its description"
-        raise InaggSetupError(
-            f"the local inagg deployment did not start ({why}; its errors are above). It needs "
-            f"inagg's control plane: pip install 'inagg[control]'. Or name a running controller "
-            f"with {CONTROLLER_ENV}=host:port.")
+        missing = _missing_control_plane()
+        remedy = (f"it needs inagg's control plane, not installed here (no {', '.join(missing)}): "
+                  f"pip install 'inagg[control]'" if missing else "its errors above say why")
+        raise InaggSetupError(f"the local inagg deployment did not start ({why}); {remedy}. Or name a running "
+                              f"controller with {CONTROLLER_ENV}=host:port.")
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the deployment (idempotent): closing its stdin tells it to stop."""
@@ -166,9 +175,11 @@ class Endpoint:
         self.services.close()
 
 
-def find_endpoint(store, rank: int, world_size: int, timeout: timedelta) -> Endpoint:
+def find_endpoint(store, rank: int, world_size: int) -> Endpoint:
     """The controller and this rank's address (module docstring); rank 0 starts the local
-    deployment when no controller is named. ``store`` is the job's (prefixed) store."""
+    deployment when no controller is named. ``store`` is the job's (prefixed) store. Starting
+    the deployment takes what it takes, whatever the group's timeout for its collectives
+    (torch's suite creates groups with 1 s): every rank waits for it up to ``_START_SECONDS``."""
     controller = os.environ.get(CONTROLLER_ENV, "").strip()
     if controller:
         return Endpoint(controller, bind_address(controller, rank, world_size))
@@ -176,11 +187,12 @@ def find_endpoint(store, rank: int, world_size: int, timeout: timedelta) -> Endp
     services = None
     if rank == 0:
         try:
-            services = LocalServices(world_size, min(timeout.total_seconds(), _START_SECONDS))
+            services = LocalServices(world_size, _START_SECONDS)
             store.set(_STORE_KEY, json.dumps(services.info))
         except Exception as e:
             store.set(_STORE_KEY, json.dumps({"error": str(e)}))
             raise
+    store.wait([_STORE_KEY], timedelta(seconds=_START_SECONDS + 5))
     info = json.loads(store.get(_STORE_KEY))
     if "error" in info:
         raise InaggSetupError(f"rank 0 could not start the local inagg deployment: {info['error']}")
