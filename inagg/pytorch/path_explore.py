@@ -38,19 +38,22 @@ class Probes:
         self._left: dict[tuple[str, int], int] = {}   # (path, size class) -> probe calls left
         self._warm_up_due: set[tuple[str, int]] = set()   # probe runs not started yet
 
-    def plan(self, models: Mapping[str, PathModel], prefer: str | None, nbytes: int, best_seconds: float) -> bool:
+    def plan(self, models: Mapping[str, PathModel], prefer: str | None, nbytes: int, best_seconds: float,
+             margins: Mapping[str, float] | None = None) -> bool:
         """Schedule probes of calls of ``nbytes``, ``best_seconds`` predicted on the best path,
         on each path never measured nor probed at their size class that is worth it (module
-        docstring); whether the class has probes left to take."""
+        docstring; ``margins``: a path's own margin where it is not ``margin``); whether the
+        class has probes left to take."""
         c = size_class(nbytes)
         o = self._options
+        margins = margins or {}
         unprobed = {p: m for p, m in models.items() if not m.seen[c] and (p, c) not in self._left}
         if best_seconds < o.probe_seconds:
             wanted = [p for p, m in unprobed.items()
                       if p == prefer or m.line(nbytes) <= o.probe_ratio * best_seconds]
         else:
             wanted = [p for p, m in unprobed.items()
-                      if p != prefer and m.line(nbytes) <= (1 - o.margin) * best_seconds]
+                      if p != prefer and m.line(nbytes) <= (1 - margins.get(p, o.margin)) * best_seconds]
             if wanted and prefer in unprobed:
                 wanted.append(prefer)
         for p in wanted:
