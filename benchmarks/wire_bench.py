@@ -163,8 +163,12 @@ def rank_main(args: argparse.Namespace) -> int:
     if args.rank == 0:
         for c, t in zip(calls, slowest.tolist()):
             c[3] = t
+        auto = groups.get(AUTO)
+        history = [[h["path"], h["calls"], h["bytes"]] for h in auto.path_history()] if auto else []
         Path(args.out).write_text(json.dumps({"calls": calls, "job_s": job_seconds, "k": pg.comm.grant.values_per_packet,
-                                              "mode": pg.comm.grant.mode, "retransmissions": retx.item()}))
+                                              "mode": pg.comm.grant.mode, "retransmissions": retx.item(),
+                                              "auto_history": history,
+                                              "auto_model": auto.stats()["path_model"] if auto else None}))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
     return 0

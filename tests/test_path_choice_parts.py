@@ -294,3 +294,15 @@ def test_paths_far_from_their_floors_need_the_full_margin_and_none_is_predicted_
         c.observe("inagg", 1024, 1e-4)
     c.agree()
     assert c.predict("inagg", 64 * MIB) == pytest.approx(links.floor("inagg", 64 * MIB))
+
+
+def test_a_dear_new_size_probes_a_path_whose_floor_is_faster_though_its_line_is_not():
+    """4 MiB at 4 ranks on 100 Mbit/s: inagg's line from a job's first calls (a window still
+    opening) says 1.4 s, gloo's figure 0.76 s; inagg's floor is 0.35 s, so it is probed there
+    (and gloo beside it). Without the links' rate the line decides: left to exploration."""
+    links = links_of(4)
+    slow_start = {p: PathModel(timed({MIB: [0.36] * 3}).summary()) for p in ("inagg", "gloo")}
+    floors = {p: links.floor(p, 4 * MIB) for p in ("inagg", "gloo")}
+    assert slow_start["inagg"].line(4 * MIB) > 0.76
+    assert Probes(("inagg", "gloo"), PathChoiceOptions()).plan(slow_start, "gloo", 4 * MIB, 0.76, floors=floors)
+    assert not Probes(("inagg", "gloo"), PathChoiceOptions()).plan(slow_start, "gloo", 4 * MIB, 0.76)

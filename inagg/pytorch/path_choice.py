@@ -289,7 +289,8 @@ class PathChooser:
             eligible = [p for p in self.paths if p == self.prefer or self.models[p].seen[c]] or self.paths
             path, seconds = self._pick(nbytes, c, eligible)
             margins = {p: self._margin(p, nbytes) for p in self.paths if p != self.prefer}
-            probing = not self.forced and self._probes.plan(self.models, self.prefer, nbytes, seconds, margins)
+            floors = {p: self.links.floor(p, nbytes) for p in self.paths} if self.links else None
+            probing = not self.forced and self._probes.plan(self.models, self.prefer, nbytes, seconds, margins, floors)
             entry = self._best[nbytes] = _Best(path, seconds, probing)
             if not self.forced:
                 self._confirm.track(c, path, self.models)
