@@ -8,12 +8,17 @@ at the links' MTU (``--mtu``; the switch's K follows it). Each worker count then
 torch.distributed job of N rank processes on hosts h1..hN: the default group is the ``inagg``
 backend with its path forced to the switch (``INAGG_ALLREDUCE_PATH=inagg``), a second group is
 plain gloo (its ring over the same links, ``GLOO_SOCKET_IFNAME`` the switch-side interface), and
-a third gloo group only holds the barrier before every call. One untimed call on each path at the
-first size, then per size ``--reps`` repetitions of one call on each, the order alternating
-(inagg first in even repetitions), the float32 sums checked; a call's time is the slowest rank's.
+a third gloo group only holds the barrier before every call, and (``--auto``, the default) a
+fourth is the ``inagg`` backend choosing its own path (``INAGG_ALLREDUCE_PATH=auto``, told the
+links' rate by ``INAGG_LINK_RATE``: a second job at the controller). One untimed call on each path
+at the first size; per size, ``--warmup`` untimed calls of the auto group (a training job's first
+steps), then ``--reps`` repetitions of one call on each path, the order alternating (reversed in
+odd repetitions), the float32 sums checked; a call's time is the slowest rank's.
 
 Per (N, size): each path's median time, ``ratio`` (the median of the repetitions' inagg / gloo:
-its calls run back to back, so load from other processes moves both alike), and beside inagg's
+its calls run back to back, so load from other processes moves both alike), the auto group's
+median over the better forced one's (``auto_vs_best``) and the paths its timed calls took
+(``auto_paths``), and beside inagg's
 time the framing limit, the time the tensor takes on one link at the rate when every frame
 carries K values: bytes x frame bytes / value bytes / rate (the frame: Ethernet 14, IPv4 20,
 UDP 8, inagg 16 + 4K bytes; twice that for two jobs sharing the links), and gloo's ideal ring
@@ -27,7 +32,7 @@ Writes benchmarks/results/wire_bench.csv and wire_bench.png (time vs N for both 
 the framing limit dashed: SwitchML's figure), prints the table and the machine's load.
 
     sudo .venv/bin/python benchmarks/wire_bench.py [--rate 100mbit] [--workers 2 4 8]
-        [--sizes-mib 1 4 16 64] [--reps 3] [--mtu 1500] [--two-jobs 4] [--quick]
+        [--sizes-mib 1 4 16 64] [--reps 3] [--warmup 16] [--no-auto] [--mtu 1500] [--two-jobs 4] [--quick]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -52,8 +58,10 @@ from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 RESULTS = Path(__file__).resolve().parent / "results"
 MIB = 1 << 20
 PATHS = ("inagg", "gloo")
+AUTO = "auto"     # the group whose backend chooses its own path
 FIELDS = ("case", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "job_s", "inagg_s", "gloo_s", "ratio",
-          "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio", "retransmissions", "load1")
+          "auto_s", "auto_vs_best", "auto_paths", "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio",
+          "retransmissions", "load1")
 ETH_IP_UDP_INAGG = 14 + 20 + 8 + 16    # bytes of a frame besides its K values
 ETH_IP_TCP = 14 + 20 + 32              # a TCP segment's headers (timestamps on)
 
@@ -76,8 +84,9 @@ def timed_call(tensor, group, barrier) -> float:
 
 
 def measure(groups: dict, barrier, args) -> list[list]:
-    """[bytes, rep, path, seconds] of every timed call (this rank's clock): one untimed call on
-    each path at the first size, then per size the repetitions, the paths' order alternating."""
+    """[bytes, rep, path, seconds, path taken] of every timed call (this rank's clock): one
+    untimed call on each path at the first size, then per size the auto group's warm-up and the
+    repetitions, the paths' order alternating."""
     import torch
 
     calls = []
@@ -85,10 +94,32 @@ def measure(groups: dict, barrier, args) -> list[list]:
         x = torch.empty(nbytes // 4, dtype=torch.float32)
         for path in groups if i == 0 else ():
             timed_call(x, groups[path], barrier)
+        for _ in range(args.warmup if AUTO in groups else 0):
+            timed_call(x, groups[AUTO], barrier)
         for rep in range(args.reps):
             order = list(groups) if rep % 2 == 0 else list(reversed(groups))
-            calls += [[nbytes, rep, path, timed_call(x, groups[path], barrier)] for path in order]
+            calls += [[nbytes, rep, path, timed_call(x, groups[path], barrier), taken(groups[path], path)]
+                      for path in order]
     return calls
+
+
+def taken(group, path: str) -> str:
+    """The path the last call on ``group`` took: the auto group's choice, else ``path``."""
+    return group.path_history()[-1]["path"] if path == AUTO else path
+
+
+def auto_group():
+    """A group of the ``inagg`` backend that chooses its own path (a second job at the
+    controller, beside the forced one)."""
+    import torch.distributed as dist
+
+    from inagg.pytorch.backend import PATH_ENV
+
+    forced, os.environ[PATH_ENV] = os.environ.get(PATH_ENV), "auto"
+    try:
+        return dist.new_group(backend="inagg")
+    finally:
+        os.environ[PATH_ENV] = forced or "auto"
 
 
 def wait_go(go_file: str | None, barrier) -> None:
@@ -118,6 +149,8 @@ def rank_main(args: argparse.Namespace) -> int:
     pg = dist.group.WORLD
     barrier = dist.new_group(backend="gloo")   # none of the measured groups
     groups = {"inagg": pg, "gloo": dist.new_group(backend="gloo")}
+    if AUTO in args.paths:
+        groups[AUTO] = auto_group()
     groups = {p: groups[p] for p in args.paths}
     wait_go(args.go_file, barrier)
     started = time.perf_counter()
@@ -130,8 +163,12 @@ def rank_main(args: argparse.Namespace) -> int:
     if args.rank == 0:
         for c, t in zip(calls, slowest.tolist()):
             c[3] = t
+        auto = groups.get(AUTO)
+        history = [[h["path"], h["calls"], h["bytes"]] for h in auto.path_history()] if auto else []
         Path(args.out).write_text(json.dumps({"calls": calls, "job_s": job_seconds, "k": pg.comm.grant.values_per_packet,
-                                              "mode": pg.comm.grant.mode, "retransmissions": retx.item()}))
+                                              "mode": pg.comm.grant.mode, "retransmissions": retx.item(),
+                                              "auto_history": history,
+                                              "auto_model": auto.stats()["path_model"] if auto else None}))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
     return 0
@@ -157,6 +194,7 @@ def start_job(run, args, n: int, name: str, paths: tuple[str, ...], go_file: Pat
     """N rank processes of one job on h1..hN (its store on rank 0's ``port``); returns them and
     where rank 0 writes its result."""
     from inagg.emulation.topology import host_ip
+    from inagg.pytorch.path_links import LINK_RATE_ENV
 
     out = run.run.path / f"{name}.json"
     procs = []
@@ -164,10 +202,10 @@ def start_job(run, args, n: int, name: str, paths: tuple[str, ...], go_file: Pat
         host = f"h{rank + 1}"
         argv = [str(Path(__file__).resolve()), "--rank-of", name, "--rank", str(rank), "--world", str(n),
                 "--master", host_ip(run.topo.hosts["h1"]), "--store-port", str(port), "--out", str(out),
-                "--sizes-mib", *map(str, args.sizes_mib), "--reps", str(args.reps), "--paths", *paths,
-                *(["--go-file", str(go_file)] if go_file else [])]
+                "--sizes-mib", *map(str, args.sizes_mib), "--reps", str(args.reps), "--warmup", str(args.warmup),
+                "--paths", *paths, *(["--go-file", str(go_file)] if go_file else [])]
         env = {"GLOO_SOCKET_IFNAME": run.net.get(host).defaultIntf().name, "INAGG_ALLREDUCE_PATH": "inagg",
-               "TORCHELASTIC_RUN_ID": name}
+               "TORCHELASTIC_RUN_ID": name, LINK_RATE_ENV: args.rate}
         procs.append(start_rank(run, host, argv, env, f"{name}-{host}"))
     return procs, out
 
@@ -182,22 +220,25 @@ def finish_job(procs: list, out: Path, timeout: float) -> dict:
     return json.loads(out.read_text())
 
 
-def expected_seconds(args, n: int, paths: tuple[str, ...] = PATHS, share: int = 1) -> float:
+def expected_seconds(args, n: int, paths: tuple[str, ...], share: int = 1) -> float:
     """The calls' time for one job of ``n`` ranks at the framing limit and gloo's ideal (a K of
-    64, the smallest a target grants, so never under), ``share`` jobs on each link."""
+    64, the smallest a target grants, so never under; the auto group's calls at the slower of
+    the two), ``share`` jobs on each link."""
     per_call = {"inagg": lambda b: framing_limit(b, 64, args.rate),
                 "gloo": lambda b: gloo_ideal(b, n, args.mtu, args.rate)}
-    warmup = sum(per_call[p](args.sizes[0]) for p in paths)
-    return share * (warmup + args.reps * sum(per_call[p](b) for b in args.sizes for p in paths))
+    per_call[AUTO] = lambda b: max(per_call["inagg"](b), per_call["gloo"](b))
+    first = sum(per_call[p](args.sizes[0]) for p in paths)
+    warmup = args.warmup * sum(per_call[AUTO](b) for b in args.sizes) if AUTO in paths else 0.0
+    return share * (first + warmup + args.reps * sum(per_call[p](b) for b in args.sizes for p in paths))
 
 
 def run_counts(run, args) -> list[dict]:
     """One job per worker count, each after the last; every job's result with its N."""
-    results = []
+    results, paths = [], PATHS + ((AUTO,) if args.auto else ())
     for n in args.workers:
-        print(f"N = {n}: about {expected_seconds(args, n):.1f} s of calls at the links' rate", flush=True)
-        procs, out = start_job(run, args, n, f"wire{n}", PATHS, None, STORE_PORT + n)
-        result = finish_job(procs, out, READY_SECONDS + 3 * expected_seconds(args, n))
+        print(f"N = {n}: about {expected_seconds(args, n, paths):.1f} s of calls at the links' rate", flush=True)
+        procs, out = start_job(run, args, n, f"wire{n}", paths, None, STORE_PORT + n)
+        result = finish_job(procs, out, READY_SECONDS + 3 * expected_seconds(args, n, paths))
         results.append({"case": "single", "workers": n, **result})
     return results
 
@@ -254,8 +295,21 @@ def gloo_ideal(nbytes: int, n: int, mtu: int, rate: str) -> float:
     return 2 * (n - 1) / n * nbytes * (mtu + 14) / mss * 8 / rate_bits(rate)
 
 
+def auto_figures(mine: list[list], forced_best: float | None) -> dict:
+    """The auto group's columns from one size's calls: its median, over the better forced
+    path's (``forced_best``), and the paths its timed calls took (``inagg:3``)."""
+    auto = [c for c in mine if c[2] == AUTO]
+    if not auto:
+        return {"auto_s": None, "auto_vs_best": None, "auto_paths": ""}
+    median = statistics.median(c[3] for c in auto)
+    took = Counter(c[4] for c in auto)
+    return {"auto_s": round(median, 4), "auto_vs_best": forced_best and round(median / forced_best, 3),
+            "auto_paths": " ".join(f"{p}:{n}" for p, n in sorted(took.items()))}
+
+
 def summarize(result: dict, args, load: float) -> list[dict]:
-    """One CSV row per size of one job: medians, ratio, framing limit, gloo's ideal."""
+    """One CSV row per size of one job: medians, ratio, the auto group's, framing limit,
+    gloo's ideal."""
     n, k, rows = result["workers"], result["k"], []
     for nbytes in args.sizes:
         mine = [c for c in result["calls"] if c[0] == nbytes]
@@ -269,6 +323,7 @@ def summarize(result: dict, args, load: float) -> list[dict]:
                      "bytes": nbytes, "reps": len(by_path["inagg"]), "inagg_s": round(inagg, 4),
                      "gloo_s": gloo and round(gloo, 4),
                      "ratio": round(statistics.median(ratios), 3) if ratios else None,
+                     **auto_figures(mine, gloo and min(inagg, gloo)),
                      "framing_limit_s": round(limit, 4), "inagg_vs_limit": round(inagg / limit, 3),
                      "gloo_ideal_s": round(gloo_ideal(nbytes, n, args.mtu, args.rate), 4),
                      "ideal_ratio": round(n / (2 * (n - 1)), 3),
@@ -279,13 +334,13 @@ def summarize(result: dict, args, load: float) -> list[dict]:
 def report(rows: list[dict]) -> None:
     """The table, the two-jobs fairness and the load."""
     print(f"\n{'case':<8} {'N':>2} {'MiB':>4} {'K':>5} {'inagg s':>8} {'gloo s':>8} {'ratio':>6} {'ideal':>6} "
-          f"{'limit s':>8} {'/limit':>7} {'retx':>5}")
+          f"{'limit s':>8} {'/limit':>7} {'retx':>5} {'auto/best':>9}  auto took")
     for r in rows:
-        gloo = f"{r['gloo_s']:8.3f}" if r["gloo_s"] is not None else f"{'-':>8}"
-        ratio = f"{r['ratio']:6.2f}" if r["ratio"] is not None else f"{'-':>6}"
+        gloo, ratio, auto = (f"{r[key]:{width}.{digits}f}" if r[key] is not None else f"{'-':>{width}}"
+                             for key, width, digits in (("gloo_s", 8, 3), ("ratio", 6, 2), ("auto_vs_best", 9, 3)))
         print(f"{r['case']:<8} {r['workers']:>2} {r['bytes'] / MIB:>4.0f} {r['k']:>5} {r['inagg_s']:8.3f} {gloo} "
               f"{ratio} {r['ideal_ratio']:6.2f} {r['framing_limit_s']:8.3f} {r['inagg_vs_limit']:7.3f} "
-              f"{r['retransmissions']:>5}")
+              f"{r['retransmissions']:>5} {auto}  {r['auto_paths']}")
     shared = {r["case"]: r for r in rows if r["case"].startswith("shared")}   # one job's calls: its time
     if shared:
         a, b = (r["job_s"] for r in shared.values())
@@ -325,6 +380,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8], help="worker counts, one job each")
     p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 4, 16, 64], help="tensor sizes (MiB)")
     p.add_argument("--reps", type=int, default=3, help="timed calls of each path per size")
+    p.add_argument("--auto", action=argparse.BooleanOptionalAction, default=True,
+                   help="a group whose backend chooses its own path, against the better forced one")
+    p.add_argument("--warmup", type=int, default=16, help="the auto group's untimed calls per size first")
     p.add_argument("--mtu", type=int, default=1500, help="every link's MTU (9000: jumbo frames); K follows it")
     p.add_argument("--two-jobs", type=int, default=4, metavar="N",
                    help="ranks of each of two jobs sharing the links (0: no such case)")

@@ -292,6 +292,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             r.active = false;
             --outstanding_;
             if (d[field::kFlags] & kFlagFromHost) counters_.host_results += 1;
+            if (d[field::kFlags] & kFlagCongestion) counters_.congestion_marks += 1;
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
             loss_.delivered(r, now);

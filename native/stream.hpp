@@ -35,6 +35,7 @@ const char* result_check_name(ResultCheck c);
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
     uint64_t retransmissions = 0, fast_retransmissions = 0, backoffs = 0, bursts = 0, spurious_retransmissions = 0, host_results = 0;
+    uint64_t congestion_marks = 0;  // accepted results that carried FLAG_CONGESTION
     std::array<uint64_t, kResultChecks> drops{};  // indexed by ResultCheck (Accepted unused)
 };
 

@@ -69,6 +69,7 @@ nb::dict counters_dict(const Stream& s) {
     d["bursts"] = c.bursts;
     d["spurious_retransmissions"] = c.spurious_retransmissions;
     d["host_results"] = c.host_results;
+    d["congestion_marks"] = c.congestion_marks;
     for (size_t i = 1; i < kResultChecks; ++i)
         if (c.drops[i]) drops[result_check_name(static_cast<ResultCheck>(i))] = c.drops[i];
     d["result_drops"] = drops;

@@ -232,6 +232,8 @@ void bind_loop(nb::module_& m) {
              "Capture the frames `port` receives and sends (before start())")
         .def("take_captures", &take_captures,
              "The frames captured since the last call: [(port, 'in'|'out', usec, frame)]")
+        .def("set_congestion_threshold", &inagg::SwitchLoop::set_congestion_threshold, "bytes"_a,
+             "Mark results leaving by a raw port whose socket holds this many bytes unsent (0: never)")
         .def("set_pipeline", &inagg::SwitchLoop::set_pipeline, "pipeline"_a.none(),
              nb::call_guard<nb::gil_scoped_release>())
         .def("start", &inagg::SwitchLoop::start)
@@ -245,6 +247,7 @@ void bind_loop(nb::module_& m) {
             d["unknown_peer"] = s.unknown_peer.load();
             d["send_errors"] = s.send_errors.load();
             d["wakeups"] = s.wakeups.load();
+            d["marked"] = s.marked.load();
             d["capture_dropped"] = loop.capture_dropped();  // captured frames the queue had no room for
             return d;
         });

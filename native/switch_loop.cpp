@@ -4,8 +4,10 @@
 #include <arpa/inet.h>
 #include <linux/if_packet.h>
 #include <netinet/in.h>
+#include <linux/sockios.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -69,6 +71,7 @@ struct SwitchLoop::PortSocket {
     std::unordered_map<uint32_t, uint16_t> port_of;   // udp: host IPv4 -> switch port
     RecvBatch rx;                                     // udp: room for the frame's headers
     std::vector<size_t> pending;                      // out_ frames leaving by this socket
+    bool deep = false;                                // its queue, asked at its first pending frame
     std::vector<Datagram> datagrams;                  // them, as the datagrams or frames to send
 };
 
@@ -216,13 +219,24 @@ void SwitchLoop::receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipelin
     pipeline.process(port->second, f, kInaggAt + len, out_);
 }
 
-// The batch's output frames, each by the socket of its egress port; what a full send queue
-// kept (net.hpp) counts as send_errors.
+// Whether frames leaving by `sock` find its queue deep (set_congestion_threshold): raw ports
+// only, one per socket (a UDP port group's socket is shared by its ports).
+bool SwitchLoop::congested(const PortSocket& sock) const {
+    int queued = 0;
+    return congestion_bytes_ && sock.kind == PortSocket::Kind::Raw &&
+           ioctl(sock.socket.fd(), SIOCOUTQ, &queued) == 0 && size_t(queued) >= congestion_bytes_;
+}
+
+// The batch's output frames, each by the socket of its egress port, results marked where it
+// is congested; what a full send queue kept (net.hpp) counts as send_errors.
 void SwitchLoop::send_outputs() {
     for (size_t i = 0; i < out_.size(); ++i) {
         auto sock = by_port_.find(out_.port(i));
         if (sock == by_port_.end()) continue;
-        sock->second->pending.push_back(i);
+        PortSocket& s = *sock->second;
+        if (s.pending.empty()) s.deep = congested(s);   // once per socket and batch
+        if (s.deep && out_.mark(i, kFlagCongestion)) stats_.marked += 1;
+        s.pending.push_back(i);
         record(out_.port(i), true, out_.data(i), out_.len(i));
     }
     for (auto& sock : sockets_) {

@@ -37,6 +37,7 @@ struct LoopStats {
     std::atomic<uint64_t> unknown_peer{0};   // datagrams from no host of a UDP port
     std::atomic<uint64_t> send_errors{0};    // frames not sent: the send queue stayed full
     std::atomic<uint64_t> wakeups{0};        // batches received
+    std::atomic<uint64_t> marked{0};         // results sent with FLAG_CONGESTION (a deep queue)
 };
 
 class SwitchLoop {
@@ -65,6 +66,10 @@ public:
     uint64_t capture_dropped() const { return captures_.dropped(); }
     // The pipeline frames go through; null drops every frame (no program pushed yet).
     void set_pipeline(std::shared_ptr<SwitchPipeline> pipeline);
+    // Results leaving by a raw port whose socket holds `bytes` or more not yet sent (the
+    // kernel's count, SIOCOUTQ: the frames in the interface's queue, each at its buffer's
+    // size) carry FLAG_CONGESTION, as BMv2's egress marks on enq_qdepth; 0: never. Before start().
+    void set_congestion_threshold(size_t bytes) { congestion_bytes_ = bytes; }
 
     void start();
     // Joins the thread; the sockets stay open (their owner closes them). Throws the error that
@@ -83,6 +88,7 @@ private:
     void receive_batch(PortSocket& sock);
     void receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipeline);
     void send_outputs();
+    bool congested(const PortSocket& sock) const;
     void queue_udp(PortSocket& sock);
     void queue_raw(PortSocket& sock);
 
@@ -94,6 +100,7 @@ private:
     std::mutex pipeline_mutex_;                       // guards pipeline_ (swap vs. use)
     OutputBatch out_;
     LoopStats stats_;
+    size_t congestion_bytes_ = 0;
     int epoll_fd_ = -1, wake_fd_ = -1;
     std::atomic<bool> running_{false};
     std::exception_ptr error_;  // what stopped the loop thread, for stop() to throw

@@ -138,7 +138,8 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
             if (hit == tables_.replicas.end()) continue;
             rewrite = &hit->second;
         }
-        uint8_t* o = out.reserve(r->port, frame_len + trailer);
+        // a UDP result's flags may be marked on its way out (SwitchLoop); RoCE's ICRC covers them
+        uint8_t* o = out.reserve(r->port, frame_len + trailer, encap == kEncapRoce ? 0 : kInaggAt + field::kFlags);
         write_result_frame(f, encap, rewrite, result_len, o);
         std::memcpy(o + frame_len, f + end, trailer);
     }

@@ -26,11 +26,19 @@ public:
         frames_.push_back({port, frame, 0, len});
     }
     // Room for a new frame of `len` bytes out of `port`; valid until the next reserve().
-    uint8_t* reserve(uint16_t port, size_t len) {
+    // `flags_at`: where the frame's inagg flags are, for mark() (0: the frame has none to mark).
+    uint8_t* reserve(uint16_t port, size_t len, size_t flags_at = 0) {
         size_t at = arena_.size();
         arena_.resize(at + len);
-        frames_.push_back({port, nullptr, at, len});
+        frames_.push_back({port, nullptr, at, len, flags_at});
         return arena_.data() + at;
+    }
+    // Set `flag` in frame i's inagg flags, where it has some to mark; whether it had.
+    bool mark(size_t i, uint8_t flag) {
+        const Entry& e = frames_[i];
+        if (!e.flags_at) return false;
+        arena_[e.offset + e.flags_at] |= flag;
+        return true;
     }
     size_t size() const { return frames_.size(); }
     uint16_t port(size_t i) const { return frames_[i].port; }
@@ -50,6 +58,7 @@ private:
         const uint8_t* external;
         size_t offset;
         size_t len;
+        size_t flags_at = 0;
     };
     std::vector<Entry> frames_;
     std::vector<uint8_t> arena_;

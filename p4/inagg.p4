@@ -14,6 +14,7 @@
 #include "include/forwarding.p4"
 #include "include/job_counters.p4"
 #include "include/replica_rewrite.p4"
+#include "include/congestion_mark.p4"
 #include "include/roce_icrc.p4"
 
 control InaggIngress(inout headers_t hdr, inout metadata_t meta,
@@ -43,10 +44,12 @@ control InaggIngress(inout headers_t hdr, inout metadata_t meta,
 control InaggEgress(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t sm) {
     ReplicaRewrite() replica_rewrite;
+    CongestionMark() congestion_mark;
     RoceIcrc() roce_icrc;
 
     apply {
         replica_rewrite.apply(hdr, meta, sm);
+        congestion_mark.apply(hdr, sm);
         roce_icrc.apply(hdr, meta);
     }
 }

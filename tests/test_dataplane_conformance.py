@@ -15,7 +15,7 @@ from inagg.control.switch import (
     MODIFY, JobAdmission, JobCounters, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
 )
 from inagg.wire.protocol import (
-    EXP_NONE, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K,
+    EXP_NONE, FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K,
     UDP_PORT, build_contribution, pack_header, unpack_header,
 )
 from inagg.wire.roce import INAGG_IMMEDIATE, IPV4_BYTES, ROCE_UDP_PORT, decapsulate, frame
@@ -419,3 +419,29 @@ def test_encapsulation_must_be_the_jobs(dp):
     send(dp, roce_contribution(JOB3, 1, [1] * K, slot=19))
     for _, values in expect_roce_results(dp, JOB3, [0, 1]).values():
         assert values == [7] * K
+
+
+def test_results_leaving_by_a_deep_queue_are_marked(dp):
+    """JOB2's results toward rank 1's port queue up behind a slow egress (BMv2's queue rate, the
+    software switch's shaped interface): the later ones carry FLAG_CONGESTION; rank 0's, on a
+    port at full speed, none. 96 rounds on 8 slots, alternating sets."""
+    if dp.target == "soft-python":
+        pytest.skip("the Python engine does not mark (inagg.softswitch.switch)")
+    dp.drain()
+    slow = JOB2.workers[1].port
+    try:
+        dp.slow_port(slow, 200)
+    except RuntimeError as e:   # a BMv2 built without its Thrift runtime server, or no thrift package
+        pytest.skip(str(e))
+    try:
+        for rnd in range(96):
+            for rank in (0, 1):
+                send(dp, contribution(JOB2, rank, [rnd] * K, slot=8 + rnd % 8, slot_set=rnd // 8 % 2, offset=rnd * K))
+        got = dp.recv_all(timeout=3.0)
+    finally:
+        dp.slow_port(slow, None)
+    marked = {port: [bool(parse_result(f)[1].flags & FLAG_CONGESTION) for f in frames if UDP in Ether(f)]
+              for port, frames in got.items()}
+    fast = marked[JOB2.workers[0].port]   # (our receive sockets also see our 192 sends: a few may overflow)
+    assert len(fast) >= 64 and not any(fast)
+    assert any(marked[slow]) and not marked[slow][0]   # the first found an empty queue

@@ -43,7 +43,7 @@ def test_switch_grant_carries_the_links_k(tmp_path, mtu):
     if reason:
         pytest.skip(reason)
     proc = subprocess.run([sys.executable, "benchmarks/wire_bench.py", "--workers", "2", "--sizes-mib", "0.25",
-                           "--reps", "1", "--two-jobs", "0", "--mtu", str(mtu), "--results", str(tmp_path)],
+                           "--reps", "1", "--warmup", "2", "--two-jobs", "0", "--mtu", str(mtu), "--results", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     run = RunDir(RUN_LINE.search(proc.stdout).group(1))
     assert run.record["finished"] and run.live_processes() == [], proc.stdout
@@ -51,3 +51,4 @@ def test_switch_grant_carries_the_links_k(tmp_path, mtu):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [row] = list(csv.DictReader(open(tmp_path / "wire_bench.csv")))
     assert (row["mode"], int(row["k"]), int(row["mtu"])) == ("switch", values_for_mtu(mtu), mtu)
+    assert row["auto_paths"] and float(row["auto_vs_best"]) > 0   # the auto group's calls, timed and checked

@@ -1,5 +1,5 @@
 """The path chooser's parts on their own (``inagg.pytorch.path_timings``, ``path_cost``,
-``path_options``, ``path_schedule``, ``path_explore``, ``path_confirm``): what each records,
+``path_options``, ``path_schedule``, ``path_explore``, ``path_confirm``, ``path_links``): what each records,
 predicts and decides, without the chooser around it. The chooser as a whole:
 tests/test_backend.py."""
 
@@ -14,9 +14,11 @@ from inagg.pytorch.path_choice import PathChooser
 from inagg.pytorch.path_confirm import Confirmations, Pending
 from inagg.pytorch.path_cost import PRIOR, PathModel
 from inagg.pytorch.path_explore import ExplorationBudget, Probes
+from inagg.pytorch.path_links import LINK_RATE_ENV, LinkShape, link_rate, parse_rate
 from inagg.pytorch.path_options import FIRST_AGREEMENT, PathChoiceOptions
 from inagg.pytorch.path_schedule import AgreementSchedule, Sampler
 from inagg.pytorch.path_timings import SIZE_CLASSES, PathTimings, size_class
+from inagg.wire.grant import Grant
 
 
 def model_of(*timings: PathTimings, shared_clock: bool = False) -> PathModel:
@@ -99,7 +101,8 @@ def test_options_are_frozen_checked_and_overridable_through_the_chooser():
     assert o.trusted == 3 and PathChoiceOptions(per_class=2).trusted == 2
     for bad in (dict(agree_every=FIRST_AGREEMENT - 1), dict(explore_budget=1.0), dict(agree_budget=0.0),
                 dict(margin=1.0), dict(probes=-1), dict(probe_ratio=0.5), dict(sample_every=0),
-                dict(sample_seconds=-1.0), dict(measure_every_seconds=float("inf"))):
+                dict(sample_seconds=-1.0), dict(measure_every_seconds=float("inf")), dict(link_margin=0.3),
+                dict(link_bound=0.9)):
         with pytest.raises(ValueError):
             PathChoiceOptions(**bad)
     c = PathChooser(lambda v: v, ("inagg", "gloo"), PathChoiceOptions(margin=0.1), agree_every=64)
@@ -218,3 +221,88 @@ def test_a_class_whose_newest_call_was_much_slower_waits_for_a_full_ring():
     assert k.slowed(models, threshold=10e-3) == [("gloo", size_class(4096))]
     assert k.waiting[size_class(4096)] == Pending("gloo", 5, False)
     assert k.slowed(models, threshold=10e-3) == []                   # already waiting
+
+
+# -- links ---------------------------------------------------------------------------------------
+
+MIB = 1 << 20
+SWITCH_GRANT = Grant(1, 1, 0, 32, 364, ("10.0.0.254", 42666), mode="switch")
+
+
+def links_of(world: int, rate: float = 100e6) -> LinkShape:
+    """A job of ``world`` ranks on 1500-byte links of ``rate`` at the switch's K (364)."""
+    return LinkShape.of_job(rate, world, SWITCH_GRANT, None, 1500)
+
+
+def test_inaggs_bytes_on_a_link_are_flat_in_n_and_the_rings_grow_as_2_n_minus_1_over_n():
+    frame = (14 + 20 + 8 + 16 + 4 * 364) / (4 * 364)
+    segment = 1514 / 1448
+    for n in (2, 4, 8, 16):
+        shape = links_of(n)
+        assert shape.bytes_per_byte["inagg"] == pytest.approx(frame)
+        assert shape.bytes_per_byte["gloo"] == pytest.approx(2 * (n - 1) / n * segment)
+    assert links_of(4).floor("inagg", 4 * MIB) == pytest.approx(4 * MIB * frame * 8 / 100e6)   # 0.349 s
+    lane = LinkShape.of_job(100e6, 4, SWITCH_GRANT, SWITCH_GRANT, 1500)
+    assert lane.bytes_per_byte["host"] == pytest.approx(4 * frame)   # the host aggregator's link
+    with pytest.raises(ValueError, match="positive"):
+        LinkShape(0.0, {})
+
+
+def test_a_link_rate_is_written_as_tc_does_and_loopback_reports_none(monkeypatch):
+    assert parse_rate("100mbit") == 100e6 and parse_rate("1gbit") == 1e9 and parse_rate("2500") == 2500.0
+    for bad in ("fast", "0mbit", "10 mbps"):
+        with pytest.raises(ValueError, match="as tc does"):
+            parse_rate(bad)
+    monkeypatch.delenv(LINK_RATE_ENV, raising=False)
+    assert link_rate("127.0.0.1") is None and link_rate("0.0.0.0") is None
+    monkeypatch.setenv(LINK_RATE_ENV, "25gbit")
+    assert link_rate("127.0.0.1") == 25e9
+
+
+def chosen_at(links: LinkShape | None, seconds: dict[str, float], nbytes: int = 4 * MIB) -> str:
+    """The path a chooser with ``links`` takes for ``nbytes`` once each path's ring there holds
+    calls of ``seconds``."""
+    c = PathChooser(lambda v: v, ("inagg", "gloo"), links=links)
+    for path, s in seconds.items():
+        for _ in range(5):
+            c.observe(path, nbytes, s)
+    c.agree()
+    return c.best(nbytes)
+
+
+@pytest.mark.parametrize("n, inagg_over_floor, gloo_over_floor", [(2, 1.0, 1.1), (4, 1.2, 1.05), (8, 1.1, 1.0)])
+def test_where_both_paths_are_link_bound_the_faster_takes_the_calls_by_the_link_margin(n, inagg_over_floor,
+                                                                                       gloo_over_floor):
+    """4 MiB at 100 Mbit/s: inagg 0.91x, 0.77x and 0.63x gloo's time at 2, 4 and 8 ranks, both
+    within ``link_bound`` of their floors: inagg takes the calls. Without the links' rate
+    (loopback) the same figures need ``margin`` (25 %): gloo keeps the first two."""
+    links = links_of(n)
+    seconds = {p: f * links.floor(p, 4 * MIB) for p, f in (("inagg", inagg_over_floor), ("gloo", gloo_over_floor))}
+    assert chosen_at(links, seconds) == "inagg"
+    assert chosen_at(None, seconds) == ("inagg" if seconds["inagg"] < 0.75 * seconds["gloo"] else "gloo")
+
+
+def test_paths_far_from_their_floors_need_the_full_margin_and_none_is_predicted_under_it():
+    """inagg 0.85x gloo, both at 2.5x their floors or more (their time the machine's, not the
+    links'): gloo keeps the calls. A line from small calls cannot predict a large call under its
+    floor."""
+    links = links_of(4, rate=1e9)
+    gloo = 2.5 * links.floor("gloo", 4 * MIB)
+    assert chosen_at(links, {"inagg": 0.85 * gloo, "gloo": gloo}) == "gloo"
+    c = PathChooser(lambda v: v, ("inagg", "gloo"), links=links)
+    for _ in range(5):
+        c.observe("inagg", 1024, 1e-4)
+    c.agree()
+    assert c.predict("inagg", 64 * MIB) == pytest.approx(links.floor("inagg", 64 * MIB))
+
+
+def test_a_dear_new_size_probes_a_path_whose_floor_is_faster_though_its_line_is_not():
+    """4 MiB at 4 ranks on 100 Mbit/s: inagg's line from a job's first calls (a window still
+    opening) says 1.4 s, gloo's figure 0.76 s; inagg's floor is 0.35 s, so it is probed there
+    (and gloo beside it). Without the links' rate the line decides: left to exploration."""
+    links = links_of(4)
+    slow_start = {p: PathModel(timed({MIB: [0.36] * 3}).summary()) for p in ("inagg", "gloo")}
+    floors = {p: links.floor(p, 4 * MIB) for p in ("inagg", "gloo")}
+    assert slow_start["inagg"].line(4 * MIB) > 0.76
+    assert Probes(("inagg", "gloo"), PathChoiceOptions()).plan(slow_start, "gloo", 4 * MIB, 0.76, floors=floors)
+    assert not Probes(("inagg", "gloo"), PathChoiceOptions()).plan(slow_start, "gloo", 4 * MIB, 0.76)

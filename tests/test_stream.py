@@ -1,6 +1,7 @@
 """The worker's stream: the native one (C++) against the Python one (its specification), the
 control vector, and the exact result checks, over real sockets and the aggregator CLI."""
 
+import contextlib
 import threading
 import time
 
@@ -14,7 +15,7 @@ from inagg.native_build import _native
 from inagg.demos.allreduce_demo import TensorSpec, run_local_job
 from inagg.wire.grant import Grant
 from inagg.worker.native_stream import NativeSlotStream, native_block_exponents
-from inagg.wire.protocol import FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
+from inagg.wire.protocol import FLAG_CONGESTION, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
 from inagg.worker.stream import (
     CallError,
     CallRefused,
@@ -23,6 +24,7 @@ from inagg.worker.stream import (
     Refusal,
     ResultCheck,
     SlotStream,
+    WindowControl,
 )
 from inagg.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
@@ -381,15 +383,25 @@ class SlowFirstAnswer:
             self.sock.sendto(answered[key], sender)
 
 
-@pytest.mark.parametrize("kind", STREAMS)
-def test_retransmissions_answered_twice_are_spurious_and_keep_the_window(kind):
-    agg = SlowFirstAnswer()
+@contextlib.contextmanager
+def one_rank_stream(kind: str, agg, slots: int, **options):
+    """A one-rank job's stream (``kind``) of ``slots`` slots, K = 4, against the scripted
+    aggregator ``agg`` (its ``sock`` and ``serve``), which is served on a thread meanwhile."""
     thread = threading.Thread(target=agg.serve, daemon=True)
     thread.start()
     transport = UdpTransport(agg.sock.getsockname(), bind=("127.0.0.1", 0))
     try:
-        stream = STREAMS[kind](Grant(3, 2, 0, 16, 4, agg.sock.getsockname()), 0, 1, transport,
-                               rto_min=0.05, stall_timeout=5.0)
+        yield STREAMS[kind](Grant(3, 2, 0, slots, 4, agg.sock.getsockname()), 0, 1, transport,
+                            stall_timeout=5.0, **options)
+    finally:
+        agg.sock.close()
+        transport.close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_retransmissions_answered_twice_are_spurious_and_keep_the_window(kind):
+    with one_rank_stream(kind, SlowFirstAnswer(), 16, rto_min=0.05) as stream:
         goal = stream.window_control.goal         # 16: a timeout would make it 4
         x = np.arange(10, dtype=np.int32)
         stream.allreduce(x)
@@ -398,10 +410,6 @@ def test_retransmissions_answered_twice_are_spurious_and_keep_the_window(kind):
         assert s.retransmissions >= 1
         assert s.spurious_retransmissions == s.retransmissions and s.timeouts() == 0
         assert stream.window_control.goal == goal   # a spurious timeout is no loss signal
-    finally:
-        agg.sock.close()
-        transport.close()
-        thread.join(5)
 
 
 # -- small calls: one round trip, values in the control packet's spare lanes --------------------
@@ -583,3 +591,40 @@ def test_16_bit_calls_are_their_float32_calls_rounded_once_on_native_and_python_
             assert mixed_job.call(references, average) == [None] * MixedJob.N
             for x, reference in zip(xs, references):
                 assert np.array_equal(x.view(np.uint16), torch_rounded(reference, name))
+
+
+def test_marked_results_cut_the_goal_by_half_their_fraction_once_per_call():
+    w = WindowControl(maximum=64, goal=16)
+    w.update(16, timeouts=0, marked=1.0)            # every result marked: half, slow start over
+    assert (w.goal, w.slow_start) == (8, False)
+    w.update(8, timeouts=0, marked=0.01)            # a few: at least one slot
+    assert w.goal == 7
+    w.update(7, timeouts=0)                         # clean: a quarter more, at least one
+    assert w.goal == 8
+    w.update(8, timeouts=1, marked=0.1)             # a loss burst weighs more than the marks
+    assert w.goal == 4
+
+
+class MarkingAggregator:
+    """A one-rank job's aggregator behind a deep queue: every result it answers with carries
+    FLAG_CONGESTION, as a switch's egress marks it."""
+
+    def __init__(self) -> None:
+        self.sock = bound_socket()
+
+    def serve(self) -> None:
+        for data, sender in datagrams(self.sock):
+            result = as_result(data)
+            self.sock.sendto(result[:1] + bytes([result[1] | FLAG_CONGESTION]) + result[2:], sender)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_call_whose_results_came_marked_halves_its_window_without_a_loss(kind):
+    with one_rank_stream(kind, MarkingAggregator(), 64) as stream:
+        x = np.arange(400, dtype=np.int32)              # 100 blocks, more than any window
+        stream.allreduce(x)
+        assert x.tolist() == list(range(400))
+        used = stream.window
+        assert stream.stats.congestion_marks >= 100     # every block's result (and the control round's)
+        assert stream.stats.timeouts() == 0 and stream.stats.retransmissions == 0
+        assert stream.window_control.goal == used // 2 and not stream.window_control.slow_start

@@ -25,6 +25,7 @@ _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 # Software data plane targets: the engine each runs (inagg-soft-switch --engine).
 SOFT_ENGINES = {"soft": "native", "soft-python": "python"}
+BMV2_THRIFT_PORT = 9090   # simple_switch_grpc's default, in the testbed's own namespace
 
 
 def have_netns() -> str | None:
@@ -116,6 +117,7 @@ class Dataplane:
                 cmd = [sys.executable, "-m", "inagg.softswitch.switch", "--engine", SOFT_ENGINES[self.target]]
             else:
                 cmd = ["simple_switch_grpc", "--log-console"] if os.environ.get("INAGG_SWITCH_LOG") else ["simple_switch_grpc"]
+                cmd += ["--thrift-port", str(BMV2_THRIFT_PORT)]   # slow_port's queue rates
             cmd += ports + ["--device-id", "0", "--no-p4", "--", "--grpc-server-addr", self.grpc_addr]
             self.log = open(self.tmp / "switch.log", "w")
             self.proc = subprocess.Popen(["ip", "netns", "exec", self.ns, *cmd], cwd=ROOT,
@@ -155,6 +157,27 @@ class Dataplane:
 
     def drain(self) -> None:
         self.recv_all(0.05)
+
+    def slow_port(self, port: int, frames_per_second: int | None) -> None:
+        """Let the switch's egress toward ``port`` send only ``frames_per_second`` frames of up
+        to 128 bytes a second (None: full speed again), so its queue fills: BMv2's own egress
+        queue (simple_switch_CLI set_queue_rate), or for the software switch its interface's
+        (tc tbf, whose queue its socket counts)."""
+        ns = ["ip", "netns", "exec", self.ns]
+        if self.target not in SOFT_ENGINES:
+            rate = str(frames_per_second or 10 ** 7)
+            path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"   # its python3: ours
+            cli = subprocess.run([*ns, "simple_switch_CLI", "--thrift-port", str(BMV2_THRIFT_PORT)],
+                                 input=f"set_queue_rate {rate} {port}\n", capture_output=True, text=True,
+                                 env={**os.environ, "PATH": path})
+            if cli.returncode:
+                raise RuntimeError(f"simple_switch_CLI set_queue_rate: {cli.stderr.strip()[-300:]} (it needs "
+                                   f"BMv2's Thrift server and the thrift package)")
+        elif frames_per_second:
+            sh(*ns, "tc", "qdisc", "replace", "dev", f"s{port}", "root", "tbf", "rate",
+               f"{frames_per_second * 128 * 8}bit", "burst", "2kb", "limit", "4mb")
+        else:
+            sh(*ns, "tc", "qdisc", "del", "dev", f"s{port}", "root")
 
     def stop(self) -> None:
         for s in self.socks.values():

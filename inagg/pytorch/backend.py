@@ -58,6 +58,7 @@ from inagg.worker.local import Endpoint, find_endpoint
 from inagg.pytorch.path_choice import PATHS, PathChooser
 from inagg.pytorch.reproducible import FixedPointGloo
 from inagg.worker.stream import Reduction
+from inagg.pytorch.path_links import job_links
 from inagg import BACKEND_NAME
 
 log = logging.getLogger("inagg.backend")
@@ -321,7 +322,9 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._run_nbytes, self._run_length, self._run_left, self._to_sample, self._sample_period = 0, 0, 0, 0, 0
         self._run_work: dist.Work | None = None
         self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size), paths, forced=forced,
-                                 shared_clock=_ranks_share_a_clock(dist.PrefixStore("clock", store), rank, world_size))
+                                 shared_clock=_ranks_share_a_clock(dist.PrefixStore("clock", store), rank, world_size),
+                                 links=job_links(self.endpoint.bind_ip, world_size, self.comm.grant,
+                                                 self.lane.grant if self.lane else None))
         self._calibrate()
         log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", rank, self.comm.job_id,
                  self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",

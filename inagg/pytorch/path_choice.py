@@ -10,6 +10,10 @@ The choice has three parts, each in a module of its own:
 * **Cost model** (``inagg.pytorch.path_cost``): per path, the figures the ranks agreed on (per
   size class the median over its recent calls) and an alpha-beta line fitted to them, which
   predict what a call will take.
+* **Links** (``inagg.pytorch.path_links``), where their rate is known: the bytes each path puts
+  on a host link, flat in the number of ranks for inagg, 2(N-1)/N of the tensor for gloo's ring;
+  no call is predicted faster than its path's floor there, and where two paths' figures are
+  both link-bound, ``link_margin`` replaces ``margin``.
 * **Policy**: ``PathChooser`` below, which picks each call's path and decides when to measure
   and when the ranks agree, with its parts: the agreements' schedule and the choice of timed
   calls (``inagg.pytorch.path_schedule``), probes of new sizes and explorations of paths not in
@@ -30,7 +34,8 @@ ranks that arrived later.
 
 **Choosing.** ``prefer`` (gloo, the baseline) keeps a call unless another path is predicted
 faster by more than ``margin``, because where paths are that close their figures on a shared
-machine are noise. A path must have been measured at the call's size class to take it from
+machine are noise; by more than ``link_margin`` where both are link-bound, because then their
+difference is the bytes each puts on the links. A path must have been measured at the call's size class to take it from
 ``prefer`` (a line alone extrapolates too far), and by ``trusted`` calls unless it looks twice
 as fast. ``forced`` pins every call to one path (``INAGG_ALLREDUCE_PATH`` in the backend), for
 tests and comparisons; what runs is still measured and agreed on. ``history()`` is the per-call
@@ -50,6 +55,7 @@ import numpy as np
 from inagg.pytorch.path_confirm import Confirmations
 from inagg.pytorch.path_cost import PathModel, fit_alpha_beta, row_medians
 from inagg.pytorch.path_explore import ExplorationBudget, Probes
+from inagg.pytorch.path_links import LinkShape
 from inagg.pytorch.path_options import PathChoiceOptions
 from inagg.pytorch.path_schedule import AgreementSchedule, Sampler
 from inagg.pytorch.path_timings import SIZE_CLASSES, UNSEEN, PathTimings, size_class
@@ -88,14 +94,17 @@ def _check_paths(paths: Sequence[str], forced: str | None) -> None:
 class PathChooser:
     """Per-call path choice, identical on every rank (module docstring). ``agree`` combines
     every rank's vector by elementwise minimum (a collective); ``options`` (or keyword
-    overrides of its fields) tune the choice; ``clock`` times the agreements' own work."""
+    overrides of its fields) tune the choice; ``links``: the job's links, where their rate is
+    known; ``clock`` times the agreements' own work."""
 
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"),
                  options: PathChoiceOptions | None = None, *, forced: str | None = None, shared_clock: bool = False,
-                 clock: Callable[[], float] = time.perf_counter, **overrides: Any) -> None:
+                 links: LinkShape | None = None, clock: Callable[[], float] = time.perf_counter,
+                 **overrides: Any) -> None:
         options = replace(options or PathChoiceOptions(), **overrides)
         _check_paths(paths, forced)
         self.options, self.paths, self.forced, self.shared_clock = options, tuple(paths), forced, shared_clock
+        self.links = links
         self.prefer = options.prefer if options.prefer in self.paths else None
         self._agree_fn, self._clock = agree, clock
         self._lock = threading.Lock()   # ``observe`` may come from any thread
@@ -145,8 +154,10 @@ class PathChooser:
             self.timings[path].observe(nbytes, seconds, started)
 
     def predict(self, path: str, nbytes: int) -> float:
-        """Seconds of an allreduce of ``nbytes`` on ``path`` at the agreed figures."""
-        return self.models[path].predict(nbytes)
+        """Seconds of an allreduce of ``nbytes`` on ``path`` at the agreed figures, never under
+        the path's floor on the links (where their rate is known)."""
+        seconds = self.models[path].predict(nbytes)
+        return seconds if self.links is None else max(seconds, self.links.floor(path, nbytes))
 
     def best(self, nbytes: int) -> str:
         """The path the model predicts fastest for ``nbytes``."""
@@ -269,30 +280,53 @@ class PathChooser:
     # -- which path ----------------------------------------------------------------------------
 
     def _fastest(self, nbytes: int) -> _Best:
-        """The fastest path for ``nbytes`` at the agreed figures (``prefer`` unless another,
-        measured at this size class, is predicted faster by more than ``margin``; ties: the
-        earlier path), its predicted seconds, and whether the size's class still has probes to
-        take; remembered per size until the next agreement (a training job repeats a handful
-        of sizes)."""
+        """The fastest path for ``nbytes`` at the agreed figures (``_pick``), its predicted
+        seconds, and whether the size's class still has probes to take; remembered per size
+        until the next agreement (a training job repeats a handful of sizes)."""
         entry = self._best.get(nbytes)
         if entry is None:
             c = size_class(nbytes)
             eligible = [p for p in self.paths if p == self.prefer or self.models[p].seen[c]] or self.paths
-            path, seconds = min(((p, self.predict(p, nbytes)) for p in eligible),
-                                key=lambda e: e[1] * self._handicap(e[0], c))
-            probing = not self.forced and self._probes.plan(self.models, self.prefer, nbytes, seconds)
+            path, seconds = self._pick(nbytes, c, eligible)
+            margins = {p: self._margin(p, nbytes) for p in self.paths if p != self.prefer}
+            floors = {p: self.links.floor(p, nbytes) for p in self.paths} if self.links else None
+            probing = not self.forced and self._probes.plan(self.models, self.prefer, nbytes, seconds, margins, floors)
             entry = self._best[nbytes] = _Best(path, seconds, probing)
             if not self.forced:
                 self._confirm.track(c, path, self.models)
         return entry
 
+    def _pick(self, nbytes: int, c: int, eligible: list[str]) -> tuple[str, float]:
+        """The fastest of the ``eligible`` paths for ``nbytes`` (size class ``c``) and its
+        predicted seconds: paths other than ``prefer`` compared by their predicted time times
+        their handicap, ``prefer`` kept unless one of them is faster than it by that path's
+        margin (``_margin``); ties: the earlier path."""
+        predicted = {p: self.predict(p, nbytes) for p in eligible}
+        others = [(p, s * self._handicap(p, c)) for p, s in predicted.items() if p != self.prefer]
+        if self.prefer in predicted:
+            kept, order = predicted[self.prefer], self.paths.index
+            others = [(p, k) for p, k in others
+                      if (k, order(p)) < (kept * (1 - self._margin(p, nbytes)), order(self.prefer))]
+            if not others:
+                return self.prefer, kept
+        path = min(others, key=lambda e: e[1])[0]
+        return path, predicted[path]
+
     def _handicap(self, path: str, c: int) -> float:
-        """The factor on ``path``'s predicted time at size class ``c`` when paths are compared:
-        ``prefer``'s is 1 - ``margin``; another path's is 2 while fewer than ``trusted`` calls
-        measured it there (one lucky probe or exploration must not win the class)."""
-        if path == self.prefer:
-            return 1 - self.options.margin
+        """The factor on ``path``'s predicted time at size class ``c`` when it is compared: 2
+        while fewer than ``trusted`` calls measured it there (one lucky probe or exploration
+        must not win the class), else 1."""
         return 1.0 if self.models[path].samples[c] >= self.options.trusted else 2.0
+
+    def _margin(self, path: str, nbytes: int) -> float:
+        """How much faster than ``prefer`` ``path`` must be predicted at ``nbytes`` to take its
+        calls: ``link_margin`` where both are predicted link-bound there (within
+        ``link_bound`` of their floors), else ``margin``."""
+        o = self.options
+        if self.links is None or self.prefer is None:
+            return o.margin
+        bound = all(self.predict(p, nbytes) <= o.link_bound * self.links.floor(p, nbytes) for p in (path, self.prefer))
+        return o.link_margin if bound else o.margin
 
     # -- measuring paths not in use ------------------------------------------------------------
 

@@ -7,7 +7,11 @@ run starting with one untimed warm-up where the call before was another path's, 
 right after another path's runs slow. Where calls are cheap (under ``probe_seconds``) ``prefer``
 and every path whose line is within ``probe_ratio`` of the best are probed; at dearer sizes only
 paths predicted faster than the best by ``margin`` (and then ``prefer`` beside them), because a
-probe of a slower path costs a whole slow call; the rest are left to exploration.
+probe of a slower path costs a whole slow call; the rest are left to exploration. Where the
+links' rate is known, a path whose floor there (``inagg.pytorch.path_links``) is faster by
+``link_margin`` is probed too: the links allow it to be faster, and its line comes from smaller
+calls, where per-call costs weigh more (and a job's first calls, on a window still opening, run
+slow).
 
 *Explorations.* At a scheduled agreement, a call may take a path the model did not choose, so
 the figures of paths not in use do not go stale. Each size class earns ``explore_budget`` of
@@ -38,19 +42,24 @@ class Probes:
         self._left: dict[tuple[str, int], int] = {}   # (path, size class) -> probe calls left
         self._warm_up_due: set[tuple[str, int]] = set()   # probe runs not started yet
 
-    def plan(self, models: Mapping[str, PathModel], prefer: str | None, nbytes: int, best_seconds: float) -> bool:
+    def plan(self, models: Mapping[str, PathModel], prefer: str | None, nbytes: int, best_seconds: float,
+             margins: Mapping[str, float] | None = None, floors: Mapping[str, float] | None = None) -> bool:
         """Schedule probes of calls of ``nbytes``, ``best_seconds`` predicted on the best path,
         on each path never measured nor probed at their size class that is worth it (module
-        docstring); whether the class has probes left to take."""
+        docstring; ``margins``: a path's own margin where it is not ``margin``; ``floors``: a
+        path's least time on the links, where known); whether the class has probes left to
+        take."""
         c = size_class(nbytes)
         o = self._options
+        margins, floors = margins or {}, floors or {}
         unprobed = {p: m for p, m in models.items() if not m.seen[c] and (p, c) not in self._left}
         if best_seconds < o.probe_seconds:
             wanted = [p for p, m in unprobed.items()
                       if p == prefer or m.line(nbytes) <= o.probe_ratio * best_seconds]
         else:
             wanted = [p for p, m in unprobed.items()
-                      if p != prefer and m.line(nbytes) <= (1 - o.margin) * best_seconds]
+                      if p != prefer and (m.line(nbytes) <= (1 - margins.get(p, o.margin)) * best_seconds
+                                          or floors.get(p, np.inf) <= (1 - o.link_margin) * best_seconds)]
             if wanted and prefer in unprobed:
                 wanted.append(prefer)
         for p in wanted:

@@ -63,6 +63,14 @@ class PathChoiceOptions:
     """How much faster (as a fraction) another path must be predicted than ``prefer`` to take a
     call from it (in [0, 1))."""
 
+    link_margin: float = 0.03
+    """``margin`` where the two paths' figures are both link-bound (``inagg.pytorch.path_links``:
+    their difference is the bytes each puts on the links, not noise; in [0, ``margin``])."""
+
+    link_bound: float = 1.5
+    """A figure within this many times its path's least time on the links (its floor, where
+    the links' rate is known) is link-bound (at least 1)."""
+
     history: int = 4096
     """Runs of calls kept for ``PathChooser.history``."""
 
@@ -75,6 +83,9 @@ class PathChoiceOptions:
             raise ValueError(f"agree_budget must be in (0, 1), got {self.agree_budget}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if not 0 <= self.link_margin <= self.margin or self.link_bound < 1:
+            raise ValueError(f"need 0 <= link_margin <= margin and link_bound >= 1; got {self.link_margin}, "
+                             f"{self.link_bound}")
         if (self.probes < 0 or self.probe_ratio < 1 or self.sample_every < 1
                 or not 0 <= self.sample_seconds < float("inf") or not 0 <= self.measure_every_seconds < float("inf")):
             raise ValueError(f"need probes >= 0, probe_ratio >= 1, sample_every >= 1, sample_seconds >= 0, "

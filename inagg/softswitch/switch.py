@@ -27,6 +27,12 @@ drains every 50 ms and once at stop. When the writer falls behind and the queue
 (``--pcap-buffer``) is full, frames are left out of the capture, never held up: the count is in
 the loop's stats (``capture_dropped``) and a warning at stop.
 
+Congestion: the native loop marks a UDP result with FLAG_CONGESTION where the raw port it leaves
+by has ``--congestion-kib`` or more queued in the kernel (SIOCOUTQ: the interface's queue, as
+BMv2's egress marks on enq_qdepth); counted in its stats (``marked``). RoCE results are not
+marked (their ICRC covers the flags), nor results on loopback (UDP) ports, nor the Python
+engine's.
+
 Loopback attachment (no root, no interfaces): ``--udp-bind 127.A.B.254`` listens on that address
 at the inagg UDP port, and ``-i N@udp:127.A.B.N`` makes the host 127.A.B.N port N. Datagrams
 from a host enter its port as Ethernet/IPv4/UDP frames; frames leaving a UDP-attached port are
@@ -81,6 +87,10 @@ RECV_BATCH = 32
 # Socket buffers of the switch's ports: a whole window of every worker (1024 slots x 32 workers
 # of about 1 KiB of kernel memory each) can queue up without a drop.
 PORT_BUFFER_BYTES = 32 << 20
+# The native loop's congestion mark (--congestion-kib): a raw port whose socket holds this much
+# unsent (its interface's queue: a shaped link's tbf, each frame at its ~2.3 KiB buffer) marks
+# the results leaving by it, as BMv2 does at an egress queue of INAGG_CONGESTION_QDEPTH (16).
+CONGESTION_KIB = 48
 
 
 # How often the native loop's captured frames are written out (and flushed): a capture lags the
@@ -233,6 +243,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    default=_native.SWITCH_LOOP_CAPTURE_BYTES >> 10,
                    help="native engine: the captured frames waiting to be written, at most "
                         "(beyond, frames are left out of the pcaps and counted; default %(default)s)")
+    p.add_argument("--congestion-kib", type=int, metavar="KIB", default=CONGESTION_KIB,
+                   help="native engine: results leaving by a raw port whose queue holds this much (the "
+                        "kernel's count of its unsent frames' buffers) carry FLAG_CONGESTION (0: never; "
+                        "default %(default)s, about 20 full frames)")
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
     p.add_argument("--udp-bind", metavar="IP[:PORT]",
                    help=f"switch address for udp: ports (loopback mode); port {UDP_PORT} unless given")
@@ -406,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     per_frame = args.engine == "python" or args.log_console
     loop = None if per_frame else _native.SwitchLoop(args.pcap_buffer << 10)
+    if loop is not None:
+        loop.set_congestion_threshold(args.congestion_kib << 10)
     captures = None
     try:
         default = default_program("soft")   # a wheel's or a checkout's p4/, else an OSError naming both

@@ -20,7 +20,8 @@ from inagg.worker.stream import ExponentTracker, StreamBase, call_window
 from inagg.wire.transport import UdpTransport
 
 _COUNTERS = ("packets_sent", "packets_received", "wire_bytes_sent", "wire_bytes_received",
-             "retransmissions", "fast_retransmissions", "backoffs", "bursts", "spurious_retransmissions", "host_results")
+             "retransmissions", "fast_retransmissions", "backoffs", "bursts", "spurious_retransmissions", "host_results",
+             "congestion_marks")
 
 
 def native_block_exponents(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -65,6 +65,7 @@ from inagg.wire import codec
 from inagg.wire.grant import Grant
 from inagg.wire.protocol import (
     EXP_NONE,
+    FLAG_CONGESTION,
     FLAG_FROM_HOST,
     FLAG_OVERFLOW,
     FLAG_RETRANSMIT,
@@ -268,6 +269,7 @@ class StreamStats:
     spurious_retransmissions: int = 0
     ignored_results: int = 0
     host_results: int = 0
+    congestion_marks: int = 0   # accepted results that carried FLAG_CONGESTION
     seconds: float = 0.0
     result_drops: dict = field(default_factory=dict)
 
@@ -595,8 +597,8 @@ class LossDetector:
 
 @dataclass
 class WindowControl:
-    """One rank's goal for the window of its next calls: slow start, then AIMD on loss, as
-    TCP's and ATP's windows.
+    """One rank's goal for the window of its next calls: slow start, then AIMD on congestion
+    marks and loss, as TCP's and ATP's windows.
 
     A grant starts at a small goal (``INITIAL_WINDOW``, or the last grant's goal) in slow start:
     each clean call that used its whole goal doubles it, so a burst never outgrows the path's
@@ -604,8 +606,12 @@ class WindowControl:
     switch's input buffer overflowed), as TCP sets ssthresh from the flight size (RFC 5681), and
     ends slow start; a retransmission that the aggregator answered twice was not needed (the
     result was only late: a descheduled switch process) and is no loss signal, as with TCP's
-    DSACK (RFC 3708); after that a clean call that
-    used its whole goal raises it by a quarter, up to the slots granted."""
+    DSACK (RFC 3708). Before any loss, a call whose results came marked (FLAG_CONGESTION: a
+    switch queue they left by was deep) cuts the window it used by half the fraction of its
+    results that were marked, as DCTCP does (at least by one slot), and ends slow start: once
+    per call, so at most once per round trip whatever the call's length (the window is agreed
+    per call). After that a clean call that used its whole goal raises it by a quarter, up to
+    the slots granted."""
 
     minimum: int = 4
     maximum: int = 1
@@ -618,9 +624,14 @@ class WindowControl:
     def _clamp(self, w: int) -> int:
         return max(min(self.minimum, self.maximum), min(self.maximum, w))
 
-    def update(self, window: int, timeouts: int) -> None:
+    def update(self, window: int, timeouts: int, marked: float = 0.0) -> None:
+        """After a call that used ``window`` slots: ``timeouts`` loss bursts, ``marked`` the
+        fraction of its results that carried FLAG_CONGESTION."""
         if timeouts:
             self.goal = self._clamp(window // 2)
+            self.slow_start = False
+        elif marked > 0:
+            self.goal = self._clamp(min(window - 1, int(window * (1 - marked / 2))))
             self.slow_start = False
         elif window >= self.goal:
             self.goal = self._clamp(2 * self.goal if self.slow_start else self.goal + max(1, self.goal // 4))
@@ -715,8 +726,11 @@ class StreamBase:
             self._decode_values(summed[2 * self.n_workers:], x, divisor)
         elif x.size:
             local.agree(0, exp0)
+            marks_before = self.stats.congestion_marks
             overflow = self._stream_blocks(x, local, agreement.window_goal, divisor)
-            self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before))
+            blocks = -(-x.size // self.grant.values_per_packet)   # a float call's primings answer too
+            marked = min(1.0, (self.stats.congestion_marks - marks_before) / blocks)
+            self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before), marked)
             if overflow:
                 raise overflow_error(overflow, self.grant.values_per_packet)
         self.stats.allreduces += 1
@@ -894,6 +908,8 @@ class SlotStream(StreamBase):
         rnd = rounds.pop(idx)
         if self._buf[1] & FLAG_FROM_HOST:
             self.stats.host_results += 1
+        if self._buf[1] & FLAG_CONGESTION:
+            self.stats.congestion_marks += 1
         if not rnd.retransmitted:
             self._rtt.sample(now - rnd.sent_at)
         self._loss.delivered(rnd, now, rounds.rounds.values())

@@ -43,6 +43,13 @@
 #define INAGG_REPLICA_TABLE_SIZE 2048
 #endif
 
+/* CongestionMark: an inagg packet that found at least this many packets queued at its egress
+ * port (standard_metadata.enq_qdepth) leaves with FLAG_CONGESTION. BMv2's queues hold 64 by
+ * default: a quarter of that marks well before one overflows. */
+#ifndef INAGG_CONGESTION_QDEPTH
+#define INAGG_CONGESTION_QDEPTH 16
+#endif
+
 /* l2_table: destination MACs of ordinary traffic. */
 #ifndef INAGG_L2_TABLE_SIZE
 #define INAGG_L2_TABLE_SIZE 1024
