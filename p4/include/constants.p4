@@ -54,6 +54,7 @@ const bit<3>  SLOT_STALE_ROUND     = 3;    /* drop: reordered packet of a finish
 const bit<3>  SLOT_DUP_PENDING     = 4;    /* duplicate, round unfinished: drop            */
 const bit<3>  SLOT_DUP_DONE        = 5;    /* duplicate, round finished: result to sender  */
 const bit<3>  SLOT_BAD_ROUND       = 6;    /* drop: offset or count differ from the round's */
+const bit<3>  SLOT_DUP_UPSTREAM    = 7;    /* duplicate, round's sum up at the parent: resend */
 
 /* Drop reasons of an admitted job: the per-job drop counter's index is
  * job_index * DROP_REASONS + reason. */
