@@ -68,6 +68,9 @@ void validate(const JobConfig& job, uint32_t n_slots) {
         throw std::invalid_argument(name + "slots " + slots_text(job) + " outside the pool of "
                                     + std::to_string(n_slots));
     }
+    if (job.n_children < 0 || job.n_children > int64_t(n)) {
+        throw std::invalid_argument(name + "n_children must be in 0.." + std::to_string(n));
+    }
     if (!job.has_uplink) return;
     const Uplink& up = job.uplink;
     if (up.rank < 0 || up.rank >= int64_t(kMaxWorkers)) {
@@ -276,7 +279,7 @@ Emit Engine::aggregate(const JobConfig& job, JobCounters& ctr, const Header& h,
     uint32_t slot = h.slot;
     SetState& set = sets_[h.set];
     uint32_t bit = 1u << h.worker;
-    uint32_t n = static_cast<uint32_t>(job.members.size());
+    uint32_t n = static_cast<uint32_t>(job.children());
     RoundState st{set.seen[slot] == n + (job.has_uplink ? 1 : 0),  // a tree's result: one more
                   set.offset[slot] == h.offset && set.count[slot] == h.count,
                   job.has_uplink && set.seen[slot] == n};

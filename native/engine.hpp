@@ -98,11 +98,16 @@ struct JobConfig {
     std::vector<SenderId> members;
     bool has_uplink = false; // false: this aggregator completes the job's rounds
     Uplink uplink;
+    // Contributions that complete a round (0: every member): a tree's switch knows its
+    // children by sparse ids, the other members are placeholders no sender matches.
+    int64_t n_children = 0;
 
+    size_t children() const { return n_children ? size_t(n_children) : members.size(); }
     bool operator==(const JobConfig& o) const {
         return job_id == o.job_id && epoch == o.epoch && slot_base == o.slot_base
                && slot_count == o.slot_count && members == o.members
-               && has_uplink == o.has_uplink && (!has_uplink || uplink == o.uplink);
+               && has_uplink == o.has_uplink && (!has_uplink || uplink == o.uplink)
+               && n_children == o.n_children;
     }
 };
 

@@ -186,10 +186,11 @@ void bind_engine_and_counters(PipelineClass& cls) {
     cls.def("replace_jobs",
              [](SwitchPipeline& p,
                 const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
-                                             std::vector<inagg::SenderId>, Uplink>>& wanted) {
+                                             std::vector<inagg::SenderId>, Uplink, int64_t>>& wanted) {
                  std::vector<inagg::JobConfig> jobs;
-                 for (const auto& [id, epoch, base, count, members, uplink] : wanted) {
+                 for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
                      inagg::JobConfig job{id, epoch, base, count, members};
+                     job.n_children = n_children;
                      if (uplink) {
                          job.has_uplink = true;
                          job.uplink = inagg::Uplink{inagg::kParentSender, uplink->first, uplink->second};
@@ -199,7 +200,7 @@ void bind_engine_and_counters(PipelineClass& cls) {
                  locked(p, [&](SwitchPipeline& q) { q.engine().replace_jobs(jobs); });
              },
              "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members, (rank, slot_base) of the "
-                       "uplink or None)]; ValueError if the slot pool cannot hold them")
+                       "uplink or None, n_children)]; ValueError if the slot pool cannot hold them")
         .def("job_ids",
              [](SwitchPipeline& p) {
                  return locked(p, [](SwitchPipeline& q) { return q.engine().job_ids(); });

@@ -43,9 +43,10 @@ JOB3 = SwitchJob(3, 2, 1, 16, 8, tuple(
     for r, p in ((0, 1), (1, 3))), encap="roce")
 # Two ranks on one host (h1: one IP, one MAC, a UDP port each), as on a multi-GPU host
 JOB4 = SwitchJob(4, 3, 1, 24, 8, (worker(0, 1, 52000), worker(1, 1, 52001), worker(2, 2, 52002)))
-# A ToR of a tree: rank 1 at its parent (behind port 4), whose slots for the job start at 100
+# A ToR of a tree: id 1 at its parent (behind port 4), whose slots for the job start at 100; its
+# workers are the job's ranks 2 and 3 (ranks 0 and 1 hang off another ToR): two children
 PARENT_IP, PARENT_MAC = "10.0.1.254", "00:00:00:00:01:fe"
-JOB5 = SwitchJob(5, 4, 1, 32, 8, (worker(0, 1, 53000), worker(1, 2, 53001)), uplink=UplinkBinding(
+JOB5 = SwitchJob(5, 4, 1, 32, 8, (worker(2, 1, 53000), worker(3, 2, 53001)), uplink=UplinkBinding(
     4, 1, 100, PARENT_MAC, PARENT_IP, UDP_PORT, SWITCH_MAC, SWITCH_IP, UDP_PORT))
 JOBS = (JOB1, JOB2, JOB3, JOB4, JOB5)
 
@@ -71,11 +72,12 @@ def dp(request):
 
 def contribution(job, rank, values, *, slot, slot_set=0, epoch=1, offset=0, exp=EXP_NONE, flags=0,
                  src_port=None, raw=None, eth_src=None, udp_sport=None):
-    """A worker's contribution frame as it leaves the worker's host (``src_port``: the switch
+    """A worker's contribution frame as it leaves the worker's host (``rank``: the worker's
+    index in ``job.workers``, its rank in the packet is the binding's; ``src_port``: the switch
     port it enters by; ``eth_src``, ``udp_sport``: forged sources)."""
     w = job.workers[rank]
     payload = raw if raw is not None else build_contribution(
-        job.job_id, rank, epoch, slot, slot_set, offset,
+        job.job_id, w.rank, epoch, slot, slot_set, offset,
         None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
     return bytes(Ether(src=eth_src or w.mac, dst=SWITCH_MAC) / IP(src=w.ip, dst=SWITCH_IP)
                  / UDP(sport=udp_sport or w.udp_port, dport=UDP_PORT, chksum=0) / payload), (src_port or w.port)

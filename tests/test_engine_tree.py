@@ -31,12 +31,19 @@ WORKERS = ((("10.0.0.1", 1), ("10.0.0.2", 1)), (("10.0.1.1", 1), ("10.0.1.2", 1)
 ENGINES = (AggregationEngine, NativeEngine)
 
 
+def first_rank(tor: int) -> int:
+    """The job rank of ToR ``tor``'s first worker (ranks are numbered across the ToRs)."""
+    return sum(len(w) for w in WORKERS[:tor])
+
+
 def tree(make):
-    """{node: engine}: "tor0", "tor1" (uplinks to the root) and "root" (the ToRs its members)."""
+    """{node: engine}: "tor0", "tor1" (uplinks to the root) and "root" (the ToRs its members).
+    A ToR knows its workers by their job ranks: ToR 1's are 2..4, members 0 and 1 placeholders."""
     nodes = {}
     for i, workers in enumerate(WORKERS):
         eng = make(8, K, host_mode=False)
-        eng.set_job(JobConfig(1, 1, TOR_BASES[i], W, workers, Uplink(ROOT, i, ROOT_BASE)))
+        members = tuple(("elsewhere", r) for r in range(first_rank(i))) + workers
+        eng.set_job(JobConfig(1, 1, TOR_BASES[i], W, members, Uplink(ROOT, i, ROOT_BASE), len(workers)))
         nodes[f"tor{i}"] = eng
     root = make(8, K, host_mode=False)
     root.set_job(JobConfig(1, 1, ROOT_BASE, W, (("tor", 0), ("tor", 1))))
@@ -123,8 +130,8 @@ def deliver(nodes, workers, dst, src, data):
 def make_workers(rng, blocks):
     workers = []
     for tor, addrs in enumerate(WORKERS):
-        for rank, addr in enumerate(addrs):
-            w = Worker(tor, rank, np.array([[rng.randrange(-2**20, 2**20) for _ in range(K)]
+        for i, addr in enumerate(addrs):
+            w = Worker(tor, first_rank(tor) + i, np.array([[rng.randrange(-2**20, 2**20) for _ in range(K)]
                                             for _ in range(blocks)], np.int32))
             w.address = addr
             workers.append(w)
@@ -229,12 +236,14 @@ def test_results_only_from_the_parent_in_its_slots(make):
 
 @pytest.mark.parametrize("up, error", [
     (Uplink(ROOT, 32, 0), "uplink rank must be in 0..31"),
+    (Uplink(ROOT, 0, 0), "n_children must be in 0..2"),
     (Uplink(ROOT, 0, 32767), r"the parent's slots \[32767, 32769\) are outside 0..32767"),
 ])
 def test_a_bad_uplink_is_named(up, error):
+    n_children = 3 if "n_children" in error else 0
     for make in ENGINES:
         with pytest.raises(ValueError, match=error):
-            make(8, K).set_job(JobConfig(1, 1, 0, W, WORKERS[0], up))
+            make(8, K).set_job(JobConfig(1, 1, 0, W, WORKERS[0], up, n_children))
 
 
 # -- the C++ engine against the reference, on a tree job --------------------------------------

@@ -70,7 +70,8 @@ class NativeEngine:
         up = job.uplink
         return (job.job_id, job.epoch, job.slot_base, job.slot_count,
                 [self._member_id(m) for m in job.members],
-                None if up is None else (self._member_id(up.parent), up.rank, up.slot_base))
+                None if up is None else (self._member_id(up.parent), up.rank, up.slot_base),
+                job.n_children)
 
     # -- configuration -------------------------------------------------------------------
 

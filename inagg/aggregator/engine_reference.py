@@ -85,7 +85,10 @@ class JobConfig:
 
     ``members[r]`` is rank r's identity as the front end sees it (a UDP ``(ip, port)`` for the
     host aggregator, ``(port, IPv4, MAC, UDP port)`` for the software switch): a packet claiming
-    rank r from anyone else is dropped. Results go to every member.
+    rank r from anyone else is dropped. Results go to every member. ``n_children`` (0: every
+    member) contributions complete a round: a switch of an aggregation tree knows its children
+    by sparse ids (its workers' job ranks, ids given to its child switches), the other members
+    are placeholders no sender matches (docs/trees.md).
     """
 
     job_id: int
@@ -94,10 +97,16 @@ class JobConfig:
     slot_count: int
     members: tuple[Hashable, ...]
     uplink: Uplink | None = None   # None: this aggregator completes the job's rounds
+    n_children: int = 0
 
     @property
     def n_workers(self) -> int:
         return len(self.members)
+
+    @property
+    def children(self) -> int:
+        """Contributions that complete a round here."""
+        return self.n_children or len(self.members)
 
     def validate(self, n_slots: int) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -114,6 +123,8 @@ class JobConfig:
                 f"job {self.job_id}: slots [{self.slot_base}, {self.slot_base + self.slot_count}) "
                 f"outside the pool of {n_slots}"
             )
+        if not 0 <= self.n_children <= self.n_workers:
+            raise ValueError(f"job {self.job_id}: n_children must be in 0..{self.n_workers}")
         up = self.uplink
         if up is not None and not 0 <= up.rank < MAX_WORKERS:
             raise ValueError(f"job {self.job_id}: uplink rank must be in 0..{MAX_WORKERS - 1}")
@@ -259,7 +270,7 @@ class AggregationEngine:
             slot += job.slot_base - job.uplink.slot_base
         self._claim(slot, (job_id << 16) | epoch)
         s = ss >> 15
-        n = len(job.members)
+        n = job.children
         seen = self._seen[s][slot]
         complete = seen == n + (job.uplink is not None)        # a tree's result counts one more
         sent_up = job.uplink is not None and seen == n
@@ -287,7 +298,7 @@ class AggregationEngine:
         ctr.results += 1
         if job.uplink is not None:                             # this level's part: up
             return [Emit(job, (), self._upstream(slot, s, job, 0), upstream=True)]
-        return [Emit(job, tuple(range(n)), self._result(slot, s, job, worker, 0))]
+        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0))]
 
     def _claim(self, slot: int, tag: int) -> None:
         """The first packet of a new owner/epoch (tag = job << 16 | epoch) resets the slot."""
@@ -338,8 +349,7 @@ class AggregationEngine:
             self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
         else:
             self._values[s, slot] = 0
-        n = len(job.members)
-        return [Emit(job, tuple(range(n)), self._result(slot, s, job, worker, 0))]
+        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0))]
 
     def _first(self, slot: int, s: int, data: bytes | bytearray | memoryview, flags: int, exp: int,
                offset: int, count: int) -> None:

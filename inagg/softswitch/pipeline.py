@@ -66,7 +66,7 @@ class NativePipeline:
         wanted = job_configs(self.tables, _native.bound_sender_id, _native.unbound_sender_id, None)
         with engine_refusal():
             self.core.replace_jobs([(j.job_id, j.epoch, j.slot_base, j.slot_count, list(j.members),
-                                     j.uplink and (j.uplink.rank, j.uplink.slot_base))
+                                     j.uplink and (j.uplink.rank, j.uplink.slot_base), j.n_children)
                                     for j in wanted])
 
     def job_ids(self) -> list[int]:

@@ -29,6 +29,7 @@ from inagg.wire.protocol import (
     ENCAP_CODE,
     GLOBAL_DROP_REASONS,
     HEADER_BYTES,
+    MAX_WORKERS,
     ROCE_HEADER_BYTES,
     ROCE_ICRC_BYTES,
     ROCE_INAGG_IMMEDIATE,
@@ -284,20 +285,27 @@ def job_configs(tables: TableStore, member: Callable[[int], Hashable],
                 unbound: Callable[[int], Hashable], parent: Hashable) -> list[JobConfig]:
     """The engine's job configurations that job_table + worker_table (+ uplink_table, in a
     tree) describe; rank r's member is ``member(r)`` when worker_table binds it, ``unbound(r)``
-    without a binding; a job's parent is ``parent``, the id admission gives its results."""
+    without a binding; a job's parent is ``parent``, the id admission gives its results.
+    n_workers contributions complete a round; the ranks are those below n_workers and any
+    other one bound below MAX_WORKERS (a tree switch's sparse child ids, docs/trees.md)."""
     workers = tables[WORKER_TABLE].entries
     uplinks = tables.tables[UPLINK_TABLE].entries if UPLINK_TABLE in tables.tables else {}
+    bound_ids: dict[int, int] = {}
+    for job_id, rank in workers:
+        if rank < MAX_WORKERS:
+            bound_ids[job_id] = max(bound_ids.get(job_id, 0), rank + 1)
     jobs = []
     for (job_id,), admit in tables[JOB_TABLE].entries.items():
         members = []
-        for rank in range(admit.param("n_workers")):
+        for rank in range(max(admit.param("n_workers"), bound_ids.get(job_id, 0))):
             bind = workers.get((job_id, rank))
             members.append(member(rank) if bind else unbound(rank))
         up = uplinks.get((job_id,))
         uplink = None if up is None or not up.name.endswith(".set_uplink") else \
             Uplink(parent, up.param("rank"), up.param("slot_base"))
         jobs.append(JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
-                              admit.param("slot_count"), tuple(members), uplink))
+                              admit.param("slot_count"), tuple(members), uplink,
+                              admit.param("n_workers")))
     return jobs
 
 

@@ -19,7 +19,10 @@
  *                                        trigger's encapsulation: one per job)
  *   msg_type != MSG_CONTRIBUTION      -> drop DROP_BAD_TYPE
  *     (a RESULT on a job with an uplink is the parent's: see below)
- *   rank not bound to this sender     -> drop DROP_BAD_WORKER (port, IPv4, MAC, UDP port)
+ *   rank not bound to this sender     -> drop DROP_BAD_WORKER (port, IPv4, MAC, UDP port; a
+ *                                        bound rank is below MAX_WORKERS, the bitmap's width:
+ *                                        n_workers counts the ranks that complete a round, a
+ *                                        tree's switch knows its children by sparse ids)
  *   epoch != the job's epoch          -> drop DROP_STALE_EPOCH
  *   slot outside [base, base + count) -> drop DROP_BAD_SLOT
  *   payload not 0 or K values (UDP    -> drop DROP_BAD_LENGTH
@@ -114,7 +117,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
             }
             bool bound = worker_table.apply().hit;
             bool from_parent = hdr.inagg.msg_type == MSG_RESULT && meta.has_uplink == 1;
-            bool sender_ok = bound && hdr.inagg.worker_id < meta.n_workers
+            bool sender_ok = bound && hdr.inagg.worker_id < MAX_WORKERS
                              && bound_port == sm.ingress_port && bound_addr == hdr.ipv4.src_addr
                              && bound_mac == hdr.ethernet.src_addr
                              && (bound_udp_port == 0 || bound_udp_port == hdr.udp.src_port);
