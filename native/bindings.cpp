@@ -4,6 +4,7 @@
 // worker's stream). Packet work runs with the GIL released; configuration and counters are plain
 // Python data.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -39,9 +40,21 @@ private:
     Py_buffer view_{};
 };
 
+// An uplink as Python passes it: (parent sender id, rank at the parent, slot_base there).
+using UplinkArg = std::optional<std::tuple<inagg::SenderId, int64_t, int64_t>>;
+using JobArg = std::tuple<int64_t, int64_t, int64_t, int64_t, std::vector<inagg::SenderId>, UplinkArg,
+                          int64_t>;
+
 inagg::JobConfig job_config(int64_t job_id, int64_t epoch, int64_t slot_base, int64_t slot_count,
-                            std::vector<inagg::SenderId> members) {
-    return inagg::JobConfig{job_id, epoch, slot_base, slot_count, std::move(members)};
+                            std::vector<inagg::SenderId> members, const UplinkArg& uplink,
+                            int64_t n_children) {
+    inagg::JobConfig job{job_id, epoch, slot_base, slot_count, std::move(members)};
+    job.n_children = n_children;
+    if (uplink) {
+        job.has_uplink = true;
+        job.uplink = inagg::Uplink{std::get<0>(*uplink), std::get<1>(*uplink), std::get<2>(*uplink)};
+    }
+    return job;
 }
 
 nb::dict counters_dict(const inagg::JobCounters& c) {
@@ -141,6 +154,7 @@ void bind_engine(nb::module_& m) {
         outcomes[inagg::outcome_name(static_cast<inagg::Outcome>(i))] = i;
     }
     m.attr("OUTCOMES") = outcomes;
+    m.attr("EMIT_UPSTREAM") = inagg::kUpstream;  // an emit's rank: to the job's parent
     m.def("p4_drop_code", [](int outcome) {
         if (outcome < 0 || outcome >= static_cast<int>(inagg::kOutcomes)) {
             throw std::invalid_argument("no outcome " + std::to_string(outcome));
@@ -155,28 +169,28 @@ void bind_engine(nb::module_& m) {
         .def_prop_ro("values_per_packet", &inagg::Engine::values_per_packet)
         .def("set_job",
              [](inagg::Engine& e, int64_t job_id, int64_t epoch, int64_t base, int64_t count,
-                std::vector<inagg::SenderId> members) {
+                std::vector<inagg::SenderId> members, const UplinkArg& uplink, int64_t n_children) {
                  std::lock_guard<std::mutex> lock(e.mutex());
-                 e.set_job(job_config(job_id, epoch, base, count, std::move(members)));
+                 e.set_job(job_config(job_id, epoch, base, count, std::move(members), uplink,
+                                      n_children));
              },
-             "job_id"_a, "epoch"_a, "slot_base"_a, "slot_count"_a, "members"_a)
+             "job_id"_a, "epoch"_a, "slot_base"_a, "slot_count"_a, "members"_a,
+             "uplink"_a = nb::none(), "n_children"_a = 0)
         .def("remove_job",
              [](inagg::Engine& e, uint16_t job_id) {
                  std::lock_guard<std::mutex> lock(e.mutex());
                  e.remove_job(job_id);
              })
         .def("replace_jobs",
-             [](inagg::Engine& e,
-                const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
-                                             std::vector<inagg::SenderId>>>& wanted) {
+             [](inagg::Engine& e, const std::vector<JobArg>& wanted) {
                  std::vector<inagg::JobConfig> jobs;
-                 for (const auto& [id, epoch, base, count, members] : wanted) {
-                     jobs.push_back(job_config(id, epoch, base, count, members));
+                 for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
+                     jobs.push_back(job_config(id, epoch, base, count, members, uplink, n_children));
                  }
                  std::lock_guard<std::mutex> lock(e.mutex());
                  e.replace_jobs(jobs);
              },
-             "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members)]")
+             "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members, uplink or None, n_children)]")
         .def("job_ids",
              [](inagg::Engine& e) {
                  std::lock_guard<std::mutex> lock(e.mutex());

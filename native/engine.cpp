@@ -68,6 +68,20 @@ void validate(const JobConfig& job, uint32_t n_slots) {
         throw std::invalid_argument(name + "slots " + slots_text(job) + " outside the pool of "
                                     + std::to_string(n_slots));
     }
+    if (job.n_children < 0 || job.n_children > int64_t(n)) {
+        throw std::invalid_argument(name + "n_children must be in 0.." + std::to_string(n));
+    }
+    if (!job.has_uplink) return;
+    const Uplink& up = job.uplink;
+    if (up.rank < 0 || up.rank >= int64_t(kMaxWorkers)) {
+        throw std::invalid_argument(name + "uplink rank must be in 0.."
+                                    + std::to_string(kMaxWorkers - 1));
+    }
+    if (up.slot_base < 0 || up.slot_base > int64_t(kMaxSlot) + 1 - job.slot_count) {
+        throw std::invalid_argument(name + "the parent's slots [" + std::to_string(up.slot_base)
+                                    + ", " + std::to_string(up.slot_base + job.slot_count)
+                                    + ") are outside 0.." + std::to_string(kMaxSlot));
+    }
 }
 
 bool overlaps(const JobConfig& a, const JobConfig& b) {
@@ -78,9 +92,9 @@ bool overlaps(const JobConfig& a, const JobConfig& b) {
 
 const char* outcome_name(Outcome outcome) {
     static constexpr std::array<const char*, kOutcomes> names = {
-        "", "first", "add", "stale_round", "dup_pending", "dup_done", "bad_round", "bad_type",
-        "bad_worker", "stale_epoch", "bad_slot", "bad_length", "bad_encap", "truncated",
-        "bad_version", "unknown_job"};
+        "", "first", "add", "stale_round", "dup_pending", "dup_done", "bad_round",
+        "dup_upstream", "bad_type", "bad_worker", "stale_epoch", "bad_slot", "bad_length",
+        "bad_encap", "truncated", "bad_version", "unknown_job", "parent_result", "dup_result"};
     return names.at(static_cast<size_t>(outcome));
 }
 
@@ -91,6 +105,9 @@ bool is_drop(Outcome outcome) {
         case Outcome::Add:
         case Outcome::DupPending:
         case Outcome::DupDone:
+        case Outcome::DupUpstream:
+        case Outcome::ParentResult:
+        case Outcome::DupResult:
             return false;
         default:
             return true;
@@ -201,20 +218,24 @@ Emit Engine::drop_job(JobCounters& ctr, Outcome reason) {
     return Emit{};
 }
 
-// The per-job checks in the order of the P4 program's JobAdmission; None when admitted.
+// The per-job checks in the order of the P4 program's JobAdmission; None when admitted. A
+// RESULT is admitted only on a job with an uplink: from its parent, in the parent's slots.
 Outcome Engine::admission(const JobConfig& job, const uint8_t* data, size_t len,
                           SenderId sender, bool framing_ok) const {
     Header h = read_header(data);
-    if (h.msg_type != kMsgContribution) {
+    bool from_parent = h.msg_type == kMsgResult && job.has_uplink;
+    if (h.msg_type != kMsgContribution && !from_parent) {
         return Outcome::BadType;
     }
-    if (h.worker >= job.members.size() || job.members[h.worker] != sender) {
+    if (from_parent ? sender != job.uplink.parent
+                    : h.worker >= job.members.size() || job.members[h.worker] != sender) {
         return Outcome::BadWorker;
     }
     if (h.epoch != job.epoch) {
         return Outcome::StaleEpoch;
     }
-    if (h.slot < job.slot_base || h.slot >= job.slot_base + job.slot_count) {
+    int64_t base = from_parent ? job.uplink.slot_base : job.slot_base;
+    if (h.slot < base || h.slot >= base + job.slot_count) {
         return Outcome::BadSlot;
     }
     size_t payload = len - kHeaderBytes;
@@ -244,30 +265,36 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
     if (refused != Outcome::None) {
         return drop_job(ctr, refused);
     }
-
+    if (h.msg_type == kMsgResult) {  // the parent's slot -> ours
+        h.slot = static_cast<uint32_t>(h.slot - job.uplink.slot_base + job.slot_base);
+    }
     return aggregate(job, ctr, h, data + kHeaderBytes, out);
 }
 
-// The slot decision for an admitted contribution: one row of the decision table.
+// The slot decision for an admitted contribution (one row of the decision table), or for the
+// parent's result (docs/trees.md).
 Emit Engine::aggregate(const JobConfig& job, JobCounters& ctr, const Header& h,
                        const uint8_t* payload, uint8_t* out) {
     claim_slot(h);
     uint32_t slot = h.slot;
     SetState& set = sets_[h.set];
     uint32_t bit = 1u << h.worker;
-    uint32_t n = static_cast<uint32_t>(job.members.size());
-    bool complete = set.seen[slot] == n;
-    bool same_round = set.offset[slot] == h.offset && set.count[slot] == h.count;
-
+    uint32_t n = static_cast<uint32_t>(job.children());
+    RoundState st{set.seen[slot] == n + (job.has_uplink ? 1 : 0),  // a tree's result: one more
+                  set.offset[slot] == h.offset && set.count[slot] == h.count,
+                  job.has_uplink && set.seen[slot] == n};
+    if (h.msg_type == kMsgResult) {
+        return parent_result(job, ctr, h, st, payload, out);
+    }
     if (set.bitmap[slot] & bit) {
-        return duplicate(job, ctr, h, complete, same_round, out);
+        return duplicate(job, ctr, h, st, out);
     }
     if (set.bitmap[slot] == 0) {                               // FIRST
         last_outcome_ = Outcome::First;
         accumulate(set, h, payload, true);
-    } else if (complete) {                                     // STALE
+    } else if (st.complete || st.sent_up) {                    // STALE
         return drop_job(ctr, Outcome::StaleRound);
-    } else if (!same_round) {                                  // BAD_ROUND
+    } else if (!st.same_round) {                               // BAD_ROUND
         return drop_job(ctr, Outcome::BadRound);
     } else {                                                   // ADD
         last_outcome_ = Outcome::Add;
@@ -280,7 +307,10 @@ Emit Engine::aggregate(const JobConfig& job, JobCounters& ctr, const Header& h,
         return Emit{};
     }
     ctr.results += 1;
-    return Emit{h.job, -1, write_result(slot, h.set, job, h.worker, 0, out)};
+    if (job.has_uplink) {                                      // this level's part: up
+        return Emit{h.job, kUpstream, write_upstream(slot, h.set, job, 0, out)};
+    }
+    return Emit{h.job, kEveryMember, write_result(slot, h.set, job, h.worker, 0, out)};
 }
 
 // The first packet of a new owner/epoch in a slot resets it.
@@ -295,20 +325,54 @@ void Engine::claim_slot(const Header& h) {
     }
 }
 
-// A contribution the set already holds: a bad round, pending, or its result again.
-Emit Engine::duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, bool complete,
-                       bool same_round, uint8_t* out) {
-    if (!same_round) {                                         // BAD_ROUND
+// A contribution the set already holds: a bad round, pending, up at the parent, or its result
+// again.
+Emit Engine::duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, RoundState st,
+                       uint8_t* out) {
+    if (!st.same_round) {                                      // BAD_ROUND
         return drop_job(ctr, Outcome::BadRound);
     }
     ctr.duplicates += 1;
-    if (!complete) {                                           // DUP_PENDING
-        last_outcome_ = Outcome::DupPending;
+    if (st.complete) {                                         // DUP_DONE
+        ctr.resent_results += 1;
+        last_outcome_ = Outcome::DupDone;
+        return Emit{h.job, h.worker, write_result(h.slot, h.set, job, h.worker, kFlagRetransmit, out)};
+    }
+    if (st.sent_up) {                                          // DUP_UPSTREAM
+        last_outcome_ = Outcome::DupUpstream;
+        return Emit{h.job, kUpstream, write_upstream(h.slot, h.set, job, kFlagRetransmit, out)};
+    }
+    last_outcome_ = Outcome::DupPending;                       // DUP_PENDING
+    return Emit{};
+}
+
+// The parent's result: stored and sent to every member when the set sent its sum up and waits
+// for it (inagg/aggregator/engine_reference.py: AggregationEngine._parent_result).
+Emit Engine::parent_result(const JobConfig& job, JobCounters& ctr, const Header& h,
+                           RoundState st, const uint8_t* payload, uint8_t* out) {
+    if (!st.same_round) {
+        return drop_job(ctr, Outcome::BadRound);
+    }
+    if (st.complete) {
+        ctr.duplicates += 1;
+        last_outcome_ = Outcome::DupResult;
         return Emit{};
     }
-    ctr.resent_results += 1;                                   // DUP_DONE
-    last_outcome_ = Outcome::DupDone;
-    return Emit{h.job, h.worker, write_result(h.slot, h.set, job, h.worker, kFlagRetransmit, out)};
+    if (!st.sent_up) {
+        return drop_job(ctr, Outcome::StaleRound);
+    }
+    last_outcome_ = Outcome::ParentResult;
+    SetState& set = sets_[h.set];
+    set.seen[h.slot] += 1;
+    set.exp[h.slot] = h.exp;
+    set.flags[h.slot] = static_cast<uint8_t>(h.flags & ~(kFlagRetransmit | kFlagFromSwitch));
+    int32_t* values = &set.values[static_cast<size_t>(h.slot) * k_];
+    if (h.count) {
+        load_values(values, payload, k_);
+    } else {
+        std::fill(values, values + k_, 0);
+    }
+    return Emit{h.job, kEveryMember, write_result(h.slot, h.set, job, h.worker, 0, out)};
 }
 
 // A contribution into the set's registers: the first overwrites them, a further one adds.
@@ -352,21 +416,38 @@ void Engine::process_batch(const std::vector<Received>& packets, std::vector<uin
 
 size_t Engine::write_result(uint32_t slot, int s, const JobConfig& job, uint8_t worker,
                             uint8_t extra_flags, uint8_t* out) const {
-    const SetState& set = sets_[s];
-    uint16_t count = set.count[slot];
     Header h;
     h.msg_type = kMsgResult;
-    h.flags = set.flags[slot] | result_flags_ | extra_flags;
-    h.job = static_cast<uint16_t>(job.job_id);
+    h.flags = sets_[s].flags[slot] | result_flags_ | extra_flags;
     h.worker = worker;
+    h.slot = slot;
+    return write_round(slot, s, job, h, out);
+}
+
+// This level's partial sum as a contribution to the parent: from our rank there, in the
+// parent's slot.
+size_t Engine::write_upstream(uint32_t slot, int s, const JobConfig& job, uint8_t extra_flags,
+                              uint8_t* out) const {
+    Header h;
+    h.msg_type = kMsgContribution;
+    h.flags = sets_[s].flags[slot] | kFlagFromSwitch | extra_flags;
+    h.worker = static_cast<uint8_t>(job.uplink.rank);
+    h.slot = static_cast<uint32_t>(slot - job.slot_base + job.uplink.slot_base);
+    return write_round(slot, s, job, h, out);
+}
+
+// The round held in (slot, s) under header `h` (msg_type, flags, worker and the wire slot set).
+size_t Engine::write_round(uint32_t slot, int s, const JobConfig& job, Header h,
+                           uint8_t* out) const {
+    const SetState& set = sets_[s];
+    h.job = static_cast<uint16_t>(job.job_id);
     h.exp = set.exp[slot];
     h.epoch = static_cast<uint16_t>(job.epoch);
     h.set = static_cast<uint8_t>(s);
-    h.slot = slot;
-    h.count = count;
+    h.count = set.count[slot];
     h.offset = set.offset[slot];
     write_header(out, h);
-    if (!count) {
+    if (!h.count) {
         return kHeaderBytes;
     }
     store_values(out + kHeaderBytes, &set.values[static_cast<size_t>(slot) * k_], k_);

@@ -43,17 +43,20 @@ enum class Outcome : uint8_t {
     DupPending = 4,    // drop: duplicate of a contribution to an unfinished round
     DupDone = 5,       // duplicate of a finished round: the stored result back to the sender
     BadRound = 6,      // drop: offset or count differ from the round's
-    BadType = 7,       // drop: not a contribution
-    BadWorker = 8,     // drop: rank not bound to this sender
-    StaleEpoch = 9,    // drop: epoch is not the job's
-    BadSlot = 10,      // drop: slot outside the job's range
-    BadLength = 11,    // drop: payload is not 0 or K values, count > K, bad framing
-    BadEncap = 12,     // drop: encapsulation is not the job's (the switch's pipeline decides it)
-    Truncated = 13,    // drop, no job: shorter than an inagg header
-    BadVersion = 14,   // drop, no job: unknown protocol version
-    UnknownJob = 15,   // drop, no job: job not configured here
+    DupUpstream = 7,   // duplicate, the round's partial sum is up at the parent: resend it up
+    BadType = 8,       // drop: not a contribution (nor a parent's result)
+    BadWorker = 9,     // drop: rank not bound to this sender
+    StaleEpoch = 10,   // drop: epoch is not the job's
+    BadSlot = 11,      // drop: slot outside the job's range
+    BadLength = 12,    // drop: payload is not 0 or K values, count > K, bad framing
+    BadEncap = 13,     // drop: encapsulation is not the job's (the switch's pipeline decides it)
+    Truncated = 14,    // drop, no job: shorter than an inagg header
+    BadVersion = 15,   // drop, no job: unknown protocol version
+    UnknownJob = 16,   // drop, no job: job not configured here
+    ParentResult = 17, // the parent's result for a round sent up: stored, sent to every member
+    DupResult = 18,    // the parent's result again, already stored: drop
 };
-constexpr size_t kOutcomes = 16;
+constexpr size_t kOutcomes = 19;
 
 // "first", "add", ..., "unknown_job": the names the Python engine and the counters use.
 const char* outcome_name(Outcome outcome);
@@ -70,8 +73,22 @@ constexpr SenderId sender_id_ipv4(uint32_t addr, uint16_t port) {
     return (static_cast<SenderId>(addr) << 16) | port;
 }
 
+// Where a non-root aggregator of a tree sends its partial sums (inagg.aggregator.engine_reference.Uplink,
+// docs/trees.md): the parent (the sender its results come from), this aggregator's rank there
+// and the job's first slot there.
+struct Uplink {
+    SenderId parent = 0;
+    int64_t rank = 0;        // 0..kMaxWorkers - 1
+    int64_t slot_base = 0;   // [slot_base, slot_base + slot_count) inside 0..kMaxSlot
+
+    bool operator==(const Uplink& o) const {
+        return parent == o.parent && rank == o.rank && slot_base == o.slot_base;
+    }
+};
+
 // What the engine must know about one job (inagg.aggregator.engine_reference.JobConfig): members[r] is the one
-// sender allowed to claim rank r; results go to every member.
+// sender allowed to claim rank r; results go to every member, or with an uplink each round's
+// sum goes up first and the parent's result to every member.
 // Numbers are wide so that set_job, not a conversion, names an out-of-range value.
 struct JobConfig {
     int64_t job_id = 0;      // 1..65535
@@ -79,10 +96,18 @@ struct JobConfig {
     int64_t slot_base = 0;   // [slot_base, slot_base + slot_count) inside the pool
     int64_t slot_count = 0;
     std::vector<SenderId> members;
+    bool has_uplink = false; // false: this aggregator completes the job's rounds
+    Uplink uplink;
+    // Contributions that complete a round (0: every member): a tree's switch knows its
+    // children by sparse ids, the other members are placeholders no sender matches.
+    int64_t n_children = 0;
 
+    size_t children() const { return n_children ? size_t(n_children) : members.size(); }
     bool operator==(const JobConfig& o) const {
         return job_id == o.job_id && epoch == o.epoch && slot_base == o.slot_base
-               && slot_count == o.slot_count && members == o.members;
+               && slot_count == o.slot_count && members == o.members
+               && has_uplink == o.has_uplink && (!has_uplink || uplink == o.uplink)
+               && n_children == o.n_children;
     }
 };
 
@@ -100,9 +125,12 @@ struct JobCounters {
 // header + payload written into the caller's buffer, for one rank of `job` or all of them.
 struct Emit {
     uint16_t job = 0;
-    int32_t rank = -1;   // -1: every member of the job (a completed round); else that rank
+    int32_t rank = -1;   // kEveryMember (a completed round), kUpstream (a contribution to the
+                         // job's parent), else that rank
     size_t length = 0;   // 0: nothing to send
 };
+constexpr int32_t kEveryMember = -1;
+constexpr int32_t kUpstream = -2;
 
 class Engine;
 
@@ -170,13 +198,22 @@ private:
     Emit aggregate(const JobConfig& job, JobCounters& ctr, const Header& h, const uint8_t* payload,
                    uint8_t* out);
     void claim_slot(const Header& h);
-    Emit duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, bool complete,
-                   bool same_round, uint8_t* out);
+    // A set's state for the packet's round: the decision table's columns.
+    struct RoundState {
+        bool complete, same_round, sent_up;
+    };
+    Emit duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, RoundState st,
+                   uint8_t* out);
+    Emit parent_result(const JobConfig& job, JobCounters& ctr, const Header& h, RoundState st,
+                       const uint8_t* payload, uint8_t* out);
     void accumulate(SetState& set, const Header& h, const uint8_t* payload, bool first);
     Outcome admission(const JobConfig& job, const uint8_t* data, size_t len, SenderId sender,
                       bool framing_ok) const;
     size_t write_result(uint32_t slot, int s, const JobConfig& job, uint8_t worker,
                         uint8_t extra_flags, uint8_t* out) const;
+    size_t write_upstream(uint32_t slot, int s, const JobConfig& job, uint8_t extra_flags,
+                          uint8_t* out) const;
+    size_t write_round(uint32_t slot, int s, const JobConfig& job, Header h, uint8_t* out) const;
 
     uint32_t n_slots_, k_;
     uint8_t result_flags_;

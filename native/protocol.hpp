@@ -18,6 +18,7 @@ constexpr uint8_t kFlagRetransmit = 0x01;
 constexpr uint8_t kFlagFromHost = 0x02;
 constexpr uint8_t kFlagCongestion = 0x04;
 constexpr uint8_t kFlagOverflow = 0x08;
+constexpr uint8_t kFlagFromSwitch = 0x80;  // a switch's partial sum to its parent (docs/trees.md)
 constexpr int8_t kExpNone = -128;
 constexpr size_t kMaxWorkers = 32;
 constexpr size_t kHeaderBytes = 16;

@@ -3,6 +3,7 @@
 // inagg/softswitch/switch.py hands its sockets to a SwitchLoop. Packet work never holds the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/tuple.h>
@@ -132,6 +133,22 @@ void bind_job_tables(PipelineClass& cls) {
              });
 }
 
+// TreeUplink's uplink_table (docs/trees.md).
+void bind_uplink_table(PipelineClass& cls) {
+    cls.def("set_uplink",
+             [](SwitchPipeline& p, uint16_t job_id, uint16_t port, uint8_t rank, uint16_t slot_base,
+                uint64_t mac, uint32_t addr, uint16_t udp_port, uint64_t src_mac, uint32_t src_addr,
+                uint16_t src_udp_port) {
+                 with_tables(p, [&](SwitchTables& t) {
+                     t.uplinks[job_id] = inagg::UplinkEntry{port, rank, slot_base, mac, addr,
+                                                            udp_port, src_mac, src_addr, src_udp_port};
+                 });
+             })
+        .def("remove_uplink", [](SwitchPipeline& p, uint16_t job_id) {
+            with_tables(p, [&](SwitchTables& t) { t.uplinks.erase(job_id); });
+        });
+}
+
 // Forwarding's l2_table and the packet replication engine's multicast groups.
 void bind_l2_tables(PipelineClass& cls) {
     cls.def("set_l2",
@@ -165,17 +182,25 @@ void bind_l2_tables(PipelineClass& cls) {
 
 // The slot engine's jobs, the counters and the per-frame slow path.
 void bind_engine_and_counters(PipelineClass& cls) {
+    using Uplink = std::optional<std::pair<int64_t, int64_t>>;  // (rank, slot_base) at the parent
     cls.def("replace_jobs",
              [](SwitchPipeline& p,
                 const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
-                                             std::vector<inagg::SenderId>>>& wanted) {
+                                             std::vector<inagg::SenderId>, Uplink, int64_t>>& wanted) {
                  std::vector<inagg::JobConfig> jobs;
-                 for (const auto& [id, epoch, base, count, members] : wanted)
-                     jobs.push_back(inagg::JobConfig{id, epoch, base, count, members});
+                 for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
+                     inagg::JobConfig job{id, epoch, base, count, members};
+                     job.n_children = n_children;
+                     if (uplink) {
+                         job.has_uplink = true;
+                         job.uplink = inagg::Uplink{inagg::kParentSender, uplink->first, uplink->second};
+                     }
+                     jobs.push_back(job);
+                 }
                  locked(p, [&](SwitchPipeline& q) { q.engine().replace_jobs(jobs); });
              },
-             "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members)]; ValueError if the "
-                       "slot pool cannot hold them")
+             "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members, (rank, slot_base) of the "
+                       "uplink or None, n_children)]; ValueError if the slot pool cannot hold them")
         .def("job_ids",
              [](SwitchPipeline& p) {
                  return locked(p, [](SwitchPipeline& q) { return q.engine().job_ids(); });
@@ -215,6 +240,7 @@ void bind_pipeline(nb::module_& m) {
         .def("hold", [](nb::handle self) { return PipelineHold{nb::cast<std::shared_ptr<SwitchPipeline>>(self)}; },
              "A context manager holding the pipeline's lock: no packet sees half a write");
     bind_job_tables(cls);
+    bind_uplink_table(cls);
     bind_l2_tables(cls);
     bind_engine_and_counters(cls);
 }

@@ -81,17 +81,31 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
                                 framing_ok, result_.data());
     Outcome outcome = engine_.last_outcome();
     count_outcome(admit, outcome, emit.length != 0);
-    if (emit.length)
+    if (!emit.length) return;
+    if (emit.rank == kUpstream) {
+        upstream_send(f, len, encap, emit.job, emit.length, out);
+    } else {
         replicate(port, f, len, encap, admit, outcome == Outcome::DupDone, emit.length, out);
+    }
 }
 
 SenderId SwitchPipeline::sender(uint16_t port, const uint8_t* f, size_t at) const {
+    uint32_t addr = load_be32(f + kIpAt + kIpSrc);
+    uint64_t mac = load_be48(f + kEthSrc);
+    uint16_t udp_port = load_be16(f + kUdpAt + kUdpSrcPort);
+    if ((f[at + field::kVersionType] & 0xF) == kMsgResult) {  // the parent's, in a tree
+        auto up = tables_.uplinks.find(header_job(f + at));
+        if (up == tables_.uplinks.end()) return kForgedSender;
+        const UplinkEntry& u = up->second;
+        bool parent = u.port == port && u.addr == addr && u.mac == mac && u.udp_port == udp_port;
+        return parent ? kParentSender : kForgedSender;
+    }
     uint8_t rank = header_worker(f + at);
     auto hit = tables_.workers.find(SwitchTables::worker_key(header_job(f + at), rank));
     if (hit == tables_.workers.end()) return kForgedSender;
     const WorkerBinding& w = hit->second;
-    bool same = w.port == port && w.addr == load_be32(f + kIpAt + kIpSrc) && w.mac == load_be48(f + kEthSrc) &&
-                (w.udp_port == 0 || w.udp_port == load_be16(f + kUdpAt + kUdpSrcPort));
+    bool same = w.port == port && w.addr == addr && w.mac == mac &&
+                (w.udp_port == 0 || w.udp_port == udp_port);
     return same ? bound_sender_id(rank) : kForgedSender;
 }
 
@@ -105,7 +119,8 @@ void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool 
     if (outcome == Outcome::First || outcome == Outcome::Add) {
         counters_.count(Counter::JobAggregated, job);
         if (result) counters_.count(Counter::JobResults, job);
-    } else if (outcome == Outcome::DupPending || outcome == Outcome::DupDone) {
+    } else if (outcome == Outcome::DupPending || outcome == Outcome::DupDone ||
+               outcome == Outcome::DupUpstream || outcome == Outcome::DupResult) {
         counters_.count(Counter::JobDuplicates, job);
     } else if (int code = p4_drop_code(outcome); code >= 0) {
         counters_.count(Counter::JobDrops, job * n_drop_reasons_ + size_t(code));
@@ -143,6 +158,32 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
         write_result_frame(f, encap, rewrite, result_len, o);
         std::memcpy(o + frame_len, f + end, trailer);
     }
+}
+
+// UpstreamSend: the partial sum as a contribution to the parent, from this switch's
+// aggregator address to the parent's, out of the uplink port (docs/trees.md); lengths and
+// trailer as for a result.
+void SwitchPipeline::upstream_send(const uint8_t* f, size_t len, uint8_t encap, uint16_t job_id,
+                                   size_t result_len, OutputBatch& out) {
+    auto hit = tables_.uplinks.find(job_id);
+    if (hit == tables_.uplinks.end()) return;  // the engine's uplink came from this entry
+    const UplinkEntry& u = hit->second;
+    size_t end = udp_end(f);
+    size_t trailer = len > end ? len - end : 0;
+    size_t frame_len = result_frame_len(encap, result_len);
+    uint8_t* o = out.reserve(u.port, frame_len + trailer);
+    ReplicaAddress parent{u.mac, u.addr, false, u.udp_port, 0, 0};
+    write_result_frame(f, encap, &parent, result_len, o);
+    store_be48(o + kEthSrc, u.src_mac);
+    store_be32(o + kIpAt + kIpSrc, u.src_addr);
+    store_be16(o + kUdpAt + kUdpSrcPort, u.src_udp_port);
+    store_be16(o + kIpAt + kIpChecksum, 0);
+    store_be16(o + kIpAt + kIpChecksum, ipv4_checksum(o + kIpAt));
+    if (encap == kEncapRoce) {
+        size_t udp_len = load_be16(o + kUdpAt + kUdpLength);
+        roce_icrc(o + kIpAt, kIp + udp_len, o + kRoceInaggAt + result_len);
+    }
+    std::memcpy(o + frame_len, f + end, trailer);
 }
 
 size_t SwitchPipeline::result_frame_len(uint8_t encap, size_t result_len) {

@@ -3,9 +3,10 @@
 //
 // process() takes one frame from an ingress port and appends the frames to send to an
 // OutputBatch: the parser (Ethernet/IPv4/UDP to the inagg port, or RoCEv2 UC WRITE ONLY with the
-// "INAG" immediate), JobAdmission, the slot engine (native/engine.hpp, the same engine the host
-// aggregator runs), JobCounters, ResultReplication + ReplicaRewrite (per-replica MAC/IPv4/UDP port
-// or QP/rkey), the IPv4 checksum and RoCE's ICRC; frames of no admitted job go to Forwarding.
+// "INAG" immediate), TreeUplink + JobAdmission, the slot engine (native/engine.hpp, the same
+// engine the host aggregator runs), JobCounters, ResultReplication + ReplicaRewrite (per-replica
+// MAC/IPv4/UDP port or QP/rkey) or UpstreamSend (a tree's partial sum to the parent), the IPv4
+// checksum and RoCE's ICRC; frames of no admitted job go to Forwarding.
 #pragma once
 
 #include <cstddef>
@@ -72,6 +73,9 @@ private:
 constexpr SenderId bound_sender_id(uint8_t rank) { return rank; }
 constexpr SenderId unbound_sender_id(uint8_t rank) { return SenderId(1) << 63 | rank; }
 constexpr SenderId kForgedSender = SenderId(1) << 62;
+// A RESULT from the address uplink_table names as the job's parent (docs/trees.md): the
+// engine's uplink parent of every job with an uplink.
+constexpr SenderId kParentSender = SenderId(1) << 61;
 
 class SwitchPipeline {
 public:
@@ -99,6 +103,8 @@ private:
     void count_outcome(const JobAdmit& admit, Outcome outcome, bool result);
     void replicate(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
                    const JobAdmit& admit, bool unicast, size_t result_len, OutputBatch& out);
+    void upstream_send(const uint8_t* frame, size_t len, uint8_t encap, uint16_t job_id,
+                       size_t result_len, OutputBatch& out);
     static size_t result_frame_len(uint8_t encap, size_t result_len);
     void write_result_frame(const uint8_t* frame, uint8_t encap, const ReplicaAddress* rewrite,
                             size_t result_len, uint8_t* out) const;

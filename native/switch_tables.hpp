@@ -1,5 +1,6 @@
 // The software switch's match-action state, as the P4 program declares it
-// (p4/include/job_admission.p4, forwarding.p4, replica_rewrite.p4, job_counters.p4) and the
+// (p4/include/job_admission.p4, tree_uplink.p4, forwarding.p4, replica_rewrite.p4,
+// job_counters.p4) and the
 // Python P4Runtime server writes it (inagg/softswitch/pipeline.py mirrors every accepted
 // TableEntry / MulticastGroupEntry into here): exact-match tables as hash maps, the packet
 // replication engine's groups, and the indexed packet counters that P4Runtime reads back.
@@ -42,6 +43,20 @@ struct ReplicaAddress {
     uint32_t rkey = 0;
 };
 
+// uplink_table's set_uplink (TreeUplink, docs/trees.md): where a switch below the root of an
+// aggregation tree sends its partial sums, and the parent whose results it admits.
+struct UplinkEntry {
+    uint16_t port = 0;
+    uint8_t rank = 0;
+    uint16_t slot_base = 0;
+    uint64_t mac = 0;        // the parent's aggregator address
+    uint32_t addr = 0;
+    uint16_t udp_port = 0;
+    uint64_t src_mac = 0;    // this switch's aggregator address
+    uint32_t src_addr = 0;
+    uint16_t src_udp_port = 0;
+};
+
 // l2_table's actions (Forwarding); `arg` is the port of forward or the group of flood.
 enum class L2Kind : uint8_t { Drop, Forward, Flood };
 struct L2Action {
@@ -59,6 +74,7 @@ struct SwitchTables {
     std::unordered_map<uint16_t, JobAdmit> jobs;                    // job_id
     std::unordered_map<uint32_t, WorkerBinding> workers;            // job_id << 8 | rank
     std::unordered_map<uint32_t, ReplicaAddress> replicas;          // job_id << 16 | replica
+    std::unordered_map<uint16_t, UplinkEntry> uplinks;              // job_id
     std::unordered_map<uint64_t, L2Action> l2;                      // dst MAC
     L2Action l2_default;
     std::unordered_map<uint16_t, std::vector<Replica>> groups;      // multicast group id

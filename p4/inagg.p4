@@ -7,10 +7,12 @@
 #include "include/types.p4"
 #include "include/parser.p4"
 #include "include/checksum.p4"
+#include "include/tree_uplink.p4"
 #include "include/job_admission.p4"
 #include "include/slot_state.p4"
 #include "include/value_aggregation.p4"
 #include "include/result_replication.p4"
+#include "include/upstream_send.p4"
 #include "include/forwarding.p4"
 #include "include/job_counters.p4"
 #include "include/replica_rewrite.p4"
@@ -19,19 +21,26 @@
 
 control InaggIngress(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t sm) {
+    TreeUplink() tree_uplink;
     JobAdmission() admission;
     SlotState() slot_state;
     ValueAggregation() value_aggregation;
     ResultReplication() result_replication;
+    UpstreamSend() upstream_send;
     Forwarding() forwarding;
     JobCounters() job_counters;
 
     apply {
+        tree_uplink.apply(hdr, meta);
         admission.apply(hdr, meta, sm);
         if (meta.verdict == VERDICT_AGGREGATE) {
             slot_state.apply(hdr, meta);
             value_aggregation.apply(hdr, meta);
-            result_replication.apply(hdr, meta, sm);
+            if (meta.send_up == 1) {
+                upstream_send.apply(hdr, meta, sm);
+            } else {
+                result_replication.apply(hdr, meta, sm);
+            }
         } else if (meta.verdict == VERDICT_FORWARD) {
             forwarding.apply(hdr, meta, sm);
         } else {

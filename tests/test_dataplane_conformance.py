@@ -2,7 +2,9 @@
 simple_switch_grpc and p4c-bm2-ss are installed). Same packets in, same packets expected out.
 
 Topology: ports 1-3 are worker hosts h1-h3, port 4 is the host aggregator h4; the switch's
-aggregator address is 10.0.0.254. Jobs 1 and 2 use the UDP encapsulation, job 3 RoCEv2."""
+aggregator address is 10.0.0.254. Jobs 1 and 2 use the UDP encapsulation, job 3 RoCEv2. Job 5
+is a job of an aggregation tree (docs/trees.md) in which this switch is a ToR: its parent (a
+spine's aggregator address) is behind port 4, and the test plays the parent."""
 
 import numpy as np
 import pytest
@@ -12,11 +14,12 @@ from scapy.layers.l2 import ARP, Ether
 
 from inagg.emulation.testbed import Dataplane, bmv2_missing, have_netns, program_testbed
 from inagg.control.switch import (
-    MODIFY, JobAdmission, JobCounters, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
+    MODIFY, JobAdmission, JobCounters, ResultReplication, SwitchConnection, SwitchJob, UplinkBinding,
+    WorkerBinding,
 )
 from inagg.wire.protocol import (
-    EXP_NONE, FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K,
-    UDP_PORT, build_contribution, pack_header, unpack_header,
+    EXP_NONE, FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_FROM_SWITCH, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_CONTRIBUTION,
+    MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, pack_header, unpack_header,
 )
 from inagg.wire.roce import INAGG_IMMEDIATE, IPV4_BYTES, ROCE_UDP_PORT, decapsulate, frame
 
@@ -40,6 +43,12 @@ JOB3 = SwitchJob(3, 2, 1, 16, 8, tuple(
     for r, p in ((0, 1), (1, 3))), encap="roce")
 # Two ranks on one host (h1: one IP, one MAC, a UDP port each), as on a multi-GPU host
 JOB4 = SwitchJob(4, 3, 1, 24, 8, (worker(0, 1, 52000), worker(1, 1, 52001), worker(2, 2, 52002)))
+# A ToR of a tree: id 1 at its parent (behind port 4), whose slots for the job start at 100; its
+# workers are the job's ranks 2 and 3 (ranks 0 and 1 hang off another ToR): two children
+PARENT_IP, PARENT_MAC = "10.0.1.254", "00:00:00:00:01:fe"
+JOB5 = SwitchJob(5, 4, 1, 32, 8, (worker(2, 1, 53000), worker(3, 2, 53001)), uplink=UplinkBinding(
+    4, 1, 100, PARENT_MAC, PARENT_IP, UDP_PORT, SWITCH_MAC, SWITCH_IP, UDP_PORT))
+JOBS = (JOB1, JOB2, JOB3, JOB4, JOB5)
 
 
 @pytest.fixture(scope="module", params=["soft", "soft-python", "bmv2"])
@@ -52,7 +61,7 @@ def dp(request):
     try:
         sw = SwitchConnection(plane.grpc_addr)
         sw.push_pipeline()
-        program_testbed(sw, (JOB1, JOB2, JOB3, JOB4), 4)
+        program_testbed(sw, JOBS, 4)
         plane.sw = sw
         yield plane
     finally:
@@ -63,11 +72,12 @@ def dp(request):
 
 def contribution(job, rank, values, *, slot, slot_set=0, epoch=1, offset=0, exp=EXP_NONE, flags=0,
                  src_port=None, raw=None, eth_src=None, udp_sport=None):
-    """A worker's contribution frame as it leaves the worker's host (``src_port``: the switch
+    """A worker's contribution frame as it leaves the worker's host (``rank``: the worker's
+    index in ``job.workers``, its rank in the packet is the binding's; ``src_port``: the switch
     port it enters by; ``eth_src``, ``udp_sport``: forged sources)."""
     w = job.workers[rank]
     payload = raw if raw is not None else build_contribution(
-        job.job_id, rank, epoch, slot, slot_set, offset,
+        job.job_id, w.rank, epoch, slot, slot_set, offset,
         None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
     return bytes(Ether(src=eth_src or w.mac, dst=SWITCH_MAC) / IP(src=w.ip, dst=SWITCH_IP)
                  / UDP(sport=udp_sport or w.udp_port, dport=UDP_PORT, chksum=0) / payload), (src_port or w.port)
@@ -445,3 +455,96 @@ def test_results_leaving_by_a_deep_queue_are_marked(dp):
     fast = marked[JOB2.workers[0].port]   # (our receive sockets also see our 192 sends: a few may overflow)
     assert len(fast) >= 64 and not any(fast)
     assert any(marked[slow]) and not marked[slow][0]   # the first found an empty queue
+
+
+# -- an aggregation tree: this switch as a ToR, the test as its parent (docs/trees.md) ---------
+
+def parent_result(values, *, slot, slot_set=0, offset=0, exp=3, flags=0, src_port=4,
+                  src_mac=PARENT_MAC):
+    """The parent's result for JOB5 (its slot numbering: 100 + ours - 32), entering by port 4."""
+    payload = pack_header(1, MSG_RESULT, flags, JOB5.job_id, 0, exp, 1, slot_set, slot - 32 + 100,
+                          K if values is not None else 0, offset)
+    if values is not None:
+        payload += np.asarray(values, ">i4").tobytes()
+    return bytes(Ether(src=src_mac, dst=SWITCH_MAC) / IP(src=PARENT_IP, dst=SWITCH_IP)
+                 / UDP(sport=UDP_PORT, dport=UDP_PORT, chksum=0) / payload), src_port
+
+
+def expect_upstream(dp):
+    """The one frame the switch sends its parent: a contribution from its aggregator address."""
+    got = dp.recv_all(1.0)
+    assert all(got[p] == [] for p in (1, 2, 3)), got
+    (f,) = got[4]
+    pkt, h, values = parse_result(f)
+    assert (pkt[Ether].src, pkt[Ether].dst, pkt[IP].src, pkt[IP].dst) == (SWITCH_MAC, PARENT_MAC, SWITCH_IP, PARENT_IP)
+    assert (pkt[UDP].sport, pkt[UDP].dport) == (UDP_PORT, UDP_PORT)
+    assert (h.msg_type, h.worker_id, h.job_id, h.epoch) == (MSG_CONTRIBUTION, 1, JOB5.job_id, 1)
+    return h, values
+
+
+def test_tree_the_last_child_sends_the_partial_sum_up(dp):
+    dp.drain()
+    send(dp, contribution(JOB5, 0, range(K), slot=33, exp=-2, flags=FLAG_OVERFLOW, offset=K))
+    assert all(v == [] for v in dp.recv_all(0.3).values())
+    send(dp, contribution(JOB5, 1, [5] * K, slot=33, exp=4, offset=K))
+    h, values = expect_upstream(dp)
+    assert values == [i + 5 for i in range(K)]
+    assert (h.slot, h.slot_set, h.offset, h.count, h.exp) == (101, 0, K, K, 4)
+    assert h.flags == FLAG_FROM_SWITCH | FLAG_OVERFLOW
+
+
+def test_tree_the_parents_result_goes_down_and_answers_resends(dp):
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    before = counters.job(JOB5.job_index)
+    send(dp, contribution(JOB5, 0, [1] * K, slot=34))
+    send(dp, contribution(JOB5, 1, [2] * K, slot=34))
+    expect_upstream(dp)
+    send(dp, parent_result([40] * K, slot=34, flags=FLAG_RETRANSMIT | FLAG_OVERFLOW))
+    for h, values in expect_results(dp, JOB5, [0, 1]).values():
+        assert values == [40] * K and (h.slot, h.exp, h.flags) == (34, 3, FLAG_OVERFLOW)
+    send(dp, parent_result([40] * K, slot=34))                          # again: a duplicate
+    assert all(v == [] for v in dp.recv_all(0.3).values())
+    send(dp, contribution(JOB5, 1, [2] * K, slot=34, flags=FLAG_RETRANSMIT))   # lost below
+    (h, values), = expect_results(dp, JOB5, [1]).values()
+    assert values == [40] * K and h.flags & FLAG_RETRANSMIT
+    after = counters.job(JOB5.job_index)
+    assert after["duplicates"] - before["duplicates"] == 2
+    assert (after["aggregated"] - before["aggregated"], after["results"] - before["results"]) == (2, 1)
+    assert after["packets"] - before["packets"] == 5
+
+
+def test_tree_a_resend_before_the_result_goes_up_again(dp):
+    """The partial sum or the parent's result was lost: a child's resend brings the stored sum
+    up again, marked a retransmission; the parent's answer then goes down."""
+    dp.drain()
+    send(dp, contribution(JOB5, 0, [3] * K, slot=35))
+    send(dp, contribution(JOB5, 1, [4] * K, slot=35))
+    expect_upstream(dp)
+    send(dp, contribution(JOB5, 0, [3] * K, slot=35, flags=FLAG_RETRANSMIT))
+    h, values = expect_upstream(dp)
+    assert values == [7] * K and h.flags == FLAG_FROM_SWITCH | FLAG_RETRANSMIT and h.slot == 103
+    send(dp, parent_result([70] * K, slot=35, flags=FLAG_RETRANSMIT))
+    for _, values in expect_results(dp, JOB5, [0, 1]).values():
+        assert values == [70] * K
+
+
+def test_tree_results_only_from_the_parent_in_its_slots(dp):
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    before = counters.job(JOB5.job_index)["drops"]
+    send(dp, contribution(JOB5, 0, [1] * K, slot=36))
+    send(dp, contribution(JOB5, 1, [1] * K, slot=36))
+    expect_upstream(dp)
+    send(dp, parent_result([9] * K, slot=36, src_port=3))               # not the uplink port
+    send(dp, parent_result([9] * K, slot=36, src_mac=host(4)[0]))       # not the parent's MAC
+    frame, port = parent_result([9] * K, slot=36)
+    send(dp, (frame[:50] + (36).to_bytes(2, "big") + frame[52:], port))  # our slot, not the parent's
+    send(dp, parent_result([9] * K, slot=36, offset=K))                 # another round
+    assert all(v == [] for v in dp.recv_all(0.4).values())
+    after = counters.job(JOB5.job_index)["drops"]
+    assert {r: after.get(r, 0) - before.get(r, 0) for r in ("bad_worker", "bad_slot", "bad_round")} == \
+        {"bad_worker": 2, "bad_slot": 1, "bad_round": 1}
+    send(dp, parent_result([9] * K, slot=36))
+    for _, values in expect_results(dp, JOB5, [0, 1]).values():
+        assert values == [9] * K

@@ -1,5 +1,6 @@
 """Differential test of the two data planes: one random frame sequence (valid, duplicated,
-reordered, forged, malformed, trailers, ordinary traffic, both encapsulations) sent frame by
+reordered, forged, malformed, trailers, ordinary traffic, both encapsulations, and the frames
+a ToR of an aggregation tree exchanges with its parent: partial sums up, results down) sent frame by
 frame to the software switch (both its engines) and to BMv2 must give the same frames out of the
 same ports after every frame, and the same counters at the end.
 
@@ -27,7 +28,7 @@ from scapy.layers.l2 import ARP, Ether
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_conformance import (  # noqa: E402 - the conformance suite's test bed
-    JOB1, JOB2, JOB3, JOB4, K, contribution, host, roce_contribution,
+    JOB1, JOB2, JOB3, JOB4, JOB5, JOBS, K, contribution, host, parent_result, roce_contribution,
 )
 
 from inagg.emulation.testbed import (  # noqa: E402
@@ -38,8 +39,7 @@ from inagg.wire.protocol import EXP_NONE, pack_header  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "dataplane_differential.json"
 SEED = 12
-STEPS = 150
-JOBS = (JOB1, JOB2, JOB3, JOB4)
+STEPS = 200
 
 
 # -- the random frame sequence ----------------------------------------------------------------
@@ -49,9 +49,10 @@ def _values(rng: random.Random) -> list[int]:
 
 
 def _contribution(rng: random.Random) -> tuple[bytes, int]:
-    """A plausible contribution of job 1, 2 or 4 (two ranks on one host), often on the same few
-    slots so rounds complete, with the odd forged or malformed field."""
-    job = rng.choice([JOB1, JOB1, JOB2, JOB4])
+    """A plausible contribution of job 1, 2, 4 (two ranks on one host) or 5 (a ToR's job in a
+    tree), often on the same few slots so rounds complete, with the odd forged or malformed
+    field."""
+    job = rng.choice([JOB1, JOB1, JOB2, JOB4, JOB5, JOB5])
     rank = rng.randrange(len(job.workers))
     slot = job.slot_base + rng.choice([0, 0, 1, 2])
     kw = dict(slot=slot, slot_set=rng.choice([0, 0, 0, 1]), offset=rng.choice([0] * 7 + [K]),
@@ -86,9 +87,25 @@ def _contribution(rng: random.Random) -> tuple[bytes, int]:
     return frame, port
 
 
+def _from_parent(rng: random.Random) -> tuple[bytes, int]:
+    """A result from job 5's parent: mostly for a round its ToR sent up, now and then from
+    another port or MAC, for another round or retransmitted."""
+    kw = dict(slot=JOB5.slot_base + rng.choice([0, 0, 1, 2]), slot_set=rng.choice([0, 0, 0, 1]),
+              offset=rng.choice([0] * 7 + [K]), flags=rng.choice([0, 0, 1, 8, 0x81]))
+    odd = rng.randrange(8)
+    if odd == 0:
+        kw["src_port"] = rng.choice([1, 2, 3])
+    elif odd == 1:
+        kw["src_mac"] = host(4)[0]
+    values = None if rng.random() < 0.1 else _values(rng)
+    return parent_result(values, **kw)
+
+
 def _other(rng: random.Random) -> tuple[bytes, int]:
-    """Ordinary traffic, an unadmitted job, or a RoCE contribution of job 3."""
-    kind = rng.randrange(4)
+    """Ordinary traffic, an unadmitted job, a RoCE contribution of job 3, or job 5's parent."""
+    kind = rng.randrange(6)
+    if kind >= 4:
+        return _from_parent(rng)
     src, dst = rng.sample([1, 2, 3, 4], 2)
     if kind == 0:
         return bytes(Ether(src=host(src)[0], dst=host(dst)[0]) / IP(src=host(src)[1], dst=host(dst)[1])

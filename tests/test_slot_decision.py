@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
 from inagg.aggregator.engine import NativeEngine
 from inagg.wire.protocol import SLOT_DECISION, SLOT_DECISION_KEYS, Outcome, build_contribution
 
 SLOT_STATE = Path(__file__).resolve().parents[1] / "p4" / "include" / "slot_state.p4"
 K = 4
 MEMBERS = (("10.0.0.1", 5), ("10.0.0.2", 5), ("10.0.0.3", 5))   # N = 3 workers
+PARENT = ("10.0.1.1", 5)
 
 
 def p4_table():
@@ -51,11 +52,15 @@ def contribution(worker, *, slot_set=0, offset=0, count=K):
     return build_contribution(1, worker, 1, 1, slot_set, offset, values, K)
 
 
-def history(mine, empty, complete, same_round):
-    """The packets that bring slot 1's set 0 into the state (mine, empty, complete, same_round)
-    for worker 0, then worker 0's packet. A round in set 0 is at offset 0 with K values; a fresh
-    slot's stored round is offset 0, count 0."""
+def history(mine, empty, complete, same_round, sent_up):
+    """The packets that bring slot 1's set 0 into the state (mine, empty, complete, same_round,
+    sent_up) for worker 0, then worker 0's packet. A round in set 0 is at offset 0 with K values;
+    a fresh slot's stored round is offset 0, count 0. sent_up: a job with an uplink, every
+    worker in (docs/trees.md)."""
     full = [contribution(w) for w in range(3)]
+    if sent_up:                   # not mine: worker 0 moved on (a reordered packet follows)
+        before = full if mine else full + [contribution(0, slot_set=1)]
+        return before, contribution(0, offset=0 if same_round else K)
     if empty:                     # mine is 0: nothing, or a round whose workers all moved on
         before = full + [contribution(w, slot_set=1) for w in range(3)] if complete else []
         if not complete:          # the fresh slot's (0, 0): a header-only packet is its round
@@ -71,14 +76,17 @@ def history(mine, empty, complete, same_round):
                          ids=[f"{'-'.join('x' if v is None else str(v) for v in key)}:{o.label}"
                               for key, o in SLOT_DECISION])
 def test_the_reference_decides_the_row(key, outcome):
-    """Every state the row covers (a set bit of mine means the bitmap is not empty), on the
-    Python reference engine and its C++ twin."""
-    states = [v for v in itertools.product((0, 1), repeat=4) if covers(key, v) and not (v[0] and v[1])]
+    """Every state the row covers (a set bit of mine means the bitmap is not empty; sent up:
+    every worker in, so not empty, and no result), on the Python reference engine and its C++
+    twin."""
+    states = [v for v in itertools.product((0, 1), repeat=5) if covers(key, v) and not (v[0] and v[1])
+              and not (v[4] and (v[1] or v[2]))]
     assert states
     for values in states:
         before, packet = history(*values)
+        uplink = Uplink(PARENT, 0, 0) if values[4] else None
         for eng in (AggregationEngine(4, K), NativeEngine(4, K)):
-            eng.replace_jobs({1: JobConfig(1, 1, 0, 4, MEMBERS)})
+            eng.replace_jobs({1: JobConfig(1, 1, 0, 4, MEMBERS, uplink)})
             for data in before:
                 eng.process(data, MEMBERS[data[4]])
             eng.process(packet, MEMBERS[0])

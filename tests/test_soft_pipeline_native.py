@@ -4,8 +4,9 @@ against its reference, inagg/softswitch/pipeline_reference.py::SoftPipeline.
 Both are programmed through their own P4Runtime server with the same entries, then fed the same
 random frames: contributions of UDP and RoCE jobs (mostly plausible, some forged: wrong port,
 rank, epoch, slot, encapsulation, job; some malformed: truncated, a byte flipped, a trailer),
-ordinary traffic and noise, with control-plane changes in between (a new epoch, a replica
-entry removed, a multicast group changed). Every frame must give the same frames out (ports,
+results from the parent of a job of an aggregation tree (docs/trees.md), ordinary traffic and
+noise, with control-plane changes in between (a new epoch, a replica entry removed, a multicast
+group changed, an uplink moved or removed). Every frame must give the same frames out (ports,
 bytes, order) on both, and in the end every P4 counter must agree.
 """
 
@@ -21,9 +22,11 @@ from inagg.emulation.testbed import program_testbed
 from inagg.control.config import default_program
 from inagg.control.switch import (
     DELETE, INSERT, MODIFY, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection,
-    SwitchError, SwitchJob, WorkerBinding,
+    SwitchError, SwitchJob, TreeUplink, UplinkBinding, WorkerBinding,
 )
-from inagg.wire.protocol import EXP_NONE, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, ipv4, mac, pack_header
+from inagg.wire.protocol import (
+    EXP_NONE, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, Outcome, ipv4, mac, pack_header,
+)
 from inagg.wire.roce import frame as roce_frame
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.254", "00:00:00:00:00:fe"
@@ -37,7 +40,10 @@ JOB_A = SwitchJob(1, 0, 1, 0, 4, (worker(0, 1, 50000), worker(1, 2, 50001), work
 JOB_B = SwitchJob(2, 1, 1, 4, 2, (worker(0, 2, 51000), worker(1, 3, 51001)))
 JOB_R = SwitchJob(3, 2, 1, 6, 2, (worker(0, 1, qp=0x100, rkey=0xA000),
                                   worker(1, 3, qp=0x101, rkey=0xA001)), encap="roce")
-JOBS = {1: JOB_A, 2: JOB_B, 3: JOB_R}
+PARENT_IP, PARENT_MAC = "10.0.1.254", "00:00:00:00:01:fe"
+UPLINK = UplinkBinding(4, 1, 20, PARENT_MAC, PARENT_IP, UDP_PORT, SWITCH_MAC, SWITCH_IP, UDP_PORT)
+JOB_T = SwitchJob(4, 3, 1, 8, 2, (worker(0, 1, 54000), worker(1, 2, 54001)), uplink=UPLINK)
+JOBS = {1: JOB_A, 2: JOB_B, 3: JOB_R, 4: JOB_T}
 STRANGER = worker(0, 4, 40000)
 
 
@@ -66,7 +72,7 @@ def rarely(draw, usual, *odd):
 @st.composite
 def contribution_frames(draw):
     """(ingress port, frame) of a contribution, mostly plausible."""
-    job_id = rarely(draw, draw(st.sampled_from([1, 1, 2, 3])), 9)
+    job_id = rarely(draw, draw(st.sampled_from([1, 1, 2, 3, 4, 4])), 9)
     job = JOBS.get(job_id, JOB_A)
     rank = draw(st.integers(0, len(job.workers) - 1))
     w = rarely(draw, job.workers[rank], STRANGER, *JOB_A.workers)
@@ -85,11 +91,16 @@ def contribution_frames(draw):
                        src_port=0xC000 | rank, dst_qp=0x11, psn=draw(st.integers(0, 2**24 - 1)),
                        rkey=0x5555)
     else:
-        eth = mac(SWITCH_MAC).to_bytes(6, "big") + mac(w.mac).to_bytes(6, "big") + b"\x08\x00"
-        ip = bytearray(b"\x45\x00\x00\x00\x00\x00\x40\x00\x40\x11\x00\x00"
-                       + ipv4(w.ip).to_bytes(4, "big") + ipv4(SWITCH_IP).to_bytes(4, "big"))
-        f = build_frame(eth, ip, w.udp_port.to_bytes(2, "big") + UDP_PORT.to_bytes(2, "big"), inagg)
+        f = udp_frame(w.mac, w.ip, w.udp_port, inagg)
     return rarely(draw, w.port, 1, 2, 3, 4), mangle(draw, f)
+
+
+def udp_frame(src_mac: str, src_ip: str, sport: int, inagg: bytes) -> bytes:
+    """An inagg packet to the switch's aggregator address over UDP."""
+    eth = mac(SWITCH_MAC).to_bytes(6, "big") + mac(src_mac).to_bytes(6, "big") + b"\x08\x00"
+    ip = bytearray(b"\x45\x00\x00\x00\x00\x00\x40\x00\x40\x11\x00\x00"
+                   + ipv4(src_ip).to_bytes(4, "big") + ipv4(SWITCH_IP).to_bytes(4, "big"))
+    return build_frame(eth, ip, sport.to_bytes(2, "big") + UDP_PORT.to_bytes(2, "big"), inagg)
 
 
 def mangle(draw, f: bytes) -> bytes:
@@ -107,6 +118,32 @@ def mangle(draw, f: bytes) -> bytes:
 
 
 @st.composite
+def tree_round(draw):
+    """A round of JOB_T as its workers and parent play it, with the odd loss, resend, duplicate
+    or forgery: both ranks' contributions, maybe a resend (DUP_UPSTREAM), the parent's result
+    (its slots 20, 21 hold the job's rounds on slots 8, 9; sometimes from a stranger, for
+    another round or slot), maybe the result again and a worker's resend (DUP_DONE)."""
+    i, s, count = draw(st.integers(0, 1)), draw(st.integers(0, 1)), draw(st.sampled_from([K, 0]))
+    offset = 64 * (JOB_T.slot_base + i)
+    values = [draw(st.integers(-9, 9))] * count
+
+    def worker_frame(rank, flags=0):
+        w = JOB_T.workers[rank]
+        inagg = pack_header(1, 1, flags, JOB_T.job_id, rank, 2, 1, s, JOB_T.slot_base + i, count, offset)
+        return w.port, udp_frame(w.mac, w.ip, w.udp_port, inagg + np.array(values, ">i4").tobytes())
+
+    slot = rarely(draw, UPLINK.slot_base + i, JOB_T.slot_base + i, UPLINK.slot_base + 2)
+    result = pack_header(1, MSG_RESULT, draw(st.integers(0, 255)), JOB_T.job_id, 1, 4, 1, s, slot,
+                         count, rarely(draw, offset, offset + 64)) + np.array(values, ">i4").tobytes()
+    src_mac, sport = rarely(draw, (PARENT_MAC, UDP_PORT), ("00:00:00:00:00:04", UDP_PORT), (PARENT_MAC, 1))
+    from_parent = (rarely(draw, 4, 3), mangle(draw, udp_frame(src_mac, PARENT_IP, sport, result)))
+    frames = [worker_frame(0), worker_frame(1)]
+    frames += [worker_frame(1, flags=1)] * draw(st.integers(0, 1)) + [from_parent] * draw(st.integers(0, 2))
+    frames += [worker_frame(0, flags=1)] * draw(st.integers(0, 1))
+    return [f for f in frames if draw(st.integers(0, 9))]      # now and then one is lost
+
+
+@st.composite
 def other_frames(draw):
     """Ordinary traffic (to a host, broadcast, to nobody) and noise."""
     dst = draw(st.sampled_from(["00:00:00:00:00:02", "ff:ff:ff:ff:ff:ff", "00:00:00:00:00:99"]))
@@ -121,11 +158,16 @@ def control_updates(sw, change):
         return JobAdmission(sw).updates(MODIFY, SwitchJob(**{**JOB_B.__dict__, "epoch": 2}))[:1]
     if change == "drop_replica":
         return ReplicaRewrite(sw).updates(DELETE, JOB_A)[1:2]
+    if change == "uplink":      # the parent's slots and this switch's rank there change
+        moved = UplinkBinding(**{**UPLINK.__dict__, "rank": 0, "slot_base": 21})
+        return TreeUplink(sw).updates(MODIFY, SwitchJob(**{**JOB_T.__dict__, "uplink": moved}))
+    if change == "root":        # no uplink any more: this switch completes the rounds
+        return TreeUplink(sw).updates(DELETE, JOB_T)
     return [ResultReplication(sw).update(MODIFY, JOB_A.mcast_grp, [(1, 1), (3, 3), (4, 2)])]
 
 
-steps = st.lists(st.one_of(contribution_frames(), contribution_frames(), other_frames(),
-                           st.sampled_from(["epoch", "drop_replica", "group"])),
+steps = st.lists(st.one_of(contribution_frames(), contribution_frames(), tree_round(), other_frames(),
+                           st.sampled_from(["epoch", "drop_replica", "group", "uplink", "root"])),
                  min_size=5, max_size=120)
 
 
@@ -141,14 +183,16 @@ def test_native_pipeline_matches_the_python_reference(switches, sequence):
     for step in sequence:
         if isinstance(step, str):
             if step not in done:  # each change once: a second DELETE would be refused
-                done.add(step)
+                done |= {step, "uplink"} if step == "root" else {step}
                 for _, sw in switches:
                     sw.write(control_updates(sw, step))
             continue
-        port, frame = step
-        out = py.process(port, frame)
-        assert native.process(port, frame) == out, (port, frame.hex())
-        event(f"frames out: {min(len(out), 3)}")
+        for port, frame in step if isinstance(step, list) else [step]:
+            out = py.process(port, frame)
+            assert native.process(port, frame) == out, (port, frame.hex())
+            event(f"frames out: {min(len(out), 3)}")
+            if py.engine.last_outcome in (Outcome.PARENT_RESULT, Outcome.DUP_UPSTREAM, Outcome.DUP_RESULT):
+                event(f"tree: {py.engine.last_outcome.label}")
     for name, cells in py.counters.arrays.items():
         assert np.array_equal(native.counters.arrays[name], cells), name
 

@@ -67,8 +67,11 @@ class NativeEngine:
             self._member_id = self._sender_id = sender_id
 
     def _native_job(self, job: JobConfig) -> tuple:
+        up = job.uplink
         return (job.job_id, job.epoch, job.slot_base, job.slot_count,
-                [self._member_id(m) for m in job.members])
+                [self._member_id(m) for m in job.members],
+                None if up is None else (self._member_id(up.parent), up.rank, up.slot_base),
+                job.n_children)
 
     # -- configuration -------------------------------------------------------------------
 
@@ -115,6 +118,8 @@ class NativeEngine:
 
     def _emit(self, job_id: int, rank: int, result: bytes) -> Emit:
         job = self.jobs[job_id]
+        if rank == _native.EMIT_UPSTREAM:
+            return Emit(job, (), result, upstream=True)
         return Emit(job, tuple(range(job.n_workers)) if rank < 0 else (rank,), result)
 
     # -- counters --------------------------------------------------------------------------

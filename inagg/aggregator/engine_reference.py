@@ -13,17 +13,26 @@ Per-packet decision for a contribution of worker w to set s of a slot (``o`` = t
 "same round": the packet's offset and count are those stored for the round in set s); the P4
 program's const table slot_decision, whose twin is ``protocol.SLOT_DECISION``::
 
-    bit w in bitmap[s] | bitmap[s] | round complete | same round | action
-    -------------------+-----------+----------------+------------+----------------------------
-    0                  | == 0      | any            | any        | FIRST: overwrite set s
-    0                  | != 0      | no             | yes        | ADD: sum, max exponent, OR flags
-    0                  | != 0      | no             | no         | BAD_ROUND: drop
-    0                  | != 0      | yes            | any        | STALE_ROUND: drop (reordered)
-    1                  | any       | no             | yes        | DUP_PENDING: drop
-    1                  | any       | yes            | yes        | DUP_DONE: stored result to w
-    1                  | any       | any            | no         | BAD_ROUND: drop
-    after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o];
-                     if the round is now complete, multicast the result to all workers.
+    bit w in | bitmap[s] | round    | same  | sent | action
+    bitmap[s]|           | complete | round | up   |
+    ---------+-----------+----------+-------+------+-----------------------------------------
+    0        | == 0      | any      | any   | any  | FIRST: overwrite set s
+    0        | != 0      | no       | yes   | no   | ADD: sum, max exponent, OR flags
+    0        | != 0      | no       | no    | no   | BAD_ROUND: drop
+    0        | != 0      | yes      | any   | any  | STALE_ROUND: drop (reordered)
+    0        | != 0      | no       | any   | yes  | STALE_ROUND: drop (all in already)
+    1        | any       | no       | yes   | no   | DUP_PENDING: drop
+    1        | any       | no       | yes   | yes  | DUP_UPSTREAM: partial sum up again
+    1        | any       | yes      | yes   | any  | DUP_DONE: stored result to w
+    1        | any       | any      | no    | any  | BAD_ROUND: drop
+    after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o]; when all N members are in,
+                     multicast the result to them, or, on a job with an uplink (a switch below
+                     the root of an aggregation tree, docs/trees.md), send the partial sum up.
+
+In a tree a round is complete once the parent's result is stored (its count is N + 1; "sent
+up": N, with an uplink). A RESULT from the parent (``_parent_result``): another offset/count
+is BAD_ROUND, a stored round DUP_RESULT, a round sent up PARENT_RESULT (store, multicast),
+anything else STALE_ROUND.
 
 Why FIRST is safe: a worker sends round r+2 of a slot only after the result of round r+1,
 so all workers have contributed to r+1 on set o and cleared their bits in set s.
@@ -43,6 +52,7 @@ from inagg.wire.protocol import (
     EXP_NONE,
     FLAG_CONGESTION,
     FLAG_FROM_HOST,
+    FLAG_FROM_SWITCH,
     FLAG_OVERFLOW,
     FLAG_RETRANSMIT,
     HEADER_BYTES,
@@ -60,12 +70,25 @@ _STICKY_FLAGS = FLAG_OVERFLOW | FLAG_CONGESTION  # ORed into a round, returned w
 
 
 @dataclass(frozen=True)
+class Uplink:
+    """Where a non-root aggregator of a tree sends its partial sums (docs/trees.md): its parent
+    (the sender id results come from), its rank at the parent and the job's first slot there."""
+
+    parent: Hashable
+    rank: int
+    slot_base: int
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """What an aggregator must know about one job.
 
     ``members[r]`` is rank r's identity as the front end sees it (a UDP ``(ip, port)`` for the
     host aggregator, ``(port, IPv4, MAC, UDP port)`` for the software switch): a packet claiming
-    rank r from anyone else is dropped. Results go to every member.
+    rank r from anyone else is dropped. Results go to every member. ``n_children`` (0: every
+    member) contributions complete a round: a switch of an aggregation tree knows its children
+    by sparse ids (its workers' job ranks, ids given to its child switches), the other members
+    are placeholders no sender matches (docs/trees.md).
     """
 
     job_id: int
@@ -73,10 +96,17 @@ class JobConfig:
     slot_base: int
     slot_count: int
     members: tuple[Hashable, ...]
+    uplink: Uplink | None = None   # None: this aggregator completes the job's rounds
+    n_children: int = 0
 
     @property
     def n_workers(self) -> int:
         return len(self.members)
+
+    @property
+    def children(self) -> int:
+        """Contributions that complete a round here."""
+        return self.n_children or len(self.members)
 
     def validate(self, n_slots: int) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -93,6 +123,14 @@ class JobConfig:
                 f"job {self.job_id}: slots [{self.slot_base}, {self.slot_base + self.slot_count}) "
                 f"outside the pool of {n_slots}"
             )
+        if not 0 <= self.n_children <= self.n_workers:
+            raise ValueError(f"job {self.job_id}: n_children must be in 0..{self.n_workers}")
+        up = self.uplink
+        if up is not None and not 0 <= up.rank < MAX_WORKERS:
+            raise ValueError(f"job {self.job_id}: uplink rank must be in 0..{MAX_WORKERS - 1}")
+        if up is not None and not 0 <= up.slot_base <= MAX_SLOT + 1 - self.slot_count:
+            raise ValueError(f"job {self.job_id}: the parent's slots [{up.slot_base}, "
+                             f"{up.slot_base + self.slot_count}) are outside 0..{MAX_SLOT}")
 
 
 @dataclass
@@ -115,11 +153,13 @@ class JobCounters:
 
 
 class Emit(NamedTuple):
-    """A packet to send: ``data`` (inagg header + payload) to the listed ranks of ``job``."""
+    """A packet to send: ``data`` (inagg header + payload) to the listed ranks of ``job``, or
+    with ``upstream`` to the job's parent (a contribution; ``ranks`` empty)."""
 
     job: JobConfig
     ranks: tuple[int, ...]
     data: bytes
+    upstream: bool = False
 
 
 class AggregationEngine:
@@ -185,14 +225,21 @@ class AggregationEngine:
     def _admission(self, job: JobConfig, data: bytes | bytearray | memoryview, sender: Hashable,
                    framing_ok: bool, msg_type: int, worker: int, epoch: int, slot: int,
                    count: int) -> Outcome | None:
-        """The per-job checks in the order of the P4 program's JobAdmission; None when admitted."""
-        if msg_type != MSG_CONTRIBUTION:
+        """The per-job checks in the order of the P4 program's JobAdmission; None when admitted.
+        A RESULT is admitted only on a job with an uplink: from its parent, in the parent's
+        slots (docs/trees.md)."""
+        from_parent = msg_type == MSG_RESULT and job.uplink is not None
+        if msg_type != MSG_CONTRIBUTION and not from_parent:
             return Outcome.BAD_TYPE
-        if worker >= len(job.members) or job.members[worker] != sender:
+        if from_parent:
+            if sender != job.uplink.parent:
+                return Outcome.BAD_WORKER
+        elif worker >= len(job.members) or job.members[worker] != sender:
             return Outcome.BAD_WORKER
         if epoch != job.epoch:
             return Outcome.STALE_EPOCH
-        if not job.slot_base <= slot < job.slot_base + job.slot_count:
+        base = job.uplink.slot_base if from_parent else job.slot_base
+        if not base <= slot < base + job.slot_count:
             return Outcome.BAD_SLOT
         if (not framing_ok or count > self.k
                 or len(data) - HEADER_BYTES != (4 * self.k if count else 0)):
@@ -218,26 +265,26 @@ class AggregationEngine:
         refused = self._admission(job, data, sender, framing_ok, vt & 0xF, worker, epoch, slot, count)
         if refused is not None:
             return self._drop_job(ctr, refused)
-
-        tag = (job_id << 16) | epoch
-        if self._tag[slot] != tag:  # first packet of a new owner/epoch: reset the slot
-            self._tag[slot] = tag
-            for s in (0, 1):
-                self._bitmap[s][slot] = 0
-                self._seen[s][slot] = 0
+        from_parent = vt & 0xF == MSG_RESULT
+        if from_parent:                                        # the parent's slot -> ours
+            slot += job.slot_base - job.uplink.slot_base
+        self._claim(slot, (job_id << 16) | epoch)
         s = ss >> 15
+        n = job.children
+        seen = self._seen[s][slot]
+        complete = seen == n + (job.uplink is not None)        # a tree's result counts one more
+        sent_up = job.uplink is not None and seen == n
+        same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
+        if from_parent:
+            return self._parent_result(ctr, job, slot, s, data, flags, exp, worker,
+                                       (complete, same_round, sent_up))
         bit = 1 << worker
         bitmap = self._bitmap[s]
-        seen = self._seen[s]
-        n = len(job.members)
-        complete = seen[slot] == n
-        same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
-
-        if bitmap[slot] & bit:                                 # BAD_ROUND, DUP_PENDING, DUP_DONE
-            return self._duplicate(ctr, job, slot, s, worker, complete, same_round)
+        if bitmap[slot] & bit:             # BAD_ROUND, DUP_PENDING, DUP_UPSTREAM, DUP_DONE
+            return self._duplicate(ctr, job, slot, s, worker, (complete, same_round, sent_up))
         if bitmap[slot] == 0:                                  # FIRST
             self._first(slot, s, data, flags, exp, offset, count)
-        elif complete:                                         # STALE_ROUND
+        elif complete or sent_up:                              # STALE_ROUND
             return self._drop_job(ctr, Outcome.STALE_ROUND)
         elif not same_round:                                   # BAD_ROUND
             return self._drop_job(ctr, Outcome.BAD_ROUND)
@@ -246,23 +293,63 @@ class AggregationEngine:
         bitmap[slot] |= bit
         self._bitmap[1 - s][slot] &= ~bit
         ctr.aggregated += 1
-        if seen[slot] < n:
+        if self._seen[s][slot] < n:
             return []
         ctr.results += 1
-        return [Emit(job, tuple(range(n)), self._result(slot, s, job, worker, 0))]
+        if job.uplink is not None:                             # this level's part: up
+            return [Emit(job, (), self._upstream(slot, s, job, 0), upstream=True)]
+        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0))]
+
+    def _claim(self, slot: int, tag: int) -> None:
+        """The first packet of a new owner/epoch (tag = job << 16 | epoch) resets the slot."""
+        if self._tag[slot] != tag:
+            self._tag[slot] = tag
+            for s in (0, 1):
+                self._bitmap[s][slot] = 0
+                self._seen[s][slot] = 0
 
     def _duplicate(self, ctr: JobCounters, job: JobConfig, slot: int, s: int, worker: int,
-                   complete: bool, same_round: bool) -> list[Emit]:
-        """A contribution of a worker whose bit is set in set ``s``: the table's rows 5 to 7."""
+                   state: tuple[bool, bool, bool]) -> list[Emit]:
+        """A contribution of a worker whose bit is set in set ``s``: the table's rows 5 to 8;
+        ``state`` is (complete, same_round, sent_up)."""
+        complete, same_round, sent_up = state
         if not same_round:                                     # BAD_ROUND
             return self._drop_job(ctr, Outcome.BAD_ROUND)
         ctr.duplicates += 1
-        if not complete:                                       # DUP_PENDING
-            self.last_outcome = Outcome.DUP_PENDING
+        if complete:                                           # DUP_DONE
+            ctr.resent_results += 1
+            self.last_outcome = Outcome.DUP_DONE
+            return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT))]
+        if sent_up:                                            # DUP_UPSTREAM
+            self.last_outcome = Outcome.DUP_UPSTREAM
+            return [Emit(job, (), self._upstream(slot, s, job, FLAG_RETRANSMIT), upstream=True)]
+        self.last_outcome = Outcome.DUP_PENDING                # DUP_PENDING
+        return []
+
+    def _parent_result(self, ctr: JobCounters, job: JobConfig, slot: int, s: int,
+                       data: bytes | bytearray | memoryview, flags: int, exp: int, worker: int,
+                       state: tuple[bool, bool, bool]) -> list[Emit]:
+        """The parent's result for set ``s`` (docs/trees.md): stored and sent to every member
+        when this set sent its sum up and waits for it; ``state`` is (complete, same_round,
+        sent_up)."""
+        complete, same_round, sent_up = state
+        if not same_round:
+            return self._drop_job(ctr, Outcome.BAD_ROUND)
+        if complete:
+            ctr.duplicates += 1
+            self.last_outcome = Outcome.DUP_RESULT
             return []
-        ctr.resent_results += 1                                # DUP_DONE
-        self.last_outcome = Outcome.DUP_DONE
-        return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT))]
+        if not sent_up:
+            return self._drop_job(ctr, Outcome.STALE_ROUND)
+        self.last_outcome = Outcome.PARENT_RESULT
+        self._seen[s][slot] += 1
+        self._exp[s][slot] = exp
+        self._flags[s][slot] = flags & ~(FLAG_RETRANSMIT | FLAG_FROM_SWITCH)
+        if self._count[s][slot]:
+            self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
+        else:
+            self._values[s, slot] = 0
+        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0))]
 
     def _first(self, slot: int, s: int, data: bytes | bytearray | memoryview, flags: int, exp: int,
                offset: int, count: int) -> None:
@@ -300,12 +387,24 @@ class AggregationEngine:
         return []
 
     def _result(self, slot: int, s: int, job: JobConfig, worker: int, extra_flags: int) -> bytes:
+        """The round in set ``s`` as a RESULT to the job's members."""
+        return self._round_packet(MSG_RESULT, self._flags[s][slot] | self.result_flags | extra_flags,
+                                  worker, slot, slot, s, job)
+
+    def _upstream(self, slot: int, s: int, job: JobConfig, extra_flags: int) -> bytes:
+        """The round in set ``s`` (this level's partial sum) as a contribution to the parent:
+        from this aggregator's rank there, in the parent's slot."""
+        up = job.uplink
+        return self._round_packet(MSG_CONTRIBUTION,
+                                  self._flags[s][slot] | FLAG_FROM_SWITCH | extra_flags,
+                                  up.rank, slot - job.slot_base + up.slot_base, slot, s, job)
+
+    def _round_packet(self, msg_type: int, flags: int, worker: int, wire_slot: int, slot: int,
+                      s: int, job: JobConfig) -> bytes:
         count = self._count[s][slot]
         header = HEADER_STRUCT.pack(
-            (VERSION << 4) | MSG_RESULT,
-            self._flags[s][slot] | self.result_flags | extra_flags,
-            job.job_id, worker, self._exp[s][slot], job.epoch, (s << 15) | slot,
-            count, self._offset[s][slot],
+            (VERSION << 4) | msg_type, flags, job.job_id, worker, self._exp[s][slot], job.epoch,
+            (s << 15) | wire_slot, count, self._offset[s][slot],
         )
         if not count:
             return header

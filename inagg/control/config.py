@@ -27,6 +27,10 @@ wheel). A Tofino switch names the P4Runtime server it runs (``p4runtime_server``
 the default, or ``stratum``: the device config's packing, inagg/control/tofino_config.py) and
 maps the front-panel ports its hosts use to device ports (``"device_ports": {"1": 128, ...}``,
 docs/tofino.md), every used port mapped.
+Switches wired to each other name the link on both ends: ``"links": {"spine": 5}`` on a ToR
+(its front-panel port 5 goes to switch "spine") and ``"links": {"tor1": 1}`` on the spine. The
+links must form a forest (no cycles); a job whose ranks hang off several linked switches
+aggregates on a tree of them (docs/trees.md, inagg/control/trees.py).
 Relative paths are relative to the config file (to the working directory for a config given as
 a dict).
 """
@@ -79,6 +83,7 @@ class SwitchConfig:
     program: Program | None = None   # None: the default program of bmv2
     device_ports: dict[int, int] = field(default_factory=dict)  # front panel -> device port
     aggregator_mac: str = ""      # the MAC workers must map ``aggregator``'s IP to ("" = not said)
+    links: dict[str, int] = field(default_factory=dict)   # neighbour switch -> front-panel port
 
     @property
     def ports(self) -> list[int]:
@@ -120,7 +125,7 @@ def _need(d: dict, key: str, where: str):
 
 
 _SWITCH_KEYS = {"name", "grpc", "device_id", "target", "aggregator", "aggregator_mac", "hosts",
-                "device_ports", "p4info", "p4runtime_server"} | {k for keys in DEVICE_FILES.values() for k in keys}
+                "device_ports", "p4info", "p4runtime_server", "links"} | {k for keys in DEVICE_FILES.values() for k in keys}
 
 
 def parse_program(s: dict, where: str, base: Path | None) -> Program:
@@ -169,6 +174,48 @@ def parse_mac(s: dict, key: str, where: str) -> str:
         raise ValueError(f"{where}.{key}: {e}") from None
 
 
+def parse_links(s: dict, where: str, host_ports: set[int]) -> dict[str, int]:
+    """A switch's links: neighbour switch name -> front-panel port (not a host's port)."""
+    links = {}
+    for name, port in s.get("links", {}).items():
+        if not isinstance(port, int) or port < 0:
+            raise ValueError(f"{where}.links[{name!r}]: a port number, got {port!r}")
+        if port in host_ports:
+            raise ValueError(f"{where}.links[{name!r}]: port {port} is a host's port")
+        links[str(name)] = port
+    return links
+
+
+def check_links(switches: list[SwitchConfig]) -> None:
+    """Links name known switches, both ends declare them, and they form a forest (each link
+    on a cycle would give a job two ways up)."""
+    by_name = {s.name: s for s in switches}
+    for s in switches:
+        for other in s.links:
+            if other == s.name or other not in by_name:
+                raise ValueError(f"switch {s.name}: links to {other!r}, which is not another "
+                                 f"configured switch")
+            if s.name not in by_name[other].links:
+                raise ValueError(f"switch {s.name} links to {other}, but {other} names no link "
+                                 f"to {s.name}: declare the link on both ends")
+    seen: set[str] = set()
+    for start in by_name:
+        if start in seen:
+            continue
+        stack, parent = [start], {start: ""}
+        while stack:
+            name = stack.pop()
+            seen.add(name)
+            for other in by_name[name].links:
+                if other == parent[name]:
+                    continue
+                if other in parent:
+                    raise ValueError(f"switch links form a cycle through {name} and {other}: "
+                                     f"aggregation trees need a forest of links")
+                parent[other] = name
+                stack.append(other)
+
+
 def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     """Validate a config dict, naming the first bad entry."""
     switches = []
@@ -187,7 +234,9 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
             str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)), int(s.get("device_id", 0)),
             s["aggregator"], hosts, parse_program(s, where, base),
             parse_device_ports(s, where, {h.port for h in hosts.values()}),
-            parse_mac(s, "aggregator_mac", where)))
+            parse_mac(s, "aggregator_mac", where),
+            parse_links(s, where, {h.port for h in hosts.values()})))
+    check_links(switches)
     host_aggregator = _need(data, "host_aggregator", "config")
     parse_address(host_aggregator)
     known = {f for f in ControllerConfig.__dataclass_fields__} - {"switches", "host_aggregator", "extra"}

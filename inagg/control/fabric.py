@@ -23,7 +23,8 @@ from inagg.control.allocator import SWITCH, AllocatorSnapshot, JobState, Placeme
 from inagg.control.config import ControllerConfig
 from inagg.control.jobs import Job
 from inagg.control.runtime import SwitchCapacity, SwitchRuntime
-from inagg.control.switch import SwitchError, SwitchJob, WorkerBinding
+from inagg.control.switch import SwitchError, SwitchJob
+from inagg.control.trees import worker_bindings
 from inagg.wire.grant import parse_address
 
 log = logging.getLogger("inagg.controller")
@@ -118,12 +119,7 @@ class Fabric:
     # -- programming -------------------------------------------------------------------------
 
     def _switch_job(self, job: Job, sw: SwitchRuntime, p: Placement) -> SwitchJob:
-        bindings = []
-        for rank, m in sorted(job.workers.items()):
-            ip, udp_port = parse_address(m.address)
-            host = sw.cfg.hosts[ip]
-            bindings.append(WorkerBinding(rank, sw.cfg.device_port(host.port), ip, host.mac or m.mac,
-                                          udp_port, m.qp, m.rkey))
+        bindings = worker_bindings(job, sw.cfg, sorted(job.workers))
         return SwitchJob(job.job_id, job.job_index, p.epoch, p.slot_base, p.slot_count, tuple(bindings),
                          job.transport)
 

@@ -6,8 +6,8 @@ on some write errors (its ``P4RuntimeErrorIterator``), which would wedge the con
 holds its lock. Write errors are decoded here from the status details (one ``p4.v1.Error`` per
 update). The stream channel is watched: ``lost`` is set when it ends, so the controller can
 notice a restarted switch and program it again. The classes after it mirror the P4 controls they
-program, with the same names: JobAdmission, ResultReplication, ReplicaRewrite, Forwarding,
-JobCounters.
+program, with the same names: JobAdmission, TreeUplink, ResultReplication, ReplicaRewrite,
+Forwarding, JobCounters.
 """
 
 from __future__ import annotations
@@ -279,8 +279,26 @@ class WorkerBinding:
 
 
 @dataclass(frozen=True)
+class UplinkBinding:
+    """Where a switch below the root of a job's aggregation tree sends its partial sums
+    (docs/trees.md): the port toward the parent, its rank there, the job's first slot there,
+    the parent's aggregator address, and this switch's own (the one its children send to)."""
+
+    port: int
+    rank: int
+    slot_base: int
+    mac: str
+    ip: str
+    udp_port: int
+    src_mac: str
+    src_ip: str
+    src_udp_port: int
+
+
+@dataclass(frozen=True)
 class SwitchJob:
-    """A job admitted to the switch: its grant and its workers."""
+    """A job admitted to the switch: its grant and its workers (in a tree: this switch's
+    children, workers or switches one level down) and, below the root, its uplink."""
 
     job_id: int
     job_index: int
@@ -289,6 +307,7 @@ class SwitchJob:
     slot_count: int
     workers: tuple[WorkerBinding, ...]
     encap: str = "udp"  # how its packets carry the inagg header: "udp" or "roce"
+    uplink: UplinkBinding | None = None
 
     @property
     def mcast_grp(self) -> int:
@@ -326,6 +345,25 @@ class JobAdmission:
         (0, any, for RoCEv2: its source port comes from the flow label, not the worker)."""
         return {"port": w.port, "addr": ipv4(w.ip), "mac": mac(w.mac),
                 "udp_port": 0 if encap == "roce" else w.udp_port}
+
+
+class TreeUplink:
+    """Programs uplink_table (p4/include/tree_uplink.p4): a job's uplink on a switch below the
+    root of its aggregation tree; nothing for a job this switch completes."""
+
+    def __init__(self, sw: SwitchConnection) -> None:
+        self.sw = sw
+
+    def updates(self, kind: int, job: SwitchJob) -> list[p4runtime_pb2.Update]:
+        up = job.uplink
+        if up is None:
+            return []
+        params = None if kind == DELETE else {
+            "port": up.port, "rank": up.rank, "slot_base": up.slot_base, "mac": mac(up.mac),
+            "addr": ipv4(up.ip), "udp_port": up.udp_port, "src_mac": mac(up.src_mac),
+            "src_addr": ipv4(up.src_ip), "src_udp_port": up.src_udp_port}
+        return [self.sw.table_update(kind, "uplink_table", {"job_id": job.job_id},
+                                     None if kind == DELETE else "set_uplink", params)]
 
 
 class ResultReplication:

@@ -60,12 +60,13 @@ def in_netns(name: str):
 def program_testbed(sw, jobs, n_ports: int) -> None:
     """Forwarding for hosts 00:00:00:00:00:0<p> on port p, flooding, and the given jobs."""
     from inagg.control.switch import (INSERT, Forwarding, JobAdmission, ReplicaRewrite,
-                                   ResultReplication)
+                                   ResultReplication, TreeUplink)
 
     fwd = Forwarding(sw)
     ups = [fwd.host_update(INSERT, f"00:00:00:00:00:{p:02x}", p) for p in range(1, n_ports + 1)]
     ups += fwd.flood_updates(INSERT, range(1, n_ports + 1))
     for job in jobs:
+        ups += TreeUplink(sw).updates(INSERT, job)
         ups += JobAdmission(sw).updates(INSERT, job)
         ups += ReplicaRewrite(sw).updates(INSERT, job)
         ups.append(ResultReplication(sw).job_update(INSERT, job))

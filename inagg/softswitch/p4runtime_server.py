@@ -26,7 +26,7 @@ from inagg.control.tofino_config import TofinoDeviceConfig
 from inagg.wire.grant import MAX_IPV4_DATAGRAM, values_for_mtu
 
 from inagg.softswitch.pipeline import NativePipeline
-from inagg.softswitch.pipeline_reference import JOB_TABLE, WORKER_TABLE, SoftPipeline
+from inagg.softswitch.pipeline_reference import JOB_TABLE, UPLINK_TABLE, WORKER_TABLE, SoftPipeline
 from inagg.softswitch.state import StatusError
 
 Pipeline = Union[SoftPipeline, NativePipeline]
@@ -290,7 +290,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             if kind == "table_entry":
                 undo = pipeline.tables.write(update.type, entity.table_entry)
                 name = pipeline.tables.table_name(entity.table_entry.table_id)
-                if name in (JOB_TABLE, WORKER_TABLE):
+                if name in (JOB_TABLE, WORKER_TABLE, UPLINK_TABLE):
                     try:
                         pipeline.sync_jobs()
                     except StatusError:

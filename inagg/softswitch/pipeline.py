@@ -24,6 +24,7 @@ from inagg.softswitch.pipeline_reference import (
     L2_TABLE,
     REPLICA_TABLE,
     SLOT_TAG,
+    UPLINK_TABLE,
     WORKER_TABLE,
     engine_refusal,
     job_configs,
@@ -62,9 +63,10 @@ class NativePipeline:
 
     def sync_jobs(self) -> None:
         """Configure the core's engine from job_table + worker_table (SoftPipeline.sync_jobs)."""
-        wanted = job_configs(self.tables, _native.bound_sender_id, _native.unbound_sender_id)
+        wanted = job_configs(self.tables, _native.bound_sender_id, _native.unbound_sender_id, None)
         with engine_refusal():
-            self.core.replace_jobs([(j.job_id, j.epoch, j.slot_base, j.slot_count, list(j.members))
+            self.core.replace_jobs([(j.job_id, j.epoch, j.slot_base, j.slot_count, list(j.members),
+                                     j.uplink and (j.uplink.rank, j.uplink.slot_base), j.n_children)
                                     for j in wanted])
 
     def job_ids(self) -> list[int]:
@@ -94,6 +96,8 @@ class NativePipeline:
                 self.core.remove_l2(mac)
             else:
                 self.core.set_l2(mac, *self._l2_action(action))
+        elif table == UPLINK_TABLE:   # admission's parent check and UpstreamSend's address;
+            self._uplink_changed(*key, action)   # the uplink reaches the engine through sync_jobs
         elif table == WORKER_TABLE:   # admission's binding check; the ranks reach the engine
             job_id, rank = key        # through sync_jobs
             if action is None or _short(action) != "bind_worker":
@@ -124,6 +128,14 @@ class NativePipeline:
         roce = name == "set_roce_worker_address"
         self.core.set_replica(job_id, replica, p["mac"], p["addr"], roce, p.get("udp_port", 0),
                               p.get("qp", 0), p.get("rkey", 0))
+
+    def _uplink_changed(self, job_id: int, action: Action | None) -> None:
+        if action is None or _short(action) != "set_uplink":
+            self.core.remove_uplink(job_id)
+            return
+        p = dict(action.params)
+        self.core.set_uplink(job_id, *(p[n] for n in (
+            "port", "rank", "slot_base", "mac", "addr", "udp_port", "src_mac", "src_addr", "src_udp_port")))
 
     @staticmethod
     def _l2_action(action: Action | None) -> tuple[int, int]:

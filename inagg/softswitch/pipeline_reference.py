@@ -21,12 +21,15 @@ from typing import Callable, Hashable
 import grpc
 
 from inagg.control.p4info import P4Info
-from inagg.aggregator.engine_reference import AggregationEngine, Emit, JobConfig
+from inagg.aggregator.engine_reference import AggregationEngine, Emit, JobConfig, Uplink
 from inagg.wire.protocol import (
     DROP_REASONS,
+    DUPLICATE_OUTCOMES,
+    MSG_RESULT,
     ENCAP_CODE,
     GLOBAL_DROP_REASONS,
     HEADER_BYTES,
+    MAX_WORKERS,
     ROCE_HEADER_BYTES,
     ROCE_ICRC_BYTES,
     ROCE_INAGG_IMMEDIATE,
@@ -46,6 +49,7 @@ JOB_TABLE = "InaggIngress.admission.job_table"
 WORKER_TABLE = "InaggIngress.admission.worker_table"
 L2_TABLE = "InaggIngress.forwarding.l2_table"
 REPLICA_TABLE = "InaggEgress.replica_rewrite.replica_table"
+UPLINK_TABLE = "InaggIngress.tree_uplink.uplink_table"   # none in the TNA program
 SLOT_TAG = "InaggIngress.slot_state.slot_tag"
 _CTR = "InaggIngress.job_counters."
 JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS = (
@@ -62,6 +66,7 @@ _ROCE_DMA_LEN = BTH_BYTES + byte_offset(RETH_FIELDS, "dma_len")
 ENCAP_UDP, ENCAP_ROCE = ENCAP_CODE["udp"], ENCAP_CODE["roce"]
 _DROP_CODE = {name: code for code, name in enumerate(DROP_REASONS)}
 _GLOBAL_CODE = {name: code for code, name in enumerate(GLOBAL_DROP_REASONS)}
+PARENT = ("parent",)   # the engine's id of a job's parent (its uplink's address) in a tree
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,8 @@ class SoftPipeline:
         describe jobs the slot pool cannot hold (the caller undoes the write)."""
         # a rank's member is its rank: admission compares worker_table's binding with the
         # frame (``sender``); an unbound rank matches no sender, as a worker_table miss in P4
-        wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank))
+        wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank),
+                             PARENT)
         with engine_refusal():
             self.engine.replace_jobs({job.job_id: job for job in wanted})
 
@@ -162,24 +168,38 @@ class SoftPipeline:
             inagg_end -= ROCE_ICRC_BYTES
         if inagg_end < at + HEADER_BYTES:      # a UDP length too short for the header the P4
             framing_ok, inagg_end = False, at + HEADER_BYTES   # parser extracts: bad_length
-        emits = self.engine.process(data[at:inagg_end], self.sender(port, frame, job_id, data[at + 4]),
+        emits = self.engine.process(data[at:inagg_end], self.sender(port, frame, job_id, data[at:at + 5]),
                                     framing_ok)
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 
-    def sender(self, port: int, frame: Frame, job_id: int, rank: int) -> Hashable:
-        """The engine's id of ``frame``'s sender for the rank it claims: the rank when
-        worker_table's bind_worker matches the frame (ingress port, IPv4 source, Ethernet source,
-        and UDP source port unless the binding leaves it open: 0, RoCEv2), else an id no member
-        has (bad_worker, in the engine's check order)."""
-        bind = self.tables[WORKER_TABLE].lookup((job_id, rank))
+    def sender(self, port: int, frame: Frame, job_id: int, head: bytes) -> Hashable:
+        """The engine's id of ``frame``'s sender (``head``: the inagg header's first 5 bytes).
+        A contribution's, for the rank it claims: the rank when worker_table's bind_worker
+        matches the frame (ingress port, IPv4 source, Ethernet source, and UDP source port
+        unless the binding leaves it open: 0, RoCEv2). A RESULT's: PARENT when the job's
+        uplink_table entry names this sender as the parent (port, IPv4, MAC, UDP source port).
+        Else an id no member has (bad_worker, in the engine's check order)."""
         d = frame.data
-        if bind is not None and bind.param("port") == port \
-                and bind.param("addr") == struct.unpack_from("!I", d, ETH + 12)[0] \
-                and bind.param("mac") == int.from_bytes(d[6:12], "big") \
-                and bind.param("udp_port") in (0, struct.unpack_from("!H", d, ETH + IP)[0]):
+        src = (port, struct.unpack_from("!I", d, ETH + 12)[0], int.from_bytes(d[6:12], "big"),
+               struct.unpack_from("!H", d, ETH + IP)[0])
+        if head[0] & 0xF == MSG_RESULT:
+            up = self.uplink(job_id)
+            if up is not None and (up.param("port"), up.param("addr"), up.param("mac"),
+                                   up.param("udp_port")) == src:
+                return PARENT
+            return ("forged",)
+        rank = head[4]
+        bind = self.tables[WORKER_TABLE].lookup((job_id, rank))
+        if bind is not None and (bind.param("port"), bind.param("addr"), bind.param("mac")) == src[:3] \
+                and bind.param("udp_port") in (0, src[3]):
             return ("rank", rank)
         return ("forged",)
+
+    def uplink(self, job_id: int) -> Action | None:
+        """The job's uplink_table entry (TreeUplink), None on a root or a TNA P4Info."""
+        table = self.tables.tables.get(UPLINK_TABLE)
+        return None if table is None else table.lookup((job_id,))
 
     def job_counters(self, job_index: int, outcome: Outcome, result: bool) -> None:
         c = self.counters
@@ -188,9 +208,9 @@ class SoftPipeline:
             c.count(JOB_AGGREGATED, job_index)
             if result:
                 c.count(JOB_RESULTS, job_index)
-        elif outcome in (Outcome.DUP_PENDING, Outcome.DUP_DONE):
+        elif outcome in DUPLICATE_OUTCOMES:
             c.count(JOB_DUPLICATES, job_index)
-        else:
+        elif outcome.is_drop:        # a parent's result (PARENT_RESULT) counts as a packet only
             c.count(JOB_DROPS, job_index * self.drop_row + _DROP_CODE[outcome.label])
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
@@ -200,6 +220,8 @@ class SoftPipeline:
         As BMv2 does, a result reuses the trigger: its IPv4 total length stays as sent, and the
         bytes after the UDP payload (Ethernet padding, any trailer: what the P4 parser did not
         extract) follow the deparsed headers (tests/test_dataplane_conformance.py checks it)."""
+        if emit.upstream:
+            return [self.upstream_send(frame, emit)]
         d = frame.data
         udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
         eth = d[6:12] + d[0:6] + d[12:14]
@@ -231,6 +253,20 @@ class SoftPipeline:
                                               keep_ip_length=True)))
         return out
 
+    def upstream_send(self, frame: Frame, emit: Emit) -> tuple[int, bytes]:
+        """UpstreamSend: the partial sum as a contribution to the parent, from this switch's
+        aggregator address to the parent's, out of the uplink port (docs/trees.md); lengths and
+        trailer as for a result."""
+        up, d = self.uplink(emit.job.job_id), frame.data
+        eth = up.param("mac").to_bytes(6, "big") + up.param("src_mac").to_bytes(6, "big") + d[12:14]
+        ip = bytearray(d[ETH: ETH + IP])
+        ip[12:20] = up.param("src_addr").to_bytes(4, "big") + up.param("addr").to_bytes(4, "big")
+        udp_ports = up.param("src_udp_port").to_bytes(2, "big") + up.param("udp_port").to_bytes(2, "big")
+        roce = d[INAGG_AT:ROCE_INAGG_AT] if frame.encap == ENCAP_ROCE else b""
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
+        return up.param("port"), build_frame(eth, ip, udp_ports, emit.data, roce, trailer=d[udp_end:],
+                                             keep_ip_length=True)
+
     def forwarding(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
         """Forwarding (l2_table) + the flood pruning of ReplicaRewrite."""
         if frame.dst_mac < 0:
@@ -246,18 +282,30 @@ class SoftPipeline:
 
 
 def job_configs(tables: TableStore, member: Callable[[int], Hashable],
-                unbound: Callable[[int], Hashable]) -> list[JobConfig]:
-    """The engine's job configurations that job_table + worker_table describe; rank r's member
-    is ``member(r)`` when worker_table binds it, ``unbound(r)`` without a binding."""
+                unbound: Callable[[int], Hashable], parent: Hashable) -> list[JobConfig]:
+    """The engine's job configurations that job_table + worker_table (+ uplink_table, in a
+    tree) describe; rank r's member is ``member(r)`` when worker_table binds it, ``unbound(r)``
+    without a binding; a job's parent is ``parent``, the id admission gives its results.
+    n_workers contributions complete a round; the ranks are those below n_workers and any
+    other one bound below MAX_WORKERS (a tree switch's sparse child ids, docs/trees.md)."""
     workers = tables[WORKER_TABLE].entries
+    uplinks = tables.tables[UPLINK_TABLE].entries if UPLINK_TABLE in tables.tables else {}
+    bound_ids: dict[int, int] = {}
+    for job_id, rank in workers:
+        if rank < MAX_WORKERS:
+            bound_ids[job_id] = max(bound_ids.get(job_id, 0), rank + 1)
     jobs = []
     for (job_id,), admit in tables[JOB_TABLE].entries.items():
         members = []
-        for rank in range(admit.param("n_workers")):
+        for rank in range(max(admit.param("n_workers"), bound_ids.get(job_id, 0))):
             bind = workers.get((job_id, rank))
             members.append(member(rank) if bind else unbound(rank))
+        up = uplinks.get((job_id,))
+        uplink = None if up is None or not up.name.endswith(".set_uplink") else \
+            Uplink(parent, up.param("rank"), up.param("slot_base"))
         jobs.append(JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
-                              admit.param("slot_count"), tuple(members)))
+                              admit.param("slot_count"), tuple(members), uplink,
+                              admit.param("n_workers")))
     return jobs
 
 

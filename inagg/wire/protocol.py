@@ -35,6 +35,7 @@ FLAG_RETRANSMIT = 0x01
 FLAG_FROM_HOST = 0x02
 FLAG_CONGESTION = 0x04
 FLAG_OVERFLOW = 0x08
+FLAG_FROM_SWITCH = 0x80  # a switch's partial sum to its parent in an aggregation tree (docs/trees.md)
 
 EXP_NONE = -128
 MAX_WORKERS = 32
@@ -53,7 +54,8 @@ GLOBAL_DROP_REASONS: tuple[str, ...] = ("truncated", "bad_version")
 
 class Outcome(enum.IntEnum):
     """What an aggregator did with one inagg packet: a row of SlotState's decision table
-    (``SLOT_<NAME>`` in constants.p4, same value) or the reason it was dropped before the slot.
+    (``SLOT_<NAME>`` in constants.p4, same value), a decision on a parent's result in an
+    aggregation tree (docs/trees.md), or the reason it was dropped before the slot.
     The native engine's ``inagg::Outcome`` (native/engine.hpp) has the same values; counters name
     a drop by its ``label`` (``DROP_REASONS``/``GLOBAL_DROP_REASONS``, and ``unknown_job`` for an
     aggregator that has no job to forward to)."""
@@ -64,15 +66,18 @@ class Outcome(enum.IntEnum):
     DUP_PENDING = 4    # duplicate, round unfinished: drop
     DUP_DONE = 5       # duplicate, round finished: the stored result back to its sender
     BAD_ROUND = 6      # drop: offset or count differ from the round's
-    BAD_TYPE = 7
-    BAD_WORKER = 8
-    STALE_EPOCH = 9
-    BAD_SLOT = 10
-    BAD_LENGTH = 11
-    BAD_ENCAP = 12
-    TRUNCATED = 13
-    BAD_VERSION = 14
-    UNKNOWN_JOB = 15
+    DUP_UPSTREAM = 7   # duplicate, the round's partial sum is up at the parent: resend it up
+    BAD_TYPE = 8
+    BAD_WORKER = 9
+    STALE_EPOCH = 10
+    BAD_SLOT = 11
+    BAD_LENGTH = 12
+    BAD_ENCAP = 13
+    TRUNCATED = 14
+    BAD_VERSION = 15
+    UNKNOWN_JOB = 16
+    PARENT_RESULT = 17  # the parent's result for a round sent up: store it, send it down
+    DUP_RESULT = 18     # the parent's result again, already stored: drop
 
     @property
     def label(self) -> str:
@@ -81,24 +86,33 @@ class Outcome(enum.IntEnum):
 
     @property
     def is_drop(self) -> bool:
-        return self not in (Outcome.FIRST, Outcome.ADD, Outcome.DUP_PENDING, Outcome.DUP_DONE)
+        return self not in _NOT_DROPS
 
+
+_NOT_DROPS = frozenset((Outcome.FIRST, Outcome.ADD, Outcome.DUP_PENDING, Outcome.DUP_DONE,
+                        Outcome.DUP_UPSTREAM, Outcome.PARENT_RESULT, Outcome.DUP_RESULT))
+# Outcomes counted as duplicates (job_duplicates).
+DUPLICATE_OUTCOMES = frozenset((Outcome.DUP_PENDING, Outcome.DUP_DONE, Outcome.DUP_UPSTREAM,
+                                Outcome.DUP_RESULT))
 
 # The rows of SlotState's decision table (p4/include/slot_state.p4), in P4 code order.
-SLOT_OUTCOMES: tuple[Outcome, ...] = tuple(o for o in Outcome if o <= Outcome.BAD_ROUND)
+SLOT_OUTCOMES: tuple[Outcome, ...] = tuple(o for o in Outcome if o <= Outcome.DUP_UPSTREAM)
 
 # SlotState's decision: the const entries of table slot_decision (p4/include/slot_state.p4),
 # entry for entry, as (key, outcome); a key is SLOT_DECISION_KEYS' bits, None for "any". The
 # reference engine (inagg/aggregator/engine_reference.py) decides each row the same: tests/test_slot_decision.py.
-SLOT_DECISION_KEYS: tuple[str, ...] = ("mine", "empty", "complete", "same_round")
+# sent_up: the switch has an uplink and all its children are in, without the parent's result.
+SLOT_DECISION_KEYS: tuple[str, ...] = ("mine", "empty", "complete", "same_round", "sent_up")
 SLOT_DECISION: tuple[tuple[tuple[int | None, ...], Outcome], ...] = (
-    ((0, 1, None, None), Outcome.FIRST),
-    ((0, 0, 0, 1), Outcome.ADD),
-    ((0, 0, 0, 0), Outcome.BAD_ROUND),
-    ((0, 0, 1, None), Outcome.STALE_ROUND),
-    ((1, None, 0, 1), Outcome.DUP_PENDING),
-    ((1, None, 1, 1), Outcome.DUP_DONE),
-    ((1, None, None, 0), Outcome.BAD_ROUND),
+    ((0, 1, None, None, None), Outcome.FIRST),
+    ((0, 0, 0, 1, 0), Outcome.ADD),
+    ((0, 0, 0, 0, 0), Outcome.BAD_ROUND),
+    ((0, 0, 1, None, None), Outcome.STALE_ROUND),
+    ((0, 0, 0, None, 1), Outcome.STALE_ROUND),
+    ((1, None, 0, 1, 0), Outcome.DUP_PENDING),
+    ((1, None, 0, 1, 1), Outcome.DUP_UPSTREAM),
+    ((1, None, 1, 1, None), Outcome.DUP_DONE),
+    ((1, None, None, 0, None), Outcome.BAD_ROUND),
 )
 
 # Bytes below the inagg header on an Ethernet/IPv4/UDP path: what each packet costs on the wire
@@ -136,6 +150,7 @@ P4_CONSTANTS: dict[str, int] = {
     "FLAG_FROM_HOST": FLAG_FROM_HOST,
     "FLAG_CONGESTION": FLAG_CONGESTION,
     "FLAG_OVERFLOW": FLAG_OVERFLOW,
+    "FLAG_FROM_SWITCH": FLAG_FROM_SWITCH,
     "EXP_NONE": EXP_NONE,
     "MAX_WORKERS": MAX_WORKERS,
     "INAGG_HEADER_BYTES": HEADER_BYTES,

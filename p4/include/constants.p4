@@ -34,6 +34,7 @@ const bit<8>  FLAG_RETRANSMIT      = 0x01; /* sender resent this packet after a 
 const bit<8>  FLAG_FROM_HOST       = 0x02; /* result computed by a host aggregator            */
 const bit<8>  FLAG_CONGESTION      = 0x04; /* ECN-style mark, ORed into the slot              */
 const bit<8>  FLAG_OVERFLOW        = 0x08; /* some worker's block was not representable       */
+const bit<8>  FLAG_FROM_SWITCH     = 0x80; /* a switch's partial sum to its parent (docs/trees.md) */
 
 /* Block exponent meaning "no value" (all-zero block, no next block). */
 const int<8>  EXP_NONE             = -128;
@@ -53,6 +54,7 @@ const bit<3>  SLOT_STALE_ROUND     = 3;    /* drop: reordered packet of a finish
 const bit<3>  SLOT_DUP_PENDING     = 4;    /* duplicate, round unfinished: drop            */
 const bit<3>  SLOT_DUP_DONE        = 5;    /* duplicate, round finished: result to sender  */
 const bit<3>  SLOT_BAD_ROUND       = 6;    /* drop: offset or count differ from the round's */
+const bit<3>  SLOT_DUP_UPSTREAM    = 7;    /* duplicate, round's sum up at the parent: resend */
 
 /* Drop reasons of an admitted job: the per-job drop counter's index is
  * job_index * DROP_REASONS + reason. */

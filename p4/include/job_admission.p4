@@ -18,12 +18,22 @@
  *   encapsulation is not the job's    -> drop DROP_BAD_ENCAP (results are sent in the
  *                                        trigger's encapsulation: one per job)
  *   msg_type != MSG_CONTRIBUTION      -> drop DROP_BAD_TYPE
- *   rank not bound to this sender     -> drop DROP_BAD_WORKER (port, IPv4, MAC, UDP port)
+ *     (a RESULT on a job with an uplink is the parent's: see below)
+ *   rank not bound to this sender     -> drop DROP_BAD_WORKER (port, IPv4, MAC, UDP port; a
+ *                                        bound rank is below MAX_WORKERS, the bitmap's width:
+ *                                        n_workers counts the ranks that complete a round, a
+ *                                        tree's switch knows its children by sparse ids)
  *   epoch != the job's epoch          -> drop DROP_STALE_EPOCH
  *   slot outside [base, base + count) -> drop DROP_BAD_SLOT
  *   payload not 0 or K values (UDP    -> drop DROP_BAD_LENGTH
  *   length; RoCE: + RETH DMA length)
  *   otherwise                         -> aggregate
+ *
+ * In an aggregation tree (docs/trees.md; TreeUplink ran first) a RESULT of a job with an uplink
+ * is the parent's: its sender must be the uplink's parent address (ingress port = up_port, IPv4,
+ * MAC and UDP source = the parent's), else DROP_BAD_WORKER; its slot must lie in the parent's
+ * range [up_slot_base, up_slot_base + count), and is then moved into this switch's numbering
+ * (meta.from_parent = 1). The other checks are the same.
  */
 #ifndef _INAGG_JOB_ADMISSION_P4_
 #define _INAGG_JOB_ADMISSION_P4_
@@ -106,19 +116,28 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
                 bad_dma_len = hdr.reth.dma_len != (bit<32>) inagg_len;
             }
             bool bound = worker_table.apply().hit;
+            bool from_parent = hdr.inagg.msg_type == MSG_RESULT && meta.has_uplink == 1;
+            bool sender_ok = bound && hdr.inagg.worker_id < MAX_WORKERS
+                             && bound_port == sm.ingress_port && bound_addr == hdr.ipv4.src_addr
+                             && bound_mac == hdr.ethernet.src_addr
+                             && (bound_udp_port == 0 || bound_udp_port == hdr.udp.src_port);
+            bit<16> base = meta.slot_base;
+            if (from_parent) {
+                sender_ok = meta.up_port == sm.ingress_port && meta.up_addr == hdr.ipv4.src_addr
+                            && meta.up_mac == hdr.ethernet.src_addr
+                            && meta.up_udp_port == hdr.udp.src_port;
+                base = meta.up_slot_base;
+            }
             if (meta.encap != meta.job_encap) {
                 drop(DROP_BAD_ENCAP);
-            } else if (hdr.inagg.msg_type != MSG_CONTRIBUTION) {
+            } else if (hdr.inagg.msg_type != MSG_CONTRIBUTION && !from_parent) {
                 drop(DROP_BAD_TYPE);
-            } else if (!bound || hdr.inagg.worker_id >= meta.n_workers
-                       || bound_port != sm.ingress_port || bound_addr != hdr.ipv4.src_addr
-                       || bound_mac != hdr.ethernet.src_addr
-                       || (bound_udp_port != 0 && bound_udp_port != hdr.udp.src_port)) {
+            } else if (!sender_ok) {
                 drop(DROP_BAD_WORKER);
             } else if (hdr.inagg.epoch != meta.epoch) {
                 drop(DROP_STALE_EPOCH);
-            } else if ((bit<16>) hdr.inagg.slot < meta.slot_base
-                       || (bit<16>) hdr.inagg.slot >= meta.slot_base + meta.slot_count) {
+            } else if ((bit<16>) hdr.inagg.slot < base
+                       || (bit<16>) hdr.inagg.slot >= base + meta.slot_count) {
                 drop(DROP_BAD_SLOT);
             } else if (sm.parser_error != error.NoError
                        || hdr.inagg.count > SWITCH_VALUES_PER_PACKET
@@ -126,6 +145,10 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
                 drop(DROP_BAD_LENGTH);
             } else {
                 meta.verdict = VERDICT_AGGREGATE;
+                if (from_parent) {
+                    meta.from_parent = 1;
+                    hdr.inagg.slot = (bit<15>) ((bit<16>) hdr.inagg.slot - base + meta.slot_base);
+                }
             }
         }
     }

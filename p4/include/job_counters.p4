@@ -5,8 +5,12 @@
  *   ------------------+------------------------------------+--------------------------------
  *   job_packets       | job_index                          | admitted-job inagg packets
  *   job_aggregated    | job_index                          | SLOT_FIRST and SLOT_ADD
- *   job_duplicates    | job_index                          | SLOT_DUP_PENDING and DUP_DONE
- *   job_results       | job_index                          | completed rounds (multicasts)
+ *   job_duplicates    | job_index                          | SLOT_DUP_PENDING, DUP_DONE and
+ *                     |                                    | DUP_UPSTREAM, a parent's result again
+ *   job_results       | job_index                          | rounds complete at this switch
+ *                     |                                    | (multicast, or sent up in a tree)
+ *
+ * In an aggregation tree a parent's result counts in job_packets only (docs/trees.md).
  *   job_drops         | job_index * DROP_REASONS + reason  | drops of the job, by DROP_*
  *   global_drops      | reason                             | drops of no job, by GLOBAL_DROP_*
  */
@@ -41,7 +45,8 @@ control JobCounters(inout headers_t hdr, inout metadata_t meta) {
             if (meta.send_result == 1) {
                 job_results.count(job);
             }
-        } else if (meta.outcome == SLOT_DUP_PENDING || meta.outcome == SLOT_DUP_DONE) {
+        } else if (meta.outcome == SLOT_DUP_PENDING || meta.outcome == SLOT_DUP_DONE
+                   || meta.outcome == SLOT_DUP_UPSTREAM || meta.dup_result == 1) {
             job_duplicates.count(job);
         }
     }

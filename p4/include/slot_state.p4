@@ -8,25 +8,45 @@
  * Decision for worker w, set s (o = the other set; "same round": the packet's offset and count
  * are the ones stored for the round in set s), the const entries of table slot_decision, row
  * for row (inagg.wire.protocol.SLOT_DECISION is the Python twin; tests/test_slot_decision.py holds
- * it to these entries and the reference engine to each row):
+ * it to these entries and the reference engine to each row). N is the job's n_workers (this
+ * switch's children); in an aggregation tree (docs/trees.md) a switch with an uplink counts the
+ * parent's result as one more, so its round is complete at N + 1 and "sent up" at N:
  *
- *   mine: bit w in | empty:         | complete:    | same_round | outcome
- *   bitmap[s]      | bitmap[s] == 0 | seen[s] == N |            |
- *   ---------------+----------------+--------------+------------+------------------------------
- *   0              | 1              | any          | any        | SLOT_FIRST: overwrite set s
- *   0              | 0              | 0            | 1          | SLOT_ADD: add, max exp, OR flags
- *   0              | 0              | 0            | 0          | SLOT_BAD_ROUND: drop
- *   0              | 0              | 1            | any        | SLOT_STALE_ROUND: drop (reordered)
- *   1              | any            | 0            | 1          | SLOT_DUP_PENDING: drop
- *   1              | any            | 1            | 1          | SLOT_DUP_DONE: stored result to w
- *   1              | any            | any          | 0          | SLOT_BAD_ROUND: drop
- *   after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o]; complete when seen == N.
+ *   mine: bit w in | empty:         | complete:   | same_round | sent_up:     | outcome
+ *   bitmap[s]      | bitmap[s] == 0 | seen[s] ==  |            | uplink and   |
+ *                  |                | N + uplink  |            | seen[s] == N |
+ *   ---------------+----------------+-------------+------------+--------------+-----------------
+ *   0              | 1              | any         | any        | any          | SLOT_FIRST: overwrite set s
+ *   0              | 0              | 0           | 1          | 0            | SLOT_ADD: add, max exp, OR flags
+ *   0              | 0              | 0           | 0          | 0            | SLOT_BAD_ROUND: drop
+ *   0              | 0              | 1           | any        | any          | SLOT_STALE_ROUND: drop (reordered)
+ *   0              | 0              | 0           | any        | 1            | SLOT_STALE_ROUND: drop (all in
+ *                  |                |             |            |              |   already: reordered)
+ *   1              | any            | 0           | 1          | 0            | SLOT_DUP_PENDING: drop
+ *   1              | any            | 0           | 1          | 1            | SLOT_DUP_UPSTREAM: the stored
+ *                  |                |             |            |              |   partial sum up again
+ *   1              | any            | 1           | 1          | any          | SLOT_DUP_DONE: stored result to w
+ *   1              | any            | any         | 0          | any          | SLOT_BAD_ROUND: drop
+ *   after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o]; when seen == N the round
+ *   leaves: multicast, or up to the parent with an uplink (UpstreamSend).
+ *
+ * A RESULT from the parent (meta.from_parent, admitted by JobAdmission) is decided apart:
+ *
+ *   same_round | complete | sent_up | action
+ *   -----------+----------+---------+-----------------------------------------------------------
+ *   0          | any      | any     | drop DROP_BAD_ROUND
+ *   1          | 1        | any     | meta.dup_result: a duplicate, dropped
+ *   1          | 0        | 1       | store it (seen = N + 1; its exponent, its flags less
+ *              |          |         | RETRANSMIT and FROM_SWITCH; ValueAggregation its values),
+ *              |          |         | multicast to the children
+ *   1          | 0        | 0       | drop DROP_STALE_ROUND: no round here waits for it
  *
  * BAD_ROUND keeps a round's result what its first contribution announced: a packet claiming
  * other values (offset) or another length (count) never joins it, nor gets its result.
  *
  * FIRST is safe: a worker starts round r+2 of a slot only after round r+1's result, which
- * needs every worker's round r+1, and each of those cleared the worker's bit in set s.
+ * needs every worker's round r+1, and each of those cleared the worker's bit in set s; in a
+ * tree, level by level.
  */
 #ifndef _INAGG_SLOT_STATE_P4_
 #define _INAGG_SLOT_STATE_P4_
@@ -49,9 +69,18 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
     bit<1> empty = 0;
     bit<1> complete = 0;
     bit<1> same_round = 0;
+    bit<1> sent_up = 0;
 
     action set_outcome(bit<3> outcome) {
         meta.outcome = outcome;
+    }
+
+    /* The round stored in set idx, for the packet that leaves (result or partial sum). */
+    action read_result(bit<32> idx) {
+        slot_flags.read(meta.res_flags, idx);
+        slot_exp.read(meta.res_exp, idx);
+        slot_count.read(meta.res_count, idx);
+        slot_offset.read(meta.res_offset, idx);
     }
 
     /* The table above; the entries cover every key, so the default is never taken. */
@@ -61,20 +90,31 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
             empty: ternary @name("empty");
             complete: ternary @name("complete");
             same_round: ternary @name("same_round");
+            sent_up: ternary @name("sent_up");
         }
         actions = { set_outcome; NoAction; }
         const default_action = NoAction();
-        size = 7;
+        size = 9;
         const entries = {
-            /* mine, empty, complete, same_round */
-            (0, 1, _, _): set_outcome(SLOT_FIRST);
-            (0, 0, 0, 1): set_outcome(SLOT_ADD);
-            (0, 0, 0, 0): set_outcome(SLOT_BAD_ROUND);
-            (0, 0, 1, _): set_outcome(SLOT_STALE_ROUND);
-            (1, _, 0, 1): set_outcome(SLOT_DUP_PENDING);
-            (1, _, 1, 1): set_outcome(SLOT_DUP_DONE);
-            (1, _, _, 0): set_outcome(SLOT_BAD_ROUND);
+            /* mine, empty, complete, same_round, sent_up */
+            (0, 1, _, _, _): set_outcome(SLOT_FIRST);
+            (0, 0, 0, 1, 0): set_outcome(SLOT_ADD);
+            (0, 0, 0, 0, 0): set_outcome(SLOT_BAD_ROUND);
+            (0, 0, 1, _, _): set_outcome(SLOT_STALE_ROUND);
+            (0, 0, 0, _, 1): set_outcome(SLOT_STALE_ROUND);
+            (1, _, 0, 1, 0): set_outcome(SLOT_DUP_PENDING);
+            (1, _, 0, 1, 1): set_outcome(SLOT_DUP_UPSTREAM);
+            (1, _, 1, 1, _): set_outcome(SLOT_DUP_DONE);
+            (1, _, _, 0, _): set_outcome(SLOT_BAD_ROUND);
         }
+    }
+
+    /* The parent's result into set idx (the second table above). */
+    action store_parent_result(bit<32> idx) {
+        slot_seen.write(idx, meta.n_workers + 1);
+        slot_flags.write(idx, hdr.inagg.flags & ~(FLAG_RETRANSMIT | FLAG_FROM_SWITCH));
+        slot_exp.write(idx, (bit<8>) hdr.inagg.exp);
+        meta.send_result = 1;
     }
 
     apply {
@@ -113,11 +153,31 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
         if (bitmap == 0) {
             empty = 1;
         }
-        if (seen == meta.n_workers) {
+        if (seen == meta.n_workers + (bit<8>) meta.has_uplink) {
             complete = 1;
+        }
+        if (meta.has_uplink == 1 && seen == meta.n_workers) {
+            sent_up = 1;
         }
         if (round_offset == hdr.inagg.offset && round_count == hdr.inagg.count) {
             same_round = 1;
+        }
+        meta.send_result = 0;
+        meta.send_up = 0;
+        if (meta.from_parent == 1) {
+            if (same_round == 0) {
+                meta.verdict = VERDICT_DROP;
+                meta.drop_reason = DROP_BAD_ROUND;
+            } else if (complete == 1) {
+                meta.dup_result = 1;
+            } else if (sent_up == 1) {
+                store_parent_result(idx);
+                read_result(idx);
+            } else {
+                meta.verdict = VERDICT_DROP;
+                meta.drop_reason = DROP_STALE_ROUND;
+            }
+            return;
         }
         slot_decision.apply();
 
@@ -148,15 +208,14 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
             slot_bitmap.write(other, other_bitmap & ~me);
         }
 
-        meta.send_result = 0;
-        if (meta.outcome == SLOT_DUP_DONE
-            || ((meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD)
-                && seen == meta.n_workers)) {
+        bool round_done = (meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD)
+                          && seen == meta.n_workers;
+        if (meta.outcome == SLOT_DUP_DONE || meta.outcome == SLOT_DUP_UPSTREAM || round_done) {
             meta.send_result = 1;
-            slot_flags.read(meta.res_flags, idx);
-            slot_exp.read(meta.res_exp, idx);
-            slot_count.read(meta.res_count, idx);
-            slot_offset.read(meta.res_offset, idx);
+            read_result(idx);
+        }
+        if (meta.outcome == SLOT_DUP_UPSTREAM || (round_done && meta.has_uplink == 1)) {
+            meta.send_up = 1;
         }
         if (meta.outcome == SLOT_STALE_ROUND) {
             meta.verdict = VERDICT_DROP;

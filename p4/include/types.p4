@@ -51,6 +51,21 @@ struct metadata_t {
     bit<2>  encap;            /* parser: ENCAP_* of an inagg packet, 0 for other traffic */
     bit<2>  job_encap;        /* the admitted job's ENCAP_* */
     bit<16> replica;          /* result for rank replica - 1 (0: none); egress_rid or unicast */
+    /* Aggregation trees (docs/trees.md): the job's uplink_table entry (TreeUplink)... */
+    bit<1>  has_uplink;       /* this switch sends its partial sums to a parent */
+    bit<9>  up_port;
+    bit<8>  up_rank;          /* this switch's child index at the parent */
+    bit<16> up_slot_base;     /* the job's first slot on the parent */
+    bit<48> up_mac;           /* the parent's aggregator address */
+    bit<32> up_addr;
+    bit<16> up_udp_port;
+    bit<48> up_src_mac;       /* this switch's aggregator address, which its children use */
+    bit<32> up_src_addr;
+    bit<16> up_src_udp_port;
+    /* ...and what admission and SlotState decided. */
+    bit<1>  from_parent;      /* an admitted RESULT from the parent */
+    bit<1>  dup_result;       /* the parent's result again, already stored: a duplicate */
+    bit<1>  send_up;          /* the packet leaves as a contribution to the parent */
 }
 
 #endif /* _INAGG_TYPES_P4_ */

@@ -6,9 +6,13 @@
  *   SLOT_FIRST       | = packet                   | unchanged (the sum so far)
  *   SLOT_ADD         | += packet (int32 wrap)     | = the new sum
  *   SLOT_DUP_DONE    | unchanged                  | = the stored sum (the result)
+ *   SLOT_DUP_UPSTREAM| unchanged                  | = the stored partial sum (to the parent)
+ *   parent's result, | = packet                   | unchanged (the result, sent down)
+ *   stored           |                            |
  *   other            | unchanged                  | unchanged (the packet is dropped)
  *
- * So when a round completes, the completing packet already carries the full sum.
+ * So when a round completes, the completing packet already carries the full sum (or this
+ * switch's partial sum, in an aggregation tree: docs/trees.md).
  * Header-only packets (count == 0, exponent priming) have no values and touch nothing.
  */
 #ifndef _INAGG_VALUE_AGGREGATION_P4_
@@ -37,11 +41,11 @@ control ValueAggregation(inout headers_t hdr, inout metadata_t meta) {
         if (!hdr.values[0].isValid()) {
             return;
         }
-        if (meta.outcome == SLOT_FIRST) {
+        if (meta.outcome == SLOT_FIRST || (meta.from_parent == 1 && meta.send_result == 1)) {
             store_values();
         } else if (meta.outcome == SLOT_ADD) {
             add_values();
-        } else if (meta.outcome == SLOT_DUP_DONE) {
+        } else if (meta.outcome == SLOT_DUP_DONE || meta.outcome == SLOT_DUP_UPSTREAM) {
             load_values();
         }
     }
