@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from inagg.pytorch.agreement import StoreMin
 from inagg.worker.communicator import Communicator, ReduceOp
+from inagg.worker.host_communicator import HostCommunicator, HostGroup, open_host_group
 from inagg.errors import InaggError, InaggSetupError
 from inagg.worker.local import Endpoint, find_endpoint
 from inagg.pytorch.path_choice import PATHS, PathChooser
@@ -210,12 +211,15 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
         self._local_store = dist.PrefixStore("local", store)
         self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size, timeout)
-        self.comm: Communicator | None = None
-        self.lane: Communicator | None = None
+        self.comm: Communicator | HostCommunicator | None = None
+        self.lane: Communicator | HostCommunicator | None = None
+        self.host: HostGroup | None = None   # this host's ranks reduce together first (worker.host_reduce)
         try:
+            self.host = open_host_group(dist.PrefixStore("host", store), rank, world_size, timeout)
             self.comm = self._join(store, "comm", timeout)
-            # every rank sees the same first grant (a change needs every rank's agreement)
-            if self.comm.grant.mode == "switch":
+            # every rank sees the same first grant (a change needs every rank's agreement); a job
+            # on one host sends nothing between hosts, so a lane would be the same path again
+            if self.comm.grant.mode == "switch" and (self.host is None or self.host.n_hosts > 1):
                 self.lane = self._join(store, "comm-host", timeout, host_only=True)
         except Exception as e:
             self._leave(timeout=0)
@@ -244,11 +248,16 @@ class InaggProcessGroup(dist.ProcessGroup):
                  self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
                  self.endpoint.bind_ip)
 
-    def _join(self, store: dist.Store, prefix: str, timeout: timedelta, **kwargs) -> Communicator:
-        """This rank's communicator of a job at the endpoint's controller (rank 0 creates it)."""
-        return Communicator(dist.PrefixStore(prefix, store), self.rank(), self.size(), self.endpoint.controller,
-                            bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
-                            name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
+    def _join(self, store: dist.Store, prefix: str, timeout: timedelta,
+              **kwargs) -> Communicator | HostCommunicator:
+        """This rank's communicator of a job at the endpoint's controller (rank 0 creates it):
+        every rank a worker, or each host's leader when the host reduces first."""
+        def join(rank: int, size: int) -> Communicator:
+            return Communicator(dist.PrefixStore(prefix, store), rank, size, self.endpoint.controller,
+                                bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
+                                name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
+
+        return join(self.rank(), self.size()) if self.host is None else HostCommunicator(self.host, join)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -446,6 +455,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         for comm in (self.lane, self.comm):
             if comm is not None:
                 comm.close()
+        if self.host is not None:
+            self.host.close()
         self.endpoint.close(self._local_store, self.rank(), self.size(), timeout=timeout)
         self._release_gloo()
 
