@@ -5,7 +5,7 @@ torchrun or by a test (env:// rendezvous: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_
 one-round sizes to several MiB, blocks of very different magnitudes and all-zero blocks, AVG,
 int32 that wraps; float32 calls of at most LARGEST values), each rank's inputs seeded by its
 rank (``inputs``); writes the results to
-OUT_DIR/rank<R>.npz and the process group's stats to OUT_DIR/rank<R>.json.
+OUT_DIR/rank<R>.npz and the process group's stats (and its grant's K) to OUT_DIR/rank<R>.json.
 
 ``python tests/host_reduce_rank.py OUT_DIR loop``: allreduces until an error, then prints
 ``error TIME TYPE: MESSAGE`` (TIME: time.time()) on stdout; prints ``ready`` once the group is up.
@@ -46,7 +46,7 @@ def exact(out_dir: str, rank: int, largest: int) -> None:
         results[name] = tensor.numpy()
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(dist.group.WORLD.stats(), f, default=str)
+        json.dump(dist.group.WORLD.stats() | {"k": dist.group.WORLD.comm.grant.values_per_packet}, f, default=str)
 
 
 def loop() -> None:

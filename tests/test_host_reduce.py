@@ -5,19 +5,21 @@ bitmap on a few hosts, and a killed rank named on every rank."""
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inagg.wire import codec
-from inagg.wire.protocol import MAX_WORKERS, SWITCH_VALUES_PER_PACKET
+from inagg.wire.protocol import MAX_WORKERS
 from inagg.worker.stream import one_round_capacity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +50,7 @@ def _torchrun(out: Path, ranks: int, **env: str) -> list[dict]:
 
 
 def _results(out: Path, rank: int) -> dict:
+    """A rank's results and, under "stats", its stats and grant's K (its JSON)."""
     with np.load(out / f"rank{rank}.npz") as z:
         arrays = {name: z[name] for name in z.files}
     return arrays | {"stats": json.loads((out / f"rank{rank}.json").read_text())}
@@ -110,20 +113,59 @@ def test_four_local_ranks_give_the_switch_paths_bits_with_no_packet_between_them
     assert all(r["stats"]["inagg"]["packets_sent"] > 0 and "host_reduce" not in r["stats"]["inagg"] for r in switch)
 
 
+def _rank_on_host(rank: int, hosts: list[int], info: dict, store_path: str, out: Path, largest: int) -> None:
+    """One rank of a job of ``len(hosts)`` through ``HostCommunicator`` (what the backend's
+    ranks use), its host set by INAGG_HOST_ID: the exact series, results to OUT/rank<R>.npz."""
+    import torch.distributed as dist
+
+    from inagg.worker.communicator import Communicator
+    from inagg.worker.host_communicator import HostCommunicator, open_host_group
+
+    os.environ["INAGG_HOST_ID"] = f"test-host-{hosts[rank]}"
+    store = dist.FileStore(store_path, len(hosts))
+    group = open_host_group(dist.PrefixStore("host", store), rank, len(hosts), timedelta(seconds=300))
+
+    def join(host: int, n_hosts: int) -> Communicator:
+        return Communicator(dist.PrefixStore("comm", store), host, n_hosts, info["controller"],
+                            bind_ip=info["worker_ips"][host], timeout=300)
+
+    comm = HostCommunicator(group, join)
+    results = {name: comm.allreduce(tensor, op).numpy() for name, tensor, op in inputs(rank, largest)}
+    np.savez(out / f"rank{rank}.npz", **results)
+    (out / f"rank{rank}.json").write_text(json.dumps({"inagg": comm.stats(), "k": comm.grant.values_per_packet}))
+    comm.close()
+    group.close()
+
+
 def test_a_job_of_more_ranks_than_the_switch_bitmap_runs_on_few_hosts(tmp_path):
-    """MAX_WORKERS + 2 ranks on 2 hosts: the switch sees 2 workers (the hosts' leaders), and
-    every rank gets the switch path's sums of all the ranks (its specification, switch_sum)."""
+    """MAX_WORKERS + 2 ranks on 2 hosts (processes forked from this one: no import each):
+    the switch sees 2 workers (the hosts' leaders), and every rank gets the switch path's sums
+    of all the ranks (its specification, ``switch_sum``)."""
+    from inagg.worker.local import LocalServices
+
     hosts = [0] * (MAX_WORKERS // 2 + 1) + [1] * (MAX_WORKERS // 2 + 1)
     largest = 65536 + 7
-    procs = _spawn(tmp_path, "exact", hosts, str(largest))
-    for p in procs:
-        _, err = p.communicate(timeout=400)
-        assert p.returncode == 0, err[-4000:]
+    services = LocalServices(2, 120)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_rank_on_host, args=(r, hosts, services.info, str(tmp_path / "store"), tmp_path,
+                                                     largest)) for r in range(len(hosts))]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(240)
+        assert [p.exitcode for p in procs] == [0] * len(hosts)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        services.close()
     calls = [inputs(r, largest) for r in range(len(hosts))]
-    leader = _results(tmp_path, 0)["stats"]["inagg"]
+    stats = _results(tmp_path, 0)["stats"]
+    leader = stats["inagg"]
     assert leader["hosts"] == 2 and leader["packets_sent"] > 0 and leader["mode"] == "switch"
-    for i, (name, _, op) in enumerate(calls[0]):
-        want = switch_sum([c[i][1].numpy() for c in calls], SWITCH_VALUES_PER_PACKET, average=name == "avg")
+    for i, (name, _, _) in enumerate(calls[0]):
+        want = switch_sum([c[i][1].numpy() for c in calls], stats["k"], average=name == "avg")
         for rank in (0, 1, len(hosts) // 2, len(hosts) - 1):
             assert _same_bits(_results(tmp_path, rank)[name], want), (rank, name)
 
