@@ -196,3 +196,45 @@ def test_a_killed_local_rank_is_named_on_every_rank_within_10_s(tmp_path, victim
                 p.kill()
             p.wait()
     assert not {n for n in _shm_names() - shm_before if "inagg" in n}
+
+
+def test_a_refused_or_mismatched_call_fails_on_every_rank_and_the_next_is_exact():
+    """Three ranks of one host (threads of this process) with their own deployment: sizes that
+    differ, a float64 tensor and an inf fail the call on every rank with the same error naming
+    the ranks (the inf's block keeps each rank's values, the others are summed, as on the switch
+    path); the next call is exact."""
+    import torch
+    import torch.distributed as dist
+
+    from inagg.emulation.loopback import LoopbackDeployment
+    from inagg.worker.communicator import Communicator
+    from inagg.worker.host_communicator import HostCommunicator, open_host_group
+    from inagg.worker.stream import CallRefused
+    from test_training import on_ranks
+
+    store = dist.HashStore()
+    with LoopbackDeployment(1) as dep:
+        def make(rank: int) -> HostCommunicator:
+            group = open_host_group(dist.PrefixStore("host", store), rank, 3, timedelta(seconds=60))
+            return HostCommunicator(group, lambda h, n: Communicator(dist.PrefixStore("comm", store), h, n,
+                                                                     dep.controller, bind_ip=dep.worker_ips[h]))
+
+        comms = on_ranks(make, 3, 120)
+        try:
+            k = comms[0].grant.values_per_packet
+            sizes = on_ranks(lambda r: comms[r].allreduce(torch.ones(10 + (r == 2))), 3, 60, return_errors=True)
+            assert all(isinstance(e, CallRefused) and "rank 2: 11 x float32" in str(e) for e in sizes), sizes
+            dtype = on_ranks(lambda r: comms[r].allreduce(torch.ones(10, dtype=torch.float64 if r == 1 else None)),
+                             3, 60, return_errors=True)
+            assert all(isinstance(e, CallRefused) and "rank 1 passed a float64 tensor" in str(e) for e in dtype), dtype
+            xs = [torch.full((3 * k,), r + 1.0) for r in range(3)]
+            xs[1][k + 5] = float("inf")
+            inf = on_ranks(lambda r: comms[r].allreduce(xs[r]), 3, 60, return_errors=True)
+            assert all(isinstance(e, FloatingPointError) and f"first at element {k}" in str(e) for e in inf), inf
+            for r, x in enumerate(xs):
+                assert x[:k].eq(6).all() and x[2 * k:].eq(6).all()
+                assert x[k:2 * k].eq(r + 1.0).sum() == k - (r == 1)
+            exact = on_ranks(lambda r: comms[r].allreduce(torch.full((5000,), r + 1.0)), 3, 60)
+            assert all(x.eq(6.0).all() for x in exact)
+        finally:
+            on_ranks(lambda r: (comms[r].close(), comms[r].group.close()), 3, 60)

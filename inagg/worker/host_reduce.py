@@ -265,7 +265,7 @@ class HostReduce:
             self._gather(c, self._write(c), cross)
             overflow = self._reduce(c, cross)
         except Exception as e:
-            self._tell(_ERROR, c, e)
+            self._tell(c, e)
             raise
         k_next = comm.grant.values_per_packet if comm is not None else c.k
         self._broadcast(Message(_RESULT, c.call, 0, 0, k_next, overflow))
@@ -276,14 +276,14 @@ class HostReduce:
         for link in self.links.values():
             link.send(m)
 
-    def _tell(self, kind: int, c: _Call, e: Exception) -> None:
+    def _tell(self, c: _Call, e: Exception) -> None:
         """Every live rank of the host gets the call's error (the dead one cannot)."""
         index = next((i for i, t in enumerate(_ERRORS) if isinstance(e, t)), len(_ERRORS) - 1)
         text = str(e) if index < len(_ERRORS) - 1 or isinstance(e, InaggError) else f"{type(e).__name__}: {e}"
         for link in self.links.values():
             if not (isinstance(e, RankDied) and link.rank == e.rank):
                 try:
-                    link.send(Message(kind, c.call, index, getattr(e, "rank", 0), 0, text))
+                    link.send(Message(_ERROR, c.call, index, getattr(e, "rank", 0), 0, text))
                 except RankDied:
                     pass
 
