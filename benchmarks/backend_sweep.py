@@ -255,10 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-reps", type=int, default=200, help="most repetitions per size and job")
     p.add_argument("--quick", action="store_true",
                    help=f"sizes {', '.join(map(human, QUICK_SIZES))} only, a sixth of the time")
+    p.add_argument("--sizes", type=int, nargs="+", help="these sizes (bytes) instead, each with --seconds")
+    p.add_argument("--name", default="backend_sweep", help="the results' file names in benchmarks/results/")
     args = p.parse_args(argv)
     sizes, seconds = (QUICK_SIZES, args.seconds / 6) if args.quick else (FULL_SIZES, args.seconds)
-    if not (seconds > 0 and args.jobs >= 1 and 1 <= args.min_reps <= args.max_reps):
-        p.error("--seconds must be > 0, --jobs >= 1 and 1 <= --min-reps <= --max-reps")
+    if args.sizes:
+        sizes = tuple(args.sizes)
+    if not (seconds > 0 and args.jobs >= 1 and 1 <= args.min_reps <= args.max_reps and min(sizes) >= 4):
+        p.error("--seconds must be > 0, --jobs >= 1, 1 <= --min-reps <= --max-reps and --sizes >= 4 bytes")
     reps = (seconds / args.jobs, args.min_reps, args.max_reps)
     for k in [k for k in os.environ if k.startswith("INAGG_")]:
         del os.environ[k]   # the backend's zero-setup default, automatic path choice
@@ -275,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['job_ratios']:>17} {r['gloo_vs_gloo']:>9.2f} "
                   f"{r['ratio_of_medians']:>10.2f} {r['ratio_of_means']:>8.2f}  "
                   f"{'/'.join(str(r[f'{p}_calls']) for p in PATHS):<21} {r['load1']}", flush=True)
-    with open(RESULTS / "backend_sweep.csv", "w", newline="") as f:
+    with open(RESULTS / f"{args.name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{worst['workers']} workers, {human(worst['bytes'])} (target <= {TARGET}); "
           f"{sum(r['ratio'] <= TARGET for r in rows)} of {len(rows)} points <= {TARGET}; gloo / gloo control "
           f"{min(control):.3f}-{max(control):.3f}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    plot(rows, RESULTS / "backend_sweep.png")
+    plot(rows, RESULTS / f"{args.name}.png")
     return 0
 
 

@@ -232,6 +232,7 @@ void translate_os_error(const std::exception_ptr& error, void*) {
 void bind_switch(nb::module_& m);  // switch_bindings.cpp
 namespace inagg {
 void bind_stream(nb::module_& m);  // stream_bindings.cpp
+void bind_host_reduce(nb::module_& m);  // host_reduce.cpp
 }
 
 NB_MODULE(_native, m) {
@@ -244,4 +245,5 @@ NB_MODULE(_native, m) {
     bind_host_loop(m);
     bind_switch(m);
     inagg::bind_stream(m);
+    inagg::bind_host_reduce(m);
 }

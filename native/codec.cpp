@@ -232,6 +232,24 @@ void dequantize_blocks(const int32_t* q, size_t n, size_t block, const int8_t* e
                          false, f, element_at(y, f, i));
 }
 
+INAGG_VALUE_LOOP void quantize_add(const float* x, size_t n, int exp, int shift, int32_t* acc) {
+    if (exp == kExpNone) return;
+    const double scale = std::ldexp(1.0, shift - exp);
+    for (size_t i = 0; i < n; ++i) {
+        auto q = static_cast<uint32_t>(round_to_int(static_cast<double>(x[i]) * scale));
+        acc[i] = static_cast<int32_t>(static_cast<uint32_t>(acc[i]) + q);
+    }
+}
+
+INAGG_VALUE_LOOP void dequantize_div(const int32_t* q, size_t n, int exp, int shift, float divisor, float* y) {
+    if (exp == kExpNone) {
+        std::fill(y, y + n, 0.0f);
+        return;
+    }
+    const double scale = std::ldexp(1.0, exp - shift);
+    for (size_t i = 0; i < n; ++i) y[i] = static_cast<float>(static_cast<double>(q[i]) * scale) / divisor;
+}
+
 }  // namespace inagg
 
 // -- exact fixed point (inagg/wire/codec.py: fixed_encode, fixed_decode, round_to_float32) --------

@@ -46,6 +46,14 @@ void quantize_blocks(const void* x, Format f, size_t n, size_t block, const int8
 void dequantize_blocks(const int32_t* q, size_t n, size_t block, const int8_t* exps, int shift, float divisor,
                        Format f, void* y);
 
+// acc[i] += rint(x[i] * 2**(shift - exp)) (nothing for kExpNone), wrapping as the switch's int32
+// sum: the host-local reduce adds its ranks' quantized values as the switch would.
+void quantize_add(const float* x, size_t n, int exp, int shift, int32_t* acc);
+
+// y[i] = float32(q[i] * 2**(exp - shift)) / divisor (a float32 division; divisor 1: none), zero
+// for kExpNone; native-endian int32 sums (the host-local reduce's).
+void dequantize_div(const int32_t* q, size_t n, int exp, int shift, float divisor, float* y);
+
 // Exact fixed point (inagg/wire/codec.py documents it): a float32 is x * 2**149, an integer below
 // 2**(kExpMax + 149), split into signed limbs of limb_bits(N) bits, one per int32 lane.
 int limb_bits(int n_workers);

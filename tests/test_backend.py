@@ -61,7 +61,9 @@ def gloo_runs(tmp_path_factory):
 
 
 def test_ddp_trains_on_the_inagg_backend_with_nothing_started_by_hand(tmp_path, gloo_runs):
-    run = torchrun(tmp_path, "inagg", env={"INAGG_ALLREDUCE_PATH": "inagg"})
+    # every rank a switch worker: the host-local reduce would leave the switch nothing to do
+    # on one machine (tests/test_host_reduce.py)
+    run = torchrun(tmp_path, "inagg", env={"INAGG_ALLREDUCE_PATH": "inagg", "INAGG_HOST_REDUCE": "off"})
     stats = run["stats"]
     # every eligible allreduce (DDP's buckets, the loss metric) went through the switch...
     assert stats["allreduce_paths"] == {"inagg": 40} and stats["inagg"]["mode"] == "switch"
@@ -77,7 +79,7 @@ def test_ddp_trains_on_the_inagg_backend_with_nothing_started_by_hand(tmp_path, 
 def test_calls_take_the_host_lane_beside_the_switch(tmp_path, gloo_runs):
     """A job on the switch also has the host aggregator (its host lane): every call pinned to
     it trains exactly as gloo does, while the job's grant stays on the switch."""
-    run = torchrun(tmp_path, "lane", env={"INAGG_ALLREDUCE_PATH": "host"})
+    run = torchrun(tmp_path, "lane", env={"INAGG_ALLREDUCE_PATH": "host", "INAGG_HOST_REDUCE": "off"})
     stats = run["stats"]
     assert stats["allreduce_paths"] == {"host": 40}
     assert stats["path_model"]["paths"] == ["inagg", "host", "gloo"]

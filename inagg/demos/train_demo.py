@@ -272,7 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     tensor_bytes = 4 * sum(p.size for p in run.params) * run.steps
     print(f"final test accuracy: inagg {100 * acc:.2f}%  gloo {100 * base_acc:.2f}%  "
           f"(difference {100 * abs(acc - base_acc):.2f} points)")
+    print("the paths of the calls (every rank a worker of the job: the DDP hook's own Communicator, not the "
+          "backend's host-local reduce):")
     for r, s in enumerate(run.stats):
+        path = "the switch" if s["mode"] == "switch" else "the host aggregator"
+        where = (f"all on {path}" if not s["grant_changes"] else
+                 f"on the switch and the host aggregator ({s['grant_changes']} grant change(s), the last to {path})")
+        print(f"  rank {r}: {s['allreduces']} allreduce calls, {where}")
         print(f"  rank {r}: {s['mode']} mode (epoch {s['epoch']}, {s['grant_changes']} grant change(s)), "
               f"{s['wire_bytes_sent'] / 1e6:.2f} MB sent = {s['wire_bytes_sent'] / tensor_bytes:.3f} x gradient "
               f"bytes, {s['retransmissions']} retransmissions, {run.seconds / run.steps * 1e3:.1f} ms/step")

@@ -53,11 +53,12 @@ import torch.distributed as dist
 
 from inagg.pytorch.agreement import StoreMin
 from inagg.worker.communicator import Communicator, ReduceOp
+from inagg.worker.host_communicator import HostCommunicator, HostGroup, open_host_group
 from inagg.errors import InaggError, InaggSetupError
 from inagg.worker.local import Endpoint, find_endpoint
 from inagg.pytorch.path_choice import PATHS, PathChooser
 from inagg.pytorch.reproducible import FixedPointGloo
-from inagg.worker.stream import Reduction
+from inagg.worker.stream import Reduction, one_round_capacity
 from inagg.pytorch.path_links import job_links
 from inagg import BACKEND_NAME
 
@@ -291,13 +292,18 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._gloo_group = _gloo_group(self._gloo, store, rank, world_size)
         self._local_store = dist.PrefixStore("local", store)
         self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size)
-        self.comm: Communicator | None = None
-        self.lane: Communicator | None = None
+        self.comm: Communicator | HostCommunicator | None = None
+        self.lane: Communicator | HostCommunicator | None = None
+        self.host: HostGroup | None = None   # this host's ranks reduce together first (worker.host_reduce)
         self._fixed: FixedPointGloo | None = None
         try:
+            self.host = open_host_group(dist.PrefixStore("host", store), rank, world_size, timeout)
             self.comm = self._join(store, "comm", timeout)
-            # every rank sees the same first grant (a change needs every rank's agreement)
-            if self.comm.grant.mode == "switch":
+            # every rank sees the same first grant (a change needs every rank's agreement); a job
+            # on one host sends nothing between hosts, so a lane would be the same path again; a
+            # host reduce sums in its own grant's blocks, so same bits on every path allow one grant
+            if self.comm.grant.mode == "switch" and (self.host is None or (
+                    self.host.n_hosts > 1 and not _reproducible_requested())):
                 self.lane = self._join(store, "comm-host", timeout, host_only=True)
             self._fixed = self._reproducible(store, timeout)
         except Exception as e:
@@ -330,11 +336,16 @@ class InaggProcessGroup(dist.ProcessGroup):
                  self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
                  self.endpoint.bind_ip)
 
-    def _join(self, store: dist.Store, prefix: str, timeout: timedelta, **kwargs) -> Communicator:
-        """This rank's communicator of a job at the endpoint's controller (rank 0 creates it)."""
-        return Communicator(dist.PrefixStore(prefix, store), self.rank(), self.size(), self.endpoint.controller,
-                            bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
-                            name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
+    def _join(self, store: dist.Store, prefix: str, timeout: timedelta,
+              **kwargs) -> Communicator | HostCommunicator:
+        """This rank's communicator of a job at the endpoint's controller (rank 0 creates it):
+        every rank a worker, or each host's leader when the host reduces first."""
+        def join(rank: int, size: int) -> Communicator:
+            return Communicator(dist.PrefixStore(prefix, store), rank, size, self.endpoint.controller,
+                                bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
+                                name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
+
+        return join(self.rank(), self.size()) if self.host is None else HostCommunicator(self.host, join)
 
     def _reproducible(self, store: dist.Store, timeout: timedelta) -> FixedPointGloo | None:
         """Unless ``INAGG_REPRODUCIBLE=0``: one ``Reduction`` for every path, so a float call
@@ -346,9 +357,11 @@ class InaggProcessGroup(dist.ProcessGroup):
             return None
         comms = [c for c in (self.comm, self.lane) if c is not None]
         reduction = Reduction(block=math.lcm(*(c.grant.values_per_packet for c in comms)),
-                              exact_limit=max(0, min(c.stream.one_round_capacity(True) for c in comms)))
+                              exact_limit=max(0, min(one_round_capacity(c.grant.values_per_packet, self.size(), True)
+                                                     for c in comms)))
         for comm in comms:
-            comm.stream.reduction = reduction
+            if isinstance(comm, Communicator):   # a HostCommunicator sums in its grant's blocks
+                comm.stream.reduction = reduction
         return FixedPointGloo(dist.PrefixStore("gloo-fixed", store), self.rank(), self.size(), timeout, reduction)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -643,6 +656,8 @@ class InaggProcessGroup(dist.ProcessGroup):
                 comm.close()
         if self._fixed is not None:
             self._fixed.close()
+        if self.host is not None:
+            self.host.close()
         self.endpoint.close(self._local_store, self.rank(), self.size(), timeout=timeout)
         self._release_gloo()
 

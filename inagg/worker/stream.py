@@ -642,6 +642,14 @@ def is_burst(backoffs: int, window: int) -> bool:
     return backoffs >= max(2, window // 2)
 
 
+def one_round_capacity(values_per_packet: int, n_workers: int, is_float: bool) -> int:
+    """The most values of a call of ``n_workers`` that ride in the control packet's spare lanes
+    (K - 2N of them, after the control vector): one lane per int32 value, ``codec.fixed_limbs``
+    per float32 value (an exact fixed-point encoding, so no exponent needs agreeing first)."""
+    spare = max(0, values_per_packet - 2 * n_workers)
+    return spare // codec.fixed_limbs(n_workers) if is_float else spare
+
+
 def overflow_error(chunks: list[int], k: int) -> FloatingPointError:
     return FloatingPointError(
         f"allreduce input holds inf/NaN or |x| >= 2**127 on some rank: {len(chunks)} block(s) "
@@ -739,11 +747,8 @@ class StreamBase:
         return x
 
     def one_round_capacity(self, is_float: bool) -> int:
-        """The most values of a call that ride in the control packet's spare lanes (K - 2N of
-        them, after the control vector): one lane per int32 value, ``codec.fixed_limbs`` per
-        float32 value (an exact fixed-point encoding, so no exponent needs agreeing first)."""
-        spare = self.grant.values_per_packet - 2 * self.n_workers
-        return spare // codec.fixed_limbs(self.n_workers) if is_float else spare
+        """This stream's ``one_round_capacity``."""
+        return one_round_capacity(self.grant.values_per_packet, self.n_workers, is_float)
 
     def _control_lanes(self, spec: CallSpec, riding: np.ndarray | None) -> tuple[np.ndarray, int]:
         """The control packet's K lanes (this rank's control words, then the values of the call

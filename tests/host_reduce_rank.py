@@ -1,0 +1,77 @@
+"""One rank of a job on the ``inagg`` backend, for the host-local reduce's tests: started by
+torchrun or by a test (env:// rendezvous: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+
+``python tests/host_reduce_rank.py OUT_DIR exact [LARGEST]``: a fixed series of allreduces (float32 from
+one-round sizes to several MiB, blocks of very different magnitudes and all-zero blocks, AVG,
+int32 that wraps; float32 calls of at most LARGEST values), each rank's inputs seeded by its
+rank (``inputs``); writes the results to
+OUT_DIR/rank<R>.npz and the process group's stats (and its grant's K) to OUT_DIR/rank<R>.json.
+
+``python tests/host_reduce_rank.py OUT_DIR loop``: allreduces until an error, then prints
+``error TIME TYPE: MESSAGE`` (TIME: time.time()) on stdout; prints ``ready`` once the group is up.
+"""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+SIZES = (3, 5, 100, 4099, 65536 + 7, 3 << 20)
+
+
+def inputs(rank: int, largest: int) -> list[tuple[str, torch.Tensor, dist.ReduceOp]]:
+    rng = np.random.default_rng(rank)
+    calls = []
+    for n in (n for n in SIZES if n <= largest):
+        x = rng.standard_normal(n).astype(np.float32)
+        x *= np.float32(2.0) ** rng.integers(-30, 30, size=n).astype(np.float32)   # magnitudes apart
+        x[n // 2: n // 2 + min(n // 4, 200)] = 0                                    # zero blocks
+        calls.append((f"float{n}", torch.from_numpy(x), dist.ReduceOp.SUM))
+    calls.append(("avg", torch.from_numpy(rng.standard_normal(5000).astype(np.float32)), dist.ReduceOp.AVG))
+    ints = rng.integers(-2**31, 2**31, size=70000, dtype=np.int64).astype(np.int32)   # sums wrap
+    calls.append(("int", torch.from_numpy(ints), dist.ReduceOp.SUM))
+    return calls
+
+
+def exact(out_dir: str, rank: int, largest: int) -> None:
+    results = {}
+    for name, tensor, op in inputs(rank, largest):
+        dist.all_reduce(tensor, op=op)
+        results[name] = tensor.numpy()
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(dist.group.WORLD.stats() | {"k": dist.group.WORLD.comm.grant.values_per_packet}, f, default=str)
+
+
+def loop() -> None:
+    print("ready", flush=True)
+    x = torch.ones(1 << 16)
+    while True:
+        try:
+            dist.all_reduce(x)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            print(f"error {time.time():.3f} {type(e).__name__}: {e}", flush=True)
+            os._exit(1)   # the group cannot be shut down cleanly with a rank gone
+        time.sleep(0.01)
+
+
+def main() -> int:
+    out_dir, what = sys.argv[1:3]
+    dist.init_process_group("inagg")
+    rank = dist.get_rank()
+    if what == "exact":
+        exact(out_dir, rank, int(sys.argv[3]) if len(sys.argv) > 3 else max(SIZES))
+    else:
+        loop()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""The host-local reduce (inagg.worker.host_reduce) with real rank processes on the embedded
+default deployment: bit-identical to the switch path, a job larger than the switch's worker
+bitmap on a few hosts, and a killed rank named on every rank."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inagg.wire import codec
+from inagg.wire.protocol import MAX_WORKERS
+from inagg.worker.stream import one_round_capacity
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK = ROOT / "tests" / "host_reduce_rank.py"
+sys.path.insert(0, str(ROOT / "tests"))
+from host_reduce_rank import inputs  # noqa: E402
+
+
+def _clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
+    return env | {"INAGG_ALLREDUCE_PATH": "inagg", "INAGG_HOST_REDUCE": "auto"} | extra
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(out: Path, ranks: int, **env: str) -> list[dict]:
+    """tests/host_reduce_rank.py's exact series on ``ranks`` local ranks; every rank's results."""
+    out.mkdir()
+    proc = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", f"--nproc_per_node={ranks}",
+                           str(RANK), str(out), "exact"], cwd=ROOT, env=_clean_env(**env), capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [_results(out, r) for r in range(ranks)]
+
+
+def _results(out: Path, rank: int) -> dict:
+    """A rank's results and, under "stats", its stats and grant's K (its JSON)."""
+    with np.load(out / f"rank{rank}.npz") as z:
+        arrays = {name: z[name] for name in z.files}
+    return arrays | {"stats": json.loads((out / f"rank{rank}.json").read_text())}
+
+
+def _spawn(out: Path, what: str, hosts: list[int], *args: str) -> list[subprocess.Popen]:
+    """One rank process per entry of ``hosts`` (its host: INAGG_HOST_ID), env:// rendezvous."""
+    port, world = _free_port(), len(hosts)
+    procs = []
+    for rank, host in enumerate(hosts):
+        env = _clean_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(hosts[:rank].count(host)),
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), INAGG_HOST_ID=f"test-host-{host}")
+        procs.append(subprocess.Popen([sys.executable, str(RANK), str(out), what, *args], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
+def switch_sum(xs: list[np.ndarray], k: int, average: bool) -> np.ndarray:
+    """What the switch path computes when each of ``xs`` is one worker's input (the stream's
+    specification, inagg.worker.stream, with inagg.wire.codec): wrapping int32 sums; exact
+    fixed-point limbs for the calls that ride in the control round; else per block of K the
+    largest worker exponent, each worker's values quantized, summed, dequantized once."""
+    n = len(xs)
+    if xs[0].dtype == np.int32:
+        return np.sum(xs, axis=0, dtype=np.int64).astype(np.int32)
+    out = np.empty_like(xs[0])
+    if xs[0].size <= one_round_capacity(k, n, True):
+        limbs = np.zeros(xs[0].size * codec.fixed_limbs(n), np.int32)
+        for x in xs:
+            mine = np.zeros_like(limbs)
+            codec.fixed_encode(x, n, mine)
+            limbs += mine
+        codec.fixed_decode(limbs, n, out)
+    else:
+        shift = codec.shift_for(n)
+        exps = np.max([codec.block_exponents(x, k)[0] for x in xs], axis=0)
+        for b, e in enumerate(exps.tolist()):
+            block = slice(b * k, (b + 1) * k)
+            total = sum(codec.quantize(x[block], e, shift).astype(np.int64) for x in xs)
+            codec.dequantize(total.astype(np.int32), e, shift, out=out[block])
+    return np.divide(out, np.float32(n), out=out) if average else out
+
+
+def test_four_local_ranks_give_the_switch_paths_bits_with_no_packet_between_them(tmp_path):
+    """4 ranks under torchrun on one host: every result bit-identical to the same calls with
+    every rank a switch worker (INAGG_HOST_REDUCE=off); the host's leader sent no packet."""
+    local = _torchrun(tmp_path / "local", 4)
+    switch = _torchrun(tmp_path / "switch", 4, INAGG_HOST_REDUCE="off")
+    names = [name for name, _, _ in inputs(0, 1 << 30)]
+    for rank in range(4):
+        for name in names:
+            assert _same_bits(local[rank][name], switch[rank][name]), (rank, name)
+    assert all(r["stats"]["inagg"]["hosts"] == 1 and r["stats"]["inagg"]["host_reduce"]["calls"] >= len(names)
+               for r in local)
+    assert local[0]["stats"]["inagg"]["packets_sent"] == 0
+    assert all(r["stats"]["inagg"]["packets_sent"] > 0 and "host_reduce" not in r["stats"]["inagg"] for r in switch)
+
+
+def _rank_on_host(rank: int, hosts: list[int], info: dict, store_path: str, out: Path, largest: int) -> None:
+    """One rank of a job of ``len(hosts)`` through ``HostCommunicator`` (what the backend's
+    ranks use), its host set by INAGG_HOST_ID: the exact series, results to OUT/rank<R>.npz."""
+    import torch.distributed as dist
+
+    from inagg.worker.communicator import Communicator
+    from inagg.worker.host_communicator import HostCommunicator, open_host_group
+
+    os.environ["INAGG_HOST_ID"] = f"test-host-{hosts[rank]}"
+    os.environ["INAGG_HOST_REDUCE"] = "auto"
+    store = dist.FileStore(store_path, len(hosts))
+    group = open_host_group(dist.PrefixStore("host", store), rank, len(hosts), timedelta(seconds=300))
+
+    def join(host: int, n_hosts: int) -> Communicator:
+        return Communicator(dist.PrefixStore("comm", store), host, n_hosts, info["controller"],
+                            bind_ip=info["worker_ips"][host], timeout=300)
+
+    comm = HostCommunicator(group, join)
+    results = {name: comm.allreduce(tensor, op).numpy() for name, tensor, op in inputs(rank, largest)}
+    np.savez(out / f"rank{rank}.npz", **results)
+    (out / f"rank{rank}.json").write_text(json.dumps({"inagg": comm.stats(), "k": comm.grant.values_per_packet}))
+    comm.close()
+    group.close()
+
+
+def test_a_job_of_more_ranks_than_the_switch_bitmap_runs_on_few_hosts(tmp_path):
+    """MAX_WORKERS + 2 ranks on 2 hosts (processes forked from this one: no import each):
+    the switch sees 2 workers (the hosts' leaders), and every rank gets the switch path's sums
+    of all the ranks (its specification, ``switch_sum``)."""
+    from inagg.worker.local import LocalServices
+
+    hosts = [0] * (MAX_WORKERS // 2 + 1) + [1] * (MAX_WORKERS // 2 + 1)
+    largest = 65536 + 7
+    services = LocalServices(2, 120)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_rank_on_host, args=(r, hosts, services.info, str(tmp_path / "store"), tmp_path,
+                                                     largest)) for r in range(len(hosts))]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(240)
+        assert [p.exitcode for p in procs] == [0] * len(hosts)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        services.close()
+    calls = [inputs(r, largest) for r in range(len(hosts))]
+    stats = _results(tmp_path, 0)["stats"]
+    leader = stats["inagg"]
+    assert leader["hosts"] == 2 and leader["packets_sent"] > 0 and leader["mode"] == "switch"
+    for i, (name, _, _) in enumerate(calls[0]):
+        want = switch_sum([c[i][1].numpy() for c in calls], stats["k"], average=name == "avg")
+        for rank in (0, 1, len(hosts) // 2, len(hosts) - 1):
+            assert _same_bits(_results(tmp_path, rank)[name], want), (rank, name)
+
+
+def _shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("victim", [2, 0])   # a rank, the host's leader
+def test_a_killed_local_rank_is_named_on_every_rank_within_10_s(tmp_path, victim):
+    shm_before = _shm_names()
+    procs = _spawn(tmp_path, "loop", [0, 0, 0, 0])
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()[-4000:] if p.poll() is not None else ""
+        time.sleep(0.5)
+        procs[victim].send_signal(signal.SIGKILL)
+        killed = time.time()
+        for rank, p in enumerate(procs):
+            if rank == victim:
+                continue
+            line = p.stdout.readline().split(" ", 2)
+            assert line[0] == "error", (rank, line, p.stderr.read()[-3000:])
+            assert float(line[1]) - killed < 10.0 and f"rank {victim} " in line[2], (rank, line)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert not {n for n in _shm_names() - shm_before if "inagg" in n}
+
+
+def test_a_refused_or_mismatched_call_fails_on_every_rank_and_the_next_is_exact(monkeypatch):
+    """Three ranks of one host (threads of this process) with their own deployment: sizes that
+    differ, a float64 tensor and an inf fail the call on every rank with the same error naming
+    the ranks (the inf's block keeps each rank's values, the others are summed, as on the switch
+    path); the next call is exact."""
+    import torch
+    import torch.distributed as dist
+
+    from inagg.emulation.loopback import LoopbackDeployment
+    from inagg.worker.communicator import Communicator
+    from inagg.worker.host_communicator import HostCommunicator, open_host_group
+    from inagg.worker.stream import CallRefused
+    from test_training import on_ranks
+
+    monkeypatch.setenv("INAGG_HOST_REDUCE", "auto")
+    store = dist.HashStore()
+    with LoopbackDeployment(1) as dep:
+        def make(rank: int) -> HostCommunicator:
+            group = open_host_group(dist.PrefixStore("host", store), rank, 3, timedelta(seconds=60))
+            return HostCommunicator(group, lambda h, n: Communicator(dist.PrefixStore("comm", store), h, n,
+                                                                     dep.controller, bind_ip=dep.worker_ips[h]))
+
+        comms = on_ranks(make, 3, 120)
+        try:
+            k = comms[0].grant.values_per_packet
+            sizes = on_ranks(lambda r: comms[r].allreduce(torch.ones(10 + (r == 2))), 3, 60, return_errors=True)
+            assert all(isinstance(e, CallRefused) and "rank 2: 11 x float" in str(e) for e in sizes), sizes
+            dtype = on_ranks(lambda r: comms[r].allreduce(torch.ones(10, dtype=torch.float64 if r == 1 else None)),
+                             3, 60, return_errors=True)
+            assert all(isinstance(e, CallRefused) and "rank 1 passed a float64 tensor" in str(e) for e in dtype), dtype
+            xs = [torch.full((3 * k,), r + 1.0) for r in range(3)]
+            xs[1][k + 5] = float("inf")
+            inf = on_ranks(lambda r: comms[r].allreduce(xs[r]), 3, 60, return_errors=True)
+            assert all(isinstance(e, FloatingPointError) and f"first at element {k}" in str(e) for e in inf), inf
+            for r, x in enumerate(xs):
+                assert x[:k].eq(6).all() and x[2 * k:].eq(6).all()
+                assert x[k:2 * k].eq(r + 1.0).sum() == k - (r == 1)
+            exact = on_ranks(lambda r: comms[r].allreduce(torch.full((5000,), r + 1.0)), 3, 60)
+            assert all(x.eq(6.0).all() for x in exact)
+        finally:
+            on_ranks(lambda r: (comms[r].close(), comms[r].group.close()), 3, 60)
