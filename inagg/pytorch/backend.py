@@ -296,6 +296,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.lane: Communicator | HostCommunicator | None = None
         self.host: HostGroup | None = None   # this host's ranks reduce together first (worker.host_reduce)
         self._fixed: FixedPointGloo | None = None
+        same_bits = _reproducible_requested()
         try:
             self.host = open_host_group(dist.PrefixStore("host", store), rank, world_size, timeout)
             self.comm = self._join(store, "comm", timeout)
@@ -303,9 +304,9 @@ class InaggProcessGroup(dist.ProcessGroup):
             # on one host sends nothing between hosts, so a lane would be the same path again; a
             # host reduce sums in its own grant's blocks, so same bits on every path allow one grant
             if self.comm.grant.mode == "switch" and (self.host is None or (
-                    self.host.n_hosts > 1 and not _reproducible_requested())):
+                    self.host.n_hosts > 1 and not same_bits)):
                 self.lane = self._join(store, "comm-host", timeout, host_only=True)
-            self._fixed = self._reproducible(store, timeout)
+            self._fixed = self._reproducible(store, timeout) if same_bits else None
         except Exception as e:
             self._leave(timeout=0)
             raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
@@ -347,14 +348,12 @@ class InaggProcessGroup(dist.ProcessGroup):
 
         return join(self.rank(), self.size()) if self.host is None else HostCommunicator(self.host, join)
 
-    def _reproducible(self, store: dist.Store, timeout: timedelta) -> FixedPointGloo | None:
-        """Unless ``INAGG_REPRODUCIBLE=0``: one ``Reduction`` for every path, so a float call
+    def _reproducible(self, store: dist.Store, timeout: timedelta) -> FixedPointGloo:
+        """For ``INAGG_REPRODUCIBLE`` (on by default): one ``Reduction`` for every path, so a float call
         gives the same bits whichever it takes (``inagg.pytorch.reproducible``). The
         communicators' streams share its exponent block (a multiple of each grant's K) and the
         limit of calls that ride in the control round (the smallest capacity); the gloo path runs
         their arithmetic. Decided from the first grants, the same on every rank."""
-        if not _reproducible_requested():
-            return None
         comms = [c for c in (self.comm, self.lane) if c is not None]
         reduction = Reduction(block=math.lcm(*(c.grant.values_per_packet for c in comms)),
                               exact_limit=max(0, min(one_round_capacity(c.grant.values_per_packet, self.size(), True)

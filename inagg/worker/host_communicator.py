@@ -24,7 +24,8 @@ from typing import Callable
 
 from inagg.errors import InaggSetupError
 from inagg.wire.grant import Grant
-from inagg.worker.communicator import Communicator, ReduceOp, as_array, reduce_kind
+from inagg.worker.communicator import Communicator, ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
+from inagg.worker.cuda_staging import CudaStaging
 from inagg.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
 from inagg.worker.host_reduce import HostReduce
 from inagg.worker.stream import check_array
@@ -111,6 +112,7 @@ class HostCommunicator:
     def __init__(self, group: HostGroup, join: Callable[[int, int], Communicator]) -> None:
         self.group = group
         self.comm: Communicator | None = None
+        self._staging = CudaStaging()   # CUDA tensors' copy streams and pinned buffers
         self.rank, self.world_size = group.layout.rank, group.layout.world_size
         if group.layout.leader:
             self.grant = self._lead(join)
@@ -147,18 +149,26 @@ class HostCommunicator:
         import torch
 
         average, refusal = reduce_kind(op)
-        host = tensor.cpu() if isinstance(tensor, torch.Tensor) and tensor.is_cuda else None   # staged
-        array, bad_input = as_array(tensor if host is None else host)
+        staged = None
+        if isinstance(tensor, torch.Tensor) and tensor.is_cuda and not tensor_refusal(tensor):
+            staged = self._staging.stage(tensor, numpy_view)   # the copy to host starts now
+            array, bad_input = staged.values, None
+        else:
+            array, bad_input = as_array(tensor)
         refusal = bad_input or refusal or check_array(array, average)
         future = torch.futures.Future()
 
         def work() -> None:
             try:
+                if staged is not None:
+                    CudaStaging.ready(staged)
                 self.k = self.group.reduce.allreduce(array, average, refusal, self.k, self.comm)
-                if host is not None:
-                    tensor.copy_(host)
+                if staged is not None:
+                    self._staging.finish(staged)
                 future.set_result(tensor)
             except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
+                if staged is not None:
+                    self._staging.release(staged)
                 future.set_exception(e)
 
         self.group.submit(work, inline_if_idle)
