@@ -7,7 +7,9 @@ plane, or BMv2) and the host aggregator. This script adds a management network, 
 in a Mininet node of its own, with a second interface on every worker: the workers' gloo traffic
 (``GLOO_SOCKET_IFNAME``) and the TCP store run on it, inagg's data plane traffic runs through the
 switch. So the two paths use different links, and one worker's management link (both ends) is
-the link that only gloo uses.
+the link that only gloo uses. With ``--data-rate`` every switch-side link is shaped too for the
+whole run, so each path has a bottleneck link of its own and which path wins does not hinge on
+how fast a bare veth and the machine's two cores happen to be.
 
 The workers (one process per worker host) ``init_process_group("inagg")`` against the run's
 controller and loop DDP-like steps: each step allreduces a gradient of ``--sizes`` tensors
@@ -217,6 +219,9 @@ def run_experiment(args) -> tuple[list[dict], dict, dict]:
     run = Run(topo, dataplane, run_dir, program_files=program_files_for(dataplane), pcaps=args.pcaps)
     try:
         run.build()
+        if args.data_rate:
+            for link in run.net.links:      # the switch-side links only: gloo's come next
+                shape_link(link, args.data_rate)
         run.start_services()
         mgmt = ManagementNetwork(run.net, run_dir, workers, args.mgmt_subnet)
         procs = start_workers(run, mgmt, workers, args)
@@ -350,6 +355,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--phases", type=float, nargs=3, default=[20.0, 40.0, 35.0],
                    metavar=("BEFORE", "THROTTLED", "RESTORED"), help="seconds of each phase")
     p.add_argument("--rate", default="20mbit", help="tc tbf rate of the throttled link")
+    p.add_argument("--data-rate", help="tc tbf rate of every switch-side (inagg) link for the whole run; "
+                   "unset, those links run at veth speed")
     p.add_argument("--throttle-host", help="whose management link to throttle (default: rank 0's)")
     p.add_argument("--mgmt-subnet", type=ipaddress.IPv4Network, default=ipaddress.IPv4Network("192.168.77.0/24"),
                    help="the management network (it exists inside the run's namespaces only)")
