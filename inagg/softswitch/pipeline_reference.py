@@ -154,7 +154,7 @@ class SoftPipeline:
             self.counters.count(GLOBAL_DROPS, _GLOBAL_CODE["bad_version"])
             return []
         job_id = struct.unpack_from("!H", data, at + 2)[0]
-        admit = self.tables[JOB_TABLE].lookup((job_id,))
+        admit = admission(self.tables, job_id)
         if admit is None:                      # not admitted to the switch: forward untouched
             return self.forwarding(port, frame)
         if frame.encap != admit.param("encap"):
@@ -281,6 +281,13 @@ class SoftPipeline:
         return []
 
 
+def admission(tables: TableStore, job_id: int) -> Action | None:
+    """Job ``job_id``'s grant (its job_table ``admit``), None when it has none: no entry, or one
+    of NoAction, which the native core also takes for not admitted."""
+    admit = tables[JOB_TABLE].lookup((job_id,))
+    return admit if admit is not None and admit.name.endswith(".admit") else None
+
+
 def job_configs(tables: TableStore, member: Callable[[int], Hashable],
                 unbound: Callable[[int], Hashable], parent: Hashable) -> list[JobConfig]:
     """The engine's job configurations that job_table + worker_table (+ uplink_table, in a
@@ -295,7 +302,10 @@ def job_configs(tables: TableStore, member: Callable[[int], Hashable],
         if rank < MAX_WORKERS:
             bound_ids[job_id] = max(bound_ids.get(job_id, 0), rank + 1)
     jobs = []
-    for (job_id,), admit in tables[JOB_TABLE].entries.items():
+    for job_id, in tables[JOB_TABLE].entries:
+        admit = admission(tables, job_id)
+        if admit is None:
+            continue
         members = []
         for rank in range(max(admit.param("n_workers"), bound_ids.get(job_id, 0))):
             bind = workers.get((job_id, rank))
