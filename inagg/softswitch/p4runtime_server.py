@@ -7,6 +7,13 @@ carry: the pipeline takes K from the pushed P4Info; for the Tofino program's P4I
 P4Info itself, with a well-formed Tofino device config), Write/Read of table entries
 and multicast groups, Read and MODIFY of indexed counter entries. Not implemented, as in BMv2:
 register entries; also not implemented here: packet-in/out, digests, action profiles, meters.
+
+Toward a client it answers as BMv2's simple_switch_grpc (tests/test_soft_p4runtime_bmv2.py
+runs the same calls against both): reads as state.py describes; a Read or
+GetForwardingPipelineConfig of another device, or before a pipeline is set, FAILED_PRECONDITION;
+a Write or SetForwardingPipelineConfig of another device PERMISSION_DENIED (BMv2 has no primary
+controller there). Unlike BMv2, arbitration for another device is refused (NOT_FOUND): a
+controller with a wrong device id learns it at once.
 """
 
 from __future__ import annotations
@@ -95,6 +102,27 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             msg.arbitration.status.message = "primary" if ok else "backup"
             q.put(msg)
 
+    def _arbitrate(self, sid: int, arb, out: queue.Queue) -> bool:
+        """Stream ``sid``'s arbitration update: it joins the election, or a StatusError for the
+        stream to end with goes to ``out`` (False)."""
+        if arb.device_id != self.state.device_id:
+            out.put(StatusError(grpc.StatusCode.NOT_FOUND, f"no device {arb.device_id}"))
+            return False
+        if arb.role.name:
+            out.put(StatusError(grpc.StatusCode.UNIMPLEMENTED, "roles are not supported"))
+            return False
+        eid = _election(arb.election_id)
+        with self._streams_lock:
+            taken = any(e == eid for s, (e, _) in self._streams.items() if s != sid)
+            if not taken:
+                self._streams[sid] = (eid, out)
+        if taken:
+            out.put(StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"election id {eid} is used by another client"))
+            return False
+        self._notify()
+        return True
+
     def StreamChannel(self, request_iterator, context):
         out: queue.Queue = queue.Queue()
         with self._streams_lock:
@@ -104,29 +132,11 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         def reader() -> None:
             try:
                 for req in request_iterator:
-                    if req.HasField("arbitration"):
-                        arb = req.arbitration
-                        if arb.device_id != self.state.device_id:
-                            out.put(StatusError(grpc.StatusCode.NOT_FOUND,
-                                                f"no device {arb.device_id}"))
-                            return
-                        if arb.role.name:
-                            out.put(StatusError(grpc.StatusCode.UNIMPLEMENTED, "roles are not supported"))
-                            return
-                        eid = _election(arb.election_id)
-                        with self._streams_lock:
-                            taken = any(e == eid for s, (e, _) in self._streams.items() if s != sid)
-                            if not taken:
-                                self._streams[sid] = (eid, out)
-                        if taken:
-                            out.put(StatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                                                f"election id {eid} is used by another client"))
-                            return
-                        self._notify()
-                    else:
-                        kind = req.WhichOneof("update")
+                    if not req.HasField("arbitration"):
                         out.put(StatusError(grpc.StatusCode.UNIMPLEMENTED,
-                                            f"stream message '{kind}' is not supported"))
+                                            f"stream message '{req.WhichOneof('update')}' is not supported"))
+                        return
+                    if not self._arbitrate(sid, req.arbitration, out):
                         return
             except grpc.RpcError:
                 pass
@@ -153,9 +163,21 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             if was is not None and self._streams:
                 self._notify()
 
-    def _check_primary(self, device_id: int, election_id) -> None:
+    def _check_device(self, device_id: int) -> None:
+        """A read of another device: BMv2 knows every device id and answers as for one that runs
+        no pipeline."""
         if device_id != self.state.device_id:
-            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no device {device_id}")
+            raise StatusError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"device {device_id} runs no pipeline: this switch is device "
+                              f"{self.state.device_id}")
+
+    def _check_primary(self, device_id: int, election_id) -> None:
+        """A change needs the primary controller of this device (of another one: PERMISSION_DENIED,
+        as BMv2 answers, whose other devices have no primary)."""
+        if device_id != self.state.device_id:
+            raise StatusError(grpc.StatusCode.PERMISSION_DENIED,
+                              f"no primary controller for device {device_id}: this switch is device "
+                              f"{self.state.device_id}")
         primary = self._primary()
         if primary is None or _election(election_id) != primary:
             raise StatusError(grpc.StatusCode.PERMISSION_DENIED,
@@ -232,14 +254,16 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
                               f"not '{self.state.program.program_name}'")
 
     def GetForwardingPipelineConfig(self, request, context):
+        """The config committed (FAILED_PRECONDITION before one is, as BMv2 answers)."""
         R = p4runtime_pb2.GetForwardingPipelineConfigRequest
-        if request.device_id != self.state.device_id:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no device {request.device_id}")
+        try:
+            self._check_device(request.device_id)
+            with self.state.lock:
+                self._pipeline()
+                config = self.state.config
+        except StatusError as e:
+            context.abort(e.code, str(e))
         rep = p4runtime_pb2.GetForwardingPipelineConfigResponse()
-        with self.state.lock:
-            config = self.state.config
-        if config is None:
-            return rep
         if request.response_type in (R.ALL, R.COOKIE_ONLY, R.P4INFO_AND_COOKIE, R.DEVICE_CONFIG_AND_COOKIE):
             rep.config.cookie.CopyFrom(config.cookie)
         if request.response_type in (R.ALL, R.P4INFO_AND_COOKIE):
@@ -311,31 +335,34 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     def Read(self, request, context):
         try:
-            if request.device_id != self.state.device_id:
-                raise StatusError(grpc.StatusCode.NOT_FOUND, f"no device {request.device_id}")
+            self._check_device(request.device_id)
             with self.state.lock:
                 pipeline = self._pipeline()
                 rep = p4runtime_pb2.ReadResponse()
                 for entity in request.entities:
-                    kind = entity.WhichOneof("entity")
-                    if kind == "table_entry":
-                        found = pipeline.tables.read(entity.table_entry)
-                        rep.entities.extend(p4runtime_pb2.Entity(table_entry=e) for e in found)
-                    elif kind == "counter_entry":
-                        found = pipeline.counters.read(entity.counter_entry)
-                        rep.entities.extend(p4runtime_pb2.Entity(counter_entry=e) for e in found)
-                    elif kind == "packet_replication_engine_entry" and entity.packet_replication_engine_entry.HasField("multicast_group_entry"):
-                        q = entity.packet_replication_engine_entry.multicast_group_entry
-                        for e in pipeline.pre.read(q):
-                            ent = p4runtime_pb2.Entity()
-                            ent.packet_replication_engine_entry.multicast_group_entry.CopyFrom(e)
-                            rep.entities.append(ent)
-                    else:
-                        raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
-                                          f"reading {kind or 'an empty entity'} is not supported")
+                    rep.entities.extend(_read_one(pipeline, entity))
         except StatusError as e:
             context.abort(e.code, str(e))
         yield rep
+
+
+def _group_entity(entry: p4runtime_pb2.MulticastGroupEntry) -> p4runtime_pb2.Entity:
+    ent = p4runtime_pb2.Entity()
+    ent.packet_replication_engine_entry.multicast_group_entry.CopyFrom(entry)
+    return ent
+
+
+def _read_one(pipeline: Pipeline, entity: p4runtime_pb2.Entity) -> list[p4runtime_pb2.Entity]:
+    """What the pipeline holds of one queried entity (reads answer as BMv2's: state.py)."""
+    kind = entity.WhichOneof("entity")
+    if kind == "table_entry":
+        return [p4runtime_pb2.Entity(table_entry=e) for e in pipeline.tables.read(entity.table_entry)]
+    if kind == "counter_entry":
+        return [p4runtime_pb2.Entity(counter_entry=e) for e in pipeline.counters.read(entity.counter_entry)]
+    pre = entity.packet_replication_engine_entry
+    if kind == "packet_replication_engine_entry" and pre.HasField("multicast_group_entry"):
+        return [_group_entity(e) for e in pipeline.pre.read(pre.multicast_group_entry)]
+    raise StatusError(grpc.StatusCode.UNIMPLEMENTED, f"reading {kind or 'an empty entity'} is not supported")
 
 
 def serve(state: SoftSwitchState, address: str, service: P4RuntimeService | None = None) -> grpc.Server:

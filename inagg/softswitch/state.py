@@ -2,6 +2,10 @@
 against the P4Info, multicast groups (the packet replication engine) and indexed counters.
 
 Errors are ``StatusError`` carrying the gRPC status code the P4Runtime server answers with.
+Reads answer as BMv2's simple_switch_grpc does (tests/test_soft_p4runtime_bmv2.py holds them to
+it): a table read by key gives that key's entry only, a read of the default entry the default
+entry, a missing multicast group NOT_FOUND, an unknown table or counter id INVALID_ARGUMENT, and
+every value in P4Runtime's canonical bytestring (``canonical_bytes``).
 A ``StateMirror`` (the native data plane's core) is told of every change as it happens, undos
 included, so a copy of the state kept elsewhere never drifts from what P4Runtime reads back."""
 
@@ -14,7 +18,7 @@ import grpc
 import numpy as np
 from p4.v1 import p4runtime_pb2
 
-from inagg.control.p4info import P4Info, P4Type, decode, encode
+from inagg.control.p4info import P4Info, P4Type, decode
 
 
 class StatusError(Exception):
@@ -23,6 +27,12 @@ class StatusError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def canonical_bytes(value: int) -> bytes:
+    """An unsigned value as P4Runtime's canonical bytestring (the spec's "Bytestrings"): the
+    fewest bytes that hold it, one for zero, whatever the field's width (as BMv2 answers)."""
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
 
 
 def _decode_field(value: bytes, bitwidth: int, where: str) -> int:
@@ -97,14 +107,18 @@ class TableStore:
         self.p4info = p4info
         self.tables: dict[str, Table] = {}
         for t in p4info.message.tables:
-            default = None
-            for a in p4info.message.actions:
-                if a.preamble.id == t.const_default_action_id:
-                    default = Action(a.preamble.name)
             name = p4info.local_name(t.preamble.name)   # the same names for BMv2 and TNA P4Infos
             self.tables[name] = Table(name, t, default_is_const=bool(t.const_default_action_id),
                                       mirror=mirror)
-            self.tables[name].set_default_action(default)
+            self.tables[name].set_default_action(self._initial_default(t))
+
+    def _initial_default(self, info) -> Action | None:
+        """The default action the P4Info gives a table (its const one when it has no other)."""
+        call = info.initial_default_action
+        action_id = call.action_id or info.const_default_action_id
+        if not action_id:
+            return None
+        return self._action_call(action_id, {a.param_id: a.value for a in call.arguments})
 
     def __getitem__(self, name: str) -> Table:
         return self.tables[name]
@@ -122,7 +136,7 @@ class TableStore:
         for t in self.tables.values():
             if t.info.preamble.id == table_id:
                 return t
-        raise StatusError(grpc.StatusCode.NOT_FOUND, f"no table with id {table_id}")
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"no table with id {table_id}")
 
     def _key(self, table: Table, entry: p4runtime_pb2.TableEntry) -> tuple[int, ...]:
         given = {m.field_id: m for m in entry.match}
@@ -148,8 +162,11 @@ class TableStore:
         if a.action_id not in allowed:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                               f"{table.name}: action id {a.action_id} not allowed in this table")
-        info = self.p4info.by_id(a.action_id)
-        given = {p.param_id: p.value for p in a.params}
+        return self._action_call(a.action_id, {p.param_id: p.value for p in a.params})
+
+    def _action_call(self, action_id: int, given: dict[int, bytes]) -> Action:
+        """The action ``action_id`` with its parameters' bytestrings (by parameter id) decoded."""
+        info = self.p4info.by_id(action_id)
         params = []
         for p in info.params:
             if p.id not in given:
@@ -195,25 +212,44 @@ class TableStore:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"bad update type {update_type}")
         return lambda: table.put(key, old)
 
-    def read(self, query: p4runtime_pb2.TableEntry):
-        """Entries matching a (possibly wildcard, table_id 0) TableEntry query."""
+    def read(self, query: p4runtime_pb2.TableEntry) -> list[p4runtime_pb2.TableEntry]:
+        """What a TableEntry query asks for: the default entry (``is_default_action``), the
+        entry of the key its match fields give (none when absent), or every entry; of one table,
+        or of every table for table_id 0 (a wildcard read, which takes no key)."""
+        if query.table_id == 0 and query.match:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, "a read by key needs a table id")
         tables = self.tables.values() if query.table_id == 0 else [self._table(query.table_id)]
+        found = []
         for table in tables:
-            for key, action in table.entries.items():
-                yield self._entry_message(table, key, action)
+            if query.is_default_action:
+                found.append(self._default_message(table))
+                continue
+            entries = table.entries
+            if query.match:
+                key = self._key(table, query)
+                entries = {key: entries[key]} if key in entries else {}
+            found += [self._entry_message(table, key, action) for key, action in entries.items()]
+        return found
 
     def _entry_message(self, table: Table, key, action: Action) -> p4runtime_pb2.TableEntry:
         e = p4runtime_pb2.TableEntry(table_id=table.info.preamble.id)
         for mf, value in zip(table.info.match_fields, key):
-            m = e.match.add(field_id=mf.id)
-            m.exact.value = encode(value, mf.bitwidth)
-        info = self.p4info.obj(P4Type.action, action.name)
-        e.action.action.action_id = info.preamble.id
-        widths = {p.name: (p.id, p.bitwidth) for p in info.params}
-        for name, value in action.params:
-            pid, width = widths[name]
-            e.action.action.params.add(param_id=pid, value=encode(value, width))
+            e.match.add(field_id=mf.id).exact.value = canonical_bytes(value)
+        self._set_action(e, action)
         return e
+
+    def _default_message(self, table: Table) -> p4runtime_pb2.TableEntry:
+        e = p4runtime_pb2.TableEntry(table_id=table.info.preamble.id, is_default_action=True)
+        if table.default is not None:
+            self._set_action(e, table.default)
+        return e
+
+    def _set_action(self, entry: p4runtime_pb2.TableEntry, action: Action) -> None:
+        info = self.p4info.obj(P4Type.action, action.name)
+        entry.action.action.action_id = info.preamble.id
+        ids = {p.name: p.id for p in info.params}
+        for name, value in action.params:
+            entry.action.action.params.add(param_id=ids[name], value=canonical_bytes(value))
 
 
 @dataclass(frozen=True)
@@ -255,12 +291,23 @@ class MulticastGroups:
         return lambda: self._set(gid, old)
 
     def read(self, query: p4runtime_pb2.MulticastGroupEntry):
+        """The group the query names (NOT_FOUND when there is none), or every group for id 0."""
+        if query.multicast_group_id and query.multicast_group_id not in self.groups:
+            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no multicast group {query.multicast_group_id}")
         for gid, replicas in sorted(self.groups.items()):
             if query.multicast_group_id in (0, gid):
                 e = p4runtime_pb2.MulticastGroupEntry(multicast_group_id=gid)
                 for r in replicas:
                     e.replicas.add(egress_port=r.port, instance=r.instance)
                 yield e
+
+
+def _in_range(index: int, array: np.ndarray) -> int:
+    """``index`` when ``array`` has that cell, else OUT_OF_RANGE (BMv2 answers UNKNOWN here; the
+    code gRPC has for it names the problem)."""
+    if not 0 <= index < array.size:
+        raise StatusError(grpc.StatusCode.OUT_OF_RANGE, f"counter index {index} >= {array.size}")
+    return index
 
 
 class Counters:
@@ -278,6 +325,12 @@ class Counters:
         self._set_cell = set_cell or (lambda name, index, value: self.arrays[name].__setitem__(index, value))
         self._by_id = {c.preamble.id: p4info.local_name(c.preamble.name) for c in p4info.message.counters}
 
+    def _name(self, counter_id: int) -> str:
+        """The counter of ``counter_id``; INVALID_ARGUMENT (as BMv2) when the P4Info has none."""
+        if counter_id not in self._by_id:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"no counter with id {counter_id}")
+        return self._by_id[counter_id]
+
     def count(self, name: str, index: int) -> None:
         array = self.arrays[name]
         if 0 <= index < array.size:  # BMv2 ignores out-of-range counter indices too
@@ -287,31 +340,20 @@ class Counters:
         """MODIFY one indexed counter's packet count (as BMv2 allows); returns an undo."""
         if update_type != p4runtime_pb2.Update.MODIFY:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, "counter entries can only be modified")
-        if entry.counter_id not in self._by_id:
-            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no counter with id {entry.counter_id}")
-        array = self.arrays[self._by_id[entry.counter_id]]
+        name = self._name(entry.counter_id)
+        array = self.arrays[name]
         if not entry.HasField("index"):
             raise StatusError(grpc.StatusCode.UNIMPLEMENTED, "writing every index of a counter is not supported")
-        i = entry.index.index
-        if not 0 <= i < array.size:
-            raise StatusError(grpc.StatusCode.OUT_OF_RANGE, f"counter index {i} >= {array.size}")
-        name, old = self._by_id[entry.counter_id], int(array[i])
+        i = _in_range(entry.index.index, array)
+        old = int(array[i])
         self._set_cell(name, i, entry.data.packet_count)
         return lambda: self._set_cell(name, i, old)
 
     def read(self, query: p4runtime_pb2.CounterEntry):
-        if query.counter_id and query.counter_id not in self._by_id:
-            raise StatusError(grpc.StatusCode.NOT_FOUND, f"no counter with id {query.counter_id}")
         ids = [query.counter_id] if query.counter_id else list(self._by_id)
         for cid in ids:
-            array = self.arrays[self._by_id[cid]]
-            if query.HasField("index"):
-                indices = [query.index.index]
-                if not 0 <= query.index.index < array.size:
-                    raise StatusError(grpc.StatusCode.OUT_OF_RANGE,
-                                      f"counter index {query.index.index} >= {array.size}")
-            else:
-                indices = range(array.size)
+            array = self.arrays[self._name(cid)]
+            indices = [_in_range(query.index.index, array)] if query.HasField("index") else range(array.size)
             for i in indices:
                 e = p4runtime_pb2.CounterEntry(counter_id=cid)
                 e.index.index = i
