@@ -85,6 +85,15 @@ def test_epochs_below_one_are_refused(epochs, capsys):
     assert exit_.value.code == 2 and f"--epochs must be >= 1, got {epochs}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--p4info", "--bmv2-json"])
+def test_program_files_for_the_software_data_plane_are_refused(flag, capsys):
+    """It runs the committed program only: a P4Info or BMv2 JSON given for it is an error, not
+    silently left unused."""
+    with pytest.raises(SystemExit) as exit_:      # before anything is brought up
+        mininet_main(["--dataplane", "soft", flag, "p4/out/bmv2/inagg.p4info.txtpb"])
+    assert exit_.value.code == 2 and "are pushed to BMv2 switches" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("workers", range(1, 9))
 def test_every_rank_takes_the_same_steps(workers):
     """Rank r trains on samples r, r + workers, ...: each rank's share has at least

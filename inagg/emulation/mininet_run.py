@@ -140,11 +140,15 @@ def netem_available(run: RunDir) -> bool:
 
 def program_files_for(dataplane: str, p4info: Path | None = None, bmv2_json: Path | None = None) -> dict[str, str]:
     """The P4Info/BMv2 JSON the controller pushes to every switch ({}: p4/'s committed ones, or
-    on the software data plane, which runs the committed program only, the P4Info the run writes
-    at the K of its links' MTU: ``Run.soft_program``)."""
-    if dataplane == "soft":
-        return {}
-    return {key: str(path.resolve()) for key, path in (("p4info", p4info), ("bmv2_json", bmv2_json)) if path}
+    on the software data plane the P4Info the run writes at the K of its links' MTU:
+    ``Run.soft_program``). The software data plane runs the committed program only: files given
+    for it are a ValueError, not silently left unused."""
+    given = {key: str(path.resolve()) for key, path in (("p4info", p4info), ("bmv2_json", bmv2_json)) if path}
+    if dataplane == "soft" and given:
+        raise ValueError("--p4info/--bmv2-json are pushed to BMv2 switches; this run's data plane is the "
+                         "software one (--dataplane soft, or auto without simple_switch_grpc on PATH), "
+                         "which runs only the committed inagg program: leave them out, or use --dataplane bmv2")
+    return given
 
 
 def soft_values_per_packet(mtu: int, transports: set[str]) -> int:
@@ -486,6 +490,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--epochs must be >= 1, got {args.epochs}")   # 0 used to mean "the topology's"
     if args.stop:
         return stop_leftovers(args.run)
+    dataplane = choose_dataplane(args.dataplane)
+    try:
+        program_files = program_files_for(dataplane, args.p4info, args.bmv2_json)
+    except ValueError as e:
+        p.error(str(e))
     if os.geteuid() != 0:
         print("inagg-mininet: Mininet needs root", file=sys.stderr)
         return 2
@@ -494,8 +503,6 @@ def main(argv: list[str] | None = None) -> int:
     except TopologyError as e:
         print(f"inagg-mininet: {e}", file=sys.stderr)
         return 2
-    dataplane = choose_dataplane(args.dataplane)
-    program_files = program_files_for(dataplane, args.p4info, args.bmv2_json)
     run_dir = RunDir.create()
     print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)
