@@ -54,6 +54,13 @@ def test_a_job_across_unlinked_switches_is_refused_by_name():
         parse_topology(data)
 
 
+def test_a_host_runs_several_ranks_and_host_reduce_is_a_boolean():
+    t = parse_topology(topo(BASE_LINKS, jobs=[{"name": "j", "workers": ["h1", "h1", "h2"], "host_reduce": True}]))
+    assert t.jobs[0]["workers"] == ["h1", "h1", "h2"]
+    with pytest.raises(TopologyError, match="job j: host_reduce must be true or false"):
+        parse_topology(topo(BASE_LINKS, jobs=[{"name": "j", "workers": ["h1"], "host_reduce": "yes"}]))
+
+
 @pytest.mark.parametrize("trunks", [[["s1-p6", "s2-p3"], ["s1-p7", "s2-p4"]], [["s1-p6", "s1-p7"]]])
 def test_switch_links_must_form_a_forest(trunks):
     with pytest.raises(TopologyError, match="closes a cycle of switch links"):

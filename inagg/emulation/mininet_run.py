@@ -36,6 +36,7 @@ from inagg import add_version_flag
 from inagg.wire.grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, switch_values_for_mtu,
                               values_for_mtu)
 from inagg.wire.protocol import UDP_PORT
+from inagg.worker.host_communicator import HOST_REDUCE_ENV
 
 from inagg.emulation.run_dir import RUNS_DIR, RunDir, stop_run, unfinished_runs
 from inagg.emulation.testbed import stop_processes
@@ -380,9 +381,10 @@ class Run:
                    "--controller", self.controller_addr, "--bind-ip", host.IP(),
                    "--config", json.dumps(cfg), "--train-after", str(self.train_gate)] \
                 + (["--join-after", str(gate)] if gate else [])
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name}
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
+                   HOST_REDUCE_ENV: "auto" if spec.get("host_reduce") else "off"}
             proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=self.log(f"{name}-{host_name}.log"), text=True)
+                              stderr=self.log(f"{name}-{host_name}-r{rank}.log"), text=True)
             self.run.add_process(proc.pid, f"job {name} rank {rank}")
             procs.append(proc)
         self.procs.extend(procs)
@@ -446,6 +448,7 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
             rows.append({"name": name, "ok": False})
             print(f"{name:<12} FAILED: see {logs}/{name}-*.log")
             continue
+        workers = [s for s in stats if s.get("leader", True)]   # a host reducing first: its leader
         s0 = stats[0]
         acc = job["epochs"][-1][1]
         seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
@@ -453,8 +456,8 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
                "grant_changes": s0["grant_changes"], "steps": [job["done"][r]["steps"] for r in sorted(job["done"])],
                "epoch": s0["epoch"], "epochs": job["cfg"]["epochs"], "accuracy": acc,
                "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
-               "mb_sent": sum(s["wire_bytes_sent"] for s in stats) / len(stats) / 1e6,
-               "retransmissions": sum(s["retransmissions"] for s in stats),
+               "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
+               "retransmissions": sum(s["retransmissions"] for s in workers), "switch_workers": len(workers),
                "placement": placements.get(name, ""), "losses": [e[0] for e in job["epochs"]]}
         rows.append(row)
         worst_loss = max(topo.link_loss(h) for h in job["spec"]["workers"])
@@ -463,7 +466,8 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
               f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * acc:>7.1f}% "
               f"{seconds / steps * 1e3:>8.1f}")
         print(f"{'':<12} results: {row['switch_results']} from the switch, {row['host_results']} from the host aggregator")
-        print(f"{'':<12} placed: {row['placement']}")
+        print(f"{'':<12} placed: {row['placement']}; {len(workers)} worker(s) of the switch"
+              f"{f' for {len(stats)} ranks (each host reduces first)' if len(workers) < len(stats) else ''}")
     print("per switch (a tree's levels: below its root a completed round's sum is sent up, at "
           "the root and on one switch multicast down)")
     for name, c in counters.items():

@@ -10,11 +10,13 @@ the switches between them (docs/trees.md), so its workers' switches and the host
 must be linked, directly or through others; a topology that asks for more is refused with a
 message naming the job and the switches.
 
-A job lists its ``workers`` (hosts, rank order), ``epochs``, optionally ``hook``, ``transport``
-and ``start_delay``: every job's workers start at once, but one with a ``start_delay`` joins the
-controller that many seconds after every job before it holds a grant, and all jobs train once all
-hold grants (so the two-job demo's first job has the switch and overlaps the second whatever
-the machine's speed).
+A job lists its ``workers`` (hosts, rank order: a host named several times runs several
+ranks), ``epochs``, optionally ``host_reduce`` (true: the ranks of a host reduce in shared
+memory first and one leader per host is the switch's worker, ``INAGG_HOST_REDUCE=auto``),
+``hook``, ``transport`` and ``start_delay``: every job's workers start at once, but one with a
+``start_delay`` joins the controller that many seconds after every job before it holds a grant,
+and all jobs train once all hold grants (so the two-job demo's first job has the switch and
+overlaps the second whatever the machine's speed).
 """
 
 from __future__ import annotations
@@ -201,6 +203,8 @@ def parse_topology(data: dict, where: str = "topology") -> Topology:
         unknown = [w for w in job.get("workers", []) if w not in hosts]
         if not job.get("workers") or unknown:
             raise TopologyError(f"{where}: job {job['name']}: workers must be hosts, unknown {unknown}")
+        if not isinstance(job.get("host_reduce", False), bool):
+            raise TopologyError(f"{where}: job {job['name']}: host_reduce must be true or false")
     for name in hosts:
         topo.attachment(name)
     check_trees(topo)
