@@ -11,9 +11,9 @@ when only the root switch is full; else, and for any other job, to "" (``Fabric.
 ``Fabric.why_no_switch`` says why in words the workers log.
 
 A switch's desired entries are a function of the jobs that hold a switch grant in its
-allocator: its own jobs and its parts of trees (``Fabric.switch_jobs``); ``Fabric.program`` pushes them to every switch whose desired
-entries changed, and ``Fabric.reconnect``/``Fabric.reprogram`` bring back a switch that
-restarted. The caller (the controller) holds its lock around all of these except ``reconnect``,
+allocator: its own jobs and its parts of trees (``Fabric.switch_jobs``); ``Fabric.program``
+pushes them to every switch whose desired entries changed, and
+``Fabric.reconnect``/``Fabric.reprogram`` bring back a switch that restarted. The caller (the controller) holds its lock around all of these except ``reconnect``,
 which takes it itself around the part that changes shared state.
 """
 
