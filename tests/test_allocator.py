@@ -109,6 +109,26 @@ def test_restore_brings_back_the_jobs_and_the_arrival_order():
     assert a.jobs == saved.jobs and a.jobs[1] is not saved.jobs[1]
 
 
+def test_a_tree_part_holds_its_window_while_the_policy_moves_the_others_around_it():
+    a = SlotAllocator(switch_slots=32, min_window=8, max_jobs=3)
+    assert a.can_reserve(2)
+    part = a.reserve(1, Demand(4, 1 << 24), SWITCH, children=2)       # 4 ranks, 2 children here
+    assert (part.slot_count, part.epoch) == (8, 1)
+    a.add_job(2, Demand(2, 1 << 24))
+    settle(a)
+    assert a.jobs[2].active.slot_count == 24                            # grows around it, not over
+    a.add_job(3, Demand(2, 1 << 24))
+    settle(a)
+    assert a.jobs[1].active == part and a.jobs[1].pending is None       # never resized nor evicted
+    assert a.jobs[2].active.slot_count + a.jobs[3].active.slot_count == 24
+    assert not a.can_reserve(1)                                         # no row, no window left
+    check_invariants(a)
+    b = SlotAllocator(switch_slots=32, min_window=8, worker_entries=6)
+    b.reserve(1, Demand(4), SWITCH, children=2)
+    b.add_job(2, Demand(2, 256))                                        # keeps one window
+    assert b.can_reserve(2) and not b.can_reserve(3)                    # worker entries: 2 + 2 of 6
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "remove", "activate", "drain"]),
                           st.integers(1, 12), st.integers(0, 1 << 22)), max_size=60),

@@ -14,8 +14,11 @@ from inagg.control.switch import (
 from inagg.control.trees import job_tree, tree_switch_job
 from inagg.softswitch.p4runtime_server import SoftSwitchState, serve
 from inagg.softswitch.pipeline import NativePipeline
-from inagg.softswitch.pipeline_reference import SoftPipeline, build_frame
-from inagg.wire.protocol import MSG_RESULT, UDP_PORT, build_contribution, ipv4, mac, unpack_header
+from inagg.softswitch.pipeline_reference import SoftPipeline
+from inagg.wire.protocol import UDP_PORT, build_contribution
+
+import tree_frames
+from tree_frames import run, udp_frame
 
 K = default_program("soft").p4info.values_per_packet
 UPLINK_PORT = 5
@@ -155,42 +158,17 @@ def fabric(request, tmp_path):
 
 
 def worker_frame(cfg, job, rank, values, slot, flags=0):
+    """(switch, port, frame) of rank ``rank``'s contribution to its switch's aggregator."""
     ip, port = job.workers[rank].address.split(":")
     tor_cfg = next(s for s in cfg.switches if ip in s.hosts)
     inagg = build_contribution(1, rank, 3, slot, 0, 0, np.asarray(values, np.int32), K, flags=flags)
-    eth = mac(tor_cfg.aggregator_mac).to_bytes(6, "big") + mac(tor_cfg.hosts[ip].mac).to_bytes(6, "big") + b"\x08\x00"
-    hdr = bytearray(b"\x45\x00\x00\x00\x00\x00\x40\x00\x40\x11\x00\x00" + ipv4(ip).to_bytes(4, "big")
-                    + ipv4(tor_cfg.aggregator.split(":")[0]).to_bytes(4, "big"))
-    return tor_cfg.name, tor_cfg.hosts[ip].port, build_frame(eth, hdr, int(port).to_bytes(2, "big")
-                                                              + UDP_PORT.to_bytes(2, "big"), inagg)
-
-
-def run(cfg, pipelines, frames, lose=lambda name, port, frame: False):
-    """Frames in (switch, port, frame), carried over the links until none is left; the frames
-    that reach hosts, as (switch, port, frame). ``lose`` drops a frame on its way."""
-    links = {s.name: {port: other for other, port in s.links.items()} for s in cfg.switches}
-    ports = {s.name: s.links for s in cfg.switches}
-    delivered, flight = [], list(frames)
-    while flight:
-        name, port, frame = flight.pop(0)
-        for out_port, out in pipelines[name].process(port, frame):
-            if lose(name, out_port, out):
-                continue
-            other = links[name].get(out_port)
-            if other is None:
-                delivered.append((name, out_port, out))
-            else:
-                flight.append((other, ports[other][name], out))
-    return delivered
+    agg_ip, agg_port = tor_cfg.aggregator.split(":")
+    frame = udp_frame((tor_cfg.hosts[ip].mac, ip, int(port)), (tor_cfg.aggregator_mac, agg_ip, int(agg_port)), inagg)
+    return tor_cfg.name, tor_cfg.hosts[ip].port, frame
 
 
 def results(delivered):
-    out = {}
-    for name, port, frame in delivered:
-        h = unpack_header(frame[42:])
-        assert h.msg_type == MSG_RESULT
-        out[(name, port)] = np.frombuffer(frame, ">i4", K, 58).tolist()
-    return out
+    return {where: by_offset[0] for where, by_offset in tree_frames.results(delivered, K).items()}
 
 
 def test_a_leaf_spine_job_sums_exactly_across_three_switches(fabric):

@@ -37,8 +37,11 @@ def mininet_missing():
 
 
 def launcher(tmp_path, topo, dataplane, *extra) -> tuple[list[str], Path]:
+    """The launcher's command for ``topo`` (a shipped topology's file name, or a path) and the
+    file its summary rows go to."""
     out = tmp_path / f"summary-{time.monotonic_ns()}.json"
-    return [sys.executable, "-m", "inagg.emulation.mininet_run", "--topo", f"inagg/emulation/topologies/{topo}",
+    path = topo if os.path.isabs(topo) else f"inagg/emulation/topologies/{topo}"
+    return [sys.executable, "-m", "inagg.emulation.mininet_run", "--topo", str(path),
             "--dataplane", dataplane, "--json", str(out), *extra], out
 
 

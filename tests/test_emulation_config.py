@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inagg.emulation.mininet_run import job_epochs, main as mininet_main
+from inagg.control.config import parse_config
+from inagg.control.trees import host_aggregator_at, job_tree
+from inagg.emulation.mininet_run import controller_switches, job_epochs, main as mininet_main
 from inagg.emulation.run_dir import RunDir, process_start_time, stop_run
-from inagg.emulation.topology import Endpoint, TopologyError, load_topology, parse_topology
+from inagg.emulation.topology import Endpoint, TopologyError, host_ip, load_topology, parse_topology
 from inagg.demos.train_demo import load_digits_split, steps_per_epoch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,10 +48,38 @@ def test_switch_to_switch_link_parses():
     assert set(t.host_ports("s2")) == {"10.0.0.3", "10.0.0.4"}
 
 
-def test_a_job_across_switches_is_refused_by_name():
-    data = topo(BASE_LINKS + [["s1-p6", "s2-p3"]], jobs=[{"name": "wide", "workers": ["h1", "h3"]}])
-    with pytest.raises(TopologyError, match=r"job wide: its workers \(h1 on s1, h3 on s2\).*one level"):
+def test_a_job_across_unlinked_switches_is_refused_by_name():
+    data = topo(BASE_LINKS, jobs=[{"name": "wide", "workers": ["h1", "h3"]}])
+    with pytest.raises(TopologyError, match=r"job wide: its workers \(h1 on s1, h3 on s2\).*no switch links join"):
         parse_topology(data)
+
+
+def test_a_host_runs_several_ranks_and_host_reduce_is_a_boolean():
+    t = parse_topology(topo(BASE_LINKS, jobs=[{"name": "j", "workers": ["h1", "h1", "h2"], "host_reduce": True}]))
+    assert t.jobs[0]["workers"] == ["h1", "h1", "h2"]
+    with pytest.raises(TopologyError, match="job j: host_reduce must be true or false"):
+        parse_topology(topo(BASE_LINKS, jobs=[{"name": "j", "workers": ["h1"], "host_reduce": "yes"}]))
+
+
+@pytest.mark.parametrize("trunks", [[["s1-p6", "s2-p3"], ["s1-p7", "s2-p4"]], [["s1-p6", "s1-p7"]]])
+def test_switch_links_must_form_a_forest(trunks):
+    with pytest.raises(TopologyError, match="closes a cycle of switch links"):
+        parse_topology(topo(BASE_LINKS + trunks))
+
+
+def test_the_leaf_spine_job_is_a_tree_rooted_at_the_spine_beside_the_host_aggregator():
+    """The controller config the launcher writes for leaf_spine.json: links on both ends, the
+    job's tree over both ToRs rooted at the spine, the host aggregator a host of the spine."""
+    t = load_topology(ROOT / "inagg" / "emulation" / "topologies" / "leaf_spine.json")
+    switches = controller_switches(t, [f"unix:/nowhere/{n}" for n in t.switches], "soft", {})
+    assert [(s["name"], s["links"]) for s in switches] == [
+        ("tor1", {"spine": 5}), ("tor2", {"spine": 5}), ("spine", {"tor1": 1, "tor2": 2})]
+    config = parse_config({"host_aggregator": "10.0.0.100:42666", "admin_token": "x", "switches": switches})
+    where = {ip: s.name for s in config.switches for ip in s.hosts}
+    job = t.jobs[0]
+    tree = job_tree(config, {r: where[host_ip(t.hosts[h])] for r, h in enumerate(job["workers"])})
+    assert tree.root == "spine" and tree.ranks == {"tor1": (0, 1, 2, 3), "tor2": (4, 5, 6, 7), "spine": ()}
+    assert host_aggregator_at(config)[0] == "spine"
 
 
 @pytest.mark.parametrize("links, message", [

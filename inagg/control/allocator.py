@@ -20,6 +20,10 @@ granted host aggregation at once instead of waiting. The policy, and why:
   owner tag tells a new grant from any earlier one.
 * **Upgrades and growth** happen whenever slots free up (a job leaves, its lease expires, or a
   shrink is activated): host jobs move to the switch in arrival order, then switch jobs grow.
+* **Tree parts are fixed.** A job aggregating on a tree of switches (docs/trees.md) holds one
+  minimum window on each switch of it, taken on all of them at once (``reserve``); the policy
+  never resizes, moves or evicts it (every level must keep the same range size and epoch), and
+  counts its window, its row and its children against what the other jobs can have.
 
 Invariants (property-tested in tests/test_allocator.py): active switch ranges never overlap,
 no slot is held by two jobs, all slots return to the pool when jobs leave, and every job
@@ -32,6 +36,7 @@ import copy
 from dataclasses import dataclass, field
 
 SWITCH, HOST = "switch", "host"
+NO_JOB = 0   # job ids start at 1: excluding job 0 excludes none
 
 
 @dataclass(frozen=True)
@@ -71,10 +76,17 @@ class JobState:
     pending: Placement | None = None
     drained: bool = False  # pinned to host aggregation by the operator
     order: int = 0
+    fixed: bool = False    # a part of an aggregation tree: held as placed (``reserve``)
+    children: int = 0      # worker entries it takes here when not its ranks (a tree's part)
 
     @property
     def intended(self) -> Placement:
         return self.pending or self.active
+
+    @property
+    def entries(self) -> int:
+        """worker_table entries the job takes on this switch."""
+        return self.children or self.demand.n_workers
 
 
 @dataclass(frozen=True)
@@ -127,12 +139,33 @@ class SlotAllocator:
             raise ValueError("a job needs at least one worker")
         self._arrivals += 1
         base = self._free_run(SWITCH, self.min_window, job_id)
-        if base is not None and self._room_for(demand, self._switch_holders(job_id)):
+        if base is not None and self._room_for(demand.n_workers, self._switch_holders(job_id)):
             active = Placement(SWITCH, base, self.min_window, 1)
         else:
             active = self._host_placement(job_id, 1)
         self.jobs[job_id] = JobState(job_id, demand, active, order=self._arrivals)
         self.rebalance()
+        return active
+
+    def can_reserve(self, children: int) -> bool:
+        """Whether a tree part of ``children`` children fits now: a free minimum window, a
+        job row and the worker entries."""
+        return (self._free_run(SWITCH, self.min_window, NO_JOB) is not None
+                and self._room_for(children, self._switch_holders(NO_JOB)))
+
+    def reserve(self, job_id: int, demand: Demand, mode: str, children: int) -> Placement:
+        """Hold a fixed minimum window of ``mode`` (SWITCH: this switch's part of the job's
+        aggregation tree; HOST: the host aggregator as the tree's root) for job ``job_id``, as
+        its epoch 1, never resized; RuntimeError when none is free (check ``can_reserve``)."""
+        if job_id in self.jobs:
+            raise ValueError(f"job {job_id} exists")
+        base = self._free_run(mode, self.min_window, job_id)
+        if base is None or (mode == SWITCH and not self._room_for(children, self._switch_holders(job_id))):
+            raise RuntimeError(f"no free {mode} window for job {job_id}'s aggregation tree")
+        self._arrivals += 1
+        active = Placement(mode, base, self.min_window, 1)
+        self.jobs[job_id] = JobState(job_id, demand, active, order=self._arrivals, fixed=True,
+                                     children=children)
         return active
 
     def restore_job(self, state: JobState) -> None:
@@ -162,7 +195,7 @@ class SlotAllocator:
             return False
         p = job.pending
         if p.mode == SWITCH and job.active.mode != SWITCH and not self._room_for(
-                job.demand, [j for j in self.jobs.values() if j.job_id != job_id and j.active.mode == SWITCH]):
+                job.entries, [j for j in self.jobs.values() if j.job_id != job_id and j.active.mode == SWITCH]):
             return False  # a job leaving the switch has not let go of its row yet: next boundary
         if p.mode == SWITCH:
             for other in self.jobs.values():
@@ -180,7 +213,7 @@ class SlotAllocator:
         on_switch = self._switch_set()
         shares = self._shares(on_switch)
         for job in self._by_arrival():
-            if job.job_id not in shares and job.intended.mode == SWITCH:
+            if job.job_id not in shares and job.intended.mode == SWITCH and not job.fixed:
                 self._propose(job, self._host_placement(job.job_id, 0))        # drained/evicted
         for job in on_switch:                                                  # shrink in place
             cur = job.intended
@@ -217,18 +250,24 @@ class SlotAllocator:
         return [j for j in self.jobs.values() if j.job_id != exclude and
                 (j.active.mode == SWITCH or (j.pending is not None and j.pending.mode == SWITCH))]
 
-    def _room_for(self, demand: Demand, holders: list[JobState]) -> bool:
-        """Whether the switch can hold one more job of ``demand`` beside ``holders``."""
+    def _room_for(self, entries: int, holders: list[JobState]) -> bool:
+        """Whether the switch can hold one more job of ``entries`` worker entries (its ranks,
+        or a tree part's children) beside ``holders``."""
         return (len(holders) < min(self.switch_slots // self.min_window, self.max_jobs)
-                and demand.n_workers <= self.max_job_workers
-                and sum(j.demand.n_workers for j in holders) + demand.n_workers <= self.worker_entries)
+                and entries <= self.max_job_workers
+                and sum(j.entries for j in holders) + entries <= self.worker_entries)
+
+    def _fixed(self) -> list[JobState]:
+        """The tree parts held on the switch (never moved by the policy)."""
+        return [j for j in self.jobs.values() if j.fixed and j.active.mode == SWITCH]
 
     def _switch_set(self) -> list[JobState]:
-        """Jobs that should be on the switch: earliest arrivals, as many as minimum windows, job
-        rows and worker entries allow."""
+        """Jobs the policy puts on the switch beside its tree parts: earliest arrivals, as
+        many as minimum windows, job rows and worker entries allow."""
         chosen: list[JobState] = []
+        fixed = self._fixed()
         for j in self._by_arrival():
-            if not j.drained and self._room_for(j.demand, chosen):
+            if not j.drained and not j.fixed and self._room_for(j.entries, fixed + chosen):
                 chosen.append(j)
         return chosen
 
@@ -238,7 +277,7 @@ class SlotAllocator:
         chunk = self.min_window
         useful = {j.job_id: max(1, self.useful_window(j.demand) // chunk) for j in jobs}
         shares = {j.job_id: 1 for j in jobs}
-        left = self.switch_slots // chunk - len(jobs)
+        left = (self.switch_slots - sum(j.active.slot_count for j in self._fixed())) // chunk - len(jobs)
         while left > 0:
             open_jobs = [j for j in jobs if shares[j.job_id] < useful[j.job_id]]
             if not open_jobs:

@@ -42,6 +42,7 @@ from inagg.control.jobs import (Job, Member, Refused, authenticated, check_membe
                                 job_from_row, running, silence)
 from inagg.control.store import Store, StoreError, state_from_json
 from inagg.control.switch import SwitchError
+from inagg.control.tree_place import restore_tree, tree_record
 from inagg.control.validation import MAX_NAME_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
 from inagg.jobservice.client import CALL_SECONDS
 from inagg.jobservice.proto import inagg_controller_pb2 as pb
@@ -78,6 +79,8 @@ class Controller:
             self.jobs[job.job_id] = job
             if "active" in json.loads(row["state"]) and job.place is not None:
                 self.fabric.allocators[job.place].restore_job(state_from_json(row["state"]))
+            if row["tree"]:
+                restore_tree(job, row["tree"], self.fabric.allocators)
         log.info("restored %d job(s)", len(self.jobs))
 
     def _save(self, *, durable: bool) -> None:
@@ -85,7 +88,8 @@ class Controller:
         When the database cannot be written: raise if ``durable``, else log it and remember
         that the store is behind (the change holds in memory)."""
         try:
-            states = [(state, job.place, job.job_index) for job in self.jobs.values()
+            states = [(state, job.place, job.job_index, tree_record(job, self.fabric.allocators))
+                      for job in self.jobs.values()
                       if not job.failure and (state := self.fabric.state(job)) is not None]
             gone = [i for i in self.store.job_ids() if i not in self.jobs or self.jobs[i].failure]
             self.store.save(states, gone)
@@ -205,9 +209,10 @@ class Controller:
             self.store.add_worker(job_id, rank, member)
             return job
 
-    def grants(self, job: Job) -> list[pb.Grant]:
-        """The job's active grant, and its pending one if any (``grants.grants``)."""
-        return grants.grants(self.fabric, job)
+    def grants(self, job: Job, rank: int | None = None) -> list[pb.Grant]:
+        """The job's active grant, and its pending one if any; on a tree, rank ``rank``'s
+        (``grants.grants``)."""
+        return grants.grants(self.fabric, job, rank)
 
     def activate(self, job_id: int, token: str, epoch: int, boundary: int,
                  rank: int | None) -> tuple[bool, pb.Grant, int]:
@@ -236,10 +241,10 @@ class Controller:
                 asked.add(rank)
                 missing = job.demand.n_workers - len(asked)
                 if missing > 0:
-                    return False, self.grants(job)[0], missing
+                    return False, self.grants(job, rank)[0], missing
                 del job.activation_asks[(epoch, boundary)]
                 decided = self._decide_activation(job, epoch, boundary)
-            return decided, self.grants(self.jobs[job_id])[0], 0
+            return decided, self.grants(self.jobs[job_id], rank)[0], 0
 
     def _decide_activation(self, job: Job, epoch: int, boundary: int) -> bool:
         """Every rank asked: activate pending grant ``epoch`` if it still is the pending one,
@@ -320,11 +325,15 @@ class Controller:
             if job.place is None or job.failure:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"job {job_id} is not placed (not every rank joined, or it failed)")
+            if job.tree is not None:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"job {job_id} runs on its {job.tree.describe()}: a tree is not "
+                              f"drained (its parts are fixed); ReleaseJob ends it")
             with self._change(f"drain of job {job_id}"):
                 p = self.fabric.allocators[job.place].drain(job_id)
             job = self.jobs[job_id]
             active = self.fabric.allocators[job.place].jobs[job_id].active
-            return grants.grant(self.fabric, job, p, p.epoch != active.epoch)
+            return grants.grant(self.fabric, job, p, p.epoch != active.epoch, job.place)
 
     def release(self, job_id: int) -> None:
         """The operator ends a job: its slots free at once and its ranks are told, as a failure

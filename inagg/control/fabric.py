@@ -4,13 +4,16 @@ There is one ``SlotAllocator`` per configured switch (its pool, job rows and K a
 read from its P4Info) and one, named "", for jobs on no switch (the host aggregator only); the
 host aggregator's slots are split evenly between them. A job goes to the first switch that has
 every rank as a host, speaks the job's transport and, on a Tofino, has every rank's port in one
-pipe (registers are per pipe: pipe = device port >> 7), else to "" (``Fabric.place``), and
+pipe (registers are per pipe: pipe = device port >> 7). A job whose ranks hang off several
+linked switches goes on its aggregation tree (docs/trees.md, ``inagg.control.tree_place``): a
+minimum window on every switch of it, taken in one go; with the host aggregator as its root
+when only the root switch is full; else, and for any other job, to "" (``Fabric.place``), and
 ``Fabric.why_no_switch`` says why in words the workers log.
 
-A switch's desired entries are a function of the jobs placed on it whose active grant is on the
-switch (``Fabric.switch_jobs``); ``Fabric.program`` pushes them to every switch whose desired
-entries changed, and ``Fabric.reconnect``/``Fabric.reprogram`` bring back a switch that
-restarted. The caller (the controller) holds its lock around all of these except ``reconnect``,
+A switch's desired entries are a function of the jobs that hold a switch grant in its
+allocator: its own jobs and its parts of trees (``Fabric.switch_jobs``); ``Fabric.program``
+pushes them to every switch whose desired entries changed, and
+``Fabric.reconnect``/``Fabric.reprogram`` bring back a switch that restarted. The caller (the controller) holds its lock around all of these except ``reconnect``,
 which takes it itself around the part that changes shared state.
 """
 
@@ -19,22 +22,17 @@ from __future__ import annotations
 import logging
 import threading
 
-from inagg.control.allocator import SWITCH, AllocatorSnapshot, JobState, Placement, SlotAllocator
+from inagg.control.allocator import SWITCH, AllocatorSnapshot, JobState, SlotAllocator
 from inagg.control.config import ControllerConfig
 from inagg.control.jobs import Job
 from inagg.control.runtime import SwitchCapacity, SwitchRuntime
 from inagg.control.switch import SwitchError, SwitchJob
-from inagg.control.trees import worker_bindings
-from inagg.wire.grant import parse_address
+from inagg.control.tree_place import job_ips, place_tree, tree_refusal
+from inagg.control.trees import l2_routes, tree_switch_job, worker_bindings
 
 log = logging.getLogger("inagg.controller")
 
 PIPE_SHIFT = 7   # a Tofino device port's pipe is dev_port >> 7 (128 device ports per pipe)
-
-
-def job_ips(job: Job) -> set[str]:
-    """The IPv4 addresses of a job's joined ranks."""
-    return {parse_address(m.address)[0] for m in job.workers.values()}
 
 
 def refusal(sw: SwitchRuntime, job: Job) -> str:
@@ -72,7 +70,7 @@ class Fabric:
                                   config.host_window, share * i, max_jobs=cap.job_rows,
                                   max_job_workers=cap.job_workers, worker_entries=cap.worker_entries)
             self.allocators[cfg.name] = alloc
-            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info)
+            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name))
         self.allocators[""] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
                                             config.host_window, share * (n - 1))
 
@@ -86,9 +84,16 @@ class Fabric:
             self.allocators[name].restore(snapshot)
 
     def place(self, job: Job) -> None:
-        """Place a job every rank of which joined: give it a pool and its first grant there."""
+        """Place a job every rank of which joined: give it a pool and its first grant there;
+        a job spanning switches its tree's windows (``tree_place.place_tree``)."""
         job.place = "" if job.host_only else next(
             (name for name, sw in self.switches.items() if not refusal(sw, job)), "")
+        if not job.place and not job.host_only:
+            job.tree = place_tree(self.config, self.switches, self.allocators, job)
+        if job.tree is not None:
+            job.place = "" if job.tree.host_root else job.tree.tree.root
+            log.info("job %d placed on its %s", job.job_id, job.tree.describe())
+            return
         self.allocators[job.place].add_job(job.job_id, job.demand)
         log.info("job %d placed on %s", job.job_id, job.place or "host only")
 
@@ -104,7 +109,7 @@ class Fabric:
         if strangers:
             return (f"worker address(es) {', '.join(strangers)} are not hosts of any switch in "
                     f"the controller's config")
-        return "its workers are attached to different switches (aggregation is one level)"
+        return tree_refusal(self.config, self.switches, job)
 
     def state(self, job: Job) -> JobState | None:
         """The allocator's state of a placed job; None before placement or after it left."""
@@ -112,35 +117,46 @@ class Fabric:
         return alloc.jobs.get(job.job_id) if alloc is not None else None
 
     def remove(self, job: Job) -> None:
-        """A job's slots return to its pool (if it holds any)."""
-        if job.place is not None and job.job_id in self.allocators[job.place].jobs:
-            self.allocators[job.place].remove_job(job.job_id)
+        """A job's slots return to every pool holding some (a tree's: several)."""
+        for alloc in self.allocators.values():
+            if job.job_id in alloc.jobs:
+                alloc.remove_job(job.job_id)
 
     # -- programming -------------------------------------------------------------------------
 
-    def _switch_job(self, job: Job, sw: SwitchRuntime, p: Placement) -> SwitchJob:
-        bindings = worker_bindings(job, sw.cfg, sorted(job.workers))
-        return SwitchJob(job.job_id, job.job_index, p.epoch, p.slot_base, p.slot_count, tuple(bindings),
-                         job.transport)
+    def _switch_job(self, job: Job, name: str) -> SwitchJob:
+        """Switch ``name``'s entries for ``job``: its ranks, or its part of the job's tree."""
+        if job.tree is not None:
+            t = job.tree
+            places = {n: self.allocators[n].jobs[job.job_id].active for n in t.switches}
+            if t.host_root:     # the root's window is the host aggregator's
+                places[t.tree.root] = self.allocators[""].jobs[job.job_id].active
+            return tree_switch_job(self.config, t.tree, name, job, job.rows[name], places,
+                                   host_root=t.host_root)
+        p = self.allocators[name].jobs[job.job_id].active
+        bindings = worker_bindings(job, self.switches[name].cfg, sorted(job.workers))
+        return SwitchJob(job.job_id, job.rows[name], p.epoch, p.slot_base, p.slot_count,
+                         tuple(bindings), job.transport)
 
     def switch_jobs(self, name: str, jobs: dict[int, Job]) -> list[SwitchJob]:
-        """The jobs switch ``name`` should hold now, each with a job row (counter index): a job
-        off the switch gives its row back, one new on it takes the lowest free row."""
+        """The jobs switch ``name`` should hold now (a switch grant in its allocator), each with
+        a job row (counter index): a job off the switch gives its row back, one new on it takes
+        the lowest free row."""
         alloc = self.allocators[name]
         on_switch = [j for j in sorted(jobs.values(), key=lambda j: j.job_id)
-                     if j.place == name and j.job_id in alloc.jobs and alloc.jobs[j.job_id].active.mode == SWITCH]
+                     if j.job_id in alloc.jobs and alloc.jobs[j.job_id].active.mode == SWITCH]
         for job in jobs.values():
-            if job.place == name and job not in on_switch:
-                job.job_index = None
-        used = {j.job_index for j in on_switch}
+            if name in job.rows and job not in on_switch:
+                del job.rows[name]
+        used = {j.rows[name] for j in on_switch if name in j.rows}
         for job in on_switch:
-            if job.job_index is None:
+            if name not in job.rows:
                 free = set(range(self.switches[name].capacity.job_rows)) - used
                 if not free:  # the allocator admits no more jobs than rows: a bug if reached
                     raise RuntimeError(f"switch {name}: no free job row for job {job.job_id}")
-                job.job_index = min(free)
-                used.add(job.job_index)
-        return [self._switch_job(j, self.switches[name], alloc.jobs[j.job_id].active) for j in on_switch]
+                job.rows[name] = min(free)
+                used.add(job.rows[name])
+        return [self._switch_job(j, name) for j in on_switch]
 
     def program(self, jobs: dict[int, Job], *, force: bool = False) -> None:
         """Program every switch whose desired entries changed; raises when one refuses.

@@ -1,7 +1,8 @@
 """The job table's records and the rules a request about a job is checked against.
 
 A job is created with its demand, then each rank joins with its endpoint; once every rank joined
-the controller places it (``inagg.control.fabric``). Two leases keep it: the job's own
+the controller places it (``inagg.control.fabric``): on one switch, on an aggregation tree of
+switches (``Job.tree``, docs/trees.md) or on the host aggregator. Two leases keep it: the job's own
 (``Job.last_seen``, renewed by any call about it) and one per rank (``Job.rank_seen``, renewed by
 that rank's heartbeat). A job whose own lease runs out is ended; a placed job one of whose ranks
 went silent fails, and its failure names the silent ranks (``silence``).
@@ -15,13 +16,16 @@ import hmac
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 import grpc
 
 from inagg.control.allocator import Demand
 from inagg.control.validation import MAX_TOKEN_CHARS, check_address, check_mac
 from inagg.wire.grant import parse_address
+
+if TYPE_CHECKING:
+    from inagg.control.trees import TreePlace
 
 
 class Refused(Exception):
@@ -50,14 +54,21 @@ class Job:
     workers: dict[int, Member] = field(default_factory=dict)  # by rank
     transport: str = "udp"            # the switch encapsulation: "udp" or "roce"
     host_only: bool = False           # asked for the host aggregator only (a switch job's host lane)
-    place: str | None = None          # switch name, or "" for host-only; None before placement
-    job_index: int | None = None
+    place: str | None = None          # switch name (a tree's: its root), or "" for the host
+                                      # aggregator (a tree's root, or all of it); None before placement
+    tree: TreePlace | None = None     # placed on an aggregation tree of switches
+    rows: dict[str, int] = field(default_factory=dict)   # its job row (counter index) by switch
     last_seen: float = field(default_factory=time.monotonic)
     rank_seen: dict[int, float] = field(default_factory=dict)  # last heartbeat of each rank
     left: set[int] = field(default_factory=set)                 # ranks that left cleanly
     failure: str = ""                                            # why it failed; "" while it runs
     # ranks that asked to activate (epoch, boundary), not decided yet (Controller.activate)
     activation_asks: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+
+    @property
+    def job_index(self) -> int | None:
+        """Its row on the switch it is placed on (a tree's root); None off switches."""
+        return self.rows.get(self.place) if self.place else None
 
 
 def job_from_row(row: Mapping[str, Any], grace: float = 0.0) -> Job:
@@ -67,7 +78,8 @@ def job_from_row(row: Mapping[str, Any], grace: float = 0.0) -> Job:
     demand = Demand(**json.loads(row["state"])["demand"])
     job = Job(row["job_id"], row["name"], row["token"], demand,
               {r: Member(*w) for r, *w in row["workers"]}, transport=row["transport"],
-              host_only=row["host_only"], place=row["switch"], job_index=row["job_index"])
+              host_only=row["host_only"], place=row["switch"],
+              rows={} if row["job_index"] is None else {row["switch"]: row["job_index"]})
     job.rank_seen = dict.fromkeys(job.workers, time.monotonic() + grace)
     return job
 

@@ -68,7 +68,7 @@ class ControllerCollector:
             g["epoch"].add_metric(labels, a.epoch)
             g["pending_epoch"].add_metric(labels, j.pending.epoch if j.HasField("pending") else 0)
             grant_changes.add_metric(labels, changes.get(j.job_id, 0))
-            if j.counters:
+            if j.counters and a.mode == "switch":   # a tree under the host aggregator: per level only
                 switch = self._switch_of(a.aggregator)
                 for c in SWITCH_COUNTERS:
                     counters[c].add_metric(labels + [switch], j.counters.get(c, 0))

@@ -91,6 +91,9 @@ class P4Info:
             raise KeyError(f"P4Info has no {kind.name} named {name!r}")
         return found
 
+    def has(self, kind: P4Type, name: str) -> bool:
+        return self.context.get_obj(kind, name) is not None
+
     def id(self, kind: P4Type, name: str) -> int:
         return self.obj(kind, name).preamble.id
 

@@ -1,6 +1,8 @@
 """One switch as the controller runs it: what it can hold (read from its P4Info), its P4Runtime
 session (replaced when the switch restarts), and the reconciliation that makes its tables and
-multicast groups hold exactly what the controller's state says."""
+multicast groups hold exactly what the controller's state says: forwarding to its own hosts and,
+along the links, to the other switches' hosts and aggregator addresses; its jobs and its parts
+of aggregation trees (their uplinks included)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from inagg.control.config import SwitchConfig
 from inagg.control.p4info import P4Info
 from inagg.control.switch import (
     DELETE, INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
-    ResultReplication, SwitchConnection, SwitchJob,
+    ResultReplication, SwitchConnection, SwitchJob, TreeUplink,
 )
+from inagg.control.p4info import P4Type
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class SwitchCapacity:
     job_rows: int         # job_table entries and job counter rows
     worker_entries: int   # worker_table / replica_table entries, all jobs together
     job_workers: int      # ranks of one job: the width of a slot's worker bitmap
+    trees: bool = False   # has uplink_table: can be a switch below the root of a tree
 
     @classmethod
     def from_p4info(cls, p4info: P4Info) -> "SwitchCapacity":
@@ -33,17 +37,19 @@ class SwitchCapacity:
                    job_rows=min(p4info.table_size("job_table"), p4info.counter_size("job_packets")),
                    worker_entries=min(p4info.table_size("worker_table"),
                                       p4info.table_size("replica_table")),
-                   job_workers=MAX_WORKERS)
+                   job_workers=MAX_WORKERS, trees=p4info.has(P4Type.table, "uplink_table"))
 
 
 class SwitchRuntime:
     """One switch: its session, its allocator and the programming of its tables."""
 
-    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info) -> None:
+    def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info,
+                 routes: dict[str, int] | None = None) -> None:
         self.cfg = cfg
         self.allocator = allocator
         self.p4info = p4info
         self.capacity = SwitchCapacity.from_p4info(p4info)
+        self.routes = routes or {}   # MAC -> front-panel port of the link toward it
         self.wanted: list[SwitchJob] | None = None   # what the switch should hold
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
         self.restarts = 0                            # times it was found restarted and re-programmed
@@ -79,12 +85,13 @@ class SwitchRuntime:
     def desired(self, jobs: list[SwitchJob]):
         """Entries (by table and key) and multicast groups the switch should hold."""
         fwd = Forwarding(self.sw)
-        updates = [fwd.host_update(INSERT, h.mac, self.cfg.device_port(h.port))
-                   for h in self.cfg.hosts.values()]
+        ports = {**self.routes, **{h.mac: h.port for h in self.cfg.hosts.values()}}
+        updates = [fwd.host_update(INSERT, m, self.cfg.device_port(p)) for m, p in ports.items()]
         updates += fwd.flood_updates(INSERT, self.cfg.ports)
         for job in jobs:
             updates.append(ResultReplication(self.sw).job_update(INSERT, job))
             updates += ReplicaRewrite(self.sw).updates(INSERT, job)
+            updates += TreeUplink(self.sw).updates(INSERT, job)
             updates += JobAdmission(self.sw).updates(INSERT, job)
         return updates
 
@@ -98,7 +105,9 @@ class SwitchRuntime:
         per-worker entries, then job_table), deletions last in reverse order."""
         want = self.desired(jobs)
         have_tables: dict[tuple, tuple] = {}
-        for table in ("l2_table", "worker_table", "replica_table", "job_table"):
+        tables = ("l2_table", "worker_table", "replica_table", "job_table") + \
+            (("uplink_table",) if self.capacity.trees else ())
+        for table in tables:
             for key, action, params in self.sw.table_entries(table):
                 have_tables[(table, tuple(sorted(key.items())))] = (action, params)
         have_groups = ResultReplication(self.sw).groups()
@@ -125,7 +134,7 @@ class SwitchRuntime:
         # or the switch restarted); they go before its job_table row makes it visible
         fresh = [j for j in jobs if ("job_table", (("job_id", j.job_id),)) not in have_tables]
         writes[:0] = [u for j in fresh for u in JobCounters(self.sw).reset_updates(j.job_index)]
-        order = {"job_table": 0, "replica_table": 1, "worker_table": 1, "l2_table": 2}
+        order = {"job_table": 0, "uplink_table": 1, "replica_table": 1, "worker_table": 1, "l2_table": 2}
         stale = sorted((k for k in have_tables if k not in seen_tables), key=lambda k: order[k[0]])
         for table, key in stale:
             writes.append(self.sw.table_update(DELETE, table, dict(key)))

@@ -17,7 +17,7 @@ import grpc
 
 from inagg.control.config import ControllerConfig
 from inagg.control.controller import Controller
-from inagg.control.jobs import Refused
+from inagg.control.jobs import Refused, check_rank
 from inagg.control.store import StoreError
 from inagg.jobservice.credentials import is_unix, server_credentials
 from inagg.jobservice.proto import inagg_controller_pb2 as pb
@@ -75,14 +75,17 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     def WatchGrant(self, request, context):
         ctl = self.ctl
-        self._call(context, lambda: ctl.authenticate(request.job_id, request.token))
+        job = self._call(context, lambda: ctl.authenticate(request.job_id, request.token))
+        rank = request.rank if request.HasField("rank") else None
+        if rank is not None:
+            self._call(context, check_rank, job, rank)
         sent = None
         while context.is_active():
             with ctl.lock:
                 job = ctl.jobs.get(request.job_id)
                 if job is None:
                     return
-                grants = ctl.grants(job)
+                grants = ctl.grants(job, rank)
                 if grants == sent:
                     ctl.changed.wait(timeout=1.0)
                     continue

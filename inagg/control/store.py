@@ -43,6 +43,7 @@ ADDED_COLUMNS = (
     ("jobs", "host_only", "INTEGER NOT NULL DEFAULT 0"),
     ("workers", "qp", "INTEGER NOT NULL DEFAULT 0"),
     ("workers", "rkey", "INTEGER NOT NULL DEFAULT 0"),
+    ("jobs", "tree", "TEXT"),
 )
 
 
@@ -50,10 +51,15 @@ def state_to_json(s: JobState) -> str:
     return json.dumps(asdict(s))
 
 
-def state_from_json(text: str) -> JobState:
-    d = json.loads(text)
+def state_from_dict(d: dict) -> JobState:
+    """A JobState as ``asdict`` wrote it (the fields a tree added absent from older rows)."""
     return JobState(d["job_id"], Demand(**d["demand"]), Placement(**d["active"]),
-                    Placement(**d["pending"]) if d["pending"] else None, d["drained"], d["order"])
+                    Placement(**d["pending"]) if d["pending"] else None, d["drained"], d["order"],
+                    d.get("fixed", False), d.get("children", 0))
+
+
+def state_from_json(text: str) -> JobState:
+    return state_from_dict(json.loads(text))
 
 
 class StoreError(RuntimeError):
@@ -140,12 +146,14 @@ class Store:
                         "VALUES (?, ?, ?, ?, ?, ?)", (job_id, rank, *member))
 
     @does("save the jobs' grants")
-    def save(self, states: Iterable[tuple[JobState, str | None, int | None]], gone: Iterable[int]) -> None:
-        """In one transaction: each (state, switch, job index), and the rows of the jobs
-        ``gone`` (ended or failed) deleted."""
+    def save(self, states: Iterable[tuple[JobState, str | None, int | None, str | None]],
+             gone: Iterable[int]) -> None:
+        """In one transaction: each (state, switch, job index, tree record or None), and the
+        rows of the jobs ``gone`` (ended or failed) deleted."""
         with self.db:
-            self.db.executemany("UPDATE jobs SET state=?, switch=?, job_index=? WHERE job_id=?",
-                                [(state_to_json(s), switch, index, s.job_id) for s, switch, index in states])
+            self.db.executemany("UPDATE jobs SET state=?, switch=?, job_index=?, tree=? WHERE job_id=?",
+                                [(state_to_json(s), switch, index, tree, s.job_id)
+                                 for s, switch, index, tree in states])
             for job_id in gone:
                 for table in ("jobs", "workers", "activations"):
                     self.db.execute(f"DELETE FROM {table} WHERE job_id=?", (job_id,))
@@ -179,12 +187,13 @@ class Store:
     @does("read the jobs")
     def jobs(self) -> list[dict]:
         rows = self.db.execute(
-            "SELECT job_id, name, token, switch, job_index, state, transport, host_only FROM jobs").fetchall()
+            "SELECT job_id, name, token, switch, job_index, state, transport, host_only, tree "
+            "FROM jobs").fetchall()
         out = []
-        for job_id, name, token, switch, job_index, state, transport, host_only in rows:
+        for job_id, name, token, switch, job_index, state, transport, host_only, tree in rows:
             workers = self.db.execute("SELECT rank, address, mac, qp, rkey FROM workers "
                                       "WHERE job_id=? ORDER BY rank", (job_id,)).fetchall()
             out.append({"job_id": job_id, "name": name, "token": token, "switch": switch,
                         "job_index": job_index, "state": state, "workers": workers,
-                        "transport": transport, "host_only": bool(host_only)})
+                        "transport": transport, "host_only": bool(host_only), "tree": tree})
         return out

@@ -97,22 +97,50 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
     report(("done", rank, params if rank == 0 else None, comm.stats() if comm else None, seconds, steps))
     if comm is not None:
         dist.barrier()
-        comm.close()
+        _close(comm)
     dist.destroy_process_group()
+
+
+def _close(comm) -> None:
+    """Close a communicator, and its host group when its host reduces first (the group is the
+    opener's to close)."""
+    from inagg.worker.host_communicator import HostCommunicator
+
+    comm.close()
+    if isinstance(comm, HostCommunicator):
+        comm.group.close()
+
+
+def _communicator(rank: int, cfg: TrainConfig, rdv_file: str, controller: str | None,
+                  bind_ip: str | None, nbytes: int):
+    """This rank's communicator of the job (its demand: ``nbytes`` every 50 ms): every rank a
+    worker, or, where ``INAGG_HOST_REDUCE=auto`` and a host runs several ranks, each host's
+    ranks reducing in shared memory first and its leader the host's worker
+    (``inagg.worker.host_communicator``)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from inagg.worker.communicator import Communicator
+    from inagg.worker.host_communicator import HostCommunicator, open_host_group
+
+    store, _, _ = next(dist.rendezvous(f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}"))
+    group = open_host_group(dist.PrefixStore("host", store), rank, cfg.workers, timedelta(seconds=120))
+
+    def join(worker: int, size: int) -> Communicator:
+        return Communicator(dist.PrefixStore("job", store), worker, size, controller,
+                            bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05,
+                            name=cfg.job_name or cfg.hook, transport=cfg.transport)
+    return join(rank, cfg.workers) if group is None else HostCommunicator(group, join)
 
 
 def _hook_to_inagg(ddp, model, rank: int, cfg: TrainConfig, rdv_file: str, controller: str | None,
                    bind_ip: str | None):
-    """Join the job (its demand: the model's gradient bytes every 50 ms) and average DDP's
-    gradient buckets through it with the config's hook; returns the ``Communicator``."""
-    from inagg.worker.communicator import Communicator
+    """Join the job and average DDP's gradient buckets through it with the config's hook;
+    returns the communicator (``_communicator``)."""
     from inagg.pytorch.hooks import ARTopkHookState, InaggHookState, artopk_hook, inagg_hook
 
     nbytes = 4 * sum(p.numel() for p in model.parameters())
-    comm = Communicator.from_rendezvous(
-        f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}", controller,
-        bind_ip=bind_ip or "127.0.0.1", bytes_per_iteration=nbytes, iteration_seconds=0.05, name=cfg.job_name or cfg.hook,
-        transport=cfg.transport)
+    comm = _communicator(rank, cfg, rdv_file, controller, bind_ip, nbytes)
     if cfg.hook == "inagg":
         ddp.register_comm_hook(InaggHookState(comm), inagg_hook)
     else:

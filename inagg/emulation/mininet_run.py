@@ -36,6 +36,7 @@ from inagg import add_version_flag
 from inagg.wire.grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, switch_values_for_mtu,
                               values_for_mtu)
 from inagg.wire.protocol import UDP_PORT
+from inagg.worker.host_communicator import HOST_REDUCE_ENV
 
 from inagg.emulation.run_dir import RUNS_DIR, RunDir, stop_run, unfinished_runs
 from inagg.emulation.testbed import stop_processes
@@ -171,6 +172,17 @@ def write_soft_p4info(path: Path, values_per_packet: int) -> Path:
     return path
 
 
+def controller_switches(topo: Topology, grpcs: list[str], target: str,
+                        program_files: dict[str, str]) -> list[dict]:
+    """The controller's ``switches``: each topology switch (device id its index, P4Runtime at
+    ``grpcs[i]``) with its hosts and its links to the other switches (aggregation trees)."""
+    return [{"name": name, "grpc": grpc, "device_id": i, "target": target, **program_files,
+             "aggregator": f"{s['aggregator_ip']}:{UDP_PORT}",
+             "aggregator_mac": s["aggregator_mac"],   # what every host's ARP table has (Run.build)
+             "hosts": topo.host_ports(name), "links": topo.switch_links(name)}
+            for i, ((name, s), grpc) in enumerate(zip(topo.switches.items(), grpcs))]
+
+
 def job_epochs(topo: Topology, epochs: int | None) -> dict[str, int]:
     """Each job's epochs. ``epochs`` sets the first job's and scales the others by the same
     factor, so the jobs keep their relative lengths (the two-job demo's second job still
@@ -198,6 +210,7 @@ class Run:
         self.controller_addr = f"unix:{run.path / 'controller.sock'}"
         self.metrics_addr = f"127.0.0.1:{free_tcp_port()}"
         self.train_gate = run.path / "jobs" / "train"   # all jobs train once all hold grants
+        self.placements: dict[str, str] = {}   # job name -> where it was placed, in words
 
     def log(self, name: str):
         return open(self.run.path / "logs" / name, "w")
@@ -223,8 +236,9 @@ class Run:
         self.write_env()
         self.net = Mininet(topo=None, controller=None, link=TCLink, build=False, autoSetMacs=False)
         for i, name in enumerate(self.topo.switches):
+            # a datapath id of its own: Mininet derives one only from names like "s1", not "tor1"
             self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i,
-                               pcaps=self.pcaps)
+                               pcaps=self.pcaps, dpid=f"{i + 1:016x}")
         for name, h in self.topo.hosts.items():
             self.net.addHost(name, ip=h["ip"], mac=h["mac"])
         names = []
@@ -284,12 +298,8 @@ class Run:
             # same K from its interface)
             "host_values_per_packet": min(HOST_VALUES_PER_PACKET, values_for_mtu(self.topo.mtu)),
             "metrics_listen": self.metrics_addr,
-            "switches": [{"name": name, "grpc": sw.grpc, "device_id": sw.device_id, "target": self.dataplane,
-                          **self.program_files,
-                          "aggregator": f"{s['aggregator_ip']}:{UDP_PORT}",
-                          "aggregator_mac": s["aggregator_mac"],   # the hosts' setARP above
-                          "hosts": self.topo.host_ports(name)}
-                         for (name, s), sw in zip(self.topo.switches.items(), self.net.switches)],
+            "switches": controller_switches(self.topo, [sw.grpc for sw in self.net.switches],
+                                            self.dataplane, self.program_files),
             **self.topo.controller,
         }
 
@@ -351,8 +361,10 @@ class Run:
         running = [j["spec"]["name"] for j in jobs if any(w.poll() is None for w in j["procs"])]
         if not running:
             return True
-        placed = {j.name for j in client.list_jobs(self.admin).jobs if j.HasField("active")}
-        return set(running) <= placed
+        listing = [j for j in client.list_jobs(self.admin).jobs if j.HasField("active")]
+        for j in listing:
+            self.placements.setdefault(j.name, j.active.reason or f"{j.active.mode} {j.active.aggregator}")
+        return set(running) <= {j.name for j in listing}
 
     def _start_job(self, spec: dict) -> dict:
         """Start one job's ranks as training-demo processes (``inagg.demos.train_demo --worker``: a
@@ -373,9 +385,10 @@ class Run:
                    "--controller", self.controller_addr, "--bind-ip", host.IP(),
                    "--config", json.dumps(cfg), "--train-after", str(self.train_gate)] \
                 + (["--join-after", str(gate)] if gate else [])
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name}
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
+                   HOST_REDUCE_ENV: "auto" if spec.get("host_reduce") else "off"}
             proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=self.log(f"{name}-{host_name}.log"), text=True)
+                              stderr=self.log(f"{name}-{host_name}-r{rank}.log"), text=True)
             self.run.add_process(proc.pid, f"job {name} rank {rank}")
             procs.append(proc)
         self.procs.extend(procs)
@@ -424,7 +437,10 @@ class Run:
         self.run.finish()
 
 
-def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path) -> list[dict]:
+def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
+              placements: dict[str, str]) -> list[dict]:
+    """The per-job table (where each job was placed: its switch, its aggregation tree or the
+    host aggregator) and each switch's counters: on a tree, each level's."""
     rows = []
     print("\nper-job summary")
     print(f"{'job':<12} {'mode':<12} {'grants':>6} {'slots, epoch':<14} {'MB sent/worker':>14} {'retx':>6} "
@@ -436,6 +452,7 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path) -> l
             rows.append({"name": name, "ok": False})
             print(f"{name:<12} FAILED: see {logs}/{name}-*.log")
             continue
+        workers = [s for s in stats if s.get("leader", True)]   # a host reducing first: its leader
         s0 = stats[0]
         acc = job["epochs"][-1][1]
         seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
@@ -443,8 +460,9 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path) -> l
                "grant_changes": s0["grant_changes"], "steps": [job["done"][r]["steps"] for r in sorted(job["done"])],
                "epoch": s0["epoch"], "epochs": job["cfg"]["epochs"], "accuracy": acc,
                "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
-               "mb_sent": sum(s["wire_bytes_sent"] for s in stats) / len(stats) / 1e6,
-               "retransmissions": sum(s["retransmissions"] for s in stats)}
+               "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
+               "retransmissions": sum(s["retransmissions"] for s in workers), "switch_workers": len(workers),
+               "placement": placements.get(name, ""), "losses": [e[0] for e in job["epochs"]]}
         rows.append(row)
         worst_loss = max(topo.link_loss(h) for h in job["spec"]["workers"])
         via = row['mode'] + ("/RoCE" if row["transport"] == "roce" else "")
@@ -452,8 +470,12 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path) -> l
               f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * acc:>7.1f}% "
               f"{seconds / steps * 1e3:>8.1f}")
         print(f"{'':<12} results: {row['switch_results']} from the switch, {row['host_results']} from the host aggregator")
+        print(f"{'':<12} placed: {row['placement']}; {len(workers)} worker(s) of the switch"
+              f"{f' for {len(stats)} ranks (each host reduces first)' if len(workers) < len(stats) else ''}")
+    print("per switch (a tree's levels: below its root a completed round's sum is sent up, at "
+          "the root and on one switch multicast down)")
     for name, c in counters.items():
-        print(f"switch {name}: {c['job_aggregated']} contributions aggregated, {c['job_results']} results multicast")
+        print(f"switch {name}: {c['job_aggregated']} contributions aggregated, {c['job_results']} rounds completed")
     return rows
 
 
@@ -517,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         run.build()
         run.start_services()
         jobs = run.run_jobs()
-        rows = summarize(topo, jobs, run.switch_counters(), run_dir.path / "logs")
+        rows = summarize(topo, jobs, run.switch_counters(), run_dir.path / "logs", run.placements)
         if args.cli:
             run.cli()
     except Terminated:

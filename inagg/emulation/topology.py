@@ -4,15 +4,19 @@ A topology lists hosts (ip, mac), switches (the inagg address they answer on), l
 aggregator's host, the jobs, and optionally ``mtu``, every link's MTU (1500 by default; 9000 for
 jumbo frames), from which the software data plane's K follows. A link joins two endpoints: a host (``"h1"``) or a switch port
 (``"s1-p3"``); an optional third element holds link options (delay, bw, loss). Switch-to-switch
-links are built, but aggregation is one level: every job's workers and the host aggregator must
-hang off one switch (the controller programs each switch for its own hosts only), and a topology
-that asks for more is refused with a message naming the job and the switches.
+links go to the controller as its switches' ``links``: they must form a forest (one link between
+two switches, no cycle). A job whose workers hang off several switches aggregates on the tree of
+the switches between them (docs/trees.md), so its workers' switches and the host aggregator's
+must be linked, directly or through others; a topology that asks for more is refused with a
+message naming the job and the switches.
 
-A job lists its ``workers`` (hosts, rank order), ``epochs``, optionally ``hook``, ``transport``
-and ``start_delay``: every job's workers start at once, but one with a ``start_delay`` joins the
-controller that many seconds after every job before it holds a grant, and all jobs train once all
-hold grants (so the two-job demo's first job has the switch and overlaps the second whatever
-the machine's speed).
+A job lists its ``workers`` (hosts, rank order: a host named several times runs several
+ranks), ``epochs``, optionally ``host_reduce`` (true: the ranks of a host reduce in shared
+memory first and one leader per host is the switch's worker, ``INAGG_HOST_REDUCE=auto``),
+``hook``, ``transport`` and ``start_delay``: every job's workers start at once, but one with a
+``start_delay`` joins the controller that many seconds after every job before it holds a grant,
+and all jobs train once all hold grants (so the two-job demo's first job has the switch and
+overlaps the second whatever the machine's speed).
 """
 
 from __future__ import annotations
@@ -77,6 +81,15 @@ class Topology:
                 out[host_ip(h)] = {"port": at.port, "mac": h["mac"]}
         return out
 
+    def switch_links(self, switch: str) -> dict[str, int]:
+        """The controller's ``links`` of one switch: neighbour switch -> its port to it."""
+        out = {}
+        for link in self.links:
+            for mine, other in ((link.a, link.b), (link.b, link.a)):
+                if mine.node == switch and mine.port is not None and other.port is not None:
+                    out[other.node] = mine.port
+        return out
+
     def link_loss(self, host: str) -> float:
         for link in self.links:
             if host in (link.a.node, link.b.node):
@@ -123,18 +136,41 @@ def parse_links(raw: list, hosts: dict, switches: dict) -> list[Link]:
     return links
 
 
-def check_one_level(topo: Topology) -> None:
-    """Every job's workers and the host aggregator share one switch (aggregation is one level)."""
+def switch_forest(topo: Topology) -> dict[str, str]:
+    """Each switch's component of the switch links (a representative switch); TopologyError
+    when two switches are linked twice or the links close a cycle (a tree needs one way up)."""
+    part = {name: name for name in topo.switches}
+
+    def find(name: str) -> str:
+        while part[name] != name:
+            name = part[name]
+        return name
+
+    for link in topo.links:
+        if link.a.port is None or link.b.port is None:
+            continue
+        a, b = find(link.a.node), find(link.b.node)
+        if a == b:
+            raise TopologyError(f"link {link.a}-{link.b} closes a cycle of switch links: "
+                                "aggregation trees need a forest (one way between two switches)")
+        part[a] = b
+    return {name: find(name) for name in topo.switches}
+
+
+def check_trees(topo: Topology) -> None:
+    """Every job's workers and the host aggregator hang off switches the links join."""
+    forest = switch_forest(topo)
     agg_switch = topo.attachment(topo.aggregator).node
     for job in topo.jobs:
         where = {w: topo.attachment(w).node for w in job["workers"]}
         switches = sorted(set(where.values()) | {agg_switch})
-        if len(switches) > 1:
+        if len({forest[s] for s in switches}) > 1:
             placed = ", ".join(f"{w} on {s}" for w, s in where.items())
             raise TopologyError(
                 f"job {job['name']}: its workers ({placed}) and the host aggregator "
-                f"({topo.aggregator} on {agg_switch}) hang off switches {', '.join(switches)}; "
-                "aggregation is one level: put a job's workers and the host aggregator on one switch")
+                f"({topo.aggregator} on {agg_switch}) hang off switches {', '.join(switches)}, "
+                "which no switch links join: link them (switch port to switch port) so that the "
+                "job aggregates on their tree and reaches the host aggregator")
 
 
 def parse_topology(data: dict, where: str = "topology") -> Topology:
@@ -167,9 +203,11 @@ def parse_topology(data: dict, where: str = "topology") -> Topology:
         unknown = [w for w in job.get("workers", []) if w not in hosts]
         if not job.get("workers") or unknown:
             raise TopologyError(f"{where}: job {job['name']}: workers must be hosts, unknown {unknown}")
+        if not isinstance(job.get("host_reduce", False), bool):
+            raise TopologyError(f"{where}: job {job['name']}: host_reduce must be true or false")
     for name in hosts:
         topo.attachment(name)
-    check_one_level(topo)
+    check_trees(topo)
     return topo
 
 

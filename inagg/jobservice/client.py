@@ -72,9 +72,10 @@ class ControllerClient:
                                                        address=address, mac=mac, roce_qp=roce_qp,
                                                        roce_rkey=roce_rkey))
 
-    def watch(self, job_id: int, token: str):
-        """Iterator of pb.Grant (no deadline: it lasts as long as the job)."""
-        return self.stub.WatchGrant(pb.JobRef(job_id=job_id, token=token), wait_for_ready=True)
+    def watch(self, job_id: int, token: str, rank: int | None = None):
+        """Iterator of pb.Grant (no deadline: it lasts as long as the job): rank ``rank``'s (a
+        job on an aggregation tree has one grant per rank; without a rank, its root's)."""
+        return self.stub.WatchGrant(pb.JobRef(job_id=job_id, token=token, rank=rank), wait_for_ready=True)
 
     def activate(self, job_id: int, token: str, epoch: int, boundary: int, rank: int) -> pb.ActivateReply:
         """Rank ``rank`` asks to use pending grant ``epoch`` from ``boundary`` on; a reply with

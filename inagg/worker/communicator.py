@@ -242,7 +242,7 @@ class Communicator:
         self._closed = threading.Event()
         self.stream_reopened = 0
         self.stream: SlotStream | NativeSlotStream | None = None  # once the first grant came
-        self._grant_stream = self.client.watch(self.job_id, self.token)
+        self._grant_stream = self.client.watch(self.job_id, self.token, self.rank)
         self._threads = [threading.Thread(target=self._follow_grants, daemon=True, name="inagg-grants")]
         self._threads[0].start()
         deadline = time.monotonic() + timeout
@@ -318,7 +318,7 @@ class Communicator:
             if self._closed.wait(0.5):
                 return
             self.stream_reopened += 1
-            self._grant_stream = self.client.watch(self.job_id, self.token)
+            self._grant_stream = self.client.watch(self.job_id, self.token, self.rank)
 
     def _fail(self, failure: str) -> None:
         """The job failed: its pending allreduce stops at its next tick (``abort``; ``_run``

@@ -1,0 +1,80 @@
+"""The emulation beyond one switch and one rank per host (needs root and Debian's mininet), each
+run held to the bits of a plainer run of the same job:
+
+* inagg/emulation/topologies/leaf_spine.json: the 8-rank job aggregates on its tree (two ToRs of
+  four workers under the spine) and trains to exactly the losses of the same job on one switch;
+  each level's counters say so: every ToR aggregates 4 contributions a round and sends one up,
+  the spine 2. On the software data plane, and on BMv2 when installed (the same bits).
+* inagg/emulation/topologies/four_hosts_four_ranks.json: 16 ranks on 4 hosts reduce on their
+  hosts first, so the switch sees 4 workers (4 contributions a round) and each host sends its
+  gradient once; the losses are those of the 16 ranks as 16 workers of the switch."""
+
+import json
+import re
+
+import pytest
+
+from inagg.emulation.testbed import bmv2_missing
+
+from test_emulation import ROOT, assert_clean_logs, mininet_missing, run_topology
+
+TOPOLOGIES = ROOT / "inagg" / "emulation" / "topologies"
+SWITCH_LINE = re.compile(r"^switch (\w+): (\d+) contributions aggregated, (\d+) rounds completed$", re.M)
+TREE = "aggregation tree over spine, tor1 (ranks 0, 1, 2, 3), tor2 (ranks 4, 5, 6, 7); root spine"
+
+
+@pytest.fixture(autouse=True)
+def needs_mininet():
+    if reason := mininet_missing():
+        pytest.skip(reason)
+
+
+def variant(tmp_path, name: str, change) -> str:
+    """A copy of shipped topology ``name`` changed by ``change(topology)``, as a file."""
+    topo = json.loads((TOPOLOGIES / name).read_text())
+    change(topo)
+    path = tmp_path / f"variant-{name}"
+    path.write_text(json.dumps(topo))
+    return str(path)
+
+
+def levels(stdout: str) -> dict[str, tuple[int, int]]:
+    """Each switch's (contributions aggregated, rounds completed) from the summary."""
+    return {name: (int(agg), int(rounds)) for name, agg, rounds in SWITCH_LINE.findall(stdout)}
+
+
+def one_switch(topo: dict) -> None:
+    """Every host on one switch (the spine's aggregator address)."""
+    topo["switches"] = {"s1": topo["switches"]["spine"]}
+    topo["links"] = [[h, f"s1-p{i + 1}"] for i, h in enumerate(topo["hosts"])]
+
+
+def test_leaf_spine_training_aggregates_on_its_tree_exactly_as_on_one_switch(tmp_path):
+    flat, _, _ = run_topology(tmp_path, variant(tmp_path, "leaf_spine.json", one_switch), "soft", "--epochs", "2")
+    assert flat["mlp"]["ok"] and flat["mlp"]["placement"].startswith("switch")
+    for dataplane in ["soft"] + ([] if bmv2_missing() else ["bmv2"]):
+        rows, stdout, run = run_topology(tmp_path, "leaf_spine.json", dataplane, "--epochs", "2")
+        job = rows["mlp"]
+        assert job["ok"] and job["placement"] == TREE, stdout
+        assert (job["losses"], job["accuracy"]) == (flat["mlp"]["losses"], flat["mlp"]["accuracy"]), stdout
+        assert job["host_results"] == 0 and len(set(job["steps"])) == 1
+        rounds = levels(stdout)["spine"][1]
+        assert rounds > 0 and levels(stdout) == {"tor1": (4 * rounds, rounds), "tor2": (4 * rounds, rounds),
+                                                 "spine": (2 * rounds, rounds)}, stdout
+        assert_clean_logs(run)
+
+
+def test_sixteen_ranks_on_four_hosts_reduce_on_their_hosts_first_and_train_exactly(tmp_path):
+    def every_rank_a_worker(topo: dict) -> None:
+        topo["jobs"][0]["host_reduce"] = False
+
+    plain, _, _ = run_topology(tmp_path, variant(tmp_path, "four_hosts_four_ranks.json", every_rank_a_worker),
+                               "soft", "--epochs", "2")
+    rows, stdout, run = run_topology(tmp_path, "four_hosts_four_ranks.json", "soft", "--epochs", "2")
+    job, ref = rows["mlp16"], plain["mlp16"]
+    assert job["ok"] and (job["switch_workers"], ref["switch_workers"]) == (4, 16), stdout
+    assert (job["losses"], job["accuracy"]) == (ref["losses"], ref["accuracy"]), stdout
+    agg, rounds = levels(stdout)["s1"]
+    assert rounds > 0 and agg == 4 * rounds, stdout                   # the switch saw 4 workers
+    assert job["mb_sent"] < ref["mb_sent"] * 1.2, stdout                # a host's gradient once, as one rank's
+    assert_clean_logs(run)
