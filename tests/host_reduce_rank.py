@@ -3,7 +3,7 @@ torchrun or by a test (env:// rendezvous: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_
 
 ``python tests/host_reduce_rank.py OUT_DIR exact [LARGEST]``: a fixed series of allreduces (float32 from
 one-round sizes to several MiB, blocks of very different magnitudes and all-zero blocks, AVG,
-int32 that wraps; float32 calls of at most LARGEST values), each rank's inputs seeded by its
+bfloat16 and float16 (their bits saved as int16 and float16), int32 that wraps; float32 calls of at most LARGEST values), each rank's inputs seeded by its
 rank (``inputs``); writes the results to
 OUT_DIR/rank<R>.npz and the process group's stats (and its grant's K) to OUT_DIR/rank<R>.json.
 
@@ -22,6 +22,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from inagg.wire import codec  # noqa: E402
+
 SIZES = (3, 5, 100, 4099, 65536 + 7, 3 << 20)
 
 
@@ -34,16 +36,35 @@ def inputs(rank: int, largest: int) -> list[tuple[str, torch.Tensor, dist.Reduce
         x[n // 2: n // 2 + min(n // 4, 200)] = 0                                    # zero blocks
         calls.append((f"float{n}", torch.from_numpy(x), dist.ReduceOp.SUM))
     calls.append(("avg", torch.from_numpy(rng.standard_normal(5000).astype(np.float32)), dist.ReduceOp.AVG))
+    for name in ("bfloat16", "float16"):   # quantized from their own format
+        for n in (7, 70000):   # rides in the control round; blocks
+            calls.append((f"{name}{n}", half(rng.standard_normal(n).astype(np.float32), name), dist.ReduceOp.SUM))
+        calls.append((f"{name}avg", half(rng.standard_normal(n).astype(np.float32), name), dist.ReduceOp.AVG))
     ints = rng.integers(-2**31, 2**31, size=70000, dtype=np.int64).astype(np.int32)   # sums wrap
     calls.append(("int", torch.from_numpy(ints), dist.ReduceOp.SUM))
     return calls
+
+
+def half(x: np.ndarray, name: str) -> torch.Tensor:
+    """float32 ``x`` rounded to a bfloat16 or float16 tensor by numpy: no torch kernel runs, so a
+    test may still fork rank processes after building the inputs (OpenMP's pool does not survive
+    a fork)."""
+    if name == "float16":
+        return torch.from_numpy(x.astype(np.float16))
+    bits = codec.narrow(x, np.empty(x.size, codec.BFLOAT16)).view(np.int16)
+    return torch.from_numpy(bits).view(torch.bfloat16)
+
+
+def saved(tensor: torch.Tensor) -> np.ndarray:
+    """A result as numpy keeps it: a bfloat16 tensor's bits as int16 (numpy has no bfloat16)."""
+    return tensor.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
 
 
 def exact(out_dir: str, rank: int, largest: int) -> None:
     results = {}
     for name, tensor, op in inputs(rank, largest):
         dist.all_reduce(tensor, op=op)
-        results[name] = tensor.numpy()
+        results[name] = saved(tensor)
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(dist.group.WORLD.stats() | {"k": dist.group.WORLD.comm.grant.values_per_packet}, f, default=str)

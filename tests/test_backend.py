@@ -108,9 +108,10 @@ def test_auto_path_runs_the_fp16_hook_s_buckets_on_a_chosen_path(tmp_path, gloo_
 @pytest.fixture(scope="module")
 def path_runs(tmp_path_factory):
     """tests/allreduce_ranks.py's calls (float32, bfloat16, float16; SUM, AVG; a call riding in
-    the control round and one of several packets), all pinned to each path in turn."""
+    the control round and one of several packets), all pinned to each path in turn, every rank a
+    worker of the switch (``INAGG_HOST_REDUCE=off``: on one host its ranks would reduce there)."""
     tmp = tmp_path_factory.mktemp("paths")
-    return {path: torchrun(tmp, path, script=ROOT / "tests" / "allreduce_ranks.py", env={"INAGG_ALLREDUCE_PATH": path})
+    return {path: torchrun(tmp, path, script=ROOT / "tests" / "allreduce_ranks.py", env={"INAGG_ALLREDUCE_PATH": path, "INAGG_HOST_REDUCE": "off"})
             for path in ("inagg", "host", "gloo")}
 
 

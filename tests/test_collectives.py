@@ -16,8 +16,9 @@ from test_training import on_ranks
 
 
 def fsdp_run(tmp_path, backend: str, fsdp: int, path: str | None = None, reproducible: bool = True) -> dict:
-    """examples/train_fsdp.py under torchrun on 2 ranks: rank 0's full parameters and stats."""
-    env = {"INAGG_ALLREDUCE_PATH": path} if path else {}
+    """examples/train_fsdp.py under torchrun on 2 ranks: rank 0's full parameters and stats;
+    every rank a worker of the switch (on one host its ranks would reduce there first)."""
+    env = {"INAGG_HOST_REDUCE": "off"} | ({"INAGG_ALLREDUCE_PATH": path} if path else {})
     if not reproducible:
         env["INAGG_REPRODUCIBLE"] = "0"
     return torchrun(tmp_path, f"{backend}-{path}-{reproducible}-fsdp{fsdp}", "--backend", backend,

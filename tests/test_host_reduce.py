@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from inagg.wire import codec
 from inagg.wire.protocol import MAX_WORKERS
@@ -25,12 +26,12 @@ from inagg.worker.stream import one_round_capacity
 ROOT = Path(__file__).resolve().parents[1]
 RANK = ROOT / "tests" / "host_reduce_rank.py"
 sys.path.insert(0, str(ROOT / "tests"))
-from host_reduce_rank import inputs  # noqa: E402
+from host_reduce_rank import inputs, saved  # noqa: E402
 
 
 def _clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
-    return env | {"INAGG_ALLREDUCE_PATH": "inagg", "INAGG_HOST_REDUCE": "auto"} | extra
+    return env | {"INAGG_ALLREDUCE_PATH": "inagg"} | extra
 
 
 def _free_port() -> int:
@@ -69,7 +70,7 @@ def _spawn(out: Path, what: str, hosts: list[int], *args: str) -> list[subproces
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and np.array_equal(a.view(np.int32), b.view(np.int32))
+    return a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 def switch_sum(xs: list[np.ndarray], k: int, average: bool) -> np.ndarray:
@@ -99,14 +100,18 @@ def switch_sum(xs: list[np.ndarray], k: int, average: bool) -> np.ndarray:
 
 
 def test_four_local_ranks_give_the_switch_paths_bits_with_no_packet_between_them(tmp_path):
-    """4 ranks under torchrun on one host: every result bit-identical to the same calls with
-    every rank a switch worker (INAGG_HOST_REDUCE=off); the host's leader sent no packet."""
-    local = _torchrun(tmp_path / "local", 4)
+    """4 ranks under torchrun on one host (the default: they reduce on the host): every result,
+    bfloat16 and float16 included, bit-identical to the same calls with every rank a switch
+    worker (INAGG_HOST_REDUCE=off) and to the gloo path's fixed point; the host's leader sent no
+    packet."""
+    local = _torchrun(tmp_path / "local", 4, INAGG_HOST_REDUCE="auto")
     switch = _torchrun(tmp_path / "switch", 4, INAGG_HOST_REDUCE="off")
+    gloo = _torchrun(tmp_path / "gloo", 4, INAGG_ALLREDUCE_PATH="gloo")
     names = [name for name, _, _ in inputs(0, 1 << 30)]
     for rank in range(4):
         for name in names:
             assert _same_bits(local[rank][name], switch[rank][name]), (rank, name)
+            assert _same_bits(local[rank][name], gloo[rank][name]), (rank, name)
     assert all(r["stats"]["inagg"]["hosts"] == 1 and r["stats"]["inagg"]["host_reduce"]["calls"] >= len(names)
                for r in local)
     assert local[0]["stats"]["inagg"]["packets_sent"] == 0
@@ -131,7 +136,7 @@ def _rank_on_host(rank: int, hosts: list[int], info: dict, store_path: str, out:
                             bind_ip=info["worker_ips"][host], timeout=300)
 
     comm = HostCommunicator(group, join)
-    results = {name: comm.allreduce(tensor, op).numpy() for name, tensor, op in inputs(rank, largest)}
+    results = {name: saved(comm.allreduce(tensor, op)) for name, tensor, op in inputs(rank, largest)}
     np.savez(out / f"rank{rank}.npz", **results)
     (out / f"rank{rank}.json").write_text(json.dumps({"inagg": comm.stats(), "k": comm.grant.values_per_packet}))
     comm.close()
@@ -165,8 +170,9 @@ def test_a_job_of_more_ranks_than_the_switch_bitmap_runs_on_few_hosts(tmp_path):
     stats = _results(tmp_path, 0)["stats"]
     leader = stats["inagg"]
     assert leader["hosts"] == 2 and leader["packets_sent"] > 0 and leader["mode"] == "switch"
-    for i, (name, _, _) in enumerate(calls[0]):
-        want = switch_sum([c[i][1].numpy() for c in calls], stats["k"], average=name == "avg")
+    for i, (name, tensor, _) in enumerate(calls[0]):
+        wide = [c[i][1].float().numpy() if tensor.is_floating_point() else c[i][1].numpy() for c in calls]
+        want = saved(torch.from_numpy(switch_sum(wide, stats["k"], average=name.endswith("avg"))).to(tensor.dtype))
         for rank in (0, 1, len(hosts) // 2, len(hosts) - 1):
             assert _same_bits(_results(tmp_path, rank)[name], want), (rank, name)
 

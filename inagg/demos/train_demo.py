@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from inagg import add_version_flag
+from inagg.errors import InaggSetupError
 
 
 @dataclass
@@ -116,15 +117,21 @@ def _communicator(rank: int, cfg: TrainConfig, rdv_file: str, controller: str | 
     """This rank's communicator of the job (its demand: ``nbytes`` every 50 ms): every rank a
     worker, or, where ``INAGG_HOST_REDUCE=auto`` and a host runs several ranks, each host's
     ranks reducing in shared memory first and its leader the host's worker
-    (``inagg.worker.host_communicator``)."""
+    (``inagg.worker.host_communicator``). Unlike the backend, the demo reduces on its hosts only
+    when ``INAGG_HOST_REDUCE=auto`` is set (the emulation's ``host_reduce`` jobs)."""
     from datetime import timedelta
 
     import torch.distributed as dist
     from inagg.worker.communicator import Communicator
-    from inagg.worker.host_communicator import HostCommunicator, open_host_group
+    from inagg.worker.host_communicator import HOST_REDUCE_ENV, HostCommunicator, open_host_group
 
     store, _, _ = next(dist.rendezvous(f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}"))
-    group = open_host_group(dist.PrefixStore("host", store), rank, cfg.workers, timedelta(seconds=120))
+    group = None   # every rank a worker, so the demo shows the switch's sums, unless asked
+    if os.environ.get(HOST_REDUCE_ENV) == "auto":
+        if cfg.hook == "artopk":
+            raise InaggSetupError(f"{HOST_REDUCE_ENV}=auto: the artopk hook needs every rank a worker of the job; "
+                                  f"set it to off or use the inagg hook")
+        group = open_host_group(dist.PrefixStore("host", store), rank, cfg.workers, timedelta(seconds=120))
 
     def join(worker: int, size: int) -> Communicator:
         return Communicator(dist.PrefixStore("job", store), worker, size, controller,

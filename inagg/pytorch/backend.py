@@ -301,10 +301,8 @@ class InaggProcessGroup(dist.ProcessGroup):
             self.host = open_host_group(dist.PrefixStore("host", store), rank, world_size, timeout)
             self.comm = self._join(store, "comm", timeout)
             # every rank sees the same first grant (a change needs every rank's agreement); a job
-            # on one host sends nothing between hosts, so a lane would be the same path again; a
-            # host reduce sums in its own grant's blocks, so same bits on every path allow one grant
-            if self.comm.grant.mode == "switch" and (self.host is None or (
-                    self.host.n_hosts > 1 and not same_bits)):
+            # on one host sends nothing between hosts, so a lane would be the same path again
+            if self.comm.grant.mode == "switch" and (self.host is None or self.host.n_hosts > 1):
                 self.lane = self._join(store, "comm-host", timeout, host_only=True)
             self._fixed = self._reproducible(store, timeout) if same_bits else None
         except Exception as e:
@@ -313,8 +311,9 @@ class InaggProcessGroup(dist.ProcessGroup):
         paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
         if forced is not None and forced not in paths:
             self._leave(timeout=0)
-            raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane (its grant is on the host "
-                                  f"aggregator already); use inagg")
+            why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
+                   if self.host is not None else "its grant is on the host aggregator already")
+            raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
         self._closed = False
         self.allreduces: Counter[str] = Counter()   # eligible calls by path
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
@@ -359,8 +358,10 @@ class InaggProcessGroup(dist.ProcessGroup):
                               exact_limit=max(0, min(one_round_capacity(c.grant.values_per_packet, self.size(), True)
                                                      for c in comms)))
         for comm in comms:
-            if isinstance(comm, Communicator):   # a HostCommunicator sums in its grant's blocks
+            if isinstance(comm, Communicator):
                 comm.stream.reduction = reduction
+        if self.host is not None:   # its leader's calls between hosts are int32 sums
+            self.host.reduce.reduction = reduction
         return FixedPointGloo(dist.PrefixStore("gloo-fixed", store), self.rank(), self.size(), timeout, reduction)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name

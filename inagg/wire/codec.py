@@ -69,6 +69,15 @@ def widen(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32, copy=False)
 
 
+def widen_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``widen(x)`` written into the float32 array ``out`` (no temporary)."""
+    if x.dtype == BFLOAT16:
+        np.left_shift(x.view(np.uint16), 16, out=out.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(out, x)
+    return out
+
+
 def narrow(y: np.ndarray, out: np.ndarray) -> np.ndarray:
     """float32 ``y`` rounded to ``out``'s format (to nearest, ties to even), written into ``out``."""
     if out.dtype == BFLOAT16:

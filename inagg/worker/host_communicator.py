@@ -3,10 +3,8 @@ the ``Communicator``'s interface (``allreduce_async``, ``grant``, ``stats``, ``c
 each host's leader a worker of the job at the controller (a job of one worker per host).
 
 ``open_host_group`` decides, once per process group, whether the ranks reduce on their host
-first (``INAGG_HOST_REDUCE``: ``auto`` when some host runs several ranks; ``off``, the default
-while the host reduce does not carry 16-bit floats nor the reproducible reduction's shared block
-that every other path follows)
-and connects each host's ranks. One ``HostGroup`` serves every communicator of the process
+first (``INAGG_HOST_REDUCE``: ``auto``, the default, when some host runs several ranks; ``off``:
+every rank a worker of the job) and connects each host's ranks. One ``HostGroup`` serves every communicator of the process
 group (the job's and its host lane's): their calls run on one thread, in submission order, so
 every rank of a host runs them in the same order.
 """
@@ -32,13 +30,13 @@ from inagg.worker.stream import check_array
 
 log = logging.getLogger("inagg.host")
 
-HOST_REDUCE_ENV = "INAGG_HOST_REDUCE"   # auto | off (default)
+HOST_REDUCE_ENV = "INAGG_HOST_REDUCE"   # auto (default) | off
 _CONFIG = 16   # the leader's grant to its host's ranks (message kind, beside host_reduce's)
 
 
 def host_reduce_wanted(layout: HostLayout) -> bool:
     """Whether this job reduces on its hosts first (``INAGG_HOST_REDUCE``, module docstring)."""
-    value = os.environ.get(HOST_REDUCE_ENV, "off").strip().lower()
+    value = os.environ.get(HOST_REDUCE_ENV, "auto").strip().lower()
     if value not in ("auto", "off"):
         raise InaggSetupError(f"{HOST_REDUCE_ENV} must be auto or off; got {value!r}")
     return value == "auto" and any(len(ranks) > 1 for ranks in layout.hosts)

@@ -6,13 +6,19 @@ every rank is a switch worker (N = all the job's ranks), because a host sums exa
 switch would have summed, as integers, whose sums have no order:
 
 * int32: wrapping int32 sums.
-* float32 of at most ``one_round_capacity(K, N)`` values (the calls that ride in the control
+* floats (float32, float16, bfloat16: ``codec.FLOAT_DTYPES``) are widened to float32 as each
+  rank copies them into the shared buffer (exact), summed as below, and the float32 result is
+  rounded once to each rank's own format as it copies it out: what the streams send and return.
+* floats of at most ``one_round_capacity(K, N)`` values (the calls that ride in the control
   round): the exact fixed-point limbs of ``codec.fixed_encode`` for N ranks; the summed limbs
   are the exact sum, rounded once to float32.
-* larger float32: every block of K values (the grant's K) is scaled by the largest of all the
+* larger floats: every block of K values (the grant's K) is scaled by the largest of all the
   job's ranks' block exponents (a host's largest, then the hosts' largest) and quantized with
   ``codec.shift_for(N)``; the int32 sums of a host's ranks and then of the hosts are the switch's
   sums of all N, dequantized once (``native/host_reduce.cpp``). AVG then divides by N.
+* a job that wants the same bits on every path (``HostReduce.reduction``, set by the backend:
+  ``inagg.pytorch.reproducible``) uses its ``Reduction``: blocks of its ``block`` values and
+  its ``exact_limit`` on the calls that ride in the control round, as every other path does.
 * inf/NaN or |x| >= 2**127 anywhere: as on the switch path, the call fails on every rank with
   ``FloatingPointError``; the blocks holding them are left unchanged (one-round calls: all).
 
@@ -48,7 +54,8 @@ from inagg.native_build import _native
 from inagg.wire import codec
 from inagg.worker.communicator import JobFailed
 from inagg.worker.host_group import HostLayout, Link, Message, RankDied, SharedBuffer, receive_all
-from inagg.worker.stream import AllreduceError, CallRefused, CallSpec, Refusal, CallError, one_round_capacity, overflow_error
+from inagg.worker.stream import (AllreduceError, CallError, CallRefused, CallSpec, Reduction, Refusal,
+                                 one_round_capacity, overflow_error)
 
 _READY, _GROW, _SEGMENT, _DONE, _RESULT, _ERROR = range(6)
 _INT, _ONE_ROUND, _BLOCKS = range(3)                  # how a call is summed
@@ -94,13 +101,14 @@ class _Call:
 def _word(x: np.ndarray | None, average: bool, refusal: Refusal | None) -> int:
     if refusal is not None:
         return -(int(refusal.code) | refusal.detail << 4)
-    return x.size << 2 | int(average) << 1 | int(x.dtype == np.float32)
+    return x.size << 2 | int(average) << 1 | int(codec.is_float(x.dtype))
 
 
-def _mode(c: _Call) -> int:
+def _mode(c: _Call, reduction: Reduction) -> int:
     if not c.is_float:
         return _INT
-    return _ONE_ROUND if c.n <= one_round_capacity(c.k, c.n_workers, True) else _BLOCKS
+    rides = reduction.rides(one_round_capacity(c.k, c.n_workers, True), True)
+    return _ONE_ROUND if c.n <= rides else _BLOCKS
 
 
 def _body(c: _Call) -> int:
@@ -142,6 +150,7 @@ class HostReduce:
         self.n_workers = layout.world_size
         self.shift = codec.shift_for(self.n_workers)
         self.buffer: SharedBuffer | None = None
+        self.reduction = Reduction()   # the job's, when it wants the same bits on every path
         self.calls = 0
         self.broken: Exception | None = None
         self.stats = {"calls": 0, "local_bytes": 0, "calls_between_hosts": 0, "seconds": 0.0}
@@ -152,10 +161,10 @@ class HostReduce:
         Communicator of the path, None on the other ranks). Returns the K of the path's next call
         (the leader's grant may have changed); raises what failed, on every rank alike."""
         started = time.perf_counter()
-        c = _Call(self.calls, x, _word(x, average, refusal), k, len(self.layout.local), self.n_workers,
-                  len(self.layout.hosts))
+        c = _Call(self.calls, x, _word(x, average, refusal), self.reduction.block or k, len(self.layout.local),
+                  self.n_workers, len(self.layout.hosts))
         self.calls += 1
-        c.mode = _mode(c)
+        c.mode = _mode(c, self.reduction)
         c.areas = _areas(c)
         c.next_wire = c.areas["wire"][3] if c.n_hosts > 1 else 0
         if self.broken is not None:   # the leader still fails each call between hosts, naming the rank
@@ -189,7 +198,10 @@ class HostReduce:
         if not self._fits(c, self.buffer):
             return False
         i = self.layout.local_index
-        np.copyto(self._row(c, "x", i), c.x)
+        if c.is_float:
+            codec.widen_into(c.x, self._row(c, "x", i))
+        else:
+            np.copyto(self._row(c, "x", i), c.x)
         if c.mode == _BLOCKS:
             _native.block_exponents(self._row(c, "x", i), c.k, self._row(c, "exps", i), self._row(c, "bad", i))
         return True
@@ -227,11 +239,11 @@ class HostReduce:
             return
         out = self._view(c, "result") if c.is_float else self._view(c, "wire")[2 * c.n_hosts:]
         if not overflow:
-            np.copyto(c.x, out)
+            _into(c.x, out)
             return
         # from the tensor itself: another rank's next call may already write where this one's row was
         kept = {b: c.x[b * c.k:(b + 1) * c.k].copy() for b in np.flatnonzero(self._view(c, "any_bad"))}
-        np.copyto(c.x, out)
+        _into(c.x, out)
         for b, values in kept.items():
             c.x[b * c.k:(b + 1) * c.k] = values
         raise FloatingPointError(overflow)
@@ -424,6 +436,15 @@ class HostReduce:
         self._between_hosts(c, cross, "wire", 0)
         agreed[:] = (lanes & 0xFF).max(axis=0) + codec.EXP_MIN - 1
         any_bad[:] = (lanes >> 8).max(axis=0)
+
+
+def _into(x: np.ndarray, result: np.ndarray) -> None:
+    """The call's result (float32 or int32) into the rank's tensor ``x``, a 16-bit float one
+    rounded once to its format."""
+    if x.dtype == result.dtype:
+        np.copyto(x, result)
+    else:
+        codec.narrow(result, x)
 
 
 def _megabytes(nbytes: int) -> int:
