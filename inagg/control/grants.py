@@ -10,7 +10,7 @@ a host grant says why in words the workers log (``host_reason``).
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from inagg.control.allocator import HOST, SWITCH, Placement
 from inagg.control.fabric import Fabric
@@ -71,9 +71,18 @@ def host_jobs(fabric: Fabric, jobs: Iterable[Job]) -> pb.HostJobs:
     return out
 
 
-def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[tuple[pb.JobInfo, Job]]]:
-    """Every job with its grants, and the entries of the jobs on a switch with their jobs: the
-    caller adds the switch's counters to those (``add_counters``), after letting its lock go."""
+class OnSwitch(NamedTuple):
+    """A listed job whose active grant is on a switch: where its counters are read."""
+
+    entry: int        # its index in the listing's jobs
+    job_id: int
+    switch: str
+    job_index: int
+
+
+def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[OnSwitch]]:
+    """Every job with its grants, and where the jobs on a switch are: the caller adds the
+    switch's counters to their entries (``add_counters``), after letting its lock go."""
     out = pb.JobList()
     on_switches = []
     for job in sorted(jobs, key=lambda j: j.job_id):
@@ -85,19 +94,19 @@ def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[tup
         if len(held) > 1:
             info.pending.CopyFrom(held[1])
         if held and held[0].mode == SWITCH and job.job_index is not None:
-            on_switches.append((info, job))
+            on_switches.append(OnSwitch(len(out.jobs) - 1, job.job_id, job.place, job.job_index))
     out.switch_slots = sum(a.switch_slots for a in fabric.allocators.values())
     return out, on_switches
 
 
-def add_counters(info: pb.JobInfo, fabric: Fabric, job: Job) -> None:
-    """The switch's counters of ``job`` into its listing entry (read now; a switch that does
-    not answer leaves them out)."""
-    sw = fabric.switches[job.place]
+def add_counters(info: pb.JobInfo, fabric: Fabric, on: OnSwitch) -> None:
+    """The switch's counters of the job ``on`` into its listing entry (read now; a switch that
+    does not answer leaves them out)."""
+    sw = fabric.switches[on.switch]
     try:
-        c = JobCounters(sw.sw).job(job.job_index)
+        c = JobCounters(sw.sw).job(on.job_index)
     except SwitchError as e:  # a switch being restarted: the listing still answers
-        log.warning("counters of job %d: %s", job.job_id, e)
+        log.warning("counters of job %d: %s", on.job_id, e)
         return
     info.counters.update({k: v for k, v in c.items() if k != "drops"})
     info.counters.update({f"drop_{k}": v for k, v in c["drops"].items()})
