@@ -9,7 +9,8 @@ per-job summary. With ``--cli`` the network stays up at a ``mininet>`` prompt af
 Every run has a directory of its own, ``build/emulation/<run id>/`` (``latest`` points to the
 newest): logs, per-port pcaps, the controller's socket and the admin token; interface names carry
 the run id and P4Runtime listens on Unix sockets there, so runs of several checkouts share a
-machine. ``--stop`` stops what this checkout's runs started, as recorded in their directories.
+machine. ``--stop`` stops what this user's runs of this checkout started (``--all``: every
+user's), as recorded in their directories.
 
     python -m inagg.emulation.mininet_run --topo inagg/emulation/topologies/single_switch.json [--cli]
     python -m inagg.emulation.mininet_run --stop      # clean up what a killed run left behind
@@ -37,7 +38,8 @@ from inagg.wire.grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, swit
                               values_for_mtu)
 from inagg.wire.protocol import UDP_PORT
 
-from inagg.emulation.run_dir import RUNS_DIR, RunDir, stop_run, unfinished_runs
+from inagg.emulation.run_dir import (RUNS_DIR, RunDir, all_runs, current_user, delete_runs, runs_of,
+                                     stop_run, unfinished_runs)
 from inagg.emulation.testbed import stop_processes
 from inagg.emulation.topology import Topology, TopologyError, host_ip, load_topology
 
@@ -453,17 +455,37 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path) -> l
     return rows
 
 
-def stop_leftovers(run_id: str | None) -> int:
-    """``make stop``: stop what this checkout's unfinished runs (or the one named) started."""
-    runs = [RunDir(run_id)] if run_id else unfinished_runs()
-    if run_id and not runs[0].record_path.exists():
-        print(f"inagg-mininet: no run {run_id} in {RUNS_DIR}", file=sys.stderr)
-        return 2
+def chosen_runs(all_users: bool, clean: bool, base: Path) -> tuple[list[RunDir], list[RunDir]]:
+    """The runs ``make stop`` (unfinished ones) or ``make clean`` (every one) acts on: the
+    caller's, or every user's with ``all_users``; and the others', which it leaves alone."""
+    runs = all_runs(base) if clean else unfinished_runs(base)
+    return runs_of(runs, None if all_users else current_user())
+
+
+def stop_leftovers(run_id: str | None, all_users: bool = False, clean: bool = False,
+                   base: Path = RUNS_DIR) -> int:
+    """``make stop``: stop what the caller's unfinished runs of this checkout started (every
+    user's with ``all_users``; only run ``run_id`` when named), naming the other users' runs it
+    leaves running. ``clean`` (``make clean``): then delete those runs' directories too."""
+    if run_id:
+        runs, others = [RunDir(run_id, base)], []
+        if not runs[0].record_path.exists():
+            print(f"inagg-mininet: no run {run_id} in {base}", file=sys.stderr)
+            return 2
+    else:
+        runs, others = chosen_runs(all_users, clean, base)
     for run in runs:
-        done = stop_run(run)
-        print(f"run {run.run_id}: {'; '.join(done) if done else 'nothing left running'}")
+        if run_id or not run.record.get("finished"):
+            done = stop_run(run)
+            print(f"run {run.run_id}: {'; '.join(done) if done else 'nothing left running'}")
+    for run in others:
+        if not run.record.get("finished"):
+            print(f"run {run.run_id}: started by {run.record.get('user', 'an unknown user')}, left alone "
+                  f"(ALL=1, --all: every user's runs)")
     if not runs:
-        print(f"no unfinished run in {RUNS_DIR}")
+        print(f"no {'' if clean else 'unfinished '}run of {current_user()} in {base}")
+    if clean:
+        delete_runs(runs, base)
     return 0
 
 
@@ -479,13 +501,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bmv2-json", type=Path, help="BMv2 JSON pushed to BMv2 switches (default: p4/'s)")
     p.add_argument("--cli", action="store_true", help="keep the network up at a mininet> prompt after the jobs")
     p.add_argument("--json", type=Path, help="write the summary rows here")
-    p.add_argument("--stop", action="store_true", help="stop this checkout's unfinished runs and exit")
-    p.add_argument("--run", metavar="ID", help="with --stop: only this run")
+    p.add_argument("--stop", action="store_true", help="stop this user's unfinished runs of this checkout and exit")
+    p.add_argument("--clean", action="store_true", help="as --stop, then delete those runs' directories")
+    p.add_argument("--all", action="store_true", help="with --stop/--clean: every user's runs")
+    p.add_argument("--run", metavar="ID", help="with --stop: only this run (whoever started it)")
     args = p.parse_args(argv)
     if args.epochs is not None and args.epochs < 1:
         p.error(f"--epochs must be >= 1, got {args.epochs}")   # 0 used to mean "the topology's"
-    if args.stop:
-        return stop_leftovers(args.run)
+    if args.clean and args.run:
+        p.error("--clean acts on every run of a user; --run goes with --stop")
+    if (args.all or args.run) and not (args.stop or args.clean):
+        p.error("--all and --run go with --stop (or --all with --clean)")
+    if args.stop or args.clean:
+        return stop_leftovers(args.run, args.all, args.clean)
     if os.geteuid() != 0:
         print("inagg-mininet: Mininet needs root", file=sys.stderr)
         return 2
