@@ -12,6 +12,11 @@ the run id and P4Runtime listens on Unix sockets there, so runs of several check
 machine. ``--stop`` stops what this user's runs of this checkout started (``--all``: every
 user's), as recorded in their directories.
 
+The data planes and the controller run in sessions of their own (the hosts' processes too:
+Mininet starts them with ``mnexec -d``), so Ctrl-C at the ``mininet>`` prompt reaches only the
+command in the foreground, never the network's services; the teardown, or ``--stop``, stops them
+by the PIDs the run recorded.
+
     python -m inagg.emulation.mininet_run --topo inagg/emulation/topologies/single_switch.json [--cli]
     python -m inagg.emulation.mininet_run --stop      # clean up what a killed run left behind
 """
@@ -107,7 +112,7 @@ def make_switch_class(Switch):
             log_path = self.run.path / "logs" / f"{self.name}.log"
             with open(log_path, "w") as log:
                 self.proc = subprocess.Popen(self.data_plane_command(), cwd=ROOT, stdout=log,
-                                             stderr=subprocess.STDOUT)
+                                             stderr=subprocess.STDOUT, start_new_session=True)
             self.run.add_process(self.proc.pid, f"{self.name} data plane")
             deadline = time.time() + 30
             while not Path(self.grpc[len("unix:"):]).exists():
@@ -295,7 +300,8 @@ class Run:
         config_path = self.run.path / "controller.json"
         config_path.write_text(json.dumps(self.controller_config(), indent=2))
         ctl = subprocess.Popen([sys.executable, "-m", "inagg.control", "--config", str(config_path)],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log("controller.log"), text=True)
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log("controller.log"), text=True,
+                               start_new_session=True)
         self.procs.append(ctl)
         self.run.add_process(ctl.pid, "controller")
         if "serving" not in ctl.stdout.readline():
