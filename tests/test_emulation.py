@@ -120,9 +120,29 @@ def test_two_jobs_fallback_and_upgrade(tmp_path):
     assert second["host_results"] > 0, "the second job should start on the host aggregator"
     assert second["mode"] == "switch" and second["grant_changes"] >= 1 and second["switch_results"] > 0
     assert first["accuracy"] > 0.85 and second["accuracy"] > 0.9, stdout
+    assert_story_told(first, second, stdout)
     assert_clean_logs(run)
     # the host aggregator's results, sized to the links' 1500-byte MTU, entering the switch
     assert_results_decode(run.path / "pcaps" / f"{run.run_id}s1-eth5_in.pcap", values_for_mtu(ETHERNET_MTU))
+
+
+def assert_story_told(first: dict, second: dict, stdout: str) -> None:
+    """The summary tells each job's story: every grant it used, from when (seconds, call) and
+    why, with the median time of its calls; the second job's starts on the host aggregator,
+    saying why, and is upgraded to the switch later."""
+    for row in (first, second):
+        story = row["grants"]
+        assert [g["seconds"] for g in story] == sorted(g["seconds"] for g in story)
+        assert sum(g["calls"] for g in story) >= row["steps"][0] and row["call_ms_median"] > 0
+        assert all(g["median_ms"] > 0 for g in story if g["calls"])
+    assert first["grants"][0]["mode"] == "switch"
+    host, upgrade = second["grants"][0], next(g for g in second["grants"] if g["mode"] == "switch")
+    assert host["mode"] == "host" and "switch s1 has no free slots" in host["reason"]
+    assert upgrade["seconds"] > host["seconds"] and upgrade["from_call"] > 0
+    assert re.search(r"story: \+0\.0s call 0: placed on the host aggregator \(10\.0\.0\.100:\d+\): "
+                     r"switch s1 has no free slots", stdout), stdout
+    assert re.search(rf"\+{upgrade['seconds']:.1f}s call {upgrade['from_call']}: upgraded to switch s1; "
+                     rf"slots \[\d+,\d+\) epoch \d+; \d+ calls, median \d+\.\d\d ms", stdout), stdout
 
 
 def assert_results_decode(pcap: Path, k: int, roce: bool = False) -> None:

@@ -429,10 +429,12 @@ class Run:
 
 
 def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path) -> list[dict]:
+    """Print each job's line (its final grant, traffic, accuracy, per-step and median per-call
+    time) and its story (``print_story``), then the switches' counters; returns the rows."""
     rows = []
     print("\nper-job summary")
     print(f"{'job':<12} {'mode':<12} {'grants':>6} {'slots, epoch':<14} {'MB sent/worker':>14} {'retx':>6} "
-          f"{'link loss %':>11} {'accuracy':>8} {'ms/step':>8}")
+          f"{'link loss %':>11} {'accuracy':>8} {'ms/step':>8} {'ms/call':>8}")
     for job in jobs:
         name = job["spec"]["name"]
         stats = [job["done"][r]["stats"] for r in sorted(job["done"])]
@@ -440,25 +442,62 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path) -> l
             rows.append({"name": name, "ok": False})
             print(f"{name:<12} FAILED: see {logs}/{name}-*.log")
             continue
-        s0 = stats[0]
-        acc = job["epochs"][-1][1]
-        seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
-        row = {"name": name, "ok": True, "mode": s0["mode"], "transport": s0["transport"],
-               "grant_changes": s0["grant_changes"], "steps": [job["done"][r]["steps"] for r in sorted(job["done"])],
-               "epoch": s0["epoch"], "epochs": job["cfg"]["epochs"], "accuracy": acc,
-               "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
-               "mb_sent": sum(s["wire_bytes_sent"] for s in stats) / len(stats) / 1e6,
-               "retransmissions": sum(s["retransmissions"] for s in stats)}
+        row = job_row(job, stats)
         rows.append(row)
         worst_loss = max(topo.link_loss(h) for h in job["spec"]["workers"])
         via = row['mode'] + ("/RoCE" if row["transport"] == "roce" else "")
-        print(f"{name:<12} {via:<12} {row['grant_changes']:>6} {s0['slots'] + ' e' + str(row['epoch']):<14} "
-              f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * acc:>7.1f}% "
-              f"{seconds / steps * 1e3:>8.1f}")
+        print(f"{name:<12} {via:<12} {row['grant_changes']:>6} {row['slots'] + ' e' + str(row['epoch']):<14} "
+              f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * row['accuracy']:>7.1f}% "
+              f"{row['ms_per_step']:>8.1f} {row['call_ms_median'] or 0:>8.2f}")
         print(f"{'':<12} results: {row['switch_results']} from the switch, {row['host_results']} from the host aggregator")
+        print_story(topo, row["grants"])
     for name, c in counters.items():
         print(f"switch {name}: {c['job_aggregated']} contributions aggregated, {c['job_results']} results multicast")
     return rows
+
+
+def job_row(job: dict, stats: list[dict]) -> dict:
+    """A finished job's summary row, from every rank's stats (rank 0's grants and call times)."""
+    s0 = stats[0]
+    seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
+    return {"name": job["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
+            "grant_changes": s0["grant_changes"], "steps": [job["done"][r]["steps"] for r in sorted(job["done"])],
+            "epoch": s0["epoch"], "slots": s0["slots"], "epochs": job["cfg"]["epochs"],
+            "accuracy": job["epochs"][-1][1],
+            "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
+            "mb_sent": sum(s["wire_bytes_sent"] for s in stats) / len(stats) / 1e6,
+            "retransmissions": sum(s["retransmissions"] for s in stats),
+            "ms_per_step": seconds / steps * 1e3, "call_ms_median": s0["call_ms_median"], "grants": s0["grants"]}
+
+
+def aggregator_of(topo: Topology, grant: dict) -> str:
+    """The switch (by its name in the topology) or host aggregator ``grant`` aggregates on."""
+    if grant["mode"] == "host":
+        return f"the host aggregator ({grant['aggregator']})"
+    ip = grant["aggregator"].split(":")[0]
+    return next((f"switch {name}" for name, sw in topo.switches.items() if sw["aggregator_ip"] == ip),
+                grant["aggregator"])
+
+
+def grant_change(topo: Topology, before: dict | None, grant: dict) -> str:
+    """What taking ``grant`` after ``before`` (None: the job's first) was, and why, in words."""
+    if before is None:
+        what = "placed on"
+    elif before["mode"] == grant["mode"]:
+        what = "slots changed on"
+    else:
+        what = "fell back to" if grant["mode"] == "host" else "upgraded to"
+    return f"{what} {aggregator_of(topo, grant)}" + (f": {grant['reason']}" if grant["reason"] else "")
+
+
+def print_story(topo: Topology, grants: list[dict]) -> None:
+    """One line per grant the job used: when (seconds after its first grant, first call),
+    what changed and why, and the median time of the calls made under it."""
+    for i, g in enumerate(grants):
+        median = f"median {g['median_ms']:.2f} ms" if g["median_ms"] is not None else "no call timed"
+        print(f"{'':<12} {'story:' if i == 0 else '':<6} +{g['seconds']:.1f}s call {g['from_call']}: "
+              f"{grant_change(topo, grants[i - 1] if i else None, g)}; slots {g['slots']} epoch {g['epoch']}; "
+              f"{g['calls']} calls, {median}")
 
 
 def chosen_runs(all_users: bool, clean: bool, base: Path) -> tuple[list[RunDir], list[RunDir]]:
