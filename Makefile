@@ -2,7 +2,8 @@
 # Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS, QUICK (bench subset),
 #            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs),
 #            TRANSPORT (udp|roce: override jobs' transport to the switch), CLI (1: stay at a
-#            mininet> prompt after the jobs), RUN (make stop: only this run id), ARGS (make ctl),
+#            mininet> prompt after the jobs), RUN (make stop: only this run id), ALL (make stop/clean:
+#            every user's runs, not only yours), ARGS (make ctl),
 #            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build),
 #            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options).
 
@@ -20,6 +21,7 @@ EPOCHS        ?=
 TRANSPORT     ?=
 CLI           ?=
 RUN           ?=
+ALL           ?=
 ARGS          ?= top
 P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
@@ -66,10 +68,10 @@ $(P4_BUILD)/inagg.json: p4/inagg.p4 $(wildcard p4/include/*.p4)
 	mkdir -p $(P4_BUILD)
 	$(P4C) --arch v1model --p4runtime-files $(P4_BUILD)/inagg.p4info.txtpb -o $@ p4/inagg.p4
 
-# Stop what this checkout's unfinished runs started (RUN=<id>: only that one), by the PIDs and
-# interface names recorded in their run directories.
+# Stop what your unfinished runs of this checkout started (the user behind sudo; ALL=1: every
+# user's; RUN=<id>: only that one), by the PIDs and interface names recorded in their run directories.
 stop:
-	$(BIN)/python -m inagg.emulation.mininet_run --stop $(if $(RUN),--run $(RUN))
+	$(BIN)/python -m inagg.emulation.mininet_run --stop $(if $(RUN),--run $(RUN)) $(if $(ALL),--all)
 
 # inaggctl against the newest run (ARGS=top by default; e.g. make ctl ARGS=jobs).
 ctl:
@@ -104,8 +106,12 @@ in_emulation = if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then $(BI
 bench-wire: setup-emulation
 	@$(call in_emulation,benchmarks/wire_bench.py $(if $(QUICK),--quick) $(WIRE_ARGS))
 
-clean: stop
-	rm -rf build logs pcaps benchmarks/results .pytest_cache .hypothesis
+# Stops your runs (ALL=1: every user's) and deletes them and the builds; other users' runs stay.
+clean:
+	$(BIN)/python -m inagg.emulation.mininet_run --clean $(if $(ALL),--all)
+	find build -mindepth 1 -maxdepth 1 ! -name emulation -exec rm -rf {} + 2>/dev/null; \
+	  rmdir build 2>/dev/null; true
+	rm -rf logs pcaps benchmarks/results .pytest_cache .hypothesis
 
 # Regenerate the job service's Python stubs. p4runtime-shell pins protobuf < 3.21, so the
 # generator (grpcio-tools, which wants a newer protobuf) runs in a throwaway venv.

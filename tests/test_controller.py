@@ -499,6 +499,35 @@ def test_many_small_jobs_fill_the_job_rows_then_run_on_host(tmp_path):
         next(env, None)
 
 
+def test_listing_and_heartbeat_answer_while_a_storm_waits_for_the_lock(env):
+    """ListJobs answers from the listing the last change published, Heartbeat renews without
+    the lock: with the controller's lock held (as a long placement holds it) and a storm of
+    CreateJob + JoinJob queued behind it, both still answer (were they to wait for the lock
+    they could not: the test holds it until they return), the listing showing the state before
+    the storm with the switch's counters; once the lock goes, the storm's jobs are listed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c, ctl = env["client"], env["ctl"]()
+    running = new_job(c, [1, 2], "running")
+
+    def storm_job(i: int) -> None:
+        job = c.create_job(1, 256, 0.1, f"storm{i}")
+        c.join(*job, 0, f"10.0.0.{1 + i % 4}:{48000 + i}")
+
+    with ThreadPoolExecutor(20) as pool:
+        with ctl.lock:
+            storm = [pool.submit(storm_job, i) for i in range(20)]
+            listed = c.list_jobs(ADMIN).jobs
+            c.heartbeat(*running, 0)
+            assert not any(f.done() for f in storm)
+        assert [(j.job_id, j.active.mode) for j in listed] == [(running[0], "switch")]
+        assert listed[0].counters["packets"] == 0
+        for f in storm:
+            f.result()
+    names = sorted(j.name for j in c.list_jobs(ADMIN).jobs if j.HasField("active"))
+    assert names == sorted(["running"] + [f"storm{i}" for i in range(20)])
+
+
 def test_a_switch_failure_rolls_back_the_change_and_blocks_no_other_job(env):
     """While the switch is down, completing a switch job is refused (ABORTED) and nothing of
     it is kept; a host-only job is placed meanwhile. The restarted switch is re-programmed (the

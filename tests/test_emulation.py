@@ -7,10 +7,13 @@ two runs here go side by side."""
 
 import json
 import os
+import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -120,9 +123,29 @@ def test_two_jobs_fallback_and_upgrade(tmp_path):
     assert second["host_results"] > 0, "the second job should start on the host aggregator"
     assert second["mode"] == "switch" and second["grant_changes"] >= 1 and second["switch_results"] > 0
     assert first["accuracy"] > 0.85 and second["accuracy"] > 0.9, stdout
+    assert_story_told(first, second, stdout)
     assert_clean_logs(run)
     # the host aggregator's results, sized to the links' 1500-byte MTU, entering the switch
     assert_results_decode(run.path / "pcaps" / f"{run.run_id}s1-eth5_in.pcap", values_for_mtu(ETHERNET_MTU))
+
+
+def assert_story_told(first: dict, second: dict, stdout: str) -> None:
+    """The summary tells each job's story: every grant it used, from when (seconds, call) and
+    why, with the median time of its calls; the second job's starts on the host aggregator,
+    saying why, and is upgraded to the switch later."""
+    for row in (first, second):
+        story = row["grants"]
+        assert [g["seconds"] for g in story] == sorted(g["seconds"] for g in story)
+        assert sum(g["calls"] for g in story) >= row["steps"][0] and row["call_ms_median"] > 0
+        assert all(g["median_ms"] > 0 for g in story if g["calls"])
+    assert first["grants"][0]["mode"] == "switch"
+    host, upgrade = second["grants"][0], next(g for g in second["grants"] if g["mode"] == "switch")
+    assert host["mode"] == "host" and "switch s1 has no free slots" in host["reason"]
+    assert upgrade["seconds"] > host["seconds"] and upgrade["from_call"] > 0
+    assert re.search(r"story: \+0\.0s call 0: placed on the host aggregator \(10\.0\.0\.100:\d+\): "
+                     r"switch s1 has no free slots", stdout), stdout
+    assert re.search(rf"\+{upgrade['seconds']:.1f}s call {upgrade['from_call']}: upgraded to switch s1; "
+                     rf"slots \[\d+,\d+\) epoch \d+; \d+ calls, median \d+\.\d\d ms", stdout), stdout
 
 
 def assert_results_decode(pcap: Path, k: int, roce: bool = False) -> None:
@@ -191,6 +214,77 @@ def test_two_runs_side_by_side_and_stop(tmp_path):
     rows_b = {r["name"]: r for r in json.loads(out_b.read_text())}
     assert rows_b["mlp"]["ok"], stdout_b
     assert RunDir(run_a.run_id).record["finished"]
+
+
+class Output:
+    """``proc``'s output lines, read by a thread of their own so a wait for a line has a
+    deadline (a blocked readline has none)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=lambda: [self._queue.put(line) for line in proc.stdout],
+                                        daemon=True)
+        self._reader.start()
+
+    def until(self, marker: str, timeout: float) -> str:
+        """Every line so far, once one contains ``marker``."""
+        deadline = time.time() + timeout
+        while not any(marker in line for line in self.lines):
+            try:
+                self.lines.append(self._queue.get(timeout=max(deadline - time.time(), 0)))
+            except queue.Empty:
+                raise AssertionError(f"no {marker!r} within {timeout:.0f}s:\n" + "".join(self.lines)) from None
+        return "".join(self.lines)
+
+    def rest(self, timeout: float) -> str:
+        """Every line, once the output ended (or ``timeout`` passed)."""
+        self._reader.join(timeout)
+        while not self._queue.empty():
+            self.lines.append(self._queue.get())
+        return "".join(self.lines)
+
+
+def test_ctrl_c_at_the_prompt_reaches_no_service(tmp_path):
+    """Ctrl-C at the mininet> prompt (SIGINT to the terminal's foreground process group, the
+    launcher's) interrupts only the prompt: the data plane, the controller and the host
+    aggregator live on in sessions of their own, and the controller and the switch's P4Runtime
+    server answer; closing the prompt then tears everything down."""
+    from inagg.control.switch import SwitchConnection
+
+    reason = mininet_missing()
+    if reason:
+        pytest.skip(reason)
+    cmd, _ = launcher(tmp_path, "single_switch.json", "soft", "--epochs", "1", "--cli")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = Output(proc)
+    try:
+        proc.stdin.write("sh echo at-the-prompt\n")
+        proc.stdin.flush()
+        run = RunDir(RUN_LINE.search(output.until("at-the-prompt", 300)).group(1))
+        services = [p for p in run.live_processes() if p["what"] in ("s1 data plane", "controller", "host aggregator")]
+        assert len(services) == 3, run.record
+        os.killpg(proc.pid, signal.SIGINT)                  # what the terminal does on Ctrl-C
+        output.until("Interrupt", 60)                       # then the next command is typed
+        proc.stdin.write("sh inaggctl top --once\n")
+        proc.stdin.flush()
+        out = output.until("switch slots", 60)
+        assert "inagg: 0 job(s), 1024 switch slots" in out, out
+        assert {p["pid"] for p in run.live_processes()} >= {p["pid"] for p in services}, out
+        switch = SwitchConnection(f"unix:{run.path / 's1-p4rt.sock'}", 0, election_id=(0, 0))
+        try:
+            assert sum(switch.counter("job_results").values()) > 0     # the job's, read now
+        finally:
+            switch.close()
+        proc.stdin.close()                                  # end of input: the prompt exits
+        proc.wait(120)
+        out = output.rest(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert_left_nothing(out)
 
 
 def test_stop_without_runs_touches_nothing(tmp_path):

@@ -163,6 +163,40 @@ def test_stop_run_signals_only_recorded_live_processes(tmp_path):
             p.wait()
 
 
+def test_stop_and_clean_act_on_the_callers_runs_unless_all(tmp_path, capsys):
+    """``make stop``/``make clean`` stop (and clean deletes) only the runs the calling user
+    started, as its run record says; another user's run keeps running and is named; ``--all``
+    (ALL=1) acts on it too."""
+    import threading
+
+    from inagg.emulation.mininet_run import stop_leftovers
+    from inagg.emulation.run_dir import current_user
+
+    base, sleepers, runs = tmp_path / "runs", [], []
+    for user in (current_user(), "someone-else"):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        threading.Thread(target=proc.wait, daemon=True).start()   # reaped as soon as it ends
+        run = RunDir.create(base)
+        assert run.record["user"] == current_user()
+        run.record["user"] = user
+        run.add_process(proc.pid, f"{user}'s service")
+        sleepers.append(proc)
+        runs.append(run)
+    mine, theirs = runs
+    try:
+        assert stop_leftovers(None, base=base) == 0
+        assert sleepers[0].wait(10) is not None and sleepers[1].poll() is None
+        out = capsys.readouterr().out
+        assert f"run {theirs.run_id}: started by someone-else, left alone (ALL=1" in out, out
+        assert stop_leftovers(None, clean=True, base=base) == 0
+        assert not mine.path.exists() and theirs.path.exists() and sleepers[1].poll() is None
+        assert stop_leftovers(None, all_users=True, clean=True, base=base) == 0
+        assert sleepers[1].wait(10) is not None and not base.exists()
+    finally:
+        for proc in sleepers:
+            proc.kill()
+
+
 def test_a_new_run_deletes_finished_runs_but_the_newest(tmp_path, monkeypatch):
     """Runs piled up (each with pcaps of every port, up to 7 GB) until the disk was full; a new
     run now deletes finished runs but the newest ``INAGG_KEEP_RUNS``; unfinished ones stay."""

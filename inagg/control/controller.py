@@ -62,6 +62,7 @@ class Controller:
         self.store = Store(config.database)
         self.fabric = Fabric(config)
         self.jobs: dict[int, Job] = {}
+        self._listing: tuple[pb.JobList, list[grants.OnSwitch]] = (pb.JobList(), [])
         self.unsaved = False   # the store is behind the memory (it could not be written)
         self.stopped = threading.Event()
         self._restore()
@@ -109,9 +110,16 @@ class Controller:
     # -- transactions ------------------------------------------------------------------------
 
     def _announce(self) -> None:
-        """Wake the grant and host-job watchers: the state changed."""
+        """Wake the grant and host-job watchers and publish the listing: the state changed."""
         self.version += 1
+        self._publish_listing()
         self.changed.notify_all()
+
+    def _publish_listing(self) -> None:
+        """The listing ``list_jobs`` answers from, built with the lock held after every change
+        (a new job, a committed or rolled back transaction), so a listing never waits for the
+        lock: ListJobs answers during a storm of placements, as Heartbeat does."""
+        self._listing = grants.list_jobs(self.fabric, self.jobs.values())
 
     def _sync(self, *, force: bool = False, durable: bool = True) -> None:
         """Called with the lock held after any change: switches whose entries changed, store
@@ -180,6 +188,7 @@ class Controller:
             token = secrets.token_hex(16)
             self.store.create_job(job_id, name, token, demand, transport, host_only)
             self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport, host_only=host_only)
+            self._publish_listing()
         log.info("job %d created (%d workers%s)", job_id, n_workers, ", host only" if host_only else "")
         return job_id, token
 
@@ -351,12 +360,13 @@ class Controller:
             return grants.host_jobs(self.fabric, self.jobs.values())
 
     def list_jobs(self) -> pb.JobList:
-        """Every job; the switches' counters are read after the lock is let go (a slow switch
-        never holds up the controller)."""
-        with self.lock:
-            listing, on_switches = grants.list_jobs(self.fabric, self.jobs.values())
-        for info, job in on_switches:
-            grants.add_counters(info, self.fabric, job)
+        """Every job as of the last change (``_publish_listing``), without the lock: a listing
+        never waits behind a placement; the switches' counters are read now."""
+        published, on_switches = self._listing
+        listing = pb.JobList()
+        listing.CopyFrom(published)    # the published one is shared by every reader: never changed
+        for on in on_switches:
+            grants.add_counters(listing.jobs[on.entry], self.fabric, on)
         return listing
 
     # -- switch keeper -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ listing), the root's (the host aggregator's when it is the root).
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from inagg.control.allocator import HOST, SWITCH, Placement
 from inagg.control.fabric import Fabric
@@ -89,9 +89,17 @@ def host_members(fabric: Fabric, job: Job) -> list[str]:
     return [fabric.switches[s].cfg.aggregator for s in sorted(ids, key=ids.__getitem__)]
 
 
-def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[tuple[pb.JobInfo, Job]]]:
-    """Every job with its grants, and the entries of the jobs on a switch with their jobs: the
-    caller adds the switch's counters to those (``add_counters``), after letting its lock go."""
+class OnSwitch(NamedTuple):
+    """A listed job with counters on switches, as it was when listed: where they are read."""
+
+    entry: int        # its index in the listing's jobs
+    job_id: int
+    levels: tuple[tuple[str, str, int], ...]   # (switch, key prefix, job row): ``counter_levels``
+
+
+def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[OnSwitch]]:
+    """Every job with its grants, and where the jobs on switches are: the caller adds the
+    switches' counters to their entries (``add_counters``), after letting its lock go."""
     out = pb.JobList()
     on_switches = []
     for job in sorted(jobs, key=lambda j: j.job_id):
@@ -103,7 +111,8 @@ def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[tup
         if len(held) > 1:
             info.pending.CopyFrom(held[1])
         if held and (job.tree is not None or (held[0].mode == SWITCH and job.job_index is not None)):
-            on_switches.append((info, job))
+            levels = tuple((name, prefix, job.rows[name]) for name, prefix in counter_levels(job))
+            on_switches.append(OnSwitch(len(out.jobs) - 1, job.job_id, levels))
     out.switch_slots = sum(a.switch_slots for a in fabric.allocators.values())
     return out, on_switches
 
@@ -117,15 +126,15 @@ def counter_levels(job: Job) -> list[tuple[str, str]]:
     return levels
 
 
-def add_counters(info: pb.JobInfo, fabric: Fabric, job: Job) -> None:
-    """The switches' counters of ``job`` into its listing entry (read now; a switch that does
-    not answer leaves its counters out)."""
-    for name, prefix in counter_levels(job):
+def add_counters(info: pb.JobInfo, fabric: Fabric, on: OnSwitch) -> None:
+    """The switches' counters of the job ``on`` into its listing entry (read now; a switch that
+    does not answer leaves its counters out)."""
+    for name, prefix, row in on.levels:
         sw = fabric.switches[name]
         try:
-            c = JobCounters(sw.sw).job(job.rows[name])
+            c = JobCounters(sw.sw).job(row)
         except SwitchError as e:  # a switch being restarted: the listing still answers
-            log.warning("counters of job %d on switch %s: %s", job.job_id, name, e)
+            log.warning("counters of job %d on switch %s: %s", on.job_id, name, e)
             continue
         info.counters.update({prefix + k: v for k, v in c.items() if k != "drops"})
         info.counters.update({f"{prefix}drop_{k}": v for k, v in c["drops"].items()})

@@ -39,8 +39,8 @@ class ControllerCollector:
         self.ctl = ctl
 
     def collect(self) -> Iterator[Metric]:
+        listing = self.ctl.list_jobs()
         with self.ctl.lock:       # the store's connection is used under the controller's lock
-            listing = self.ctl.list_jobs()
             changes = self.ctl.store.activation_counts()
         g = {name: GaugeMetricFamily(f"inagg_job_{name}", text, labels=JOB_LABELS) for name, text in (
             ("slots", "slots of the active grant"), ("slot_base", "first slot of the active grant"),

@@ -28,7 +28,8 @@ log = logging.getLogger("inagg.controller")
 MAX_REQUEST_BYTES = 64 << 10
 # Threads serving calls. A call waiting for the controller's lock (a placement) holds one; a
 # call that finds none free queues behind them all, so there are enough that heartbeats and
-# listings (which need no lock, or hold it briefly) find one during a storm of placements.
+# listings (which need no lock: a listing answers from what the last change published) find
+# one during a storm of placements.
 SERVER_THREADS = 256
 
 

@@ -9,7 +9,13 @@ per-job summary. With ``--cli`` the network stays up at a ``mininet>`` prompt af
 Every run has a directory of its own, ``build/emulation/<run id>/`` (``latest`` points to the
 newest): logs, per-port pcaps, the controller's socket and the admin token; interface names carry
 the run id and P4Runtime listens on Unix sockets there, so runs of several checkouts share a
-machine. ``--stop`` stops what this checkout's runs started, as recorded in their directories.
+machine. ``--stop`` stops what this user's runs of this checkout started (``--all``: every
+user's), as recorded in their directories.
+
+The data planes and the controller run in sessions of their own (the hosts' processes too:
+Mininet starts them with ``mnexec -d``), so Ctrl-C at the ``mininet>`` prompt reaches only the
+command in the foreground, never the network's services; the teardown, or ``--stop``, stops them
+by the PIDs the run recorded.
 
     python -m inagg.emulation.mininet_run --topo inagg/emulation/topologies/single_switch.json [--cli]
     python -m inagg.emulation.mininet_run --stop      # clean up what a killed run left behind
@@ -38,7 +44,8 @@ from inagg.wire.grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, swit
 from inagg.wire.protocol import UDP_PORT
 from inagg.worker.host_communicator import HOST_REDUCE_ENV
 
-from inagg.emulation.run_dir import RUNS_DIR, RunDir, stop_run, unfinished_runs
+from inagg.emulation.run_dir import (RUNS_DIR, RunDir, all_runs, current_user, delete_runs, runs_of,
+                                     stop_run, unfinished_runs)
 from inagg.emulation.testbed import stop_processes
 from inagg.emulation.topology import Topology, TopologyError, host_ip, load_topology
 
@@ -106,7 +113,7 @@ def make_switch_class(Switch):
             log_path = self.run.path / "logs" / f"{self.name}.log"
             with open(log_path, "w") as log:
                 self.proc = subprocess.Popen(self.data_plane_command(), cwd=ROOT, stdout=log,
-                                             stderr=subprocess.STDOUT)
+                                             stderr=subprocess.STDOUT, start_new_session=True)
             self.run.add_process(self.proc.pid, f"{self.name} data plane")
             deadline = time.time() + 30
             while not Path(self.grpc[len("unix:"):]).exists():
@@ -307,7 +314,8 @@ class Run:
         config_path = self.run.path / "controller.json"
         config_path.write_text(json.dumps(self.controller_config(), indent=2))
         ctl = subprocess.Popen([sys.executable, "-m", "inagg.control", "--config", str(config_path)],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log("controller.log"), text=True)
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log("controller.log"), text=True,
+                               start_new_session=True)
         self.procs.append(ctl)
         self.run.add_process(ctl.pid, "controller")
         if "serving" not in ctl.stdout.readline():
@@ -439,12 +447,14 @@ class Run:
 
 def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
               placements: dict[str, str]) -> list[dict]:
-    """The per-job table (where each job was placed: its switch, its aggregation tree or the
-    host aggregator) and each switch's counters: on a tree, each level's."""
+    """Print each job's line (its final grant, traffic, accuracy, per-step and median per-call
+    time), where it was placed (its switch, its aggregation tree or the host aggregator) and its
+    story (``print_story``), then each switch's counters (on a tree, each level's); returns the
+    rows."""
     rows = []
     print("\nper-job summary")
     print(f"{'job':<12} {'mode':<12} {'grants':>6} {'slots, epoch':<14} {'MB sent/worker':>14} {'retx':>6} "
-          f"{'link loss %':>11} {'accuracy':>8} {'ms/step':>8}")
+          f"{'link loss %':>11} {'accuracy':>8} {'ms/step':>8} {'ms/call':>8}")
     for job in jobs:
         name = job["spec"]["name"]
         stats = [job["done"][r]["stats"] for r in sorted(job["done"])]
@@ -452,26 +462,17 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
             rows.append({"name": name, "ok": False})
             print(f"{name:<12} FAILED: see {logs}/{name}-*.log")
             continue
-        workers = [s for s in stats if s.get("leader", True)]   # a host reducing first: its leader
-        s0 = stats[0]
-        acc = job["epochs"][-1][1]
-        seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
-        row = {"name": name, "ok": True, "mode": s0["mode"], "transport": s0["transport"],
-               "grant_changes": s0["grant_changes"], "steps": [job["done"][r]["steps"] for r in sorted(job["done"])],
-               "epoch": s0["epoch"], "epochs": job["cfg"]["epochs"], "accuracy": acc,
-               "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
-               "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
-               "retransmissions": sum(s["retransmissions"] for s in workers), "switch_workers": len(workers),
-               "placement": placements.get(name, ""), "losses": [e[0] for e in job["epochs"]]}
+        row = job_row(job, stats, placements.get(name, ""))
         rows.append(row)
         worst_loss = max(topo.link_loss(h) for h in job["spec"]["workers"])
         via = row['mode'] + ("/RoCE" if row["transport"] == "roce" else "")
-        print(f"{name:<12} {via:<12} {row['grant_changes']:>6} {s0['slots'] + ' e' + str(row['epoch']):<14} "
-              f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * acc:>7.1f}% "
-              f"{seconds / steps * 1e3:>8.1f}")
+        print(f"{name:<12} {via:<12} {row['grant_changes']:>6} {row['slots'] + ' e' + str(row['epoch']):<14} "
+              f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * row['accuracy']:>7.1f}% "
+              f"{row['ms_per_step']:>8.1f} {row['call_ms_median'] or 0:>8.2f}")
         print(f"{'':<12} results: {row['switch_results']} from the switch, {row['host_results']} from the host aggregator")
-        print(f"{'':<12} placed: {row['placement']}; {len(workers)} worker(s) of the switch"
-              f"{f' for {len(stats)} ranks (each host reduces first)' if len(workers) < len(stats) else ''}")
+        print(f"{'':<12} placed: {row['placement']}; {row['switch_workers']} worker(s) of the switch"
+              f"{f' for {len(stats)} ranks (each host reduces first)' if row['switch_workers'] < len(stats) else ''}")
+        print_story(topo, row["grants"])
     print("per switch (a tree's levels: below its root a completed round's sum is sent up, at "
           "the root and on one switch multicast down)")
     for name, c in counters.items():
@@ -479,17 +480,84 @@ def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
     return rows
 
 
-def stop_leftovers(run_id: str | None) -> int:
-    """``make stop``: stop what this checkout's unfinished runs (or the one named) started."""
-    runs = [RunDir(run_id)] if run_id else unfinished_runs()
-    if run_id and not runs[0].record_path.exists():
-        print(f"inagg-mininet: no run {run_id} in {RUNS_DIR}", file=sys.stderr)
-        return 2
+def job_row(job: dict, stats: list[dict], placement: str) -> dict:
+    """A finished job's summary row, from every rank's stats (rank 0's grants and call times;
+    the traffic of the switch's workers: on a host that reduces first, its leader's)."""
+    workers = [s for s in stats if s.get("leader", True)]
+    s0 = stats[0]
+    seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
+    return {"name": job["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
+            "grant_changes": s0["grant_changes"], "steps": [job["done"][r]["steps"] for r in sorted(job["done"])],
+            "epoch": s0["epoch"], "slots": s0["slots"], "epochs": job["cfg"]["epochs"],
+            "accuracy": job["epochs"][-1][1],
+            "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
+            "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
+            "retransmissions": sum(s["retransmissions"] for s in workers), "switch_workers": len(workers),
+            "placement": placement, "losses": [e[0] for e in job["epochs"]],
+            "ms_per_step": seconds / steps * 1e3, "call_ms_median": s0["call_ms_median"], "grants": s0["grants"]}
+
+
+def aggregator_of(topo: Topology, grant: dict) -> str:
+    """The switch (by its name in the topology) or host aggregator ``grant`` aggregates on."""
+    if grant["mode"] == "host":
+        return f"the host aggregator ({grant['aggregator']})"
+    ip = grant["aggregator"].split(":")[0]
+    return next((f"switch {name}" for name, sw in topo.switches.items() if sw["aggregator_ip"] == ip),
+                grant["aggregator"])
+
+
+def grant_change(topo: Topology, before: dict | None, grant: dict) -> str:
+    """What taking ``grant`` after ``before`` (None: the job's first) was, and why, in words."""
+    if before is None:
+        what = "placed on"
+    elif before["mode"] == grant["mode"]:
+        what = "slots changed on"
+    else:
+        what = "fell back to" if grant["mode"] == "host" else "upgraded to"
+    return f"{what} {aggregator_of(topo, grant)}" + (f": {grant['reason']}" if grant["reason"] else "")
+
+
+def print_story(topo: Topology, grants: list[dict]) -> None:
+    """One line per grant the job used: when (seconds after its first grant, first call),
+    what changed and why, and the median time of the calls made under it."""
+    for i, g in enumerate(grants):
+        median = f"median {g['median_ms']:.2f} ms" if g["median_ms"] is not None else "no call timed"
+        print(f"{'':<12} {'story:' if i == 0 else '':<6} +{g['seconds']:.1f}s call {g['from_call']}: "
+              f"{grant_change(topo, grants[i - 1] if i else None, g)}; slots {g['slots']} epoch {g['epoch']}; "
+              f"{g['calls']} calls, {median}")
+
+
+def chosen_runs(all_users: bool, clean: bool, base: Path) -> tuple[list[RunDir], list[RunDir]]:
+    """The runs ``make stop`` (unfinished ones) or ``make clean`` (every one) acts on: the
+    caller's, or every user's with ``all_users``; and the others', which it leaves alone."""
+    runs = all_runs(base) if clean else unfinished_runs(base)
+    return runs_of(runs, None if all_users else current_user())
+
+
+def stop_leftovers(run_id: str | None, all_users: bool = False, clean: bool = False,
+                   base: Path = RUNS_DIR) -> int:
+    """``make stop``: stop what the caller's unfinished runs of this checkout started (every
+    user's with ``all_users``; only run ``run_id`` when named), naming the other users' runs it
+    leaves running. ``clean`` (``make clean``): then delete those runs' directories too."""
+    if run_id:
+        runs, others = [RunDir(run_id, base)], []
+        if not runs[0].record_path.exists():
+            print(f"inagg-mininet: no run {run_id} in {base}", file=sys.stderr)
+            return 2
+    else:
+        runs, others = chosen_runs(all_users, clean, base)
     for run in runs:
-        done = stop_run(run)
-        print(f"run {run.run_id}: {'; '.join(done) if done else 'nothing left running'}")
+        if run_id or not run.record.get("finished"):
+            done = stop_run(run)
+            print(f"run {run.run_id}: {'; '.join(done) if done else 'nothing left running'}")
+    for run in others:
+        if not run.record.get("finished"):
+            print(f"run {run.run_id}: started by {run.record.get('user', 'an unknown user')}, left alone "
+                  f"(ALL=1, --all: every user's runs)")
     if not runs:
-        print(f"no unfinished run in {RUNS_DIR}")
+        print(f"no {'' if clean else 'unfinished '}run of {current_user()} in {base}")
+    if clean:
+        delete_runs(runs, base)
     return 0
 
 
@@ -505,13 +573,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bmv2-json", type=Path, help="BMv2 JSON pushed to BMv2 switches (default: p4/'s)")
     p.add_argument("--cli", action="store_true", help="keep the network up at a mininet> prompt after the jobs")
     p.add_argument("--json", type=Path, help="write the summary rows here")
-    p.add_argument("--stop", action="store_true", help="stop this checkout's unfinished runs and exit")
-    p.add_argument("--run", metavar="ID", help="with --stop: only this run")
+    p.add_argument("--stop", action="store_true", help="stop this user's unfinished runs of this checkout and exit")
+    p.add_argument("--clean", action="store_true", help="as --stop, then delete those runs' directories")
+    p.add_argument("--all", action="store_true", help="with --stop/--clean: every user's runs")
+    p.add_argument("--run", metavar="ID", help="with --stop: only this run (whoever started it)")
     args = p.parse_args(argv)
     if args.epochs is not None and args.epochs < 1:
         p.error(f"--epochs must be >= 1, got {args.epochs}")   # 0 used to mean "the topology's"
-    if args.stop:
-        return stop_leftovers(args.run)
+    if args.clean and args.run:
+        p.error("--clean acts on every run of a user; --run goes with --stop")
+    if (args.all or args.run) and not (args.stop or args.clean):
+        p.error("--all and --run go with --stop (or --all with --clean)")
+    if args.stop or args.clean:
+        return stop_leftovers(args.run, args.all, args.clean)
     dataplane = choose_dataplane(args.dataplane)
     try:
         program_files = program_files_for(dataplane, args.p4info, args.bmv2_json)

@@ -6,14 +6,17 @@ Each run gets a short random id and a directory ``<id>/`` in RUNS_DIR (a checkou
 pcaps, the controller's socket, config and database, the admin token, and ``run.json``, which
 lists every process the run started (PID and kernel start time, so a recycled PID is never
 signalled) and every interface it created in the root namespace (named
-``<id><switch>-eth<port>``, unique per run). ``stop_run`` signals exactly those processes and
-deletes exactly those interfaces; nothing is found by pattern.
+``<id><switch>-eth<port>``, unique per run) and the user who started it (``current_user``).
+``stop_run`` signals exactly those processes and deletes exactly those interfaces; nothing is
+found by pattern. ``make stop``/``make clean`` act on the runs of the user who calls them
+(``runs_of``), so users sharing a checkout stop only their own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -43,6 +46,17 @@ def process_start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def current_user() -> str:
+    """Who starts or stops runs: the user behind ``sudo`` (Mininet needs root, so runs are
+    started through it), else this process's user (its uid when it has no name)."""
+    if os.environ.get("SUDO_USER"):
+        return os.environ["SUDO_USER"]
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
 def root_interfaces() -> set[str]:
     out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
@@ -65,7 +79,8 @@ class RunDir:
         self.run_id = run_id
         self.path = base / run_id
         self.record_path = self.path / "run.json"
-        self.record: dict = {"run_id": run_id, "processes": [], "interfaces": [], "finished": False}
+        self.record: dict = {"run_id": run_id, "user": current_user(), "processes": [], "interfaces": [],
+                             "finished": False}
         if self.record_path.exists():
             self.record = json.loads(self.record_path.read_text())
 
@@ -178,20 +193,40 @@ def prune_finished_runs(base: Path = RUNS_DIR, keep: int | None = None) -> list[
     2-7 GB, and a checkout's runs had filled the 252 GB disk, failing the tests that ran next.
     Unfinished runs stay (``make stop`` needs their record of processes and interfaces)."""
     keep = keep_runs() if keep is None else keep
-    if not base.exists():
-        return []
-    finished = [p for p in base.iterdir() if p.is_dir() and not p.is_symlink() and (p / "run.json").exists()
-                and RunDir(p.name, base).record.get("finished")]
+    finished = [r.path for r in all_runs(base) if r.record.get("finished")]
     finished.sort(key=lambda p: (p / "run.json").stat().st_mtime, reverse=True)
     for old in finished[keep:]:
         shutil.rmtree(old, ignore_errors=True)
     return [p.name for p in finished[keep:]]
 
 
-def unfinished_runs(base: Path = RUNS_DIR) -> list[RunDir]:
-    """This checkout's runs whose record does not say they finished."""
+def all_runs(base: Path = RUNS_DIR) -> list[RunDir]:
+    """This checkout's runs (directories with a record), by id."""
     if not base.exists():
         return []
-    runs = [RunDir(p.name, base) for p in sorted(base.iterdir())
+    return [RunDir(p.name, base) for p in sorted(base.iterdir())
             if p.is_dir() and not p.is_symlink() and (p / "run.json").exists()]
-    return [r for r in runs if not r.record.get("finished")]
+
+
+def unfinished_runs(base: Path = RUNS_DIR) -> list[RunDir]:
+    """This checkout's runs whose record does not say they finished."""
+    return [r for r in all_runs(base) if not r.record.get("finished")]
+
+
+def runs_of(runs: list[RunDir], user: str | None) -> tuple[list[RunDir], list[RunDir]]:
+    """``runs`` split into those ``user`` started and the others (``user`` None: all are
+    its); a record without a user (written before runs recorded one) is nobody's."""
+    mine = [r for r in runs if user is None or r.record.get("user") == user]
+    return mine, [r for r in runs if r not in mine]
+
+
+def delete_runs(runs: list[RunDir], base: Path = RUNS_DIR) -> None:
+    """Delete the directories of ``runs`` (stopped or finished), and ``latest`` if it pointed
+    to one of them; RUNS_DIR itself goes once it holds nothing else."""
+    for run in runs:
+        shutil.rmtree(run.path, ignore_errors=True)
+    latest = base / "latest"
+    if latest.is_symlink() and not latest.exists():
+        latest.unlink()
+    if base.is_dir() and not any(base.iterdir()):
+        base.rmdir()

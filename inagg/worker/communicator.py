@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inagg.worker.call_log import CallLog
 from inagg.worker.cost_model import LinkEstimator
 from inagg.worker.cuda_staging import CudaStaging, StagedCall
 from inagg.errors import InaggError
@@ -259,6 +260,7 @@ class Communicator:
     def _start_stream(self, stream_class: type, grant: Grant, stall_timeout: float) -> None:
         """The stream this rank's calls run on, under the first grant."""
         self.stream = stream_class(grant, self.rank, self.world_size, self.transport, stall_timeout=stall_timeout)
+        self.call_log = CallLog()   # the grants used and the calls' durations (stats)
         self._use(grant)
         self.boundary = 0
         self.grant_changes = 0
@@ -401,6 +403,7 @@ class Communicator:
         # RoCE: the switch ignores the destination QP of contributions; the UDP port stands in
         self.transport.retarget(grant.aggregator)
         self.stream.set_grant(grant)
+        self.call_log.use(grant)
 
     # -- allreduce ---------------------------------------------------------------------------
 
@@ -424,8 +427,10 @@ class Communicator:
             sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
             self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
                                   refusal=req.refusal)
-            self.link.observe(self.stream.stats.wire_bytes_sent - sent,
-                              time.perf_counter() - started, latencies=2 * self.stream.round_trips)
+            seconds = time.perf_counter() - started
+            self.call_log.call(seconds)
+            self.link.observe(self.stream.stats.wire_bytes_sent - sent, seconds,
+                              latencies=2 * self.stream.round_trips)
             self.link.observe(2 * (HEADER_BYTES + self.transport.overhead), self.stream.control_rtt,
                               latencies=2)
             self.boundary += 1
@@ -505,7 +510,8 @@ class Communicator:
         s = self.stream.stats.as_dict()
         g = self.grant
         s.update(mode=g.mode, transport=g.transport, window=self.stream.window, epoch=g.epoch, slots=f"[{g.slot_base},{g.slot_base + g.slot_count})",
-                 grant_changes=self.grant_changes,
+                 grant_changes=self.grant_changes, grants=self.call_log.story(),
+                 call_ms_median=self.call_log.median_ms(),
                  goodput_MBps=(4 * s["elements"] / s["seconds"] / 1e6) if s["seconds"] else 0.0)
         return s
 
