@@ -5,7 +5,8 @@
 #            mininet> prompt after the jobs), RUN (make stop: only this run id), ALL (make stop/clean:
 #            every user's runs, not only yours), ARGS (make ctl),
 #            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build),
-#            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options).
+#            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options),
+#            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options).
 
 PYTHON        ?= python3
 VENV          ?= .venv
@@ -27,7 +28,7 @@ P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
 HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
-.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire build tofino clean protos
+.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree build tofino clean protos
 
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
@@ -95,6 +96,7 @@ bench: setup
 	$(BIN)/python benchmarks/wire_efficiency.py
 	@$(call in_emulation,benchmarks/bandwidth_flip.py)
 	@$(call in_emulation,benchmarks/wire_bench.py $(if $(QUICK),--quick))
+	@$(call in_emulation,benchmarks/tree_bench.py $(if $(QUICK),--quick))
 
 # The emulation's benchmarks need root and Mininet: without them, say so and go on.
 in_emulation = if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then $(BIN)/python $(1); \
@@ -105,6 +107,13 @@ in_emulation = if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then $(BI
 # and .png (~6 min on a quiet 2-core machine; QUICK=1: N = 2, 4 at 4 MiB, under a minute).
 bench-wire: setup-emulation
 	@$(call in_emulation,benchmarks/wire_bench.py $(if $(QUICK),--quick) $(WIRE_ARGS))
+
+# The same 8-rank job on the leaf-spine tree (2 ToRs x 4) and on one switch, turn by turn, every
+# link shaped (100 Mbit/s; TREE_ARGS="--sizes-mib 64" etc.): medians, tree / one switch, each ToR
+# uplink's bytes per direction per call over the tensor's; benchmarks/results/tree_bench.csv and
+# .png (4 and 16 MiB, 5 repetitions: ~2 min; QUICK=1: 4 MiB, one repetition).
+bench-tree: setup-emulation
+	@$(call in_emulation,benchmarks/tree_bench.py $(if $(QUICK),--quick) $(TREE_ARGS))
 
 # Stops your runs (ALL=1: every user's) and deletes them and the builds; other users' runs stay.
 clean:

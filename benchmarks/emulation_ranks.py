@@ -1,10 +1,11 @@
 """What the benchmarks that run torch.distributed ranks in the Mininet emulation share
-(``bandwidth_flip.py``, ``wire_bench.py``): whether the emulation can run here, shaping a link
-with ``tc tbf`` (netem is not needed, so kernels without sch_netem work), starting one rank
-process per worker host against the run's controller, waiting for rank 0's first line, and
-writing the results' CSV.
+(``bandwidth_flip.py``, ``wire_bench.py``, ``tree_bench.py``): whether the emulation can run
+here, shaping a link with ``tc tbf`` (netem is not needed, so kernels without sch_netem work),
+starting one rank process per worker host against the run's controller, a rank joining its job
+and reporting its slowest rank's times, waiting for rank 0's next line, and writing the
+results' CSV.
 
-A rank finds its inagg address in ``deployment.json`` beside the run's controller socket
+A rank finds its inagg address in ``deployment.json`` beside the controller socket it is given
 (``inagg.worker.local``): each worker host's switch-side IP, in rank order."""
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"   # CSV and PNG by default (not committed: docs/results/ keeps runs)
 STORE_PORT = 29500        # in the ranks' own namespaces: no other process can hold it
 READY_SECONDS = 180.0     # bring-up and the process group's start on a loaded 2-core machine
 # A small token bucket: a large one lets an isolated call (an exploration on a link that sat idle)
@@ -81,12 +85,41 @@ def shape_link(link, rate: str | None) -> None:
         shape(intf, rate)
 
 
-def write_deployment(run, worker_ips: list[str]) -> None:
-    """Tell the ranks their inagg addresses (rank order) and the run's controller."""
+@contextmanager
+def shaped_network(topo, rate: str, title: str):
+    """The emulation of ``topo`` on the software data plane (pcaps off), every link shaped to
+    ``rate`` both ways, the controller and the host aggregator started; torn down on leaving,
+    the ranks with it (``run.procs``). Prints ``title`` and the run's directory first."""
+    from inagg.emulation.mininet_run import Run, program_files_for
+    from inagg.emulation.run_dir import RunDir
+
+    run_dir = RunDir.create()
+    print(f"{title}, soft data plane, run {run_dir.run_id} in {run_dir.path}", flush=True)
+    run = Run(topo, "soft", run_dir, program_files=program_files_for("soft"), pcaps=False)
+    try:
+        run.build()
+        for link in run.net.links:
+            shape_link(link, rate)
+        run.start_services()
+        yield run
+    finally:
+        run.teardown()
+
+
+def write_deployment(run, worker_ips: list[str], directory: Path | None = None) -> str:
+    """Tell the ranks their inagg addresses (rank order) and the run's controller: beside the
+    run's controller socket, or (jobs on different hosts at once) in ``directory``, a job's own,
+    with a link to that socket. Returns the controller address the job's ranks are given."""
     from inagg.worker.local import DEPLOYMENT_FILE
 
-    (run.run.path / DEPLOYMENT_FILE).write_text(json.dumps(
+    socket_path = Path(run.controller_addr[len("unix:"):])
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / socket_path.name).symlink_to(socket_path)
+        socket_path = directory / socket_path.name
+    (socket_path.parent / DEPLOYMENT_FILE).write_text(json.dumps(
         {"controller": run.controller_addr, "worker_ips": worker_ips}))
+    return f"unix:{socket_path}"
 
 
 def start_rank(run, host_name: str, argv: list[str], env: dict[str, str], label: str) -> subprocess.Popen:
@@ -103,6 +136,79 @@ def start_rank(run, host_name: str, argv: list[str], env: dict[str, str], label:
     return proc
 
 
+def start_ranks(run, script: Path, job: str, hosts: list[str], port: int, extra: list[str],
+                env: dict[str, str]) -> list[subprocess.Popen]:
+    """One rank of ``job`` per host (rank order) running ``script`` in rank mode (``--rank-of``
+    and the flags ``add_rank_arguments`` declares, then ``extra``), its store on the first
+    host's ``port``, its default group forced to the switch path (``env`` may say otherwise);
+    rank 0 writes the job's result to ``<run>/<job>.json``."""
+    from inagg.emulation.topology import host_ip
+
+    master = host_ip(run.topo.hosts[hosts[0]])
+    procs = []
+    for rank, host in enumerate(hosts):
+        argv = [str(script), "--rank-of", job, "--rank", str(rank), "--world", str(len(hosts)), "--master", master,
+                "--store-port", str(port), "--out", str(run.run.path / f"{job}.json"), *extra]
+        host_env = {"GLOO_SOCKET_IFNAME": run.net.get(host).defaultIntf().name, "INAGG_ALLREDUCE_PATH": "inagg",
+                    "TORCHELASTIC_RUN_ID": job, **env}
+        procs.append(start_rank(run, host, argv, host_env, f"{job}-{host}"))
+    return procs
+
+
+def finish_job(procs: list, out: Path, timeout: float) -> dict:
+    """Wait for a job's ranks to exit (all of them, within ``timeout``) and read its result."""
+    deadline = time.time() + timeout
+    for p in procs:
+        p.wait(max(1.0, deadline - time.time()))
+    if any(p.returncode != 0 for p in procs):
+        raise RuntimeError(f"ranks exited with {[p.returncode for p in procs]}; see {out.parent}/logs")
+    return json.loads(out.read_text())
+
+
+def add_rank_arguments(parser) -> None:
+    """The flags ``start_ranks`` gives each rank (hidden: the launcher's, not a user's)."""
+    import argparse
+
+    parser.add_argument("--rank-of", help=argparse.SUPPRESS)
+    for flag, kind in (("--rank", int), ("--world", int), ("--master", str), ("--store-port", int), ("--out", str)):
+        parser.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+
+
+def join_job(args):
+    """This rank in its job (one thread for torch): the default group of the ``inagg`` backend
+    (its path as ``INAGG_ALLREDUCE_PATH`` says) and a gloo group of its own for the barriers, so
+    no measured group waits in one; returns both."""
+    import torch
+    import torch.distributed as dist
+
+    import inagg.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
+
+    torch.set_num_threads(1)
+    dist.init_process_group("inagg", rank=args.rank, world_size=args.world,
+                            init_method=f"tcp://{args.master}:{args.store_port}", timeout=timedelta(seconds=300))
+    return dist.group.WORLD, dist.new_group(backend="gloo")
+
+
+def slowest_times(seconds: list[float], barrier) -> list[float]:
+    """Every call's slowest rank's time (``seconds``: this rank's)."""
+    import torch
+    import torch.distributed as dist
+
+    slowest = torch.tensor(seconds, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=barrier)
+    return slowest.tolist()
+
+
+def job_retransmissions(pg, barrier) -> int:
+    """The job's retransmissions on ``pg`` (an ``inagg`` group) so far, summed over its ranks."""
+    import torch
+    import torch.distributed as dist
+
+    retx = torch.tensor([pg.stats()["inagg"]["retransmissions"]], dtype=torch.int64)
+    dist.all_reduce(retx, group=barrier)
+    return int(retx.item())
+
+
 def wait_line(rank0, procs: list, timeout: float, logs: Path) -> dict:
     """Rank 0's next stdout line (JSON); fails fast when a rank exits first."""
     deadline = time.time() + timeout
@@ -115,6 +221,36 @@ def wait_line(rank0, procs: list, timeout: float, logs: Path) -> dict:
         if dead:
             raise RuntimeError(f"a rank exited (status {dead}) first; see {logs}/*.log")
     raise RuntimeError(f"no word from rank 0 within {timeout:.0f}s; see {logs}/*.log")
+
+
+def add_output_arguments(parser, name: str, results: Path) -> None:
+    """Where a benchmark's CSV and PNG go: ``--results`` (a folder), ``--name`` (their stem)."""
+    parser.add_argument("--name", default=name, help="results file names (CSV, PNG)")
+    parser.add_argument("--results", type=Path, default=results, help="where the CSV and PNG go")
+
+
+def run_benchmark(name: str, args, rank_main, launch, fields: tuple[str, ...], report, plot) -> int:
+    """A benchmark script's main: as one of its ranks (``--rank-of``: ``start_ranks`` started it
+    in a Mininet host) ``rank_main(args)``; as the launcher, where the emulation can run,
+    ``launch(args)``'s rows written (``write_results``) and the wall time printed."""
+    if args.rank_of:
+        return rank_main(args)
+    if not launcher_can_run(name):
+        return 2
+    started = time.time()
+    write_results(args, fields, launch(args), report, plot)
+    print(f"wall time {time.time() - started:.0f} s")
+    return 0
+
+
+def write_results(args, fields: tuple[str, ...], rows: list[dict], report, plot) -> None:
+    """The rows as CSV and ``plot(rows, path)``'s PNG under ``--results`` (named ``--name``),
+    and ``report(rows)``'s table."""
+    args.results.mkdir(parents=True, exist_ok=True)
+    write_csv(args.results / f"{args.name}.csv", fields, rows)
+    report(rows)
+    if plot(rows, args.results / f"{args.name}.png"):
+        print(f"plot: {args.results / args.name}.png")
 
 
 def write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:

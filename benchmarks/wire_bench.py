@@ -44,18 +44,17 @@ import statistics
 import sys
 import time
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
-from emulation_ranks import (READY_SECONDS, STORE_PORT, launcher_can_run, rate_bits,  # noqa: E402
-                             shape_link, start_rank, wait_line, write_csv, write_deployment)
+from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_output_arguments, add_rank_arguments,  # noqa: E402
+                             finish_job, job_retransmissions, join_job, rate_bits, run_benchmark, shaped_network,
+                             slowest_times, start_ranks, wait_line, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MIB = 1 << 20
 PATHS = ("inagg", "gloo")
 AUTO = "auto"     # the group whose backend chooses its own path
@@ -138,16 +137,9 @@ def wait_go(go_file: str | None, barrier) -> None:
 def rank_main(args: argparse.Namespace) -> int:
     """One rank of one job: the groups, the calls, and (rank 0) the slowest rank's time of every
     call, the grant's K and the job's retransmissions written to ``--out``."""
-    import torch
     import torch.distributed as dist
 
-    import inagg.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
-
-    torch.set_num_threads(1)
-    dist.init_process_group("inagg", rank=args.rank, world_size=args.world,
-                            init_method=f"tcp://{args.master}:{args.store_port}", timeout=timedelta(seconds=300))
-    pg = dist.group.WORLD
-    barrier = dist.new_group(backend="gloo")   # none of the measured groups
+    pg, barrier = join_job(args)
     groups = {"inagg": pg, "gloo": dist.new_group(backend="gloo")}
     if AUTO in args.paths:
         groups[AUTO] = auto_group()
@@ -156,17 +148,14 @@ def rank_main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     calls = measure(groups, barrier, args)
     job_seconds = time.perf_counter() - started
-    slowest = torch.tensor([c[3] for c in calls], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=barrier)
-    retx = torch.tensor([pg.stats()["inagg"]["retransmissions"]], dtype=torch.int64)
-    dist.all_reduce(retx, group=barrier)
+    slowest, retx = slowest_times([c[3] for c in calls], barrier), job_retransmissions(pg, barrier)
     if args.rank == 0:
-        for c, t in zip(calls, slowest.tolist()):
+        for c, t in zip(calls, slowest):
             c[3] = t
         auto = groups.get(AUTO)
         history = [[h["path"], h["calls"], h["bytes"]] for h in auto.path_history()] if auto else []
         Path(args.out).write_text(json.dumps({"calls": calls, "job_s": job_seconds, "k": pg.comm.grant.values_per_packet,
-                                              "mode": pg.comm.grant.mode, "retransmissions": retx.item(),
+                                              "mode": pg.comm.grant.mode, "retransmissions": retx,
                                               "auto_history": history,
                                               "auto_model": auto.stats()["path_model"] if auto else None}))
     dist.barrier(group=barrier)
@@ -193,31 +182,13 @@ def topology(n_hosts: int, mtu: int):
 def start_job(run, args, n: int, name: str, paths: tuple[str, ...], go_file: Path | None, port: int):
     """N rank processes of one job on h1..hN (its store on rank 0's ``port``); returns them and
     where rank 0 writes its result."""
-    from inagg.emulation.topology import host_ip
     from inagg.pytorch.path_links import LINK_RATE_ENV
 
-    out = run.run.path / f"{name}.json"
-    procs = []
-    for rank in range(n):
-        host = f"h{rank + 1}"
-        argv = [str(Path(__file__).resolve()), "--rank-of", name, "--rank", str(rank), "--world", str(n),
-                "--master", host_ip(run.topo.hosts["h1"]), "--store-port", str(port), "--out", str(out),
-                "--sizes-mib", *map(str, args.sizes_mib), "--reps", str(args.reps), "--warmup", str(args.warmup),
-                "--paths", *paths, *(["--go-file", str(go_file)] if go_file else [])]
-        env = {"GLOO_SOCKET_IFNAME": run.net.get(host).defaultIntf().name, "INAGG_ALLREDUCE_PATH": "inagg",
-               "TORCHELASTIC_RUN_ID": name, LINK_RATE_ENV: args.rate}
-        procs.append(start_rank(run, host, argv, env, f"{name}-{host}"))
-    return procs, out
-
-
-def finish_job(procs: list, out: Path, timeout: float) -> dict:
-    """Wait for a job's ranks to exit (all of them, within ``timeout``) and read its result."""
-    deadline = time.time() + timeout
-    for p in procs:
-        p.wait(max(1.0, deadline - time.time()))
-    if any(p.returncode != 0 for p in procs):
-        raise RuntimeError(f"ranks exited with {[p.returncode for p in procs]}; see {out.parent}/logs")
-    return json.loads(out.read_text())
+    extra = ["--sizes-mib", *map(str, args.sizes_mib), "--reps", str(args.reps), "--warmup", str(args.warmup),
+             "--paths", *paths, *(["--go-file", str(go_file)] if go_file else [])]
+    procs = start_ranks(run, Path(__file__).resolve(), name, [f"h{rank + 1}" for rank in range(n)], port, extra,
+                        {LINK_RATE_ENV: args.rate})
+    return procs, run.run.path / f"{name}.json"
 
 
 def expected_seconds(args, n: int, paths: tuple[str, ...], share: int = 1) -> float:
@@ -257,27 +228,16 @@ def run_two_jobs(run, args) -> list[dict]:
 
 
 def run_experiment(args) -> list[dict]:
-    """Bring up the network (pcaps off), shape every host link, run the jobs, tear down."""
-    from inagg.emulation.mininet_run import Run, program_files_for
-    from inagg.emulation.run_dir import RunDir
+    """Bring up the network with every link shaped, run the jobs, tear down."""
     from inagg.emulation.topology import host_ip
 
     topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu)
-    run_dir = RunDir.create()
-    print(f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}, soft data plane, run {run_dir.run_id} "
-          f"in {run_dir.path}", flush=True)
-    run = Run(topo, "soft", run_dir, program_files=program_files_for("soft"), pcaps=False)
-    try:
-        run.build()
-        for link in run.net.links:
-            shape_link(link, args.rate)
-        run.start_services()
+    with shaped_network(topo, args.rate, f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, "
+                                         f"MTU {args.mtu}") as run:
         write_deployment(run, [host_ip(h) for name, h in topo.hosts.items() if name != "agg"])
         results = run_counts(run, args)
         if args.two_jobs:
             results += run_two_jobs(run, args)
-    finally:
-        run.teardown()      # stops the ranks too (run.procs)
     return results
 
 
@@ -387,13 +347,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--two-jobs", type=int, default=4, metavar="N",
                    help="ranks of each of two jobs sharing the links (0: no such case)")
     p.add_argument("--quick", action="store_true", help="N = 2 and 4, 4 MiB, one repetition, no two-jobs case")
-    p.add_argument("--name", default="wire_bench", help="results file names (CSV, PNG)")
-    p.add_argument("--results", type=Path, default=RESULTS, help="where the CSV and PNG go")
+    add_output_arguments(p, "wire_bench", RESULTS)
     # rank mode (the launcher starts these in the Mininet hosts)
-    p.add_argument("--rank-of", help=argparse.SUPPRESS)
-    for flag, kind in (("--rank", int), ("--world", int), ("--master", str), ("--store-port", int),
-                       ("--out", str), ("--go-file", str)):
-        p.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+    add_rank_arguments(p)
+    p.add_argument("--go-file", help=argparse.SUPPRESS)
     p.add_argument("--paths", nargs="+", default=list(PATHS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -403,23 +360,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.rank_of:
-        return rank_main(args)
-    if not launcher_can_run("wire_bench"):
-        return 2
-    started = time.time()
+def launch(args: argparse.Namespace) -> list[dict]:
+    """The experiment's rows, with the load average at its end."""
     results = run_experiment(args)
     load = os.getloadavg()[0]
-    rows = [row for result in results for row in summarize(result, args, load)]
-    args.results.mkdir(parents=True, exist_ok=True)
-    write_csv(args.results / f"{args.name}.csv", FIELDS, rows)
-    report(rows)
-    if plot(rows, args.results / f"{args.name}.png"):
-        print(f"plot: {args.results / args.name}.png")
-    print(f"wall time {time.time() - started:.0f} s")
-    return 0
+    return [row for result in results for row in summarize(result, args, load)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_benchmark("wire_bench", parse_args(argv), rank_main, launch, FIELDS, report, plot)
 
 
 if __name__ == "__main__":
