@@ -64,7 +64,7 @@ JOBS = {1: dict(job_index=0, slot_base=0, slot_count=4, ports=(1, 2, 3)),
         2: dict(job_index=1, slot_base=8, slot_count=2, ports=(2, 3))}
 
 
-def _addr(port: int, rank: int, job_id: int) -> tuple[int, int, int]:
+def worker_address(port: int, rank: int, job_id: int) -> tuple[int, int, int]:
     return 0x0A000000 + port, port, 50000 + 100 * job_id + rank   # IPv4, MAC, UDP port
 
 
@@ -76,7 +76,7 @@ def make(pipeline_cls) -> SoftPipeline:
             ("slot_end", j["slot_base"] + j["slot_count"]), ("n_workers", len(j["ports"])), ("epoch", 1),
             ("mcast_grp", job_id), ("encap", 1))))
         for rank, port in enumerate(j["ports"]):
-            ip, mac, udp = _addr(port, rank, job_id)
+            ip, mac, udp = worker_address(port, rank, job_id)
             p.tables[WORKER_TABLE].put((job_id, rank), Action("InaggIngress.admission.bind_worker", (
                 ("port", port), ("addr", ip), ("mac", mac), ("udp_port", udp))))
             p.tables[REPLICA_TABLE].put((job_id, rank + 1), Action(
@@ -90,7 +90,7 @@ def frame(job_id, rank, values, *, slot, slot_set=0, offset=0, epoch=1, exp=EXP_
           port=None, raw=None):
     """(ingress port, frame) of a contribution; ``port`` other than the rank's: forged."""
     own = JOBS[job_id]["ports"][rank]
-    ip, mac, udp = _addr(own, rank, job_id)
+    ip, mac, udp = worker_address(own, rank, job_id)
     payload = raw if raw is not None else build_contribution(
         job_id, rank, epoch, slot, slot_set, offset,
         None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
