@@ -45,9 +45,14 @@ const bit<2> ROUND_OPEN      = 0;   /* not complete */
 const bit<2> ROUND_COMPLETE  = 1;   /* complete, its result's harvest pass not (yet) seen */
 const bit<2> ROUND_HARVESTED = 3;   /* complete, and the harvest retired the other set */
 
-/* The pipe-local port a result recirculates through (Tofino 1: 68 in every pipe is a
- * recirculation port, never a front-panel one); the harvest pass is recognised by it. */
+/* The pipe-local port a packet recirculates through for its second pass, a recirculation port
+ * and never a front-panel one (Tofino 1: 68 in every pipe; Tofino 2: 6, its front-panel ports
+ * start at 8); the second pass is recognised by it. */
+#if __TARGET_TOFINO__ == 2
+const bit<7> RECIRC_PORT_LOCAL = 6;
+#else
 const bit<7> RECIRC_PORT_LOCAL = 68;
+#endif
 
 /* A slot's owner tag and one set's contributor map: one 64-bit register word. */
 struct owner_map_t {
