@@ -66,7 +66,7 @@ _BAD_ROUND, _STALE = Outcome.BAD_ROUND, Outcome.STALE_ROUND
 OPEN, NEW, REPEAT = "open", "new", "repeat"
 HARVEST_NONE, HARVEST_RESULT, HARVEST_ANSWER, HARVEST_ANSWER_RETIRE, HARVEST_UNDO = range(5)
 SEEN_HARVESTED = 0x80
-ROUND_OPEN, ROUND_COMPLETE, ROUND_HARVESTED = 0, 1, 3
+ROUND_PENDING, ROUND_COMPLETE, ROUND_HARVESTED = 0, 1, 3
 
 
 @dataclass
@@ -83,7 +83,7 @@ class _Meta:
     round_kind: str = ""
     same_round: int = 0
     moved: int = 0
-    round_done: int = ROUND_OPEN   # seen's output
+    round_done: int = ROUND_PENDING   # seen's output
     outcome: Outcome | None = None
     harvest: int = HARVEST_NONE
     exp_result: int = 0    # biased
@@ -179,14 +179,14 @@ class TofinoSlotModel:
         if (m.round_kind, m.same_round) == (OPEN, 1):
             self.seen[i], self.exp_max[i], self.sticky_flags[i] = 1, exp_biased, flags_in
         elif (m.round_kind, m.same_round) == (NEW, 1):
-            m.round_done = ROUND_COMPLETE if self.seen[i] == m.n - 1 else ROUND_OPEN
+            m.round_done = ROUND_COMPLETE if self.seen[i] == m.n - 1 else ROUND_PENDING
             self.seen[i] = (self.seen[i] + 1) & 0xFF
             self.exp_max[i] = max(self.exp_max[i], exp_biased)
             self.sticky_flags[i] |= flags_in
         elif m.round_kind == REPEAT:
             seen = self.seen[i]
             m.round_done = ROUND_COMPLETE if seen == m.n else \
-                ROUND_HARVESTED if (seen - m.n) & 0xFF == SEEN_HARVESTED else ROUND_OPEN
+                ROUND_HARVESTED if (seen - m.n) & 0xFF == SEEN_HARVESTED else ROUND_PENDING
         else:
             return
         m.exp_result, m.flags_result = self.exp_max[i], self.sticky_flags[i]
@@ -195,7 +195,7 @@ class TofinoSlotModel:
         """The decision's const entries, row for row. A repeat of a complete round whose
         harvest pass was not seen answers and retires the other set: its "moved" bits are the
         previous round's, the retire never happened."""
-        done, harvested = m.round_done != ROUND_OPEN, m.round_done == ROUND_HARVESTED
+        done, harvested = m.round_done != ROUND_PENDING, m.round_done == ROUND_HARVESTED
         if m.round_kind == OPEN:
             m.outcome, m.harvest = Outcome.FIRST, HARVEST_RESULT if m.n == 1 else HARVEST_NONE
         elif m.round_kind == NEW and not m.same_round:

@@ -172,13 +172,11 @@ control SlotClaim(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     action aggregate_set0() {
         meta.verdict = VERDICT_AGGREGATE;
         meta.n_last = meta.n_workers - 1;
-        meta.n_harvested = meta.n_workers | SEEN_HARVESTED;
         meta.old_map0 = map0_join.execute(meta.slot);
     }
     action aggregate_set1() {
         meta.verdict = VERDICT_AGGREGATE;
         meta.n_last = meta.n_workers - 1;
-        meta.n_harvested = meta.n_workers | SEEN_HARVESTED;
         meta.old_map0 = map0_peek.execute(meta.slot);
     }
     /* A second pass; for a set-1 result (HARVEST_RESULT, _ANSWER_RETIRE) set 0's round is

@@ -67,11 +67,11 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
      * when this packet completes the round). */
     Register<bit<8>, slot_index_t>(2 * TOFINO_SLOTS) seen;
     RegisterAction<bit<8>, slot_index_t, bit<2>>(seen) seen_first = {
-        void apply(inout bit<8> value, out bit<2> done) { value = 1; done = ROUND_OPEN; }
+        void apply(inout bit<8> value, out bit<2> done) { value = 1; done = ROUND_PENDING; }
     };
     RegisterAction<bit<8>, slot_index_t, bit<2>>(seen) seen_add = {
         void apply(inout bit<8> value, out bit<2> done) {
-            if (value == meta.n_last) { done = ROUND_COMPLETE; } else { done = ROUND_OPEN; }
+            if (value == meta.n_last) { done = ROUND_COMPLETE; } else { done = ROUND_PENDING; }
             value = value + 1;
         }
     };
@@ -82,7 +82,7 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
             } else if (value - meta.n_workers == SEEN_HARVESTED) {
                 done = ROUND_HARVESTED;
             } else {
-                done = ROUND_OPEN;
+                done = ROUND_PENDING;
             }
         }
     };

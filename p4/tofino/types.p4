@@ -41,7 +41,7 @@ const bit<3> HARVEST_UNDO          = 4;  /* BAD_ROUND of a sender new to the rou
 /* seen (slot_state.p4): contributions summed, and SEEN_HARVESTED once the round's result had
  * its harvest pass; seen_read tells them apart (meta.round_done). */
 const bit<8> SEEN_HARVESTED  = 0x80;
-const bit<2> ROUND_OPEN      = 0;   /* not complete */
+const bit<2> ROUND_PENDING   = 0;   /* not complete */
 const bit<2> ROUND_COMPLETE  = 1;   /* complete, its result's harvest pass not (yet) seen */
 const bit<2> ROUND_HARVESTED = 3;   /* complete, and the harvest retired the other set */
 
@@ -106,7 +106,6 @@ struct tofino_ingress_md_t {
     bit<8>       job_index;
     bit<8>       n_workers;
     bit<8>       n_last;         /* n_workers - 1: seen before the completing packet */
-    bit<8>       n_harvested;    /* n_workers | SEEN_HARVESTED: seen of a harvested round */
     bit<16>      mcast_grp;
     bit<1>       bound;          /* worker_table hit */
     /* JobAdmission's differences (0 = equal; borrow bits for the range checks) */
