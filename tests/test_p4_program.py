@@ -72,7 +72,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
     from inagg.control.p4info import P4Info
     info = P4Info.load(tmp_path / "x.p4info.txtpb")
     assert info.values_per_packet == 32
-    assert info.register_size(pipeline.SLOT_TAG) == 512
+    assert info.slot_pool == 512
     assert info.register_size("values") == 2 * 512 * 32
     assert info.obj(P4Type.table, pipeline.JOB_TABLE).size == 16
     assert info.obj(P4Type.counter, pipeline.JOB_PACKETS).size == 16
@@ -115,7 +115,7 @@ def test_p4info_has_what_the_python_side_uses():
     for counter in (pipeline.JOB_PACKETS, pipeline.JOB_AGGREGATED, pipeline.JOB_DUPLICATES,
                     pipeline.JOB_RESULTS, pipeline.JOB_DROPS, pipeline.GLOBAL_DROPS):
         info.obj(P4Type.counter, counter)
-    n_slots = info.register_size(pipeline.SLOT_TAG)
+    n_slots = info.slot_pool
     assert info.register_size("values") == 2 * n_slots * SWITCH_VALUES_PER_PACKET
     admit = {p.name: p.bitwidth for p in info.obj(P4Type.action, "admit").params}
     assert admit == {"job_index": 8, "slot_base": 16, "slot_count": 16, "n_workers": 8, "epoch": 16,

@@ -16,7 +16,7 @@ from inagg.emulation.loopback import LoopbackDeployment
 from inagg.control.config import default_program, parse_config
 from inagg.control.p4info import P4Type
 from inagg.control.program import read_artifact
-from inagg.control.switch import JobCounters, SwitchConnection
+from inagg.control.switch import DERIVED_ADMIT_PARAMS, JobCounters, SwitchConnection
 from inagg.wire import protocol
 from inagg.worker.communicator import ReduceOp
 from test_training import make_comms
@@ -71,7 +71,7 @@ def test_every_size_is_in_size_p4_and_overridable():
             if "const entries" not in body and "key" in body:
                 assert not re.search(r"size = \d", body), f"{path.name}: {table.group(1)}"
         assert not re.search(r"\b(Register|Counter)\b.*?\(\d+\s*[,)]", text), path.name
-        assert not re.search(r"@\w+\(\d", text), path.name
+        assert not re.search(r"@(?!stage\(|placement_priority\()\w+\(\d", text), path.name   # placement is no size
         if path.name != "size.p4":
             assert not re.search(r"#define TOFINO_", text), path.name
 
@@ -87,15 +87,19 @@ def test_p4info_has_what_the_controller_uses():
         assert [(m.name, m.bitwidth) for m in ours.match_fields] == [(m.name, m.bitwidth) for m in theirs.match_fields]
     for action in ("admit", "bind_worker", "set_worker_address", "forward", "flood"):
         ours, theirs = info.obj(P4Type.action, action), bmv2.obj(P4Type.action, action)
-        assert [(p.name, p.bitwidth) for p in ours.params] == [(p.name, p.bitwidth) for p in theirs.params]
+        shared = [(p.name, p.bitwidth) for p in ours.params if p.name not in DERIVED_ADMIT_PARAMS]
+        assert shared == [(p.name, p.bitwidth) for p in theirs.params]
+    derived = {p.name for p in info.obj(P4Type.action, "admit").params} - \
+        {p.name for p in bmv2.obj(P4Type.action, "admit").params}
+    assert derived == {"slot_end"} <= set(DERIVED_ADMIT_PARAMS)   # the controller fills it in
     for counter in ("job_packets", "job_aggregated", "job_duplicates", "job_results", "global_drops"):
         assert info.obj(P4Type.counter, counter).size == bmv2.obj(P4Type.counter, counter).size
     row = info.drop_row_length
     assert row >= len(protocol.DROP_REASONS) and row & (row - 1) == 0
     assert info.values_per_packet == SIZES["TOFINO_VALUES_PER_PACKET"]
-    assert "#define FOR_EACH_LANE(M) INAGG_UNROLL(TOFINO_VALUES_PER_PACKET, M)" in (TOFINO_DIR / "size.p4").read_text()
+    assert "#define TOFINO_PAIRS INAGG_HALF(TOFINO_VALUES_PER_PACKET)" in (TOFINO_DIR / "size.p4").read_text()
     assert info.encapsulations == ("udp",)
-    assert info.register_size("slot_tag") == 8192
+    assert info.slot_pool == 8192
 
 
 def test_config_names_targets_artifacts_and_device_ports(tmp_path):
@@ -149,10 +153,11 @@ def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact():
 
 # What the program may use (docs/tofino.md): a change that grows past one of these must say so
 # here and in the docs. Stages are the chip's 12; the rest leave room for the next feature.
-# TCAM 24: SlotState's decision and the tables keyed on the contributor maps (slot_state.p4)
-# match 32-bit maps ternary.
-BUDGET = {"stages_used": 12, "stateful_alus": 24, "stats_alus": 8, "sram_blocks": 200,
-          "map_ram_blocks": 140, "tcam_blocks": 24, "hash_bits": 600, "logical_tables": 80,
+# Stateful ALUs 40 of 48: 32 lane pairs (K = 64) and 6 for the slot logic. SRAM and map RAM:
+# each pair's register is 16384 64-bit words (8 blocks and their map RAM). TCAM 24: the checks
+# (twice, one table per contributor map: slot_claim.p4), round_action and the decision.
+BUDGET = {"stages_used": 12, "stateful_alus": 40, "stats_alus": 8, "sram_blocks": 420,
+          "map_ram_blocks": 340, "tcam_blocks": 24, "hash_bits": 800, "logical_tables": 80,
           "gateways": 40}
 RESOURCES = ROOT / "p4" / "out" / "tofino" / "resources.json"
 
@@ -164,8 +169,8 @@ def test_resources_within_budget():
     for key, limit in BUDGET.items():
         if key != "stages_used":
             assert used[key]["used"] <= limit, f"{key}: {used[key]['used']} > budget {limit}"
-    assert used["stateful_alus"]["used"] >= TOFINO.p4info.values_per_packet   # one per lane
-    assert used["phv_containers"]["normal"] <= 112                              # half of 224
+    assert used["stateful_alus"]["used"] >= TOFINO.p4info.values_per_packet // 2   # one per pair
+    assert used["phv_containers"]["normal"] <= 192   # of 224: the 64 values take 2048 bits of 4096
 
 
 @pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")
@@ -182,7 +187,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
     from inagg.control.p4info import P4Info
     info = P4Info.load(tmp_path / "inagg.p4info.txtpb")
     assert info.values_per_packet == 8
-    assert info.register_size("slot_tag") == 1 << 12
+    assert info.slot_pool == 1 << 12
     assert info.obj(P4Type.table, "job_table").size == 32
     assert info.obj(P4Type.counter, "job_packets").size == 32
     assert info.drop_row_length == 1 << 4

@@ -18,8 +18,9 @@ def test_inaggs_rows_are_its_programs_k_and_framing():
     rows = {(r["system"], r["target"]): r for r in we.rows()}
     assert rows["inagg", "BMv2"]["K"] == default_program("bmv2").p4info.values_per_packet
     tofino = rows["inagg", "Tofino 1"]
-    assert tofino["K"] == default_program("tofino").p4info.values_per_packet == 16
-    assert (tofino["frame_bytes"], tofino["wire_bytes"]) == (122, 146)   # 64 B of values in 146 on the wire
+    assert tofino["K"] == default_program("tofino").p4info.values_per_packet == 64
+    assert (tofino["frame_bytes"], tofino["wire_bytes"]) == (314, 338)   # 256 B of values in 338 on the wire
+    assert tofino["beats_ring_mtu9000"] == 3
     assert rows["inagg", "soft switch / host aggregator, MTU 1500"]["frame_bytes"] <= 1514
 
 

@@ -24,6 +24,8 @@ except ModuleNotFoundError as e:
 
 __all__ = ["P4Info", "P4Type", "encode", "decode", "same_p4info", "same_program"]
 
+# The register that holds each slot's owner tag, by target: its size is the slot pool.
+SLOT_POOL_REGISTERS = ("slot_tag", "map0")
 # K, the values per packet of a target, as job_table carries it (p4/include/job_admission.p4).
 VALUES_PER_PACKET_ANNOTATION = re.compile(r"@inagg_values_per_packet\((\d+)\)")
 
@@ -140,6 +142,18 @@ class P4Info:
 
     def counter_size(self, name: str) -> int:
         return self.obj(P4Type.counter, name).size
+
+    @property
+    def slot_pool(self) -> int:
+        """Aggregator slots per shadow set: the entries of the register holding each slot's
+        owner tag (SLOT_POOL_REGISTERS: BMv2's slot_tag; Tofino's map0, where the tag sits
+        beside set 0's contributor map, p4/tofino/slot_claim.p4)."""
+        for name in SLOT_POOL_REGISTERS:
+            try:
+                return self.register_size(name)
+            except KeyError:
+                continue
+        raise KeyError(f"{self.program_name}: no slot owner register (one of {SLOT_POOL_REGISTERS})")
 
     def register_size(self, name: str) -> int:
         """Entries of a register (p4runtime-shell indexes no registers: searched here)."""

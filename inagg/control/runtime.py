@@ -25,7 +25,7 @@ from inagg.control.p4info import P4Type
 class SwitchCapacity:
     """What one switch can hold, read from its P4Info (never from a copy of the P4 sizes)."""
 
-    slots: int            # slot pool (register slot_tag)
+    slots: int            # slot pool (P4Info.slot_pool)
     job_rows: int         # job_table entries and job counter rows
     worker_entries: int   # worker_table / replica_table entries, all jobs together
     job_workers: int      # ranks of one job: the width of a slot's worker bitmap
@@ -33,7 +33,7 @@ class SwitchCapacity:
 
     @classmethod
     def from_p4info(cls, p4info: P4Info) -> "SwitchCapacity":
-        return cls(slots=p4info.register_size("slot_tag"),
+        return cls(slots=p4info.slot_pool,
                    job_rows=min(p4info.table_size("job_table"), p4info.counter_size("job_packets")),
                    worker_entries=min(p4info.table_size("worker_table"),
                                       p4info.table_size("replica_table")),

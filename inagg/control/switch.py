@@ -319,18 +319,30 @@ MCAST_FLOOD = 1
 MCAST_JOB_BASE = 0x100
 
 
+# admit parameters a target adds to BMv2's, each derived from the job: bounds the controller
+# precomputes because the target's action cannot (p4/tofino/job_admission.p4: slot_end).
+DERIVED_ADMIT_PARAMS = {"slot_end": lambda job: job.slot_base + job.slot_count}
+
+
 class JobAdmission:
     """Programs job_table and worker_table (p4/include/job_admission.p4)."""
 
     def __init__(self, sw: SwitchConnection) -> None:
         self.sw = sw
 
+    def admit_params(self, job: SwitchJob) -> dict[str, int]:
+        """admit's action data for ``job``: the parameters of both targets, and the derived
+        ones this switch's P4Info declares."""
+        params = {"job_index": job.job_index, "slot_base": job.slot_base, "slot_count": job.slot_count,
+                  "n_workers": len(job.workers), "epoch": job.epoch, "mcast_grp": job.mcast_grp,
+                  "encap": ENCAP_CODE[job.encap]}
+        declared = {p.name for p in self.sw.p4info.obj(P4Type.action, "admit").params}
+        params.update({name: derive(job) for name, derive in DERIVED_ADMIT_PARAMS.items() if name in declared})
+        return params
+
     def updates(self, kind: int, job: SwitchJob) -> list[p4runtime_pb2.Update]:
         admit = None if kind == DELETE else "admit"
-        params = None if kind == DELETE else {
-            "job_index": job.job_index, "slot_base": job.slot_base, "slot_count": job.slot_count,
-            "n_workers": len(job.workers), "epoch": job.epoch, "mcast_grp": job.mcast_grp,
-            "encap": ENCAP_CODE[job.encap]}
+        params = None if kind == DELETE else self.admit_params(job)
         ups = [self.sw.table_update(kind, "job_table", {"job_id": job.job_id}, admit, params)]
         for w in job.workers:
             ups.append(self.sw.table_update(

@@ -18,13 +18,18 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from inagg.control.config import default_program
+from inagg.control.program import Program
+
 ROOT = Path(__file__).resolve().parents[2]
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
-# Software data plane targets: the engine each runs (inagg-soft-switch --engine).
-SOFT_ENGINES = {"soft": "native", "soft-python": "python"}
+# Software data plane targets: the engine each runs (inagg-soft-switch --engine); the model of
+# the Tofino program runs that program (TOFINO_TARGETS: push default_program("tofino")).
+SOFT_ENGINES = {"soft": "native", "soft-python": "python", "tofino-model": "tofino-model"}
+TOFINO_TARGETS = ("tofino-model",)
 BMV2_THRIFT_PORT = 9090   # simple_switch_grpc's default, in the testbed's own namespace
 
 
@@ -116,6 +121,8 @@ class Dataplane:
             ports = [a for i in range(1, self.n_ports + 1) for a in ("-i", f"{i}@s{i}")]
             if self.target in SOFT_ENGINES:
                 cmd = [sys.executable, "-m", "inagg.softswitch.switch", "--engine", SOFT_ENGINES[self.target]]
+                if self.target in TOFINO_TARGETS:
+                    cmd += ["--p4info", str(self.program.p4info_path)]
             else:
                 cmd = ["simple_switch_grpc", "--log-console"] if os.environ.get("INAGG_SWITCH_LOG") else ["simple_switch_grpc"]
                 cmd += ["--thrift-port", str(BMV2_THRIFT_PORT)]   # slow_port's queue rates
@@ -137,6 +144,11 @@ class Dataplane:
             self.stop()
             raise
         return self
+
+    @property
+    def program(self) -> Program:
+        """The program to push to this switch: the Tofino one for TOFINO_TARGETS, else BMv2's."""
+        return default_program("tofino" if self.target in TOFINO_TARGETS else "bmv2")
 
     def send(self, port: int, frame: bytes) -> None:
         self.socks[port].send(frame)

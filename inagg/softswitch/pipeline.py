@@ -23,7 +23,6 @@ from inagg.softswitch.pipeline_reference import (
     JOB_TABLE,
     L2_TABLE,
     REPLICA_TABLE,
-    SLOT_TAG,
     UPLINK_TABLE,
     WORKER_TABLE,
     engine_refusal,
@@ -50,7 +49,7 @@ class NativePipeline:
         # K and the drop-counter row are the pushed P4Info's (the software target's K, BMv2's
         # 64 or Tofino's, and DROP_REASONS), read from it as the controller reads them
         self.core = _native.SwitchPipeline(
-            p4info.register_size(SLOT_TAG), p4info.values_per_packet, [sizes[n] for n in CORE_COUNTERS],
+            p4info.slot_pool, p4info.values_per_packet, [sizes[n] for n in CORE_COUNTERS],
             p4info.drop_row_length)
         self.tables = TableStore(p4info, mirror=self)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))

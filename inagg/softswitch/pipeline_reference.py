@@ -50,7 +50,6 @@ WORKER_TABLE = "InaggIngress.admission.worker_table"
 L2_TABLE = "InaggIngress.forwarding.l2_table"
 REPLICA_TABLE = "InaggEgress.replica_rewrite.replica_table"
 UPLINK_TABLE = "InaggIngress.tree_uplink.uplink_table"   # none in the TNA program
-SLOT_TAG = "InaggIngress.slot_state.slot_tag"
 _CTR = "InaggIngress.job_counters."
 JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS = (
     _CTR + n for n in ("job_packets", "job_aggregated", "job_duplicates", "job_results",
@@ -110,7 +109,7 @@ class SoftPipeline:
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups()
         self.counters = Counters(p4info)
-        self.engine = AggregationEngine(p4info.register_size(SLOT_TAG), p4info.values_per_packet,
+        self.engine = AggregationEngine(p4info.slot_pool, p4info.values_per_packet,
                                         host_mode=False)
         self.drop_row = p4info.drop_row_length
 

@@ -4,7 +4,7 @@ Same command-line shape::
 
     inagg-soft-switch -i 1@veth1 -i 2@veth2 --device-id 0 [--log-console] [--pcap DIR]
                       [--pcap-buffer KIB]
-                      [--engine native|python] [--no-p4 | p4/out/bmv2/inagg.json]
+                      [--engine native|python|tofino-model] [--no-p4 | p4/out/bmv2/inagg.json]
                       -- --grpc-server-addr 0.0.0.0:9559 [--cpu-port 255]
 
 It attaches to Linux interfaces with raw sockets and serves P4Runtime on the gRPC address. It
@@ -19,6 +19,9 @@ that batches its system calls (recvmmsg/sendmmsg) and never takes the GIL; with
 ``--log-console`` (a log line per frame) frames take a per-frame Python loop instead.
 ``--engine python`` runs ``inagg.softswitch.pipeline_reference.SoftPipeline``, the reference (the program in
 Python, its slot logic being the shared aggregation engine), in that Python loop.
+``--engine tofino-model`` runs ``inagg.softswitch.tofino_model.TofinoModelPipeline`` (the reference
+with the TNA program's slot logic, register by register) in that loop; start it with the Tofino
+P4Info (``--p4info p4/out/tofino/inagg.p4info.txtpb``).
 
 ``--pcap DIR`` writes <iface>_in.pcap / <iface>_out.pcap per port with scapy's writer
 (``PortCaptures``), whichever loop runs: the Python loop writes each frame as it goes; the
@@ -72,6 +75,7 @@ from inagg.wire.transport import enlarge_buffers
 from inagg.softswitch.pipeline import NativePipeline
 from inagg.softswitch.p4runtime_server import P4RuntimeService, SoftSwitchState, serve
 from inagg.softswitch.pipeline_reference import ETH, INAGG_AT, IP, SoftPipeline, build_frame
+from inagg.softswitch.tofino_model import TofinoModelPipeline
 
 log = logging.getLogger("inagg.soft_switch")
 
@@ -253,9 +257,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--p4info", metavar="PATH",
                    help="the P4Info of the program this data plane runs (default: p4/out/soft/inagg's; "
                         "p4/out/tofino/inagg.p4info.txtpb makes a Tofino-shaped switch)")
-    p.add_argument("--engine", choices=("native", "python"), default="native",
-                   help="the pipeline: C++ on its own packet-loop thread (default), or the "
-                        "Python reference")
+    p.add_argument("--engine", choices=("native", "python", "tofino-model"), default="native",
+                   help="the pipeline: C++ on its own packet-loop thread (default), the "
+                        "Python reference, or the model of the Tofino program (with its --p4info)")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/out/bmv2/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -313,6 +317,8 @@ def pipeline_factory(engine: str, loop: _native.SwitchLoop | None):
     reference, or a native core that the packet loop (when there is one) switches to."""
     if engine == "python":
         return SoftPipeline
+    if engine == "tofino-model":
+        return TofinoModelPipeline
 
     def native(program: P4Info) -> NativePipeline:
         pipeline = NativePipeline(program)
@@ -418,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.log_console else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    per_frame = args.engine == "python" or args.log_console
+    per_frame = args.engine != "native" or args.log_console
     loop = None if per_frame else _native.SwitchLoop(args.pcap_buffer << 10)
     if loop is not None:
         loop.set_congestion_threshold(args.congestion_kib << 10)

@@ -1,17 +1,21 @@
-"""An executable model of the TNA program's slot logic (p4/tofino/slot_state.p4, value_lanes.p4),
-register by register, in the stage order bf-p4c placed them.
+"""An executable model of the TNA program's slot logic (p4/tofino/slot_claim.p4, round_record.p4,
+slot_state.p4, value_lanes.p4, result_replication.p4), register by register, in the stage order
+bf-p4c placed them, with a packet's two passes.
 
 Why: no tofino-model or Tofino can run here, and the TNA program cannot simply be the BMv2
 program (each register is reached once per pass, in stage order, so Tofino decides with what
-the earlier stages returned). This model does exactly that: each ``_stage_*`` method runs the
+the earlier stages returned). This model does exactly that: each ``_stage*`` method runs the
 register actions the P4 runs in that stage, reading only what earlier stages produced, so a
-decision that needs a later register's value cannot be written here either. It has the slot
-engine's interface (``process``, ``last_outcome``, ``replace_jobs``), so
-``TofinoModelPipeline`` is the software switch's pipeline with the TNA program's slot logic,
-and the conformance cases and the differential fuzz compare it with the reference engine at
-the TNA's K (tests/test_tofino_model.py). ``REGISTER_STAGES``/``REGISTER_ACTIONS`` are what the
-test holds against the P4 source and the committed compiler output (context.json).
-"""
+decision that needs a later register's value cannot be written here either. The program's two
+passes are ``first_pass`` (every packet: claim, round record, round state, the lane pairs
+adding both values and returning the first) and ``second_pass`` (a recirculated packet: a
+result's harvest, where the other set retires and the pairs return their second values, or a
+BAD_ROUND that takes its sender's bit out of the set's map again). It has the slot engine's
+interface (``process``, ``last_outcome``, ``replace_jobs``), so ``TofinoModelPipeline`` is the
+software switch's pipeline with the TNA program's slot logic, and the conformance cases and the
+differential fuzz compare it with the reference engine at the TNA's K
+(tests/test_tofino_model.py). ``REGISTER_ACTIONS``/``register_stages`` are what the test holds
+against the P4 source and the committed compiler output (context.json)."""
 
 from __future__ import annotations
 
@@ -22,86 +26,106 @@ import numpy as np
 
 from inagg.aggregator.engine_reference import Emit, JobConfig
 from inagg.control.p4info import P4Info
-from inagg.softswitch.pipeline_reference import SLOT_TAG, SoftPipeline
+from inagg.softswitch.pipeline_reference import SoftPipeline
 from inagg.wire.protocol import (
     FLAG_CONGESTION, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, MAX_SLOT,
     MSG_CONTRIBUTION, MSG_RESULT, VERSION, Outcome, unpack_raw,
 )
 
-_CONTRIBUTOR_ACTIONS = ("set0", "set1", "restart0", "restart1")
-# register -> the RegisterActions the P4 declares on it (lanes: every lane register)
+_MAP_ACTIONS = ("join", "peek", "retire", "undo")
+# register -> the RegisterActions the P4 declares on it (pair: every lane pair's register)
 REGISTER_ACTIONS: dict[str, tuple[str, ...]] = {
-    "slot_tag": ("claim_slot",),
-    "contributors": tuple(f"contributors_{a}" for a in _CONTRIBUTOR_ACTIONS),
-    "mirror": tuple(f"mirror_{a}" for a in _CONTRIBUTOR_ACTIONS),
+    "map0": tuple(f"map0_{a}" for a in _MAP_ACTIONS),
+    "map1": tuple(f"map1_{a}" for a in _MAP_ACTIONS),
     "round_record": ("round_open", "round_check"),
-    "seen": ("seen_first", "seen_add", "seen_read"),
+    "seen": ("seen_first", "seen_add", "seen_read", "seen_harvested"),
     "exp_max": ("exp_first", "exp_add", "exp_read"),
     "sticky_flags": ("flags_first", "flags_add", "flags_read"),
-    "lane": ("store", "add", "load"),
+    "pair": ("store", "add", "load_first", "load_second"),
 }
-LANE_FIRST_STAGE = 7
-LANES_PER_STAGE = 4   # stateful ALUs per stage
+ROUND_STATE_STAGE = 3   # seen, exp_max, sticky_flags: pinned (@stage) in slot_state.p4
+PAIRS_PER_STAGE = 4     # stateful ALUs per stage
 
 
 def register_stages(k: int) -> dict[str, int]:
-    """Register (lanes as ``lane<i>``) -> the stage this model runs it in (bf-p4c put lane
-    K-1 first)."""
-    stages = {"slot_tag": 3, "contributors": 4, "mirror": 4, "round_record": 5,
-              "seen": 6, "exp_max": 6, "sticky_flags": 6}
-    for i in range(k):
-        stages[f"lane{i}"] = LANE_FIRST_STAGE + (k - 1 - i) // LANES_PER_STAGE
+    """Register (lane pairs as ``pair<i>``) -> the stage this model runs it in: bf-p4c put
+    pair 0 beside seen, exp_max and sticky_flags, the others four per stage after them, the
+    last first."""
+    stages = {"map0": 1, "map1": 1, "round_record": 2, "seen": ROUND_STATE_STAGE,
+              "exp_max": ROUND_STATE_STAGE, "sticky_flags": ROUND_STATE_STAGE}
+    pairs = k // 2
+    for i in range(pairs):
+        stages[f"pair{i}"] = ROUND_STATE_STAGE + (0 if i == 0 else 1 + (pairs - 1 - i) // PAIRS_PER_STAGE)
     return stages
 
 
 _STICKY = FLAG_OVERFLOW | FLAG_CONGESTION
 _BAD_ROUND, _STALE = Outcome.BAD_ROUND, Outcome.STALE_ROUND
+# round_kind (types.p4 KIND_*), the harvest codes (HARVEST_*), seen's harvested bit and what
+# seen returns (ROUND_*)
+OPEN, NEW, REPEAT = "open", "new", "repeat"
+HARVEST_NONE, HARVEST_RESULT, HARVEST_ANSWER, HARVEST_ANSWER_RETIRE, HARVEST_UNDO = range(5)
+SEEN_HARVESTED = 0x80
+ROUND_PENDING, ROUND_COMPLETE, ROUND_HARVESTED = 0, 1, 3
 
 
 @dataclass
 class _Meta:
-    """The PHV fields SlotState reads and writes (types.p4)."""
+    """The PHV fields the slot logic reads and writes (types.p4)."""
 
     slot: int
     idx: int
     s: int
     me: int
     n: int
-    others: int
-    reset: int = 0
-    old_bitmap: int = 0
-    old_other: int = 0
+    tag: int
+    old_maps: tuple[int, int] = (0, 0)
+    round_kind: str = ""
     same_round: int = 0
-    complete: int = 0      # seen's output
+    moved: int = 0
+    round_done: int = ROUND_PENDING   # seen's output
     outcome: Outcome | None = None
-    lane_op: str = ""      # lane_choice: "store", "add" or "load"
-    send_result: bool = False
+    harvest: int = HARVEST_NONE
     exp_result: int = 0    # biased
     flags_result: int = 0
 
 
+@dataclass
+class Recirculated:
+    """A packet between its two passes: what its first pass decided (meta, with the bridged
+    header's harvest code) and wrote into the packet (the result's header and the first value
+    of every pair)."""
+
+    job: JobConfig
+    meta: _Meta
+    header: bytes
+    first: np.ndarray | None
+
+
 class TofinoSlotModel:
-    """Registers of SlotState and ValueLanes (one array per register, as on the chip)."""
+    """Registers of SlotClaim, RoundRecord, SlotState and ValueLanes (one array per register,
+    as on the chip)."""
 
     def __init__(self, n_slots: int, values_per_packet: int) -> None:
+        if values_per_packet % 2:
+            raise ValueError(f"Tofino's K must be even (lane pairs), got {values_per_packet}")
         self.n_slots, self.k = n_slots, values_per_packet
         self.jobs: dict[int, JobConfig] = {}
         self.last_outcome: Outcome | None = None
-        self.slot_tag = [0] * n_slots
-        self.contributors = [[0, 0] for _ in range(n_slots)]
-        self.mirror = [[0, 0] for _ in range(n_slots)]
+        self.maps = [[(0, 0)] * n_slots for _ in range(2)]       # map0, map1: (tag, map)
         self.round_record = [(0, 0)] * (2 * n_slots)
         self.seen = [0] * (2 * n_slots)
         self.exp_max = [0] * (2 * n_slots)
         self.sticky_flags = [0] * (2 * n_slots)
-        self.lanes = np.zeros((2 * n_slots, values_per_packet), np.int32)
+        # pair i = (column i, column K/2 + i): the first and second value of its register word
+        self.pairs = np.zeros((2 * n_slots, values_per_packet), np.int32)
 
     def replace_jobs(self, wanted: dict[int, JobConfig]) -> None:
         for job in wanted.values():
             job.validate(self.n_slots)
         self.jobs = dict(wanted)
 
-    # -- JobAdmission's checks (the order of the checks table) -------------------------------
+    # -- SlotClaim's checks (the order of the checks table) ----------------------------------
 
     def _admit(self, data, sender: Hashable, framing_ok: bool) -> Outcome | None:
         if len(data) < HEADER_BYTES:
@@ -123,110 +147,150 @@ class TofinoSlotModel:
         ]
         return next((why for bad, why in failed if bad), None)
 
-    # -- SlotState, stage by stage ---------------------------------------------------------
+    # -- first pass, stage by stage ------------------------------------------------------------
 
-    def _stage3_claim_slot(self, m: _Meta, tag: int) -> None:
-        if self.slot_tag[m.slot] != tag:
-            self.slot_tag[m.slot] = tag
-            m.reset = 1
+    def _stage1_claim(self, m: _Meta) -> None:
+        """map<s>_join and map<o>_peek: another owner's tag restarts both maps."""
+        old = []
+        for x in (0, 1):
+            tag, bits = self.maps[x][m.slot]
+            if tag != m.tag:
+                tag, bits = m.tag, 0
+            old.append(bits)
+            self.maps[x][m.slot] = (tag, bits | m.me if x == m.s else bits)
+        m.old_maps = (old[0], old[1])
 
-    def _contributor_action(self, reg: list[list[int]], m: _Meta, out_other: bool) -> int:
-        """contributors_* / mirror_*: the same update, different output half."""
-        pair, s, o = reg[m.slot], m.s, 1 - m.s
-        old = pair[o if out_other else s]
-        if m.reset:                              # restart<s>
-            pair[s], pair[o] = m.me, 0
-            return 0
-        if pair[s] == m.others:                  # this packet completes s: empty o
-            pair[o] = 0
-        pair[s] |= m.me
-        return old
-
-    def _stage4_contributors(self, m: _Meta) -> None:
-        m.old_bitmap = self._contributor_action(self.contributors, m, False)
-        m.old_other = self._contributor_action(self.mirror, m, True)
-
-    def _stage5_round_record(self, m: _Meta, offset: int, count: int) -> None:
-        if m.old_bitmap == 0:                    # round_open
+    def _stage2_round_record(self, m: _Meta, offset: int, count: int) -> None:
+        """round_action: the set's old map and the sender's bit in it pick open or check."""
+        old, other = m.old_maps[m.s], m.old_maps[1 - m.s]
+        if old == 0:                                             # round_open
+            m.round_kind, m.same_round = OPEN, 1
             self.round_record[m.idx] = (offset, count)
-            m.same_round = 1
-        else:                                    # round_check
+        else:                                                    # round_check
+            m.round_kind = REPEAT if old & m.me else NEW
             m.same_round = int(self.round_record[m.idx] == (offset, count))
+        m.moved = other & m.me
 
-    def _stage6_by_maps(self, m: _Meta, exp_biased: int, flags_in: int) -> None:
-        """seen_update, exp_update, flags_update and lane_choice: keyed on the maps (map_tests,
-        stage 5's ALU work) and the round record, not on the decision."""
+    def _stage3_round_state(self, m: _Meta, exp_biased: int, flags_in: int) -> None:
+        """seen_update, exp_update, flags_update (BY_ROUND): open stores, a new sender of this
+        round adds, a repeat reads (seen: complete, and whether its harvest pass was seen); a
+        new sender of another round touches nothing."""
         i = m.idx
-        if m.old_bitmap == 0:                                    # FIRST: store
+        if (m.round_kind, m.same_round) == (OPEN, 1):
             self.seen[i], self.exp_max[i], self.sticky_flags[i] = 1, exp_biased, flags_in
-            m.complete, m.lane_op = 0, "store"
-        elif not m.old_bitmap & m.me and m.same_round:           # this round, new worker: add
-            m.complete = int(self.seen[i] == m.n - 1)
+        elif (m.round_kind, m.same_round) == (NEW, 1):
+            m.round_done = ROUND_COMPLETE if self.seen[i] == m.n - 1 else ROUND_PENDING
             self.seen[i] = (self.seen[i] + 1) & 0xFF
             self.exp_max[i] = max(self.exp_max[i], exp_biased)
             self.sticky_flags[i] |= flags_in
-            m.lane_op = "add"
-        else:                                                    # read
-            m.complete, m.lane_op = int(self.seen[i] == m.n), "load"
+        elif m.round_kind == REPEAT:
+            seen = self.seen[i]
+            m.round_done = ROUND_COMPLETE if seen == m.n else \
+                ROUND_HARVESTED if (seen - m.n) & 0xFF == SEEN_HARVESTED else ROUND_PENDING
+        else:
+            return
         m.exp_result, m.flags_result = self.exp_max[i], self.sticky_flags[i]
 
-    def _stage7_decision(self, m: _Meta) -> None:
-        """The decision's const entries, row for row."""
-        mine, moved = m.old_bitmap & m.me, m.old_other & m.me
-        if m.old_bitmap == 0:
-            m.outcome, m.send_result = Outcome.FIRST, m.others == 0
-        elif not mine:
-            m.outcome = Outcome.ADD if m.same_round else _BAD_ROUND
-            m.send_result = bool(m.same_round and m.complete)
-        elif m.complete and not moved:
-            m.outcome = Outcome.DUP_DONE if m.same_round else _BAD_ROUND
-            m.send_result = bool(m.same_round)
-        elif m.complete:
+    def _stage4_decision(self, m: _Meta) -> None:
+        """The decision's const entries, row for row. A repeat of a complete round whose
+        harvest pass was not seen answers and retires the other set: its "moved" bits are the
+        previous round's, the retire never happened."""
+        done, harvested = m.round_done != ROUND_PENDING, m.round_done == ROUND_HARVESTED
+        if m.round_kind == OPEN:
+            m.outcome, m.harvest = Outcome.FIRST, HARVEST_RESULT if m.n == 1 else HARVEST_NONE
+        elif m.round_kind == NEW and not m.same_round:
+            m.outcome, m.harvest = _BAD_ROUND, HARVEST_UNDO
+        elif m.round_kind == NEW:
+            m.outcome, m.harvest = Outcome.ADD, HARVEST_RESULT if done else HARVEST_NONE
+        elif done and not m.same_round and (not harvested or not m.moved):
+            m.outcome = _BAD_ROUND
+        elif done and not harvested:
+            m.outcome, m.harvest = Outcome.DUP_DONE, HARVEST_ANSWER_RETIRE
+        elif done and not m.moved:
+            m.outcome, m.harvest = Outcome.DUP_DONE, HARVEST_ANSWER
+        elif done:
             m.outcome = _STALE
         else:
             m.outcome = Outcome.DUP_PENDING if m.same_round else _BAD_ROUND
 
-    def _stages7_lanes(self, m: _Meta, values: np.ndarray | None) -> np.ndarray | None:
-        """ValueLanes: lane i's register in stage register_stages(k)[f"lane{i}"]; a packet
-        without values (count 0) touches none."""
+    def _stages3_11_pairs_first(self, m: _Meta, values: np.ndarray | None) -> np.ndarray | None:
+        """pair_update of the first pass, pair i in stage register_stages(k)[f"pair{i}"]:
+        store, add (returns the first sum) or load the first value; a packet without values
+        (count 0) touches none. Returns the packet's first half after the pairs."""
         if values is None:
-            return values
-        row = self.lanes[m.idx]
-        if m.lane_op == "store":
+            return None
+        half, row = self.k // 2, self.pairs[m.idx]
+        if (m.round_kind, m.same_round) == (OPEN, 1):
             row[:] = values
-            return values
-        if m.lane_op == "add":
+        elif (m.round_kind, m.same_round) == (NEW, 1):
             row += values                        # int32 wrap, as the ALU
-        return row.copy()
+            return row[:half].copy()
+        elif (m.round_kind, m.same_round) == (REPEAT, 1):
+            return row[:half].copy()
+        return values[:half]
 
-    # -- one packet --------------------------------------------------------------------------
-
-    def process(self, data, sender: Hashable, framing_ok: bool = True) -> list[Emit]:
+    def first_pass(self, data, sender: Hashable, framing_ok: bool = True) -> Recirculated | None:
+        """Every packet's pass: the packet recirculated for a second pass (a result, or a
+        BAD_ROUND that undoes its map bit), or None."""
         self.last_outcome = why = self._admit(data, sender, framing_ok)
         if why is not None:
-            return []
+            return None
         vt, flags, job_id, worker, exp, epoch, ss, count, offset = unpack_raw(data)
         job = self.jobs[job_id]
-        slot, s, me = ss & MAX_SLOT, ss >> 15, 1 << worker
-        full = (1 << job.n_workers) - 1
-        m = _Meta(slot, s * self.n_slots + slot, s, me, job.n_workers, full ^ me)
-        self._stage3_claim_slot(m, (job_id << 16) | epoch)
-        self._stage4_contributors(m)
-        self._stage5_round_record(m, offset, count)
-        self._stage6_by_maps(m, (exp & 0xFF) ^ 0x80, flags & _STICKY)
-        self._stage7_decision(m)
+        slot, s = ss & MAX_SLOT, ss >> 15
+        m = _Meta(slot, s * self.n_slots + slot, s, 1 << worker, job.n_workers, (job_id << 16) | epoch)
+        self._stage1_claim(m)
+        self._stage2_round_record(m, offset, count)
+        self._stage3_round_state(m, (exp & 0xFF) ^ 0x80, flags & _STICKY)
+        self._stage4_decision(m)
         values = np.frombuffer(data, ">i4", self.k, HEADER_BYTES).astype(np.int32) if count else None
-        values = self._stages7_lanes(m, values)
+        first = self._stages3_11_pairs_first(m, values)
         self.last_outcome = m.outcome
-        if not m.send_result:
-            return []
+        if m.harvest == HARVEST_NONE:
+            return None
         dup = m.outcome == Outcome.DUP_DONE
         header = HEADER_STRUCT.pack((VERSION << 4) | MSG_RESULT,
                                     m.flags_result | (FLAG_RETRANSMIT if dup else 0), job_id,
                                     worker, ((m.exp_result ^ 0x80) + 128) % 256 - 128, epoch, ss,
                                     count, offset)
-        body = b"" if values is None else values.astype(">i4").tobytes()
-        return [Emit(job, (worker,) if dup else tuple(range(job.n_workers)), header + body)]
+        return Recirculated(job, m, header, first)
+
+    # -- second pass -----------------------------------------------------------------------------
+
+    def _stage1_second_pass(self, m: _Meta) -> None:
+        """checks' second-pass rows, where the owner is still the packet's: map<o>_retire
+        (HARVEST_RESULT, HARVEST_ANSWER_RETIRE) or map<s>_undo (HARVEST_UNDO)."""
+        x = m.s if m.harvest == HARVEST_UNDO else 1 - m.s
+        tag, bits = self.maps[x][m.slot]
+        if tag != m.tag or m.harvest in (HARVEST_NONE, HARVEST_ANSWER):
+            return
+        self.maps[x][m.slot] = (tag, bits & ~m.me if m.harvest == HARVEST_UNDO else 0)
+
+    def _stage3_second_pass(self, m: _Meta) -> None:
+        """seen_harvested: a second pass that retired the other set marks the round."""
+        if m.harvest in (HARVEST_RESULT, HARVEST_ANSWER_RETIRE):
+            self.seen[m.idx] |= SEEN_HARVESTED
+
+    def second_pass(self, r: Recirculated) -> list[Emit]:
+        """The recirculated packet: its map update (stage 1), the harvested mark (stage 3),
+        the pairs' second values (load_second), then multicast (RESULT), unicast (ANSWER*) or
+        drop (UNDO)."""
+        m = r.meta
+        self._stage1_second_pass(m)
+        self._stage3_second_pass(m)
+        if m.harvest == HARVEST_UNDO:
+            return []
+        body = b""
+        if r.first is not None:
+            second = self.pairs[m.idx][self.k // 2:].copy()
+            body = np.concatenate([r.first, second]).astype(">i4").tobytes()
+        worker = m.me.bit_length() - 1
+        to = tuple(range(r.job.n_workers)) if m.harvest == HARVEST_RESULT else (worker,)
+        return [Emit(r.job, to, r.header + body)]
+
+    def process(self, data, sender: Hashable, framing_ok: bool = True) -> list[Emit]:
+        r = self.first_pass(data, sender, framing_ok)
+        return [] if r is None else self.second_pass(r)
 
 
 class TofinoModelPipeline(SoftPipeline):
@@ -234,5 +298,9 @@ class TofinoModelPipeline(SoftPipeline):
     run it with the Tofino program's P4Info."""
 
     def __init__(self, p4info: P4Info) -> None:
+        if p4info.message.pkg_info.arch not in ("tna", "t2na"):
+            raise ValueError(f"the Tofino model runs the TNA program's P4Info, not one for "
+                             f"{p4info.message.pkg_info.arch or 'no architecture'} "
+                             f"(p4/out/tofino/inagg.p4info.txtpb)")
         super().__init__(p4info)
-        self.engine = TofinoSlotModel(p4info.register_size(SLOT_TAG), p4info.values_per_packet)
+        self.engine = TofinoSlotModel(p4info.slot_pool, p4info.values_per_packet)

@@ -74,4 +74,41 @@
 #define INAGG_UNROLL_63(M) INAGG_UNROLL_62(M) M(62)
 #define INAGG_UNROLL_64(M) INAGG_UNROLL_63(M) M(63)
 
+/* INAGG_HALF(N): N / 2 as a decimal literal, for an even literal N from 2 to INAGG_UNROLL_MAX
+ * (INAGG_UNROLL(INAGG_HALF(K), M) unrolls over the pairs of K values: Tofino's paired lanes). */
+#define INAGG_HALF(N) _INAGG_HALF(N)
+#define _INAGG_HALF(N) INAGG_HALF_##N
+#define INAGG_HALF_2 1
+#define INAGG_HALF_4 2
+#define INAGG_HALF_6 3
+#define INAGG_HALF_8 4
+#define INAGG_HALF_10 5
+#define INAGG_HALF_12 6
+#define INAGG_HALF_14 7
+#define INAGG_HALF_16 8
+#define INAGG_HALF_18 9
+#define INAGG_HALF_20 10
+#define INAGG_HALF_22 11
+#define INAGG_HALF_24 12
+#define INAGG_HALF_26 13
+#define INAGG_HALF_28 14
+#define INAGG_HALF_30 15
+#define INAGG_HALF_32 16
+#define INAGG_HALF_34 17
+#define INAGG_HALF_36 18
+#define INAGG_HALF_38 19
+#define INAGG_HALF_40 20
+#define INAGG_HALF_42 21
+#define INAGG_HALF_44 22
+#define INAGG_HALF_46 23
+#define INAGG_HALF_48 24
+#define INAGG_HALF_50 25
+#define INAGG_HALF_52 26
+#define INAGG_HALF_54 27
+#define INAGG_HALF_56 28
+#define INAGG_HALF_58 29
+#define INAGG_HALF_60 30
+#define INAGG_HALF_62 31
+#define INAGG_HALF_64 32
+
 #endif /* _INAGG_UNROLL_P4_ */

@@ -13,6 +13,8 @@
 #include "parser.p4"
 #include "slot_inputs.p4"
 #include "job_admission.p4"
+#include "slot_claim.p4"
+#include "round_record.p4"
 #include "slot_state.p4"
 #include "value_lanes.p4"
 #include "result_replication.p4"
@@ -29,6 +31,8 @@ control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
                      inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
     SlotInputs() slot_inputs;
     JobAdmission() admission;
+    SlotClaim() slot_claim;
+    RoundRecord() round_record;
     SlotState() slot_state;
     ValueLanes() value_lanes;
     ResultReplication() result_replication;
@@ -36,16 +40,29 @@ control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     JobCounters() job_counters;
 
     apply {
-        hdr.bridged.setValid();
-        hdr.bridged.ingress_port = ig_intr_md.ingress_port;
+        if (!hdr.bridged.isValid()) {          /* a first pass (a harvest pass parsed it) */
+            hdr.bridged.setValid();
+            hdr.bridged.ingress_port = ig_intr_md.ingress_port;
+            hdr.bridged.replica = 0;
+            hdr.bridged.harvest = HARVEST_NONE;
+            hdr.bridged.flooded = 0;
+        }
 
         slot_inputs.apply(hdr, meta);
-        admission.apply(hdr, meta, ig_intr_md, ig_prsr_md);
+        admission.apply(hdr, meta, ig_intr_md);
+        slot_claim.apply(hdr, meta, ig_prsr_md);
         if (meta.verdict == VERDICT_AGGREGATE) {
+            round_record.apply(hdr, meta);
+        }
+        value_lanes.apply(hdr, meta);       /* before the rest of the round logic: the lanes
+                                               wait for round_record only, nothing for them */
+        if (meta.verdict == VERDICT_AGGREGATE || meta.verdict == VERDICT_HARVEST) {
             slot_state.apply(hdr, meta);
+        }
+        /* (The same test again, not one block: in one block bf-p4c places the result's tables
+           before the lanes and needs a 13th stage.) */
+        if (meta.verdict == VERDICT_AGGREGATE || meta.verdict == VERDICT_HARVEST) {
             result_replication.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
-            value_lanes.apply(hdr, meta);   /* independent of the result logic: last, so that
-                                               nothing waits for the lanes' stages */
         } else if (meta.verdict == VERDICT_FORWARD) {
             forwarding.apply(hdr, ig_dprsr_md, ig_tm_md);
         } else {

@@ -11,6 +11,7 @@
  *                     | + reason                           |
  *   global_drops      | reason                             | drops of no job, by GLOBAL_DROP_*
  *
+ * A result's harvest pass (result_replication.p4) counts nothing: its first pass counted it.
  * Tofino cannot multiply, so a job's drop row is a power of two (BMv2's is DROP_REASONS); the
  * controller takes the row length from the P4Info (job_drops size / job_packets size).
  */
@@ -33,7 +34,7 @@ control JobCounters(in tofino_ingress_md_t meta) {
         if (meta.encap != 0 && meta.admitted == 0 && meta.verdict == VERDICT_DROP) {
             global_drops.count(meta.drop_reason);
         }
-        if (meta.encap != 0 && meta.admitted == 1) {
+        if (meta.encap != 0 && meta.admitted == 1 && meta.verdict != VERDICT_HARVEST) {
             job_packets.count(meta.job_index);
         }
         if (meta.encap != 0 && meta.admitted == 1
@@ -43,7 +44,7 @@ control JobCounters(in tofino_ingress_md_t meta) {
         if (meta.outcome == SLOT_FIRST || meta.outcome == SLOT_ADD) {
             job_aggregated.count(meta.job_index);
         }
-        if (meta.send_result == 1 && meta.outcome != SLOT_DUP_DONE) {
+        if (meta.harvest == HARVEST_RESULT) {
             job_results.count(meta.job_index);
         }
         if (meta.outcome == SLOT_DUP_PENDING || meta.outcome == SLOT_DUP_DONE) {

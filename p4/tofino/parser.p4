@@ -6,6 +6,9 @@
  *                        | count != 0                    |
  *   other (RoCEv2 too)   | -                             | 0 (forwarded)
  *
+ * A packet on the pipe's recirculation port (RECIRC_PORT_LOCAL) is a result on its harvest
+ * pass: it starts with the bridged header its first pass wrote (slot_claim.p4).
+ *
  * RoCEv2 is not parsed: a RoCE result needs its ICRC recomputed over the whole packet, which
  * Tofino's hash units cannot do (docs/tofino.md); RoCE jobs aggregate on the host aggregator.
  * Egress parses down to the inagg header only: it rewrites addresses, never values.
@@ -15,7 +18,8 @@
 
 #include "types.p4"
 
-#define EXTRACT_LANE(i) pkt.extract(hdr.values[i]);
+#define EXTRACT_LO(i) pkt.extract(hdr.values_lo[i]);
+#define EXTRACT_HI(i) pkt.extract(hdr.values_hi[i]);
 
 parser InaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_ingress_md_t meta,
                           out ingress_intrinsic_metadata_t ig_intr_md) {
@@ -23,6 +27,13 @@ parser InaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_in
         pkt.extract(ig_intr_md);
         pkt.advance(PORT_METADATA_SIZE);
         meta.encap = 0;
+        transition select(ig_intr_md.ingress_port[6:0]) {
+            RECIRC_PORT_LOCAL: parse_harvest;
+            default: parse_ethernet;
+        }
+    }
+    state parse_harvest {
+        pkt.extract(hdr.bridged);
         transition parse_ethernet;
     }
     state parse_ethernet {
@@ -56,7 +67,8 @@ parser InaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_in
         }
     }
     state parse_values {
-        FOR_EACH_LANE(EXTRACT_LANE)
+        FOR_EACH_PAIR(EXTRACT_LO)
+        FOR_EACH_PAIR(EXTRACT_HI)
         transition accept;
     }
 }

@@ -1,17 +1,28 @@
 /* ResultReplication (Tofino): turn a packet that completes a round (or asks again for a
- * finished one) into the result, and send it on; as p4/include/result_replication.p4.
+ * finished one) into the result, and send it on, in two passes: the first recirculates it
+ * through the pipe's recirculation port, so that its harvest pass can read the second value of
+ * every lane pair (value_pair.p4: an ALU returns one word per pass) and, for a completed
+ * round, retire the other set (slot_claim.p4); the harvest pass sends it as
+ * p4/include/result_replication.p4 does. Only results recirculate (one packet in N per round),
+ * and the rare BAD_ROUND packet that must undo its map bit.
  *
- *   send_result | outcome        | where the result goes
- *   ------------+----------------+--------------------------------------------------------
- *   1           | SLOT_DUP_DONE  | unicast back out of the ingress port (SlotState set
- *               |                | FLAG_RETRANSMIT),
- *               |                | bridged replica = sender's rank + 1
- *   1           | FIRST/ADD      | the job's multicast group through the PRE (one replica per
- *               |                | worker, rid = rank + 1)
- *   0           | any            | nowhere: the contribution is absorbed in the slot
+ *   pass    | meta.harvest (SlotState)  | what happens
+ *   --------+---------------------------+--------------------------------------------------------
+ *   first   | NONE                      | nowhere: the contribution is absorbed in the slot
+ *   first   | RESULT (FIRST/ADD)        | the result, recirculated, bridged.harvest = RESULT
+ *   first   | ANSWER, ANSWER_RETIRE     | the result, recirculated, bridged.harvest = the same
+ *           | (DUP_DONE)                |
+ *   harvest | (RESULT)                  | the job's multicast group through the PRE (one replica
+ *           |                           | per worker, rid = rank + 1)
+ *   harvest | (ANSWER, ANSWER_RETIRE)   | unicast back out of the contribution's ingress port,
+ *           |                           | bridged replica = sender's rank + 1
+ *   first   | UNDO (BAD_ROUND)          | recirculated: its second pass takes the sender's bit
+ *   second  | (UNDO)                    |   out of the set's map (slot_claim.p4), then drops it
  *
- * ReplicaRewrite (egress) addresses each copy; SlotState already wrote the result's flags and
- * exponent, ValueLanes its values.
+ * The first pass bypasses egress (the bridged header, with the harvest code and the ingress
+ * port, travels in front of the packet); ReplicaRewrite (egress) addresses each copy of the
+ * harvest pass. SlotState already wrote the result's flags and exponent, the first pass the
+ * first half of the values, the harvest pass the second.
  */
 #ifndef _INAGG_TOFINO_RESULT_REPLICATION_P4_
 #define _INAGG_TOFINO_RESULT_REPLICATION_P4_
@@ -23,8 +34,8 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
                           inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                           inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
     /* The result in the packet's own headers: addresses and ports swapped (one action, so
-     * the swaps happen at once), UDP checksum 0. */
-    action make_result() {
+     * the swaps happen at once), UDP checksum 0; then to this pipe's recirculation port. */
+    action recirculate() {
         hdr.inagg.msg_type = MSG_RESULT;
         hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
@@ -33,10 +44,13 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
         hdr.udp.dst_port = hdr.udp.src_port;
         hdr.udp.src_port = hdr.udp.dst_port;
         hdr.udp.checksum = 0;
+        hdr.bridged.harvest = meta.harvest;
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ RECIRC_PORT_LOCAL;
+        ig_tm_md.bypass_egress = 1;
     }
 
     action answer_sender() {
-        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port;
+        ig_tm_md.ucast_egress_port = hdr.bridged.ingress_port;
         hdr.bridged.replica = hdr.inagg.worker_id + 1;
     }
 
@@ -49,15 +63,18 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
     }
 
     apply {
-        if (meta.send_result == 0) {
+        if (meta.verdict == VERDICT_HARVEST) {
+            if (hdr.bridged.harvest == HARVEST_RESULT) {
+                multicast();
+            } else if (hdr.bridged.harvest == HARVEST_UNDO) {
+                absorb();
+            } else {
+                answer_sender();
+            }
+        } else if (meta.harvest == HARVEST_NONE) {
             absorb();
         } else {
-            make_result();
-            if (meta.outcome == SLOT_DUP_DONE) {
-                answer_sender();
-            } else {
-                multicast();
-            }
+            recirculate();
         }
     }
 }

@@ -7,8 +7,8 @@
  * them, and holds them to the resource budget of docs/tofino.md: more slots or lanes may not
  * fit the 12 stages). The controller reads every size from the P4Info (slot pool = size of
  * slot_tag, K = job_table's @inagg_values_per_packet, the drop row = job_drops / job_packets).
- * Const tables (worker_mask, checks, the BY_BITMAPS tables, lane_update) are sized by their
- * entries, not here.
+ * Const tables (worker_mask, checks, round_action, the BY_ROUND tables, decision,
+ * pair_update) are sized by their entries, not here.
  */
 #ifndef _INAGG_TOFINO_SIZE_P4_
 #define _INAGG_TOFINO_SIZE_P4_
@@ -32,11 +32,12 @@
 #define TOFINO_DROP_ROW_BITS 3
 #endif
 
-/* int32 values per packet (K): one stateful ALU per value lane, four per stage. The number is
- * a property of the target: the controller reads it from the @inagg_values_per_packet
- * annotation of job_table in the P4Info and hands it to the workers in their grant. */
+/* int32 values per packet (K), even: value_lanes.p4 keeps them in K / 2 paired lanes, one
+ * 64-bit register and one stateful ALU (four per stage) for two values. The number is a property
+ * of the target: the controller reads it from the @inagg_values_per_packet annotation of
+ * job_table in the P4Info and hands it to the workers in their grant. */
 #ifndef TOFINO_VALUES_PER_PACKET
-#define TOFINO_VALUES_PER_PACKET 16
+#define TOFINO_VALUES_PER_PACKET 64
 #endif
 
 /* worker_table: one (job, rank) binding per worker of every job. */
@@ -63,11 +64,15 @@
 #if TOFINO_DROP_ROW_BITS < 3 || TOFINO_DROP_ROW_BITS > 8
 #error "TOFINO_DROP_ROW_BITS must be in 3..8 (2^3 >= DROP_REASONS; drop_reason is 8 bits)"
 #endif
-#if TOFINO_VALUES_PER_PACKET < 1 || TOFINO_VALUES_PER_PACKET > INAGG_UNROLL_MAX
-#error "TOFINO_VALUES_PER_PACKET must be a decimal literal in 1..INAGG_UNROLL_MAX (unroll.p4)"
+#if TOFINO_VALUES_PER_PACKET < 2 || TOFINO_VALUES_PER_PACKET > INAGG_UNROLL_MAX || TOFINO_VALUES_PER_PACKET % 2
+#error "TOFINO_VALUES_PER_PACKET must be an even decimal literal in 2..INAGG_UNROLL_MAX (unroll.p4)"
 #endif
 
-/* Apply M to every lane 0 .. TOFINO_VALUES_PER_PACKET - 1. */
-#define FOR_EACH_LANE(M) INAGG_UNROLL(TOFINO_VALUES_PER_PACKET, M)
+/* Lane pairs: K / 2. Pair i holds values i and TOFINO_PAIRS + i, the i-th of the two halves of
+ * the payload (types.p4: two header stacks, as one stack's validity bits must fit one PHV
+ * container). */
+#define TOFINO_PAIRS INAGG_HALF(TOFINO_VALUES_PER_PACKET)
+/* Apply M to every pair 0 .. TOFINO_PAIRS - 1. */
+#define FOR_EACH_PAIR(M) INAGG_UNROLL(TOFINO_PAIRS, M)
 
 #endif /* _INAGG_TOFINO_SIZE_P4_ */

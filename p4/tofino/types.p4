@@ -15,18 +15,61 @@ typedef bit<(TOFINO_SLOT_BITS + 1)> slot_index_t;   /* set ++ slot */
 typedef bit<TOFINO_SLOT_BITS>       slot_t;
 
 /* What ingress hands to egress in front of the Ethernet header (egress has no ingress port
- * and no view of ingress metadata on Tofino). */
+ * and no view of ingress metadata on Tofino), and what the first pass of a result hands to
+ * second pass (slot_claim.p4): the recirculated packet starts with this header. */
 header bridged_h {
     bit<7>   pad0;
-    PortId_t ingress_port;
+    PortId_t ingress_port;   /* the contribution's ingress port (kept by the harvest pass) */
     bit<8>   replica;        /* unicast DUP_DONE answer: the sender's rank + 1; else 0 */
-    bit<7>   pad1;
+    bit<4>   pad1;
+    bit<3>   harvest;        /* HARVEST_*: what the second pass does with this packet */
     bit<1>   flooded;        /* L2 flood: egress prunes the ingress port */
 }
 
-struct bitmap_pair_t {
-    bit<32> set0;
-    bit<32> set1;
+/* bridged.harvest: 0 on a packet's first pass; SlotState's decision (meta.harvest) sets it on
+ * a packet that takes a second pass (recirculated, result_replication.p4): a result, for its
+ * harvest pass, or a dropped packet that set its sender's bit in a round it is not part of. */
+const bit<3> HARVEST_NONE          = 0;
+const bit<3> HARVEST_RESULT        = 1;  /* a completed round: multicast; the other set retires */
+const bit<3> HARVEST_ANSWER        = 2;  /* DUP_DONE: the stored round, unicast to its sender */
+const bit<3> HARVEST_ANSWER_RETIRE = 3;  /* DUP_DONE, and the other set still holds the
+                                            previous round (its result's harvest pass was lost):
+                                            it retires too */
+const bit<3> HARVEST_UNDO          = 4;  /* BAD_ROUND of a sender new to the round: its bit
+                                            leaves the set's map again; then dropped */
+
+/* seen (slot_state.p4): contributions summed, and SEEN_HARVESTED once the round's result had
+ * its harvest pass; seen_read tells them apart (meta.round_done). */
+const bit<8> SEEN_HARVESTED  = 0x80;
+const bit<2> ROUND_PENDING   = 0;   /* not complete */
+const bit<2> ROUND_COMPLETE  = 1;   /* complete, its result's harvest pass not (yet) seen */
+const bit<2> ROUND_HARVESTED = 3;   /* complete, and the harvest retired the other set */
+
+/* The pipe-local port a packet recirculates through for its second pass, a recirculation port
+ * and never a front-panel one (Tofino 1: 68 in every pipe; Tofino 2: 6, its front-panel ports
+ * start at 8); the second pass is recognised by it. */
+#if __TARGET_TOFINO__ == 2
+const bit<7> RECIRC_PORT_LOCAL = 6;
+#else
+const bit<7> RECIRC_PORT_LOCAL = 68;
+#endif
+
+/* A slot's owner tag and one set's contributor map: one 64-bit register word. */
+struct owner_map_t {
+    bit<32> tag;
+    bit<32> map;
+}
+
+/* A round's record: offset and count. */
+struct round_record_t {
+    bit<32> offset;
+    bit<32> count;
+}
+
+/* Two values of a (slot, set): one 64-bit register word of a lane pair. */
+struct value_pair_t {
+    bit<32> first;
+    bit<32> second;
 }
 
 struct tofino_headers_t {
@@ -35,21 +78,25 @@ struct tofino_headers_t {
     ipv4_h        ipv4;
     udp_h         udp;
     inagg_h       inagg;
-    inagg_value_h[TOFINO_VALUES_PER_PACKET] values;
+    inagg_value_h[TOFINO_PAIRS] values_lo;   /* values 0 .. K/2 - 1: the first of each pair */
+    inagg_value_h[TOFINO_PAIRS] values_hi;   /* values K/2 .. K - 1: the second */
 }
 
 /* What ingress does with a packet. */
 const bit<2> VERDICT_FORWARD   = 0;  /* ordinary traffic, or a job not admitted to the switch */
 const bit<2> VERDICT_AGGREGATE = 1;  /* admitted contribution: slot logic applies            */
 const bit<2> VERDICT_DROP      = 2;  /* dropped and counted (drop_reason)                    */
+const bit<2> VERDICT_HARVEST   = 3;  /* a result's harvest pass                              */
 
 /* SlotState's decision (meta.outcome): SLOT_* of the shared constants.p4; 0 = none. */
 
-/* What the value lanes (and the exponent and flags) do, by SlotState's decision: store (FIRST),
- * add (ADD), load (DUP_DONE); 0: nothing (every other outcome). */
-const bit<2> LANE_STORE        = 1;
-const bit<2> LANE_ADD          = 2;
-const bit<2> LANE_LOAD         = 3;
+/* How a packet relates to its (slot, set)'s round (meta.round_kind, set by round_action from
+ * the contributor map, and by the harvest pass); with meta.same_round it keys seen, exponent,
+ * flags and the lane pairs (slot_state.p4, value_lanes.p4). */
+const bit<2> KIND_OPEN    = 1;   /* the set's map was empty: this packet opens the round      */
+const bit<2> KIND_NEW     = 2;   /* the sender is not in the map yet                          */
+const bit<2> KIND_REPEAT  = 3;   /* the sender is in the map already                          */
+/* 0: no round logic (forwarded, dropped) or the harvest pass (bridged.harvest != 0) */
 
 struct tofino_ingress_md_t {
     bit<2>       encap;          /* parser: ENCAP_UDP for an inagg packet, 0 for other traffic */
@@ -63,42 +110,36 @@ struct tofino_ingress_md_t {
     bit<1>       bound;          /* worker_table hit */
     /* JobAdmission's differences (0 = equal; borrow bits for the range checks) */
     bit<2>       encap_diff;
-    bit<8>       rank_gap;       /* worker_id - n_workers */
+    bit<8>       rank_room;      /* n_workers - worker_id */
     PortId_t     port_diff;
     bit<32>      addr_diff;
     bit<48>      mac_diff;
     bit<16>      udp_port_diff;
     bit<16>      epoch_diff;
     bit<16>      slot_abs;       /* the header's slot as a 16-bit number (parser) */
-    bit<16>      slot_count;
     bit<16>      slot_lead;      /* slot_base - slot */
-    bit<16>      slot_room;      /* slot_lead + slot_count */
+    bit<16>      slot_room;      /* slot_end - slot */
     bit<16>      count_gap;      /* K - count */
-    /* SlotState */
+    /* SlotClaim and SlotState */
     bit<32>      me;             /* 1 << worker_id */
     bit<32>      tag;            /* job_id ++ epoch: the slot owner tag */
     slot_index_t idx;            /* set ++ slot: a (slot, set)'s register index */
     slot_t       slot;
-    bit<1>       reset;          /* the slot had another owner: this packet starts afresh */
-    bit<32>      others;         /* ((1 << n_workers) - 1) ^ me: the contributors before the
-                                    completing packet */
     bit<32>      count32;        /* the header's count, as the round record stores it */
-    bit<32>      old_bitmap;     /* this set's contributors before this packet */
-    bit<32>      old_other;      /* the other set's contributors before this packet */
-    bit<32>      mine;           /* old_bitmap & me (0: w had not contributed to this round) */
-    bit<32>      moved;          /* old_other & me (w went on to the other set's round) */
-    bit<32>      done_gap;       /* old_bitmap ^ others (0: this packet completes the round) */
-    bit<1>       complete;       /* seen: the round is complete (ADD: this packet completes it) */
-    bit<1>       same_round;     /* offset and count are the round record's (or FIRST) */
-    bit<8>       flags_out;      /* FLAG_RETRANSMIT on a DUP_DONE answer */
+    bit<32>      old_map0;       /* set 0's contributors before this packet */
+    bit<32>      old_map1;       /* set 1's contributors before this packet */
+    bit<32>      moved;          /* the other set's old map & me (w went on to its round) */
+    bit<2>       round_kind;     /* KIND_* */
+    bit<1>       same_round;     /* offset and count are the round record's (or it opens) */
+    bit<1>       retired;        /* a second pass that retired the other set (its round harvested) */
+    bit<2>       round_done;     /* seen: ROUND_* (ADD: ROUND_COMPLETE when this packet completes it) */
     bit<1>       slot_drop;      /* STALE_ROUND or BAD_ROUND: dropped, counted */
     bit<8>       exp_biased;     /* exponent ^ 0x80: signed order as unsigned */
     bit<8>       exp_result;     /* the round's biased exponent max after this packet */
     bit<8>       flags_result;   /* the round's sticky flags after this packet */
     bit<8>       flags_in;       /* the sticky flags this packet brings */
-    bit<2>       lane_op;        /* LANE_*: what the value lanes do */
     bit<3>       outcome;        /* SLOT_* (constants.p4); 0 until SlotState decides */
-    bit<1>       send_result;
+    bit<3>       harvest;        /* HARVEST_*: the packet's second pass; 0: none */
 }
 
 struct tofino_egress_md_t { }

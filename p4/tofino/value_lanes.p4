@@ -1,34 +1,38 @@
-/* ValueLanes (Tofino): the K values of an admitted contribution, one register per lane (value
- * i of every (slot, set) lives in lane i's register at index set ++ slot), so each lane is one
- * stateful ALU and one register access per packet, as Tofino demands.
+/* ValueLanes (Tofino): the K values of an admitted contribution in K / 2 lane pairs
+ * (value_pair.p4): values i and K/2 + i of every (slot, set) live in pair i's register at index
+ * set ++ slot, so each pair is one stateful ALU and one register access per pass, as Tofino
+ * demands, and 64 values take 32 of the chip's 48 ALUs.
  *
- *   lane_choice (slot_state.p4)        | lane register          | packet's value
- *   -----------------------------------+------------------------+----------------------------
- *   empty set: FIRST                   | = packet               | unchanged
- *   this round, worker not in it: ADD  | += packet (int32 wrap) | = the new sum
- *   else                               | unchanged              | = the stored sum (DUP_DONE's
- *                                      |                        |   result; the rest is dropped)
+ *   round_kind, same_round (slot_state.p4) | pair register      | packet's values
+ *   ---------------------------------------+--------------------+--------------------------------
+ *   OPEN: the set's map was empty: FIRST   | = packet           | unchanged
+ *   NEW, same round: ADD                   | += packet (wrap)   | first half = the new sums
+ *   REPEAT, same round                     | unchanged          | first half = the stored sums
+ *                                          |                    |   (DUP_DONE's result)
+ *   a result's harvest pass                | unchanged          | second half = the stored sums
+ *   else                                   | unchanged          | unchanged (dropped)
  *
- * lane_choice is keyed on the contributor maps and the round record, so STALE, duplicates and
- * other-round packets never change a lane.
+ * The keys come from the contributor map and the round record, so STALE, duplicates and
+ * other-round packets never change a pair. Between a result's first pass and its harvest pass
+ * no packet can change its round's pairs: every worker is in the round (a repeat), and the set
+ * is opened again only after the other set's round, which needs this result, completes.
  * Header-only packets (count == 0, exponent priming) have no values and touch nothing.
  */
 #ifndef _INAGG_TOFINO_VALUE_LANES_P4_
 #define _INAGG_TOFINO_VALUE_LANES_P4_
 
 #include "types.p4"
-#include "value_lane.p4"
+#include "value_pair.p4"
 
-#define DECLARE_LANE(i) ValueLane() lane##i;
-#define APPLY_LANE(i) lane##i.apply(hdr.values[i].v, meta.lane_op, meta.idx);
+#define DECLARE_PAIR(i) ValuePair() pair##i;
+#define APPLY_PAIR(i) pair##i.apply(hdr.values_lo[i].v, hdr.values_hi[i].v, hdr.values_lo[0].isValid(), \
+                                    meta.verdict, meta.round_kind, meta.same_round, meta.idx);
 
 control ValueLanes(inout tofino_headers_t hdr, in tofino_ingress_md_t meta) {
-    FOR_EACH_LANE(DECLARE_LANE)
+    FOR_EACH_PAIR(DECLARE_PAIR)
 
     apply {
-        if (hdr.values[0].isValid()) {
-            FOR_EACH_LANE(APPLY_LANE)
-        }
+        FOR_EACH_PAIR(APPLY_PAIR)
     }
 }
 
