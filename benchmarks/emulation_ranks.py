@@ -30,6 +30,7 @@ READY_SECONDS = 180.0     # bring-up and the process group's start on a loaded 2
 TBF_BURST_BYTES = 16 << 10
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _UNIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+_DROPPED = re.compile(r"\(dropped (\d+),")
 
 
 def emulation_missing() -> str | None:
@@ -73,6 +74,15 @@ def shape(intf, rate: str | None) -> None:
         return
     burst = max(TBF_BURST_BYTES, int(rate_bits(rate) / 8 / 1000))
     node_sh(intf.node, f"tc qdisc replace dev {intf.name} root tbf rate {rate} burst {burst} latency 100ms")
+
+
+def link_drops(links) -> int:
+    """The frames every end of ``links`` has dropped so far (tc's count: a full tbf queue)."""
+    total = 0
+    for link in links:
+        for intf in (link.intf1, link.intf2):
+            total += sum(int(n) for n in _DROPPED.findall(intf.node.cmd(f"tc -s qdisc show dev {intf.name}")))
+    return total
 
 
 def shape_link(link, rate: str | None) -> None:
