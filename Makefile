@@ -62,7 +62,7 @@ setup-emulation: setup
 # prints a per-job summary.
 run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
 	$(BIN)/python -m inagg.emulation.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
-	  $(if $(HAVE_P4C),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
+	  $(if $(and $(HAVE_P4C),$(filter-out soft,$(DATAPLANE))),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
 	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli)
 
 $(P4_BUILD)/inagg.json: p4/inagg.p4 $(wildcard p4/include/*.p4)

@@ -34,6 +34,7 @@ READY_SECONDS = 180.0     # bring-up and the process group's start on a loaded 2
 TBF_BURST_BYTES = 16 << 10
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _UNIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+_DROPPED = re.compile(r"\(dropped (\d+),")
 
 
 def emulation_missing() -> str | None:
@@ -77,6 +78,15 @@ def shape(intf, rate: str | None) -> None:
         return
     burst = max(TBF_BURST_BYTES, int(rate_bits(rate) / 8 / 1000))
     node_sh(intf.node, f"tc qdisc replace dev {intf.name} root tbf rate {rate} burst {burst} latency 100ms")
+
+
+def link_drops(links) -> int:
+    """The frames every end of ``links`` has dropped so far (tc's count: a full tbf queue)."""
+    total = 0
+    for link in links:
+        for intf in (link.intf1, link.intf2):
+            total += sum(int(n) for n in _DROPPED.findall(intf.node.cmd(f"tc -s qdisc show dev {intf.name}")))
+    return total
 
 
 def shape_link(link, rate: str | None) -> None:
@@ -199,14 +209,16 @@ def slowest_times(seconds: list[float], barrier) -> list[float]:
     return slowest.tolist()
 
 
-def job_retransmissions(pg, barrier) -> int:
-    """The job's retransmissions on ``pg`` (an ``inagg`` group) so far, summed over its ranks."""
+def job_retransmissions(pg, barrier) -> tuple[int, int]:
+    """The job's retransmissions on ``pg`` (an ``inagg`` group) so far and how many of them were
+    spurious (the first answer came after all), each summed over its ranks."""
     import torch
     import torch.distributed as dist
 
-    retx = torch.tensor([pg.stats()["inagg"]["retransmissions"]], dtype=torch.int64)
+    inagg = pg.stats()["inagg"]
+    retx = torch.tensor([inagg["retransmissions"], inagg["spurious_retransmissions"]], dtype=torch.int64)
     dist.all_reduce(retx, group=barrier)
-    return int(retx.item())
+    return int(retx[0].item()), int(retx[1].item())
 
 
 def wait_line(rank0, procs: list, timeout: float, logs: Path) -> dict:

@@ -22,11 +22,13 @@ median over the better forced one's (``auto_vs_best``) and the paths its timed c
 time the framing limit, the time the tensor takes on one link at the rate when every frame
 carries K values: bytes x frame bytes / value bytes / rate (the frame: Ethernet 14, IPv4 20,
 UDP 8, inagg 16 + 4K bytes; twice that for two jobs sharing the links), and gloo's ideal ring
-time, 2(N-1)/N of the tensor at the rate in full TCP segments of the MTU. ``--two-jobs N`` adds
-two jobs of N ranks on the same hosts (so on the same links), both inagg-forced, started
-together: each job's median, its ranks' retransmissions summed, and the wall time of all its
-calls (``job_s``): a job held up by loss leaves the links to the other, so its calls' median
-alone does not show the share.
+time, 2(N-1)/N of the tensor at the rate in full TCP segments of the MTU; the ranks'
+retransmissions summed (``spurious``: those the aggregator answered twice, the round was only
+late) and the frames the links' tbf queues dropped meanwhile (``link_drops``: the losses).
+``--two-jobs N`` adds two jobs of N ranks on the same hosts (so on the same links), both
+inagg-forced, released together once both aggregate on the switch (``settle``): each job's
+median and the wall time of all its calls (``job_s``): a job held up by loss leaves the links to
+the other, so its calls' median alone does not show the share.
 
 Writes benchmarks/results/wire_bench.csv and wire_bench.png (time vs N for both paths per size,
 the framing limit dashed: SwitchML's figure), prints the table and the machine's load.
@@ -51,8 +53,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
 from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_output_arguments, add_rank_arguments,  # noqa: E402
-                             finish_job, job_retransmissions, join_job, rate_bits, run_benchmark, shaped_network,
-                             slowest_times, start_ranks, wait_line, write_deployment)
+                             finish_job, job_retransmissions, join_job, link_drops, rate_bits, run_benchmark,
+                             shaped_network, slowest_times, start_ranks, wait_line, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
 MIB = 1 << 20
@@ -60,7 +62,7 @@ PATHS = ("inagg", "gloo")
 AUTO = "auto"     # the group whose backend chooses its own path
 FIELDS = ("case", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "job_s", "inagg_s", "gloo_s", "ratio",
           "auto_s", "auto_vs_best", "auto_paths", "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio",
-          "retransmissions", "load1")
+          "retransmissions", "spurious", "link_drops", "load1")
 ETH_IP_UDP_INAGG = 14 + 20 + 8 + 16    # bytes of a frame besides its K values
 ETH_IP_TCP = 14 + 20 + 32              # a TCP segment's headers (timestamps on)
 
@@ -121,6 +123,33 @@ def auto_group():
         os.environ[PATH_ENV] = forced or "auto"
 
 
+def settle(pg, barrier, go_file: str, timeout: float = READY_SECONDS) -> None:
+    """One-element calls on ``pg`` until both sharing jobs aggregate on the switch: the job that
+    registered second starts on the host aggregator and moves to the switch only once the first
+    gave up half its slots, each at a call boundary of its own (make-before-break,
+    ``inagg.control.allocator``), so both keep calling until the placement files that each
+    job's rank 0 writes beside ``go_file`` say switch. The sharing is then measured on the
+    links alone, not on the jobs' placement."""
+    import torch
+    import torch.distributed as dist
+
+    mine = Path(f"{go_file}.{os.environ['TORCHELASTIC_RUN_ID']}")
+    deadline = time.time() + timeout
+    while True:
+        dist.all_reduce(torch.zeros(1), group=pg)
+        placed = torch.zeros(1)
+        if dist.get_rank() == 0:
+            mine.write_text(pg.comm.grant.mode)
+            modes = [f.read_text() for f in mine.parent.glob(f"{Path(go_file).name}.*")]
+            placed[0] = modes == ["switch", "switch"]
+        dist.broadcast(placed, 0, group=barrier)
+        if placed.item():
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"the two sharing jobs were not both on the switch within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
 def wait_go(go_file: str | None, barrier) -> None:
     """Rank 0 says it is ready and waits for the launcher's go file (two jobs start together);
     the other ranks wait for rank 0 at the barrier."""
@@ -144,11 +173,13 @@ def rank_main(args: argparse.Namespace) -> int:
     if AUTO in args.paths:
         groups[AUTO] = auto_group()
     groups = {p: groups[p] for p in args.paths}
+    if args.go_file:
+        settle(pg, barrier, args.go_file)
     wait_go(args.go_file, barrier)
     started = time.perf_counter()
     calls = measure(groups, barrier, args)
     job_seconds = time.perf_counter() - started
-    slowest, retx = slowest_times([c[3] for c in calls], barrier), job_retransmissions(pg, barrier)
+    slowest, (retx, spurious) = slowest_times([c[3] for c in calls], barrier), job_retransmissions(pg, barrier)
     if args.rank == 0:
         for c, t in zip(calls, slowest):
             c[3] = t
@@ -156,6 +187,7 @@ def rank_main(args: argparse.Namespace) -> int:
         history = [[h["path"], h["calls"], h["bytes"]] for h in auto.path_history()] if auto else []
         Path(args.out).write_text(json.dumps({"calls": calls, "job_s": job_seconds, "k": pg.comm.grant.values_per_packet,
                                               "mode": pg.comm.grant.mode, "retransmissions": retx,
+                                              "spurious": spurious,
                                               "auto_history": history,
                                               "auto_model": auto.stats()["path_model"] if auto else None}))
     dist.barrier(group=barrier)
@@ -208,9 +240,10 @@ def run_counts(run, args) -> list[dict]:
     results, paths = [], PATHS + ((AUTO,) if args.auto else ())
     for n in args.workers:
         print(f"N = {n}: about {expected_seconds(args, n, paths):.1f} s of calls at the links' rate", flush=True)
+        drops = link_drops(run.net.links)
         procs, out = start_job(run, args, n, f"wire{n}", paths, None, STORE_PORT + n)
         result = finish_job(procs, out, READY_SECONDS + 3 * expected_seconds(args, n, paths))
-        results.append({"case": "single", "workers": n, **result})
+        results.append({"case": "single", "workers": n, **result, "link_drops": link_drops(run.net.links) - drops})
     return results
 
 
@@ -221,10 +254,12 @@ def run_two_jobs(run, args) -> list[dict]:
             for i, name in enumerate(("shareA", "shareB"))]
     for procs, _ in jobs:
         wait_line(procs[0], procs, READY_SECONDS, run.run.path / "logs")
+    drops = link_drops(run.net.links)
     go.touch()
     timeout = READY_SECONDS + 3 * expected_seconds(args, n, ("inagg",), share=2)
-    return [{"case": f"shared{i}", "workers": n, **finish_job(procs, out, timeout)}
-            for i, (procs, out) in enumerate(jobs, 1)]
+    results = [{"case": f"shared{i}", "workers": n, **finish_job(procs, out, timeout)}
+               for i, (procs, out) in enumerate(jobs, 1)]
+    return [{**r, "link_drops": link_drops(run.net.links) - drops} for r in results]
 
 
 def run_experiment(args) -> list[dict]:
@@ -287,25 +322,27 @@ def summarize(result: dict, args, load: float) -> list[dict]:
                      "framing_limit_s": round(limit, 4), "inagg_vs_limit": round(inagg / limit, 3),
                      "gloo_ideal_s": round(gloo_ideal(nbytes, n, args.mtu, args.rate), 4),
                      "ideal_ratio": round(n / (2 * (n - 1)), 3),
-                     "retransmissions": result["retransmissions"], "load1": round(load, 2)})
+                     "retransmissions": result["retransmissions"], "spurious": result["spurious"],
+                     "link_drops": result["link_drops"], "load1": round(load, 2)})
     return rows
 
 
 def report(rows: list[dict]) -> None:
     """The table, the two-jobs fairness and the load."""
     print(f"\n{'case':<8} {'N':>2} {'MiB':>4} {'K':>5} {'inagg s':>8} {'gloo s':>8} {'ratio':>6} {'ideal':>6} "
-          f"{'limit s':>8} {'/limit':>7} {'retx':>5} {'auto/best':>9}  auto took")
+          f"{'limit s':>8} {'/limit':>7} {'retx':>5} {'drops':>5} {'auto/best':>9}  auto took")
     for r in rows:
         gloo, ratio, auto = (f"{r[key]:{width}.{digits}f}" if r[key] is not None else f"{'-':>{width}}"
                              for key, width, digits in (("gloo_s", 8, 3), ("ratio", 6, 2), ("auto_vs_best", 9, 3)))
         print(f"{r['case']:<8} {r['workers']:>2} {r['bytes'] / MIB:>4.0f} {r['k']:>5} {r['inagg_s']:8.3f} {gloo} "
               f"{ratio} {r['ideal_ratio']:6.2f} {r['framing_limit_s']:8.3f} {r['inagg_vs_limit']:7.3f} "
-              f"{r['retransmissions']:>5} {auto}  {r['auto_paths']}")
+              f"{r['retransmissions']:>5} {r['link_drops']:>5} {auto}  {r['auto_paths']}")
     shared = {r["case"]: r for r in rows if r["case"].startswith("shared")}   # one job's calls: its time
     if shared:
         a, b = (r["job_s"] for r in shared.values())
+        retx = " and ".join(f"{r['retransmissions']} ({r['spurious']} spurious)" for r in shared.values())
         print(f"two jobs sharing the links: all their calls in {a:.2f} s and {b:.2f} s ({max(a, b) / min(a, b):.2f}x "
-              f"apart), retransmissions {' and '.join(str(r['retransmissions']) for r in shared.values())}")
+              f"apart), retransmissions {retx}, frames the links dropped {next(iter(shared.values()))['link_drops']}")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 

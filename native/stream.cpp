@@ -87,6 +87,25 @@ double LossDetector::next_rto(const Transmission& t, bool backoff, double now) c
     return timeout(now);
 }
 
+constexpr double kAlphaGain = 1.0 / 16;  // DCTCP's g (stream.py ALPHA_GAIN)
+
+void CongestionWindow::on_result(bool was_marked) {
+    acked += 1;
+    marked += was_marked;
+    if (slow_start && !was_marked) size = std::min(size + 1, maximum);
+    if (acked < round) return;
+    alpha = (1 - kAlphaGain) * alpha + kAlphaGain * double(marked) / acked;
+    if (marked) {
+        size = std::max(minimum, size * (1 - alpha / 2));
+        slow_start = false;
+    } else if (!slow_start) {
+        size = std::min(size + 1, maximum);
+    }
+    acked = marked = 0;
+    round = size;
+    peak = std::max(peak, size);
+}
+
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
     : socket_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
       stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {
@@ -292,7 +311,9 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             r.active = false;
             --outstanding_;
             if (d[field::kFlags] & kFlagFromHost) counters_.host_results += 1;
-            if (d[field::kFlags] & kFlagCongestion) counters_.congestion_marks += 1;
+            bool marked = d[field::kFlags] & kFlagCongestion;
+            counters_.congestion_marks += marked;
+            cwnd_.on_result(marked);
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
             loss_.delivered(r, now);
@@ -340,15 +361,19 @@ bool Stream::stream_blocks(const BlockCall& call) {
     size_t n_blocks = (call.size + k - 1) / k;
     agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);
     if (call.is_float) agreed_[0] = call.exp0;
+    answered_.assign(n_blocks, 0);
+    oldest_ = 0;
+    deferred_ = {};
     double now = now_seconds();
-    send_block(call, 0, 0, now);
+    defer(0, 0);
     for (uint32_t i = 1; i < call.window; ++i) {
         if (call.is_float) {  // prime: fetch the agreed exponent of block i
             build(i, i, true, 0, call.local_exps[i], 0, now);
         } else {
-            send_block(call, i, i, now);
+            defer(i, i);
         }
     }
+    release(call, now);
     remaining_ = n_blocks;
     double progress = now;
     while (remaining_) {
@@ -360,6 +385,8 @@ bool Stream::stream_blocks(const BlockCall& call) {
         size_t next = r.priming ? r.chunk : size_t(r.chunk) + call.window;
         if (!r.priming) {
             --remaining_;
+            answered_[r.chunk] = 1;
+            while (oldest_ < n_blocks && answered_[oldest_]) ++oldest_;
             auto values = reinterpret_cast<const uint32_t*>(res + kHeaderBytes);
             if (!call.is_float) {
                 int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
@@ -373,11 +400,23 @@ bool Stream::stream_blocks(const BlockCall& call) {
         }
         if (next < n_blocks) {
             if (call.is_float) agreed_[next] = h.exp;
-            send_block(call, idx, static_cast<uint32_t>(next), progress);
+            defer(idx, static_cast<uint32_t>(next));
         }
+        release(call, progress);
     }
     flush_sends();
     return true;
+}
+
+// The deferred blocks that the congestion window allows, smallest first: a block goes when it is
+// fewer than the window's size after this rank's oldest unanswered block, so every rank sends the
+// blocks in the same order and the oldest one a rank waits for is always sent by all.
+void Stream::release(const BlockCall& call, double now) {
+    while (!deferred_.empty() && deferred_.top().first < oldest_ + cwnd_.allowed()) {
+        auto [chunk, idx] = deferred_.top();
+        deferred_.pop();
+        send_block(call, idx, chunk, now);
+    }
 }
 
 std::vector<uint32_t> Stream::waiting_slots() const {

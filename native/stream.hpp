@@ -16,6 +16,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <queue>
+#include <utility>
 #include <vector>
 
 #include "codec.hpp"
@@ -113,6 +116,22 @@ class LossDetector {
     int probes_ = 0;               // probes sent since the last answer
 };
 
+// A rank's congestion window within a call, DCTCP on the results' congestion marks; the twin
+// of inagg.worker.stream.CongestionWindow (read its docstring for why).
+struct CongestionWindow {
+    double size = 16;        // data rounds this rank may have in flight
+    double alpha = 1;        // the estimated fraction of results marked
+    bool slow_start = true;
+    uint32_t acked = 0, marked = 0;  // results and marked ones since this round trip began
+    double round = 16;               // results that make this round trip: the size when it began
+    double peak = 0;                 // the largest size since Python last set the goal
+    double minimum = 1, maximum = 16;
+
+    void on_result(bool was_marked);
+    // How many data rounds from the oldest unanswered one on this rank may be sent.
+    uint32_t allowed() const { return static_cast<uint32_t>(std::max(1.0, size)); }
+};
+
 // What a call's block phase streams: the tensor and its exponents (float calls).
 struct BlockCall {
     void* data = nullptr;  // int32_t*, or a float tensor's values in `format`
@@ -148,6 +167,8 @@ class Stream {
     void abort() { aborted_.store(true, std::memory_order_relaxed); }
 
     const StreamCounters& counters() const { return counters_; }
+    // The congestion window, carried from call to call by Python (WindowControl).
+    CongestionWindow& congestion() { return cwnd_; }
     const std::vector<uint32_t>& overflow() const { return overflow_; }
     // After a stall: blocks still missing and the slots waiting for a result.
     size_t remaining() const { return remaining_; }
@@ -167,6 +188,9 @@ class Stream {
     void build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp, uint8_t flags,
                double now);
     void send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, double now);
+    // Block `chunk` may go on slot idx once the congestion window allows it.
+    void defer(uint32_t idx, uint32_t chunk) { deferred_.push({chunk, idx}); }
+    void release(const BlockCall& call, double now);
     void queue_send(uint32_t idx);
     void flush_sends();
     void resend_lost(double now);
@@ -199,6 +223,12 @@ class Stream {
     double next_scan_ = 0;
     StreamCounters counters_;
     std::vector<int8_t> agreed_;  // agreed block exponents of the running float call
+    CongestionWindow cwnd_;
+    std::vector<uint8_t> answered_;  // per block of the running call: its result came
+    size_t oldest_ = 0;              // the first block without a result
+    // blocks ready to go, (block, slot), smallest block first
+    std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>,
+                        std::greater<>> deferred_;
     std::vector<uint32_t> overflow_;
     size_t remaining_ = 0;
 };

@@ -168,6 +168,16 @@ void bind_stream_class(nb::module_& m) {
             nb::gil_scoped_release release;
             return s.stream_blocks(call);
         })
+        .def("congestion", [](Stream& s) {
+            const CongestionWindow& c = s.congestion();
+            return std::make_tuple(c.size, c.alpha, c.slow_start, c.acked, c.marked, c.round, c.peak);
+        })
+        .def("set_congestion", [](Stream& s, double size, double alpha, bool slow_start, uint32_t acked,
+                                  uint32_t marked, double round, double peak, double minimum, double maximum) {
+            CongestionWindow& c = s.congestion();
+            c.size = size, c.alpha = alpha, c.slow_start = slow_start, c.acked = acked, c.marked = marked;
+            c.round = round, c.peak = peak, c.minimum = minimum, c.maximum = maximum;
+        })
         .def("counters", &counters_dict)
         .def("overflow", &Stream::overflow)
         .def("abort", &Stream::abort, "Stop the call in progress (from another thread)")

@@ -13,7 +13,8 @@ from inagg.aggregator.server import HostAggregator, default_values_per_packet, m
 from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
 from inagg.wire.grant import Grant, values_for_mtu
 from inagg.wire.protocol import build_contribution
-from inagg.worker.stream import AllreduceError, CallRefused, SlotStream, WindowControl
+from inagg.worker.native_stream import NativeSlotStream
+from inagg.worker.stream import AllreduceError, CallRefused, CongestionWindow, SlotStream, WindowControl
 from inagg.wire.transport import UdpTransport
 
 K = 64
@@ -89,19 +90,32 @@ def test_ranks_use_the_smallest_window_goal_and_adapt_it(served):
     assert all(1 <= s.window_control.goal <= 8 for s in streams)
 
 
-@pytest.mark.parametrize("window, timeouts, goal, slow_start", [
-    (16, 1, 8, False),    # a timeout halves the window the call used (and ends slow start)
-    (20, 0, 25, False),   # a clean call that used the whole goal: +1/4
-    (20, 0, 40, True),    # ... in slow start: doubled
-    (12, 0, 20, False),   # a call that used less (a small tensor) says nothing
-    (6, 3, 4, True),      # never below the minimum
-    (46, 0, 48, False),   # never above the slots granted
+def test_ranks_with_different_congestion_windows_finish_the_call(served):
+    """Each rank sends its blocks in order, as far as its own window allows from its oldest one
+    without a result: a rank far ahead waits on one whose window is a single block, and neither
+    waits for ever (the Python stream and the native one in one job)."""
+    agg, w = served
+    g = Grant(1, 1, 0, 8, K, agg.address)
+    streams = [SlotStream(g, 0, 2, w[0]), NativeSlotStream(g, 1, 2, w[1])]
+    streams[0].window_control.congestion = CongestionWindow(size=1, slow_start=False, maximum=1)
+    xs = [np.arange(20_000, dtype=np.float32) * (r + 1) for r in range(2)]   # 313 blocks
+    assert run_ranks(streams, xs) == [None, None]
+    assert all(np.array_equal(x, np.arange(20_000, dtype=np.float32) * 3) for x in xs)
+    assert streams[0].window_control.congestion.size == 1 and streams[1].window_control.congestion.size == 8
+
+
+@pytest.mark.parametrize("size, peak, window, timeouts, goal", [
+    (16, 16, 32, 1, 16),   # a timeout halves the window (and ends slow start): 8; the slots twice that
+    (40, 40, 20, 1, 20),   # ... halved from the slots the call used, where its window was larger
+    (20, 30, 40, 0, 60),   # twice the largest window of the call (30), not its last
+    (1, 1, 6, 3, 4),       # never below the minimum
+    (40, 40, 80, 0, 64),   # never above the slots granted
 ])
-def test_window_control(window, timeouts, goal, slow_start):
-    wc = WindowControl(minimum=4, maximum=48, goal=20 if window != 46 else 46,
-                       slow_start=slow_start or window == 6)
+def test_window_control(size, peak, window, timeouts, goal):
+    wc = WindowControl(minimum=4, maximum=64, congestion=CongestionWindow(size=size))
+    wc.congestion.peak = peak     # what the call's results made it
     wc.update(window, timeouts)
-    assert (wc.goal, wc.slow_start) == (goal, slow_start and not timeouts)
+    assert (wc.goal, wc.congestion.slow_start) == (goal, not timeouts)
 
 
 def test_non_finite_input_raises_on_every_rank(served):

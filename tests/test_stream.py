@@ -2,6 +2,7 @@
 control vector, and the exact result checks, over real sockets and the aggregator CLI."""
 
 import contextlib
+import itertools
 import threading
 import time
 
@@ -17,14 +18,16 @@ from inagg.wire.grant import Grant
 from inagg.worker.native_stream import NativeSlotStream, native_block_exponents
 from inagg.wire.protocol import FLAG_CONGESTION, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
 from inagg.worker.stream import (
+    ALPHA_GAIN,
+    INITIAL_WINDOW,
     CallError,
     CallRefused,
     CallSpec,
+    CongestionWindow,
     ControlVector,
     Refusal,
     ResultCheck,
     SlotStream,
-    WindowControl,
 )
 from inagg.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
@@ -593,16 +596,39 @@ def test_16_bit_calls_are_their_float32_calls_rounded_once_on_native_and_python_
                 assert np.array_equal(x.view(np.uint16), torch_rounded(reference, name))
 
 
-def test_marked_results_cut_the_goal_by_half_their_fraction_once_per_call():
-    w = WindowControl(maximum=64, goal=16)
-    w.update(16, timeouts=0, marked=1.0)            # every result marked: half, slow start over
-    assert (w.goal, w.slow_start) == (8, False)
-    w.update(8, timeouts=0, marked=0.01)            # a few: at least one slot
-    assert w.goal == 7
-    w.update(7, timeouts=0)                         # clean: a quarter more, at least one
-    assert w.goal == 8
-    w.update(8, timeouts=1, marked=0.1)             # a loss burst weighs more than the marks
-    assert w.goal == 4
+def test_slow_start_doubles_the_congestion_window_per_round_trip_until_a_mark():
+    c = CongestionWindow(maximum=512)
+    for _ in range(16):                              # one round trip of clean results
+        c.on_result(False)
+    assert (c.size, c.slow_start) == (32, True)
+    for i in range(32):                              # one marked result in the next: cut at its end
+        c.on_result(i == 0)
+    assert not c.slow_start and c.alpha == pytest.approx((1 - ALPHA_GAIN) ** 2 + ALPHA_GAIN / 32)
+    assert c.size == pytest.approx(63 * (1 - c.alpha / 2))
+
+
+def test_a_round_trip_cuts_the_window_by_half_its_marked_estimate_and_a_clean_one_adds_one():
+    c = CongestionWindow(size=40, alpha=0.0, slow_start=False, maximum=512)
+    for i in range(40):                              # half of a round trip's results marked
+        c.on_result(i < 20)
+    assert c.alpha == pytest.approx(ALPHA_GAIN / 2) and c.size == pytest.approx(40 * (1 - ALPHA_GAIN / 4))
+    size = c.size
+    for _ in range(40):                              # a clean round trip (its length: the size it began at)
+        c.on_result(False)
+    assert c.size == pytest.approx(size + 1)
+
+
+def test_two_windows_that_see_the_same_marks_converge_to_equal_shares():
+    """Two ranks of two jobs behind one queue that marks while more than 40 rounds are in flight:
+    each window gets its own size of results per round trip, all marked or none. From 6x
+    apart, their windows end within 20 % of each other and the queue's share with them."""
+    a, b = (CongestionWindow(size=size, slow_start=False, maximum=512) for size in (10, 60))
+    for _ in range(400):
+        marked = a.size + b.size > 40
+        for window, results in ((a, int(a.size)), (b, int(b.size))):
+            for _ in range(max(1, results)):
+                window.on_result(marked)
+    assert max(a.size, b.size) / min(a.size, b.size) < 1.2
 
 
 class MarkingAggregator:
@@ -619,12 +645,50 @@ class MarkingAggregator:
 
 
 @pytest.mark.parametrize("kind", STREAMS)
-def test_a_call_whose_results_came_marked_halves_its_window_without_a_loss(kind):
+def test_marked_results_shrink_the_window_within_the_call_without_a_loss(kind):
     with one_rank_stream(kind, MarkingAggregator(), 64) as stream:
         x = np.arange(400, dtype=np.int32)              # 100 blocks, more than any window
         stream.allreduce(x)
         assert x.tolist() == list(range(400))
-        used = stream.window
-        assert stream.stats.congestion_marks >= 100     # every block's result (and the control round's)
+        assert stream.stats.congestion_marks == 101     # every block's result and the control round's
         assert stream.stats.timeouts() == 0 and stream.stats.retransmissions == 0
-        assert stream.window_control.goal == used // 2 and not stream.window_control.slow_start
+        c = stream.window_control.congestion            # halved every round trip: at its least
+        assert (c.size, c.slow_start) == (1, False)
+        assert stream.window_control.goal == 2 * INITIAL_WINDOW   # twice its largest in the call: its first
+
+
+class HoldingAggregator:
+    """A one-rank job's aggregator that answers the control round at once, then holds what
+    arrives for ``hold`` seconds (``held``) before it answers, and answers at once from then on."""
+
+    def __init__(self, hold: float = 0.3) -> None:
+        self.sock = bound_socket()
+        self.hold = hold
+        self.held: list[bytes] = []
+
+    def serve(self) -> None:
+        stream = datagrams(self.sock)
+        data, sender = next(stream)
+        self.sock.sendto(as_result(data), sender)
+        deadline = time.monotonic() + self.hold
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(1e-3, deadline - time.monotonic()))
+            self.held += [data for data, _ in itertools.islice(datagrams(self.sock), 1)]
+        self.sock.settimeout(5.0)
+        for data in self.held:
+            self.sock.sendto(as_result(data), sender)
+        for data, sender in stream:
+            self.sock.sendto(as_result(data), sender)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_rank_sends_no_more_blocks_than_its_congestion_window_allows(kind):
+    agg = HoldingAggregator()
+    with one_rank_stream(kind, agg, 64, rto_min=2.0) as stream:   # no resend while it holds
+        x = np.arange(400, dtype=np.int32)              # 100 blocks
+        stream.allreduce(x)
+        assert x.tolist() == list(range(400))
+        # the call used twice the first window's slots, but sent what the window allowed: 16,
+        # and one more for the control round's clean result (slow start)
+        assert stream.window == 2 * INITIAL_WINDOW
+        assert len(agg.held) == INITIAL_WINDOW + 1

@@ -261,16 +261,12 @@ class Run:
         self.run.add_interfaces(names)
         self.net.build()
         self.apply_mtu()
+        self.disable_offloads()
         for host in self.net.hosts:
             self.run.add_process(host.pid, f"host {host.name} shell")
         for sw in self.net.switches:
             self.run.add_process(sw.pid, f"switch {sw.name} shell")
         self.net.start()
-        for node in self.net.hosts + self.net.switches:
-            # a software data plane forwards frames as captured: checksums must be complete
-            for intf in node.intfList():
-                if intf.name != "lo":
-                    node.cmd(f"ethtool -K {intf.name} tx off rx off >/dev/null 2>&1")
         for host in self.net.hosts:
             host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
             for other, h in self.topo.hosts.items():
@@ -278,6 +274,19 @@ class Run:
                     host.setARP(host_ip(h), h["mac"])
             for s in self.topo.switches.values():
                 host.setARP(s["aggregator_ip"], s["aggregator_mac"])
+
+    def disable_offloads(self) -> None:
+        """Checksum offloads off on every interface: a software data plane forwards frames as
+        captured, so their checksums must be complete. On the switches' ports segmentation and
+        receive offloads go too, before the switches start: BMv2 reads its ports through libpcap,
+        which sizes each slot of its capture ring for the largest frame a port can deliver, 64
+        KiB where these offloads are on, and its 4 MiB ring then holds about 32 frames, less
+        than one worker's window (BMv2 then drops what arrives while it is busy)."""
+        for node in self.net.hosts + self.net.switches:
+            port_offloads = " gso off gro off tso off" if node in self.net.switches else ""
+            for intf in node.intfList():
+                if intf.name != "lo":
+                    node.cmd(f"ethtool -K {intf.name} tx off rx off{port_offloads} >/dev/null 2>&1")
 
     def apply_mtu(self) -> None:
         """Every interface at the topology's MTU, before the switches start (the software data
@@ -493,6 +502,8 @@ def job_row(job: dict, stats: list[dict], placement: str) -> dict:
             "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
             "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
             "retransmissions": sum(s["retransmissions"] for s in workers), "switch_workers": len(workers),
+            "packets_sent": sum(s["packets_sent"] for s in workers),
+            "spurious": sum(s["spurious_retransmissions"] for s in workers),
             "placement": placement, "losses": [e[0] for e in job["epochs"]],
             "ms_per_step": seconds / steps * 1e3, "call_ms_median": s0["call_ms_median"], "grants": s0["grants"]}
 

@@ -70,9 +70,22 @@ class NativeSlotStream(StreamBase):
         _native.fixed_decode(sums, self.n_workers, y)
         return y
 
+    def _lend_congestion(self) -> None:
+        """The congestion window to the core, which updates it per result (the twin of
+        ``CongestionWindow.on_result``)."""
+        c = self.window_control.congestion
+        self._core.set_congestion(c.size, c.alpha, c.slow_start, c.acked, c.marked, c.round, c.peak, c.minimum,
+                                  c.maximum)
+
+    def _take_congestion(self) -> None:
+        c = self.window_control.congestion
+        c.size, c.alpha, c.slow_start, c.acked, c.marked, c.round, c.peak = self._core.congestion()
+
     def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
         summed = np.empty_like(lanes)
+        self._lend_congestion()
         ok, exp, result_flags, rtt = self._core.control_round(lanes, exp0, flags, summed)
+        self._take_congestion()
         self._sync_stats()
         if not ok:
             raise self.stall_error(f"call {self.stats.calls - 1}'s control round", self._core.waiting_slots())
@@ -82,11 +95,13 @@ class NativeSlotStream(StreamBase):
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int, divisor: int) -> list[int]:
         window = call_window(self.grant.slot_count, exps.n_blocks, goal, exps.is_float)
         self.window = window
+        self._lend_congestion()
         if exps.is_float:
             ok = self._core.stream_float(codec.native_values(x), exps.local, exps.bad.view(np.uint8), exps.agreed[0],
                                          window, self.grant.values_per_packet, divisor)
         else:
             ok = self._core.stream_int(x, window)
+        self._take_congestion()
         self._sync_stats()
         if not ok:
             raise self.stall_error(f"{self._core.remaining()} of {exps.n_blocks} blocks",

@@ -23,8 +23,8 @@ decodes the same sum the same way, so a refusal on one rank, a size or op mismat
 number mismatch fails that call on every rank with the same error before any data moves, and
 the next call starts aligned (or, for call numbers, fails again: never absorbed).
 ``agreed_epoch`` = the smallest pending epoch all ranks have seen is the grant every rank may
-switch to after this call, at the same boundary; the call's window W (slots in use, rounds in
-flight) is the smallest goal, so every rank maps blocks to the same slots.
+switch to after this call, at the same boundary; the call's window W (slots in use, the most
+rounds in flight) is the smallest goal, so every rank maps blocks to the same slots.
 
 The control packet has K lanes (count = K); the K - 2N after the control vector are spare. A
 call small enough (:meth:`StreamBase.one_round_capacity`, derived from K and N) rides in them
@@ -37,8 +37,10 @@ the codecs cannot carry (inf, NaN, |x| >= 2**127) sends zeros and FLAG_OVERFLOW,
 block does: the call fails on every rank with the same error and leaves the tensor unchanged.
 
 Window: a float32 call uses at most a quarter as many slots as it has blocks
-(``PRIMING_SHARE``), or 16 (``PRIMING_FREE_WINDOW``) if that is more; each rank's goal follows
-loss (:class:`WindowControl`, AIMD).
+(``PRIMING_SHARE``), or 16 (``PRIMING_FREE_WINDOW``) if that is more. Within a call each rank
+paces itself by its own congestion window (:class:`CongestionWindow`: DCTCP on the results'
+congestion marks, per round trip), sending its blocks in order (:class:`BlockGate`); its goal
+for the next call's slots follows that window and loss (:class:`WindowControl`).
 
 Results are accepted only from the grant's aggregator and only when they answer an outstanding
 round exactly (:class:`OutstandingRounds`); everything else is dropped and counted per
@@ -55,9 +57,11 @@ finished round with its stored result, so results are bit-identical with or with
 from __future__ import annotations
 
 import enum
+import heapq
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -305,7 +309,9 @@ MAX_BACKOFF = 8
 RTO_OVER_MIN_RTT = 32  # the RTO never exceeds this many minimum RTTs (see RttEstimator)
 LOSS_MEMORY = 1.0  # seconds a fast retransmission marks the path lossy (LossDetector.timeout)
 TICKS_PER_RTO_MIN = 20  # the scan tick is rto_min / 20 (RttEstimator.scan_tick)
-INITIAL_WINDOW = 16  # the window goal of a stream's first grant (slow start grows it)
+INITIAL_WINDOW = 16  # the congestion window of a stream's first grant (slow start grows it)
+GOAL_OVER_WINDOW = 2  # a rank's goal for a call's slots over the largest congestion window of its last
+ALPHA_GAIN = 1 / 16   # DCTCP's g: the weight of one round trip's marked fraction (RFC 8257)
 
 
 def call_window(slot_count: int, n_blocks: int, goal: int, is_float: bool) -> int:
@@ -596,45 +602,121 @@ class LossDetector:
 
 
 @dataclass
-class WindowControl:
-    """One rank's goal for the window of its next calls: slow start, then AIMD on congestion
-    marks and loss, as TCP's and ATP's windows.
+class CongestionWindow:
+    """One rank's congestion window within a call: how many data rounds it may send counted
+    from its oldest block without a result, DCTCP on the results' congestion marks (RFC 8257).
 
-    A grant starts at a small goal (``INITIAL_WINDOW``, or the last grant's goal) in slow start:
-    each clean call that used its whole goal doubles it, so a burst never outgrows the path's
-    buffers by more than one doubling. A call with a timeout halves the window it used (a
-    switch's input buffer overflowed), as TCP sets ssthresh from the flight size (RFC 5681), and
-    ends slow start; a retransmission that the aggregator answered twice was not needed (the
-    result was only late: a descheduled switch process) and is no loss signal, as with TCP's
-    DSACK (RFC 3708). Before any loss, a call whose results came marked (FLAG_CONGESTION: a
-    switch queue they left by was deep) cuts the window it used by half the fraction of its
-    results that were marked, as DCTCP does (at least by one slot), and ends slow start: once
-    per call, so at most once per round trip whatever the call's length (the window is agreed
-    per call). After that a clean call that used its whole goal raises it by a quarter, up to
-    the slots granted."""
+    The slots of a call are agreed per call, but a queue builds and drains within a round trip
+    and a call of a few MiB lasts hundreds of them, so a rank paces itself within the call by
+    this window. Each accepted result counts; once a window's worth came (about one round trip)
+    the fraction of them that were marked (FLAG_CONGESTION: a queue they left by was deep)
+    updates ``alpha``, DCTCP's moving estimate (gain ``ALPHA_GAIN``), and a marked round trip
+    cuts the window by ``alpha / 2``, a clean one raises it by one. Slow start adds one per clean
+    result (doubling per round trip) until the first mark; ``alpha`` starts at 1, so the first
+    marks cut the window by about half. Ranks of two jobs that share a queue see the same marks, and
+    additive increase with multiplicative decrease brings their windows, and so their shares of
+    the queue, together within a call.
+
+    A block waits while it is ``size`` or more blocks after the rank's oldest block without a
+    result (:class:`BlockGate`): every rank sends its blocks in the same order, so the oldest
+    block one rank waits for is always sent by the others, whatever their windows."""
+
+    size: float = INITIAL_WINDOW
+    alpha: float = 1.0
+    slow_start: bool = True
+    acked: int = 0      # results since this round trip began
+    marked: int = 0     # marked ones among them
+    round: float = 0.0  # results that make this round trip: the size when it began
+    peak: float = 0.0   # the largest size since the goal was last set (WindowControl)
+    minimum: float = 1.0
+    maximum: float = INITIAL_WINDOW
+
+    def __post_init__(self) -> None:
+        self.round = self.round or self.size
+
+    def on_result(self, was_marked: bool) -> None:
+        """One accepted result (``was_marked``: it carried FLAG_CONGESTION)."""
+        self.acked += 1
+        self.marked += was_marked
+        if self.slow_start and not was_marked:
+            self.size = min(self.size + 1, self.maximum)
+        if self.acked < self.round:
+            return
+        self.alpha = (1 - ALPHA_GAIN) * self.alpha + ALPHA_GAIN * self.marked / self.acked
+        if self.marked:
+            self.size = max(self.minimum, self.size * (1 - self.alpha / 2))
+            self.slow_start = False
+        elif not self.slow_start:
+            self.size = min(self.size + 1, self.maximum)
+        self.acked = self.marked = 0
+        self.round = self.size
+        self.peak = max(self.peak, self.size)
+
+    def allowed(self) -> int:
+        """How many blocks from the oldest one without a result may be in flight."""
+        return max(1, int(self.size))
+
+
+class BlockGate:
+    """The blocks of a call ready to send, smallest first, held back while the congestion
+    window does not allow them (the twin of native Stream::defer and Stream::release)."""
+
+    def __init__(self, n_blocks: int) -> None:
+        self.answered = bytearray(n_blocks)
+        self.oldest = 0           # the first block without a result
+        self._ready: list[tuple[int, int]] = []   # (block, slot index), a heap
+
+    def defer(self, idx: int, chunk: int) -> None:
+        heapq.heappush(self._ready, (chunk, idx))
+
+    def answer(self, chunk: int) -> None:
+        self.answered[chunk] = 1
+        while self.oldest < len(self.answered) and self.answered[self.oldest]:
+            self.oldest += 1
+
+    def release(self, allowed: int) -> Iterator[tuple[int, int]]:
+        """(slot index, block) of each ready block fewer than ``allowed`` after the oldest."""
+        while self._ready and self._ready[0][0] < self.oldest + allowed:
+            chunk, idx = heapq.heappop(self._ready)
+            yield idx, chunk
+
+
+@dataclass
+class WindowControl:
+    """One rank's goal for the slots of its next calls, from its congestion window: twice the
+    largest window of its last call (``GOAL_OVER_WINDOW``), room for it to grow within the next
+    one. Not its size at the call's end: the slots bound every rank's window for a whole call,
+    and a window is at its lowest right after a cut.
+
+    A grant keeps the congestion window learnt so far and starts it in slow start again (a new
+    path). Loss: a call with a timeout burst halves the window it used (a buffer overflowed), as
+    TCP sets ssthresh from the flight size (RFC 5681), and ends slow start; a retransmission that
+    the aggregator answered twice was not needed (the result was only late: a descheduled switch
+    process) and is no loss signal, as with TCP's DSACK (RFC 3708)."""
 
     minimum: int = 4
     maximum: int = 1
-    goal: int = 16
-    slow_start: bool = True
+    congestion: CongestionWindow = field(default_factory=CongestionWindow)
+    goal: int = 0
 
     def __post_init__(self) -> None:
-        self.goal = self._clamp(self.goal)
+        self.congestion.maximum = self.maximum
+        self.congestion.size = min(self.congestion.size, self.maximum)
+        self.goal = self._goal()
 
-    def _clamp(self, w: int) -> int:
+    def _goal(self) -> int:
+        c = self.congestion
+        w = GOAL_OVER_WINDOW * math.ceil(max(c.peak, c.size))
+        c.peak = c.size
         return max(min(self.minimum, self.maximum), min(self.maximum, w))
 
-    def update(self, window: int, timeouts: int, marked: float = 0.0) -> None:
-        """After a call that used ``window`` slots: ``timeouts`` loss bursts, ``marked`` the
-        fraction of its results that carried FLAG_CONGESTION."""
+    def update(self, window: int, timeouts: int) -> None:
+        """After a call that used ``window`` slots with ``timeouts`` loss bursts."""
         if timeouts:
-            self.goal = self._clamp(window // 2)
-            self.slow_start = False
-        elif marked > 0:
-            self.goal = self._clamp(min(window - 1, int(window * (1 - marked / 2))))
-            self.slow_start = False
-        elif window >= self.goal:
-            self.goal = self._clamp(2 * self.goal if self.slow_start else self.goal + max(1, self.goal // 4))
+            c = self.congestion
+            c.size = c.peak = max(c.minimum, min(c.size, window) / 2)
+            c.slow_start = False
+        self.goal = self._goal()
 
 
 def is_burst(backoffs: int, window: int) -> bool:
@@ -692,9 +774,10 @@ class StreamBase:
                              f"per packet (the control vector), grant has {grant.values_per_packet}")
         self.grant = grant
         self.shift = codec.shift_for(self.n_workers)
-        # a new grant is a new path: slow start again, from the goal learnt so far
-        goal = self.window_control.goal if self.window_control else INITIAL_WINDOW
-        self.window_control = WindowControl(maximum=min(grant.slot_count, (1 << _GOAL_BITS) - 1), goal=goal)
+        # a new grant is a new path: slow start again, from the congestion window learnt so far
+        size = self.window_control.congestion.size if self.window_control else INITIAL_WINDOW
+        self.window_control = WindowControl(maximum=min(grant.slot_count, (1 << _GOAL_BITS) - 1),
+                                            congestion=CongestionWindow(size=size))
 
     def allreduce(self, x: np.ndarray | None, pending_epoch: int = 0, *, average: bool = False,
                   refusal: Refusal | None = None) -> np.ndarray | None:
@@ -734,11 +817,8 @@ class StreamBase:
             self._decode_values(summed[2 * self.n_workers:], x, divisor)
         elif x.size:
             local.agree(0, exp0)
-            marks_before = self.stats.congestion_marks
             overflow = self._stream_blocks(x, local, agreement.window_goal, divisor)
-            blocks = -(-x.size // self.grant.values_per_packet)   # a float call's primings answer too
-            marked = min(1.0, (self.stats.congestion_marks - marks_before) / blocks)
-            self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before), marked)
+            self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before))
             if overflow:
                 raise overflow_error(overflow, self.grant.values_per_packet)
         self.stats.allreduces += 1
@@ -913,8 +993,9 @@ class SlotStream(StreamBase):
         rnd = rounds.pop(idx)
         if self._buf[1] & FLAG_FROM_HOST:
             self.stats.host_results += 1
-        if self._buf[1] & FLAG_CONGESTION:
-            self.stats.congestion_marks += 1
+        marked = bool(self._buf[1] & FLAG_CONGESTION)
+        self.stats.congestion_marks += marked
+        self.window_control.congestion.on_result(marked)
         if not rnd.retransmitted:
             self._rtt.sample(now - rnd.sent_at)
         self._loss.delivered(rnd, now, rounds.rounds.values())
@@ -960,14 +1041,18 @@ class SlotStream(StreamBase):
         n_blocks = exps.n_blocks
         window = call_window(g.slot_count, n_blocks, goal, exps.is_float)
         self.window = window
+        congestion = self.window_control.congestion
         rounds = OutstandingRounds(g, self._source)
+        gate = BlockGate(n_blocks)
         now = time.perf_counter()
-        self._send_block(rounds, 0, x, exps, 0, window, now)
+        gate.defer(0, 0)
         for i in range(1, window):
             if exps.is_float:   # prime: fetch the agreed exponent of block i
                 self._send_round(rounds, i, i, True, None, exps.local_exp(i), 0, now)
             else:
-                self._send_block(rounds, i, x, exps, i, window, now)
+                gate.defer(i, i)
+        for idx, chunk in gate.release(congestion.allowed()):
+            self._send_block(rounds, idx, x, exps, chunk, window, now)
         overflow: list[int] = []
         remaining = n_blocks
         progress = now
@@ -977,6 +1062,7 @@ class SlotStream(StreamBase):
             nxt = rnd.chunk if rnd.priming else rnd.chunk + window
             if not rnd.priming:
                 remaining -= 1
+                gate.answer(rnd.chunk)
                 out = x[rnd.offset: rnd.offset + rnd.count]
                 if not exps.is_float:
                     out[:] = values
@@ -986,5 +1072,7 @@ class SlotStream(StreamBase):
                     codec.dequantize(values, exps.agreed[rnd.chunk], self.shift, out=out, divisor=divisor)
             exps.agree(nxt, exp)
             if nxt < n_blocks:
-                self._send_block(rounds, idx, x, exps, nxt, window, progress)
+                gate.defer(idx, nxt)
+            for i, chunk in gate.release(congestion.allowed()):
+                self._send_block(rounds, i, x, exps, chunk, window, progress)
         return overflow
