@@ -392,6 +392,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._gloo_group = _gloo_group(self._gloo, store, rank, world_size)
         self._start_error: BaseException | None = None
         self._ready = False   # the paths started (``_start_paths``) and calibrated (``ready``)
+        self._calibrated = False
         self._ready_lock = threading.Lock()
         # set when the start ended, one way or the other (waited on as an Event: a Ctrl-C that
         # interrupts Thread.join leaves the thread looking stopped while it runs, Python 3.11)
@@ -408,8 +409,10 @@ class InaggProcessGroup(dist.ProcessGroup):
         communicators' joins and the path chooser. ``init_process_group`` returns once the
         inner gloo group is up, as gloo's does; what the program does next (its model, its
         data, DDP's broadcasts on gloo) overlaps this, and the first call that needs the paths
-        waits for the rest (``ready``). A failure leaves what was joined and is kept for that
-        call to raise."""
+        waits for the rest (``ready``). With the same bits on every path the paths are
+        calibrated here too (the gloo path's calls then run on a gloo group of their own, not
+        the inner one the program's collectives use meanwhile). A failure leaves what was
+        joined and is kept for that call to raise."""
         try:
             self._open_paths(pending, store, timeout, same_bits, forced)
         except BaseException as e:  # noqa: BLE001 - raised by ``ready``
@@ -437,6 +440,9 @@ class InaggProcessGroup(dist.ProcessGroup):
                                  shared_clock=_ranks_share_a_clock(dist.PrefixStore("clock", store), rank, world_size),
                                  links=job_links(self.endpoint.bind_ip, world_size, self.comm.grant,
                                                  self.lane.grant if self.lane else None))
+        if self._fixed is not None:
+            self._calibrate()
+            self._calibrated = True
 
     def ready(self) -> None:
         """Wait for the inagg paths (``_start_paths``) and, the first time, calibrate them (the same
@@ -455,7 +461,8 @@ class InaggProcessGroup(dist.ProcessGroup):
                 error = InaggSetupError(str(self._start_error))
                 error.__cause__ = self._start_error
                 raise self.named(error)
-            self._calibrate()
+            if not self._calibrated:
+                self._calibrate()
             self._ready = True
         log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", self.rank(), self.comm.job_id,
                  self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
@@ -491,9 +498,10 @@ class InaggProcessGroup(dist.ProcessGroup):
     def named(self, error: BaseException) -> BaseException:
         """``error``, or one naming the rank whose end caused it: a rank's end fails its peers'
         calls in the words of whatever noticed first (gloo's "Connection closed by peer", a
-        store that is gone with rank 0...); the peer watch names it. A refused input
-        (ValueError), an error naming a rank already and a use after shutdown stay as they are."""
-        if isinstance(error, (ValueError, JobFailed)) or self.peers is None or self._closed:
+        store that is gone with rank 0...: a RuntimeError); the peer watch names it. Any other
+        error (a refused input: ValueError, FloatingPointError), one naming a rank already and a
+        use after shutdown stay as they are."""
+        if not isinstance(error, RuntimeError) or isinstance(error, JobFailed) or self.peers is None or self._closed:
             return error
         gone = self.peers.wait_for_failure(_NAMING_SECONDS)
         if gone is None:
