@@ -685,13 +685,16 @@ class InaggProcessGroup(dist.ProcessGroup):
         opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
 
         def result(f: torch.futures.Future) -> list[torch.Tensor]:
-            f.value()   # raises gloo's error, if any, into the returned future
+            try:
+                f.value()
+            except Exception as e:  # noqa: BLE001 - gloo's error, into the returned future, naming the rank gone
+                raise self.named(e)
             if average:
                 tensor.div_(self.size())
             return [tensor]
 
         fut = self._gloo.allreduce([tensor], opts).get_future().then(result)
-        return _CallWork(fut, lambda: _resolve_to(fut, [tensor], self.named), self)
+        return _CallWork(fut, lambda: fut, self)
 
     def _gloo_sum(self, tensors: list[torch.Tensor], opts) -> dist.Work:
         """An eligible SUM on the gloo path: gloo's own, or for a float tensor with reproducible
