@@ -1059,6 +1059,7 @@ def test_the_gloo_paths_samples_are_timed_inside_its_runs():
 
     def calls(groups, r: int) -> tuple[int, int]:
         pg = groups[r]
+        pg.ready()   # the paths start in the background
         before = pg.paths.timings["gloo"].measured(size_class(4))
         samples = 0
         for _ in range(1500):

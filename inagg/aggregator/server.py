@@ -250,8 +250,10 @@ def main(argv: Iterable[str] | None = None) -> int:
           flush=True)
     serving = threading.Thread(target=server.serve, name="inagg-host-loop")
     serving.start()
-    while serving.is_alive():  # the main thread stays in Python, so signal handlers run
-        serving.join(0.5)
+    # the main thread wakes every 0.1 s so signal handlers run (a signal the kernel gives another
+    # thread wakes no one): a SIGTERM stops it within that
+    while serving.is_alive():
+        serving.join(0.1)
     feed_stop.set()
     report = json.dumps(server.report(), indent=2, sort_keys=True)
     if args.stats_file:

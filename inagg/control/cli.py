@@ -12,12 +12,14 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 from inagg import add_version_flag
 
 from inagg.jobservice.client import ControllerClient, ControllerError
 from inagg.jobservice.credentials import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE_ENV, CA_ENV, INSECURE_ENV, load_token
+
+
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def controller_main(argv: list[str] | None = None) -> int:
@@ -34,6 +36,10 @@ def controller_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # SIGTERM/SIGINT blocked in this thread, and so in every thread started from it (gRPC's):
+    # only the wait below takes them. A handler would run on the main thread only once its wait
+    # wakes, which a signal the kernel hands to another thread never makes it do.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     from inagg.control.config import load_config           # the control plane: inagg[control]
     from inagg.control.controller import Controller
     from inagg.control.service import serve
@@ -54,12 +60,9 @@ def controller_main(argv: list[str] | None = None) -> int:
     except (ValueError, SwitchError, OSError, RuntimeError) as e:
         print(f"inagg-controller: {e}", file=sys.stderr)
         return 2
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     print(f"inagg-controller serving on {listen}: {len(config.switches)} switch(es), "
           f"{len(ctl.jobs)} job(s) restored", flush=True)
-    done.wait()
+    signal.sigwait(_STOP_SIGNALS)
     server.stop(grace=1)
     if metrics_listen:
         metrics.shutdown()

@@ -380,8 +380,11 @@ class Controller:
                 self._announce()
 
     def close(self) -> None:
+        """Stop: the grant and host-job watchers end now (a server stopping waits out its grace
+        for the streams still open), then the switch sessions close."""
         self.stopped.set()
         with self.lock:
+            self.changed.notify_all()
             self.fabric.close()
 
 

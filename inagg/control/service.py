@@ -81,7 +81,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         if rank is not None:
             self._call(context, check_rank, job, rank)
         sent = None
-        while context.is_active():
+        while context.is_active() and not ctl.stopped.is_set():
             with ctl.lock:
                 job = ctl.jobs.get(request.job_id)
                 if job is None:
@@ -117,7 +117,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
     def WatchHostJobs(self, request, context):
         self._call(context, self.ctl.admin, request.admin_token)
         sent = None
-        while context.is_active():
+        while context.is_active() and not self.ctl.stopped.is_set():
             snapshot = self.ctl.host_jobs()
             if snapshot != sent:
                 sent = snapshot

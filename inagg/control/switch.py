@@ -28,6 +28,10 @@ from inagg.control.p4info import P4Info, P4Type, encode, same_p4info
 from inagg.control.config import default_program
 from inagg.control.program import Program
 
+# Retry a switch that is not up yet (started beside the controller, or restarting) every 50 ms
+# at first, backing off to 1 s: gRPC's default waits 1 s before its first retry.
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                    ("grpc.max_reconnect_backoff_ms", 1000)]
 # Seconds any one P4Runtime call may take before the controller gives up on it.
 DEFAULT_RPC_TIMEOUT = 10.0
 
@@ -67,7 +71,7 @@ class SwitchConnection:
         self.p4info: P4Info = self.program.p4info
         self.lost = threading.Event()   # the stream channel ended: the switch went away
         self.primary = False
-        self.channel = grpc.insecure_channel(address)
+        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
         self._requests: queue.Queue = queue.Queue()
         self._arbitrated: queue.Queue = queue.Queue()

@@ -18,13 +18,11 @@ as a hardware switch would aggregate."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
 import re
 import secrets
-import signal
 import socket
 import shutil
 import subprocess
@@ -36,11 +34,13 @@ from inagg.control.config import default_program
 from inagg.jobservice.credentials import ADMIN_TOKEN_ENV
 
 from inagg.softswitch.switch import udp_host_mac
+from inagg.emulation.forked import ForkedService, die_with_parent
 from inagg.emulation.testbed import stop_processes
 
 # The folder holding the packages (a checkout, or site-packages): the services' working
 # directory, so that their `python -m` imports the same inagg as this process.
 ROOT = Path(__file__).resolve().parents[2]
+Service = subprocess.Popen | ForkedService   # a running service: exec'd anew, or forked
 
 
 def free_udp_port(ip: str) -> int:
@@ -61,23 +61,19 @@ def random_loopback_net() -> str:
     return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
 
 
-def _die_with_parent() -> None:
-    """In a child before exec: the kernel sends it SIGTERM when its parent dies (Linux), so a
-    killed supervisor leaves no orphans."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class LoopbackDeployment:
     """Context manager: start everything, yield, stop everything (and remove its files).
 
     ``die_with_parent``: the services also stop when the process that started them dies
-    (``inagg.emulation.services`` sets it: nothing outlives a killed training job)."""
+    (``inagg.emulation.services`` sets it: nothing outlives a killed training job).
+    ``fork_services``: start them as forks of this process (``inagg.emulation.forked``: no
+    interpreter start or imports of their own), only from a process that runs no other thread
+    and has made no gRPC object (``inagg.emulation.services``)."""
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
                  lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
                  aggregator_drop_rate: float = 0.0, target: str = "soft",
-                 metrics: bool = False, die_with_parent: bool = False,
+                 metrics: bool = False, die_with_parent: bool = False, fork_services: bool = False,
                  p4info: Path | str | None = None, database: Path | str | None = None) -> None:
         if target not in ("soft", "tofino"):
             raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped 'tofino', not {target!r}")
@@ -95,8 +91,9 @@ class LoopbackDeployment:
         self.metrics = metrics
         self.metrics_url: str | None = None   # the controller's Prometheus endpoint (metrics=True)
         self.die_with_parent = die_with_parent
+        self.fork_services = fork_services
         self.admin_token = secrets.token_hex(8)
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[Service] = []
         self.net = random_loopback_net()
         self.switch_ip = f"{self.net}.254"
         self.switch_port = free_udp_port(self.switch_ip)
@@ -123,60 +120,80 @@ class LoopbackDeployment:
     def worker_ips(self) -> list[str]:
         return [self.worker_ip(r) for r in range(self.n_hosts)]
 
-    def _start(self, name: str, cmd: list[str], ready: str, env: dict | None = None) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "a")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
-                                env={**os.environ, **env} if env else None,
-                                preexec_fn=_die_with_parent if self.die_with_parent else None)
+    def _spawn(self, name: str, cmd: list[str], env: dict | None = None) -> Service:
+        """Start service ``name`` (its stderr to ``name.log``) without waiting for it."""
+        with open(self.dir / f"{name}.log", "a") as log:
+            if self.fork_services:
+                proc = ForkedService(cmd, log.fileno(), ROOT, env, self.die_with_parent)
+            else:
+                proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                                        env={**os.environ, **env} if env else None,
+                                        preexec_fn=die_with_parent if self.die_with_parent else None)
         self.procs.append(proc)
+        return proc
+
+    def _await(self, name: str, proc: Service, ready: str) -> Service:
+        """Wait for service ``name`` to print its ``ready`` line."""
         line = proc.stdout.readline()
         if ready not in line:
             raise RuntimeError(f"{name} did not start: {line!r}\n{(self.dir / f'{name}.log').read_text()}")
         return proc
 
     def __enter__(self) -> "LoopbackDeployment":
+        """Start the services side by side (each spends most of its start importing): the
+        controller reaches the switch once it is up (its channel retries within
+        ``CHANNEL_OPTIONS``' backoff), the host aggregator the controller's feed likewise."""
         self.dir = Path(tempfile.mkdtemp(prefix="inagg-lo-"))
         self.controller = f"unix:{self.dir}/controller.sock"
-        py = sys.executable
         try:
-            switches = []
-            if self.with_switch:
-                self.start_switch()
-                switch = {
-                    "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "target": self.target,
-                    "aggregator": self.switch_address,
-                    "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
-                              for r in range(self.n_hosts)}}
-                if self.p4info is not None:
-                    switch["p4info"] = str(Path(self.p4info).resolve())
-                if self.target == "tofino":
-                    switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
-                switches.append(switch)
-            config = {"listen": self.controller, "admin_token": self.admin_token,
-                      "database": str(self.database or self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
-                      "rank_lease_seconds": self.rank_lease_seconds, "switch_check_seconds": 0.5,
-                      "min_window": self.min_window, "host_aggregator": self.host_aggregator,
-                      "switches": switches, **({"metrics_listen": "127.0.0.1:0"} if self.metrics else {})}
-            (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
-            self.start_controller()
-            self.aggregator = self._start(
-                "aggregator", [py, "-m", "inagg.aggregator.server", "--bind", self.host_aggregator, "--controller",
-                               self.controller, "--drop-rate", str(self.drop_rate)], "inagg-aggregator listening",
+            switch = self._spawn_switch() if self.with_switch else None
+            self._write_controller_config()
+            controller = self._spawn_controller()
+            aggregator = self._spawn(
+                "aggregator", [sys.executable, "-m", "inagg.aggregator.server", "--bind", self.host_aggregator,
+                               "--controller", self.controller, "--drop-rate", str(self.drop_rate)],
                 env={ADMIN_TOKEN_ENV: self.admin_token})   # never on argv
+            if switch is not None:
+                self.switch_proc = self._await("switch", switch, "inagg-soft-switch")
+            self.controller_proc = self._await_controller(controller)
+            self.aggregator = self._await("aggregator", aggregator, "inagg-aggregator listening")
         except BaseException:
             self.__exit__()
             raise
         return self
 
-    def start_switch(self) -> None:
+    def _write_controller_config(self) -> None:
+        """The controller's config (``controller.json``): this deployment's switch and host aggregator."""
+        switches = []
+        if self.with_switch:
+            switch = {
+                "name": "s1", "grpc": f"unix:{self.dir}/switch.sock", "target": self.target,
+                "aggregator": self.switch_address,
+                "hosts": {self.worker_ip(r): {"port": r + 1, "mac": self.worker_mac(r)}
+                          for r in range(self.n_hosts)}}
+            if self.p4info is not None:
+                switch["p4info"] = str(Path(self.p4info).resolve())
+            if self.target == "tofino":
+                switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
+            switches.append(switch)
+        config = {"listen": self.controller, "admin_token": self.admin_token,
+                  "database": str(self.database or self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,
+                  "rank_lease_seconds": self.rank_lease_seconds, "switch_check_seconds": 0.5,
+                  "min_window": self.min_window, "host_aggregator": self.host_aggregator,
+                  "switches": switches, **({"metrics_listen": "127.0.0.1:0"} if self.metrics else {})}
+        (self.dir / "controller.json").write_text(json.dumps(config, indent=2))
+
+    def _spawn_switch(self) -> Service:
         ports = [a for r in range(self.n_hosts)
                  for a in ("-i", f"{self.device_port(r)}@udp:{self.worker_ip(r)}")]
         p4info = default_program(self.target).p4info_path
-        self.switch_proc = self._start(
+        return self._spawn(
             "switch", [sys.executable, "-m", "inagg.softswitch.switch", *ports, "--udp-bind", self.switch_address,
                        "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
-                       "--grpc-server-addr", f"unix:{self.dir}/switch.sock"],
-            "inagg-soft-switch")
+                       "--grpc-server-addr", f"unix:{self.dir}/switch.sock"])
+
+    def start_switch(self) -> None:
+        self.switch_proc = self._await("switch", self._spawn_switch(), "inagg-soft-switch")
 
     def restart_switch(self) -> None:
         """Stop the soft switch process and start a fresh one (no pipeline, no entries, no slot
@@ -185,15 +202,22 @@ class LoopbackDeployment:
         self.procs.remove(self.switch_proc)
         self.start_switch()
 
-    def start_controller(self) -> None:
-        self.controller_proc = self._start(
-            "controller", [sys.executable, "-m", "inagg.control", "--config", str(self.dir / "controller.json")],
-            "inagg-controller serving")
+    def _spawn_controller(self) -> Service:
+        return self._spawn("controller", [sys.executable, "-m", "inagg.control", "--config",
+                                          str(self.dir / "controller.json")])
+
+    def _await_controller(self, proc: Service) -> Service:
+        """The controller once it serves; with ``metrics``, its Prometheus endpoint noted."""
+        self._await("controller", proc, "inagg-controller serving")
         if self.metrics:
             found = re.search(r"metrics on (http://\S+)", self.log("controller"))
             if found is None:
                 raise RuntimeError(f"controller announced no metrics endpoint: {self.log('controller')}")
             self.metrics_url = found.group(1)
+        return proc
+
+    def start_controller(self) -> None:
+        self.controller_proc = self._await_controller(self._spawn_controller())
 
     def stop_controller(self) -> None:
         """Stop the controller process; its state stays in its SQLite store."""
@@ -206,7 +230,11 @@ class LoopbackDeployment:
         self.start_controller()
 
     def __exit__(self, *exc) -> None:
-        stop_processes(reversed(self.procs))
+        """Stop the services, the switch last: a controller that lost its switch first would
+        spend its stop trying to reach it again."""
+        switch = getattr(self, "switch_proc", None)
+        stop_processes([p for p in reversed(self.procs) if p is not switch])
+        stop_processes([switch])
         if not os.environ.get("INAGG_KEEP_TESTBED"):
             shutil.rmtree(self.dir, ignore_errors=True)
 

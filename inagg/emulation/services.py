@@ -63,7 +63,7 @@ def serve(workers: int, until_stdin_closes: bool) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    with LoopbackDeployment(workers, die_with_parent=True) as dep:
+    with LoopbackDeployment(workers, die_with_parent=True, fork_services=True) as dep:
         info = describe(dep)
         _write_private(dep.dir / DEPLOYMENT_FILE, info)
         print(json.dumps(info), flush=True)

@@ -18,16 +18,26 @@ counter it resets when the default group is destroyed) would otherwise read the 
 result, left behind, as its own. The ranks count themselves in on the store at creation, per
 group size; every rank of one group is counted before any rank of the next (creating a group
 is a collective), so the count divided by the ranks numbers it.
+
+A rank waits for the others' keys in slices of ``_WAIT_SLICE``, not in one store call as long
+as the store's timeout: a rank that ended never sets its key, and ``failure()`` (the process
+group's peer watch) names it within a slice.
 """
 
 from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Callable
 
 import numpy as np
 import torch.distributed as dist
 
 from inagg.errors import InaggError
+from inagg.worker.communicator import JobFailed
 
 _FAILED = b""   # rank 0's result when the ranks' vectors did not match: every rank raises
+_WAIT_SLICE = 0.2   # seconds one store wait may take before ``failure()`` is asked (module docstring)
 
 
 class StoreMin:
@@ -35,8 +45,9 @@ class StoreMin:
     element's minimum over the ranks; every rank calls it with a vector of the same length, in
     the same order of rounds."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
-        self._store, self._rank, self._n = store, rank, world_size
+    def __init__(self, store: dist.Store, rank: int, world_size: int,
+                 failure: Callable[[], BaseException | None] = lambda: None) -> None:
+        self._store, self._rank, self._n, self._failure = store, rank, world_size, failure
         group = (store.add(f"groups/{world_size}", 1) - 1) // world_size
         self._prefix = f"{world_size}.{group}"
         self._round = 0
@@ -52,8 +63,8 @@ class StoreMin:
             if k:
                 self._store.delete_key(self._key(k - 1, self._rank))
             self._store.set(self._key(k, self._rank), mine.tobytes())
-            raw = self._store.get(self._key(k, "min"))
-        except InaggError:
+            raw = self._get([self._key(k, "min")])[0]
+        except (InaggError, JobFailed):
             raise
         except RuntimeError as e:   # the store's: a timeout (DistStoreError), a lost connection
             raise InaggError(f"agreement round {k} ({self._prefix}), rank {self._rank}: the store failed: {e}") from e
@@ -68,7 +79,7 @@ class StoreMin:
     def _combine(self, k: int, mine: np.ndarray) -> np.ndarray:
         """Rank 0: wait for every other rank's vector of round ``k``, publish the minimum (or,
         where one does not match, a failure every rank raises)."""
-        others = self._store.multi_get([self._key(k, r) for r in range(1, self._n)])
+        others = self._get([self._key(k, r) for r in range(1, self._n)])
         try:
             vectors = [self._decode(k, b, len(mine), f"rank {r}'s vector") for r, b in enumerate(others, start=1)]
         except InaggError:
@@ -79,6 +90,23 @@ class StoreMin:
         if k:
             self._store.delete_key(self._key(k - 1, "min"))
         return result
+
+    def _get(self, keys: list[str]) -> list[bytes]:
+        """The values of ``keys`` once the store has them all: waited for in slices, ending with
+        ``failure()`` where a rank is gone, or with the store's error (its timeout included)."""
+        deadline = time.monotonic() + self._store.timeout.total_seconds()
+        while True:
+            started = time.monotonic()
+            try:
+                self._store.wait(keys, timedelta(seconds=_WAIT_SLICE))
+                return self._store.multi_get(keys)
+            except RuntimeError:
+                error = self._failure()
+                if error is not None:
+                    raise error from None
+                now = time.monotonic()
+                if now - started < _WAIT_SLICE or now > deadline:   # not the slice's timeout: the store's own error
+                    raise
 
     def _decode(self, k: int, raw: bytes, length: int, what: str) -> np.ndarray:
         """``raw`` as ``length`` float64, or an error naming the round and whose it is: the ranks

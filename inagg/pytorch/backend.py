@@ -33,13 +33,24 @@ the creator that ``inagg.pytorch.plugin`` registers with ``dist.Backend.register
 So DDP (its broadcasts, allgathers and bucket allreduces), ``dist.all_reduce`` of metrics and
 PyTorch's own comm hooks (PowerSGD, fp16 compression) run unchanged. Where the job finds its
 controller, and the local deployment a job brings up when none is named: ``inagg.worker.local``.
+
+The group is up as soon as its inner gloo group is: the inagg paths (rank 0's local deployment,
+the joins at the controller) start in the background and the first call that needs them waits
+for them (``InaggProcessGroup.ready``). Every rank watches the others (``inagg.pytorch.peer_watch``):
+a rank that ends fails every call of the others at once, on every path, with an error naming
+it. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.pytorch.interrupts``), and a group left
+open at exit leaves its job and stops its deployment while the interpreter can still run.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import math
 import os
+import signal
+import sys
 import threading
 import time
 import weakref
@@ -51,11 +62,14 @@ from typing import Any, Callable, NoReturn
 import torch
 import torch.distributed as dist
 
+from inagg.pytorch import interrupts
 from inagg.pytorch.agreement import StoreMin
-from inagg.worker.communicator import Communicator, ReduceOp
+from inagg.pytorch.peer_watch import EXIT, LEAVE, PeerWatch, wait_gloo
+from inagg.worker.communicator import Communicator, JobFailed, ReduceOp
+from inagg.worker.host_group import RankDied
 from inagg.worker.host_communicator import HostCommunicator, HostGroup, open_host_group
 from inagg.errors import InaggError, InaggSetupError
-from inagg.worker.local import Endpoint, find_endpoint
+from inagg.worker.local import Endpoint, PendingEndpoint, start_endpoint
 from inagg.pytorch.path_choice import PATHS, PathChooser
 from inagg.pytorch.reproducible import FixedPointGloo
 from inagg.worker.stream import Reduction, one_round_capacity
@@ -83,6 +97,14 @@ _INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
 # queued, so DDP overlaps them with its backward pass
 _INLINE_BELOW_BYTES = 64 << 10
 _NOT_A_REDUCTION = "inagg runs allreduce and reduce-scatter only"
+# a wait on a call of ours looks this often whether a rank has gone (which no path may report)
+_FAILURE_CHECK_SECONDS = 0.2
+# a call that failed with no rank known gone yet waits this long for the peer watch to name one:
+# a rank's end reaches its peers' gloo connections and the peer watch's socket together
+_NAMING_SECONDS = 2.0
+# at interpreter exit, rank 0 waits this long for the other ranks to end before it stops the
+# local deployment (they were told it is going: their calls fail and they end at once)
+_EXIT_WAIT_SECONDS = 5.0
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
 REPRODUCIBLE_ENV = "INAGG_REPRODUCIBLE"   # 1 (default): the same bits on every path | 0
 
@@ -143,17 +165,20 @@ def op_name(op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> str:
     return getattr(op, "op", op).name
 
 
-def _settle(out: torch.futures.Future, fut: torch.futures.Future, value) -> None:
-    """Complete ``out`` with ``value`` if ``fut`` succeeded, else with ``fut``'s error."""
+Named = Callable[[BaseException], BaseException]   # an error, or one naming the rank gone that caused it
+
+
+def _settle(out: torch.futures.Future, fut: torch.futures.Future, value, named: Named) -> None:
+    """Complete ``out`` with ``value`` if ``fut`` succeeded, else with ``fut``'s error (``named``)."""
     try:
         fut.value()
         out.set_result(value)
     except Exception as e:  # noqa: BLE001 - handed on to whoever waits on ``out``
-        out.set_exception(e)
+        out.set_exception(named(e))
 
 
-def _resolve_to(fut: torch.futures.Future, value) -> torch.futures.Future:
-    """A future of ``value`` once the communicator's ``fut`` succeeds (else of its error).
+def _resolve_to(fut: torch.futures.Future, value, named: Named) -> torch.futures.Future:
+    """A future of ``value`` once the communicator's ``fut`` succeeds (else of its error, ``named``).
     Already complete if ``fut`` is (a call run on the caller's thread): callbacks then run on the
     caller's thread. Otherwise delivered on a thread of its own: the communicator completes its
     futures on its one I/O thread, and a callback that waits there for another allreduce
@@ -161,25 +186,42 @@ def _resolve_to(fut: torch.futures.Future, value) -> torch.futures.Future:
     threads.)"""
     out = torch.futures.Future()
     if fut.done():
-        _settle(out, fut, value)
+        _settle(out, fut, value, named)
     else:
-        fut.add_done_callback(lambda f: threading.Thread(target=_settle, args=(out, f, value), daemon=True,
+        fut.add_done_callback(lambda f: threading.Thread(target=_settle, args=(out, f, value, named), daemon=True,
                                                          name="inagg-complete").start())
     return out
 
 
+def _wait_for(fut: torch.futures.Future, failure: Callable[[], BaseException | None]) -> None:
+    """Wait for ``fut`` on a Python lock, not in torch's C++ wait: a Ctrl-C is raised at once,
+    and the wait ends with ``failure()`` (a rank gone) should the call never end."""
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    while not done.wait(_FAILURE_CHECK_SECONDS):
+        error = failure()
+        if error is not None:
+            raise error
+
+
 class _CallWork(dist.Work):
     """The Work of one call on a path of ours: ``wait`` waits on the call's own future ``done``
-    and raises its error (the Work of torch's ``_create_work_from_future`` returns True from a
-    failed future: ``dist.all_reduce`` would return as if the call had succeeded); a caller
-    that takes its future (DDP, comm hooks) gets ``result()``, made on first use."""
+    and raises its error, ``named`` (the Work of torch's ``_create_work_from_future`` returns
+    True from a failed future: ``dist.all_reduce`` would return as if the call had succeeded);
+    a caller that takes its future (DDP, comm hooks) gets ``result()``, made on first use."""
 
-    def __init__(self, done: torch.futures.Future, result: Callable[[], torch.futures.Future]) -> None:
+    def __init__(self, done: torch.futures.Future, result: Callable[[], torch.futures.Future],
+                 pg: "InaggProcessGroup") -> None:
         super().__init__()
-        self._done, self._result, self._future = done, result, None
+        self._done, self._result, self._future, self._pg = done, result, None, pg
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        self._done.wait()   # raises the call's error
+        try:
+            if not self._done.done():
+                _wait_for(self._done, self._pg.failure)
+            self._done.value()   # raises the call's error
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self._pg.named(e)
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -189,6 +231,35 @@ class _CallWork(dist.Work):
 
     def is_completed(self) -> bool:
         return self._done.done()
+
+
+class _GlooWork(dist.Work):
+    """A Work of the inner gloo group, waited for in slices (``wait_gloo``: Ctrl-C and a rank
+    gone end the wait) and its error naming the rank gone that caused it; its future likewise."""
+
+    def __init__(self, work: dist.Work, pg: "InaggProcessGroup") -> None:
+        super().__init__()
+        self._work, self._pg = work, pg
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        try:
+            return wait_gloo(self._work, self._pg.failure, timeout)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self._pg.named(e)
+
+    def get_future(self) -> torch.futures.Future:
+        named = self._pg.named
+
+        def value(f: torch.futures.Future):
+            try:
+                return f.value()
+            except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+                raise named(e)
+
+        return self._work.get_future().then(value)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
 
 
 class _TimedWork(dist.Work):
@@ -286,40 +357,21 @@ class InaggProcessGroup(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         super().__init__(rank, world_size)
         forced = _forced_path()
+        same_bits = _reproducible_requested()
         self._timeout = timeout
         self._group_name = self._group_desc = ""
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
-        self._gloo_group = _gloo_group(self._gloo, store, rank, world_size)
-        self._local_store = dist.PrefixStore("local", store)
-        self.endpoint: Endpoint = find_endpoint(self._local_store, rank, world_size)
+        self._closed = False
+        self.endpoint: Endpoint | None = None
         self.comm: Communicator | HostCommunicator | None = None
         self.lane: Communicator | HostCommunicator | None = None
         self.host: HostGroup | None = None   # this host's ranks reduce together first (worker.host_reduce)
         self._fixed: FixedPointGloo | None = None
-        same_bits = _reproducible_requested()
-        try:
-            self.host = open_host_group(dist.PrefixStore("host", store), rank, world_size, timeout)
-            self.comm = self._join(store, "comm", timeout)
-            # every rank sees the same first grant (a change needs every rank's agreement); a job
-            # on one host sends nothing between hosts, so a lane would be the same path again
-            if self.comm.grant.mode == "switch" and (self.host is None or self.host.n_hosts > 1):
-                self.lane = self._join(store, "comm-host", timeout, host_only=True)
-            self._fixed = self._reproducible(store, timeout) if same_bits else None
-        except Exception as e:
-            self._leave(timeout=0)
-            raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
-        paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
-        if forced is not None and forced not in paths:
-            self._leave(timeout=0)
-            why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
-                   if self.host is not None else "its grant is on the host aggregator already")
-            raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
-        self._closed = False
+        self.peers: PeerWatch | None = None
+        self.paths: PathChooser | None = None
         self.allreduces: Counter[str] = Counter()   # eligible calls by path
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
         self.via_allreduce: Counter[str] = Counter()   # collective -> calls run as allreduces
         self._lock = threading.Lock()
-        self._last_done = {p: 0.0 for p in paths}
         # each path's latest call, weakly: a strong reference would keep the caller's tensor alive
         # until the next call, which would then free it inside the caller's timed call
         self._last_work: dict[str, weakref.ref] = {}
@@ -327,14 +379,135 @@ class InaggProcessGroup(dist.ProcessGroup):
         # the samples' period
         self._run_nbytes, self._run_length, self._run_left, self._to_sample, self._sample_period = 0, 0, 0, 0, 0
         self._run_work: dist.Work | None = None
-        self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size), paths, forced=forced,
+        self._local_store = dist.PrefixStore("local", store)
+        pending = start_endpoint(self._local_store, rank, world_size)   # rank 0's local deployment starts now
+        try:
+            self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
+            # every rank is here (the gloo group is a collective): from now on a rank that ends is named
+            self.peers = PeerWatch(dist.PrefixStore("peers", store), rank, world_size, pending.watch_ip, timeout,
+                                   self._rank_gone)
+        except BaseException:
+            pending.cancel()
+            raise
+        self._gloo_group = _gloo_group(self._gloo, store, rank, world_size)
+        self._start_error: BaseException | None = None
+        self._ready = False   # the paths started (``_start_paths``) and calibrated (``ready``)
+        self._calibrated = False
+        self._ready_lock = threading.Lock()
+        # set when the start ended, one way or the other (waited on as an Event: a Ctrl-C that
+        # interrupts Thread.join leaves the thread looking stopped while it runs, Python 3.11)
+        self._started = threading.Event()
+        threading.Thread(target=self._start_paths, args=(pending, store, timeout, same_bits, forced), daemon=True,
+                         name="inagg-start").start()
+        interrupts.install()
+        atexit.register(self._close_at_exit)   # after the local deployment's own: runs before it
+
+    def _start_paths(self, pending: PendingEndpoint, store: dist.Store, timeout: timedelta, same_bits: bool,
+                     forced: str | None) -> None:
+        """The inagg paths, in the background from ``init_process_group`` on (thread
+        ``inagg-start``): the endpoint (rank 0's local deployment coming up), the
+        communicators' joins and the path chooser. ``init_process_group`` returns once the
+        inner gloo group is up, as gloo's does; what the program does next (its model, its
+        data, DDP's broadcasts on gloo) overlaps this, and the first call that needs the paths
+        waits for the rest (``ready``). With the same bits on every path the paths are
+        calibrated here too (the gloo path's calls then run on a gloo group of their own, not
+        the inner one the program's collectives use meanwhile). A failure leaves what was
+        joined and is kept for that call to raise."""
+        try:
+            self._open_paths(pending, store, timeout, same_bits, forced)
+        except BaseException as e:  # noqa: BLE001 - raised by ``ready``
+            pending.cancel()
+            self._leave_paths()
+            self._start_error = e
+        finally:
+            self._started.set()
+
+    def _open_paths(self, pending: PendingEndpoint, store: dist.Store, timeout: timedelta, same_bits: bool,
+                    forced: str | None) -> None:
+        rank, world_size = self.rank(), self.size()
+        self.endpoint = pending.result()
+        try:
+            self._join_paths(store, timeout, same_bits)
+        except Exception as e:
+            raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
+        paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
+        if forced is not None and forced not in paths:
+            why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
+                   if self.host is not None else "its grant is on the host aggregator already")
+            raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
+        self._last_done = {p: 0.0 for p in paths}
+        self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size, self.failure), paths,
+                                 forced=forced,
                                  shared_clock=_ranks_share_a_clock(dist.PrefixStore("clock", store), rank, world_size),
                                  links=job_links(self.endpoint.bind_ip, world_size, self.comm.grant,
                                                  self.lane.grant if self.lane else None))
-        self._calibrate()
-        log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", rank, self.comm.job_id,
+        if self._fixed is not None:
+            self._calibrate()
+            self._calibrated = True
+
+    def ready(self) -> None:
+        """Wait for the inagg paths (``_start_paths``) and, the first time, calibrate them (the same
+        calls on every rank: every rank's first call that needs the paths is the same call);
+        raises what kept them from starting, or the rank gone meanwhile (a join waits for every
+        rank). Every eligible allreduce asks first."""
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            while not self._started.wait(_FAILURE_CHECK_SECONDS):
+                if (gone := self.failure()) is not None:
+                    raise gone
+            if self._start_error is not None:   # a rank's end may be what broke it (rank 0's, the store's host)
+                error = InaggSetupError(str(self._start_error))
+                error.__cause__ = self._start_error
+                raise self.named(error)
+            if not self._calibrated:
+                self._calibrate()
+            self._ready = True
+        log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", self.rank(), self.comm.job_id,
                  self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
                  self.endpoint.bind_ip)
+
+    def _join_paths(self, store: dist.Store, timeout: timedelta, same_bits: bool) -> None:
+        """Every path's communicator (and the host group): the joins of the jobs at the controller."""
+        rank, world_size = self.rank(), self.size()
+        self.host = open_host_group(dist.PrefixStore("host", store), rank, world_size, timeout)
+        self.comm = self._join(store, "comm", timeout)
+        # every rank sees the same first grant (a change needs every rank's agreement); a job
+        # on one host sends nothing between hosts, so a lane would be the same path again
+        if self.comm.grant.mode == "switch" and (self.host is None or self.host.n_hosts > 1):
+            self.lane = self._join(store, "comm-host", timeout, host_only=True)
+        self._fixed = self._reproducible(store, timeout) if same_bits else None
+
+    def _rank_gone(self, error: RankDied) -> None:
+        """A rank ended without leaving (the peer watch's thread): every path's calls fail with
+        ``error``, which names it, now and from now on."""
+        for comm in (self.comm, self.lane):
+            if comm is not None:
+                comm.fail(str(error))
+        if self._fixed is not None:
+            self._fixed.fail(self.failure)
+
+    def failure(self) -> RankDied | None:
+        """The rank gone that failed this group, if one has (an error of its own to raise)."""
+        gone = self.peers.failure if self.peers is not None else None
+        return RankDied(gone.rank, str(gone)) if gone is not None else None
+
+    def named(self, error: BaseException) -> BaseException:
+        """``error``, or one naming the rank whose end caused it: a rank's end fails its peers'
+        calls in the words of whatever noticed first (gloo's "Connection closed by peer", a
+        store that is gone with rank 0...: a RuntimeError); the peer watch names it. Any other
+        error (a refused input: ValueError, FloatingPointError), one naming a rank already and a
+        use after shutdown stay as they are."""
+        if not isinstance(error, RuntimeError) or isinstance(error, JobFailed) or self.peers is None or self._closed:
+            return error
+        gone = self.peers.wait_for_failure(_NAMING_SECONDS)
+        if gone is None:
+            return error
+        named = RankDied(gone.rank, f"{gone} (this rank's call failed: {error})")
+        named.__cause__ = error
+        return named
 
     def _join(self, store: dist.Store, prefix: str, timeout: timedelta,
               **kwargs) -> Communicator | HostCommunicator:
@@ -433,7 +606,11 @@ class InaggProcessGroup(dist.ProcessGroup):
             return self._to_gloo("allreduce", reason, tensors, opts)
         tensor = tensors[0]
         nbytes = tensor.nbytes
-        path, measure = self.paths.choose(nbytes)
+        self.ready()
+        try:
+            path, measure = self.paths.choose(nbytes)   # may agree with the other ranks (the store)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self.named(e)
         self.allreduces[path] += 1
         if path == "gloo" and op == _SUM:   # a run may follow, after a sampled call too
             self._run_nbytes = nbytes
@@ -502,33 +679,36 @@ class InaggProcessGroup(dist.ProcessGroup):
             comm = self.comm if path == "inagg" else self.lane
             fut = comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM,
                                        inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
-            return _CallWork(fut, lambda: _resolve_to(fut, [tensor]))
+            return _CallWork(fut, lambda: _resolve_to(fut, [tensor], self.named), self)
         if self._fixed is not None and tensor.is_floating_point():
             return self._fixed_call(tensor, self.size() if average else 1)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
 
         def result(f: torch.futures.Future) -> list[torch.Tensor]:
-            f.value()   # raises gloo's error, if any, into the returned future
+            try:
+                f.value()
+            except Exception as e:  # noqa: BLE001 - gloo's error, into the returned future, naming the rank gone
+                raise self.named(e)
             if average:
                 tensor.div_(self.size())
             return [tensor]
 
         fut = self._gloo.allreduce([tensor], opts).get_future().then(result)
-        return _CallWork(fut, lambda: fut)
+        return _CallWork(fut, lambda: fut, self)
 
     def _gloo_sum(self, tensors: list[torch.Tensor], opts) -> dist.Work:
         """An eligible SUM on the gloo path: gloo's own, or for a float tensor with reproducible
         results the fixed-point one (``_reproducible``)."""
         if self._fixed is not None and tensors[0].is_floating_point():
             return self._fixed_call(tensors[0], 1)
-        return self._gloo.allreduce(tensors, opts)
+        return _GlooWork(self._gloo.allreduce(tensors, opts), self)
 
     def _fixed_call(self, tensor: torch.Tensor, divisor: int) -> dist.Work:
         """A float call on the gloo path in inagg's fixed point; a small one with nothing queued
         runs on the caller's thread (as ``_run``'s), and a future is delivered as ``_run``'s."""
         fut = self._fixed.allreduce(tensor, divisor, inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
-        return _CallWork(fut, lambda: _resolve_to(fut, [tensor]))
+        return _CallWork(fut, lambda: _resolve_to(fut, [tensor], self.named), self)
 
     def _calibrate(self) -> None:
         """Time every path at a few sizes (the same calls on every rank) and agree on the
@@ -619,11 +799,16 @@ class InaggProcessGroup(dist.ProcessGroup):
             log.log(level, "rank %d: %s goes to gloo (%s); counted in stats()['fallbacks']",
                     self.rank(), collective, reason)
         gloo = self._gloo if collective == "allreduce" else self._gloo_group
-        return getattr(gloo, collective)(*args, **kwargs)
+        try:
+            work = getattr(gloo, collective)(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self.named(e)
+        return _GlooWork(work, self) if isinstance(work, dist.Work) else work
 
     def stats(self) -> dict:
         """Calls by path, gloo fallbacks by kind, the agreed path model and the communicator's
-        counters (mode, bytes, retransmissions, ...)."""
+        counters (mode, bytes, retransmissions, ...); once the paths are ready."""
+        self.ready()
         return {"controller": self.endpoint.controller, "address": self.endpoint.bind_ip,
                 "allreduce_paths": dict(self.allreduces + Counter(gloo=self._run_taken())),
                 "fallbacks": dict(self.fallbacks), "via_allreduce": dict(self.via_allreduce),
@@ -634,6 +819,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         """The recent eligible allreduces' paths, runs of calls in order
         (``PathChooser.history``; the current fast-path run's calls included): what the backend
         chose over time."""
+        self.ready()
         runs, taken = self.paths.history(), self._run_taken()
         if runs and taken:
             runs[-1]["calls"] += taken
@@ -645,12 +831,50 @@ class InaggProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._close_at_exit)
+        # what the start joins must be there to be left; after a failure, what it has (the rest
+        # fails with the job, or at its timeout)
+        self._started.wait(0 if self.failure() is not None else None)
         self._leave()
-        log.info("rank %d: inagg process group closed: %s", self.rank(), self.stats())
+        if self._ready:
+            log.info("rank %d: inagg process group closed: %s", self.rank(), self.stats())
 
-    def _leave(self, timeout: float = 30.0) -> None:
-        """Leave the jobs joined so far and the endpoint (``Endpoint.close``, ``timeout``), and
-        let the inner gloo group go."""
+    def _close_at_exit(self) -> None:
+        """At interpreter exit, a group still open (the script ended without
+        ``destroy_process_group``, or a Ctrl-C ended it) leaves as ``shutdown`` does, saying
+        it exits (the other ranks' calls then fail at once, naming it) and while threads can
+        still run: a gloo or communicator thread still running when the interpreter finalizes
+        aborts the process. A second Ctrl-C (torchrun forwards one) does not cut it short.
+        After a Ctrl-C, rank 0 says what became of the job in one line."""
+        if self._closed:
+            return
+        self._closed = True
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._started.wait(_EXIT_WAIT_SECONDS)
+        self._leave(_EXIT_WAIT_SECONDS, how=EXIT)
+        if interrupts.interrupted() and self.rank() == 0:
+            job = f"job {self.comm.job_id}" if self.comm is not None else "the job (still starting)"
+            stopped = " and its local deployment stopped" if self.endpoint and self.endpoint.services else ""
+            print(f"inagg: interrupted: {job} ended{stopped}", file=sys.stderr, flush=True)
+
+    def _leave(self, timeout: float = 30.0, how: bytes = LEAVE) -> None:
+        """Leave the jobs joined so far, let the inner gloo group go (its connections close, so
+        a peer's gloo call stuck on this rank after a failure ends), leave the peer watch
+        (``how``; rank 0 waits up to ``timeout`` for the other ranks to leave or end, unless
+        the group failed: a failed job's ranks call its controller no more) and stop the local
+        deployment this rank started."""
+        self._close_communicators()
+        self._release_gloo()
+        self._close_watch(timeout, how)
+
+    def _leave_paths(self) -> None:
+        """Leave what the start joined (it failed): the inner gloo group stays, the program's
+        other collectives go on until ``destroy_process_group``."""
+        self._close_communicators()
+        self._close_watch(0.0, LEAVE)
+
+    def _close_communicators(self) -> None:
         for comm in (self.lane, self.comm):
             if comm is not None:
                 comm.close()
@@ -658,8 +882,13 @@ class InaggProcessGroup(dist.ProcessGroup):
             self._fixed.close()
         if self.host is not None:
             self.host.close()
-        self.endpoint.close(self._local_store, self.rank(), self.size(), timeout=timeout)
-        self._release_gloo()
+
+    def _close_watch(self, timeout: float, how: bytes) -> None:
+        """Leave the peer watch, then stop the local deployment this rank started (``_leave``)."""
+        if self.peers is not None:
+            self.peers.close(how, wait=0 if self.failure() is not None else timeout)
+        if self.endpoint is not None:
+            self.endpoint.close()
 
     def _release_gloo(self) -> None:
         """Destroy the inner gloo group (its backend and the process group around it) now, while the interpreter runs: its destructor joins
@@ -668,9 +897,13 @@ class InaggProcessGroup(dist.ProcessGroup):
         forced unwind that std::terminate()s the process (SIGABRT, "terminate called without an
         active exception", seen with PyTorch's own gloo groups, which outlive
         destroy_process_group under DDP). Nothing else holds the inner group, so dropping it
-        destroys it (torch releases the GIL in that destructor)."""
+        destroys it (torch releases the GIL in that destructor). After a failure a failed
+        call's Work may still hold its gloo context (and its connections: a peer's call stuck
+        on them ends only when they close) in an exception's reference cycle: collected now."""
         self._run_work = None
         self._gloo = self._gloo_group = _ShutDownGloo()
+        if self.failure() is not None:
+            gc.collect()
 
 
 def _gloo_collective(name: str) -> Callable[..., dist.Work]:

@@ -38,7 +38,8 @@ log = logging.getLogger("inagg.hooks")
 
 
 def _inagg_group(process_group: dist.ProcessGroup | None):
-    """The inagg process group a hook state was given (None: the default group)."""
+    """The inagg process group a hook state was given (None: the default group), its paths
+    ready (``InaggProcessGroup.ready``)."""
     from inagg.pytorch.backend import InaggProcessGroup
 
     group = process_group if process_group is not None else dist.group.WORLD
@@ -48,6 +49,7 @@ def _inagg_group(process_group: dist.ProcessGroup | None):
     if not isinstance(group, InaggProcessGroup):
         raise InaggHookError(f"inagg hooks need the 'inagg' process group or a Communicator, "
                              f"got a {type(group).__name__}")
+    group.ready()
     return group
 
 

@@ -23,6 +23,8 @@ same bits (``InaggProcessGroup``; ``INAGG_REPRODUCIBLE=0`` turns this off).
 Calls run in submission order on one thread with a gloo group of their own (its two allreduces
 per call must meet the other ranks' in the same order, whatever else the caller's thread runs
 on the backend's main gloo group); a call with nothing queued runs on the caller's thread.
+``fail`` (a rank gone) ends the calls submitted and every later one with its error: gloo's own
+waits end with it too (``wait_gloo``), so no call waits for a rank that will not come.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from __future__ import annotations
 import queue
 import threading
 from datetime import timedelta
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from inagg.native_build import _native
+from inagg.pytorch.peer_watch import wait_gloo
 from inagg.wire import codec
 from inagg.wire.protocol import EXP_NONE
 from inagg.worker.communicator import numpy_view
@@ -59,6 +63,9 @@ class FixedPointGloo:
         self._queue: queue.Queue = queue.Queue()
         self._running = threading.Lock()   # one call at a time, in submission order
         self._queued = 0                   # submitted to the thread and not done (under _running)
+        self._failure: Callable[[], BaseException] | None = None   # ``fail``'s: a fresh error each time
+        self._pending: set[torch.futures.Future] = set()   # submitted, not completed (under _lock)
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, daemon=True, name="inagg-fixed-gloo")
         self._thread.start()
 
@@ -68,6 +75,11 @@ class FixedPointGloo:
         small call's latency), else it is queued (the caller overlaps it with its own work). A
         CUDA tensor is reduced in a host copy, taken here (after the caller's stream's work)."""
         fut = torch.futures.Future()
+        with self._lock:
+            if self._failure is not None:
+                fut.set_exception(self._failure())
+                return fut
+            self._pending.add(fut)
         host = tensor.cpu() if tensor.is_cuda else tensor
         with self._running:
             if inline_if_idle and not self._queued:
@@ -77,11 +89,21 @@ class FixedPointGloo:
         self._queue.put((fut, tensor, host, divisor))
         return fut
 
+    def fail(self, failure: Callable[[], BaseException]) -> None:
+        """End every call submitted and not done, and every later one, with ``failure()`` (an
+        error of its own each: a raised error keeps the frames it passed, and so the gloo
+        Works they hold, for as long as anything keeps it)."""
+        with self._lock:
+            self._failure = failure
+            pending, self._pending = self._pending, set()
+        for fut in pending:
+            fut.set_exception(failure())
+
     def close(self) -> None:
-        """Stop the thread once the calls queued before are done (a call stuck on a dead rank
-        ends with the group's timeout; the thread is a daemon); let the gloo group go."""
+        """Stop the thread once the calls queued before are done (after ``fail``, at once: a
+        call still in gloo ends with its own wait, ``wait_gloo``); let the gloo group go."""
         self._queue.put(None)
-        self._thread.join(10.0)
+        self._thread.join(1.0 if self._failure is not None else 10.0)
         self._gloo = None
 
     def _serve(self) -> None:
@@ -97,9 +119,18 @@ class FixedPointGloo:
             self._reduce(host, divisor)
             if host is not tensor:
                 tensor.copy_(host)
-            fut.set_result([tensor])
+            outcome, error = [tensor], None
         except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
-            fut.set_exception(e)
+            outcome, error = None, e
+        with self._lock:
+            if fut not in self._pending:   # ``fail`` ended it already
+                return
+            self._pending.discard(fut)
+        if error is None:
+            fut.set_result(outcome)
+        else:   # without this thread's frames: they hold the call's gloo Work (and so the group's
+            # connections), and a future keeps its error in C++, beyond the reach of the collector
+            fut.set_exception(error.with_traceback(None))
 
     def _reduce(self, tensor: torch.Tensor, divisor: int) -> None:
         x = numpy_view(tensor)
@@ -134,7 +165,7 @@ class FixedPointGloo:
         exps[bad] = _BAD_BLOCK
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
-        self._gloo.allreduce([torch.from_numpy(exps)], opts).wait()   # in place: the agreed exponents
+        self._wait(self._gloo.allreduce([torch.from_numpy(exps)], opts))   # in place: the agreed exponents
         if exps.max(initial=EXP_NONE) == _BAD_BLOCK:
             return False
         exps8 = exps.astype(np.int8)
@@ -145,4 +176,7 @@ class FixedPointGloo:
         return True
 
     def _sum(self, tensor: torch.Tensor) -> None:
-        self._gloo.allreduce([tensor]).wait()
+        self._wait(self._gloo.allreduce([tensor]))
+
+    def _wait(self, work: dist.Work) -> None:
+        wait_gloo(work, lambda: self._failure() if self._failure is not None else None)

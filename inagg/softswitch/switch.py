@@ -374,7 +374,9 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
                                   name="pcap-writer", daemon=True)
         writer.start()
     loop.start()
-    while not stop.wait(0.5) and loop.running:
+    # woken every 0.1 s: a SIGTERM the kernel gives another thread runs its handler (here, on
+    # the main thread) only then
+    while not stop.wait(0.1) and loop.running:
         pass
     failed = not loop.running and not stop.is_set()
     try:

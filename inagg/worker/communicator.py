@@ -314,13 +314,19 @@ class Communicator:
                         self._active_epoch = g.epoch
                         self._first.set()
             except grpc.RpcError as e:
-                if not self._closed.is_set():
+                if not self._closed.is_set() and not self.failure:   # a failed job's controller may be gone with it
                     log.warning("job %d rank %d: grant stream from %s broke (%s: %s); reopening",
                                 self.job_id, self.rank, self.client.address, e.code().name, e.details())
             if self._closed.wait(0.5):
                 return
             self.stream_reopened += 1
             self._grant_stream = self.client.watch(self.job_id, self.token, self.rank)
+
+    def fail(self, failure: str) -> None:
+        """Fail the job from outside (a rank is known to have ended: ``failure`` names it), as
+        when the controller fails it (``_fail``)."""
+        if not self.failure:
+            self._fail(failure)
 
     def _fail(self, failure: str) -> None:
         """The job failed: its pending allreduce stops at its next tick (``abort``; ``_run``
@@ -517,7 +523,8 @@ class Communicator:
 
     def close(self, leave: bool = True) -> None:
         """Stop the communicator; with ``leave`` the rank says it is done at the controller (the
-        job ends when every rank did, or when its lease runs out). A call
+        job ends when every rank did, or when its lease runs out; a failed job is ended already,
+        and its controller may be gone with a dead rank 0: no call to wait on). A call
         still running or queued fails at once (its stream is aborted). Returns when its threads
         have ended: at interpreter exit, a thread still inside a native call (which releases
         the GIL) aborts the process when it takes the GIL back, and one writing a log line can
@@ -526,7 +533,7 @@ class Communicator:
         self.stream.abort()
         self._queue.put(None)
         self._grant_stream.cancel()
-        if leave:  # the rank is done (no longer watched); the last one's leave ends the job
+        if leave and not self.failure:  # the rank is done (no longer watched); the last one's leave ends the job
             try:
                 self.client.leave(self.job_id, self.token, self.rank)
             except Exception as e:  # noqa: BLE001 - logged; the lease expires anyway

@@ -184,6 +184,12 @@ class HostCommunicator:
         return own | {"host_reduce": dict(self.group.reduce.stats), "hosts": self.group.n_hosts,
                       "leader": self.group.layout.leader}
 
+    def fail(self, failure: str) -> None:
+        """Fail the leader's job (``Communicator.fail``); the host's other ranks learn it from
+        the leader's next call, or from its end."""
+        if self.comm is not None:
+            self.comm.fail(failure)
+
     def close(self, leave: bool = True) -> None:
         """Close the leader's communicator (the group is the process group's to close)."""
         if self.comm is not None:

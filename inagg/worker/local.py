@@ -26,7 +26,6 @@ import select
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -41,7 +40,6 @@ CONTROLLER_ENV = "INAGG_CONTROLLER"
 _CONTROL_PLANE_MODULES = ("p4runtime_sh", "prometheus_client")
 DEPLOYMENT_FILE = "deployment.json"   # written beside a local deployment's controller socket
 _STORE_KEY = "deployment"
-_CLOSED_KEY = "closed"
 _START_SECONDS = 120.0   # a local deployment is up in seconds; waiting longer helps no one
 
 
@@ -92,20 +90,34 @@ def bind_address(controller: str, rank: int, world_size: int) -> str:
 
 
 class LocalServices:
-    """The local deployment rank 0 started for this job (a child process), until ``close``."""
+    """The local deployment rank 0 started for this job (a child process), until ``close``. It
+    runs in a session of its own: a Ctrl-C at the terminal reaches the ranks, not it, and it
+    stops when rank 0 closes its pipe (``close``, or rank 0's process ending however it ends),
+    once the ranks are done with it."""
 
-    def __init__(self, n_workers: int, timeout: float) -> None:
+    def __init__(self, n_workers: int, timeout: float | None = None) -> None:
+        """Start it; with ``timeout``, wait for it too (``wait_ready``)."""
         cmd = [sys.executable, "-m", "inagg.emulation.services", "serve", "--workers", str(n_workers),
                "--until-stdin-closes"]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.n_workers = n_workers
+        self.info: dict | None = None
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
         atexit.register(self.close)
-        try:
-            self.info = self._read_ready(timeout)
-        except BaseException:
-            self.close()
-            raise
-        log.info("started a local inagg deployment for %d workers: controller %s, switch %s "
-                 "(logs in %s)", n_workers, self.info["controller"], self.info["switch"], self.info["dir"])
+        if timeout is not None:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> dict:
+        """Its description, once it is up (waiting up to ``timeout`` seconds)."""
+        if self.info is None:
+            try:
+                self.info = self._read_ready(timeout)
+            except BaseException:
+                self.close()
+                raise
+            log.info("started a local inagg deployment for %d workers: controller %s, switch %s (logs in %s)",
+                     self.n_workers, self.info["controller"], self.info["switch"], self.info["dir"])
+        return self.info
 
     def _read_ready(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -162,17 +174,71 @@ class Endpoint:
     bind_ip: str
     services: LocalServices | None = None
 
-    def close(self, store, rank: int, world_size: int, timeout: float = 30.0) -> None:
-        """Rank 0 stops the deployment it started once every rank has said it is done with it
-        (or after ``timeout``); the other ranks only say so."""
-        if self.services is None:
-            if rank != 0 or world_size == 1:
-                store.add(_CLOSED_KEY, 1)
-            return
-        deadline = time.monotonic() + timeout
-        while store.add(_CLOSED_KEY, 0) < world_size - 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.services.close()
+    def close(self) -> None:
+        """Stop the deployment this rank started, if any (the caller waits until every rank is
+        done with it)."""
+        if self.services is not None:
+            self.services.close()
+
+
+@dataclass
+class PendingEndpoint:
+    """``find_endpoint`` begun (``start_endpoint``): rank 0's local deployment starting while
+    the rank does other work; ``result`` waits for it."""
+
+    store: object
+    rank: int
+    world_size: int
+    endpoint: Endpoint | None = None      # known at once: a named controller
+    services: LocalServices | None = None   # rank 0's deployment, starting
+
+    @property
+    def watch_ip(self) -> str:
+        """An address of this rank's that the job's other ranks reach, known at once: its
+        address towards a named controller, or loopback (a local deployment's job runs on one
+        machine)."""
+        return self.endpoint.bind_ip if self.endpoint is not None else "127.0.0.1"
+
+    def result(self) -> Endpoint:
+        """The endpoint; rank 0 publishes its deployment's description (or why it did not
+        start) in the store, every other rank waits for it there, up to ``_START_SECONDS``."""
+        if self.endpoint is not None:
+            return self.endpoint
+        if self.services is not None:
+            try:
+                self.store.set(_STORE_KEY, json.dumps(self.services.wait_ready(_START_SECONDS)))
+            except Exception as e:
+                self.store.set(_STORE_KEY, json.dumps({"error": str(e)}))
+                raise
+        self.store.wait([_STORE_KEY], timedelta(seconds=_START_SECONDS + 5))
+        info = json.loads(self.store.get(_STORE_KEY))
+        if "error" in info:
+            raise InaggSetupError(f"rank 0 could not start the local inagg deployment: {info['error']}")
+        self.endpoint = Endpoint(info["controller"], _rank_address(info, self.rank, self.world_size,
+                                                                   "the job's deployment"), self.services)
+        return self.endpoint
+
+    def cancel(self) -> None:
+        """Stop a deployment started and not handed on (the rank failed before ``result``)."""
+        if self.endpoint is None and self.services is not None:
+            self.services.close()
+
+
+def start_endpoint(store, rank: int, world_size: int) -> PendingEndpoint:
+    """Begin ``find_endpoint``: with no controller named, rank 0 starts the local deployment
+    now and the rank goes on with other work until ``result``."""
+    controller = os.environ.get(CONTROLLER_ENV, "").strip()
+    if controller:
+        return PendingEndpoint(store, rank, world_size, Endpoint(controller, bind_address(controller, rank, world_size)))
+    _single_node()
+    services = None
+    if rank == 0:
+        try:
+            services = LocalServices(world_size)
+        except Exception as e:
+            store.set(_STORE_KEY, json.dumps({"error": str(e)}))
+            raise
+    return PendingEndpoint(store, rank, world_size, services=services)
 
 
 def find_endpoint(store, rank: int, world_size: int) -> Endpoint:
@@ -180,20 +246,4 @@ def find_endpoint(store, rank: int, world_size: int) -> Endpoint:
     deployment when no controller is named. ``store`` is the job's (prefixed) store. Starting
     the deployment takes what it takes, whatever the group's timeout for its collectives
     (torch's suite creates groups with 1 s): every rank waits for it up to ``_START_SECONDS``."""
-    controller = os.environ.get(CONTROLLER_ENV, "").strip()
-    if controller:
-        return Endpoint(controller, bind_address(controller, rank, world_size))
-    _single_node()
-    services = None
-    if rank == 0:
-        try:
-            services = LocalServices(world_size, _START_SECONDS)
-            store.set(_STORE_KEY, json.dumps(services.info))
-        except Exception as e:
-            store.set(_STORE_KEY, json.dumps({"error": str(e)}))
-            raise
-    store.wait([_STORE_KEY], timedelta(seconds=_START_SECONDS + 5))
-    info = json.loads(store.get(_STORE_KEY))
-    if "error" in info:
-        raise InaggSetupError(f"rank 0 could not start the local inagg deployment: {info['error']}")
-    return Endpoint(info["controller"], _rank_address(info, rank, world_size, "the job's deployment"), services)
+    return start_endpoint(store, rank, world_size).result()

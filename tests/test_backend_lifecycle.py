@@ -1,0 +1,235 @@
+"""The ``inagg`` backend's start, Ctrl-C and rank deaths, against gloo's on the same machine, with
+real rank processes (tests/backend_rank.py): ``init_process_group("inagg")`` within 0.5 s of
+gloo's; a Ctrl-C to the whole torchrun process group stops everything within 2 s of gloo's stop,
+with one line of inagg's and nothing left behind; a rank SIGKILLed during a call on any path,
+rank 0 included, is named on every other rank within 10 s, and ``destroy_process_group`` then
+takes under 2 s. Bounds in seconds are for an idle machine: each is stretched by how many times
+over its CPUs the machine is loaded (``_load_factor``), the ratio, not the requirement, giving.
+The peer watch and the SIGINT handler are tested on their own too."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._jit_internal import _extract_tensors
+
+from inagg.pytorch import interrupts
+from inagg.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
+from inagg.worker.host_group import RankDied
+from test_training import on_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK = ROOT / "tests" / "backend_rank.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def _load_factor() -> float:
+    """How many times over its CPUs this machine runs now (1 when it is not): timings stretch so."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
+    return env | extra
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- start-up ------------------------------------------------------------------------------------
+
+def _init_seconds(backend: str) -> float:
+    """``init_process_group(backend)``'s time under torchrun, 2 ranks: the slower rank's."""
+    proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(RANK), backend, "startup"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    times = [float(t) for t in re.findall(r"init (\d+\.\d{3})", proc.stdout)]   # the ranks' lines may interleave
+    assert len(times) == 2, proc.stdout
+    return max(times)
+
+
+def test_init_process_group_is_within_half_a_second_of_gloos():
+    gloo, inagg = [], []
+    for _ in range(3):   # interleaved: both see the same load
+        gloo.append(_init_seconds("gloo"))
+        inagg.append(_init_seconds("inagg"))
+    over = statistics.median(inagg) - statistics.median(gloo)
+    bound = 0.5 * _load_factor()
+    assert over <= bound, f"inagg {inagg} vs gloo {gloo}: {over:.2f}s over gloo's (bound {bound:.2f}s)"
+
+
+# -- Ctrl-C --------------------------------------------------------------------------------------
+
+def _processes_with(variable: str) -> list[str]:
+    """The command lines of the processes whose environment holds ``variable`` (NAME=value)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if variable.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+def _interrupted_training(backend: str, tmp: Path) -> tuple[float, str]:
+    """Train under torchrun (2 ranks, ``TMPDIR=tmp``) until rank 0's 20th step, then SIGINT the
+    whole torchrun process group, as a terminal's Ctrl-C does: the seconds to its end, its output."""
+    tmp.mkdir()
+    proc = subprocess.Popen([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(RANK), backend, "train"],
+                            cwd=ROOT, env=_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("step 20"):
+                break
+        assert proc.poll() is None, "".join(lines)[-4000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        interrupted = time.monotonic()
+        lines.append(proc.stdout.read())
+        proc.wait(120)
+        return time.monotonic() - interrupted, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_ctrl_c_stops_everything_within_2_s_of_gloos_stop_with_one_line(tmp_path):
+    gloo, _ = _interrupted_training("gloo", tmp_path / "gloo")
+    took, output = _interrupted_training("inagg", tmp_path / "inagg")
+    bound = 2.0 * _load_factor()
+    assert took - gloo <= bound, f"{took:.2f}s after SIGINT, gloo {gloo:.2f}s (bound {bound:.2f}s over):\n{output[-4000:]}"
+    ours = [line for line in output.splitlines() if line.startswith("inagg")]
+    assert len(ours) == 1 and "interrupted" in ours[0] and "local deployment stopped" in ours[0], output[-4000:]
+    for noise in ("terminate called", "Cannot extract tensors", "did not stop", "grant stream", "Exception in thread",
+                  "Exception ignored"):
+        assert noise not in output, output[-4000:]
+    assert not [p.name for p in (tmp_path / "inagg").iterdir() if p.name.startswith("inagg")]
+    assert not _processes_with(f"TMPDIR={tmp_path / 'inagg'}"), "the local deployment outlived the job"
+
+
+# -- a rank killed during a call -----------------------------------------------------------------
+
+def _ranks(n: int, path: str) -> list[subprocess.Popen]:
+    """``n`` rank processes allreducing on ``path`` (env:// rendezvous, rank 0 holding the store)."""
+    port = _free_port()
+    return [subprocess.Popen([sys.executable, str(RANK), "inagg", "loop", "2000"], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), INAGG_ALLREDUCE_PATH=path))
+            for r in range(n)]
+
+
+@pytest.mark.parametrize("path", ["inagg", "host", "gloo"])
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_killed_rank_is_named_within_10_s_and_destroy_takes_under_2_s(path, victim):
+    procs = _ranks(3, path)
+    try:
+        for p in procs:
+            line = p.stdout.readline().strip()
+            assert line == "ready", p.stderr.read()[-4000:] if p.poll() is not None else line
+        time.sleep(0.5)   # calls running on every rank
+        procs[victim].kill()
+        killed = time.time()
+        for rank, p in enumerate(procs):
+            if rank == victim:
+                continue
+            out, err = p.communicate(timeout=120)
+            error = next((line for line in out.splitlines() if line.startswith("error ")), "")
+            assert error, (rank, out, err[-3000:])
+            raised_after = float(error.split()[1]) - killed
+            assert raised_after < 10.0 and f"rank {victim} " in error, (rank, error)
+            destroyed = float(out.split("destroyed ")[1].split()[0])
+            assert destroyed <= 2.0 * _load_factor(), (rank, out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+# -- the peer watch on its own -------------------------------------------------------------------
+
+def _watches(tmp_path: Path, n: int) -> tuple[list[PeerWatch], list[list[RankDied]]]:
+    store = dist.FileStore(str(tmp_path / "store"), n)
+    told: list[list[RankDied]] = [[] for _ in range(n)]
+    watches = on_ranks(lambda r: PeerWatch(store, r, n, "127.0.0.1", timedelta(seconds=30), told[r].append), n)
+    return watches, told
+
+
+def _end_without_a_word(watch: PeerWatch) -> None:
+    """End a watch's connections as a process that dies does: no LEAVE or EXIT first."""
+    for sock in watch._socks.values():
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_a_rank_that_leaves_fails_no_one_and_one_that_ends_is_named_everywhere(tmp_path):
+    watches, told = _watches(tmp_path, 4)
+    watches[3].close(LEAVE)
+    time.sleep(0.3)
+    assert told == [[], [], [], []] and watches[0].failure is None
+    _end_without_a_word(watches[2])   # relayed to rank 1 by rank 0
+    for r in (0, 1):
+        gone = watches[r].wait_for_failure(10.0)
+        assert gone is not None and gone.rank == 2 and "died" in str(gone), (r, gone)
+        assert [e.rank for e in told[r]] == [2]
+    watches[1].close(LEAVE)
+    started = time.monotonic()
+    watches[0].close(LEAVE, wait=30.0)   # every other rank is gone: no wait
+    assert time.monotonic() - started < 5.0
+    watches[2].close()
+
+
+def test_rank_0_exiting_is_named_on_every_other_rank(tmp_path):
+    watches, told = _watches(tmp_path, 3)
+    watches[0].close(EXIT, wait=0.0)
+    for r in (1, 2):
+        gone = watches[r].wait_for_failure(10.0)
+        assert gone is not None and gone.rank == 0 and "exited" in str(gone), (r, gone)
+        assert len(told[r]) == 1
+    for w in watches[1:]:
+        w.close()
+
+
+# -- the SIGINT handler on its own ---------------------------------------------------------------
+
+class _InterruptsWhilePickled:
+    """Sends this process a SIGINT while torch's tensor extraction pickles it."""
+
+    def __reduce__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)   # the signal is due while the extraction still runs
+        return (list, ())
+
+
+def test_a_ctrl_c_during_torchs_tensor_extraction_comes_after_it_as_a_keyboard_interrupt(monkeypatch):
+    monkeypatch.setattr(interrupts, "_state", {"interrupted": False})
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    extracted = []
+    try:
+        interrupts.install()
+        with pytest.raises(KeyboardInterrupt):
+            extracted += _extract_tensors([torch.ones(2), _InterruptsWhilePickled()])
+            time.sleep(5.0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(extracted) == 1, "the interrupt came inside the extraction"   # it ended, then the interrupt came
+    assert interrupts.interrupted()
