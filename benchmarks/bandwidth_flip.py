@@ -85,6 +85,7 @@ def worker(args: argparse.Namespace) -> int:
                             init_method=f"tcp://{args.master}:{STORE_PORT}",
                             timeout=timedelta(seconds=120))
     pg = dist.group.WORLD
+    pg.ready()   # its paths start in the background: up before the first timed step
     grads = [torch.empty(n // 4, dtype=torch.float32) for n in args.sizes]
     go_on = torch.zeros(1, dtype=torch.int32)
     stop_file = Path(args.stop_file)

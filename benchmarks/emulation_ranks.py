@@ -196,6 +196,7 @@ def join_job(args):
     torch.set_num_threads(1)
     dist.init_process_group("inagg", rank=args.rank, world_size=args.world,
                             init_method=f"tcp://{args.master}:{args.store_port}", timeout=timedelta(seconds=300))
+    dist.group.WORLD.ready()   # its paths start in the background: up before the first measured call
     return dist.group.WORLD, dist.new_group(backend="gloo")
 
 

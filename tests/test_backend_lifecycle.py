@@ -134,7 +134,8 @@ def _ranks(n: int, path: str) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, str(RANK), "inagg", "loop", "2000"], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), INAGG_ALLREDUCE_PATH=path))
+                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), INAGG_ALLREDUCE_PATH=path,
+                                      INAGG_HOST_REDUCE="off"))
             for r in range(n)]
 
 

@@ -3,6 +3,7 @@ default deployment (software data plane over loopback, controller, host aggregat
 
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -164,10 +165,13 @@ def test_controller_restart_keeps_jobs_running_and_grants_followed():
             dep.restart_controller()
             futs = [c.allreduce_async(torch.ones(500)) for c in comms]
             assert all(f.wait().tolist() == [2.0] * 500 for f in futs)   # data plane kept its state
+            deadline = time.monotonic() + 10.0   # the ranks reopen their grant streams (every 0.5 s)
+            while not all(c.stream_reopened >= 1 for c in comms) and time.monotonic() < deadline:
+                time.sleep(0.05)
             admin = ControllerClient(dep.controller)
             admin.drain(dep.admin_token, comms[0].job_id)                 # a grant change after the restart
             admin.close()
-            for _ in range(50):
+            while time.monotonic() < deadline:
                 futs = [c.allreduce_async(torch.ones(500)) for c in comms]
                 assert all(f.wait().tolist() == [2.0] * 500 for f in futs)
                 if all(c.grant.mode == "host" for c in comms):

@@ -34,7 +34,11 @@ def test_tree_bench_counts_each_uplink_carrying_the_tensor_once_each_way(tmp_pat
     assert k == values_for_mtu(1500)
     each = re.findall(r"(\w+) ([\d.]+)/([\d.]+)", tree["uplinks"])    # every ToR's, up and down
     assert [tor for tor, _, _ in each] == ["tor1", "tor2"], tree
-    assert all(1.0 <= float(x) < 1.05 for _, up, down in each for x in (up, down)), tree   # + barrier segments
+    # once each way, plus barrier segments, plus at most one frame of K per retransmission (the
+    # ranks' summed: a resent contribution may go up again, its answer come down again)
+    frames = -(-int(tree["bytes"]) // (4 * k))
+    most = 1.05 + int(tree["retransmissions"]) / frames
+    assert all(1.0 <= float(x) < most for _, up, down in each for x in (up, down)), tree
     for direction in ("up", "down"):     # the larger ToR's, as values and in frames of K
-        assert 1.0 <= float(tree[f"uplink_{direction}_x"]) < 1.05, tree
-        assert 1.0 <= float(tree[f"uplink_{direction}_wire_x"]) / ((FRAME_HEADERS + 4 * k) / (4 * k)) < 1.05, tree
+        assert 1.0 <= float(tree[f"uplink_{direction}_x"]) < most, tree
+        assert 1.0 <= float(tree[f"uplink_{direction}_wire_x"]) / ((FRAME_HEADERS + 4 * k) / (4 * k)) < most, tree
