@@ -123,11 +123,12 @@ def _communicator(rank: int, cfg: TrainConfig, rdv_file: str, controller: str | 
 
     import torch.distributed as dist
     from inagg.worker.communicator import Communicator
-    from inagg.worker.host_communicator import HOST_REDUCE_ENV, HostCommunicator, open_host_group
+    from inagg.worker.host_communicator import (HOST_REDUCE_ENV, HostCommunicator, host_reduce_setting,
+                                                open_host_group)
 
     store, _, _ = next(dist.rendezvous(f"file://{rdv_file}?rank={rank}&world_size={cfg.workers}"))
     group = None   # every rank a worker, so the demo shows the switch's sums, unless asked
-    if os.environ.get(HOST_REDUCE_ENV) == "auto":
+    if host_reduce_setting(default="off") == "auto":
         if cfg.hook == "artopk":
             raise InaggSetupError(f"{HOST_REDUCE_ENV}=auto: the artopk hook needs every rank a worker of the job; "
                                   f"set it to off or use the inagg hook")

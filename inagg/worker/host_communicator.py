@@ -34,12 +34,17 @@ HOST_REDUCE_ENV = "INAGG_HOST_REDUCE"   # auto (default) | off
 _CONFIG = 16   # the leader's grant to its host's ranks (message kind, beside host_reduce's)
 
 
-def host_reduce_wanted(layout: HostLayout) -> bool:
-    """Whether this job reduces on its hosts first (``INAGG_HOST_REDUCE``, module docstring)."""
-    value = os.environ.get(HOST_REDUCE_ENV, "auto").strip().lower()
+def host_reduce_setting(default: str = "auto") -> str:
+    """``INAGG_HOST_REDUCE`` (auto or off; ``default`` when unset), or a setup error naming it."""
+    value = os.environ.get(HOST_REDUCE_ENV, default).strip().lower()
     if value not in ("auto", "off"):
         raise InaggSetupError(f"{HOST_REDUCE_ENV} must be auto or off; got {value!r}")
-    return value == "auto" and any(len(ranks) > 1 for ranks in layout.hosts)
+    return value
+
+
+def host_reduce_wanted(layout: HostLayout) -> bool:
+    """Whether this job reduces on its hosts first (``INAGG_HOST_REDUCE``, module docstring)."""
+    return host_reduce_setting() == "auto" and any(len(ranks) > 1 for ranks in layout.hosts)
 
 
 class HostGroup:
