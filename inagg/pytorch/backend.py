@@ -133,6 +133,7 @@ def _forced_path() -> str | None:
 
 
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+_STRIDED = torch.strided   # a dense tensor's layout (a sparse tensor has no nbytes, nor contiguity)
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -153,6 +154,8 @@ def _ineligible(tensors: list[torch.Tensor], op) -> str:
     if len(tensors) != 1:
         return f"{len(tensors)} tensors in one call"
     t = tensors[0]
+    if t.layout != _STRIDED:   # sparse: gloo sums those (inagg's paths carry dense values)
+        return f"{t.layout} tensor"
     if not (t.is_cpu or t.is_cuda):   # a CUDA tensor is staged through pinned host memory
         return f"{t.device.type} tensor"
     if t.dtype not in _INAGG_DTYPES:
@@ -586,7 +589,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         freed here, not inside the caller's ``wait``."""
         if self._run_left and opts is not None and len(tensors) == 1 and opts.reduceOp == _SUM:
             t = tensors[0]
-            if t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
+            if t.layout == _STRIDED and t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
                 self._run_left -= 1
                 self._to_sample -= 1
                 if self._to_sample:
