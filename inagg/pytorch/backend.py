@@ -379,6 +379,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
         self.via_allreduce: Counter[str] = Counter()   # collective -> calls run as allreduces
         self._lock = threading.Lock()
+        # one leaving at a time: a start that gives up (its thread) and destroy may both leave
+        self._leave_lock = threading.Lock()
         # each path's latest call, weakly: a strong reference would keep the caller's tensor alive
         # until the next call, which would then free it inside the caller's timed call
         self._last_work: dict[str, weakref.ref] = {}
@@ -886,15 +888,17 @@ class InaggProcessGroup(dist.ProcessGroup):
         (``how``; rank 0 waits up to ``timeout`` for the other ranks to leave or end, unless
         the group failed: a failed job's ranks call its controller no more) and stop the local
         deployment this rank started."""
-        self._close_communicators()
-        self._release_gloo()
-        self._close_watch(timeout, how)
+        with self._leave_lock:
+            self._close_communicators()
+            self._release_gloo()
+            self._close_watch(timeout, how)
 
     def _leave_paths(self) -> None:
         """Leave what the start joined (it failed): the inner gloo group stays, the program's
         other collectives go on until ``destroy_process_group``."""
-        self._close_communicators()
-        self._close_watch(0.0, LEAVE)
+        with self._leave_lock:
+            self._close_communicators()
+            self._close_watch(0.0, LEAVE)
 
     def _close_communicators(self) -> None:
         for comm in (self.lane, self.comm):
