@@ -268,6 +268,10 @@ class _GlooWork(dist.Work):
     def is_completed(self) -> bool:
         return self._work.is_completed()
 
+    def _source_rank(self) -> int:
+        """The rank a receive from any source got its tensor from (``dist.recv`` asks)."""
+        return self._work._source_rank()
+
 
 class _TimedWork(dist.Work):
     """A path's Work that reports when it is done (``on_done``, once), timed where it is waited
