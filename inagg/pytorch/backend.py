@@ -38,7 +38,8 @@ The group is up as soon as its inner gloo group is: the inagg paths (rank 0's lo
 the joins at the controller) start in the background and the first call that needs them waits
 for them (``InaggProcessGroup.ready``). Every rank watches the others (``inagg.pytorch.peer_watch``):
 a rank that ends fails every call of the others at once, on every path, with an error naming
-it. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.pytorch.interrupts``), and a group left
+it, and a start still under way gives up at its next wait (``_start_stop``) instead of waiting
+for that rank. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.pytorch.interrupts``), and a group left
 open at exit leaves its job and stops its deployment while the interpreter can still run.
 """
 
