@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
-from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_output_arguments, add_rank_arguments,  # noqa: E402
-                             finish_job, job_retransmissions, join_job, link_drops, rate_bits, run_benchmark,
+from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_machine_arguments,  # noqa: E402
+                             add_output_arguments, add_rank_arguments, finish_job, job_retransmissions, join_job, link_drops, rate_bits, run_benchmark,
                              shaped_network, slowest_times, start_ranks, wait_line, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
@@ -62,7 +62,7 @@ PATHS = ("inagg", "gloo")
 AUTO = "auto"     # the group whose backend chooses its own path
 FIELDS = ("case", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "job_s", "inagg_s", "gloo_s", "ratio",
           "auto_s", "auto_vs_best", "auto_paths", "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio",
-          "retransmissions", "spurious", "link_drops", "load1")
+          "retransmissions", "spurious", "link_drops", "switch_nice", "cpu_load", "load1")
 ETH_IP_UDP_INAGG = 14 + 20 + 8 + 16    # bytes of a frame besides its K values
 ETH_IP_TCP = 14 + 20 + 32              # a TCP segment's headers (timestamps on)
 
@@ -267,8 +267,8 @@ def run_experiment(args) -> list[dict]:
     from inagg.emulation.topology import host_ip
 
     topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu)
-    with shaped_network(topo, args.rate, f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, "
-                                         f"MTU {args.mtu}") as run:
+    title = f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}"
+    with shaped_network(topo, args.rate, title, args.switch_nice, args.cpu_load) as run:
         write_deployment(run, [host_ip(h) for name, h in topo.hosts.items() if name != "agg"])
         results = run_counts(run, args)
         if args.two_jobs:
@@ -323,7 +323,8 @@ def summarize(result: dict, args, load: float) -> list[dict]:
                      "gloo_ideal_s": round(gloo_ideal(nbytes, n, args.mtu, args.rate), 4),
                      "ideal_ratio": round(n / (2 * (n - 1)), 3),
                      "retransmissions": result["retransmissions"], "spurious": result["spurious"],
-                     "link_drops": result["link_drops"], "load1": round(load, 2)})
+                     "link_drops": result["link_drops"], "switch_nice": args.switch_nice, "cpu_load": args.cpu_load,
+                     "load1": round(load, 2)})
     return rows
 
 
@@ -384,6 +385,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--two-jobs", type=int, default=4, metavar="N",
                    help="ranks of each of two jobs sharing the links (0: no such case)")
     p.add_argument("--quick", action="store_true", help="N = 2 and 4, 4 MiB, one repetition, no two-jobs case")
+    add_machine_arguments(p)
     add_output_arguments(p, "wire_bench", RESULTS)
     # rank mode (the launcher starts these in the Mininet hosts)
     add_rank_arguments(p)

@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import re
 import logging
+import os
+import re
 import selectors
 import signal
 import socket
@@ -459,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     print(f"inagg-soft-switch device {args.device_id}: ports "
           f"{', '.join(f'{p}@{i}' for p, i in sorted(args.ports.items()))}; "
-          f"P4Runtime on {args.target.grpc_server_addr}; {args.engine} engine", flush=True)
+          f"P4Runtime on {args.target.grpc_server_addr}; {args.engine} engine; "
+          f"nice {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
     if loop is not None:
         status = run_native_loop(loop, attach, captures, stop)
     else:
