@@ -150,6 +150,28 @@ def settle(pg, barrier, go_file: str, timeout: float = READY_SECONDS) -> None:
         time.sleep(0.05)
 
 
+def settle_auto(pg, auto, barrier, timeout: float = READY_SECONDS) -> None:
+    """One-element calls on the forced group and the auto group until the auto group's job
+    aggregates on the switch too: it registered second, so it starts on the host aggregator
+    and is offered the switch once the forced job gave up half its slots at a call of its own;
+    its path choice takes the offer at its next agreement (``inagg.pytorch.path_links.GrantMove``).
+    The choice is then measured against the forced path on the same switch, not on where the
+    controller placed it."""
+    import torch
+    import torch.distributed as dist
+
+    deadline, one = time.time() + timeout, torch.zeros(1)
+    while True:
+        dist.all_reduce(one, group=pg)
+        dist.all_reduce(one, group=auto)
+        placed = torch.tensor([float(auto.comm.grant.mode == "switch")])
+        dist.all_reduce(placed, op=dist.ReduceOp.MIN, group=barrier)
+        if placed.item():
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"the auto group's job was not on the switch within {timeout:.0f}s")
+
+
 def wait_go(go_file: str | None, barrier) -> None:
     """Rank 0 says it is ready and waits for the launcher's go file (two jobs start together);
     the other ranks wait for rank 0 at the barrier."""
@@ -173,6 +195,8 @@ def rank_main(args: argparse.Namespace) -> int:
     if AUTO in args.paths:
         groups[AUTO] = auto_group()
     groups = {p: groups[p] for p in args.paths}
+    if AUTO in groups:
+        settle_auto(pg, groups[AUTO], barrier)
     if args.go_file:
         settle(pg, barrier, args.go_file)
     wait_go(args.go_file, barrier)
@@ -189,7 +213,8 @@ def rank_main(args: argparse.Namespace) -> int:
                                               "mode": pg.comm.grant.mode, "retransmissions": retx,
                                               "spurious": spurious,
                                               "auto_history": history,
-                                              "auto_model": auto.stats()["path_model"] if auto else None}))
+                                              "auto_model": auto.stats()["path_model"] if auto else None,
+                                              "auto_grants": auto.stats()["inagg"].get("grants") if auto else None}))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
     return 0
