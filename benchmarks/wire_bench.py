@@ -214,7 +214,8 @@ def rank_main(args: argparse.Namespace) -> int:
                                               "spurious": spurious,
                                               "auto_history": history,
                                               "auto_model": auto.stats()["path_model"] if auto else None,
-                                              "auto_grants": auto.stats()["inagg"].get("grants") if auto else None}))
+                                              "auto_grants": auto.stats()["inagg"].get("grants") if auto else None,
+                                              "inagg_stats": pg.comm.stats()}, default=str))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
     return 0
