@@ -12,8 +12,9 @@ passes are ``first_pass`` (every packet: claim, round record, round state, the l
 adding both values and returning the first, on Tofino 2 both) and ``second_pass`` (a
 recirculated packet: a result's harvest, where the other set retires and, on Tofino 1, the
 pairs return their second values, or a BAD_ROUND that takes its sender's bit out of the set's
-map again). On Tofino 2 a DUP_DONE answer of a harvested round leaves its first pass. It has the slot engine's
-interface (``process``, ``last_outcome``, ``replace_jobs``), so ``TofinoModelPipeline`` is the
+map again). On Tofino 2 a DUP_DONE answer of a harvested round leaves its first pass. It has
+the slot engine's interface (``process``, ``last_outcome``, ``replace_jobs``), so
+``TofinoModelPipeline`` is the
 software switch's pipeline with the TNA program's slot logic, and the conformance cases and the
 differential fuzz compare it with the reference engine at the TNA's K
 (tests/test_tofino_model.py). ``register_actions``/``register_stages`` are what the test holds
@@ -39,6 +40,13 @@ CHIPS = {"tna": "tofino", "t2na": "tofino2"}
 _MAP_ACTIONS = ("join", "peek", "retire", "undo")
 
 
+def check_chip(chip: str) -> str:
+    """``chip`` when it is one the program is built for, else a ValueError naming them."""
+    if chip not in CHIPS.values():
+        raise ValueError(f"no Tofino chip {chip!r}: one of {', '.join(CHIPS.values())}")
+    return chip
+
+
 def register_actions(chip: str) -> dict[str, tuple[str, ...]]:
     """Register -> the RegisterActions the P4 declares on it for ``chip`` (pair: every lane
     pair's register; Tofino 2's load returns both words, so it has no load_second)."""
@@ -49,7 +57,7 @@ def register_actions(chip: str) -> dict[str, tuple[str, ...]]:
         "seen": ("seen_first", "seen_add", "seen_read", "seen_harvested"),
         "exp_max": ("exp_first", "exp_add", "exp_read"),
         "sticky_flags": ("flags_first", "flags_add", "flags_read"),
-        "pair": ("store", "add", "load") + (("load_second",) if chip == "tofino" else ()),
+        "pair": ("store", "add", "load") + (("load_second",) if check_chip(chip) == "tofino" else ()),
     }
 
 
@@ -61,8 +69,7 @@ def register_stages(k: int, chip: str) -> dict[str, int]:
     """Register (lane pairs as ``pair<i>``) -> the stage this model runs it in: bf-p4c put
     one pair beside seen, exp_max and sticky_flags (pair 0 on Tofino 1, the last on Tofino 2)
     and the others four per stage after them, the highest first."""
-    if chip not in CHIPS.values():
-        raise ValueError(f"no Tofino chip {chip!r}: one of {', '.join(CHIPS.values())}")
+    check_chip(chip)
     stages = {"map0": 1, "map1": 1, "round_record": 2, "seen": ROUND_STATE_STAGE,
               "exp_max": ROUND_STATE_STAGE, "sticky_flags": ROUND_STATE_STAGE}
     pairs = k // 2
@@ -126,9 +133,7 @@ class TofinoSlotModel:
     def __init__(self, n_slots: int, values_per_packet: int, chip: str = "tofino") -> None:
         if values_per_packet % 2:
             raise ValueError(f"Tofino's K must be even (lane pairs), got {values_per_packet}")
-        if chip not in CHIPS.values():
-            raise ValueError(f"no Tofino chip {chip!r}: one of {', '.join(CHIPS.values())}")
-        self.n_slots, self.k, self.chip = n_slots, values_per_packet, chip
+        self.n_slots, self.k, self.chip = n_slots, values_per_packet, check_chip(chip)
         # words a pair's ALU returns per pass: the first (Tofino 1) or both (Tofino 2)
         self.returned = values_per_packet if chip == "tofino2" else values_per_packet // 2
         self.jobs: dict[int, JobConfig] = {}
