@@ -20,7 +20,7 @@ Example in JSON (inagg/emulation/topologies/ ships real ones)::
       }]
     }
 
-Each switch names its ``target`` (bmv2, soft, tofino; default bmv2) and may name its program's
+Each switch names its ``target`` (bmv2, soft, tofino, tofino2; default bmv2) and may name its program's
 artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context`` + ``bfrt``); the
 shipped builds in p4/ are the defaults (inagg/control/artifacts.py finds them in a checkout or a
 wheel). A Tofino switch names the P4Runtime server it runs (``p4runtime_server``: ``bf_switchd``,
@@ -53,7 +53,7 @@ from inagg.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
 from inagg.control.artifacts import artifact
 from inagg.jobservice.credentials import load_token
-from inagg.control.program import DEVICE_FILES, TARGETS, Program
+from inagg.control.program import DEVICE_FILES, TARGETS, TOFINO_CHIPS, Program
 from inagg.control.tofino_ports import PortSetup, parse_ports
 from inagg.control.validation import check_mac
 
@@ -63,10 +63,10 @@ DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
     "bmv2": {"p4info": "out/bmv2/inagg.p4info.txtpb", "bmv2_json": "out/bmv2/inagg.json"},
     # the BMv2 program at the software target's own K (tools/soft_p4info.py, make build)
     "soft": {"p4info": "out/soft/inagg.p4info.txtpb", "bmv2_json": "out/bmv2/inagg.json"},
-    "tofino": {"p4info": "out/tofino/inagg.p4info.txtpb",
-               "binary": "out/tofino/tofino.bin.gz",
-               "context": "out/tofino/context.json.gz",
-               "bfrt": "out/tofino/bfrt.json.gz"},
+    **{chip: {"p4info": f"out/{chip}/inagg.p4info.txtpb",
+              "binary": f"out/{chip}/{chip}.bin.gz",
+              "context": f"out/{chip}/context.json.gz",
+              "bfrt": f"out/{chip}/bfrt.json.gz"} for chip in TOFINO_CHIPS},
 }
 
 
@@ -148,7 +148,7 @@ def parse_program(s: dict, where: str, base: Path | None) -> Program:
         given = s.get(key)
         paths[key] = (base or Path()) / given if given is not None else artifact(default)
     stray = set(k for keys in DEVICE_FILES.values() for k in keys) - set(DEVICE_FILES[target])
-    if target != "tofino":
+    if target not in TOFINO_CHIPS:
         stray.add("p4runtime_server")
     if stray & set(s):
         raise ValueError(f"{where}: {sorted(stray & set(s))} do not belong to a {target} program")

@@ -21,7 +21,7 @@ that batches its system calls (recvmmsg/sendmmsg) and never takes the GIL; with
 Python, its slot logic being the shared aggregation engine), in that Python loop.
 ``--engine tofino-model`` runs ``inagg.softswitch.tofino_model.TofinoModelPipeline`` (the reference
 with the TNA program's slot logic, register by register) in that loop; start it with the Tofino
-P4Info (``--p4info p4/out/tofino/inagg.p4info.txtpb``).
+P4Info of either chip (``--p4info p4/out/tofino/inagg.p4info.txtpb`` or ``p4/out/tofino2/``).
 
 ``--pcap DIR`` writes <iface>_in.pcap / <iface>_out.pcap per port with scapy's writer
 (``PortCaptures``), whichever loop runs: the Python loop writes each frame as it goes; the
