@@ -188,8 +188,9 @@ def test_the_config_refuses_repeated_keys_and_shared_device_ports(tmp_path):
     with pytest.raises(ValueError, match=r"no device port for front-panel port\(s\) \[5\] "
                                          r"\(host 10.0.0.3\)"):
         parse_config(config(device_ports={"1": 0, "2": 8}))
-    with pytest.raises(ValueError, match=r"ports: port bring-up settings belong to a tofino switch"):
+    with pytest.raises(ValueError, match=r"ports: port bring-up settings belong to a Tofino switch"):
         parse_config(config(target="bmv2"))
+    assert parse_config(config(target="tofino2", device_ports={"1": 0, "2": 8, "5": 128}))   # the same $PORT tables
 
 
 @pytest.mark.parametrize("log, message", [

@@ -188,8 +188,8 @@ def parse_port_setup_section(s: dict, where: str, users: dict[int, str]) -> dict
     """The ``ports`` section of a Tofino switch (inagg/control/tofino_ports.py); {} when absent."""
     if "ports" not in s:
         return {}
-    if s.get("target") != "tofino":
-        raise ValueError(f"{where}.ports: port bring-up settings belong to a tofino switch, "
+    if s.get("target") not in TOFINO_CHIPS:
+        raise ValueError(f"{where}.ports: port bring-up settings belong to a Tofino switch, "
                          f"not a {s.get('target', 'bmv2')} one: remove the section")
     return parse_ports(s["ports"], f"{where}.ports", users)
 
