@@ -144,13 +144,14 @@ build:
 	$(PYTHON) -m tools.soft_p4info --source $(P4_OUT)/bmv2/inagg.p4info.txtpb \
 	  --values-per-packet $(SOFT_VALUES_PER_PACKET) --out $(P4_OUT)/soft/inagg.p4info.txtpb
 
-# Compile the Tofino program with bf-p4c (TNA; TOFINO_TARGETS=tofino2 builds t2na, with this bf-p4c
-# only without CLOTs: it fails on the split value stacks otherwise) into build/,
-# then refresh the committed artifacts in p4/out/<target>/: P4Info, tofino.bin, context.json and
+# Compile the Tofino program with bf-p4c for each chip in TOFINO_TARGETS (default both: tofino,
+# TNA; tofino2, t2na, with this bf-p4c only without CLOTs: it fails on the split value stacks
+# otherwise) into build/<target>/,
+# then refresh the committed artifacts in p4/out/<target>/: P4Info, <target>.bin, context.json and
 # bfrt.json (gzipped: 170 KB instead of 5 MB) and the compiler's resource summary
 # (docs/tofino.md). Standard P4Runtime counters/registers, so bf_switchd's P4Runtime server and
 # our software switch read the same P4Info.
-TOFINO_TARGETS ?= tofino
+TOFINO_TARGETS ?= tofino tofino2
 tofino: setup
 	@for t in $(TOFINO_TARGETS); do \
 	  arch=$$( [ $$t = tofino2 ] && echo t2na || echo tna ); \

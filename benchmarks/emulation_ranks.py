@@ -96,22 +96,48 @@ def shape_link(link, rate: str | None) -> None:
 
 
 @contextmanager
-def shaped_network(topo, rate: str, title: str):
-    """The emulation of ``topo`` on the software data plane (pcaps off), every link shaped to
-    ``rate`` both ways, the controller and the host aggregator started; torn down on leaving,
-    the ranks with it (``run.procs``). Prints ``title`` and the run's directory first."""
+def cpu_load(processes: int):
+    """``processes`` busy loops at the default priority for as long as the block runs: the load
+    from other work that a shared machine has (the data plane runs ahead of it, the ranks not)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+def add_machine_arguments(parser) -> None:
+    """The data plane's priority (``--switch-nice``) and other work on the machine (``--cpu-load``)."""
+    from inagg.emulation.mininet_run import DATA_PLANE_NICE
+
+    parser.add_argument("--switch-nice", type=int, default=DATA_PLANE_NICE,
+                        help="the data plane's nice(1) value (default %(default)s: ahead of the ranks)")
+    parser.add_argument("--cpu-load", type=int, default=0, metavar="N",
+                        help="N busy processes at the ranks' priority for the whole run (other work on the machine)")
+
+
+@contextmanager
+def shaped_network(topo, rate: str, title: str, switch_nice: int, cpu_busy: int = 0):
+    """The emulation of ``topo`` on the software data plane (pcaps off, at ``switch_nice``),
+    every link shaped to ``rate`` both ways, the controller and the host aggregator started,
+    ``cpu_busy`` busy loops beside it; torn down on leaving, the ranks with it (``run.procs``).
+    Prints ``title`` and the run's directory first."""
     from inagg.emulation.mininet_run import Run, program_files_for
     from inagg.emulation.run_dir import RunDir
 
     run_dir = RunDir.create()
-    print(f"{title}, soft data plane, run {run_dir.run_id} in {run_dir.path}", flush=True)
-    run = Run(topo, "soft", run_dir, program_files=program_files_for("soft"), pcaps=False)
+    print(f"{title}, soft data plane at nice {switch_nice}, {cpu_busy} busy processes beside, "
+          f"run {run_dir.run_id} in {run_dir.path}", flush=True)
+    run = Run(topo, "soft", run_dir, program_files=program_files_for("soft"), pcaps=False, switch_nice=switch_nice)
     try:
         run.build()
         for link in run.net.links:
             shape_link(link, rate)
         run.start_services()
-        yield run
+        with cpu_load(cpu_busy):
+            yield run
     finally:
         run.teardown()
 

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
-from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_output_arguments,  # noqa: E402
+from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_machine_arguments, add_output_arguments,  # noqa: E402
                              add_rank_arguments, finish_job, join_job, rate_bits, run_benchmark, shaped_network,
                              slowest_times, start_ranks, wait_line, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
@@ -267,7 +267,7 @@ def run_experiment(args) -> tuple[dict, dict]:
     """Bring up the network with every link shaped, run both jobs turn by turn, tear down; each
     job's result (its turns' bytes added) and the load average before and after the turns."""
     title = f"tree bench: jobs {', '.join(JOBS)} of 8 ranks, every link at {args.rate}, MTU {args.mtu}"
-    with shaped_network(topology(args.mtu, args.min_window), args.rate, title) as run:
+    with shaped_network(topology(args.mtu, args.min_window), args.rate, title, args.switch_nice, args.cpu_load) as run:
         jobs = start_jobs(run, args)
         load = {"load1_start": round(os.getloadavg()[0], 2)}
         run_turns(run, jobs, args)
@@ -398,6 +398,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-window", type=int, help="the controller's min_window, the tree's window on every level "
                    "(default: leaf_spine.json's); the one-switch job's grows from it")
     p.add_argument("--quick", action="store_true", help="4 MiB, one repetition")
+    add_machine_arguments(p)
     add_output_arguments(p, "tree_bench", RESULTS)
     add_rank_arguments(p)
     p.add_argument("--turns", help=argparse.SUPPRESS)

@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
-from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_output_arguments, add_rank_arguments,  # noqa: E402
-                             finish_job, job_retransmissions, join_job, link_drops, rate_bits, run_benchmark,
+from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_machine_arguments,  # noqa: E402
+                             add_output_arguments, add_rank_arguments, finish_job, job_retransmissions, join_job, link_drops, rate_bits, run_benchmark,
                              shaped_network, slowest_times, start_ranks, wait_line, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
@@ -62,7 +62,7 @@ PATHS = ("inagg", "gloo")
 AUTO = "auto"     # the group whose backend chooses its own path
 FIELDS = ("case", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "job_s", "inagg_s", "gloo_s", "ratio",
           "auto_s", "auto_vs_best", "auto_paths", "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio",
-          "retransmissions", "spurious", "link_drops", "load1")
+          "retransmissions", "spurious", "link_drops", "switch_nice", "cpu_load", "load1")
 ETH_IP_UDP_INAGG = 14 + 20 + 8 + 16    # bytes of a frame besides its K values
 ETH_IP_TCP = 14 + 20 + 32              # a TCP segment's headers (timestamps on)
 
@@ -150,6 +150,28 @@ def settle(pg, barrier, go_file: str, timeout: float = READY_SECONDS) -> None:
         time.sleep(0.05)
 
 
+def settle_auto(pg, auto, barrier, timeout: float = READY_SECONDS) -> None:
+    """One-element calls on the forced group and the auto group until the auto group's job
+    aggregates on the switch too: it registered second, so it starts on the host aggregator
+    and is offered the switch once the forced job gave up half its slots at a call of its own;
+    its path choice takes the offer at its next agreement (``inagg.pytorch.path_links.GrantMove``).
+    The choice is then measured against the forced path on the same switch, not on where the
+    controller placed it."""
+    import torch
+    import torch.distributed as dist
+
+    deadline, one = time.time() + timeout, torch.zeros(1)
+    while True:
+        dist.all_reduce(one, group=pg)
+        dist.all_reduce(one, group=auto)
+        placed = torch.tensor([float(auto.comm.grant.mode == "switch")])
+        dist.all_reduce(placed, op=dist.ReduceOp.MIN, group=barrier)
+        if placed.item():
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"the auto group's job was not on the switch within {timeout:.0f}s")
+
+
 def wait_go(go_file: str | None, barrier) -> None:
     """Rank 0 says it is ready and waits for the launcher's go file (two jobs start together);
     the other ranks wait for rank 0 at the barrier."""
@@ -173,6 +195,8 @@ def rank_main(args: argparse.Namespace) -> int:
     if AUTO in args.paths:
         groups[AUTO] = auto_group()
     groups = {p: groups[p] for p in args.paths}
+    if AUTO in groups:
+        settle_auto(pg, groups[AUTO], barrier)
     if args.go_file:
         settle(pg, barrier, args.go_file)
     wait_go(args.go_file, barrier)
@@ -189,7 +213,9 @@ def rank_main(args: argparse.Namespace) -> int:
                                               "mode": pg.comm.grant.mode, "retransmissions": retx,
                                               "spurious": spurious,
                                               "auto_history": history,
-                                              "auto_model": auto.stats()["path_model"] if auto else None}))
+                                              "auto_model": auto.stats()["path_model"] if auto else None,
+                                              "auto_grants": auto.stats()["inagg"].get("grants") if auto else None,
+                                              "inagg_stats": pg.comm.stats()}, default=str))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
     return 0
@@ -267,8 +293,8 @@ def run_experiment(args) -> list[dict]:
     from inagg.emulation.topology import host_ip
 
     topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu)
-    with shaped_network(topo, args.rate, f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, "
-                                         f"MTU {args.mtu}") as run:
+    title = f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}"
+    with shaped_network(topo, args.rate, title, args.switch_nice, args.cpu_load) as run:
         write_deployment(run, [host_ip(h) for name, h in topo.hosts.items() if name != "agg"])
         results = run_counts(run, args)
         if args.two_jobs:
@@ -323,7 +349,8 @@ def summarize(result: dict, args, load: float) -> list[dict]:
                      "gloo_ideal_s": round(gloo_ideal(nbytes, n, args.mtu, args.rate), 4),
                      "ideal_ratio": round(n / (2 * (n - 1)), 3),
                      "retransmissions": result["retransmissions"], "spurious": result["spurious"],
-                     "link_drops": result["link_drops"], "load1": round(load, 2)})
+                     "link_drops": result["link_drops"], "switch_nice": args.switch_nice, "cpu_load": args.cpu_load,
+                     "load1": round(load, 2)})
     return rows
 
 
@@ -384,6 +411,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--two-jobs", type=int, default=4, metavar="N",
                    help="ranks of each of two jobs sharing the links (0: no such case)")
     p.add_argument("--quick", action="store_true", help="N = 2 and 4, 4 MiB, one repetition, no two-jobs case")
+    add_machine_arguments(p)
     add_output_arguments(p, "wire_bench", RESULTS)
     # rank mode (the launcher starts these in the Mininet hosts)
     add_rank_arguments(p)

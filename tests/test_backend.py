@@ -962,7 +962,8 @@ def test_host_fallback_is_a_visible_warning_with_its_reason(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("command", ["inagg", "inagg-aggregator", "inagg-demo", "inagg-allreduce-demo",
-                                     "inagg-soft-switch", "inagg-controller", "inaggctl"])
+                                     "inagg-soft-switch", "inagg-controller", "inaggctl",
+                                     "inagg-tofino-ports"])
 def test_every_command_tells_its_version(command):
     from inagg import __version__
 

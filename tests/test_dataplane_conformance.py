@@ -49,12 +49,13 @@ PARENT_IP, PARENT_MAC = "10.0.1.254", "00:00:00:00:01:fe"
 JOB5 = SwitchJob(5, 4, 1, 32, 8, (worker(2, 1, 53000), worker(3, 2, 53001)), uplink=UplinkBinding(
     4, 1, 100, PARENT_MAC, PARENT_IP, UDP_PORT, SWITCH_MAC, SWITCH_IP, UDP_PORT))
 JOBS = (JOB1, JOB2, JOB3, JOB4, JOB5)
-# The jobs the TNA program carries: UDP, no uplink (docs/tofino.md); its model (target
-# "tofino-model") runs the suite with these, at the Tofino program's K (64, BMv2's too).
+# The jobs the TNA program carries: UDP, no uplink (docs/tofino.md); its model (targets
+# "tofino-model", "tofino2-model": as built for each chip) runs the suite with these, at the
+# Tofino program's K (64 on both chips, BMv2's too).
 UDP_JOBS = tuple(j for j in JOBS if j.encap == "udp" and j.uplink is None)
 
 
-@pytest.fixture(scope="module", params=["soft", "soft-python", "bmv2", "tofino-model"])
+@pytest.fixture(scope="module", params=["soft", "soft-python", "bmv2", *TOFINO_TARGETS])
 def dp(request):
     reason = have_netns() or (bmv2_missing() if request.param == "bmv2" else None)
     if reason:
@@ -453,7 +454,7 @@ def test_results_leaving_by_a_deep_queue_are_marked(dp):
     """JOB2's results toward rank 1's port queue up behind a slow egress (BMv2's queue rate, the
     software switch's shaped interface): the later ones carry FLAG_CONGESTION; rank 0's, on a
     port at full speed, none. 96 rounds on 8 slots, alternating sets."""
-    if dp.target in ("soft-python", "tofino-model"):
+    if dp.target == "soft-python" or dp.target in TOFINO_TARGETS:
         pytest.skip("the Python loop does not mark (inagg.softswitch.switch)")
     dp.drain()
     slow = JOB2.workers[1].port

@@ -289,16 +289,17 @@ def model_references():
     return out
 
 
+@pytest.mark.parametrize("target", list(TOFINO_TARGETS))
 @pytest.mark.parametrize("seed", list(MODEL_SEEDS))
-def test_tofino_model_matches_bmv2_and_the_soft_switch(model_references, seed):
+def test_tofino_model_matches_bmv2_and_the_soft_switch(model_references, seed, target):
     """Loss, duplicates, late copies behind the next round, forged and malformed frames (and,
-    for one seed, other-round packets): the model, its second passes and all, sends the same
-    frames out of the same ports as BMv2 and the native engine, step by step, and counts the
-    same."""
+    for one seed, other-round packets): the model of the program as built for each chip, its
+    second passes and all, sends the same frames out of the same ports as BMv2 and the native
+    engine, step by step, and counts the same."""
     sequence, references = model_references[seed]
-    model = run("tofino-model", sequence, model_jobs())
+    model = run(target, sequence, model_jobs())
     for name, reference in references.items():
-        assert model == reference, _first_difference(model, reference, sequence, ("tofino-model", name))
+        assert model == reference, _first_difference(model, reference, sequence, (target, name))
     assert model["counters"]["1"]["results"] > 50
 
 

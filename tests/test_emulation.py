@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from scapy.contrib.roce import BTH
 
+from inagg.emulation.mininet_run import DATA_PLANE_NICE
 from inagg.emulation.run_dir import RUNS_DIR, RunDir, root_interfaces
 from inagg.emulation.testbed import bmv2_missing
 from inagg.wire.grant import ETHERNET_MTU, switch_values_for_mtu, values_for_mtu
@@ -95,6 +96,8 @@ def test_single_switch_training(tmp_path, dataplane):
     assert "contributions aggregated" in stdout and "\nmlp " in stdout
     assert_clean_logs(run)
     assert any(p.stat().st_size > 24 for p in (run.path / "pcaps").glob("*_in.pcap"))
+    if dataplane == "soft":   # the data plane runs ahead of the ranks (mininet_run.DATA_PLANE_NICE)
+        assert f"nice {DATA_PLANE_NICE}" in (run.path / "logs" / "s1.log").read_text()
 
 
 @pytest.mark.parametrize("dataplane", ["soft", "bmv2"])

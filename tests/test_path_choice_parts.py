@@ -14,7 +14,7 @@ from inagg.pytorch.path_choice import PathChooser
 from inagg.pytorch.path_confirm import Confirmations, Pending
 from inagg.pytorch.path_cost import PRIOR, PathModel
 from inagg.pytorch.path_explore import ExplorationBudget, Probes
-from inagg.pytorch.path_links import LINK_RATE_ENV, LinkShape, link_rate, parse_rate
+from inagg.pytorch.path_links import LINK_RATE_ENV, GrantMove, LinkShape, link_rate, parse_rate
 from inagg.pytorch.path_options import FIRST_AGREEMENT, PathChoiceOptions
 from inagg.pytorch.path_schedule import AgreementSchedule, Sampler
 from inagg.pytorch.path_timings import SIZE_CLASSES, PathTimings, size_class
@@ -124,6 +124,20 @@ def test_scheduled_agreements_come_at_16_32_64_then_every_agree_every_while_time
             held.append(call)
             s.agreed(call, scheduled, agreement_s=0.1)
     assert held == [16, 32, 64, 128, 256, 384, 512]
+
+
+def test_at_dear_calls_a_scheduled_agreement_comes_by_agree_seconds_of_them():
+    s = AgreementSchedule(agree_every=128, agree_budget=0.01, agree_seconds=2.0)
+    for call in range(1, 17):
+        s.count(0.5)
+    assert s.check(16) == (True, True)
+    s.agreed(16, True, agreement_s=1e-3)      # by the count, the next would be at call 32
+    s.reprice(16, 0.5)                        # calls of 0.5 s: 2 s of them by call 20
+    assert s.next_agreement == 20
+    s.reprice(16, 1e-3)                       # cheap calls never put it later than that
+    assert s.next_agreement == 20
+    s.count(0.5, 4)
+    assert s.check(20) == (True, True)
 
 
 def test_a_scheduled_agreement_waits_for_its_time_and_comes_sooner_at_dearer_calls():
@@ -244,8 +258,76 @@ def test_inaggs_bytes_on_a_link_are_flat_in_n_and_the_rings_grow_as_2_n_minus_1_
     assert links_of(4).floor("inagg", 4 * MIB) == pytest.approx(4 * MIB * frame * 8 / 100e6)   # 0.349 s
     lane = LinkShape.of_job(100e6, 4, SWITCH_GRANT, SWITCH_GRANT, 1500)
     assert lane.bytes_per_byte["host"] == pytest.approx(4 * frame)   # the host aggregator's link
+    on_host = LinkShape.of_job(100e6, 4, dataclasses.replace(SWITCH_GRANT, mode="host"), None, 1500)
+    assert on_host.bytes_per_byte["inagg"] == pytest.approx(4 * frame)   # a grant there: the same
     with pytest.raises(ValueError, match="positive"):
         LinkShape(0.0, {})
+
+
+def moving_chooser(grant: dict) -> PathChooser:
+    """A chooser of a 4-rank job on 100 Mbit/s links whose inagg grant is ``grant``'s: its
+    ``epoch`` in use, ``offered`` the epoch offered next (None: none); epoch 1 is on the host
+    aggregator, later ones on the switch. Its 4 MiB calls measured: inagg on the host
+    aggregator 4x its switch time, gloo between: gloo takes them."""
+    def links() -> LinkShape:
+        on = SWITCH_GRANT if (grant["offered"] or grant["epoch"]) > 1 else dataclasses.replace(SWITCH_GRANT, mode="host")
+        return LinkShape.of_job(100e6, 4, on, None, 1500)
+
+    move = GrantMove(lambda: grant["epoch"], lambda: grant["offered"] or grant["epoch"], links)
+    c = PathChooser(lambda v: v, ("inagg", "gloo"), links=links(), move=move)
+    for path, s in (("inagg", 4 * SWITCH_S), ("gloo", GLOO_S)):
+        for _ in range(5):
+            c.observe(path, 4 * MIB, s)
+    c.agree()
+    assert c.best(4 * MIB) == "gloo"
+    return c
+
+
+SWITCH_S, GLOO_S = 0.36, 0.64
+
+
+def calls_of(c: PathChooser, grant: dict, n: int) -> list[tuple[str, bool]]:
+    """``n`` 4 MiB calls: an inagg call ends by taking the grant offered."""
+    taken = []
+    for _ in range(n):
+        path, measure = c.choose(4 * MIB)
+        taken.append((path, measure))
+        if path == "inagg" and grant["offered"]:
+            grant["epoch"], grant["offered"] = grant["offered"], None
+        if measure:
+            c.observe(path, 4 * MIB, GLOO_S if path == "gloo" else SWITCH_S if grant["epoch"] > 1 else 4 * SWITCH_S)
+    return taken
+
+
+def test_a_grant_offered_on_the_switch_is_probed_though_every_call_is_on_gloo():
+    """Once every rank has seen the switch's grant offered, the next agreement drops inagg's
+    figures and links of the old grant, and the next calls probe inagg (an untimed warm-up,
+    at whose end the ranks take the new grant, then timed calls); measured at its switch time
+    there, it takes the calls. (Agreements come every ``agree_seconds`` of such calls.)"""
+    grant = {"epoch": 1, "offered": None}
+    c = moving_chooser(grant)
+    grant["offered"] = 2
+    c.agree()
+    assert c.links.bytes_per_byte["inagg"] == pytest.approx(links_of(4).bytes_per_byte["inagg"])
+    assert not c.models["inagg"].seen.any()
+    taken = calls_of(c, grant, 40)
+    assert taken[:2] == [("inagg", False), ("inagg", True)]   # the probe's warm-up, untimed, then timed
+    assert c.best(4 * MIB) == "inagg"     # gloo only rechecked (the class left it) and explored
+    assert sum(path == "inagg" for path, _ in taken) >= 30
+    c.agree()
+    assert c.models["inagg"].seen.any()   # the grant taken is the one offered: its figures stay
+
+
+def test_a_grant_taken_before_an_agreement_saw_it_offered_is_probed_too():
+    """The ranks took the switch's grant at an inagg call (an exploration) before any agreement
+    saw it offered: the next agreement sees the newer epoch in use and drops the old figures."""
+    grant = {"epoch": 1, "offered": None}
+    c = moving_chooser(grant)
+    grant["epoch"] = 2
+    c.agree()
+    assert not c.models["inagg"].seen.any()
+    calls_of(c, grant, 40)
+    assert c.best(4 * MIB) == "inagg"
 
 
 def test_a_link_rate_is_written_as_tc_does_and_loopback_reports_none(monkeypatch):

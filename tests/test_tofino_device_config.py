@@ -96,14 +96,21 @@ def real_config() -> TofinoDeviceConfig:
                               TOFINO_PIPELINE, read_artifact(files["bfrt"]))
 
 
-def test_bf_switchd_reads_every_part_of_the_packed_program_and_nothing_past_it():
-    packed = TOFINO.device_config()
-    assert TOFINO.server == "bf_switchd"
-    read = pi_update_device_start(pi_device_data(packed))
-    assert read == {"prog_name": "inagg", "cfg": read_artifact(TOFINO.files["binary"]),
-                    "ctx": read_artifact(TOFINO.files["context"]), "p4_pipeline_name": "pipe",
-                    "bfrt": read_artifact(TOFINO.files["bfrt"]), "unread": 0}
-    assert TofinoDeviceConfig.unpack(packed) == ("bf_switchd", real_config())
+@pytest.mark.parametrize("chip", ["tofino", "tofino2"])
+def test_bf_switchd_reads_every_part_of_the_packed_program_and_nothing_past_it(chip):
+    """Each chip's switch gets that chip's build (p4/out/<chip>/: tofino.bin, tofino2.bin)."""
+    program = parse_config({"host_aggregator": "10.0.0.100:42666", "switches": [{
+        "grpc": "127.0.0.1:9559", "aggregator": "10.0.0.254:42602", "target": chip,
+        "hosts": {"10.0.0.1": {"port": 1, "mac": "00:00:00:00:00:01"}}}]}).switches[0].program
+    assert program.server == "bf_switchd" and program.files["binary"].name == f"{chip}.bin.gz"
+    assert program.files["binary"].parent.name == chip == program.p4info_path.parent.name
+    read = pi_update_device_start(pi_device_data(program.device_config()))
+    assert read == {"prog_name": "inagg", "cfg": read_artifact(program.files["binary"]),
+                    "ctx": read_artifact(program.files["context"]), "p4_pipeline_name": "pipe",
+                    "bfrt": read_artifact(program.files["bfrt"]), "unread": 0}
+    assert json.loads(read["ctx"])["target"] == chip
+    if chip == "tofino":
+        assert TofinoDeviceConfig.unpack(program.device_config()) == ("bf_switchd", real_config())
 
 
 def test_the_three_part_packing_is_read_past_its_end():

@@ -52,7 +52,8 @@ def test_one_control_per_file_with_include_guards():
             assert len(controls) <= 1, f"{path.name}: {controls}"
 
 
-TOFINO = default_program("tofino")
+CHIPS = ("tofino", "tofino2")
+PROGRAMS = {chip: default_program(chip) for chip in CHIPS}
 # size.p4's overridable sizes (#ifndef X / #define X default / #endif)
 SIZES = {m.group(1): int(m.group(2)) for m in re.finditer(
     r"#ifndef (\w+)\n#define \1 (\d+)\n#endif", (TOFINO_DIR / "size.p4").read_text())}
@@ -76,11 +77,13 @@ def test_every_size_is_in_size_p4_and_overridable():
             assert not re.search(r"#define TOFINO_", text), path.name
 
 
-def test_p4info_has_what_the_controller_uses():
+@pytest.mark.parametrize("chip", CHIPS)
+def test_p4info_has_what_the_controller_uses(chip):
     """The same tables, keys and action parameters as the BMv2 program, K and the counter
     layout the controller reads, UDP only (docs/tofino.md: RoCE needs an ICRC Tofino cannot
-    compute)."""
-    info, bmv2 = TOFINO.p4info, default_program("bmv2").p4info
+    compute), on both chips (K = 64 each)."""
+    info, bmv2 = PROGRAMS[chip].p4info, default_program("bmv2").p4info
+    assert info.message.pkg_info.arch == {"tofino": "tna", "tofino2": "t2na"}[chip]
     assert info.program_name == bmv2.program_name == "inagg"
     for table in ("job_table", "worker_table", "l2_table", "replica_table"):
         ours, theirs = info.obj(P4Type.table, table), bmv2.obj(P4Type.table, table)
@@ -110,7 +113,7 @@ def test_config_names_targets_artifacts_and_device_ports(tmp_path):
     assert cfg.switches[0].program.target == "tofino" and cfg.switches[0].device_port(1) == 132
     with pytest.raises(ValueError, match=r"no device port for front-panel port\(s\) \[1\]"):
         parse_config({**base, "switches": [{**sw, "device_ports": {"2": 132}}]})
-    with pytest.raises(ValueError, match="target must be one of bmv2, soft, tofino"):
+    with pytest.raises(ValueError, match="target must be one of bmv2, soft, tofino, tofino2, got 'tofino3'"):
         parse_config({**base, "switches": [{**sw, "target": "tofino3"}]})
     with pytest.raises(ValueError, match=r"\['bmv2_json'\] do not belong to a tofino program"):
         parse_config({**base, "switches": [{**sw, "bmv2_json": "p4/out/bmv2/inagg.json"}]})
@@ -118,11 +121,12 @@ def test_config_names_targets_artifacts_and_device_ports(tmp_path):
         parse_config({**base, "switches": [{**sw, "binary": "missing.bin"}]}, tmp_path)
 
 
-def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact():
-    """Tofino P4Info, packed device config, device ports and grants with the Tofino K, end to
+@pytest.mark.parametrize("chip", CHIPS)
+def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact(chip):
+    """The chip's P4Info, packed device config, device ports and grants with its K, end to
     end through the software data plane: int32 sums exact, float sums as with the host."""
-    k = TOFINO.p4info.values_per_packet
-    with LoopbackDeployment(3, target="tofino") as dep:
+    k = PROGRAMS[chip].p4info.values_per_packet
+    with LoopbackDeployment(3, target=chip) as dep:
         comms = make_comms(dep, 3)
         try:
             assert all(c.grant.mode == "switch" and c.grant.values_per_packet == k for c in comms)
@@ -139,7 +143,7 @@ def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact():
                 else:
                     assert torch.allclose(out, torch.full_like(out, 4.5), rtol=1e-6)
             sw = SwitchConnection(parse_config(json.loads((dep.dir / "controller.json").read_text()),
-                                               dep.dir).switches[0].grpc, election_id=(0, 0), program=TOFINO)
+                                               dep.dir).switches[0].grpc, election_id=(0, 0), program=PROGRAMS[chip])
             try:
                 assert sw.installed_program() == "inagg"          # the Tofino P4Info is installed
                 job = JobCounters(sw).job(0)
@@ -151,26 +155,57 @@ def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact():
                 c.close()
 
 
-# What the program may use (docs/tofino.md): a change that grows past one of these must say so
-# here and in the docs. Stages are the chip's 12; the rest leave room for the next feature.
-# Stateful ALUs 40 of 48: 32 lane pairs (K = 64) and 6 for the slot logic. SRAM and map RAM:
-# each pair's register is 16384 64-bit words (8 blocks and their map RAM). TCAM 24: the checks
-# (twice, one table per contributor map: slot_claim.p4), round_action and the decision.
+# What the program may use (docs/tofino.md), per chip: a change that grows past one of these
+# must say so here and in the docs. Stages: Tofino 1's 12 (all of them); Tofino 2 has 20 and the
+# program takes 12, the 8 others left for aggregation trees (docs/tofino.md). The rest leave room
+# for the next feature. Stateful ALUs 40 of 48: 32 lane pairs (K = 64) and 6 for the slot logic.
+# SRAM and map RAM: each pair's register is 16384 64-bit words (8 blocks and their map RAM).
+# TCAM 24: the checks (twice, one table per contributor map: slot_claim.p4), round_action and
+# the decision.
 BUDGET = {"stages_used": 12, "stateful_alus": 40, "stats_alus": 8, "sram_blocks": 420,
           "map_ram_blocks": 340, "tcam_blocks": 24, "hash_bits": 800, "logical_tables": 80,
           "gateways": 40}
-RESOURCES = ROOT / "p4" / "out" / "tofino" / "resources.json"
+# Tofino 2: the same, but bf-p4c's Tofino 2 placement of the same program takes 52 gateways
+# (19 on Tofino 1), of 20 x 16
+BUDGETS = {"tofino": BUDGET, "tofino2": {**BUDGET, "gateways": 60}}
+# PHV: Tofino 1 has 224 normal containers (the 64 values take 2048 of their 4096 bits)
+PHV_BUDGET = {"tofino": 192, "tofino2": 192}
 
 
-def test_resources_within_budget():
-    used = json.loads(RESOURCES.read_text())
-    assert used["target"] == "tofino"
-    assert used["stages_used"] <= BUDGET["stages_used"] <= used["stages_available"]
-    for key, limit in BUDGET.items():
+def resources(chip: str) -> dict:
+    return json.loads((ROOT / "p4" / "out" / chip / "resources.json").read_text())
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_resources_within_budget(chip):
+    used, budget = resources(chip), BUDGETS[chip]
+    assert used["target"] == chip
+    assert used["stages_used"] <= budget["stages_used"] <= used["stages_available"]
+    for key, limit in budget.items():
         if key != "stages_used":
-            assert used[key]["used"] <= limit, f"{key}: {used[key]['used']} > budget {limit}"
-    assert used["stateful_alus"]["used"] >= TOFINO.p4info.values_per_packet // 2   # one per pair
-    assert used["phv_containers"]["normal"] <= 192   # of 224: the 64 values take 2048 bits of 4096
+            assert used[key]["used"] <= limit, f"{chip} {key}: {used[key]['used']} > budget {limit}"
+    assert used["stateful_alus"]["used"] >= PROGRAMS[chip].p4info.values_per_packet // 2   # one per pair
+    assert used["phv_containers"]["normal"] <= PHV_BUDGET[chip]
+
+
+# bf-p4c's arguments per chip, as `make tofino` passes them (with CLOTs this bf-p4c fails on
+# Tofino 2's value stacks: docs/tofino.md)
+BF_P4C = {"tofino": ["--target", "tofino", "--arch", "tna"],
+          "tofino2": ["--target", "tofino2", "--arch", "t2na", "-Xp4c=--no-clot"]}
+
+
+def bf_p4c(chip: str, out: Path, *extra: str) -> None:
+    """Compile p4/tofino/ for ``chip`` into ``out`` (P4Info: out/inagg.p4info.txtpb)."""
+    subprocess.run(["bf-p4c", *BF_P4C[chip], "--p4runtime-force-std-externs", *extra,
+                    "--p4runtime-files", str(out / "inagg.p4info.txtpb"), "-o", str(out),
+                    "p4/tofino/inagg.p4"], cwd=ROOT, check=True, capture_output=True)
+
+
+def test_the_make_target_passes_the_same_arguments():
+    make = (ROOT / "Makefile").read_text()
+    assert "arch=$$( [ $$t = tofino2 ] && echo t2na || echo tna )" in make
+    assert "extra=$$( [ $$t = tofino2 ] && echo -Xp4c=--no-clot )" in make
+    assert "--target $$t --arch $$arch $$extra --p4runtime-force-std-externs" in make
 
 
 @pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")
@@ -180,10 +215,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
              "TOFINO_VALUES_PER_PACKET": 8, "TOFINO_WORKER_TABLE_SIZE": 1024,
              "TOFINO_REPLICA_TABLE_SIZE": 512, "TOFINO_L2_TABLE_SIZE": 256}
     assert set(sizes) == set(SIZES)
-    subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna", "--p4runtime-force-std-externs",
-                    *(f"-D{k}={v}" for k, v in sizes.items()),
-                    "--p4runtime-files", str(tmp_path / "inagg.p4info.txtpb"), "-o", str(tmp_path),
-                    "p4/tofino/inagg.p4"], cwd=ROOT, check=True, capture_output=True)
+    bf_p4c("tofino", tmp_path, *(f"-D{k}={v}" for k, v in sizes.items()))
     from inagg.control.p4info import P4Info
     info = P4Info.load(tmp_path / "inagg.p4info.txtpb")
     assert info.values_per_packet == 8
@@ -197,19 +229,20 @@ def test_sizes_are_set_at_build_time(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")
-def test_committed_artifacts_are_current(tmp_path):
-    """Recompile (about 30 s) and compare what does not carry a build date: the P4Info and the
-    resource summary byte for byte, the binary's and context's size and program."""
-    subprocess.run(["bf-p4c", "--target", "tofino", "--arch", "tna", "--p4runtime-force-std-externs",
-                    "--verbose", "1", "--p4runtime-files", str(tmp_path / "inagg.p4info.txtpb"),
-                    "-o", str(tmp_path), "p4/tofino/inagg.p4"], cwd=ROOT, check=True, capture_output=True)
-    assert (tmp_path / "inagg.p4info.txtpb").read_bytes() == TOFINO.p4info_path.read_bytes(), "run `make tofino` and commit"
+@pytest.mark.parametrize("chip", CHIPS)
+def test_committed_artifacts_are_current(chip, tmp_path):
+    """Recompile (about a minute per chip: one compile each) and compare what does not carry a
+    build date: the P4Info and the resource summary byte for byte, the binary's and context's
+    size and program."""
+    program = PROGRAMS[chip]
+    bf_p4c(chip, tmp_path, "--verbose", "1")
+    assert (tmp_path / "inagg.p4info.txtpb").read_bytes() == program.p4info_path.read_bytes(), "run `make tofino` and commit"
     out = subprocess.run([sys.executable, "-m", "tools.tofino_resources", str(tmp_path)], cwd=ROOT,
                          check=True, capture_output=True, text=True).stdout
-    assert json.loads(out) == json.loads(RESOURCES.read_text()), "run `make tofino` and commit"
+    assert json.loads(out) == resources(chip), f"run `make tofino TOFINO_TARGETS={chip}` and commit"
     fresh = json.loads((tmp_path / "pipe" / "context.json").read_text())
-    committed = json.loads(read_artifact(TOFINO.files["context"]))
+    committed = json.loads(read_artifact(program.files["context"]))
     for volatile in ("build_date", "run_id", "compiler_version"):
         fresh.pop(volatile), committed.pop(volatile)
-    assert fresh == committed, "run `make tofino` and commit"
-    assert len((tmp_path / "pipe" / "tofino.bin").read_bytes()) == len(read_artifact(TOFINO.files["binary"]))
+    assert fresh == committed, f"run `make tofino TOFINO_TARGETS={chip}` and commit"
+    assert len((tmp_path / "pipe" / f"{chip}.bin").read_bytes()) == len(read_artifact(program.files["binary"]))

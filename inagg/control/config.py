@@ -20,13 +20,15 @@ Example in JSON (inagg/emulation/topologies/ ships real ones)::
       }]
     }
 
-Each switch names its ``target`` (bmv2, soft, tofino; default bmv2) and may name its program's
+Each switch names its ``target`` (bmv2, soft, tofino, tofino2; default bmv2) and may name its program's
 artifacts (``p4info`` and, by target, ``bmv2_json`` or ``binary`` + ``context`` + ``bfrt``); the
 shipped builds in p4/ are the defaults (inagg/control/artifacts.py finds them in a checkout or a
 wheel). A Tofino switch names the P4Runtime server it runs (``p4runtime_server``: ``bf_switchd``,
 the default, or ``stratum``: the device config's packing, inagg/control/tofino_config.py) and
-maps the front-panel ports its hosts use to device ports (``"device_ports": {"1": 128, ...}``,
-docs/tofino.md), every used port mapped.
+maps the front-panel ports its hosts and links use to device ports (``"device_ports": {"1": 128,
+...}``, docs/tofino.md), every used port mapped; its ``ports`` section says how each of them comes
+up (SDE connector, speed, FEC, autoneg: inagg/control/tofino_ports.py), from which
+``inagg-tofino-ports`` writes the bring-up script and fills ``device_ports``.
 Switches wired to each other name the link on both ends: ``"links": {"spine": 5}`` on a ToR
 (its front-panel port 5 goes to switch "spine") and ``"links": {"tor1": 1}`` on the spine. The
 links must form a forest (no cycles); a job whose ranks hang off several linked switches
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 try:
@@ -51,7 +53,8 @@ from inagg.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
 from inagg.control.artifacts import artifact
 from inagg.jobservice.credentials import load_token
-from inagg.control.program import DEVICE_FILES, TARGETS, Program
+from inagg.control.program import DEVICE_FILES, TARGETS, TOFINO_CHIPS, Program
+from inagg.control.tofino_ports import PortSetup, parse_ports
 from inagg.control.validation import check_mac
 
 # The programs this repository builds, by target (a config may name others), relative to p4/:
@@ -60,10 +63,10 @@ DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
     "bmv2": {"p4info": "out/bmv2/inagg.p4info.txtpb", "bmv2_json": "out/bmv2/inagg.json"},
     # the BMv2 program at the software target's own K (tools/soft_p4info.py, make build)
     "soft": {"p4info": "out/soft/inagg.p4info.txtpb", "bmv2_json": "out/bmv2/inagg.json"},
-    "tofino": {"p4info": "out/tofino/inagg.p4info.txtpb",
-               "binary": "out/tofino/tofino.bin.gz",
-               "context": "out/tofino/context.json.gz",
-               "bfrt": "out/tofino/bfrt.json.gz"},
+    **{chip: {"p4info": f"out/{chip}/inagg.p4info.txtpb",
+              "binary": f"out/{chip}/{chip}.bin.gz",
+              "context": f"out/{chip}/context.json.gz",
+              "bfrt": f"out/{chip}/bfrt.json.gz"} for chip in TOFINO_CHIPS},
 }
 
 
@@ -84,6 +87,13 @@ class SwitchConfig:
     device_ports: dict[int, int] = field(default_factory=dict)  # front panel -> device port
     aggregator_mac: str = ""      # the MAC workers must map ``aggregator``'s IP to ("" = not said)
     links: dict[str, int] = field(default_factory=dict)   # neighbour switch -> front-panel port
+    port_setup: dict[int, PortSetup] = field(default_factory=dict)  # the ``ports`` section
+
+    def port_users(self) -> dict[int, str]:
+        """Each front-panel port a host or link uses -> who uses it (for messages)."""
+        users = {port: f"link to {name}" for name, port in self.links.items()}
+        users.update({h.port: f"host {ip}" for ip, h in self.hosts.items()})
+        return users
 
     @property
     def ports(self) -> list[int]:
@@ -125,7 +135,7 @@ def _need(d: dict, key: str, where: str):
 
 
 _SWITCH_KEYS = {"name", "grpc", "device_id", "target", "aggregator", "aggregator_mac", "hosts",
-                "device_ports", "p4info", "p4runtime_server", "links"} | {k for keys in DEVICE_FILES.values() for k in keys}
+                "device_ports", "p4info", "p4runtime_server", "links", "ports"} | {k for keys in DEVICE_FILES.values() for k in keys}
 
 
 def parse_program(s: dict, where: str, base: Path | None) -> Program:
@@ -138,7 +148,7 @@ def parse_program(s: dict, where: str, base: Path | None) -> Program:
         given = s.get(key)
         paths[key] = (base or Path()) / given if given is not None else artifact(default)
     stray = set(k for keys in DEVICE_FILES.values() for k in keys) - set(DEVICE_FILES[target])
-    if target != "tofino":
+    if target not in TOFINO_CHIPS:
         stray.add("p4runtime_server")
     if stray & set(s):
         raise ValueError(f"{where}: {sorted(stray & set(s))} do not belong to a {target} program")
@@ -154,16 +164,34 @@ def default_program(target: str) -> Program:
     return parse_program({"target": target}, target, None)
 
 
-def parse_device_ports(s: dict, where: str, ports: set[int]) -> dict[int, int]:
-    """Front-panel -> device port map; every port a host uses must be in it when given."""
+def parse_device_ports(s: dict, where: str, users: dict[int, str]) -> dict[int, int]:
+    """Front-panel -> device port map; every port a host or link uses (``users``: port -> who)
+    must be in it when given, and no device port may be in it twice."""
     given = s.get("device_ports", {})
     mapping = {int(k): int(v) for k, v in given.items()}
-    if mapping and not ports <= set(mapping):
-        raise ValueError(f"{where}.device_ports: no device port for front-panel port(s) "
-                         f"{sorted(ports - set(mapping))}")
-    if len(set(mapping.values())) != len(mapping):
-        raise ValueError(f"{where}.device_ports: two front-panel ports share a device port")
+    missing = sorted(set(users) - set(mapping))
+    if mapping and missing:
+        raise ValueError(f"{where}.device_ports: no device port for front-panel port(s) {missing} "
+                         f"({', '.join(users[p] for p in missing)}): map each "
+                         f"(inagg-tofino-ports map fills the map, docs/tofino.md)")
+    first: dict[int, int] = {}
+    for front_panel, dev_port in mapping.items():
+        if dev_port in first:
+            raise ValueError(f"{where}.device_ports: front-panel ports {first[dev_port]} and "
+                             f"{front_panel} both map to device port {dev_port}: each front-panel "
+                             f"port has a device port of its own (pm show's D_P)")
+        first[dev_port] = front_panel
     return mapping
+
+
+def parse_port_setup_section(s: dict, where: str, users: dict[int, str]) -> dict[int, PortSetup]:
+    """The ``ports`` section of a Tofino switch (inagg/control/tofino_ports.py); {} when absent."""
+    if "ports" not in s:
+        return {}
+    if s.get("target") not in TOFINO_CHIPS:
+        raise ValueError(f"{where}.ports: port bring-up settings belong to a Tofino switch, "
+                         f"not a {s.get('target', 'bmv2')} one: remove the section")
+    return parse_ports(s["ports"], f"{where}.ports", users)
 
 
 def parse_mac(s: dict, key: str, where: str) -> str:
@@ -216,26 +244,31 @@ def check_links(switches: list[SwitchConfig]) -> None:
                 stack.append(other)
 
 
+def parse_switch(s: dict, i: int, base: Path | None) -> SwitchConfig:
+    """One ``switches`` entry, checked, naming the first bad key."""
+    where = f"switches[{i}]"
+    unknown_keys = set(s) - _SWITCH_KEYS
+    if unknown_keys:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown_keys)}")
+    hosts = {}
+    for ip, h in _need(s, "hosts", where).items():
+        ipaddress.IPv4Address(ip)
+        hosts[ip] = HostPort(int(_need(h, "port", f"{where}.hosts[{ip}]")),
+                             str(_need(h, "mac", f"{where}.hosts[{ip}]")))
+    parse_address(_need(s, "aggregator", where))
+    sw = SwitchConfig(
+        str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)), int(s.get("device_id", 0)),
+        s["aggregator"], hosts, parse_program(s, where, base),
+        aggregator_mac=parse_mac(s, "aggregator_mac", where),
+        links=parse_links(s, where, {h.port for h in hosts.values()}))
+    users = sw.port_users()
+    return replace(sw, device_ports=parse_device_ports(s, where, users),
+                   port_setup=parse_port_setup_section(s, where, users))
+
+
 def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     """Validate a config dict, naming the first bad entry."""
-    switches = []
-    for i, s in enumerate(data.get("switches", [])):
-        where = f"switches[{i}]"
-        unknown_keys = set(s) - _SWITCH_KEYS
-        if unknown_keys:
-            raise ValueError(f"{where}: unknown key(s) {sorted(unknown_keys)}")
-        hosts = {}
-        for ip, h in _need(s, "hosts", where).items():
-            ipaddress.IPv4Address(ip)
-            hosts[ip] = HostPort(int(_need(h, "port", f"{where}.hosts[{ip}]")),
-                                 str(_need(h, "mac", f"{where}.hosts[{ip}]")))
-        parse_address(_need(s, "aggregator", where))
-        switches.append(SwitchConfig(
-            str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)), int(s.get("device_id", 0)),
-            s["aggregator"], hosts, parse_program(s, where, base),
-            parse_device_ports(s, where, {h.port for h in hosts.values()}),
-            parse_mac(s, "aggregator_mac", where),
-            parse_links(s, where, {h.port for h in hosts.values()})))
+    switches = [parse_switch(s, i, base) for i, s in enumerate(data.get("switches", []))]
     check_links(switches)
     host_aggregator = _need(data, "host_aggregator", "config")
     parse_address(host_aggregator)
@@ -254,13 +287,30 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     return ControllerConfig(switches=tuple(switches), host_aggregator=host_aggregator, **kwargs)
 
 
-def load_config(path: Path | str) -> ControllerConfig:
-    """Read a config file: TOML when it ends in ``.toml`` (comments allowed; the commented
-    example is examples/controller.toml), else JSON. Same keys either way."""
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all different (json keeps the last of a repeated key
+    silently; TOML refuses one itself)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object: keep one")
+        out[key] = value
+    return out
+
+
+def read_config_data(path: Path | str) -> dict:
+    """A config file's raw dict: TOML when it ends in ``.toml`` (comments allowed; the
+    commented example is examples/controller.toml), else JSON. Same keys either way."""
     path = Path(path)
     try:
         text = path.read_text()
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (OSError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        if path.suffix == ".toml":
+            return tomllib.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read controller config {path}: {e}") from None
-    return parse_config(data, path.parent)
+
+
+def load_config(path: Path | str) -> ControllerConfig:
+    """Read and check a config file (read_config_data, parse_config)."""
+    return parse_config(read_config_data(path), Path(path).parent)

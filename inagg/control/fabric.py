@@ -25,14 +25,14 @@ import threading
 from inagg.control.allocator import SWITCH, AllocatorSnapshot, JobState, SlotAllocator
 from inagg.control.config import ControllerConfig
 from inagg.control.jobs import Job
+from inagg.control.program import TOFINO_CHIPS
 from inagg.control.runtime import SwitchCapacity, SwitchRuntime
 from inagg.control.switch import SwitchError, SwitchJob
+from inagg.control.tofino_ports import pipe_of
 from inagg.control.tree_place import job_ips, place_tree, tree_refusal
 from inagg.control.trees import l2_routes, tree_switch_job, worker_bindings
 
 log = logging.getLogger("inagg.controller")
-
-PIPE_SHIFT = 7   # a Tofino device port's pipe is dev_port >> 7 (128 device ports per pipe)
 
 
 def refusal(sw: SwitchRuntime, job: Job) -> str:
@@ -45,8 +45,8 @@ def refusal(sw: SwitchRuntime, job: Job) -> str:
     if job.transport not in carried:
         return (f"switch {cfg.name}'s program carries {'/'.join(carried)} only, not the job's "
                 f"{job.transport} (docs/tofino.md: Tofino cannot compute RoCE's ICRC)")
-    if cfg.program is not None and cfg.program.target == "tofino":
-        pipes = sorted({cfg.device_port(cfg.hosts[ip].port) >> PIPE_SHIFT for ip in ips})
+    if cfg.program is not None and cfg.program.target in TOFINO_CHIPS:
+        pipes = sorted({pipe_of(cfg.device_port(cfg.hosts[ip].port)) for ip in ips})
         if len(pipes) > 1:
             return (f"its workers' ports on switch {cfg.name} are in pipes "
                     f"{', '.join(map(str, pipes))}: a Tofino's registers are per pipe, so one "

@@ -14,6 +14,8 @@ Targets and what SetForwardingPipelineConfig carries as ``p4_device_config``:
     tofino  | P4Info, tofino.bin, context.json,      | the program packed for the switch's P4Runtime
             | bfrt.json                              | server: bf_switchd (PI) or Stratum
             |                                        | (inagg/control/tofino_config.py)
+    tofino2 | the same, built for t2na (tofino2.bin) | the same packing (PI and Stratum read it
+            |                                        | alike for either chip)
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from pathlib import Path
 from inagg.control.p4info import P4Info
 from inagg.control.tofino_config import SERVERS, TofinoDeviceConfig
 
-TARGETS: tuple[str, ...] = ("bmv2", "soft", "tofino")
+# The Tofino chips: one TNA program (p4/tofino/), compiled per chip into p4/out/<target>/.
+TOFINO_CHIPS: tuple[str, ...] = ("tofino", "tofino2")
+TARGETS: tuple[str, ...] = ("bmv2", "soft", *TOFINO_CHIPS)
 # The files each target's program consists of (config keys), besides the P4Info.
 DEVICE_FILES: dict[str, tuple[str, ...]] = {
     "bmv2": ("bmv2_json",),
     "soft": ("bmv2_json",),
-    "tofino": ("binary", "context", "bfrt"),
+    **{chip: ("binary", "context", "bfrt") for chip in TOFINO_CHIPS},
 }
 # The pipeline name bf-p4c gives inagg's TNA program: `Switch(pipe) main` in p4/tofino/inagg.p4.
 TOFINO_PIPELINE = "pipe"
@@ -51,7 +55,7 @@ class Program:
     target: str
     p4info_path: Path
     files: dict[str, Path]   # DEVICE_FILES[target] -> path
-    server: str = "bf_switchd"   # tofino: the P4Runtime server whose packing it is pushed in
+    server: str = "bf_switchd"   # a Tofino chip: the P4Runtime server whose packing it is pushed in
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -71,9 +75,9 @@ class Program:
 
     def device_config(self) -> bytes:
         """The p4_device_config of this program for its target."""
-        if self.target != "tofino":
+        if self.target not in TOFINO_CHIPS:
             return read_artifact(self.files["bmv2_json"])
-        binary, context, bfrt = (read_artifact(self.files[k]) for k in DEVICE_FILES["tofino"])
+        binary, context, bfrt = (read_artifact(self.files[k]) for k in DEVICE_FILES[self.target])
         # a broken artifact is refused here (TofinoDeviceConfig checks), not by the switch
         return TofinoDeviceConfig(self.p4info.program_name, binary, context, TOFINO_PIPELINE,
                                   bfrt).pack(self.server)

@@ -7,10 +7,11 @@ switch port r+1; the switch's inagg address is 127.A.B.254, the host aggregator'
 each on a UDP port the kernel finds free there (never a fixed one: another program bound to
 0.0.0.0 on inagg's well-known ports holds them on every address). ``make demo``, the training tests and the benchmarks run on it.
 
-``target="tofino"`` makes it Tofino-shaped: the software data plane runs the Tofino program's
-P4Info (its K, names and counters), the controller deploys to it as to a Tofino (the packed
-device config in bf_switchd's packing, front-panel ports mapped to device ports 128 + 4 r),
-so the controller's Tofino path and grants carrying the Tofino K are tested without the chip.
+``target="tofino"`` (or ``"tofino2"``) makes it Tofino-shaped: the software data plane runs the
+chip's Tofino program's P4Info (its K, names and counters), the controller deploys to it as to
+a Tofino (the packed device config in bf_switchd's packing, front-panel ports mapped to
+device ports 128 + 4 r), so the controller's Tofino path and grants carrying the Tofino K are
+tested without the chip.
 
 ``p4info`` names the P4Info the controller pushes to the software switch instead of the target's
 own (the software target's large K): BMv2's P4Info (``default_program("bmv2")``) runs it at K = 64,
@@ -31,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from inagg.control.config import default_program
+from inagg.control.program import TOFINO_CHIPS
 from inagg.jobservice.credentials import ADMIN_TOKEN_ENV
 
 from inagg.softswitch.switch import udp_host_mac
@@ -75,8 +77,9 @@ class LoopbackDeployment:
                  aggregator_drop_rate: float = 0.0, target: str = "soft",
                  metrics: bool = False, die_with_parent: bool = False, fork_services: bool = False,
                  p4info: Path | str | None = None, database: Path | str | None = None) -> None:
-        if target not in ("soft", "tofino"):
-            raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped 'tofino', not {target!r}")
+        if target not in ("soft", *TOFINO_CHIPS):
+            raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped "
+                             f"({', '.join(map(repr, TOFINO_CHIPS))}), not {target!r}")
         if p4info is not None and target != "soft":
             raise ValueError("only a 'soft' loopback switch runs another P4Info than its target's")
         self.target = target
@@ -110,7 +113,7 @@ class LoopbackDeployment:
     def device_port(self, rank: int) -> int:
         """The switch port worker ``rank`` is attached to: front-panel port rank + 1, which a
         Tofino-shaped switch maps to device port 128 + 4 rank (pipe 1, as on a Tofino)."""
-        return 128 + 4 * rank if self.target == "tofino" else rank + 1
+        return 128 + 4 * rank if self.target in TOFINO_CHIPS else rank + 1
 
     def worker_mac(self, rank: int) -> str:
         """The source MAC the soft switch gives host ``rank``'s datagrams."""
@@ -173,7 +176,7 @@ class LoopbackDeployment:
                           for r in range(self.n_hosts)}}
             if self.p4info is not None:
                 switch["p4info"] = str(Path(self.p4info).resolve())
-            if self.target == "tofino":
+            if self.target in TOFINO_CHIPS:
                 switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
             switches.append(switch)
         config = {"listen": self.controller, "admin_token": self.admin_token,

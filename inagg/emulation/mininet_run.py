@@ -85,14 +85,21 @@ def free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
+# The data plane models a switch's own silicon, which shares no CPU with the hosts: in the
+# emulation it runs ahead of the ranks and of anything else on the machine (root may go below 0).
+DATA_PLANE_NICE = -10
+
+
 def make_switch_class(Switch):
     class P4Switch(Switch):
         """A Mininet switch node running a P4Runtime data plane process in the root namespace;
         its P4Runtime server listens on a Unix socket in the run directory."""
 
-        def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, pcaps=True, **kw):
+        def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, pcaps=True,
+                     nice=DATA_PLANE_NICE, **kw):
             Switch.__init__(self, name, **kw)
             self.dataplane, self.run, self.device_id, self.pcaps = dataplane, run, device_id, pcaps
+            self.nice = nice
             self.grpc = f"unix:{run.path / (name + '-p4rt.sock')}"
             self.proc = None
 
@@ -106,8 +113,9 @@ def make_switch_class(Switch):
             else:
                 binary = [sys.executable, "-m", "inagg.softswitch.switch"]
             capture = ["--pcap", str(self.run.path / "pcaps")] if self.pcaps else []
-            return binary + ports + ["--device-id", str(self.device_id), *capture, "--no-p4", "--",
-                                     "--grpc-server-addr", self.grpc]
+            # every thread of the data plane at this priority: nice(1) before exec, threads inherit it
+            return ["nice", "-n", str(self.nice), *binary, *ports, "--device-id", str(self.device_id), *capture,
+                    "--no-p4", "--", "--grpc-server-addr", self.grpc]
 
         def start(self, controllers):
             log_path = self.run.path / "logs" / f"{self.name}.log"
@@ -206,9 +214,10 @@ class Run:
 
     def __init__(self, topo: Topology, dataplane: str, run: RunDir, epochs: int | None = None,
                  transport: str | None = None, program_files: dict[str, str] | None = None,
-                 pcaps: bool = True) -> None:
+                 pcaps: bool = True, switch_nice: int = DATA_PLANE_NICE) -> None:
         self.topo, self.dataplane, self.run, self.transport = topo, dataplane, run, transport
         self.pcaps = pcaps   # every switch port's pcaps in the run directory (2-7 GB for a bandwidth flip)
+        self.switch_nice = switch_nice   # the data planes' nice(1) value
         self.epochs = job_epochs(topo, epochs)
         self.program_files = program_files or {}   # p4info/bmv2_json for every switch; {}: p4/
         self.net = None
@@ -245,7 +254,7 @@ class Run:
         for i, name in enumerate(self.topo.switches):
             # a datapath id of its own: Mininet derives one only from names like "s1", not "tor1"
             self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i,
-                               pcaps=self.pcaps, dpid=f"{i + 1:016x}")
+                               pcaps=self.pcaps, nice=self.switch_nice, dpid=f"{i + 1:016x}")
         for name, h in self.topo.hosts.items():
             self.net.addHost(name, ip=h["ip"], mac=h["mac"])
         names = []
@@ -582,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="override every job's transport to the switch (topology: \"transport\")")
     p.add_argument("--p4info", type=Path, help="P4Info pushed to BMv2 switches (default: p4/'s)")
     p.add_argument("--bmv2-json", type=Path, help="BMv2 JSON pushed to BMv2 switches (default: p4/'s)")
+    p.add_argument("--switch-nice", type=int, default=DATA_PLANE_NICE,
+                   help="the data planes' nice(1) value (default %(default)s: ahead of the hosts; 0: as they are)")
     p.add_argument("--cli", action="store_true", help="keep the network up at a mininet> prompt after the jobs")
     p.add_argument("--json", type=Path, help="write the summary rows here")
     p.add_argument("--stop", action="store_true", help="stop this user's unfinished runs of this checkout and exit")
@@ -613,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = RunDir.create()
     print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)
-    run = Run(topo, dataplane, run_dir, args.epochs, args.transport, program_files)
+    run = Run(topo, dataplane, run_dir, args.epochs, args.transport, program_files, switch_nice=args.switch_nice)
 
     def terminated(*_):
         raise Terminated

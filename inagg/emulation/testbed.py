@@ -27,9 +27,11 @@ _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
 # Software data plane targets: the engine each runs (inagg-soft-switch --engine); the model of
-# the Tofino program runs that program (TOFINO_TARGETS: push default_program("tofino")).
-SOFT_ENGINES = {"soft": "native", "soft-python": "python", "tofino-model": "tofino-model"}
-TOFINO_TARGETS = ("tofino-model",)
+# the Tofino program runs that program as built for a chip (TOFINO_TARGETS: target -> the chip
+# whose default_program is pushed; the model follows the P4Info's architecture).
+SOFT_ENGINES = {"soft": "native", "soft-python": "python", "tofino-model": "tofino-model",
+                "tofino2-model": "tofino-model"}
+TOFINO_TARGETS = {"tofino-model": "tofino", "tofino2-model": "tofino2"}
 BMV2_THRIFT_PORT = 9090   # simple_switch_grpc's default, in the testbed's own namespace
 
 
@@ -147,8 +149,9 @@ class Dataplane:
 
     @property
     def program(self) -> Program:
-        """The program to push to this switch: the Tofino one for TOFINO_TARGETS, else BMv2's."""
-        return default_program("tofino" if self.target in TOFINO_TARGETS else "bmv2")
+        """The program to push to this switch: the chip's Tofino one for TOFINO_TARGETS, else
+        BMv2's."""
+        return default_program(TOFINO_TARGETS.get(self.target, "bmv2"))
 
     def send(self, port: int, frame: bytes) -> None:
         self.socks[port].send(frame)

@@ -75,7 +75,8 @@ from inagg.worker.abortable_store import AbortableStore
 from inagg.pytorch.path_choice import PATHS, PathChooser
 from inagg.pytorch.reproducible import FixedPointGloo
 from inagg.worker.stream import Reduction, one_round_capacity
-from inagg.pytorch.path_links import job_links
+from inagg.pytorch.path_links import GrantMove, LinkShape, job_links
+from inagg.wire.grant import Grant
 from inagg import BACKEND_NAME
 
 log = logging.getLogger("inagg.backend")
@@ -458,11 +459,23 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size, self.failure), paths,
                                  forced=forced,
                                  shared_clock=_ranks_share_a_clock(self._start_store(store, "clock"), rank, world_size),
-                                 links=job_links(self.endpoint.bind_ip, world_size, self.comm.grant,
-                                                 self.lane.grant if self.lane else None))
+                                 links=self._links(self.comm.grant), move=self._grant_move())
         if self._fixed is not None:
             self._calibrate()
             self._calibrated = True
+
+    def _grant_move(self) -> GrantMove | None:
+        """How the path choice sees the job's grant move; None where this rank's host reduces
+        first (only a host's leader follows the job's grants)."""
+        comm = self.comm
+        if not isinstance(comm, Communicator):
+            return None
+        return GrantMove(lambda: comm.grant.epoch, lambda: (comm.pending_grant or comm.grant).epoch,
+                         lambda: self._links(comm.pending_grant or comm.grant))
+
+    def _links(self, grant: Grant) -> LinkShape | None:
+        """The job's links under ``grant`` (and its host lane's), where their rate is known."""
+        return job_links(self.endpoint.bind_ip, self.size(), grant, self.lane.grant if self.lane else None)
 
     def ready(self) -> None:
         """Wait for the inagg paths (``_start_paths``) and, the first time, calibrate them (the same

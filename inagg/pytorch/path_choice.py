@@ -55,7 +55,7 @@ import numpy as np
 from inagg.pytorch.path_confirm import Confirmations
 from inagg.pytorch.path_cost import PathModel, fit_alpha_beta, row_medians
 from inagg.pytorch.path_explore import ExplorationBudget, Probes
-from inagg.pytorch.path_links import LinkShape
+from inagg.pytorch.path_links import GrantMove, LinkShape
 from inagg.pytorch.path_options import PathChoiceOptions
 from inagg.pytorch.path_schedule import AgreementSchedule, Sampler
 from inagg.pytorch.path_timings import SIZE_CLASSES, UNSEEN, PathTimings, size_class
@@ -95,23 +95,25 @@ class PathChooser:
     """Per-call path choice, identical on every rank (module docstring). ``agree`` combines
     every rank's vector by elementwise minimum (a collective); ``options`` (or keyword
     overrides of its fields) tune the choice; ``links``: the job's links, where their rate is
-    known; ``clock`` times the agreements' own work."""
+    known; ``move``: how it learns that the inagg path's grant is about to move (``GrantMove``);
+    ``clock`` times the agreements' own work."""
 
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"),
                  options: PathChoiceOptions | None = None, *, forced: str | None = None, shared_clock: bool = False,
-                 links: LinkShape | None = None, clock: Callable[[], float] = time.perf_counter,
-                 **overrides: Any) -> None:
+                 links: LinkShape | None = None, move: GrantMove | None = None,
+                 clock: Callable[[], float] = time.perf_counter, **overrides: Any) -> None:
         options = replace(options or PathChoiceOptions(), **overrides)
         _check_paths(paths, forced)
         self.options, self.paths, self.forced, self.shared_clock = options, tuple(paths), forced, shared_clock
-        self.links = links
+        self.links, self._move = links, move
+        self._grant_epoch = move.epoch() if move else 0   # the inagg grant the figures are of
         self.prefer = options.prefer if options.prefer in self.paths else None
         self._agree_fn, self._clock = agree, clock
         self._lock = threading.Lock()   # ``observe`` may come from any thread
         self.timings = {p: PathTimings(options.per_class, shared_clock) for p in self.paths}
         summary_length = len(self.timings[self.paths[0]].summary())
         self.models = {p: PathModel.unseen(summary_length, shared_clock) for p in self.paths}
-        self._schedule = AgreementSchedule(options.agree_every, options.agree_budget)
+        self._schedule = AgreementSchedule(options.agree_every, options.agree_budget, options.agree_seconds)
         self._sampler = Sampler(options)
         self._probes = Probes(self.paths, options)
         self._budget = ExplorationBudget(self.paths, options.explore_budget)
@@ -172,15 +174,19 @@ class PathChooser:
         path's model to the result; a collective, so every rank must call it at the same
         point."""
         started = self._clock()
+        grant = float(self._move.next_epoch()) if self._move else 0.0
         with self._lock:
-            local = np.concatenate([self.timings[p].summary() for p in self.paths] + [[self._own_agreement_s]])
+            local = np.concatenate([self.timings[p].summary() for p in self.paths] + [[grant, self._own_agreement_s]])
         sent = self._clock()
         agreed = self._agree_fn(local)
         received = self._clock()
         if np.isfinite(agreed[-1]):
             self.agreement_s = float(agreed[-1])
-        combined = agreed[:-1].reshape(len(self.paths), -1)
+        combined = agreed[:-2].reshape(len(self.paths), -1)
         self.models = {p: self.models[p].refit(combined[i], self.shared_clock) for i, p in enumerate(self.paths)}
+        if agreed[-2] > self._grant_epoch:   # every rank has seen a newer grant, offered or taken
+            self._grant_epoch = int(agreed[-2])
+            self._grant_moves("inagg")
         self._best.clear()
         self.stats.agreements += 1
         self._retime_slowed_classes()
@@ -357,6 +363,23 @@ class PathChooser:
             self.timings[path].forget(c)
         self._schedule.agree_at_next_call(self.calls)
         return path
+
+    def _grant_moves(self, path: str) -> None:
+        """``path``'s grant moves (every rank has seen a newer one, offered or already taken):
+        its figures are the old grant's, so they go, the links are the new grant's, and each
+        size class it was measured at probes it again. Where the grant is only offered, the
+        probe's untimed warm-up is a call on ``path``, at whose end the ranks take it
+        (``inagg.worker.communicator``), so the timed probes measure the new grant."""
+        if self.forced or path not in self.paths:
+            return
+        self.links = self._move.links()
+        measured = np.flatnonzero(self.models[path].seen)
+        with self._lock:
+            for c in measured:
+                self.timings[path].forget(int(c))
+        self.models[path] = PathModel.unseen(len(self.timings[path].summary()), self.shared_clock)
+        for c in measured:
+            self._probes.schedule(path, int(c), self.options.probes)
 
     # -- confirming a class's path on its own calls --------------------------------------------
 

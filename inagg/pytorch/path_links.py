@@ -27,7 +27,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from inagg.wire.grant import Grant, IPV4_UDP_BYTES
 from inagg.wire.protocol import HEADER_BYTES, ROCE_HEADER_BYTES, ROCE_ICRC_BYTES
@@ -99,7 +99,8 @@ class LinkShape:
     def of_job(cls, rate_bits: float, world: int, grant: Grant, lane: Grant | None, mtu: int) -> LinkShape:
         """The shape of a job of ``world`` ranks on links of ``rate_bits`` and ``mtu``: its
         ``grant``, its host lane's (None: no lane) and gloo's ring."""
-        shape = {"inagg": frame_bytes_per_byte(grant),
+        # a grant on the host aggregator puts every worker's frames on the aggregator's link
+        shape = {"inagg": frame_bytes_per_byte(grant) * (world if grant.mode == "host" else 1),
                  "gloo": 2 * (world - 1) / world * (mtu + ETHERNET_BYTES) / (mtu - TCP_IP_BYTES)}
         if lane is not None:
             shape["host"] = world * frame_bytes_per_byte(lane)
@@ -108,3 +109,18 @@ class LinkShape:
     def floor(self, path: str, nbytes: float) -> float:
         """The least seconds a call of ``nbytes`` takes on ``path`` (0 for a path not shaped)."""
         return nbytes * self.bytes_per_byte.get(path, 0.0) * 8 / self.rate_bits
+
+
+@dataclass(frozen=True)
+class GrantMove:
+    """How the path choice follows the ``inagg`` path's grant as it moves (from the host
+    aggregator to a switch, back, or to other slots): ``epoch`` is the grant in use, the same
+    on every rank where nothing is in flight; ``next_epoch`` the grant the controller offers
+    next where this rank has seen one, else ``epoch``; ``links`` the job's links under that
+    grant. A move changes what an inagg call costs, so the path's figures must go; and a job
+    whose calls are all on gloo makes no inagg call, the only place where its ranks take the
+    grant offered, so without a probe it would never take it."""
+
+    epoch: Callable[[], int]
+    next_epoch: Callable[[], int]
+    links: Callable[[], LinkShape | None]

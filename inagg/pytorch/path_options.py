@@ -21,6 +21,11 @@ class PathChoiceOptions:
     scheduled agreement waits until the calls since the last one are predicted to have taken
     ``1 / agree_budget`` times one agreement's work (in (0, 1))."""
 
+    agree_seconds: float = 2.0
+    """A scheduled agreement comes at the latest once the calls since the last one are predicted
+    to have taken this long, however few they are: where calls are dear, what the figures
+    miss (a link whose rate changed, a grant that moved) is at most this old (> 0)."""
+
     explore_budget: float = 0.02
     """The fraction of each size class's predicted call time that explorations of other paths
     there, and the agreements they bring, may cost (in [0, 1))."""
@@ -81,6 +86,8 @@ class PathChoiceOptions:
             raise ValueError(f"explore_budget must be in [0, 1), got {self.explore_budget}")
         if not 0 < self.agree_budget < 1:
             raise ValueError(f"agree_budget must be in (0, 1), got {self.agree_budget}")
+        if not 0 < self.agree_seconds < float("inf"):
+            raise ValueError(f"agree_seconds must be a positive number of seconds, got {self.agree_seconds}")
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if not 0 <= self.link_margin <= self.margin or self.link_bound < 1:

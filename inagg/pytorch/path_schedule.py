@@ -19,13 +19,14 @@ class AgreementSchedule:
     """Which call holds the next agreement. *Scheduled* agreements come at calls 16, 32, 64,
     then every ``agree_every``, but no sooner than the calls since the last one are predicted
     to have taken ``1 / agree_budget`` times one agreement's own work: a scheduled agreement
-    whose calls have come but whose time has not is put off by as many calls as that takes.
+    whose calls have come but whose time has not is put off by as many calls as that takes;
+    and no later than the calls are predicted to have taken ``agree_seconds`` (dear calls).
     *Unscheduled* ones come at the next call, asked for by the chooser (a new size's probes
     are done, an exploration or a class's confirming calls were taken); they leave the
     scheduled one where it is."""
 
-    def __init__(self, agree_every: int, agree_budget: float) -> None:
-        self.agree_every, self.agree_budget = agree_every, agree_budget
+    def __init__(self, agree_every: int, agree_budget: float, agree_seconds: float = float("inf")) -> None:
+        self.agree_every, self.agree_budget, self.agree_seconds = agree_every, agree_budget, agree_seconds
         self.next_agreement = FIRST_AGREEMENT   # the next agreement's call, scheduled or not
         self._next_scheduled = FIRST_AGREEMENT  # the next scheduled one's call ...
         self._floor = FIRST_AGREEMENT           # ... which coming sooner does not move before this call
@@ -63,9 +64,14 @@ class AgreementSchedule:
     def reprice(self, calls: int, seconds: float) -> None:
         """A put-off scheduled agreement comes sooner where calls of ``seconds`` each would
         earn its time sooner than the cheaper calls it was reckoned at (never before its
-        floor)."""
+        floor); and by the call where calls of ``seconds`` reach ``agree_seconds`` (floor or
+        not)."""
         if self._next_scheduled > calls and self._predicted_s < self._due_s:
-            self._schedule_at(max(self._floor, min(self._next_scheduled, self._call_reaching_due(calls, seconds))))
+            self._schedule_at(min(self._next_scheduled, max(self._floor, self._call_reaching_due(calls, seconds))))
+        left = self.agree_seconds - self._predicted_s
+        latest = calls + max(1, int(np.ceil(left / max(seconds, 1e-9)))) if np.isfinite(left) else self._next_scheduled
+        if latest < self._next_scheduled:
+            self._schedule_at(max(latest, calls + 1))
 
     def calls_before_next(self, calls: int) -> int:
         """How many calls after call ``calls`` come before the next agreement's."""

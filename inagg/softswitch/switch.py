@@ -21,7 +21,7 @@ that batches its system calls (recvmmsg/sendmmsg) and never takes the GIL; with
 Python, its slot logic being the shared aggregation engine), in that Python loop.
 ``--engine tofino-model`` runs ``inagg.softswitch.tofino_model.TofinoModelPipeline`` (the reference
 with the TNA program's slot logic, register by register) in that loop; start it with the Tofino
-P4Info (``--p4info p4/out/tofino/inagg.p4info.txtpb``).
+P4Info of either chip (``--p4info p4/out/tofino/inagg.p4info.txtpb`` or ``p4/out/tofino2/``).
 
 ``--pcap DIR`` writes <iface>_in.pcap / <iface>_out.pcap per port with scapy's writer
 (``PortCaptures``), whichever loop runs: the Python loop writes each frame as it goes; the
@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import re
 import logging
+import os
+import re
 import selectors
 import signal
 import socket
@@ -459,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     print(f"inagg-soft-switch device {args.device_id}: ports "
           f"{', '.join(f'{p}@{i}' for p, i in sorted(args.ports.items()))}; "
-          f"P4Runtime on {args.target.grpc_server_addr}; {args.engine} engine", flush=True)
+          f"P4Runtime on {args.target.grpc_server_addr}; {args.engine} engine; "
+          f"nice {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
     if loop is not None:
         status = run_native_loop(loop, attach, captures, stop)
     else:

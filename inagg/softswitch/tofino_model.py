@@ -1,6 +1,7 @@
 """An executable model of the TNA program's slot logic (p4/tofino/slot_claim.p4, round_record.p4,
 slot_state.p4, value_lanes.p4, result_replication.p4), register by register, in the stage order
-bf-p4c placed them, with a packet's two passes.
+bf-p4c placed them, with a packet's two passes, for each chip the program is built for
+(``CHIPS``: Tofino 1 and Tofino 2, whose lane pairs return both words of a pass).
 
 Why: no tofino-model or Tofino can run here, and the TNA program cannot simply be the BMv2
 program (each register is reached once per pass, in stage order, so Tofino decides with what
@@ -8,14 +9,16 @@ the earlier stages returned). This model does exactly that: each ``_stage*`` met
 register actions the P4 runs in that stage, reading only what earlier stages produced, so a
 decision that needs a later register's value cannot be written here either. The program's two
 passes are ``first_pass`` (every packet: claim, round record, round state, the lane pairs
-adding both values and returning the first) and ``second_pass`` (a recirculated packet: a
-result's harvest, where the other set retires and the pairs return their second values, or a
-BAD_ROUND that takes its sender's bit out of the set's map again). It has the slot engine's
-interface (``process``, ``last_outcome``, ``replace_jobs``), so ``TofinoModelPipeline`` is the
+adding both values and returning the first, on Tofino 2 both) and ``second_pass`` (a
+recirculated packet: a result's harvest, where the other set retires and, on Tofino 1, the
+pairs return their second values, or a BAD_ROUND that takes its sender's bit out of the set's
+map again). On Tofino 2 a DUP_DONE answer of a harvested round leaves its first pass. It has
+the slot engine's interface (``process``, ``last_outcome``, ``replace_jobs``), so
+``TofinoModelPipeline`` is the
 software switch's pipeline with the TNA program's slot logic, and the conformance cases and the
 differential fuzz compare it with the reference engine at the TNA's K
-(tests/test_tofino_model.py). ``REGISTER_ACTIONS``/``register_stages`` are what the test holds
-against the P4 source and the committed compiler output (context.json)."""
+(tests/test_tofino_model.py). ``register_actions``/``register_stages`` are what the test holds
+against the P4 source and the committed compiler output (each chip's context.json)."""
 
 from __future__ import annotations
 
@@ -32,30 +35,49 @@ from inagg.wire.protocol import (
     MSG_CONTRIBUTION, MSG_RESULT, VERSION, Outcome, unpack_raw,
 )
 
+# P4Info architecture -> the chip (the P4's __TARGET_TOFINO__: 1, 2) the model runs
+CHIPS = {"tna": "tofino", "t2na": "tofino2"}
 _MAP_ACTIONS = ("join", "peek", "retire", "undo")
-# register -> the RegisterActions the P4 declares on it (pair: every lane pair's register)
-REGISTER_ACTIONS: dict[str, tuple[str, ...]] = {
-    "map0": tuple(f"map0_{a}" for a in _MAP_ACTIONS),
-    "map1": tuple(f"map1_{a}" for a in _MAP_ACTIONS),
-    "round_record": ("round_open", "round_check"),
-    "seen": ("seen_first", "seen_add", "seen_read", "seen_harvested"),
-    "exp_max": ("exp_first", "exp_add", "exp_read"),
-    "sticky_flags": ("flags_first", "flags_add", "flags_read"),
-    "pair": ("store", "add", "load_first", "load_second"),
-}
+
+
+def check_chip(chip: str) -> str:
+    """``chip`` when it is one the program is built for, else a ValueError naming them."""
+    if chip not in CHIPS.values():
+        raise ValueError(f"no Tofino chip {chip!r}: one of {', '.join(CHIPS.values())}")
+    return chip
+
+
+def register_actions(chip: str) -> dict[str, tuple[str, ...]]:
+    """Register -> the RegisterActions the P4 declares on it for ``chip`` (pair: every lane
+    pair's register; Tofino 2's load returns both words, so it has no load_second)."""
+    return {
+        "map0": tuple(f"map0_{a}" for a in _MAP_ACTIONS),
+        "map1": tuple(f"map1_{a}" for a in _MAP_ACTIONS),
+        "round_record": ("round_open", "round_check"),
+        "seen": ("seen_first", "seen_add", "seen_read", "seen_harvested"),
+        "exp_max": ("exp_first", "exp_add", "exp_read"),
+        "sticky_flags": ("flags_first", "flags_add", "flags_read"),
+        "pair": ("store", "add", "load") + (("load_second",) if check_chip(chip) == "tofino" else ()),
+    }
+
+
 ROUND_STATE_STAGE = 3   # seen, exp_max, sticky_flags: pinned (@stage) in slot_state.p4
 PAIRS_PER_STAGE = 4     # stateful ALUs per stage
 
 
-def register_stages(k: int) -> dict[str, int]:
+def register_stages(k: int, chip: str) -> dict[str, int]:
     """Register (lane pairs as ``pair<i>``) -> the stage this model runs it in: bf-p4c put
-    pair 0 beside seen, exp_max and sticky_flags, the others four per stage after them, the
-    last first."""
+    one pair beside seen, exp_max and sticky_flags (pair 0 on Tofino 1, the last on Tofino 2)
+    and the others four per stage after them, the highest first."""
+    check_chip(chip)
     stages = {"map0": 1, "map1": 1, "round_record": 2, "seen": ROUND_STATE_STAGE,
               "exp_max": ROUND_STATE_STAGE, "sticky_flags": ROUND_STATE_STAGE}
     pairs = k // 2
-    for i in range(pairs):
-        stages[f"pair{i}"] = ROUND_STATE_STAGE + (0 if i == 0 else 1 + (pairs - 1 - i) // PAIRS_PER_STAGE)
+    beside = 0 if chip == "tofino" else pairs - 1
+    stages[f"pair{beside}"] = ROUND_STATE_STAGE
+    rest = [i for i in reversed(range(pairs)) if i != beside]
+    for n, i in enumerate(rest):
+        stages[f"pair{i}"] = ROUND_STATE_STAGE + 1 + n // PAIRS_PER_STAGE
     return stages
 
 
@@ -92,24 +114,28 @@ class _Meta:
 
 @dataclass
 class Recirculated:
-    """A packet between its two passes: what its first pass decided (meta, with the bridged
-    header's harvest code) and wrote into the packet (the result's header and the first value
-    of every pair)."""
+    """A packet that leaves its first pass for a second one, or (``recirculate`` False: a
+    Tofino 2 DUP_DONE answer) out of the switch: what its first pass decided (meta, with the
+    bridged header's harvest code) and wrote into the packet (the result's header and what the
+    pairs returned: on Tofino 1 the first value of every pair, on Tofino 2 both)."""
 
     job: JobConfig
     meta: _Meta
     header: bytes
-    first: np.ndarray | None
+    values: np.ndarray | None
+    recirculate: bool = True
 
 
 class TofinoSlotModel:
     """Registers of SlotClaim, RoundRecord, SlotState and ValueLanes (one array per register,
-    as on the chip)."""
+    as on the chip) of the program built for ``chip`` (one of CHIPS' values)."""
 
-    def __init__(self, n_slots: int, values_per_packet: int) -> None:
+    def __init__(self, n_slots: int, values_per_packet: int, chip: str = "tofino") -> None:
         if values_per_packet % 2:
             raise ValueError(f"Tofino's K must be even (lane pairs), got {values_per_packet}")
-        self.n_slots, self.k = n_slots, values_per_packet
+        self.n_slots, self.k, self.chip = n_slots, values_per_packet, check_chip(chip)
+        # words a pair's ALU returns per pass: the first (Tofino 1) or both (Tofino 2)
+        self.returned = values_per_packet if chip == "tofino2" else values_per_packet // 2
         self.jobs: dict[int, JobConfig] = {}
         self.last_outcome: Outcome | None = None
         self.maps = [[(0, 0)] * n_slots for _ in range(2)]       # map0, map1: (tag, map)
@@ -214,24 +240,26 @@ class TofinoSlotModel:
             m.outcome = Outcome.DUP_PENDING if m.same_round else _BAD_ROUND
 
     def _stages3_11_pairs_first(self, m: _Meta, values: np.ndarray | None) -> np.ndarray | None:
-        """pair_update of the first pass, pair i in stage register_stages(k)[f"pair{i}"]:
-        store, add (returns the first sum) or load the first value; a packet without values
-        (count 0) touches none. Returns the packet's first half after the pairs."""
+        """pair_update of the first pass, pair i in stage register_stages(k, chip)[f"pair{i}"]:
+        store, add (returns the sums) or load; each returns the first word of its pair on
+        Tofino 1, both on Tofino 2 (``returned``); a packet without values (count 0) touches
+        none. Returns the packet's values after the pairs."""
         if values is None:
             return None
-        half, row = self.k // 2, self.pairs[m.idx]
+        out, row, n = values.copy(), self.pairs[m.idx], self.returned
         if (m.round_kind, m.same_round) == (OPEN, 1):
             row[:] = values
         elif (m.round_kind, m.same_round) == (NEW, 1):
             row += values                        # int32 wrap, as the ALU
-            return row[:half].copy()
+            out[:n] = row[:n]
         elif (m.round_kind, m.same_round) == (REPEAT, 1):
-            return row[:half].copy()
-        return values[:half]
+            out[:n] = row[:n]
+        return out
 
     def first_pass(self, data, sender: Hashable, framing_ok: bool = True) -> Recirculated | None:
         """Every packet's pass: the packet recirculated for a second pass (a result, or a
-        BAD_ROUND that undoes its map bit), or None."""
+        BAD_ROUND that undoes its map bit) or, on Tofino 2, a DUP_DONE answer of a harvested
+        round leaving at once (result_replication.p4: answer_at_once); or None."""
         self.last_outcome = why = self._admit(data, sender, framing_ok)
         if why is not None:
             return None
@@ -244,7 +272,7 @@ class TofinoSlotModel:
         self._stage3_round_state(m, (exp & 0xFF) ^ 0x80, flags & _STICKY)
         self._stage4_decision(m)
         values = np.frombuffer(data, ">i4", self.k, HEADER_BYTES).astype(np.int32) if count else None
-        first = self._stages3_11_pairs_first(m, values)
+        after = self._stages3_11_pairs_first(m, values)
         self.last_outcome = m.outcome
         if m.harvest == HARVEST_NONE:
             return None
@@ -253,7 +281,8 @@ class TofinoSlotModel:
                                     m.flags_result | (FLAG_RETRANSMIT if dup else 0), job_id,
                                     worker, ((m.exp_result ^ 0x80) + 128) % 256 - 128, epoch, ss,
                                     count, offset)
-        return Recirculated(job, m, header, first)
+        at_once = self.chip == "tofino2" and m.harvest == HARVEST_ANSWER
+        return Recirculated(job, m, header, after, recirculate=not at_once)
 
     # -- second pass -----------------------------------------------------------------------------
 
@@ -273,24 +302,31 @@ class TofinoSlotModel:
 
     def second_pass(self, r: Recirculated) -> list[Emit]:
         """The recirculated packet: its map update (stage 1), the harvested mark (stage 3),
-        the pairs' second values (load_second), then multicast (RESULT), unicast (ANSWER*) or
-        drop (UNDO)."""
+        on Tofino 1 the pairs' second values (load_second), then multicast (RESULT), unicast
+        (ANSWER*) or drop (UNDO)."""
         m = r.meta
         self._stage1_second_pass(m)
         self._stage3_second_pass(m)
         if m.harvest == HARVEST_UNDO:
             return []
-        body = b""
-        if r.first is not None:
-            second = self.pairs[m.idx][self.k // 2:].copy()
-            body = np.concatenate([r.first, second]).astype(">i4").tobytes()
+        if r.values is not None and self.returned < self.k:
+            r.values[self.returned:] = self.pairs[m.idx][self.returned:]
+        return self._send(r)
+
+    @staticmethod
+    def _send(r: Recirculated) -> list[Emit]:
+        """The result leaving the switch: to every worker (RESULT) or to its sender (ANSWER*)."""
+        m = r.meta
+        body = b"" if r.values is None else r.values.astype(">i4").tobytes()
         worker = m.me.bit_length() - 1
         to = tuple(range(r.job.n_workers)) if m.harvest == HARVEST_RESULT else (worker,)
         return [Emit(r.job, to, r.header + body)]
 
     def process(self, data, sender: Hashable, framing_ok: bool = True) -> list[Emit]:
         r = self.first_pass(data, sender, framing_ok)
-        return [] if r is None else self.second_pass(r)
+        if r is None:
+            return []
+        return self.second_pass(r) if r.recirculate else self._send(r)
 
 
 class TofinoModelPipeline(SoftPipeline):
@@ -298,9 +334,10 @@ class TofinoModelPipeline(SoftPipeline):
     run it with the Tofino program's P4Info."""
 
     def __init__(self, p4info: P4Info) -> None:
-        if p4info.message.pkg_info.arch not in ("tna", "t2na"):
+        arch = p4info.message.pkg_info.arch
+        if arch not in CHIPS:
             raise ValueError(f"the Tofino model runs the TNA program's P4Info, not one for "
-                             f"{p4info.message.pkg_info.arch or 'no architecture'} "
-                             f"(p4/out/tofino/inagg.p4info.txtpb)")
+                             f"{arch or 'no architecture'} (p4/out/tofino/ or p4/out/tofino2/"
+                             f"inagg.p4info.txtpb)")
         super().__init__(p4info)
-        self.engine = TofinoSlotModel(p4info.slot_pool, p4info.values_per_packet)
+        self.engine = TofinoSlotModel(p4info.slot_pool, p4info.values_per_packet, CHIPS[arch])

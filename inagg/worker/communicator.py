@@ -512,6 +512,14 @@ class Communicator:
     def grant(self) -> Grant:
         return self.stream.grant
 
+    @property
+    def pending_grant(self) -> Grant | None:
+        """The grant the controller offers this job next (a move between the host aggregator
+        and a switch, other slots), once this rank has seen it; the ranks take it together at
+        the end of a call (``_switch_if_agreed``). None: no grant is offered."""
+        epoch = self._pending_epoch
+        return self._grants.get(epoch) if epoch > self.stream.grant.epoch else None
+
     def stats(self) -> dict:
         s = self.stream.stats.as_dict()
         g = self.grant

@@ -1,17 +1,21 @@
 /* ResultReplication (Tofino): turn a packet that completes a round (or asks again for a
- * finished one) into the result, and send it on, in two passes: the first recirculates it
- * through the pipe's recirculation port, so that its harvest pass can read the second value of
- * every lane pair (value_pair.p4: an ALU returns one word per pass) and, for a completed
- * round, retire the other set (slot_claim.p4); the harvest pass sends it as
- * p4/include/result_replication.p4 does. Only results recirculate (one packet in N per round),
- * and the rare BAD_ROUND packet that must undo its map bit.
+ * finished one) into the result, and send it on. A completed round's result takes two passes:
+ * the first recirculates it through the pipe's recirculation port, so that its harvest pass
+ * can retire the other set (slot_claim.p4: the contributor maps are in stage 1, the decision
+ * in stage 4, and no worker may see the result before the retire: docs/tofino.md) and, on
+ * Tofino 1, read the second value of every lane pair (value_pair.p4: an ALU returns one word
+ * per pass; a Tofino 2 pass returns both); the harvest pass sends it as
+ * p4/include/result_replication.p4 does. Only results recirculate (one packet in N per
+ * round), DUP_DONE answers on Tofino 1, and the rare BAD_ROUND packet that must undo its map
+ * bit.
  *
  *   pass    | meta.harvest (SlotState)  | what happens
  *   --------+---------------------------+--------------------------------------------------------
  *   first   | NONE                      | nowhere: the contribution is absorbed in the slot
  *   first   | RESULT (FIRST/ADD)        | the result, recirculated, bridged.harvest = RESULT
- *   first   | ANSWER, ANSWER_RETIRE     | the result, recirculated, bridged.harvest = the same
- *           | (DUP_DONE)                |
+ *   first   | ANSWER (DUP_DONE)         | Tofino 2: unicast back out of the ingress port at once,
+ *           |                           |   bridged replica = sender's rank + 1; Tofino 1: as
+ *   first   | ANSWER_RETIRE (DUP_DONE)  | the result, recirculated, bridged.harvest = the same
  *   harvest | (RESULT)                  | the job's multicast group through the PRE (one replica
  *           |                           | per worker, rid = rank + 1)
  *   harvest | (ANSWER, ANSWER_RETIRE)   | unicast back out of the contribution's ingress port,
@@ -19,10 +23,10 @@
  *   first   | UNDO (BAD_ROUND)          | recirculated: its second pass takes the sender's bit
  *   second  | (UNDO)                    |   out of the set's map (slot_claim.p4), then drops it
  *
- * The first pass bypasses egress (the bridged header, with the harvest code and the ingress
- * port, travels in front of the packet); ReplicaRewrite (egress) addresses each copy of the
- * harvest pass. SlotState already wrote the result's flags and exponent, the first pass the
- * first half of the values, the harvest pass the second.
+ * The first pass bypasses egress when it recirculates (the bridged header, with the harvest
+ * code and the ingress port, travels in front of the packet); ReplicaRewrite (egress)
+ * addresses each copy that leaves. SlotState already wrote the result's flags and exponent,
+ * the first pass the values (Tofino 1: the first half, the harvest pass the second).
  */
 #ifndef _INAGG_TOFINO_RESULT_REPLICATION_P4_
 #define _INAGG_TOFINO_RESULT_REPLICATION_P4_
@@ -34,8 +38,8 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
                           inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                           inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
     /* The result in the packet's own headers: addresses and ports swapped (one action, so
-     * the swaps happen at once), UDP checksum 0; then to this pipe's recirculation port. */
-    action recirculate() {
+     * the swaps happen at once), UDP checksum 0. */
+    action make_result() {
         hdr.inagg.msg_type = MSG_RESULT;
         hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
@@ -44,6 +48,11 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
         hdr.udp.dst_port = hdr.udp.src_port;
         hdr.udp.src_port = hdr.udp.dst_port;
         hdr.udp.checksum = 0;
+    }
+
+    /* ... to this pipe's recirculation port, for the second pass. */
+    action recirculate() {
+        make_result();
         hdr.bridged.harvest = meta.harvest;
         ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ RECIRC_PORT_LOCAL;
         ig_tm_md.bypass_egress = 1;
@@ -53,6 +62,14 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
         ig_tm_md.ucast_egress_port = hdr.bridged.ingress_port;
         hdr.bridged.replica = hdr.inagg.worker_id + 1;
     }
+
+#if __TARGET_TOFINO__ == 2
+    /* A DUP_DONE answer in its first pass (bridged.ingress_port is this pass's ingress port). */
+    action answer_at_once() {
+        make_result();
+        answer_sender();
+    }
+#endif
 
     action multicast() {
         ig_tm_md.mcast_grp_a = meta.mcast_grp;
@@ -73,6 +90,10 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
             }
         } else if (meta.harvest == HARVEST_NONE) {
             absorb();
+#if __TARGET_TOFINO__ == 2
+        } else if (meta.harvest == HARVEST_ANSWER) {
+            answer_at_once();
+#endif
         } else {
             recirculate();
         }

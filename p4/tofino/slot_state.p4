@@ -43,7 +43,8 @@
  *
  * which is the BMv2 table row for row (Ws without the bits of workers in Wo is BMv2's bitmap;
  * complete is seen == N). A result leaves through a harvest pass (result_replication.p4):
- * HARVEST_RESULT for FIRST and ADD, whose harvest also retires o; HARVEST_ANSWER for DUP_DONE,
+ * HARVEST_RESULT for FIRST and ADD, whose harvest also retires o; HARVEST_ANSWER for DUP_DONE
+ * (on Tofino 2 answered in the first pass: its pairs return both words, nothing to retire),
  * or HARVEST_ANSWER_RETIRE when o still holds a map equal to s's (maps_diff == 0: o's previous
  * round, complete, left behind because its result's harvest pass was lost; the retransmits
  * that lost result causes retire it, so a lost recirculation never wedges the slot).

@@ -31,7 +31,8 @@ header bridged_h {
  * harvest pass, or a dropped packet that set its sender's bit in a round it is not part of. */
 const bit<3> HARVEST_NONE          = 0;
 const bit<3> HARVEST_RESULT        = 1;  /* a completed round: multicast; the other set retires */
-const bit<3> HARVEST_ANSWER        = 2;  /* DUP_DONE: the stored round, unicast to its sender */
+const bit<3> HARVEST_ANSWER        = 2;  /* DUP_DONE: the stored round, unicast to its sender
+                                            (Tofino 2: from the first pass, no second one) */
 const bit<3> HARVEST_ANSWER_RETIRE = 3;  /* DUP_DONE, and the other set still holds the
                                             previous round (its result's harvest pass was lost):
                                             it retires too */

@@ -6,10 +6,11 @@
  *   round_kind, same_round (slot_state.p4) | pair register      | packet's values
  *   ---------------------------------------+--------------------+--------------------------------
  *   OPEN: the set's map was empty: FIRST   | = packet           | unchanged
- *   NEW, same round: ADD                   | += packet (wrap)   | first half = the new sums
- *   REPEAT, same round                     | unchanged          | first half = the stored sums
- *                                          |                    |   (DUP_DONE's result)
- *   a result's harvest pass                | unchanged          | second half = the stored sums
+ *   NEW, same round: ADD                   | += packet (wrap)   | = the new sums (Tofino 1: the
+ *                                          |                    |   first half)
+ *   REPEAT, same round                     | unchanged          | = the stored sums (DUP_DONE's
+ *                                          |                    |   result; Tofino 1: first half)
+ *   a result's harvest pass (Tofino 1)     | unchanged          | second half = the stored sums
  *   else                                   | unchanged          | unchanged (dropped)
  *
  * The keys come from the contributor map and the round record, so STALE, duplicates and
