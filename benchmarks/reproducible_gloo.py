@@ -40,7 +40,7 @@ def measure(rank: int, store_path: str, rounds: int, out: dict) -> None:
     plain = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), rank, 2, timeout)
     barrier = dist.ProcessGroupGloo(dist.PrefixStore("barrier", store), rank, 2, timeout)
     # the local deployment's K on both paths; 2 ranks ride up to (K - 4) / 10 values
-    fixed = FixedPointGloo(dist.PrefixStore("fixed", store), rank, 2, timeout,
+    fixed = FixedPointGloo(dist.ProcessGroupGloo(dist.PrefixStore("fixed", store), rank, 2, timeout),
                            Reduction(HOST_VALUES_PER_PACKET, (HOST_VALUES_PER_PACKET - 4) // 10))
     for dtype in DTYPES:
         for nbytes in SIZES:

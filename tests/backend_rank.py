@@ -4,8 +4,9 @@ ranks or interrupt it: started by torchrun or by a test (env:// rendezvous).
 ``python tests/backend_rank.py BACKEND startup``: prints ``init SECONDS`` (``init_process_group``'s
 time), then leaves.
 
-``python tests/backend_rank.py BACKEND loop ELEMENTS``: allreduces a float32 tensor of ELEMENTS
-(on the path ``INAGG_ALLREDUCE_PATH`` names), printing ``ready`` after the first call, until one fails;
+``python tests/backend_rank.py BACKEND loop ELEMENTS``: prints ``init`` once ``init_process_group``
+returned, then allreduces a float32 tensor of ELEMENTS (on the path ``INAGG_ALLREDUCE_PATH``
+names), printing ``ready`` after the first call, until one fails;
 then prints ``error TIME TYPE: MESSAGE`` (TIME: time.time() when it was raised), times
 ``destroy_process_group`` and prints ``destroyed SECONDS``.
 
@@ -30,6 +31,7 @@ def startup(backend: str) -> None:
 
 def loop(backend: str, elements: int) -> int:
     dist.init_process_group(backend)
+    print("init", flush=True)
     x = torch.ones(elements)
     try:
         dist.all_reduce(x)

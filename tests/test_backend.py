@@ -1078,6 +1078,51 @@ def test_the_gloo_paths_samples_are_timed_inside_its_runs():
         assert groups[0].stats()["allreduce_paths"]["gloo"] >= 1501
 
 
+def test_a_sparse_allreduce_in_a_gloo_run_goes_to_gloo():
+    """A sparse tensor (no ``nbytes``: asking raises) between a gloo run's dense calls is summed by
+    gloo, and the run goes on after it."""
+    import torch
+    import torch.distributed as dist
+
+    def calls(groups, r: int) -> tuple[bool, torch.Tensor, float]:
+        pg = groups[r]
+        pg.ready()
+        for _ in range(200):   # until a run begins: at the same call on both ranks (the same choices)
+            pg.allreduce([torch.ones(1)], dist.AllreduceOptions()).wait()
+            if pg._run_left > 1:
+                break
+        in_run = bool(pg._run_left)
+        sparse = torch.sparse_coo_tensor([[r]], [1.0 + r], (2,))
+        pg.allreduce([sparse], dist.AllreduceOptions()).wait()
+        dense = torch.ones(1)
+        pg.allreduce([dense], dist.AllreduceOptions()).wait()
+        return in_run, sparse.to_dense(), dense.item()
+
+    with groups_on("gloo") as groups:
+        for in_run, sparse, dense in on_ranks(lambda r: calls(groups, r), 2, 120):
+            assert in_run and sparse.tolist() == [1.0, 2.0] and dense == 2.0
+
+
+def test_a_receive_from_any_source_names_its_sender():
+    """``dist.recv`` without a source asks the Work which rank sent (``_source_rank``): gloo's
+    Work knows, and the backend's Work around it says so."""
+    import torch
+
+    def exchange(groups, r: int) -> int | None:
+        pg = groups[r]
+        if r == 1:
+            pg.send([torch.full((4,), 1.0)], 0, 0).wait()
+            return None
+        got = torch.zeros(4)
+        work = pg.recv_anysource([got], 0)
+        work.wait()
+        assert got.tolist() == [1.0] * 4
+        return work._source_rank()
+
+    with groups_on("gloo") as groups:
+        assert on_ranks(lambda r: exchange(groups, r), 2, 120)[0] == 1
+
+
 @pytest.mark.parametrize("elements", [3, 64 << 10])   # run on the caller's thread; queued
 def test_a_failed_inagg_call_raises_on_every_rank_from_wait_and_future(inagg_groups, elements):
     """Before: wait() on a failed inagg call returned True (torch's future-wrapping Work), so

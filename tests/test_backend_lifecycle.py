@@ -145,26 +145,55 @@ def test_a_killed_rank_is_named_within_10_s_and_destroy_takes_under_2_s(path, vi
     procs = _ranks(3, path)
     try:
         for p in procs:
-            line = p.stdout.readline().strip()
-            assert line == "ready", p.stderr.read()[-4000:] if p.poll() is not None else line
+            lines = [p.stdout.readline().strip() for _ in range(2)]
+            assert lines == ["init", "ready"], p.stderr.read()[-4000:] if p.poll() is not None else lines
         time.sleep(0.5)   # calls running on every rank
         procs[victim].kill()
-        killed = time.time()
-        for rank, p in enumerate(procs):
-            if rank == victim:
-                continue
-            out, err = p.communicate(timeout=120)
-            error = next((line for line in out.splitlines() if line.startswith("error ")), "")
-            assert error, (rank, out, err[-3000:])
-            raised_after = float(error.split()[1]) - killed
-            assert raised_after < 10.0 and f"rank {victim} " in error, (rank, error)
-            destroyed = float(out.split("destroyed ")[1].split()[0])
-            assert destroyed <= 2.0 * _load_factor(), (rank, out)
+        _assert_named_and_destroyed(procs, victim, time.time())
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        _end(procs)
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_rank_killed_right_after_init_is_named_and_no_survivor_is_left_starting(victim):
+    """Killed while the paths still start in the background (``init_process_group`` returned,
+    the deployment and the joins not done): each survivor's first call raises naming it, its
+    destroy is as quick, and its start gives up instead of waiting for the dead rank (at the
+    program's end such a wait aborts the process: "terminate called without an active exception")."""
+    procs = _ranks(3, "auto")
+    try:
+        line = procs[victim].stdout.readline().strip()
+        assert line == "init", procs[victim].stderr.read()[-4000:] if procs[victim].poll() is not None else line
+        procs[victim].kill()
+        killed = time.time()
+        _assert_named_and_destroyed(procs, victim, killed)
+        for rank, p in enumerate(procs):
+            assert rank == victim or p.returncode == 1, (rank, p.returncode)   # loop's own exit status
+    finally:
+        _end(procs)
+
+
+def _assert_named_and_destroyed(procs: list[subprocess.Popen], victim: int, killed: float) -> None:
+    """Every survivor's call raised naming ``victim`` within 10 s of ``killed`` (time.time()), its
+    ``destroy_process_group`` took under 2 s, and it ended without an abort."""
+    for rank, p in enumerate(procs):
+        if rank == victim:
+            continue
+        out, err = p.communicate(timeout=120)
+        error = next((line for line in out.splitlines() if line.startswith("error ")), "")
+        assert error, (rank, out, err[-3000:])
+        raised_after = float(error.split()[1]) - killed
+        assert raised_after < 10.0 and f"rank {victim} " in error, (rank, error)
+        destroyed = float(out.split("destroyed ")[1].split()[0])
+        assert destroyed <= 2.0 * _load_factor(), (rank, out)
+        assert "terminate called" not in err, (rank, err[-3000:])
+
+
+def _end(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
 
 
 # -- the peer watch on its own -------------------------------------------------------------------

@@ -41,12 +41,17 @@ for _feature in ("ddp", "subgroup", "plugin", "gpu"):
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     INIT_METHOD, DistributedTest, TestDistBackend)
 
-# gloo-only by name in torch's suite; inagg runs them (the _group barrier timeout needs more
-# than 2 ranks). Not test_barrier_timeout_arg: torch skips it on Linux for every backend.
+# gloo-only by name in torch's suite; inagg runs them (the _group barrier timeout and the
+# _group coalesced allreduces need more than 2 ranks; a sparse allreduce goes to the inner gloo
+# group). Not test_barrier_timeout_arg: torch skips it on Linux for every backend, nor the CUDA
+# ones (test_sparse_all_reduce_sum_cuda...): no GPU skips them for every backend.
 NAME_GATED = (
     "test_barrier_timeout_global", "test_barrier_timeout_group", "test_barrier_timeout_full_group",
     "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags", "test_all_reduce_coalesced_sum",
     "test_all_reduce_coalesced_product", "test_all_reduce_coalesced_min", "test_all_reduce_coalesced_max",
+    "test_all_reduce_coalesced_full_group_sum", "test_all_reduce_coalesced_full_group_product",
+    "test_all_reduce_coalesced_full_group_min", "test_all_reduce_coalesced_full_group_max",
+    "test_sparse_all_reduce_sum",
     "test_get_future", "test_grads_same_across_ranks_with_no_sync", "test_scatter_object_list",
 )
 # torch's other gates on those tests (set on the same method as the name's), kept as they are

@@ -38,7 +38,8 @@ The group is up as soon as its inner gloo group is: the inagg paths (rank 0's lo
 the joins at the controller) start in the background and the first call that needs them waits
 for them (``InaggProcessGroup.ready``). Every rank watches the others (``inagg.pytorch.peer_watch``):
 a rank that ends fails every call of the others at once, on every path, with an error naming
-it. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.pytorch.interrupts``), and a group left
+it, and a start still under way gives up at its next wait (``_start_stop``) instead of waiting
+for that rank. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.pytorch.interrupts``), and a group left
 open at exit leaves its job and stops its deployment while the interpreter can still run.
 """
 
@@ -70,6 +71,7 @@ from inagg.worker.host_group import RankDied
 from inagg.worker.host_communicator import HostCommunicator, HostGroup, open_host_group
 from inagg.errors import InaggError, InaggSetupError
 from inagg.worker.local import Endpoint, PendingEndpoint, start_endpoint
+from inagg.worker.abortable_store import AbortableStore
 from inagg.pytorch.path_choice import PATHS, PathChooser
 from inagg.pytorch.reproducible import FixedPointGloo
 from inagg.worker.stream import Reduction, one_round_capacity
@@ -103,6 +105,9 @@ _FAILURE_CHECK_SECONDS = 0.2
 # a call that failed with no rank known gone yet waits this long for the peer watch to name one:
 # a rank's end reaches its peers' gloo connections and the peer watch's socket together
 _NAMING_SECONDS = 2.0
+# after a failure, ``destroy_process_group`` waits this long for the start to give up (it does
+# at its next wait: a poll of the store, a slice of a call's wait)
+_GIVE_UP_SECONDS = 1.0
 # at interpreter exit, rank 0 waits this long for the other ranks to end before it stops the
 # local deployment (they were told it is going: their calls fail and they end at once)
 _EXIT_WAIT_SECONDS = 5.0
@@ -130,6 +135,7 @@ def _forced_path() -> str | None:
 
 
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+_STRIDED = torch.strided   # a dense tensor's layout (a sparse tensor has no nbytes, nor contiguity)
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -150,6 +156,8 @@ def _ineligible(tensors: list[torch.Tensor], op) -> str:
     if len(tensors) != 1:
         return f"{len(tensors)} tensors in one call"
     t = tensors[0]
+    if t.layout != _STRIDED:   # sparse: gloo sums those (inagg's paths carry dense values)
+        return f"{t.layout} tensor"
     if not (t.is_cpu or t.is_cuda):   # a CUDA tensor is staged through pinned host memory
         return f"{t.device.type} tensor"
     if t.dtype not in _INAGG_DTYPES:
@@ -262,6 +270,10 @@ class _GlooWork(dist.Work):
     def is_completed(self) -> bool:
         return self._work.is_completed()
 
+    def _source_rank(self) -> int:
+        """The rank a receive from any source got its tensor from (``dist.recv`` asks)."""
+        return self._work._source_rank()
+
 
 class _TimedWork(dist.Work):
     """A path's Work that reports when it is done (``on_done``, once), timed where it is waited
@@ -373,6 +385,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
         self.via_allreduce: Counter[str] = Counter()   # collective -> calls run as allreduces
         self._lock = threading.Lock()
+        # one leaving at a time: a start that gives up (its thread) and destroy may both leave
+        self._leave_lock = threading.Lock()
         # each path's latest call, weakly: a strong reference would keep the caller's tensor alive
         # until the next call, which would then free it inside the caller's timed call
         self._last_work: dict[str, weakref.ref] = {}
@@ -384,6 +398,10 @@ class InaggProcessGroup(dist.ProcessGroup):
         pending = start_endpoint(self._local_store, rank, world_size)   # rank 0's local deployment starts now
         try:
             self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
+            # the fixed-point path's own gloo group, here: its rendezvous waits in C++ for every
+            # rank, which the start could not give up on should one die (``_start_stop``)
+            fixed_gloo = (dist.ProcessGroupGloo(dist.PrefixStore("gloo-fixed", store), rank, world_size, timeout)
+                          if same_bits else None)
             # every rank is here (the gloo group is a collective): from now on a rank that ends is named
             self.peers = PeerWatch(dist.PrefixStore("peers", store), rank, world_size, pending.watch_ip, timeout,
                                    self._rank_gone)
@@ -398,24 +416,25 @@ class InaggProcessGroup(dist.ProcessGroup):
         # set when the start ended, one way or the other (waited on as an Event: a Ctrl-C that
         # interrupts Thread.join leaves the thread looking stopped while it runs, Python 3.11)
         self._started = threading.Event()
-        threading.Thread(target=self._start_paths, args=(pending, store, timeout, same_bits, forced), daemon=True,
+        threading.Thread(target=self._start_paths, args=(pending, store, timeout, fixed_gloo, forced), daemon=True,
                          name="inagg-start").start()
         interrupts.install()
         atexit.register(self._close_at_exit)   # after the local deployment's own: runs before it
 
-    def _start_paths(self, pending: PendingEndpoint, store: dist.Store, timeout: timedelta, same_bits: bool,
-                     forced: str | None) -> None:
+    def _start_paths(self, pending: PendingEndpoint, store: dist.Store, timeout: timedelta,
+                     fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
         """The inagg paths, in the background from ``init_process_group`` on (thread
         ``inagg-start``): the endpoint (rank 0's local deployment coming up), the
         communicators' joins and the path chooser. ``init_process_group`` returns once the
         inner gloo group is up, as gloo's does; what the program does next (its model, its
         data, DDP's broadcasts on gloo) overlaps this, and the first call that needs the paths
         waits for the rest (``ready``). With the same bits on every path the paths are
-        calibrated here too (the gloo path's calls then run on a gloo group of their own, not
-        the inner one the program's collectives use meanwhile). A failure leaves what was
-        joined and is kept for that call to raise."""
+        calibrated here too (the gloo path's calls then run on a gloo group of their own,
+        ``fixed_gloo``, not the inner one the program's collectives use meanwhile). A failure
+        leaves what was joined and is kept for that call to raise; a rank gone meanwhile ends
+        the start at its next wait (``_start_stop``)."""
         try:
-            self._open_paths(pending, store, timeout, same_bits, forced)
+            self._open_paths(pending, store, timeout, fixed_gloo, forced)
         except BaseException as e:  # noqa: BLE001 - raised by ``ready``
             pending.cancel()
             self._leave_paths()
@@ -423,12 +442,12 @@ class InaggProcessGroup(dist.ProcessGroup):
         finally:
             self._started.set()
 
-    def _open_paths(self, pending: PendingEndpoint, store: dist.Store, timeout: timedelta, same_bits: bool,
-                    forced: str | None) -> None:
+    def _open_paths(self, pending: PendingEndpoint, store: dist.Store, timeout: timedelta,
+                    fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
         rank, world_size = self.rank(), self.size()
-        self.endpoint = pending.result()
+        self.endpoint = pending.result(self._start_stop)
         try:
-            self._join_paths(store, timeout, same_bits)
+            self._join_paths(store, timeout, fixed_gloo)
         except Exception as e:
             raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
         paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
@@ -439,7 +458,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self._last_done = {p: 0.0 for p in paths}
         self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size, self.failure), paths,
                                  forced=forced,
-                                 shared_clock=_ranks_share_a_clock(dist.PrefixStore("clock", store), rank, world_size),
+                                 shared_clock=_ranks_share_a_clock(self._start_store(store, "clock"), rank, world_size),
                                  links=self._links(self.comm.grant), move=self._grant_move())
         if self._fixed is not None:
             self._calibrate()
@@ -482,16 +501,26 @@ class InaggProcessGroup(dist.ProcessGroup):
                  self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
                  self.endpoint.bind_ip)
 
-    def _join_paths(self, store: dist.Store, timeout: timedelta, same_bits: bool) -> None:
+    def _start_stop(self) -> RankDied | None:
+        """Why the start gives up now: a rank gone while it runs (its waits would wait for that
+        rank until the group's timeout, and past the program's end). None once the start is
+        over: a communicator's later store calls (its heartbeat's) are its own."""
+        return None if self._started.is_set() else self.failure()
+
+    def _start_store(self, store: dist.Store, prefix: str) -> AbortableStore:
+        """``store`` under ``prefix``, for the start's joins: its waits end with ``_start_stop``."""
+        return AbortableStore(dist.PrefixStore(prefix, store), self._start_stop)
+
+    def _join_paths(self, store: dist.Store, timeout: timedelta, fixed_gloo: dist.ProcessGroupGloo | None) -> None:
         """Every path's communicator (and the host group): the joins of the jobs at the controller."""
         rank, world_size = self.rank(), self.size()
-        self.host = open_host_group(dist.PrefixStore("host", store), rank, world_size, timeout)
+        self.host = open_host_group(self._start_store(store, "host"), rank, world_size, timeout)
         self.comm = self._join(store, "comm", timeout)
         # every rank sees the same first grant (a change needs every rank's agreement); a job
         # on one host sends nothing between hosts, so a lane would be the same path again
         if self.comm.grant.mode == "switch" and (self.host is None or self.host.n_hosts > 1):
             self.lane = self._join(store, "comm-host", timeout, host_only=True)
-        self._fixed = self._reproducible(store, timeout) if same_bits else None
+        self._fixed = self._reproducible(fixed_gloo) if fixed_gloo is not None else None
 
     def _rank_gone(self, error: RankDied) -> None:
         """A rank ended without leaving (the peer watch's thread): every path's calls fail with
@@ -527,13 +556,13 @@ class InaggProcessGroup(dist.ProcessGroup):
         """This rank's communicator of a job at the endpoint's controller (rank 0 creates it):
         every rank a worker, or each host's leader when the host reduces first."""
         def join(rank: int, size: int) -> Communicator:
-            return Communicator(dist.PrefixStore(prefix, store), rank, size, self.endpoint.controller,
+            return Communicator(self._start_store(store, prefix), rank, size, self.endpoint.controller,
                                 bind_ip=self.endpoint.bind_ip, timeout=timeout.total_seconds(),
                                 name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
 
         return join(self.rank(), self.size()) if self.host is None else HostCommunicator(self.host, join)
 
-    def _reproducible(self, store: dist.Store, timeout: timedelta) -> FixedPointGloo:
+    def _reproducible(self, gloo: dist.ProcessGroupGloo) -> FixedPointGloo:
         """For ``INAGG_REPRODUCIBLE`` (on by default): one ``Reduction`` for every path, so a float call
         gives the same bits whichever it takes (``inagg.pytorch.reproducible``). The
         communicators' streams share its exponent block (a multiple of each grant's K) and the
@@ -548,7 +577,7 @@ class InaggProcessGroup(dist.ProcessGroup):
                 comm.stream.reduction = reduction
         if self.host is not None:   # its leader's calls between hosts are int32 sums
             self.host.reduce.reduction = reduction
-        return FixedPointGloo(dist.PrefixStore("gloo-fixed", store), self.rank(), self.size(), timeout, reduction)
+        return FixedPointGloo(gloo, reduction)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -580,7 +609,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         freed here, not inside the caller's ``wait``."""
         if self._run_left and opts is not None and len(tensors) == 1 and opts.reduceOp == _SUM:
             t = tensors[0]
-            if t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
+            if t.layout == _STRIDED and t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
                 self._run_left -= 1
                 self._to_sample -= 1
                 if self._to_sample:
@@ -845,9 +874,9 @@ class InaggProcessGroup(dist.ProcessGroup):
             return
         self._closed = True
         atexit.unregister(self._close_at_exit)
-        # what the start joins must be there to be left; after a failure, what it has (the rest
-        # fails with the job, or at its timeout)
-        self._started.wait(0 if self.failure() is not None else None)
+        # what the start joins must be there to be left; after a failure, what it has once it
+        # gave up (at its next wait, ``_start_stop``): it leaves what it joins later itself
+        self._started.wait(_GIVE_UP_SECONDS if self.failure() is not None else None)
         self._leave()
         if self._ready:
             log.info("rank %d: inagg process group closed: %s", self.rank(), self.stats())
@@ -877,15 +906,17 @@ class InaggProcessGroup(dist.ProcessGroup):
         (``how``; rank 0 waits up to ``timeout`` for the other ranks to leave or end, unless
         the group failed: a failed job's ranks call its controller no more) and stop the local
         deployment this rank started."""
-        self._close_communicators()
-        self._release_gloo()
-        self._close_watch(timeout, how)
+        with self._leave_lock:
+            self._close_communicators()
+            self._release_gloo()
+            self._close_watch(timeout, how)
 
     def _leave_paths(self) -> None:
         """Leave what the start joined (it failed): the inner gloo group stays, the program's
         other collectives go on until ``destroy_process_group``."""
-        self._close_communicators()
-        self._close_watch(0.0, LEAVE)
+        with self._leave_lock:
+            self._close_communicators()
+            self._close_watch(0.0, LEAVE)
 
     def _close_communicators(self) -> None:
         for comm in (self.lane, self.comm):

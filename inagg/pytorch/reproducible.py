@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from datetime import timedelta
 from typing import Callable
 
 import numpy as np
@@ -52,14 +51,14 @@ _BAD_BLOCK = 127 + 1   # above every exponent: a block with inf/NaN on some rank
 class FixedPointGloo:
     """One rank's fixed-point float allreduces over a gloo group of their own (module docstring)."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta,
-                 reduction: Reduction) -> None:
+    def __init__(self, gloo: dist.ProcessGroupGloo, reduction: Reduction) -> None:
+        """``gloo``: a group of this path's own (module docstring)."""
         if reduction.block is None or reduction.exact_limit is None:
             raise ValueError(f"a fixed-point gloo path needs a block and an exact limit, got {reduction}")
         self.reduction = reduction
-        self.n = world_size
-        self.shift = codec.shift_for(world_size)
-        self._gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        self.n = gloo.size()
+        self.shift = codec.shift_for(self.n)
+        self._gloo = gloo
         self._queue: queue.Queue = queue.Queue()
         self._running = threading.Lock()   # one call at a time, in submission order
         self._queued = 0                   # submitted to the thread and not done (under _running)

@@ -26,11 +26,13 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 from inagg.errors import InaggSetupError
+from inagg.worker.abortable_store import Stop, wait_keys
 from inagg.wire.grant import parse_address
 
 log = logging.getLogger("inagg.local")
@@ -41,6 +43,7 @@ _CONTROL_PLANE_MODULES = ("p4runtime_sh", "prometheus_client")
 DEPLOYMENT_FILE = "deployment.json"   # written beside a local deployment's controller socket
 _STORE_KEY = "deployment"
 _START_SECONDS = 120.0   # a local deployment is up in seconds; waiting longer helps no one
+_STOP_CHECK_SECONDS = 0.05   # how often a wait for the deployment asks whether to give up
 
 
 def route_source_ip(host: str, port: int = 9) -> str:
@@ -107,11 +110,12 @@ class LocalServices:
         if timeout is not None:
             self.wait_ready(timeout)
 
-    def wait_ready(self, timeout: float) -> dict:
-        """Its description, once it is up (waiting up to ``timeout`` seconds)."""
+    def wait_ready(self, timeout: float, stop: Stop = lambda: None) -> dict:
+        """Its description, once it is up (waiting up to ``timeout`` seconds; ``stop()``'s error,
+        should it have one first, is raised, and the deployment stopped)."""
         if self.info is None:
             try:
-                self.info = self._read_ready(timeout)
+                self.info = self._read_ready(timeout, stop)
             except BaseException:
                 self.close()
                 raise
@@ -119,8 +123,13 @@ class LocalServices:
                      self.n_workers, self.info["controller"], self.info["switch"], self.info["dir"])
         return self.info
 
-    def _read_ready(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+    def _read_ready(self, timeout: float, stop: Stop) -> dict:
+        deadline = time.monotonic() + timeout
+        while not (ready := select.select([self.proc.stdout], [], [], _STOP_CHECK_SECONDS)[0]):
+            if (error := stop()) is not None:
+                raise error
+            if time.monotonic() >= deadline:
+                break
         if not ready:
             why = f"no answer within {timeout:.0f}s"
         else:
@@ -199,18 +208,19 @@ class PendingEndpoint:
         machine)."""
         return self.endpoint.bind_ip if self.endpoint is not None else "127.0.0.1"
 
-    def result(self) -> Endpoint:
+    def result(self, stop: Stop = lambda: None) -> Endpoint:
         """The endpoint; rank 0 publishes its deployment's description (or why it did not
-        start) in the store, every other rank waits for it there, up to ``_START_SECONDS``."""
+        start) in the store, every other rank waits for it there, up to ``_START_SECONDS``.
+        ``stop()``'s error, should it have one first, ends the wait (``wait_keys``)."""
         if self.endpoint is not None:
             return self.endpoint
         if self.services is not None:
             try:
-                self.store.set(_STORE_KEY, json.dumps(self.services.wait_ready(_START_SECONDS)))
+                self.store.set(_STORE_KEY, json.dumps(self.services.wait_ready(_START_SECONDS, stop)))
             except Exception as e:
                 self.store.set(_STORE_KEY, json.dumps({"error": str(e)}))
                 raise
-        self.store.wait([_STORE_KEY], timedelta(seconds=_START_SECONDS + 5))
+        wait_keys(self.store, [_STORE_KEY], stop, timedelta(seconds=_START_SECONDS + 5))
         info = json.loads(self.store.get(_STORE_KEY))
         if "error" in info:
             raise InaggSetupError(f"rank 0 could not start the local inagg deployment: {info['error']}")
