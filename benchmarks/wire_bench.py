@@ -34,7 +34,7 @@ Writes benchmarks/results/wire_bench.csv and wire_bench.png (time vs N for both 
 the framing limit dashed: SwitchML's figure), prints the table and the machine's load.
 
     sudo .venv/bin/python benchmarks/wire_bench.py [--rate 100mbit] [--workers 2 4 8]
-        [--sizes-mib 1 4 16 64] [--reps 3] [--warmup 16] [--no-auto] [--mtu 1500] [--two-jobs 4] [--quick]
+        [--sizes-mib 1 4 16 64] [--reps 3] [--warmup 32] [--no-auto] [--mtu 1500] [--two-jobs 4] [--quick]
 """
 
 from __future__ import annotations
@@ -406,7 +406,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3, help="timed calls of each path per size")
     p.add_argument("--auto", action=argparse.BooleanOptionalAction, default=True,
                    help="a group whose backend chooses its own path, against the better forced one")
-    p.add_argument("--warmup", type=int, default=16, help="the auto group's untimed calls per size first")
+    p.add_argument("--warmup", type=int, default=32,
+                   help="the auto group's untimed calls per size first (a new size's probes and rechecks take ~20)")
     p.add_argument("--mtu", type=int, default=1500, help="every link's MTU (9000: jumbo frames); K follows it")
     p.add_argument("--two-jobs", type=int, default=4, metavar="N",
                    help="ranks of each of two jobs sharing the links (0: no such case)")

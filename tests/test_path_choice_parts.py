@@ -225,6 +225,8 @@ def test_a_class_that_leaves_prefer_waits_for_its_ring_then_rechecks_prefer():
     assert k.count(c, "gloo") is None and k.count(c, "host") is None
     assert k.count(c, "host") == Pending("host", 1, True) and c not in k.waiting
     assert k.start_recheck(c) and not k.start_recheck(c)
+    k.track(c, "host", models, link_bound=True)                     # both on their links' floors:
+    assert c not in k.waiting                                        # no noise to recheck
     k.track(c, "host", models)                                       # stays on host, gloo close
     assert k.waiting[c] == Pending("host", 5 << 2, True)
 

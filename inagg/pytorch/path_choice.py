@@ -299,7 +299,7 @@ class PathChooser:
             probing = not self.forced and self._probes.plan(self.models, self.prefer, nbytes, seconds, margins, floors)
             entry = self._best[nbytes] = _Best(path, seconds, probing)
             if not self.forced:
-                self._confirm.track(c, path, self.models)
+                self._confirm.track(c, path, self.models, path != self.prefer and self._link_bound(path, nbytes))
         return entry
 
     def _pick(self, nbytes: int, c: int, eligible: list[str]) -> tuple[str, float]:
@@ -328,11 +328,15 @@ class PathChooser:
         """How much faster than ``prefer`` ``path`` must be predicted at ``nbytes`` to take its
         calls: ``link_margin`` where both are predicted link-bound there (within
         ``link_bound`` of their floors), else ``margin``."""
-        o = self.options
+        return self.options.link_margin if self._link_bound(path, nbytes) else self.options.margin
+
+    def _link_bound(self, path: str, nbytes: int) -> bool:
+        """Whether ``path`` and ``prefer`` are both predicted within ``link_bound`` of their
+        floors at ``nbytes`` (the links' rate known): their difference is the links'."""
         if self.links is None or self.prefer is None:
-            return o.margin
-        bound = all(self.predict(p, nbytes) <= o.link_bound * self.links.floor(p, nbytes) for p in (path, self.prefer))
-        return o.link_margin if bound else o.margin
+            return False
+        bound = self.options.link_bound
+        return all(self.predict(p, nbytes) <= bound * self.links.floor(p, nbytes) for p in (path, self.prefer))
 
     # -- measuring paths not in use ------------------------------------------------------------
 

@@ -10,7 +10,9 @@ times change (a link slows down). So, per size class:
   *recheck*), so leaving the baseline rests on fresh times of both. Where the class stays off
   ``prefer`` but ``prefer``'s fastest recent call there comes within ``probe_ratio`` of the
   path's figure (its times may be bimodal), it is rechecked again after ``per_class`` times
-  2^(rechecks so far) more calls.
+  2^(rechecks so far) more calls; not where both figures are link-bound
+  (``inagg.pytorch.path_links``): their difference is then the bytes each puts on the links,
+  not the machine's noise.
 * *Slower*: where a class's newest agreed call on its path was slower than its other recent
   ones by ``measure_from_seconds`` or more, its older times go (the newest stays, so the path
   stays measured, and so eligible, there), its next calls are all timed, and the ranks agree
@@ -47,15 +49,17 @@ class Confirmations:
         self.waiting: dict[int, Pending] = {}
         self.rechecks: dict[int, int] = {}
 
-    def track(self, c: int, path: str, models: Mapping[str, PathModel]) -> None:
+    def track(self, c: int, path: str, models: Mapping[str, PathModel], link_bound: bool = False) -> None:
         """Size class ``c``'s fastest path at the agreed ``models`` is ``path``: wait for its
         own calls where it is new to the path or the class moved; where it stayed off
-        ``prefer`` after a recheck, recheck again while the two are close."""
+        ``prefer`` after a recheck, recheck again while the two are close, unless both are
+        ``link_bound`` there."""
         model = models[path]
         if not model.seen[c] and c not in self.waiting:
             self.waiting[c] = Pending(path, self._per_class, False)
         if self.chosen.get(c, self._prefer) == path:
-            self._recheck_while_close(c, path, models)
+            if not link_bound:
+                self._recheck_while_close(c, path, models)
             return
         self.chosen[c] = path
         self.waiting.pop(c, None)
