@@ -193,19 +193,35 @@ def prune_finished_runs(base: Path = RUNS_DIR, keep: int | None = None) -> list[
     2-7 GB, and a checkout's runs had filled the 252 GB disk, failing the tests that ran next.
     Unfinished runs stay (``make stop`` needs their record of processes and interfaces)."""
     keep = keep_runs() if keep is None else keep
-    finished = [r.path for r in all_runs(base) if r.record.get("finished")]
-    finished.sort(key=lambda p: (p / "run.json").stat().st_mtime, reverse=True)
-    for old in finished[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
-    return [p.name for p in finished[keep:]]
+    finished = [(mtime, r.path) for r in all_runs(base) if r.record.get("finished")
+                and (mtime := _record_mtime(r.path)) is not None]
+    old = [p for _, p in sorted(finished, reverse=True)[keep:]]
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in old]
+
+
+def _record_mtime(path: Path) -> float | None:
+    """When a run's record was last saved; None where the run is gone (a run started beside
+    this one pruned it meanwhile)."""
+    try:
+        return (path / "run.json").stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def all_runs(base: Path = RUNS_DIR) -> list[RunDir]:
     """This checkout's runs (directories with a record), by id."""
     if not base.exists():
         return []
-    return [RunDir(p.name, base) for p in sorted(base.iterdir())
-            if p.is_dir() and not p.is_symlink() and (p / "run.json").exists()]
+    runs = []
+    for p in sorted(base.iterdir()):
+        if p.is_dir() and not p.is_symlink() and (p / "run.json").exists():
+            try:
+                runs.append(RunDir(p.name, base))
+            except FileNotFoundError:   # pruned by a run started beside this one meanwhile
+                continue
+    return runs
 
 
 def unfinished_runs(base: Path = RUNS_DIR) -> list[RunDir]:
