@@ -14,6 +14,10 @@ The choice has three parts, each in a module of its own:
   on a host link, flat in the number of ranks for inagg, 2(N-1)/N of the tensor for gloo's ring;
   no call is predicted faster than its path's floor there, and where two paths' figures are
   both link-bound, ``link_margin`` replaces ``margin``.
+* **The grant** (``inagg.pytorch.path_links.GrantMove``): each agreement carries the newest
+  inagg grant every rank has seen, offered or taken; a newer one drops inagg's figures and
+  links, which were the old grant's, and probes it again (the probe's warm-up takes an offered
+  grant).
 * **Policy**: ``PathChooser`` below, which picks each call's path and decides when to measure
   and when the ranks agree, with its parts: the agreements' schedule and the choice of timed
   calls (``inagg.pytorch.path_schedule``), probes of new sizes and explorations of paths not in
