@@ -209,12 +209,13 @@ def rank_main(args: argparse.Namespace) -> int:
             c[3] = t
         auto = groups.get(AUTO)
         history = [[h["path"], h["calls"], h["bytes"]] for h in auto.path_history()] if auto else []
+        auto_stats = auto.stats() if auto else {"path_model": None, "inagg": {}}
         Path(args.out).write_text(json.dumps({"calls": calls, "job_s": job_seconds, "k": pg.comm.grant.values_per_packet,
                                               "mode": pg.comm.grant.mode, "retransmissions": retx,
                                               "spurious": spurious,
                                               "auto_history": history,
-                                              "auto_model": auto.stats()["path_model"] if auto else None,
-                                              "auto_grants": auto.stats()["inagg"].get("grants") if auto else None,
+                                              "auto_model": auto_stats["path_model"],
+                                              "auto_grants": auto_stats["inagg"].get("grants"),
                                               "inagg_stats": pg.comm.stats()}, default=str))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
