@@ -16,7 +16,7 @@ STAMP         := $(VENV)/.inagg-installed
 
 P4C           ?= p4c-bm2-ss
 BF_P4C        ?= bf-p4c
-TOPO          ?= inagg/emulation/topologies/single_switch.json
+TOPO          ?= bmv2_env/emulation/topologies/single_switch.json
 DATAPLANE     ?= auto
 EPOCHS        ?=
 TRANSPORT     ?=
@@ -61,7 +61,7 @@ setup-emulation: setup
 # the host aggregator and the jobs in a run directory of its own (build/emulation/<run id>);
 # prints a per-job summary.
 run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
-	$(BIN)/python -m inagg.emulation.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
+	$(BIN)/python -m inagg.bmv2_env.emulation.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
 	  $(if $(and $(HAVE_P4C),$(filter-out soft,$(DATAPLANE))),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
 	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli)
 
@@ -72,7 +72,7 @@ $(P4_BUILD)/inagg.json: p4/inagg.p4 $(wildcard p4/include/*.p4)
 # Stop what your unfinished runs of this checkout started (the user behind sudo; ALL=1: every
 # user's; RUN=<id>: only that one), by the PIDs and interface names recorded in their run directories.
 stop:
-	$(BIN)/python -m inagg.emulation.mininet_run --stop $(if $(RUN),--run $(RUN)) $(if $(ALL),--all)
+	$(BIN)/python -m inagg.bmv2_env.emulation.mininet_run --stop $(if $(RUN),--run $(RUN)) $(if $(ALL),--all)
 
 # inaggctl against the newest run (ARGS=top by default; e.g. make ctl ARGS=jobs).
 ctl:
@@ -117,7 +117,7 @@ bench-tree: setup-emulation
 
 # Stops your runs (ALL=1: every user's) and deletes them and the builds; other users' runs stay.
 clean:
-	$(BIN)/python -m inagg.emulation.mininet_run --clean $(if $(ALL),--all)
+	$(BIN)/python -m inagg.bmv2_env.emulation.mininet_run --clean $(if $(ALL),--all)
 	find build -mindepth 1 -maxdepth 1 ! -name emulation -exec rm -rf {} + 2>/dev/null; \
 	  rmdir build 2>/dev/null; true
 	rm -rf logs pcaps benchmarks/results .pytest_cache .hypothesis
@@ -127,10 +127,10 @@ clean:
 protos:
 	$(PYTHON) -m venv build/protoc-venv
 	build/protoc-venv/bin/pip install -q "grpcio-tools==1.59.3"
-	cd inagg/jobservice/proto && ../../../build/protoc-venv/bin/python -m grpc_tools.protoc -I. \
+	cd hostlib/jobservice/proto && ../../../build/protoc-venv/bin/python -m grpc_tools.protoc -I. \
 	  --python_out=. --grpc_python_out=. inagg_controller.proto
 	sed -i 's/^import inagg_controller_pb2 as/from . import inagg_controller_pb2 as/' \
-	  inagg/jobservice/proto/inagg_controller_pb2_grpc.py
+	  hostlib/jobservice/proto/inagg_controller_pb2_grpc.py
 
 # Compile the P4 program and refresh the committed BMv2 JSON + P4Info in p4/out/bmv2/ (needs
 # p4c), then the software target's P4Info in p4/out/soft/: the same program at its own K

@@ -1,6 +1,6 @@
 """inagg allreduce vs torch.distributed gloo, interleaved in the same worker processes.
 
-The deployment is the embedded default that ``make demo`` uses (inagg/emulation/loopback.py: the
+The deployment is the embedded default that ``make demo`` uses (bmv2_env/emulation/loopback.py: the
 software data plane, the controller and the host aggregator as processes on loopback), with the
 switch (``soft``: jobs aggregate in the software data plane) or without it (``host``: the host
 aggregator). Each of the N worker processes opens a gloo process group and an inagg
@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inagg.emulation.loopback import LoopbackDeployment  # noqa: E402
-from inagg.demos.allreduce_demo import TensorSpec  # noqa: E402
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment  # noqa: E402
+from inagg.bmv2_env.demos.allreduce_demo import TensorSpec  # noqa: E402
 from plots import pyplot  # noqa: E402  (benchmarks/, the script's own folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,7 +57,7 @@ def _rank(rank: int, n: int, store_path: str, controller: str, bind_ip: str, cas
     import torch
     import torch.distributed as dist
 
-    from inagg.worker.communicator import Communicator
+    from inagg.hostlib.worker.communicator import Communicator
 
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, n)

@@ -13,9 +13,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inagg.emulation.loopback import LoopbackDeployment  # noqa: E402
-from inagg.worker.artopk import k_for, topk_indices  # noqa: E402
-from inagg.demos.train_demo import TrainConfig, train  # noqa: E402
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment  # noqa: E402
+from inagg.hostlib.worker.artopk import k_for, topk_indices  # noqa: E402
+from inagg.bmv2_env.demos.train_demo import TrainConfig, train  # noqa: E402
 
 
 def topk_overhead(numel: int, cr: float, reps: int = 50) -> tuple[float, float]:

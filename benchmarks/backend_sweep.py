@@ -59,7 +59,7 @@ from plots import pyplot  # benchmarks/, the script's own folder
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL_SIZES = tuple(4 * 16 ** i for i in range(7))            # 4 B, 64 B, ..., 64 MiB
 QUICK_SIZES = (4, 1024, 256 * 1024, 4 << 20)
-PATHS = ("inagg", "host", "gloo")   # the backend's paths (inagg.pytorch.path_choice)
+PATHS = ("inagg", "host", "gloo")   # the backend's paths (inagg.hostlib.pytorch.path.choice)
 SYSTEMS = ("inagg", "gloo", "gloo2")   # the backend, the baseline, the control (module docstring)
 FIELDS = ("workers", "bytes", "jobs", "reps", "inagg_backend_s", "gloo_s", "ratio", "ratio_ci_low", "ratio_ci_high",
           "job_ratios", "gloo_vs_gloo", "ratio_of_medians", "ratio_of_means", "inagg_calls", "host_calls", "gloo_calls", "load1")
@@ -67,7 +67,7 @@ _BOOTSTRAP = 2000   # resamples (of jobs, then repetitions) for the ratio's 95 %
 TARGET = 1.1
 _SETTLE_CALLS = 50   # untimed calls on each group before the first size
 # untimed calls of each size on each group before its timed ones: the backend's first calls of
-# a size probe every path (3 calls each, inagg/pytorch/path_choice.py) before the ranks agree; a
+# a size probe every path (3 calls each, hostlib/pytorch/path/choice.py) before the ranks agree; a
 # training job repeats its sizes every step, so the sweep times the steady state after that
 # one-time cost, explorations (2 % budget) and agreements included
 _WARMUP_CALLS = 12
@@ -96,7 +96,7 @@ def worker(rank: int, n: int, port: int, sizes: tuple[int, ...], reps: tuple[flo
     import torch
     import torch.distributed as dist
 
-    import inagg.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
+    import inagg.hostlib.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
 
     torch.set_num_threads(1)
     dist.init_process_group("inagg")

@@ -1,8 +1,8 @@
 """The ``inagg`` backend's per-call path choice under a bandwidth change: a link's rate is cut
 mid-run and restored, and the choice between inagg and gloo follows.
 
-The emulation (``inagg.emulation.mininet_run``, needs root and Mininet) brings up
-``inagg/emulation/topologies/bandwidth_flip.json``: three workers on one switch (the software data
+The emulation (``inagg.bmv2_env.emulation.mininet_run``, needs root and Mininet) brings up
+``bmv2_env/emulation/topologies/bandwidth_flip.json``: three workers on one switch (the software data
 plane, or BMv2) and the host aggregator. This script adds a management network, a Linux bridge
 in a Mininet node of its own, with a second interface on every worker: the workers' gloo traffic
 (``GLOO_SOCKET_IFNAME``) and the TCP store run on it, inagg's data plane traffic runs through the
@@ -76,7 +76,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    import inagg.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
+    import inagg.hostlib.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -151,7 +151,7 @@ class ManagementNetwork:
 def start_workers(run, mgmt: ManagementNetwork, workers: list[str], args) -> list:
     """One worker process per host, rank order as in the topology's job; their inagg address is
     each host's switch-side IP, their gloo interface the management link."""
-    from inagg.emulation.topology import host_ip
+    from inagg.bmv2_env.emulation.topology import host_ip
 
     write_deployment(run, [host_ip(run.topo.hosts[h]) for h in workers])
     procs = []
@@ -207,9 +207,9 @@ def run_phases(mgmt: ManagementNetwork, throttled: str, args, stop_file: Path, p
 def run_experiment(args) -> tuple[list[dict], dict, dict]:
     """Bring up the emulation, run the three phases, tear down. Returns the step rows, the
     phase times (seconds from the first recorded step) and rank 0's final backend stats."""
-    from inagg.emulation.mininet_run import Run, choose_dataplane, program_files_for
-    from inagg.emulation.run_dir import RunDir
-    from inagg.emulation.topology import load_topology
+    from inagg.bmv2_env.emulation.mininet_run import Run, choose_dataplane, program_files_for
+    from inagg.bmv2_env.emulation.run_dir import RunDir
+    from inagg.bmv2_env.emulation.topology import load_topology
 
     topo = load_topology(args.topo)
     workers, throttled = check_setup(topo, args)

@@ -17,12 +17,12 @@ from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch  # noqa: E402
-from inagg.control.allocator import Demand, SlotAllocator  # noqa: E402
-from inagg.jobservice.client import ControllerClient, ControllerError  # noqa: E402
-from inagg.control.config import default_program, parse_config  # noqa: E402
-from inagg.control.controller import Controller  # noqa: E402
-from inagg.control.service import serve as serve_controller  # noqa: E402
+from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch  # noqa: E402
+from inagg.controller.allocator import Demand, SlotAllocator  # noqa: E402
+from inagg.hostlib.jobservice.client import ControllerClient, ControllerError  # noqa: E402
+from inagg.controller.config import default_program, parse_config  # noqa: E402
+from inagg.controller.controller import Controller  # noqa: E402
+from inagg.controller.service import serve as serve_controller  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -35,16 +35,16 @@ sys.path.insert(0, str(ROOT))
 from scapy.layers.inet import IP, UDP  # noqa: E402
 from scapy.layers.l2 import Ether  # noqa: E402
 
-from inagg.emulation.loopback import random_loopback_net  # noqa: E402
-from inagg.softswitch.switch import udp_host_mac  # noqa: E402
-from inagg.emulation.testbed import SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
-from inagg.control.config import default_program  # noqa: E402
-from inagg.control.program import Program  # noqa: E402
-from inagg.control.switch import (  # noqa: E402
+from inagg.bmv2_env.emulation.loopback import random_loopback_net  # noqa: E402
+from inagg.bmv2_env.softswitch.switch import udp_host_mac  # noqa: E402
+from inagg.bmv2_env.emulation.testbed import SOFT_ENGINES, Dataplane, bmv2_missing, have_netns, program_testbed  # noqa: E402
+from inagg.controller.config import default_program  # noqa: E402
+from inagg.controller.program import Program  # noqa: E402
+from inagg.controller.switch import (  # noqa: E402
     INSERT, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
 )
-from inagg.wire.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, mac  # noqa: E402
-from inagg.wire.roce import frame as roce_frame  # noqa: E402
+from inagg.hostlib.wire.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, mac  # noqa: E402
+from inagg.hostlib.wire.roce import frame as roce_frame  # noqa: E402
 from tools.soft_p4info import soft_p4info_text  # noqa: E402
 from plots import pyplot  # noqa: E402  (benchmarks/, the script's own folder)
 
@@ -104,7 +104,7 @@ def udp_switch(engine: str, net: str, n: int, window: int, k: int):
     with tempfile.TemporaryDirectory() as d:
         ports = [a for r in range(n) for a in ("-i", f"{r + 1}@udp:{net}.{r + 1}")]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "inagg.softswitch.switch", "--engine", engine, *ports, "--udp-bind", f"{net}.254", "--no-p4", "--",
+            [sys.executable, "-m", "inagg.bmv2_env.softswitch.switch", "--engine", engine, *ports, "--udp-bind", f"{net}.254", "--no-p4", "--",
              "--grpc-server-addr", f"unix:{d}/p4rt.sock"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True)
         try:

@@ -6,7 +6,7 @@ and reporting its slowest rank's times, waiting for rank 0's next line, and writ
 results' CSV.
 
 A rank finds its inagg address in ``deployment.json`` beside the controller socket it is given
-(``inagg.worker.local``): each worker host's switch-side IP, in rank order."""
+(``inagg.hostlib.worker.local``): each worker host's switch-side IP, in rank order."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def cpu_load(processes: int):
 
 def add_machine_arguments(parser) -> None:
     """The data plane's priority (``--switch-nice``) and other work on the machine (``--cpu-load``)."""
-    from inagg.emulation.mininet_run import DATA_PLANE_NICE
+    from inagg.bmv2_env.emulation.mininet_run import DATA_PLANE_NICE
 
     parser.add_argument("--switch-nice", type=int, default=DATA_PLANE_NICE,
                         help="the data plane's nice(1) value (default %(default)s: ahead of the ranks)")
@@ -124,8 +124,8 @@ def shaped_network(topo, rate: str, title: str, switch_nice: int, cpu_busy: int 
     every link shaped to ``rate`` both ways, the controller and the host aggregator started,
     ``cpu_busy`` busy loops beside it; torn down on leaving, the ranks with it (``run.procs``).
     Prints ``title`` and the run's directory first."""
-    from inagg.emulation.mininet_run import Run, program_files_for
-    from inagg.emulation.run_dir import RunDir
+    from inagg.bmv2_env.emulation.mininet_run import Run, program_files_for
+    from inagg.bmv2_env.emulation.run_dir import RunDir
 
     run_dir = RunDir.create()
     print(f"{title}, soft data plane at nice {switch_nice}, {cpu_busy} busy processes beside, "
@@ -146,7 +146,7 @@ def write_deployment(run, worker_ips: list[str], directory: Path | None = None) 
     """Tell the ranks their inagg addresses (rank order) and the run's controller: beside the
     run's controller socket, or (jobs on different hosts at once) in ``directory``, a job's own,
     with a link to that socket. Returns the controller address the job's ranks are given."""
-    from inagg.worker.local import DEPLOYMENT_FILE
+    from inagg.hostlib.worker.local import DEPLOYMENT_FILE
 
     socket_path = Path(run.controller_addr[len("unix:"):])
     if directory is not None:
@@ -178,7 +178,7 @@ def start_ranks(run, script: Path, job: str, hosts: list[str], port: int, extra:
     and the flags ``add_rank_arguments`` declares, then ``extra``), its store on the first
     host's ``port``, its default group forced to the switch path (``env`` may say otherwise);
     rank 0 writes the job's result to ``<run>/<job>.json``."""
-    from inagg.emulation.topology import host_ip
+    from inagg.bmv2_env.emulation.topology import host_ip
 
     master = host_ip(run.topo.hosts[hosts[0]])
     procs = []
@@ -217,7 +217,7 @@ def join_job(args):
     import torch
     import torch.distributed as dist
 
-    import inagg.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
+    import inagg.hostlib.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
 
     torch.set_num_threads(1)
     dist.init_process_group("inagg", rank=args.rank, world_size=args.world,

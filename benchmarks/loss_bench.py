@@ -1,7 +1,7 @@
 """Loss recovery: the same allreduce loss-free and at 1 % / 10 % / 30 % random loss.
 
 N worker processes (the C++ stream, ``--python`` for its Python specification) allreduce a
-float32 tensor through the host aggregator CLI on loopback (``inagg.demos.allreduce_demo.run_local_job``: real
+float32 tensor through the host aggregator CLI on loopback (``inagg.bmv2_env.demos.allreduce_demo.run_local_job``: real
 processes, real sockets). The aggregator's ``--drop-rate`` drops contributions on arrival and
 each result copy on departure with the same seeded probability, so loss hits both directions.
 Every run does ``--warmup`` untimed calls (the window leaves slow start) and then the timed call;
@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inagg.demos.allreduce_demo import JobRun, TensorSpec, run_local_job  # noqa: E402
+from inagg.bmv2_env.demos.allreduce_demo import JobRun, TensorSpec, run_local_job  # noqa: E402
 from plots import pyplot  # noqa: E402  (benchmarks/, the script's own folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,5 +1,5 @@
 """What bit-reproducible results cost on the gloo path: plain gloo's float allreduce against
-inagg's fixed point over gloo (``inagg.pytorch.reproducible.FixedPointGloo``: exponents agreed
+inagg's fixed point over gloo (``inagg.hostlib.pytorch.reproducible.FixedPointGloo``: exponents agreed
 by a MAX allreduce, int32 sums) at a few sizes and dtypes, 2 ranks on this machine.
 
 Calls alternate A B B A (plain, fixed, fixed, plain), each after a barrier on a third gloo group,
@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from inagg.pytorch.reproducible import FixedPointGloo
-from inagg.wire.grant import HOST_VALUES_PER_PACKET
-from inagg.worker.stream import Reduction
+from inagg.hostlib.pytorch.reproducible import FixedPointGloo
+from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET
+from inagg.hostlib.worker.stream import Reduction
 
 SIZES = (1 << 10, 64 << 10, 1 << 20, 16 << 20)   # bytes
 DTYPES = (torch.float32, torch.bfloat16)

@@ -97,8 +97,8 @@ def build_ddp(config: str, job: Job, rank: int, gloo_group, comms: list):
         return DDP(model, process_group=dist.group.WORLD)
     ddp = DDP(model, process_group=gloo_group)
     if config in ("switch", "host"):
-        from inagg.worker.communicator import Communicator
-        from inagg.pytorch.hooks import InaggHookState, inagg_hook
+        from inagg.hostlib.worker.communicator import Communicator
+        from inagg.hostlib.pytorch.hooks import InaggHookState, inagg_hook
 
         controller, ips = job.deployments[config]
         comm = Communicator.from_rendezvous(
@@ -135,7 +135,7 @@ def worker(rank: int, job: Job, out) -> None:
 
     torch.set_num_threads(1)
     if "backend" in job.configs:
-        import inagg.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
+        import inagg.hostlib.pytorch.plugin  # noqa: F401 - registers "inagg" where entry points are off
 
         os.environ["INAGG_ALLREDUCE_PATH"] = "inagg"
         dist.init_process_group("inagg")
@@ -250,7 +250,7 @@ def target_text(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from inagg.emulation.loopback import LoopbackDeployment
+    from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=4)

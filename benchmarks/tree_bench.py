@@ -3,7 +3,7 @@ float32) on the leaf-spine tree (two ToRs of four workers under a spine) and on 
 Mininet network on the software data plane, every link shaped by ``tc tbf`` (100 Mbit/s by
 default): the hosts' links and the switch-to-switch links alike.
 
-The network is inagg/emulation/topologies/leaf_spine.json (ranks on h1..h8, the host aggregator
+The network is bmv2_env/emulation/topologies/leaf_spine.json (ranks on h1..h8, the host aggregator
 on the spine) plus one more switch, ``flat``, with eight hosts f1..f8 and a link to the spine
 (check_trees wants every switch joined to the host aggregator's; nothing crosses it). Two jobs
 run at once, ``tree`` on h1..h8 and ``flat`` on f1..f8, each with a controller directory of its
@@ -149,7 +149,7 @@ def topology(mtu: int, min_window: int | None):
     """The leaf-spine topology with the ``tree`` job on its workers, and one switch ``flat``
     (its eight hosts f1..f8 running the ``flat`` job) linked to the spine; the controller's
     ``min_window`` (a tree's window on every level) the file's unless given."""
-    from inagg.emulation.topology import parse_topology
+    from inagg.bmv2_env.emulation.topology import parse_topology
 
     data = json.loads(LEAF_SPINE.read_text())
     tree_hosts = data["jobs"][0]["workers"]
@@ -237,8 +237,8 @@ class Job:
 
 def start_jobs(run, args) -> list[Job]:
     """Both jobs' ranks, each with the controller directory of its own, started together."""
-    from inagg.emulation.topology import host_ip
-    from inagg.pytorch.path_links import LINK_RATE_ENV
+    from inagg.bmv2_env.emulation.topology import host_ip
+    from inagg.hostlib.pytorch.path.links import LINK_RATE_ENV
 
     (run.run.path / "turns").mkdir()
     extra = ["--sizes-mib", *map(str, args.sizes_mib), "--reps", str(args.reps), "--turns", str(run.run.path / "turns")]

@@ -85,7 +85,7 @@ __attribute__((noreturn)) static void echo(const char *ip, int port) {
 static void put16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = (uint8_t)v; }
 static void put32(uint8_t *p, uint32_t v) { put16(p, v >> 16); put16(p + 2, (uint16_t)v); }
 
-/* An inagg contribution (inagg.wire.protocol.build_contribution): K values, all `value`. */
+/* An inagg contribution (inagg.hostlib.wire.protocol.build_contribution): K values, all `value`. */
 static size_t contribution(uint8_t *p, int rank, int slot, int set, int k, int32_t value) {
     memset(p, 0, HEADER_BYTES);
     p[0] = 0x11;                        /* version 1, MSG_CONTRIBUTION */

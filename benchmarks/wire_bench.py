@@ -114,7 +114,7 @@ def auto_group():
     controller, beside the forced one)."""
     import torch.distributed as dist
 
-    from inagg.pytorch.backend import PATH_ENV
+    from inagg.hostlib.pytorch.backend import PATH_ENV
 
     forced, os.environ[PATH_ENV] = os.environ.get(PATH_ENV), "auto"
     try:
@@ -127,7 +127,7 @@ def settle(pg, barrier, go_file: str, timeout: float = READY_SECONDS) -> None:
     """One-element calls on ``pg`` until both sharing jobs aggregate on the switch: the job that
     registered second starts on the host aggregator and moves to the switch only once the first
     gave up half its slots, each at a call boundary of its own (make-before-break,
-    ``inagg.control.allocator``), so both keep calling until the placement files that each
+    ``inagg.controller.allocator``), so both keep calling until the placement files that each
     job's rank 0 writes beside ``go_file`` say switch. The sharing is then measured on the
     links alone, not on the jobs' placement."""
     import torch
@@ -154,7 +154,7 @@ def settle_auto(pg, auto, barrier, timeout: float = READY_SECONDS) -> None:
     """One-element calls on the forced group and the auto group until the auto group's job
     aggregates on the switch too: it registered second, so it starts on the host aggregator
     and is offered the switch once the forced job gave up half its slots at a call of its own;
-    its path choice takes the offer at its next agreement (``inagg.pytorch.path_links.GrantMove``).
+    its path choice takes the offer at its next agreement (``inagg.hostlib.pytorch.path.links.GrantMove``).
     The choice is then measured against the forced path on the same switch, not on where the
     controller placed it."""
     import torch
@@ -227,7 +227,7 @@ def rank_main(args: argparse.Namespace) -> int:
 def topology(n_hosts: int, mtu: int):
     """One switch, worker hosts h1..h<n_hosts> on ports 1..n and the host aggregator's host,
     every link at ``mtu``."""
-    from inagg.emulation.topology import parse_topology
+    from inagg.bmv2_env.emulation.topology import parse_topology
 
     hosts = {f"h{i}": {"ip": f"10.0.0.{i}/24", "mac": f"08:00:00:00:00:{i:02x}"} for i in range(1, n_hosts + 1)}
     hosts["agg"] = {"ip": "10.0.0.100/24", "mac": "08:00:00:00:00:64"}
@@ -241,7 +241,7 @@ def topology(n_hosts: int, mtu: int):
 def start_job(run, args, n: int, name: str, paths: tuple[str, ...], go_file: Path | None, port: int):
     """N rank processes of one job on h1..hN (its store on rank 0's ``port``); returns them and
     where rank 0 writes its result."""
-    from inagg.pytorch.path_links import LINK_RATE_ENV
+    from inagg.hostlib.pytorch.path.links import LINK_RATE_ENV
 
     extra = ["--sizes-mib", *map(str, args.sizes_mib), "--reps", str(args.reps), "--warmup", str(args.warmup),
              "--paths", *paths, *(["--go-file", str(go_file)] if go_file else [])]
@@ -291,7 +291,7 @@ def run_two_jobs(run, args) -> list[dict]:
 
 def run_experiment(args) -> list[dict]:
     """Bring up the network with every link shaped, run the jobs, tear down."""
-    from inagg.emulation.topology import host_ip
+    from inagg.bmv2_env.emulation.topology import host_ip
 
     topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu)
     title = f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}"

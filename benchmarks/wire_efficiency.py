@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inagg.control.config import default_program  # noqa: E402
-from inagg.wire.grant import ETHERNET_MTU, JUMBO_MTU, values_for_mtu  # noqa: E402
-from inagg.wire.protocol import ENCAP_BYTES, HEADER_BYTES  # noqa: E402
+from inagg.controller.config import default_program  # noqa: E402
+from inagg.hostlib.wire.grant import ETHERNET_MTU, JUMBO_MTU, values_for_mtu  # noqa: E402
+from inagg.hostlib.wire.protocol import ENCAP_BYTES, HEADER_BYTES  # noqa: E402
 
 LINE_GBPS = 100.0
 ON_WIRE_EXTRA = 4 + 8 + 12   # FCS, preamble + SFD, inter-frame gap

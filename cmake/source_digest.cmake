@@ -1,5 +1,5 @@
 # Writes OUT, a header with the SHA-256 digest of the native sources in SRC (its *.cpp and *.hpp,
-# "name:sha256\n" per file in name order, hashed once more): inagg/native_build.py computes the
+# "name:sha256\n" per file in name order, hashed once more): hostlib/native_build.py computes the
 # same digest of the checkout's native/ and refuses a build made from other sources.
 file(GLOB files "${SRC}/*.cpp" "${SRC}/*.hpp")
 list(SORT files)

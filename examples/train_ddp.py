@@ -35,7 +35,7 @@ def register_hook(ddp: DDP, hook: str):
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     if hook.startswith("artopk"):   # inagg's own: lossy (top-k with error feedback), only when asked
-        from inagg.pytorch.hooks import ARTopkHookState, artopk_hook
+        from inagg.hostlib.pytorch.hooks import ARTopkHookState, artopk_hook
 
         state = ARTopkHookState(process_group=None, cr=0.1, adaptive=hook == "artopk-adaptive")
         ddp.register_comm_hook(state, artopk_hook)

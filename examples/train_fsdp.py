@@ -5,7 +5,7 @@ inagg-specific part is the backend string. Run it as any FSDP script::
     torchrun --nproc_per_node=2 examples/train_fsdp.py --fsdp 1 --backend gloo  # FullyShardedDataParallel
 
 FSDP's all-gathers of parameters go to gloo through the backend; its reduce-scatters of
-gradients are allreduces on whichever path the backend chooses (``inagg.pytorch.backend``).
+gradients are allreduces on whichever path the backend chooses (``inagg.hostlib.pytorch.backend``).
 ``--out FILE`` (rank 0) saves the final full parameters, the losses and the backend's
 statistics (tests compare inagg and gloo runs with it).
 """

@@ -1,4 +1,4 @@
-// Python bindings of the native data path (inagg._native). Only the binding glue lives here;
+// Python bindings of the native data path (inagg.hostlib._native). Only the binding glue lives here;
 // each concern has its own file beside it (engine.hpp: the slot engine; host_loop.hpp: the host
 // aggregator's packet loop; switch_bindings.cpp: the soft switch; stream_bindings.cpp: the
 // worker's stream). Packet work runs with the GIL released; configuration and counters are plain
@@ -237,7 +237,7 @@ void bind_host_reduce(nb::module_& m);  // host_reduce.cpp
 
 NB_MODULE(_native, m) {
     m.doc() = "inagg's per-packet data path in C++ (see native/*.hpp)";
-    m.attr("SOURCE_DIGEST") = inagg::kSourceDigest;  // inagg/native_build.py checks it
+    m.attr("SOURCE_DIGEST") = inagg::kSourceDigest;  // hostlib/native_build.py checks it
     nb::register_exception_translator(&translate_os_error);
     m.def("sender_id_ipv4", &inagg::sender_id_ipv4, "addr"_a, "port"_a,
           "The engine's id of a UDP sender: (IPv4 address << 16) | port");

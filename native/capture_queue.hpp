@@ -1,5 +1,5 @@
 // The frames the software switch's packet loop captures (--pcap), on their way to Python: the
-// loop copies each captured frame here and inagg/softswitch/switch.py drains the queue every few
+// loop copies each captured frame here and bmv2_env/softswitch/switch.py drains the queue every few
 // tens of milliseconds into pcap files with scapy's writer, the one pcap writer of both packet
 // loops. The queue is bounded (bytes of frames waiting): when the writer falls behind, a frame
 // that does not fit is counted as dropped from the capture rather than holding the data path.

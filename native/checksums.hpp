@@ -1,6 +1,6 @@
 // The checksums a data plane recomputes when it rewrites a frame: the IPv4 header checksum and
-// RoCEv2's invariant CRC (ICRC). Twins of inagg/wire/protocol.py::ipv4_checksum and
-// inagg/wire/roce.py::icrc, byte for byte (CRC-32 as zlib.crc32 computes it).
+// RoCEv2's invariant CRC (ICRC). Twins of hostlib/wire/protocol.py::ipv4_checksum and
+// hostlib/wire/roce.py::icrc, byte for byte (CRC-32 as zlib.crc32 computes it).
 #pragma once
 
 #include <cstddef>

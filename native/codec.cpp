@@ -252,7 +252,7 @@ INAGG_VALUE_LOOP void dequantize_div(const int32_t* q, size_t n, int exp, int sh
 
 }  // namespace inagg
 
-// -- exact fixed point (inagg/wire/codec.py: fixed_encode, fixed_decode, round_to_float32) --------
+// -- exact fixed point (hostlib/wire/codec.py: fixed_encode, fixed_decode, round_to_float32) --------
 
 namespace inagg {
 namespace {

@@ -1,5 +1,5 @@
 // Block floating-point codec and the exact fixed-point codec of small calls, the C++ twins of
-// inagg/wire/codec.py (which documents both formats and proves the block codec's error bound). Results must be bit-identical to the numpy version: the worker's
+// hostlib/wire/codec.py (which documents both formats and proves the block codec's error bound). Results must be bit-identical to the numpy version: the worker's
 // native stream and the Python one may serve ranks of the same job.
 #pragma once
 
@@ -16,7 +16,7 @@ constexpr int kExpMax = 127;   // largest representable block exponent (values b
 // The scale exponent S for a job of n workers: n values of magnitude <= 2**S sum below 2**31.
 int shift_for(int n_workers);
 
-// The element formats of float tensors (inagg/wire/codec.py FLOAT_DTYPES, in the same order).
+// The element formats of float tensors (hostlib/wire/codec.py FLOAT_DTYPES, in the same order).
 // A 16-bit value widens exactly to float32, so every step below computes on the float32 value
 // of an element, and a result is the float32 result rounded once to the element's format
 // (to nearest, ties to even): the same bits as the float32 codec's result converted after.
@@ -54,7 +54,7 @@ void quantize_add(const float* x, size_t n, int exp, int shift, int32_t* acc);
 // for kExpNone; native-endian int32 sums (the host-local reduce's).
 void dequantize_div(const int32_t* q, size_t n, int exp, int shift, float divisor, float* y);
 
-// Exact fixed point (inagg/wire/codec.py documents it): a float32 is x * 2**149, an integer below
+// Exact fixed point (hostlib/wire/codec.py documents it): a float32 is x * 2**149, an integer below
 // 2**(kExpMax + 149), split into signed limbs of limb_bits(N) bits, one per int32 lane.
 int limb_bits(int n_workers);
 int fixed_limbs(int n_workers);

@@ -1,5 +1,5 @@
 // The slot engine (see engine.hpp for why it exists). Each step below names the line of the
-// Python engine's decision table (inagg/aggregator/engine_reference.py) it implements; keep them in step.
+// Python engine's decision table (hostlib/aggregator/engine_reference.py) it implements; keep them in step.
 #include "engine.hpp"
 
 #include <algorithm>
@@ -347,7 +347,7 @@ Emit Engine::duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, 
 }
 
 // The parent's result: stored and sent to every member when the set sent its sum up and waits
-// for it (inagg/aggregator/engine_reference.py: AggregationEngine._parent_result).
+// for it (hostlib/aggregator/engine_reference.py: AggregationEngine._parent_result).
 Emit Engine::parent_result(const JobConfig& job, JobCounters& ctr, const Header& h,
                            RoundState st, const uint8_t* payload, uint8_t* out) {
     if (!st.same_round) {

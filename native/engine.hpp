@@ -1,4 +1,4 @@
-// The slot engine: inagg/aggregator/engine_reference.py::AggregationEngine in C++, decision for decision.
+// The slot engine: hostlib/aggregator/engine_reference.py::AggregationEngine in C++, decision for decision.
 //
 // Why it exists: the per-packet slot logic (owner tag, shadow sets, worker bitmap, exponent max,
 // duplicate/stale handling, counters) is the hot loop of the host aggregator and of the software
@@ -33,8 +33,8 @@
 namespace inagg {
 
 // What the engine did with one packet. The slot decisions carry their P4 codes (SLOT_* in
-// p4/include/constants.p4); the rest are drop reasons named as inagg.wire.protocol names them.
-// inagg.wire.protocol.Outcome is the Python twin (tests/test_protocol_twin.py ties all three).
+// p4/include/constants.p4); the rest are drop reasons named as inagg.hostlib.wire.protocol names them.
+// inagg.hostlib.wire.protocol.Outcome is the Python twin (tests/test_protocol_twin.py ties all three).
 enum class Outcome : uint8_t {
     None = 0,          // nothing processed yet
     First = 1,         // first contribution of a round: overwrite the set
@@ -73,7 +73,7 @@ constexpr SenderId sender_id_ipv4(uint32_t addr, uint16_t port) {
     return (static_cast<SenderId>(addr) << 16) | port;
 }
 
-// Where a non-root aggregator of a tree sends its partial sums (inagg.aggregator.engine_reference.Uplink,
+// Where a non-root aggregator of a tree sends its partial sums (inagg.hostlib.aggregator.engine_reference.Uplink,
 // docs/trees.md): the parent (the sender its results come from), this aggregator's rank there
 // and the job's first slot there.
 struct Uplink {
@@ -86,7 +86,7 @@ struct Uplink {
     }
 };
 
-// What the engine must know about one job (inagg.aggregator.engine_reference.JobConfig): members[r] is the one
+// What the engine must know about one job (inagg.hostlib.aggregator.engine_reference.JobConfig): members[r] is the one
 // sender allowed to claim rank r; results go to every member, or with an uplink each round's
 // sum goes up first and the parent's result to every member.
 // Numbers are wide so that set_job, not a conversion, names an out-of-range value.
@@ -160,7 +160,7 @@ public:
     // Bytes a result can take: the size of the buffer process() writes into.
     size_t max_result_bytes() const { return kHeaderBytes + 4 * static_cast<size_t>(k_); }
 
-    // -- configuration (inagg.aggregator.engine_reference.AggregationEngine.set_job/remove_job/replace_jobs) --
+    // -- configuration (inagg.hostlib.aggregator.engine_reference.AggregationEngine.set_job/remove_job/replace_jobs) --
     void set_job(const JobConfig& job);               // throws std::invalid_argument
     void remove_job(uint16_t job_id);
     void replace_jobs(const std::vector<JobConfig>& wanted);

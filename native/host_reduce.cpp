@@ -1,4 +1,4 @@
-// The host-local reduce's loops over every value (inagg/worker/host_reduce.py documents the
+// The host-local reduce's loops over every value (hostlib/worker/host_reduce.py documents the
 // protocol): the ranks of one host sum their tensors in shared memory exactly as the switch would
 // have summed them, each rank over one range of the values, with the GIL released. Float32 values
 // are quantized with the job's agreed block exponents and the shift of all the job's ranks

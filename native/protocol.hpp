@@ -1,7 +1,7 @@
 // The wire protocol for the C++ data path: its constants, big-endian loads and stores, and the
 // one codec of the 16-byte inagg header. Every file that reads or writes the header (the engine,
 // the worker's stream, the switch's pipeline) goes through here, so a field's offset is written
-// once. p4/include/headers.p4, constants.p4 and inagg/wire/protocol.py are the definitions.
+// once. p4/include/headers.p4, constants.p4 and hostlib/wire/protocol.py are the definitions.
 // Header-only: native/engine.hpp is a plain C++ API built from engine.cpp alone.
 #pragma once
 
@@ -54,7 +54,7 @@ inline void store_be48(uint8_t* p, uint64_t v) {
     store_be32(p + 2, uint32_t(v));
 }
 
-// -- the inagg header (inagg.wire.protocol.HEADER_FIELDS) ----------------------------------------
+// -- the inagg header (inagg.hostlib.wire.protocol.HEADER_FIELDS) ----------------------------------------
 
 // Byte offsets of the header's fields.
 namespace field {

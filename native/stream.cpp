@@ -1,4 +1,4 @@
-// The worker's window protocol (see stream.hpp and inagg/worker/stream.py, its specification).
+// The worker's window protocol (see stream.hpp and hostlib/worker/stream.py, its specification).
 #include "stream.hpp"
 
 #include <arpa/inet.h>

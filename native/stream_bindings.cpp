@@ -1,4 +1,4 @@
-// Python bindings of the worker's stream and the codec (inagg._native.Stream, block_exponents,
+// Python bindings of the worker's stream and the codec (inagg.hostlib._native.Stream, block_exponents,
 // quantize, dequantize). Every call that waits on the network releases the GIL for its whole
 // duration; arrays are numpy buffers that Python allocated, written in place.
 #include <arpa/inet.h>
@@ -26,7 +26,7 @@ using Values = nb::ndarray<nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using ConstValues = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // The codec format of an array: float32, float16, or bfloat16 passed as its uint16 bits (numpy
-// has no bfloat16: inagg.wire.codec.native_values gives its BFLOAT16 arrays so).
+// has no bfloat16: inagg.hostlib.wire.codec.native_values gives its BFLOAT16 arrays so).
 template <typename A>
 Format format_of(const A& x) {
     auto d = x.dtype();
@@ -37,7 +37,7 @@ Format format_of(const A& x) {
                          d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat)))
         return Format::BFloat16;
     throw std::invalid_argument("values must be float32, float16 or bfloat16 (as its uint16 bits); pass "
-                                "inagg.wire.codec.native_values(x)");
+                                "inagg.hostlib.wire.codec.native_values(x)");
 }
 
 GrantView grant_view(int job, int epoch, uint32_t slot_base, uint32_t slot_count, uint32_t k,

@@ -1,6 +1,6 @@
-// Python bindings of the software switch's core (inagg._native.SwitchPipeline, SwitchLoop):
-// inagg/softswitch/pipeline.py mirrors the P4Runtime server's tables into a SwitchPipeline and
-// inagg/softswitch/switch.py hands its sockets to a SwitchLoop. Packet work never holds the GIL.
+// Python bindings of the software switch's core (inagg.hostlib._native.SwitchPipeline, SwitchLoop):
+// bmv2_env/softswitch/pipeline.py mirrors the P4Runtime server's tables into a SwitchPipeline and
+// bmv2_env/softswitch/switch.py hands its sockets to a SwitchLoop. Packet work never holds the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>

@@ -1,6 +1,6 @@
 // Frame layout the software switch reads and writes: Ethernet / IPv4 (no options) / UDP, then the
 // inagg header directly (UDP encapsulation) or after BTH|RETH|ImmDt (RoCEv2). The twin of the
-// offsets in inagg/softswitch/pipeline_reference.py and inagg/wire/roce.py; the inagg header's own fields and the
+// offsets in bmv2_env/softswitch/pipeline_reference.py and hostlib/wire/roce.py; the inagg header's own fields and the
 // big-endian loads and stores are protocol.hpp's.
 #pragma once
 

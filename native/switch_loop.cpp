@@ -34,7 +34,7 @@ constexpr size_t kSlotBytes = kInaggAt + kFrameBytes;  // + room for the headers
 constexpr uint8_t kUdpSwitchMac[6] = {0, 0, 0, 0, 0, 0xFE};
 
 // The frame host `src` would have sent for a datagram of `len` bytes from src:sport to the
-// switch at dst (UdpPorts.recv in inagg/softswitch/switch.py): written into the kInaggAt bytes
+// switch at dst (UdpPorts.recv in bmv2_env/softswitch/switch.py): written into the kInaggAt bytes
 // before the datagram.
 void write_udp_headers(uint8_t* f, uint32_t src, uint16_t sport, uint32_t dst, size_t len) {
     std::memcpy(f + kEthDst, kUdpSwitchMac, 6);

@@ -1,7 +1,7 @@
 // The software switch's packet loop: its ports and the thread that moves frames between them and
 // the pipeline (switch_pipeline.hpp), with batched system calls and no Python on the way.
 //
-// Ports come from Python as open sockets (inagg/softswitch/switch.py opens and owns them, so the
+// Ports come from Python as open sockets (bmv2_env/softswitch/switch.py opens and owns them, so the
 // same sockets serve the Python reference loop):
 //  - a UDP port group: one datagram socket at the switch's inagg address on loopback; a datagram
 //    from host H enters H's port as the Ethernet/IPv4/UDP frame H would have sent, and a frame
@@ -44,7 +44,7 @@ class SwitchLoop {
 public:
     static constexpr size_t kBatch = 64;
     // The default bound of the frames captured and not yet taken (--pcap): 64 MiB, a drain
-    // interval's worth (50 ms, inagg/softswitch/switch.py) at over 1 GB/s of captured frames.
+    // interval's worth (50 ms, bmv2_env/softswitch/switch.py) at over 1 GB/s of captured frames.
     static constexpr size_t kCaptureBytes = size_t(64) << 20;
 
     explicit SwitchLoop(size_t capture_bytes = kCaptureBytes);

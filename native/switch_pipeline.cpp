@@ -1,5 +1,5 @@
 // The software switch's pipeline (see switch_pipeline.hpp). Each method is one P4 control, as in
-// inagg/softswitch/pipeline_reference.py::SoftPipeline; keep the two in step.
+// bmv2_env/softswitch/pipeline_reference.py::SoftPipeline; keep the two in step.
 #include "switch_pipeline.hpp"
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // The software switch's match-action state, as the P4 program declares it
 // (p4/include/job_admission.p4, tree_uplink.p4, forwarding.p4, replica_rewrite.p4,
 // job_counters.p4) and the
-// Python P4Runtime server writes it (inagg/softswitch/pipeline.py mirrors every accepted
+// Python P4Runtime server writes it (bmv2_env/softswitch/pipeline.py mirrors every accepted
 // TableEntry / MulticastGroupEntry into here): exact-match tables as hash maps, the packet
 // replication engine's groups, and the indexed packet counters that P4Runtime reads back.
 #pragma once

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from inagg.wire import codec  # noqa: E402
+from inagg.hostlib.wire import codec  # noqa: E402
 
 SIZES = (3, 5, 100, 4099, 65536 + 7, 3 << 20)
 

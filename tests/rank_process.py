@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from inagg.worker.communicator import Communicator  # noqa: E402
+from inagg.hostlib.worker.communicator import Communicator  # noqa: E402
 
 
 def main() -> int:

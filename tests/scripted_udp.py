@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 
-from inagg.wire.protocol import MSG_RESULT, VERSION
+from inagg.hostlib.wire.protocol import MSG_RESULT, VERSION
 
 
 def bound_socket(timeout: float = 5.0) -> socket.socket:

@@ -1,4 +1,4 @@
-"""Store waits that end when their caller gives up (``inagg.worker.abortable_store``), on a real
+"""Store waits that end when their caller gives up (``inagg.hostlib.worker.abortable_store``), on a real
 TCPStore as a job's ranks see theirs: a key set later is seen, ``stop``'s error ends a wait at
 once, a wait for a key no one sets ends at its timeout, and the store's other calls go through
 (or raise ``stop``'s error once it has one)."""
@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from inagg.worker.abortable_store import AbortableStore, wait_keys
+from inagg.hostlib.worker.abortable_store import AbortableStore, wait_keys
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ import threading
 import numpy as np
 import pytest
 
-from inagg.aggregator.server import HostAggregator, default_values_per_packet, main as aggregator_main
-from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
-from inagg.wire.grant import Grant, values_for_mtu
-from inagg.wire.protocol import build_contribution
-from inagg.worker.native_stream import NativeSlotStream
-from inagg.worker.stream import AllreduceError, CallRefused, CongestionWindow, SlotStream, WindowControl
-from inagg.wire.transport import UdpTransport
+from inagg.hostlib.aggregator.server import HostAggregator, default_values_per_packet, main as aggregator_main
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.hostlib.wire.grant import Grant, values_for_mtu
+from inagg.hostlib.wire.protocol import build_contribution
+from inagg.hostlib.worker.native_stream import NativeSlotStream
+from inagg.hostlib.worker.stream import AllreduceError, CallRefused, CongestionWindow, SlotStream, WindowControl
+from inagg.hostlib.wire.transport import UdpTransport
 
 K = 64
 
@@ -166,7 +166,7 @@ def test_bad_job_config_is_refused_with_a_clear_error(job, message, capsys):
 
 
 def test_cli_reports_counters_on_sigterm():
-    proc = subprocess.Popen([sys.executable, "-m", "inagg.aggregator.server", "--bind", "127.0.0.1:0"],
+    proc = subprocess.Popen([sys.executable, "-m", "inagg.hostlib.aggregator.server", "--bind", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, text=True)
     assert "listening on" in proc.stdout.readline()
     proc.terminate()
@@ -228,8 +228,8 @@ def test_a_bad_host_job_in_the_controller_feed_never_keeps_the_others_from_being
     """The feed applies every job it can: a job with two ranks at one address or slots outside
     the pool is left out and reported, the good ones are served; a later snapshot that fixes or
     drops the bad job is applied too."""
-    from inagg.jobservice.proto import inagg_controller_pb2 as pb
-    from inagg.aggregator.server import apply_snapshot, host_engine
+    from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
+    from inagg.hostlib.aggregator.server import apply_snapshot, host_engine
 
     eng = AggregationEngine(32, K) if engine == "python" else host_engine(32, K)
     good = pb.HostJob(job_id=1, epoch=1, slot_base=0, slot_count=8, workers=["127.0.0.1:5000", "127.0.0.1:5001"])

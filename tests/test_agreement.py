@@ -1,4 +1,4 @@
-"""The path chooser's agreement through the job's store (``inagg.pytorch.agreement.StoreMin``): every
+"""The path chooser's agreement through the job's store (``inagg.hostlib.pytorch.agreement.StoreMin``): every
 rank gets each element's minimum over the ranks, round after round, the store keeps at most
 two rounds' keys, a group made again under the same name reads its own rounds, and ranks that disagree on what they exchange get an error saying so."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
-from inagg.pytorch.agreement import StoreMin
-from inagg.errors import InaggError
+from inagg.hostlib.pytorch.agreement import StoreMin
+from inagg.hostlib.errors import InaggError
 
 
 def _stores(n: int, timeout: float = 10) -> tuple[dist.TCPStore, list[dist.Store]]:

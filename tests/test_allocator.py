@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inagg.control.allocator import HOST, SWITCH, Demand, SlotAllocator
+from inagg.controller.allocator import HOST, SWITCH, Demand, SlotAllocator
 
 
 def check_invariants(a: SlotAllocator) -> None:

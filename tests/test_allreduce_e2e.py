@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from inagg.demos.allreduce_demo import TensorSpec, run_local_job
+from inagg.bmv2_env.demos.allreduce_demo import TensorSpec, run_local_job
 
 SPECS = [
     TensorSpec(100_003, dynamic_range=12.0, seed=11),   # not a multiple of K

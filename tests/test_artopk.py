@@ -2,16 +2,16 @@
 its own SlotStream over UDP, and a HostAggregator on loopback.
 
 References are float64. Sums through the aggregator are checked against the codec's proven
-per-block bound (inagg/wire/codec.py), as the end-to-end allreduce tests do."""
+per-block bound (hostlib/wire/codec.py), as the end-to-end allreduce tests do."""
 
 import threading
 
 import numpy as np
 import pytest
 
-from inagg.wire import codec
-from inagg.aggregator.server import HostAggregator
-from inagg.worker.artopk import (
+from inagg.hostlib.wire import codec
+from inagg.hostlib.aggregator.server import HostAggregator
+from inagg.hostlib.worker.artopk import (
     DEFAULT_CANDIDATES,
     ARTopk,
     CompressionSchedule,
@@ -21,10 +21,10 @@ from inagg.worker.artopk import (
     pareto_knee,
     topk_indices,
 )
-from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
-from inagg.wire.grant import Grant
-from inagg.worker.stream import SlotStream
-from inagg.wire.transport import UdpTransport
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.hostlib.wire.grant import Grant
+from inagg.hostlib.worker.stream import SlotStream
+from inagg.hostlib.wire.transport import UdpTransport
 
 K = 256        # values per packet
 W = 8          # slots of the job

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 import torch
 import torch.distributed as dist
 
-from inagg.pytorch.backend import InaggProcessGroup
-from inagg.errors import InaggError, InaggSetupError
-from inagg.worker.local import find_endpoint
-from inagg.pytorch.path_choice import PathChooser, size_class
+from inagg.hostlib.pytorch.backend import InaggProcessGroup
+from inagg.hostlib.errors import InaggError, InaggSetupError
+from inagg.hostlib.worker.local import find_endpoint
+from inagg.hostlib.pytorch.path.choice import PathChooser, size_class
 from test_training import on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -222,7 +222,7 @@ def _children(pid: int) -> list[int]:
 
 
 def test_a_killed_job_leaves_no_services_behind():
-    serve = subprocess.Popen([sys.executable, "-m", "inagg.emulation.services", "serve", "--workers", "2",
+    serve = subprocess.Popen([sys.executable, "-m", "inagg.bmv2_env.emulation.services", "serve", "--workers", "2",
                               "--until-stdin-closes"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     info = json.loads(serve.stdout.readline())
@@ -244,7 +244,7 @@ def test_a_killed_job_leaves_no_services_behind():
 
 
 def test_parent_closing_the_pipe_stops_the_deployment():
-    serve = subprocess.Popen([sys.executable, "-m", "inagg.emulation.services", "serve", "--workers", "1",
+    serve = subprocess.Popen([sys.executable, "-m", "inagg.bmv2_env.emulation.services", "serve", "--workers", "1",
                               "--until-stdin-closes"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     info = json.loads(serve.stdout.readline())
@@ -792,7 +792,7 @@ def test_a_path_retimed_after_one_slow_call_stays_eligible_through_another_agree
 @given(st.lists(st.lists(st.one_of(st.floats(1e-6, 10.0), st.just(np.inf)), min_size=5, max_size=5),
                 min_size=1, max_size=24))
 def test_row_medians_are_each_rows_median_over_its_seen_calls(rows):
-    from inagg.pytorch.path_choice import row_medians
+    from inagg.hostlib.pytorch.path.choice import row_medians
 
     ring = np.array(rows)
     expected = [np.median(r[np.isfinite(r)]) if np.isfinite(r).any() else np.inf for r in ring]
@@ -834,7 +834,7 @@ def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
     exception object was the future's value and DDP's reducer said 'Unable to cast ... to Tensor')."""
     import torch
 
-    from inagg.pytorch.hooks import ARTopkHookState, _failing_as
+    from inagg.hostlib.pytorch.hooks import ARTopkHookState, _failing_as
 
     raw = torch.futures.Future()
     fut = _failing_as("artopk_hook", ARTopkHookState(), raw)
@@ -846,7 +846,7 @@ def test_hook_failure_reaches_ddp_as_the_library_error_not_a_cast_error():
 NAN_STEP = """
 import json, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from inagg.pytorch.hooks import InaggHookState, inagg_hook
+from inagg.hostlib.pytorch.hooks import InaggHookState, inagg_hook
 dist.init_process_group("inagg")
 ddp = DDP(torch.nn.Linear(8, 2))
 ddp.register_comm_hook(InaggHookState(process_group=None), inagg_hook)
@@ -888,8 +888,8 @@ def test_artopk_state_checkpoints_residual_and_settings():
 
     import torch
 
-    from inagg.worker.artopk import ARTopk
-    from inagg.pytorch.hooks import ARTopkHookState
+    from inagg.hostlib.worker.artopk import ARTopk
+    from inagg.hostlib.pytorch.hooks import ARTopkHookState
 
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal(1000).astype(np.float32) for _ in range(4)]
@@ -934,8 +934,8 @@ def test_host_fallback_is_a_visible_warning_with_its_reason(tmp_path, caplog):
 
     import torch
 
-    from inagg.emulation.loopback import LoopbackDeployment
-    from inagg.worker.communicator import Communicator
+    from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+    from inagg.hostlib.worker.communicator import Communicator
 
     store = dist.FileStore(str(tmp_path / "store"), 2)
     comms = [None, None]
@@ -965,14 +965,14 @@ def test_host_fallback_is_a_visible_warning_with_its_reason(tmp_path, caplog):
                                      "inagg-soft-switch", "inagg-controller", "inaggctl",
                                      "inagg-tofino-ports"])
 def test_every_command_tells_its_version(command):
-    from inagg import __version__
+    from inagg.hostlib import __version__
 
     out = subprocess.run([str(BIN / command), "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"{command} (inagg) {__version__}", out
 
 
 def test_the_commented_example_controller_config_loads():
-    from inagg.control.config import load_config
+    from inagg.controller.config import load_config
 
     config = load_config(ROOT / "examples" / "controller.toml")
     assert config.listen == "0.0.0.0:50051" and config.host_aggregator == "10.0.0.100:42666"
@@ -988,7 +988,7 @@ def groups_on(path: str):
     pinned to ``path``, on a local deployment of their own."""
     import torch  # noqa: F401 - torch.distributed's Store types need torch loaded
 
-    from inagg.pytorch.backend import PATH_ENV, InaggProcessGroup
+    from inagg.hostlib.pytorch.backend import PATH_ENV, InaggProcessGroup
 
     saved = os.environ.get(PATH_ENV)
     os.environ[PATH_ENV] = path
@@ -1056,7 +1056,7 @@ def test_the_gloo_paths_samples_are_timed_inside_its_runs():
     import torch
     import torch.distributed as dist
 
-    from inagg.pytorch.path_choice import size_class
+    from inagg.hostlib.pytorch.path.choice import size_class
 
     def calls(groups, r: int) -> tuple[int, int]:
         pg = groups[r]

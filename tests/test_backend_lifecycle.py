@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch._jit_internal import _extract_tensors
 
-from inagg.pytorch import interrupts
-from inagg.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
-from inagg.worker.host_group import RankDied
+from inagg.hostlib.pytorch import interrupts
+from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
+from inagg.hostlib.worker.host_group import RankDied
 from test_training import on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from inagg.emulation.loopback import ROOT, LoopbackDeployment
-from inagg.worker.communicator import ReduceOp
-from inagg.worker.stream import CallRefused
+from inagg.bmv2_env.emulation.loopback import ROOT, LoopbackDeployment
+from inagg.hostlib.worker.communicator import ReduceOp
+from inagg.hostlib.worker.stream import CallRefused
 from test_training import make_comms, on_ranks
 
 
@@ -104,7 +104,7 @@ def test_blocking_calls_keep_submission_order_behind_queued_ones(comms):
 # the aggregator's own IP, as fast as it can without starving the machine.
 FORGER = r"""
 import random, socket, sys, time
-from inagg.wire.protocol import HEADER_STRUCT, MSG_RESULT, VERSION
+from inagg.hostlib.wire.protocol import HEADER_STRUCT, MSG_RESULT, VERSION
 targets = [(h, int(p)) for h, p in (a.rsplit(":", 1) for a in sys.argv[1].split(","))]
 job, epoch, k, slots = map(int, sys.argv[2:6])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

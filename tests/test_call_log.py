@@ -1,9 +1,9 @@
-"""A rank's account of its grants and call times (``inagg.worker.call_log``), which the
+"""A rank's account of its grants and call times (``inagg.hostlib.worker.call_log``), which the
 emulation's summary tells as each job's story."""
 
-from inagg.wire.grant import Grant
-from inagg.worker import call_log
-from inagg.worker.call_log import CallLog
+from inagg.hostlib.wire.grant import Grant
+from inagg.hostlib.worker import call_log
+from inagg.hostlib.worker.call_log import CallLog
 
 
 def test_each_grant_gets_the_calls_made_under_it_and_their_median(monkeypatch):

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inagg.wire import codec
-from inagg.wire.protocol import EXP_NONE
+from inagg.hostlib.wire import codec
+from inagg.hostlib.wire.protocol import EXP_NONE
 
 K = 64
 

@@ -148,7 +148,7 @@ def test_a_barrier_keeps_its_timeout():
 
 
 def test_monitored_barrier_names_the_rank_that_did_not_come():
-    from inagg.pytorch.backend import monitored_barrier
+    from inagg.hostlib.pytorch.backend import monitored_barrier
 
     with groups_on("gloo") as groups:
         on_ranks(lambda r: monitored_barrier(groups[r], timedelta(seconds=10)), 2)

@@ -1,21 +1,21 @@
-"""Aggregation trees in the control plane (inagg/control/trees.py, docs/trees.md): links in the
+"""Aggregation trees in the control plane (controller/trees.py, docs/trees.md): links in the
 config, the job's tree over them, what each switch of it holds, and a leaf-spine job through
 three software switches programmed with exactly that, frames between the switches included."""
 
 import numpy as np
 import pytest
 
-from inagg.control.allocator import SWITCH, Demand, Placement
-from inagg.control.config import default_program, parse_config
-from inagg.control.jobs import Job, Member
-from inagg.control.switch import (
+from inagg.controller.allocator import SWITCH, Demand, Placement
+from inagg.controller.config import default_program, parse_config
+from inagg.controller.jobs import Job, Member
+from inagg.controller.switch import (
     INSERT, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection, TreeUplink,
 )
-from inagg.control.trees import job_tree, tree_switch_job
-from inagg.softswitch.p4runtime_server import SoftSwitchState, serve
-from inagg.softswitch.pipeline import NativePipeline
-from inagg.softswitch.pipeline_reference import SoftPipeline
-from inagg.wire.protocol import UDP_PORT, build_contribution
+from inagg.controller.trees import job_tree, tree_switch_job
+from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve
+from inagg.bmv2_env.softswitch.pipeline import NativePipeline
+from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline
+from inagg.hostlib.wire.protocol import UDP_PORT, build_contribution
 
 import tree_frames
 from tree_frames import run, udp_frame

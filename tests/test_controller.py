@@ -4,12 +4,12 @@
 import grpc
 import pytest
 
-from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch
-from inagg.jobservice.client import ControllerClient, ControllerError, to_grant
-from inagg.control.config import default_program, parse_config
-from inagg.control.controller import Controller
-from inagg.control.service import serve as serve_controller
-from inagg.control.switch import ResultReplication, SwitchConnection
+from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch
+from inagg.hostlib.jobservice.client import ControllerClient, ControllerError, to_grant
+from inagg.controller.config import default_program, parse_config
+from inagg.controller.controller import Controller
+from inagg.controller.service import serve as serve_controller
+from inagg.controller.switch import ResultReplication, SwitchConnection
 
 ADMIN = "s3cret"
 
@@ -337,7 +337,7 @@ def test_store_written_before_roce_gains_its_columns(tmp_path):
     back as UDP jobs with their workers."""
     import sqlite3
 
-    from inagg.control.store import Store
+    from inagg.controller.store import Store
 
     db = sqlite3.connect(tmp_path / "old.sqlite")
     db.executescript("""
@@ -624,7 +624,7 @@ def test_a_job_taking_a_used_job_row_starts_from_zero_counters(env):
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
-    from inagg.wire.protocol import SWITCH_VALUES_PER_PACKET, UDP_PORT, build_contribution
+    from inagg.hostlib.wire.protocol import SWITCH_VALUES_PER_PACKET, UDP_PORT, build_contribution
 
     c = env["client"]
     j1 = c.create_job(2, 256, 0.1, "first")

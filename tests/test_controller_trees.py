@@ -9,15 +9,15 @@ real engine answering on its port."""
 import numpy as np
 import pytest
 
-from inagg.aggregator.server import apply_snapshot, host_engine
-from inagg.control.config import default_program, parse_config
-from inagg.control.controller import Controller
-from inagg.control.service import serve as serve_controller
-from inagg.control.switch import SwitchConnection
-from inagg.jobservice.client import ControllerClient, ControllerError
-from inagg.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch
-from inagg.softswitch.pipeline import NativePipeline
-from inagg.wire.protocol import UDP_PORT, build_contribution
+from inagg.hostlib.aggregator.server import apply_snapshot, host_engine
+from inagg.controller.config import default_program, parse_config
+from inagg.controller.controller import Controller
+from inagg.controller.service import serve as serve_controller
+from inagg.controller.switch import SwitchConnection
+from inagg.hostlib.jobservice.client import ControllerClient, ControllerError
+from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve as serve_switch
+from inagg.bmv2_env.softswitch.pipeline import NativePipeline
+from inagg.hostlib.wire.protocol import UDP_PORT, build_contribution
 
 from test_controller import wait_until
 from tree_frames import frame_source, results, run, udp_frame

@@ -6,7 +6,7 @@ module's code, and the chooser is checked on both sides of each."""
 import numpy as np
 import pytest
 
-from inagg.worker.cost_model import (
+from inagg.hostlib.worker.cost_model import (
     OPTIONS,
     SWITCH_HEADER_OVERHEAD,
     CollectiveChooser,

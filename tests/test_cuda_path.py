@@ -1,4 +1,4 @@
-"""CUDA tensors through INA (``inagg.worker.cuda_staging``): the GPU check, in this one file.
+"""CUDA tensors through INA (``inagg.hostlib.worker.cuda_staging``): the GPU check, in this one file.
 Run ``pytest tests/test_cuda_path.py`` on a machine with a GPU and a CUDA build of torch; where
 there is none, every test here skips and says so."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from inagg.pytorch.backend import InaggProcessGroup
+from inagg.hostlib.pytorch.backend import InaggProcessGroup
 from test_training import on_ranks
 
 pytestmark = pytest.mark.skipif(

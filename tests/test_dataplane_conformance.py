@@ -12,16 +12,16 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from inagg.emulation.testbed import TOFINO_TARGETS, Dataplane, bmv2_missing, have_netns, program_testbed
-from inagg.control.switch import (
+from inagg.bmv2_env.emulation.testbed import TOFINO_TARGETS, Dataplane, bmv2_missing, have_netns, program_testbed
+from inagg.controller.switch import (
     MODIFY, JobAdmission, JobCounters, ResultReplication, SwitchConnection, SwitchJob, UplinkBinding,
     WorkerBinding,
 )
-from inagg.wire.protocol import (
+from inagg.hostlib.wire.protocol import (
     EXP_NONE, FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_FROM_SWITCH, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_CONTRIBUTION,
     MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, pack_header, unpack_header,
 )
-from inagg.wire.roce import INAGG_IMMEDIATE, IPV4_BYTES, ROCE_UDP_PORT, decapsulate, frame
+from inagg.hostlib.wire.roce import INAGG_IMMEDIATE, IPV4_BYTES, ROCE_UDP_PORT, decapsulate, frame
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.254", "00:00:00:00:00:fe"
 
@@ -353,7 +353,7 @@ def test_counters_and_state_read_back(dp):
 
 def roce_contribution(job, rank, values, *, slot, exp=EXP_NONE, flags=0, psn=7, imm=INAGG_IMMEDIATE,
                       raw=None, dma_len=None, udp_len=None):
-    """A RoCEv2 worker's contribution frame (inagg.wire.roce framing, ICRC included); ``imm``,
+    """A RoCEv2 worker's contribution frame (inagg.hostlib.wire.roce framing, ICRC included); ``imm``,
     ``dma_len`` and ``udp_len`` overwrite those fields afterwards (the ICRC is then stale)."""
     w = job.workers[rank]
     inagg = raw if raw is not None else build_contribution(
@@ -373,7 +373,7 @@ def roce_contribution(job, rank, values, *, slot, exp=EXP_NONE, flags=0, psn=7, 
 
 def expect_roce_results(dp, job, ranks, timeout=1.0):
     """The RoCE results on the ranks' ports: each addressed to its worker's QP and rkey, with an
-    ICRC that both inagg.wire.roce and scapy's independent BTH.compute_icrc accept."""
+    ICRC that both inagg.hostlib.wire.roce and scapy's independent BTH.compute_icrc accept."""
     got = dp.recv_all(timeout)
     out = {}
     for port, frames in got.items():
@@ -455,7 +455,7 @@ def test_results_leaving_by_a_deep_queue_are_marked(dp):
     software switch's shaped interface): the later ones carry FLAG_CONGESTION; rank 0's, on a
     port at full speed, none. 96 rounds on 8 slots, alternating sets."""
     if dp.target == "soft-python" or dp.target in TOFINO_TARGETS:
-        pytest.skip("the Python loop does not mark (inagg.softswitch.switch)")
+        pytest.skip("the Python loop does not mark (inagg.bmv2_env.softswitch.switch)")
     dp.drain()
     slow = JOB2.workers[1].port
     try:

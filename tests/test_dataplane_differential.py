@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_conformance import (  # noqa: E402 - the conformance suite's test bed
     JOB1, JOB2, JOB3, JOB4, JOB5, JOBS, K, contribution, host, parent_result, roce_contribution,
 )
-import test_tofino_model as model_cases  # noqa: E402 - the model's protocol-keeping fuzz
+import test_tna_slot_model as model_cases  # noqa: E402 - the model's protocol-keeping fuzz
 
-from inagg.emulation.testbed import (  # noqa: E402
+from inagg.bmv2_env.emulation.testbed import (  # noqa: E402
     SOFT_ENGINES, TOFINO_TARGETS, Dataplane, bmv2_missing, have_netns, program_testbed,
 )
-from inagg.control.switch import JobCounters, SwitchConnection, SwitchJob, WorkerBinding  # noqa: E402
-from inagg.wire.protocol import EXP_NONE, pack_header  # noqa: E402
+from inagg.controller.switch import JobCounters, SwitchConnection, SwitchJob, WorkerBinding  # noqa: E402
+from inagg.hostlib.wire.protocol import EXP_NONE, pack_header  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "dataplane_differential.json"
 SEED = 12
@@ -253,15 +253,15 @@ def test_soft_switch_matches_bmv2(reference, target):
     assert any(bmv2["steps"]) and bmv2["counters"][str(JOB1.job_id)]["results"] > 0
 
 
-# -- the executable model of the TNA program (inagg.softswitch.tofino_model), in the software
-# switch, beside BMv2 and the native engine: test_tofino_model's fuzz, whose workers keep the
+# -- the executable model of the TNA program (inagg.bmv2_env.softswitch.tna_slot_model), in the software
+# switch, beside BMv2 and the native engine: test_tna_slot_model's fuzz, whose workers keep the
 # protocol (round r + 1 of a slot only after round r's result). The random generator above
 # does not: a worker there moves to the other set before its round completed, which BMv2
 # answers by clearing its bit in the old set and the TNA program, which keeps a set's map
 # until the other set's round completes, does not (docs/tofino.md).
 
 def model_jobs() -> tuple[SwitchJob, ...]:
-    """test_tofino_model's test bed (job 1: ranks on ports 1-3, job 2: on ports 2-3) as jobs."""
+    """test_tna_slot_model's test bed (job 1: ranks on ports 1-3, job 2: on ports 2-3) as jobs."""
     jobs = []
     for job_id, j in model_cases.JOBS.items():
         ranks = []
@@ -291,7 +291,7 @@ def model_references():
 
 @pytest.mark.parametrize("target", list(TOFINO_TARGETS))
 @pytest.mark.parametrize("seed", list(MODEL_SEEDS))
-def test_tofino_model_matches_bmv2_and_the_soft_switch(model_references, seed, target):
+def test_tna_slot_model_matches_bmv2_and_the_soft_switch(model_references, seed, target):
     """Loss, duplicates, late copies behind the next round, forged and malformed frames (and,
     for one seed, other-round packets): the model of the program as built for each chip, its
     second passes and all, sends the same frames out of the same ports as BMv2 and the native

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from scapy.contrib.roce import BTH
 
-from inagg.emulation.mininet_run import DATA_PLANE_NICE
-from inagg.emulation.run_dir import RUNS_DIR, RunDir, root_interfaces
-from inagg.emulation.testbed import bmv2_missing
-from inagg.wire.grant import ETHERNET_MTU, switch_values_for_mtu, values_for_mtu
-from inagg.wire.protocol import MSG_RESULT, ROCE_OPCODE_UC_WRITE_ONLY_IMM, SWITCH_VALUES_PER_PACKET, UDP_PORT
-from inagg.wire.scapy_layer import Inagg, read_pcap
+from inagg.bmv2_env.emulation.mininet_run import DATA_PLANE_NICE
+from inagg.bmv2_env.emulation.run_dir import RUNS_DIR, RunDir, root_interfaces
+from inagg.bmv2_env.emulation.testbed import bmv2_missing
+from inagg.hostlib.wire.grant import ETHERNET_MTU, switch_values_for_mtu, values_for_mtu
+from inagg.hostlib.wire.protocol import MSG_RESULT, ROCE_OPCODE_UC_WRITE_ONLY_IMM, SWITCH_VALUES_PER_PACKET, UDP_PORT
+from inagg.hostlib.wire.scapy_layer import Inagg, read_pcap
 
 ROOT = Path(__file__).resolve().parents[1]
 DISSECTOR = ROOT / "tools" / "wireshark" / "inagg.lua"
@@ -45,8 +45,8 @@ def launcher(tmp_path, topo, dataplane, *extra) -> tuple[list[str], Path]:
     """The launcher's command for ``topo`` (a shipped topology's file name, or a path) and the
     file its summary rows go to."""
     out = tmp_path / f"summary-{time.monotonic_ns()}.json"
-    path = topo if os.path.isabs(topo) else f"inagg/emulation/topologies/{topo}"
-    return [sys.executable, "-m", "inagg.emulation.mininet_run", "--topo", str(path),
+    path = topo if os.path.isabs(topo) else f"bmv2_env/emulation/topologies/{topo}"
+    return [sys.executable, "-m", "inagg.bmv2_env.emulation.mininet_run", "--topo", str(path),
             "--dataplane", dataplane, "--json", str(out), *extra], out
 
 
@@ -224,7 +224,7 @@ def test_two_runs_side_by_side_and_stop(tmp_path):
         assert run_b.run_id != run_a.run_id
         assert len(run_b.live_processes()) >= 8, "run b should be up at its mininet> prompt"
         assert "inagg: 0 job(s), 1024 switch slots" in "".join(lines_b)    # top, once the job left
-        stop = subprocess.run([sys.executable, "-m", "inagg.emulation.mininet_run", "--stop", "--run", run_b.run_id],
+        stop = subprocess.run([sys.executable, "-m", "inagg.bmv2_env.emulation.mininet_run", "--stop", "--run", run_b.run_id],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         stdout_b = "".join(lines_b) + b.communicate(timeout=60)[0]
@@ -273,7 +273,7 @@ def test_ctrl_c_at_the_prompt_reaches_no_service(tmp_path):
     launcher's) interrupts only the prompt: the data plane, the controller and the host
     aggregator live on in sessions of their own, and the controller and the switch's P4Runtime
     server answer; closing the prompt then tears everything down."""
-    from inagg.control.switch import SwitchConnection
+    from inagg.controller.switch import SwitchConnection
 
     reason = mininet_missing()
     if reason:
@@ -312,7 +312,7 @@ def test_ctrl_c_at_the_prompt_reaches_no_service(tmp_path):
 
 def test_stop_without_runs_touches_nothing(tmp_path):
     """``--stop`` with no unfinished run of this checkout does nothing (and says so)."""
-    proc = subprocess.run([sys.executable, "-m", "inagg.emulation.mininet_run", "--stop", "--run", "zzzz"],
+    proc = subprocess.run([sys.executable, "-m", "inagg.bmv2_env.emulation.mininet_run", "--stop", "--run", "zzzz"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and f"no run zzzz in {RUNS_DIR}" in proc.stderr
 

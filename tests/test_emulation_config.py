@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inagg.control.config import parse_config
-from inagg.control.trees import host_aggregator_at, job_tree
-from inagg.emulation.mininet_run import controller_switches, job_epochs, main as mininet_main
-from inagg.emulation.run_dir import RunDir, process_start_time, stop_run
-from inagg.emulation.topology import Endpoint, TopologyError, host_ip, load_topology, parse_topology
-from inagg.demos.train_demo import load_digits_split, steps_per_epoch
+from inagg.controller.config import parse_config
+from inagg.controller.trees import host_aggregator_at, job_tree
+from inagg.bmv2_env.emulation.mininet_run import controller_switches, job_epochs, main as mininet_main
+from inagg.bmv2_env.emulation.run_dir import RunDir, process_start_time, stop_run
+from inagg.bmv2_env.emulation.topology import Endpoint, TopologyError, host_ip, load_topology, parse_topology
+from inagg.bmv2_env.demos.train_demo import load_digits_split, steps_per_epoch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,8 +169,8 @@ def test_stop_and_clean_act_on_the_callers_runs_unless_all(tmp_path, capsys):
     (ALL=1) acts on it too."""
     import threading
 
-    from inagg.emulation.mininet_run import stop_leftovers
-    from inagg.emulation.run_dir import current_user
+    from inagg.bmv2_env.emulation.mininet_run import stop_leftovers
+    from inagg.bmv2_env.emulation.run_dir import current_user
 
     base, sleepers, runs = tmp_path / "runs", [], []
     for user in (current_user(), "someone-else"):
@@ -200,7 +200,7 @@ def test_stop_and_clean_act_on_the_callers_runs_unless_all(tmp_path, capsys):
 def test_a_new_run_deletes_finished_runs_but_the_newest(tmp_path, monkeypatch):
     """Runs piled up (each with pcaps of every port, up to 7 GB) until the disk was full; a new
     run now deletes finished runs but the newest ``INAGG_KEEP_RUNS``; unfinished ones stay."""
-    from inagg.emulation.run_dir import prune_finished_runs
+    from inagg.bmv2_env.emulation.run_dir import prune_finished_runs
 
     def run(rid: str, finished: bool, age: int) -> None:
         r = RunDir(rid, tmp_path)
@@ -225,8 +225,8 @@ def test_a_new_run_deletes_finished_runs_but_the_newest(tmp_path, monkeypatch):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (creates a veth pair)")
 def test_netem_probe_uses_only_its_own_interfaces(tmp_path):
     """The netem probe works on a veth pair named after the run, recorded, and deleted after."""
-    from inagg.emulation.mininet_run import netem_available
-    from inagg.emulation.run_dir import root_interfaces
+    from inagg.bmv2_env.emulation.mininet_run import netem_available
+    from inagg.bmv2_env.emulation.run_dir import root_interfaces
 
     run = RunDir("ef56", tmp_path)
     run.path.mkdir()

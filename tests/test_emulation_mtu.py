@@ -1,5 +1,5 @@
 """K from the link: in the emulation the software data plane carries as many values per packet
-as the links' MTU allows (inagg.wire.grant.values_for_mtu), and jumbo-frame topologies work.
+as the links' MTU allows (inagg.hostlib.wire.grant.values_for_mtu), and jumbo-frame topologies work.
 
 Each case runs benchmarks/wire_bench.py briefly (two ranks, one 256 KiB tensor, one repetition,
 links at 100 Mbit/s): the ranks read K from their switch grant, check every sum, and the run
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from inagg.emulation.mininet_run import soft_values_per_packet
-from inagg.emulation.run_dir import RunDir, root_interfaces
-from inagg.emulation.topology import TopologyError, parse_topology
-from inagg.wire.grant import values_for_mtu
+from inagg.bmv2_env.emulation.mininet_run import soft_values_per_packet
+from inagg.bmv2_env.emulation.run_dir import RunDir, root_interfaces
+from inagg.bmv2_env.emulation.topology import TopologyError, parse_topology
+from inagg.hostlib.wire.grant import values_for_mtu
 from test_emulation import RUN_LINE, mininet_missing
 
 ROOT = Path(__file__).resolve().parents[1]

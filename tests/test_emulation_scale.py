@@ -1,11 +1,11 @@
 """The emulation beyond one switch and one rank per host (needs root and Debian's mininet), each
 run held to the bits of a plainer run of the same job:
 
-* inagg/emulation/topologies/leaf_spine.json: the 8-rank job aggregates on its tree (two ToRs of
+* bmv2_env/emulation/topologies/leaf_spine.json: the 8-rank job aggregates on its tree (two ToRs of
   four workers under the spine) and trains to exactly the losses of the same job on one switch;
   each level's counters say so: every ToR aggregates 4 contributions a round and sends one up,
   the spine 2. On the software data plane, and on BMv2 when installed (the same bits).
-* inagg/emulation/topologies/four_hosts_four_ranks.json: 16 ranks on 4 hosts reduce on their
+* bmv2_env/emulation/topologies/four_hosts_four_ranks.json: 16 ranks on 4 hosts reduce on their
   hosts first, so the switch sees 4 workers (4 contributions a round) and each host sends its
   gradient once; the losses are those of the 16 ranks as 16 workers of the switch."""
 
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from inagg.emulation.testbed import bmv2_missing
+from inagg.bmv2_env.emulation.testbed import bmv2_missing
 
 from test_emulation import ROOT, assert_clean_logs, mininet_missing, run_topology
 

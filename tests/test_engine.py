@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
-from inagg.wire.protocol import (
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.hostlib.wire.protocol import (
     EXP_NONE, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, build_contribution,
     unpack_header,
 )

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inagg.native_build import _native
-from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
-from inagg.aggregator.engine import NativeEngine, udp_sender_id
-from inagg.wire.protocol import EXP_NONE, Outcome, build_contribution, pack_header
+from inagg.hostlib.native_build import _native
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.hostlib.aggregator.engine import NativeEngine, udp_sender_id
+from inagg.hostlib.wire.protocol import EXP_NONE, Outcome, build_contribution, pack_header
 
 K = 4
 N_SLOTS = 8

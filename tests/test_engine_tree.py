@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inagg.aggregator.engine import NativeEngine
-from inagg.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
-from inagg.wire.protocol import (
+from inagg.hostlib.aggregator.engine import NativeEngine
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
+from inagg.hostlib.wire.protocol import (
     EXP_NONE, FLAG_FROM_SWITCH, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_CONTRIBUTION, MSG_RESULT, Outcome,
     build_contribution, pack_header, unpack_header,
 )

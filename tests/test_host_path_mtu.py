@@ -11,10 +11,10 @@ import threading
 import numpy as np
 import pytest
 
-from inagg.emulation.testbed import have_netns, in_netns, sh
-from inagg.wire.grant import Grant, values_for_mtu
-from inagg.worker.stream import SlotStream
-from inagg.wire.transport import UdpTransport
+from inagg.bmv2_env.emulation.testbed import have_netns, in_netns, sh
+from inagg.hostlib.wire.grant import Grant, values_for_mtu
+from inagg.hostlib.worker.stream import SlotStream
+from inagg.hostlib.wire.transport import UdpTransport
 
 AGG_IP, WORKER_IP = "10.77.0.1", "10.77.0.2"
 
@@ -46,7 +46,7 @@ def test_host_path_fits_a_1500_byte_link(link):
         transports = [UdpTransport((AGG_IP, 1), bind=(WORKER_IP, 0)) for _ in range(2)]
     job = {"job_id": 1, "slot_base": 0, "slot_count": 8,
            "workers": ["%s:%d" % t.address for t in transports]}
-    agg = subprocess.Popen(["ip", "netns", "exec", agg_ns, sys.executable, "-m", "inagg.aggregator.server",
+    agg = subprocess.Popen(["ip", "netns", "exec", agg_ns, sys.executable, "-m", "inagg.hostlib.aggregator.server",
                             "--bind", f"{AGG_IP}:0", "--slots", "8", "--job", json.dumps(job)],
                            stdout=subprocess.PIPE, text=True)
     try:

@@ -1,4 +1,4 @@
-"""The host-local reduce (inagg.worker.host_reduce) with real rank processes on the embedded
+"""The host-local reduce (inagg.hostlib.worker.host_reduce) with real rank processes on the embedded
 default deployment: bit-identical to the switch path, a job larger than the switch's worker
 bitmap on a few hosts, and a killed rank named on every rank."""
 
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from inagg.wire import codec
-from inagg.wire.protocol import MAX_WORKERS
-from inagg.worker.stream import one_round_capacity
+from inagg.hostlib.wire import codec
+from inagg.hostlib.wire.protocol import MAX_WORKERS
+from inagg.hostlib.worker.stream import one_round_capacity
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK = ROOT / "tests" / "host_reduce_rank.py"
@@ -75,7 +75,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 def switch_sum(xs: list[np.ndarray], k: int, average: bool) -> np.ndarray:
     """What the switch path computes when each of ``xs`` is one worker's input (the stream's
-    specification, inagg.worker.stream, with inagg.wire.codec): wrapping int32 sums; exact
+    specification, inagg.hostlib.worker.stream, with inagg.hostlib.wire.codec): wrapping int32 sums; exact
     fixed-point limbs for the calls that ride in the control round; else per block of K the
     largest worker exponent, each worker's values quantized, summed, dequantized once."""
     n = len(xs)
@@ -123,8 +123,8 @@ def _rank_on_host(rank: int, hosts: list[int], info: dict, store_path: str, out:
     ranks use), its host set by INAGG_HOST_ID: the exact series, results to OUT/rank<R>.npz."""
     import torch.distributed as dist
 
-    from inagg.worker.communicator import Communicator
-    from inagg.worker.host_communicator import HostCommunicator, open_host_group
+    from inagg.hostlib.worker.communicator import Communicator
+    from inagg.hostlib.worker.host_communicator import HostCommunicator, open_host_group
 
     os.environ["INAGG_HOST_ID"] = f"test-host-{hosts[rank]}"
     os.environ["INAGG_HOST_REDUCE"] = "auto"
@@ -147,7 +147,7 @@ def test_a_job_of_more_ranks_than_the_switch_bitmap_runs_on_few_hosts(tmp_path):
     """MAX_WORKERS + 2 ranks on 2 hosts (processes forked from this one: no import each):
     the switch sees 2 workers (the hosts' leaders), and every rank gets the switch path's sums
     of all the ranks (its specification, ``switch_sum``)."""
-    from inagg.worker.local import LocalServices
+    from inagg.hostlib.worker.local import LocalServices
 
     hosts = [0] * (MAX_WORKERS // 2 + 1) + [1] * (MAX_WORKERS // 2 + 1)
     largest = 65536 + 7
@@ -213,10 +213,10 @@ def test_a_refused_or_mismatched_call_fails_on_every_rank_and_the_next_is_exact(
     import torch
     import torch.distributed as dist
 
-    from inagg.emulation.loopback import LoopbackDeployment
-    from inagg.worker.communicator import Communicator
-    from inagg.worker.host_communicator import HostCommunicator, open_host_group
-    from inagg.worker.stream import CallRefused
+    from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+    from inagg.hostlib.worker.communicator import Communicator
+    from inagg.hostlib.worker.host_communicator import HostCommunicator, open_host_group
+    from inagg.hostlib.worker.stream import CallRefused
     from test_training import on_ranks
 
     monkeypatch.setenv("INAGG_HOST_REDUCE", "auto")

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from inagg.emulation.loopback import LoopbackDeployment
-from inagg.jobservice.client import ControllerClient, ControllerError
-from inagg.worker.communicator import Communicator, JobFailed
-from inagg.errors import InaggError
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+from inagg.hostlib.jobservice.client import ControllerClient, ControllerError
+from inagg.hostlib.worker.communicator import Communicator, JobFailed
+from inagg.hostlib.errors import InaggError
 from test_training import on_ranks
 
 RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")

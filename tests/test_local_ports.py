@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from inagg.wire.grant import HOST_AGGREGATOR_PORT
-from inagg.wire.protocol import UDP_PORT
+from inagg.hostlib.wire.grant import HOST_AGGREGATOR_PORT
+from inagg.hostlib.wire.protocol import UDP_PORT
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -1,4 +1,4 @@
-"""Loss detection of the worker's stream (inagg.worker.stream.LossDetector, RttEstimator, is_burst):
+"""Loss detection of the worker's stream (inagg.hostlib.worker.stream.LossDetector, RttEstimator, is_burst):
 its decisions on scripted sequences of sends and results, and over a real socket scripted
 aggregators, in both streams (the native one, native/stream.cpp, is the twin of the Python
 specification): one that loses one contribution (the stream resends exactly that round, early)
@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from inagg.wire.grant import Grant
-from inagg.worker.native_stream import NativeSlotStream
-from inagg.wire.protocol import FLAG_RETRANSMIT
-from inagg.worker.stream import (
+from inagg.hostlib.wire.grant import Grant
+from inagg.hostlib.worker.native_stream import NativeSlotStream
+from inagg.hostlib.wire.protocol import FLAG_RETRANSMIT
+from inagg.hostlib.worker.stream import (
     LOSS_MEMORY,
     MAX_BACKOFF,
     RTO_OVER_MIN_RTT,
@@ -25,7 +25,7 @@ from inagg.worker.stream import (
     SlotStream,
     is_burst,
 )
-from inagg.wire.transport import UdpTransport
+from inagg.hostlib.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
 
 STREAMS = {"python": SlotStream, "native": NativeSlotStream}

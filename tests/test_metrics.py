@@ -11,10 +11,10 @@ from unittest import mock
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inagg.emulation.loopback import LoopbackDeployment
-from inagg.control.cli import ctl_main
-from inagg.jobservice.client import ControllerClient
-from inagg.demos.train_demo import TrainConfig, train
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+from inagg.controller.cli import ctl_main
+from inagg.hostlib.jobservice.client import ControllerClient
+from inagg.bmv2_env.demos.train_demo import TrainConfig, train
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:

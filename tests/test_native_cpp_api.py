@@ -52,7 +52,7 @@ def test_engine_header_is_a_plain_cpp_api(tmp_path):
 def test_a_build_from_other_sources_is_refused(tmp_path):
     """The extension carries the digest of the sources it was built from; a checkout whose
     native/ changed since (a pull without `make setup`) is refused with the fix, not run."""
-    from inagg import native_build
+    from inagg.hostlib import native_build
 
     assert native_build._native.SOURCE_DIGEST == native_build.source_digest(native_build.SOURCES)
     native_build.check_build(native_build._native)               # this checkout: accepted

@@ -16,12 +16,12 @@ import time
 import numpy as np
 import pytest
 
-from inagg.aggregator.server import HostAggregator
-from inagg.aggregator.engine_reference import AggregationEngine
-from inagg.wire.grant import Grant
-from inagg.native_build import _native
-from inagg.worker.native_stream import NativeSlotStream
-from inagg.wire.transport import UdpTransport
+from inagg.hostlib.aggregator.server import HostAggregator
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine
+from inagg.hostlib.wire.grant import Grant
+from inagg.hostlib.native_build import _native
+from inagg.hostlib.worker.native_stream import NativeSlotStream
+from inagg.hostlib.wire.transport import UdpTransport
 
 
 def closed_port() -> tuple[str, int]:

@@ -3,7 +3,7 @@ table, and the warning (with the command that fixes it) when it is missing or wr
 
 from pathlib import Path
 
-from inagg.worker.neighbour import ARP_TABLE, kernel_neighbour, neighbour_problem
+from inagg.hostlib.worker.neighbour import ARP_TABLE, kernel_neighbour, neighbour_problem
 
 HEADER = "IP address       HW type     Flags       HW address            Mask     Device\n"
 AGG, MAC = "10.0.0.254", "02:00:00:00:00:fe"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from inagg.softswitch import pipeline_reference as pipeline
-from inagg.control.config import default_program
-from inagg.control.p4info import P4Type
-from inagg.wire.protocol import SWITCH_VALUES_PER_PACKET
+from inagg.bmv2_env.softswitch import pipeline_reference as pipeline
+from inagg.controller.config import default_program
+from inagg.controller.p4info import P4Type
+from inagg.hostlib.wire.protocol import SWITCH_VALUES_PER_PACKET
 
 ROOT = Path(__file__).resolve().parents[1]
 BMV2 = default_program("bmv2")
@@ -69,7 +69,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
     subprocess.run(["p4c-bm2-ss", "--arch", "v1model", *(f"-D{k}={v}" for k, v in sizes.items()),
                     "--p4runtime-files", str(tmp_path / "x.p4info.txtpb"), "-o", str(tmp_path / "x.json"),
                     "p4/inagg.p4"], cwd=ROOT, check=True, capture_output=True)
-    from inagg.control.p4info import P4Info
+    from inagg.controller.p4info import P4Info
     info = P4Info.load(tmp_path / "x.p4info.txtpb")
     assert info.values_per_packet == 32
     assert info.slot_pool == 512

@@ -2,7 +2,7 @@
 tshark) on pcaps the project makes: the software switch's own capture of a contribution (by the
 C++ packet loop and by the Python loop's scapy writer), a 16 KB host-aggregator result datagram
 (loopback/jumbo-frame size) fragmented for a 1500-byte link, and a RoCEv2 frame from
-inagg.wire.roce. tshark tests skip when tshark is absent (``make setup-emulation`` installs it)."""
+inagg.hostlib.wire.roce. tshark tests skip when tshark is absent (``make setup-emulation`` installs it)."""
 
 import re
 import shutil
@@ -19,12 +19,12 @@ from scapy.layers.inet import IP, UDP, fragment
 from scapy.layers.l2 import Ether
 from scapy.utils import wrpcap
 
-from inagg.emulation.loopback import free_udp_port, random_loopback_net
-from inagg.control.config import default_program
-from inagg.emulation.testbed import stop_processes
-from inagg.wire import protocol, roce
-from inagg.wire.grant import HOST_AGGREGATOR_PORT
-from inagg.wire.scapy_layer import ImmDt, Inagg, RETH, read_pcap
+from inagg.bmv2_env.emulation.loopback import free_udp_port, random_loopback_net
+from inagg.controller.config import default_program
+from inagg.bmv2_env.emulation.testbed import stop_processes
+from inagg.hostlib.wire import protocol, roce
+from inagg.hostlib.wire.grant import HOST_AGGREGATOR_PORT
+from inagg.hostlib.wire.scapy_layer import ImmDt, Inagg, RETH, read_pcap
 
 ROOT = Path(__file__).resolve().parents[1]
 DISSECTOR = ROOT / "tools" / "wireshark" / "inagg.lua"
@@ -56,7 +56,7 @@ def switch_capture(request, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pcap")
     net = random_loopback_net()
     to_switch = (f"{net}.254", free_udp_port(f"{net}.254"))
-    proc = subprocess.Popen([sys.executable, "-m", "inagg.softswitch.switch", "--engine", request.param,
+    proc = subprocess.Popen([sys.executable, "-m", "inagg.bmv2_env.softswitch.switch", "--engine", request.param,
                              "-i", f"1@udp:{net}.1",
                              "--udp-bind", "%s:%d" % to_switch, "--pcap", str(out), str(default_program("soft").files["bmv2_json"]), "--",
                              "--grpc-server-addr", f"unix:{out}/p4rt.sock"],

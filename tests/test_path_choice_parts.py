@@ -1,4 +1,4 @@
-"""The path chooser's parts on their own (``inagg.pytorch.path_timings``, ``path_cost``,
+"""The path chooser's parts on their own (``inagg.hostlib.pytorch.path.timings``, ``path_cost``,
 ``path_options``, ``path_schedule``, ``path_explore``, ``path_confirm``, ``path_links``): what each records,
 predicts and decides, without the chooser around it. The chooser as a whole:
 tests/test_backend.py."""
@@ -10,15 +10,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from inagg.pytorch.path_choice import PathChooser
-from inagg.pytorch.path_confirm import Confirmations, Pending
-from inagg.pytorch.path_cost import PRIOR, PathModel
-from inagg.pytorch.path_explore import ExplorationBudget, Probes
-from inagg.pytorch.path_links import LINK_RATE_ENV, GrantMove, LinkShape, link_rate, parse_rate
-from inagg.pytorch.path_options import FIRST_AGREEMENT, PathChoiceOptions
-from inagg.pytorch.path_schedule import AgreementSchedule, Sampler
-from inagg.pytorch.path_timings import SIZE_CLASSES, PathTimings, size_class
-from inagg.wire.grant import Grant
+from inagg.hostlib.pytorch.path.choice import PathChooser
+from inagg.hostlib.pytorch.path.confirm import Confirmations, Pending
+from inagg.hostlib.pytorch.path.cost import PRIOR, PathModel
+from inagg.hostlib.pytorch.path.explore import ExplorationBudget, Probes
+from inagg.hostlib.pytorch.path.links import LINK_RATE_ENV, GrantMove, LinkShape, link_rate, parse_rate
+from inagg.hostlib.pytorch.path.options import FIRST_AGREEMENT, PathChoiceOptions
+from inagg.hostlib.pytorch.path.schedule import AgreementSchedule, Sampler
+from inagg.hostlib.pytorch.path.timings import SIZE_CLASSES, PathTimings, size_class
+from inagg.hostlib.wire.grant import Grant
 
 
 def model_of(*timings: PathTimings, shared_clock: bool = False) -> PathModel:

@@ -1,4 +1,4 @@
-"""The P4 include files and inagg.wire.protocol must describe the same wire format."""
+"""The P4 include files and inagg.hostlib.wire.protocol must describe the same wire format."""
 
 import re
 from pathlib import Path
@@ -9,8 +9,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.utils import rdpcap, wrpcap
 
-from inagg.wire import protocol, roce
-from inagg.wire.scapy_layer import Inagg
+from inagg.hostlib.wire import protocol, roce
+from inagg.hostlib.wire.scapy_layer import Inagg
 
 P4_INCLUDE = Path(__file__).resolve().parents[1] / "p4" / "include"
 
@@ -42,7 +42,7 @@ def test_header_fields_match_p4():
     ("immdt_h", roce.IMMDT_FIELDS, roce.IMM_BYTES),
 ])
 def test_roce_headers_match_p4(header, fields, nbytes):
-    """The RoCEv2 headers the P4 parser extracts are the ones inagg.wire.roce writes."""
+    """The RoCEv2 headers the P4 parser extracts are the ones inagg.hostlib.wire.roce writes."""
     text = (P4_INCLUDE / "headers.p4").read_text()
     assert p4_header_fields(text, header) == list(fields)
     assert sum(w for _, w, _ in fields) == 8 * nbytes
@@ -105,7 +105,7 @@ def test_scapy_layer_decodes_pcap(tmp_path):
 def test_outcome_has_its_twins(outcome):
     """One row per outcome: the same code in the C++ engine, and in the P4 program either the
     same SLOT_* code (a row of SlotState's table) or a drop reason of the same name."""
-    from inagg.native_build import _native
+    from inagg.hostlib.native_build import _native
 
     assert _native.OUTCOMES[outcome.label] == outcome.value
     consts = p4_constants((P4_INCLUDE / "constants.p4").read_text())
@@ -120,6 +120,6 @@ def test_outcome_has_its_twins(outcome):
 
 
 def test_native_has_no_other_outcomes():
-    from inagg.native_build import _native
+    from inagg.hostlib.native_build import _native
 
     assert _native.OUTCOMES == {o.label: o.value for o in protocol.Outcome}

@@ -1,4 +1,4 @@
-"""RoCEv2 framing of inagg packets (inagg/wire/roce.py): round trips, the ICRC against scapy's
+"""RoCEv2 framing of inagg packets (hostlib/wire/roce.py): round trips, the ICRC against scapy's
 independent implementation, decapsulation errors, and the raw-socket transport end to end in a
 network namespace of its own (root only)."""
 
@@ -16,9 +16,9 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw
 
-from inagg.emulation.testbed import have_netns, in_netns, sh
-from inagg.wire.protocol import ENCAP_BYTES, build_contribution, unpack_header
-from inagg.wire.roce import (
+from inagg.bmv2_env.emulation.testbed import have_netns, in_netns, sh
+from inagg.hostlib.wire.protocol import ENCAP_BYTES, build_contribution, unpack_header
+from inagg.hostlib.wire.roce import (
     INAGG_IMMEDIATE,
     IPV4_BYTES,
     OPCODE_UC_RDMA_WRITE_ONLY_IMM,

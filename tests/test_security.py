@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from inagg.control.cli import ctl_main
-from inagg.jobservice.client import ControllerClient, ControllerError
+from inagg.controller.cli import ctl_main
+from inagg.hostlib.jobservice.client import ControllerClient, ControllerError
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "admin-secret-7f3e9c"
@@ -45,7 +45,7 @@ def free_port() -> int:
 
 def start_controller(d: Path, config: str, *args: str) -> subprocess.Popen:
     (d / "config.json").write_text(config)
-    return subprocess.Popen([sys.executable, "-m", "inagg.control", "--config", str(d / "config.json"), *args],
+    return subprocess.Popen([sys.executable, "-m", "inagg.controller", "--config", str(d / "config.json"), *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

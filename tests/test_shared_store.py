@@ -7,7 +7,7 @@ import os
 import re
 import tempfile
 
-from inagg.emulation.loopback import LoopbackDeployment
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
 from test_liveness import Rank
 
 

@@ -1,6 +1,6 @@
 """SlotState's decision: the const entries of the P4 table slot_decision
-(p4/include/slot_state.p4), their Python twin inagg.wire.protocol.SLOT_DECISION, and the reference
-engine (inagg/aggregator/engine_reference.py, and its C++ twin native/engine.cpp) deciding each row the same."""
+(p4/include/slot_state.p4), their Python twin inagg.hostlib.wire.protocol.SLOT_DECISION, and the reference
+engine (hostlib/aggregator/engine_reference.py, and its C++ twin native/engine.cpp) deciding each row the same."""
 
 import itertools
 import re
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inagg.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
-from inagg.aggregator.engine import NativeEngine
-from inagg.wire.protocol import SLOT_DECISION, SLOT_DECISION_KEYS, Outcome, build_contribution
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
+from inagg.hostlib.aggregator.engine import NativeEngine
+from inagg.hostlib.wire.protocol import SLOT_DECISION, SLOT_DECISION_KEYS, Outcome, build_contribution
 
 SLOT_STATE = Path(__file__).resolve().parents[1] / "p4" / "include" / "slot_state.p4"
 K = 4

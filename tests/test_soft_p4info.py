@@ -3,9 +3,9 @@ P4Info at the software target's own K, regenerated from the committed one."""
 
 import pytest
 
-from inagg.control.config import default_program
-from inagg.control.p4info import P4Info, same_p4info, same_program
-from inagg.wire.protocol import SWITCH_VALUES_PER_PACKET
+from inagg.controller.config import default_program
+from inagg.controller.p4info import P4Info, same_p4info, same_program
+from inagg.hostlib.wire.protocol import SWITCH_VALUES_PER_PACKET
 from tools.soft_p4info import main, soft_p4info_text
 
 

@@ -5,12 +5,12 @@ import pytest
 from google.protobuf import text_format
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from inagg.softswitch.pipeline import NativePipeline
-from inagg.softswitch.p4runtime_server import SoftSwitchState, serve
-from inagg.softswitch.pipeline_reference import SoftPipeline
-from inagg.control.config import default_program
-from inagg.control.program import Program
-from inagg.control.switch import (
+from inagg.bmv2_env.softswitch.pipeline import NativePipeline
+from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve
+from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline
+from inagg.controller.config import default_program
+from inagg.controller.program import Program
+from inagg.controller.switch import (
     INSERT, JobAdmission, PipelineMismatch, SwitchConnection, SwitchError, SwitchJob, WorkerBinding,
 )
 
@@ -147,7 +147,7 @@ def test_a_stream_whose_requests_never_end_ends_when_the_service_closes():
     the server's executor, which the interpreter joins at exit, is free."""
     import threading
 
-    from inagg.softswitch.p4runtime_server import P4RuntimeService
+    from inagg.bmv2_env.softswitch.p4runtime_server import P4RuntimeService
 
     service = P4RuntimeService(SoftSwitchState(0, default_program("soft").p4info, SoftPipeline))
     never = threading.Event()

@@ -35,15 +35,15 @@ from google.protobuf import text_format
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2
 
-from inagg.control.config import default_program
-from inagg.control.p4info import P4Type
-from inagg.control.switch import (
+from inagg.controller.config import default_program
+from inagg.controller.p4info import P4Type
+from inagg.controller.switch import (
     DELETE, INSERT, MODIFY, Forwarding, JobAdmission, ResultReplication, SwitchConnection, SwitchJob,
     WorkerBinding,
 )
-from inagg.softswitch.p4runtime_server import SoftSwitchState, serve
-from inagg.softswitch.pipeline import NativePipeline
-from inagg.softswitch.pipeline_reference import SoftPipeline
+from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve
+from inagg.bmv2_env.softswitch.pipeline import NativePipeline
+from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "p4runtime_bmv2_answers.json"
 

@@ -1,5 +1,5 @@
-"""The software switch's C++ pipeline (native/switch_pipeline.cpp, inagg/softswitch/pipeline.py)
-against its reference, inagg/softswitch/pipeline_reference.py::SoftPipeline.
+"""The software switch's C++ pipeline (native/switch_pipeline.cpp, bmv2_env/softswitch/pipeline.py)
+against its reference, bmv2_env/softswitch/pipeline_reference.py::SoftPipeline.
 
 Both are programmed through their own P4Runtime server with the same entries, then fed the same
 random frames: contributions of UDP and RoCE jobs (mostly plausible, some forged: wrong port,
@@ -15,19 +15,19 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from inagg.softswitch.pipeline import NativePipeline
-from inagg.softswitch.p4runtime_server import SoftSwitchState, serve
-from inagg.softswitch.pipeline_reference import SoftPipeline, build_frame
-from inagg.emulation.testbed import program_testbed
-from inagg.control.config import default_program
-from inagg.control.switch import (
+from inagg.bmv2_env.softswitch.pipeline import NativePipeline
+from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve
+from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline, build_frame
+from inagg.bmv2_env.emulation.testbed import program_testbed
+from inagg.controller.config import default_program
+from inagg.controller.switch import (
     DELETE, INSERT, MODIFY, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection,
     SwitchError, SwitchJob, TreeUplink, UplinkBinding, WorkerBinding,
 )
-from inagg.wire.protocol import (
+from inagg.hostlib.wire.protocol import (
     EXP_NONE, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, Outcome, ipv4, mac, pack_header,
 )
-from inagg.wire.roce import frame as roce_frame
+from inagg.hostlib.wire.roce import frame as roce_frame
 
 SWITCH_IP, SWITCH_MAC = "10.0.0.254", "00:00:00:00:00:fe"
 

@@ -19,18 +19,18 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from inagg.emulation.loopback import ROOT, free_udp_port, random_loopback_net
-from inagg.softswitch.switch import udp_host_mac
-from inagg.control.config import default_program
-from inagg.control.program import Program
-from inagg.control.switch import (
+from inagg.bmv2_env.emulation.loopback import ROOT, free_udp_port, random_loopback_net
+from inagg.bmv2_env.softswitch.switch import udp_host_mac
+from inagg.controller.config import default_program
+from inagg.controller.program import Program
+from inagg.controller.switch import (
     INSERT, PipelineMismatch, JobAdmission, JobCounters, ReplicaRewrite, ResultReplication, SwitchConnection,
     SwitchJob, WorkerBinding,
 )
-from inagg.wire.grant import values_for_mtu
-from inagg.wire.protocol import MSG_CONTRIBUTION, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, build_contribution, unpack_header
-from inagg.wire.scapy_layer import Inagg, read_pcap
-from inagg.wire.transport import enlarge_buffers
+from inagg.hostlib.wire.grant import values_for_mtu
+from inagg.hostlib.wire.protocol import MSG_CONTRIBUTION, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, build_contribution, unpack_header
+from inagg.hostlib.wire.scapy_layer import Inagg, read_pcap
+from inagg.hostlib.wire.transport import enlarge_buffers
 from tools.soft_p4info import soft_p4info_text
 
 SLOTS = 512
@@ -44,7 +44,7 @@ def soft_switch(tmp_path, *options: str):
     to_switch = (f"{net}.254", free_udp_port(f"{net}.254"))
     sock = tmp_path / "p4rt.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inagg.softswitch.switch", *options,
+        [sys.executable, "-m", "inagg.bmv2_env.softswitch.switch", *options,
          "-i", f"1@udp:{net}.1", "-i", f"2@udp:{net}.2", "--udp-bind", "%s:%d" % to_switch, "--no-p4",
          "--pcap", str(tmp_path), "--", "--grpc-server-addr", f"unix:{sock}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -226,7 +226,7 @@ def test_a_full_capture_queue_counts_what_it_leaves_out(tmp_path):
 
 
 def test_the_capture_buffer_must_be_positive(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "inagg.softswitch.switch", "--pcap", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "inagg.bmv2_env.softswitch.switch", "--pcap", str(tmp_path),
                            "--pcap-buffer", "0", "--no-p4"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "--pcap-buffer: expected a positive integer, got '0'" in proc.stderr

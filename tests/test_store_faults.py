@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from inagg.emulation.loopback import LoopbackDeployment
-from inagg.jobservice.client import ControllerClient, ControllerError
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+from inagg.hostlib.jobservice.client import ControllerClient, ControllerError
 from test_liveness import start_job
 
 
@@ -66,7 +66,7 @@ def test_a_read_only_database_is_one_line_at_start(tmpfs, tmp_path):
     config = {"listen": f"unix:{tmp_path}/ctl.sock", "admin_token": "x", "host_aggregator": "127.0.0.1:42666",
               "database": str(tmpfs / "controller.sqlite"), "switches": []}
     (tmp_path / "ctl.json").write_text(json.dumps(config))
-    start = [sys.executable, "-m", "inagg.control", "--config", str(tmp_path / "ctl.json")]
+    start = [sys.executable, "-m", "inagg.controller", "--config", str(tmp_path / "ctl.json")]
     first = subprocess.Popen(start, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert "serving" in first.stdout.readline()     # the database now exists
     first.terminate()

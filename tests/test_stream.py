@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inagg.wire import codec
-from inagg.native_build import _native
-from inagg.demos.allreduce_demo import TensorSpec, run_local_job
-from inagg.wire.grant import Grant
-from inagg.worker.native_stream import NativeSlotStream, native_block_exponents
-from inagg.wire.protocol import FLAG_CONGESTION, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
-from inagg.worker.stream import (
+from inagg.hostlib.wire import codec
+from inagg.hostlib.native_build import _native
+from inagg.bmv2_env.demos.allreduce_demo import TensorSpec, run_local_job
+from inagg.hostlib.wire.grant import Grant
+from inagg.hostlib.worker.native_stream import NativeSlotStream, native_block_exponents
+from inagg.hostlib.wire.protocol import FLAG_CONGESTION, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
+from inagg.hostlib.worker.stream import (
     ALPHA_GAIN,
     INITIAL_WINDOW,
     CallError,
@@ -29,7 +29,7 @@ from inagg.worker.stream import (
     ResultCheck,
     SlotStream,
 )
-from inagg.wire.transport import UdpTransport
+from inagg.hostlib.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
 from test_codec import exact_reference
 
@@ -315,8 +315,8 @@ def test_only_exact_results_from_the_granted_aggregator_are_accepted(kind):
 
 @pytest.mark.parametrize("kind", STREAMS)
 def test_a_refused_call_fails_on_every_rank_and_the_next_is_exact(kind):
-    from inagg.aggregator.server import HostAggregator
-    from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
+    from inagg.hostlib.aggregator.server import HostAggregator
+    from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 
     transports = [UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0)) for _ in range(2)]
     engine = AggregationEngine(8, 64)
@@ -452,8 +452,8 @@ class MixedJob:
     N, K = 3, 64
 
     def __init__(self) -> None:
-        from inagg.aggregator.server import HostAggregator
-        from inagg.aggregator.engine_reference import AggregationEngine, JobConfig
+        from inagg.hostlib.aggregator.server import HostAggregator
+        from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 
         self.transports = [UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0)) for _ in range(self.N)]
         engine = AggregationEngine(8, self.K)

@@ -4,7 +4,7 @@ on the switch and every result is exact."""
 
 import torch
 
-from inagg.emulation.loopback import LoopbackDeployment
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
 from test_liveness import in_process_job
 
 

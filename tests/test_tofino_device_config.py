@@ -12,9 +12,9 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from inagg.control.config import default_program, parse_config
-from inagg.control.program import TOFINO_PIPELINE, read_artifact
-from inagg.control.tofino_config import PI_NAME_MAX, TofinoDeviceConfig
+from inagg.controller.config import default_program, parse_config
+from inagg.controller.program import TOFINO_PIPELINE, read_artifact
+from inagg.controller.tofino.config import PI_NAME_MAX, TofinoDeviceConfig
 
 TOFINO = default_program("tofino")
 LEN, BOOL, MSG = (descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,

@@ -14,10 +14,10 @@ import re
 import pytest
 
 from bfrt_standin import FIXTURE, TableError, bfrt_with_board
-from inagg.control.bfrt_port_script import port_script
-from inagg.control.config import load_config, parse_config
-from inagg.control.tofino_ports import AUTONEG, FECS, SPEEDS
-from inagg.control.tofino_ports_cli import main
+from inagg.controller.tofino.bfrt_port_script import port_script
+from inagg.controller.config import load_config, parse_config
+from inagg.controller.tofino.ports import AUTONEG, FECS, SPEEDS
+from inagg.controller.tofino_ports_cli import main
 
 # A board: connector c, channel n -> pipe (c - 1) // 4, 4 connectors of 4 channels a pipe.
 BOARD = {(c, n): ((c - 1) // 4) << 7 | ((c - 1) % 4) * 8 + n for c in range(1, 9) for n in range(4)}

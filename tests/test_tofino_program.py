@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from inagg.emulation.loopback import LoopbackDeployment
-from inagg.control.config import default_program, parse_config
-from inagg.control.p4info import P4Type
-from inagg.control.program import read_artifact
-from inagg.control.switch import DERIVED_ADMIT_PARAMS, JobCounters, SwitchConnection
-from inagg.wire import protocol
-from inagg.worker.communicator import ReduceOp
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+from inagg.controller.config import default_program, parse_config
+from inagg.controller.p4info import P4Type
+from inagg.controller.program import read_artifact
+from inagg.controller.switch import DERIVED_ADMIT_PARAMS, JobCounters, SwitchConnection
+from inagg.hostlib.wire import protocol
+from inagg.hostlib.worker.communicator import ReduceOp
 from test_training import make_comms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,7 +216,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
              "TOFINO_REPLICA_TABLE_SIZE": 512, "TOFINO_L2_TABLE_SIZE": 256}
     assert set(sizes) == set(SIZES)
     bf_p4c("tofino", tmp_path, *(f"-D{k}={v}" for k, v in sizes.items()))
-    from inagg.control.p4info import P4Info
+    from inagg.controller.p4info import P4Info
     info = P4Info.load(tmp_path / "inagg.p4info.txtpb")
     assert info.values_per_packet == 8
     assert info.slot_pool == 1 << 12

@@ -28,7 +28,7 @@ _NO_SYNC = (f"torch builds the model only where BACKEND is mpi or gloo ({_DISTRI
             "so on any other backend the body fails on an unbound model; the skip before it says so")
 _MONITORED = ("torch's dist.monitored_barrier refuses every group whose backend is not named gloo "
               "(torch/distributed/distributed_c10d.py:5418: `if get_backend(group) != Backend.GLOO: raise "
-              "ValueError`); inagg's own inagg.pytorch.backend.monitored_barrier is the same call")
+              "ValueError`); inagg's own inagg.hostlib.pytorch.backend.monitored_barrier is the same call")
 NOT_ON_INAGG = {
     "test_accumulate_gradients_no_sync": _NO_SYNC,
     "test_accumulate_gradients_no_sync_grad_is_view": _NO_SYNC,

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from inagg.emulation.loopback import LoopbackDeployment
-from inagg.control.config import default_program
-from inagg.jobservice.client import ControllerClient, ControllerError
-from inagg.worker.communicator import Communicator, ReduceOp
-from inagg.demos.train_demo import TrainConfig, train
+from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+from inagg.controller.config import default_program
+from inagg.hostlib.jobservice.client import ControllerClient, ControllerError
+from inagg.hostlib.worker.communicator import Communicator, ReduceOp
+from inagg.bmv2_env.demos.train_demo import TrainConfig, train
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +139,8 @@ def test_adaptive_artopk_hook_uses_the_measured_cost_model():
 
 
 def test_adaptive_choice_follows_the_measured_link_and_is_the_same_on_every_rank():
-    from inagg.worker.cost_model import LinkEstimator
-    from inagg.pytorch.hooks import ARTopkHookState, _choose_dense
+    from inagg.hostlib.worker.cost_model import LinkEstimator
+    from inagg.hostlib.pytorch.hooks import ARTopkHookState, _choose_dense
 
     with LoopbackDeployment(2) as dep:
         comms = make_comms(dep, 2)

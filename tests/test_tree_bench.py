@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from inagg.wire.grant import values_for_mtu
+from inagg.hostlib.wire.grant import values_for_mtu
 from test_emulation import ROOT, assert_left_nothing, mininet_missing
 
 FRAME_HEADERS = 14 + 20 + 8 + 16   # Ethernet, IPv4, UDP, inagg

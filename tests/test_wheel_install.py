@@ -1,5 +1,5 @@
 """A regular, non-editable install runs the control plane: the sdist carries p4/ whole, the wheel
-built from it carries the compiled P4 programs (inagg/control/artifacts.py finds them there), and
+built from it carries the compiled P4 programs (controller/artifacts.py finds them there), and
 from a working directory outside the checkout the default programs load from the wheel,
 ``inagg up``/``status``/``down`` work, and a 2-rank ``init_process_group("inagg")`` with nothing
 started by hand allreduces through the software switch of the deployment rank 0 starts.
@@ -77,7 +77,7 @@ def installed(wheel, tmp_path_factory) -> Path:
 
 
 def test_the_default_programs_load_from_the_wheel(installed, tmp_path):
-    code = ("from inagg.control.artifacts import p4_dir; from inagg.control.config import DEFAULT_ARTIFACTS, "
+    code = ("from inagg.controller.artifacts import p4_dir; from inagg.controller.config import DEFAULT_ARTIFACTS, "
             "default_program; [default_program(t).device_config() for t in DEFAULT_ARTIFACTS]; print(p4_dir())")
     proc = subprocess.run([str(installed / "python"), "-c", code], cwd=tmp_path, env=clean_env(),
                           capture_output=True, text=True, timeout=120)

@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import wire_efficiency as we  # noqa: E402
 
-from inagg.control.config import default_program  # noqa: E402
+from inagg.controller.config import default_program  # noqa: E402
 
 
 def test_inaggs_rows_are_its_programs_k_and_framing():

@@ -13,7 +13,7 @@ torch lets another backend in; ``NAME_GATED`` lists those tests that inagg runs 
 each as a method of this module's class calling torch's test body (the skip torch sets is an
 attribute of its method, which a method of the same name here does not have). The
 monitored_barrier tests are not among them: torch's ``dist.monitored_barrier`` itself refuses
-every backend not named gloo (inagg offers ``inagg.pytorch.backend.monitored_barrier``), nor
+every backend not named gloo (inagg offers ``inagg.hostlib.pytorch.backend.monitored_barrier``), nor
 those whose body builds its model only for a backend named gloo or nccl
 (``test_accumulate_gradients_no_sync*``).
 """
@@ -29,8 +29,8 @@ os.environ.setdefault("WORLD_SIZE", "2")
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 
-import inagg.pytorch.plugin  # noqa: E402,F401 - registers the backend where entry points are off
-from inagg import BACKEND_NAME  # noqa: E402
+import inagg.hostlib.pytorch.plugin  # noqa: E402,F401 - registers the backend where entry points are off
+from inagg.hostlib import BACKEND_NAME  # noqa: E402
 
 # before torch's suite is imported: its decorators read these sets as its methods are defined.
 # "gpu" gates tests that run on CPU too (all_gather_object); gloo is in it for its CUDA tensors,

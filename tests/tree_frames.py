@@ -8,8 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from inagg.softswitch.pipeline_reference import build_frame
-from inagg.wire.protocol import MSG_RESULT, ipv4, mac, unpack_header
+from inagg.bmv2_env.softswitch.pipeline_reference import build_frame
+from inagg.hostlib.wire.protocol import MSG_RESULT, ipv4, mac, unpack_header
 
 HEADERS = 42           # Ethernet + IPv4 + UDP in front of the inagg header
 VALUES_AT = HEADERS + 16

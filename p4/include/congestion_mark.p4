@@ -1,6 +1,6 @@
 /* CongestionMark (egress): an inagg packet leaving by a deep queue carries FLAG_CONGESTION, as
  * ECN's CE mark (ATP marks on queue depth the same way). Workers shrink their window on a marked
- * result before any queue overflows (inagg.worker.stream.WindowControl); a contribution marked
+ * result before any queue overflows (inagg.hostlib.worker.stream.WindowControl); a contribution marked
  * on its way to a host aggregator marks its slot's result there (the flag is sticky).
  *
  *   packet                                                    | action

@@ -1,5 +1,5 @@
 /* inagg wire-protocol constants: the single P4 definition.
- * inagg/wire/protocol.py is the Python twin; tests/test_protocol_twin.py fails when they drift.
+ * hostlib/wire/protocol.py is the Python twin; tests/test_protocol_twin.py fails when they drift.
  */
 #ifndef _INAGG_CONSTANTS_P4_
 #define _INAGG_CONSTANTS_P4_
@@ -11,7 +11,7 @@ const bit<4>  INAGG_VERSION        = 1;
  * with another one; the switch learns it from its config table, this is the parser default). */
 const bit<16> INAGG_UDP_PORT       = 0xA66A;
 
-/* The same inagg packet carried as RoCEv2 (inagg/wire/roce.py explains the choices): UDP to
+/* The same inagg packet carried as RoCEv2 (hostlib/wire/roce.py explains the choices): UDP to
  * ROCE_UDP_PORT, BTH with a UC RDMA WRITE ONLY WITH IMMEDIATE, RETH, the immediate
  * ROCE_INAGG_IMMEDIATE ("INAG"), the inagg header and payload, then the 4-byte ICRC. */
 const bit<16> ROCE_UDP_PORT        = 4791;
@@ -46,7 +46,7 @@ const bit<8>  MAX_WORKERS          = 32;
 const bit<8>  INAGG_HEADER_BYTES   = 16;
 
 /* SlotState's decision for an admitted contribution (meta.outcome; the rows of the table in
- * slot_state.p4). inagg.wire.protocol.Outcome and native/engine.hpp's inagg::Outcome use the same
+ * slot_state.p4). inagg.hostlib.wire.protocol.Outcome and native/engine.hpp's inagg::Outcome use the same
  * values for the same rows. */
 const bit<3>  SLOT_FIRST           = 1;    /* first contribution of a round: overwrite     */
 const bit<3>  SLOT_ADD             = 2;    /* a further contribution: add                  */

@@ -1,5 +1,5 @@
 /* inagg header declarations (standard headers + the inagg header and payload): the wire format
- * both targets share. Field order and widths are mirrored by inagg/wire/protocol.py (HEADER_FIELDS).
+ * both targets share. Field order and widths are mirrored by hostlib/wire/protocol.py (HEADER_FIELDS).
  * Each program's header struct is in its types.p4.
  */
 #ifndef _INAGG_HEADERS_P4_

@@ -9,7 +9,7 @@
  * so a RoCEv2 rank is bound by port, IP and MAC only (the controller gives each its own IP).
  * None of this is authentication: a host on the same port can forge all four (docs/security.md).
  *
- * Checks, in order (the aggregation engine in inagg/aggregator/engine_reference.py applies the same order from
+ * Checks, in order (the aggregation engine in hostlib/aggregator/engine_reference.py applies the same order from
  * msg_type on):
  *   not inagg (parser's encap is 0)   -> forward
  *   not a full inagg header          -> drop GLOBAL_DROP_TRUNCATED
@@ -61,7 +61,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         meta.job_encap = encap;
     }
 
-    /* K for the controller (inagg/control/p4info.py values_per_packet): a property of the target,
+    /* K for the controller (controller/p4info.py values_per_packet): a property of the target,
      * handed to the workers in their grants; the preprocessor writes size.p4's number here. */
     @inagg_values_per_packet(SWITCH_VALUES_PER_PACKET)
     table job_table {

@@ -12,7 +12,7 @@
  * priming round). BMv2's crc32 is the Ethernet CRC-32 (as zlib.crc32); the wire carries it least
  * significant byte first, hence the byte swap.
  * ICRCs of incoming packets are not checked, as no switch checks a UDP checksum here: the
- * receiving NIC (or inagg.wire.roce.decapsulate) does.
+ * receiving NIC (or inagg.hostlib.wire.roce.decapsulate) does.
  */
 #ifndef _INAGG_ROCE_ICRC_P4_
 #define _INAGG_ROCE_ICRC_P4_

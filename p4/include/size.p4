@@ -27,7 +27,7 @@
 #endif
 
 /* K: int32 values per packet on the switch (the payload stack, the parser's loop, the value
- * registers, job_table's @inagg_values_per_packet). inagg.wire.protocol.SWITCH_VALUES_PER_PACKET
+ * registers, job_table's @inagg_values_per_packet). inagg.hostlib.wire.protocol.SWITCH_VALUES_PER_PACKET
  * is the default's Python twin; host aggregators accept any per-job value count. */
 #ifndef SWITCH_VALUES_PER_PACKET
 #define SWITCH_VALUES_PER_PACKET 64

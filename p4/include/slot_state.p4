@@ -7,7 +7,7 @@
  *
  * Decision for worker w, set s (o = the other set; "same round": the packet's offset and count
  * are the ones stored for the round in set s), the const entries of table slot_decision, row
- * for row (inagg.wire.protocol.SLOT_DECISION is the Python twin; tests/test_slot_decision.py holds
+ * for row (inagg.hostlib.wire.protocol.SLOT_DECISION is the Python twin; tests/test_slot_decision.py holds
  * it to these entries and the reference engine to each row). N is the job's n_workers (this
  * switch's children); in an aggregation tree (docs/trees.md) a switch with an uplink counts the
  * parent's result as one more, so its round is complete at N + 1 and "sent up" at N:

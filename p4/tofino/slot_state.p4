@@ -10,8 +10,8 @@
  * contributor map) is written only in ways that every outcome but one allows, and the rest is
  * written after the round record said whether the packet belongs to the round.
  *
- * Registers, in pipeline order (inagg/softswitch/tofino_model.py runs them in this order, and
- * tests/test_tofino_model.py holds the order to the stages bf-p4c placed them in):
+ * Registers, in pipeline order (bmv2_env/softswitch/tna_slot_model.py runs them in this order, and
+ * tests/test_tna_slot_model.py holds the order to the stages bf-p4c placed them in):
  *
  *   register     | index      | stage | holds
  *   -------------+------------+-------+--------------------------------------------------------

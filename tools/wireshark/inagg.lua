@@ -1,4 +1,4 @@
--- Wireshark dissector for inagg, the in-network aggregation protocol (inagg/wire/protocol.py is
+-- Wireshark dissector for inagg, the in-network aggregation protocol (hostlib/wire/protocol.py is
 -- the Python twin of p4/include/headers.p4; this file follows the same header, field by field).
 --
 -- Decodes the 16-byte inagg header and the int32 values after it:

@@ -1,0 +1,112 @@
+"""A service process forked from one that has imported it already: ``python -m MODULE ARGS``
+without the interpreter's start and the imports, which are most of a service's start (the
+software switch, the controller and the host aggregator import gRPC, protobuf, numpy and inagg's
+native core; a local deployment starts all three at once, beside the ranks that wait for it).
+
+Only a process that runs no other thread may fork (the child would inherit locks held by threads
+that do not exist in it), and only before it has made any gRPC object (gRPC's core does not
+survive a fork): ``inagg.bmv2_env.emulation.services`` forks its deployment's services at its start.
+``ForkedService`` answers as the ``subprocess.Popen`` of the same command would: ``stdout``
+(text), ``poll``, ``wait``, ``terminate``, ``kill``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+_POLL_SECONDS = 0.01
+
+
+def die_with_parent() -> None:
+    """In a child: the kernel sends it SIGTERM when its parent dies (Linux), so a killed
+    supervisor leaves no orphans."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class ForkedService:
+    """``cmd`` (``[python, "-m", MODULE, *args]``) run in a fork of this process (module
+    docstring), its stdout a pipe to this one, its stderr ``stderr_fd``, in directory ``cwd``
+    with ``env`` added to the environment."""
+
+    def __init__(self, cmd: list[str], stderr_fd: int, cwd: Path, env: dict | None = None,
+                 with_parent: bool = False) -> None:
+        if len(cmd) < 3 or cmd[1] != "-m":
+            raise ValueError(f"a forked service runs `python -m MODULE ...`, not {cmd}")
+        importlib.import_module(cmd[2])   # imported here once: the child finds it imported
+        self.args, self.returncode = cmd, None
+        sys.stdout.flush()   # what this process has buffered is not the child's to write
+        sys.stderr.flush()
+        read, write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(read)
+            _run(cmd[2], cmd[3:], write, stderr_fd, cwd, env or {}, with_parent)
+        os.close(write)
+        self.stdout = os.fdopen(read, "r")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(_POLL_SECONDS)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+def _run(module: str, args: list[str], stdout_fd: int, stderr_fd: int, cwd: Path, env: dict,
+         with_parent: bool) -> NoReturn:
+    """The child: ``python -m module args`` as its own process would run it, then exit with its
+    status (``os._exit``: nothing of the parent's, its exit handlers included, runs here)."""
+    code = 1
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        if with_parent:
+            die_with_parent()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        for fd, target in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):
+            os.dup2(fd, target)
+        os.chdir(cwd)
+        os.environ.update(env)
+        sys.argv = [module, *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException:  # noqa: BLE001 - reported on its stderr, as an uncaught error would be
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):   # its reader is gone
+                pass
+        os._exit(code)

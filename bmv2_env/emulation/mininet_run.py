@@ -1,0 +1,651 @@
+"""``make run``: a Mininet network of hosts and P4 switches running inagg, the p4lang/tutorials way.
+
+Reads a topology file (bmv2_env/emulation/topology.py), builds it in Mininet with P4 switch nodes
+(``simple_switch_grpc`` when installed, else the software data plane: same flags, same
+P4Runtime), starts the controller in the root namespace (workers reach it over a Unix socket,
+which crosses namespaces), the host aggregator and the training jobs on their hosts, and prints a
+per-job summary. With ``--cli`` the network stays up at a ``mininet>`` prompt afterwards.
+
+Every run has a directory of its own, ``build/emulation/<run id>/`` (``latest`` points to the
+newest): logs, per-port pcaps, the controller's socket and the admin token; interface names carry
+the run id and P4Runtime listens on Unix sockets there, so runs of several checkouts share a
+machine. ``--stop`` stops what this user's runs of this checkout started (``--all``: every
+user's), as recorded in their directories.
+
+The data planes and the controller run in sessions of their own (the hosts' processes too:
+Mininet starts them with ``mnexec -d``), so Ctrl-C at the ``mininet>`` prompt reaches only the
+command in the foreground, never the network's services; the teardown, or ``--stop``, stops them
+by the PIDs the run recorded.
+
+    python -m inagg.bmv2_env.emulation.mininet_run --topo bmv2_env/emulation/topologies/single_switch.json [--cli]
+    python -m inagg.bmv2_env.emulation.mininet_run --stop      # clean up what a killed run left behind
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from inagg.controller.config import default_program
+from inagg.hostlib.jobservice.credentials import ADMIN_TOKEN_FILE_ENV, write_token
+from inagg.hostlib import add_version_flag
+from inagg.hostlib.wire.grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, switch_values_for_mtu,
+                              values_for_mtu)
+from inagg.hostlib.wire.protocol import UDP_PORT
+from inagg.hostlib.worker.host_communicator import HOST_REDUCE_ENV
+
+from inagg.bmv2_env.emulation.run_dir import (RUNS_DIR, RunDir, all_runs, current_user, delete_runs, runs_of,
+                                     stop_run, unfinished_runs)
+from inagg.bmv2_env.emulation.testbed import stop_processes
+from inagg.bmv2_env.emulation.topology import Topology, TopologyError, host_ip, load_topology
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Terminated(Exception):
+    """SIGTERM (``make stop``): not a KeyboardInterrupt, which the mininet> prompt swallows."""
+
+
+def import_mininet():
+    """Debian's Mininet lives in the system dist-packages; make it importable from a venv."""
+    try:
+        import mininet  # noqa: F401
+    except ImportError:
+        sys.path.append("/usr/lib/python3/dist-packages")
+    from mininet.link import TCLink
+    from mininet.log import lg
+    from mininet.net import Mininet
+    from mininet.node import Switch
+    lg.propagate = False     # Mininet prints its own lines; the root logger would repeat them
+    return Mininet, Switch, TCLink
+
+
+def choose_dataplane(wanted: str) -> str:
+    have_bmv2 = shutil.which("simple_switch_grpc") is not None
+    if wanted == "auto":
+        return "bmv2" if have_bmv2 else "soft"
+    if wanted == "bmv2" and not have_bmv2:
+        raise SystemExit("--dataplane bmv2: simple_switch_grpc is not on PATH")
+    return wanted
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The data plane models a switch's own silicon, which shares no CPU with the hosts: in the
+# emulation it runs ahead of the ranks and of anything else on the machine (root may go below 0).
+DATA_PLANE_NICE = -10
+
+
+def make_switch_class(Switch):
+    class P4Switch(Switch):
+        """A Mininet switch node running a P4Runtime data plane process in the root namespace;
+        its P4Runtime server listens on a Unix socket in the run directory."""
+
+        def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, pcaps=True,
+                     nice=DATA_PLANE_NICE, **kw):
+            Switch.__init__(self, name, **kw)
+            self.dataplane, self.run, self.device_id, self.pcaps = dataplane, run, device_id, pcaps
+            self.nice = nice
+            self.grpc = f"unix:{run.path / (name + '-p4rt.sock')}"
+            self.proc = None
+
+        def data_plane_command(self) -> list[str]:
+            ports = [a for p, i in sorted(self.intfs.items()) if i.name != "lo"
+                     for a in ("-i", f"{p}@{i.name}")]
+            if self.dataplane == "bmv2":
+                # BMv2's Thrift port and notification socket are machine-wide by default
+                binary = ["simple_switch_grpc", "--thrift-port", str(free_tcp_port()),
+                          "--notifications-addr", f"ipc://{self.run.path / (self.name + '-notify.ipc')}"]
+            else:
+                binary = [sys.executable, "-m", "inagg.bmv2_env.softswitch.switch"]
+            capture = ["--pcap", str(self.run.path / "pcaps")] if self.pcaps else []
+            # every thread of the data plane at this priority: nice(1) before exec, threads inherit it
+            return ["nice", "-n", str(self.nice), *binary, *ports, "--device-id", str(self.device_id), *capture,
+                    "--no-p4", "--", "--grpc-server-addr", self.grpc]
+
+        def start(self, controllers):
+            log_path = self.run.path / "logs" / f"{self.name}.log"
+            with open(log_path, "w") as log:
+                self.proc = subprocess.Popen(self.data_plane_command(), cwd=ROOT, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+            self.run.add_process(self.proc.pid, f"{self.name} data plane")
+            deadline = time.time() + 30
+            while not Path(self.grpc[len("unix:"):]).exists():
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"{self.name}: data plane did not start, see {log_path}")
+                time.sleep(0.1)
+
+        def stop_data_plane(self) -> None:
+            """Stop the process before Mininet deletes the interfaces it reads from."""
+            stop_processes([self.proc])
+
+        def stop(self, deleteIntfs=True):
+            self.stop_data_plane()
+            Switch.stop(self, deleteIntfs)
+
+    return P4Switch
+
+
+def netem_available(run: RunDir) -> bool:
+    """Whether ``tc ... netem`` works here (some kernels are built without sch_netem), tried on a
+    veth pair of this run's own (the machine's ``lo`` may carry another run's qdisc)."""
+    probe = f"{run.run_id}netem"
+    run.add_interfaces([probe, probe + "2"])
+    subprocess.run(["ip", "link", "add", probe, "type", "veth", "peer", "name", probe + "2"],
+                   capture_output=True, check=True)
+    try:
+        return subprocess.run(["tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "0ms"],
+                              capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "link", "del", probe], capture_output=True)
+
+
+def program_files_for(dataplane: str, p4info: Path | None = None, bmv2_json: Path | None = None) -> dict[str, str]:
+    """The P4Info/BMv2 JSON the controller pushes to every switch ({}: p4/'s committed ones, or
+    on the software data plane the P4Info the run writes at the K of its links' MTU:
+    ``Run.soft_program``). The software data plane runs the committed program only: files given
+    for it are a ValueError, not silently left unused."""
+    given = {key: str(path.resolve()) for key, path in (("p4info", p4info), ("bmv2_json", bmv2_json)) if path}
+    if dataplane == "soft" and given:
+        raise ValueError("--p4info/--bmv2-json are pushed to BMv2 switches; this run's data plane is the "
+                         "software one (--dataplane soft, or auto without simple_switch_grpc on PATH), "
+                         "which runs only the committed inagg program: leave them out, or use --dataplane bmv2")
+    return given
+
+
+def soft_values_per_packet(mtu: int, transports: set[str]) -> int:
+    """The software target's K on links of ``mtu`` bytes: as many values as a frame carries in
+    the framing of every transport its jobs use (364 at 1500 over UDP, 355 once a job runs RoCE,
+    2239 at 9000 over UDP)."""
+    return switch_values_for_mtu(mtu) if "roce" in transports else values_for_mtu(mtu)
+
+
+def write_soft_p4info(path: Path, values_per_packet: int) -> Path:
+    """The committed program's P4Info with job_table's K annotation set to ``values_per_packet``
+    (what tools/soft_p4info.py writes for p4/out/soft/, here for one run's links)."""
+    from google.protobuf import text_format
+    from inagg.controller.p4info import without_values_per_packet
+
+    message = without_values_per_packet(default_program("soft").p4info.message)
+    table = next(t for t in message.tables if t.preamble.name.rsplit(".", 1)[-1] == "job_table")
+    table.preamble.annotations.append(f"@inagg_values_per_packet({values_per_packet})")
+    path.write_text(text_format.MessageToString(message))
+    return path
+
+
+def controller_switches(topo: Topology, grpcs: list[str], target: str,
+                        program_files: dict[str, str]) -> list[dict]:
+    """The controller's ``switches``: each topology switch (device id its index, P4Runtime at
+    ``grpcs[i]``) with its hosts and its links to the other switches (aggregation trees)."""
+    return [{"name": name, "grpc": grpc, "device_id": i, "target": target, **program_files,
+             "aggregator": f"{s['aggregator_ip']}:{UDP_PORT}",
+             "aggregator_mac": s["aggregator_mac"],   # what every host's ARP table has (Run.build)
+             "hosts": topo.host_ports(name), "links": topo.switch_links(name)}
+            for i, ((name, s), grpc) in enumerate(zip(topo.switches.items(), grpcs))]
+
+
+def job_epochs(topo: Topology, epochs: int | None) -> dict[str, int]:
+    """Each job's epochs. ``epochs`` sets the first job's and scales the others by the same
+    factor, so the jobs keep their relative lengths (the two-job demo's second job still
+    outlives the first and is upgraded to the switch)."""
+    own = {j["name"]: int(j.get("epochs", 4)) for j in topo.jobs}
+    if not epochs:
+        return own
+    factor = epochs / own[topo.jobs[0]["name"]]
+    return {name: max(1, round(e * factor)) for name, e in own.items()}
+
+
+class Run:
+    """One bring-up of a topology: network, controller, aggregator, jobs, summary, teardown."""
+
+    def __init__(self, topo: Topology, dataplane: str, run: RunDir, epochs: int | None = None,
+                 transport: str | None = None, program_files: dict[str, str] | None = None,
+                 pcaps: bool = True, switch_nice: int = DATA_PLANE_NICE) -> None:
+        self.topo, self.dataplane, self.run, self.transport = topo, dataplane, run, transport
+        self.pcaps = pcaps   # every switch port's pcaps in the run directory (2-7 GB for a bandwidth flip)
+        self.switch_nice = switch_nice   # the data planes' nice(1) value
+        self.epochs = job_epochs(topo, epochs)
+        self.program_files = program_files or {}   # p4info/bmv2_json for every switch; {}: p4/
+        self.net = None
+        self.procs: list[subprocess.Popen] = []
+        self.admin_file = run.path / "admin-token"
+        self.controller_addr = f"unix:{run.path / 'controller.sock'}"
+        self.metrics_addr = f"127.0.0.1:{free_tcp_port()}"
+        self.train_gate = run.path / "jobs" / "train"   # all jobs train once all hold grants
+        self.placements: dict[str, str] = {}   # job name -> where it was placed, in words
+
+    def log(self, name: str):
+        return open(self.run.path / "logs" / name, "w")
+
+    def write_env(self) -> None:
+        """The admin token (a file only its owner reads: tokens never go on argv), and what
+        inaggctl needs to find the run: set for this process's children (the mininet> prompt's
+        host shells included) and, in ``env``, for a shell elsewhere (``make ctl``)."""
+        self.admin = secrets.token_hex(16)
+        write_token(self.admin_file, self.admin)
+        env = {"INAGG_CONTROLLER": self.controller_addr, ADMIN_TOKEN_FILE_ENV: str(self.admin_file),
+               "INAGG_METRICS": f"http://{self.metrics_addr}/metrics"}
+        (self.run.path / "env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        os.environ.update(env)
+        os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+
+    def build(self) -> None:
+        Mininet, Switch, TCLink = import_mininet()
+        if any(l.params for l in self.topo.links) and not netem_available(self.run):
+            print("warning: this kernel has no netem qdisc: link delay/loss in the topology file "
+                  "are not applied", flush=True)
+        P4Switch = make_switch_class(Switch)
+        self.write_env()
+        self.net = Mininet(topo=None, controller=None, link=TCLink, build=False, autoSetMacs=False)
+        for i, name in enumerate(self.topo.switches):
+            # a datapath id of its own: Mininet derives one only from names like "s1", not "tor1"
+            self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i,
+                               pcaps=self.pcaps, nice=self.switch_nice, dpid=f"{i + 1:016x}")
+        for name, h in self.topo.hosts.items():
+            self.net.addHost(name, ip=h["ip"], mac=h["mac"])
+        names = []
+        for link in self.topo.links:
+            # a switch end lives in the root namespace: its name carries the run id
+            opts = dict(link.params)
+            for n, end in ((1, link.a), (2, link.b)):
+                if end.port is not None:
+                    opts[f"port{n}"] = end.port
+                    opts[f"intfName{n}"] = self.run.interface_name(end.node, end.port)
+                    names.append(opts[f"intfName{n}"])
+            self.net.addLink(link.a.node, link.b.node, **opts)
+        self.run.add_interfaces(names)
+        self.net.build()
+        self.apply_mtu()
+        self.disable_offloads()
+        for host in self.net.hosts:
+            self.run.add_process(host.pid, f"host {host.name} shell")
+        for sw in self.net.switches:
+            self.run.add_process(sw.pid, f"switch {sw.name} shell")
+        self.net.start()
+        for host in self.net.hosts:
+            host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
+            for other, h in self.topo.hosts.items():
+                if other != host.name:
+                    host.setARP(host_ip(h), h["mac"])
+            for s in self.topo.switches.values():
+                host.setARP(s["aggregator_ip"], s["aggregator_mac"])
+
+    def disable_offloads(self) -> None:
+        """Checksum offloads off on every interface: a software data plane forwards frames as
+        captured, so their checksums must be complete. On the switches' ports segmentation and
+        receive offloads go too, before the switches start: BMv2 reads its ports through libpcap,
+        which sizes each slot of its capture ring for the largest frame a port can deliver, 64
+        KiB where these offloads are on, and its 4 MiB ring then holds about 32 frames, less
+        than one worker's window (BMv2 then drops what arrives while it is busy)."""
+        for node in self.net.hosts + self.net.switches:
+            port_offloads = " gso off gro off tso off" if node in self.net.switches else ""
+            for intf in node.intfList():
+                if intf.name != "lo":
+                    node.cmd(f"ethtool -K {intf.name} tx off rx off{port_offloads} >/dev/null 2>&1")
+
+    def apply_mtu(self) -> None:
+        """Every interface at the topology's MTU, before the switches start (the software data
+        plane reads its ports' MTU once), and the software target's program at its K."""
+        for node in self.net.hosts + self.net.switches:
+            for intf in node.intfList():
+                if intf.name != "lo":
+                    node.cmd(f"ip link set dev {intf.name} mtu {self.topo.mtu}")
+        if self.dataplane == "soft" and not self.program_files:
+            self.program_files = {"p4info": str(self.soft_program())}
+
+    def soft_program(self) -> Path:
+        """The software target's P4Info at the K of the links' MTU, in the run directory."""
+        transports = {self.transport or job.get("transport", "udp") for job in self.topo.jobs}
+        k = soft_values_per_packet(self.topo.mtu, transports)
+        return write_soft_p4info(self.run.path / "soft.p4info.txtpb", k)
+
+    def controller_config(self) -> dict:
+        agg_ip = host_ip(self.topo.hosts[self.topo.aggregator])
+        return {
+            "listen": self.controller_addr, "admin_token_file": str(self.admin_file),
+            "database": str(self.run.path / "controller.sqlite"),
+            "host_aggregator": f"{agg_ip}:{HOST_AGGREGATOR_PORT}",
+            # host-path datagrams fit the links' MTU unfragmented (the aggregator derives the
+            # same K from its interface)
+            "host_values_per_packet": min(HOST_VALUES_PER_PACKET, values_for_mtu(self.topo.mtu)),
+            "metrics_listen": self.metrics_addr,
+            "switches": controller_switches(self.topo, [sw.grpc for sw in self.net.switches],
+                                            self.dataplane, self.program_files),
+            **self.topo.controller,
+        }
+
+    def start_services(self) -> None:
+        config_path = self.run.path / "controller.json"
+        config_path.write_text(json.dumps(self.controller_config(), indent=2))
+        ctl = subprocess.Popen([sys.executable, "-m", "inagg.controller", "--config", str(config_path)],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log("controller.log"), text=True,
+                               start_new_session=True)
+        self.procs.append(ctl)
+        self.run.add_process(ctl.pid, "controller")
+        if "serving" not in ctl.stdout.readline():
+            raise RuntimeError(f"controller did not start, see {self.run.path}/logs/controller.log")
+        agg_ip = host_ip(self.topo.hosts[self.topo.aggregator])
+        agg = self.net.get(self.topo.aggregator)
+        proc = agg.popen([sys.executable, "-m", "inagg.hostlib.aggregator.server", "--bind", f"{agg_ip}:{HOST_AGGREGATOR_PORT}",
+                          "--controller", self.controller_addr, "--admin-token-file", str(self.admin_file),
+                          "--stats-file", str(self.run.path / "logs" / "aggregator.json")],
+                         cwd=ROOT, stdout=self.log("aggregator.log"), stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        self.run.add_process(proc.pid, "host aggregator")
+        print(f"controller {self.controller_addr}, metrics http://{self.metrics_addr}/metrics; "
+              f"inaggctl finds both at the mininet> prompt, elsewhere: set -a; . {self.run.path}/env",
+              flush=True)
+
+    def run_jobs(self) -> list[dict]:
+        """Start every job's workers at once (their start-up overlaps). A job with a
+        ``start_delay`` joins the controller that many seconds after every job before it holds
+        a grant; once every job holds one, all start training together. So placement order and
+        overlap never depend on the machine's speed. Poll reports until every worker exits."""
+        from inagg.hostlib.jobservice.client import ControllerClient
+
+        order = sorted(self.topo.jobs, key=lambda j: j.get("start_delay", 0))
+        jobs = [self._start_job(spec) for spec in order]
+        gated = [i for i, j in enumerate(jobs) if j["gate"] is not None]
+        client = ControllerClient(self.controller_addr)
+        settled_at = None
+        try:
+            while any(w.poll() is None for j in jobs for w in j["procs"]):
+                if not self.train_gate.exists() and settled_at is None and \
+                        self._all_placed(client, jobs[:gated[0]] if gated else jobs):
+                    settled_at = time.time()
+                if gated and settled_at is not None and \
+                        time.time() - settled_at >= jobs[gated[0]]["spec"]["start_delay"]:
+                    jobs[gated.pop(0)]["gate"].touch()
+                    settled_at = None
+                elif not gated and settled_at is not None:
+                    self.train_gate.touch()
+                    settled_at = None
+                for job in jobs:
+                    self._poll(job)
+                time.sleep(0.2)
+        finally:
+            client.close()
+        for job in jobs:
+            self._poll(job)
+        return jobs
+
+    def _all_placed(self, client, jobs: list[dict]) -> bool:
+        running = [j["spec"]["name"] for j in jobs if any(w.poll() is None for w in j["procs"])]
+        if not running:
+            return True
+        listing = [j for j in client.list_jobs(self.admin).jobs if j.HasField("active")]
+        for j in listing:
+            self.placements.setdefault(j.name, j.active.reason or f"{j.active.mode} {j.active.aggregator}")
+        return set(running) <= {j.name for j in listing}
+
+    def _start_job(self, spec: dict) -> dict:
+        """Start one job's ranks as training-demo processes (``inagg.bmv2_env.demos.train_demo --worker``: a
+        process boundary, so the emulation imports nothing of the demos above it); ``cfg`` holds
+        the demo's options this job sets, the rest keep the demo's defaults."""
+        name = spec["name"]
+        workdir = self.run.path / "jobs" / name
+        workdir.mkdir(parents=True)
+        gate = workdir / "join" if "start_delay" in spec else None
+        cfg = {"workers": len(spec["workers"]), "epochs": self.epochs[name],
+               "hook": spec.get("hook", "inagg"), "job_name": name,
+               "transport": self.transport or spec.get("transport", "udp")}
+        procs = []
+        for rank, host_name in enumerate(spec["workers"]):
+            host = self.net.get(host_name)
+            cmd = [sys.executable, "-m", "inagg.bmv2_env.demos.train_demo", "--worker", "--rank", str(rank),
+                   "--dist-file", str(workdir / "dist"), "--rdv-file", str(workdir / "rdv"),
+                   "--controller", self.controller_addr, "--bind-ip", host.IP(),
+                   "--config", json.dumps(cfg), "--train-after", str(self.train_gate)] \
+                + (["--join-after", str(gate)] if gate else [])
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
+                   HOST_REDUCE_ENV: "auto" if spec.get("host_reduce") else "off"}
+            proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=self.log(f"{name}-{host_name}-r{rank}.log"), text=True)
+            self.run.add_process(proc.pid, f"job {name} rank {rank}")
+            procs.append(proc)
+        self.procs.extend(procs)
+        print(f"job {name}: {len(procs)} workers on {', '.join(spec['workers'])}, {cfg['epochs']} epochs", flush=True)
+        return {"spec": spec, "cfg": cfg, "procs": procs, "epochs": [], "done": {}, "gate": gate}
+
+    def _poll(self, job: dict) -> None:
+        for rank, p in enumerate(job["procs"]):
+            while p.stdout and select.select([p.stdout], [], [], 0)[0]:
+                line = p.stdout.readline()
+                if not line:
+                    break
+                msg = json.loads(line)
+                if msg[0] == "epoch":
+                    job["epochs"].append(msg[2:])
+                    print(f"  {job['spec']['name']}: epoch {msg[1] + 1}/{job['cfg']['epochs']} "
+                          f"loss {msg[2]:.4f} test acc {100 * msg[3]:.1f}%", flush=True)
+                else:
+                    job["done"][rank] = {"stats": msg[3], "seconds": msg[4], "steps": msg[5]}
+
+    def switch_counters(self) -> dict:
+        from inagg.controller.switch import SwitchConnection
+        totals = {}
+        for sw in self.net.switches:
+            conn = SwitchConnection(sw.grpc, sw.device_id, election_id=(0, 0))
+            try:
+                totals[sw.name] = {c: sum(conn.counter(c).values()) for c in ("job_aggregated", "job_results")}
+            finally:
+                conn.close()
+        return totals
+
+    def cli(self) -> None:
+        from mininet.cli import CLI
+        print("network up; try: sh inaggctl jobs, sh inaggctl top, h1 ip addr, dump; "
+              "exit (or Ctrl-D) tears it down", flush=True)
+        CLI(self.net)
+
+    def teardown(self) -> None:
+        stop_processes(self.procs)
+        if self.net is not None:
+            for sw in self.net.switches:
+                sw.stop_data_plane()
+            self.net.stop()
+        for name in ("controller.sock", "admin-token", "controller.json", "env"):
+            (self.run.path / name).unlink(missing_ok=True)
+        self.run.finish()
+
+
+def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
+              placements: dict[str, str]) -> list[dict]:
+    """Print each job's line (its final grant, traffic, accuracy, per-step and median per-call
+    time), where it was placed (its switch, its aggregation tree or the host aggregator) and its
+    story (``print_story``), then each switch's counters (on a tree, each level's); returns the
+    rows."""
+    rows = []
+    print("\nper-job summary")
+    print(f"{'job':<12} {'mode':<12} {'grants':>6} {'slots, epoch':<14} {'MB sent/worker':>14} {'retx':>6} "
+          f"{'link loss %':>11} {'accuracy':>8} {'ms/step':>8} {'ms/call':>8}")
+    for job in jobs:
+        name = job["spec"]["name"]
+        stats = [job["done"][r]["stats"] for r in sorted(job["done"])]
+        if len(stats) != len(job["procs"]) or not job["epochs"]:
+            rows.append({"name": name, "ok": False})
+            print(f"{name:<12} FAILED: see {logs}/{name}-*.log")
+            continue
+        row = job_row(job, stats, placements.get(name, ""))
+        rows.append(row)
+        worst_loss = max(topo.link_loss(h) for h in job["spec"]["workers"])
+        via = row['mode'] + ("/RoCE" if row["transport"] == "roce" else "")
+        print(f"{name:<12} {via:<12} {row['grant_changes']:>6} {row['slots'] + ' e' + str(row['epoch']):<14} "
+              f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * row['accuracy']:>7.1f}% "
+              f"{row['ms_per_step']:>8.1f} {row['call_ms_median'] or 0:>8.2f}")
+        print(f"{'':<12} results: {row['switch_results']} from the switch, {row['host_results']} from the host aggregator")
+        print(f"{'':<12} placed: {row['placement']}; {row['switch_workers']} worker(s) of the switch"
+              f"{f' for {len(stats)} ranks (each host reduces first)' if row['switch_workers'] < len(stats) else ''}")
+        print_story(topo, row["grants"])
+    print("per switch (a tree's levels: below its root a completed round's sum is sent up, at "
+          "the root and on one switch multicast down)")
+    for name, c in counters.items():
+        print(f"switch {name}: {c['job_aggregated']} contributions aggregated, {c['job_results']} rounds completed")
+    return rows
+
+
+def job_row(job: dict, stats: list[dict], placement: str) -> dict:
+    """A finished job's summary row, from every rank's stats (rank 0's grants and call times;
+    the traffic of the switch's workers: on a host that reduces first, its leader's)."""
+    workers = [s for s in stats if s.get("leader", True)]
+    s0 = stats[0]
+    seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
+    return {"name": job["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
+            "grant_changes": s0["grant_changes"], "steps": [job["done"][r]["steps"] for r in sorted(job["done"])],
+            "epoch": s0["epoch"], "slots": s0["slots"], "epochs": job["cfg"]["epochs"],
+            "accuracy": job["epochs"][-1][1],
+            "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
+            "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
+            "retransmissions": sum(s["retransmissions"] for s in workers), "switch_workers": len(workers),
+            "packets_sent": sum(s["packets_sent"] for s in workers),
+            "spurious": sum(s["spurious_retransmissions"] for s in workers),
+            "placement": placement, "losses": [e[0] for e in job["epochs"]],
+            "ms_per_step": seconds / steps * 1e3, "call_ms_median": s0["call_ms_median"], "grants": s0["grants"]}
+
+
+def aggregator_of(topo: Topology, grant: dict) -> str:
+    """The switch (by its name in the topology) or host aggregator ``grant`` aggregates on."""
+    if grant["mode"] == "host":
+        return f"the host aggregator ({grant['aggregator']})"
+    ip = grant["aggregator"].split(":")[0]
+    return next((f"switch {name}" for name, sw in topo.switches.items() if sw["aggregator_ip"] == ip),
+                grant["aggregator"])
+
+
+def grant_change(topo: Topology, before: dict | None, grant: dict) -> str:
+    """What taking ``grant`` after ``before`` (None: the job's first) was, and why, in words."""
+    if before is None:
+        what = "placed on"
+    elif before["mode"] == grant["mode"]:
+        what = "slots changed on"
+    else:
+        what = "fell back to" if grant["mode"] == "host" else "upgraded to"
+    return f"{what} {aggregator_of(topo, grant)}" + (f": {grant['reason']}" if grant["reason"] else "")
+
+
+def print_story(topo: Topology, grants: list[dict]) -> None:
+    """One line per grant the job used: when (seconds after its first grant, first call),
+    what changed and why, and the median time of the calls made under it."""
+    for i, g in enumerate(grants):
+        median = f"median {g['median_ms']:.2f} ms" if g["median_ms"] is not None else "no call timed"
+        print(f"{'':<12} {'story:' if i == 0 else '':<6} +{g['seconds']:.1f}s call {g['from_call']}: "
+              f"{grant_change(topo, grants[i - 1] if i else None, g)}; slots {g['slots']} epoch {g['epoch']}; "
+              f"{g['calls']} calls, {median}")
+
+
+def chosen_runs(all_users: bool, clean: bool, base: Path) -> tuple[list[RunDir], list[RunDir]]:
+    """The runs ``make stop`` (unfinished ones) or ``make clean`` (every one) acts on: the
+    caller's, or every user's with ``all_users``; and the others', which it leaves alone."""
+    runs = all_runs(base) if clean else unfinished_runs(base)
+    return runs_of(runs, None if all_users else current_user())
+
+
+def stop_leftovers(run_id: str | None, all_users: bool = False, clean: bool = False,
+                   base: Path = RUNS_DIR) -> int:
+    """``make stop``: stop what the caller's unfinished runs of this checkout started (every
+    user's with ``all_users``; only run ``run_id`` when named), naming the other users' runs it
+    leaves running. ``clean`` (``make clean``): then delete those runs' directories too."""
+    if run_id:
+        runs, others = [RunDir(run_id, base)], []
+        if not runs[0].record_path.exists():
+            print(f"inagg-mininet: no run {run_id} in {base}", file=sys.stderr)
+            return 2
+    else:
+        runs, others = chosen_runs(all_users, clean, base)
+    for run in runs:
+        if run_id or not run.record.get("finished"):
+            done = stop_run(run)
+            print(f"run {run.run_id}: {'; '.join(done) if done else 'nothing left running'}")
+    for run in others:
+        if not run.record.get("finished"):
+            print(f"run {run.run_id}: started by {run.record.get('user', 'an unknown user')}, left alone "
+                  f"(ALL=1, --all: every user's runs)")
+    if not runs:
+        print(f"no {'' if clean else 'unfinished '}run of {current_user()} in {base}")
+    if clean:
+        delete_runs(runs, base)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="inagg-mininet", description=__doc__.split("\n\n")[0])
+    add_version_flag(p)
+    p.add_argument("--topo", type=Path, default=Path(__file__).parent / "topologies/single_switch.json")
+    p.add_argument("--dataplane", choices=["auto", "bmv2", "soft"], default="auto")
+    p.add_argument("--epochs", type=int, help="the first job's epochs; the others scale alike")
+    p.add_argument("--transport", choices=["udp", "roce"],
+                   help="override every job's transport to the switch (topology: \"transport\")")
+    p.add_argument("--p4info", type=Path, help="P4Info pushed to BMv2 switches (default: p4/'s)")
+    p.add_argument("--bmv2-json", type=Path, help="BMv2 JSON pushed to BMv2 switches (default: p4/'s)")
+    p.add_argument("--switch-nice", type=int, default=DATA_PLANE_NICE,
+                   help="the data planes' nice(1) value (default %(default)s: ahead of the hosts; 0: as they are)")
+    p.add_argument("--cli", action="store_true", help="keep the network up at a mininet> prompt after the jobs")
+    p.add_argument("--json", type=Path, help="write the summary rows here")
+    p.add_argument("--stop", action="store_true", help="stop this user's unfinished runs of this checkout and exit")
+    p.add_argument("--clean", action="store_true", help="as --stop, then delete those runs' directories")
+    p.add_argument("--all", action="store_true", help="with --stop/--clean: every user's runs")
+    p.add_argument("--run", metavar="ID", help="with --stop: only this run (whoever started it)")
+    args = p.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        p.error(f"--epochs must be >= 1, got {args.epochs}")   # 0 used to mean "the topology's"
+    if args.clean and args.run:
+        p.error("--clean acts on every run of a user; --run goes with --stop")
+    if (args.all or args.run) and not (args.stop or args.clean):
+        p.error("--all and --run go with --stop (or --all with --clean)")
+    if args.stop or args.clean:
+        return stop_leftovers(args.run, args.all, args.clean)
+    dataplane = choose_dataplane(args.dataplane)
+    try:
+        program_files = program_files_for(dataplane, args.p4info, args.bmv2_json)
+    except ValueError as e:
+        p.error(str(e))
+    if os.geteuid() != 0:
+        print("inagg-mininet: Mininet needs root", file=sys.stderr)
+        return 2
+    try:
+        topo = load_topology(args.topo)
+    except TopologyError as e:
+        print(f"inagg-mininet: {e}", file=sys.stderr)
+        return 2
+    run_dir = RunDir.create()
+    print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
+          flush=True)
+    run = Run(topo, dataplane, run_dir, args.epochs, args.transport, program_files, switch_nice=args.switch_nice)
+
+    def terminated(*_):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    rows = []
+    try:
+        run.build()
+        run.start_services()
+        jobs = run.run_jobs()
+        rows = summarize(topo, jobs, run.switch_counters(), run_dir.path / "logs", run.placements)
+        if args.cli:
+            run.cli()
+    except Terminated:
+        print(f"run {run_dir.run_id}: stopped (SIGTERM)", flush=True)
+    finally:
+        run.teardown()
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0 if rows and all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

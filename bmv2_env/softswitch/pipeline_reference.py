@@ -1,0 +1,346 @@
+"""The software data plane's pipeline: ``p4/inagg.p4`` executed in Python.
+
+It runs whichever inagg P4Info it is given: BMv2's, or the Tofino program's (a "Tofino-shaped"
+switch: TNA names, its K values per packet, its counter layout), so the controller's Tofino
+path is exercised without the chip.
+
+Each method below mirrors one P4 control and its decision table (see the P4 file for the
+table); the slot logic itself is ``inagg.hostlib.aggregator.engine_reference.AggregationEngine``, the specification the
+native engine is held to, configured from the job_table and worker_table entries the controller
+wrote.
+``process()`` takes one frame from an ingress port and returns the frames to send.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from dataclasses import dataclass
+from typing import Callable, Hashable
+
+import grpc
+
+from inagg.controller.p4info import P4Info
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine, Emit, JobConfig, Uplink
+from inagg.hostlib.wire.protocol import (
+    DROP_REASONS,
+    DUPLICATE_OUTCOMES,
+    MSG_RESULT,
+    ENCAP_CODE,
+    GLOBAL_DROP_REASONS,
+    HEADER_BYTES,
+    MAX_WORKERS,
+    ROCE_HEADER_BYTES,
+    ROCE_ICRC_BYTES,
+    ROCE_INAGG_IMMEDIATE,
+    ROCE_OPCODE_UC_WRITE_ONLY_IMM,
+    ROCE_UDP_PORT,
+    UDP_PORT,
+    VERSION,
+    Outcome,
+    ipv4_checksum,
+)
+from inagg.hostlib.wire.roce import BTH_BYTES, BTH_FIELDS, RETH_FIELDS, byte_offset, icrc
+
+from inagg.bmv2_env.softswitch.state import Action, Counters, MulticastGroups, StatusError, TableStore
+
+# Fully qualified P4 names (as in the P4Info).
+JOB_TABLE = "InaggIngress.admission.job_table"
+WORKER_TABLE = "InaggIngress.admission.worker_table"
+L2_TABLE = "InaggIngress.forwarding.l2_table"
+REPLICA_TABLE = "InaggEgress.replica_rewrite.replica_table"
+UPLINK_TABLE = "InaggIngress.tree_uplink.uplink_table"   # none in the TNA program
+_CTR = "InaggIngress.job_counters."
+JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS = (
+    _CTR + n for n in ("job_packets", "job_aggregated", "job_duplicates", "job_results",
+                       "job_drops", "global_drops"))
+
+ETH, IP, UDP = 14, 20, 8
+INAGG_AT = ETH + IP + UDP                      # the inagg header, UDP encapsulation
+ROCE_INAGG_AT = INAGG_AT + ROCE_HEADER_BYTES   # ... after BTH, RETH and ImmDt
+# field offsets in BTH|RETH|ImmDt
+_ROCE_QP = byte_offset(BTH_FIELDS, "dst_qp")
+_ROCE_RKEY = BTH_BYTES + byte_offset(RETH_FIELDS, "rkey")
+_ROCE_DMA_LEN = BTH_BYTES + byte_offset(RETH_FIELDS, "dma_len")
+ENCAP_UDP, ENCAP_ROCE = ENCAP_CODE["udp"], ENCAP_CODE["roce"]
+_DROP_CODE = {name: code for code, name in enumerate(DROP_REASONS)}
+_GLOBAL_CODE = {name: code for code, name in enumerate(GLOBAL_DROP_REASONS)}
+PARENT = ("parent",)   # the engine's id of a job's parent (its uplink's address) in a tree
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The parsed outer headers of a frame (only what the pipeline reads)."""
+
+    data: bytes
+    dst_mac: int
+    encap: int  # ENCAP_UDP or ENCAP_ROCE when the inagg header follows, else 0
+
+    @property
+    def inagg_at(self) -> int:
+        return ROCE_INAGG_AT if self.encap == ENCAP_ROCE else INAGG_AT
+
+
+def parse(data: bytes) -> Frame:
+    """InaggParser: Ethernet / IPv4 / UDP, and whether the inagg header follows in either
+    encapsulation (the table in p4/include/parser.p4)."""
+    if len(data) < ETH:
+        return Frame(data, -1, 0)
+    dst_mac = int.from_bytes(data[:6], "big")
+    encap = 0
+    if (len(data) >= INAGG_AT and data[12:14] == b"\x08\x00" and data[ETH] == 0x45
+            and (struct.unpack_from("!H", data, ETH + 6)[0] & 0x1FFF) == 0 and data[ETH + 9] == 17):
+        dport = struct.unpack_from("!H", data, ETH + IP + 2)[0]
+        if dport == UDP_PORT:
+            encap = ENCAP_UDP
+        elif (dport == ROCE_UDP_PORT and len(data) >= ROCE_INAGG_AT
+              and data[INAGG_AT] == ROCE_OPCODE_UC_WRITE_ONLY_IMM
+              and struct.unpack_from("!I", data, ROCE_INAGG_AT - 4)[0] == ROCE_INAGG_IMMEDIATE):
+            encap = ENCAP_ROCE
+    return Frame(data, dst_mac, encap)
+
+
+class SoftPipeline:
+    """Tables, multicast groups, counters and the slot engine of one software switch."""
+
+    def __init__(self, p4info: P4Info) -> None:
+        self.p4info = p4info
+        self.tables = TableStore(p4info)
+        self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
+        self.pre = MulticastGroups()
+        self.counters = Counters(p4info)
+        self.engine = AggregationEngine(p4info.slot_pool, p4info.values_per_packet,
+                                        host_mode=False)
+        self.drop_row = p4info.drop_row_length
+
+    # -- control plane -----------------------------------------------------------------------
+
+    def sync_jobs(self) -> None:
+        """Configure the engine from job_table + worker_table; StatusError when the entries
+        describe jobs the slot pool cannot hold (the caller undoes the write)."""
+        # a rank's member is its rank: admission compares worker_table's binding with the
+        # frame (``sender``); an unbound rank matches no sender, as a worker_table miss in P4
+        wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank),
+                             PARENT)
+        with engine_refusal():
+            self.engine.replace_jobs({job.job_id: job for job in wanted})
+
+    def job_ids(self) -> list[int]:
+        """The jobs the slot engine serves."""
+        return sorted(self.engine.jobs)
+
+    def writing(self) -> contextlib.AbstractContextManager:
+        """Held around one P4Runtime Write; the caller's state lock already keeps this
+        pipeline's packets out."""
+        return contextlib.nullcontext()
+
+    # -- data plane --------------------------------------------------------------------------
+
+    def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
+        frame = parse(data)
+        if not frame.encap:
+            return self.forwarding(port, frame)
+        return self.admission(port, frame)
+
+    def admission(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
+        """JobAdmission, then SlotState/ValueAggregation (the engine), JobCounters and
+        ResultReplication."""
+        data, at = frame.data, frame.inagg_at
+        if len(data) < at + HEADER_BYTES:
+            self.counters.count(GLOBAL_DROPS, _GLOBAL_CODE["truncated"])
+            return []
+        if data[at] >> 4 != VERSION:
+            self.counters.count(GLOBAL_DROPS, _GLOBAL_CODE["bad_version"])
+            return []
+        job_id = struct.unpack_from("!H", data, at + 2)[0]
+        admit = admission(self.tables, job_id)
+        if admit is None:                      # not admitted to the switch: forward untouched
+            return self.forwarding(port, frame)
+        if frame.encap != admit.param("encap"):
+            self.job_counters(admit.param("job_index"), Outcome.BAD_ENCAP, False)
+            return []
+        inagg_end = ETH + IP + struct.unpack_from("!H", data, ETH + IP + 4)[0]
+        framing_ok = True
+        if frame.encap == ENCAP_ROCE:          # the ICRC ends the UDP payload; RETH has the length
+            framing_ok = len(data) >= inagg_end and struct.unpack_from(
+                "!I", data, INAGG_AT + _ROCE_DMA_LEN)[0] == inagg_end - ROCE_ICRC_BYTES - at
+            inagg_end -= ROCE_ICRC_BYTES
+        if inagg_end < at + HEADER_BYTES:      # a UDP length too short for the header the P4
+            framing_ok, inagg_end = False, at + HEADER_BYTES   # parser extracts: bad_length
+        emits = self.engine.process(data[at:inagg_end], self.sender(port, frame, job_id, data[at:at + 5]),
+                                    framing_ok)
+        self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
+        return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
+
+    def sender(self, port: int, frame: Frame, job_id: int, head: bytes) -> Hashable:
+        """The engine's id of ``frame``'s sender (``head``: the inagg header's first 5 bytes).
+        A contribution's, for the rank it claims: the rank when worker_table's bind_worker
+        matches the frame (ingress port, IPv4 source, Ethernet source, and UDP source port
+        unless the binding leaves it open: 0, RoCEv2). A RESULT's: PARENT when the job's
+        uplink_table entry names this sender as the parent (port, IPv4, MAC, UDP source port).
+        Else an id no member has (bad_worker, in the engine's check order)."""
+        d = frame.data
+        src = (port, struct.unpack_from("!I", d, ETH + 12)[0], int.from_bytes(d[6:12], "big"),
+               struct.unpack_from("!H", d, ETH + IP)[0])
+        if head[0] & 0xF == MSG_RESULT:
+            up = self.uplink(job_id)
+            if up is not None and (up.param("port"), up.param("addr"), up.param("mac"),
+                                   up.param("udp_port")) == src:
+                return PARENT
+            return ("forged",)
+        rank = head[4]
+        bind = self.tables[WORKER_TABLE].lookup((job_id, rank))
+        if bind is not None and (bind.param("port"), bind.param("addr"), bind.param("mac")) == src[:3] \
+                and bind.param("udp_port") in (0, src[3]):
+            return ("rank", rank)
+        return ("forged",)
+
+    def uplink(self, job_id: int) -> Action | None:
+        """The job's uplink_table entry (TreeUplink), None on a root or a TNA P4Info."""
+        table = self.tables.tables.get(UPLINK_TABLE)
+        return None if table is None else table.lookup((job_id,))
+
+    def job_counters(self, job_index: int, outcome: Outcome, result: bool) -> None:
+        c = self.counters
+        c.count(JOB_PACKETS, job_index)
+        if outcome in (Outcome.FIRST, Outcome.ADD):
+            c.count(JOB_AGGREGATED, job_index)
+            if result:
+                c.count(JOB_RESULTS, job_index)
+        elif outcome in DUPLICATE_OUTCOMES:
+            c.count(JOB_DUPLICATES, job_index)
+        elif outcome.is_drop:        # a parent's result (PARENT_RESULT) counts as a packet only
+            c.count(JOB_DROPS, job_index * self.drop_row + _DROP_CODE[outcome.label])
+
+    def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
+        """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
+        replica per multicast group member, each addressed by replica_table.
+
+        As BMv2 does, a result reuses the trigger: its IPv4 total length stays as sent, and the
+        bytes after the UDP payload (Ethernet padding, any trailer: what the P4 parser did not
+        extract) follow the deparsed headers (tests/test_dataplane_conformance.py checks it)."""
+        if emit.upstream:
+            return [self.upstream_send(frame, emit)]
+        d = frame.data
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
+        eth = d[6:12] + d[0:6] + d[12:14]
+        ip = bytearray(d[ETH: ETH + IP])
+        ip[12:20] = d[ETH + 16: ETH + 20] + d[ETH + 12: ETH + 16]
+        udp_ports = d[ETH + IP + 2: ETH + IP + 4] + d[ETH + IP: ETH + IP + 2]
+        roce = d[INAGG_AT:ROCE_INAGG_AT] if frame.encap == ENCAP_ROCE else b""
+        if self.engine.last_outcome == Outcome.DUP_DONE:
+            targets = [(port, d[frame.inagg_at + 4] + 1)]   # replica = the sender's rank + 1
+        else:
+            targets = [(r.port, r.instance) for r in self.pre.groups.get(admit.param("mcast_grp"), ())]
+        out = []
+        for out_port, replica in targets:
+            e, i, u, r = eth, bytearray(ip), udp_ports, bytearray(roce)
+            if replica:
+                rewrite = self.tables[REPLICA_TABLE].lookup((emit.job.job_id, replica))
+                if rewrite is None:
+                    continue
+                e = rewrite.param("mac").to_bytes(6, "big") + eth[6:]
+                i[16:20] = rewrite.param("addr").to_bytes(4, "big")
+                if rewrite.name.endswith(".set_roce_worker_address"):
+                    u = udp_ports[:2] + ROCE_UDP_PORT.to_bytes(2, "big")
+                    if r:  # BTH and RETH exist: on a UDP frame these writes do nothing, as in P4
+                        r[_ROCE_QP:_ROCE_QP + 3] = rewrite.param("qp").to_bytes(3, "big")
+                        r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
+                else:
+                    u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
+            out.append((out_port, build_frame(e, i, u, emit.data, r, trailer=d[udp_end:],
+                                              keep_ip_length=True)))
+        return out
+
+    def upstream_send(self, frame: Frame, emit: Emit) -> tuple[int, bytes]:
+        """UpstreamSend: the partial sum as a contribution to the parent, from this switch's
+        aggregator address to the parent's, out of the uplink port (docs/trees.md); lengths and
+        trailer as for a result."""
+        up, d = self.uplink(emit.job.job_id), frame.data
+        eth = up.param("mac").to_bytes(6, "big") + up.param("src_mac").to_bytes(6, "big") + d[12:14]
+        ip = bytearray(d[ETH: ETH + IP])
+        ip[12:20] = up.param("src_addr").to_bytes(4, "big") + up.param("addr").to_bytes(4, "big")
+        udp_ports = up.param("src_udp_port").to_bytes(2, "big") + up.param("udp_port").to_bytes(2, "big")
+        roce = d[INAGG_AT:ROCE_INAGG_AT] if frame.encap == ENCAP_ROCE else b""
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
+        return up.param("port"), build_frame(eth, ip, udp_ports, emit.data, roce, trailer=d[udp_end:],
+                                             keep_ip_length=True)
+
+    def forwarding(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
+        """Forwarding (l2_table) + the flood pruning of ReplicaRewrite."""
+        if frame.dst_mac < 0:
+            return []
+        table = self.tables[L2_TABLE]
+        action = table.lookup((frame.dst_mac,)) or table.default
+        if action.name.endswith(".forward"):
+            return [(action.param("port"), frame.data)]
+        if action.name.endswith(".flood"):
+            return [(r.port, frame.data) for r in self.pre.groups.get(action.param("group"), ())
+                    if r.port != port]
+        return []
+
+
+def admission(tables: TableStore, job_id: int) -> Action | None:
+    """Job ``job_id``'s grant (its job_table ``admit``), None when it has none: no entry, or one
+    of NoAction, which the native core also takes for not admitted."""
+    admit = tables[JOB_TABLE].lookup((job_id,))
+    return admit if admit is not None and admit.name.endswith(".admit") else None
+
+
+def job_configs(tables: TableStore, member: Callable[[int], Hashable],
+                unbound: Callable[[int], Hashable], parent: Hashable) -> list[JobConfig]:
+    """The engine's job configurations that job_table + worker_table (+ uplink_table, in a
+    tree) describe; rank r's member is ``member(r)`` when worker_table binds it, ``unbound(r)``
+    without a binding; a job's parent is ``parent``, the id admission gives its results.
+    n_workers contributions complete a round; the ranks are those below n_workers and any
+    other one bound below MAX_WORKERS (a tree switch's sparse child ids, docs/trees.md)."""
+    workers = tables[WORKER_TABLE].entries
+    uplinks = tables.tables[UPLINK_TABLE].entries if UPLINK_TABLE in tables.tables else {}
+    bound_ids: dict[int, int] = {}
+    for job_id, rank in workers:
+        if rank < MAX_WORKERS:
+            bound_ids[job_id] = max(bound_ids.get(job_id, 0), rank + 1)
+    jobs = []
+    for job_id, in tables[JOB_TABLE].entries:
+        admit = admission(tables, job_id)
+        if admit is None:
+            continue
+        members = []
+        for rank in range(max(admit.param("n_workers"), bound_ids.get(job_id, 0))):
+            bind = workers.get((job_id, rank))
+            members.append(member(rank) if bind else unbound(rank))
+        up = uplinks.get((job_id,))
+        uplink = None if up is None or not up.name.endswith(".set_uplink") else \
+            Uplink(parent, up.param("rank"), up.param("slot_base"))
+        jobs.append(JobConfig(job_id, admit.param("epoch"), admit.param("slot_base"),
+                              admit.param("slot_count"), tuple(members), uplink,
+                              admit.param("n_workers")))
+    return jobs
+
+
+@contextlib.contextmanager
+def engine_refusal():
+    """An engine's ValueError (jobs the slot pool cannot hold) as the P4Runtime error."""
+    try:
+        yield
+    except ValueError as e:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+
+def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,
+                roce: bytes | bytearray = b"", *, trailer: bytes = b"",
+                keep_ip_length: bool = False) -> bytes:
+    """Ethernet + IPv4 (checksum and, unless ``keep_ip_length``, length recomputed) + UDP
+    (checksum 0) + payload; with ``roce`` (BTH|RETH|ImmDt) between UDP and payload and the ICRC
+    computed after it (RoceIcrc); then ``trailer`` (bytes after the UDP payload)."""
+    icrc_len = ROCE_ICRC_BYTES if roce else 0
+    udp_len = UDP + len(roce) + len(payload) + icrc_len
+    if not keep_ip_length:
+        ip[2:4] = (IP + udp_len).to_bytes(2, "big")
+    ip[10:12] = b"\0\0"
+    ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
+    pkt = bytearray(ip + udp_ports + udp_len.to_bytes(2, "big") + b"\0\0" + roce + payload
+                    + bytes(icrc_len))
+    if roce:
+        pkt[-icrc_len:] = icrc(pkt)
+    return eth + bytes(pkt) + trailer

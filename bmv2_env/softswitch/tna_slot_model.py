@@ -1,0 +1,343 @@
+"""An executable model of the TNA program's slot logic (p4/tofino/slot_claim.p4, round_record.p4,
+slot_state.p4, value_lanes.p4, result_replication.p4), register by register, in the stage order
+bf-p4c placed them, with a packet's two passes, for each chip the program is built for
+(``CHIPS``: Tofino 1 and Tofino 2, whose lane pairs return both words of a pass).
+
+Why: no tofino-model or Tofino can run here, and the TNA program cannot simply be the BMv2
+program (each register is reached once per pass, in stage order, so Tofino decides with what
+the earlier stages returned). This model does exactly that: each ``_stage*`` method runs the
+register actions the P4 runs in that stage, reading only what earlier stages produced, so a
+decision that needs a later register's value cannot be written here either. The program's two
+passes are ``first_pass`` (every packet: claim, round record, round state, the lane pairs
+adding both values and returning the first, on Tofino 2 both) and ``second_pass`` (a
+recirculated packet: a result's harvest, where the other set retires and, on Tofino 1, the
+pairs return their second values, or a BAD_ROUND that takes its sender's bit out of the set's
+map again). On Tofino 2 a DUP_DONE answer of a harvested round leaves its first pass. It has
+the slot engine's interface (``process``, ``last_outcome``, ``replace_jobs``), so
+``TofinoModelPipeline`` is the
+software switch's pipeline with the TNA program's slot logic, and the conformance cases and the
+differential fuzz compare it with the reference engine at the TNA's K
+(tests/test_tna_slot_model.py). ``register_actions``/``register_stages`` are what the test holds
+against the P4 source and the committed compiler output (each chip's context.json)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable
+
+import numpy as np
+
+from inagg.hostlib.aggregator.engine_reference import Emit, JobConfig
+from inagg.controller.p4info import P4Info
+from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline
+from inagg.hostlib.wire.protocol import (
+    FLAG_CONGESTION, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, MAX_SLOT,
+    MSG_CONTRIBUTION, MSG_RESULT, VERSION, Outcome, unpack_raw,
+)
+
+# P4Info architecture -> the chip (the P4's __TARGET_TOFINO__: 1, 2) the model runs
+CHIPS = {"tna": "tofino", "t2na": "tofino2"}
+_MAP_ACTIONS = ("join", "peek", "retire", "undo")
+
+
+def check_chip(chip: str) -> str:
+    """``chip`` when it is one the program is built for, else a ValueError naming them."""
+    if chip not in CHIPS.values():
+        raise ValueError(f"no Tofino chip {chip!r}: one of {', '.join(CHIPS.values())}")
+    return chip
+
+
+def register_actions(chip: str) -> dict[str, tuple[str, ...]]:
+    """Register -> the RegisterActions the P4 declares on it for ``chip`` (pair: every lane
+    pair's register; Tofino 2's load returns both words, so it has no load_second)."""
+    return {
+        "map0": tuple(f"map0_{a}" for a in _MAP_ACTIONS),
+        "map1": tuple(f"map1_{a}" for a in _MAP_ACTIONS),
+        "round_record": ("round_open", "round_check"),
+        "seen": ("seen_first", "seen_add", "seen_read", "seen_harvested"),
+        "exp_max": ("exp_first", "exp_add", "exp_read"),
+        "sticky_flags": ("flags_first", "flags_add", "flags_read"),
+        "pair": ("store", "add", "load") + (("load_second",) if check_chip(chip) == "tofino" else ()),
+    }
+
+
+ROUND_STATE_STAGE = 3   # seen, exp_max, sticky_flags: pinned (@stage) in slot_state.p4
+PAIRS_PER_STAGE = 4     # stateful ALUs per stage
+
+
+def register_stages(k: int, chip: str) -> dict[str, int]:
+    """Register (lane pairs as ``pair<i>``) -> the stage this model runs it in: bf-p4c put
+    one pair beside seen, exp_max and sticky_flags (pair 0 on Tofino 1, the last on Tofino 2)
+    and the others four per stage after them, the highest first."""
+    check_chip(chip)
+    stages = {"map0": 1, "map1": 1, "round_record": 2, "seen": ROUND_STATE_STAGE,
+              "exp_max": ROUND_STATE_STAGE, "sticky_flags": ROUND_STATE_STAGE}
+    pairs = k // 2
+    beside = 0 if chip == "tofino" else pairs - 1
+    stages[f"pair{beside}"] = ROUND_STATE_STAGE
+    rest = [i for i in reversed(range(pairs)) if i != beside]
+    for n, i in enumerate(rest):
+        stages[f"pair{i}"] = ROUND_STATE_STAGE + 1 + n // PAIRS_PER_STAGE
+    return stages
+
+
+_STICKY = FLAG_OVERFLOW | FLAG_CONGESTION
+_BAD_ROUND, _STALE = Outcome.BAD_ROUND, Outcome.STALE_ROUND
+# round_kind (types.p4 KIND_*), the harvest codes (HARVEST_*), seen's harvested bit and what
+# seen returns (ROUND_*)
+OPEN, NEW, REPEAT = "open", "new", "repeat"
+HARVEST_NONE, HARVEST_RESULT, HARVEST_ANSWER, HARVEST_ANSWER_RETIRE, HARVEST_UNDO = range(5)
+SEEN_HARVESTED = 0x80
+ROUND_PENDING, ROUND_COMPLETE, ROUND_HARVESTED = 0, 1, 3
+
+
+@dataclass
+class _Meta:
+    """The PHV fields the slot logic reads and writes (types.p4)."""
+
+    slot: int
+    idx: int
+    s: int
+    me: int
+    n: int
+    tag: int
+    old_maps: tuple[int, int] = (0, 0)
+    round_kind: str = ""
+    same_round: int = 0
+    moved: int = 0
+    round_done: int = ROUND_PENDING   # seen's output
+    outcome: Outcome | None = None
+    harvest: int = HARVEST_NONE
+    exp_result: int = 0    # biased
+    flags_result: int = 0
+
+
+@dataclass
+class Recirculated:
+    """A packet that leaves its first pass for a second one, or (``recirculate`` False: a
+    Tofino 2 DUP_DONE answer) out of the switch: what its first pass decided (meta, with the
+    bridged header's harvest code) and wrote into the packet (the result's header and what the
+    pairs returned: on Tofino 1 the first value of every pair, on Tofino 2 both)."""
+
+    job: JobConfig
+    meta: _Meta
+    header: bytes
+    values: np.ndarray | None
+    recirculate: bool = True
+
+
+class TofinoSlotModel:
+    """Registers of SlotClaim, RoundRecord, SlotState and ValueLanes (one array per register,
+    as on the chip) of the program built for ``chip`` (one of CHIPS' values)."""
+
+    def __init__(self, n_slots: int, values_per_packet: int, chip: str = "tofino") -> None:
+        if values_per_packet % 2:
+            raise ValueError(f"Tofino's K must be even (lane pairs), got {values_per_packet}")
+        self.n_slots, self.k, self.chip = n_slots, values_per_packet, check_chip(chip)
+        # words a pair's ALU returns per pass: the first (Tofino 1) or both (Tofino 2)
+        self.returned = values_per_packet if chip == "tofino2" else values_per_packet // 2
+        self.jobs: dict[int, JobConfig] = {}
+        self.last_outcome: Outcome | None = None
+        self.maps = [[(0, 0)] * n_slots for _ in range(2)]       # map0, map1: (tag, map)
+        self.round_record = [(0, 0)] * (2 * n_slots)
+        self.seen = [0] * (2 * n_slots)
+        self.exp_max = [0] * (2 * n_slots)
+        self.sticky_flags = [0] * (2 * n_slots)
+        # pair i = (column i, column K/2 + i): the first and second value of its register word
+        self.pairs = np.zeros((2 * n_slots, values_per_packet), np.int32)
+
+    def replace_jobs(self, wanted: dict[int, JobConfig]) -> None:
+        for job in wanted.values():
+            job.validate(self.n_slots)
+        self.jobs = dict(wanted)
+
+    # -- SlotClaim's checks (the order of the checks table) ----------------------------------
+
+    def _admit(self, data, sender: Hashable, framing_ok: bool) -> Outcome | None:
+        if len(data) < HEADER_BYTES:
+            return Outcome.TRUNCATED
+        vt, _, job_id, worker, _, epoch, ss, count, _ = unpack_raw(data)
+        job = self.jobs.get(job_id)
+        payload = len(data) - HEADER_BYTES
+        failed = [
+            (vt >> 4 != VERSION, Outcome.BAD_VERSION),
+            (job is None, Outcome.UNKNOWN_JOB),
+            (vt & 0xF != MSG_CONTRIBUTION, Outcome.BAD_TYPE),
+            (job is not None and (worker >= job.n_workers or job.members[worker] != sender),
+             Outcome.BAD_WORKER),
+            (job is not None and epoch != job.epoch, Outcome.STALE_EPOCH),
+            (job is not None and not job.slot_base <= ss & MAX_SLOT < job.slot_base + job.slot_count,
+             Outcome.BAD_SLOT),
+            (not framing_ok or count > self.k or payload != (4 * self.k if count else 0),
+             Outcome.BAD_LENGTH),
+        ]
+        return next((why for bad, why in failed if bad), None)
+
+    # -- first pass, stage by stage ------------------------------------------------------------
+
+    def _stage1_claim(self, m: _Meta) -> None:
+        """map<s>_join and map<o>_peek: another owner's tag restarts both maps."""
+        old = []
+        for x in (0, 1):
+            tag, bits = self.maps[x][m.slot]
+            if tag != m.tag:
+                tag, bits = m.tag, 0
+            old.append(bits)
+            self.maps[x][m.slot] = (tag, bits | m.me if x == m.s else bits)
+        m.old_maps = (old[0], old[1])
+
+    def _stage2_round_record(self, m: _Meta, offset: int, count: int) -> None:
+        """round_action: the set's old map and the sender's bit in it pick open or check."""
+        old, other = m.old_maps[m.s], m.old_maps[1 - m.s]
+        if old == 0:                                             # round_open
+            m.round_kind, m.same_round = OPEN, 1
+            self.round_record[m.idx] = (offset, count)
+        else:                                                    # round_check
+            m.round_kind = REPEAT if old & m.me else NEW
+            m.same_round = int(self.round_record[m.idx] == (offset, count))
+        m.moved = other & m.me
+
+    def _stage3_round_state(self, m: _Meta, exp_biased: int, flags_in: int) -> None:
+        """seen_update, exp_update, flags_update (BY_ROUND): open stores, a new sender of this
+        round adds, a repeat reads (seen: complete, and whether its harvest pass was seen); a
+        new sender of another round touches nothing."""
+        i = m.idx
+        if (m.round_kind, m.same_round) == (OPEN, 1):
+            self.seen[i], self.exp_max[i], self.sticky_flags[i] = 1, exp_biased, flags_in
+        elif (m.round_kind, m.same_round) == (NEW, 1):
+            m.round_done = ROUND_COMPLETE if self.seen[i] == m.n - 1 else ROUND_PENDING
+            self.seen[i] = (self.seen[i] + 1) & 0xFF
+            self.exp_max[i] = max(self.exp_max[i], exp_biased)
+            self.sticky_flags[i] |= flags_in
+        elif m.round_kind == REPEAT:
+            seen = self.seen[i]
+            m.round_done = ROUND_COMPLETE if seen == m.n else \
+                ROUND_HARVESTED if (seen - m.n) & 0xFF == SEEN_HARVESTED else ROUND_PENDING
+        else:
+            return
+        m.exp_result, m.flags_result = self.exp_max[i], self.sticky_flags[i]
+
+    def _stage4_decision(self, m: _Meta) -> None:
+        """The decision's const entries, row for row. A repeat of a complete round whose
+        harvest pass was not seen answers and retires the other set: its "moved" bits are the
+        previous round's, the retire never happened."""
+        done, harvested = m.round_done != ROUND_PENDING, m.round_done == ROUND_HARVESTED
+        if m.round_kind == OPEN:
+            m.outcome, m.harvest = Outcome.FIRST, HARVEST_RESULT if m.n == 1 else HARVEST_NONE
+        elif m.round_kind == NEW and not m.same_round:
+            m.outcome, m.harvest = _BAD_ROUND, HARVEST_UNDO
+        elif m.round_kind == NEW:
+            m.outcome, m.harvest = Outcome.ADD, HARVEST_RESULT if done else HARVEST_NONE
+        elif done and not m.same_round and (not harvested or not m.moved):
+            m.outcome = _BAD_ROUND
+        elif done and not harvested:
+            m.outcome, m.harvest = Outcome.DUP_DONE, HARVEST_ANSWER_RETIRE
+        elif done and not m.moved:
+            m.outcome, m.harvest = Outcome.DUP_DONE, HARVEST_ANSWER
+        elif done:
+            m.outcome = _STALE
+        else:
+            m.outcome = Outcome.DUP_PENDING if m.same_round else _BAD_ROUND
+
+    def _stages3_11_pairs_first(self, m: _Meta, values: np.ndarray | None) -> np.ndarray | None:
+        """pair_update of the first pass, pair i in stage register_stages(k, chip)[f"pair{i}"]:
+        store, add (returns the sums) or load; each returns the first word of its pair on
+        Tofino 1, both on Tofino 2 (``returned``); a packet without values (count 0) touches
+        none. Returns the packet's values after the pairs."""
+        if values is None:
+            return None
+        out, row, n = values.copy(), self.pairs[m.idx], self.returned
+        if (m.round_kind, m.same_round) == (OPEN, 1):
+            row[:] = values
+        elif (m.round_kind, m.same_round) == (NEW, 1):
+            row += values                        # int32 wrap, as the ALU
+            out[:n] = row[:n]
+        elif (m.round_kind, m.same_round) == (REPEAT, 1):
+            out[:n] = row[:n]
+        return out
+
+    def first_pass(self, data, sender: Hashable, framing_ok: bool = True) -> Recirculated | None:
+        """Every packet's pass: the packet recirculated for a second pass (a result, or a
+        BAD_ROUND that undoes its map bit) or, on Tofino 2, a DUP_DONE answer of a harvested
+        round leaving at once (result_replication.p4: answer_at_once); or None."""
+        self.last_outcome = why = self._admit(data, sender, framing_ok)
+        if why is not None:
+            return None
+        vt, flags, job_id, worker, exp, epoch, ss, count, offset = unpack_raw(data)
+        job = self.jobs[job_id]
+        slot, s = ss & MAX_SLOT, ss >> 15
+        m = _Meta(slot, s * self.n_slots + slot, s, 1 << worker, job.n_workers, (job_id << 16) | epoch)
+        self._stage1_claim(m)
+        self._stage2_round_record(m, offset, count)
+        self._stage3_round_state(m, (exp & 0xFF) ^ 0x80, flags & _STICKY)
+        self._stage4_decision(m)
+        values = np.frombuffer(data, ">i4", self.k, HEADER_BYTES).astype(np.int32) if count else None
+        after = self._stages3_11_pairs_first(m, values)
+        self.last_outcome = m.outcome
+        if m.harvest == HARVEST_NONE:
+            return None
+        dup = m.outcome == Outcome.DUP_DONE
+        header = HEADER_STRUCT.pack((VERSION << 4) | MSG_RESULT,
+                                    m.flags_result | (FLAG_RETRANSMIT if dup else 0), job_id,
+                                    worker, ((m.exp_result ^ 0x80) + 128) % 256 - 128, epoch, ss,
+                                    count, offset)
+        at_once = self.chip == "tofino2" and m.harvest == HARVEST_ANSWER
+        return Recirculated(job, m, header, after, recirculate=not at_once)
+
+    # -- second pass -----------------------------------------------------------------------------
+
+    def _stage1_second_pass(self, m: _Meta) -> None:
+        """checks' second-pass rows, where the owner is still the packet's: map<o>_retire
+        (HARVEST_RESULT, HARVEST_ANSWER_RETIRE) or map<s>_undo (HARVEST_UNDO)."""
+        x = m.s if m.harvest == HARVEST_UNDO else 1 - m.s
+        tag, bits = self.maps[x][m.slot]
+        if tag != m.tag or m.harvest in (HARVEST_NONE, HARVEST_ANSWER):
+            return
+        self.maps[x][m.slot] = (tag, bits & ~m.me if m.harvest == HARVEST_UNDO else 0)
+
+    def _stage3_second_pass(self, m: _Meta) -> None:
+        """seen_harvested: a second pass that retired the other set marks the round."""
+        if m.harvest in (HARVEST_RESULT, HARVEST_ANSWER_RETIRE):
+            self.seen[m.idx] |= SEEN_HARVESTED
+
+    def second_pass(self, r: Recirculated) -> list[Emit]:
+        """The recirculated packet: its map update (stage 1), the harvested mark (stage 3),
+        on Tofino 1 the pairs' second values (load_second), then multicast (RESULT), unicast
+        (ANSWER*) or drop (UNDO)."""
+        m = r.meta
+        self._stage1_second_pass(m)
+        self._stage3_second_pass(m)
+        if m.harvest == HARVEST_UNDO:
+            return []
+        if r.values is not None and self.returned < self.k:
+            r.values[self.returned:] = self.pairs[m.idx][self.returned:]
+        return self._send(r)
+
+    @staticmethod
+    def _send(r: Recirculated) -> list[Emit]:
+        """The result leaving the switch: to every worker (RESULT) or to its sender (ANSWER*)."""
+        m = r.meta
+        body = b"" if r.values is None else r.values.astype(">i4").tobytes()
+        worker = m.me.bit_length() - 1
+        to = tuple(range(r.job.n_workers)) if m.harvest == HARVEST_RESULT else (worker,)
+        return [Emit(r.job, to, r.header + body)]
+
+    def process(self, data, sender: Hashable, framing_ok: bool = True) -> list[Emit]:
+        r = self.first_pass(data, sender, framing_ok)
+        if r is None:
+            return []
+        return self.second_pass(r) if r.recirculate else self._send(r)
+
+
+class TofinoModelPipeline(SoftPipeline):
+    """The software switch's pipeline with the TNA program's slot logic (TofinoSlotModel):
+    run it with the Tofino program's P4Info."""
+
+    def __init__(self, p4info: P4Info) -> None:
+        arch = p4info.message.pkg_info.arch
+        if arch not in CHIPS:
+            raise ValueError(f"the Tofino model runs the TNA program's P4Info, not one for "
+                             f"{arch or 'no architecture'} (p4/out/tofino/ or p4/out/tofino2/"
+                             f"inagg.p4info.txtpb)")
+        super().__init__(p4info)
+        self.engine = TofinoSlotModel(p4info.slot_pool, p4info.values_per_packet, CHIPS[arch])

@@ -1,0 +1,5 @@
+import sys
+
+from inagg.controller.cli import controller_main
+
+sys.exit(controller_main())

@@ -1,0 +1,398 @@
+"""The controller: the job table, its changes as transactions, and the calls jobs and operators make.
+
+State changes go through one lock and are transactions (``Controller._change``): the new state
+is computed, applied to the switches, then persisted; when any step fails (a switch refuses or is
+unreachable, the database cannot be written) the in-memory state is restored and the switches
+re-synced, so one job's failure never half-applies and never blocks another job. Decisions that
+end or fail a job are not undone by a database that cannot be written (a full disk): they hold in
+memory, reach the ranks, and are saved once the database takes writes again (``_save_if_behind``). A switch is *reconciled* whenever its desired
+entries change: the desired table entries and multicast groups are computed from the allocator's
+active grants and diffed against what the switch reports by Read, so a restarted controller
+converges to the same state from the SQLite store, and a restarted switch (its stream channel
+breaks, or its pipeline is gone) is re-programmed by the keeper thread (``keep_switch``).
+
+Liveness: every rank renews its own lease (Heartbeat with its rank). When one rank of a placed job
+is silent for ``rank_lease_seconds`` the job fails: its slots return to the pool and its
+surviving ranks get a grant whose ``failure`` names the silent rank(s).
+
+The parts: ``jobs`` (the job records and the checks on requests), ``fabric`` (switches, slot
+pools, placement, programming), ``grants`` (what is told about jobs) and ``service`` (the gRPC
+servicer over this class).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hmac
+import json
+import logging
+import secrets
+import threading
+import time
+from typing import Iterator
+
+import grpc
+
+from inagg.controller import grants
+from inagg.controller.allocator import Demand
+from inagg.controller.config import ControllerConfig
+from inagg.controller.fabric import Fabric
+from inagg.controller.jobs import (Job, Member, Refused, authenticated, check_member, check_rank,
+                                job_from_row, running, silence)
+from inagg.controller.store import Store, StoreError, state_from_json
+from inagg.controller.switch import SwitchError
+from inagg.controller.tree_place import restore_tree, tree_record
+from inagg.controller.validation import MAX_NAME_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
+from inagg.hostlib.jobservice.client import CALL_SECONDS
+from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
+from inagg.hostlib.wire.protocol import ENCAPSULATIONS, MAX_WORKERS
+
+log = logging.getLogger("inagg.controller")
+
+
+class Controller:
+    """All controller state; the gRPC servicer (``inagg.controller.service``) is a thin layer over it."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.version = 0
+        self.store = Store(config.database)
+        self.fabric = Fabric(config)
+        self.jobs: dict[int, Job] = {}
+        self._listing: tuple[pb.JobList, list[grants.OnSwitch]] = (pb.JobList(), [])
+        self.unsaved = False   # the store is behind the memory (it could not be written)
+        self.stopped = threading.Event()
+        self._restore()
+        with self.lock:
+            self._sync()
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """The jobs of the store. Each rank gets a heartbeat's deadline on top of its lease: a
+        beat it sent while the controller was down waits that long for it (a healthy rank is
+        never failed for the controller's own absence)."""
+        for row in self.store.jobs():
+            job = job_from_row(row, grace=CALL_SECONDS)
+            self.jobs[job.job_id] = job
+            if "active" in json.loads(row["state"]) and job.place is not None:
+                self.fabric.allocators[job.place].restore_job(state_from_json(row["state"]))
+            if row["tree"]:
+                restore_tree(job, row["tree"], self.fabric.allocators)
+        log.info("restored %d job(s)", len(self.jobs))
+
+    def _save(self, *, durable: bool) -> None:
+        """Persist every placed job's state and delete the rows of jobs that ended or failed.
+        When the database cannot be written: raise if ``durable``, else log it and remember
+        that the store is behind (the change holds in memory)."""
+        try:
+            states = [(state, job.place, job.job_index, tree_record(job, self.fabric.allocators))
+                      for job in self.jobs.values()
+                      if not job.failure and (state := self.fabric.state(job)) is not None]
+            gone = [i for i in self.store.job_ids() if i not in self.jobs or self.jobs[i].failure]
+            self.store.save(states, gone)
+            self.unsaved = False
+        except StoreError as e:
+            if durable:
+                raise
+            self.unsaved = True
+            log.error("%s (the change holds in memory; it is saved once the database takes writes)", e)
+
+    def _save_if_behind(self) -> None:
+        """Retry saving what a full or read-only database refused before."""
+        with self.lock:
+            if self.unsaved:
+                self._save(durable=False)
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def _announce(self) -> None:
+        """Wake the grant and host-job watchers and publish the listing: the state changed."""
+        self.version += 1
+        self._publish_listing()
+        self.changed.notify_all()
+
+    def _publish_listing(self) -> None:
+        """The listing ``list_jobs`` answers from, built with the lock held after every change
+        (a new job, a committed or rolled back transaction), so a listing never waits for the
+        lock: ListJobs answers during a storm of placements, as Heartbeat does."""
+        self._listing = grants.list_jobs(self.fabric, self.jobs.values())
+
+    def _sync(self, *, force: bool = False, durable: bool = True) -> None:
+        """Called with the lock held after any change: switches whose entries changed, store
+        (``_save``), watchers. Raises when a switch refuses. ``force`` (after a rollback):
+        program every switch, logging the ones that fail (the keeper retries them)."""
+        self.fabric.program(self.jobs, force=force)
+        self._save(durable=durable and not force)
+        self._announce()
+
+    @contextlib.contextmanager
+    def _change(self, what: str, *, durable: bool = True) -> Iterator[None]:
+        """A transaction over the jobs and allocators (lock held): the body changes them, then
+        the switches are synced; on any error both are restored and the switches re-synced, so
+        nothing is half applied. ``durable=False``: a database that cannot be written does not
+        undo the change (``_save``). A database error is answered with its own code (full:
+        RESOURCE_EXHAUSTED), other errors but ``Refused`` ABORTED."""
+        saved_jobs, saved_pools = copy.deepcopy(self.jobs), self.fabric.snapshot()
+        try:
+            yield
+            self._sync(durable=durable)
+        except BaseException as e:
+            self.jobs = _keep_leases(saved_jobs, self.jobs)
+            self.fabric.restore(saved_pools)
+            self._sync(force=True)
+            if isinstance(e, Refused) or not isinstance(e, Exception):
+                raise
+            if isinstance(e, StoreError):
+                raise Refused(e.code, f"{what} was rolled back: {e}") from None
+            if isinstance(e, SwitchError):
+                log.warning("%s rolled back: %s", what, e)
+            else:
+                log.exception("%s failed; its change was rolled back", what)
+            raise Refused(grpc.StatusCode.ABORTED, f"{what} failed and was rolled back: {e}") from None
+
+    # -- job calls ---------------------------------------------------------------------------
+
+    def authenticate(self, job_id: int, token: str) -> Job:
+        """The job ``job_id`` if ``token`` is its token (``jobs.authenticated``)."""
+        return authenticated(self.jobs, job_id, token)
+
+    def admin(self, token: str) -> None:
+        if not self.config.admin_token or not hmac.compare_digest(
+                self.config.admin_token.encode(), token.encode()[:MAX_TOKEN_CHARS]):
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
+
+    def create_job(self, n_workers: int, bytes_per_iteration: int, iteration_seconds: float,
+                   name: str, transport: str = "", host_only: bool = False) -> tuple[int, str]:
+        """A new job: placed when its last rank joins, on a switch that has every rank as a host
+        (unless ``host_only``: a job's host lane, which the ``inagg`` backend opens beside a job
+        on a switch so that each call may take either aggregator) or else on the host
+        aggregator."""
+        transport = transport or "udp"
+        try:
+            seconds = check_demand(n_workers, MAX_WORKERS, bytes_per_iteration, iteration_seconds)
+            check_text("name", name, MAX_NAME_CHARS)
+            if transport not in ENCAPSULATIONS:
+                raise ValueError(f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport[:40]!r}")
+        except ValueError as e:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        demand = Demand(n_workers, bytes_per_iteration, seconds)
+        with self.lock:
+            if len(self.jobs) >= self.config.max_jobs:
+                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"the controller holds {len(self.jobs)} jobs, its limit (max_jobs)")
+            job_id = self.store.next_job_id()
+            token = secrets.token_hex(16)
+            self.store.create_job(job_id, name, token, demand, transport, host_only)
+            self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport, host_only=host_only)
+            self._publish_listing()
+        log.info("job %d created (%d workers%s)", job_id, n_workers, ", host only" if host_only else "")
+        return job_id, token
+
+    def join(self, job_id: int, token: str, rank: int, address: str, mac: str, qp: int = 0,
+             rkey: int = 0) -> Job:
+        """Rank ``rank`` joins with its endpoint; the last rank to join places the job."""
+        member = Member(address, mac, qp, rkey)
+        with self.lock:
+            job = running(self.authenticate(job_id, token))
+            try:
+                check_member(job, rank, member)
+            except ValueError as e:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            before = job.workers.get(rank)
+            if job.place is not None and before is not None and before.address != address:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"job {job_id} is placed already; rank {rank} cannot move "
+                              f"from {before.address} to {address}")
+            with self._change(f"join of job {job_id} rank {rank}"):
+                job = self.jobs[job_id]
+                job.workers[rank] = member
+                job.rank_seen[rank] = time.monotonic()
+                job.left.discard(rank)
+                if job.place is None and len(job.workers) == job.demand.n_workers:
+                    self.fabric.place(job)
+                    job.rank_seen = dict.fromkeys(job.workers, time.monotonic())
+            self.store.add_worker(job_id, rank, member)
+            return job
+
+    def grants(self, job: Job, rank: int | None = None) -> list[pb.Grant]:
+        """The job's active grant, and its pending one if any; on a tree, rank ``rank``'s
+        (``grants.grants``)."""
+        return grants.grants(self.fabric, job, rank)
+
+    def activate(self, job_id: int, token: str, epoch: int, boundary: int,
+                 rank: int | None) -> tuple[bool, pb.Grant, int]:
+        """Rank ``rank`` finished the call before ``boundary`` and asks to use pending grant
+        ``epoch`` from there on. Returns (activated, the grant to use, ranks still to ask).
+
+        The change is decided only once every rank has asked: a rank asks only after it has
+        every result of the call before the boundary, so no rank can still need a resend in the
+        old epoch when the switch is reprogrammed (deciding at the first ask stalled a rank whose
+        last result was lost: its resend carried an epoch the switch no longer had). Until then
+        the answer is "not yet" with the number of ranks missing, and the rank asks again. The
+        decision is stored, so every rank gets the same answer, also after a restart."""
+        with self.lock:
+            job = running(self.authenticate(job_id, token))
+            if job.place is None:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} has no grant yet")
+            if not 0 <= boundary < 1 << 63:   # stored as an SQLite INTEGER
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"boundary {boundary} is not below 2^63")
+            if rank is None:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                              "an activation names the asking rank (a grant changes once every rank asked)")
+            check_rank(job, rank)
+            decided = self.store.activation(job_id, epoch, boundary)
+            if decided is None:
+                asked = job.activation_asks.setdefault((epoch, boundary), set())
+                asked.add(rank)
+                missing = job.demand.n_workers - len(asked)
+                if missing > 0:
+                    return False, self.grants(job, rank)[0], missing
+                del job.activation_asks[(epoch, boundary)]
+                decided = self._decide_activation(job, epoch, boundary)
+            return decided, self.grants(self.jobs[job_id], rank)[0], 0
+
+    def _decide_activation(self, job: Job, epoch: int, boundary: int) -> bool:
+        """Every rank asked: activate pending grant ``epoch`` if it still is the pending one,
+        and store the decision."""
+        with self._change(f"activation of job {job.job_id} epoch {epoch}"):
+            decided = self.fabric.allocators[job.place].activate(job.job_id, epoch)
+        self.store.record_activation(job.job_id, epoch, boundary, decided)
+        if decided:
+            log.info("job %d activated epoch %d at boundary %d", job.job_id, epoch, boundary)
+        return decided
+
+    def heartbeat(self, job_id: int, token: str, rank: int | None) -> None:
+        """Renew the job's lease and rank ``rank``'s, without the lock: a beat never waits
+        behind a placement. It only assigns times of a job and a rank that exist (no dict
+        grows under a transaction's copy), and a rollback keeps them (``_keep_leases``)."""
+        job = running(self.authenticate(job_id, token))
+        if rank is not None:
+            check_rank(job, rank)
+            if rank in job.rank_seen:
+                job.rank_seen[rank] = time.monotonic()
+
+    def leave(self, job_id: int, rank: int | None = None) -> None:
+        """The job ends (``rank`` None: its lease expired, or the operator's call), or rank
+        ``rank`` is done: it is watched no more, and the job ends when every rank is done."""
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                return
+            if rank is not None:
+                check_rank(job, rank)
+                job.left.add(rank)
+                if len(job.left) < job.demand.n_workers:
+                    return
+            with self._change(f"end of job {job_id}", durable=False):
+                self.fabric.remove(self.jobs.pop(job_id))
+            log.info("job %d left", job_id)
+
+    def fail(self, job_id: int, why: str) -> None:
+        """Mark a job failed: its slots return to the pool, its ranks learn ``why`` on their
+        grant stream; the job itself goes when its lease expires (its ranks stop renewing it)."""
+        with self.lock:
+            if job_id not in self.jobs or self.jobs[job_id].failure:
+                return
+            with self._change(f"failure of job {job_id}", durable=False):
+                job = self.jobs[job_id]
+                job.failure = why
+                self.fabric.remove(job)
+            log.warning("job %d failed: %s", job_id, why)
+
+    def expire_leases(self) -> list[int]:
+        """End jobs whose lease ran out; fail jobs one of whose ranks stopped. Each job on its
+        own: one that cannot be handled is logged and never stops the others. First, what the
+        database refused before is saved if it takes writes again."""
+        self._save_if_behind()
+        now = time.monotonic()
+        with self.lock:
+            jobs = list(self.jobs.values())
+        gone = []
+        for job in jobs:
+            try:
+                if now - job.last_seen > self.config.lease_seconds:
+                    log.warning("job %d lease expired", job.job_id)
+                    self.leave(job.job_id)
+                    gone.append(job.job_id)
+                elif why := silence(job, now, self.config.rank_lease_seconds):
+                    self.fail(job.job_id, why)
+            except Exception:  # noqa: BLE001 - logged; the next round tries again
+                log.exception("lease handling of job %d failed", job.job_id)
+        return gone
+
+    # -- operator calls ----------------------------------------------------------------------
+
+    def drain(self, job_id: int) -> pb.Grant:
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise Refused(grpc.StatusCode.NOT_FOUND, f"no job {job_id}")
+            if job.place is None or job.failure:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"job {job_id} is not placed (not every rank joined, or it failed)")
+            if job.tree is not None:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"job {job_id} runs on its {job.tree.describe()}: a tree is not "
+                              f"drained (its parts are fixed); ReleaseJob ends it")
+            with self._change(f"drain of job {job_id}"):
+                p = self.fabric.allocators[job.place].drain(job_id)
+            job = self.jobs[job_id]
+            active = self.fabric.allocators[job.place].jobs[job_id].active
+            return grants.grant(self.fabric, job, p, p.epoch != active.epoch, job.place)
+
+    def release(self, job_id: int) -> None:
+        """The operator ends a job: its slots free at once and its ranks are told, as a failure
+        "ended by the operator", so their calls fail at once (a job that failed already goes)."""
+        with self.lock:
+            if job_id not in self.jobs:
+                raise Refused(grpc.StatusCode.NOT_FOUND, f"no job {job_id}")
+            if self.jobs[job_id].failure:
+                self.leave(job_id)
+            else:
+                self.fail(job_id, "ended by the operator (ReleaseJob)")
+
+    def host_jobs(self) -> pb.HostJobs:
+        with self.lock:
+            return grants.host_jobs(self.fabric, self.jobs.values())
+
+    def list_jobs(self) -> pb.JobList:
+        """Every job as of the last change (``_publish_listing``), without the lock: a listing
+        never waits behind a placement; the switches' counters are read now."""
+        published, on_switches = self._listing
+        listing = pb.JobList()
+        listing.CopyFrom(published)    # the published one is shared by every reader: never changed
+        for on in on_switches:
+            grants.add_counters(listing.jobs[on.entry], self.fabric, on)
+        return listing
+
+    # -- switch keeper -----------------------------------------------------------------------
+
+    def keep_switch(self, name: str) -> None:
+        """Re-program switch ``name`` when its session broke (restart) or its pipeline is not
+        ours any more; called by the keeper thread."""
+        self.fabric.reconnect(name, self.lock)
+        with self.lock:
+            if self.fabric.reprogram(name, self.jobs):
+                self._announce()
+
+    def close(self) -> None:
+        """Stop: the grant and host-job watchers end now (a server stopping waits out its grace
+        for the streams still open), then the switch sessions close."""
+        self.stopped.set()
+        with self.lock:
+            self.changed.notify_all()
+            self.fabric.close()
+
+
+def _keep_leases(saved: dict[int, Job], current: dict[int, Job]) -> dict[int, Job]:
+    """``saved`` (a transaction's copy, being restored) with the lease times of ``current``:
+    heartbeats renewed during the transaction stand."""
+    for job_id, job in saved.items():
+        if job_id in current:
+            job.last_seen = current[job_id].last_seen
+            job.rank_seen.update((r, t) for r, t in current[job_id].rank_seen.items() if r in job.rank_seen)
+    return saved

@@ -1,0 +1,96 @@
+"""The controller's Prometheus endpoint: per-job grant state and the switch counters it reads.
+
+Nothing is sampled in the background: each scrape builds the metrics from the controller's
+``list_jobs()`` (the same view ``inaggctl jobs`` prints, switch counters read over P4Runtime at
+that moment) and from the activations the store recorded, so a scrape is never stale and an idle
+controller does no work. Off unless the config's ``metrics_listen`` (or ``--metrics-listen``)
+names an address; port 0 picks a free one.
+
+Metrics (labels ``job_id``, ``name``; counters also ``switch``):
+``inagg_job_mode{mode}`` 1 for the active mode, ``inagg_job_slots``, ``inagg_job_slot_base``,
+``inagg_job_epoch``, ``inagg_job_pending_epoch`` (0 when none), ``inagg_job_grant_changes_total``
+(activations the workers agreed), ``inagg_job_workers``/``inagg_job_workers_joined``,
+``inagg_switch_job_<packets|aggregated|duplicates|results>_total``,
+``inagg_switch_job_drops_total{reason}``; and ``inagg_jobs``, ``inagg_switch_slots``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+
+from inagg.hostlib.wire.grant import parse_address
+
+if TYPE_CHECKING:
+    from inagg.controller.controller import Controller
+
+JOB_LABELS = ["job_id", "name"]
+SWITCH_COUNTERS = ("packets", "aggregated", "duplicates", "results")
+MODES = ("switch", "host")
+
+
+class ControllerCollector:
+    """A Prometheus collector over one controller's state."""
+
+    def __init__(self, ctl: "Controller") -> None:
+        self.ctl = ctl
+
+    def collect(self) -> Iterator[Metric]:
+        listing = self.ctl.list_jobs()
+        with self.ctl.lock:       # the store's connection is used under the controller's lock
+            changes = self.ctl.store.activation_counts()
+        g = {name: GaugeMetricFamily(f"inagg_job_{name}", text, labels=JOB_LABELS) for name, text in (
+            ("slots", "slots of the active grant"), ("slot_base", "first slot of the active grant"),
+            ("epoch", "epoch of the active grant"), ("pending_epoch", "epoch of the pending grant, 0 if none"),
+            ("workers", "ranks the job has"), ("workers_joined", "ranks that joined"))}
+        mode = GaugeMetricFamily("inagg_job_mode", "1 for the mode of the active grant",
+                                 labels=JOB_LABELS + ["mode"])
+        grant_changes = CounterMetricFamily("inagg_job_grant_changes", "grant changes the workers activated",
+                                            labels=JOB_LABELS)
+        counters = {c: CounterMetricFamily(f"inagg_switch_job_{c}", f"switch counter job_{c}",
+                                           labels=JOB_LABELS + ["switch"]) for c in SWITCH_COUNTERS}
+        drops = CounterMetricFamily("inagg_switch_job_drops", "switch per-job drops by reason",
+                                    labels=JOB_LABELS + ["switch", "reason"])
+        for j in listing.jobs:
+            labels = [str(j.job_id), j.name]
+            g["workers"].add_metric(labels, j.n_workers)
+            g["workers_joined"].add_metric(labels, j.joined)
+            if not j.HasField("active"):
+                continue      # not placed yet: no grant
+            a = j.active
+            for m in MODES:
+                mode.add_metric(labels + [m], 1 if a.mode == m else 0)
+            g["slots"].add_metric(labels, a.slot_count)
+            g["slot_base"].add_metric(labels, a.slot_base)
+            g["epoch"].add_metric(labels, a.epoch)
+            g["pending_epoch"].add_metric(labels, j.pending.epoch if j.HasField("pending") else 0)
+            grant_changes.add_metric(labels, changes.get(j.job_id, 0))
+            if j.counters and a.mode == "switch":   # a tree under the host aggregator: per level only
+                switch = self._switch_of(a.aggregator)
+                for c in SWITCH_COUNTERS:
+                    counters[c].add_metric(labels + [switch], j.counters.get(c, 0))
+                for key, n in j.counters.items():
+                    if key.startswith("drop_"):
+                        drops.add_metric(labels + [switch, key[len("drop_"):]], n)
+        yield GaugeMetricFamily("inagg_jobs", "jobs the controller holds", value=len(listing.jobs))
+        yield GaugeMetricFamily("inagg_switch_slots", "aggregation slots on all switches",
+                                value=listing.switch_slots)
+        yield from [*g.values(), mode, grant_changes, *counters.values(), drops]
+
+    def _switch_of(self, aggregator: str) -> str:
+        for name, sw in self.ctl.fabric.switches.items():
+            if sw.cfg.aggregator == aggregator:
+                return name
+        return ""
+
+
+def serve_metrics(ctl: "Controller", address: str):
+    """Serve ``/metrics`` on ``address`` ("ip:port"); returns (server, bound port)."""
+    host, port = parse_address(address)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ControllerCollector(ctl))
+    server, _thread = start_http_server(port, host, registry=registry)
+    return server, server.server_port

@@ -1,0 +1,241 @@
+"""Which ranks of a process group are still there: a TCP star around rank 0 that names a rank
+the moment its process ends, whatever path its calls were on and however it ended.
+
+* **The star.** Rank 0 listens on its address and publishes it, with a random token, in the
+  group's store; every other rank connects and says hello (the token, its rank and pid). A
+  process that ends closes its sockets, so the other end reads end-of-file at once: a SIGKILLed
+  rank is seen as soon as the kernel closes its socket, rank 0 included (every rank holds a
+  socket to it), on any machine the ranks reach each other from.
+* **Leaving.** A rank that leaves says so first: ``LEAVE`` (``destroy_process_group``: it takes
+  part in no call any more, which fails no one) or ``EXIT`` (its interpreter ends without
+  leaving: the calls the others wait for will not come). End-of-file without either means the
+  process died (killed or crashed).
+* **The relay.** Rank 0 tells every other rank of a rank gone (``GONE``: rank, pid, how), so
+  each rank learns of every other's end with one socket of its own.
+
+A rank gone other than by ``LEAVE`` fails the group: ``on_gone`` is called (on the watch's
+thread) with a ``RankDied`` naming it, once, for the first such rank; ``failure`` holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+from datetime import timedelta
+from typing import Callable
+
+from inagg.hostlib.errors import InaggSetupError
+from inagg.hostlib.worker.host_group import RankDied
+
+LEAVE, EXIT, GONE = b"L", b"X", b"G"
+_HELLO = struct.Struct("<16sqq")   # token, rank, pid
+_PID = struct.Struct("<q")
+_GONE = struct.Struct("<qqc")      # rank, pid, how (LEAVE, EXIT or b"D": died)
+_DIED = b"D"
+_KEY = "star"
+_WAIT_SLICE = 0.2   # seconds a gloo wait stays in C++ at a time (``wait_gloo``)
+
+
+def _how(rank: int, pid: int, how: bytes) -> str:
+    """The words for a rank gone ``how``."""
+    who = f"rank {rank} (pid {pid})"
+    if how == EXIT:
+        return f"{who} exited without leaving the process group (its interpreter ended)"
+    return f"{who} died: its process ended without leaving the process group (killed or crashed)"
+
+
+class PeerWatch:
+    """One rank's side of the star (module docstring). ``ip``: the address rank 0 listens on
+    (every rank passes its own; rank 0's is used)."""
+
+    def __init__(self, store, rank: int, world_size: int, ip: str, timeout: timedelta,
+                 on_gone: Callable[[RankDied], None]) -> None:
+        self.rank, self.world_size, self._on_gone = rank, world_size, on_gone
+        self.failure: RankDied | None = None
+        self._failed = threading.Event()
+        self._all_gone = threading.Event()   # rank 0: every other rank left or ended
+        self._gone: set[int] = set()
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()   # one message at a time on a socket: the relay and close both send
+        self._socks: dict[int, socket.socket] = {}
+        self._pids: dict[int, int] = {}
+        if world_size == 1:
+            self._all_gone.set()
+            self._thread = None
+            return
+        seconds = max(timeout.total_seconds(), 30.0)   # every rank is on its way: init is a collective
+        if rank == 0:
+            self._accept_all(store, ip, seconds)
+        else:
+            self._connect(store, seconds)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="inagg-peers")
+        self._thread.start()
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def _accept_all(self, store, ip: str, seconds: float) -> None:
+        token = secrets.token_bytes(16)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+            listener.bind((ip, 0))
+            listener.listen(self.world_size)
+            listener.settimeout(seconds)
+            store.set(_KEY, f"{ip}:{listener.getsockname()[1]}:{token.hex()}")
+            while len(self._socks) < self.world_size - 1:
+                try:
+                    sock, _ = listener.accept()
+                except socket.timeout:
+                    missing = sorted(set(range(1, self.world_size)) - set(self._socks))
+                    raise InaggSetupError(f"ranks {missing} did not connect to rank 0's peer watch at {ip} within "
+                                          f"{seconds:.0f}s: can they reach that address?") from None
+                sock.settimeout(seconds)
+                hello = _read(sock, _HELLO.size)
+                their_token, rank, pid = _HELLO.unpack(hello) if hello else (b"", -1, 0)
+                if their_token != token or not 0 < rank < self.world_size or rank in self._socks:
+                    sock.close()   # not one of this group's ranks
+                    continue
+                sock.sendall(_PID.pack(os.getpid()))
+                sock.settimeout(None)
+                self._socks[rank], self._pids[rank] = sock, pid
+
+    def _connect(self, store, seconds: float) -> None:
+        store.wait([_KEY], timedelta(seconds=seconds))
+        ip, port, token = store.get(_KEY).decode().split(":")
+        sock = socket.create_connection((ip, int(port)), timeout=seconds)
+        sock.sendall(_HELLO.pack(bytes.fromhex(token), self.rank, os.getpid()))
+        answer = _read(sock, _PID.size)
+        if not answer:
+            raise InaggSetupError(f"rank 0's peer watch at {ip}:{port} closed the connection of rank {self.rank}")
+        sock.settimeout(None)
+        self._socks[0], self._pids[0] = sock, _PID.unpack(answer)[0]
+
+    # -- watching ----------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake_r, selectors.EVENT_READ, None)
+            for rank, sock in self._socks.items():
+                selector.register(sock, selectors.EVENT_READ, rank)
+            while True:
+                for key, _ in selector.select():
+                    if key.data is None:
+                        return
+                    if self._read_from(key.data):
+                        selector.unregister(key.fileobj)
+
+    def _read_from(self, rank: int) -> bool:
+        """Handle what ``rank``'s socket says; True when it is done (that rank is gone)."""
+        sock = self._socks[rank]
+        try:
+            kind = sock.recv(1)
+        except OSError:
+            kind = b""
+        if kind == GONE:   # rank 0 relays another rank's end
+            body = _read(sock, _GONE.size)
+            if body:
+                self._gone_rank(*_GONE.unpack(body))
+                return False
+            kind = b""
+        self._gone_rank(rank, self._pids[rank], kind if kind in (LEAVE, EXIT) else _DIED)
+        return True
+
+    def _gone_rank(self, rank: int, pid: int, how: bytes) -> None:
+        """Note ``rank`` gone ``how``; fail the group unless it left; rank 0 tells the others."""
+        with self._lock:
+            if rank in self._gone:
+                return
+            self._gone.add(rank)
+            first_failure = how != LEAVE and self.failure is None
+            if first_failure:
+                self.failure = RankDied(rank, _how(rank, pid, how))
+            if self.rank == 0 and len(self._gone) == self.world_size - 1:
+                self._all_gone.set()
+        if self.rank == 0 and how != LEAVE:
+            for other, sock in self._socks.items():
+                if other not in self._gone:
+                    self._tell(sock, GONE + _GONE.pack(rank, pid, how))
+        if first_failure:
+            self._failed.set()
+            self._on_gone(self.failure)
+
+    def _tell(self, sock: socket.socket, message: bytes) -> None:
+        with self._send_lock:
+            _send(sock, message)
+
+    # -- the group's side ----------------------------------------------------------------------
+
+    def wait_for_failure(self, seconds: float) -> RankDied | None:
+        """The first rank gone without leaving, waiting up to ``seconds`` for one."""
+        self._failed.wait(seconds)
+        return self.failure
+
+    def close(self, how: bytes = LEAVE, wait: float = 30.0) -> None:
+        """Leave the star: say ``how`` (``LEAVE`` or ``EXIT``) to every peer first, then rank 0
+        waits up to ``wait`` seconds for every other rank to leave or end (what it tears down
+        after, the local deployment, serves them until then). Idempotent."""
+        if self._thread is None:
+            return
+        for sock in self._socks.values():
+            self._tell(sock, how)
+        if self.rank == 0:
+            self._all_gone.wait(wait)
+        _send(self._wake_w, b"\0")
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        self._thread = None
+        for sock in self._socks.values():
+            sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes, or b"" when the socket ends (or fails) first."""
+    data = b""
+    while len(data) < n:
+        try:
+            chunk = sock.recv(n - len(data))
+        except OSError:
+            return b""
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    """Send ``data``; a peer already gone is not an error here."""
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass
+
+
+def wait_gloo(work, failure: Callable[[], BaseException | None], timeout: timedelta | None = None) -> bool:
+    """Wait for a gloo ``work`` as its own ``wait`` does, in slices: the caller's thread stays in
+    Python between them, so a Ctrl-C is raised there at once, and the wait ends with
+    ``failure()`` (a rank gone: gloo waits on an op whose peers are alive but will never send)
+    instead of the group's timeout. ``timeout``: as gloo's (``Operation timed out!``; None or
+    0, torch's ``kNoTimeout``: none). Errors are raised outside the handler of a slice's
+    timeout: chained to it, they would keep this frame, and ``work`` in it, for as long as they
+    are kept."""
+    deadline = time.monotonic() + timeout.total_seconds() if timeout else None
+    while True:
+        # never 0: gloo's wait(0) waits for good
+        step = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, max(deadline - time.monotonic(), 1e-3))
+        try:
+            return work.wait(timedelta(seconds=step))
+        except RuntimeError as e:
+            timed_out = None if work.is_completed() else e
+        if timed_out is None:
+            return work.wait()   # its own outcome: done, or its error
+        error = failure()
+        if error is not None:
+            raise error
+        if deadline is not None and time.monotonic() >= deadline:
+            raise timed_out

@@ -1,0 +1,201 @@
+"""A job's communicator for a rank whose host reduces locally first (``inagg.hostlib.worker.host_reduce``):
+the ``Communicator``'s interface (``allreduce_async``, ``grant``, ``stats``, ``close``), with only
+each host's leader a worker of the job at the controller (a job of one worker per host).
+
+``open_host_group`` decides, once per process group, whether the ranks reduce on their host
+first (``INAGG_HOST_REDUCE``: ``auto``, the default, when some host runs several ranks; ``off``:
+every rank a worker of the job) and connects each host's ranks. One ``HostGroup`` serves every communicator of the process
+group (the job's and its host lane's): their calls run on one thread, in submission order, so
+every rank of a host runs them in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import queue
+import threading
+from datetime import timedelta
+from typing import Callable
+
+from inagg.hostlib.errors import InaggSetupError
+from inagg.hostlib.wire.grant import Grant
+from inagg.hostlib.worker.communicator import Communicator, ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
+from inagg.hostlib.worker.cuda_staging import CudaStaging
+from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
+from inagg.hostlib.worker.host_reduce import HostReduce
+from inagg.hostlib.worker.stream import check_array
+
+log = logging.getLogger("inagg.host")
+
+HOST_REDUCE_ENV = "INAGG_HOST_REDUCE"   # auto (default) | off
+_CONFIG = 16   # the leader's grant to its host's ranks (message kind, beside host_reduce's)
+
+
+def host_reduce_setting(default: str = "auto") -> str:
+    """``INAGG_HOST_REDUCE`` (auto or off; ``default`` when unset), or a setup error naming it."""
+    value = os.environ.get(HOST_REDUCE_ENV, default).strip().lower()
+    if value not in ("auto", "off"):
+        raise InaggSetupError(f"{HOST_REDUCE_ENV} must be auto or off; got {value!r}")
+    return value
+
+
+def host_reduce_wanted(layout: HostLayout) -> bool:
+    """Whether this job reduces on its hosts first (``INAGG_HOST_REDUCE``, module docstring)."""
+    return host_reduce_setting() == "auto" and any(len(ranks) > 1 for ranks in layout.hosts)
+
+
+class HostGroup:
+    """This rank's host: its layout, its links, its ``HostReduce`` and the thread its calls run on."""
+
+    def __init__(self, layout: HostLayout, links: dict[int, Link]) -> None:
+        self.layout, self.links = layout, links
+        self.reduce = HostReduce(layout, links)
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._running = threading.RLock()   # reentrant: a future's callback may call again
+        self._queued_lock = threading.Lock()
+        self._queued = 0
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="inagg-host-io")
+        self._thread.start()
+
+    @property
+    def n_hosts(self) -> int:
+        return len(self.layout.hosts)
+
+    def submit(self, work: Callable[[], None], inline_if_idle: bool) -> None:
+        """Run ``work`` after every call submitted before it: here when ``inline_if_idle`` and
+        none is unfinished, else on the group's thread."""
+        if inline_if_idle:
+            with self._running:
+                with self._queued_lock:
+                    idle = not self._queued
+                if idle:
+                    work()
+                    return
+        with self._queued_lock:
+            self._queued += 1
+        self._queue.put(work)
+
+    def _loop(self) -> None:
+        while (work := self._queue.get()) is not None:
+            with self._running:
+                work()
+            with self._queued_lock:
+                self._queued -= 1
+            del work   # held until the next call came, it kept the caller's tensor alive
+
+    def close(self) -> None:
+        """Stop the thread (after the calls submitted) and let the links and the memory go."""
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(30)
+        for link in self.links.values():
+            link.close()
+        if self.reduce.buffer is not None:
+            self.reduce.buffer.close()
+
+
+def open_host_group(store, rank: int, world_size: int, timeout: timedelta) -> HostGroup | None:
+    """This rank's ``HostGroup``, or None when the job does not reduce on its hosts first. A
+    collective (``store``: the job's, prefixed)."""
+    layout = discover_layout(store, rank, world_size)
+    if not host_reduce_wanted(layout):
+        return None
+    group = HostGroup(layout, connect_star(store, layout, timeout))
+    log.info("rank %d: reducing on this host first (%s; leader rank %d)", rank, layout.describe(), layout.local[0])
+    return group
+
+
+class HostCommunicator:
+    """One path's communicator through the host reduce (module docstring). ``join(rank, size)``
+    makes the leader's ``Communicator``: worker ``rank`` (its host) of a job of ``size`` (hosts)."""
+
+    def __init__(self, group: HostGroup, join: Callable[[int, int], Communicator]) -> None:
+        self.group = group
+        self.comm: Communicator | None = None
+        self._staging = CudaStaging()   # CUDA tensors' copy streams and pinned buffers
+        self.rank, self.world_size = group.layout.rank, group.layout.world_size
+        if group.layout.leader:
+            self.grant = self._lead(join)
+        else:
+            self.grant = self._follow()
+        self.job_id = self.grant.job_id
+        self.k = self.grant.values_per_packet
+
+    def _lead(self, join: Callable[[int, int], Communicator]) -> Grant:
+        """Join as the host's worker and hand the first grant to the host's other ranks."""
+        try:
+            self.comm = join(self.group.layout.host, self.group.n_hosts)
+        except Exception as e:
+            self._tell(Message(_CONFIG, 0, 1, text=str(e)))
+            raise
+        grant = self.comm.grant
+        self._tell(Message(_CONFIG, 0, 0, text=json.dumps(dataclasses.asdict(grant))))
+        return grant
+
+    def _tell(self, m: Message) -> None:
+        for link in self.group.links.values():
+            link.send(m)
+
+    def _follow(self) -> Grant:
+        m = self.group.links[0].recv()
+        if m.kind != _CONFIG or m.a:
+            raise InaggSetupError(f"rank {self.rank}: this host's leader could not join the job: {m.text}")
+        fields = json.loads(m.text)
+        return Grant(**fields | {"aggregator": tuple(fields["aggregator"])})
+
+    def allreduce_async(self, tensor, op=ReduceOp.SUM, *, inline_if_idle: bool = False):
+        """As ``Communicator.allreduce_async``: a ``torch.futures.Future`` of ``tensor``, summed
+        (or averaged) over the job's ranks in place; every rank fails a call alike."""
+        import torch
+
+        average, refusal = reduce_kind(op)
+        staged = None
+        if isinstance(tensor, torch.Tensor) and tensor.is_cuda and not tensor_refusal(tensor):
+            staged = self._staging.stage(tensor, numpy_view)   # the copy to host starts now
+            array, bad_input = staged.values, None
+        else:
+            array, bad_input = as_array(tensor)
+        refusal = bad_input or refusal or check_array(array, average)
+        future = torch.futures.Future()
+
+        def work() -> None:
+            try:
+                if staged is not None:
+                    CudaStaging.ready(staged)
+                self.k = self.group.reduce.allreduce(array, average, refusal, self.k, self.comm)
+                if staged is not None:
+                    self._staging.finish(staged)
+                future.set_result(tensor)
+            except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
+                if staged is not None:
+                    self._staging.release(staged)
+                future.set_exception(e)
+
+        self.group.submit(work, inline_if_idle)
+        return future
+
+    def allreduce(self, tensor, op=ReduceOp.SUM):
+        """Blocking allreduce; raises what went wrong (on every rank alike)."""
+        return self.allreduce_async(tensor, op, inline_if_idle=True).wait()
+
+    def stats(self) -> dict:
+        """The leader's communicator's counters (the others': the grant's mode), and the host
+        reduce's."""
+        own = self.comm.stats() if self.comm is not None else {"mode": self.grant.mode,
+                                                                "transport": self.grant.transport}
+        return own | {"host_reduce": dict(self.group.reduce.stats), "hosts": self.group.n_hosts,
+                      "leader": self.group.layout.leader}
+
+    def fail(self, failure: str) -> None:
+        """Fail the leader's job (``Communicator.fail``); the host's other ranks learn it from
+        the leader's next call, or from its end."""
+        if self.comm is not None:
+            self.comm.fail(failure)
+
+    def close(self, leave: bool = True) -> None:
+        """Close the leader's communicator (the group is the process group's to close)."""
+        if self.comm is not None:
+            self.comm.close(leave)

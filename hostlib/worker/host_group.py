@@ -1,0 +1,272 @@
+"""The ranks of one host: who they are, how they talk and the memory they share.
+
+* **Who.** Ranks share a host when they run on one kernel (the same boot id,
+  /proc/sys/kernel/random/boot_id) in one network namespace (containers and emulated hosts
+  that share a kernel are hosts of their own); ``INAGG_HOST_ID`` overrides that identity (ranks
+  with equal values are one host). Hosts are ordered by their lowest rank, which is each host's
+  leader: under torchrun the rank of local rank 0, and host 0's leader is rank 0.
+* **How they talk.** A star of Unix stream sockets around the leader, in the abstract namespace
+  under a random name the leader publishes in the job's store: nothing in the file system, and
+  the name goes with the socket. The leader accepts only its own user's processes
+  (SO_PEERCRED). A process that dies closes its socket, so its peer reads end-of-file at once:
+  a dead rank is named, never waited for.
+* **The memory.** One anonymous ``memfd`` that the leader creates and passes to the others over
+  the sockets (SCM_RIGHTS). It has no name in /dev/shm, so nothing is left behind however a
+  process ends: the kernel frees it with the last mapping. A larger call replaces it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import selectors
+import socket
+import struct
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from inagg.hostlib.errors import InaggError, InaggSetupError
+from inagg.hostlib.worker.communicator import JobFailed
+
+HOST_ID_ENV = "INAGG_HOST_ID"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_NET_NAMESPACE = Path("/proc/self/ns/net")
+
+
+class RankDied(JobFailed):
+    """A rank ended (its socket to its host's ranks closed); the message names it."""
+
+    def __init__(self, rank: int, message: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+def host_identity() -> str:
+    """This process's host (module docstring); a process-unique value where there is no boot
+    id (not Linux): every rank is then a host of its own."""
+    override = os.environ.get(HOST_ID_ENV, "").strip()
+    if override:
+        return override
+    try:
+        return f"{_BOOT_ID.read_text().strip()}/{os.stat(_NET_NAMESPACE).st_ino}"
+    except OSError:
+        return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """Every host's ranks (ascending; hosts ordered by their lowest rank) and this rank."""
+
+    rank: int
+    hosts: tuple[tuple[int, ...], ...]
+
+    @property
+    def host(self) -> int:
+        return next(h for h, ranks in enumerate(self.hosts) if self.rank in ranks)
+
+    @property
+    def local(self) -> tuple[int, ...]:
+        return self.hosts[self.host]
+
+    @property
+    def local_index(self) -> int:
+        return self.local.index(self.rank)
+
+    @property
+    def leader(self) -> bool:
+        return self.local_index == 0
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(ranks) for ranks in self.hosts)
+
+    def describe(self) -> str:
+        """The hosts as their ranks, e.g. 'host 0 = ranks 0-3, host 1 = ranks 4-7'."""
+        return ", ".join(f"host {h} = ranks {_span(r)}" for h, r in enumerate(self.hosts))
+
+
+def _span(ranks: tuple[int, ...]) -> str:
+    contiguous = ranks[-1] - ranks[0] + 1 == len(ranks)
+    return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ",".join(map(str, ranks))
+
+
+def discover_layout(store, rank: int, world_size: int) -> HostLayout:
+    """Every rank's host, through the job's (prefixed) store. A collective."""
+    store.set(f"id/{rank}", host_identity())
+    ids = [store.get(f"id/{r}").decode() for r in range(world_size)]
+    hosts: dict[str, list[int]] = {}
+    for r, host in enumerate(ids):
+        hosts.setdefault(host, []).append(r)
+    return HostLayout(rank, tuple(tuple(ranks) for ranks in hosts.values()))
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+_HEADER = struct.Struct("<BxxxIqqqI")   # kind, call, a, b, c, bytes of text that follow
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: int
+    call: int
+    a: int = 0
+    b: int = 0
+    c: int = 0
+    text: str = ""
+    fd: int | None = None   # a memfd passed with the message (SCM_RIGHTS)
+
+
+class Link:
+    """One connected Unix stream socket to a rank of this host, in ``Message`` frames."""
+
+    def __init__(self, sock: socket.socket, rank: int, pid: int, leader: bool) -> None:
+        self.sock, self.rank = sock, rank
+        self.peer = f"rank {rank} (pid {pid}{', its host' + chr(39) + 's leader' if leader else ''})"
+
+    def send(self, m: Message) -> None:
+        text = m.text.encode()
+        frame = _HEADER.pack(m.kind, m.call, m.a, m.b, m.c, len(text)) + text
+        try:
+            if m.fd is None:
+                self.sock.sendall(frame)
+            else:
+                socket.send_fds(self.sock, [frame], [m.fd])
+        except OSError as e:
+            raise self._gone(e) from None
+
+    def recv(self) -> Message:
+        """The next message; raises ``RankDied`` naming the peer when its socket closed."""
+        try:
+            head, fds, _, _ = socket.recv_fds(self.sock, _HEADER.size, 1)
+            if not head:
+                raise EOFError("end of file")
+            head += self.read_exactly(_HEADER.size - len(head))
+            kind, call, a, b, c, n = _HEADER.unpack(head)
+            text = self.read_exactly(n).decode()
+        except (OSError, EOFError) as e:
+            raise self._gone(e) from None
+        return Message(kind, call, a, b, c, text, fds[0] if fds else None)
+
+    def read_exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError("end of file")
+            data += chunk
+        return data
+
+    def _gone(self, cause: Exception) -> RankDied:
+        return RankDied(self.rank, f"{self.peer} died (its socket to this host's ranks closed: {cause})")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def receive_all(links: dict[int, Link]) -> dict[int, Message]:
+    """One message from each link, in the order they come; the first dead peer raises."""
+    selector = selectors.DefaultSelector()
+    for i, link in links.items():
+        selector.register(link.sock, selectors.EVENT_READ, i)
+    got: dict[int, Message] = {}
+    try:
+        while len(got) < len(links):
+            for key, _ in selector.select():
+                i = key.data
+                got[i] = links[i].recv()
+                selector.unregister(links[i].sock)
+    finally:
+        selector.close()
+    return got
+
+
+# -- the star ---------------------------------------------------------------------------------
+
+_HELLO = struct.Struct("<qq")   # rank, pid
+
+
+def connect_star(store, layout: HostLayout, timeout: timedelta) -> dict[int, Link]:
+    """The leader's links to the other ranks of its host (by local index), or another rank's
+    one link to its leader (index 0). A collective of the host's ranks."""
+    key = f"socket/{layout.host}"
+    seconds = timeout.total_seconds()
+    if layout.leader:
+        name = f"\0inagg-host-{secrets.token_hex(16)}"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(name)
+        listener.listen(len(layout.local))
+        listener.settimeout(seconds)
+        store.set(key, name[1:])
+        try:
+            return _accept_all(listener, layout)
+        finally:
+            listener.close()
+    store.wait([key], timeout)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(seconds)
+    sock.connect("\0" + store.get(key).decode())
+    sock.sendall(_HELLO.pack(layout.rank, os.getpid()))
+    rank, pid = _HELLO.unpack(Link(sock, layout.local[0], 0, True).read_exactly(_HELLO.size))
+    sock.settimeout(None)
+    return {0: Link(sock, rank, pid, True)}
+
+
+def _accept_all(listener: socket.socket, layout: HostLayout) -> dict[int, Link]:
+    links: dict[int, Link] = {}
+    while len(links) < len(layout.local) - 1:
+        try:
+            sock, _ = listener.accept()
+        except socket.timeout:
+            missing = [r for r in layout.local[1:] if layout.local.index(r) not in links]
+            raise InaggSetupError(f"host {layout.host}: ranks {missing} did not connect to their leader, "
+                                  f"rank {layout.rank}") from None
+        uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[2]
+        if uid != os.getuid():
+            sock.close()   # another user's process found the name: not one of our ranks
+            continue
+        rank, pid = _HELLO.unpack(Link(sock, -1, 0, False).read_exactly(_HELLO.size))
+        if rank not in layout.local[1:]:
+            raise InaggSetupError(f"host {layout.host}: rank {rank} connected, but this host runs ranks {layout.local}")
+        sock.sendall(_HELLO.pack(layout.rank, os.getpid()))
+        sock.settimeout(None)
+        links[layout.local.index(rank)] = Link(sock, rank, pid, False)
+    return links
+
+
+# -- the shared memory ----------------------------------------------------------------------------
+
+class SharedBuffer:
+    """A memfd mapped read-write (module docstring), in two regions: ``[0, split)`` and
+    ``[split, nbytes)``. The leader creates it (``create``); the others map the descriptor it
+    passes them."""
+
+    def __init__(self, fd: int, nbytes: int, split: int) -> None:
+        self.fd, self.nbytes, self.split = fd, nbytes, split
+        self.map = mmap.mmap(fd, nbytes) if nbytes else None
+
+    @classmethod
+    def create(cls, nbytes: int, split: int) -> "SharedBuffer":
+        fd = os.memfd_create("inagg-host-reduce", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+        except OSError as e:
+            os.close(fd)
+            raise InaggError(f"cannot size the host-local reduce's shared memory to {nbytes} bytes: {e}") from None
+        return cls(fd, nbytes, split)
+
+    def view(self, offset: int, dtype, count: int) -> np.ndarray:
+        return np.frombuffer(self.map, dtype, count, offset)
+
+    def close(self) -> None:
+        """Unmap and close. A view still held keeps the mapping (numpy holds a buffer export);
+        it is then freed with the view."""
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:
+                pass
+        os.close(self.fd)

@@ -1,0 +1,475 @@
+"""Host-local reduce: the ranks of one host sum in shared memory, and one leader per host takes
+part in the job's round between hosts, so the switch sees one worker per host.
+
+**Exact, and the switch path's bits.** The result is bit-identical to the job's result when
+every rank is a switch worker (N = all the job's ranks), because a host sums exactly what the
+switch would have summed, as integers, whose sums have no order:
+
+* int32: wrapping int32 sums.
+* floats (float32, float16, bfloat16: ``codec.FLOAT_DTYPES``) are widened to float32 as each
+  rank copies them into the shared buffer (exact), summed as below, and the float32 result is
+  rounded once to each rank's own format as it copies it out: what the streams send and return.
+* floats of at most ``one_round_capacity(K, N)`` values (the calls that ride in the control
+  round): the exact fixed-point limbs of ``codec.fixed_encode`` for N ranks; the summed limbs
+  are the exact sum, rounded once to float32.
+* larger floats: every block of K values (the grant's K) is scaled by the largest of all the
+  job's ranks' block exponents (a host's largest, then the hosts' largest) and quantized with
+  ``codec.shift_for(N)``; the int32 sums of a host's ranks and then of the hosts are the switch's
+  sums of all N, dequantized once (``native/host_reduce.cpp``). AVG then divides by N.
+* a job that wants the same bits on every path (``HostReduce.reduction``, set by the backend:
+  ``inagg.hostlib.pytorch.reproducible``) uses its ``Reduction``: blocks of its ``block`` values and
+  its ``exact_limit`` on the calls that ride in the control round, as every other path does.
+* inf/NaN or |x| >= 2**127 anywhere: as on the switch path, the call fails on every rank with
+  ``FloatingPointError``; the blocks holding them are left unchanged (one-round calls: all).
+
+**A call on one host** (messages through ``inagg.hostlib.worker.host_group``'s star; the data in its
+shared memory): every rank copies its tensor into its row of the buffer (with its block
+exponents), then says READY with its tensor's description; the leader checks them (a refusal
+or a mismatch fails the call on every rank with the same ``CallRefused``, naming ranks), makes
+the buffer larger if a rank had no room (GROW, then READY again), and has each rank reduce one
+range of the values (SEGMENT, DONE), or reduces it alone when the call is small
+(``SERIAL_VALUES``): one exchange of messages less. RESULT: every rank copies the result out.
+
+**Between hosts** (H > 1) the leader runs int32 calls on its Communicator, a job of H workers.
+Each host-call's first such call carries, ahead of its data, every host's tensor description
+and overflow flag (each host writes only its own words, so the sum hands every host every
+host's), or why the host refuses it (a rank that died, a refusal or mismatch among its ranks):
+every host learns the same verdict from the same call, so all fail together or all go on, and
+their calls stay aligned. Blocks of float32 make two calls: the block exponents (each host's
+in its own lanes: an exchange through the sum), then the quantized sums.
+
+A rank that dies is named (``RankDied``) on every rank of its host at once (its socket
+closes), and by the next call between hosts on every other host; every later call raises it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inagg.hostlib.errors import InaggError
+from inagg.hostlib.native_build import _native
+from inagg.hostlib.wire import codec
+from inagg.hostlib.worker.communicator import JobFailed
+from inagg.hostlib.worker.host_group import HostLayout, Link, Message, RankDied, SharedBuffer, receive_all
+from inagg.hostlib.worker.stream import (AllreduceError, CallError, CallRefused, CallSpec, Reduction, Refusal,
+                                 one_round_capacity, overflow_error)
+
+_READY, _GROW, _SEGMENT, _DONE, _RESULT, _ERROR = range(6)
+_INT, _ONE_ROUND, _BLOCKS = range(3)                  # how a call is summed
+_SUM_INT, _SUM_FLOAT, _SUM_QUANTIZED, _DEQUANTIZE = range(4)   # what a SEGMENT asks for
+_DIED, _REFUSED = 1, 2                                # why a host refuses a call between hosts
+# a call of fewer values (all the host's ranks' together) is reduced by the leader alone
+SERIAL_VALUES = 1 << 18
+_ALIGN = 64
+# errors a leader hands to its host's ranks, by index (anything else arrives as InaggError)
+_ERRORS = (RankDied, JobFailed, CallRefused, FloatingPointError, AllreduceError, InaggError)
+
+
+@dataclass
+class _Call:
+    """One call as this rank sees it; ``word`` is its control-vector word (stream.ControlVector:
+    size << 2 | average << 1 | is_float, or minus the refusal)."""
+
+    call: int
+    x: np.ndarray | None
+    word: int
+    k: int
+    n_ranks: int
+    n_workers: int
+    n_hosts: int
+    mode: int = _INT
+    divisor: float = 1.0
+    next_wire: int = 0   # int32 values of the next call between hosts (0: none is left)
+    areas: dict[str, tuple[int, int, object, int]] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return 0 if self.word < 0 else self.word >> 2
+
+    @property
+    def is_float(self) -> bool:
+        return self.word >= 0 and bool(self.word & 1)
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n // self.k)
+
+
+def _word(x: np.ndarray | None, average: bool, refusal: Refusal | None) -> int:
+    if refusal is not None:
+        return -(int(refusal.code) | refusal.detail << 4)
+    return x.size << 2 | int(average) << 1 | int(codec.is_float(x.dtype))
+
+
+def _mode(c: _Call, reduction: Reduction) -> int:
+    if not c.is_float:
+        return _INT
+    rides = reduction.rides(one_round_capacity(c.k, c.n_workers, True), True)
+    return _ONE_ROUND if c.n <= rides else _BLOCKS
+
+
+def _body(c: _Call) -> int:
+    """int32 values after the hosts' words in the first call between hosts."""
+    if c.mode == _INT:
+        return c.n
+    if c.mode == _ONE_ROUND:
+        return c.n * codec.fixed_limbs(c.n_workers)
+    return c.n_hosts * c.n_blocks
+
+
+def _areas(c: _Call) -> dict[str, tuple[int, int, object, int]]:
+    """Where the call's arrays lie in the shared buffer: name -> (region, offset, dtype, count). Two
+    regions: the ranks' inputs ("in", from the buffer's start) and what the leader and the
+    segments write ("out", from ``SharedBuffer.split``). A rank that starts the next call writes
+    only its own input rows, so a rank still copying this call's result out is never overwritten."""
+    blocks = c.n_blocks if c.mode == _BLOCKS else 0
+    regions = [[("x", np.float32 if c.is_float else np.int32, c.n_ranks * c.n),
+                ("exps", np.int8, c.n_ranks * blocks), ("bad", np.uint8, c.n_ranks * blocks), ("in_end", np.uint8, 0)],
+               [("agreed", np.int8, blocks), ("any_bad", np.uint8, blocks),
+                ("wire", np.int32, 2 * c.n_hosts + _body(c)), ("result", np.float32, c.n if c.is_float else 0),
+                ("sums", np.int32, 2 * c.n_hosts + c.n if c.mode == _BLOCKS and c.n_hosts > 1 else 0),
+                ("out_end", np.uint8, 0)]]
+    areas = {}
+    for region, sizes in enumerate(regions):
+        offset = 0
+        for name, dtype, count in sizes:
+            areas[name] = (region, offset, dtype, count)
+            offset += -(-count * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN
+    return areas
+
+
+class HostReduce:
+    """This rank's part in its host's calls (module docstring). Calls run one at a time, in the
+    same order on every rank of the job (the caller's ``inagg.hostlib.worker.host_communicator``)."""
+
+    def __init__(self, layout: HostLayout, links: dict[int, Link]) -> None:
+        self.layout, self.links = layout, links
+        self.n_workers = layout.world_size
+        self.shift = codec.shift_for(self.n_workers)
+        self.buffer: SharedBuffer | None = None
+        self.reduction = Reduction()   # the job's, when it wants the same bits on every path
+        self.calls = 0
+        self.broken: Exception | None = None
+        self.stats = {"calls": 0, "local_bytes": 0, "calls_between_hosts": 0, "seconds": 0.0}
+
+    def allreduce(self, x: np.ndarray | None, average: bool, refusal: Refusal | None, k: int, comm=None) -> int:
+        """Sum (``average``: mean) ``x`` over the job's ranks, in place. ``k``: the values per
+        packet of the path's grant (the leader's ``comm``'s; ``comm`` is the leader's
+        Communicator of the path, None on the other ranks). Returns the K of the path's next call
+        (the leader's grant may have changed); raises what failed, on every rank alike."""
+        started = time.perf_counter()
+        c = _Call(self.calls, x, _word(x, average, refusal), self.reduction.block or k, len(self.layout.local),
+                  self.n_workers, len(self.layout.hosts))
+        self.calls += 1
+        c.mode = _mode(c, self.reduction)
+        c.areas = _areas(c)
+        c.next_wire = c.areas["wire"][3] if c.n_hosts > 1 else 0
+        if self.broken is not None:   # the leader still fails each call between hosts, naming the rank
+            if self.layout.leader:
+                self._refuse_between_hosts(c, comm.allreduce if c.n_hosts > 1 else None, _DIED, self.broken.rank)
+            raise self.broken
+        try:
+            k_next = self._lead(c, comm) if self.layout.leader else self._follow(c)
+        except RankDied as e:
+            self.broken = e
+            raise
+        self.stats["calls"] += 1
+        self.stats["local_bytes"] += 4 * c.n
+        self.stats["seconds"] += time.perf_counter() - started
+        return k_next
+
+    # -- the shared buffer -----------------------------------------------------------------------
+
+    def _view(self, c: _Call, name: str) -> np.ndarray:
+        region, offset, dtype, count = c.areas[name]
+        return self.buffer.view(offset + region * self.buffer.split, dtype, count)
+
+    def _row(self, c: _Call, name: str, i: int) -> np.ndarray:
+        per = c.areas[name][3] // c.n_ranks
+        return self._view(c, name)[i * per:(i + 1) * per]
+
+    def _write(self, c: _Call) -> bool:
+        """This rank's tensor (and block exponents) into its rows; False when there is no room."""
+        if c.word < 0:
+            return True
+        if not self._fits(c, self.buffer):
+            return False
+        i = self.layout.local_index
+        if c.is_float:
+            codec.widen_into(c.x, self._row(c, "x", i))
+        else:
+            np.copyto(self._row(c, "x", i), c.x)
+        if c.mode == _BLOCKS:
+            _native.block_exponents(self._row(c, "x", i), c.k, self._row(c, "exps", i), self._row(c, "bad", i))
+        return True
+
+    @staticmethod
+    def _fits(c: _Call, buffer: SharedBuffer | None) -> bool:
+        return (buffer is not None and c.areas["in_end"][1] <= buffer.split
+                and c.areas["out_end"][1] <= buffer.nbytes - buffer.split)
+
+    def _use(self, buffer: SharedBuffer) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
+        self.buffer = buffer
+
+    def _segment(self, c: _Call, step: int) -> None:
+        """Do this rank's range of ``step`` (all of it on the leader of a serial call)."""
+        i, per = self.layout.local_index, -(-c.n_blocks // c.n_ranks) * c.k
+        begin, end = (0, c.n) if _serial(c) else (min(c.n, i * per), min(c.n, (i + 1) * per))
+        xs = [self._row(c, "x", j) for j in range(c.n_ranks)]
+        result, agreed, head = self._view(c, "result"), self._view(c, "agreed"), 2 * c.n_hosts
+        if step == _SUM_INT:
+            _native.host_sum_int(xs, begin, end, self._view(c, "wire")[head:])
+        elif step == _SUM_FLOAT:
+            _native.host_reduce_float(xs, begin, end, c.k, agreed, self.shift, c.divisor, result)
+        elif step == _SUM_QUANTIZED:
+            _native.host_sum_quantized(xs, begin, end, c.k, agreed, self.shift, self._view(c, "sums")[head:])
+        else:
+            _native.host_dequantize(self._view(c, "sums")[head:], begin, end, c.k, agreed, self.shift, c.divisor,
+                                    result)
+
+    def _copy_out(self, c: _Call, overflow: str) -> None:
+        """The result into this rank's tensor; with ``overflow``, the blocks holding inf/NaN keep
+        this rank's values and the call raises (as on the switch path)."""
+        if c.n == 0:
+            return
+        out = self._view(c, "result") if c.is_float else self._view(c, "wire")[2 * c.n_hosts:]
+        if not overflow:
+            _into(c.x, out)
+            return
+        # from the tensor itself: another rank's next call may already write where this one's row was
+        kept = {b: c.x[b * c.k:(b + 1) * c.k].copy() for b in np.flatnonzero(self._view(c, "any_bad"))}
+        _into(c.x, out)
+        for b, values in kept.items():
+            c.x[b * c.k:(b + 1) * c.k] = values
+        raise FloatingPointError(overflow)
+
+    # -- the other ranks -------------------------------------------------------------------------
+
+    def _follow(self, c: _Call) -> int:
+        link = self.links[0]
+        link.send(Message(_READY, c.call, c.word, 0, int(self._write(c))))
+        while True:
+            m = link.recv()
+            if m.kind == _GROW:
+                self._use(SharedBuffer(m.fd, m.a, m.b))
+                link.send(Message(_READY, c.call, c.word, 0, int(self._write(c))))
+            elif m.kind == _SEGMENT:
+                c.divisor = m.b
+                self._segment(c, m.a)
+                link.send(Message(_DONE, c.call))
+            elif m.kind == _ERROR:
+                error = _ERRORS[m.a]
+                raise error(m.b, m.text) if error is RankDied else error(m.text)
+            else:
+                self._copy_out(c, m.text)
+                return m.c
+
+    # -- the leader ------------------------------------------------------------------------------
+
+    def _lead(self, c: _Call, comm) -> int:
+        cross = comm.allreduce if c.n_hosts > 1 else None
+        try:
+            self._gather(c, self._write(c), cross)
+            overflow = self._reduce(c, cross)
+        except Exception as e:
+            self._tell(c, e)
+            raise
+        k_next = comm.grant.values_per_packet if comm is not None else c.k
+        self._broadcast(Message(_RESULT, c.call, 0, 0, k_next, overflow))
+        self._copy_out(c, overflow)
+        return k_next
+
+    def _broadcast(self, m: Message) -> None:
+        for link in self.links.values():
+            link.send(m)
+
+    def _tell(self, c: _Call, e: Exception) -> None:
+        """Every live rank of the host gets the call's error (the dead one cannot)."""
+        index = next((i for i, t in enumerate(_ERRORS) if isinstance(e, t)), len(_ERRORS) - 1)
+        text = str(e) if index < len(_ERRORS) - 1 or isinstance(e, InaggError) else f"{type(e).__name__}: {e}"
+        for link in self.links.values():
+            if not (isinstance(e, RankDied) and link.rank == e.rank):
+                try:
+                    link.send(Message(_ERROR, c.call, index, getattr(e, "rank", 0), 0, text))
+                except RankDied:
+                    pass
+
+    def _gather(self, c: _Call, wrote: bool, cross) -> None:
+        """Every rank READY with the same call; the buffer made larger if a rank had no room."""
+        ready = self._receive(c, cross)
+        self._check_ranks(c, ready, cross)
+        if wrote and all(m.c for m in ready.values()):
+            return
+        old = self.buffer
+        split = max(_megabytes(c.areas["in_end"][1]), old.split if old else 0)
+        out = max(_megabytes(c.areas["out_end"][1]), old.nbytes - old.split if old else 0)
+        self._use(SharedBuffer.create(split + out, split))
+        for link in self.links.values():
+            link.send(Message(_GROW, c.call, split + out, split, fd=self.buffer.fd))
+        self._write(c)
+        self._receive(c, cross)
+
+    def _receive(self, c: _Call, cross) -> dict[int, Message]:
+        """One message from every other rank; a dead rank fails the call here and between hosts."""
+        try:
+            return receive_all(self.links)
+        except RankDied as e:
+            self.broken = e
+            self._refuse_between_hosts(c, cross, _DIED, e.rank)
+            raise
+
+    def _check_ranks(self, c: _Call, ready: dict[int, Message], cross) -> None:
+        """Raise the call's ``CallRefused`` when a rank refused it or the ranks' calls differ."""
+        words = {self.layout.rank: c.word} | {self.layout.local[i]: m.a for i, m in ready.items()}
+        calls = {self.layout.local[i]: m.call for i, m in ready.items()}
+        problem = ""
+        if any(call != c.call for call in calls.values()):
+            problem = (f"allreduce call numbers differ across ranks (rank {self.layout.rank}: call {c.call}, "
+                       + ", ".join(f"rank {r}: call {n}" for r, n in sorted(calls.items())) + ")")
+        elif min(words.values()) < 0:
+            problem = f"allreduce call {c.call} refused: " + "; ".join(
+                f"rank {r} passed {Refusal(CallError(-w & 0xF), -w >> 4).describe()}"
+                for r, w in sorted(words.items()) if w < 0)
+        elif len(set(words.values())) > 1:
+            problem = "allreduce tensors differ across ranks (" + ", ".join(
+                f"rank {r}: {_spec(w).describe()}" for r, w in sorted(words.items())) + ")"
+        if problem:
+            first = min((r for r, w in words.items() if w < 0), default=self.layout.rank)
+            self._refuse_between_hosts(c, cross, _REFUSED, first)
+            raise CallRefused(problem)
+
+    def _refuse_between_hosts(self, c: _Call, cross, why: int, rank: int) -> None:
+        """Take part in the host-call's first call between hosts with this host's refusal, so
+        every other host fails the same call, naming ``rank``."""
+        if cross is None or not c.next_wire:
+            return
+        wire = np.zeros(c.next_wire, np.int32)
+        wire[self.layout.host] = -(why | rank << 4)
+        c.next_wire = 0
+        try:
+            cross(wire)
+        except Exception:  # noqa: BLE001 - this host's own error is the one raised
+            pass
+
+    # -- the sums ----------------------------------------------------------------------------------
+
+    def _reduce(self, c: _Call, cross) -> str:
+        """The call's sums into the buffer; returns the overflow error's text ('' if none)."""
+        if c.mode == _INT or c.n == 0:
+            if c.n:
+                self._steps(c, _SUM_INT, cross)
+            return self._between_hosts(c, cross, "wire", 0) if cross else ""
+        if c.mode == _ONE_ROUND:
+            return self._reduce_one_round(c, cross)
+        return self._reduce_blocks(c, cross)
+
+    def _steps(self, c: _Call, step: int, cross) -> None:
+        """Every rank does its range of ``step`` (the leader alone in a serial call)."""
+        if not _serial(c):
+            self._broadcast(Message(_SEGMENT, c.call, step, int(c.divisor)))
+        self._segment(c, step)
+        if not _serial(c):
+            self._receive(c, cross)
+
+    def _between_hosts(self, c: _Call, cross, area: str, overflow: int) -> str:
+        """A call between hosts on ``area``: the hosts' words, then its data; raises what some
+        host refused. Returns the overflow error's text if any host flagged one."""
+        wire = self._view(c, area)
+        h, hosts = self.layout.host, c.n_hosts
+        wire[:2 * hosts] = 0
+        wire[h], wire[hosts + h] = c.word, overflow
+        c.next_wire = 0
+        cross(wire)
+        self.stats["calls_between_hosts"] += 1
+        _check_hosts(wire[:hosts], self.layout)
+        if area == "wire":
+            c.next_wire = c.areas["sums"][3]
+        return overflow_error([0], c.k).args[0] if wire[hosts:2 * hosts].any() else ""
+
+    def _reduce_one_round(self, c: _Call, cross) -> str:
+        """The exact fixed-point limbs of every rank, summed (by the leader: a small call)."""
+        limbs = self._view(c, "wire")[2 * c.n_hosts:]
+        limbs[:] = 0
+        mine = np.empty_like(limbs)
+        good = True
+        for j in range(c.n_ranks):
+            good &= _native.fixed_encode(self._row(c, "x", j), c.n_workers, mine)
+            np.add(limbs, mine, out=limbs)
+        overflow = self._between_hosts(c, cross, "wire", int(not good)) if cross else not good
+        if overflow:
+            raise overflow_error([0], c.k)
+        result = self._view(c, "result")
+        _native.fixed_decode(limbs, c.n_workers, result)
+        if c.word & 2:
+            np.divide(result, np.float32(c.n_workers), out=result)
+        return ""
+
+    def _reduce_blocks(self, c: _Call, cross) -> str:
+        """The agreed block exponents (the hosts' exchanged), then the quantized sums."""
+        agreed, any_bad = self._view(c, "agreed"), self._view(c, "any_bad")
+        np.max(self._view(c, "exps").reshape(c.n_ranks, -1), axis=0, out=agreed)
+        np.max(self._view(c, "bad").reshape(c.n_ranks, -1), axis=0, out=any_bad)
+        if cross:
+            self._exchange_exponents(c, cross)
+        overflow = bool(any_bad.any())
+        c.divisor = c.n_workers if c.word & 2 and not overflow else 1
+        if not cross:
+            self._steps(c, _SUM_FLOAT, cross)
+        else:
+            self._steps(c, _SUM_QUANTIZED, cross)
+            self._between_hosts(c, cross, "sums", 0)
+            self._steps(c, _DEQUANTIZE, cross)
+        return overflow_error(list(np.flatnonzero(any_bad)), c.k).args[0] if overflow else ""
+
+    def _exchange_exponents(self, c: _Call, cross) -> None:
+        """Each host's block exponents and inf/NaN flags in its own lanes; the sum hands every
+        host every host's, and each keeps the largest exponent and any flag."""
+        agreed, any_bad = self._view(c, "agreed"), self._view(c, "any_bad")
+        lanes = self._view(c, "wire")[2 * c.n_hosts:].reshape(c.n_hosts, c.n_blocks)
+        lanes[:] = 0
+        lanes[self.layout.host] = (agreed.astype(np.int32) - codec.EXP_MIN + 1) | any_bad.astype(np.int32) << 8
+        self._between_hosts(c, cross, "wire", 0)
+        agreed[:] = (lanes & 0xFF).max(axis=0) + codec.EXP_MIN - 1
+        any_bad[:] = (lanes >> 8).max(axis=0)
+
+
+def _into(x: np.ndarray, result: np.ndarray) -> None:
+    """The call's result (float32 or int32) into the rank's tensor ``x``, a 16-bit float one
+    rounded once to its format."""
+    if x.dtype == result.dtype:
+        np.copyto(x, result)
+    else:
+        codec.narrow(result, x)
+
+
+def _megabytes(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole MiB (at least one): a buffer is replaced seldom."""
+    return max(1, -(-nbytes // (1 << 20))) << 20
+
+
+def _serial(c: _Call) -> bool:
+    return c.n * c.n_ranks < SERIAL_VALUES
+
+
+def _spec(word: int) -> CallSpec:
+    return CallSpec(0, word >> 2, bool(word & 1), bool(word & 2))
+
+
+def _check_hosts(words: np.ndarray, layout: HostLayout) -> None:
+    """Raise what some host refused, or that the hosts' tensors differ (the same on every host)."""
+    words = words.tolist()
+    for h, w in enumerate(words):
+        if w < 0:
+            why, rank = -w & 0xF, -w >> 4
+            if why == _DIED:
+                raise RankDied(rank, f"rank {rank} (on host {h}) died; {layout.describe()}")
+            raise CallRefused(f"rank {rank} (on host {h}) refused this call or its host's ranks differ on it "
+                              f"(their error says which)")
+    if len(set(words)) > 1:
+        raise CallRefused("allreduce tensors differ between hosts (" + ", ".join(
+            f"host {h}: {_spec(w).describe()}" for h, w in enumerate(words)) + f"); {layout.describe()}")

@@ -1,2 +1,0 @@
-"""The job service's client and its gRPC stubs (proto), shared by workers, host aggregators and
-inaggctl; the controller serves it (inagg.control). Bottom layer beside inagg.wire."""
