@@ -36,6 +36,9 @@ import copy
 from dataclasses import dataclass, field
 
 SWITCH, HOST = "switch", "host"
+# The host aggregator's pool: the key of its allocator and the place of a job no switch holds (no
+# switch can be named "", so it never meets a switch's name).
+HOST_POOL = ""
 NO_JOB = 0   # job ids start at 1: excluding job 0 excludes none
 
 

@@ -3,7 +3,7 @@
 Why a lookup: in a checkout, and in an editable install of one, they are the committed files in
 p4/out/<target>/ beside the packages (`make build` regenerates them; tests/test_p4_program.py
 checks they are current). An installed wheel has no checkout beside it, so the wheel carries p4/ as
-``controller/p4`` (CMakeLists.txt installs it there; an editable install skips that copy and reads
+``inagg/controller/p4`` (CMakeLists.txt installs it there; an editable install skips that copy and reads
 p4/). Every default program path goes through ``artifact``, so the controller, the software
 switch and the local deployment run the same way from either.
 """

@@ -1,7 +1,7 @@
 """The switches and their slot pools: where a job aggregates and what each switch must hold.
 
 There is one ``SlotAllocator`` per configured switch (its pool, job rows and K are its program's,
-read from its P4Info) and one, named "", for jobs on no switch (the host aggregator only); the
+read from its P4Info) and one, HOST_POOL, for jobs on no switch (the host aggregator only); the
 host aggregator's slots are split evenly between them. A job goes to the first switch that has
 every rank as a host, speaks the job's transport and, on a Tofino, has every rank's port in one
 pipe (registers are per pipe: pipe = device port >> 7). A job whose ranks hang off several
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from inagg.controller.allocator import SWITCH, AllocatorSnapshot, JobState, SlotAllocator
+from inagg.controller.allocator import HOST_POOL, SWITCH, AllocatorSnapshot, JobState, SlotAllocator
 from inagg.controller.config import ControllerConfig
 from inagg.controller.jobs import Job
 from inagg.controller.program import TOFINO_CHIPS
@@ -55,7 +55,8 @@ def refusal(sw: SwitchRuntime, job: Job) -> str:
 
 
 class Fabric:
-    """The allocators (by switch name, "" for host only) and the switches' runtimes."""
+    """The allocators (by switch name, HOST_POOL for the host aggregator) and the switches'
+    runtimes."""
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
@@ -71,7 +72,7 @@ class Fabric:
                                   max_job_workers=cap.job_workers, worker_entries=cap.worker_entries)
             self.allocators[cfg.name] = alloc
             self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name))
-        self.allocators[""] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
+        self.allocators[HOST_POOL] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
                                             config.host_window, share * (n - 1))
 
     # -- allocation --------------------------------------------------------------------------
@@ -86,16 +87,16 @@ class Fabric:
     def place(self, job: Job) -> None:
         """Place a job every rank of which joined: give it a pool and its first grant there;
         a job spanning switches its tree's windows (``tree_place.place_tree``)."""
-        job.place = "" if job.host_only else next(
-            (name for name, sw in self.switches.items() if not refusal(sw, job)), "")
+        job.place = HOST_POOL if job.host_only else next(
+            (name for name, sw in self.switches.items() if not refusal(sw, job)), HOST_POOL)
         if not job.place and not job.host_only:
             job.tree = place_tree(self.config, self.switches, self.allocators, job)
         if job.tree is not None:
-            job.place = "" if job.tree.host_root else job.tree.tree.root
+            job.place = HOST_POOL if job.tree.host_root else job.tree.tree.root
             log.info("job %d placed on its %s", job.job_id, job.tree.describe())
             return
         self.allocators[job.place].add_job(job.job_id, job.demand)
-        log.info("job %d placed on %s", job.job_id, job.place or "host only")
+        log.info("job %d placed on %s", job.job_id, job.place if job.place != HOST_POOL else "the host aggregator only")
 
     def why_no_switch(self, job: Job) -> str:
         """Why no switch takes ``job``: the refusal of the switch that has every rank as a host,
@@ -130,7 +131,7 @@ class Fabric:
             t = job.tree
             places = {n: self.allocators[n].jobs[job.job_id].active for n in t.switches}
             if t.host_root:     # the root's window is the host aggregator's
-                places[t.tree.root] = self.allocators[""].jobs[job.job_id].active
+                places[t.tree.root] = self.allocators[HOST_POOL].jobs[job.job_id].active
             return tree_switch_job(self.config, t.tree, name, job, job.rows[name], places,
                                    host_root=t.host_root)
         p = self.allocators[name].jobs[job.job_id].active

@@ -54,7 +54,7 @@ class Job:
     workers: dict[int, Member] = field(default_factory=dict)  # by rank
     transport: str = "udp"            # the switch encapsulation: "udp" or "roce"
     host_only: bool = False           # asked for the host aggregator only (a switch job's host lane)
-    place: str | None = None          # switch name (a tree's: its root), or "" for the host
+    place: str | None = None          # switch name (a tree's: its root), or HOST_POOL ("")
                                       # aggregator (a tree's root, or all of it); None before placement
     tree: TreePlace | None = None     # placed on an aggregation tree of switches
     rows: dict[str, int] = field(default_factory=dict)   # its job row (counter index) by switch

@@ -113,9 +113,6 @@ class SwitchConnection:
         self._stream.cancel()
         self.channel.close()
 
-    def _rpc_error(self, what: str, e: grpc.RpcError) -> SwitchError:
-        return SwitchError(f"switch {self.address} refused {what}: {e.code().name}: {e.details()}")
-
     # -- pipeline ----------------------------------------------------------------------------
 
     def push_pipeline(self, program: Program | None = None) -> None:

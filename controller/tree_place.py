@@ -26,7 +26,7 @@ from dataclasses import asdict
 
 from inagg.hostlib.wire.grant import parse_address
 
-from inagg.controller.allocator import HOST, SWITCH, SlotAllocator
+from inagg.controller.allocator import HOST, HOST_POOL, SWITCH, SlotAllocator
 from inagg.controller.config import ControllerConfig
 from inagg.controller.jobs import Job
 from inagg.controller.runtime import SwitchRuntime
@@ -115,7 +115,7 @@ def place_tree(config: ControllerConfig, switches: dict[str, SwitchRuntime],
     for name in place.switches:
         allocators[name].reserve(job.job_id, job.demand, SWITCH, tree.n_children(name))
     if place.host_root:
-        allocators[""].reserve(job.job_id, job.demand, HOST, tree.n_children(tree.root))
+        allocators[HOST_POOL].reserve(job.job_id, job.demand, HOST, tree.n_children(tree.root))
     return place
 
 

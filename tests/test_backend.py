@@ -877,7 +877,7 @@ def test_a_failed_hook_step_reaches_every_rank_as_the_library_error(tmp_path):
     assert proc.returncode == 0, proc.stderr[-6000:]
     for rank in (0, 1):
         kind, message = json.loads((tmp_path / f"outcome.{rank}").read_text())
-        assert kind == "RuntimeError" and f"InaggHookError: inagg_hook (job " in message, message
+        assert kind == "RuntimeError" and "InaggHookError: inagg_hook (job " in message, message
         assert f" rank {rank}): " in message and "FloatingPointError" in message, message
 
 

@@ -1,12 +1,11 @@
 """The ranks' agreement on the path model: each element's minimum over the ranks of a vector of
 float64, exchanged through the job's ``dist.Store`` and combined by rank 0.
 
-Not through gloo: its allreduce of more than two elements runs the full ring, which on the
-loaded 2-core machine took 4.8 ms at 4 workers and 23 ms at 8 for the chooser's ~860 values
-(one or two elements: 0.8 and 4.5 ms), several times the 4 B calls the agreement is about. The
-store's round trips do not grow with the vector: 1.0 ms at 4 workers, 3.6 ms at 8 (0.37 ms at
-2, as gloo's 0.33). Rank 0 combines, so the store carries each vector once and the result once
-per rank (linear in the ranks, where every rank reading every vector would be quadratic).
+Not through gloo: its allreduce of a vector this long runs the full ring, whose time grows with
+the ranks and the vector, while the store's round trips do not grow with the vector
+(docs/results/path_choice.md has the figures). Rank 0 combines, so the store carries each vector
+once and the result once per rank (linear in the ranks, where every rank reading every vector
+would be quadratic).
 
 Each round's keys are unique (its number and the rank), and each goes once nothing can still
 read it: a rank deletes its own vector of the last round (rank 0 read it before it published

@@ -17,8 +17,7 @@ Modelled on PyTorch's PowerSGD hook: a state object plus a hook function, regist
 
 A hook's failure is raised as an ``InaggHookError`` naming the hook, job, rank and the original
 error. torch.futures carry errors across callbacks (and into DDP's C++ reducer) as text, so the
-caller sees ``RuntimeError: ... InaggHookError: artopk_hook (job 1 rank 0): ValueError: ...``
-(before, a failed step reached DDP as "Unable to cast ... to Tensor").
+caller sees ``RuntimeError: ... InaggHookError: artopk_hook (job 1 rank 0): ValueError: ...``.
 """
 
 

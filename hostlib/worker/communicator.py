@@ -106,7 +106,6 @@ def reduce_kind(op) -> tuple[bool, Refusal | None]:
 def as_array(tensor) -> tuple[np.ndarray | None, Refusal | None]:
     """(flat host array, refusal) for a CPU torch tensor or a numpy array; a tensor this library
     cannot allreduce gives its refusal (a CUDA one it can is staged: ``Communicator._request``)."""
-    import torch
 
     if isinstance(tensor, np.ndarray):
         array = tensor.reshape(-1)
