@@ -50,7 +50,7 @@ from emulation_ranks import (READY_SECONDS, STORE_PORT, launcher_can_run, node_s
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TOPOLOGY = ROOT / "inagg" / "emulation" / "topologies" / "bandwidth_flip.json"
+TOPOLOGY = ROOT / "bmv2_env" / "emulation" / "topologies" / "bandwidth_flip.json"
 FIELDS = ("step", "time_s", "step_s", "rate", "phase", "paths")
 PHASES = ("before", "throttled", "restored")
 

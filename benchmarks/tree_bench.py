@@ -55,7 +55,7 @@ from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_machine_arg
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 from wire_bench import ETH_IP_UDP_INAGG, MIB, framing_limit, timed_call  # noqa: E402
 
-LEAF_SPINE = ROOT / "inagg" / "emulation" / "topologies" / "leaf_spine.json"
+LEAF_SPINE = ROOT / "bmv2_env" / "emulation" / "topologies" / "leaf_spine.json"
 JOBS = ("flat", "tree")          # the one-level job first: the even repetitions' order
 TREE_REASON = "aggregation tree over"   # how the controller's grant names a tree placement
 FIELDS = ("job", "rate", "mtu", "k", "window", "workers", "bytes", "reps", "median_s", "ratio", "framing_limit_s",

@@ -33,7 +33,7 @@ BASE_LINKS = [["h1", "s1-p1"], ["h2", "s1-p2"], ["agg", "s1-p5"], ["h3", "s2-p1"
 
 
 def test_shipped_topologies_parse():
-    for path in (ROOT / "inagg" / "emulation" / "topologies").glob("*.json"):
+    for path in (ROOT / "bmv2_env" / "emulation" / "topologies").glob("*.json"):
         t = load_topology(path)
         assert t.jobs and t.attachment(t.aggregator).node in t.switches
 
@@ -70,7 +70,7 @@ def test_switch_links_must_form_a_forest(trunks):
 def test_the_leaf_spine_job_is_a_tree_rooted_at_the_spine_beside_the_host_aggregator():
     """The controller config the launcher writes for leaf_spine.json: links on both ends, the
     job's tree over both ToRs rooted at the spine, the host aggregator a host of the spine."""
-    t = load_topology(ROOT / "inagg" / "emulation" / "topologies" / "leaf_spine.json")
+    t = load_topology(ROOT / "bmv2_env" / "emulation" / "topologies" / "leaf_spine.json")
     switches = controller_switches(t, [f"unix:/nowhere/{n}" for n in t.switches], "soft", {})
     assert [(s["name"], s["links"]) for s in switches] == [
         ("tor1", {"spine": 5}), ("tor2", {"spine": 5}), ("spine", {"tor1": 1, "tor2": 2})]
@@ -102,7 +102,7 @@ def test_unlinked_host_and_unknown_worker_are_named():
 
 
 def test_epochs_override_keeps_the_jobs_ratio():
-    t = load_topology(ROOT / "inagg" / "emulation" / "topologies" / "two_jobs.json")
+    t = load_topology(ROOT / "bmv2_env" / "emulation" / "topologies" / "two_jobs.json")
     assert job_epochs(t, None) == {"first": 8, "second": 24}
     assert job_epochs(t, 2) == {"first": 2, "second": 6}     # the second still outlives the first
     assert job_epochs(t, 1) == {"first": 1, "second": 3}

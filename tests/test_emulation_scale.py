@@ -18,7 +18,7 @@ from inagg.bmv2_env.emulation.testbed import bmv2_missing
 
 from test_emulation import ROOT, assert_clean_logs, mininet_missing, run_topology
 
-TOPOLOGIES = ROOT / "inagg" / "emulation" / "topologies"
+TOPOLOGIES = ROOT / "bmv2_env" / "emulation" / "topologies"
 SWITCH_LINE = re.compile(r"^switch (\w+): (\d+) contributions aggregated, (\d+) rounds completed$", re.M)
 TREE = "aggregation tree over spine, tor1 (ranks 0, 1, 2, 3), tor2 (ranks 4, 5, 6, 7); root spine"
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = """
 import json, sys
 import torch, torch.distributed as dist
-import inagg
+import inagg.hostlib
 
 dist.init_process_group("inagg")            # no INAGG_CONTROLLER: rank 0 starts the services
 t = torch.ones(1000)
@@ -36,7 +36,7 @@ dist.all_reduce(t)
 assert t.tolist() == [2.0] * 1000, t[:4]
 if dist.get_rank() == 0:
     with open(sys.argv[1], "w") as f:
-        json.dump({"inagg": inagg.__file__, "stats": dist.group.WORLD.stats()}, f)
+        json.dump({"inagg": inagg.hostlib.__file__, "stats": dist.group.WORLD.stats()}, f)
 dist.barrier()
 dist.destroy_process_group()
 """

@@ -55,12 +55,27 @@ def resolved(fresh, tmp_path_factory) -> dict[str, str]:
             for i in json.loads(report.read_text())["install"]}
 
 
+def checkout_as_installed(site: Path) -> None:
+    """Make the checkout's Python importable in ``site`` as an install lays it out (the card's
+    folders as ``inagg/hostlib``, ``inagg/controller``, ``inagg/bmv2_env``), without a build:
+    links to the folders, so the code under test is the checkout's."""
+    root = site / "inagg"
+    root.mkdir(parents=True, exist_ok=True)
+    for folder in ("hostlib", "controller", "bmv2_env"):
+        if not (root / folder).exists():
+            (root / folder).symlink_to(ROOT / folder, target_is_directory=True)
+
+
 @pytest.fixture(scope="module")
 def worker_python(fresh, resolved) -> Path:
     """The fresh venv with the worker's dependencies at the resolved versions (not torch, which
-    nothing below needs); inagg itself comes from the checkout (the working directory)."""
+    nothing below needs); inagg itself comes from the checkout (``checkout_as_installed``)."""
     pip(fresh, "install", "--quiet", *(f"{name}=={resolved[name]}" for name in WORKER_DEPENDENCIES))
-    return fresh / "bin" / "python"
+    python = fresh / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    checkout_as_installed(Path(site))
+    return python
 
 
 def run_command(python: Path, entry: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
