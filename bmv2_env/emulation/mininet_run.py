@@ -613,13 +613,13 @@ def main(argv: list[str] | None = None) -> int:
         program_files = program_files_for(dataplane, args.p4info, args.bmv2_json)
     except ValueError as e:
         p.error(str(e))
-    if os.geteuid() != 0:
-        print("inagg-mininet: Mininet needs root", file=sys.stderr)
-        return 2
     try:
-        topo = load_topology(args.topo)
+        topo = load_topology(args.topo)   # first: a bad file is named with or without root
     except TopologyError as e:
         print(f"inagg-mininet: {e}", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("inagg-mininet: Mininet needs root", file=sys.stderr)
         return 2
     run_dir = RunDir.create()
     print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # site-packages, which is no place for logs and sockets
 RUNS_DIR = ROOT / "build" / "emulation" if (ROOT / "pyproject.toml").is_file() else default_state_dir() / "emulation"
 MAX_IFNAME = 15          # Linux IFNAMSIZ - 1
+RUN_ID_LEN = 4           # a run id's characters: the prefix of its interfaces' names
 KEEP_ENV = "INAGG_KEEP_RUNS"   # finished runs kept beside a new one (default 3)
 _KEEP_DEFAULT = 3
 _ID_CHARS = string.ascii_lowercase + string.digits
@@ -63,10 +64,10 @@ def root_interfaces() -> set[str]:
 
 
 def new_run_id() -> str:
-    """A 4-character id no interface on this machine starts with and no run directory has."""
+    """A RUN_ID_LEN-character id no interface on this machine starts with and no run directory has."""
     taken = root_interfaces()
     for _ in range(100):
-        rid = secrets.choice(string.ascii_lowercase) + "".join(secrets.choice(_ID_CHARS) for _ in range(3))
+        rid = secrets.choice(string.ascii_lowercase) + "".join(secrets.choice(_ID_CHARS) for _ in range(RUN_ID_LEN - 1))
         if not (RUNS_DIR / rid).exists() and not any(n.startswith(rid) for n in taken):
             return rid
     raise RuntimeError("no free run id found")

@@ -2,8 +2,8 @@
 
 A topology lists hosts (ip, mac), switches (the inagg address they answer on), links, the host
 aggregator's host, the jobs, and optionally ``mtu``, every link's MTU (1500 by default; 9000 for
-jumbo frames), from which the software data plane's K follows. A link joins two endpoints: a host (``"h1"``) or a switch port
-(``"s1-p3"``); an optional third element holds link options (delay, bw, loss). Switch-to-switch
+jumbo frames), from which the software data plane's K follows. A link joins two endpoints: a
+host (``"h1"``) or a switch port (``"s1-p3"``); an optional third element holds link options (delay, bw, loss). Switch-to-switch
 links go to the controller as its switches' ``links``: they must form a forest (one link between
 two switches, no cycle). A job whose workers hang off several switches aggregates on the tree of
 the switches between them (docs/trees.md), so its workers' switches and the host aggregator's
@@ -17,6 +17,11 @@ memory first and one leader per host is the switch's worker, ``INAGG_HOST_REDUCE
 ``start_delay`` joins the controller that many seconds after every job before it holds a grant,
 and all jobs train once all hold grants (so the two-job demo's first job has the switch and
 overlaps the second whatever the machine's speed).
+
+Everything is checked before a network is built, and a mistake is refused with the file, the
+entry and what to write instead: the keys and values of every entry, addresses, duplicates and
+contradictions in topology_schema.py; links, attachments and trees here. A JSON key repeated in
+one object is refused too (json would keep the last silently).
 """
 
 from __future__ import annotations
@@ -26,16 +31,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inagg.bmv2_env.emulation.run_dir import MAX_IFNAME, RUN_ID_LEN
+from inagg.bmv2_env.emulation.topology_schema import (TopologyError, check_addresses, check_controller, check_jobs,
+                                                       check_link_options, check_schema, did_you_mean)
 from inagg.hostlib.wire.grant import ETHERNET_MTU, MAX_IPV4_DATAGRAM
+
+__all__ = ["Endpoint", "Link", "Topology", "TopologyError", "host_ip", "load_topology", "parse_topology"]
 
 _SWITCH_PORT = re.compile(r"^(?P<switch>[A-Za-z][A-Za-z0-9]*)-p(?P<port>[0-9]+)$")
 # Mininet names a node's shell and interfaces after it: keep names short and plain
 _NODE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,7}$")
 MIN_MTU = 576    # every IPv4 host takes datagrams this large
-
-
-class TopologyError(ValueError):
-    """The topology file is malformed or asks for something the emulation cannot build."""
 
 
 @dataclass(frozen=True)
@@ -111,20 +117,29 @@ def _endpoint(text, hosts: dict, switches: dict, where: str) -> Endpoint:
         port = int(m["port"])
         if not 1 <= port <= 510:
             raise TopologyError(f"{where}: port {port} of {m['switch']} not in 1..510")
+        # the port's interface in the root namespace is <run id><switch>-eth<port> (RunDir.interface_name)
+        room = MAX_IFNAME - RUN_ID_LEN - len("-eth")
+        if len(m["switch"]) + len(str(port)) > room:
+            raise TopologyError(f"{where}: switch {m['switch']!r} with port {port} names an interface over Linux's "
+                                f"{MAX_IFNAME} characters; keep the switch name and port number within {room} "
+                                f"characters together (e.g. switch 's1')")
         return Endpoint(m["switch"], port)
     raise TopologyError(f"{where}: {text!r} is neither a host nor a switch port "
                         f"(hosts: {', '.join(hosts)}; switch ports are written like 's1-p3')")
 
 
-def parse_links(raw: list, hosts: dict, switches: dict) -> list[Link]:
+def parse_links(raw: list, hosts: dict, switches: dict, file: str = "topology") -> list[Link]:
+    """The links of file ``file``: two endpoints each (hosts or switch ports), a host or a port
+    in one link at most."""
     links, used = [], set()
     for i, entry in enumerate(raw):
-        where = f"links[{i}]"
+        where = f"{file}: links[{i}]"
         if not isinstance(entry, list) or len(entry) not in (2, 3):
             raise TopologyError(f"{where}: expected [a, b] or [a, b, {{options}}], got {entry!r}")
         params = entry[2] if len(entry) == 3 else {}
         if not isinstance(params, dict):
             raise TopologyError(f"{where}: link options must be an object, got {params!r}")
+        check_link_options(params, where)
         a, b = (_endpoint(e, hosts, switches, where) for e in entry[:2])
         if a.port is None and b.port is None:
             raise TopologyError(f"{where}: host-to-host link {a}-{b}: hosts attach to switch ports")
@@ -157,9 +172,12 @@ def switch_forest(topo: Topology) -> dict[str, str]:
     return {name: find(name) for name in topo.switches}
 
 
-def check_trees(topo: Topology) -> None:
+def check_trees(topo: Topology, file: str = "topology") -> None:
     """Every job's workers and the host aggregator hang off switches the links join."""
-    forest = switch_forest(topo)
+    try:
+        forest = switch_forest(topo)
+    except TopologyError as e:
+        raise TopologyError(f"{file}: {e}") from None
     agg_switch = topo.attachment(topo.aggregator).node
     for job in topo.jobs:
         where = {w: topo.attachment(w).node for w in job["workers"]}
@@ -167,53 +185,58 @@ def check_trees(topo: Topology) -> None:
         if len({forest[s] for s in switches}) > 1:
             placed = ", ".join(f"{w} on {s}" for w, s in where.items())
             raise TopologyError(
-                f"job {job['name']}: its workers ({placed}) and the host aggregator "
+                f"{file}: job {job['name']}: its workers ({placed}) and the host aggregator "
                 f"({topo.aggregator} on {agg_switch}) hang off switches {', '.join(switches)}, "
                 "which no switch links join: link them (switch port to switch port) so that the "
                 "job aggregates on their tree and reaches the host aggregator")
 
 
 def parse_topology(data: dict, where: str = "topology") -> Topology:
-    for key in ("hosts", "switches", "links", "aggregator", "jobs"):
-        if key not in data:
-            raise TopologyError(f"{where}: missing key {key!r}")
+    """The topology in ``data`` (from file ``where``), refused with a TopologyError naming the
+    file, the entry and what to write instead unless the emulation can build it: the schema
+    and every value first (topology_schema), then links, attachments and trees."""
+    check_schema(data, where)
     hosts, switches = data["hosts"], data["switches"]
     for name in list(hosts) + list(switches):
         if not _NODE_NAME.match(name):
             raise TopologyError(f"{where}: node name {name!r}: use a letter then up to 7 letters/digits")
     if set(hosts) & set(switches):
         raise TopologyError(f"{where}: {sorted(set(hosts) & set(switches))} named both host and switch")
-    for name, h in hosts.items():
-        if "ip" not in h or "mac" not in h:
-            raise TopologyError(f"{where}: host {name} needs 'ip' and 'mac'")
-    for name, s in switches.items():
-        if "aggregator_ip" not in s or "aggregator_mac" not in s:
-            raise TopologyError(f"{where}: switch {name} needs 'aggregator_ip' and 'aggregator_mac'")
+    check_addresses(hosts, switches, where)
     mtu = data.get("mtu", ETHERNET_MTU)
     if not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_IPV4_DATAGRAM:
         raise TopologyError(f"{where}: mtu must be an integer in {MIN_MTU}..{MAX_IPV4_DATAGRAM}, got {mtu!r}")
-    topo = Topology(hosts, switches, parse_links(data["links"], hosts, switches), data["aggregator"],
-                    data["jobs"], data.get("controller", {}), mtu)
-    if topo.aggregator not in hosts:
-        raise TopologyError(f"{where}: aggregator {topo.aggregator!r} is not a host")
-    names = [j.get("name") for j in topo.jobs]
-    if len(set(names)) != len(names) or not all(names):
-        raise TopologyError(f"{where}: every job needs a name of its own, got {names}")
-    for job in topo.jobs:
-        unknown = [w for w in job.get("workers", []) if w not in hosts]
-        if not job.get("workers") or unknown:
-            raise TopologyError(f"{where}: job {job['name']}: workers must be hosts, unknown {unknown}")
-        if not isinstance(job.get("host_reduce", False), bool):
-            raise TopologyError(f"{where}: job {job['name']}: host_reduce must be true or false")
+    controller = data.get("controller", {})
+    check_controller(controller, where)
+    if data["aggregator"] not in hosts:
+        raise TopologyError(f"{where}: aggregator {data['aggregator']!r} is not a host"
+                            f"{did_you_mean(str(data['aggregator']), hosts)}; name the host that runs the "
+                            f"host aggregator (hosts: {', '.join(hosts)})")
+    check_jobs(data["jobs"], hosts, where)
+    topo = Topology(hosts, switches, parse_links(data["links"], hosts, switches, where), data["aggregator"],
+                    data["jobs"], controller, mtu)
     for name in hosts:
-        topo.attachment(name)
-    check_trees(topo)
+        if not any(name in (link.a.node, link.b.node) for link in topo.links):
+            raise TopologyError(f"{where}: host {name} is linked to no switch; add a link like [\"{name}\", \"s1-p9\"]")
+    check_trees(topo, where)
     return topo
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys all differ: json keeps the last of a repeated key silently
+    (a second "h1" would replace the first host without a word)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object; keep one (rename the other)")
+        out[key] = value
+    return out
+
+
 def load_topology(path: Path) -> Topology:
+    """Read topology file ``path`` (JSON, no repeated keys) and check it (``parse_topology``)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(Path(path).read_text(), object_pairs_hook=_unique_keys)
+    except (OSError, ValueError) as e:
         raise TopologyError(f"cannot read topology {path}: {e}") from None
     return parse_topology(data, str(path))
