@@ -312,6 +312,40 @@ def test_ctrl_c_at_the_prompt_reaches_no_service(tmp_path):
     assert_left_nothing(out)
 
 
+def test_a_rank_killed_mid_run_ends_make_run_naming_it(tmp_path):
+    """A rank that dies mid-run used to leave the other ranks waiting on gloo and the launcher
+    waiting on them, forever. Killed here (SIGKILL, by the PID the run recorded) once training
+    is under way, ``make run`` ends within 15 s with a non-zero status, naming the rank and
+    showing its log's last lines, and leaves nothing behind."""
+    from inagg.bmv2_env.emulation.run_dir import process_start_time
+
+    reason = mininet_missing()
+    if reason:
+        pytest.skip(reason)
+    if subprocess.run(["make", "-q", ".venv/.inagg-installed"], cwd=ROOT).returncode != 0:
+        pytest.skip("the venv is older than pyproject.toml or native/ (make setup): make run would rebuild it first")
+    proc = subprocess.Popen(["make", "run", "TOPO=bmv2_env/emulation/topologies/single_switch.json",
+                             "DATAPLANE=soft", "EPOCHS=40"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    output = Output(proc)
+    try:
+        run = RunDir(RUN_LINE.search(output.until("epoch 1/", 300)).group(1))
+        [rank] = [p for p in run.record["processes"] if p["what"] == "job mlp rank 1"]
+        assert process_start_time(rank["pid"]) == rank["start"], "rank 1 is not running"
+        os.kill(rank["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(15)
+        took = time.monotonic() - killed
+        out = output.rest(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out
+    assert f"run {run.run_id} failed, ending it: job mlp rank 1 on h2 was killed by SIGKILL; last lines of " in out, out
+    assert took < 15, f"make run took {took:.1f} s to end"
+    assert_left_nothing(out)
+
+
 def test_stop_without_runs_touches_nothing(tmp_path):
     """``--stop`` with no unfinished run of this checkout does nothing (and says so)."""
     proc = subprocess.run([sys.executable, "-m", "inagg.bmv2_env.emulation.mininet_run", "--stop", "--run", "zzzz"],

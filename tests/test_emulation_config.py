@@ -371,3 +371,39 @@ def test_netem_probe_uses_only_its_own_interfaces(tmp_path):
     assert netem_available(run) in (True, False)
     assert not [n for n in root_interfaces() if n.startswith("ef56")]
     assert run.record["interfaces"] == ["ef56netem", "ef56netem2"]
+
+
+def test_a_failed_rank_or_exited_service_is_named_with_its_log(tmp_path):
+    """The launcher's watch (watch.check_processes, called every 0.2 s while jobs run) on real
+    processes: a rank that exits 0 has finished and is not a failure; a rank killed or exiting
+    non-zero, or a service exiting at all, is named with how it ended and its log's last lines."""
+    from inagg.bmv2_env.emulation.watch import RunFailed, Watched, check_processes
+
+    def process(code: str, log_lines: int) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"p{time.monotonic_ns()}.log"
+        with open(log, "w") as f:
+            script = f"import sys, time\nfor i in range({log_lines}): print('line', i)\n{code}"
+            return subprocess.Popen([sys.executable, "-c", script], stdout=f, stderr=subprocess.STDOUT), log
+
+    done, done_log = process("sys.exit(0)", 1)
+    sleeper, sleeper_log = process("time.sleep(60)", 0)
+    failing, failing_log = process("sys.exit(3)", 40)
+    try:
+        for p in (done, failing):
+            p.wait(30)
+        check_processes([Watched("job j rank 0 on h1", done, done_log),
+                         Watched("the controller", sleeper, sleeper_log, service=True)])
+        with pytest.raises(RunFailed) as failed:
+            check_processes([Watched("job j rank 0 on h1", done, done_log),
+                             Watched("job j rank 1 on h2", failing, failing_log)])
+        text = str(failed.value)
+        assert text.startswith(f"job j rank 1 on h2 exited with code 3; last lines of {failing_log}:\n    line 25\n")
+        assert text.endswith("    line 39") and "line 24" not in text and "rank 0" not in text
+        sleeper.kill()
+        sleeper.wait(10)
+        with pytest.raises(RunFailed, match=r"^the controller was killed by SIGKILL; .*\n    \(its log is empty\)$"):
+            check_processes([Watched("the controller", sleeper, sleeper_log, service=True)])
+    finally:
+        for p in (done, sleeper, failing):
+            if p.poll() is None:
+                p.kill()

@@ -48,6 +48,7 @@ from inagg.bmv2_env.emulation.run_dir import (RUNS_DIR, RunDir, all_runs, curren
                                      stop_run, unfinished_runs)
 from inagg.bmv2_env.emulation.testbed import stop_processes
 from inagg.bmv2_env.emulation.topology import Topology, TopologyError, host_ip, load_topology
+from inagg.bmv2_env.emulation.watch import RunFailed, Watched, check_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -222,6 +223,7 @@ class Run:
         self.program_files = program_files or {}   # p4info/bmv2_json for every switch; {}: p4/
         self.net = None
         self.procs: list[subprocess.Popen] = []
+        self.watched: list[Watched] = []   # what must stay up (services) or not fail (ranks): watch.py
         self.admin_file = run.path / "admin-token"
         self.controller_addr = f"unix:{run.path / 'controller.sock'}"
         self.metrics_addr = f"127.0.0.1:{free_tcp_port()}"
@@ -276,6 +278,8 @@ class Run:
         for sw in self.net.switches:
             self.run.add_process(sw.pid, f"switch {sw.name} shell")
         self.net.start()
+        self.watched += [Watched(f"switch {sw.name}'s data plane", sw.proc, self.run.path / "logs" / f"{sw.name}.log",
+                                 service=True) for sw in self.net.switches]
         for host in self.net.hosts:
             host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
             for other, h in self.topo.hosts.items():
@@ -336,6 +340,7 @@ class Run:
                                start_new_session=True)
         self.procs.append(ctl)
         self.run.add_process(ctl.pid, "controller")
+        self.watched.append(Watched("the controller", ctl, self.run.path / "logs" / "controller.log", service=True))
         if "serving" not in ctl.stdout.readline():
             raise RuntimeError(f"controller did not start, see {self.run.path}/logs/controller.log")
         agg_ip = host_ip(self.topo.hosts[self.topo.aggregator])
@@ -346,6 +351,8 @@ class Run:
                          cwd=ROOT, stdout=self.log("aggregator.log"), stderr=subprocess.STDOUT)
         self.procs.append(proc)
         self.run.add_process(proc.pid, "host aggregator")
+        self.watched.append(Watched("the host aggregator", proc, self.run.path / "logs" / "aggregator.log",
+                                    service=True))
         print(f"controller {self.controller_addr}, metrics http://{self.metrics_addr}/metrics; "
               f"inaggctl finds both at the mininet> prompt, elsewhere: set -a; . {self.run.path}/env",
               flush=True)
@@ -354,7 +361,9 @@ class Run:
         """Start every job's workers at once (their start-up overlaps). A job with a
         ``start_delay`` joins the controller that many seconds after every job before it holds
         a grant; once every job holds one, all start training together. So placement order and
-        overlap never depend on the machine's speed. Poll reports until every worker exits."""
+        overlap never depend on the machine's speed. Poll reports until every worker exits;
+        RunFailed as soon as a rank fails or a service exits (``check_processes``), so a dead
+        rank ends the run instead of leaving the others and the launcher waiting."""
         from inagg.hostlib.jobservice.client import ControllerClient
 
         order = sorted(self.topo.jobs, key=lambda j: j.get("start_delay", 0))
@@ -364,6 +373,7 @@ class Run:
         settled_at = None
         try:
             while any(w.poll() is None for j in jobs for w in j["procs"]):
+                check_processes(self.watched)
                 if not self.train_gate.exists() and settled_at is None and \
                         self._all_placed(client, jobs[:gated[0]] if gated else jobs):
                     settled_at = time.time()
@@ -381,6 +391,7 @@ class Run:
             client.close()
         for job in jobs:
             self._poll(job)
+        check_processes([w for w in self.watched if not w.service])   # a rank that failed last
         return jobs
 
     def _all_placed(self, client, jobs: list[dict]) -> bool:
@@ -413,9 +424,10 @@ class Run:
                 + (["--join-after", str(gate)] if gate else [])
             env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
                    HOST_REDUCE_ENV: "auto" if spec.get("host_reduce") else "off"}
-            proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=self.log(f"{name}-{host_name}-r{rank}.log"), text=True)
+            log = f"{name}-{host_name}-r{rank}.log"
+            proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log(log), text=True)
             self.run.add_process(proc.pid, f"job {name} rank {rank}")
+            self.watched.append(Watched(f"job {name} rank {rank} on {host_name}", proc, self.run.path / "logs" / log))
             procs.append(proc)
         self.procs.extend(procs)
         print(f"job {name}: {len(procs)} workers on {', '.join(spec['workers'])}, {cfg['epochs']} epochs", flush=True)
@@ -581,7 +593,8 @@ def stop_leftovers(run_id: str | None, all_users: bool = False, clean: bool = Fa
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The launcher's options, combinations that make no sense refused (exit 2)."""
     p = argparse.ArgumentParser(prog="inagg-mininet", description=__doc__.split("\n\n")[0])
     add_version_flag(p)
     p.add_argument("--topo", type=Path, default=Path(__file__).parent / "topologies/single_switch.json")
@@ -606,13 +619,21 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clean acts on every run of a user; --run goes with --stop")
     if (args.all or args.run) and not (args.stop or args.clean):
         p.error("--all and --run go with --stop (or --all with --clean)")
+    if not (args.stop or args.clean):
+        args.dataplane = choose_dataplane(args.dataplane)
+        try:
+            args.program_files = program_files_for(args.dataplane, args.p4info, args.bmv2_json)
+        except ValueError as e:
+            p.error(str(e))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make run`` (``make stop``/``make clean`` with --stop/--clean): check the options and
+    the topology before anything is made, then ``launch``."""
+    args = parse_args(argv)
     if args.stop or args.clean:
         return stop_leftovers(args.run, args.all, args.clean)
-    dataplane = choose_dataplane(args.dataplane)
-    try:
-        program_files = program_files_for(dataplane, args.p4info, args.bmv2_json)
-    except ValueError as e:
-        p.error(str(e))
     try:
         topo = load_topology(args.topo)   # first: a bad file is named with or without root
     except TopologyError as e:
@@ -621,10 +642,18 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("inagg-mininet: Mininet needs root", file=sys.stderr)
         return 2
+    return launch(args, topo)
+
+
+def launch(args: argparse.Namespace, topo: Topology) -> int:
+    """Bring the run up in a run directory of its own, run its jobs, summarize, tear down.
+    Exit status 0 when every job finished; 1 when one failed, a process it depends on died
+    (named with its log's last lines: ``RunFailed``) or the run was stopped."""
     run_dir = RunDir.create()
-    print(f"inagg emulation: {args.topo.name}, data plane {dataplane}, run {run_dir.run_id} in {run_dir.path}",
+    print(f"inagg emulation: {args.topo.name}, data plane {args.dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)
-    run = Run(topo, dataplane, run_dir, args.epochs, args.transport, program_files, switch_nice=args.switch_nice)
+    run = Run(topo, args.dataplane, run_dir, args.epochs, args.transport, args.program_files,
+              switch_nice=args.switch_nice)
 
     def terminated(*_):
         raise Terminated
@@ -640,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
             run.cli()
     except Terminated:
         print(f"run {run_dir.run_id}: stopped (SIGTERM)", flush=True)
+    except RunFailed as e:
+        print(f"run {run_dir.run_id} failed, ending it: {e}", file=sys.stderr, flush=True)
     finally:
         run.teardown()
     if args.json:
