@@ -138,6 +138,10 @@ def test_two_jobs_fallback_and_upgrade(tmp_path):
     assert first["accuracy"] > 0.85 and second["accuracy"] > 0.9, stdout
     assert_story_told(first, second, stdout)
     assert_clean_logs(run)
+    # the summary as printed, and its figures, are kept with the run (and its records, to rebuild it)
+    assert (run.path / "summary.txt").read_text().strip() in stdout
+    assert json.loads((run.path / "summary.json").read_text())["jobs"] == list(rows.values())
+    assert [r["spec"]["name"] for r in json.loads((run.path / "records.json").read_text())] == ["first", "second"]
     # the host aggregator's results, sized to the links' 1500-byte MTU, entering the switch
     assert_results_decode(run.path / "pcaps" / f"{run.run_id}s1-eth5_in.pcap", values_for_mtu(ETHERNET_MTU))
 
@@ -344,6 +348,8 @@ def test_a_rank_killed_mid_run_ends_make_run_naming_it(tmp_path):
     assert f"run {run.run_id} failed, ending it: job mlp rank 1 on h2 was killed by SIGKILL; last lines of " in out, out
     assert took < 15, f"make run took {took:.1f} s to end"
     assert_left_nothing(out)
+    saved = json.loads((run.path / "summary.json").read_text())     # the failure is kept with the run
+    assert saved["failed"].startswith("job mlp rank 1 on h2 was killed by SIGKILL"), saved
 
 
 def test_stop_without_runs_touches_nothing(tmp_path):

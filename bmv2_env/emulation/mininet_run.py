@@ -4,7 +4,8 @@ Reads a topology file (bmv2_env/emulation/topology.py), builds it in Mininet wit
 (``simple_switch_grpc`` when installed, else the software data plane: same flags, same
 P4Runtime), starts the controller in the root namespace (workers reach it over a Unix socket,
 which crosses namespaces), the host aggregator and the training jobs on their hosts, and prints a
-per-job summary. With ``--cli`` the network stays up at a ``mininet>`` prompt afterwards.
+per-job summary, saved in the run directory (summary.py). With ``--cli`` the network stays up at a
+``mininet>`` prompt afterwards.
 
 Every run has a directory of its own, ``build/emulation/<run id>/`` (``latest`` points to the
 newest): logs, per-port pcaps, the controller's socket and the admin token; interface names carry
@@ -46,6 +47,7 @@ from inagg.hostlib.worker.host_communicator import HOST_REDUCE_ENV
 
 from inagg.bmv2_env.emulation.run_dir import (RUNS_DIR, RunDir, all_runs, current_user, delete_runs, runs_of,
                                      stop_run, unfinished_runs)
+from inagg.bmv2_env.emulation.summary import job_record, summary, write_summary
 from inagg.bmv2_env.emulation.testbed import stop_processes
 from inagg.bmv2_env.emulation.topology import Topology, TopologyError, host_ip, load_topology
 from inagg.bmv2_env.emulation.watch import RunFailed, Watched, check_processes
@@ -228,7 +230,7 @@ class Run:
         self.controller_addr = f"unix:{run.path / 'controller.sock'}"
         self.metrics_addr = f"127.0.0.1:{free_tcp_port()}"
         self.train_gate = run.path / "jobs" / "train"   # all jobs train once all hold grants
-        self.placements: dict[str, str] = {}   # job name -> where it was placed, in words
+        self.placements: dict[str, str] = {}   # job name -> where the controller listed it at placement
 
     def log(self, name: str):
         return open(self.run.path / "logs" / name, "w")
@@ -458,6 +460,18 @@ class Run:
                 conn.close()
         return totals
 
+    def summarize(self, jobs: list[dict]) -> list[dict]:
+        """Save the jobs' records (``records.json``), print the summary and save it
+        (``summary.txt``, ``summary.json``) in the run directory; returns the jobs' rows."""
+        records = [job_record(job) for job in jobs]
+        (self.run.path / "records.json").write_text(json.dumps(records, indent=1) + "\n")
+        counters = self.switch_counters()
+        lines, rows = summary(self.topo, records, counters, self.run.path / "logs", self.placements)
+        print("\n".join(lines), flush=True)
+        write_summary(self.run.path, lines, rows, counters)
+        print(f"summary saved: {self.run.path / 'summary.txt'}, summary.json; records: records.json", flush=True)
+        return rows
+
     def cli(self) -> None:
         from mininet.cli import CLI
         print("network up; try: sh inaggctl jobs, sh inaggctl top, h1 ip addr, dump; "
@@ -473,90 +487,6 @@ class Run:
         for name in ("controller.sock", "admin-token", "controller.json", "env"):
             (self.run.path / name).unlink(missing_ok=True)
         self.run.finish()
-
-
-def summarize(topo: Topology, jobs: list[dict], counters: dict, logs: Path,
-              placements: dict[str, str]) -> list[dict]:
-    """Print each job's line (its final grant, traffic, accuracy, per-step and median per-call
-    time), where it was placed (its switch, its aggregation tree or the host aggregator) and its
-    story (``print_story``), then each switch's counters (on a tree, each level's); returns the
-    rows."""
-    rows = []
-    print("\nper-job summary")
-    print(f"{'job':<12} {'mode':<12} {'grants':>6} {'slots, epoch':<14} {'MB sent/worker':>14} {'retx':>6} "
-          f"{'link loss %':>11} {'accuracy':>8} {'ms/step':>8} {'ms/call':>8}")
-    for job in jobs:
-        name = job["spec"]["name"]
-        stats = [job["done"][r]["stats"] for r in sorted(job["done"])]
-        if len(stats) != len(job["procs"]) or not job["epochs"]:
-            rows.append({"name": name, "ok": False})
-            print(f"{name:<12} FAILED: see {logs}/{name}-*.log")
-            continue
-        row = job_row(job, stats, placements.get(name, ""))
-        rows.append(row)
-        worst_loss = max(topo.link_loss(h) for h in job["spec"]["workers"])
-        via = row['mode'] + ("/RoCE" if row["transport"] == "roce" else "")
-        print(f"{name:<12} {via:<12} {row['grant_changes']:>6} {row['slots'] + ' e' + str(row['epoch']):<14} "
-              f"{row['mb_sent']:>14.2f} {row['retransmissions']:>6} {worst_loss:>11} {100 * row['accuracy']:>7.1f}% "
-              f"{row['ms_per_step']:>8.1f} {row['call_ms_median'] or 0:>8.2f}")
-        print(f"{'':<12} results: {row['switch_results']} from the switch, {row['host_results']} from the host aggregator")
-        print(f"{'':<12} placed: {row['placement']}; {row['switch_workers']} worker(s) of the switch"
-              f"{f' for {len(stats)} ranks (each host reduces first)' if row['switch_workers'] < len(stats) else ''}")
-        print_story(topo, row["grants"])
-    print("per switch (a tree's levels: below its root a completed round's sum is sent up, at "
-          "the root and on one switch multicast down)")
-    for name, c in counters.items():
-        print(f"switch {name}: {c['job_aggregated']} contributions aggregated, {c['job_results']} rounds completed")
-    return rows
-
-
-def job_row(job: dict, stats: list[dict], placement: str) -> dict:
-    """A finished job's summary row, from every rank's stats (rank 0's grants and call times;
-    the traffic of the switch's workers: on a host that reduces first, its leader's)."""
-    workers = [s for s in stats if s.get("leader", True)]
-    s0 = stats[0]
-    seconds, steps = job["done"][0]["seconds"], job["done"][0]["steps"]
-    return {"name": job["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
-            "grant_changes": s0["grant_changes"], "steps": [job["done"][r]["steps"] for r in sorted(job["done"])],
-            "epoch": s0["epoch"], "slots": s0["slots"], "epochs": job["cfg"]["epochs"],
-            "accuracy": job["epochs"][-1][1],
-            "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
-            "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
-            "retransmissions": sum(s["retransmissions"] for s in workers), "switch_workers": len(workers),
-            "packets_sent": sum(s["packets_sent"] for s in workers),
-            "spurious": sum(s["spurious_retransmissions"] for s in workers),
-            "placement": placement, "losses": [e[0] for e in job["epochs"]],
-            "ms_per_step": seconds / steps * 1e3, "call_ms_median": s0["call_ms_median"], "grants": s0["grants"]}
-
-
-def aggregator_of(topo: Topology, grant: dict) -> str:
-    """The switch (by its name in the topology) or host aggregator ``grant`` aggregates on."""
-    if grant["mode"] == "host":
-        return f"the host aggregator ({grant['aggregator']})"
-    ip = grant["aggregator"].split(":")[0]
-    return next((f"switch {name}" for name, sw in topo.switches.items() if sw["aggregator_ip"] == ip),
-                grant["aggregator"])
-
-
-def grant_change(topo: Topology, before: dict | None, grant: dict) -> str:
-    """What taking ``grant`` after ``before`` (None: the job's first) was, and why, in words."""
-    if before is None:
-        what = "placed on"
-    elif before["mode"] == grant["mode"]:
-        what = "slots changed on"
-    else:
-        what = "fell back to" if grant["mode"] == "host" else "upgraded to"
-    return f"{what} {aggregator_of(topo, grant)}" + (f": {grant['reason']}" if grant["reason"] else "")
-
-
-def print_story(topo: Topology, grants: list[dict]) -> None:
-    """One line per grant the job used: when (seconds after its first grant, first call),
-    what changed and why, and the median time of the calls made under it."""
-    for i, g in enumerate(grants):
-        median = f"median {g['median_ms']:.2f} ms" if g["median_ms"] is not None else "no call timed"
-        print(f"{'':<12} {'story:' if i == 0 else '':<6} +{g['seconds']:.1f}s call {g['from_call']}: "
-              f"{grant_change(topo, grants[i - 1] if i else None, g)}; slots {g['slots']} epoch {g['epoch']}; "
-              f"{g['calls']} calls, {median}")
 
 
 def chosen_runs(all_users: bool, clean: bool, base: Path) -> tuple[list[RunDir], list[RunDir]]:
@@ -663,14 +593,14 @@ def launch(args: argparse.Namespace, topo: Topology) -> int:
     try:
         run.build()
         run.start_services()
-        jobs = run.run_jobs()
-        rows = summarize(topo, jobs, run.switch_counters(), run_dir.path / "logs", run.placements)
+        rows = run.summarize(run.run_jobs())
         if args.cli:
             run.cli()
     except Terminated:
         print(f"run {run_dir.run_id}: stopped (SIGTERM)", flush=True)
     except RunFailed as e:
         print(f"run {run_dir.run_id} failed, ending it: {e}", file=sys.stderr, flush=True)
+        write_summary(run_dir.path, [f"run {run_dir.run_id} failed: {e}"], [], {}, failed=str(e))
     finally:
         run.teardown()
     if args.json:
