@@ -5,6 +5,7 @@
 #            mininet> prompt after the jobs), RUN (make stop: only this run id), ALL (make stop/clean:
 #            every user's runs, not only yours), ARGS (make ctl),
 #            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build),
+#            KEEP_RUNS (make run: finished runs of yours kept beside a new one, default 3),
 #            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options),
 #            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options).
 
@@ -23,6 +24,7 @@ TRANSPORT     ?=
 CLI           ?=
 RUN           ?=
 ALL           ?=
+KEEP_RUNS     ?=
 ARGS          ?= top
 P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
@@ -63,7 +65,8 @@ setup-emulation: setup
 run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
 	$(BIN)/python -m inagg.bmv2_env.emulation.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
 	  $(if $(and $(HAVE_P4C),$(filter-out soft,$(DATAPLANE))),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
-	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli)
+	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli) \
+	  $(if $(KEEP_RUNS),--keep-runs $(KEEP_RUNS))
 
 $(P4_BUILD)/inagg.json: p4/inagg.p4 $(wildcard p4/include/*.p4)
 	mkdir -p $(P4_BUILD)

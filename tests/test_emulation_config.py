@@ -335,29 +335,45 @@ def test_stop_and_clean_act_on_the_callers_runs_unless_all(tmp_path, capsys):
             proc.kill()
 
 
-def test_a_new_run_deletes_finished_runs_but_the_newest(tmp_path, monkeypatch):
+def test_a_new_run_deletes_finished_runs_but_the_newest(tmp_path, monkeypatch, capsys):
     """Runs piled up (each with pcaps of every port, up to 7 GB) until the disk was full; a new
-    run now deletes finished runs but the newest ``INAGG_KEEP_RUNS``; unfinished ones stay."""
-    from inagg.bmv2_env.emulation.run_dir import prune_finished_runs
+    run now deletes the caller's finished runs but the newest ``INAGG_KEEP_RUNS`` (``make run
+    KEEP_RUNS=``, ``--keep-runs``), says which, and leaves unfinished runs and other users'
+    runs alone."""
+    from inagg.bmv2_env.emulation.mininet_run import parse_args, pruned_line
+    from inagg.bmv2_env.emulation.run_dir import current_user, prune_finished_runs
 
-    def run(rid: str, finished: bool, age: int) -> None:
+    def run(rid: str, finished: bool, age: int, user: str = current_user()) -> None:
         r = RunDir(rid, tmp_path)
         r.path.mkdir()
-        r.record["finished"] = finished
+        r.record.update(finished=finished, user=user)
         r.save()
         os.utime(r.record_path, (time.time() - age, time.time() - age))
 
     for i in range(5):
         run(f"f{i}aa", True, age=100 * i)      # f0aa the newest
     run("u0aa", False, age=1000)
+    run("o0aa", True, age=2000, user="someone-else")
     monkeypatch.setenv("INAGG_KEEP_RUNS", "2")
     new = RunDir.create(tmp_path)
     left = {p.name for p in tmp_path.iterdir() if p.is_dir() and not p.is_symlink()}
-    assert left == {"f0aa", "f1aa", "u0aa", new.run_id}
+    assert left == {"f0aa", "f1aa", "u0aa", "o0aa", new.run_id}
+    assert new.pruned == ["f2aa", "f3aa", "f4aa"]
+    assert pruned_line(new.pruned, 2) == (
+        f"pruned 3 finished run(s) of {current_user()} beyond the newest 2: f2aa, f3aa, f4aa "
+        "(keep more: make run KEEP_RUNS=n, --keep-runs n or INAGG_KEEP_RUNS=n)")
+    assert RunDir.create(tmp_path, keep=5).pruned == []          # --keep-runs over the variable
     assert prune_finished_runs(tmp_path, keep=0) == ["f0aa", "f1aa"]
     monkeypatch.setenv("INAGG_KEEP_RUNS", "-1")
     with pytest.raises(ValueError, match="INAGG_KEEP_RUNS must be a whole number"):
         RunDir.create(tmp_path)
+    with pytest.raises(SystemExit):                               # before anything is brought up
+        parse_args(["--dataplane", "soft"])
+    assert "INAGG_KEEP_RUNS must be a whole number >= 0, got '-1'" in capsys.readouterr().err
+    monkeypatch.delenv("INAGG_KEEP_RUNS")
+    with pytest.raises(SystemExit):
+        parse_args(["--dataplane", "soft", "--keep-runs", "-1"])
+    assert "--keep-runs must be >= 0" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (creates a veth pair)")

@@ -45,8 +45,8 @@ from inagg.hostlib.wire.grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACK
 from inagg.hostlib.wire.protocol import UDP_PORT
 from inagg.hostlib.worker.host_communicator import HOST_REDUCE_ENV
 
-from inagg.bmv2_env.emulation.run_dir import (RUNS_DIR, RunDir, all_runs, current_user, delete_runs, runs_of,
-                                     stop_run, unfinished_runs)
+from inagg.bmv2_env.emulation.run_dir import (KEEP_ENV, RUNS_DIR, RunDir, all_runs, current_user, delete_runs,
+                                              keep_runs, runs_of, stop_run, unfinished_runs)
 from inagg.bmv2_env.emulation.summary import job_record, summary, write_summary
 from inagg.bmv2_env.emulation.testbed import stop_processes
 from inagg.bmv2_env.emulation.topology import Topology, TopologyError, host_ip, load_topology
@@ -523,6 +523,12 @@ def stop_leftovers(run_id: str | None, all_users: bool = False, clean: bool = Fa
     return 0
 
 
+def pruned_line(pruned: list[str], kept: int) -> str:
+    """The line a new run prints when it deleted finished runs to make room (RunDir.create)."""
+    return (f"pruned {len(pruned)} finished run(s) of {current_user()} beyond the newest {kept}: "
+            f"{', '.join(pruned)} (keep more: make run KEEP_RUNS=n, --keep-runs n or {KEEP_ENV}=n)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The launcher's options, combinations that make no sense refused (exit 2)."""
     p = argparse.ArgumentParser(prog="inagg-mininet", description=__doc__.split("\n\n")[0])
@@ -538,6 +544,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the data planes' nice(1) value (default %(default)s: ahead of the hosts; 0: as they are)")
     p.add_argument("--cli", action="store_true", help="keep the network up at a mininet> prompt after the jobs")
     p.add_argument("--json", type=Path, help="write the summary rows here")
+    p.add_argument("--keep-runs", type=int, metavar="N",
+                   help="finished runs of yours kept beside the new one (default: $INAGG_KEEP_RUNS or 3)")
     p.add_argument("--stop", action="store_true", help="stop this user's unfinished runs of this checkout and exit")
     p.add_argument("--clean", action="store_true", help="as --stop, then delete those runs' directories")
     p.add_argument("--all", action="store_true", help="with --stop/--clean: every user's runs")
@@ -549,6 +557,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--clean acts on every run of a user; --run goes with --stop")
     if (args.all or args.run) and not (args.stop or args.clean):
         p.error("--all and --run go with --stop (or --all with --clean)")
+    if args.keep_runs is not None and args.keep_runs < 0:
+        p.error(f"--keep-runs must be >= 0 (finished runs kept), got {args.keep_runs}")
+    try:
+        keep_runs()
+    except ValueError as e:
+        p.error(str(e))
     if not (args.stop or args.clean):
         args.dataplane = choose_dataplane(args.dataplane)
         try:
@@ -579,9 +593,11 @@ def launch(args: argparse.Namespace, topo: Topology) -> int:
     """Bring the run up in a run directory of its own, run its jobs, summarize, tear down.
     Exit status 0 when every job finished; 1 when one failed, a process it depends on died
     (named with its log's last lines: ``RunFailed``) or the run was stopped."""
-    run_dir = RunDir.create()
+    run_dir = RunDir.create(keep=args.keep_runs)
     print(f"inagg emulation: {args.topo.name}, data plane {args.dataplane}, run {run_dir.run_id} in {run_dir.path}",
           flush=True)
+    if run_dir.pruned:
+        print(pruned_line(run_dir.pruned, keep_runs() if args.keep_runs is None else args.keep_runs), flush=True)
     run = Run(topo, args.dataplane, run_dir, args.epochs, args.transport, args.program_files,
               switch_nice=args.switch_nice)
 

@@ -80,17 +80,20 @@ class RunDir:
         self.run_id = run_id
         self.path = base / run_id
         self.record_path = self.path / "run.json"
+        self.pruned: list[str] = []   # finished runs deleted to make room for this one (create)
         self.record: dict = {"run_id": run_id, "user": current_user(), "processes": [], "interfaces": [],
                              "finished": False}
         if self.record_path.exists():
             self.record = json.loads(self.record_path.read_text())
 
     @classmethod
-    def create(cls, base: Path = RUNS_DIR) -> "RunDir":
-        """A new run's directory, after older finished runs beyond the newest few are deleted
-        (``prune_finished_runs``)."""
-        prune_finished_runs(base)
+    def create(cls, base: Path = RUNS_DIR, keep: int | None = None) -> "RunDir":
+        """A new run's directory, after the caller's finished runs beyond the newest ``keep``
+        are deleted (``prune_finished_runs``); their ids are in the new run's ``pruned``, for
+        the launcher to say."""
+        pruned = prune_finished_runs(base, keep)
         run = cls(new_run_id(), base)
+        run.pruned = pruned
         for sub in ("logs", "pcaps"):
             (run.path / sub).mkdir(parents=True)
         run.add_process(os.getpid(), "launcher")
@@ -189,12 +192,17 @@ def keep_runs() -> int:
 
 
 def prune_finished_runs(base: Path = RUNS_DIR, keep: int | None = None) -> list[str]:
-    """Delete this checkout's finished runs but the ``keep`` newest (``keep_runs()``) and
-    return their ids. Every run keeps pcaps of every switch port: a bandwidth-flip run wrote
-    2-7 GB, and a checkout's runs had filled the 252 GB disk, failing the tests that ran next.
-    Unfinished runs stay (``make stop`` needs their record of processes and interfaces)."""
+    """Delete the caller's finished runs of this checkout but the ``keep`` newest
+    (``keep_runs()`` when None: ``INAGG_KEEP_RUNS``, ``make run KEEP_RUNS=``) and return their
+    ids. Every run keeps pcaps of every switch port: a bandwidth-flip run wrote 2-7 GB, and a
+    checkout's runs had filled the 252 GB disk, failing the tests that ran next. Other users'
+    runs stay (each user's new runs prune their own), and so do unfinished runs (``make stop``
+    needs their record of processes and interfaces)."""
     keep = keep_runs() if keep is None else keep
-    finished = [(mtime, r.path) for r in all_runs(base) if r.record.get("finished")
+    if keep < 0:
+        raise ValueError(f"runs to keep must be a whole number >= 0, got {keep}")
+    mine, _ = runs_of(all_runs(base), current_user())
+    finished = [(mtime, r.path) for r in mine if r.record.get("finished")
                 and (mtime := _record_mtime(r.path)) is not None]
     old = [p for _, p in sorted(finished, reverse=True)[keep:]]
     for path in old:
