@@ -5,6 +5,7 @@
 #            mininet> prompt after the jobs), RUN (make stop: only this run id), ALL (make stop/clean:
 #            every user's runs, not only yours), ARGS (make ctl),
 #            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build),
+#            P4_DEFINES (make build: -D flags; the build goes to build/p4/bmv2-<defines>/, p4/out/ untouched),
 #            KEEP_RUNS (make run: finished runs of yours kept beside a new one, default 3),
 #            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options),
 #            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options).
@@ -25,6 +26,7 @@ CLI           ?=
 RUN           ?=
 ALL           ?=
 KEEP_RUNS     ?=
+P4_DEFINES    ?=
 ARGS          ?= top
 P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
@@ -68,9 +70,12 @@ run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
 	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli) \
 	  $(if $(KEEP_RUNS),--keep-runs $(KEEP_RUNS))
 
+# A build folder keeps the -D flags it was made with (its `defines`), so a rebuild after a change
+# to p4/ keeps them (make build P4_DEFINES=..., then make run P4_BUILD=build/p4/bmv2-...).
 $(P4_BUILD)/inagg.json: p4/inagg.p4 $(wildcard p4/include/*.p4)
 	mkdir -p $(P4_BUILD)
-	$(P4C) --arch v1model --p4runtime-files $(P4_BUILD)/inagg.p4info.txtpb -o $@ p4/inagg.p4
+	$(P4C) --arch v1model $$(cat $(P4_BUILD)/defines 2>/dev/null) \
+	  --p4runtime-files $(P4_BUILD)/inagg.p4info.txtpb -o $@ p4/inagg.p4
 
 # Stop what your unfinished runs of this checkout started (the user behind sudo; ALL=1: every
 # user's; RUN=<id>: only that one), by the PIDs and interface names recorded in their run directories.
@@ -139,13 +144,32 @@ protos:
 # p4c), then the software target's P4Info in p4/out/soft/: the same program at its own K
 # (tools/soft_p4info.py), measured best on loopback (README, Benchmarks); BMv2 keeps the
 # program's 64. One folder per target under p4/out/ (as ONOS's p4c-out/<target>/).
+# With P4_DEFINES (-D flags, e.g. P4_DEFINES="-DINAGG_SLOTS=64 -DSWITCH_VALUES_PER_PACKET=32"), the
+# program is built for BMv2 into a folder of its own, build/p4/bmv2-<defines> (P4_DEFINES_BUILD),
+# which keeps its flags in `defines`; the committed outputs stay as they are. `make run
+# DATAPLANE=bmv2 P4_BUILD=<that folder>` runs it (the controller reads its sizes from its P4Info).
 SOFT_VALUES_PER_PACKET ?= 4096
+empty :=
+space := $(empty) $(empty)
+P4_DEFINES_BUILD ?= build/p4/bmv2-$(subst $(space),-,$(strip $(subst -D,,$(P4_DEFINES))))
 build:
+ifneq ($(strip $(P4_DEFINES)),)
+	@for f in $(P4_DEFINES); do case "$$f" in -D?*) ;; *) \
+	  echo "make build: P4_DEFINES takes -D flags (e.g. P4_DEFINES=\"-DINAGG_SLOTS=64\"), got '$$f'" >&2; \
+	  exit 2;; esac; done
+	mkdir -p $(P4_DEFINES_BUILD)
+	$(P4C) --arch v1model $(P4_DEFINES) --p4runtime-files $(P4_DEFINES_BUILD)/inagg.p4info.txtpb \
+	  -o $(P4_DEFINES_BUILD)/inagg.json p4/inagg.p4
+	echo '$(P4_DEFINES)' > $(P4_DEFINES_BUILD)/defines
+	@echo "built with $(P4_DEFINES) into $(P4_DEFINES_BUILD)/ (p4/out/ untouched); run it:" \
+	  "make run DATAPLANE=bmv2 P4_BUILD=$(P4_DEFINES_BUILD)"
+else
 	mkdir -p $(P4_OUT)/bmv2 $(P4_OUT)/soft
 	$(P4C) --arch v1model --p4runtime-files $(P4_OUT)/bmv2/inagg.p4info.txtpb \
 	  -o $(P4_OUT)/bmv2/inagg.json p4/inagg.p4
 	$(PYTHON) -m tools.soft_p4info --source $(P4_OUT)/bmv2/inagg.p4info.txtpb \
 	  --values-per-packet $(SOFT_VALUES_PER_PACKET) --out $(P4_OUT)/soft/inagg.p4info.txtpb
+endif
 
 # Compile the Tofino program with bf-p4c for each chip in TOFINO_TARGETS (default both: tofino,
 # TNA; tofino2, t2na, with this bf-p4c only without CLOTs: it fails on the split value stacks

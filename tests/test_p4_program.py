@@ -129,3 +129,31 @@ def test_bmv2_json_is_the_v1model_program():
     program = json.loads(BMV2_JSON_PATH.read_text())
     assert program["program"].endswith("inagg.p4")
     assert {p["name"] for p in program["pipelines"]} == {"ingress", "egress"}
+
+
+@pytest.mark.skipif(shutil.which("p4c-bm2-ss") is None or shutil.which("make") is None,
+                    reason="p4c-bm2-ss or make not on PATH")
+def test_make_build_with_defines_builds_a_folder_of_its_own():
+    """``make build P4_DEFINES=...`` compiles for BMv2 into build/p4/bmv2-<defines>/ with its
+    flags kept in ``defines`` (the run target's rebuild reuses them), and leaves the committed
+    outputs as they are; anything but -D flags is refused before p4c runs."""
+    from inagg.controller.p4info import P4Info
+
+    out = ROOT / "build" / "p4" / "bmv2-INAGG_SLOTS=64-INAGG_MAX_JOBS=8"
+    committed = {p: p.read_bytes() for p in (BMV2_JSON_PATH, P4INFO_PATH)}
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        made = subprocess.run(["make", "build", "P4_DEFINES=-DINAGG_SLOTS=64 -DINAGG_MAX_JOBS=8"], cwd=ROOT,
+                              capture_output=True, text=True)
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert f"make run DATAPLANE=bmv2 P4_BUILD=build/p4/{out.name}" in made.stdout
+        assert (out / "defines").read_text() == "-DINAGG_SLOTS=64 -DINAGG_MAX_JOBS=8\n"
+        info = P4Info.load(out / "inagg.p4info.txtpb")
+        assert info.slot_pool == 64 and info.obj(P4Type.table, pipeline.JOB_TABLE).size == 8
+        assert (out / "inagg.json").stat().st_size > 0
+        assert {p: p.read_bytes() for p in committed} == committed
+        bad = subprocess.run(["make", "build", "P4_DEFINES=INAGG_SLOTS=64"], cwd=ROOT, capture_output=True, text=True)
+        assert bad.returncode != 0 and "P4_DEFINES takes -D flags" in bad.stderr, bad.stderr
+        assert not (ROOT / "build" / "p4" / "bmv2-INAGG_SLOTS=64").exists()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
