@@ -7,6 +7,7 @@
 #            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build),
 #            P4_DEFINES (make build: -D flags; the build goes to build/p4/bmv2-<defines>/, p4/out/ untouched),
 #            KEEP_RUNS (make run: finished runs of yours kept beside a new one, default 3),
+#            BMV2_LOG (make run: BMv2's log level, default info; trace as in p4lang/tutorials),
 #            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options),
 #            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options).
 
@@ -26,6 +27,7 @@ CLI           ?=
 RUN           ?=
 ALL           ?=
 KEEP_RUNS     ?=
+BMV2_LOG      ?=
 P4_DEFINES    ?=
 ARGS          ?= top
 P4_BUILD      := build/p4/bmv2
@@ -68,7 +70,7 @@ run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
 	$(BIN)/python -m inagg.bmv2_env.emulation.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
 	  $(if $(and $(HAVE_P4C),$(filter-out soft,$(DATAPLANE))),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
 	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli) \
-	  $(if $(KEEP_RUNS),--keep-runs $(KEEP_RUNS))
+	  $(if $(KEEP_RUNS),--keep-runs $(KEEP_RUNS)) $(if $(BMV2_LOG),--bmv2-log $(BMV2_LOG))
 
 # A build folder keeps the -D flags it was made with (its `defines`), so a rebuild after a change
 # to p4/ keeps them (make build P4_DEFINES=..., then make run P4_BUILD=build/p4/bmv2-...).

@@ -100,6 +100,20 @@ def test_single_switch_training(tmp_path, dataplane):
     assert any(p.stat().st_size > 24 for p in (run.path / "pcaps").glob("*_in.pcap"))
     if dataplane == "soft":   # the data plane runs ahead of the ranks (mininet_run.DATA_PLANE_NICE)
         assert f"nice {DATA_PLANE_NICE}" in (run.path / "logs" / "s1.log").read_text()
+    else:
+        assert_bmv2_reachable_and_logged(run, stdout)
+
+
+def assert_bmv2_reachable_and_logged(run: RunDir, stdout: str) -> None:
+    """BMv2's line says its Thrift port (for simple_switch_CLI) or, for a build without
+    Thrift, that it has none; its log is kept in the run directory; switches.json agrees."""
+    switch = json.loads((run.path / "switches.json").read_text())["s1"]
+    log = run.path / "logs" / "s1-bmv2.txt"
+    assert switch["log"] == str(log) and log.exists(), sorted(p.name for p in (run.path / "logs").iterdir())
+    thrift = (f"Thrift port {switch['thrift_port']} (mininet> sh simple_switch_CLI --thrift-port "
+              f"{switch['thrift_port']})" if switch["thrift_port"] else "no Thrift server (this simple_switch_grpc")
+    assert f"switch s1: BMv2, {thrift}" in stdout and f"log {log} (info level" in stdout, stdout
+    assert (switch["thrift_port"] is None) == ("compiled without Thrift support" in log.read_text())
 
 
 @pytest.mark.parametrize("dataplane", ["soft", "bmv2"])

@@ -91,28 +91,64 @@ def free_tcp_port() -> int:
 # The data plane models a switch's own silicon, which shares no CPU with the hosts: in the
 # emulation it runs ahead of the ranks and of anything else on the machine (root may go below 0).
 DATA_PLANE_NICE = -10
+BMV2_LOG_LEVELS = ("trace", "debug", "info", "warn", "error", "off")
+BMV2_LOG_LEVEL = "info"   # no line per packet: trace and debug slow BMv2 down (--bmv2-log, make run BMV2_LOG=)
+
+
+def log_text(path: Path) -> str:
+    """A log's text, '' when it is not there (yet)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def describe_switch(sw) -> str:
+    """A P4Switch's line at start: its data plane, where to reach it, its log. A BMv2 built
+    without Thrift says so in its log's first lines (when its level shows warnings): then it
+    has no port (``thrift_port`` becomes None), and the line says so."""
+    log = sw.run.path / "logs" / f"{sw.name}.log"
+    if sw.dataplane != "bmv2":
+        return f"switch {sw.name}: software data plane, P4Runtime {sw.grpc}, log {log}"
+    if "compiled without Thrift support" in log_text(sw.bmv2_log_path):
+        sw.thrift_port = None
+        thrift = "no Thrift server (this simple_switch_grpc is built without it: no simple_switch_CLI)"
+    else:
+        thrift = f"Thrift port {sw.thrift_port} (mininet> sh simple_switch_CLI --thrift-port {sw.thrift_port})"
+    return (f"switch {sw.name}: BMv2, {thrift}, P4Runtime {sw.grpc}, log {sw.bmv2_log_path} "
+            f"({sw.bmv2_log} level; its stdout: {log})")
 
 
 def make_switch_class(Switch):
     class P4Switch(Switch):
         """A Mininet switch node running a P4Runtime data plane process in the root namespace;
-        its P4Runtime server listens on a Unix socket in the run directory."""
+        its P4Runtime server listens on a Unix socket in the run directory. BMv2 logs at
+        ``bmv2_log`` level to ``logs/<name>-bmv2.txt`` (rotated at 5 MB) and, when built with
+        Thrift, serves simple_switch_CLI on a free TCP port of the root namespace,
+        ``thrift_port`` (None when the binary says it has no Thrift server)."""
 
         def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, pcaps=True,
-                     nice=DATA_PLANE_NICE, **kw):
+                     nice=DATA_PLANE_NICE, bmv2_log: str = BMV2_LOG_LEVEL, **kw):
             Switch.__init__(self, name, **kw)
             self.dataplane, self.run, self.device_id, self.pcaps = dataplane, run, device_id, pcaps
-            self.nice = nice
+            self.nice, self.bmv2_log = nice, bmv2_log
             self.grpc = f"unix:{run.path / (name + '-p4rt.sock')}"
             self.proc = None
+            self.thrift_port: int | None = None   # BMv2's, once started
+            self.bmv2_log_path = run.path / "logs" / f"{name}-bmv2.txt"   # BMv2 adds the .txt
 
         def data_plane_command(self) -> list[str]:
             ports = [a for p, i in sorted(self.intfs.items()) if i.name != "lo"
                      for a in ("-i", f"{p}@{i.name}")]
             if self.dataplane == "bmv2":
                 # BMv2's Thrift port and notification socket are machine-wide by default
-                binary = ["simple_switch_grpc", "--thrift-port", str(free_tcp_port()),
-                          "--notifications-addr", f"ipc://{self.run.path / (self.name + '-notify.ipc')}"]
+                self.thrift_port = free_tcp_port()
+                # per packet BMv2 logs at debug and trace: flushing each line there would slow it down
+                flush = ["--log-flush"] if self.bmv2_log not in ("trace", "debug") else []
+                binary = ["simple_switch_grpc", "--thrift-port", str(self.thrift_port),
+                          "--notifications-addr", f"ipc://{self.run.path / (self.name + '-notify.ipc')}",
+                          "--log-file", str(self.bmv2_log_path.with_suffix("")), "--log-level", self.bmv2_log,
+                          *flush]
             else:
                 binary = [sys.executable, "-m", "inagg.bmv2_env.softswitch.switch"]
             capture = ["--pcap", str(self.run.path / "pcaps")] if self.pcaps else []
@@ -217,10 +253,11 @@ class Run:
 
     def __init__(self, topo: Topology, dataplane: str, run: RunDir, epochs: int | None = None,
                  transport: str | None = None, program_files: dict[str, str] | None = None,
-                 pcaps: bool = True, switch_nice: int = DATA_PLANE_NICE) -> None:
+                 pcaps: bool = True, switch_nice: int = DATA_PLANE_NICE, bmv2_log: str = BMV2_LOG_LEVEL) -> None:
         self.topo, self.dataplane, self.run, self.transport = topo, dataplane, run, transport
         self.pcaps = pcaps   # every switch port's pcaps in the run directory (2-7 GB for a bandwidth flip)
         self.switch_nice = switch_nice   # the data planes' nice(1) value
+        self.bmv2_log = bmv2_log         # BMv2's log level (BMV2_LOG_LEVELS)
         self.epochs = job_epochs(topo, epochs)
         self.program_files = program_files or {}   # p4info/bmv2_json for every switch; {}: p4/
         self.net = None
@@ -258,7 +295,8 @@ class Run:
         for i, name in enumerate(self.topo.switches):
             # a datapath id of its own: Mininet derives one only from names like "s1", not "tor1"
             self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i,
-                               pcaps=self.pcaps, nice=self.switch_nice, dpid=f"{i + 1:016x}")
+                               pcaps=self.pcaps, nice=self.switch_nice, bmv2_log=self.bmv2_log,
+                               dpid=f"{i + 1:016x}")
         for name, h in self.topo.hosts.items():
             self.net.addHost(name, ip=h["ip"], mac=h["mac"])
         names = []
@@ -282,6 +320,7 @@ class Run:
         self.net.start()
         self.watched += [Watched(f"switch {sw.name}'s data plane", sw.proc, self.run.path / "logs" / f"{sw.name}.log",
                                  service=True) for sw in self.net.switches]
+        self.announce_switches()
         for host in self.net.hosts:
             host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1")
             for other, h in self.topo.hosts.items():
@@ -289,6 +328,17 @@ class Run:
                     host.setARP(host_ip(h), h["mac"])
             for s in self.topo.switches.values():
                 host.setARP(s["aggregator_ip"], s["aggregator_mac"])
+
+    def announce_switches(self) -> None:
+        """Print each switch's line (BMv2's Thrift port for simple_switch_CLI, its log) and save
+        the same in ``switches.json`` of the run directory, for scripts."""
+        saved = {}
+        for sw in self.net.switches:
+            print(describe_switch(sw), flush=True)
+            saved[sw.name] = {"dataplane": sw.dataplane, "p4runtime": sw.grpc, "thrift_port": sw.thrift_port,
+                              "log": str(sw.bmv2_log_path if sw.dataplane == "bmv2" else
+                                         self.run.path / "logs" / f"{sw.name}.log")}
+        (self.run.path / "switches.json").write_text(json.dumps(saved, indent=2) + "\n")
 
     def disable_offloads(self) -> None:
         """Checksum offloads off on every interface: a software data plane forwards frames as
@@ -542,6 +592,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bmv2-json", type=Path, help="BMv2 JSON pushed to BMv2 switches (default: p4/'s)")
     p.add_argument("--switch-nice", type=int, default=DATA_PLANE_NICE,
                    help="the data planes' nice(1) value (default %(default)s: ahead of the hosts; 0: as they are)")
+    p.add_argument("--bmv2-log", choices=BMV2_LOG_LEVELS, default=BMV2_LOG_LEVEL,
+                   help="BMv2's log level, to logs/<switch>-bmv2.log (default %(default)s; trace: every table "
+                        "and action per packet, as in p4lang/tutorials, slower)")
     p.add_argument("--cli", action="store_true", help="keep the network up at a mininet> prompt after the jobs")
     p.add_argument("--json", type=Path, help="write the summary rows here")
     p.add_argument("--keep-runs", type=int, metavar="N",
@@ -599,7 +652,7 @@ def launch(args: argparse.Namespace, topo: Topology) -> int:
     if run_dir.pruned:
         print(pruned_line(run_dir.pruned, keep_runs() if args.keep_runs is None else args.keep_runs), flush=True)
     run = Run(topo, args.dataplane, run_dir, args.epochs, args.transport, args.program_files,
-              switch_nice=args.switch_nice)
+              switch_nice=args.switch_nice, bmv2_log=args.bmv2_log)
 
     def terminated(*_):
         raise Terminated
