@@ -99,3 +99,17 @@ def test_a_failed_run_saves_why(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == {
         "jobs": [], "switches": {}, "failed": "job j rank 1 on h2 was killed by SIGKILL"}
     assert (tmp_path / "summary.txt").read_text() == "run abcd failed: job j rank 1 on h2 was killed by SIGKILL\n"
+
+
+def test_link_loss_is_what_was_applied_not_what_was_asked(tmp_path):
+    """A topology asking loss 1 % on h1's link: the column says 1 where netem applied it, and 0
+    with a line saying why where the kernel has none (it said 1 % that never happened)."""
+    topo, records, switches = real_run("two_jobs.json")
+    next(link for link in topo.links if "h1" in (link.a.node, link.b.node)).params["loss"] = 1
+    applied, rows = summary(topo, records, switches, tmp_path)
+    assert [r["link_loss_pct"] for r in rows] == [1, 0] and job_line(applied, "first")[7] == "1"
+    assert not any("NOT applied" in line for line in applied)
+    lines, rows = summary(topo, records, switches, tmp_path, netem=False)
+    assert [(r["link_loss_pct"], r["link_loss_asked_pct"]) for r in rows] == [(0, 1), (0, 0)]
+    assert job_line(lines, "first")[7] == "0"
+    assert "link delay/loss/jitter of the topology NOT applied (this kernel has no netem qdisc)" in "\n".join(lines)

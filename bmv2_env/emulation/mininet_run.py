@@ -50,6 +50,7 @@ from inagg.bmv2_env.emulation.run_dir import (KEEP_ENV, RUNS_DIR, RunDir, all_ru
 from inagg.bmv2_env.emulation.summary import job_record, summary, write_summary
 from inagg.bmv2_env.emulation.testbed import stop_processes
 from inagg.bmv2_env.emulation.topology import Topology, TopologyError, host_ip, load_topology
+from inagg.bmv2_env.emulation.topology_schema import NETEM_OPTIONS
 from inagg.bmv2_env.emulation.watch import RunFailed, Watched, check_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,6 +269,7 @@ class Run:
         self.metrics_addr = f"127.0.0.1:{free_tcp_port()}"
         self.train_gate = run.path / "jobs" / "train"   # all jobs train once all hold grants
         self.placements: dict[str, str] = {}   # job name -> where the controller listed it at placement
+        self.netem = True   # whether the links' netem options (delay, loss, jitter) were applied (build)
 
     def log(self, name: str):
         return open(self.run.path / "logs" / name, "w")
@@ -286,9 +288,11 @@ class Run:
 
     def build(self) -> None:
         Mininet, Switch, TCLink = import_mininet()
-        if any(l.params for l in self.topo.links) and not netem_available(self.run):
-            print("warning: this kernel has no netem qdisc: link delay/loss in the topology file "
-                  "are not applied", flush=True)
+        netem_asked = any(k in l.params for l in self.topo.links for k in NETEM_OPTIONS)
+        self.netem = not netem_asked or netem_available(self.run)
+        if not self.netem:
+            print(f"warning: this kernel has no netem qdisc: link {', '.join(NETEM_OPTIONS)} in the topology "
+                  "file are not applied (the summary says so)", flush=True)
         P4Switch = make_switch_class(Switch)
         self.write_env()
         self.net = Mininet(topo=None, controller=None, link=TCLink, build=False, autoSetMacs=False)
@@ -516,7 +520,8 @@ class Run:
         records = [job_record(job) for job in jobs]
         (self.run.path / "records.json").write_text(json.dumps(records, indent=1) + "\n")
         counters = self.switch_counters()
-        lines, rows = summary(self.topo, records, counters, self.run.path / "logs", self.placements)
+        lines, rows = summary(self.topo, records, counters, self.run.path / "logs", self.placements,
+                              netem=self.netem)
         print("\n".join(lines), flush=True)
         write_summary(self.run.path, lines, rows, counters)
         print(f"summary saved: {self.run.path / 'summary.txt'}, summary.json; records: records.json", flush=True)

@@ -14,6 +14,9 @@ What each figure is, per job:
   reason it first went to the host aggregator.
 * ``MB sent/worker`` and ``retx/worker``: the means over the switch's workers (on a host that
   reduces first, its leader), so both are per worker; the JSON keeps the totals too.
+* ``link loss %``: the loss applied on the job's worst link, never only asked: where the kernel
+  has no netem qdisc, the topology's loss is not applied, the column says 0 and a line says so
+  (the row keeps what was asked in ``link_loss_asked_pct``).
 
 ``write_summary`` saves the printed text as ``summary.txt`` and the same figures as
 ``summary.json`` (``{"jobs": [...], "switches": {...}}``; a failed run's has ``failed``).
@@ -50,10 +53,12 @@ def placement(grants: list[dict], listed: str = "") -> str:
     return latest["reason"] or f"{latest['mode']} {latest['aggregator']}"
 
 
-def job_row(topo: Topology, record: dict, listed: str = "") -> dict:
+def job_row(topo: Topology, record: dict, listed: str = "", netem: bool = True) -> dict:
     """A finished job's row, from every rank's stats (rank 0's grants and call times; the
-    traffic of the switch's workers: on a host that reduces first, its leader's)."""
+    traffic of the switch's workers: on a host that reduces first, its leader's); ``netem``:
+    whether the links' loss was applied."""
     done = {int(r): v for r, v in record["done"].items()}
+    asked_loss = max(topo.link_loss(h) for h in record["spec"]["workers"])
     stats = [done[r]["stats"] for r in sorted(done)]
     workers = [s for s in stats if s.get("leader", True)]
     s0 = stats[0]
@@ -67,7 +72,7 @@ def job_row(topo: Topology, record: dict, listed: str = "") -> dict:
             "retransmissions": retx, "retx_per_worker": retx / len(workers), "switch_workers": len(workers),
             "packets_sent": sum(s["packets_sent"] for s in workers),
             "spurious": sum(s["spurious_retransmissions"] for s in workers),
-            "link_loss_pct": max(topo.link_loss(h) for h in record["spec"]["workers"]),
+            "link_loss_pct": asked_loss if netem else 0, "link_loss_asked_pct": asked_loss,
             "placement": placement(s0["grants"], listed), "losses": [e[0] for e in record["epochs"]],
             "ms_per_step": done[0]["seconds"] / done[0]["steps"] * 1e3,
             "call_ms_median": s0["call_ms_median"], "grants": s0["grants"]}
@@ -121,9 +126,10 @@ def job_lines(topo: Topology, row: dict) -> list[str]:
 
 
 def summary(topo: Topology, records: list[dict], counters: dict, logs: Path,
-            listed: dict[str, str] | None = None) -> tuple[list[str], list[dict]]:
+            listed: dict[str, str] | None = None, netem: bool = True) -> tuple[list[str], list[dict]]:
     """The summary's lines and each job's row (``{"name", "ok": False}`` for a job some rank
-    of which did not report); ``listed``: each job's placement as the controller listed it."""
+    of which did not report); ``listed``: each job's placement as the controller listed it;
+    ``netem``: whether the links' netem options (delay, loss, jitter) were applied."""
     lines, rows = ["", "per-job summary", HEADER], []
     for record in records:
         name = record["spec"]["name"]
@@ -131,8 +137,11 @@ def summary(topo: Topology, records: list[dict], counters: dict, logs: Path,
             rows.append({"name": name, "ok": False})
             lines.append(f"{name:<12} FAILED: see {logs}/{name}-*.log")
             continue
-        rows.append(job_row(topo, record, (listed or {}).get(name, "")))
+        rows.append(job_row(topo, record, (listed or {}).get(name, ""), netem))
         lines += job_lines(topo, rows[-1])
+    if not netem:
+        lines.append("link delay/loss/jitter of the topology NOT applied (this kernel has no netem qdisc): "
+                     "link loss % is what was applied")
     lines.append(SWITCHES_NOTE)
     lines += [f"switch {name}: {c['job_aggregated']} contributions aggregated, {c['job_results']} rounds completed"
               for name, c in counters.items()]

@@ -41,6 +41,7 @@ SCHEMA: dict[str, dict[str, bool]] = {
     "controller": {"min_window": False, "lease_seconds": False, "rank_lease_seconds": False,
                    "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False},
 }
+NETEM_OPTIONS = ("delay", "jitter", "loss", "max_queue_size")   # link options Mininet applies with netem
 LAUNCHER_SETS = ("listen", "admin_token", "admin_token_file", "database", "host_aggregator", "switches",
                  "metrics_listen", "host_values_per_packet", "tls_cert", "tls_key", "insecure")
 HOOKS = ("inagg", "artopk")          # the training demo's DDP hooks that report stats
