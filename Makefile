@@ -86,7 +86,10 @@ stop:
 
 # inaggctl against the newest run (ARGS=top by default; e.g. make ctl ARGS=jobs).
 ctl:
-	@test -f build/emulation/latest/env || { echo "make ctl: no emulation run is up (make run CLI=1)" >&2; exit 2; }
+	@test -f build/emulation/latest/env || { if [ -e build/emulation/latest ]; then \
+	  echo "make ctl: the newest run, $$(readlink build/emulation/latest), has ended and its controller with it" \
+	    "(its summary: build/emulation/latest/summary.txt); make run CLI=1 keeps a run up for inaggctl" >&2; \
+	  else echo "make ctl: no emulation run here (make run CLI=1 keeps one up for inaggctl)" >&2; fi; exit 2; }
 	set -a && . build/emulation/latest/env && $(BIN)/inaggctl $(ARGS)
 
 demo: setup
