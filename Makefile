@@ -2,7 +2,7 @@
 # Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS, QUICK (bench subset),
 #            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs),
 #            TRANSPORT (udp|roce: override jobs' transport to the switch), CLI (1: stay at a
-#            mininet> prompt after the jobs), RUN (make stop: only this run id), ALL (make stop/clean:
+#            mininet> prompt after the jobs; during: a prompt while they run), RUN (make stop: only this run id), ALL (make stop/clean:
 #            every user's runs, not only yours), ARGS (make ctl),
 #            SOFT_VALUES_PER_PACKET (K of the software target's P4Info, make build),
 #            P4_DEFINES (make build: -D flags; the build goes to build/p4/bmv2-<defines>/, p4/out/ untouched),
@@ -69,7 +69,8 @@ setup-emulation: setup
 run: setup-emulation $(if $(HAVE_P4C),$(P4_BUILD)/inagg.json)
 	$(BIN)/python -m inagg.bmv2_env.emulation.mininet_run --topo $(TOPO) --dataplane $(DATAPLANE) \
 	  $(if $(and $(HAVE_P4C),$(filter-out soft,$(DATAPLANE))),--p4info $(P4_BUILD)/inagg.p4info.txtpb --bmv2-json $(P4_BUILD)/inagg.json) \
-	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) $(if $(CLI),--cli) \
+	  $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(TRANSPORT),--transport $(TRANSPORT)) \
+	  $(if $(CLI),--cli $(filter during,$(CLI))) \
 	  $(if $(KEEP_RUNS),--keep-runs $(KEEP_RUNS)) $(if $(BMV2_LOG),--bmv2-log $(BMV2_LOG))
 
 # A build folder keeps the -D flags it was made with (its `defines`), so a rebuild after a change

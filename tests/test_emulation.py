@@ -366,6 +366,35 @@ def test_a_rank_killed_mid_run_ends_make_run_naming_it(tmp_path):
     assert saved["failed"].startswith("job mlp rank 1 on h2 was killed by SIGKILL"), saved
 
 
+def test_a_prompt_during_the_jobs_sees_them(tmp_path):
+    """``--cli during`` (make run CLI=during): the mininet> prompt is up while the jobs train,
+    so inaggctl there lists the job running; leaving the prompt waits for the jobs, whose
+    summary comes as with no prompt, and the run leaves nothing behind."""
+    reason = mininet_missing()
+    if reason:
+        pytest.skip(reason)
+    cmd, out = launcher(tmp_path, "single_switch.json", "soft", "--epochs", "12", "--cli", "during")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        # at the prompt: list the jobs until the controller shows all 4 ranks of mlp on the switch
+        stdout, _ = proc.communicate("sh for i in $(seq 300); do out=$(inaggctl jobs); echo \"$out\" | "
+                                     "grep -q ' mlp .* 4/4 .*switch' && { echo \"$out\"; break; }; sleep 0.2; done; "
+                                     "echo listed-while-training\n", timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stdout
+    during = stdout.index("listed-while-training")
+    assert "network up, the jobs running" in stdout[:during], stdout
+    listing = stdout[stdout.rindex("active grant", 0, during):during]
+    assert re.search(r" mlp +4/4 +switch", listing), stdout
+    assert stdout.index("per-job summary") > stdout.index("network up, the jobs running")
+    rows = {r["name"]: r for r in json.loads(out.read_text())}
+    assert rows["mlp"]["ok"] and rows["mlp"]["accuracy"] >= 0.9, stdout
+    assert_left_nothing(stdout)
+
+
 def test_stop_without_runs_touches_nothing(tmp_path):
     """``--stop`` with no unfinished run of this checkout does nothing (and says so)."""
     proc = subprocess.run([sys.executable, "-m", "inagg.bmv2_env.emulation.mininet_run", "--stop", "--run", "zzzz"],

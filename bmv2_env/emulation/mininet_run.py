@@ -34,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -527,11 +528,43 @@ class Run:
         print(f"summary saved: {self.run.path / 'summary.txt'}, summary.json; records: records.json", flush=True)
         return rows
 
-    def cli(self) -> None:
+    def cli(self, during: bool = False) -> None:
+        """The mininet> prompt (after the jobs, or ``during`` them)."""
         from mininet.cli import CLI
-        print("network up; try: sh inaggctl jobs, sh inaggctl top, h1 ip addr, dump; "
-              "exit (or Ctrl-D) tears it down", flush=True)
+        ends = "waits for the jobs, then tears the network down" if during else "tears it down"
+        print(f"network up{', the jobs running' if during else ''}; try: sh inaggctl jobs, sh inaggctl top, "
+              f"h1 ip addr, dump; exit (or Ctrl-D) {ends}", flush=True)
         CLI(self.net)
+
+    def jobs_with_prompt(self) -> list[dict]:
+        """``--cli during``: the jobs run (``run_jobs``, then ``summarize``) in a thread of
+        their own while the mininet> prompt is up in this one, so inaggctl and the hosts'
+        shells see them as they train. Leaving the prompt waits for the jobs (``make stop
+        RUN=<id>`` ends them sooner); what the thread raised (RunFailed: printed at once, for
+        the prompt's user) is raised here, after the prompt."""
+        outcome: dict = {}
+
+        def jobs() -> None:
+            try:
+                outcome["rows"] = self.summarize(self.run_jobs())
+            except BaseException as e:      # handed to the main thread
+                outcome["error"] = e
+                if isinstance(e, RunFailed):
+                    print(f"run {self.run.run_id} failed: {e}\n(leave the prompt to end the run)",
+                          file=sys.stderr, flush=True)
+                    e.announced = True
+
+        thread = threading.Thread(target=jobs, name="jobs", daemon=True)
+        thread.start()
+        self.cli(during=True)
+        if thread.is_alive():
+            print(f"the jobs are still running: waiting for them (make stop RUN={self.run.run_id} ends them)",
+                  flush=True)
+        while thread.is_alive():
+            thread.join(0.5)        # with a timeout: SIGTERM (make stop) is handled meanwhile
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["rows"]
 
     def teardown(self) -> None:
         stop_processes(self.procs)
@@ -600,7 +633,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bmv2-log", choices=BMV2_LOG_LEVELS, default=BMV2_LOG_LEVEL,
                    help="BMv2's log level, to logs/<switch>-bmv2.log (default %(default)s; trace: every table "
                         "and action per packet, as in p4lang/tutorials, slower)")
-    p.add_argument("--cli", action="store_true", help="keep the network up at a mininet> prompt after the jobs")
+    p.add_argument("--cli", nargs="?", const="after", choices=["after", "during"],
+                   help="a mininet> prompt after the jobs (--cli) or during them (--cli during)")
     p.add_argument("--json", type=Path, help="write the summary rows here")
     p.add_argument("--keep-runs", type=int, metavar="N",
                    help="finished runs of yours kept beside the new one (default: $INAGG_KEEP_RUNS or 3)")
@@ -667,13 +701,17 @@ def launch(args: argparse.Namespace, topo: Topology) -> int:
     try:
         run.build()
         run.start_services()
-        rows = run.summarize(run.run_jobs())
-        if args.cli:
-            run.cli()
+        if args.cli == "during":
+            rows = run.jobs_with_prompt()
+        else:
+            rows = run.summarize(run.run_jobs())
+            if args.cli:
+                run.cli()
     except Terminated:
         print(f"run {run_dir.run_id}: stopped (SIGTERM)", flush=True)
     except RunFailed as e:
-        print(f"run {run_dir.run_id} failed, ending it: {e}", file=sys.stderr, flush=True)
+        if not getattr(e, "announced", False):
+            print(f"run {run_dir.run_id} failed, ending it: {e}", file=sys.stderr, flush=True)
         write_summary(run_dir.path, [f"run {run_dir.run_id} failed: {e}"], [], {}, failed=str(e))
     finally:
         run.teardown()
