@@ -166,8 +166,8 @@ def switch_forest(topo: Topology) -> dict[str, str]:
             continue
         a, b = find(link.a.node), find(link.b.node)
         if a == b:
-            raise TopologyError(f"link {link.a}-{link.b} closes a cycle of switch links: "
-                                "aggregation trees need a forest (one way between two switches)")
+            raise TopologyError(f"link {link.a}-{link.b} closes a cycle of switch links: aggregation trees "
+                                "need a forest (one way between two switches); remove one link of the cycle")
         part[a] = b
     return {name: find(name) for name in topo.switches}
 
@@ -201,11 +201,13 @@ def parse_topology(data: dict, where: str = "topology") -> Topology:
         if not _NODE_NAME.match(name):
             raise TopologyError(f"{where}: node name {name!r}: use a letter then up to 7 letters/digits")
     if set(hosts) & set(switches):
-        raise TopologyError(f"{where}: {sorted(set(hosts) & set(switches))} named both host and switch")
+        raise TopologyError(f"{where}: {sorted(set(hosts) & set(switches))} named both host and switch; "
+                            "rename one of each pair")
     check_addresses(hosts, switches, where)
     mtu = data.get("mtu", ETHERNET_MTU)
     if not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_IPV4_DATAGRAM:
-        raise TopologyError(f"{where}: mtu must be an integer in {MIN_MTU}..{MAX_IPV4_DATAGRAM}, got {mtu!r}")
+        raise TopologyError(f"{where}: mtu must be an integer in {MIN_MTU}..{MAX_IPV4_DATAGRAM}, got {mtu!r}; "
+                            "write e.g. 1500 (the default) or 9000 (jumbo frames)")
     controller = data.get("controller", {})
     check_controller(controller, where)
     if data["aggregator"] not in hosts:
