@@ -163,4 +163,7 @@ def test_the_drawings_name_the_layers(folder):
     missing = [s for s in subs if not re.search(rf"\b{s}\b", drawing)]
     assert not missing, f"{folder}/__init__.py's drawing misses {missing}"
     arch = (ROOT / "docs/architecture.md").read_text()
-    assert re.search(r"hostlib.*controller.*bmv2_env", arch.replace("\n", " "))
+    drawn = arch[arch.index("## 1. Pieces and layers"):arch.index("## 2.")]
+    assert re.search(r"`hostlib/`.*`controller/`.*`bmv2_env/`", drawn.replace("\n", " "))
+    missing = [s for s in subs if not re.search(rf"^\s+{s}\s", drawn, re.M)]
+    assert not missing, f"docs/architecture.md's drawing misses {folder}'s {missing}"
