@@ -17,8 +17,8 @@
 namespace inagg {
 namespace {
 
-constexpr size_t kBatch = 64;               // datagrams per recvmmsg
-constexpr size_t kMaxDatagram = 65536;      // the largest UDP payload fits
+constexpr size_t kBatch = 64;           // datagrams per recvmmsg
+constexpr size_t kMaxDatagram = 65536;  // the largest UDP payload fits
 
 SenderId sender_of(const sockaddr_in& addr) {
     if (addr.sin_family != AF_INET) {
@@ -39,20 +39,21 @@ sockaddr_in address_of(SenderId member) {
 
 struct HostLoop::Buffers {
     RecvBatch rx{kBatch, kMaxDatagram};
-    std::vector<uint8_t> results;      // this batch's results: one max-size place per datagram
+    std::vector<uint8_t> results;  // this batch's results: one max-size place per datagram
     struct Outgoing {
         size_t at, length;
         sockaddr_in to;
     };
     std::vector<Outgoing> out;
-    std::vector<Datagram> datagrams;   // out, as the datagrams to send
+    std::vector<Datagram> datagrams;  // out, as the datagrams to send
 };
 
 HostLoop::HostLoop(Engine& engine, int fd, double drop_rate, uint64_t seed)
     : engine_(engine), socket_(fd), wake_fd_(-1), drop_rate_(drop_rate), rng_(seed),
       buffers_(std::make_unique<Buffers>()) {
     if (!(drop_rate >= 0.0 && drop_rate < 1.0)) {
-        throw std::invalid_argument("drop rate must be in [0, 1), got " + std::to_string(drop_rate));
+        throw std::invalid_argument("drop rate must be in [0, 1), got " +
+                                    std::to_string(drop_rate));
     }
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) {
@@ -129,7 +130,8 @@ void HostLoop::send_all() {
     b.datagrams.clear();
     for (const Buffers::Outgoing& o : b.out)
         b.datagrams.push_back(Datagram{o.to, b.results.data() + o.at, o.length});
-    send_errors_ += b.datagrams.size() - socket_.send(b.datagrams).sent;  // refused or kept by a full queue
+    send_errors_ +=
+        b.datagrams.size() - socket_.send(b.datagrams).sent;  // refused or kept by a full queue
 }
 
 }  // namespace inagg

@@ -3,8 +3,8 @@
 
 #include <arpa/inet.h>
 #include <linux/if_packet.h>
-#include <netinet/in.h>
 #include <linux/sockios.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
@@ -29,7 +29,7 @@ using namespace frame;
 
 namespace {
 
-constexpr size_t kFrameBytes = 65536;          // the largest datagram or frame a port takes
+constexpr size_t kFrameBytes = 65536;                  // the largest datagram or frame a port takes
 constexpr size_t kSlotBytes = kInaggAt + kFrameBytes;  // + room for the headers a UDP port adds
 constexpr uint8_t kUdpSwitchMac[6] = {0, 0, 0, 0, 0, 0xFE};
 
@@ -62,17 +62,18 @@ void write_udp_headers(uint8_t* f, uint32_t src, uint16_t sport, uint32_t dst, s
 struct SwitchLoop::PortSocket {
     enum class Kind { Udp, Raw };
 
-    PortSocket(Kind k, int fd) : kind(k), socket(fd), rx(kBatch, kFrameBytes, k == Kind::Udp ? kInaggAt : 0) {}
+    PortSocket(Kind k, int fd)
+        : kind(k), socket(fd), rx(kBatch, kFrameBytes, k == Kind::Udp ? kInaggAt : 0) {}
 
     Kind kind;
     Socket socket;
-    uint16_t port = 0;                                // raw: its switch port
-    uint32_t bind_addr = 0;                           // udp: the switch's address
-    std::unordered_map<uint32_t, uint16_t> port_of;   // udp: host IPv4 -> switch port
-    RecvBatch rx;                                     // udp: room for the frame's headers
-    std::vector<size_t> pending;                      // out_ frames leaving by this socket
-    bool deep = false;                                // its queue, asked at its first pending frame
-    std::vector<Datagram> datagrams;                  // them, as the datagrams or frames to send
+    uint16_t port = 0;                               // raw: its switch port
+    uint32_t bind_addr = 0;                          // udp: the switch's address
+    std::unordered_map<uint32_t, uint16_t> port_of;  // udp: host IPv4 -> switch port
+    RecvBatch rx;                                    // udp: room for the frame's headers
+    std::vector<size_t> pending;                     // out_ frames leaving by this socket
+    bool deep = false;                               // its queue, asked at its first pending frame
+    std::vector<Datagram> datagrams;                 // them, as the datagrams or frames to send
 };
 
 SwitchLoop::SwitchLoop(size_t capture_bytes) : captures_(capture_bytes) {
@@ -125,7 +126,8 @@ void SwitchLoop::capture(uint16_t port) {
 void SwitchLoop::record(uint16_t port, bool sent, const uint8_t* frame, size_t len) {
     if (captured_ports_.empty() || captured_ports_.count(port) == 0) return;  // off: one branch
     int64_t usec = std::chrono::duration_cast<std::chrono::microseconds>(
-                       std::chrono::system_clock::now().time_since_epoch()).count();
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
     captures_.push(port, sent, usec, frame, len);
 }
 
@@ -234,7 +236,7 @@ void SwitchLoop::send_outputs() {
         auto sock = by_port_.find(out_.port(i));
         if (sock == by_port_.end()) continue;
         PortSocket& s = *sock->second;
-        if (s.pending.empty()) s.deep = congested(s);   // once per socket and batch
+        if (s.pending.empty()) s.deep = congested(s);  // once per socket and batch
         if (s.deep && out_.mark(i, kFlagCongestion)) stats_.marked += 1;
         s.pending.push_back(i);
         record(out_.port(i), true, out_.data(i), out_.len(i));
@@ -275,7 +277,8 @@ void SwitchLoop::queue_udp(PortSocket& sock) {
 
 // A frame leaving a raw port is sent whole, one message each.
 void SwitchLoop::queue_raw(PortSocket& sock) {
-    for (size_t i : sock.pending) sock.datagrams.push_back(Datagram{sockaddr_in{}, out_.data(i), out_.len(i)});
+    for (size_t i : sock.pending)
+        sock.datagrams.push_back(Datagram{sockaddr_in{}, out_.data(i), out_.len(i)});
 }
 
 }  // namespace inagg

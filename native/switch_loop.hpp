@@ -34,10 +34,10 @@ namespace inagg {
 struct LoopStats {
     std::atomic<uint64_t> received{0};
     std::atomic<uint64_t> sent{0};
-    std::atomic<uint64_t> unknown_peer{0};   // datagrams from no host of a UDP port
-    std::atomic<uint64_t> send_errors{0};    // frames not sent: the send queue stayed full
-    std::atomic<uint64_t> wakeups{0};        // batches received
-    std::atomic<uint64_t> marked{0};         // results sent with FLAG_CONGESTION (a deep queue)
+    std::atomic<uint64_t> unknown_peer{0};  // datagrams from no host of a UDP port
+    std::atomic<uint64_t> send_errors{0};   // frames not sent: the send queue stayed full
+    std::atomic<uint64_t> wakeups{0};       // batches received
+    std::atomic<uint64_t> marked{0};        // results sent with FLAG_CONGESTION (a deep queue)
 };
 
 class SwitchLoop {
@@ -94,10 +94,10 @@ private:
 
     std::vector<std::unique_ptr<PortSocket>> sockets_;
     std::unordered_map<uint16_t, PortSocket*> by_port_;  // egress port -> the socket it leaves by
-    std::unordered_set<uint16_t> captured_ports_;    // empty: capture off
+    std::unordered_set<uint16_t> captured_ports_;        // empty: capture off
     CaptureQueue captures_;
     std::shared_ptr<SwitchPipeline> pipeline_;
-    std::mutex pipeline_mutex_;                       // guards pipeline_ (swap vs. use)
+    std::mutex pipeline_mutex_;  // guards pipeline_ (swap vs. use)
     OutputBatch out_;
     LoopStats stats_;
     size_t congestion_bytes_ = 0;
