@@ -141,6 +141,52 @@ void bind_codec(nb::module_& m) {
     });
 }
 
+// Stream.control_round: (ok, the agreed exponent, the result's flags, the round trip's seconds).
+std::tuple<bool, int, int, double> control_round(Stream& s, Array<const int32_t> lanes, int exp0,
+                                                 uint8_t flags, Array<int32_t> summed) {
+    if (summed.shape(0) < lanes.shape(0)) throw std::invalid_argument("summed shorter than lanes");
+    int8_t agreed = kExpNone;
+    uint8_t result_flags = 0;
+    double rtt = 0;
+    nb::gil_scoped_release release;
+    bool ok = s.control_round(lanes.data(), lanes.shape(0), static_cast<int8_t>(exp0), flags,
+                              summed.data(), &agreed, &result_flags, &rtt);
+    return {ok, agreed, result_flags, rtt};
+}
+
+bool stream_float(Stream& s, Values x, Array<const int8_t> exps, Array<const uint8_t> bad, int exp0,
+                  uint32_t window, size_t k, float divisor) {
+    check_blocks(x.shape(0), k, exps.shape(0), bad.shape(0));
+    BlockCall call;
+    call.data = x.data(), call.size = x.shape(0), call.is_float = true;
+    call.format = format_of(x), call.divisor = divisor;
+    call.local_exps = exps.data(), call.bad = bad.data(), call.exp0 = static_cast<int8_t>(exp0);
+    call.window = window;
+    nb::gil_scoped_release release;
+    return s.stream_blocks(call);
+}
+
+bool stream_int(Stream& s, Array<int32_t> x, uint32_t window) {
+    BlockCall call;
+    call.data = x.data(), call.size = x.shape(0), call.window = window;
+    nb::gil_scoped_release release;
+    return s.stream_blocks(call);
+}
+
+// The congestion window, lent by Python for a call and taken back after it
+// (hostlib/worker/native_stream.py: _lend_congestion, _take_congestion).
+std::tuple<double, double, bool, uint32_t, uint32_t, double, double> congestion(Stream& s) {
+    const CongestionWindow& c = s.congestion();
+    return {c.size, c.alpha, c.slow_start, c.acked, c.marked, c.round, c.peak};
+}
+
+void set_congestion(Stream& s, double size, double alpha, bool slow_start, uint32_t acked,
+                    uint32_t marked, double round, double peak, double minimum, double maximum) {
+    CongestionWindow& c = s.congestion();
+    c.size = size, c.alpha = alpha, c.slow_start = slow_start, c.acked = acked, c.marked = marked;
+    c.round = round, c.peak = peak, c.minimum = minimum, c.maximum = maximum;
+}
+
 void bind_stream_class(nb::module_& m) {
     nb::class_<Stream>(m, "Stream")
         .def(nb::init<int, int, int, double, double, double>(), nb::arg("fd"), nb::arg("rank"),
@@ -150,54 +196,11 @@ void bind_stream_class(nb::module_& m) {
                 const std::string& ip, int port, uint32_t overhead) {
                  s.set_grant(grant_view(job, epoch, slot_base, slot_count, k, ip, port, overhead));
              })
-        .def("control_round",
-             [](Stream& s, Array<const int32_t> lanes, int exp0, uint8_t flags,
-                Array<int32_t> summed) {
-                 if (summed.shape(0) < lanes.shape(0))
-                     throw std::invalid_argument("summed shorter than lanes");
-                 int8_t agreed = kExpNone;
-                 uint8_t result_flags = 0;
-                 double rtt = 0;
-                 bool ok;
-                 {
-                     nb::gil_scoped_release release;
-                     ok = s.control_round(lanes.data(), lanes.shape(0), static_cast<int8_t>(exp0),
-                                          flags, summed.data(), &agreed, &result_flags, &rtt);
-                 }
-                 return std::make_tuple(ok, static_cast<int>(agreed),
-                                        static_cast<int>(result_flags), rtt);
-             })
-        .def("stream_float",
-             [](Stream& s, Values x, Array<const int8_t> exps, Array<const uint8_t> bad, int exp0,
-                uint32_t window, size_t k, float divisor) {
-                 check_blocks(x.shape(0), k, exps.shape(0), bad.shape(0));
-                 BlockCall call{x.data(), x.shape(0),  true,       format_of(x),
-                                divisor,  exps.data(), bad.data(), static_cast<int8_t>(exp0),
-                                window};
-                 nb::gil_scoped_release release;
-                 return s.stream_blocks(call);
-             })
-        .def("stream_int",
-             [](Stream& s, Array<int32_t> x, uint32_t window) {
-                 BlockCall call{x.data(), x.shape(0), false,    Format::Float32, 1.0f,
-                                nullptr,  nullptr,    kExpNone, window};
-                 nb::gil_scoped_release release;
-                 return s.stream_blocks(call);
-             })
-        .def("congestion",
-             [](Stream& s) {
-                 const CongestionWindow& c = s.congestion();
-                 return std::make_tuple(c.size, c.alpha, c.slow_start, c.acked, c.marked, c.round,
-                                        c.peak);
-             })
-        .def("set_congestion",
-             [](Stream& s, double size, double alpha, bool slow_start, uint32_t acked,
-                uint32_t marked, double round, double peak, double minimum, double maximum) {
-                 CongestionWindow& c = s.congestion();
-                 c.size = size, c.alpha = alpha, c.slow_start = slow_start, c.acked = acked,
-                 c.marked = marked;
-                 c.round = round, c.peak = peak, c.minimum = minimum, c.maximum = maximum;
-             })
+        .def("control_round", &control_round)
+        .def("stream_float", &stream_float)
+        .def("stream_int", &stream_int)
+        .def("congestion", &congestion)
+        .def("set_congestion", &set_congestion)
         .def("counters", &counters_dict)
         .def("overflow", &Stream::overflow)
         .def("abort", &Stream::abort, "Stop the call in progress (from another thread)")
