@@ -1,17 +1,12 @@
 // The host aggregator's packet loop (see host_loop.hpp for why). Linux only: the socket's
-// batches (net.hpp), poll and an eventfd to wake the loop for stop().
+// batches (net.hpp), a wait on the socket and on a wake-up for stop() (wait.hpp).
 #include "host_loop.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <stdexcept>
-#include <system_error>
 #include <vector>
 
 namespace inagg {
@@ -49,24 +44,21 @@ struct HostLoop::Buffers {
 };
 
 HostLoop::HostLoop(Engine& engine, int fd, double drop_rate, uint64_t seed)
-    : engine_(engine), socket_(fd), wake_fd_(-1), drop_rate_(drop_rate), rng_(seed),
+    : engine_(engine), socket_(fd), drop_rate_(drop_rate), rng_(seed),
       buffers_(std::make_unique<Buffers>()) {
     if (!(drop_rate >= 0.0 && drop_rate < 1.0)) {
         throw std::invalid_argument("drop rate must be in [0, 1), got " +
                                     std::to_string(drop_rate));
     }
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) {
-        throw os_error("eventfd");
-    }
+    waits_.add(socket_.fd(), POLLIN, socket_.name());
+    waits_.add(wake_.fd(), POLLIN, wake_.name());
 }
 
-HostLoop::~HostLoop() { close(wake_fd_); }
+HostLoop::~HostLoop() = default;  // here, where Buffers is complete
 
 void HostLoop::stop() {
     running_.store(false);
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
+    wake_.signal();
 }
 
 bool HostLoop::lost() {
@@ -78,17 +70,8 @@ bool HostLoop::lost() {
 }
 
 void HostLoop::run() {
-    pollfd fds[2] = {{socket_.fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     while (running_.load()) {
-        if (poll(fds, 2, -1) < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            throw os_error("poll");
-        }
-        if (!running_.load()) {
-            break;
-        }
+        if (!waits_.wait() || !running_.load()) continue;  // a signal came, or stop()
         if (size_t n = socket_.receive(buffers_->rx, MSG_DONTWAIT)) {
             serve_batch(n);
             send_all();

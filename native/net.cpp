@@ -3,11 +3,12 @@
 
 #include <arpa/inet.h>
 #include <net/if.h>
-#include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <thread>
+
+#include "wait.hpp"
 
 namespace inagg {
 namespace {
@@ -135,13 +136,8 @@ bool Socket::wait_for_room(int err, Clock::time_point deadline) const {
     return true;
 }
 
-void Socket::wait(short events, double seconds) const {
-    pollfd p{fd_, events, 0};
-    seconds = std::max(seconds, 0.0);
-    timespec ts{};
-    ts.tv_sec = static_cast<time_t>(seconds);
-    ts.tv_nsec = static_cast<long>((seconds - static_cast<double>(ts.tv_sec)) * 1e9);
-    ppoll(&p, 1, &ts, nullptr);
+bool Socket::wait(short events, double seconds) const {
+    return wait_ready(fd_, events, seconds, name_);
 }
 
 }  // namespace inagg

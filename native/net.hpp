@@ -19,6 +19,8 @@
 //   "recvmmsg on socket 127.0.0.1:5000 (fd 7)": a broken socket is an error at once, not
 //   silence until a timeout or a datagram quietly counted. Python sees an OSError with that
 //   errno (bindings.cpp translates it); the switch's loop thread hands it to stop().
+// Waiting on a socket (Socket::wait, the loops' waits for datagrams and for stop()) is wait.hpp's,
+// under this same policy.
 #pragma once
 
 #include <linux/if_packet.h>
@@ -98,8 +100,9 @@ public:
     // Send `dgs` (reordered as SendBatch::prepare groups them) under the policy above. Throws
     // std::system_error on an error of the socket itself.
     SendResult send(std::vector<Datagram>& dgs);
-    // Wait until the socket is ready for `events` (POLLIN, POLLOUT), at most `seconds`.
-    void wait(short events, double seconds) const;
+    // Wait until the socket is ready for `events` (POLLIN, POLLOUT), at most `seconds` (0 or
+    // less: do not block): whether it is (wait.hpp: the one way the data path waits).
+    bool wait(short events, double seconds) const;
 
 private:
     bool wait_for_room(int err, std::chrono::steady_clock::time_point deadline) const;

@@ -274,10 +274,7 @@ void Stream::resend(uint32_t idx, double rto, double now) {
 // most), a non-blocking one is polled for `wait` seconds when empty.
 void Stream::receive_batch(double wait) {
     size_t got = socket_.receive(rx_, blocking_ ? MSG_WAITFORONE : MSG_DONTWAIT);
-    if (!got && !blocking_) {
-        socket_.wait(POLLIN, wait);
-        socket_.receive(rx_, MSG_DONTWAIT);
-    }
+    if (!got && !blocking_ && socket_.wait(POLLIN, wait)) socket_.receive(rx_, MSG_DONTWAIT);
     rx_next_ = 0;
 }
 

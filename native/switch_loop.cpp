@@ -5,16 +5,11 @@
 #include <linux/if_packet.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -78,43 +73,36 @@ struct SwitchLoop::PortSocket {
 
 SwitchLoop::SwitchLoop(size_t capture_bytes) : captures_(capture_bytes) {
     if (capture_bytes == 0) throw std::invalid_argument("switch loop: capture_bytes must be > 0");
-    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (epoll_fd_ < 0 || wake_fd_ < 0) throw os_error("switch loop: epoll/eventfd");
-    watch(wake_fd_, nullptr);
-}
-
-void SwitchLoop::watch(int fd, PortSocket* sock) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = sock;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) throw os_error("epoll_ctl");
+    waits_.add(wake_.fd(), POLLIN, wake_.name());
 }
 
 SwitchLoop::~SwitchLoop() {
     running_ = false;
+    // join() throws only when the wake-up cannot be written (its eventfd was closed under us):
+    // here that ends the process (std::terminate) rather than hanging in the thread's join.
     join();
-    close(epoll_fd_);
-    close(wake_fd_);
 }
 
 void SwitchLoop::add_udp_ports(int fd, uint32_t bind_addr,
                                const std::vector<std::pair<uint32_t, uint16_t>>& peers) {
     auto sock = std::make_unique<PortSocket>(PortSocket::Kind::Udp, fd);
     sock->bind_addr = bind_addr;
-    for (const auto& [addr, port] : peers) {
-        sock->port_of[addr] = port;
-        by_port_[port] = sock.get();
-    }
-    watch(fd, sock.get());
-    sockets_.push_back(std::move(sock));
+    for (const auto& [addr, port] : peers) sock->port_of[addr] = port;
+    add(std::move(sock));
 }
 
 void SwitchLoop::add_raw_port(int fd, uint16_t port) {
     auto sock = std::make_unique<PortSocket>(PortSocket::Kind::Raw, fd);
     sock->port = port;
-    by_port_[port] = sock.get();
-    watch(fd, sock.get());
+    add(std::move(sock));
+}
+
+// A port socket into the loop: its egress ports, its place in the wait (after the wake-up).
+void SwitchLoop::add(std::unique_ptr<PortSocket> sock) {
+    if (running_) throw std::logic_error("a port added while the switch loop runs");
+    if (sock->kind == PortSocket::Kind::Raw) by_port_[sock->port] = sock.get();
+    for (const auto& [addr, port] : sock->port_of) by_port_[port] = sock.get();
+    waits_.add(sock->socket.fd(), POLLIN, sock->socket.name());
     sockets_.push_back(std::move(sock));
 }
 
@@ -149,10 +137,11 @@ void SwitchLoop::stop() {
     if (std::exception_ptr error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
 }
 
+// Wake the loop thread and wait for it to end (it ends on its own after an error).
 void SwitchLoop::join() {
-    uint64_t one = 1;
-    if (write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN) perror("switch loop: wake");
-    if (thread_.joinable()) thread_.join();
+    if (!thread_.joinable()) return;
+    wake_.signal();
+    thread_.join();
 }
 
 // The loop thread: until stop(), or until an error, which it keeps for stop() to throw.
@@ -166,18 +155,10 @@ void SwitchLoop::run() {
 }
 
 void SwitchLoop::wait_and_receive() {
-    epoll_event events[16];
-    int n = epoll_wait(epoll_fd_, events, 16, -1);
-    if (n < 0 && errno != EINTR) throw os_error("epoll_wait");
-    for (int i = 0; i < n && running_; ++i) {
-        if (events[i].data.ptr) {
-            receive_batch(*static_cast<PortSocket*>(events[i].data.ptr));
-        } else {  // stop(): consume the wake-up, so a later start() waits again
-            uint64_t count;
-            if (read(wake_fd_, &count, sizeof count) < 0 && errno != EAGAIN)
-                throw os_error("switch loop: wake");
-        }
-    }
+    if (!waits_.wait()) return;          // a signal came first
+    if (waits_.ready(0)) wake_.clear();  // stop(): taken, so that a later start() waits again
+    for (size_t i = 0; i < sockets_.size() && running_; ++i)
+        if (waits_.ready(i + 1)) receive_batch(*sockets_[i]);
 }
 
 void SwitchLoop::receive_batch(PortSocket& sock) {
