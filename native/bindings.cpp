@@ -1,6 +1,6 @@
-// Python bindings of the native data path (inagg.hostlib._native). Only the binding glue lives here;
-// each concern has its own file beside it (engine.hpp: the slot engine; host_loop.hpp: the host
-// aggregator's packet loop; switch_bindings.cpp: the soft switch; stream_bindings.cpp: the
+// Python bindings of the native data path (inagg.hostlib._native). Only the binding glue lives
+// here; each concern has its own file beside it (engine.hpp: the slot engine; host_loop.hpp: the
+// host aggregator's packet loop; switch_bindings.cpp: the soft switch; stream_bindings.cpp: the
 // worker's stream). Packet work runs with the GIL released; configuration and counters are plain
 // Python data.
 #include <nanobind/nanobind.h>
@@ -42,8 +42,8 @@ private:
 
 // An uplink as Python passes it: (parent sender id, rank at the parent, slot_base there).
 using UplinkArg = std::optional<std::tuple<inagg::SenderId, int64_t, int64_t>>;
-using JobArg = std::tuple<int64_t, int64_t, int64_t, int64_t, std::vector<inagg::SenderId>, UplinkArg,
-                          int64_t>;
+using JobArg = std::tuple<int64_t, int64_t, int64_t, int64_t, std::vector<inagg::SenderId>,
+                          UplinkArg, int64_t>;
 
 inagg::JobConfig job_config(int64_t job_id, int64_t epoch, int64_t slot_base, int64_t slot_count,
                             std::vector<inagg::SenderId> members, const UplinkArg& uplink,
@@ -52,7 +52,8 @@ inagg::JobConfig job_config(int64_t job_id, int64_t epoch, int64_t slot_base, in
     job.n_children = n_children;
     if (uplink) {
         job.has_uplink = true;
-        job.uplink = inagg::Uplink{std::get<0>(*uplink), std::get<1>(*uplink), std::get<2>(*uplink)};
+        job.uplink =
+            inagg::Uplink{std::get<0>(*uplink), std::get<1>(*uplink), std::get<2>(*uplink)};
     }
     return job;
 }
@@ -118,7 +119,8 @@ nb::tuple process_batch(inagg::Engine& engine, nb::handle data, const std::vecto
                         const std::vector<inagg::SenderId>& senders,
                         const std::vector<bool>& framing_ok) {
     if (senders.size() != lengths.size() || framing_ok.size() != lengths.size()) {
-        throw std::invalid_argument("process_batch: lengths, senders and framing_ok differ in size");
+        throw std::invalid_argument(
+            "process_batch: lengths, senders and framing_ok differ in size");
     }
     ByteView view(data);
     std::vector<inagg::Received> packets(lengths.size());
@@ -155,42 +157,48 @@ void bind_engine(nb::module_& m) {
     }
     m.attr("OUTCOMES") = outcomes;
     m.attr("EMIT_UPSTREAM") = inagg::kUpstream;  // an emit's rank: to the job's parent
-    m.def("p4_drop_code", [](int outcome) {
-        if (outcome < 0 || outcome >= static_cast<int>(inagg::kOutcomes)) {
-            throw std::invalid_argument("no outcome " + std::to_string(outcome));
-        }
-        return inagg::p4_drop_code(static_cast<inagg::Outcome>(outcome));
-    }, "outcome"_a, "DROP_*/GLOBAL_DROP_* code of a drop outcome, else -1");
+    m.def(
+        "p4_drop_code",
+        [](int outcome) {
+            if (outcome < 0 || outcome >= static_cast<int>(inagg::kOutcomes)) {
+                throw std::invalid_argument("no outcome " + std::to_string(outcome));
+            }
+            return inagg::p4_drop_code(static_cast<inagg::Outcome>(outcome));
+        },
+        "outcome"_a, "DROP_*/GLOBAL_DROP_* code of a drop outcome, else -1");
 
     nb::class_<inagg::Engine>(m, "Engine", "The slot engine (native/engine.hpp)")
         .def(nb::init<uint32_t, uint32_t, bool>(), "n_slots"_a, "values_per_packet"_a,
              "host_mode"_a)
         .def_prop_ro("n_slots", &inagg::Engine::n_slots)
         .def_prop_ro("values_per_packet", &inagg::Engine::values_per_packet)
-        .def("set_job",
-             [](inagg::Engine& e, int64_t job_id, int64_t epoch, int64_t base, int64_t count,
-                std::vector<inagg::SenderId> members, const UplinkArg& uplink, int64_t n_children) {
-                 std::lock_guard<std::mutex> lock(e.mutex());
-                 e.set_job(job_config(job_id, epoch, base, count, std::move(members), uplink,
-                                      n_children));
-             },
-             "job_id"_a, "epoch"_a, "slot_base"_a, "slot_count"_a, "members"_a,
-             "uplink"_a = nb::none(), "n_children"_a = 0)
+        .def(
+            "set_job",
+            [](inagg::Engine& e, int64_t job_id, int64_t epoch, int64_t base, int64_t count,
+               std::vector<inagg::SenderId> members, const UplinkArg& uplink, int64_t n_children) {
+                std::lock_guard<std::mutex> lock(e.mutex());
+                e.set_job(
+                    job_config(job_id, epoch, base, count, std::move(members), uplink, n_children));
+            },
+            "job_id"_a, "epoch"_a, "slot_base"_a, "slot_count"_a, "members"_a,
+            "uplink"_a = nb::none(), "n_children"_a = 0)
         .def("remove_job",
              [](inagg::Engine& e, uint16_t job_id) {
                  std::lock_guard<std::mutex> lock(e.mutex());
                  e.remove_job(job_id);
              })
-        .def("replace_jobs",
-             [](inagg::Engine& e, const std::vector<JobArg>& wanted) {
-                 std::vector<inagg::JobConfig> jobs;
-                 for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
-                     jobs.push_back(job_config(id, epoch, base, count, members, uplink, n_children));
-                 }
-                 std::lock_guard<std::mutex> lock(e.mutex());
-                 e.replace_jobs(jobs);
-             },
-             "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members, uplink or None, n_children)]")
+        .def(
+            "replace_jobs",
+            [](inagg::Engine& e, const std::vector<JobArg>& wanted) {
+                std::vector<inagg::JobConfig> jobs;
+                for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
+                    jobs.push_back(job_config(id, epoch, base, count, members, uplink, n_children));
+                }
+                std::lock_guard<std::mutex> lock(e.mutex());
+                e.replace_jobs(jobs);
+            },
+            "jobs"_a,
+            "[(job_id, epoch, slot_base, slot_count, members, uplink or None, n_children)]")
         .def("job_ids",
              [](inagg::Engine& e) {
                  std::lock_guard<std::mutex> lock(e.mutex());
@@ -204,7 +212,8 @@ void bind_engine(nb::module_& m) {
 }
 
 void bind_host_loop(nb::module_& m) {
-    nb::class_<inagg::HostLoop>(m, "HostLoop", "The host aggregator's packet loop (native/host_loop.hpp)")
+    nb::class_<inagg::HostLoop>(m, "HostLoop",
+                                "The host aggregator's packet loop (native/host_loop.hpp)")
         // keep_alive: the loop uses the engine for as long as it exists
         .def(nb::init<inagg::Engine&, int, double, uint64_t>(), "engine"_a, "fd"_a,
              "drop_rate"_a = 0.0, "seed"_a = 0, nb::keep_alive<1, 2>())
@@ -231,9 +240,9 @@ void translate_os_error(const std::exception_ptr& error, void*) {
 
 void bind_switch(nb::module_& m);  // switch_bindings.cpp
 namespace inagg {
-void bind_stream(nb::module_& m);  // stream_bindings.cpp
+void bind_stream(nb::module_& m);       // stream_bindings.cpp
 void bind_host_reduce(nb::module_& m);  // host_reduce.cpp
-}
+}  // namespace inagg
 
 NB_MODULE(_native, m) {
     m.doc() = "inagg's per-packet data path in C++ (see native/*.hpp)";

@@ -5,8 +5,7 @@
 
 namespace inagg {
 
-void CaptureQueue::push(uint16_t port, bool sent, int64_t usec, const uint8_t* frame,
-                        size_t len) {
+void CaptureQueue::push(uint16_t port, bool sent, int64_t usec, const uint8_t* frame, size_t len) {
     std::lock_guard<std::mutex> lock(mutex_);
     size_t offset = pending_.bytes.size();
     if (len > capacity_bytes_ - offset) {  // offset <= capacity_bytes_ always

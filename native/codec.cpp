@@ -70,23 +70,25 @@ struct BFloat16Values {  // bfloat16 is the top half of a float32
     }
 };
 
-struct Float16Values {  // IEEE binary16 (F. Giesen's conversions; tests/test_codec.py checks every one)
+// IEEE binary16 (F. Giesen's conversions; tests/test_codec.py checks every one)
+struct Float16Values {
     using Element = uint16_t;
     static float load(uint16_t h) {
         uint32_t o = uint32_t(h & 0x7fffu) << 13;
         uint32_t exp = o & 0x0f800000u;
         o += (127u - 15) << 23;
-        o += exp == 0x0f800000u ? (128u - 16) << 23 : 0;                   // inf, NaN
+        o += exp == 0x0f800000u ? (128u - 16) << 23 : 0;                          // inf, NaN
         uint32_t sub = bits_of(float_of(o + (1u << 23)) - float_of(113u << 23));  // exact
         return float_of((exp == 0 ? sub : o) | uint32_t(h & 0x8000u) << 16);
     }
     static uint16_t store(float y) {
-        constexpr uint32_t kF16Max = (127u + 16) << 23, kDenormMagic = ((127u - 15) + (23 - 10) + 1) << 23;
+        constexpr uint32_t kF16Max = (127u + 16) << 23, kDenormMagic = ((127u - 15) + (23 - 10) + 1)
+                                                                       << 23;
         uint32_t u = bits_of(y);
         uint32_t sign = u & 0x80000000u;
         u ^= sign;
         uint32_t big = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-        uint32_t denormal = bits_of(float_of(u) + float_of(kDenormMagic)) - kDenormMagic;   // rounds
+        uint32_t denormal = bits_of(float_of(u) + float_of(kDenormMagic)) - kDenormMagic;  // rounds
         uint32_t normal = (u + ((15u - 127u) << 23) + 0xfffu + (u >> 13 & 1)) >> 13;
         uint32_t o = u >= kF16Max ? big : u < (113u << 23) ? denormal : normal;
         return static_cast<uint16_t>(o | sign >> 16);
@@ -114,7 +116,8 @@ float max_abs(const void* x, Format f, size_t n) {
 }
 
 template <class V, bool kBigEndian>
-[[gnu::always_inline]] inline void quantize_loop(const void* x, size_t n, double scale, uint32_t* q) {
+[[gnu::always_inline]] inline void quantize_loop(const void* x, size_t n, double scale,
+                                                 uint32_t* q) {
     auto in = static_cast<const typename V::Element*>(x);
     for (size_t i = 0; i < n; ++i) {
         auto v = static_cast<uint32_t>(round_to_int(static_cast<double>(V::load(in[i])) * scale));
@@ -123,8 +126,8 @@ template <class V, bool kBigEndian>
 }
 
 template <class V, bool kBigEndian>
-[[gnu::always_inline]] inline void dequantize_loop(const uint32_t* q, size_t n, double scale, float divisor,
-                                                   void* y) {
+[[gnu::always_inline]] inline void dequantize_loop(const uint32_t* q, size_t n, double scale,
+                                                   float divisor, void* y) {
     auto out = static_cast<typename V::Element*>(y);
     auto value = [&](size_t i) {
         auto s = static_cast<int32_t>(kBigEndian ? __builtin_bswap32(q[i]) : q[i]);
@@ -138,8 +141,8 @@ template <class V, bool kBigEndian>
 }
 
 // One loop per format and byte order, each built for the CPU (value_loops.hpp).
-INAGG_VALUE_LOOP void quantize_values(const void* x, Format f, size_t n, double scale, bool big_endian,
-                                      uint32_t* q) {
+INAGG_VALUE_LOOP void quantize_values(const void* x, Format f, size_t n, double scale,
+                                      bool big_endian, uint32_t* q) {
     switch (f) {
         case Format::Float32:
             return big_endian ? quantize_loop<Float32Values, true>(x, n, scale, q)
@@ -153,8 +156,8 @@ INAGG_VALUE_LOOP void quantize_values(const void* x, Format f, size_t n, double 
     }
 }
 
-INAGG_VALUE_LOOP void dequantize_values(const uint32_t* q, size_t n, double scale, float divisor, bool big_endian,
-                                        Format f, void* y) {
+INAGG_VALUE_LOOP void dequantize_values(const uint32_t* q, size_t n, double scale, float divisor,
+                                        bool big_endian, Format f, void* y) {
     switch (f) {
         case Format::Float32:
             return big_endian ? dequantize_loop<Float32Values, true>(q, n, scale, divisor, y)
@@ -168,7 +171,8 @@ INAGG_VALUE_LOOP void dequantize_values(const uint32_t* q, size_t n, double scal
     }
 }
 
-void quantize_block(const void* x, Format f, size_t n, int exp, int shift, bool big_endian, uint32_t* q) {
+void quantize_block(const void* x, Format f, size_t n, int exp, int shift, bool big_endian,
+                    uint32_t* q) {
     if (exp == kExpNone) {
         std::fill(q, q + n, 0u);
         return;
@@ -176,8 +180,8 @@ void quantize_block(const void* x, Format f, size_t n, int exp, int shift, bool 
     quantize_values(x, f, n, std::ldexp(1.0, shift - exp), big_endian, q);
 }
 
-void dequantize_block(const uint32_t* q, size_t n, int exp, int shift, float divisor, bool big_endian, Format f,
-                      void* y) {
+void dequantize_block(const uint32_t* q, size_t n, int exp, int shift, float divisor,
+                      bool big_endian, Format f, void* y) {
     if (exp == kExpNone) {
         std::memset(y, 0, n * format_bytes(f));
         return;
@@ -215,21 +219,23 @@ void quantize_be(const void* x, Format f, size_t n, int exp, int shift, uint32_t
     quantize_block(x, f, n, exp, shift, true, q_be);
 }
 
-void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float divisor, Format f, void* y) {
+void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float divisor, Format f,
+                   void* y) {
     dequantize_block(q_be, n, exp, shift, divisor, true, f, y);
 }
 
-void quantize_blocks(const void* x, Format f, size_t n, size_t block, const int8_t* exps, int shift, int32_t* q) {
+void quantize_blocks(const void* x, Format f, size_t n, size_t block, const int8_t* exps, int shift,
+                     int32_t* q) {
     for (size_t b = 0, i = 0; i < n; ++b, i += block)
         quantize_block(element_at(x, f, i), f, std::min(block, n - i), exps[b], shift, false,
                        reinterpret_cast<uint32_t*>(q + i));
 }
 
-void dequantize_blocks(const int32_t* q, size_t n, size_t block, const int8_t* exps, int shift, float divisor,
-                       Format f, void* y) {
+void dequantize_blocks(const int32_t* q, size_t n, size_t block, const int8_t* exps, int shift,
+                       float divisor, Format f, void* y) {
     for (size_t b = 0, i = 0; i < n; ++b, i += block)
-        dequantize_block(reinterpret_cast<const uint32_t*>(q + i), std::min(block, n - i), exps[b], shift, divisor,
-                         false, f, element_at(y, f, i));
+        dequantize_block(reinterpret_cast<const uint32_t*>(q + i), std::min(block, n - i), exps[b],
+                         shift, divisor, false, f, element_at(y, f, i));
 }
 
 INAGG_VALUE_LOOP void quantize_add(const float* x, size_t n, int exp, int shift, int32_t* acc) {
@@ -241,25 +247,27 @@ INAGG_VALUE_LOOP void quantize_add(const float* x, size_t n, int exp, int shift,
     }
 }
 
-INAGG_VALUE_LOOP void dequantize_div(const int32_t* q, size_t n, int exp, int shift, float divisor, float* y) {
+INAGG_VALUE_LOOP void dequantize_div(const int32_t* q, size_t n, int exp, int shift, float divisor,
+                                     float* y) {
     if (exp == kExpNone) {
         std::fill(y, y + n, 0.0f);
         return;
     }
     const double scale = std::ldexp(1.0, exp - shift);
-    for (size_t i = 0; i < n; ++i) y[i] = static_cast<float>(static_cast<double>(q[i]) * scale) / divisor;
+    for (size_t i = 0; i < n; ++i)
+        y[i] = static_cast<float>(static_cast<double>(q[i]) * scale) / divisor;
 }
 
 }  // namespace inagg
 
-// -- exact fixed point (hostlib/wire/codec.py: fixed_encode, fixed_decode, round_to_float32) --------
+// -- exact fixed point (hostlib/wire/codec.py: fixed_encode, fixed_decode, round_to_float32) --
 
 namespace inagg {
 namespace {
 
-constexpr int kFixedFractionBits = 149;                     // float32 values are multiples of 2**-149
-constexpr int kFixedBits = kExpMax + kFixedFractionBits;    // |x| * 2**149 < 2**276
-constexpr uint32_t kMaxBiasedExp = kExpMax + 126;           // above: |x| >= 2**kExpMax, inf, NaN
+constexpr int kFixedFractionBits = 149;                   // float32 values are multiples of 2**-149
+constexpr int kFixedBits = kExpMax + kFixedFractionBits;  // |x| * 2**149 < 2**276
+constexpr uint32_t kMaxBiasedExp = kExpMax + 126;         // above: |x| >= 2**kExpMax, inf, NaN
 constexpr int kSignificandBits = 24;
 
 // A non-negative integer as digits 0 <= d[i] < 2**b (d.back() may be larger: the top carry).
@@ -271,7 +279,7 @@ struct Digits {
     uint64_t bits(int lo, int count) const {
         uint64_t r = 0;
         for (int i = lo / b; i < static_cast<int>(d.size()) && i * b < lo + count; ++i) {
-            int at = i * b - lo;   // where digit i's bit 0 lands
+            int at = i * b - lo;  // where digit i's bit 0 lands
             auto v = static_cast<uint64_t>(d[i]);
             r |= at >= 0 ? v << at : v >> -at;
         }
@@ -299,8 +307,9 @@ int64_t carry_digits(const int32_t* sums, int n_limbs, int sign, Digits& out) {
     int64_t carry = 0;
     for (int i = 0; i < n_limbs; ++i) {
         int64_t t = sign * int64_t(sums[i]) + carry;
-        int64_t digit = static_cast<int64_t>(static_cast<uint64_t>(t) & ((uint64_t(1) << out.b) - 1));
-        carry = (t - digit) / (int64_t(1) << out.b);   // exact: floor division
+        int64_t digit =
+            static_cast<int64_t>(static_cast<uint64_t>(t) & ((uint64_t(1) << out.b) - 1));
+        carry = (t - digit) / (int64_t(1) << out.b);  // exact: floor division
         out.d[i] = digit;
     }
     out.d[n_limbs] = carry;
@@ -312,7 +321,8 @@ float round_to_float32(const Digits& magnitude) {
     int top = magnitude.top_bit();
     int drop = std::max(0, top + 1 - kSignificandBits);
     uint64_t kept = magnitude.bits(drop, kSignificandBits);
-    if (drop && magnitude.bits(drop - 1, 1) && (magnitude.any_below(drop - 1) || (kept & 1))) ++kept;
+    if (drop && magnitude.bits(drop - 1, 1) && (magnitude.any_below(drop - 1) || (kept & 1)))
+        ++kept;
     double exact = std::ldexp(static_cast<double>(kept), drop - kFixedFractionBits);
     return exact >= 0x1p128 ? INFINITY : static_cast<float>(exact);
 }
@@ -337,9 +347,9 @@ bool fixed_encode(const float* x, size_t n, int n_workers, int32_t* limbs) {
         bool good = biased <= kMaxBiasedExp;
         ok &= good;
         uint64_t significand = good ? (bits & 0x7FFFFF) | uint64_t(biased > 0) << 23 : 0;
-        int shift = std::max<int>(biased, 1) - 1;   // |x| = significand * 2**(shift - 149)
+        int shift = std::max<int>(biased, 1) - 1;  // |x| = significand * 2**(shift - 149)
         for (int i = 0; i < n_limbs; ++i) {
-            int at = shift - i * b;   // where the significand's bit 0 lands in limb i
+            int at = shift - i * b;  // where the significand's bit 0 lands in limb i
             uint64_t v = at >= 0 ? (at >= b ? 0 : significand << at)
                                  : (-at >= kSignificandBits ? 0 : significand >> -at);
             auto limb = static_cast<int32_t>(v & mask);
@@ -355,7 +365,7 @@ void fixed_decode(const int32_t* sums, size_t n, int n_workers, float* y) {
     for (size_t j = 0; j < n; ++j) {
         const int32_t* s = sums + j * n_limbs;
         bool negative = carry_digits(s, n_limbs, 1, digits) < 0;
-        if (negative) carry_digits(s, n_limbs, -1, digits);   // the digits of -value
+        if (negative) carry_digits(s, n_limbs, -1, digits);  // the digits of -value
         float magnitude = round_to_float32(digits);
         y[j] = negative ? -magnitude : magnitude;
     }

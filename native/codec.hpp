@@ -1,6 +1,7 @@
 // Block floating-point codec and the exact fixed-point codec of small calls, the C++ twins of
-// hostlib/wire/codec.py (which documents both formats and proves the block codec's error bound). Results must be bit-identical to the numpy version: the worker's
-// native stream and the Python one may serve ranks of the same job.
+// hostlib/wire/codec.py (which documents both formats and proves the block codec's error bound).
+// Results must be bit-identical to the numpy version: the worker's native stream and the Python one
+// may serve ranks of the same job.
 #pragma once
 
 #include <cstddef>
@@ -26,7 +27,9 @@ size_t format_bytes(Format f);
 inline const void* element_at(const void* x, Format f, size_t i) {
     return static_cast<const uint8_t*>(x) + i * format_bytes(f);
 }
-inline void* element_at(void* x, Format f, size_t i) { return static_cast<uint8_t*>(x) + i * format_bytes(f); }
+inline void* element_at(void* x, Format f, size_t i) {
+    return static_cast<uint8_t*>(x) + i * format_bytes(f);
+}
 
 // Per-block exponents of x (blocks of `block` values): exps[b] = the smallest e with
 // max|x| < 2**e (at least kExpMin), kExpNone for an all-zero block; bad[b] = 1 (and kExpNone)
@@ -38,13 +41,15 @@ void quantize_be(const void* x, Format f, size_t n, int exp, int shift, uint32_t
 
 // y[i] = float32(q[i] * 2**(exp - shift)) / divisor, rounded to format f, from big-endian int32
 // sums (zero for kExpNone). divisor: 1 for a sum, the worker count for an average.
-void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float divisor, Format f, void* y);
+void dequantize_be(const uint32_t* q_be, size_t n, int exp, int shift, float divisor, Format f,
+                   void* y);
 
 // The same steps over every block of a tensor with native-endian int32 (the fixed point of a
 // call that runs on another transport, e.g. gloo, under agreed exponents exps[n / block]).
-void quantize_blocks(const void* x, Format f, size_t n, size_t block, const int8_t* exps, int shift, int32_t* q);
-void dequantize_blocks(const int32_t* q, size_t n, size_t block, const int8_t* exps, int shift, float divisor,
-                       Format f, void* y);
+void quantize_blocks(const void* x, Format f, size_t n, size_t block, const int8_t* exps, int shift,
+                     int32_t* q);
+void dequantize_blocks(const int32_t* q, size_t n, size_t block, const int8_t* exps, int shift,
+                       float divisor, Format f, void* y);
 
 // acc[i] += rint(x[i] * 2**(shift - exp)) (nothing for kExpNone), wrapping as the switch's int32
 // sum: the host-local reduce adds its ranks' quantized values as the switch would.

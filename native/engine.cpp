@@ -1,5 +1,6 @@
 // The slot engine (see engine.hpp for why it exists). Each step below names the line of the
-// Python engine's decision table (hostlib/aggregator/engine_reference.py) it implements; keep them in step.
+// Python engine's decision table (hostlib/aggregator/engine_reference.py) it implements; keep
+// them in step.
 #include "engine.hpp"
 
 #include <algorithm>
@@ -24,7 +25,8 @@ INAGG_VALUE_LOOP void load_values(int32_t* values, const uint8_t* payload, uint3
 // int32 wrap-around sums, as the switch's registers do.
 INAGG_VALUE_LOOP void add_values(int32_t* values, const uint8_t* payload, uint32_t k) {
     for (size_t i = 0; i < k; ++i)
-        values[i] = static_cast<int32_t>(static_cast<uint32_t>(values[i]) + load_be32(payload + 4 * i));
+        values[i] =
+            static_cast<int32_t>(static_cast<uint32_t>(values[i]) + load_be32(payload + 4 * i));
 }
 
 INAGG_VALUE_LOOP void store_values(uint8_t* out, const int32_t* values, uint32_t k) {
@@ -40,8 +42,8 @@ std::string members_text(const std::vector<SenderId>& members) {
 }
 
 std::string slots_text(const JobConfig& job) {
-    return "[" + std::to_string(job.slot_base) + ", "
-           + std::to_string(job.slot_base + job.slot_count) + ")";
+    return "[" + std::to_string(job.slot_base) + ", " +
+           std::to_string(job.slot_base + job.slot_count) + ")";
 }
 
 // JobConfig.validate: the first bad field, with the Python engine's message.
@@ -55,18 +57,18 @@ void validate(const JobConfig& job, uint32_t n_slots) {
     }
     size_t n = job.members.size();
     if (n < 1 || n > kMaxWorkers) {
-        throw std::invalid_argument(name + "needs 1.." + std::to_string(kMaxWorkers)
-                                    + " workers, got " + std::to_string(n));
+        throw std::invalid_argument(name + "needs 1.." + std::to_string(kMaxWorkers) +
+                                    " workers, got " + std::to_string(n));
     }
     std::vector<SenderId> sorted = job.members;
     std::sort(sorted.begin(), sorted.end());
     if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-        throw std::invalid_argument(name + "duplicate worker addresses "
-                                    + members_text(job.members));
+        throw std::invalid_argument(name + "duplicate worker addresses " +
+                                    members_text(job.members));
     }
     if (job.slot_count < 1 || job.slot_base < 0 || job.slot_base + job.slot_count > n_slots) {
-        throw std::invalid_argument(name + "slots " + slots_text(job) + " outside the pool of "
-                                    + std::to_string(n_slots));
+        throw std::invalid_argument(name + "slots " + slots_text(job) + " outside the pool of " +
+                                    std::to_string(n_slots));
     }
     if (job.n_children < 0 || job.n_children > int64_t(n)) {
         throw std::invalid_argument(name + "n_children must be in 0.." + std::to_string(n));
@@ -74,13 +76,13 @@ void validate(const JobConfig& job, uint32_t n_slots) {
     if (!job.has_uplink) return;
     const Uplink& up = job.uplink;
     if (up.rank < 0 || up.rank >= int64_t(kMaxWorkers)) {
-        throw std::invalid_argument(name + "uplink rank must be in 0.."
-                                    + std::to_string(kMaxWorkers - 1));
+        throw std::invalid_argument(name + "uplink rank must be in 0.." +
+                                    std::to_string(kMaxWorkers - 1));
     }
     if (up.slot_base < 0 || up.slot_base > int64_t(kMaxSlot) + 1 - job.slot_count) {
-        throw std::invalid_argument(name + "the parent's slots [" + std::to_string(up.slot_base)
-                                    + ", " + std::to_string(up.slot_base + job.slot_count)
-                                    + ") are outside 0.." + std::to_string(kMaxSlot));
+        throw std::invalid_argument(name + "the parent's slots [" + std::to_string(up.slot_base) +
+                                    ", " + std::to_string(up.slot_base + job.slot_count) +
+                                    ") are outside 0.." + std::to_string(kMaxSlot));
     }
 }
 
@@ -92,9 +94,10 @@ bool overlaps(const JobConfig& a, const JobConfig& b) {
 
 const char* outcome_name(Outcome outcome) {
     static constexpr std::array<const char*, kOutcomes> names = {
-        "", "first", "add", "stale_round", "dup_pending", "dup_done", "bad_round",
-        "dup_upstream", "bad_type", "bad_worker", "stale_epoch", "bad_slot", "bad_length",
-        "bad_encap", "truncated", "bad_version", "unknown_job", "parent_result", "dup_result"};
+        "",           "first",        "add",       "stale_round", "dup_pending", "dup_done",
+        "bad_round",  "dup_upstream", "bad_type",  "bad_worker",  "stale_epoch", "bad_slot",
+        "bad_length", "bad_encap",    "truncated", "bad_version", "unknown_job", "parent_result",
+        "dup_result"};
     return names.at(static_cast<size_t>(outcome));
 }
 
@@ -107,10 +110,8 @@ bool is_drop(Outcome outcome) {
         case Outcome::DupDone:
         case Outcome::DupUpstream:
         case Outcome::ParentResult:
-        case Outcome::DupResult:
-            return false;
-        default:
-            return true;
+        case Outcome::DupResult: return false;
+        default: return true;
     }
 }
 
@@ -133,8 +134,8 @@ int p4_drop_code(Outcome outcome) {
 Engine::Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode)
     : n_slots_(n_slots), k_(values_per_packet), result_flags_(host_mode ? kFlagFromHost : 0) {
     if (n_slots < 1 || n_slots > kMaxSlot + 1) {
-        throw std::invalid_argument("n_slots must be in 1.." + std::to_string(kMaxSlot + 1)
-                                    + ", got " + std::to_string(n_slots));
+        throw std::invalid_argument("n_slots must be in 1.." + std::to_string(kMaxSlot + 1) +
+                                    ", got " + std::to_string(n_slots));
     }
     if (values_per_packet < 1) {
         throw std::invalid_argument("values_per_packet must be >= 1");
@@ -157,9 +158,8 @@ void Engine::set_job(const JobConfig& job) {
     validate(job, n_slots_);
     for (const auto& [id, other] : jobs_) {
         if (id != job.job_id && overlaps(other, job)) {
-            throw std::invalid_argument("job " + std::to_string(job.job_id) + ": slots "
-                                        + slots_text(job) + " overlap job "
-                                        + std::to_string(id));
+            throw std::invalid_argument("job " + std::to_string(job.job_id) + ": slots " +
+                                        slots_text(job) + " overlap job " + std::to_string(id));
         }
     }
     uint16_t id = static_cast<uint16_t>(job.job_id);
@@ -181,7 +181,8 @@ void Engine::replace_jobs(const std::vector<JobConfig>& wanted) {
     }
     for (const JobConfig& job : wanted) {
         const JobConfig* have = job.job_id >= 0 && job.job_id <= 0xFFFF
-                                    ? this->job(static_cast<uint16_t>(job.job_id)) : nullptr;
+                                    ? this->job(static_cast<uint16_t>(job.job_id))
+                                    : nullptr;
         if (!have || !(*have == job)) {
             if (have) {
                 remove_job(static_cast<uint16_t>(job.job_id));
@@ -220,8 +221,8 @@ Emit Engine::drop_job(JobCounters& ctr, Outcome reason) {
 
 // The per-job checks in the order of the P4 program's JobAdmission; None when admitted. A
 // RESULT is admitted only on a job with an uplink: from its parent, in the parent's slots.
-Outcome Engine::admission(const JobConfig& job, const uint8_t* data, size_t len,
-                          SenderId sender, bool framing_ok) const {
+Outcome Engine::admission(const JobConfig& job, const uint8_t* data, size_t len, SenderId sender,
+                          bool framing_ok) const {
     Header h = read_header(data);
     bool from_parent = h.msg_type == kMsgResult && job.has_uplink;
     if (h.msg_type != kMsgContribution && !from_parent) {
@@ -289,14 +290,14 @@ Emit Engine::aggregate(const JobConfig& job, JobCounters& ctr, const Header& h,
     if (set.bitmap[slot] & bit) {
         return duplicate(job, ctr, h, st, out);
     }
-    if (set.bitmap[slot] == 0) {                               // FIRST
+    if (set.bitmap[slot] == 0) {  // FIRST
         last_outcome_ = Outcome::First;
         accumulate(set, h, payload, true);
-    } else if (st.complete || st.sent_up) {                    // STALE
+    } else if (st.complete || st.sent_up) {  // STALE
         return drop_job(ctr, Outcome::StaleRound);
-    } else if (!st.same_round) {                               // BAD_ROUND
+    } else if (!st.same_round) {  // BAD_ROUND
         return drop_job(ctr, Outcome::BadRound);
-    } else {                                                   // ADD
+    } else {  // ADD
         last_outcome_ = Outcome::Add;
         accumulate(set, h, payload, false);
     }
@@ -307,7 +308,7 @@ Emit Engine::aggregate(const JobConfig& job, JobCounters& ctr, const Header& h,
         return Emit{};
     }
     ctr.results += 1;
-    if (job.has_uplink) {                                      // this level's part: up
+    if (job.has_uplink) {  // this level's part: up
         return Emit{h.job, kUpstream, write_upstream(slot, h.set, job, 0, out)};
     }
     return Emit{h.job, kEveryMember, write_result(slot, h.set, job, h.worker, 0, out)};
@@ -329,27 +330,28 @@ void Engine::claim_slot(const Header& h) {
 // again.
 Emit Engine::duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, RoundState st,
                        uint8_t* out) {
-    if (!st.same_round) {                                      // BAD_ROUND
+    if (!st.same_round) {  // BAD_ROUND
         return drop_job(ctr, Outcome::BadRound);
     }
     ctr.duplicates += 1;
-    if (st.complete) {                                         // DUP_DONE
+    if (st.complete) {  // DUP_DONE
         ctr.resent_results += 1;
         last_outcome_ = Outcome::DupDone;
-        return Emit{h.job, h.worker, write_result(h.slot, h.set, job, h.worker, kFlagRetransmit, out)};
+        return Emit{h.job, h.worker,
+                    write_result(h.slot, h.set, job, h.worker, kFlagRetransmit, out)};
     }
-    if (st.sent_up) {                                          // DUP_UPSTREAM
+    if (st.sent_up) {  // DUP_UPSTREAM
         last_outcome_ = Outcome::DupUpstream;
         return Emit{h.job, kUpstream, write_upstream(h.slot, h.set, job, kFlagRetransmit, out)};
     }
-    last_outcome_ = Outcome::DupPending;                       // DUP_PENDING
+    last_outcome_ = Outcome::DupPending;  // DUP_PENDING
     return Emit{};
 }
 
 // The parent's result: stored and sent to every member when the set sent its sum up and waits
 // for it (hostlib/aggregator/engine_reference.py: AggregationEngine._parent_result).
-Emit Engine::parent_result(const JobConfig& job, JobCounters& ctr, const Header& h,
-                           RoundState st, const uint8_t* payload, uint8_t* out) {
+Emit Engine::parent_result(const JobConfig& job, JobCounters& ctr, const Header& h, RoundState st,
+                           const uint8_t* payload, uint8_t* out) {
     if (!st.same_round) {
         return drop_job(ctr, Outcome::BadRound);
     }

@@ -1,4 +1,5 @@
-// The slot engine: hostlib/aggregator/engine_reference.py::AggregationEngine in C++, decision for decision.
+// The slot engine: hostlib/aggregator/engine_reference.py::AggregationEngine in C++, decision
+// for decision.
 //
 // Why it exists: the per-packet slot logic (owner tag, shadow sets, worker bitmap, exponent max,
 // duplicate/stale handling, counters) is the hot loop of the host aggregator and of the software
@@ -33,28 +34,29 @@
 namespace inagg {
 
 // What the engine did with one packet. The slot decisions carry their P4 codes (SLOT_* in
-// p4/include/constants.p4); the rest are drop reasons named as inagg.hostlib.wire.protocol names them.
-// inagg.hostlib.wire.protocol.Outcome is the Python twin (tests/test_protocol_twin.py ties all three).
+// p4/include/constants.p4); the rest are drop reasons named as inagg.hostlib.wire.protocol
+// names them. inagg.hostlib.wire.protocol.Outcome is the Python twin
+// (tests/test_protocol_twin.py ties all three).
 enum class Outcome : uint8_t {
-    None = 0,          // nothing processed yet
-    First = 1,         // first contribution of a round: overwrite the set
-    Add = 2,           // a further contribution: add
-    StaleRound = 3,    // drop: reordered packet of a finished round
-    DupPending = 4,    // drop: duplicate of a contribution to an unfinished round
-    DupDone = 5,       // duplicate of a finished round: the stored result back to the sender
-    BadRound = 6,      // drop: offset or count differ from the round's
-    DupUpstream = 7,   // duplicate, the round's partial sum is up at the parent: resend it up
-    BadType = 8,       // drop: not a contribution (nor a parent's result)
-    BadWorker = 9,     // drop: rank not bound to this sender
-    StaleEpoch = 10,   // drop: epoch is not the job's
-    BadSlot = 11,      // drop: slot outside the job's range
-    BadLength = 12,    // drop: payload is not 0 or K values, count > K, bad framing
-    BadEncap = 13,     // drop: encapsulation is not the job's (the switch's pipeline decides it)
-    Truncated = 14,    // drop, no job: shorter than an inagg header
-    BadVersion = 15,   // drop, no job: unknown protocol version
-    UnknownJob = 16,   // drop, no job: job not configured here
-    ParentResult = 17, // the parent's result for a round sent up: stored, sent to every member
-    DupResult = 18,    // the parent's result again, already stored: drop
+    None = 0,           // nothing processed yet
+    First = 1,          // first contribution of a round: overwrite the set
+    Add = 2,            // a further contribution: add
+    StaleRound = 3,     // drop: reordered packet of a finished round
+    DupPending = 4,     // drop: duplicate of a contribution to an unfinished round
+    DupDone = 5,        // duplicate of a finished round: the stored result back to the sender
+    BadRound = 6,       // drop: offset or count differ from the round's
+    DupUpstream = 7,    // duplicate, the round's partial sum is up at the parent: resend it up
+    BadType = 8,        // drop: not a contribution (nor a parent's result)
+    BadWorker = 9,      // drop: rank not bound to this sender
+    StaleEpoch = 10,    // drop: epoch is not the job's
+    BadSlot = 11,       // drop: slot outside the job's range
+    BadLength = 12,     // drop: payload is not 0 or K values, count > K, bad framing
+    BadEncap = 13,      // drop: encapsulation is not the job's (the switch's pipeline decides it)
+    Truncated = 14,     // drop, no job: shorter than an inagg header
+    BadVersion = 15,    // drop, no job: unknown protocol version
+    UnknownJob = 16,    // drop, no job: job not configured here
+    ParentResult = 17,  // the parent's result for a round sent up: stored, sent to every member
+    DupResult = 18,     // the parent's result again, already stored: drop
 };
 constexpr size_t kOutcomes = 19;
 
@@ -73,30 +75,30 @@ constexpr SenderId sender_id_ipv4(uint32_t addr, uint16_t port) {
     return (static_cast<SenderId>(addr) << 16) | port;
 }
 
-// Where a non-root aggregator of a tree sends its partial sums (inagg.hostlib.aggregator.engine_reference.Uplink,
-// docs/trees.md): the parent (the sender its results come from), this aggregator's rank there
-// and the job's first slot there.
+// Where a non-root aggregator of a tree sends its partial sums
+// (inagg.hostlib.aggregator.engine_reference.Uplink, docs/trees.md): the parent (the sender its
+// results come from), this aggregator's rank there and the job's first slot there.
 struct Uplink {
     SenderId parent = 0;
-    int64_t rank = 0;        // 0..kMaxWorkers - 1
-    int64_t slot_base = 0;   // [slot_base, slot_base + slot_count) inside 0..kMaxSlot
+    int64_t rank = 0;       // 0..kMaxWorkers - 1
+    int64_t slot_base = 0;  // [slot_base, slot_base + slot_count) inside 0..kMaxSlot
 
     bool operator==(const Uplink& o) const {
         return parent == o.parent && rank == o.rank && slot_base == o.slot_base;
     }
 };
 
-// What the engine must know about one job (inagg.hostlib.aggregator.engine_reference.JobConfig): members[r] is the one
-// sender allowed to claim rank r; results go to every member, or with an uplink each round's
-// sum goes up first and the parent's result to every member.
-// Numbers are wide so that set_job, not a conversion, names an out-of-range value.
+// What the engine must know about one job (inagg.hostlib.aggregator.engine_reference.JobConfig):
+// members[r] is the one sender allowed to claim rank r; results go to every member, or with an
+// uplink each round's sum goes up first and the parent's result to every member. Numbers are wide
+// so that set_job, not a conversion, names an out-of-range value.
 struct JobConfig {
-    int64_t job_id = 0;      // 1..65535
-    int64_t epoch = 0;       // 0..65535
-    int64_t slot_base = 0;   // [slot_base, slot_base + slot_count) inside the pool
+    int64_t job_id = 0;     // 1..65535
+    int64_t epoch = 0;      // 0..65535
+    int64_t slot_base = 0;  // [slot_base, slot_base + slot_count) inside the pool
     int64_t slot_count = 0;
     std::vector<SenderId> members;
-    bool has_uplink = false; // false: this aggregator completes the job's rounds
+    bool has_uplink = false;  // false: this aggregator completes the job's rounds
     Uplink uplink;
     // Contributions that complete a round (0: every member): a tree's switch knows its
     // children by sparse ids, the other members are placeholders no sender matches.
@@ -104,10 +106,9 @@ struct JobConfig {
 
     size_t children() const { return n_children ? size_t(n_children) : members.size(); }
     bool operator==(const JobConfig& o) const {
-        return job_id == o.job_id && epoch == o.epoch && slot_base == o.slot_base
-               && slot_count == o.slot_count && members == o.members
-               && has_uplink == o.has_uplink && (!has_uplink || uplink == o.uplink)
-               && n_children == o.n_children;
+        return job_id == o.job_id && epoch == o.epoch && slot_base == o.slot_base &&
+               slot_count == o.slot_count && members == o.members && has_uplink == o.has_uplink &&
+               (!has_uplink || uplink == o.uplink) && n_children == o.n_children;
     }
 };
 
@@ -125,9 +126,9 @@ struct JobCounters {
 // header + payload written into the caller's buffer, for one rank of `job` or all of them.
 struct Emit {
     uint16_t job = 0;
-    int32_t rank = -1;   // kEveryMember (a completed round), kUpstream (a contribution to the
-                         // job's parent), else that rank
-    size_t length = 0;   // 0: nothing to send
+    int32_t rank = -1;  // kEveryMember (a completed round), kUpstream (a contribution to the
+                        // job's parent), else that rank
+    size_t length = 0;  // 0: nothing to send
 };
 constexpr int32_t kEveryMember = -1;
 constexpr int32_t kUpstream = -2;
@@ -160,11 +161,12 @@ public:
     // Bytes a result can take: the size of the buffer process() writes into.
     size_t max_result_bytes() const { return kHeaderBytes + 4 * static_cast<size_t>(k_); }
 
-    // -- configuration (inagg.hostlib.aggregator.engine_reference.AggregationEngine.set_job/remove_job/replace_jobs) --
-    void set_job(const JobConfig& job);               // throws std::invalid_argument
+    // -- configuration (inagg.hostlib.aggregator.engine_reference.AggregationEngine's set_job,
+    // remove_job, replace_jobs) --
+    void set_job(const JobConfig& job);  // throws std::invalid_argument
     void remove_job(uint16_t job_id);
     void replace_jobs(const std::vector<JobConfig>& wanted);
-    const JobConfig* job(uint16_t job_id) const;      // nullptr when not configured
+    const JobConfig* job(uint16_t job_id) const;  // nullptr when not configured
     std::vector<uint16_t> job_ids() const;
 
     // -- data path --

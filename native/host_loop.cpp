@@ -1,24 +1,19 @@
 // The host aggregator's packet loop (see host_loop.hpp for why). Linux only: the socket's
-// batches (net.hpp), poll and an eventfd to wake the loop for stop().
+// batches (net.hpp), a wait on the socket and on a wake-up for stop() (wait.hpp).
 #include "host_loop.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <stdexcept>
-#include <system_error>
 #include <vector>
 
 namespace inagg {
 namespace {
 
-constexpr size_t kBatch = 64;               // datagrams per recvmmsg
-constexpr size_t kMaxDatagram = 65536;      // the largest UDP payload fits
+constexpr size_t kBatch = 64;           // datagrams per recvmmsg
+constexpr size_t kMaxDatagram = 65536;  // the largest UDP payload fits
 
 SenderId sender_of(const sockaddr_in& addr) {
     if (addr.sin_family != AF_INET) {
@@ -39,33 +34,31 @@ sockaddr_in address_of(SenderId member) {
 
 struct HostLoop::Buffers {
     RecvBatch rx{kBatch, kMaxDatagram};
-    std::vector<uint8_t> results;      // this batch's results: one max-size place per datagram
+    std::vector<uint8_t> results;  // this batch's results: one max-size place per datagram
     struct Outgoing {
         size_t at, length;
         sockaddr_in to;
     };
     std::vector<Outgoing> out;
-    std::vector<Datagram> datagrams;   // out, as the datagrams to send
+    std::vector<Datagram> datagrams;  // out, as the datagrams to send
 };
 
 HostLoop::HostLoop(Engine& engine, int fd, double drop_rate, uint64_t seed)
-    : engine_(engine), socket_(fd), wake_fd_(-1), drop_rate_(drop_rate), rng_(seed),
+    : engine_(engine), socket_(fd), drop_rate_(drop_rate), rng_(seed),
       buffers_(std::make_unique<Buffers>()) {
     if (!(drop_rate >= 0.0 && drop_rate < 1.0)) {
-        throw std::invalid_argument("drop rate must be in [0, 1), got " + std::to_string(drop_rate));
+        throw std::invalid_argument("drop rate must be in [0, 1), got " +
+                                    std::to_string(drop_rate));
     }
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) {
-        throw os_error("eventfd");
-    }
+    waits_.add(socket_.fd(), POLLIN, socket_.name());
+    waits_.add(wake_.fd(), POLLIN, wake_.name());
 }
 
-HostLoop::~HostLoop() { close(wake_fd_); }
+HostLoop::~HostLoop() = default;  // here, where Buffers is complete
 
 void HostLoop::stop() {
     running_.store(false);
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(wake_fd_, &one, sizeof one);
+    wake_.signal();
 }
 
 bool HostLoop::lost() {
@@ -77,17 +70,8 @@ bool HostLoop::lost() {
 }
 
 void HostLoop::run() {
-    pollfd fds[2] = {{socket_.fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     while (running_.load()) {
-        if (poll(fds, 2, -1) < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            throw os_error("poll");
-        }
-        if (!running_.load()) {
-            break;
-        }
+        if (!waits_.wait() || !running_.load()) continue;  // a signal came, or stop()
         if (size_t n = socket_.receive(buffers_->rx, MSG_DONTWAIT)) {
             serve_batch(n);
             send_all();
@@ -129,7 +113,8 @@ void HostLoop::send_all() {
     b.datagrams.clear();
     for (const Buffers::Outgoing& o : b.out)
         b.datagrams.push_back(Datagram{o.to, b.results.data() + o.at, o.length});
-    send_errors_ += b.datagrams.size() - socket_.send(b.datagrams).sent;  // refused or kept by a full queue
+    send_errors_ +=
+        b.datagrams.size() - socket_.send(b.datagrams).sent;  // refused or kept by a full queue
 }
 
 }  // namespace inagg

@@ -18,6 +18,7 @@
 
 #include "engine.hpp"
 #include "net.hpp"
+#include "wait.hpp"
 
 namespace inagg {
 
@@ -33,7 +34,8 @@ public:
 
     // Serve until stop(); throws std::system_error when the socket fails (net.hpp's policy).
     void run();
-    // Make run() return (from any thread, at any time, also before run()).
+    // Make run() return (from any thread, at any time, also before run()). Throws
+    // std::system_error when the wake-up cannot be written (wait.hpp).
     void stop();
 
     uint64_t injected_drops() const { return injected_drops_.load(); }
@@ -48,7 +50,8 @@ private:
 
     Engine& engine_;
     Socket socket_;
-    int wake_fd_;
+    Wakeup wake_;
+    WaitSet waits_;  // the socket and wake_
     double drop_rate_;
     std::mt19937_64 rng_;
     std::uniform_real_distribution<double> uniform_{0.0, 1.0};

@@ -3,11 +3,12 @@
 
 #include <arpa/inet.h>
 #include <net/if.h>
-#include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <thread>
+
+#include "wait.hpp"
 
 namespace inagg {
 namespace {
@@ -40,11 +41,14 @@ bool queue_full(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == 
 // rule, an ICMP error on a connected socket), not for the socket: the next one may well go.
 bool destination_refused(int err) {
     switch (err) {
-        case EMSGSIZE: case EHOSTUNREACH: case ENETUNREACH: case ECONNREFUSED:
-        case EPERM: case EACCES: case EADDRNOTAVAIL:
-            return true;
-        default:
-            return false;
+        case EMSGSIZE:
+        case EHOSTUNREACH:
+        case ENETUNREACH:
+        case ECONNREFUSED:
+        case EPERM:
+        case EACCES:
+        case EADDRNOTAVAIL: return true;
+        default: return false;
     }
 }
 
@@ -56,7 +60,8 @@ std::system_error os_error(const std::string& what, int err) {
 
 RecvBatch::RecvBatch(size_t count, size_t capacity, size_t headroom)
     : count_(count), capacity_(capacity), headroom_(headroom),
-      buffer_(new uint8_t[count * (headroom + capacity)]), iov_(count), msgs_(count), addrs_(count) {}
+      buffer_(new uint8_t[count * (headroom + capacity)]), iov_(count), msgs_(count),
+      addrs_(count) {}
 
 mmsghdr* RecvBatch::prepare() {
     for (size_t i = 0; i < count_; ++i) {
@@ -98,7 +103,8 @@ SendResult Socket::send(std::vector<Datagram>& dgs) {
         auto chunk = static_cast<unsigned>(std::min(n - done, kMaxMessages));
         int took = sendmmsg(fd_, batch_.messages() + done, chunk, MSG_DONTWAIT);
         if (took > 0) {
-            for (size_t m = done; m < done + size_t(took); ++m) result.sent += batch_.datagram_counts()[m];
+            for (size_t m = done; m < done + size_t(took); ++m)
+                result.sent += batch_.datagram_counts()[m];
             done += size_t(took);
             deadline = {};
             continue;
@@ -130,13 +136,8 @@ bool Socket::wait_for_room(int err, Clock::time_point deadline) const {
     return true;
 }
 
-void Socket::wait(short events, double seconds) const {
-    pollfd p{fd_, events, 0};
-    seconds = std::max(seconds, 0.0);
-    timespec ts{};
-    ts.tv_sec = static_cast<time_t>(seconds);
-    ts.tv_nsec = static_cast<long>((seconds - static_cast<double>(ts.tv_sec)) * 1e9);
-    ppoll(&p, 1, &ts, nullptr);
+bool Socket::wait(short events, double seconds) const {
+    return wait_ready(fd_, events, seconds, name_);
 }
 
 }  // namespace inagg

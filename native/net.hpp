@@ -19,6 +19,8 @@
 //   "recvmmsg on socket 127.0.0.1:5000 (fd 7)": a broken socket is an error at once, not
 //   silence until a timeout or a datagram quietly counted. Python sees an OSError with that
 //   errno (bindings.cpp translates it); the switch's loop thread hands it to stop().
+// Waiting on a socket (Socket::wait, the loops' waits for datagrams and for stop()) is wait.hpp's,
+// under this same policy.
 #pragma once
 
 #include <linux/if_packet.h>
@@ -45,12 +47,14 @@ std::system_error os_error(const std::string& what, int err = errno);
 // to write in front of the datagram: the switch puts the frame's headers there), then up to
 // `capacity` received bytes.
 class RecvBatch {
-  public:
+public:
     RecvBatch(size_t count = 0, size_t capacity = 0, size_t headroom = 0);
 
     size_t size() const { return received_; }  // how many the last receive took
     uint8_t* slot(size_t i) { return buffer_.get() + i * (headroom_ + capacity_); }
-    const uint8_t* data(size_t i) const { return buffer_.get() + i * (headroom_ + capacity_) + headroom_; }
+    const uint8_t* data(size_t i) const {
+        return buffer_.get() + i * (headroom_ + capacity_) + headroom_;
+    }
     size_t len(size_t i) const { return msgs_[i].msg_len; }
     bool truncated(size_t i) const { return msgs_[i].msg_hdr.msg_flags & MSG_TRUNC; }
     // The sender of datagram i on an IPv4 socket (sin_family AF_UNSPEC when none came).
@@ -58,7 +62,7 @@ class RecvBatch {
     // Where frame i of a packet socket came from (sll_pkttype: PACKET_OUTGOING for our own).
     const sockaddr_ll& link(size_t i) const { return addrs_[i].ll; }
 
-  private:
+private:
     friend class Socket;
     mmsghdr* prepare();
     void received(size_t n);
@@ -85,7 +89,7 @@ struct SendResult {
 // A datagram or packet socket the caller opened and owns (open while this lives; not closed
 // here), with its name for errors and its send batch.
 class Socket {
-  public:
+public:
     explicit Socket(int fd);
     int fd() const { return fd_; }
     const std::string& name() const { return name_; }  // "socket 127.0.0.1:5000 (fd 7)"
@@ -96,10 +100,11 @@ class Socket {
     // Send `dgs` (reordered as SendBatch::prepare groups them) under the policy above. Throws
     // std::system_error on an error of the socket itself.
     SendResult send(std::vector<Datagram>& dgs);
-    // Wait until the socket is ready for `events` (POLLIN, POLLOUT), at most `seconds`.
-    void wait(short events, double seconds) const;
+    // Wait until the socket is ready for `events` (POLLIN, POLLOUT), at most `seconds` (0 or
+    // less: do not block): whether it is (wait.hpp: the one way the data path waits).
+    bool wait(short events, double seconds) const;
 
-  private:
+private:
     bool wait_for_room(int err, std::chrono::steady_clock::time_point deadline) const;
 
     int fd_;

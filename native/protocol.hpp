@@ -27,7 +27,8 @@ constexpr uint32_t kMaxSlot = (1u << 15) - 1;
 // -- big-endian fields ------------------------------------------------------------------------
 // Through memcpy and a byte swap: the engine's and the codec's value loops vectorize them. The
 // data path runs on little-endian hosts (x86-64, AArch64), as the codec's swaps assume too.
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the data path assumes a little-endian host");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the data path assumes a little-endian host");
 
 inline uint16_t load_be16(const uint8_t* p) {
     uint16_t v;
@@ -39,7 +40,9 @@ inline uint32_t load_be32(const uint8_t* p) {
     std::memcpy(&v, p, sizeof v);
     return __builtin_bswap32(v);
 }
-inline uint64_t load_be48(const uint8_t* p) { return uint64_t(load_be16(p)) << 32 | load_be32(p + 2); }
+inline uint64_t load_be48(const uint8_t* p) {
+    return uint64_t(load_be16(p)) << 32 | load_be32(p + 2);
+}
 
 inline void store_be16(uint8_t* p, uint16_t v) {
     v = __builtin_bswap16(v);
@@ -54,7 +57,8 @@ inline void store_be48(uint8_t* p, uint64_t v) {
     store_be32(p + 2, uint32_t(v));
 }
 
-// -- the inagg header (inagg.hostlib.wire.protocol.HEADER_FIELDS) ----------------------------------------
+// -- the inagg header (inagg.hostlib.wire.protocol.HEADER_FIELDS)
+// ----------------------------------------
 
 // Byte offsets of the header's fields.
 namespace field {
@@ -64,7 +68,7 @@ constexpr size_t kJob = 2;
 constexpr size_t kWorker = 4;
 constexpr size_t kExp = 5;
 constexpr size_t kEpoch = 6;
-constexpr size_t kSlotSet = 8;      // set << 15 | slot
+constexpr size_t kSlotSet = 8;  // set << 15 | slot
 constexpr size_t kCount = 10;
 constexpr size_t kOffset = 12;
 }  // namespace field

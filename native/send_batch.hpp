@@ -17,7 +17,7 @@
 
 namespace inagg {
 
-struct Datagram {  // one datagram to send; its bytes stay the caller's until the send is done
+struct Datagram {    // one datagram to send; its bytes stay the caller's until the send is done
     sockaddr_in to;  // sin_family AF_UNSPEC: no destination (a frame for a packet socket)
     const uint8_t* data;
     size_t len;
@@ -27,7 +27,7 @@ struct Datagram {  // one datagram to send; its bytes stay the caller's until th
 bool udp_gso_supported(int fd);
 
 class SendBatch {
-  public:
+public:
     explicit SendBatch(bool gso = false) : gso_(gso) {}
 
     // The sendmmsg messages for `dgs`; where the socket takes GSO, `dgs` is first grouped by
@@ -38,7 +38,7 @@ class SendBatch {
     // How many datagrams message i carries.
     const uint32_t* datagram_counts() const { return counts_.data(); }
 
-  private:
+private:
     union GsoControl {  // the UDP_SEGMENT control message of one GSO send
         cmsghdr hdr;
         char space[CMSG_SPACE(sizeof(uint16_t))];

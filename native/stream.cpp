@@ -17,10 +17,14 @@ namespace inagg {
 namespace {
 
 constexpr size_t kBatch = 32;  // datagrams per recvmmsg
-constexpr double kInitialRto = 0.05;  // seconds, before the first RTT sample (stream.py INITIAL_RTO)
-constexpr double kMaxBackoff = 8;     // longest backoff in RTOs (stream.py MAX_BACKOFF)
-constexpr double kRtoOverMinRtt = 32; // the RTO never exceeds this many minimum RTTs (RTO_OVER_MIN_RTT)
-constexpr double kLossMemory = 1.0;   // seconds a fast retransmission marks the path lossy (LOSS_MEMORY)
+// Seconds, before the first RTT sample (stream.py INITIAL_RTO).
+constexpr double kInitialRto = 0.05;
+// The longest backoff in RTOs (stream.py MAX_BACKOFF).
+constexpr double kMaxBackoff = 8;
+// The RTO never exceeds this many minimum RTTs (stream.py RTO_OVER_MIN_RTT).
+constexpr double kRtoOverMinRtt = 32;
+// Seconds a fast retransmission marks the path lossy (stream.py LOSS_MEMORY).
+constexpr double kLossMemory = 1.0;
 
 double now_seconds() {
     using namespace std::chrono;
@@ -30,9 +34,9 @@ double now_seconds() {
 }  // namespace
 
 const char* result_check_name(ResultCheck c) {
-    static const char* names[] = {"accepted",   "foreign_source", "truncated",    "not_a_result",
-                                  "wrong_job",  "wrong_epoch",    "no_round",     "wrong_set",
-                                  "wrong_offset", "wrong_count",  "wrong_length"};
+    static const char* names[] = {"accepted",     "foreign_source", "truncated",   "not_a_result",
+                                  "wrong_job",    "wrong_epoch",    "no_round",    "wrong_set",
+                                  "wrong_offset", "wrong_count",    "wrong_length"};
     return names[static_cast<size_t>(c)];
 }
 
@@ -49,7 +53,8 @@ void RttEstimator::sample(double rtt) {
     }
     min_rtt_ = std::min(min_rtt_, rtt);
     // capped: a round's RTT holds the other ranks' recovery (see stream.py RttEstimator)
-    rto_ = std::max(rto_min_, std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_}));
+    rto_ = std::max(rto_min_,
+                    std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_}));
 }
 
 void LossDetector::delivered(const Transmission& t, double now) {
@@ -68,7 +73,8 @@ void LossDetector::restart_timer(Transmission& t, const Transmission& answered, 
 
 Loss LossDetector::verdict(const Transmission& t, double now) const {
     if (now >= t.deadline) return Loss::Timeout;
-    if (t.last_sent < newest_sent_ && now >= t.last_sent + newest_rtt_ + rtt_.reorder_window(lossy(now)))
+    if (t.last_sent < newest_sent_ &&
+        now >= t.last_sent + newest_rtt_ + rtt_.reorder_window(lossy(now)))
         return Loss::Fast;
     return Loss::None;
 }
@@ -76,7 +82,8 @@ Loss LossDetector::verdict(const Transmission& t, double now) const {
 void LossDetector::saw_loss(double now) { lossy_until_ = now + kLossMemory; }
 
 double LossDetector::probe(double now) {
-    double rto = std::min({rtt_.rto() * std::ldexp(1.0, probes_ + 1), kMaxBackoff * rtt_.rto(), rtt_.rto_max()});
+    double rto = std::min(
+        {rtt_.rto() * std::ldexp(1.0, probes_ + 1), kMaxBackoff * rtt_.rto(), rtt_.rto_max()});
     ++probes_;
     probe_until_ = now + rto;
     return rto;
@@ -106,7 +113,8 @@ void CongestionWindow::on_result(bool was_marked) {
     peak = std::max(peak, size);
 }
 
-Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout)
+Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max,
+               double stall_timeout)
     : socket_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
       stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {
     // A blocking socket waits in recvmmsg itself (MSG_WAITFORONE), at most one scan tick: one
@@ -183,7 +191,8 @@ void Stream::send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, dou
             flags = kFlagOverflow;
             std::fill(out, out + count, 0u);
         } else {
-            quantize_be(element_at(call.data, call.format, offset), call.format, count, agreed_[chunk], shift_, out);
+            quantize_be(element_at(call.data, call.format, offset), call.format, count,
+                        agreed_[chunk], shift_, out);
         }
         size_t ahead = size_t(chunk) + call.window;
         size_t n_blocks = agreed_.size();
@@ -203,11 +212,14 @@ void Stream::flush_sends() {
     send_datagrams_.clear();
     for (uint32_t idx : send_queue_)
         send_datagrams_.push_back(Datagram{grant_.aggregator, packet(idx), rounds_[idx].length});
-    SendResult result = socket_.send(send_datagrams_);  // the rest are lost: loss detection resends them
-    if (result.refused) throw os_error("sendmmsg to the aggregator on " + socket_.name(), result.refusal);
+    SendResult result =
+        socket_.send(send_datagrams_);  // the rest are lost: loss detection resends them
+    if (result.refused)
+        throw os_error("sendmmsg to the aggregator on " + socket_.name(), result.refusal);
     size_t sent = result.sent;
     counters_.packets_sent += sent;
-    for (size_t i = 0; i < sent; ++i) counters_.wire_bytes_sent += send_datagrams_[i].len + grant_.overhead;
+    for (size_t i = 0; i < sent; ++i)
+        counters_.wire_bytes_sent += send_datagrams_[i].len + grant_.overhead;
     send_queue_.clear();
 }
 
@@ -234,7 +246,8 @@ void Stream::resend_lost(double now) {
         resend(idx, loss_.next_rto(r, backoff, now), now);
     }
     if (probe >= 0) {
-        if (!loss_.may_probe(now)) return;  // the episode's probe is pending: the silent rounds wait
+        // the episode's probe is pending: the silent rounds wait
+        if (!loss_.may_probe(now)) return;
         resend(static_cast<uint32_t>(probe), loss_.probe(now), now);
     }
     if (silent) {
@@ -261,14 +274,12 @@ void Stream::resend(uint32_t idx, double rto, double now) {
 // most), a non-blocking one is polled for `wait` seconds when empty.
 void Stream::receive_batch(double wait) {
     size_t got = socket_.receive(rx_, blocking_ ? MSG_WAITFORONE : MSG_DONTWAIT);
-    if (!got && !blocking_) {
-        socket_.wait(POLLIN, wait);
-        socket_.receive(rx_, MSG_DONTWAIT);
-    }
+    if (!got && !blocking_ && socket_.wait(POLLIN, wait)) socket_.receive(rx_, MSG_DONTWAIT);
     rx_next_ = 0;
 }
 
-ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from, uint32_t* idx) const {
+ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from,
+                          uint32_t* idx) const {
     if (from.sin_family != AF_INET || from.sin_addr.s_addr != grant_.aggregator.sin_addr.s_addr ||
         from.sin_port != grant_.aggregator.sin_port)
         return ResultCheck::ForeignSource;
@@ -332,13 +343,15 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             flush_sends();
             next_scan_ = now + scan_tick();
         }
-        if (aborted_.load(std::memory_order_relaxed) || now - *progress > stall_timeout_) return false;
+        if (aborted_.load(std::memory_order_relaxed) || now - *progress > stall_timeout_)
+            return false;
         receive_batch(next_scan_ - now);
     }
 }
 
-bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, uint8_t flags, int32_t* summed,
-                           int8_t* agreed_exp0, uint8_t* result_flags, double* rtt) {
+bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, uint8_t flags,
+                           int32_t* summed, int8_t* agreed_exp0, uint8_t* result_flags,
+                           double* rtt) {
     start_call(1);
     double start = now_seconds();
     for (size_t i = 0; i < n_lanes; ++i) payload(0)[i] = htonl(static_cast<uint32_t>(lanes[i]));
@@ -348,7 +361,8 @@ bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, ui
     double progress = start;
     if (!await_result(&idx, &res, &progress)) return false;
     *rtt = progress - rounds_[0].sent_at;
-    for (size_t i = 0; i < n_lanes; ++i) summed[i] = static_cast<int32_t>(load_be32(res + kHeaderBytes + 4 * i));
+    for (size_t i = 0; i < n_lanes; ++i)
+        summed[i] = static_cast<int32_t>(load_be32(res + kHeaderBytes + 4 * i));
     Header h = read_header(res);
     *agreed_exp0 = h.exp;
     *result_flags = h.flags;
@@ -390,7 +404,8 @@ bool Stream::stream_blocks(const BlockCall& call) {
             auto values = reinterpret_cast<const uint32_t*>(res + kHeaderBytes);
             if (!call.is_float) {
                 int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
-                for (size_t i = 0; i < r.count; ++i) out[i] = static_cast<int32_t>(ntohl(values[i]));
+                for (size_t i = 0; i < r.count; ++i)
+                    out[i] = static_cast<int32_t>(ntohl(values[i]));
             } else if (h.flags & kFlagOverflow) {
                 overflow_.push_back(r.chunk);
             } else {

@@ -1,7 +1,7 @@
 // The worker's stream in C++: the window protocol of hostlib/worker/stream.py::SlotStream (the
 // executable specification; read its docstring for the protocol) without the Python per-packet
-// cost. Python (hostlib/worker/native_stream.py) keeps the parts that run once per call: the control
-// vector's encoding and decoding, the window choice and the errors. This class runs the two
+// cost. Python (hostlib/worker/native_stream.py) keeps the parts that run once per call: the
+// control vector's encoding and decoding, the window choice and the errors. This class runs the two
 // per-packet phases of a call with the GIL released: the control round on slot 0 (which also
 // carries a small call's values, so that call is done in one round trip) and the streaming of
 // the blocks (priming, one-round-ahead exponents, quantization, result matching, loss detection
@@ -29,16 +29,26 @@ namespace inagg {
 
 // Verdict on a received datagram; the twin of inagg.hostlib.worker.stream.ResultCheck (same order).
 enum class ResultCheck : uint8_t {
-    Accepted, ForeignSource, Truncated, NotAResult, WrongJob, WrongEpoch, NoRound, WrongSet,
-    WrongOffset, WrongCount, WrongLength
+    Accepted,
+    ForeignSource,
+    Truncated,
+    NotAResult,
+    WrongJob,
+    WrongEpoch,
+    NoRound,
+    WrongSet,
+    WrongOffset,
+    WrongCount,
+    WrongLength
 };
 constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::WrongLength) + 1;
 const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
-    uint64_t retransmissions = 0, fast_retransmissions = 0, backoffs = 0, bursts = 0, spurious_retransmissions = 0, host_results = 0;
-    uint64_t congestion_marks = 0;  // accepted results that carried FLAG_CONGESTION
+    uint64_t retransmissions = 0, fast_retransmissions = 0, backoffs = 0, bursts = 0,
+             spurious_retransmissions = 0, host_results = 0;
+    uint64_t congestion_marks = 0;                // accepted results that carried FLAG_CONGESTION
     std::array<uint64_t, kResultChecks> drops{};  // indexed by ResultCheck (Accepted unused)
 };
 
@@ -49,12 +59,13 @@ struct GrantView {
     uint32_t overhead = 0;  // wire bytes per datagram below the inagg header
 };
 
-constexpr double kTicksPerRtoMin = 20;  // the scan tick is rto_min / 20 (stream.py TICKS_PER_RTO_MIN)
+// The scan tick is rto_min / 20 (stream.py TICKS_PER_RTO_MIN).
+constexpr double kTicksPerRtoMin = 20;
 
 // RFC 6298 style smoothed RTT -> retransmission timeout, at least rto_min, capped at a few
 // minimum RTTs (inagg.hostlib.worker.stream.RttEstimator: why, and why there is no adaptive floor).
 class RttEstimator {
-  public:
+public:
     RttEstimator(double rto_min, double rto_max);
     void sample(double rtt);
     double rto() const { return rto_; }
@@ -65,14 +76,15 @@ class RttEstimator {
     }
     // How often expired rounds are looked for (inagg.hostlib.worker.stream.RttEstimator.scan_tick).
     double scan_tick() const { return rto_min_ / kTicksPerRtoMin; }
-    // The timeout on a path that is losing rounds (inagg.hostlib.worker.stream.RttEstimator.lossy_timeout).
+    // The timeout on a path that is losing rounds
+    // (inagg.hostlib.worker.stream.RttEstimator.lossy_timeout).
     double lossy_timeout() const {
         return srtt_ < 0 ? rto_ : std::min(rto_, std::max(2 * srtt_, scan_tick()));
     }
     double rto_min() const { return rto_min_; }
     double rto_max() const { return rto_max_; }
 
-  private:
+private:
     double rto_min_, rto_max_, srtt_ = -1.0, rttvar_ = 0.0, min_rtt_ = 1e300, rto_;
 };
 
@@ -87,7 +99,7 @@ enum class Loss : uint8_t { None, Fast, Timeout };
 // Time-based loss detection of the rounds in flight (RACK, RFC 8985); the twin of
 // inagg.hostlib.worker.stream.LossDetector (read its docstring for why).
 class LossDetector {
-  public:
+public:
     explicit LossDetector(const RttEstimator& rtt) : rtt_(rtt) {}
     // t was answered at now: moves the fast-retransmit reference; the caller then restarts the
     // timers of the rounds still outstanding (restart_timer).
@@ -99,7 +111,8 @@ class LossDetector {
     bool silent(const Transmission& t) const { return progress_ <= t.last_sent; }
     // No probe of a silent path is pending.
     bool may_probe(double now) const { return now >= probe_until_; }
-    // A probe of a silent path is sent now: its timeout (inagg.hostlib.worker.stream.LossDetector.probe).
+    // A probe of a silent path is sent now: its timeout
+    // (inagg.hostlib.worker.stream.LossDetector.probe).
     double probe(double now);
     // A round was fast-retransmitted: the path is lossy for kLossMemory seconds.
     void saw_loss(double now);
@@ -109,7 +122,7 @@ class LossDetector {
     // The RTO of a round resent now (backoff: its RTO expired on a silent path).
     double next_rto(const Transmission& t, bool backoff, double now) const;
 
-  private:
+private:
     const RttEstimator& rtt_;
     double newest_sent_ = -1e300, newest_rtt_ = 0, progress_ = -1e300, lossy_until_ = -1e300;
     double probe_until_ = -1e300;  // a silent path's probe is pending until then
@@ -119,8 +132,8 @@ class LossDetector {
 // A rank's congestion window within a call, DCTCP on the results' congestion marks; the twin
 // of inagg.hostlib.worker.stream.CongestionWindow (read its docstring for why).
 struct CongestionWindow {
-    double size = 16;        // data rounds this rank may have in flight
-    double alpha = 1;        // the estimated fraction of results marked
+    double size = 16;  // data rounds this rank may have in flight
+    double alpha = 1;  // the estimated fraction of results marked
     bool slow_start = true;
     uint32_t acked = 0, marked = 0;  // results and marked ones since this round trip began
     double round = 16;               // results that make this round trip: the size when it began
@@ -138,15 +151,16 @@ struct BlockCall {
     size_t size = 0;
     bool is_float = false;
     Format format = Format::Float32;
-    float divisor = 1.0f;  // float calls: results are divided by it (an average) before rounding to format
+    // Float calls: results are divided by it (an average) before rounding to format.
+    float divisor = 1.0f;
     const int8_t* local_exps = nullptr;  // this rank's block exponents (float calls)
     const uint8_t* bad = nullptr;        // blocks holding inf/NaN/too large (float calls)
-    int8_t exp0 = kExpNone;                  // agreed exponent of block 0 (from the control round)
+    int8_t exp0 = kExpNone;              // agreed exponent of block 0 (from the control round)
     uint32_t window = 1;
 };
 
 class Stream {
-  public:
+public:
     Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout);
 
     void set_grant(const GrantView& grant);
@@ -155,8 +169,8 @@ class Stream {
     // values), this rank's exponent of block 0 and flags (FLAG_OVERFLOW: a small call's bad
     // value); fills `summed` (same length), the agreed exponent of block 0 and the result's
     // flags. False: no result before the stall timeout.
-    bool control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, uint8_t flags, int32_t* summed,
-                       int8_t* agreed_exp0, uint8_t* result_flags, double* rtt);
+    bool control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, uint8_t flags,
+                       int32_t* summed, int8_t* agreed_exp0, uint8_t* result_flags, double* rtt);
 
     // Allreduce the blocks in place. False: stalled (stall_detail() says what). Blocks whose
     // result carried FLAG_OVERFLOW are left unchanged and listed in overflow().
@@ -174,7 +188,7 @@ class Stream {
     size_t remaining() const { return remaining_; }
     std::vector<uint32_t> waiting_slots() const;
 
-  private:
+private:
     struct Round : Transmission {
         bool active = false, priming = false;
         uint8_t slot_set = 0;
@@ -184,9 +198,11 @@ class Stream {
     };
 
     uint8_t* packet(uint32_t idx) { return packets_.data() + idx * packet_bytes_; }
-    uint32_t* payload(uint32_t idx) { return reinterpret_cast<uint32_t*>(packet(idx) + kHeaderBytes); }
-    void build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp, uint8_t flags,
-               double now);
+    uint32_t* payload(uint32_t idx) {
+        return reinterpret_cast<uint32_t*>(packet(idx) + kHeaderBytes);
+    }
+    void build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp,
+               uint8_t flags, double now);
     void send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, double now);
     // Block `chunk` may go on slot idx once the congestion window allows it.
     void defer(uint32_t idx, uint32_t chunk) { deferred_.push({chunk, idx}); }
@@ -228,7 +244,8 @@ class Stream {
     size_t oldest_ = 0;              // the first block without a result
     // blocks ready to go, (block, slot), smallest block first
     std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>,
-                        std::greater<>> deferred_;
+                        std::greater<>>
+        deferred_;
     std::vector<uint32_t> overflow_;
     size_t remaining_ = 0;
 };

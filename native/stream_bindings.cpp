@@ -1,6 +1,6 @@
-// Python bindings of the worker's stream and the codec (inagg.hostlib._native.Stream, block_exponents,
-// quantize, dequantize). Every call that waits on the network releases the GIL for its whole
-// duration; arrays are numpy buffers that Python allocated, written in place.
+// Python bindings of the worker's stream and the codec (inagg.hostlib._native.Stream,
+// block_exponents, quantize, dequantize). Every call that waits on the network releases the GIL for
+// its whole duration; arrays are numpy buffers that Python allocated, written in place.
 #include <arpa/inet.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -36,8 +36,9 @@ Format format_of(const A& x) {
     if (d.bits == 16 && (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) ||
                          d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat)))
         return Format::BFloat16;
-    throw std::invalid_argument("values must be float32, float16 or bfloat16 (as its uint16 bits); pass "
-                                "inagg.hostlib.wire.codec.native_values(x)");
+    throw std::invalid_argument(
+        "values must be float32, float16 or bfloat16 (as its uint16 bits); pass "
+        "inagg.hostlib.wire.codec.native_values(x)");
 }
 
 GrantView grant_view(int job, int epoch, uint32_t slot_base, uint32_t slot_count, uint32_t k,
@@ -77,7 +78,8 @@ nb::dict counters_dict(const Stream& s) {
 }
 
 void check_workers(int n_workers) {
-    if (n_workers < 1) throw std::invalid_argument("n_workers must be >= 1, got " + std::to_string(n_workers));
+    if (n_workers < 1)
+        throw std::invalid_argument("n_workers must be >= 1, got " + std::to_string(n_workers));
 }
 
 void check_blocks(size_t size, size_t k, size_t exps, size_t bad) {
@@ -88,34 +90,40 @@ void check_blocks(size_t size, size_t k, size_t exps, size_t bad) {
 // The codec (codec.hpp): the block exponents, quantization and the small calls' fixed point.
 void bind_codec(nb::module_& m) {
     m.def("shift_for", &shift_for);
-    m.def("block_exponents", [](ConstValues x, size_t block, Array<int8_t> exps, Array<uint8_t> bad) {
-        check_blocks(x.shape(0), block, exps.shape(0), bad.shape(0));
-        Format f = format_of(x);
-        nb::gil_scoped_release release;
-        block_exponents(x.data(), f, x.shape(0), block, exps.data(), bad.data());
-    });
+    m.def("block_exponents",
+          [](ConstValues x, size_t block, Array<int8_t> exps, Array<uint8_t> bad) {
+              check_blocks(x.shape(0), block, exps.shape(0), bad.shape(0));
+              Format f = format_of(x);
+              nb::gil_scoped_release release;
+              block_exponents(x.data(), f, x.shape(0), block, exps.data(), bad.data());
+          });
     m.def("quantize_be", [](ConstValues x, int exp, int shift, Array<uint32_t> out) {
         if (out.shape(0) < x.shape(0)) throw std::invalid_argument("output shorter than input");
         quantize_be(x.data(), format_of(x), x.shape(0), exp, shift, out.data());
     });
-    m.def("dequantize_be", [](Array<const uint32_t> q, int exp, int shift, Values out, float divisor) {
-        if (out.shape(0) < q.shape(0)) throw std::invalid_argument("output shorter than input");
-        dequantize_be(q.data(), q.shape(0), exp, shift, divisor, format_of(out), out.data());
-    }, nb::arg("q"), nb::arg("exp"), nb::arg("shift"), nb::arg("out"), nb::arg("divisor") = 1.0f);
-    m.def("quantize_blocks", [](ConstValues x, size_t block, Array<const int8_t> exps, int shift, Array<int32_t> q) {
-        check_blocks(x.shape(0), block, exps.shape(0), exps.shape(0));
-        if (q.shape(0) < x.shape(0)) throw std::invalid_argument("output shorter than input");
-        Format f = format_of(x);
-        nb::gil_scoped_release release;
-        quantize_blocks(x.data(), f, x.shape(0), block, exps.data(), shift, q.data());
-    });
-    m.def("dequantize_blocks", [](Array<const int32_t> q, size_t block, Array<const int8_t> exps, int shift,
-                                  float divisor, Values out) {
+    m.def(
+        "dequantize_be",
+        [](Array<const uint32_t> q, int exp, int shift, Values out, float divisor) {
+            if (out.shape(0) < q.shape(0)) throw std::invalid_argument("output shorter than input");
+            dequantize_be(q.data(), q.shape(0), exp, shift, divisor, format_of(out), out.data());
+        },
+        nb::arg("q"), nb::arg("exp"), nb::arg("shift"), nb::arg("out"), nb::arg("divisor") = 1.0f);
+    m.def("quantize_blocks",
+          [](ConstValues x, size_t block, Array<const int8_t> exps, int shift, Array<int32_t> q) {
+              check_blocks(x.shape(0), block, exps.shape(0), exps.shape(0));
+              if (q.shape(0) < x.shape(0)) throw std::invalid_argument("output shorter than input");
+              Format f = format_of(x);
+              nb::gil_scoped_release release;
+              quantize_blocks(x.data(), f, x.shape(0), block, exps.data(), shift, q.data());
+          });
+    m.def("dequantize_blocks", [](Array<const int32_t> q, size_t block, Array<const int8_t> exps,
+                                  int shift, float divisor, Values out) {
         check_blocks(out.shape(0), block, exps.shape(0), exps.shape(0));
         if (q.shape(0) < out.shape(0)) throw std::invalid_argument("sums shorter than output");
         Format f = format_of(out);
         nb::gil_scoped_release release;
-        dequantize_blocks(q.data(), out.shape(0), block, exps.data(), shift, divisor, f, out.data());
+        dequantize_blocks(q.data(), out.shape(0), block, exps.data(), shift, divisor, f,
+                          out.data());
     });
     m.def("limb_bits", &limb_bits);
     m.def("fixed_limbs", &fixed_limbs);
@@ -133,51 +141,66 @@ void bind_codec(nb::module_& m) {
     });
 }
 
+// Stream.control_round: (ok, the agreed exponent, the result's flags, the round trip's seconds).
+std::tuple<bool, int, int, double> control_round(Stream& s, Array<const int32_t> lanes, int exp0,
+                                                 uint8_t flags, Array<int32_t> summed) {
+    if (summed.shape(0) < lanes.shape(0)) throw std::invalid_argument("summed shorter than lanes");
+    int8_t agreed = kExpNone;
+    uint8_t result_flags = 0;
+    double rtt = 0;
+    nb::gil_scoped_release release;
+    bool ok = s.control_round(lanes.data(), lanes.shape(0), static_cast<int8_t>(exp0), flags,
+                              summed.data(), &agreed, &result_flags, &rtt);
+    return {ok, agreed, result_flags, rtt};
+}
+
+bool stream_float(Stream& s, Values x, Array<const int8_t> exps, Array<const uint8_t> bad, int exp0,
+                  uint32_t window, size_t k, float divisor) {
+    check_blocks(x.shape(0), k, exps.shape(0), bad.shape(0));
+    BlockCall call;
+    call.data = x.data(), call.size = x.shape(0), call.is_float = true;
+    call.format = format_of(x), call.divisor = divisor;
+    call.local_exps = exps.data(), call.bad = bad.data(), call.exp0 = static_cast<int8_t>(exp0);
+    call.window = window;
+    nb::gil_scoped_release release;
+    return s.stream_blocks(call);
+}
+
+bool stream_int(Stream& s, Array<int32_t> x, uint32_t window) {
+    BlockCall call;
+    call.data = x.data(), call.size = x.shape(0), call.window = window;
+    nb::gil_scoped_release release;
+    return s.stream_blocks(call);
+}
+
+// The congestion window, lent by Python for a call and taken back after it
+// (hostlib/worker/native_stream.py: _lend_congestion, _take_congestion).
+std::tuple<double, double, bool, uint32_t, uint32_t, double, double> congestion(Stream& s) {
+    const CongestionWindow& c = s.congestion();
+    return {c.size, c.alpha, c.slow_start, c.acked, c.marked, c.round, c.peak};
+}
+
+void set_congestion(Stream& s, double size, double alpha, bool slow_start, uint32_t acked,
+                    uint32_t marked, double round, double peak, double minimum, double maximum) {
+    CongestionWindow& c = s.congestion();
+    c.size = size, c.alpha = alpha, c.slow_start = slow_start, c.acked = acked, c.marked = marked;
+    c.round = round, c.peak = peak, c.minimum = minimum, c.maximum = maximum;
+}
+
 void bind_stream_class(nb::module_& m) {
     nb::class_<Stream>(m, "Stream")
         .def(nb::init<int, int, int, double, double, double>(), nb::arg("fd"), nb::arg("rank"),
              nb::arg("n_workers"), nb::arg("rto_min"), nb::arg("rto_max"), nb::arg("stall_timeout"))
-        .def("set_grant", [](Stream& s, int job, int epoch, uint32_t slot_base, uint32_t slot_count,
-                             uint32_t k, const std::string& ip, int port, uint32_t overhead) {
-            s.set_grant(grant_view(job, epoch, slot_base, slot_count, k, ip, port, overhead));
-        })
-        .def("control_round", [](Stream& s, Array<const int32_t> lanes, int exp0, uint8_t flags,
-                                 Array<int32_t> summed) {
-            if (summed.shape(0) < lanes.shape(0)) throw std::invalid_argument("summed shorter than lanes");
-            int8_t agreed = kExpNone;
-            uint8_t result_flags = 0;
-            double rtt = 0;
-            bool ok;
-            {
-                nb::gil_scoped_release release;
-                ok = s.control_round(lanes.data(), lanes.shape(0), static_cast<int8_t>(exp0), flags,
-                                     summed.data(), &agreed, &result_flags, &rtt);
-            }
-            return std::make_tuple(ok, static_cast<int>(agreed), static_cast<int>(result_flags), rtt);
-        })
-        .def("stream_float", [](Stream& s, Values x, Array<const int8_t> exps, Array<const uint8_t> bad,
-                                int exp0, uint32_t window, size_t k, float divisor) {
-            check_blocks(x.shape(0), k, exps.shape(0), bad.shape(0));
-            BlockCall call{x.data(), x.shape(0), true, format_of(x), divisor, exps.data(), bad.data(),
-                           static_cast<int8_t>(exp0), window};
-            nb::gil_scoped_release release;
-            return s.stream_blocks(call);
-        })
-        .def("stream_int", [](Stream& s, Array<int32_t> x, uint32_t window) {
-            BlockCall call{x.data(), x.shape(0), false, Format::Float32, 1.0f, nullptr, nullptr, kExpNone, window};
-            nb::gil_scoped_release release;
-            return s.stream_blocks(call);
-        })
-        .def("congestion", [](Stream& s) {
-            const CongestionWindow& c = s.congestion();
-            return std::make_tuple(c.size, c.alpha, c.slow_start, c.acked, c.marked, c.round, c.peak);
-        })
-        .def("set_congestion", [](Stream& s, double size, double alpha, bool slow_start, uint32_t acked,
-                                  uint32_t marked, double round, double peak, double minimum, double maximum) {
-            CongestionWindow& c = s.congestion();
-            c.size = size, c.alpha = alpha, c.slow_start = slow_start, c.acked = acked, c.marked = marked;
-            c.round = round, c.peak = peak, c.minimum = minimum, c.maximum = maximum;
-        })
+        .def("set_grant",
+             [](Stream& s, int job, int epoch, uint32_t slot_base, uint32_t slot_count, uint32_t k,
+                const std::string& ip, int port, uint32_t overhead) {
+                 s.set_grant(grant_view(job, epoch, slot_base, slot_count, k, ip, port, overhead));
+             })
+        .def("control_round", &control_round)
+        .def("stream_float", &stream_float)
+        .def("stream_int", &stream_int)
+        .def("congestion", &congestion)
+        .def("set_congestion", &set_congestion)
         .def("counters", &counters_dict)
         .def("overflow", &Stream::overflow)
         .def("abort", &Stream::abort, "Stop the call in progress (from another thread)")
@@ -191,7 +214,8 @@ void bind_stream(nb::module_& m) {
     // a Communicator's I/O thread is a daemon that may still hold its Stream at interpreter exit
     nb::set_leak_warnings(false);
     nb::list names;
-    for (size_t i = 0; i < kResultChecks; ++i) names.append(result_check_name(static_cast<ResultCheck>(i)));
+    for (size_t i = 0; i < kResultChecks; ++i)
+        names.append(result_check_name(static_cast<ResultCheck>(i)));
     m.attr("RESULT_CHECKS") = names;
     bind_codec(m);
     bind_stream_class(m);

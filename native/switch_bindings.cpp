@@ -91,14 +91,14 @@ using inagg::SwitchTables;
 // JobAdmission's and ReplicaRewrite's tables: job_table, worker_table, replica_table.
 void bind_job_tables(PipelineClass& cls) {
     cls.def("set_job_admit",
-             [](SwitchPipeline& p, uint16_t job_id, uint8_t job_index, uint16_t slot_base,
-                uint16_t slot_count, uint8_t n_workers, uint16_t epoch, uint16_t mcast_grp,
-                uint8_t encap) {
-                 with_tables(p, [&](SwitchTables& t) {
-                     t.jobs[job_id] = inagg::JobAdmit{job_index, slot_base, slot_count, n_workers,
-                                                      epoch, mcast_grp, encap};
-                 });
-             })
+            [](SwitchPipeline& p, uint16_t job_id, uint8_t job_index, uint16_t slot_base,
+               uint16_t slot_count, uint8_t n_workers, uint16_t epoch, uint16_t mcast_grp,
+               uint8_t encap) {
+                with_tables(p, [&](SwitchTables& t) {
+                    t.jobs[job_id] = inagg::JobAdmit{job_index, slot_base, slot_count, n_workers,
+                                                     epoch,     mcast_grp, encap};
+                });
+            })
         .def("remove_job_admit",
              [](SwitchPipeline& p, uint16_t job_id) {
                  with_tables(p, [&](SwitchTables& t) { t.jobs.erase(job_id); });
@@ -125,25 +125,25 @@ void bind_job_tables(PipelineClass& cls) {
                      t.workers.erase(SwitchTables::worker_key(job_id, rank));
                  });
              })
-        .def("remove_replica",
-             [](SwitchPipeline& p, uint16_t job_id, uint16_t replica) {
-                 with_tables(p, [&](SwitchTables& t) {
-                     t.replicas.erase(SwitchTables::replica_key(job_id, replica));
-                 });
-             });
+        .def("remove_replica", [](SwitchPipeline& p, uint16_t job_id, uint16_t replica) {
+            with_tables(p, [&](SwitchTables& t) {
+                t.replicas.erase(SwitchTables::replica_key(job_id, replica));
+            });
+        });
 }
 
 // TreeUplink's uplink_table (docs/trees.md).
 void bind_uplink_table(PipelineClass& cls) {
     cls.def("set_uplink",
-             [](SwitchPipeline& p, uint16_t job_id, uint16_t port, uint8_t rank, uint16_t slot_base,
-                uint64_t mac, uint32_t addr, uint16_t udp_port, uint64_t src_mac, uint32_t src_addr,
-                uint16_t src_udp_port) {
-                 with_tables(p, [&](SwitchTables& t) {
-                     t.uplinks[job_id] = inagg::UplinkEntry{port, rank, slot_base, mac, addr,
-                                                            udp_port, src_mac, src_addr, src_udp_port};
-                 });
-             })
+            [](SwitchPipeline& p, uint16_t job_id, uint16_t port, uint8_t rank, uint16_t slot_base,
+               uint64_t mac, uint32_t addr, uint16_t udp_port, uint64_t src_mac, uint32_t src_addr,
+               uint16_t src_udp_port) {
+                with_tables(p, [&](SwitchTables& t) {
+                    t.uplinks[job_id] =
+                        inagg::UplinkEntry{port,     rank,    slot_base, mac,         addr,
+                                           udp_port, src_mac, src_addr,  src_udp_port};
+                });
+            })
         .def("remove_uplink", [](SwitchPipeline& p, uint16_t job_id) {
             with_tables(p, [&](SwitchTables& t) { t.uplinks.erase(job_id); });
         });
@@ -152,11 +152,11 @@ void bind_uplink_table(PipelineClass& cls) {
 // Forwarding's l2_table and the packet replication engine's multicast groups.
 void bind_l2_tables(PipelineClass& cls) {
     cls.def("set_l2",
-             [](SwitchPipeline& p, uint64_t mac, uint8_t kind, uint16_t arg) {
-                 with_tables(p, [&](SwitchTables& t) {
-                     t.l2[mac] = inagg::L2Action{inagg::L2Kind(kind), arg};
-                 });
-             })
+            [](SwitchPipeline& p, uint64_t mac, uint8_t kind, uint16_t arg) {
+                with_tables(p, [&](SwitchTables& t) {
+                    t.l2[mac] = inagg::L2Action{inagg::L2Kind(kind), arg};
+                });
+            })
         .def("remove_l2",
              [](SwitchPipeline& p, uint64_t mac) {
                  with_tables(p, [&](SwitchTables& t) { t.l2.erase(mac); });
@@ -174,55 +174,60 @@ void bind_l2_tables(PipelineClass& cls) {
                  for (const auto& [port, instance] : replicas) copies.push_back({port, instance});
                  with_tables(p, [&](SwitchTables& t) { t.groups[group] = std::move(copies); });
              })
-        .def("remove_group",
-             [](SwitchPipeline& p, uint16_t group) {
-                 with_tables(p, [&](SwitchTables& t) { t.groups.erase(group); });
-             });
+        .def("remove_group", [](SwitchPipeline& p, uint16_t group) {
+            with_tables(p, [&](SwitchTables& t) { t.groups.erase(group); });
+        });
 }
 
 // The slot engine's jobs, the counters and the per-frame slow path.
 void bind_engine_and_counters(PipelineClass& cls) {
     using Uplink = std::optional<std::pair<int64_t, int64_t>>;  // (rank, slot_base) at the parent
-    cls.def("replace_jobs",
-             [](SwitchPipeline& p,
-                const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
-                                             std::vector<inagg::SenderId>, Uplink, int64_t>>& wanted) {
-                 std::vector<inagg::JobConfig> jobs;
-                 for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
-                     inagg::JobConfig job{id, epoch, base, count, members};
-                     job.n_children = n_children;
-                     if (uplink) {
-                         job.has_uplink = true;
-                         job.uplink = inagg::Uplink{inagg::kParentSender, uplink->first, uplink->second};
-                     }
-                     jobs.push_back(job);
-                 }
-                 locked(p, [&](SwitchPipeline& q) { q.engine().replace_jobs(jobs); });
-             },
-             "jobs"_a, "[(job_id, epoch, slot_base, slot_count, members, (rank, slot_base) of the "
-                       "uplink or None, n_children)]; ValueError if the slot pool cannot hold them")
+    cls.def(
+           "replace_jobs",
+           [](SwitchPipeline& p,
+              const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
+                                           std::vector<inagg::SenderId>, Uplink, int64_t>>&
+                  wanted) {
+               std::vector<inagg::JobConfig> jobs;
+               for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
+                   inagg::JobConfig job{id, epoch, base, count, members};
+                   job.n_children = n_children;
+                   if (uplink) {
+                       job.has_uplink = true;
+                       job.uplink =
+                           inagg::Uplink{inagg::kParentSender, uplink->first, uplink->second};
+                   }
+                   jobs.push_back(job);
+               }
+               locked(p, [&](SwitchPipeline& q) { q.engine().replace_jobs(jobs); });
+           },
+           "jobs"_a,
+           "[(job_id, epoch, slot_base, slot_count, members, (rank, slot_base) of the "
+           "uplink or None, n_children)]; ValueError if the slot pool cannot hold them")
         .def("job_ids",
              [](SwitchPipeline& p) {
                  return locked(p, [](SwitchPipeline& q) { return q.engine().job_ids(); });
              })
-        .def("counter",
-             [](SwitchPipeline& p, size_t which) {
-                 if (which >= inagg::kCounters) throw std::out_of_range("no such counter");
-                 std::vector<int64_t>& cells = p.counters().cells(inagg::Counter(which));
-                 return nb::ndarray<nb::numpy, const int64_t, nb::ndim<1>>(cells.data(),
+        .def(
+            "counter",
+            [](SwitchPipeline& p, size_t which) {
+                if (which >= inagg::kCounters) throw std::out_of_range("no such counter");
+                std::vector<int64_t>& cells = p.counters().cells(inagg::Counter(which));
+                return nb::ndarray<nb::numpy, const int64_t, nb::ndim<1>>(cells.data(),
                                                                           {cells.size()});
-             },
-             nb::rv_policy::reference_internal,
-             "A live read-only view of counter `which` (switch_tables.hpp's Counter order)")
-        .def("set_counter",
-             [](SwitchPipeline& p, size_t which, size_t index, int64_t value) {
-                 if (which >= inagg::kCounters) throw std::out_of_range("no such counter");
-                 bool ok = locked(p, [&](SwitchPipeline& q) {
-                     return q.counters().set(inagg::Counter(which), index, value);
-                 });
-                 if (!ok) throw std::out_of_range("counter index out of range");
-             },
-             "which"_a, "index"_a, "value"_a, "Set one counter cell (P4Runtime MODIFY)")
+            },
+            nb::rv_policy::reference_internal,
+            "A live read-only view of counter `which` (switch_tables.hpp's Counter order)")
+        .def(
+            "set_counter",
+            [](SwitchPipeline& p, size_t which, size_t index, int64_t value) {
+                if (which >= inagg::kCounters) throw std::out_of_range("no such counter");
+                bool ok = locked(p, [&](SwitchPipeline& q) {
+                    return q.counters().set(inagg::Counter(which), index, value);
+                });
+                if (!ok) throw std::out_of_range("counter index out of range");
+            },
+            "which"_a, "index"_a, "value"_a, "Set one counter cell (P4Runtime MODIFY)")
         .def("process", &process_frame, "port"_a, "frame"_a,
              "One frame in: the (egress port, frame) pairs it causes (the slow path)");
 }
@@ -237,8 +242,12 @@ void bind_pipeline(nb::module_& m) {
                       "(native/switch_pipeline.hpp)");
     cls.def(nb::new_(&make_pipeline), "n_slots"_a, "values_per_packet"_a, "counter_sizes"_a,
             "n_drop_reasons"_a)
-        .def("hold", [](nb::handle self) { return PipelineHold{nb::cast<std::shared_ptr<SwitchPipeline>>(self)}; },
-             "A context manager holding the pipeline's lock: no packet sees half a write");
+        .def(
+            "hold",
+            [](nb::handle self) {
+                return PipelineHold{nb::cast<std::shared_ptr<SwitchPipeline>>(self)};
+            },
+            "A context manager holding the pipeline's lock: no packet sees half a write");
     bind_job_tables(cls);
     bind_uplink_table(cls);
     bind_l2_tables(cls);
@@ -251,15 +260,15 @@ void bind_loop(nb::module_& m) {
                                   "(native/switch_loop.hpp)")
         .def(nb::init<size_t>(), "capture_bytes"_a = inagg::SwitchLoop::kCaptureBytes,
              "capture_bytes: the bound of the captured frames waiting for take_captures()")
-        .def("add_udp_ports", &inagg::SwitchLoop::add_udp_ports, "fd"_a, "bind_addr"_a,
-             "peers"_a)
+        .def("add_udp_ports", &inagg::SwitchLoop::add_udp_ports, "fd"_a, "bind_addr"_a, "peers"_a)
         .def("add_raw_port", &inagg::SwitchLoop::add_raw_port, "fd"_a, "port"_a)
         .def("capture", &inagg::SwitchLoop::capture, "port"_a,
              "Capture the frames `port` receives and sends (before start())")
         .def("take_captures", &take_captures,
              "The frames captured since the last call: [(port, 'in'|'out', usec, frame)]")
         .def("set_congestion_threshold", &inagg::SwitchLoop::set_congestion_threshold, "bytes"_a,
-             "Mark results leaving by a raw port whose socket holds this many bytes unsent (0: never)")
+             "Mark results leaving by a raw port whose socket holds this many bytes unsent (0: "
+             "never)")
         .def("set_pipeline", &inagg::SwitchLoop::set_pipeline, "pipeline"_a.none(),
              nb::call_guard<nb::gil_scoped_release>())
         .def("start", &inagg::SwitchLoop::start)
@@ -274,7 +283,8 @@ void bind_loop(nb::module_& m) {
             d["send_errors"] = s.send_errors.load();
             d["wakeups"] = s.wakeups.load();
             d["marked"] = s.marked.load();
-            d["capture_dropped"] = loop.capture_dropped();  // captured frames the queue had no room for
+            // captured frames the queue had no room for
+            d["capture_dropped"] = loop.capture_dropped();
             return d;
         });
 }

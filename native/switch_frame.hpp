@@ -1,7 +1,7 @@
 // Frame layout the software switch reads and writes: Ethernet / IPv4 (no options) / UDP, then the
 // inagg header directly (UDP encapsulation) or after BTH|RETH|ImmDt (RoCEv2). The twin of the
-// offsets in bmv2_env/softswitch/pipeline_reference.py and hostlib/wire/roce.py; the inagg header's own fields and the
-// big-endian loads and stores are protocol.hpp's.
+// offsets in bmv2_env/softswitch/pipeline_reference.py and hostlib/wire/roce.py; the inagg header's
+// own fields and the big-endian loads and stores are protocol.hpp's.
 #pragma once
 
 #include <cstddef>
@@ -18,18 +18,18 @@ constexpr size_t kIpTotalLength = 2, kIpFragment = 6, kIpProtocol = 9, kIpChecks
                  kIpSrc = 12, kIpDst = 16;
 constexpr size_t kUdpSrcPort = 0, kUdpDstPort = 2, kUdpLength = 4, kUdpChecksum = 6;
 constexpr size_t kIpAt = kEth, kUdpAt = kEth + kIp;  // where the IPv4 and UDP headers start
-constexpr size_t kInaggAt = kEth + kIp + kUdp;          // inagg header, UDP encapsulation
-constexpr size_t kRoceHeaderBytes = 32;                 // BTH 12 + RETH 16 + ImmDt 4
+constexpr size_t kInaggAt = kEth + kIp + kUdp;       // inagg header, UDP encapsulation
+constexpr size_t kRoceHeaderBytes = 32;              // BTH 12 + RETH 16 + ImmDt 4
 constexpr size_t kRoceInaggAt = kInaggAt + kRoceHeaderBytes;
 constexpr size_t kRoceIcrcBytes = 4;
-constexpr size_t kRoceQp = 5;                           // in BTH|RETH|ImmDt
+constexpr size_t kRoceQp = 5;  // in BTH|RETH|ImmDt
 constexpr size_t kRoceRkey = 12 + 8;
 constexpr size_t kRoceDmaLen = 12 + 12;
 
 constexpr uint16_t kInaggUdpPort = 0xA66A;
 constexpr uint16_t kRoceUdpPort = 4791;
 constexpr uint8_t kRoceOpcodeUcWriteOnlyImm = 0x2B;
-constexpr uint32_t kRoceInaggImmediate = 0x494E4147;     // "INAG"
+constexpr uint32_t kRoceInaggImmediate = 0x494E4147;  // "INAG"
 
 // protocol.ENCAP_CODE: job_table's encap parameter; 0 = not an inagg frame.
 constexpr uint8_t kEncapNone = 0, kEncapUdp = 1, kEncapRoce = 2;

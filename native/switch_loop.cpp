@@ -3,18 +3,13 @@
 
 #include <arpa/inet.h>
 #include <linux/if_packet.h>
-#include <netinet/in.h>
 #include <linux/sockios.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
+#include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -29,7 +24,7 @@ using namespace frame;
 
 namespace {
 
-constexpr size_t kFrameBytes = 65536;          // the largest datagram or frame a port takes
+constexpr size_t kFrameBytes = 65536;                  // the largest datagram or frame a port takes
 constexpr size_t kSlotBytes = kInaggAt + kFrameBytes;  // + room for the headers a UDP port adds
 constexpr uint8_t kUdpSwitchMac[6] = {0, 0, 0, 0, 0, 0xFE};
 
@@ -62,58 +57,52 @@ void write_udp_headers(uint8_t* f, uint32_t src, uint16_t sport, uint32_t dst, s
 struct SwitchLoop::PortSocket {
     enum class Kind { Udp, Raw };
 
-    PortSocket(Kind k, int fd) : kind(k), socket(fd), rx(kBatch, kFrameBytes, k == Kind::Udp ? kInaggAt : 0) {}
+    PortSocket(Kind k, int fd)
+        : kind(k), socket(fd), rx(kBatch, kFrameBytes, k == Kind::Udp ? kInaggAt : 0) {}
 
     Kind kind;
     Socket socket;
-    uint16_t port = 0;                                // raw: its switch port
-    uint32_t bind_addr = 0;                           // udp: the switch's address
-    std::unordered_map<uint32_t, uint16_t> port_of;   // udp: host IPv4 -> switch port
-    RecvBatch rx;                                     // udp: room for the frame's headers
-    std::vector<size_t> pending;                      // out_ frames leaving by this socket
-    bool deep = false;                                // its queue, asked at its first pending frame
-    std::vector<Datagram> datagrams;                  // them, as the datagrams or frames to send
+    uint16_t port = 0;                               // raw: its switch port
+    uint32_t bind_addr = 0;                          // udp: the switch's address
+    std::unordered_map<uint32_t, uint16_t> port_of;  // udp: host IPv4 -> switch port
+    RecvBatch rx;                                    // udp: room for the frame's headers
+    std::vector<size_t> pending;                     // out_ frames leaving by this socket
+    bool deep = false;                               // its queue, asked at its first pending frame
+    std::vector<Datagram> datagrams;                 // them, as the datagrams or frames to send
 };
 
 SwitchLoop::SwitchLoop(size_t capture_bytes) : captures_(capture_bytes) {
     if (capture_bytes == 0) throw std::invalid_argument("switch loop: capture_bytes must be > 0");
-    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (epoll_fd_ < 0 || wake_fd_ < 0) throw os_error("switch loop: epoll/eventfd");
-    watch(wake_fd_, nullptr);
-}
-
-void SwitchLoop::watch(int fd, PortSocket* sock) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = sock;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) throw os_error("epoll_ctl");
+    waits_.add(wake_.fd(), POLLIN, wake_.name());
 }
 
 SwitchLoop::~SwitchLoop() {
     running_ = false;
+    // join() throws only when the wake-up cannot be written (its eventfd was closed under us):
+    // here that ends the process (std::terminate) rather than hanging in the thread's join.
     join();
-    close(epoll_fd_);
-    close(wake_fd_);
 }
 
 void SwitchLoop::add_udp_ports(int fd, uint32_t bind_addr,
                                const std::vector<std::pair<uint32_t, uint16_t>>& peers) {
     auto sock = std::make_unique<PortSocket>(PortSocket::Kind::Udp, fd);
     sock->bind_addr = bind_addr;
-    for (const auto& [addr, port] : peers) {
-        sock->port_of[addr] = port;
-        by_port_[port] = sock.get();
-    }
-    watch(fd, sock.get());
-    sockets_.push_back(std::move(sock));
+    for (const auto& [addr, port] : peers) sock->port_of[addr] = port;
+    add(std::move(sock));
 }
 
 void SwitchLoop::add_raw_port(int fd, uint16_t port) {
     auto sock = std::make_unique<PortSocket>(PortSocket::Kind::Raw, fd);
     sock->port = port;
-    by_port_[port] = sock.get();
-    watch(fd, sock.get());
+    add(std::move(sock));
+}
+
+// A port socket into the loop: its egress ports, its place in the wait (after the wake-up).
+void SwitchLoop::add(std::unique_ptr<PortSocket> sock) {
+    if (running_) throw std::logic_error("a port added while the switch loop runs");
+    if (sock->kind == PortSocket::Kind::Raw) by_port_[sock->port] = sock.get();
+    for (const auto& [addr, port] : sock->port_of) by_port_[port] = sock.get();
+    waits_.add(sock->socket.fd(), POLLIN, sock->socket.name());
     sockets_.push_back(std::move(sock));
 }
 
@@ -125,7 +114,8 @@ void SwitchLoop::capture(uint16_t port) {
 void SwitchLoop::record(uint16_t port, bool sent, const uint8_t* frame, size_t len) {
     if (captured_ports_.empty() || captured_ports_.count(port) == 0) return;  // off: one branch
     int64_t usec = std::chrono::duration_cast<std::chrono::microseconds>(
-                       std::chrono::system_clock::now().time_since_epoch()).count();
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
     captures_.push(port, sent, usec, frame, len);
 }
 
@@ -147,10 +137,11 @@ void SwitchLoop::stop() {
     if (std::exception_ptr error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
 }
 
+// Wake the loop thread and wait for it to end (it ends on its own after an error).
 void SwitchLoop::join() {
-    uint64_t one = 1;
-    if (write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN) perror("switch loop: wake");
-    if (thread_.joinable()) thread_.join();
+    if (!thread_.joinable()) return;
+    wake_.signal();
+    thread_.join();
 }
 
 // The loop thread: until stop(), or until an error, which it keeps for stop() to throw.
@@ -164,18 +155,10 @@ void SwitchLoop::run() {
 }
 
 void SwitchLoop::wait_and_receive() {
-    epoll_event events[16];
-    int n = epoll_wait(epoll_fd_, events, 16, -1);
-    if (n < 0 && errno != EINTR) throw os_error("epoll_wait");
-    for (int i = 0; i < n && running_; ++i) {
-        if (events[i].data.ptr) {
-            receive_batch(*static_cast<PortSocket*>(events[i].data.ptr));
-        } else {  // stop(): consume the wake-up, so a later start() waits again
-            uint64_t count;
-            if (read(wake_fd_, &count, sizeof count) < 0 && errno != EAGAIN)
-                throw os_error("switch loop: wake");
-        }
-    }
+    if (!waits_.wait()) return;          // a signal came first
+    if (waits_.ready(0)) wake_.clear();  // stop(): taken, so that a later start() waits again
+    for (size_t i = 0; i < sockets_.size() && running_; ++i)
+        if (waits_.ready(i + 1)) receive_batch(*sockets_[i]);
 }
 
 void SwitchLoop::receive_batch(PortSocket& sock) {
@@ -234,7 +217,7 @@ void SwitchLoop::send_outputs() {
         auto sock = by_port_.find(out_.port(i));
         if (sock == by_port_.end()) continue;
         PortSocket& s = *sock->second;
-        if (s.pending.empty()) s.deep = congested(s);   // once per socket and batch
+        if (s.pending.empty()) s.deep = congested(s);  // once per socket and batch
         if (s.deep && out_.mark(i, kFlagCongestion)) stats_.marked += 1;
         s.pending.push_back(i);
         record(out_.port(i), true, out_.data(i), out_.len(i));
@@ -275,7 +258,8 @@ void SwitchLoop::queue_udp(PortSocket& sock) {
 
 // A frame leaving a raw port is sent whole, one message each.
 void SwitchLoop::queue_raw(PortSocket& sock) {
-    for (size_t i : sock.pending) sock.datagrams.push_back(Datagram{sockaddr_in{}, out_.data(i), out_.len(i)});
+    for (size_t i : sock.pending)
+        sock.datagrams.push_back(Datagram{sockaddr_in{}, out_.data(i), out_.len(i)});
 }
 
 }  // namespace inagg

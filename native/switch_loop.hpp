@@ -7,9 +7,9 @@
 //    from host H enters H's port as the Ethernet/IPv4/UDP frame H would have sent, and a frame
 //    leaving any of the group's ports goes out as a datagram to its IPv4/UDP destination;
 //  - raw ports: one AF_PACKET socket per Linux interface (veth, Mininet), whole frames.
-// Each wakeup takes up to kBatch frames per ready socket with one recvmmsg, runs them through the
-// pipeline under its lock, and sends what they caused with one sendmmsg per socket (net.hpp: its
-// error policy; a socket error stops the loop and stop() throws it).
+// Each wakeup (wait.hpp) takes up to kBatch frames per ready socket with one recvmmsg, runs them
+// through the pipeline under its lock, and sends what they caused with one sendmmsg per socket
+// (net.hpp: its error policy; a socket error stops the loop and stop() throws it).
 #pragma once
 
 #include <netinet/in.h>
@@ -27,6 +27,7 @@
 
 #include "capture_queue.hpp"
 #include "switch_pipeline.hpp"
+#include "wait.hpp"
 
 namespace inagg {
 
@@ -34,10 +35,10 @@ namespace inagg {
 struct LoopStats {
     std::atomic<uint64_t> received{0};
     std::atomic<uint64_t> sent{0};
-    std::atomic<uint64_t> unknown_peer{0};   // datagrams from no host of a UDP port
-    std::atomic<uint64_t> send_errors{0};    // frames not sent: the send queue stayed full
-    std::atomic<uint64_t> wakeups{0};        // batches received
-    std::atomic<uint64_t> marked{0};         // results sent with FLAG_CONGESTION (a deep queue)
+    std::atomic<uint64_t> unknown_peer{0};  // datagrams from no host of a UDP port
+    std::atomic<uint64_t> send_errors{0};   // frames not sent: the send queue stayed full
+    std::atomic<uint64_t> wakeups{0};       // batches received
+    std::atomic<uint64_t> marked{0};        // results sent with FLAG_CONGESTION (a deep queue)
 };
 
 class SwitchLoop {
@@ -54,6 +55,7 @@ public:
 
     // `peers`: (host IPv4, switch port) of each host attached through this socket; `bind_addr`
     // is the socket's own IPv4 address (host order), the destination of the frames it makes.
+    // Ports are added before start() only (std::logic_error while the loop runs).
     void add_udp_ports(int fd, uint32_t bind_addr,
                        const std::vector<std::pair<uint32_t, uint16_t>>& peers);
     void add_raw_port(int fd, uint16_t port);
@@ -80,7 +82,7 @@ public:
 
 private:
     struct PortSocket;
-    void watch(int fd, PortSocket* sock);  // epoll: wake for fd (sock null: the stop eventfd)
+    void add(std::unique_ptr<PortSocket> sock);
     void join();
     void run();
     void wait_and_receive();
@@ -94,14 +96,15 @@ private:
 
     std::vector<std::unique_ptr<PortSocket>> sockets_;
     std::unordered_map<uint16_t, PortSocket*> by_port_;  // egress port -> the socket it leaves by
-    std::unordered_set<uint16_t> captured_ports_;    // empty: capture off
+    std::unordered_set<uint16_t> captured_ports_;        // empty: capture off
     CaptureQueue captures_;
     std::shared_ptr<SwitchPipeline> pipeline_;
-    std::mutex pipeline_mutex_;                       // guards pipeline_ (swap vs. use)
+    std::mutex pipeline_mutex_;  // guards pipeline_ (swap vs. use)
     OutputBatch out_;
     LoopStats stats_;
     size_t congestion_bytes_ = 0;
-    int epoll_fd_ = -1, wake_fd_ = -1;
+    Wakeup wake_;    // stop()
+    WaitSet waits_;  // wake_, then sockets_ in their order
     std::atomic<bool> running_{false};
     std::exception_ptr error_;  // what stopped the loop thread, for stop() to throw
     std::thread thread_;

@@ -15,10 +15,8 @@ using namespace frame;
 SwitchPipeline::SwitchPipeline(uint32_t n_slots, uint32_t values_per_packet,
                                const std::array<size_t, kCounters>& counter_sizes,
                                size_t n_drop_reasons)
-    : engine_(n_slots, values_per_packet, false),
-      counters_(counter_sizes),
-      n_drop_reasons_(n_drop_reasons),
-      result_(engine_.max_result_bytes()) {}
+    : engine_(n_slots, values_per_packet, false), counters_(counter_sizes),
+      n_drop_reasons_(n_drop_reasons), result_(engine_.max_result_bytes()) {}
 
 void SwitchPipeline::process(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
     uint8_t encap = parse_encap(f, len);
@@ -69,8 +67,8 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
     size_t inagg_end = udp_end(f);
     bool framing_ok = true;
     if (encap == kEncapRoce) {
-        framing_ok = len >= inagg_end && load_be32(f + kInaggAt + kRoceDmaLen) ==
-                                             inagg_end - kRoceIcrcBytes - at;
+        framing_ok = len >= inagg_end &&
+                     load_be32(f + kInaggAt + kRoceDmaLen) == inagg_end - kRoceIcrcBytes - at;
         inagg_end -= kRoceIcrcBytes;
     }
     if (inagg_end < at + kHeaderBytes) {
@@ -110,7 +108,8 @@ SenderId SwitchPipeline::sender(uint16_t port, const uint8_t* f, size_t at) cons
 }
 
 void SwitchPipeline::count_global(Outcome reason) {
-    if (int code = p4_drop_code(reason); code >= 0) counters_.count(Counter::GlobalDrops, size_t(code));
+    if (int code = p4_drop_code(reason); code >= 0)
+        counters_.count(Counter::GlobalDrops, size_t(code));
 }
 
 void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool result) {
@@ -132,7 +131,8 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
                                OutputBatch& out) {
     size_t at = encap == kEncapRoce ? kRoceInaggAt : kInaggAt;
     uint16_t job_id = header_job(f + at);
-    Replica asker{port, uint16_t(header_worker(f + at) + 1)};  // DUP_DONE: replica = the sender's rank + 1
+    Replica asker{
+        port, uint16_t(header_worker(f + at) + 1)};  // DUP_DONE: replica = the sender's rank + 1
     const Replica* first = &asker;
     const Replica* last = first + 1;
     if (!unicast) {
@@ -154,7 +154,8 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
             rewrite = &hit->second;
         }
         // a UDP result's flags may be marked on its way out (SwitchLoop); RoCE's ICRC covers them
-        uint8_t* o = out.reserve(r->port, frame_len + trailer, encap == kEncapRoce ? 0 : kInaggAt + field::kFlags);
+        uint8_t* o = out.reserve(r->port, frame_len + trailer,
+                                 encap == kEncapRoce ? 0 : kInaggAt + field::kFlags);
         write_result_frame(f, encap, rewrite, result_len, o);
         std::memcpy(o + frame_len, f + end, trailer);
     }
@@ -187,8 +188,7 @@ void SwitchPipeline::upstream_send(const uint8_t* f, size_t len, uint8_t encap, 
 }
 
 size_t SwitchPipeline::result_frame_len(uint8_t encap, size_t result_len) {
-    return encap == kEncapRoce ? kRoceInaggAt + result_len + kRoceIcrcBytes
-                               : kInaggAt + result_len;
+    return encap == kEncapRoce ? kRoceInaggAt + result_len + kRoceIcrcBytes : kInaggAt + result_len;
 }
 
 // The result in the trigger's encapsulation: addresses and ports swapped (the source is the

@@ -1,5 +1,6 @@
 // The software switch's per-packet pipeline: p4/inagg.p4 in C++, the twin of
-// bmv2_env/softswitch/pipeline_reference.py::SoftPipeline (which stays the reference; the conformance suite runs both).
+// bmv2_env/softswitch/pipeline_reference.py::SoftPipeline (which stays the reference; the
+// conformance suite runs both).
 //
 // process() takes one frame from an ingress port and appends the frames to send to an
 // OutputBatch: the parser (Ethernet/IPv4/UDP to the inagg port, or RoCEv2 UC WRITE ONLY with the
@@ -79,8 +80,8 @@ constexpr SenderId kParentSender = SenderId(1) << 61;
 
 class SwitchPipeline {
 public:
-    // job_drops holds n_drop_reasons cells per job (inagg.hostlib.wire.protocol.DROP_REASONS); a drop's
-    // cell is its engine outcome's p4_drop_code.
+    // job_drops holds n_drop_reasons cells per job (inagg.hostlib.wire.protocol.DROP_REASONS); a
+    // drop's cell is its engine outcome's p4_drop_code.
     SwitchPipeline(uint32_t n_slots, uint32_t values_per_packet,
                    const std::array<size_t, kCounters>& counter_sizes, size_t n_drop_reasons);
 

@@ -1,9 +1,9 @@
 // The software switch's match-action state, as the P4 program declares it
 // (p4/include/job_admission.p4, tree_uplink.p4, forwarding.p4, replica_rewrite.p4,
-// job_counters.p4) and the
-// Python P4Runtime server writes it (bmv2_env/softswitch/pipeline.py mirrors every accepted
-// TableEntry / MulticastGroupEntry into here): exact-match tables as hash maps, the packet
-// replication engine's groups, and the indexed packet counters that P4Runtime reads back.
+// job_counters.p4) and the Python P4Runtime server writes it (bmv2_env/softswitch/pipeline.py
+// mirrors every accepted TableEntry / MulticastGroupEntry into here): exact-match tables as hash
+// maps, the packet replication engine's groups, and the indexed packet counters that P4Runtime
+// reads back.
 #pragma once
 
 #include <array>
@@ -49,10 +49,10 @@ struct UplinkEntry {
     uint16_t port = 0;
     uint8_t rank = 0;
     uint16_t slot_base = 0;
-    uint64_t mac = 0;        // the parent's aggregator address
+    uint64_t mac = 0;  // the parent's aggregator address
     uint32_t addr = 0;
     uint16_t udp_port = 0;
-    uint64_t src_mac = 0;    // this switch's aggregator address
+    uint64_t src_mac = 0;  // this switch's aggregator address
     uint32_t src_addr = 0;
     uint16_t src_udp_port = 0;
 };
@@ -71,13 +71,13 @@ struct Replica {
 };
 
 struct SwitchTables {
-    std::unordered_map<uint16_t, JobAdmit> jobs;                    // job_id
-    std::unordered_map<uint32_t, WorkerBinding> workers;            // job_id << 8 | rank
-    std::unordered_map<uint32_t, ReplicaAddress> replicas;          // job_id << 16 | replica
-    std::unordered_map<uint16_t, UplinkEntry> uplinks;              // job_id
-    std::unordered_map<uint64_t, L2Action> l2;                      // dst MAC
+    std::unordered_map<uint16_t, JobAdmit> jobs;            // job_id
+    std::unordered_map<uint32_t, WorkerBinding> workers;    // job_id << 8 | rank
+    std::unordered_map<uint32_t, ReplicaAddress> replicas;  // job_id << 16 | replica
+    std::unordered_map<uint16_t, UplinkEntry> uplinks;      // job_id
+    std::unordered_map<uint64_t, L2Action> l2;              // dst MAC
     L2Action l2_default;
-    std::unordered_map<uint16_t, std::vector<Replica>> groups;      // multicast group id
+    std::unordered_map<uint16_t, std::vector<Replica>> groups;  // multicast group id
 
     static uint32_t replica_key(uint16_t job_id, uint16_t replica) {
         return uint32_t(job_id) << 16 | replica;
@@ -89,7 +89,12 @@ struct SwitchTables {
 
 // The counters of JobCounters, in P4Info order of their names' meaning.
 enum class Counter : uint8_t {
-    JobPackets, JobAggregated, JobDuplicates, JobResults, JobDrops, GlobalDrops
+    JobPackets,
+    JobAggregated,
+    JobDuplicates,
+    JobResults,
+    JobDrops,
+    GlobalDrops
 };
 constexpr size_t kCounters = size_t(Counter::GlobalDrops) + 1;
 

@@ -1,11 +1,12 @@
-"""native/net.hpp's error policy, on real sockets: a receive or send error other than
-EAGAIN/EINTR reaches Python at once as an OSError with its errno (the errno's subclass), naming
-the failed call and the socket, from each of the three users of the network layer: the worker's
-stream, the host aggregator's loop and the software switch's loop.
+"""native/net.hpp's error policy, on real sockets: a receive, send or wait (native/wait.hpp)
+error other than EAGAIN/EINTR reaches Python at once as an OSError with its errno (the errno's
+subclass), naming the failed call and the socket, from each of the three users of the network
+layer: the worker's stream, the host aggregator's loop and the software switch's loop.
 
 The errors are the kernel's own: a descriptor that no longer is a socket (ENOTSOCK, on the first
-send), and a connected UDP socket whose peer's port is closed (the ICMP port unreachable makes
-its next receive fail with ECONNREFUSED)."""
+send), a connected UDP socket whose peer's port is closed (the ICMP port unreachable makes its
+next receive fail with ECONNREFUSED), and a descriptor that is not open when a loop waits on it
+(EBADF)."""
 
 import errno
 import os
@@ -115,5 +116,44 @@ def test_a_switch_loop_receive_error_stops_the_loop_and_stop_raises_it():
             loop.stop()
         assert named(raised.value, "recvmmsg", sock), str(raised.value)
         loop.stop()                  # the error is raised once; a stopped loop stops quietly
+    finally:
+        sock.close()
+
+
+def test_a_switch_loop_port_descriptor_not_open_stops_the_loop_with_ebadf():
+    """The loops' wait is under the same policy (native/wait.hpp): a port whose descriptor is not
+    open when the loop waits (here a dup closed before start(); the socket itself stays open) is
+    an error of its wait, with no datagram needed to find it."""
+    loop = _native.SwitchLoop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        port_fd = os.dup(sock.fileno())
+        loop.add_udp_ports(port_fd, 0x7F000001, [(0x7F000002, 1)])
+        os.close(port_fd)
+        loop.start()
+        deadline = time.monotonic() + 10
+        while loop.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not loop.running, "the loop went on waiting on a closed descriptor"
+        with pytest.raises(OSError) as raised:
+            loop.stop()
+        assert raised.value.errno == errno.EBADF
+        assert named(raised.value, "ppoll", sock), str(raised.value)
+    finally:
+        sock.close()
+
+
+def test_a_switch_loop_takes_ports_only_before_it_starts():
+    loop = _native.SwitchLoop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        loop.start()
+        with pytest.raises(RuntimeError, match="while the switch loop runs"):
+            loop.add_udp_ports(sock.fileno(), 0x7F000001, [(0x7F000002, 1)])
+        loop.stop()
+        loop.stop()                  # stopped twice: quietly
     finally:
         sock.close()
