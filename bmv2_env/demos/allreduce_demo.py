@@ -22,8 +22,8 @@ from inagg.hostlib.aggregator import server as aggregator_server
 from inagg.hostlib.launch import python_m
 from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, Grant, parse_address
-from inagg.hostlib.worker.native_stream import NativeSlotStream
-from inagg.hostlib.worker.stream import SlotStream
+from inagg.hostlib.worker.stream import NativeSlotStream
+from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 
 JOB_ID = 1

@@ -74,7 +74,8 @@ from inagg.hostlib.worker.local import Endpoint, PendingEndpoint, start_endpoint
 from inagg.hostlib.worker.abortable_store import AbortableStore
 from inagg.hostlib.pytorch.path.choice import PATHS, PathChooser
 from inagg.hostlib.pytorch.reproducible import FixedPointGloo
-from inagg.hostlib.worker.stream import Reduction, one_round_capacity
+from inagg.hostlib.worker.call_protocol import one_round_capacity
+from inagg.hostlib.worker.stream_base import Reduction
 from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, job_links
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib import BACKEND_NAME
