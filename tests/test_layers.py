@@ -72,12 +72,14 @@ def launches(tree: ast.AST) -> set[str]:
                  for t in node.targets if isinstance(t, ast.Name)}
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "python_m" and node.args:
-            target = node.args[0]
-            if isinstance(target, ast.Constant):
-                out.add(target.value)
-            elif isinstance(target, ast.Name) and target.id in constants:
-                out.add(constants[target.id])
+        if not (isinstance(node, ast.Call) and node.args and "python_m" in (getattr(node.func, "id", None),
+                                                                              getattr(node.func, "attr", None))):
+            continue
+        target = node.args[0]
+        if isinstance(target, ast.Constant):
+            out.add(target.value)
+        elif isinstance(target, ast.Name) and target.id in constants:
+            out.add(constants[target.id])
     return out
 
 
