@@ -80,6 +80,7 @@ class Refusal:
     detail: int = 0
 
     def describe(self) -> str:
+        """The refusal in words, as every rank's ``CallRefused`` says it."""
         if self.code is CallError.DTYPE:
             return (f"a {DTYPE_NAMES[self.detail]} tensor (inagg allreduces float32, float16, bfloat16 "
                     f"and int32)")
@@ -125,6 +126,7 @@ class CallSpec:
     epoch_delta: int = 0
 
     def describe(self) -> str:
+        """The call in words (``1000 x float avg``), for mismatch errors."""
         kind = "float" if self.is_float else "int32"
         return f"{self.size} x {kind}{' avg' if self.average else ''}"
 
@@ -143,12 +145,13 @@ class ControlVector:
     Word r: ``-(code | detail << 4)`` for a refusal, else ``size << 2 | average << 1 | is_float``.
     Word N + r: ``(call mod 2**8) << 23 | goal << 8 | pending epoch delta`` (delta over the grant's
     epoch, capped at 255; 0 = none). The words are the first 2N lanes of the control packet;
-    a small call's values follow (:meth:`StreamBase.one_round_capacity`)."""
+    a small call's values follow (``one_round_capacity``)."""
 
     def __init__(self, n_workers: int) -> None:
         self.n = n_workers
 
     def encode(self, rank: int, spec: CallSpec) -> np.ndarray:
+        """The 2N-word vector with this rank's words (r and N + r) set, the rest zero."""
         v = np.zeros(2 * self.n, np.int32)
         if spec.refusal is not None:
             v[rank] = -(int(spec.refusal.code) | spec.refusal.detail << 4)
@@ -209,6 +212,8 @@ def one_round_capacity(values_per_packet: int, n_workers: int, is_float: bool) -
 
 
 def overflow_error(chunks: list[int], k: int) -> FloatingPointError:
+    """The error every rank raises for the blocks ``chunks`` (of ``k`` values) that carried
+    FLAG_OVERFLOW: some rank's input holds values no codec carries."""
     return FloatingPointError(
         f"allreduce input holds inf/NaN or |x| >= 2**127 on some rank: {len(chunks)} block(s) "
         f"of {k} values, first at element {min(chunks) * k}; those elements are left unchanged")

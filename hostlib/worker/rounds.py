@@ -95,9 +95,11 @@ class OutstandingRounds:
         return len(self.rounds)
 
     def add(self, idx: int, rnd: Round) -> None:
+        """``rnd`` is now in flight on slot index ``idx``."""
         self.rounds[idx] = rnd
 
     def pop(self, idx: int) -> Round:
+        """Slot index ``idx``'s round, answered: no longer in flight."""
         return self.rounds.pop(idx)
 
     def check(self, view: memoryview, n: int, source: object) -> tuple[ResultCheck, int]:
@@ -153,6 +155,8 @@ class RttEstimator:
         self.rto = max(self.rto_min, INITIAL_RTO)
 
     def sample(self, rtt: float) -> None:
+        """Feed one RTT sample (RFC 6298's SRTT and RTTVAR) and recompute the RTO, capped and
+        floored as the class docstring says."""
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
@@ -253,6 +257,8 @@ class LossDetector:
                 other.deadline = max(other.deadline, now + self.timeout(now))
 
     def verdict(self, rnd: Round, now: float) -> Loss:
+        """Whether ``rnd`` is lost now: its deadline passed (TIMEOUT), or a round sent after it
+        was answered more than its RTT plus the reorder window ago (FAST, RACK), else NONE."""
         if now >= rnd.deadline:
             return Loss.TIMEOUT
         if rnd.last_sent < self.newest_sent and now >= rnd.last_sent + self.newest_rtt + self.rtt.reorder_window(self.lossy(now)):
@@ -280,6 +286,7 @@ class LossDetector:
         self.lossy_until = now + LOSS_MEMORY
 
     def lossy(self, now: float) -> bool:
+        """Whether the path fast-retransmitted within ``LOSS_MEMORY``."""
         return now < self.lossy_until
 
     def timeout(self, now: float) -> float:
@@ -360,9 +367,11 @@ class BlockGate:
         self._ready: list[tuple[int, int]] = []   # (block, slot index), a heap
 
     def defer(self, idx: int, chunk: int) -> None:
+        """Block ``chunk`` (on slot index ``idx``) is ready; sent once the window allows it."""
         heapq.heappush(self._ready, (chunk, idx))
 
     def answer(self, chunk: int) -> None:
+        """Block ``chunk`` has its result: the oldest unanswered block moves on past it."""
         self.answered[chunk] = 1
         while self.oldest < len(self.answered) and self.answered[self.oldest]:
             self.oldest += 1
@@ -398,6 +407,8 @@ class WindowControl:
         self.goal = self._goal()
 
     def _goal(self) -> int:
+        """The next calls' goal: ``GOAL_OVER_WINDOW`` times the largest window since the last
+        goal, within [minimum, maximum]; the peak restarts from the current size."""
         c = self.congestion
         w = GOAL_OVER_WINDOW * math.ceil(max(c.peak, c.size))
         c.peak = c.size

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -34,11 +34,18 @@ class AllreduceError(RuntimeError):
 
 
 class Transport(Protocol):
-    overhead: int
+    """What a stream sends and receives through (``inagg.hostlib.wire.transport``)."""
 
-    def send(self, data: bytes) -> None: ...
-    def recv_from(self, buf: bytearray, timeout: float) -> tuple[int, object]: ...
-    def source_of(self, aggregator: tuple[str, int]) -> object: ...
+    overhead: int   # bytes of headers each datagram carries on the wire beyond its payload
+
+    def send(self, data: bytes) -> None:
+        """Send one datagram to the grant's aggregator."""
+
+    def recv_from(self, buf: bytearray, timeout: float) -> tuple[int, object]:
+        """Receive one datagram into ``buf`` within ``timeout`` seconds: (its length, its source)."""
+
+    def source_of(self, aggregator: tuple[str, int]) -> object:
+        """The source ``recv_from`` reports for datagrams from ``aggregator``."""
 
 
 @dataclass
@@ -67,6 +74,8 @@ class StreamStats:
     result_drops: dict = field(default_factory=dict)
 
     def drop(self, check: ResultCheck, flags: int) -> None:
+        """Count a dropped datagram under ``check``; a late copy of a retransmitted round counts as
+        a spurious retransmission too."""
         self.ignored_results += 1
         if flags & FLAG_RETRANSMIT and check in (ResultCheck.NO_ROUND, ResultCheck.WRONG_SET):
             self.spurious_retransmissions += 1
@@ -82,6 +91,7 @@ class StreamStats:
         return max(0, self.bursts - self.spurious_retransmissions)
 
     def as_dict(self) -> dict:
+        """The counters as a plain dict (``result_drops`` copied)."""
         d = dict(self.__dict__)
         d["result_drops"] = dict(self.result_drops)
         return d
@@ -127,7 +137,8 @@ class ExponentTracker:
     ``block``: the exponents' block (``Reduction.block``), a multiple of K; each packet of K
     values takes its block's exponent (None, or a block K does not divide: K)."""
 
-    def __init__(self, x: np.ndarray, k: int, exponents=codec.block_exponents, block: int | None = None) -> None:
+    def __init__(self, x: np.ndarray, k: int, exponents: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]] = codec.block_exponents,
+                 block: int | None = None) -> None:
         self.n_blocks = -(-x.size // k)
         self.is_float = codec.is_float(x.dtype)
         if self.is_float and block and block != k and block % k == 0:
@@ -141,9 +152,11 @@ class ExponentTracker:
         self.agreed = [EXP_NONE] * self.n_blocks
 
     def local_exp(self, chunk: int) -> int:
+        """This rank's exponent of block ``chunk`` (EXP_NONE past the last block)."""
         return int(self.local[chunk]) if chunk < self.n_blocks else EXP_NONE
 
     def agree(self, chunk: int, exp: int) -> None:
+        """Record the job-wide exponent ``exp`` of block ``chunk`` (a float call's only)."""
         if self.is_float and chunk < self.n_blocks:
             self.agreed[chunk] = exp
 
@@ -279,6 +292,7 @@ class StreamBase:
         return codec.fixed_decode(sums, self.n_workers, y)
 
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
+        """The block exponents of ``x`` at the grant's K and the reduction's exponent block."""
         return ExponentTracker(x, self.grant.values_per_packet, block=self.reduction.block)
 
     def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
@@ -292,6 +306,8 @@ class StreamBase:
         raise NotImplementedError
 
     def stall_error(self, missing: str, waiting: list[int]) -> AllreduceError:
+        """The error of a call without progress for ``stall_timeout``: the aggregator, what is
+        ``missing`` and the slots still ``waiting``."""
         g = self.grant
         return AllreduceError(
             f"job {g.job_id} rank {self.rank}: no result for {self.stall_timeout:.1f}s "

@@ -51,6 +51,7 @@ class SlotStream(StreamBase):
         self._drained = True  # the last receive found the socket empty
 
     def set_grant(self, grant: Grant) -> None:
+        """``StreamBase.set_grant``; every slot of a new grant starts on set 0."""
         super().set_grant(grant)
         self._next_set = [0] * grant.slot_count
         self._source = self.transport.source_of(grant.aggregator)
@@ -59,6 +60,8 @@ class SlotStream(StreamBase):
 
     def _send_round(self, rounds: OutstandingRounds, idx: int, chunk: int, priming: bool,
                     values: np.ndarray | None, exp: int, flags: int, now: float) -> None:
+        """Send block ``chunk``'s round on slot index ``idx`` (``priming``: header only, fetching
+        an exponent), on the slot's next set, and hold it as outstanding with a fresh timeout."""
         g = self.grant
         slot_set = self._next_set[idx]
         self._next_set[idx] = 1 - slot_set
@@ -71,12 +74,15 @@ class SlotStream(StreamBase):
         self._transmit(pkt)
 
     def _transmit(self, pkt: bytes) -> None:
+        """Send ``pkt`` and count it (wire bytes with the transport's headers)."""
         self.transport.send(pkt)
         self.stats.packets_sent += 1
         self.stats.wire_bytes_sent += len(pkt) + self.transport.overhead
 
     def _send_block(self, rounds: OutstandingRounds, idx: int, x: np.ndarray, exps: ExponentTracker,
                     chunk: int, window: int, now: float) -> None:
+        """Send block ``chunk`` quantized with its agreed exponent (a bad block: zeros and
+        FLAG_OVERFLOW), carrying this rank's exponent of block ``chunk + window`` one round ahead."""
         k = self.grant.values_per_packet
         block = x[chunk * k: chunk * k + k]
         flags = 0
@@ -117,6 +123,8 @@ class SlotStream(StreamBase):
             self.stats.bursts += is_burst(silent, self.window)
 
     def _resend(self, rnd: Round, rto: float, now: float) -> None:
+        """Send ``rnd`` again, unchanged but for FLAG_RETRANSMIT (Karn: no RTT sample from it),
+        with timeout ``rto``."""
         if not rnd.retransmitted:
             rnd.packet = rnd.packet[:1] + bytes([rnd.packet[1] | FLAG_RETRANSMIT]) + rnd.packet[2:]
             rnd.retransmitted = True
@@ -178,6 +186,7 @@ class SlotStream(StreamBase):
     # -- the two phases of a call ------------------------------------------------------------
 
     def _control_round(self, lanes: np.ndarray, exp0: int, flags: int) -> tuple[np.ndarray, int, int]:
+        """``StreamBase._control_round``: slot 0's round with the control lanes, awaited."""
         rounds = OutstandingRounds(self.grant, self._source)
         start = time.perf_counter()
         self._send_round(rounds, 0, 0, True, lanes, exp0, flags, start)
@@ -187,6 +196,9 @@ class SlotStream(StreamBase):
         return values.astype(np.int32), exp, result_flags
 
     def _stream_blocks(self, x: np.ndarray, exps: ExponentTracker, goal: int, divisor: int) -> list[int]:
+        """``StreamBase._stream_blocks``: prime the window's slots (floats), then send each block
+        as the congestion window allows and its slot's previous round is answered, dequantizing
+        each result in place with its agreed exponent."""
         g = self.grant
         n_blocks = exps.n_blocks
         window = call_window(g.slot_count, n_blocks, goal, exps.is_float)
