@@ -17,11 +17,8 @@ from types import ModuleType
 
 def module_name(module: ModuleType | str) -> str:
     """The dotted name ``python -m`` takes for ``module``: its import name, also when it runs as
-    ``__main__`` itself (``__spec__`` keeps the name it was started by)."""
-    if isinstance(module, str):
-        return module
-    spec = module.__spec__
-    return spec.name if spec is not None else module.__name__
+    ``__main__`` itself (``__spec__`` keeps the name it was started by; ``__name__`` does not)."""
+    return module if isinstance(module, str) else module.__spec__.name
 
 
 def python_m(module: ModuleType | str, *args: str) -> list[str]:
