@@ -61,9 +61,9 @@ def _path_of_call(pg, tensor) -> str:
     """Allreduce ``tensor`` (SUM) and return the path the backend took, read from its counters."""
     import torch.distributed as dist
 
-    before = dict(pg.allreduces)         # stats()["allreduce_paths"], without the rest of stats()
+    before = dict(pg.dispatch.allreduces)         # stats()["allreduce_paths"], without the rest of stats()
     dist.all_reduce(tensor)
-    after = pg.allreduces
+    after = pg.dispatch.allreduces
     taken = [p for p, n in after.items() if n != before.get(p, 0)]
     if len(taken) != 1:
         raise RuntimeError(f"one allreduce moved the path counters {before} -> {after}")

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from inagg.hostlib.pytorch.reproducible import FixedPointGloo
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET
-from inagg.hostlib.worker.stream import Reduction
+from inagg.hostlib.worker.stream_base import Reduction
 
 SIZES = (1 << 10, 64 << 10, 1 << 20, 16 << 20)   # bytes
 DTYPES = (torch.float32, torch.bfloat16)

@@ -127,7 +127,7 @@ def rank_main(args: argparse.Namespace) -> int:
         retransmitted.append(pg.stats()["inagg"]["retransmissions"])
         end_turn(turn, barrier)
     slowest, retx = slowest_times(seconds, barrier), retransmissions_per_call(retransmitted, barrier)
-    grant = pg.comm.grant
+    grant = pg.lifecycle.comm.grant
     if args.rank == 0:
         Path(args.out).write_text(json.dumps({
             "seconds": slowest, "retransmissions": retx, "workers": args.world, "digest": digest,

@@ -114,7 +114,7 @@ def auto_group():
     controller, beside the forced one)."""
     import torch.distributed as dist
 
-    from inagg.hostlib.pytorch.backend import PATH_ENV
+    from inagg.hostlib.pytorch.lifecycle import PATH_ENV
 
     forced, os.environ[PATH_ENV] = os.environ.get(PATH_ENV), "auto"
     try:
@@ -139,7 +139,7 @@ def settle(pg, barrier, go_file: str, timeout: float = READY_SECONDS) -> None:
         dist.all_reduce(torch.zeros(1), group=pg)
         placed = torch.zeros(1)
         if dist.get_rank() == 0:
-            mine.write_text(pg.comm.grant.mode)
+            mine.write_text(pg.lifecycle.comm.grant.mode)
             modes = [f.read_text() for f in mine.parent.glob(f"{Path(go_file).name}.*")]
             placed[0] = modes == ["switch", "switch"]
         dist.broadcast(placed, 0, group=barrier)
@@ -164,7 +164,7 @@ def settle_auto(pg, auto, barrier, timeout: float = READY_SECONDS) -> None:
     while True:
         dist.all_reduce(one, group=pg)
         dist.all_reduce(one, group=auto)
-        placed = torch.tensor([float(auto.comm.grant.mode == "switch")])
+        placed = torch.tensor([float(auto.lifecycle.comm.grant.mode == "switch")])
         dist.all_reduce(placed, op=dist.ReduceOp.MIN, group=barrier)
         if placed.item():
             return
@@ -210,13 +210,13 @@ def rank_main(args: argparse.Namespace) -> int:
         auto = groups.get(AUTO)
         history = [[h["path"], h["calls"], h["bytes"]] for h in auto.path_history()] if auto else []
         auto_stats = auto.stats() if auto else {"path_model": None, "inagg": {}}
-        Path(args.out).write_text(json.dumps({"calls": calls, "job_s": job_seconds, "k": pg.comm.grant.values_per_packet,
-                                              "mode": pg.comm.grant.mode, "retransmissions": retx,
+        Path(args.out).write_text(json.dumps({"calls": calls, "job_s": job_seconds, "k": pg.lifecycle.comm.grant.values_per_packet,
+                                              "mode": pg.lifecycle.comm.grant.mode, "retransmissions": retx,
                                               "spurious": spurious,
                                               "auto_history": history,
                                               "auto_model": auto_stats["path_model"],
                                               "auto_grants": auto_stats["inagg"].get("grants"),
-                                              "inagg_stats": pg.comm.stats()}, default=str))
+                                              "inagg_stats": pg.lifecycle.comm.stats()}, default=str))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
     return 0

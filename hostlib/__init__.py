@@ -5,7 +5,7 @@ controller < bmv2_env). Its subpackages are layers; each imports only those belo
   pytorch                                 torch.distributed backend, path choice, DDP hooks
   worker | aggregator                     worker side, host aggregator
   wire | jobservice | hostlib             wire format, codec, job-service client; version, errors,
-                                          the C++ loader (this module) (bottom)
+                                          the C++ loader, python -m commands (launch) (bottom)
 """
 
 __version__ = "0.1.0"

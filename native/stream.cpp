@@ -1,4 +1,5 @@
-// The worker's window protocol (see stream.hpp and hostlib/worker/stream.py, its specification).
+// The worker's window protocol (see stream.hpp and hostlib/worker/stream_reference.py, its
+// specification).
 #include "stream.hpp"
 
 #include <arpa/inet.h>
@@ -17,13 +18,13 @@ namespace inagg {
 namespace {
 
 constexpr size_t kBatch = 32;  // datagrams per recvmmsg
-// Seconds, before the first RTT sample (stream.py INITIAL_RTO).
+// Seconds, before the first RTT sample (rounds.py INITIAL_RTO).
 constexpr double kInitialRto = 0.05;
-// The longest backoff in RTOs (stream.py MAX_BACKOFF).
+// The longest backoff in RTOs (rounds.py MAX_BACKOFF).
 constexpr double kMaxBackoff = 8;
-// The RTO never exceeds this many minimum RTTs (stream.py RTO_OVER_MIN_RTT).
+// The RTO never exceeds this many minimum RTTs (rounds.py RTO_OVER_MIN_RTT).
 constexpr double kRtoOverMinRtt = 32;
-// Seconds a fast retransmission marks the path lossy (stream.py LOSS_MEMORY).
+// Seconds a fast retransmission marks the path lossy (rounds.py LOSS_MEMORY).
 constexpr double kLossMemory = 1.0;
 
 double now_seconds() {
@@ -52,7 +53,7 @@ void RttEstimator::sample(double rtt) {
         srtt_ = 0.875 * srtt_ + 0.125 * rtt;
     }
     min_rtt_ = std::min(min_rtt_, rtt);
-    // capped: a round's RTT holds the other ranks' recovery (see stream.py RttEstimator)
+    // capped: a round's RTT holds the other ranks' recovery (see rounds.py RttEstimator)
     rto_ = std::max(rto_min_,
                     std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_}));
 }
@@ -94,7 +95,7 @@ double LossDetector::next_rto(const Transmission& t, bool backoff, double now) c
     return timeout(now);
 }
 
-constexpr double kAlphaGain = 1.0 / 16;  // DCTCP's g (stream.py ALPHA_GAIN)
+constexpr double kAlphaGain = 1.0 / 16;  // DCTCP's g (rounds.py ALPHA_GAIN)
 
 void CongestionWindow::on_result(bool was_marked) {
     acked += 1;
@@ -224,7 +225,8 @@ void Stream::flush_sends() {
 }
 
 // Fast retransmits and timeouts on a delivering path at once; rounds that timed out on a silent
-// path at once on a lossy path, else one probe at a time (stream.py SlotStream._resend_lost).
+// path at once on a lossy path, else one probe at a time (stream_reference.py
+// SlotStream._resend_lost).
 void Stream::resend_lost(double now) {
     bool lossy = loss_.lossy(now);
     uint64_t silent = 0;
@@ -252,7 +254,7 @@ void Stream::resend_lost(double now) {
     }
     if (silent) {
         counters_.backoffs += probe >= 0 ? 1 : silent;
-        // half the window or more timing out at once on a silent path: a burst (stream.py is_burst)
+        // half the window or more timing out at once on a silent path: a burst (rounds.py is_burst)
         counters_.bursts += silent >= std::max<uint64_t>(2, rounds_.size() / 2);
     }
 }
@@ -337,7 +339,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
         flush_sends();
         double now = now_seconds();
         // only on a drained socket: after a deschedule, the answers of rounds that look lost
-        // may wait in it (stream.py SlotStream._await)
+        // may wait in it (stream_reference.py SlotStream._await)
         if (now >= next_scan_ && rx_.size() < kBatch) {
             resend_lost(now);
             flush_sends();

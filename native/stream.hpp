@@ -1,7 +1,8 @@
-// The worker's stream in C++: the window protocol of hostlib/worker/stream.py::SlotStream (the
-// executable specification; read its docstring for the protocol) without the Python per-packet
-// cost. Python (hostlib/worker/native_stream.py) keeps the parts that run once per call: the
-// control vector's encoding and decoding, the window choice and the errors. This class runs the two
+// The worker's stream in C++: the window protocol of
+// hostlib/worker/stream_reference.py::SlotStream (the executable specification; read its docstring
+// for the protocol) without the Python per-packet cost. Python (hostlib/worker/stream.py, over
+// stream_base.py) keeps the parts that run once per call: the control vector's encoding and
+// decoding, the window choice and the errors. This class runs the two
 // per-packet phases of a call with the GIL released: the control round on slot 0 (which also
 // carries a small call's values, so that call is done in one round trip) and the streaming of
 // the blocks (priming, one-round-ahead exponents, quantization, result matching, loss detection
@@ -27,7 +28,8 @@
 
 namespace inagg {
 
-// Verdict on a received datagram; the twin of inagg.hostlib.worker.stream.ResultCheck (same order).
+// Verdict on a received datagram; the twin of inagg.hostlib.worker.call_protocol.ResultCheck (same
+// order).
 enum class ResultCheck : uint8_t {
     Accepted,
     ForeignSource,
@@ -59,25 +61,25 @@ struct GrantView {
     uint32_t overhead = 0;  // wire bytes per datagram below the inagg header
 };
 
-// The scan tick is rto_min / 20 (stream.py TICKS_PER_RTO_MIN).
+// The scan tick is rto_min / 20 (rounds.py TICKS_PER_RTO_MIN).
 constexpr double kTicksPerRtoMin = 20;
 
 // RFC 6298 style smoothed RTT -> retransmission timeout, at least rto_min, capped at a few
-// minimum RTTs (inagg.hostlib.worker.stream.RttEstimator: why, and why there is no adaptive floor).
+// minimum RTTs (inagg.hostlib.worker.rounds.RttEstimator: why, and why there is no adaptive floor).
 class RttEstimator {
 public:
     RttEstimator(double rto_min, double rto_max);
     void sample(double rtt);
     double rto() const { return rto_; }
     // How late a round may be behind a later-sent answered one before it counts as lost
-    // (inagg.hostlib.worker.stream.RttEstimator.reorder_window).
+    // (inagg.hostlib.worker.rounds.RttEstimator.reorder_window).
     double reorder_window(bool lossy) const {
         return std::max(lossy ? 0.0 : rto_min_, std::max(srtt_, 0.0)) / 4;
     }
-    // How often expired rounds are looked for (inagg.hostlib.worker.stream.RttEstimator.scan_tick).
+    // How often expired rounds are looked for (inagg.hostlib.worker.rounds.RttEstimator.scan_tick).
     double scan_tick() const { return rto_min_ / kTicksPerRtoMin; }
     // The timeout on a path that is losing rounds
-    // (inagg.hostlib.worker.stream.RttEstimator.lossy_timeout).
+    // (inagg.hostlib.worker.rounds.RttEstimator.lossy_timeout).
     double lossy_timeout() const {
         return srtt_ < 0 ? rto_ : std::min(rto_, std::max(2 * srtt_, scan_tick()));
     }
@@ -97,7 +99,7 @@ struct Transmission {
 enum class Loss : uint8_t { None, Fast, Timeout };
 
 // Time-based loss detection of the rounds in flight (RACK, RFC 8985); the twin of
-// inagg.hostlib.worker.stream.LossDetector (read its docstring for why).
+// inagg.hostlib.worker.rounds.LossDetector (read its docstring for why).
 class LossDetector {
 public:
     explicit LossDetector(const RttEstimator& rtt) : rtt_(rtt) {}
@@ -112,7 +114,7 @@ public:
     // No probe of a silent path is pending.
     bool may_probe(double now) const { return now >= probe_until_; }
     // A probe of a silent path is sent now: its timeout
-    // (inagg.hostlib.worker.stream.LossDetector.probe).
+    // (inagg.hostlib.worker.rounds.LossDetector.probe).
     double probe(double now);
     // A round was fast-retransmitted: the path is lossy for kLossMemory seconds.
     void saw_loss(double now);
@@ -130,7 +132,7 @@ private:
 };
 
 // A rank's congestion window within a call, DCTCP on the results' congestion marks; the twin
-// of inagg.hostlib.worker.stream.CongestionWindow (read its docstring for why).
+// of inagg.hostlib.worker.rounds.CongestionWindow (read its docstring for why).
 struct CongestionWindow {
     double size = 16;  // data rounds this rank may have in flight
     double alpha = 1;  // the estimated fraction of results marked

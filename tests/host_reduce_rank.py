@@ -67,7 +67,7 @@ def exact(out_dir: str, rank: int, largest: int) -> None:
         results[name] = saved(tensor)
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(dist.group.WORLD.stats() | {"k": dist.group.WORLD.comm.grant.values_per_packet}, f, default=str)
+        json.dump(dist.group.WORLD.stats() | {"k": dist.group.WORLD.lifecycle.comm.grant.values_per_packet}, f, default=str)
 
 
 def loop() -> None:

@@ -13,8 +13,11 @@ from inagg.hostlib.aggregator.server import HostAggregator, default_values_per_p
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 from inagg.hostlib.wire.grant import Grant, values_for_mtu
 from inagg.hostlib.wire.protocol import build_contribution
-from inagg.hostlib.worker.native_stream import NativeSlotStream
-from inagg.hostlib.worker.stream import AllreduceError, CallRefused, CongestionWindow, SlotStream, WindowControl
+from inagg.hostlib.worker.stream import NativeSlotStream
+from inagg.hostlib.worker.call_protocol import CallRefused
+from inagg.hostlib.worker.rounds import CongestionWindow, WindowControl
+from inagg.hostlib.worker.stream_base import AllreduceError
+from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 
 K = 64

@@ -23,7 +23,7 @@ from inagg.hostlib.worker.artopk import (
 )
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 from inagg.hostlib.wire.grant import Grant
-from inagg.hostlib.worker.stream import SlotStream
+from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 
 K = 256        # values per packet

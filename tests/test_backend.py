@@ -988,7 +988,8 @@ def groups_on(path: str):
     pinned to ``path``, on a local deployment of their own."""
     import torch  # noqa: F401 - torch.distributed's Store types need torch loaded
 
-    from inagg.hostlib.pytorch.backend import PATH_ENV, InaggProcessGroup
+    from inagg.hostlib.pytorch.backend import InaggProcessGroup
+    from inagg.hostlib.pytorch.lifecycle import PATH_ENV
 
     saved = os.environ.get(PATH_ENV)
     os.environ[PATH_ENV] = path
@@ -1061,20 +1062,20 @@ def test_the_gloo_paths_samples_are_timed_inside_its_runs():
     def calls(groups, r: int) -> tuple[int, int]:
         pg = groups[r]
         pg.ready()   # the paths start in the background
-        before = pg.paths.timings["gloo"].measured(size_class(4))
+        before = pg.lifecycle.paths.timings["gloo"].measured(size_class(4))
         samples = 0
         for _ in range(1500):
             opts = dist.AllreduceOptions()
-            if pg._run_left and pg._to_sample == 1:
+            if pg.dispatch._run_left and pg.dispatch._to_sample == 1:
                 samples += 1
             pg.allreduce([torch.ones(1)], opts).wait()
         pg.allreduce([torch.ones(1)], dist.AllreduceOptions()).wait()   # ends the last run
-        return samples, pg.paths.timings["gloo"].measured(size_class(4)) - before
+        return samples, pg.lifecycle.paths.timings["gloo"].measured(size_class(4)) - before
 
     with groups_on("gloo") as groups:
         (samples0, timed0), (samples1, timed1) = on_ranks(lambda r: calls(groups, r), 2, 120)
         assert samples0 == samples1 >= 2 and timed0 >= samples0 and timed1 >= samples1
-        assert groups[0].paths.calls == groups[1].paths.calls
+        assert groups[0].lifecycle.paths.calls == groups[1].lifecycle.paths.calls
         assert groups[0].stats()["allreduce_paths"]["gloo"] >= 1501
 
 
@@ -1089,9 +1090,9 @@ def test_a_sparse_allreduce_in_a_gloo_run_goes_to_gloo():
         pg.ready()
         for _ in range(200):   # until a run begins: at the same call on both ranks (the same choices)
             pg.allreduce([torch.ones(1)], dist.AllreduceOptions()).wait()
-            if pg._run_left > 1:
+            if pg.dispatch._run_left > 1:
                 break
-        in_run = bool(pg._run_left)
+        in_run = bool(pg.dispatch._run_left)
         sparse = torch.sparse_coo_tensor([[r]], [1.0 + r], (2,))
         pg.allreduce([sparse], dist.AllreduceOptions()).wait()
         dense = torch.ones(1)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from inagg.bmv2_env.emulation.loopback import ROOT, LoopbackDeployment
 from inagg.hostlib.worker.communicator import ReduceOp
-from inagg.hostlib.worker.stream import CallRefused
+from inagg.hostlib.worker.call_protocol import CallRefused
 from test_training import make_comms, on_ranks
 
 

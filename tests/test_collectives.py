@@ -64,7 +64,7 @@ def test_a_reduce_scatter_is_an_allreduce_each_rank_keeps_its_shard_of(groups, n
     def scatter(r: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
         full = (torch.arange(8) * (r + 1)).to(dtype)
         out = torch.zeros(4, dtype=dtype)
-        before = dict(groups[r].via_allreduce)
+        before = dict(groups[r].reduce_scatters.via_allreduce)
         getattr(groups[r], name)(out, full.clone(), _scatter_opts(op)).wait()
         return out, full, before
 
@@ -72,7 +72,7 @@ def test_a_reduce_scatter_is_an_allreduce_each_rank_keeps_its_shard_of(groups, n
     whole = torch.arange(8) * 3 / (2 if op == dist.ReduceOp.AVG else 1)
     for r, (out, _, before) in enumerate(results):
         assert out.tolist() == whole[4 * r:4 * r + 4].to(dtype).tolist()
-        assert groups[r].via_allreduce[name] == before.get(name, 0) + 1
+        assert groups[r].reduce_scatters.via_allreduce[name] == before.get(name, 0) + 1
 
 
 def test_a_reduce_scatter_leaves_its_input_and_its_future_gives_the_outputs(groups):
@@ -97,7 +97,7 @@ def test_coalesced_reduce_scatters_and_all_gathers(groups):
 
     for outs, gathered in on_ranks(calls, 2):
         assert outs == [[3.0, 3.0], [30.0] * 3] and gathered == [[3.0] * 4, [30.0] * 6]
-    assert groups[0].via_allreduce["reduce_scatter_tensor_coalesced"] >= 1
+    assert groups[0].reduce_scatters.via_allreduce["reduce_scatter_tensor_coalesced"] >= 1
 
 
 def test_calls_inagg_cannot_run_go_to_gloo_counted_by_their_ops_name(groups):
@@ -116,9 +116,9 @@ def test_calls_inagg_cannot_run_go_to_gloo_counted_by_their_ops_name(groups):
     assert on_ranks(scatter, 2) == [[1.0, 5.0], [1.0, 1.0]]
     assert on_ranks(maximum, 2) == on_ranks(maximum, 2) == [[1.0], [1.0]]
     # one key per kind of call (before: the op printed as an object address, one key per call)
-    assert groups[0].fallbacks["reduce_scatter_single: op MAX"] >= 1
-    assert groups[0].fallbacks["allreduce: op MAX"] == 2
-    assert not any("object at" in key for key in groups[0].fallbacks)
+    assert groups[0].gloo.fallbacks["reduce_scatter_single: op MAX"] >= 1
+    assert groups[0].gloo.fallbacks["allreduce: op MAX"] == 2
+    assert not any("object at" in key for key in groups[0].gloo.fallbacks)
 
 
 def test_all_gather_and_all_to_all_single_on_the_inner_gloo_group(groups):
@@ -132,7 +132,7 @@ def test_all_gather_and_all_to_all_single_on_the_inner_gloo_group(groups):
     (g0, s0), (g1, s1) = on_ranks(calls, 2)
     assert g0 == g1 == [0.0, 0.0, 1.0, 1.0]
     assert s0 == [0.0, 1.0, 10.0, 11.0] and s1 == [2.0, 3.0, 12.0, 13.0]
-    assert groups[0].fallbacks["all_gather_single: inagg runs allreduce and reduce-scatter only"] >= 1
+    assert groups[0].gloo.fallbacks["all_gather_single: inagg runs allreduce and reduce-scatter only"] >= 1
 
 
 def test_a_barrier_keeps_its_timeout():

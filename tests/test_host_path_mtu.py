@@ -13,7 +13,7 @@ import pytest
 
 from inagg.bmv2_env.emulation.testbed import have_netns, in_netns, sh
 from inagg.hostlib.wire.grant import Grant, values_for_mtu
-from inagg.hostlib.worker.stream import SlotStream
+from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 
 AGG_IP, WORKER_IP = "10.77.0.1", "10.77.0.2"

@@ -21,7 +21,7 @@ import torch
 
 from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.protocol import MAX_WORKERS
-from inagg.hostlib.worker.stream import one_round_capacity
+from inagg.hostlib.worker.call_protocol import one_round_capacity
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK = ROOT / "tests" / "host_reduce_rank.py"
@@ -75,7 +75,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 def switch_sum(xs: list[np.ndarray], k: int, average: bool) -> np.ndarray:
     """What the switch path computes when each of ``xs`` is one worker's input (the stream's
-    specification, inagg.hostlib.worker.stream, with inagg.hostlib.wire.codec): wrapping int32 sums; exact
+    specification, inagg.hostlib.worker.stream_reference, with inagg.hostlib.wire.codec): wrapping int32 sums; exact
     fixed-point limbs for the calls that ride in the control round; else per block of K the
     largest worker exponent, each worker's values quantized, summed, dequantized once."""
     n = len(xs)
@@ -216,7 +216,7 @@ def test_a_refused_or_mismatched_call_fails_on_every_rank_and_the_next_is_exact(
     from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
     from inagg.hostlib.worker.communicator import Communicator
     from inagg.hostlib.worker.host_communicator import HostCommunicator, open_host_group
-    from inagg.hostlib.worker.stream import CallRefused
+    from inagg.hostlib.worker.call_protocol import CallRefused
     from test_training import on_ranks
 
     monkeypatch.setenv("INAGG_HOST_REDUCE", "auto")

@@ -31,9 +31,9 @@ MAY_USE: dict[tuple[str, str], set[tuple[str, str]]] = {
     (E, ""): set(),
     (E, "softswitch"): {(C, ""), (C, "tofino"), (H, ""), (H, "wire"), (H, "aggregator")},
     (E, "emulation"): {(E, "softswitch"), (C, ""), (H, ""), (H, "wire"), (H, "jobservice"),
-                       (H, "worker")},
+                       (H, "worker"), (H, "aggregator")},
     (E, "demos"): {(E, "emulation"), (H, ""), (H, "wire"), (H, "jobservice"), (H, "worker"),
-                   (H, "pytorch")},
+                   (H, "aggregator"), (H, "pytorch")},
 }
 # A process started with ``python -m`` is not an import: the torch backend's zero-setup deployment
 # starts bmv2_env's services in a subprocess, so hostlib stays below bmv2_env. Every launch is
@@ -63,15 +63,30 @@ def modules() -> dict[str, tuple[Path, bool]]:
 
 
 def launches(tree: ast.AST) -> set[str]:
-    """The modules ``tree`` starts with ``python -m``: string constants that follow a "-m"."""
+    """The modules ``tree`` starts by name through ``inagg.hostlib.launch.python_m``, the one
+    builder of ``python -m`` commands (test_every_launch_is_built_in_one_place): a string, or a
+    module-level constant holding one. A launch that passes the module object itself
+    (``python_m(switch)``) is an import, checked as one."""
+    constants = {t.id: node.value.value for node in getattr(tree, "body", ()) if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for t in node.targets if isinstance(t, ast.Name)}
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.List, ast.Tuple)):
-            items = node.elts
-            for a, b in zip(items, items[1:]):
-                if isinstance(a, ast.Constant) and a.value == "-m" and isinstance(b, ast.Constant):
-                    out.add(b.value)
+        if not (isinstance(node, ast.Call) and node.args and "python_m" in (getattr(node.func, "id", None),
+                                                                              getattr(node.func, "attr", None))):
+            continue
+        target = node.args[0]
+        if isinstance(target, ast.Constant):
+            out.add(target.value)
+        elif isinstance(target, ast.Name) and target.id in constants:
+            out.add(constants[target.id])
     return out
+
+
+def literal_launches(tree: ast.AST) -> list[str]:
+    """Commands ``tree`` spells out as ``[..., "-m", ...]`` lists or tuples (what ``python_m`` is for)."""
+    return [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, (ast.List, ast.Tuple))
+            and any(isinstance(a, ast.Constant) and a.value == "-m" for a in node.elts)]
 
 
 def imported(module: str, path: Path, is_package: bool) -> set[str]:
@@ -133,6 +148,14 @@ def test_launches_point_down_or_are_declared(module):
         layer = layer_of(target)
         assert layer == mine or below(layer, mine) or (mine, target) in LAUNCHES_UP, \
             f"{module} {mine} launches {target} {layer} above it; declare it in LAUNCHES_UP or move it"
+
+
+@pytest.mark.parametrize("module", sorted(set(modules()) - {"inagg.hostlib.launch"}))
+def test_every_launch_is_built_in_one_place(module):
+    """Every ``python -m`` command is ``python_m``'s, from the module object where the launcher may
+    import it, so a moved module can never leave a stale launch string behind."""
+    path, _ = modules()[module]
+    assert not literal_launches(ast.parse(path.read_text())), f"{module}: build the command with python_m"
 
 
 def test_every_declared_launch_up_is_used():

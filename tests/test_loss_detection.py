@@ -1,4 +1,4 @@
-"""Loss detection of the worker's stream (inagg.hostlib.worker.stream.LossDetector, RttEstimator, is_burst):
+"""Loss detection of the worker's stream (inagg.hostlib.worker.rounds.LossDetector, RttEstimator, is_burst):
 its decisions on scripted sequences of sends and results, and over a real socket scripted
 aggregators, in both streams (the native one, native/stream.cpp, is the twin of the Python
 specification): one that loses one contribution (the stream resends exactly that round, early)
@@ -11,20 +11,13 @@ import numpy as np
 import pytest
 
 from inagg.hostlib.wire.grant import Grant
-from inagg.hostlib.worker.native_stream import NativeSlotStream
+from inagg.hostlib.worker.stream import NativeSlotStream
 from inagg.hostlib.wire.protocol import FLAG_RETRANSMIT
-from inagg.hostlib.worker.stream import (
-    LOSS_MEMORY,
-    MAX_BACKOFF,
-    RTO_OVER_MIN_RTT,
-    TICKS_PER_RTO_MIN,
-    Loss,
-    LossDetector,
-    Round,
-    RttEstimator,
-    SlotStream,
+from inagg.hostlib.worker.rounds import (
+    LOSS_MEMORY, MAX_BACKOFF, RTO_OVER_MIN_RTT, TICKS_PER_RTO_MIN, Loss, LossDetector, Round, RttEstimator,
     is_burst,
 )
+from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
 

@@ -21,7 +21,7 @@ from inagg.hostlib.aggregator.server import HostAggregator
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.native_build import _native
-from inagg.hostlib.worker.native_stream import NativeSlotStream
+from inagg.hostlib.worker.stream import NativeSlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 
 

@@ -15,20 +15,13 @@ from inagg.hostlib.wire import codec
 from inagg.hostlib.native_build import _native
 from inagg.bmv2_env.demos.allreduce_demo import TensorSpec, run_local_job
 from inagg.hostlib.wire.grant import Grant
-from inagg.hostlib.worker.native_stream import NativeSlotStream, native_block_exponents
+from inagg.hostlib.worker.stream import NativeSlotStream, native_block_exponents
 from inagg.hostlib.wire.protocol import FLAG_CONGESTION, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
-from inagg.hostlib.worker.stream import (
-    ALPHA_GAIN,
-    INITIAL_WINDOW,
-    CallError,
-    CallRefused,
-    CallSpec,
-    CongestionWindow,
-    ControlVector,
-    Refusal,
-    ResultCheck,
-    SlotStream,
+from inagg.hostlib.worker.call_protocol import (
+    CallError, CallRefused, CallSpec, ControlVector, Refusal, ResultCheck,
 )
+from inagg.hostlib.worker.rounds import ALPHA_GAIN, INITIAL_WINDOW, CongestionWindow
+from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
 from test_codec import exact_reference

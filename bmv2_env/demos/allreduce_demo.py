@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inagg.hostlib import add_version_flag
+from inagg.hostlib.aggregator import server as aggregator_server
+from inagg.hostlib.launch import python_m
 from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, Grant, parse_address
-from inagg.hostlib.worker.native_stream import NativeSlotStream
-from inagg.hostlib.worker.stream import SlotStream
+from inagg.hostlib.worker.stream import NativeSlotStream
+from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 
 JOB_ID = 1
@@ -167,9 +169,9 @@ def _worker_addresses(pipes: list) -> list[str]:
 def _aggregator_command(job: dict, window: int, values_per_packet: int, drop_rate: float,
                         seed: int) -> list[str]:
     """The aggregator CLI serving ``job`` alone on a free loopback port."""
-    return [sys.executable, "-m", "inagg.hostlib.aggregator.server", "--bind", "127.0.0.1:0",
-            "--slots", str(window), "--values-per-packet", str(values_per_packet),
-            "--job", json.dumps(job), "--drop-rate", str(drop_rate), "--seed", str(seed)]
+    return python_m(aggregator_server, "--bind", "127.0.0.1:0",
+                    "--slots", str(window), "--values-per-packet", str(values_per_packet),
+                    "--job", json.dumps(job), "--drop-rate", str(drop_rate), "--seed", str(seed))
 
 
 def _aggregator_address(agg: subprocess.Popen) -> tuple[str, int]:

@@ -27,14 +27,17 @@ import secrets
 import socket
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+import inagg.controller as controller_package
 from inagg.controller.config import default_program
 from inagg.controller.program import TOFINO_CHIPS
+from inagg.hostlib.aggregator import server as aggregator_server
 from inagg.hostlib.jobservice.credentials import ADMIN_TOKEN_ENV
+from inagg.hostlib.launch import python_m
 
+from inagg.bmv2_env.softswitch import switch as soft_switch
 from inagg.bmv2_env.softswitch.switch import udp_host_mac
 from inagg.bmv2_env.emulation.forked import ForkedService, die_with_parent
 from inagg.bmv2_env.emulation.testbed import stop_processes
@@ -153,8 +156,8 @@ class LoopbackDeployment:
             self._write_controller_config()
             controller = self._spawn_controller()
             aggregator = self._spawn(
-                "aggregator", [sys.executable, "-m", "inagg.hostlib.aggregator.server", "--bind", self.host_aggregator,
-                               "--controller", self.controller, "--drop-rate", str(self.drop_rate)],
+                "aggregator", python_m(aggregator_server, "--bind", self.host_aggregator,
+                                        "--controller", self.controller, "--drop-rate", str(self.drop_rate)),
                 env={ADMIN_TOKEN_ENV: self.admin_token})   # never on argv
             if switch is not None:
                 self.switch_proc = self._await("switch", switch, "inagg-soft-switch")
@@ -191,9 +194,9 @@ class LoopbackDeployment:
                  for a in ("-i", f"{self.device_port(r)}@udp:{self.worker_ip(r)}")]
         p4info = default_program(self.target).p4info_path
         return self._spawn(
-            "switch", [sys.executable, "-m", "inagg.bmv2_env.softswitch.switch", *ports, "--udp-bind", self.switch_address,
-                       "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
-                       "--grpc-server-addr", f"unix:{self.dir}/switch.sock"])
+            "switch", python_m(soft_switch, *ports, "--udp-bind", self.switch_address,
+                                "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
+                                "--grpc-server-addr", f"unix:{self.dir}/switch.sock"))
 
     def start_switch(self) -> None:
         self.switch_proc = self._await("switch", self._spawn_switch(), "inagg-soft-switch")
@@ -206,8 +209,7 @@ class LoopbackDeployment:
         self.start_switch()
 
     def _spawn_controller(self) -> Service:
-        return self._spawn("controller", [sys.executable, "-m", "inagg.controller", "--config",
-                                          str(self.dir / "controller.json")])
+        return self._spawn("controller", python_m(controller_package, "--config", str(self.dir / "controller.json")))
 
     def _await_controller(self, proc: Service) -> Service:
         """The controller once it serves; with ``metrics``, its Prometheus endpoint noted."""

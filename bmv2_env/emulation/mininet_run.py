@@ -38,14 +38,18 @@ import threading
 import time
 from pathlib import Path
 
+import inagg.controller as controller_package
 from inagg.controller.config import default_program
 from inagg.hostlib.jobservice.credentials import ADMIN_TOKEN_FILE_ENV, write_token
 from inagg.hostlib import add_version_flag
+from inagg.hostlib.aggregator import server as aggregator_server
+from inagg.hostlib.launch import python_m
 from inagg.hostlib.wire.grant import (HOST_AGGREGATOR_PORT, HOST_VALUES_PER_PACKET, switch_values_for_mtu,
                               values_for_mtu)
 from inagg.hostlib.wire.protocol import UDP_PORT
 from inagg.hostlib.worker.host_communicator import HOST_REDUCE_ENV
 
+from inagg.bmv2_env.softswitch import switch as soft_switch
 from inagg.bmv2_env.emulation.run_dir import (KEEP_ENV, RUNS_DIR, RunDir, all_runs, current_user, delete_runs,
                                               keep_runs, runs_of, stop_run, unfinished_runs)
 from inagg.bmv2_env.emulation.summary import job_record, summary, write_summary
@@ -55,6 +59,9 @@ from inagg.bmv2_env.emulation.topology_schema import NETEM_OPTIONS
 from inagg.bmv2_env.emulation.watch import RunFailed, Watched, check_processes
 
 ROOT = Path(__file__).resolve().parents[2]
+# the training demo's ranks: a launch up the layers (emulation < demos), so by name (declared in
+# tests/test_layers.py's LAUNCHES_UP, which checks that it names a real module)
+TRAIN_DEMO_MODULE = "inagg.bmv2_env.demos.train_demo"
 
 
 class Terminated(Exception):
@@ -152,7 +159,7 @@ def make_switch_class(Switch):
                           "--log-file", str(self.bmv2_log_path.with_suffix("")), "--log-level", self.bmv2_log,
                           *flush]
             else:
-                binary = [sys.executable, "-m", "inagg.bmv2_env.softswitch.switch"]
+                binary = python_m(soft_switch)
             capture = ["--pcap", str(self.run.path / "pcaps")] if self.pcaps else []
             # every thread of the data plane at this priority: nice(1) before exec, threads inherit it
             return ["nice", "-n", str(self.nice), *binary, *ports, "--device-id", str(self.device_id), *capture,
@@ -392,7 +399,7 @@ class Run:
     def start_services(self) -> None:
         config_path = self.run.path / "controller.json"
         config_path.write_text(json.dumps(self.controller_config(), indent=2))
-        ctl = subprocess.Popen([sys.executable, "-m", "inagg.controller", "--config", str(config_path)],
+        ctl = subprocess.Popen(python_m(controller_package, "--config", str(config_path)),
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=self.log("controller.log"), text=True,
                                start_new_session=True)
         self.procs.append(ctl)
@@ -402,9 +409,9 @@ class Run:
             raise RuntimeError(f"controller did not start, see {self.run.path}/logs/controller.log")
         agg_ip = host_ip(self.topo.hosts[self.topo.aggregator])
         agg = self.net.get(self.topo.aggregator)
-        proc = agg.popen([sys.executable, "-m", "inagg.hostlib.aggregator.server", "--bind", f"{agg_ip}:{HOST_AGGREGATOR_PORT}",
-                          "--controller", self.controller_addr, "--admin-token-file", str(self.admin_file),
-                          "--stats-file", str(self.run.path / "logs" / "aggregator.json")],
+        proc = agg.popen(python_m(aggregator_server, "--bind", f"{agg_ip}:{HOST_AGGREGATOR_PORT}",
+                                   "--controller", self.controller_addr, "--admin-token-file", str(self.admin_file),
+                                   "--stats-file", str(self.run.path / "logs" / "aggregator.json")),
                          cwd=ROOT, stdout=self.log("aggregator.log"), stderr=subprocess.STDOUT)
         self.procs.append(proc)
         self.run.add_process(proc.pid, "host aggregator")
@@ -474,11 +481,11 @@ class Run:
         procs = []
         for rank, host_name in enumerate(spec["workers"]):
             host = self.net.get(host_name)
-            cmd = [sys.executable, "-m", "inagg.bmv2_env.demos.train_demo", "--worker", "--rank", str(rank),
-                   "--dist-file", str(workdir / "dist"), "--rdv-file", str(workdir / "rdv"),
-                   "--controller", self.controller_addr, "--bind-ip", host.IP(),
-                   "--config", json.dumps(cfg), "--train-after", str(self.train_gate)] \
-                + (["--join-after", str(gate)] if gate else [])
+            cmd = python_m(TRAIN_DEMO_MODULE, "--worker", "--rank", str(rank),
+                           "--dist-file", str(workdir / "dist"), "--rdv-file", str(workdir / "rdv"),
+                           "--controller", self.controller_addr, "--bind-ip", host.IP(),
+                           "--config", json.dumps(cfg), "--train-after", str(self.train_gate),
+                           *(["--join-after", str(gate)] if gate else []))
             env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
                    HOST_REDUCE_ENV: "auto" if spec.get("host_reduce") else "off"}
             log = f"{name}-{host_name}-r{rank}.log"

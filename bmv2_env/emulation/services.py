@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from inagg.hostlib import add_version_flag
+from inagg.hostlib.launch import python_m
 from inagg.hostlib.worker.local import CONTROLLER_ENV, DEPLOYMENT_FILE
 
 from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
@@ -102,7 +103,7 @@ def up(workers: int, state_dir: Path, timeout: float = 60.0) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     log_path = state_dir / "services.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "inagg.bmv2_env.emulation.services", "serve", "--workers", str(workers)],
+        proc = subprocess.Popen(python_m(sys.modules[__name__], "serve", "--workers", str(workers)),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
                                 start_new_session=True)
     line = proc.stdout.readline()

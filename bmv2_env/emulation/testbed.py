@@ -20,6 +20,7 @@ from pathlib import Path
 
 from inagg.controller.config import default_program
 from inagg.controller.program import Program
+from inagg.hostlib.launch import python_m
 
 ROOT = Path(__file__).resolve().parents[2]
 CLONE_NEWNET = 0x40000000
@@ -122,7 +123,8 @@ class Dataplane:
                     sh("ip", "-n", self.ns, "link", "set", dev, "up")
             ports = [a for i in range(1, self.n_ports + 1) for a in ("-i", f"{i}@s{i}")]
             if self.target in SOFT_ENGINES:
-                cmd = [sys.executable, "-m", "inagg.bmv2_env.softswitch.switch", "--engine", SOFT_ENGINES[self.target]]
+                from inagg.bmv2_env.softswitch import switch as soft_switch   # the data plane's own, when tested
+                cmd = python_m(soft_switch, "--engine", SOFT_ENGINES[self.target])
                 if self.target in TOFINO_TARGETS:
                     cmd += ["--p4info", str(self.program.p4info_path)]
             else:

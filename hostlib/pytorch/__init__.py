@@ -1,2 +1,3 @@
-"""PyTorch on top of the worker side: the ``inagg`` torch.distributed backend (backend, plugin),
-its path choice and agreement across ranks, and the DDP comm hooks (hooks)."""
+"""PyTorch on top of the worker side: the ``inagg`` torch.distributed backend (backend, the c10d
+front over lifecycle, dispatch, reduce_scatter, inner_gloo and works; plugin), its path choice
+and agreement across ranks, and the DDP comm hooks (hooks)."""

@@ -60,7 +60,7 @@ class _Bound:
     process_group: dist.ProcessGroup | None
 
     def communicator(self) -> Communicator:
-        return self.comm if self.comm is not None else _inagg_group(self.process_group).comm
+        return self.comm if self.comm is not None else _inagg_group(self.process_group).lifecycle.comm
 
     def allreduce_async(self, tensor: torch.Tensor, average: bool) -> torch.futures.Future:
         """Average (or sum) ``tensor`` in place; the future resolves to it."""
@@ -239,7 +239,7 @@ def _choose_dense_by_paths(state: ARTopkHookState, group, numel: int, cr: float)
     broadcast needed."""
     m = 4.0 * numel
     plan_calls = CostModel(0.0, 0.0, group.size(), selection=state.selection).calls
-    seconds = {plan: sum(group.paths.fastest_seconds(b) for b, _ in plan_calls(plan, m, cr))
+    seconds = {plan: sum(group.lifecycle.paths.fastest_seconds(b) for b, _ in plan_calls(plan, m, cr))
                for plan in ("dense", "artopk")}
     state.last_choice = min(seconds, key=seconds.__getitem__)
     return state.last_choice == "dense"

@@ -1,3 +1,4 @@
 """The worker side: the communicator (one job's allreduce over the switch or the host aggregator),
-its slot streams (stream, the Python reference; native_stream, the C++ one), the link cost model,
+its slot streams (stream, the C++ one, and stream_reference, its Python specification, over
+call_protocol, rounds and stream_base), the link cost model,
 AR-Topk and the discovery of a local deployment."""

@@ -8,7 +8,7 @@ indices miss of another worker's gradient is kept in that worker's residual (err
 sent later.
 
 Everything here is built on one primitive, an ``AllreduceFn`` that sums a flat float32 or int32
-array over all workers in place (``inagg.hostlib.worker.stream.SlotStream.allreduce``, or any other
+array over all workers in place (``inagg.hostlib.worker.stream_reference.SlotStream.allreduce``, or any other
 implementation with bit-identical results on every rank). The index broadcast is that same
 allreduce: the root contributes its indices as int32, everybody else zeros, and an int32 sum is
 exact, so no second communication primitive is needed (and gradients must have < 2**31 elements).

@@ -21,8 +21,8 @@ With ``transport="roce"`` the job reaches the switch as RoCEv2 (``inagg.hostlib.
 so root): each rank also opens a RoCE endpoint whose QP number is its UDP port (unique per
 host) and joins with it; host-mode grants still use UDP, as the host aggregator speaks UDP.
 
-Each rank's calls run on the worker's stream: the native one (``inagg.hostlib.worker.native_stream``, C++
-with the GIL released) for UDP jobs, the Python one (``inagg.hostlib.worker.stream``, its specification) for
+Each rank's calls run on the worker's stream: the native one (``inagg.hostlib.worker.stream``, C++
+with the GIL released) for UDP jobs, the Python one (``inagg.hostlib.worker.stream_reference``, its specification) for
 RoCE jobs or ``native=False``. Every call, even one this rank cannot run (a bad dtype, layout or
 reduce op), takes part in the call's control round with its call number, so every rank fails
 that call with the same error and the next call is exact; results are accepted only from the
@@ -30,7 +30,7 @@ grant's aggregator and only for an outstanding round.
 
 Grant changes (host <-> switch, resize, new epoch) are applied at an allreduce boundary all
 ranks agree on: each call carries the newest pending epoch the rank has seen (see
-``inagg.hostlib.worker.stream``), all ranks learn the smallest of them, and when it is newer than the active
+``inagg.hostlib.worker.call_protocol``), all ranks learn the smallest of them, and when it is newer than the active
 grant they all ask the controller to activate it with the same boundary number and switch
 together. Nothing in flight is lost: a call runs entirely under one grant.
 
@@ -59,9 +59,10 @@ from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS, HEADER_BYTES
 from inagg.hostlib.wire.roce import RoceRawTransport
-from inagg.hostlib.worker.native_stream import NativeSlotStream
+from inagg.hostlib.worker.stream import NativeSlotStream
 from inagg.hostlib.worker.neighbour import neighbour_problem
-from inagg.hostlib.worker.stream import OP_NAMES, CallError, Refusal, SlotStream, check_array, dtype_refusal
+from inagg.hostlib.worker.call_protocol import OP_NAMES, CallError, Refusal, check_array, dtype_refusal
+from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 
 log = logging.getLogger("inagg.communicator")

@@ -26,7 +26,7 @@ from inagg.hostlib.worker.communicator import Communicator, ReduceOp, as_array, 
 from inagg.hostlib.worker.cuda_staging import CudaStaging
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
 from inagg.hostlib.worker.host_reduce import HostReduce
-from inagg.hostlib.worker.stream import check_array
+from inagg.hostlib.worker.call_protocol import check_array
 
 log = logging.getLogger("inagg.host")
 

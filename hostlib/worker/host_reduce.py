@@ -54,8 +54,10 @@ from inagg.hostlib.native_build import _native
 from inagg.hostlib.wire import codec
 from inagg.hostlib.worker.communicator import JobFailed
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, RankDied, SharedBuffer, receive_all
-from inagg.hostlib.worker.stream import (AllreduceError, CallError, CallRefused, CallSpec, Reduction, Refusal,
-                                 one_round_capacity, overflow_error)
+from inagg.hostlib.worker.call_protocol import (
+    CallError, CallRefused, CallSpec, Refusal, one_round_capacity, overflow_error,
+)
+from inagg.hostlib.worker.stream_base import AllreduceError, Reduction
 
 _READY, _GROW, _SEGMENT, _DONE, _RESULT, _ERROR = range(6)
 _INT, _ONE_ROUND, _BLOCKS = range(3)                  # how a call is summed

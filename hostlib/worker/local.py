@@ -25,19 +25,22 @@ import os
 import select
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 from inagg.hostlib.errors import InaggSetupError
+from inagg.hostlib.launch import python_m
 from inagg.hostlib.worker.abortable_store import Stop, wait_keys
 from inagg.hostlib.wire.grant import parse_address
 
 log = logging.getLogger("inagg.local")
 
 CONTROLLER_ENV = "INAGG_CONTROLLER"
+# the local deployment's services: a launch up the layers (hostlib must not import bmv2_env), so
+# by name (declared in tests/test_layers.py's LAUNCHES_UP, which checks that it names a real module)
+SERVICES_MODULE = "inagg.bmv2_env.emulation.services"
 # what the local deployment imports beyond a worker's install (pyproject's inagg[control])
 _CONTROL_PLANE_MODULES = ("p4runtime_sh", "prometheus_client")
 DEPLOYMENT_FILE = "deployment.json"   # written beside a local deployment's controller socket
@@ -100,8 +103,7 @@ class LocalServices:
 
     def __init__(self, n_workers: int, timeout: float | None = None) -> None:
         """Start it; with ``timeout``, wait for it too (``wait_ready``)."""
-        cmd = [sys.executable, "-m", "inagg.bmv2_env.emulation.services", "serve", "--workers", str(n_workers),
-               "--until-stdin-closes"]
+        cmd = python_m(SERVICES_MODULE, "serve", "--workers", str(n_workers), "--until-stdin-closes")
         self.n_workers = n_workers
         self.info: dict | None = None
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

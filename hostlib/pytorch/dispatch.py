@@ -1,0 +1,269 @@
+"""The allreduce dispatch of an ``inagg`` process group (``inagg.hostlib.pytorch.backend``): which
+path each allreduce takes, and running it there.
+
+Design: an eligible allreduce (``_ineligible`` says which are) takes the path the chooser
+(``inagg.hostlib.pytorch.path.choice``) predicts fastest; ineligible ones go to the inner gloo
+group. A call is timed only when the chooser asks and its path is idle, where its caller waits
+(``_TimedWork``), so every path's time is what its callers see. A run of gloo calls of one size
+skips the chooser (``allreduce``'s fast path: a few attribute reads instead of the chooser's
+per-call Python), its samples timed here (``_sample``) and its calls counted when it ends
+(``_end_run``). A small call on a communicator with nothing queued runs on the caller's thread
+(``_run``); with the same bits on every path, a float call on the gloo path sums inagg's fixed
+point (``_fixed_call``, ``inagg.hostlib.pytorch.reproducible``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from inagg.hostlib.pytorch.path.choice import PATHS
+from inagg.hostlib.pytorch.works import _CallWork, _GlooWork, _resolve_to, _TimedWork
+from inagg.hostlib.worker.communicator import ReduceOp
+
+if TYPE_CHECKING:
+    from inagg.hostlib.pytorch.backend import InaggProcessGroup
+    from inagg.hostlib.pytorch.lifecycle import GroupLifecycle
+
+# three sizes pin alpha and beta of each path (the median of a few rounds each: the machine may
+# be shared), so the first real calls are already chosen from measurements
+_CALIBRATION_BYTES = (64, 16 * 1024, 1 << 20)
+_CALIBRATION_ROUNDS = 3
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # each quantized from its own format
+_INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
+# a smaller call on a communicator with nothing queued runs on the caller's thread (``_run``):
+# the hand-over to the I/O thread and back costs most of a small call's time; larger ones stay
+# queued, so DDP overlaps them with its backward pass
+_INLINE_BELOW_BYTES = 64 << 10
+_SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+_STRIDED = torch.strided   # a dense tensor's layout (a sparse tensor has no nbytes, nor contiguity)
+
+
+def _ineligible(tensors: list[torch.Tensor], op: dist.ReduceOp) -> str:
+    """Why this allreduce cannot go through inagg ('' if it can). On every call: kept cheap."""
+    if len(tensors) != 1:
+        return f"{len(tensors)} tensors in one call"
+    t = tensors[0]
+    if t.layout != _STRIDED:   # sparse: gloo sums those (inagg's paths carry dense values)
+        return f"{t.layout} tensor"
+    if not (t.is_cpu or t.is_cuda):   # a CUDA tensor is staged through pinned host memory
+        return f"{t.device.type} tensor"
+    if t.dtype not in _INAGG_DTYPES:
+        return f"dtype {t.dtype}"
+    if not t.is_contiguous():
+        return "non-contiguous tensor"
+    if op == _SUM or (op == _AVG and t.dtype in _FLOAT_DTYPES):
+        return ""
+    return f"op {op_name(op)}"
+
+
+def op_name(op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> str:
+    """``op``'s name (SUM, MAX, PREMUL_SUM...): a ``dist.ReduceOp`` prints as an object address."""
+    return getattr(op, "op", op).name
+
+
+class AllreduceDispatch:
+    """The allreduces of ``group`` (module docstring), on the paths ``lifecycle`` opened. Its
+    Works are ``group``'s (which names a rank gone); ``allreduces`` counts eligible calls by path."""
+
+    def __init__(self, group: InaggProcessGroup, lifecycle: GroupLifecycle) -> None:
+        """No call yet, no run: the paths are ``lifecycle``'s once it has started them."""
+        self._group, self._life, self._gloo = group, lifecycle, lifecycle.gloo
+        self.allreduces: Counter[str] = Counter()   # eligible calls by path
+        self._lock = threading.Lock()
+        # each path's latest call, weakly: a strong reference would keep the caller's tensor alive
+        # until the next call, which would then free it inside the caller's timed call
+        self._last_work: dict[str, weakref.ref] = {}
+        self._last_done = dict.fromkeys(PATHS, 0.0)   # each path's latest call's end (``_observe``)
+        # the fast path's run (allreduce): its size, calls, calls left, calls to its next sample,
+        # the samples' period
+        self._run_nbytes, self._run_length, self._run_left, self._to_sample, self._sample_period = 0, 0, 0, 0, 0
+        self._run_work: dist.Work | None = None
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
+        """Allreduce ``tensors`` on the path the chooser picks (module docstring).
+
+        The fast path first: a call in a run of gloo calls of one size (the chooser's
+        ``run_length``; some of them samples, ``_sample``), counted later (``_end_run``), costs
+        a few attribute reads instead of the chooser's per-call Python, which every call pays
+        before gloo's own allreduce. The run's latest Work is held (``_run_work``) until the
+        next call is on the wire, so the previous one, and the tensor its caller let go of, are
+        freed here, not inside the caller's ``wait``."""
+        if self._run_left and opts is not None and len(tensors) == 1 and opts.reduceOp == _SUM:
+            t = tensors[0]
+            if t.layout == _STRIDED and t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
+                self._run_left -= 1
+                self._to_sample -= 1
+                if self._to_sample:
+                    self._run_work = self._gloo_sum(tensors, opts)
+                    return self._run_work
+                self._to_sample = self._sample_period
+                return self._sample(tensors, opts)
+        return self._allreduce(tensors, opts if opts is not None else dist.AllreduceOptions())
+
+    def _sample(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+        """A sample of gloo's time in the run (``PathChooser.run_length``): timed as ``_start``
+        times a call, without asking the chooser (counted with the run, ``_end_run``)."""
+        idle, started = self._idle("gloo"), time.perf_counter()
+        work = self._run_work = self._gloo_sum(tensors, opts)
+        return self._timed("gloo", work, tensors[0].nbytes, started) if idle else work
+
+    def _idle(self, path: str) -> bool:
+        """Whether ``path``'s latest call is done (the run's, held, or else the weakly held
+        one: a latest call no one holds any more counts as done, ``_start``)."""
+        latest = self._run_work if path == "gloo" else None
+        if latest is None:
+            ref = self._last_work.get(path)
+            latest = ref() if ref is not None else None
+        return latest is None or latest.is_completed()
+
+    def _timed(self, path: str, work: dist.Work, nbytes: int, started: float) -> dist.Work:
+        """``work``, reporting its time from ``started`` to the chooser once its caller has waited."""
+        return _TimedWork(work, lambda: self._observe(path, nbytes, started))
+
+    def _allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+        """An allreduce the fast path did not take: the chooser picks its path."""
+        previous = self._end_run()   # let go on return, once this call is on the wire  # noqa: F841
+        op = opts.reduceOp
+        reason = _ineligible(tensors, op)
+        if reason:
+            return self._gloo.run("allreduce", reason, tensors, opts)
+        tensor = tensors[0]
+        nbytes = tensor.nbytes
+        self._life.ready()
+        try:
+            path, measure = self._life.paths.choose(nbytes)   # may agree with the other ranks (the store)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self._group.named(e)
+        self.allreduces[path] += 1
+        if path == "gloo" and op == _SUM:   # a run may follow, after a sampled call too
+            self._run_nbytes = nbytes
+            self._run_left, first, self._sample_period = self._life.paths.run_length(nbytes, path)
+            self._run_length, self._to_sample = self._run_left, first or -1   # -1: none in this run
+            if not measure:   # gloo's own Work
+                work = self._gloo_sum(tensors, opts)
+                self._last_work["gloo"] = weakref.ref(work)
+                return work
+        return self._start(path, tensor, opts, measure)
+
+    def _end_run(self) -> dist.Work | None:
+        """Count the current run's calls (``PathChooser.skip``) and end it: before the chooser
+        is asked again, so every rank's call numbers stay the same. Its latest Work is held
+        weakly from now on, as every other call's (``_start``'s idle), and returned: the caller
+        lets go of it once its own call is submitted."""
+        taken, latest = self.run_taken(), self._run_work
+        if taken:
+            self._life.paths.skip(taken)
+            self.allreduces["gloo"] += taken
+            self._last_work["gloo"] = weakref.ref(latest)
+        self._run_length = self._run_left = 0
+        self._run_work = None
+        return latest
+
+    def run_taken(self) -> int:
+        """Calls the fast path took in the current run."""
+        return self._run_length - self._run_left
+
+    def forget_run(self) -> None:
+        """Let go of the run's latest Work (the inner gloo group is going: nothing may hold it)."""
+        self._run_work = None
+
+    def _start(self, path: str, tensor: torch.Tensor, opts: dist.AllreduceOptions, measure: bool) -> dist.Work:
+        """Start one allreduce on ``path``. Timed only when the chooser asks (``measure``) and
+        the path is idle (a queued call's time is not its own), where the caller waits for it
+        (``_TimedWork``), so every path's time is what its caller sees. A latest call that no
+        one holds any more counts as done: its caller waited for it and let go, or handed it to
+        C++ (DDP's reducer keeps its Works there; a call it queued behind an untimed one may
+        be timed with the wait: one sample among a ring's, where the calls are under
+        ``measure_from_seconds``, the median of a ring)."""
+        idle = self._idle(path)
+        started = time.perf_counter()
+        average = opts.reduceOp == _AVG
+        if path == "gloo" and not average:
+            work = self._gloo_sum([tensor], opts)
+        else:
+            work = self._run(path, tensor, average)
+        self._last_work[path] = weakref.ref(work)
+        return self._timed(path, work, tensor.nbytes, started) if measure and idle else work
+
+    def _observe(self, path: str, nbytes: int, started: float) -> None:
+        """Feed the path's model with a call that just ended: from its start (``started``,
+        taken before it was submitted), or from the previous call's end on that path if it was
+        queued behind it (both paths run their calls in order), to now."""
+        now = time.perf_counter()
+        with self._lock:
+            began = max(started, self._last_done[path])
+            self._last_done[path] = now
+        self._life.paths.observe(path, nbytes, now - began, began)
+
+    def _run(self, path: str, tensor: torch.Tensor, average: bool) -> dist.Work:
+        """Start one allreduce on ``path``; its future resolves to ``[tensor]`` (as gloo's).
+        A small call on a communicator with nothing queued runs here, on the caller's thread:
+        no hand-over to the communicator's I/O thread and back. A larger one is queued (DDP
+        overlaps its bucket allreduces with the backward pass), and the caller waits on the
+        communicator's future itself: only a caller that takes the Work's future gets one
+        delivered on a thread of its own (``_resolve_to``)."""
+        group = self._group
+        if path != "gloo":
+            comm = self._life.comm if path == "inagg" else self._life.lane
+            fut = comm.allreduce_async(tensor, ReduceOp.AVG if average else ReduceOp.SUM,
+                                       inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
+            return _CallWork(fut, lambda: _resolve_to(fut, [tensor], group.named), group)
+        if self._life.fixed is not None and tensor.is_floating_point():
+            return self._fixed_call(tensor, group.size() if average else 1)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM    # gloo has no AVG: sum, then divide
+
+        def result(f: torch.futures.Future) -> list[torch.Tensor]:
+            """``[tensor]`` once gloo's sum is in it (divided for AVG), else gloo's error, named."""
+            try:
+                f.value()
+            except Exception as e:  # noqa: BLE001 - gloo's error, into the returned future, naming the rank gone
+                raise group.named(e)
+            if average:
+                tensor.div_(group.size())
+            return [tensor]
+
+        fut = self._gloo.backend.allreduce([tensor], opts).get_future().then(result)
+        return _CallWork(fut, lambda: fut, group)
+
+    def _gloo_sum(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+        """An eligible SUM on the gloo path: gloo's own, or for a float tensor with reproducible
+        results the fixed-point one (``inagg.hostlib.pytorch.reproducible``)."""
+        if self._life.fixed is not None and tensors[0].is_floating_point():
+            return self._fixed_call(tensors[0], 1)
+        return _GlooWork(self._gloo.backend.allreduce(tensors, opts), self._group)
+
+    def _fixed_call(self, tensor: torch.Tensor, divisor: int) -> dist.Work:
+        """A float call on the gloo path in inagg's fixed point; a small one with nothing queued
+        runs on the caller's thread (as ``_run``'s), and a future is delivered as ``_run``'s."""
+        fut = self._life.fixed.allreduce(tensor, divisor, inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
+        return _CallWork(fut, lambda: _resolve_to(fut, [tensor], self._group.named), self._group)
+
+    def calibrate(self) -> None:
+        """Time every path at a few sizes (the same calls on every rank) and agree on the
+        result, so the first real calls are already chosen from measurements."""
+        paths = self._life.paths
+        for nbytes in _CALIBRATION_BYTES:
+            # one path's calls after another's, each path's first untimed: a call right after
+            # another path's is slow (that path's tail still holds the CPU), and a group's first
+            # calls set up connections and buffers
+            for path in paths.paths:
+                for timed in (False,) + (True,) * _CALIBRATION_ROUNDS:
+                    self._start(path, torch.zeros(nbytes // 4, dtype=torch.float32), dist.AllreduceOptions(),
+                                measure=timed).wait()
+        paths.agree()
+
+    def history(self) -> list[dict]:
+        """The recent eligible allreduces' paths, runs of calls in order
+        (``PathChooser.history``; the current fast-path run's calls included)."""
+        runs, taken = self._life.paths.history(), self.run_taken()
+        if runs and taken:
+            runs[-1]["calls"] += taken
+        return runs

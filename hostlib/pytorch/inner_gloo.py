@@ -1,0 +1,81 @@
+"""The inner gloo group of an ``inagg`` process group: every collective inagg does not implement,
+and every allreduce it cannot take, runs here unchanged (``inagg.hostlib.pytorch.backend``).
+
+Design: one object owns the gloo backend (whose ``allreduce`` the allreduce dispatch's gloo path
+uses) and the ``dist.ProcessGroup`` around it (whose methods torch's collectives dispatch to),
+counts what it runs under the reason inagg could not (logged once per kind: INFO for a
+collective inagg does not implement, WARNING for an allreduce that could not use inagg), and lets
+both go at shutdown (``release``) while the interpreter still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from inagg.hostlib.errors import InaggError
+from inagg.hostlib.pytorch.works import _GlooWork
+
+if TYPE_CHECKING:
+    from inagg.hostlib.pytorch.backend import InaggProcessGroup
+
+log = logging.getLogger("inagg.backend")
+
+
+def _gloo_group(gloo: dist.ProcessGroupGloo, store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
+    """A process group whose CPU backend is ``gloo``, as torch builds one for
+    ``init_process_group("gloo")``: torch's ``ProcessGroup`` methods (``all_gather_single``,
+    ``reduce_scatter_tensor_coalesced``...) dispatch to the backend's own collectives, which the
+    backend's Python binding does not all have."""
+    group = dist.ProcessGroup(store, rank, world_size)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    return group
+
+
+class _ShutDownGloo:
+    """Stands in for the inner gloo group once the process group is shut down: every use says so
+    (instead of an AttributeError on None)."""
+
+    def __getattr__(self, name: str) -> NoReturn:
+        """Every attribute: an error saying the group was shut down."""
+        raise InaggError(f"the inagg process group was shut down (destroy_process_group): no {name} on it")
+
+
+class InnerGloo:
+    """The inner gloo group: ``backend`` (the ``ProcessGroupGloo``, whose allreduce the gloo path
+    calls) and ``group`` (the process group around it, for every other collective); its Works
+    are ``_GlooWork``s of ``owner`` (the inagg group, which names a rank gone)."""
+
+    def __init__(self, backend: dist.ProcessGroupGloo, store: dist.Store, owner: InaggProcessGroup) -> None:
+        """``backend`` and a process group around it on ``store``; nothing run yet."""
+        self.backend: dist.ProcessGroupGloo | _ShutDownGloo = backend
+        self.group: dist.ProcessGroup | _ShutDownGloo = _gloo_group(backend, store, owner.rank(), owner.size())
+        self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
+        self._owner = owner
+
+    def run(self, collective: str, reason: str, *args: Any, **kwargs: Any) -> dist.Work:
+        """Run ``collective`` on the inner gloo group, counted under ``reason`` (logged once)."""
+        key = f"{collective}: {reason}"
+        first = key not in self.fallbacks
+        self.fallbacks[key] += 1
+        if first:
+            level = logging.WARNING if collective == "allreduce" else logging.INFO
+            log.log(level, "rank %d: %s goes to gloo (%s); counted in stats()['fallbacks']",
+                    self._owner.rank(), collective, reason)
+        gloo = self.backend if collective == "allreduce" else self.group
+        try:
+            work = getattr(gloo, collective)(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self._owner.named(e)
+        return _GlooWork(work, self._owner) if isinstance(work, dist.Work) else work
+
+    def release(self) -> None:
+        """Let the backend and its process group go (``GroupLifecycle._release_gloo`` says why
+        now): nothing else holds them, so they are destroyed here; every later use says the
+        group was shut down."""
+        self.backend = self.group = _ShutDownGloo()

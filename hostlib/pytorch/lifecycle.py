@@ -1,0 +1,402 @@
+"""Start and stop of an ``inagg`` process group (``inagg.hostlib.pytorch.backend``): what it opens,
+joins and leaves, and what it does when a rank goes.
+
+Design: the group is up as soon as its inner gloo group is (``GroupLifecycle.__init__``, a
+collective); the inagg paths (rank 0's local deployment, the joins at the controller, the path
+chooser) start in the background (``start``, thread ``inagg-start``) and the first call that
+needs them waits for them (``ready``). Every rank watches the others
+(``inagg.hostlib.pytorch.peer_watch``): a rank that ends fails every call of the others at once,
+on every path, with an error naming it (``_rank_gone``, ``named``), and a start still under way
+gives up at its next wait (``_start_stop``) instead of waiting for that rank. ``shutdown``
+leaves the jobs, lets the inner gloo group go and stops the local deployment; a group left open
+at exit does the same while the interpreter can still run (``_close_at_exit``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from inagg.hostlib.errors import InaggSetupError
+from inagg.hostlib.pytorch import interrupts
+from inagg.hostlib.pytorch.agreement import StoreMin
+from inagg.hostlib.pytorch.inner_gloo import InnerGloo
+from inagg.hostlib.pytorch.path.choice import PATHS, PathChooser
+from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, job_links
+from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
+from inagg.hostlib.pytorch.reproducible import FixedPointGloo
+from inagg.hostlib.pytorch.works import _FAILURE_CHECK_SECONDS
+from inagg.hostlib.wire.grant import Grant
+from inagg.hostlib.worker.abortable_store import AbortableStore
+from inagg.hostlib.worker.call_protocol import one_round_capacity
+from inagg.hostlib.worker.communicator import Communicator, JobFailed
+from inagg.hostlib.worker.host_communicator import HostCommunicator, HostGroup, open_host_group
+from inagg.hostlib.worker.host_group import RankDied
+from inagg.hostlib.worker.local import Endpoint, PendingEndpoint, start_endpoint
+from inagg.hostlib.worker.stream_base import Reduction
+
+if TYPE_CHECKING:
+    from inagg.hostlib.pytorch.backend import InaggProcessGroup
+    from inagg.hostlib.pytorch.dispatch import AllreduceDispatch
+
+log = logging.getLogger("inagg.backend")
+
+# a call that failed with no rank known gone yet waits this long for the peer watch to name one:
+# a rank's end reaches its peers' gloo connections and the peer watch's socket together
+_NAMING_SECONDS = 2.0
+# after a failure, ``destroy_process_group`` waits this long for the start to give up (it does
+# at its next wait: a poll of the store, a slice of a call's wait)
+_GIVE_UP_SECONDS = 1.0
+# at interpreter exit, rank 0 waits this long for the other ranks to end before it stops the
+# local deployment (they were told it is going: their calls fail and they end at once)
+_EXIT_WAIT_SECONDS = 5.0
+PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
+REPRODUCIBLE_ENV = "INAGG_REPRODUCIBLE"   # 1 (default): the same bits on every path | 0
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _reproducible_requested() -> bool:
+    """Whether ``INAGG_REPRODUCIBLE`` asks for the same bits on every path (the default)."""
+    value = os.environ.get(REPRODUCIBLE_ENV, "1").strip().lower()
+    if value not in ("0", "1"):
+        raise InaggSetupError(f"{REPRODUCIBLE_ENV} must be 1 (the same bits on every path, the default) or 0 "
+                              f"(gloo sums floats in its own order); got {value!r}")
+    return value == "1"
+
+
+def _forced_path() -> str | None:
+    """The path ``INAGG_ALLREDUCE_PATH`` pins every eligible allreduce to (None: auto)."""
+    value = os.environ.get(PATH_ENV, "auto").strip().lower()
+    if value == "auto":
+        return None
+    if value not in PATHS:
+        raise InaggSetupError(f"{PATH_ENV} must be auto, {' or '.join(PATHS)}; got {value!r}")
+    return value
+
+
+def _ranks_share_a_clock(store: dist.Store, rank: int, world_size: int) -> bool:
+    """Whether every rank's ``time.perf_counter`` reads one clock (CLOCK_MONOTONIC is the
+    kernel's: one boot id on every rank), so the path chooser can time a call from the last
+    rank's start to the last rank's end (``inagg.hostlib.pytorch.path.choice``). A collective."""
+    try:
+        mine = _BOOT_ID.read_text().strip()
+    except OSError:   # not Linux: no boot id to compare
+        mine = ""
+    store.set(str(rank), mine)
+    return bool(mine) and all(store.get(str(r)).decode() == mine for r in range(world_size))
+
+
+class GroupLifecycle:
+    """One rank's inagg paths, from the inner gloo group's rendezvous to ``shutdown`` (module
+    docstring): the endpoint, the communicators (``comm``, the host lane ``lane``, the host's
+    ``host`` group), the fixed-point gloo path ``fixed``, the peer watch ``peers`` and the path
+    chooser ``paths``. ``group`` is the inagg process group it belongs to (its rank, size and
+    stats)."""
+
+    def __init__(self, group: InaggProcessGroup, store: dist.Store, timeout: timedelta) -> None:
+        """The inner gloo group and the peer watch (a collective: every rank is here after it);
+        rank 0's local deployment starts now, in the background. ``start`` starts the rest."""
+        rank, world_size = group.rank(), group.size()
+        forced, same_bits = _forced_path(), _reproducible_requested()
+        self._group, self.timeout = group, timeout
+        self.closed = False
+        self.endpoint: Endpoint | None = None
+        self.comm: Communicator | HostCommunicator | None = None
+        self.lane: Communicator | HostCommunicator | None = None
+        self.host: HostGroup | None = None   # this host's ranks reduce together first (worker.host_reduce)
+        self.fixed: FixedPointGloo | None = None
+        self.peers: PeerWatch | None = None
+        self.paths: PathChooser | None = None
+        # one leaving at a time: a start that gives up (its thread) and destroy may both leave
+        self._leave_lock = threading.Lock()
+        # rank 0's local deployment starts now
+        pending = start_endpoint(dist.PrefixStore("local", store), rank, world_size)
+        try:
+            gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
+            # the fixed-point path's own gloo group, here: its rendezvous waits in C++ for every
+            # rank, which the start could not give up on should one die (``_start_stop``)
+            fixed_gloo = (dist.ProcessGroupGloo(dist.PrefixStore("gloo-fixed", store), rank, world_size, timeout)
+                          if same_bits else None)
+            # every rank is here (the gloo group is a collective): from now on a rank that ends is named
+            self.peers = PeerWatch(dist.PrefixStore("peers", store), rank, world_size, pending.watch_ip, timeout,
+                                   self._rank_gone)
+        except BaseException:
+            pending.cancel()
+            raise
+        self.gloo = InnerGloo(gloo, store, group)
+        self._start_args: tuple | None = (pending, store, fixed_gloo, forced)   # for ``start``
+        self._start_error: BaseException | None = None
+        self.is_ready = False   # the paths started (``_start_paths``) and calibrated (``ready``)
+        self._calibrated = False
+        self._ready_lock = threading.Lock()
+        # set when the start ended, one way or the other (waited on as an Event: a Ctrl-C that
+        # interrupts Thread.join leaves the thread looking stopped while it runs, Python 3.11)
+        self._started = threading.Event()
+        self._dispatch: AllreduceDispatch | None = None
+
+    def start(self, dispatch: AllreduceDispatch) -> None:
+        """Start the paths in the background (``_start_paths``); ``dispatch`` calibrates them and
+        holds the gloo run's latest Work (let go at shutdown). Installs the Ctrl-C handling and
+        the close at exit (after the local deployment's own: runs before it)."""
+        self._dispatch = dispatch
+        # handed over, not kept: the fixed-point path's gloo group must go with the path at shutdown
+        args, self._start_args = self._start_args, None
+        threading.Thread(target=self._start_paths, args=args, daemon=True, name="inagg-start").start()
+        interrupts.install()
+        atexit.register(self._close_at_exit)
+
+    def _start_paths(self, pending: PendingEndpoint, store: dist.Store,
+                     fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
+        """The inagg paths, in the background from ``init_process_group`` on (thread
+        ``inagg-start``): the endpoint (rank 0's local deployment coming up), the
+        communicators' joins and the path chooser. ``init_process_group`` returns once the
+        inner gloo group is up, as gloo's does; what the program does next (its model, its
+        data, DDP's broadcasts on gloo) overlaps this, and the first call that needs the paths
+        waits for the rest (``ready``). With the same bits on every path the paths are
+        calibrated here too (the gloo path's calls then run on a gloo group of their own,
+        ``fixed_gloo``, not the inner one the program's collectives use meanwhile). A failure
+        leaves what was joined and is kept for that call to raise; a rank gone meanwhile ends
+        the start at its next wait (``_start_stop``)."""
+        try:
+            self._open_paths(pending, store, fixed_gloo, forced)
+        except BaseException as e:  # noqa: BLE001 - raised by ``ready``
+            pending.cancel()
+            self._leave_paths()
+            self._start_error = e
+        finally:
+            self._started.set()
+
+    def _open_paths(self, pending: PendingEndpoint, store: dist.Store,
+                    fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
+        """The endpoint, the joins (``_join_paths``) and the path chooser over the paths this job
+        has; with the same bits on every path, their calibration too."""
+        rank, world_size = self._group.rank(), self._group.size()
+        self.endpoint = pending.result(self._start_stop)
+        try:
+            self._join_paths(store, fixed_gloo)
+        except Exception as e:
+            raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
+        paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
+        if forced is not None and forced not in paths:
+            why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
+                   if self.host is not None else "its grant is on the host aggregator already")
+            raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
+        self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size, self.failure), paths,
+                                 forced=forced,
+                                 shared_clock=_ranks_share_a_clock(self._start_store(store, "clock"), rank, world_size),
+                                 links=self._links(self.comm.grant), move=self._grant_move())
+        if self.fixed is not None:
+            self._dispatch.calibrate()
+            self._calibrated = True
+
+    def _grant_move(self) -> GrantMove | None:
+        """How the path choice sees the job's grant move; None where this rank's host reduces
+        first (only a host's leader follows the job's grants)."""
+        comm = self.comm
+        if not isinstance(comm, Communicator):
+            return None
+        return GrantMove(lambda: comm.grant.epoch, lambda: (comm.pending_grant or comm.grant).epoch,
+                         lambda: self._links(comm.pending_grant or comm.grant))
+
+    def _links(self, grant: Grant) -> LinkShape | None:
+        """The job's links under ``grant`` (and its host lane's), where their rate is known."""
+        return job_links(self.endpoint.bind_ip, self._group.size(), grant, self.lane.grant if self.lane else None)
+
+    def ready(self) -> None:
+        """Wait for the inagg paths (``_start_paths``) and, the first time, calibrate them (the same
+        calls on every rank: every rank's first call that needs the paths is the same call);
+        raises what kept them from starting, or the rank gone meanwhile (a join waits for every
+        rank). Every eligible allreduce asks first."""
+        if self.is_ready:
+            return
+        with self._ready_lock:
+            if self.is_ready:
+                return
+            while not self._started.wait(_FAILURE_CHECK_SECONDS):
+                if (gone := self.failure()) is not None:
+                    raise gone
+            if self._start_error is not None:   # a rank's end may be what broke it (rank 0's, the store's host)
+                error = InaggSetupError(str(self._start_error))
+                error.__cause__ = self._start_error
+                raise self.named(error)
+            if not self._calibrated:
+                self._dispatch.calibrate()
+            self.is_ready = True
+        log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", self._group.rank(),
+                 self.comm.job_id, self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
+                 self.endpoint.bind_ip)
+
+    def _start_stop(self) -> RankDied | None:
+        """Why the start gives up now: a rank gone while it runs (its waits would wait for that
+        rank until the group's timeout, and past the program's end). None once the start is
+        over: a communicator's later store calls (its heartbeat's) are its own."""
+        return None if self._started.is_set() else self.failure()
+
+    def _start_store(self, store: dist.Store, prefix: str) -> AbortableStore:
+        """``store`` under ``prefix``, for the start's joins: its waits end with ``_start_stop``."""
+        return AbortableStore(dist.PrefixStore(prefix, store), self._start_stop)
+
+    def _join_paths(self, store: dist.Store, fixed_gloo: dist.ProcessGroupGloo | None) -> None:
+        """Every path's communicator (and the host group): the joins of the jobs at the controller."""
+        rank, world_size = self._group.rank(), self._group.size()
+        self.host = open_host_group(self._start_store(store, "host"), rank, world_size, self.timeout)
+        self.comm = self._join(store, "comm")
+        # every rank sees the same first grant (a change needs every rank's agreement); a job
+        # on one host sends nothing between hosts, so a lane would be the same path again
+        if self.comm.grant.mode == "switch" and (self.host is None or self.host.n_hosts > 1):
+            self.lane = self._join(store, "comm-host", host_only=True)
+        self.fixed = self._reproducible(fixed_gloo) if fixed_gloo is not None else None
+
+    def _rank_gone(self, error: RankDied) -> None:
+        """A rank ended without leaving (the peer watch's thread): every path's calls fail with
+        ``error``, which names it, now and from now on."""
+        for comm in (self.comm, self.lane):
+            if comm is not None:
+                comm.fail(str(error))
+        if self.fixed is not None:
+            self.fixed.fail(self.failure)
+
+    def failure(self) -> RankDied | None:
+        """The rank gone that failed this group, if one has (an error of its own to raise)."""
+        gone = self.peers.failure if self.peers is not None else None
+        return RankDied(gone.rank, str(gone)) if gone is not None else None
+
+    def named(self, error: BaseException) -> BaseException:
+        """``error``, or one naming the rank whose end caused it: a rank's end fails its peers'
+        calls in the words of whatever noticed first (gloo's "Connection closed by peer", a
+        store that is gone with rank 0...: a RuntimeError); the peer watch names it. Any other
+        error (a refused input: ValueError, FloatingPointError), one naming a rank already and a
+        use after shutdown stay as they are."""
+        if not isinstance(error, RuntimeError) or isinstance(error, JobFailed) or self.peers is None or self.closed:
+            return error
+        gone = self.peers.wait_for_failure(_NAMING_SECONDS)
+        if gone is None:
+            return error
+        named = RankDied(gone.rank, f"{gone} (this rank's call failed: {error})")
+        named.__cause__ = error
+        return named
+
+    def _join(self, store: dist.Store, prefix: str, **kwargs: bool) -> Communicator | HostCommunicator:
+        """This rank's communicator of a job at the endpoint's controller (rank 0 creates it):
+        every rank a worker, or each host's leader when the host reduces first."""
+        def join(rank: int, size: int) -> Communicator:
+            """Rank ``rank`` of ``size`` workers joins the job (a host's leader: of its hosts)."""
+            return Communicator(self._start_store(store, prefix), rank, size, self.endpoint.controller,
+                                bind_ip=self.endpoint.bind_ip, timeout=self.timeout.total_seconds(),
+                                name=os.environ.get("TORCHELASTIC_RUN_ID", ""), **kwargs)
+
+        return join(self._group.rank(), self._group.size()) if self.host is None else HostCommunicator(self.host, join)
+
+    def _reproducible(self, gloo: dist.ProcessGroupGloo) -> FixedPointGloo:
+        """For ``INAGG_REPRODUCIBLE`` (on by default): one ``Reduction`` for every path, so a float call
+        gives the same bits whichever it takes (``inagg.hostlib.pytorch.reproducible``). The
+        communicators' streams share its exponent block (a multiple of each grant's K) and the
+        limit of calls that ride in the control round (the smallest capacity); the gloo path runs
+        their arithmetic. Decided from the first grants, the same on every rank."""
+        comms = [c for c in (self.comm, self.lane) if c is not None]
+        size = self._group.size()
+        reduction = Reduction(block=math.lcm(*(c.grant.values_per_packet for c in comms)),
+                              exact_limit=max(0, min(one_round_capacity(c.grant.values_per_packet, size, True)
+                                                     for c in comms)))
+        for comm in comms:
+            if isinstance(comm, Communicator):
+                comm.stream.reduction = reduction
+        if self.host is not None:   # its leader's calls between hosts are int32 sums
+            self.host.reduce.reduction = reduction
+        return FixedPointGloo(gloo, reduction)
+
+    def shutdown(self) -> None:
+        """Leave the inagg job; rank 0 stops the local deployment it started once every rank
+        is done with it. Called by ``dist.destroy_process_group``; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        atexit.unregister(self._close_at_exit)
+        # what the start joins must be there to be left; after a failure, what it has once it
+        # gave up (at its next wait, ``_start_stop``): it leaves what it joins later itself
+        self._started.wait(_GIVE_UP_SECONDS if self.failure() is not None else None)
+        self._leave()
+        if self.is_ready:
+            log.info("rank %d: inagg process group closed: %s", self._group.rank(), self._group.stats())
+
+    def _close_at_exit(self) -> None:
+        """At interpreter exit, a group still open (the script ended without
+        ``destroy_process_group``, or a Ctrl-C ended it) leaves as ``shutdown`` does, saying
+        it exits (the other ranks' calls then fail at once, naming it) and while threads can
+        still run: a gloo or communicator thread still running when the interpreter finalizes
+        aborts the process. A second Ctrl-C (torchrun forwards one) does not cut it short.
+        After a Ctrl-C, rank 0 says what became of the job in one line."""
+        if self.closed:
+            return
+        self.closed = True
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._started.wait(_EXIT_WAIT_SECONDS)
+        self._leave(_EXIT_WAIT_SECONDS, how=EXIT)
+        if interrupts.interrupted() and self._group.rank() == 0:
+            job = f"job {self.comm.job_id}" if self.comm is not None else "the job (still starting)"
+            stopped = " and its local deployment stopped" if self.endpoint and self.endpoint.services else ""
+            print(f"inagg: interrupted: {job} ended{stopped}", file=sys.stderr, flush=True)
+
+    def _leave(self, timeout: float = 30.0, how: bytes = LEAVE) -> None:
+        """Leave the jobs joined so far, let the inner gloo group go (its connections close, so
+        a peer's gloo call stuck on this rank after a failure ends), leave the peer watch
+        (``how``; rank 0 waits up to ``timeout`` for the other ranks to leave or end, unless
+        the group failed: a failed job's ranks call its controller no more) and stop the local
+        deployment this rank started."""
+        with self._leave_lock:
+            self._close_communicators()
+            self._release_gloo()
+            self._close_watch(timeout, how)
+
+    def _leave_paths(self) -> None:
+        """Leave what the start joined (it failed): the inner gloo group stays, the program's
+        other collectives go on until ``destroy_process_group``."""
+        with self._leave_lock:
+            self._close_communicators()
+            self._close_watch(0.0, LEAVE)
+
+    def _close_communicators(self) -> None:
+        """Close every path's communicator, the fixed-point gloo path and the host group."""
+        for comm in (self.lane, self.comm):
+            if comm is not None:
+                comm.close()
+        if self.fixed is not None:
+            self.fixed.close()
+        if self.host is not None:
+            self.host.close()
+
+    def _close_watch(self, timeout: float, how: bytes) -> None:
+        """Leave the peer watch, then stop the local deployment this rank started (``_leave``)."""
+        if self.peers is not None:
+            self.peers.close(how, wait=0 if self.failure() is not None else timeout)
+        if self.endpoint is not None:
+            self.endpoint.close()
+
+    def _release_gloo(self) -> None:
+        """Destroy the inner gloo group (its backend and the process group around it) now, while
+        the interpreter runs: its destructor joins its worker threads. A worker still letting go
+        of a finished call (a tensor Python owns) needs the GIL; once the interpreter is
+        finalizing, Python ends such a thread with a forced unwind that std::terminate()s the
+        process (SIGABRT, "terminate called without an active exception", seen with PyTorch's own
+        gloo groups, which outlive destroy_process_group under DDP). Nothing else holds the inner
+        group (the dispatch lets go of its gloo run's latest Work first), so dropping it destroys
+        it (torch releases the GIL in that destructor). After a failure a failed call's Work may
+        still hold its gloo context (and its connections: a peer's call stuck on them ends only
+        when they close) in an exception's reference cycle: collected now."""
+        if self._dispatch is not None:
+            self._dispatch.forget_run()
+        self.gloo.release()
+        if self.failure() is not None:
+            gc.collect()

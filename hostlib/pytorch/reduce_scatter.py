@@ -1,0 +1,65 @@
+"""Reduce-scatter of an ``inagg`` process group (``inagg.hostlib.pytorch.backend``): FSDP's
+collective, run as allreduces on inagg's paths.
+
+Design: each input is allreduced (a copy: the input stays as it was) on the path the allreduce
+dispatch chooses, and the rank's shard of the sum is copied to its output once every allreduce
+is done (``_ShardWork``): every rank's share of the work is the allreduce's, which INA does at
+line rate. Where an allreduce of the input could not use inagg (``_unshardable``), the inner
+gloo group's reduce-scatter runs instead.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from inagg.hostlib.pytorch.dispatch import _ineligible
+from inagg.hostlib.pytorch.inner_gloo import InnerGloo
+from inagg.hostlib.pytorch.works import _ShardWork
+
+
+class ReduceScatter:
+    """One rank's reduce-scatters (module docstring) over ``allreduce`` (the dispatch's) and
+    ``gloo`` (for what inagg cannot shard); ``via_allreduce`` counts them by collective."""
+
+    def __init__(self, allreduce: Callable[[list[torch.Tensor], dist.AllreduceOptions], dist.Work],
+                 gloo: InnerGloo, rank: int, world_size: int) -> None:
+        """Nothing run yet."""
+        self._allreduce, self._gloo, self._rank, self._size = allreduce, gloo, rank, world_size
+        self.via_allreduce: Counter[str] = Counter()   # collective -> calls run as allreduces
+
+    def run(self, collective: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+            opts: dist.ReduceScatterOptions | None, coalesced: bool) -> dist.Work:
+        """``collective`` (torch's name of this reduce-scatter, counted under it) of ``inputs``
+        into ``outputs``: one allreduce per input, else the inner gloo group's, given the one
+        pair or the lists (``coalesced``) as torch gave them."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        reason = self._unshardable(outputs, inputs, opts.reduceOp)
+        if reason:
+            args = (outputs, inputs) if coalesced else (outputs[0], inputs[0])
+            return self._gloo.run(collective, reason, *args, opts)
+        self.via_allreduce[collective] += 1
+        allreduce_opts = dist.AllreduceOptions()
+        allreduce_opts.reduceOp = opts.reduceOp
+        calls = []
+        for output, input_ in zip(outputs, inputs):
+            full = input_.clone(memory_format=torch.contiguous_format)
+            calls.append((output, full, self._allreduce([full], allreduce_opts)))
+        return _ShardWork(calls, self._rank)
+
+    def _unshardable(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], op: dist.ReduceOp) -> str:
+        """Why these reduce-scatters cannot run as allreduces on inagg's paths ('' if they can)."""
+        if len(outputs) != len(inputs) or not inputs:
+            return f"{len(outputs)} outputs for {len(inputs)} inputs"
+        for output, input_ in zip(outputs, inputs):
+            reason = _ineligible([input_], op)
+            if reason:
+                return reason
+            if output.dtype != input_.dtype or not output.is_contiguous() or not output.is_cpu:
+                return "output not a contiguous CPU tensor of the input's dtype"
+            if input_.numel() != output.numel() * self._size:
+                return "input not the ranks' outputs end to end"
+        return ""

@@ -1,0 +1,199 @@
+"""The ``dist.Work`` objects the ``inagg`` process group returns (``inagg.hostlib.pytorch.backend``).
+
+Design: a Work of a path of ours (``_CallWork``) waits on the call's own future in slices on a
+Python lock, so a Ctrl-C is raised at once and a rank gone ends the wait (``_wait_for``), and
+raises the call's error naming that rank (the group's ``named``); its future, when a caller
+takes one (DDP, comm hooks), is delivered off the communicator's I/O thread (``_resolve_to``).
+A Work of the inner gloo group is wrapped the same way (``_GlooWork``); a timed call reports its
+time where its caller waits (``_TimedWork``); reduce-scatters run as allreduces keep their
+shard once every allreduce is done (``_ShardWork``).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.distributed as dist
+
+from inagg.hostlib.pytorch.peer_watch import wait_gloo
+
+if TYPE_CHECKING:
+    from inagg.hostlib.pytorch.backend import InaggProcessGroup
+
+# a wait on a call of ours looks this often whether a rank has gone (which no path may report)
+_FAILURE_CHECK_SECONDS = 0.2
+
+
+Named = Callable[[BaseException], BaseException]   # an error, or one naming the rank gone that caused it
+
+
+def _settle(out: torch.futures.Future, fut: torch.futures.Future, value, named: Named) -> None:
+    """Complete ``out`` with ``value`` if ``fut`` succeeded, else with ``fut``'s error (``named``)."""
+    try:
+        fut.value()
+        out.set_result(value)
+    except Exception as e:  # noqa: BLE001 - handed on to whoever waits on ``out``
+        out.set_exception(named(e))
+
+
+def _resolve_to(fut: torch.futures.Future, value, named: Named) -> torch.futures.Future:
+    """A future of ``value`` once the communicator's ``fut`` succeeds (else of its error, ``named``).
+    Already complete if ``fut`` is (a call run on the caller's thread): callbacks then run on the
+    caller's thread. Otherwise delivered on a thread of its own: the communicator completes its
+    futures on its one I/O thread, and a callback that waits there for another allreduce
+    (PowerSGD's hook does) would wait for itself. (gloo's callbacks run on one of its worker
+    threads.)"""
+    out = torch.futures.Future()
+    if fut.done():
+        _settle(out, fut, value, named)
+    else:
+        fut.add_done_callback(lambda f: threading.Thread(target=_settle, args=(out, f, value, named), daemon=True,
+                                                         name="inagg-complete").start())
+    return out
+
+
+def _wait_for(fut: torch.futures.Future, failure: Callable[[], BaseException | None]) -> None:
+    """Wait for ``fut`` on a Python lock, not in torch's C++ wait: a Ctrl-C is raised at once,
+    and the wait ends with ``failure()`` (a rank gone) should the call never end."""
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    while not done.wait(_FAILURE_CHECK_SECONDS):
+        error = failure()
+        if error is not None:
+            raise error
+
+
+class _CallWork(dist.Work):
+    """The Work of one call on a path of ours: ``wait`` waits on the call's own future ``done``
+    and raises its error, ``named`` (the Work of torch's ``_create_work_from_future`` returns
+    True from a failed future: ``dist.all_reduce`` would return as if the call had succeeded);
+    a caller that takes its future (DDP, comm hooks) gets ``result()``, made on first use."""
+
+    def __init__(self, done: torch.futures.Future, result: Callable[[], torch.futures.Future],
+                 pg: "InaggProcessGroup") -> None:
+        super().__init__()
+        self._done, self._result, self._future, self._pg = done, result, None, pg
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        try:
+            if not self._done.done():
+                _wait_for(self._done, self._pg.failure)
+            self._done.value()   # raises the call's error
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self._pg.named(e)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:
+            self._future = self._result()
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.done()
+
+
+class _GlooWork(dist.Work):
+    """A Work of the inner gloo group, waited for in slices (``wait_gloo``: Ctrl-C and a rank
+    gone end the wait) and its error naming the rank gone that caused it; its future likewise."""
+
+    def __init__(self, work: dist.Work, pg: "InaggProcessGroup") -> None:
+        super().__init__()
+        self._work, self._pg = work, pg
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        try:
+            return wait_gloo(self._work, self._pg.failure, timeout)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self._pg.named(e)
+
+    def get_future(self) -> torch.futures.Future:
+        named = self._pg.named
+
+        def value(f: torch.futures.Future):
+            try:
+                return f.value()
+            except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+                raise named(e)
+
+        return self._work.get_future().then(value)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def _source_rank(self) -> int:
+        """The rank a receive from any source got its tensor from (``dist.recv`` asks)."""
+        return self._work._source_rank()
+
+
+class _TimedWork(dist.Work):
+    """A path's Work that reports when it is done (``on_done``, once), timed where it is waited
+    for: in ``wait`` on the caller's thread, which costs the call nothing and counts the
+    caller's wake-up on every path alike, so every path's time is what its callers see. Only a
+    caller that takes its future (DDP) gets a callback on it instead: gloo runs future callbacks
+    on its own thread before waiters learn the call is done, so a callback on every call would
+    delay the calls themselves."""
+
+    def __init__(self, work: dist.Work, on_done: Callable[[], None]) -> None:
+        super().__init__()
+        self._work, self._on_done = work, on_done
+
+    def _done(self) -> None:
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        ok = self._work.wait() if timeout is None else self._work.wait(timeout)
+        self._done()
+        return ok
+
+    def get_future(self) -> torch.futures.Future:
+        fut = self._work.get_future()
+        fut.add_done_callback(lambda _: self._done())
+        return fut
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+
+class _ShardWork(dist.Work):
+    """The Work of reduce-scatters run as allreduces (``inagg.hostlib.pytorch.reduce_scatter``):
+    ``calls`` are (output, full, work), ``full`` the tensor ``work`` allreduces; once every
+    ``work`` is done, this rank's shard of each ``full`` is copied to its output, once, on
+    whichever thread learns it first (``wait`` or the future's callback). ``wait`` raises a
+    call's error; the future resolves to the outputs (as gloo's reduce-scatter's)."""
+
+    def __init__(self, calls: list[tuple[torch.Tensor, torch.Tensor, dist.Work]], rank: int) -> None:
+        super().__init__()
+        self._calls, self._rank = calls, rank
+        self._lock, self._kept = threading.Lock(), False
+
+    def _keep_shards(self) -> list[torch.Tensor]:
+        with self._lock:
+            if not self._kept:
+                for output, full, _ in self._calls:
+                    n = output.numel()
+                    output.copy_(full.view(-1)[self._rank * n:(self._rank + 1) * n].view_as(output))
+                self._kept = True
+        return [output for output, _, _ in self._calls]
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        for _, _, work in self._calls:
+            work.wait()
+        self._keep_shards()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        def kept(f: torch.futures.Future) -> list[torch.Tensor]:
+            for done in f.value():
+                done.value()   # raises a call's error into the returned future
+            return self._keep_shards()
+
+        return torch.futures.collect_all([work.get_future() for _, _, work in self._calls]).then(kept)
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for _, _, work in self._calls)
+
