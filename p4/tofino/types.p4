@@ -22,7 +22,10 @@ header bridged_h {
     PortId_t ingress_port;   /* the contribution's ingress port (kept by the harvest pass) */
     bit<8>   replica;        /* unicast DUP_DONE answer: the sender's rank + 1; else 0 */
     bit<4>   pad1;
-    bit<3>   harvest;        /* HARVEST_*: what the second pass does with this packet */
+    bit<3>   harvest;        /* HARVEST_*: what the second pass does with this packet; not
+                                NONE: a result (or undo) make_result built, whose parsers
+                                (second pass, egress) take its headers on this code, not on
+                                the UDP port make_result swapped away (parser.p4) */
     bit<1>   flooded;        /* L2 flood: egress prunes the ingress port */
 }
 
