@@ -10,6 +10,7 @@ logic differs (the reference engine, the BMv2 program's specification, vs the TN
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -462,3 +463,22 @@ def test_a_result_leaves_the_switch_addressed_to_each_worker(chip):
         assert struct.unpack_from("!HH", d, 34) == (UDP_PORT, udp)
         assert d[42] & 0xF == 2 and _sums([(p, d)]) == [[6] * K]
         assert ipv4_checksum(d[14:34]) == 0
+
+
+def test_a_harvest_pass_after_teardown_touches_nothing_of_the_slots_new_owner(chip):
+    """Job 1 is torn down (placed again: epoch 2) while its completed round's result
+    recirculates; the new owner's first packets claim the slot. The old harvest pass then
+    retires nothing, marks nothing harvested and sends nothing (Tofino 1 would have read the
+    new owner's lanes into it); the new owner's round completes with its own exact sums."""
+    model = make(TofinoModelPipeline, chip).engine
+    last, _ = _a_completed_round(model)
+    model.replace_jobs({**model.jobs, 1: dataclasses.replace(model.jobs[1], epoch=2)})
+    rows = [np.full(K, 1000 * (r + 1), np.int32) for r in range(3)]
+    for r in range(2):
+        assert model.first_pass(frame(1, r, rows[r], slot=1, epoch=2)[1][42:], ("rank", r)) is None
+    maps, seen = [list(m) for m in model.maps], list(model.seen)
+    assert model.second_pass(last) == []
+    assert [list(m) for m in model.maps] == maps and model.seen == seen
+    done = model.first_pass(frame(1, 2, rows[2], slot=1, epoch=2)[1][42:], ("rank", 2))
+    (emit,) = model.second_pass(done) if done.recirculate else model._send(done)
+    assert _sums([(0, bytes(42) + emit.data)]) == [[6000] * K]

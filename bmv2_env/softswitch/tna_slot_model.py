@@ -296,28 +296,32 @@ class TofinoSlotModel:
 
     # -- second pass -----------------------------------------------------------------------------
 
-    def _stage1_second_pass(self, m: _Meta) -> None:
+    def _stage1_second_pass(self, m: _Meta) -> bool:
         """checks' second-pass rows, where the owner is still the packet's: map<o>_retire
-        (HARVEST_RESULT, HARVEST_ANSWER_RETIRE) or map<s>_undo (HARVEST_UNDO)."""
+        (HARVEST_RESULT, HARVEST_ANSWER_RETIRE) or map<s>_undo (HARVEST_UNDO). Returns what
+        retire returns (retired0/retired1): whether the slot's owner tag was still the
+        packet's; False for the other codes."""
         x = m.s if m.harvest == HARVEST_UNDO else 1 - m.s
         tag, bits = self.maps[x][m.slot]
         if tag != m.tag or m.harvest in (HARVEST_NONE, HARVEST_ANSWER):
-            return
+            return False
         self.maps[x][m.slot] = (tag, bits & ~m.me if m.harvest == HARVEST_UNDO else 0)
+        return m.harvest != HARVEST_UNDO
 
-    def _stage3_second_pass(self, m: _Meta) -> None:
+    def _stage3_second_pass(self, m: _Meta, retired: bool) -> None:
         """seen_harvested: a second pass that retired the other set marks the round."""
-        if m.harvest in (HARVEST_RESULT, HARVEST_ANSWER_RETIRE):
+        if retired:
             self.seen[m.idx] |= SEEN_HARVESTED
 
     def second_pass(self, r: Recirculated) -> list[Emit]:
         """The recirculated packet: its map update (stage 1), the harvested mark (stage 3),
         on Tofino 1 the pairs' second values (load_second), then multicast (RESULT), unicast
-        (ANSWER*) or drop (UNDO)."""
+        (ANSWER*) or drop (UNDO, and a RESULT or ANSWER_RETIRE whose retire found another
+        owner: the job was torn down while its result recirculated)."""
         m = r.meta
-        self._stage1_second_pass(m)
-        self._stage3_second_pass(m)
-        if m.harvest == HARVEST_UNDO:
+        retired = self._stage1_second_pass(m)
+        self._stage3_second_pass(m, retired)
+        if m.harvest == HARVEST_UNDO or (m.harvest != HARVEST_ANSWER and not retired):
             return []
         if r.values is not None and self.returned < self.k:
             r.values[self.returned:] = self.pairs[m.idx][self.returned:]

@@ -16,6 +16,8 @@
  *   first   | ANSWER (DUP_DONE)         | Tofino 2: unicast back out of the ingress port at once,
  *           |                           |   bridged replica = sender's rank + 1; Tofino 1: as
  *   first   | ANSWER_RETIRE (DUP_DONE)  | the result, recirculated, bridged.harvest = the same
+ *   harvest | (RESULT, ANSWER_RETIRE)   | dropped where its retire found another owner (the job
+ *           |                           | was torn down while it recirculated: slot_claim.p4)
  *   harvest | (RESULT)                  | the job's multicast group through the PRE (one replica
  *           |                           | per worker, rid = rank + 1)
  *   harvest | (ANSWER, ANSWER_RETIRE)   | unicast back out of the contribution's ingress port,
@@ -88,10 +90,14 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
 
     apply {
         if (meta.verdict == VERDICT_HARVEST) {
-            if (hdr.bridged.harvest == HARVEST_RESULT) {
-                multicast();
-            } else if (hdr.bridged.harvest == HARVEST_UNDO) {
+            if (hdr.bridged.harvest == HARVEST_UNDO) {
                 absorb();
+            } else if (hdr.bridged.harvest == HARVEST_ANSWER) {
+                answer_sender();
+            } else if (meta.retired0 == 0 && meta.retired1 == 0) {
+                absorb();      /* its retire found another owner: the job was torn down */
+            } else if (hdr.bridged.harvest == HARVEST_RESULT) {
+                multicast();
             } else {
                 answer_sender();
             }
