@@ -482,3 +482,20 @@ def test_a_harvest_pass_after_teardown_touches_nothing_of_the_slots_new_owner(ch
     done = model.first_pass(frame(1, 2, rows[2], slot=1, epoch=2)[1][42:], ("rank", 2))
     (emit,) = model.second_pass(done) if done.recirculate else model._send(done)
     assert _sums([(0, bytes(42) + emit.data)]) == [[6000] * K]
+
+
+def test_a_parser_branch_the_compiler_dropped_drops_the_result(chip):
+    """The walk follows the compiled states: with the egress parser's rows toward parse_ipv4
+    gone (what this bf-p4c did to a branch on a bridged field), a result's inagg header is no
+    longer taken and ReplicaRewrite cannot address it."""
+    c = compiled(chip)
+    program = json.loads((PROGRAMS[chip].p4info_path.parent / "parser.json").read_text())
+    egress = program["egress"]
+    for state, rows in egress["states"].items():
+        egress["states"][state] = [r for r in rows if not r["next"].startswith("parse_ipv4")]
+    cut = tna_compiled.CompiledParser(egress, tna_compiled.p4_parser(chip, "InaggEgressParser"))
+    phv = {"hdr.ethernet.ether_type": 0x0800, "hdr.ipv4.ihl": 5, "hdr.ipv4.protocol": 17,
+           "hdr.udp.src_port": UDP_PORT, "hdr.inagg.msg_type": 2}
+    wire = b"".join(tna_compiled.pack(h, phv) for h in ("bridged", "ethernet", "ipv4", "udp", "inagg"))
+    assert "inagg" in c.parse("egress", wire).headers
+    assert "inagg" not in cut.parse(wire).headers

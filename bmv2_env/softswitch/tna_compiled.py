@@ -1,9 +1,13 @@
 """The Tofino program as bf-p4c built it, executable for the headers a result's path rewrites:
 each action's primitives from the committed ``context.json`` (``ModifyField``: ``set``,
 ``DirectAlu``: ``add``, ``sub``, ``and``, ``or``, ``xor``; every other primitive (stateful ALUs,
-counters, drops) belongs to the slot logic that ``tna_slot_model`` runs register by register),
-and the parsers from the committed ``parser.json`` (the states of bf-p4c's assembly, ``make
-tofino``: each state's matches on what it has extracted and the headers it extracts).
+counters, drops, the bridged header's setValid) belongs to the slot logic that
+``tna_slot_model`` runs register by register), and the parsers from the committed
+``parser.json`` (the states of bf-p4c's assembly, ``make tofino``: per row the fields it
+extracts, the validity bits it sets, its shift and next state). This bf-p4c writes no match
+values into the assembly, so where a state has several rows the walk takes the one toward the
+P4 parser's next state for the packet (``CompiledParser``): which branches exist, and what each
+extracts, are the compiler's; the choice among them is the P4's.
 
 Why: a hand reading of the P4 repeats the P4's mistakes. ``dst = src; src = dst`` in one action
 compiles to ``dst <- src`` alone, and a parser that recognises inagg by a UDP port the first pass
