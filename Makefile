@@ -181,8 +181,10 @@ endif
 # TNA; tofino2, t2na, with this bf-p4c only without CLOTs: it fails on the split value stacks
 # otherwise) into build/<target>/,
 # then refresh the committed artifacts in p4/out/<target>/: P4Info, <target>.bin, context.json and
-# bfrt.json (gzipped: 170 KB instead of 5 MB) and the compiler's resource summary
-# (docs/tofino.md). Standard P4Runtime counters/registers, so bf_switchd's P4Runtime server and
+# bfrt.json (gzipped: 170 KB instead of 5 MB), the compiler's resource summary
+# (docs/tofino.md) and its parsers (tools/tofino_parser.py: what the TNA model walks). bf-p4c
+# empties its -o folder first, so its log goes to build/<target>.compile.log (then a copy in
+# build/<target>/compile.log). Standard P4Runtime counters/registers, so bf_switchd's P4Runtime server and
 # our software switch read the same P4Info.
 TOFINO_TARGETS ?= tofino tofino2
 tofino: setup
@@ -192,9 +194,11 @@ tofino: setup
 	  rm -rf build/$$t && mkdir -p build/$$t $(P4_OUT)/$$t && \
 	  $(BF_P4C) --target $$t --arch $$arch $$extra --p4runtime-force-std-externs --verbose 1 \
 	    --p4runtime-files build/$$t/inagg.p4info.txtpb -o build/$$t p4/tofino/inagg.p4 \
-	    2> build/$$t/compile.log || { tail -20 build/$$t/compile.log; exit 1; }; \
+	    2> build/$$t.compile.log || { tail -20 build/$$t.compile.log; exit 1; }; \
+	  cp build/$$t.compile.log build/$$t/compile.log && \
 	  cp build/$$t/inagg.p4info.txtpb $(P4_OUT)/$$t/ && \
 	  for f in bfrt.json pipe/$$t.bin pipe/context.json; do \
 	    gzip -9 -n -c build/$$t/$$f > $(P4_OUT)/$$t/$$(basename $$f).gz; done && \
-	  $(BIN)/python -m tools.tofino_resources build/$$t > $(P4_OUT)/$$t/resources.json || exit 1; \
+	  $(BIN)/python -m tools.tofino_resources build/$$t > $(P4_OUT)/$$t/resources.json && \
+	  $(BIN)/python -m tools.tofino_parser build/$$t > $(P4_OUT)/$$t/parser.json || exit 1; \
 	done

@@ -6,8 +6,9 @@ Per packet of K int32 values: the Ethernet frame (header to last value, padded t
 on the wire. Goodput is the values' share of the line. inagg's K are read from the committed
 P4Infos (BMv2, Tofino) and the host path's MTU rule (the software switch and host aggregator
 at MTU 1500); SwitchML's and ATP's formats are those shared/reference/anchors.md records
-(SwitchML: 10 header bytes after UDP, its 8-byte header and two exponents; ATP: its own
-308-byte frame for 62 values).
+(SwitchML: 10 header bytes after UDP, its 8-byte header and two exponents; ATP: 18 header
+bytes after UDP, and 32 values as its public P4 program carries them, beside the paper's 62
+values over two passes in a 308-byte frame).
 
 INA versus ring, per worker link in each direction: INA sends the tensor once and receives the
 result once (S bytes of values each way); ring allreduce moves 2(N-1)/N S each way, at its own
@@ -72,7 +73,8 @@ def formats() -> list[Format]:
                    values_for_mtu(ETHERNET_MTU), HEADER_BYTES),
         udp_format("SwitchML", "Tofino 1", 64, 10),
         udp_format("SwitchML", "Tofino 1, folded pipes", 256, 10),
-        Format("ATP", "Tofino 1", 62, 308),
+        udp_format("ATP", "Tofino 1, public P4", 32, 18),
+        Format("ATP", "Tofino 1, paper (two passes)", 62, 308),
     ]
 
 

@@ -70,6 +70,13 @@ DEFAULT_ARTIFACTS: dict[str, dict[str, str]] = {
 }
 
 
+# Seconds SetForwardingPipelineConfig may take (every other P4Runtime call: 10 s): a Tofino
+# device config is 7-8 MB (tofino.bin, context.json and bfrt.json), and bf_switchd verifies it,
+# resets the pipes and writes every register of the program before it answers (tens of seconds
+# on a real switch, more on tofino-model). A switch's ``push_timeout`` overrides it.
+DEFAULT_PUSH_TIMEOUT = 120.0
+
+
 @dataclass(frozen=True)
 class HostPort:
     port: int
@@ -88,6 +95,7 @@ class SwitchConfig:
     aggregator_mac: str = ""      # the MAC workers must map ``aggregator``'s IP to ("" = not said)
     links: dict[str, int] = field(default_factory=dict)   # neighbour switch -> front-panel port
     port_setup: dict[int, PortSetup] = field(default_factory=dict)  # the ``ports`` section
+    push_timeout: float = DEFAULT_PUSH_TIMEOUT   # seconds the pipeline push may take
 
     def port_users(self) -> dict[int, str]:
         """Each front-panel port a host or link uses -> who uses it (for messages)."""
@@ -135,7 +143,7 @@ def _need(d: dict, key: str, where: str):
 
 
 _SWITCH_KEYS = {"name", "grpc", "device_id", "target", "aggregator", "aggregator_mac", "hosts",
-                "device_ports", "p4info", "p4runtime_server", "links", "ports"} | {k for keys in DEVICE_FILES.values() for k in keys}
+                "device_ports", "p4info", "p4runtime_server", "links", "ports", "push_timeout"} | {k for keys in DEVICE_FILES.values() for k in keys}
 
 
 def parse_program(s: dict, where: str, base: Path | None) -> Program:
@@ -260,10 +268,20 @@ def parse_switch(s: dict, i: int, base: Path | None) -> SwitchConfig:
         str(s.get("name", f"s{i + 1}")), str(_need(s, "grpc", where)), int(s.get("device_id", 0)),
         s["aggregator"], hosts, parse_program(s, where, base),
         aggregator_mac=parse_mac(s, "aggregator_mac", where),
-        links=parse_links(s, where, {h.port for h in hosts.values()}))
+        links=parse_links(s, where, {h.port for h in hosts.values()}),
+        push_timeout=parse_push_timeout(s, where))
     users = sw.port_users()
     return replace(sw, device_ports=parse_device_ports(s, where, users),
                    port_setup=parse_port_setup_section(s, where, users))
+
+
+def parse_push_timeout(s: dict, where: str) -> float:
+    """The switch's ``push_timeout``: seconds SetForwardingPipelineConfig may take (default
+    DEFAULT_PUSH_TIMEOUT: a Tofino config is 7-8 MB that bf_switchd writes into the chip)."""
+    value = s.get("push_timeout", DEFAULT_PUSH_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{where}.push_timeout: a number of seconds above 0, got {value!r}")
+    return float(value)
 
 
 def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:

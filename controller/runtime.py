@@ -53,7 +53,8 @@ class SwitchRuntime:
         self.wanted: list[SwitchJob] | None = None   # what the switch should hold
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
         self.restarts = 0                            # times it was found restarted and re-programmed
-        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program)
+        self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program,
+                                   push_timeout=cfg.push_timeout)
         try:
             self.sw.ensure_pipeline()
         except BaseException:
@@ -64,7 +65,8 @@ class SwitchRuntime:
         """A new session after the old one broke, with our pipeline pushed if the switch lost
         it (or runs another); raises SwitchError while the switch is down. The caller swaps it
         in (``adopt``)."""
-        sw = SwitchConnection(self.cfg.grpc, self.cfg.device_id, program=self.cfg.program)
+        sw = SwitchConnection(self.cfg.grpc, self.cfg.device_id, program=self.cfg.program,
+                              push_timeout=self.cfg.push_timeout)
         try:
             sw.restore_pipeline()
         except BaseException:

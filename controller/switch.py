@@ -25,7 +25,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from inagg.hostlib.wire.protocol import DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, ipv4, mac
 
 from inagg.controller.p4info import P4Info, P4Type, encode, same_p4info
-from inagg.controller.config import default_program
+from inagg.controller.config import DEFAULT_PUSH_TIMEOUT, default_program
 from inagg.controller.program import Program
 
 # Retry a switch that is not up yet (started beside the controller, or restarting) every 50 ms
@@ -34,6 +34,7 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconn
                     ("grpc.max_reconnect_backoff_ms", 1000)]
 # Seconds any one P4Runtime call may take before the controller gives up on it.
 DEFAULT_RPC_TIMEOUT = 10.0
+# (SetForwardingPipelineConfig has its own: config.DEFAULT_PUSH_TIMEOUT.)
 
 
 class SwitchError(RuntimeError):
@@ -62,11 +63,13 @@ class SwitchConnection:
     """One P4Runtime session with one device. Several can live in one process."""
 
     def __init__(self, address: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1),
-                 program: Program | None = None, timeout: float = DEFAULT_RPC_TIMEOUT) -> None:
+                 program: Program | None = None, timeout: float = DEFAULT_RPC_TIMEOUT,
+                 push_timeout: float = DEFAULT_PUSH_TIMEOUT) -> None:
         self.address = address
         self.device_id = device_id
         self.election_id = election_id
         self.timeout = timeout
+        self.push_timeout = push_timeout   # SetForwardingPipelineConfig's deadline
         self.program = program or default_program("bmv2")
         self.p4info: P4Info = self.program.p4info
         self.lost = threading.Event()   # the stream channel ended: the switch went away
@@ -126,7 +129,7 @@ class SwitchConnection:
         req.config.p4info.CopyFrom(program.p4info.message)
         req.config.p4_device_config = program.device_config()
         try:
-            self.stub.SetForwardingPipelineConfig(req, timeout=self.timeout)
+            self.stub.SetForwardingPipelineConfig(req, timeout=self.push_timeout)
         except grpc.RpcError as e:
             raise PipelineMismatch(f"switch {self.address} refused the {program.target} pipeline "
                                    f"'{program.p4info.program_name}': {e.code().name}: {e.details()}") from None

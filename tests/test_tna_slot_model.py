@@ -10,6 +10,7 @@ logic differs (the reference engine, the BMv2 program's specification, vs the TN
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -21,13 +22,15 @@ import pytest
 
 from inagg.controller.config import default_program
 from inagg.controller.program import read_artifact
-from inagg.bmv2_env.softswitch import tna_slot_model
+from inagg.bmv2_env.softswitch import tna_compiled, tna_slot_model
 from inagg.bmv2_env.softswitch.pipeline_reference import (
     JOB_TABLE, REPLICA_TABLE, WORKER_TABLE, SoftPipeline, build_frame,
 )
 from inagg.bmv2_env.softswitch.state import Action, Replica
 from inagg.bmv2_env.softswitch.tna_slot_model import TofinoModelPipeline, register_actions, register_stages
-from inagg.hostlib.wire.protocol import EXP_NONE, UDP_PORT, build_contribution, pack_header, unpack_header
+from inagg.hostlib.wire.protocol import (
+    EXP_NONE, UDP_PORT, build_contribution, ipv4_checksum, pack_header, unpack_header,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHIPS = ("tofino", "tofino2")
@@ -394,3 +397,105 @@ def test_differential_fuzz_with_other_round_packets(chip, seed):
     steps = assert_same(sequence, chip)
     assert_never_a_wrong_result(sequence, chip)
     assert sum(bool(b) for _, b in steps) > 20
+
+
+# -- what bf-p4c built: the result's rewrites and parses, from each chip's committed build ---------
+
+def compiled(chip):
+    return make(TofinoModelPipeline, chip).compiled
+
+
+def test_the_compiled_recirculate_swaps_source_and_destination(chip):
+    """The first pass's compiled action (context.json's primitives, run as one VLIW
+    instruction): every address and port swapped, the message a result, the second pass's code
+    bridged. (``dst = src; src = dst`` compiles to ``dst <- src`` alone: both the worker's.)"""
+    phv = {"hdr.ethernet.dst_addr": 0xAA, "hdr.ethernet.src_addr": 0xBB, "hdr.ipv4.dst_addr": 1,
+           "hdr.ipv4.src_addr": 2, "hdr.udp.dst_port": UDP_PORT, "hdr.udp.src_port": 50000,
+           "hdr.udp.checksum": 0x1234, "hdr.inagg.msg_type": 1, "meta.harvest": tna_slot_model.HARVEST_RESULT}
+    actions = [tna_slot_model.RECIRCULATE] + ([tna_slot_model.ANSWER_AT_ONCE] if chip == "tofino2" else [])
+    for action in actions:
+        p = dict(phv)
+        compiled(chip).run(action, p)
+        assert (p["hdr.ethernet.dst_addr"], p["hdr.ethernet.src_addr"]) == (0xBB, 0xAA), action
+        assert (p["hdr.ipv4.dst_addr"], p["hdr.ipv4.src_addr"]) == (2, 1), action
+        assert (p["hdr.udp.dst_port"], p["hdr.udp.src_port"]) == (50000, UDP_PORT), action
+        assert (p["hdr.udp.checksum"], p["hdr.inagg.msg_type"]) == (0, 2), action
+        assert p["hdr.bridged.harvest"] == tna_slot_model.HARVEST_RESULT, action
+
+
+def _result_wire(chip):
+    """A completed round's packet as its first pass (the compiled recirculate) leaves it."""
+    model = make(TofinoModelPipeline, chip)
+    for r in range(2):
+        model.process(*frame(1, r, [r + 1] * K, slot=1))
+    port, data = frame(1, 2, [3] * K, slot=1)
+    return model, port, data
+
+
+def test_the_compiled_parsers_take_a_result_on_its_second_pass_and_in_egress(chip):
+    """The compiled ingress parser, from the recirculation port, takes the bridged header and
+    the inagg header of a result whose UDP destination is now the worker's; the compiled egress
+    parser takes a result's inagg header (ReplicaRewrite keys on it)."""
+    c = compiled(chip)
+    phv = {"hdr.ethernet.ether_type": 0x0800, "hdr.ipv4.version": 4, "hdr.ipv4.ihl": 5,
+           "hdr.ipv4.protocol": 17, "hdr.udp.src_port": UDP_PORT, "hdr.udp.dst_port": 50001,
+           "hdr.inagg.version": 1, "hdr.inagg.msg_type": 2, "hdr.inagg.count": K,
+           "hdr.bridged.harvest": tna_slot_model.HARVEST_RESULT}
+    wire = b"".join(tna_compiled.pack(h, phv) for h in ("bridged", "ethernet", "ipv4", "udp", "inagg")) + bytes(4 * K)
+    second = c.parse("ingress", wire, c.recirc_port)
+    assert {"bridged", "ethernet", "ipv4", "udp", "inagg"} <= set(second.headers), second.headers
+    assert second.headers["inagg"] == 4 + 14 + 20 + 8 and second.phv["hdr.udp.dst_port"] == 50001
+    egress = c.parse("egress", wire)
+    assert {"ethernet", "ipv4", "udp", "inagg"} <= set(egress.headers), egress.headers
+    assert egress.phv["hdr.inagg.msg_type"] == 2
+
+
+def test_a_result_leaves_the_switch_addressed_to_each_worker(chip):
+    """The completing packet through the compiled rewrite, second-pass parse, replication and
+    egress: one copy per worker, from the aggregator's address to the worker's, exact sums."""
+    model, port, data = _result_wire(chip)
+    out = sorted(model.process(port, data))
+    assert [p for p, _ in out] == [1, 2, 3]
+    for rank, (p, d) in enumerate(out):
+        ip, mac, udp = worker_address(p, rank, 1)
+        assert int.from_bytes(d[0:6], "big") == mac and int.from_bytes(d[6:12], "big") == SWITCH_MAC
+        assert struct.unpack_from("!4s4s", d, 26) == (SWITCH_IP.to_bytes(4, "big"), ip.to_bytes(4, "big"))
+        assert struct.unpack_from("!HH", d, 34) == (UDP_PORT, udp)
+        assert d[42] & 0xF == 2 and _sums([(p, d)]) == [[6] * K]
+        assert ipv4_checksum(d[14:34]) == 0
+
+
+def test_a_harvest_pass_after_teardown_touches_nothing_of_the_slots_new_owner(chip):
+    """Job 1 is torn down (placed again: epoch 2) while its completed round's result
+    recirculates; the new owner's first packets claim the slot. The old harvest pass then
+    retires nothing, marks nothing harvested and sends nothing (Tofino 1 would have read the
+    new owner's lanes into it); the new owner's round completes with its own exact sums."""
+    model = make(TofinoModelPipeline, chip).engine
+    last, _ = _a_completed_round(model)
+    model.replace_jobs({**model.jobs, 1: dataclasses.replace(model.jobs[1], epoch=2)})
+    rows = [np.full(K, 1000 * (r + 1), np.int32) for r in range(3)]
+    for r in range(2):
+        assert model.first_pass(frame(1, r, rows[r], slot=1, epoch=2)[1][42:], ("rank", r)) is None
+    maps, seen = [list(m) for m in model.maps], list(model.seen)
+    assert model.second_pass(last) == []
+    assert [list(m) for m in model.maps] == maps and model.seen == seen
+    done = model.first_pass(frame(1, 2, rows[2], slot=1, epoch=2)[1][42:], ("rank", 2))
+    (emit,) = model.second_pass(done) if done.recirculate else model._send(done)
+    assert _sums([(0, bytes(42) + emit.data)]) == [[6000] * K]
+
+
+def test_a_parser_branch_the_compiler_dropped_drops_the_result(chip):
+    """The walk follows the compiled states: with the egress parser's rows toward parse_ipv4
+    gone (what this bf-p4c did to a branch on a bridged field), a result's inagg header is no
+    longer taken and ReplicaRewrite cannot address it."""
+    c = compiled(chip)
+    program = json.loads((PROGRAMS[chip].p4info_path.parent / "parser.json").read_text())
+    egress = program["egress"]
+    for state, rows in egress["states"].items():
+        egress["states"][state] = [r for r in rows if not r["next"].startswith("parse_ipv4")]
+    cut = tna_compiled.CompiledParser(egress, tna_compiled.p4_parser(chip, "InaggEgressParser"))
+    phv = {"hdr.ethernet.ether_type": 0x0800, "hdr.ipv4.ihl": 5, "hdr.ipv4.protocol": 17,
+           "hdr.udp.src_port": UDP_PORT, "hdr.inagg.msg_type": 2}
+    wire = b"".join(tna_compiled.pack(h, phv) for h in ("bridged", "ethernet", "ipv4", "udp", "inagg"))
+    assert "inagg" in c.parse("egress", wire).headers
+    assert "inagg" not in cut.parse(wire).headers

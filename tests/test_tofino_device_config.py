@@ -12,8 +12,9 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from inagg.controller.config import default_program, parse_config
+from inagg.controller.config import DEFAULT_PUSH_TIMEOUT, default_program, parse_config
 from inagg.controller.program import TOFINO_PIPELINE, read_artifact
+from inagg.controller.switch import DEFAULT_RPC_TIMEOUT, SwitchConnection
 from inagg.controller.tofino.config import PI_NAME_MAX, TofinoDeviceConfig
 
 TOFINO = default_program("tofino")
@@ -197,3 +198,30 @@ def test_a_refused_name_is_one_pi_would_take_for_a_legacy_config():
     assert pi_device_data(raw) == b""
     with pytest.raises(ValueError, match="13-byte program name .* legacy P4DeviceConfig"):
         TofinoDeviceConfig(name, b"B" * 64, b"{}", "pipe", b"{}").pack("bf_switchd")
+
+
+def test_the_pipeline_push_has_its_own_deadline_from_the_config():
+    """A Tofino config is 7-8 MB that bf_switchd writes into the chip before it answers: the
+    push gets ``push_timeout`` (default DEFAULT_PUSH_TIMEOUT), not the 10 s of other calls."""
+    base = {"host_aggregator": "10.0.0.100:42666"}
+    sw = {"grpc": "127.0.0.1:9559", "aggregator": "10.0.0.254:42602", "target": "tofino",
+          "hosts": {"10.0.0.1": {"port": 1, "mac": "00:00:00:00:00:01"}}}
+    default = parse_config({**base, "switches": [sw]}).switches[0]
+    assert default.push_timeout == DEFAULT_PUSH_TIMEOUT >= 60 > DEFAULT_RPC_TIMEOUT
+    for bad in (0, -5, "30", True):
+        with pytest.raises(ValueError, match="push_timeout"):
+            parse_config({**base, "switches": [{**sw, "push_timeout": bad}]})
+    cfg = parse_config({**base, "switches": [{**sw, "push_timeout": 300}]}).switches[0]
+    pushed = {}
+
+    class Stub:
+        def SetForwardingPipelineConfig(self, req, timeout):
+            pushed.update(timeout=timeout, size=len(req.config.p4_device_config))
+
+    # the session without its connection (the constructor arbitrates with a live switch)
+    conn = SwitchConnection.__new__(SwitchConnection)
+    conn.device_id, conn.election_id, conn.program, conn.stub = 0, (0, 1), cfg.program, Stub()
+    conn.push_timeout = cfg.push_timeout
+    conn.push_pipeline()
+    assert pushed["timeout"] == 300
+    assert 6_000_000 < pushed["size"] < 9_000_000   # docs/tofino.md: "about 7 MB (Tofino 2: 8)"

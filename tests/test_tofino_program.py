@@ -240,6 +240,10 @@ def test_committed_artifacts_are_current(chip, tmp_path):
     out = subprocess.run([sys.executable, "-m", "tools.tofino_resources", str(tmp_path)], cwd=ROOT,
                          check=True, capture_output=True, text=True).stdout
     assert json.loads(out) == resources(chip), f"run `make tofino TOFINO_TARGETS={chip}` and commit"
+    parsers = subprocess.run([sys.executable, "-m", "tools.tofino_parser", str(tmp_path)], cwd=ROOT,
+                             check=True, capture_output=True, text=True).stdout
+    assert json.loads(parsers) == json.loads((program.p4info_path.parent / "parser.json").read_text()), \
+        f"run `make tofino TOFINO_TARGETS={chip}` and commit"
     fresh = json.loads((tmp_path / "pipe" / "context.json").read_text())
     committed = json.loads(read_artifact(program.files["context"]))
     for volatile in ("build_date", "run_id", "compiler_version"):

@@ -167,10 +167,16 @@ class SoftPipeline:
             inagg_end -= ROCE_ICRC_BYTES
         if inagg_end < at + HEADER_BYTES:      # a UDP length too short for the header the P4
             framing_ok, inagg_end = False, at + HEADER_BYTES   # parser extracts: bad_length
-        emits = self.engine.process(data[at:inagg_end], self.sender(port, frame, job_id, data[at:at + 5]),
-                                    framing_ok)
+        emits = self.slot_logic(data[at:inagg_end], self.sender(port, frame, job_id, data[at:at + 5]),
+                                framing_ok)
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
+
+    def slot_logic(self, payload: bytes, sender: Hashable, framing_ok: bool) -> list:
+        """SlotState and the value lanes (the engine) on the inagg header and values: what
+        result_replication sends on (a pipeline whose result leaves in several passes, the TNA
+        model's, hands on its first pass's packet instead)."""
+        return self.engine.process(payload, sender, framing_ok)
 
     def sender(self, port: int, frame: Frame, job_id: int, head: bytes) -> Hashable:
         """The engine's id of ``frame``'s sender (``head``: the inagg header's first 5 bytes).

@@ -18,10 +18,17 @@ the slot engine's interface (``process``, ``last_outcome``, ``replace_jobs``), s
 software switch's pipeline with the TNA program's slot logic, and the conformance cases and the
 differential fuzz compare it with the reference engine at the TNA's K
 (tests/test_tna_slot_model.py). ``register_actions``/``register_stages`` are what the test holds
-against the P4 source and the committed compiler output (each chip's context.json)."""
+against the P4 source and the committed compiler output (each chip's context.json).
+
+The slot logic is this module's reading of the P4's register actions; the headers a result
+leaves with are not: ``TofinoModelPipeline`` runs the first pass's rewrite, the second pass's
+parse, the replication and egress's parse and rewrite as bf-p4c compiled them
+(``tna_compiled``: context.json's action primitives, the parsers of the assembly), so the
+frames it emits are the compiled program's."""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -29,10 +36,13 @@ import numpy as np
 
 from inagg.hostlib.aggregator.engine_reference import Emit, JobConfig
 from inagg.controller.p4info import P4Info
-from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline
+from inagg.bmv2_env.softswitch.pipeline_reference import (
+    ETH, INAGG_AT, IP, JOB_TABLE, REPLICA_TABLE, SoftPipeline, parse,
+)
+from inagg.bmv2_env.softswitch.tna_compiled import CompiledProgram, header_bytes, pack, unpack
 from inagg.hostlib.wire.protocol import (
     FLAG_CONGESTION, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, MAX_SLOT,
-    MSG_CONTRIBUTION, MSG_RESULT, VERSION, Outcome, unpack_raw,
+    MSG_CONTRIBUTION, MSG_RESULT, VERSION, Outcome, ipv4_checksum, unpack_raw,
 )
 
 # P4Info architecture -> the chip (the P4's __TARGET_TOFINO__: 1, 2) the model runs
@@ -286,28 +296,32 @@ class TofinoSlotModel:
 
     # -- second pass -----------------------------------------------------------------------------
 
-    def _stage1_second_pass(self, m: _Meta) -> None:
+    def _stage1_second_pass(self, m: _Meta) -> bool:
         """checks' second-pass rows, where the owner is still the packet's: map<o>_retire
-        (HARVEST_RESULT, HARVEST_ANSWER_RETIRE) or map<s>_undo (HARVEST_UNDO)."""
+        (HARVEST_RESULT, HARVEST_ANSWER_RETIRE) or map<s>_undo (HARVEST_UNDO). Returns what
+        retire returns (retired0/retired1): whether the slot's owner tag was still the
+        packet's; False for the other codes."""
         x = m.s if m.harvest == HARVEST_UNDO else 1 - m.s
         tag, bits = self.maps[x][m.slot]
         if tag != m.tag or m.harvest in (HARVEST_NONE, HARVEST_ANSWER):
-            return
+            return False
         self.maps[x][m.slot] = (tag, bits & ~m.me if m.harvest == HARVEST_UNDO else 0)
+        return m.harvest != HARVEST_UNDO
 
-    def _stage3_second_pass(self, m: _Meta) -> None:
+    def _stage3_second_pass(self, m: _Meta, retired: bool) -> None:
         """seen_harvested: a second pass that retired the other set marks the round."""
-        if m.harvest in (HARVEST_RESULT, HARVEST_ANSWER_RETIRE):
+        if retired:
             self.seen[m.idx] |= SEEN_HARVESTED
 
     def second_pass(self, r: Recirculated) -> list[Emit]:
         """The recirculated packet: its map update (stage 1), the harvested mark (stage 3),
         on Tofino 1 the pairs' second values (load_second), then multicast (RESULT), unicast
-        (ANSWER*) or drop (UNDO)."""
+        (ANSWER*) or drop (UNDO, and a RESULT or ANSWER_RETIRE whose retire found another
+        owner: the job was torn down while its result recirculated)."""
         m = r.meta
-        self._stage1_second_pass(m)
-        self._stage3_second_pass(m)
-        if m.harvest == HARVEST_UNDO:
+        retired = self._stage1_second_pass(m)
+        self._stage3_second_pass(m, retired)
+        if m.harvest == HARVEST_UNDO or (m.harvest != HARVEST_ANSWER and not retired):
             return []
         if r.values is not None and self.returned < self.k:
             r.values[self.returned:] = self.pairs[m.idx][self.returned:]
@@ -329,9 +343,19 @@ class TofinoSlotModel:
         return self.second_pass(r) if r.recirculate else self._send(r)
 
 
+_RR = "InaggIngress.result_replication."
+RECIRCULATE, ANSWER_AT_ONCE, ANSWER_SENDER, MULTICAST = (
+    _RR + a for a in ("recirculate", "answer_at_once", "answer_sender", "multicast"))
+SET_WORKER_ADDRESS = "InaggEgress.replica_rewrite.set_worker_address"
+
+
 class TofinoModelPipeline(SoftPipeline):
-    """The software switch's pipeline with the TNA program's slot logic (TofinoSlotModel):
-    run it with the Tofino program's P4Info."""
+    """The software switch's pipeline with the TNA program's slot logic (TofinoSlotModel), and
+    a result's path as bf-p4c compiled it (``tna_compiled``): the first pass's header rewrites
+    (``recirculate``, Tofino 2's ``answer_at_once``), the second pass's parse of the
+    recirculated packet, the harvest pass's replication and egress's parse and
+    ``set_worker_address``, each from the chip's committed compiler output. Run it with the
+    Tofino program's P4Info."""
 
     def __init__(self, p4info: P4Info) -> None:
         arch = p4info.message.pkg_info.arch
@@ -341,3 +365,85 @@ class TofinoModelPipeline(SoftPipeline):
                              f"inagg.p4info.txtpb)")
         super().__init__(p4info)
         self.engine = TofinoSlotModel(p4info.slot_pool, p4info.values_per_packet, CHIPS[arch])
+        self.compiled = CompiledProgram.load(CHIPS[arch])
+
+    def slot_logic(self, payload: bytes, sender: Hashable, framing_ok: bool) -> list:
+        """The first pass: what leaves it for a second pass or, on Tofino 2, out (answer)."""
+        r = self.engine.first_pass(payload, sender, framing_ok)
+        return [] if r is None else [r]
+
+    def result_replication(self, port: int, frame, admit, r: Recirculated):
+        """The packet that leaves the first pass, rewritten by the compiled action (recirculate,
+        or Tofino 2's answer_at_once), then its second pass or (the answer) egress."""
+        d = frame.data
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
+        phv = {**unpack("ethernet", d), **unpack("ipv4", d, ETH), **unpack("udp", d, ETH + IP),
+               **unpack("inagg", r.header), "hdr.inagg.msg_type": d[INAGG_AT] & 0xF,
+               "hdr.bridged.ingress_port": port, "meta.harvest": r.meta.harvest}
+        body = (b"" if r.values is None else r.values.astype(">i4").tobytes()) + d[udp_end:]
+        if not r.recirculate:
+            self.compiled.run(ANSWER_AT_ONCE, phv)
+            return self._egress(r, _emit(phv, body), [_unicast(phv)])
+        self.compiled.run(RECIRCULATE, phv)
+        return self._second_pass(r, _emit(phv, body))
+
+    def _second_pass(self, r: Recirculated, wire: bytes) -> list[tuple[int, bytes]]:
+        """The recirculated packet through the compiled ingress parser (from the recirculation
+        port): a second pass where it finds the bridged and inagg headers again; else ordinary
+        traffic on its second pass (l2_table on its Ethernet destination), as on the chip."""
+        parsed = self.compiled.parse("ingress", wire, self.compiled.recirc_port)
+        if not {"bridged", "inagg"} <= set(parsed.headers):
+            return self.forwarding(-1, parse(wire[parsed.headers.get("ethernet", header_bytes("bridged")):]))
+        phv = dict(parsed.phv)
+        emits = self.engine.second_pass(r)     # the slot logic: retire, harvested, load_second
+        if not emits:
+            return []
+        at = parsed.headers["inagg"] + header_bytes("inagg")
+        body = emits[0].data[HEADER_BYTES:] + wire[at + len(emits[0].data) - HEADER_BYTES:]
+        if phv["hdr.bridged.harvest"] == HARVEST_RESULT:
+            phv["meta.mcast_grp"] = self.tables[JOB_TABLE].lookup((r.job.job_id,)).param("mcast_grp")
+            self.compiled.run(MULTICAST, phv)
+            group = self.pre.groups.get(phv["ig_intr_md_for_tm.mcast_grp_a"], ())
+            targets = [(x.port, x.instance) for x in group]
+        else:
+            self.compiled.run(ANSWER_SENDER, phv)
+            targets = [_unicast(phv)]
+        return self._egress(r, _emit(phv, body), targets)
+
+    def _egress(self, r: Recirculated, wire: bytes, targets) -> list[tuple[int, bytes]]:
+        """Each copy through the compiled egress parser, ReplicaRewrite (replica_table and the
+        compiled set_worker_address) and the egress deparser (IPv4 checksum recomputed)."""
+        out = []
+        for port, replica in targets:
+            parsed = self.compiled.parse("egress", wire)
+            phv = dict(parsed.phv)
+            if "inagg" in parsed.headers and phv["hdr.inagg.msg_type"] == MSG_RESULT and replica:
+                rewrite = self.tables[REPLICA_TABLE].lookup((r.job.job_id, replica))
+                if rewrite is None:
+                    continue
+                self.compiled.run(SET_WORKER_ADDRESS, phv, dict(rewrite.params))
+            out.append((port, _egress_deparse(parsed, phv, wire)))
+        return out
+
+
+def _unicast(phv: dict) -> tuple[int, int]:
+    """Where answer_sender sent the packet: its egress port and the bridged replica."""
+    return phv["ig_intr_md_for_tm.ucast_egress_port"], phv["hdr.bridged.replica"]
+
+
+def _emit(phv: dict, body: bytes) -> bytes:
+    """The ingress deparser: every header, bridged first, then what follows them."""
+    return b"".join(pack(h, phv) for h in ("bridged", "ethernet", "ipv4", "udp", "inagg")) + body
+
+
+def _egress_deparse(parsed, phv: dict, wire: bytes) -> bytes:
+    """The egress deparser: the valid headers of Ethernet, IPv4 (checksum recomputed), UDP and
+    inagg, then the packet after what the parser took (the bridged header is not emitted)."""
+    out = b""
+    for h in ("ethernet", "ipv4", "udp", "inagg"):
+        if h in parsed.headers:
+            if h == "ipv4":
+                phv["hdr.ipv4.hdr_checksum"] = 0
+                phv["hdr.ipv4.hdr_checksum"] = ipv4_checksum(pack("ipv4", phv))
+            out += pack(h, phv)
+    return out + wire[max(parsed.end(), header_bytes("bridged")):]

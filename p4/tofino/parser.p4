@@ -6,12 +6,16 @@
  *                        | count != 0                    |
  *   other (RoCEv2 too)   | -                             | 0 (forwarded)
  *
- * A packet on the pipe's recirculation port (RECIRC_PORT_LOCAL) is a result on its harvest
- * pass: it starts with the bridged header its first pass wrote (slot_claim.p4).
+ * A packet on the pipe's recirculation port (RECIRC_PORT_LOCAL) is on its second pass: it
+ * starts with the bridged header its first pass wrote (slot_claim.p4). Its first pass made it a
+ * result (make_result, result_replication.p4: addresses and UDP ports swapped, so its UDP
+ * destination port is the worker's, not INAGG_UDP_PORT) and set bridged.harvest to its second
+ * pass's code: the second pass takes Ethernet, IPv4, UDP and the inagg header on that code,
+ * never on the port (parse_result); egress on the result's UDP source port (below).
  *
  * RoCEv2 is not parsed: a RoCE result needs its ICRC recomputed over the whole packet, which
  * Tofino's hash units cannot do (docs/tofino.md); RoCE jobs aggregate on the host aggregator.
- * Egress parses down to the inagg header only: it rewrites addresses, never values.
+ * Egress parses a result down to its inagg header only: it rewrites addresses, never values.
  */
 #ifndef _INAGG_TOFINO_PARSER_P4_
 #define _INAGG_TOFINO_PARSER_P4_
@@ -34,7 +38,17 @@ parser InaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_in
     }
     state parse_harvest {
         pkt.extract(hdr.bridged);
-        transition parse_ethernet;
+        transition select(hdr.bridged.harvest) {
+            HARVEST_NONE: parse_ethernet;
+            default: parse_result;
+        }
+    }
+    /* A result (or an undo) its first pass built: the headers that pass parsed, in order. */
+    state parse_result {
+        pkt.extract(hdr.ethernet);
+        pkt.extract(hdr.ipv4);
+        pkt.extract(hdr.udp);
+        transition parse_inagg;
     }
     state parse_ethernet {
         pkt.extract(hdr.ethernet);
@@ -81,6 +95,12 @@ control InaggIngressDeparser(packet_out pkt, inout tofino_headers_t hdr,
     }
 }
 
+/* Egress rewrites results only (ReplicaRewrite). A result's UDP source port is the
+ * aggregator's INAGG_UDP_PORT (make_result swapped it there), so egress takes the inagg header
+ * on the source port. Not on bridged.harvest, as the second pass does: this bf-p4c drops an
+ * egress parser's branch on a bridged field (both chips: the compiled egress parser ends after
+ * the bridged header, so no result would be addressed; tests/test_tna_slot_model.py runs the
+ * compiled parsers and catches it). */
 parser InaggEgressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_egress_md_t meta,
                          out egress_intrinsic_metadata_t eg_intr_md) {
     state start {
@@ -101,7 +121,7 @@ parser InaggEgressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_egr
     }
     state parse_udp {
         pkt.extract(hdr.udp);
-        transition select(hdr.udp.dst_port) {
+        transition select(hdr.udp.src_port) {
             INAGG_UDP_PORT: parse_inagg;
             default: accept;
         }

@@ -16,6 +16,8 @@
  *   first   | ANSWER (DUP_DONE)         | Tofino 2: unicast back out of the ingress port at once,
  *           |                           |   bridged replica = sender's rank + 1; Tofino 1: as
  *   first   | ANSWER_RETIRE (DUP_DONE)  | the result, recirculated, bridged.harvest = the same
+ *   harvest | (RESULT, ANSWER_RETIRE)   | dropped where its retire found another owner (the job
+ *           |                           | was torn down while it recirculated: slot_claim.p4)
  *   harvest | (RESULT)                  | the job's multicast group through the PRE (one replica
  *           |                           | per worker, rid = rank + 1)
  *   harvest | (ANSWER, ANSWER_RETIRE)   | unicast back out of the contribution's ingress port,
@@ -37,16 +39,21 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
                           in ingress_intrinsic_metadata_t ig_intr_md,
                           inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                           inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
-    /* The result in the packet's own headers: addresses and ports swapped (one action, so
-     * the swaps happen at once), UDP checksum 0. */
+    /* The result in the packet's own headers: source and destination swapped (through
+     * temporaries: an action's statements run in order, so "dst = src; src = dst" would copy
+     * back what it just wrote), UDP checksum 0. Its ports no longer say inagg: the caller
+     * sets bridged.harvest, by which the parsers after this pass recognise it (parser.p4). */
     action make_result() {
+        bit<48> mac = hdr.ethernet.dst_addr;
+        bit<32> addr = hdr.ipv4.dst_addr;
+        bit<16> port = hdr.udp.dst_port;
         hdr.inagg.msg_type = MSG_RESULT;
         hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
-        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ethernet.src_addr = mac;
         hdr.ipv4.dst_addr = hdr.ipv4.src_addr;
-        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.ipv4.src_addr = addr;
         hdr.udp.dst_port = hdr.udp.src_port;
-        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.src_port = port;
         hdr.udp.checksum = 0;
     }
 
@@ -64,9 +71,11 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
     }
 
 #if __TARGET_TOFINO__ == 2
-    /* A DUP_DONE answer in its first pass (bridged.ingress_port is this pass's ingress port). */
+    /* A DUP_DONE answer in its first pass (bridged.ingress_port is this pass's ingress port;
+     * bridged.harvest = ANSWER tells egress's parser it is a result). */
     action answer_at_once() {
         make_result();
+        hdr.bridged.harvest = meta.harvest;
         answer_sender();
     }
 #endif
@@ -81,10 +90,14 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
 
     apply {
         if (meta.verdict == VERDICT_HARVEST) {
-            if (hdr.bridged.harvest == HARVEST_RESULT) {
-                multicast();
-            } else if (hdr.bridged.harvest == HARVEST_UNDO) {
+            if (hdr.bridged.harvest == HARVEST_UNDO) {
                 absorb();
+            } else if (hdr.bridged.harvest == HARVEST_ANSWER) {
+                answer_sender();
+            } else if (meta.retired0 == 0 && meta.retired1 == 0) {
+                absorb();      /* its retire found another owner: the job was torn down */
+            } else if (hdr.bridged.harvest == HARVEST_RESULT) {
+                multicast();
             } else {
                 answer_sender();
             }

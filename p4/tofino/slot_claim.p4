@@ -27,7 +27,8 @@
  *   map0     | tag, W0      | tag differs (another job or epoch): tag = this one's, map =
  *   map1     | tag, W1      |   me (join) or 0 (peek), returns 0: the slot starts afresh
  *            |              | else returns W_s, W_s |= me     | else returns W_o
- *   second pass: retire (W = 0) or undo (W &= ~me), where the tag is still the packet's
+ *   second pass: retire (W = 0) or undo (W &= ~me), where the tag is still the packet's;
+ *            retire returns whether it was (retired0, retired1)
  *
  * W_s is the set's current round's contributors; a worker's bit is never cleared when it moves
  * on: a completed round's harvest pass retires the OTHER set (W_o = 0, its round is over: every
@@ -88,10 +89,13 @@ const bit<16> UDP_LENGTH_VALUES  = UDP_LENGTH_PRIMING + 4 * TOFINO_VALUES_PER_PA
             }                                                                               \
         }                                                                                   \
     };                                                                                      \
-    RegisterAction<owner_map_t, slot_t, bit<32>>(REG) REG##_retire = {                      \
-        void apply(inout owner_map_t value) {                                               \
+    RegisterAction<owner_map_t, slot_t, bit<1>>(REG) REG##_retire = {                       \
+        void apply(inout owner_map_t value, out bit<1> owned) {                             \
             if (value.tag == meta.tag) {                                                    \
                 value.map = 0;                                                              \
+                owned = 1;                                                                  \
+            } else {                                                                        \
+                owned = 0;                                                                  \
             }                                                                               \
         }                                                                                   \
     };                                                                                      \
@@ -180,19 +184,16 @@ control SlotClaim(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         meta.old_map0 = map0_peek.execute(meta.slot);
     }
     /* A second pass; for a set-1 result (HARVEST_RESULT, _ANSWER_RETIRE) set 0's round is
-     * over: its map retires (set 1's: checks_map1; retired tells SlotState to mark the round
-     * harvested); HARVEST_UNDO of set 0: the sender's bit leaves set 0's map. */
+     * over: its map retires (a set-0 result's set 1: checks_map1), and retired0 (retired1)
+     * says whether the slot's owner was still the packet's: SlotState marks the round
+     * harvested, ResultReplication sends it, only then; HARVEST_UNDO of set 0: the sender's
+     * bit leaves set 0's map. */
     action harvest() {
         meta.verdict = VERDICT_HARVEST;
     }
-    action retired() {
-        meta.verdict = VERDICT_HARVEST;
-        meta.retired = 1;
-    }
     action retire_set0() {
         meta.verdict = VERDICT_HARVEST;
-        meta.retired = 1;
-        map0_retire.execute(meta.slot);
+        meta.retired0 = map0_retire.execute(meta.slot);
     }
     action undo_set0() {
         meta.verdict = VERDICT_HARVEST;
@@ -213,12 +214,12 @@ control SlotClaim(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
      * every earlier check passes (so the check it names is the first that fails). */
     table checks {
         CHECK_KEYS
-        actions = { aggregate_set0; aggregate_set1; harvest; retired; retire_set0; undo_set0;
+        actions = { aggregate_set0; aggregate_set1; harvest; retire_set0; undo_set0;
                     pass_on; refuse; }
         const default_action = pass_on();
         size = 48;
         const entries = {
-            CLAIM_ROWS(retired, retire_set0, undo_set0, harvest, harvest, aggregate_set0,
+            CLAIM_ROWS(harvest, retire_set0, undo_set0, harvest, harvest, aggregate_set0,
                        aggregate_set1, REFUSED)
             (PASS_16, _, _, _, _, ANY_SET): refuse(DROP_BAD_LENGTH);
             (PASS_16N, _, _, _, _, ANY_SET): refuse(DROP_BAD_LENGTH);
@@ -236,7 +237,7 @@ control SlotClaim(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     /* map1's part of the same decision: the same keys and rows up to the last aggregate one. */
     action join_set1() { meta.old_map1 = map1_join.execute(meta.slot); }
     action peek_set0() { meta.old_map1 = map1_peek.execute(meta.slot); }
-    action retire_set1() { map1_retire.execute(meta.slot); }
+    action retire_set1() { meta.retired1 = map1_retire.execute(meta.slot); }
     action undo_set1() { map1_undo.execute(meta.slot); }
     table checks_map1 {
         CHECK_KEYS

@@ -175,19 +175,22 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     action count_add() { meta.round_done = seen_add.execute(meta.idx); }
     action count_read() { meta.round_done = seen_read.execute(meta.idx); }
     action count_harvested() { seen_harvested.execute(meta.idx); }
-    /* BY_ROUND, and a result's harvest pass that retires the other set marks its round. */
+    /* BY_ROUND, and a result's harvest pass that retired the other set (where the slot's owner
+     * was still its own: slot_claim.p4) marks its round. */
     @stage(3)
     table seen_update {
-        key = { meta.retired: exact; meta.round_kind: exact; meta.same_round: exact; }
+        key = { meta.retired0: exact; meta.retired1: exact; meta.round_kind: exact;
+                meta.same_round: exact; }
         actions = { count_first; count_add; count_read; count_harvested; NoAction; }
         const default_action = NoAction();
-        size = 5;
+        size = 6;
         const entries = {
-            (0, KIND_OPEN, 1): count_first();
-            (0, KIND_NEW, 1): count_add();
-            (0, KIND_REPEAT, 1): count_read();
-            (0, KIND_REPEAT, 0): count_read();
-            (1, 0, 0): count_harvested();
+            (0, 0, KIND_OPEN, 1): count_first();
+            (0, 0, KIND_NEW, 1): count_add();
+            (0, 0, KIND_REPEAT, 1): count_read();
+            (0, 0, KIND_REPEAT, 0): count_read();
+            (1, 0, 0, 0): count_harvested();
+            (0, 1, 0, 0): count_harvested();
         }
     }
 

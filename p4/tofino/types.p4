@@ -22,7 +22,10 @@ header bridged_h {
     PortId_t ingress_port;   /* the contribution's ingress port (kept by the harvest pass) */
     bit<8>   replica;        /* unicast DUP_DONE answer: the sender's rank + 1; else 0 */
     bit<4>   pad1;
-    bit<3>   harvest;        /* HARVEST_*: what the second pass does with this packet */
+    bit<3>   harvest;        /* HARVEST_*: what the second pass does with this packet; not
+                                NONE: a result (or undo) make_result built, whose parsers
+                                (second pass, egress) take its headers on this code, not on
+                                the UDP port make_result swapped away (parser.p4) */
     bit<1>   flooded;        /* L2 flood: egress prunes the ingress port */
 }
 
@@ -132,7 +135,10 @@ struct tofino_ingress_md_t {
     bit<32>      moved;          /* the other set's old map & me (w went on to its round) */
     bit<2>       round_kind;     /* KIND_* */
     bit<1>       same_round;     /* offset and count are the round record's (or it opens) */
-    bit<1>       retired;        /* a second pass that retired the other set (its round harvested) */
+    bit<1>       retired0;       /* a second pass that retired set 0's map (checks) ... */
+    bit<1>       retired1;       /* ... or set 1's (checks_map1): its round is harvested. 0 when
+                                    the slot's owner tag is no longer the packet's (the job was
+                                    torn down while it recirculated): nothing is marked or sent */
     bit<2>       round_done;     /* seen: ROUND_* (ADD: ROUND_COMPLETE when this packet completes it) */
     bit<1>       slot_drop;      /* STALE_ROUND or BAD_ROUND: dropped, counted */
     bit<8>       exp_biased;     /* exponent ^ 0x80: signed order as unsigned */
