@@ -208,6 +208,8 @@ def test_the_make_target_passes_the_same_arguments():
     assert "--target $$t --arch $$arch $$extra --p4runtime-force-std-externs" in make
 
 
+# bf-p4c takes minutes per chip; on a loaded 2-core machine longer than pytest's default limit
+@pytest.mark.timeout(1800)
 @pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")
 def test_sizes_are_set_at_build_time(tmp_path):
     """-D overrides every size; the P4Info, which the controller reads them from, follows."""
@@ -228,6 +230,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
     assert info.obj(P4Type.table, "l2_table").size == 256
 
 
+@pytest.mark.timeout(1800)
 @pytest.mark.skipif(shutil.which("bf-p4c") is None, reason="bf-p4c not on PATH (../shared/toolchains/install tofino)")
 @pytest.mark.parametrize("chip", CHIPS)
 def test_committed_artifacts_are_current(chip, tmp_path):
