@@ -38,12 +38,12 @@ from inagg.controller import grants
 from inagg.controller.allocator import Demand
 from inagg.controller.config import ControllerConfig
 from inagg.controller.fabric import Fabric
-from inagg.controller.jobs import (Job, Member, Refused, authenticated, check_member, check_rank,
-                                job_from_row, running, silence)
+from inagg.controller.jobs import (Job, Member, Refused, authenticated, check_member, check_nonce,
+                                   check_rank, job_from_row, running, silence)
 from inagg.controller.store import Store, StoreError, state_from_json
 from inagg.controller.switch import SwitchError
 from inagg.controller.tree_place import restore_tree, tree_record
-from inagg.controller.validation import MAX_NAME_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
+from inagg.controller.validation import MAX_NAME_CHARS, MAX_NONCE_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
 from inagg.hostlib.jobservice.client import CALL_SECONDS
 from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS, MAX_WORKERS
@@ -166,15 +166,17 @@ class Controller:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
 
     def create_job(self, n_workers: int, bytes_per_iteration: int, iteration_seconds: float,
-                   name: str, transport: str = "", host_only: bool = False) -> tuple[int, str]:
+                   name: str, transport: str = "", host_only: bool = False,
+                   nonce: str = "") -> tuple[int, str]:
         """A new job: placed when its last rank joins, on a switch that has every rank as a host
         (unless ``host_only``: a job's host lane, which the ``inagg`` backend opens beside a job
         on a switch so that each call may take either aggregator) or else on the host
-        aggregator."""
+        aggregator. ``nonce``: its launch's (``jobs.check_nonce``), carried by every grant."""
         transport = transport or "udp"
         try:
             seconds = check_demand(n_workers, MAX_WORKERS, bytes_per_iteration, iteration_seconds)
             check_text("name", name, MAX_NAME_CHARS)
+            check_text("nonce", nonce, MAX_NONCE_CHARS)
             if transport not in ENCAPSULATIONS:
                 raise ValueError(f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport[:40]!r}")
         except ValueError as e:
@@ -186,18 +188,21 @@ class Controller:
                               f"the controller holds {len(self.jobs)} jobs, its limit (max_jobs)")
             job_id = self.store.next_job_id()
             token = secrets.token_hex(16)
-            self.store.create_job(job_id, name, token, demand, transport, host_only)
-            self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport, host_only=host_only)
+            self.store.create_job(job_id, name, token, demand, transport, host_only, nonce)
+            self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport, host_only=host_only,
+                                    nonce=nonce)
             self._publish_listing()
         log.info("job %d created (%d workers%s)", job_id, n_workers, ", host only" if host_only else "")
         return job_id, token
 
     def join(self, job_id: int, token: str, rank: int, address: str, mac: str, qp: int = 0,
-             rkey: int = 0) -> Job:
-        """Rank ``rank`` joins with its endpoint; the last rank to join places the job."""
+             rkey: int = 0, nonce: str = "") -> Job:
+        """Rank ``rank`` joins with its endpoint and its launch's nonce (one that is not the
+        job's is refused: ``check_nonce``); the last rank to join places the job."""
         member = Member(address, mac, qp, rkey)
         with self.lock:
             job = running(self.authenticate(job_id, token))
+            check_nonce(job, rank, nonce)
             try:
                 check_member(job, rank, member)
             except ValueError as e:

@@ -44,6 +44,7 @@ ADDED_COLUMNS = (
     ("workers", "qp", "INTEGER NOT NULL DEFAULT 0"),
     ("workers", "rkey", "INTEGER NOT NULL DEFAULT 0"),
     ("jobs", "tree", "TEXT"),
+    ("jobs", "nonce", "TEXT NOT NULL DEFAULT ''"),
 )
 
 
@@ -134,10 +135,11 @@ class Store:
 
     @does("record a new job")
     def create_job(self, job_id: int, name: str, token: str, demand: Demand, transport: str,
-                   host_only: bool = False) -> None:
-        self.db.execute("INSERT INTO jobs (job_id, name, token, state, transport, host_only) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
-                        (job_id, name, token, json.dumps({"demand": asdict(demand)}), transport, int(host_only)))
+                   host_only: bool = False, nonce: str = "") -> None:
+        self.db.execute("INSERT INTO jobs (job_id, name, token, state, transport, host_only, nonce) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, name, token, json.dumps({"demand": asdict(demand)}), transport,
+                         int(host_only), nonce))
 
     @does("record a joining rank")
     def add_worker(self, job_id: int, rank: int, member: tuple[str, str, int, int]) -> None:
@@ -187,13 +189,14 @@ class Store:
     @does("read the jobs")
     def jobs(self) -> list[dict]:
         rows = self.db.execute(
-            "SELECT job_id, name, token, switch, job_index, state, transport, host_only, tree "
+            "SELECT job_id, name, token, switch, job_index, state, transport, host_only, tree, nonce "
             "FROM jobs").fetchall()
         out = []
-        for job_id, name, token, switch, job_index, state, transport, host_only, tree in rows:
+        for job_id, name, token, switch, job_index, state, transport, host_only, tree, nonce in rows:
             workers = self.db.execute("SELECT rank, address, mac, qp, rkey FROM workers "
                                       "WHERE job_id=? ORDER BY rank", (job_id,)).fetchall()
             out.append({"job_id": job_id, "name": name, "token": token, "switch": switch,
                         "job_index": job_index, "state": state, "workers": workers,
-                        "transport": transport, "host_only": bool(host_only), "tree": tree})
+                        "transport": transport, "host_only": bool(host_only), "tree": tree,
+                        "nonce": nonce})
         return out

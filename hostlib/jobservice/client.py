@@ -60,17 +60,19 @@ class ControllerClient:
             raise ControllerError(f"controller refused {method}: {e.code().name}: {e.details()}") from None
 
     def create_job(self, n_workers: int, bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
-                   name: str = "", transport: str = "udp", host_only: bool = False) -> tuple[int, str]:
+                   name: str = "", transport: str = "udp", host_only: bool = False,
+                   nonce: str = "") -> tuple[int, str]:
         r = self._call("CreateJob", pb.CreateJobRequest(
             n_workers=n_workers, bytes_per_iteration=bytes_per_iteration,
-            iteration_seconds=iteration_seconds, name=name, transport=transport, host_only=host_only))
+            iteration_seconds=iteration_seconds, name=name, transport=transport, host_only=host_only,
+            nonce=nonce))
         return r.job_id, r.token
 
     def join(self, job_id: int, token: str, rank: int, address: str, mac: str = "", *,
-             roce_qp: int = 0, roce_rkey: int = 0) -> pb.JoinJobReply:
+             roce_qp: int = 0, roce_rkey: int = 0, nonce: str = "") -> pb.JoinJobReply:
         return self._call("JoinJob", pb.JoinJobRequest(job_id=job_id, token=token, rank=rank,
                                                        address=address, mac=mac, roce_qp=roce_qp,
-                                                       roce_rkey=roce_rkey))
+                                                       roce_rkey=roce_rkey, nonce=nonce))
 
     def watch(self, job_id: int, token: str, rank: int | None = None):
         """Iterator of pb.Grant (no deadline: it lasts as long as the job): rank ``rank``'s (a

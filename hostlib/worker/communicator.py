@@ -4,13 +4,19 @@ Bootstrap uses torch.distributed's rendezvous store (rank 0 creates the job at t
 and publishes its id and token under ``inagg/job``). Every rank binds a UDP socket, joins the
 job, and follows the controller's grant stream in a background thread.
 
-A store is one job's: rank 0 lists its job under ``inagg/jobs`` and publishes it only where no
-other job is (compare-and-set), and every rank claims its rank number in it (a counter). Two
-jobs given one store thus find each other (a second rank 0, a rank claimed twice): the finder
-sets ``inagg/shared``, and every rank of either job raises ``SharedStore`` naming the jobs listed,
-while waiting for its first grant or, in a job already running, at its next heartbeat. So when
-both launches reach the store before the first is placed, no call runs; a launch that comes
-later fails the running job within a quarter of its rank lease. Allreduces run on one
+A store is one launch's (``inagg.hostlib.worker.launch``): the first rank of any launch to
+reach it claims it for its launch id (compare-and-set), and every rank of another launch raises
+``SharedStore`` there, naming both launches, before it reads the job. Rank 0 then creates the
+job with a nonce made once per launch and publishes id, token and nonce; every rank joins with
+the nonce (the controller refuses another), and every grant carries it: a rank takes no grant,
+at start or at any change, that is not its own job's. So two launches with ids never share a
+call, in any launch order. Two launches without an id (no ``$INAGG_LAUNCH_ID``, torchrun run id
+or Slurm step) claim the store alike; then only the store can find them: rank 0 lists its job
+under ``inagg/jobs`` and publishes it only where no other job is, every rank claims its rank
+number (a counter), and a second rank 0 or a rank claimed twice sets ``inagg/shared``: every
+rank of either job raises ``SharedStore``, while waiting for its first grant or at its next
+heartbeat. A skewed pair of such launches (rank 0 of one and rank 1 of the other first) looks
+like one whole job until the rest arrive, so it can run calls before then. Allreduces run on one
 background I/O thread in submission order (every rank submits the same sequence), so
 ``allreduce_async`` returns at once with a ``torch.futures.Future``.
 
@@ -45,6 +51,7 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -60,6 +67,7 @@ from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS, HEADER_BYTES
 from inagg.hostlib.wire.roce import RoceRawTransport
 from inagg.hostlib.worker.native_stream import NativeSlotStream
+from inagg.hostlib.worker.launch import SharedStore, claim_store, launch_id
 from inagg.hostlib.worker.neighbour import neighbour_problem
 from inagg.hostlib.worker.stream import OP_NAMES, CallError, Refusal, SlotStream, check_array, dtype_refusal
 from inagg.hostlib.wire.transport import UdpTransport
@@ -69,10 +77,6 @@ log = logging.getLogger("inagg.communicator")
 
 class JobFailed(RuntimeError):
     """The controller failed the job (a rank stopped); the message names the rank(s)."""
-
-
-class SharedStore(InaggError):
-    """Two jobs were given one rendezvous store; the message names both."""
 
 
 SHARED_KEY = "inagg/shared"   # set when two jobs were found in one store: how they were found
@@ -156,13 +160,15 @@ class Communicator:
     def __init__(self, store, rank: int, world_size: int, controller: str, *, bind_ip: str = "127.0.0.1",
                  mac: str = "", bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
                  name: str = "", timeout: float = 60.0, stall_timeout: float = 30.0,
-                 transport: str = "udp", native: bool = True, host_only: bool = False) -> None:
+                 transport: str = "udp", native: bool = True, host_only: bool = False,
+                 launch: str | None = None) -> None:
         from inagg.hostlib.jobservice.client import ControllerClient, to_grant  # gRPC stubs
 
         if transport not in ENCAPSULATIONS:
             raise ValueError(f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport!r}")
         self.rank, self.world_size = rank, world_size
         self.host_only = host_only
+        self.launch = launch_id(launch)   # "" when the launcher gave none (inagg.hostlib.worker.launch)
         self._to_grant = to_grant
         # the endpoints first: a rank that cannot open them (RoCE needs root) fails before the
         # job exists
@@ -195,22 +201,29 @@ class Communicator:
 
     def _join_job(self, store, address: str, mac: str, roce_qp: int, *, bytes_per_iteration: int,
                   iteration_seconds: float, name: str, transport: str) -> None:
-        """Rank 0 creates the job and publishes its id and token under ``inagg/job`` in the
-        rendezvous store; every rank reads them and joins with its endpoint."""
+        """Claim the store for this launch (``claim_store``: a rank of another launch is refused
+        here), then rank 0 creates the job with a nonce made now, once per launch, and publishes
+        id, token and nonce under ``inagg/job``; every rank reads them and joins with its
+        endpoint and the nonce (the controller refuses one that is not the job's, and every grant
+        carries it: ``_foreign``)."""
         self._store = store
+        claim_store(store, self.rank, self.launch)
         claims = store.add(f"inagg/rank/{self.rank}", 1)
         if self.rank == 0:
+            nonce = secrets.token_hex(16)
             job_id, token = self.client.create_job(self.world_size, bytes_per_iteration, iteration_seconds,
-                                                   name, transport, self.host_only)
+                                                   name, transport, self.host_only, nonce=nonce)
             store.append(JOBS_KEY, f"{job_id} ")
-            if store.compare_set("inagg/job", "", f"{job_id}:{token}").decode() != f"{job_id}:{token}":
+            published = f"{job_id}:{token}:{nonce}"
+            if store.compare_set("inagg/job", "", published).decode() != published:
                 self._shared("two rank 0s created a job")
         store.wait(["inagg/job"])
-        job_id_text, self.token = store.get("inagg/job").decode().split(":")
+        job_id_text, self.token, self.nonce = store.get("inagg/job").decode().split(":")
         self.job_id = int(job_id_text)
         if claims > 1:
             self._shared(f"rank {self.rank} claimed {claims} times")
-        reply = self.client.join(self.job_id, self.token, self.rank, address, mac, roce_qp=roce_qp)
+        reply = self.client.join(self.job_id, self.token, self.rank, address, mac, roce_qp=roce_qp,
+                                 nonce=self.nonce)
         self.lease_seconds = reply.lease_seconds
         self.rank_lease_seconds = reply.rank_lease_seconds or reply.lease_seconds
 
@@ -302,8 +315,8 @@ class Communicator:
         while not self._closed.is_set():
             try:
                 for g in self._grant_stream:
-                    if g.failure:
-                        self._fail(g.failure)
+                    if problem := self._foreign(g) or g.failure:
+                        self._fail(problem)
                         return
                     # each update is the active grant, then the pending one if there is one:
                     # the pending epoch is the latest update's (a withdrawn one is forgotten)
@@ -320,6 +333,15 @@ class Communicator:
                 return
             self.stream_reopened += 1
             self._grant_stream = self.client.watch(self.job_id, self.token, self.rank)
+
+    def _foreign(self, g) -> str:
+        """Why grant ``g`` (a pb.Grant) is not this job's: it does not carry this launch's job
+        nonce (the controller's job is another launch's, or another job under a reused id); ""
+        when it does. The job then fails with that reason, and no call runs on the grant."""
+        if g.nonce == self.nonce:
+            return ""
+        return (f"grant epoch {g.epoch} of job {g.job_id} carries job nonce {g.nonce[:8] or 'none'}..., "
+                f"not this launch's {self.nonce[:8]}...: it is another launch's job; no call runs on it")
 
     def fail(self, failure: str) -> None:
         """Fail the job from outside (a rank is known to have ended: ``failure`` names it), as
@@ -368,6 +390,9 @@ class Communicator:
         if agreed <= self.stream.grant.epoch:
             return
         reply = self._activate(agreed)
+        if problem := self._foreign(reply.grant):
+            self._fail(problem)
+            raise JobFailed(f"job {self.job_id} failed: {problem}")
         grant = self._to_grant(reply.grant)
         if grant.epoch != self.stream.grant.epoch:
             self._use(grant)
