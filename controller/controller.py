@@ -65,8 +65,11 @@ class Controller:
         self._listing: tuple[pb.JobList, list[grants.OnSwitch]] = (pb.JobList(), [])
         self.unsaved = False   # the store is behind the memory (it could not be written)
         self.stopped = threading.Event()
+        self.lost: dict[int, str] = {}   # jobs a switch held that the database did not: why they are gone
+        self.id_floor = 1                # job ids start above every job a switch held at start
         self._restore()
         with self.lock:
+            self._check_switches()
             self._sync()
 
     # -- persistence -------------------------------------------------------------------------
@@ -83,6 +86,43 @@ class Controller:
             if row["tree"]:
                 restore_tree(job, row["tree"], self.fabric.allocators)
         log.info("restored %d job(s)", len(self.jobs))
+
+    def _check_switches(self) -> None:
+        """Reconcile what the switches hold with the database, before anything is programmed
+        (lock held). Job ids continue above every job a switch holds, above the job-id mark
+        the switches keep (``JobAdmission.mark_update``) and the database's marks
+        (``Store.next_job_id``), so a database that was deleted or emptied never hands out an id
+        whose entries or slot tags are still on a switch. A job a switch holds that the database
+        does not know is *lost*: it cannot be rebuilt (its token is gone), so it is said loudly,
+        its entries go with the first reconcile, and its ranks are refused with the reason
+        (``authenticate``: they fail at once)."""
+        installed, mark = self.fabric.installed_jobs()
+        held = {job_id: name for name, jobs in installed.items() for job_id in jobs}
+        self.id_floor = max(1 + max(held, default=0), mark)
+        self.fabric.keep_id_mark(max(self.id_floor, self.store.job_id_mark()))
+        lost = sorted(set(held) - set(self.jobs))
+        if lost:
+            why = (f"the controller's database {self.store.path} had no record of it when the controller "
+                   f"restarted (deleted, emptied or an older copy); its switch entries were removed")
+            self.lost.update((job_id, f"job {job_id} is gone: {why}") for job_id in lost)
+            log.error("controller database %s holds no record of job(s) %s that switch(es) %s hold: it was "
+                      "deleted, emptied or replaced; they are removed and their ranks told so; job ids continue "
+                      "from %d", self.store.path, ", ".join(map(str, lost)),
+                      ", ".join(sorted({held[j] for j in lost})), max(self.id_floor, self.store.job_id_mark()))
+        self._fail_older_epochs(installed)
+
+    def _fail_older_epochs(self, installed: dict[str, dict[int, int]]) -> None:
+        """Fail each known job a switch holds at a later epoch than the database's (an older copy
+        of the database): its next epochs would repeat ones whose slot tags the switch may hold."""
+        for name, jobs in installed.items():
+            for job_id, epoch in jobs.items():
+                state = self.fabric.allocators[name].jobs.get(job_id)
+                if job_id in self.jobs and state is not None and epoch > state.active.epoch:
+                    job = self.jobs[job_id]
+                    job.failure = (f"switch {name} holds it at epoch {epoch}, the controller's database at "
+                                   f"{state.active.epoch} (an older copy): its epochs could repeat")
+                    self.fabric.remove(job)
+                    log.error("job %d failed: %s", job_id, job.failure)
 
     def _save(self, *, durable: bool) -> None:
         """Persist every placed job's state and delete the rows of jobs that ended or failed.
@@ -157,7 +197,11 @@ class Controller:
     # -- job calls ---------------------------------------------------------------------------
 
     def authenticate(self, job_id: int, token: str) -> Job:
-        """The job ``job_id`` if ``token`` is its token (``jobs.authenticated``)."""
+        """The job ``job_id`` if ``token`` is its token (``jobs.authenticated``); a job lost
+        with the database (``_check_switches``) is refused with why it is gone (its ranks fail
+        at once with that reason)."""
+        if job_id in self.lost and job_id not in self.jobs:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, self.lost[job_id])
         return authenticated(self.jobs, job_id, token)
 
     def admin(self, token: str) -> None:
@@ -186,7 +230,8 @@ class Controller:
             if len(self.jobs) >= self.config.max_jobs:
                 raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"the controller holds {len(self.jobs)} jobs, its limit (max_jobs)")
-            job_id = self.store.next_job_id()
+            job_id = self.store.next_job_id(self.id_floor)
+            self.fabric.keep_id_mark(job_id + 1)
             token = secrets.token_hex(16)
             self.store.create_job(job_id, name, token, demand, transport, host_only, nonce)
             self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport, host_only=host_only,

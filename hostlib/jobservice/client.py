@@ -15,7 +15,12 @@ from inagg.hostlib.jobservice.proto import inagg_controller_pb2_grpc as pb_grpc
 
 
 class ControllerError(RuntimeError):
-    """The controller refused a call or could not be reached; the message says which."""
+    """The controller refused a call or could not be reached; the message says which, ``code``
+    (a ``grpc.StatusCode``) how."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 # A call's deadline unless the caller gives its own: a call made while the controller is down
@@ -56,8 +61,8 @@ class ControllerClient:
             return getattr(self.stub, method)(request, timeout=timeout or self.timeout, wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise ControllerError(f"controller at {self.address} unreachable: {e.details()}") from None
-            raise ControllerError(f"controller refused {method}: {e.code().name}: {e.details()}") from None
+                raise ControllerError(f"controller at {self.address} unreachable: {e.details()}", e.code()) from None
+            raise ControllerError(f"controller refused {method}: {e.code().name}: {e.details()}", e.code()) from None
 
     def create_job(self, n_workers: int, bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
                    name: str = "", transport: str = "udp", host_only: bool = False,

@@ -55,6 +55,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -72,6 +73,9 @@ from inagg.hostlib.worker.neighbour import neighbour_problem
 from inagg.hostlib.worker.stream import OP_NAMES, CallError, Refusal, SlotStream, check_array, dtype_refusal
 from inagg.hostlib.wire.transport import UdpTransport
 
+if TYPE_CHECKING:
+    from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
+
 log = logging.getLogger("inagg.communicator")
 
 
@@ -79,6 +83,10 @@ class JobFailed(RuntimeError):
     """The controller failed the job (a rank stopped); the message names the rank(s)."""
 
 
+# refusals of the job service that mean "your job is gone" (its lease ran out, the operator ended
+# it, the controller lost its database: PERMISSION_DENIED) or "it failed" (FAILED_PRECONDITION):
+# the job fails at once with the controller's words, instead of a log line per heartbeat
+GONE = ("PERMISSION_DENIED", "FAILED_PRECONDITION")   # grpc.StatusCode names
 SHARED_KEY = "inagg/shared"   # set when two jobs were found in one store: how they were found
 JOBS_KEY = "inagg/jobs"       # the ids of the jobs rank 0s created with this store
 
@@ -309,7 +317,10 @@ class Communicator:
 
     def _follow_grants(self) -> None:
         """Consume the grant stream; reopen it when it breaks (a controller restart) until the
-        communicator is closed. Grants in use are never changed here, only recorded."""
+        communicator is closed. Grants in use are never changed here, only recorded. A grant
+        without this launch's nonce (``_foreign``), a failure, or a refusal of the stream that
+        means the job is gone (``GONE``: a controller that lost its database, a lease that ran
+        out) fails the job at once with that reason."""
         import grpc
 
         while not self._closed.is_set():
@@ -326,6 +337,9 @@ class Communicator:
                         self._active_epoch = g.epoch
                         self._first.set()
             except grpc.RpcError as e:
+                if e.code().name in GONE and not self._closed.is_set():
+                    self._fail(f"the controller refused its grant stream ({e.code().name}: {e.details()})")
+                    return
                 if not self._closed.is_set() and not self.failure:   # a failed job's controller may be gone with it
                     log.warning("job %d rank %d: grant stream from %s broke (%s: %s); reopening",
                                 self.job_id, self.rank, self.client.address, e.code().name, e.details())
@@ -334,7 +348,7 @@ class Communicator:
             self.stream_reopened += 1
             self._grant_stream = self.client.watch(self.job_id, self.token, self.rank)
 
-    def _foreign(self, g) -> str:
+    def _foreign(self, g: "pb.Grant") -> str:
         """Why grant ``g`` (a pb.Grant) is not this job's: it does not carry this launch's job
         nonce (the controller's job is another launch's, or another job under a reused id); ""
         when it does. The job then fails with that reason, and no call runs on the grant."""
@@ -361,9 +375,10 @@ class Communicator:
     def _heartbeat(self) -> None:
         """Renew this rank's lease, four times per lease so one lost beat never expires it; a
         beat waits at most half a lease for a controller that is down (then the next one goes),
-        so the first beat after a controller restart arrives within a beat period. A
-        failed beat is logged and retried; when a whole lease has passed without one, the
-        controller may have ended the job, which is logged as an error."""
+        so the first beat after a controller restart arrives within a beat period. A beat
+        refused as ``GONE`` (the controller knows no such job any more, or it failed) fails the
+        job at once with the controller's reason; any other failed beat (the controller is down)
+        is logged and retried, as an error once a whole lease passed without one."""
         lease = min(self.lease_seconds, self.rank_lease_seconds)
         last_ok = time.monotonic()
         while not self._closed.wait(max(lease / 4, 0.1)):
@@ -379,6 +394,9 @@ class Communicator:
                 last_ok = time.monotonic()
             except Exception as e:  # noqa: BLE001 - any failure: logged, retried next beat
                 if self._closed.is_set():   # close() cancelled it
+                    return
+                if getattr(getattr(e, "code", None), "name", "") in GONE:   # the job is gone or failed: say so now
+                    self._fail(f"the controller refused its heartbeat ({e})")
                     return
                 silent = time.monotonic() - last_ok
                 level = logging.ERROR if silent > lease else logging.WARNING

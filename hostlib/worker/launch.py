@@ -22,9 +22,12 @@ the clash, which they do once both launches' ranks reached the store (docs/secur
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from inagg.hostlib.errors import InaggError
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
 
 UNNAMED = "unnamed"            # the claim of a launch without an id
 LAUNCH_KEY = "inagg/launch"    # the launch that claimed the store
@@ -49,7 +52,7 @@ def launch_id(explicit: str | None = None, env: Mapping[str, str] | None = None)
     return ""
 
 
-def claim_store(store, rank: int, launch: str, job_key: str = "inagg/job") -> None:
+def claim_store(store: "Store", rank: int, launch: str, job_key: str = "inagg/job") -> None:
     """Claim ``store`` for this rank's launch (``launch``: ``launch_id()``, "" for none): the
     first rank of any launch to get here wins (compare-and-set of ``LAUNCH_KEY``); a rank of
     another launch raises ``SharedStore`` naming both launches (and the job the store holds, if
