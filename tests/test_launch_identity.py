@@ -23,7 +23,8 @@ import torch.distributed as dist
 from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
 from inagg.hostlib.jobservice.client import ControllerClient, ControllerError
 from inagg.hostlib.worker.communicator import Communicator
-from inagg.hostlib.worker.launch import SharedStore, launch_id
+from inagg.hostlib.pytorch.backend import LAUNCH_PREFIX, InaggProcessGroup
+from inagg.hostlib.worker.launch import SharedStore, claim_store, launch_id
 from test_liveness import Rank
 
 N = 2                     # ranks per launch
@@ -159,3 +160,14 @@ def test_the_controller_refuses_a_rank_of_another_launch_and_every_grant_carries
 def test_the_launch_id_comes_from_the_launcher(env, expected):
     assert launch_id(None, env) == expected
     assert launch_id("given", env) == "given"
+
+
+def test_the_backend_claims_the_store_before_anything_else(monkeypatch):
+    """``init_process_group("inagg")`` on a store another launch holds is refused before it
+    starts a deployment, a gloo group or a job: nothing else is written to the store."""
+    store = dist.HashStore()
+    claim_store(dist.PrefixStore(LAUNCH_PREFIX, store), 0, "A")
+    monkeypatch.setenv("INAGG_LAUNCH_ID", "B")
+    with pytest.raises(SharedStore, match="launch 'B' rank 1 found this rendezvous store held by launch 'A'"):
+        InaggProcessGroup(store, 1, 2, timedelta(seconds=5))
+    assert store.num_keys() == 1

@@ -68,6 +68,7 @@ from inagg.hostlib.pytorch.agreement import StoreMin
 from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch, wait_gloo
 from inagg.hostlib.worker.communicator import Communicator, JobFailed, ReduceOp
 from inagg.hostlib.worker.host_group import RankDied
+from inagg.hostlib.worker.launch import claim_store, launch_id
 from inagg.hostlib.worker.host_communicator import HostCommunicator, HostGroup, open_host_group
 from inagg.hostlib.errors import InaggError, InaggSetupError
 from inagg.hostlib.worker.local import Endpoint, PendingEndpoint, start_endpoint
@@ -80,6 +81,7 @@ from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib import BACKEND_NAME
 
 log = logging.getLogger("inagg.backend")
+LAUNCH_PREFIX = "inagg"   # the launch's claim of the store (inagg.hostlib.worker.launch): inagg/inagg/launch
 
 # Collectives inagg does not implement, by the names torch's c10d calls on a process group: the
 # inner gloo group runs them as they are (``_gloo_group``)
@@ -369,6 +371,9 @@ class InaggProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         super().__init__(rank, world_size)
+        # the launch claims the store before anything uses it: a rank of another launch given
+        # the same store is refused here, before its gloo groups or jobs could meet this one's
+        claim_store(dist.PrefixStore(LAUNCH_PREFIX, store), rank, launch_id())
         forced = _forced_path()
         same_bits = _reproducible_requested()
         self._timeout = timeout
