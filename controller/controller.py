@@ -11,6 +11,10 @@ active grants and diffed against what the switch reports by Read, so a restarted
 converges to the same state from the SQLite store, and a restarted switch (its stream channel
 breaks, or its pipeline is gone) is re-programmed by the keeper thread (``keep_switch``).
 
+At start, before anything is programmed, the switches' jobs and job-id marks are read over
+P4Runtime and reconciled with the database (``_check_switches``): ids never repeat, and jobs a
+lost or emptied database forgot are named and refused with why, never silently forgotten.
+
 Liveness: every rank renews its own lease (Heartbeat with its rank). When one rank of a placed job
 is silent for ``rank_lease_seconds`` the job fails: its slots return to the pool and its
 surviving ranks get a grant whose ``failure`` names the silent rank(s).

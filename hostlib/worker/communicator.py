@@ -338,7 +338,7 @@ class Communicator:
                         self._first.set()
             except grpc.RpcError as e:
                 if e.code().name in GONE and not self._closed.is_set():
-                    self._fail(f"the controller refused its grant stream ({e.code().name}: {e.details()})")
+                    self._gone("its grant stream", f"{e.code().name}: {e.details()}")
                     return
                 if not self._closed.is_set() and not self.failure:   # a failed job's controller may be gone with it
                     log.warning("job %d rank %d: grant stream from %s broke (%s: %s); reopening",
@@ -356,6 +356,13 @@ class Communicator:
             return ""
         return (f"grant epoch {g.epoch} of job {g.job_id} carries job nonce {g.nonce[:8] or 'none'}..., "
                 f"not this launch's {self.nonce[:8]}...: it is another launch's job; no call runs on it")
+
+    def _gone(self, what: str, refusal: str) -> None:
+        """The controller refused ``what`` as ``GONE`` (``refusal``: its code and words): fail
+        the job now with its reason; a failed job's own reason as the grant stream gives it (so
+        every rank's ``JobFailed`` reads alike, whichever call learnt it first)."""
+        failed = f"job {self.job_id} failed: "
+        self.fail(refusal.split(failed, 1)[1] if failed in refusal else f"the controller refused {what}: {refusal}")
 
     def fail(self, failure: str) -> None:
         """Fail the job from outside (a rank is known to have ended: ``failure`` names it), as
@@ -396,7 +403,7 @@ class Communicator:
                 if self._closed.is_set():   # close() cancelled it
                     return
                 if getattr(getattr(e, "code", None), "name", "") in GONE:   # the job is gone or failed: say so now
-                    self._fail(f"the controller refused its heartbeat ({e})")
+                    self._gone("its heartbeat", str(e))
                     return
                 silent = time.monotonic() - last_ok
                 level = logging.ERROR if silent > lease else logging.WARNING
