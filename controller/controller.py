@@ -11,6 +11,10 @@ active grants and diffed against what the switch reports by Read, so a restarted
 converges to the same state from the SQLite store, and a restarted switch (its stream channel
 breaks, or its pipeline is gone) is re-programmed by the keeper thread (``keep_switch``).
 
+At start, before anything is programmed, the switches' jobs and job-id marks are read over
+P4Runtime and reconciled with the database (``_check_switches``): ids never repeat, and jobs a
+lost or emptied database forgot are named and refused with why, never silently forgotten.
+
 Liveness: every rank renews its own lease (Heartbeat with its rank). When one rank of a placed job
 is silent for ``rank_lease_seconds`` the job fails: its slots return to the pool and its
 surviving ranks get a grant whose ``failure`` names the silent rank(s).
@@ -38,12 +42,12 @@ from inagg.controller import grants
 from inagg.controller.allocator import Demand
 from inagg.controller.config import ControllerConfig
 from inagg.controller.fabric import Fabric
-from inagg.controller.jobs import (Job, Member, Refused, authenticated, check_member, check_rank,
-                                job_from_row, running, silence)
+from inagg.controller.jobs import (Job, Member, Refused, authenticated, check_member, check_nonce,
+                                   check_rank, job_from_row, running, silence)
 from inagg.controller.store import Store, StoreError, state_from_json
 from inagg.controller.switch import SwitchError
 from inagg.controller.tree_place import restore_tree, tree_record
-from inagg.controller.validation import MAX_NAME_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
+from inagg.controller.validation import MAX_NAME_CHARS, MAX_NONCE_CHARS, MAX_TOKEN_CHARS, check_demand, check_text
 from inagg.hostlib.jobservice.client import CALL_SECONDS
 from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS, MAX_WORKERS
@@ -65,8 +69,11 @@ class Controller:
         self._listing: tuple[pb.JobList, list[grants.OnSwitch]] = (pb.JobList(), [])
         self.unsaved = False   # the store is behind the memory (it could not be written)
         self.stopped = threading.Event()
+        self.lost: dict[int, str] = {}   # jobs a switch held that the database did not: why they are gone
+        self.id_floor = 1                # job ids start above every job a switch held at start
         self._restore()
         with self.lock:
+            self._check_switches()
             self._sync()
 
     # -- persistence -------------------------------------------------------------------------
@@ -83,6 +90,43 @@ class Controller:
             if row["tree"]:
                 restore_tree(job, row["tree"], self.fabric.allocators)
         log.info("restored %d job(s)", len(self.jobs))
+
+    def _check_switches(self) -> None:
+        """Reconcile what the switches hold with the database, before anything is programmed
+        (lock held). Job ids continue above every job a switch holds, above the job-id mark
+        the switches keep (``JobAdmission.mark_update``) and the database's marks
+        (``Store.next_job_id``), so a database that was deleted or emptied never hands out an id
+        whose entries or slot tags are still on a switch. A job a switch holds that the database
+        does not know is *lost*: it cannot be rebuilt (its token is gone), so it is said loudly,
+        its entries go with the first reconcile, and its ranks are refused with the reason
+        (``authenticate``: they fail at once)."""
+        installed, mark = self.fabric.installed_jobs()
+        held = {job_id: name for name, jobs in installed.items() for job_id in jobs}
+        self.id_floor = max(1 + max(held, default=0), mark)
+        self.fabric.keep_id_mark(max(self.id_floor, self.store.job_id_mark()))
+        lost = sorted(set(held) - set(self.jobs))
+        if lost:
+            why = (f"the controller's database {self.store.path} had no record of it when the controller "
+                   f"restarted (deleted, emptied or an older copy); its switch entries were removed")
+            self.lost.update((job_id, f"job {job_id} is gone: {why}") for job_id in lost)
+            log.error("controller database %s holds no record of job(s) %s that switch(es) %s hold: it was "
+                      "deleted, emptied or replaced; they are removed and their ranks told so; job ids continue "
+                      "from %d", self.store.path, ", ".join(map(str, lost)),
+                      ", ".join(sorted({held[j] for j in lost})), max(self.id_floor, self.store.job_id_mark()))
+        self._fail_older_epochs(installed)
+
+    def _fail_older_epochs(self, installed: dict[str, dict[int, int]]) -> None:
+        """Fail each known job a switch holds at a later epoch than the database's (an older copy
+        of the database): its next epochs would repeat ones whose slot tags the switch may hold."""
+        for name, jobs in installed.items():
+            for job_id, epoch in jobs.items():
+                state = self.fabric.allocators[name].jobs.get(job_id)
+                if job_id in self.jobs and state is not None and epoch > state.active.epoch:
+                    job = self.jobs[job_id]
+                    job.failure = (f"switch {name} holds it at epoch {epoch}, the controller's database at "
+                                   f"{state.active.epoch} (an older copy): its epochs could repeat")
+                    self.fabric.remove(job)
+                    log.error("job %d failed: %s", job_id, job.failure)
 
     def _save(self, *, durable: bool) -> None:
         """Persist every placed job's state and delete the rows of jobs that ended or failed.
@@ -157,7 +201,11 @@ class Controller:
     # -- job calls ---------------------------------------------------------------------------
 
     def authenticate(self, job_id: int, token: str) -> Job:
-        """The job ``job_id`` if ``token`` is its token (``jobs.authenticated``)."""
+        """The job ``job_id`` if ``token`` is its token (``jobs.authenticated``); a job lost
+        with the database (``_check_switches``) is refused with why it is gone (its ranks fail
+        at once with that reason)."""
+        if job_id in self.lost and job_id not in self.jobs:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, self.lost[job_id])
         return authenticated(self.jobs, job_id, token)
 
     def admin(self, token: str) -> None:
@@ -166,15 +214,17 @@ class Controller:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, "wrong admin token")
 
     def create_job(self, n_workers: int, bytes_per_iteration: int, iteration_seconds: float,
-                   name: str, transport: str = "", host_only: bool = False) -> tuple[int, str]:
+                   name: str, transport: str = "", host_only: bool = False,
+                   nonce: str = "") -> tuple[int, str]:
         """A new job: placed when its last rank joins, on a switch that has every rank as a host
         (unless ``host_only``: a job's host lane, which the ``inagg`` backend opens beside a job
         on a switch so that each call may take either aggregator) or else on the host
-        aggregator."""
+        aggregator. ``nonce``: its launch's (``jobs.check_nonce``), carried by every grant."""
         transport = transport or "udp"
         try:
             seconds = check_demand(n_workers, MAX_WORKERS, bytes_per_iteration, iteration_seconds)
             check_text("name", name, MAX_NAME_CHARS)
+            check_text("nonce", nonce, MAX_NONCE_CHARS)
             if transport not in ENCAPSULATIONS:
                 raise ValueError(f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport[:40]!r}")
         except ValueError as e:
@@ -184,20 +234,24 @@ class Controller:
             if len(self.jobs) >= self.config.max_jobs:
                 raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"the controller holds {len(self.jobs)} jobs, its limit (max_jobs)")
-            job_id = self.store.next_job_id()
+            job_id = self.store.next_job_id(self.id_floor)
+            self.fabric.keep_id_mark(job_id + 1)
             token = secrets.token_hex(16)
-            self.store.create_job(job_id, name, token, demand, transport, host_only)
-            self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport, host_only=host_only)
+            self.store.create_job(job_id, name, token, demand, transport, host_only, nonce)
+            self.jobs[job_id] = Job(job_id, name, token, demand, transport=transport, host_only=host_only,
+                                    nonce=nonce)
             self._publish_listing()
         log.info("job %d created (%d workers%s)", job_id, n_workers, ", host only" if host_only else "")
         return job_id, token
 
     def join(self, job_id: int, token: str, rank: int, address: str, mac: str, qp: int = 0,
-             rkey: int = 0) -> Job:
-        """Rank ``rank`` joins with its endpoint; the last rank to join places the job."""
+             rkey: int = 0, nonce: str = "") -> Job:
+        """Rank ``rank`` joins with its endpoint and its launch's nonce (one that is not the
+        job's is refused: ``check_nonce``); the last rank to join places the job."""
         member = Member(address, mac, qp, rkey)
         with self.lock:
             job = running(self.authenticate(job_id, token))
+            check_nonce(job, rank, nonce)
             try:
                 check_member(job, rank, member)
             except ValueError as e:

@@ -27,7 +27,7 @@ from inagg.controller.config import ControllerConfig
 from inagg.controller.jobs import Job
 from inagg.controller.program import TOFINO_CHIPS
 from inagg.controller.runtime import SwitchCapacity, SwitchRuntime
-from inagg.controller.switch import SwitchError, SwitchJob
+from inagg.controller.switch import JobAdmission, SwitchError, SwitchJob
 from inagg.controller.tofino.ports import pipe_of
 from inagg.controller.tree_place import job_ips, place_tree, tree_refusal
 from inagg.controller.trees import l2_routes, tree_switch_job, worker_bindings
@@ -69,7 +69,8 @@ class Fabric:
             cap = SwitchCapacity.from_p4info(p4info)
             alloc = SlotAllocator(cap.slots, config.min_window, p4info.values_per_packet, share,
                                   config.host_window, share * i, max_jobs=cap.job_rows,
-                                  max_job_workers=cap.job_workers, worker_entries=cap.worker_entries)
+                                  max_job_workers=cap.job_workers,
+                                  worker_entries=cap.worker_entries - 1)   # one holds the job-id mark
             self.allocators[cfg.name] = alloc
             self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name))
         self.allocators[HOST_POOL] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
@@ -200,6 +201,31 @@ class Fabric:
         sw.program(self.switch_jobs(name, jobs))
         log.warning("switch %s re-programmed (%d job(s))", name, len(sw.applied))
         return True
+
+    def installed_jobs(self) -> tuple[dict[str, dict[int, int]], int]:
+        """What the switches hold now, read over P4Runtime before anything is programmed:
+        ({switch: {job id: epoch}} from their ``job_table`` rows, the highest job-id mark kept
+        on any of them: ``JobAdmission.mark_update``). A switch that cannot be read is logged
+        and counts as holding nothing (the controller cannot know)."""
+        out: dict[str, dict[int, int]] = {}
+        mark = 0
+        for name, sw in self.switches.items():
+            try:
+                out[name] = {key["job_id"]: params.get("epoch", 0)
+                             for key, _, params in sw.sw.table_entries("job_table")}
+                for key, _, params in sw.sw.table_entries("worker_table"):
+                    mark = max(mark, JobAdmission.mark_of(key, params) or 0)
+            except SwitchError as e:
+                log.warning("switch %s: cannot read the jobs it holds (%s)", name, e)
+                out[name] = {}
+        return out, mark
+
+    def keep_id_mark(self, next_job_id: int) -> None:
+        """Every switch keeps ``next_job_id`` as its job-id mark from its next reconcile on
+        (every placement on a switch reconciles it: the mark is there before any slot of a
+        job with a higher id is)."""
+        for sw in self.switches.values():
+            sw.id_mark = next_job_id
 
     def close(self) -> None:
         for sw in self.switches.values():

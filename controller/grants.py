@@ -29,7 +29,7 @@ def grants(fabric: Fabric, job: Job, rank: int | None = None) -> list[pb.Grant]:
     job's one grant carries only the failure. A tree job's is ``rank``'s (one grant: a tree
     part never changes)."""
     if job.failure:
-        return [pb.Grant(job_id=job.job_id, failure=job.failure)]
+        return [pb.Grant(job_id=job.job_id, failure=job.failure, nonce=job.nonce)]
     if job.place is None:
         return []
     if job.tree is not None:
@@ -54,7 +54,7 @@ def grant(fabric: Fabric, job: Job, p: Placement, pending: bool, where: str) -> 
     return pb.Grant(job_id=job.job_id, epoch=p.epoch, mode=p.mode, slot_base=p.slot_base,
                     slot_count=p.slot_count, values_per_packet=k, aggregator=aggregator,
                     pending=pending, transport=job.transport if p.mode == SWITCH else "udp",
-                    reason=reason, aggregator_mac=mac)
+                    reason=reason, aggregator_mac=mac, nonce=job.nonce)
 
 
 def host_reason(fabric: Fabric, job: Job) -> str:

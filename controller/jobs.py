@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 import grpc
 
 from inagg.controller.allocator import Demand
-from inagg.controller.validation import MAX_TOKEN_CHARS, check_address, check_mac
+from inagg.controller.validation import MAX_NONCE_CHARS, MAX_TOKEN_CHARS, check_address, check_mac
 from inagg.hostlib.wire.grant import parse_address
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ class Job:
     workers: dict[int, Member] = field(default_factory=dict)  # by rank
     transport: str = "udp"            # the switch encapsulation: "udp" or "roce"
     host_only: bool = False           # asked for the host aggregator only (a switch job's host lane)
+    nonce: str = ""                   # its launch's nonce (CreateJob): every rank joins with it,
+                                      # every grant carries it ("" from a client that predates it)
     place: str | None = None          # switch name (a tree's: its root), or HOST_POOL ("")
                                       # aggregator (a tree's root, or all of it); None before placement
     tree: TreePlace | None = None     # placed on an aggregation tree of switches
@@ -78,7 +80,7 @@ def job_from_row(row: Mapping[str, Any], grace: float = 0.0) -> Job:
     demand = Demand(**json.loads(row["state"])["demand"])
     job = Job(row["job_id"], row["name"], row["token"], demand,
               {r: Member(*w) for r, *w in row["workers"]}, transport=row["transport"],
-              host_only=row["host_only"], place=row["switch"],
+              host_only=row["host_only"], place=row["switch"], nonce=row.get("nonce") or "",
               rows={} if row["job_index"] is None else {row["switch"]: row["job_index"]})
     job.rank_seen = dict.fromkeys(job.workers, time.monotonic() + grace)
     return job
@@ -126,6 +128,17 @@ def check_member(job: Job, rank: int, member: Member) -> None:
             raise ValueError(f"job {job.job_id} uses RoCEv2: rank {rank} shares IP {host} with rank "
                              f"{other}; the switch tells RoCEv2 ranks apart by IP (their UDP "
                              f"source port is the flow label's), so each needs its own")
+
+
+def check_nonce(job: Job, rank: int, nonce: str) -> None:
+    """Refuse a rank whose launch nonce is not the job's: it read this job's id and token from
+    a rendezvous store that another launch shares (its own launch made another nonce, or none),
+    so it must never take part in this job's calls."""
+    if job.nonce and not hmac.compare_digest(job.nonce.encode(), nonce.encode()[:MAX_NONCE_CHARS]):
+        raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                      f"job {job.job_id}: rank {rank} joins with launch nonce {nonce[:8] or 'none'}..., "
+                      f"the job's is {job.nonce[:8]}...: two launches share one rendezvous store; "
+                      f"give each job its own (another MASTER_PORT or init_method)")
 
 
 def silent_ranks(job: Job, now: float, rank_lease_seconds: float) -> list[int]:

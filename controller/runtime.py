@@ -53,6 +53,7 @@ class SwitchRuntime:
         self.wanted: list[SwitchJob] | None = None   # what the switch should hold
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
         self.restarts = 0                            # times it was found restarted and re-programmed
+        self.id_mark = 0   # the next job id, kept on the switch with its entries (JobAdmission.mark_update)
         self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program,
                                    push_timeout=cfg.push_timeout)
         try:
@@ -85,11 +86,14 @@ class SwitchRuntime:
         self.restarts += 1
 
     def desired(self, jobs: list[SwitchJob]):
-        """Entries (by table and key) and multicast groups the switch should hold."""
+        """Entries (by table and key) and multicast groups the switch should hold, the job-id
+        mark among them (``JobAdmission.mark_update``)."""
         fwd = Forwarding(self.sw)
         ports = {**self.routes, **{h.mac: h.port for h in self.cfg.hosts.values()}}
         updates = [fwd.host_update(INSERT, m, self.cfg.device_port(p)) for m, p in ports.items()]
         updates += fwd.flood_updates(INSERT, self.cfg.ports)
+        if self.id_mark:
+            updates.append(JobAdmission(self.sw).mark_update(INSERT, self.id_mark))
         for job in jobs:
             updates.append(ResultReplication(self.sw).job_update(INSERT, job))
             updates += ReplicaRewrite(self.sw).updates(INSERT, job)

@@ -65,12 +65,12 @@ class JobServicer(pb_grpc.JobServiceServicer):
     def CreateJob(self, request, context):
         job_id, token = self._call(context, self.ctl.create_job, request.n_workers,
                                    request.bytes_per_iteration, request.iteration_seconds, request.name,
-                                   request.transport, request.host_only)
+                                   request.transport, request.host_only, request.nonce)
         return pb.CreateJobReply(job_id=job_id, token=token)
 
     def JoinJob(self, request, context):
         job = self._call(context, self.ctl.join, request.job_id, request.token, request.rank,
-                         request.address, request.mac, request.roce_qp, request.roce_rkey)
+                         request.address, request.mac, request.roce_qp, request.roce_rkey, request.nonce)
         return pb.JoinJobReply(n_workers=job.demand.n_workers, lease_seconds=self.ctl.config.lease_seconds,
                                rank_lease_seconds=self.ctl.config.rank_lease_seconds)
 

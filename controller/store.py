@@ -8,6 +8,7 @@ at start."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sqlite3
@@ -44,6 +45,7 @@ ADDED_COLUMNS = (
     ("workers", "qp", "INTEGER NOT NULL DEFAULT 0"),
     ("workers", "rkey", "INTEGER NOT NULL DEFAULT 0"),
     ("jobs", "tree", "TEXT"),
+    ("jobs", "nonce", "TEXT NOT NULL DEFAULT ''"),
 )
 
 
@@ -121,23 +123,66 @@ class Store:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         self.db.execute("INSERT OR REPLACE INTO meta VALUES ('writer', 'inagg-controller')")
 
+    @property
+    def mark_path(self) -> Path | None:
+        """The job-id high-water mark's own file beside the database (``<database>.ids``), or
+        None for an in-memory database."""
+        return None if self.path == ":memory:" or self.path.startswith("file:") else Path(self.path + ".ids")
+
+    def _read_mark(self) -> int:
+        """The next job id the mark file holds (0: none, or unreadable: the database and the
+        switches still count)."""
+        try:
+            return int(self.mark_path.read_text().strip()) if self.mark_path else 0
+        except (OSError, ValueError):
+            return 0
+
+    def _write_mark(self, next_id: int) -> None:
+        """Write the mark file (a new file renamed over the old: never half written); a failure
+        is a StoreError, as the database's own."""
+        if self.mark_path is None:
+            return
+        tmp = self.mark_path.with_name(self.mark_path.name + ".tmp")
+        try:
+            tmp.write_text(f"{next_id}\n")
+            tmp.replace(self.mark_path)
+        except OSError as e:
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            remedy = ("free space on its filesystem" if full else
+                      _REMEDIES["SQLITE_READONLY"][1] if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+                      else "check its filesystem")
+            raise StoreError(f"controller database {self.path}: cannot write its job id mark {self.mark_path}"
+                             f"{' (its filesystem is full)' if full else ''}: {e}; {remedy}",
+                             grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE) from None
+
     @does("allocate a job id")
-    def next_job_id(self) -> int:
-        """Job ids are never reused (a slot's owner tag must never match a past job)."""
+    def next_job_id(self, floor: int = 1) -> int:
+        """A job id never used before (a slot's owner tag must never match a past job): above
+        the database's mark, the mark file's (``<database>.ids``, which outlives a database
+        that was deleted or emptied) and ``floor`` (the controller's: above every job a switch
+        holds). The mark file is written before the id is handed out."""
         with self.db:
             row = self.db.execute("SELECT value FROM meta WHERE key='next_job_id'").fetchone()
-            job_id = int(row[0]) if row else 1
+            job_id = max(int(row[0]) if row else 1, self._read_mark(), floor)
             if job_id > 0xFFFF:
                 raise RuntimeError("job ids exhausted (65535 jobs created)")
+            self._write_mark(job_id + 1)
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job_id', ?)", (str(job_id + 1),))
         return job_id
 
+    @does("read the job id mark")
+    def job_id_mark(self) -> int:
+        """The next job id as the database and the mark file know it (1: neither knows one)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key='next_job_id'").fetchone()
+        return max(int(row[0]) if row else 1, self._read_mark(), 1)
+
     @does("record a new job")
     def create_job(self, job_id: int, name: str, token: str, demand: Demand, transport: str,
-                   host_only: bool = False) -> None:
-        self.db.execute("INSERT INTO jobs (job_id, name, token, state, transport, host_only) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
-                        (job_id, name, token, json.dumps({"demand": asdict(demand)}), transport, int(host_only)))
+                   host_only: bool = False, nonce: str = "") -> None:
+        self.db.execute("INSERT INTO jobs (job_id, name, token, state, transport, host_only, nonce) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (job_id, name, token, json.dumps({"demand": asdict(demand)}), transport,
+                         int(host_only), nonce))
 
     @does("record a joining rank")
     def add_worker(self, job_id: int, rank: int, member: tuple[str, str, int, int]) -> None:
@@ -187,13 +232,14 @@ class Store:
     @does("read the jobs")
     def jobs(self) -> list[dict]:
         rows = self.db.execute(
-            "SELECT job_id, name, token, switch, job_index, state, transport, host_only, tree "
+            "SELECT job_id, name, token, switch, job_index, state, transport, host_only, tree, nonce "
             "FROM jobs").fetchall()
         out = []
-        for job_id, name, token, switch, job_index, state, transport, host_only, tree in rows:
+        for job_id, name, token, switch, job_index, state, transport, host_only, tree, nonce in rows:
             workers = self.db.execute("SELECT rank, address, mac, qp, rkey FROM workers "
                                       "WHERE job_id=? ORDER BY rank", (job_id,)).fetchall()
             out.append({"job_id": job_id, "name": name, "token": token, "switch": switch,
                         "job_index": job_index, "state": state, "workers": workers,
-                        "transport": transport, "host_only": bool(host_only), "tree": tree})
+                        "transport": transport, "host_only": bool(host_only), "tree": tree,
+                        "nonce": nonce})
         return out

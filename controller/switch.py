@@ -328,6 +328,9 @@ MCAST_JOB_BASE = 0x100
 DERIVED_ADMIT_PARAMS = {"slot_end": lambda job: job.slot_base + job.slot_count}
 
 
+MARK_JOB = 0   # the job id of the high-water mark's worker_table entry (JobAdmission.mark_update)
+
+
 class JobAdmission:
     """Programs job_table and worker_table (p4/include/job_admission.p4)."""
 
@@ -354,6 +357,20 @@ class JobAdmission:
                 None if kind == DELETE else "bind_worker",
                 None if kind == DELETE else self.binding(job.encap, w)))
         return ups
+
+    def mark_update(self, kind: int, next_job_id: int) -> p4runtime_pb2.Update:
+        """The controller's job-id high-water mark, kept on the switch: a ``worker_table`` entry
+        of job 0 (no job has id 0, so no packet is ever checked against it: job 0 misses
+        ``job_table`` and is forwarded untouched) whose ``addr`` is the next job id. It
+        outlives the controller's database, so a controller whose database was lost never hands
+        out an id the switch's slot tags may still carry (``mark_of``)."""
+        return self.sw.table_update(kind, "worker_table", {"job_id": MARK_JOB, "worker_id": 0}, "bind_worker",
+                                    {"port": 0, "addr": next_job_id, "mac": 0, "udp_port": 0})
+
+    @staticmethod
+    def mark_of(key: dict[str, int], params: dict[str, int]) -> int | None:
+        """The next job id a ``worker_table`` entry holds if it is the mark (``mark_update``)."""
+        return params.get("addr", 0) if key.get("job_id") == MARK_JOB else None
 
     @staticmethod
     def binding(encap: str, w: WorkerBinding) -> dict[str, int]:

@@ -1,8 +1,8 @@
 """One rank of a job as its own process, for tests that kill ranks or restart parts under a
-running job: ``python tests/rank_process.py STORE RANK N CONTROLLER BIND_IP CALLS``.
+running job: ``python tests/rank_process.py STORE RANK N CONTROLLER BIND_IP CALLS [VALUE]``.
 
-It allreduces ``torch.ones(1000)`` CALLS times (0: until an error), checks every result is
-exactly N, and prints one line per event on stdout: ``ready``, ``ok I`` every 10 calls,
+It allreduces ``torch.full((1000,), VALUE)`` (VALUE: 1 unless given) CALLS times (0: until an
+error), checks every result is exactly N * VALUE, and prints one line per event on stdout: ``ready``, ``ok I`` every 10 calls,
 ``done`` or ``error TIME TYPE: MESSAGE`` (also when the communicator cannot be made) (TIME: time.time() when the error was raised)."""
 
 import os
@@ -20,6 +20,7 @@ from inagg.hostlib.worker.communicator import Communicator  # noqa: E402
 def main() -> int:
     store_path, rank, n, controller, bind_ip, calls = sys.argv[1:7]
     rank, n, calls = int(rank), int(n), int(calls)
+    value = float(sys.argv[7]) if len(sys.argv) > 7 else 1.0
     try:
         comm = Communicator(dist.FileStore(store_path, n), rank, n, controller, bind_ip=bind_ip,
                             stall_timeout=120.0)
@@ -30,11 +31,11 @@ def main() -> int:
     i = 0
     while not calls or i < calls:
         try:
-            out = comm.allreduce(torch.ones(1000))
+            out = comm.allreduce(torch.full((1000,), value))
         except Exception as e:  # noqa: BLE001 - reported to the test
             print(f"error {time.time():.3f} {type(e).__name__}: {e}", flush=True)
             return 1
-        if out.tolist() != [float(n)] * 1000:
+        if out.tolist() != [n * value] * 1000:
             print(f"error {time.time():.3f} WrongResult: call {i}: {out[:4].tolist()}...", flush=True)
             return 1
         i += 1

@@ -25,9 +25,13 @@ RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py
 class Rank:
     """A rank process and the lines it printed (read by a thread)."""
 
-    def __init__(self, store: str, rank: int, n: int, dep: LoopbackDeployment, host: int, calls: int = 0):
+    def __init__(self, store: str, rank: int, n: int, dep: LoopbackDeployment, host: int, calls: int = 0,
+                 launch: str = "", value: float = 1.0):
+        """``launch``: its launch id (``$INAGG_LAUNCH_ID``); ``value``: what it contributes."""
+        env = {**os.environ, "INAGG_LAUNCH_ID": launch} if launch else None
         self.proc = subprocess.Popen([sys.executable, RANK, store, str(rank), str(n), dep.controller,
-                                      dep.worker_ip(host), str(calls)], stdout=subprocess.PIPE, text=True)
+                                      dep.worker_ip(host), str(calls), str(value)], stdout=subprocess.PIPE,
+                                     text=True, env=env)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -36,7 +40,7 @@ class Rank:
         for line in self.proc.stdout:
             self.lines.append(line.strip())
 
-    def wait_for(self, prefix: str, timeout: float) -> str:
+    def wait_for(self, prefix: str | tuple[str, ...], timeout: float) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.lines:

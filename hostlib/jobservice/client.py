@@ -15,7 +15,12 @@ from inagg.hostlib.jobservice.proto import inagg_controller_pb2_grpc as pb_grpc
 
 
 class ControllerError(RuntimeError):
-    """The controller refused a call or could not be reached; the message says which."""
+    """The controller refused a call or could not be reached; the message says which, ``code``
+    (a ``grpc.StatusCode``) how."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 # A call's deadline unless the caller gives its own: a call made while the controller is down
@@ -56,21 +61,23 @@ class ControllerClient:
             return getattr(self.stub, method)(request, timeout=timeout or self.timeout, wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise ControllerError(f"controller at {self.address} unreachable: {e.details()}") from None
-            raise ControllerError(f"controller refused {method}: {e.code().name}: {e.details()}") from None
+                raise ControllerError(f"controller at {self.address} unreachable: {e.details()}", e.code()) from None
+            raise ControllerError(f"controller refused {method}: {e.code().name}: {e.details()}", e.code()) from None
 
     def create_job(self, n_workers: int, bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
-                   name: str = "", transport: str = "udp", host_only: bool = False) -> tuple[int, str]:
+                   name: str = "", transport: str = "udp", host_only: bool = False,
+                   nonce: str = "") -> tuple[int, str]:
         r = self._call("CreateJob", pb.CreateJobRequest(
             n_workers=n_workers, bytes_per_iteration=bytes_per_iteration,
-            iteration_seconds=iteration_seconds, name=name, transport=transport, host_only=host_only))
+            iteration_seconds=iteration_seconds, name=name, transport=transport, host_only=host_only,
+            nonce=nonce))
         return r.job_id, r.token
 
     def join(self, job_id: int, token: str, rank: int, address: str, mac: str = "", *,
-             roce_qp: int = 0, roce_rkey: int = 0) -> pb.JoinJobReply:
+             roce_qp: int = 0, roce_rkey: int = 0, nonce: str = "") -> pb.JoinJobReply:
         return self._call("JoinJob", pb.JoinJobRequest(job_id=job_id, token=token, rank=rank,
                                                        address=address, mac=mac, roce_qp=roce_qp,
-                                                       roce_rkey=roce_rkey))
+                                                       roce_rkey=roce_rkey, nonce=nonce))
 
     def watch(self, job_id: int, token: str, rank: int | None = None):
         """Iterator of pb.Grant (no deadline: it lasts as long as the job): rank ``rank``'s (a

@@ -60,6 +60,9 @@ from inagg.hostlib.pytorch.dispatch import AllreduceDispatch
 from inagg.hostlib.pytorch.lifecycle import GroupLifecycle
 from inagg.hostlib.pytorch.reduce_scatter import ReduceScatter
 from inagg.hostlib.worker.host_group import RankDied
+from inagg.hostlib.worker.launch_identity import claim_store, launch_id
+
+LAUNCH_PREFIX = "inagg"   # the launch's claim of the store (worker/launch_identity.py): inagg/inagg/launch
 
 # Collectives inagg does not implement, by the names torch's c10d calls on a process group: the
 # inner gloo group runs them as they are (``inagg.hostlib.pytorch.inner_gloo``)
@@ -80,6 +83,9 @@ class InaggProcessGroup(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         """Up once the inner gloo group is (a collective); the paths start in the background."""
         super().__init__(rank, world_size)
+        # the launch claims the store before anything uses it: a rank of another launch given
+        # the same store is refused here, before its gloo groups or jobs could meet this one's
+        claim_store(dist.PrefixStore(LAUNCH_PREFIX, store), rank, launch_id())
         self._group_name = self._group_desc = ""
         self.lifecycle = GroupLifecycle(self, store, timeout)
         self.gloo = self.lifecycle.gloo

@@ -4,13 +4,19 @@ Bootstrap uses torch.distributed's rendezvous store (rank 0 creates the job at t
 and publishes its id and token under ``inagg/job``). Every rank binds a UDP socket, joins the
 job, and follows the controller's grant stream in a background thread.
 
-A store is one job's: rank 0 lists its job under ``inagg/jobs`` and publishes it only where no
-other job is (compare-and-set), and every rank claims its rank number in it (a counter). Two
-jobs given one store thus find each other (a second rank 0, a rank claimed twice): the finder
-sets ``inagg/shared``, and every rank of either job raises ``SharedStore`` naming the jobs listed,
-while waiting for its first grant or, in a job already running, at its next heartbeat. So when
-both launches reach the store before the first is placed, no call runs; a launch that comes
-later fails the running job within a quarter of its rank lease. Allreduces run on one
+A store is one launch's (``inagg.hostlib.worker.launch_identity``): the first rank of any launch to
+reach it claims it for its launch id (compare-and-set), and every rank of another launch raises
+``SharedStore`` there, naming both launches, before it reads the job. Rank 0 then creates the
+job with a nonce made once per launch and publishes id, token and nonce; every rank joins with
+the nonce (the controller refuses another), and every grant carries it: a rank takes no grant,
+at start or at any change, that is not its own job's. So two launches with ids never share a
+call, in any launch order. Two launches without an id (no ``$INAGG_LAUNCH_ID``, torchrun run id
+or Slurm step) claim the store alike; then only the store can find them: rank 0 lists its job
+under ``inagg/jobs`` and publishes it only where no other job is, every rank claims its rank
+number (a counter), and a second rank 0 or a rank claimed twice sets ``inagg/shared``: every
+rank of either job raises ``SharedStore``, while waiting for its first grant or at its next
+heartbeat. A skewed pair of such launches (rank 0 of one and rank 1 of the other first) looks
+like one whole job until the rest arrive, so it can run calls before then. Allreduces run on one
 background I/O thread in submission order (every rank submits the same sequence), so
 ``allreduce_async`` returns at once with a ``torch.futures.Future``.
 
@@ -45,9 +51,11 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -60,10 +68,14 @@ from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS, HEADER_BYTES
 from inagg.hostlib.wire.roce import RoceRawTransport
 from inagg.hostlib.worker.stream import NativeSlotStream
+from inagg.hostlib.worker.launch_identity import SharedStore, claim_store, launch_id
 from inagg.hostlib.worker.neighbour import neighbour_problem
 from inagg.hostlib.worker.call_protocol import OP_NAMES, CallError, Refusal, check_array, dtype_refusal
 from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
+
+if TYPE_CHECKING:
+    from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
 
 log = logging.getLogger("inagg.communicator")
 
@@ -72,10 +84,10 @@ class JobFailed(RuntimeError):
     """The controller failed the job (a rank stopped); the message names the rank(s)."""
 
 
-class SharedStore(InaggError):
-    """Two jobs were given one rendezvous store; the message names both."""
-
-
+# refusals of the job service that mean "your job is gone" (its lease ran out, the operator ended
+# it, the controller lost its database: PERMISSION_DENIED) or "it failed" (FAILED_PRECONDITION):
+# the job fails at once with the controller's words, instead of a log line per heartbeat
+GONE = ("PERMISSION_DENIED", "FAILED_PRECONDITION")   # grpc.StatusCode names
 SHARED_KEY = "inagg/shared"   # set when two jobs were found in one store: how they were found
 JOBS_KEY = "inagg/jobs"       # the ids of the jobs rank 0s created with this store
 
@@ -157,13 +169,15 @@ class Communicator:
     def __init__(self, store, rank: int, world_size: int, controller: str, *, bind_ip: str = "127.0.0.1",
                  mac: str = "", bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
                  name: str = "", timeout: float = 60.0, stall_timeout: float = 30.0,
-                 transport: str = "udp", native: bool = True, host_only: bool = False) -> None:
+                 transport: str = "udp", native: bool = True, host_only: bool = False,
+                 launch: str | None = None) -> None:
         from inagg.hostlib.jobservice.client import ControllerClient, to_grant  # gRPC stubs
 
         if transport not in ENCAPSULATIONS:
             raise ValueError(f"transport must be one of {', '.join(ENCAPSULATIONS)}, got {transport!r}")
         self.rank, self.world_size = rank, world_size
         self.host_only = host_only
+        self.launch = launch_id(launch)   # "" when the launcher gave none (inagg.hostlib.worker.launch_identity)
         self._to_grant = to_grant
         # the endpoints first: a rank that cannot open them (RoCE needs root) fails before the
         # job exists
@@ -196,22 +210,29 @@ class Communicator:
 
     def _join_job(self, store, address: str, mac: str, roce_qp: int, *, bytes_per_iteration: int,
                   iteration_seconds: float, name: str, transport: str) -> None:
-        """Rank 0 creates the job and publishes its id and token under ``inagg/job`` in the
-        rendezvous store; every rank reads them and joins with its endpoint."""
+        """Claim the store for this launch (``claim_store``: a rank of another launch is refused
+        here), then rank 0 creates the job with a nonce made now, once per launch, and publishes
+        id, token and nonce under ``inagg/job``; every rank reads them and joins with its
+        endpoint and the nonce (the controller refuses one that is not the job's, and every grant
+        carries it: ``_foreign``)."""
         self._store = store
+        claim_store(store, self.rank, self.launch)
         claims = store.add(f"inagg/rank/{self.rank}", 1)
         if self.rank == 0:
+            nonce = secrets.token_hex(16)
             job_id, token = self.client.create_job(self.world_size, bytes_per_iteration, iteration_seconds,
-                                                   name, transport, self.host_only)
+                                                   name, transport, self.host_only, nonce=nonce)
             store.append(JOBS_KEY, f"{job_id} ")
-            if store.compare_set("inagg/job", "", f"{job_id}:{token}").decode() != f"{job_id}:{token}":
+            published = f"{job_id}:{token}:{nonce}"
+            if store.compare_set("inagg/job", "", published).decode() != published:
                 self._shared("two rank 0s created a job")
         store.wait(["inagg/job"])
-        job_id_text, self.token = store.get("inagg/job").decode().split(":")
+        job_id_text, self.token, self.nonce = store.get("inagg/job").decode().split(":")
         self.job_id = int(job_id_text)
         if claims > 1:
             self._shared(f"rank {self.rank} claimed {claims} times")
-        reply = self.client.join(self.job_id, self.token, self.rank, address, mac, roce_qp=roce_qp)
+        reply = self.client.join(self.job_id, self.token, self.rank, address, mac, roce_qp=roce_qp,
+                                 nonce=self.nonce)
         self.lease_seconds = reply.lease_seconds
         self.rank_lease_seconds = reply.rank_lease_seconds or reply.lease_seconds
 
@@ -297,14 +318,17 @@ class Communicator:
 
     def _follow_grants(self) -> None:
         """Consume the grant stream; reopen it when it breaks (a controller restart) until the
-        communicator is closed. Grants in use are never changed here, only recorded."""
+        communicator is closed. Grants in use are never changed here, only recorded. A grant
+        without this launch's nonce (``_foreign``), a failure, or a refusal of the stream that
+        means the job is gone (``GONE``: a controller that lost its database, a lease that ran
+        out) fails the job at once with that reason."""
         import grpc
 
         while not self._closed.is_set():
             try:
                 for g in self._grant_stream:
-                    if g.failure:
-                        self._fail(g.failure)
+                    if problem := self._foreign(g) or g.failure:
+                        self._fail(problem)
                         return
                     # each update is the active grant, then the pending one if there is one:
                     # the pending epoch is the latest update's (a withdrawn one is forgotten)
@@ -314,6 +338,9 @@ class Communicator:
                         self._active_epoch = g.epoch
                         self._first.set()
             except grpc.RpcError as e:
+                if e.code().name in GONE and not self._closed.is_set():
+                    self._gone("its grant stream", f"{e.code().name}: {e.details()}")
+                    return
                 if not self._closed.is_set() and not self.failure:   # a failed job's controller may be gone with it
                     log.warning("job %d rank %d: grant stream from %s broke (%s: %s); reopening",
                                 self.job_id, self.rank, self.client.address, e.code().name, e.details())
@@ -321,6 +348,22 @@ class Communicator:
                 return
             self.stream_reopened += 1
             self._grant_stream = self.client.watch(self.job_id, self.token, self.rank)
+
+    def _foreign(self, g: "pb.Grant") -> str:
+        """Why grant ``g`` (a pb.Grant) is not this job's: it does not carry this launch's job
+        nonce (the controller's job is another launch's, or another job under a reused id); ""
+        when it does. The job then fails with that reason, and no call runs on the grant."""
+        if g.nonce == self.nonce:
+            return ""
+        return (f"grant epoch {g.epoch} of job {g.job_id} carries job nonce {g.nonce[:8] or 'none'}..., "
+                f"not this launch's {self.nonce[:8]}...: it is another launch's job; no call runs on it")
+
+    def _gone(self, what: str, refusal: str) -> None:
+        """The controller refused ``what`` as ``GONE`` (``refusal``: its code and words): fail
+        the job now with its reason; a failed job's own reason as the grant stream gives it (so
+        every rank's ``JobFailed`` reads alike, whichever call learnt it first)."""
+        failed = f"job {self.job_id} failed: "
+        self.fail(refusal.split(failed, 1)[1] if failed in refusal else f"the controller refused {what}: {refusal}")
 
     def fail(self, failure: str) -> None:
         """Fail the job from outside (a rank is known to have ended: ``failure`` names it), as
@@ -340,9 +383,10 @@ class Communicator:
     def _heartbeat(self) -> None:
         """Renew this rank's lease, four times per lease so one lost beat never expires it; a
         beat waits at most half a lease for a controller that is down (then the next one goes),
-        so the first beat after a controller restart arrives within a beat period. A
-        failed beat is logged and retried; when a whole lease has passed without one, the
-        controller may have ended the job, which is logged as an error."""
+        so the first beat after a controller restart arrives within a beat period. A beat
+        refused as ``GONE`` (the controller knows no such job any more, or it failed) fails the
+        job at once with the controller's reason; any other failed beat (the controller is down)
+        is logged and retried, as an error once a whole lease passed without one."""
         lease = min(self.lease_seconds, self.rank_lease_seconds)
         last_ok = time.monotonic()
         while not self._closed.wait(max(lease / 4, 0.1)):
@@ -359,6 +403,9 @@ class Communicator:
             except Exception as e:  # noqa: BLE001 - any failure: logged, retried next beat
                 if self._closed.is_set():   # close() cancelled it
                     return
+                if getattr(getattr(e, "code", None), "name", "") in GONE:   # the job is gone or failed: say so now
+                    self._gone("its heartbeat", str(e))
+                    return
                 silent = time.monotonic() - last_ok
                 level = logging.ERROR if silent > lease else logging.WARNING
                 log.log(level, "job %d rank %d: heartbeat failed (%s); no renewal for %.0fs of a %.0fs lease",
@@ -369,6 +416,9 @@ class Communicator:
         if agreed <= self.stream.grant.epoch:
             return
         reply = self._activate(agreed)
+        if problem := self._foreign(reply.grant):
+            self._fail(problem)
+            raise JobFailed(f"job {self.job_id} failed: {problem}")
         grant = self._to_grant(reply.grant)
         if grant.epoch != self.stream.grant.epoch:
             self._use(grant)

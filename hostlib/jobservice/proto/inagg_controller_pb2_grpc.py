@@ -84,7 +84,9 @@ class JobServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def WatchGrant(self, request, context):
-        """The job's grants: the active one first, then every change (pending grants included).
+        """The job's grants: the active one first, then every change (pending grants included). A job
+        on an aggregation tree of switches has one grant per rank (its own switch's address and
+        slots): a worker names its rank; without one, the tree's root's grant (for operators).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,7 +109,8 @@ class JobServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def LeaveJob(self, request, context):
-        """The job ends: its slots return to the pool.
+        """Rank `rank` is done (watched no more); the job ends, its slots return to the pool, when
+        every rank is. Without a rank: PERMISSION_DENIED (ReleaseJob, the operator's, ends a job).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
