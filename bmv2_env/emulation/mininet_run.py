@@ -509,7 +509,8 @@ class Run:
                     print(f"  {job['spec']['name']}: epoch {msg[1] + 1}/{job['cfg']['epochs']} "
                           f"loss {msg[2]:.4f} test acc {100 * msg[3]:.1f}%", flush=True)
                 else:
-                    job["done"][rank] = {"stats": msg[3], "seconds": msg[4], "steps": msg[5]}
+                    job["done"][rank] = {"stats": msg[3], "seconds": msg[4], "steps": msg[5],
+                                         "params_sha256": msg[2]}
 
     def switch_counters(self) -> dict:
         from inagg.controller.switch import SwitchConnection

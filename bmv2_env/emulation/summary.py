@@ -2,9 +2,10 @@
 counters; printed, and saved in the run directory.
 
 The summary is a function of the run's records, which the launcher saves first: for each job
-its topology entry, the options it ran with, its epochs' losses and every rank's final stats
-(``job_record``; ``records.json`` in the run directory), and each switch's counters. So a
-summary can be rebuilt from a finished run, and it is tested on the records of real runs.
+its topology entry, the options it ran with, its epochs' losses, every rank's final stats and
+the digest of rank 0's final parameters (``job_record``; ``records.json`` in the run directory),
+and each switch's counters. So a summary can be rebuilt from a finished run, and it is tested on
+the records of real runs.
 
 What each figure is, per job:
 
@@ -38,7 +39,8 @@ SWITCHES_NOTE = ("per switch (a tree's levels: below its root a completed round'
 def job_record(job: dict) -> dict:
     """What the summary needs of a job the launcher ran, JSON-ready: its topology entry
     (``spec``), options (``cfg``), ranks started, epochs' (loss, accuracy) and each rank's
-    final report (``done``: rank -> stats, seconds, steps)."""
+    final report (``done``: rank -> stats, seconds, steps, params_sha256: rank 0's
+    ``train_demo.params_digest``, None on the other ranks)."""
     return {"spec": job["spec"], "cfg": job["cfg"], "ranks": len(job["procs"]), "epochs": job["epochs"],
             "done": {str(rank): report for rank, report in job["done"].items()}}
 
@@ -74,6 +76,7 @@ def job_row(topo: Topology, record: dict, listed: str = "", netem: bool = True) 
             "spurious": sum(s["spurious_retransmissions"] for s in workers),
             "link_loss_pct": asked_loss if netem else 0, "link_loss_asked_pct": asked_loss,
             "placement": placement(s0["grants"], listed), "losses": [e[0] for e in record["epochs"]],
+            "params_sha256": done[0].get("params_sha256"),
             "ms_per_step": done[0]["seconds"] / done[0]["steps"] * 1e3,
             "call_ms_median": s0["call_ms_median"], "grants": s0["grants"]}
 
