@@ -170,6 +170,7 @@ class HostReduce:
         if self.broken is not None:   # the leader still fails each call between hosts, naming the rank
             if self.layout.leader:
                 self._refuse_between_hosts(c, comm.allreduce if c.n_hosts > 1 else None, _DIED, self.broken.rank)
+                self._tell(c, self.broken)   # the host's other ranks wait for this call's answer
             raise self.broken
         try:
             k_next = self._lead(c, comm) if self.layout.leader else self._follow(c)
@@ -280,13 +281,24 @@ class HostReduce:
             self._tell(c, e)
             raise
         k_next = comm.grant.values_per_packet if comm is not None else c.k
-        self._broadcast(Message(_RESULT, c.call, 0, 0, k_next, overflow))
+        self._broadcast(c, Message(_RESULT, c.call, 0, 0, k_next, overflow))
         self._copy_out(c, overflow)
         return k_next
 
-    def _broadcast(self, m: Message) -> None:
-        for link in self.links.values():
-            link.send(m)
+    def _broadcast(self, c: _Call, m: Message) -> None:
+        """``m`` to every other rank of the host. A rank found dead here (its socket closed) fails
+        the call: every rank that did not get ``m`` yet gets the error naming it instead, so no
+        rank takes the leader's later end for the cause (ranks that got ``m`` learn it at their
+        next call)."""
+        links = list(self.links.values())
+        for i, link in enumerate(links):
+            try:
+                link.send(m)
+            except RankDied as e:
+                self.broken = e
+                for later in links[i + 1:]:
+                    self._send_error(later, c, e)
+                raise
 
     def _tell(self, c: _Call, e: Exception) -> None:
         """Every live rank of the host gets the call's error (the dead one cannot)."""
@@ -298,6 +310,13 @@ class HostReduce:
                     link.send(Message(_ERROR, c.call, index, getattr(e, "rank", 0), 0, text))
                 except RankDied:
                     pass
+
+    def _send_error(self, link: Link, c: _Call, e: RankDied) -> None:
+        """``e`` to ``link``'s rank as call ``c``'s error (``_tell``'s, for one rank)."""
+        try:
+            link.send(Message(_ERROR, c.call, _ERRORS.index(RankDied), e.rank, 0, str(e)))
+        except RankDied:
+            pass
 
     def _gather(self, c: _Call, wrote: bool, cross) -> None:
         """Every rank READY with the same call; the buffer made larger if a rank had no room."""
@@ -371,7 +390,7 @@ class HostReduce:
     def _steps(self, c: _Call, step: int, cross) -> None:
         """Every rank does its range of ``step`` (the leader alone in a serial call)."""
         if not _serial(c):
-            self._broadcast(Message(_SEGMENT, c.call, step, int(c.divisor)))
+            self._broadcast(c, Message(_SEGMENT, c.call, step, int(c.divisor)))
         self._segment(c, step)
         if not _serial(c):
             self._receive(c, cross)
