@@ -38,8 +38,9 @@ The group is up as soon as its inner gloo group is: the inagg paths (rank 0's lo
 the joins at the controller) start in the background and the first call that needs them waits
 for them (``InaggProcessGroup.ready``). Every rank watches the others (``inagg.hostlib.pytorch.peer_watch``):
 a rank that ends fails every call of the others at once, on every path, with an error naming
-it, and a start still under way gives up at its next wait (``_start_stop``) instead of waiting
-for that rank. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.hostlib.pytorch.interrupts``), and a group left
+it (a rank that stops without ending: once its lease at the peer watch runs out), and a start
+still under way gives up at its next wait (``_start_stop``) instead of waiting for that rank.
+Every wait ends by the process group's timeout at the latest. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.hostlib.pytorch.interrupts``), and a group left
 open at exit leaves its job and stops its deployment while the interpreter can still run.
 """
 
@@ -230,15 +231,21 @@ def _resolve_to(fut: torch.futures.Future, value, named: Named) -> torch.futures
     return out
 
 
-def _wait_for(fut: torch.futures.Future, failure: Callable[[], BaseException | None]) -> None:
+def _wait_for(fut: torch.futures.Future, failure: Callable[[], BaseException | None],
+              timeout: timedelta | None = None) -> None:
     """Wait for ``fut`` on a Python lock, not in torch's C++ wait: a Ctrl-C is raised at once,
-    and the wait ends with ``failure()`` (a rank gone) should the call never end."""
+    and the wait ends with ``failure()`` (a rank gone or stopped) should the call never end, or
+    with a RuntimeError once ``timeout`` (None or 0: none) has passed, as gloo's wait does."""
     done = threading.Event()
     fut.add_done_callback(lambda _: done.set())
+    deadline = time.monotonic() + timeout.total_seconds() if timeout else None
     while not done.wait(_FAILURE_CHECK_SECONDS):
         error = failure()
         if error is not None:
             raise error
+        if deadline is not None and time.monotonic() >= deadline and not done.is_set():
+            raise RuntimeError(f"the call did not complete within its timeout ({timeout}): no rank is known "
+                               f"gone (a rank that stops is named once its lease runs out)")
 
 
 class _CallWork(dist.Work):
@@ -253,9 +260,10 @@ class _CallWork(dist.Work):
         self._done, self._result, self._future, self._pg = done, result, None, pg
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        """Wait for the call, at most ``timeout`` (None: the process group's; as gloo's Work)."""
         try:
             if not self._done.done():
-                _wait_for(self._done, self._pg.failure)
+                _wait_for(self._done, self._pg.failure, timeout if timeout is not None else self._pg._timeout)
             self._done.value()   # raises the call's error
         except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
             raise self._pg.named(e)
@@ -279,8 +287,9 @@ class _GlooWork(dist.Work):
         self._work, self._pg = work, pg
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        """Wait for the call, at most ``timeout`` (None: the process group's, as gloo's own)."""
         try:
-            return wait_gloo(self._work, self._pg.failure, timeout)
+            return wait_gloo(self._work, self._pg.failure, timeout if timeout is not None else self._pg._timeout)
         except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
             raise self._pg.named(e)
 
@@ -543,6 +552,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         """Every path's communicator (and the host group): the joins of the jobs at the controller."""
         rank, world_size = self.rank(), self.size()
         self.host = open_host_group(self._start_store(store, "host"), rank, world_size, timeout)
+        if self.host is not None and (gone := self.failure()) is not None:   # named before ``_rank_gone`` saw it
+            self.host.fail(gone)
         self.comm = self._join(store, "comm", timeout)
         # every rank sees the same first grant (a change needs every rank's agreement); a job
         # on one host sends nothing between hosts, so a lane would be the same path again
@@ -556,6 +567,8 @@ class InaggProcessGroup(dist.ProcessGroup):
         for comm in (self.comm, self.lane):
             if comm is not None:
                 comm.fail(str(error))
+        if self.host is not None:   # its waits for a rank of the host (a stopped one: no end-of-file)
+            self.host.fail(error)
         if self._fixed is not None:
             self._fixed.fail(self.failure)
 

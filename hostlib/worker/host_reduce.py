@@ -40,6 +40,9 @@ in its own lanes: an exchange through the sum), then the quantized sums.
 
 A rank that dies is named (``RankDied``) on every rank of its host at once (its socket
 closes), and by the next call between hosts on every other host; every later call raises it.
+A rank that stops without ending is named by the job's failure (``failed``: the backend's peer
+watch sets it through ``HostGroup.fail`` once the rank's lease ran out), which ends every wait
+for a rank of the host (``inagg.hostlib.worker.host_group``); so does the group's timeout.
 """
 
 from __future__ import annotations
@@ -145,8 +148,10 @@ class HostReduce:
     """This rank's part in its host's calls (module docstring). Calls run one at a time, in the
     same order on every rank of the job (the caller's ``inagg.hostlib.worker.host_communicator``)."""
 
-    def __init__(self, layout: HostLayout, links: dict[int, Link]) -> None:
-        self.layout, self.links = layout, links
+    def __init__(self, layout: HostLayout, links: dict[int, Link], timeout: float | None = None) -> None:
+        """``timeout``: the longest wait for a rank of the host, in seconds (the process group's)."""
+        self.layout, self.links, self.timeout = layout, links, timeout
+        self.failed: BaseException | None = None   # the job's failure, which ends every wait (``HostGroup.fail``)
         self.n_workers = layout.world_size
         self.shift = codec.shift_for(self.n_workers)
         self.buffer: SharedBuffer | None = None
@@ -181,6 +186,14 @@ class HostReduce:
         self.stats["local_bytes"] += 4 * c.n
         self.stats["seconds"] += time.perf_counter() - started
         return k_next
+
+    def _stop(self) -> BaseException | None:
+        """Why a wait for a rank of the host ends now: the job failed (``failed``; an error of its
+        own each time: a raised error keeps the frames it passed), else None."""
+        e = self.failed
+        if e is None:
+            return None
+        return RankDied(e.rank, str(e)) if isinstance(e, RankDied) else JobFailed(str(e))
 
     # -- the shared buffer -----------------------------------------------------------------------
 
@@ -255,6 +268,7 @@ class HostReduce:
         link = self.links[0]
         link.send(Message(_READY, c.call, c.word, 0, int(self._write(c))))
         while True:
+            link.wait_readable(self._stop, self.timeout)
             m = link.recv()
             if m.kind == _GROW:
                 self._use(SharedBuffer(m.fd, m.a, m.b))
@@ -336,7 +350,7 @@ class HostReduce:
     def _receive(self, c: _Call, cross) -> dict[int, Message]:
         """One message from every other rank; a dead rank fails the call here and between hosts."""
         try:
-            return receive_all(self.links)
+            return receive_all(self.links, self._stop, self.timeout)
         except RankDied as e:
             self.broken = e
             self._refuse_between_hosts(c, cross, _DIED, e.rank)
