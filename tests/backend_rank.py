@@ -10,9 +10,10 @@ names), printing ``ready`` after the first call, until one fails;
 then prints ``error TIME TYPE: MESSAGE`` (TIME: time.time() when it was raised), times
 ``destroy_process_group`` and prints ``destroyed SECONDS``.
 
-``python tests/backend_rank.py BACKEND ddp VICTIM STEP``: DDP steps of a model whose gradients
-fill several buckets; rank VICTIM SIGKILLs itself inside its backward pass of step STEP (a hook
-on its first layer's gradient: the buckets of the later layers are in flight by then). Every
+``python tests/backend_rank.py BACKEND ddp VICTIM STEP [kill|stop]``: DDP steps of a model whose
+gradients fill several buckets; rank VICTIM SIGKILLs (``stop``: SIGSTOPs) itself inside its
+backward pass of step STEP (a hook on its first layer's gradient: the buckets of the later
+layers are in flight by then). Every
 other rank prints ``error TIME TYPE: MESSAGE`` for the error it raised, then ``destroyed``.
 
 ``python tests/backend_rank.py BACKEND train``: DDP steps of a small model until interrupted;
@@ -52,7 +53,7 @@ def loop(backend: str, elements: int) -> int:
     return 1
 
 
-def ddp_killed_in_backward(backend: str, victim: int, kill_step: int) -> int:
+def ddp_killed_in_backward(backend: str, victim: int, kill_step: int, how: str = "kill") -> int:
     import faulthandler
     import os
     import signal
@@ -67,7 +68,7 @@ def ddp_killed_in_backward(backend: str, victim: int, kill_step: int) -> int:
 
     def kill_self(grad: torch.Tensor) -> torch.Tensor:
         if rank == victim and step == kill_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
         return grad
 
     layers[0].weight.register_hook(kill_self)
@@ -112,7 +113,7 @@ def main() -> int:
     elif mode == "loop":
         return loop(backend, int(sys.argv[3]))
     elif mode == "ddp":
-        return ddp_killed_in_backward(backend, int(sys.argv[3]), int(sys.argv[4]))
+        return ddp_killed_in_backward(backend, int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])
     elif mode == "train":
         train(backend)
     else:

@@ -213,11 +213,12 @@ def test_a_stopped_rank_is_named_on_the_default_paths(path, victim):
 _KILL_TRIALS = int(os.environ.get("INAGG_KILL_TRIALS", "3"))
 
 
-def _ddp_ranks(n: int, victim: int, step: int) -> list[subprocess.Popen]:
+def _ddp_ranks(n: int, victim: int, step: int, how: str = "kill") -> list[subprocess.Popen]:
     """``n`` DDP ranks (defaults: the host-local reduce, the path chosen), ``victim`` SIGKILLing
-    itself in its backward pass of ``step`` (tests/backend_rank.py ``ddp``); env:// as torchrun's."""
+    (``how``: stop, SIGSTOPping) itself in its backward pass of ``step`` (tests/backend_rank.py
+    ``ddp``); env:// as torchrun's."""
     port = _free_port()
-    return [subprocess.Popen([sys.executable, str(RANK), "inagg", "ddp", str(victim), str(step)], cwd=ROOT,
+    return [subprocess.Popen([sys.executable, str(RANK), "inagg", "ddp", str(victim), str(step), how], cwd=ROOT,
                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
@@ -244,6 +245,25 @@ def test_a_rank_killed_in_ddp_backward_is_an_error_naming_it_on_every_survivor_n
             assert "RankDied" in error and f"rank {victim} " in error, (rank, victim, error, err[-3000:])
             assert "destroyed " in out, (rank, out)
     finally:
+        _end(procs)
+
+
+def test_a_rank_stopped_in_ddp_backward_is_an_error_naming_it_on_every_survivor():
+    """A rank SIGSTOPped in its backward pass (alive, its sockets open): every survivor's
+    ``backward`` raises naming it once its lease ran out, and it destroys its group and exits."""
+    victim = 1
+    procs = _ddp_ranks(3, victim, 4, how="stop")
+    try:
+        for rank, p in enumerate(procs):
+            if rank == victim:
+                continue
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 1, (rank, p.returncode, out, err[-3000:])
+            error = next((line for line in out.splitlines() if line.startswith("error ")), "")
+            assert f"RankDied: rank {victim} " in error and "stopped responding" in error, (rank, error)
+            assert "destroyed " in out, (rank, out)
+    finally:
+        procs[victim].send_signal(signal.SIGCONT)
         _end(procs)
 
 

@@ -21,7 +21,9 @@ the creator that ``inagg.hostlib.pytorch.plugin`` registers with ``dist.Backend.
   thread too); a larger one is queued on the communicator's I/O thread, so DDP overlaps it with
   the backward pass, and its Work's future is delivered on a thread of its own (a callback that
   waits for another allreduce, as PowerSGD's does, must not block the I/O thread). Either
-  way ``wait`` raises the call's error (``JobFailed``, a refused input...), on every rank alike.
+  way ``wait`` raises the call's error (``JobFailed``, a refused input...), on every rank alike;
+  the future fails as torch's C++ reads a future (DDP's reducer does): a RuntimeError carrying
+  the error's type and text, as a gloo Work's future's (``_resolve_to``).
 * Every path gives the same bits (unless ``INAGG_REPRODUCIBLE=0``): the communicators share one
   exponent block and ride limit, and the gloo path sums inagg's fixed point, not floats
   (``inagg.hostlib.pytorch.reproducible``), so a run does not depend on the paths its calls took.

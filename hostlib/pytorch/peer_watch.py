@@ -15,12 +15,12 @@ path its calls were on and however it ended.
   each rank learns of every other's end with one socket of its own.
 * **The lease.** A rank that stops without ending (SIGSTOP, a debugger, a process frozen by its
   cgroup) keeps its sockets open, so end-of-file never comes. Every rank's watch thread sends a
-  ``BEAT`` to the other end of each of its sockets every ``BEAT_SECONDS`` and counts anything it
-  reads as a beat: a rank rank 0 has heard nothing from for ``LEASE_SECONDS`` is gone as
+  ``BEAT`` to the other end of each of its sockets every eighth of the lease and counts anything
+  it reads as a beat: a rank rank 0 has heard nothing from for ``LEASE_SECONDS`` is gone as
   ``STOPPED`` (relayed as any end), and so is rank 0 for a rank that has not heard from it. A
   watcher that was itself not running for part of that time (its own wake-ups late: a loaded
   or stopped machine) restarts its count instead of blaming the others. ``INAGG_PEER_LEASE``
-  (seconds) overrides the lease; the beat is an eighth of it. A rank named stopped then has its
+  (seconds) overrides the lease (``LEASE_SECONDS``). A rank named stopped then has its
   connections to this process shut down from this end (``cut_connections_to``, where it runs on
   this host), so a gloo call waiting for it fails as for a dead rank instead of at gloo's timeout.
 
@@ -177,8 +177,8 @@ class PeerWatch:
                     self._gone_rank(rank, self._pids[rank], STOPPED)
 
     def _beat(self) -> None:
-        """A beat to every rank whose socket is still open (a rank named stopped included: it
-        learns nothing from silence should it go on)."""
+        """A beat to every rank whose socket has not ended (a send to one shut down fails
+        quietly, ``_send``)."""
         for rank, sock in self._socks.items():
             if rank in self._open:
                 self._tell(sock, BEAT)
