@@ -42,8 +42,9 @@ for them (``InaggProcessGroup.ready``). Every rank watches the others (``inagg.h
 a rank that ends fails every call of the others at once, on every path, with an error naming
 it (a rank that stops without ending: once its lease at the peer watch runs out), and a start
 still under way gives up at its next wait (``_start_stop``) instead of waiting for that rank.
-Every wait ends by the process group's timeout at the latest. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.hostlib.pytorch.interrupts``), and a group left
-open at exit leaves its job and stops its deployment while the interpreter can still run.
+Every wait ends by the process group's timeout at the latest. A Ctrl-C is a plain
+``KeyboardInterrupt`` (``inagg.hostlib.pytorch.interrupts``), and a group left open at exit
+leaves its job and stops its deployment while the interpreter can still run.
 """
 
 from __future__ import annotations
