@@ -10,6 +10,12 @@ names), printing ``ready`` after the first call, until one fails;
 then prints ``error TIME TYPE: MESSAGE`` (TIME: time.time() when it was raised), times
 ``destroy_process_group`` and prints ``destroyed SECONDS``.
 
+``python tests/backend_rank.py BACKEND ddp VICTIM STEP [kill|stop]``: DDP steps of a model whose
+gradients fill several buckets; rank VICTIM SIGKILLs (``stop``: SIGSTOPs) itself inside its
+backward pass of step STEP (a hook on its first layer's gradient: the buckets of the later
+layers are in flight by then). Every
+other rank prints ``error TIME TYPE: MESSAGE`` for the error it raised, then ``destroyed``.
+
 ``python tests/backend_rank.py BACKEND train``: DDP steps of a small model until interrupted;
 rank 0 prints ``step N`` every 10 steps.
 """
@@ -47,6 +53,42 @@ def loop(backend: str, elements: int) -> int:
     return 1
 
 
+def ddp_killed_in_backward(backend: str, victim: int, kill_step: int, how: str = "kill") -> int:
+    import faulthandler
+    import os
+    import signal
+
+    faulthandler.enable()
+    dist.init_process_group(backend)
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, 256) for _ in range(8)]
+    model = DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=0.25)
+    step = 0
+
+    def kill_self(grad: torch.Tensor) -> torch.Tensor:
+        if rank == victim and step == kill_step:
+            os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
+        return grad
+
+    layers[0].weight.register_hook(kill_self)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    print("init", flush=True)
+    try:
+        while True:
+            step += 1
+            loss = model(torch.randn(32, 256)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        print(f"error {time.time():.3f} {type(e).__name__}: {e}", flush=True)
+    started = time.perf_counter()
+    dist.destroy_process_group()
+    print(f"destroyed {time.perf_counter() - started:.3f}", flush=True)
+    return 1
+
+
 def train(backend: str) -> None:
     dist.init_process_group(backend)
     torch.manual_seed(0)
@@ -70,6 +112,8 @@ def main() -> int:
         startup(backend)
     elif mode == "loop":
         return loop(backend, int(sys.argv[3]))
+    elif mode == "ddp":
+        return ddp_killed_in_backward(backend, int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])
     elif mode == "train":
         train(backend)
     else:

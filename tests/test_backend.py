@@ -1127,15 +1127,20 @@ def test_a_receive_from_any_source_names_its_sender():
 @pytest.mark.parametrize("elements", [3, 64 << 10])   # run on the caller's thread; queued
 def test_a_failed_inagg_call_raises_on_every_rank_from_wait_and_future(inagg_groups, elements):
     """Before: wait() on a failed inagg call returned True (torch's future-wrapping Work), so
-    dist.all_reduce returned as if the call had succeeded."""
+    dist.all_reduce returned as if the call had succeeded. ``wait`` raises the call's own error;
+    the future is failed as torch's C++ reads it (DDP's reducer does), so its error is torch's
+    RuntimeError carrying the call's error's type and text (as a gloo Work's future's)."""
     import torch
 
     def poisoned(r: int) -> torch.Tensor:
         return torch.full((elements,), float("inf") if r == 0 else 1.0)
 
-    for finish in (lambda w: w.wait(), lambda w: w.get_future().wait()):
-        errors = on_ranks(lambda r: finish(inagg_groups[r].allreduce([poisoned(r)])), 2, 120, return_errors=True)
-        assert all(isinstance(e, FloatingPointError) and "inf/NaN" in str(e) for e in errors), errors
+    errors = on_ranks(lambda r: inagg_groups[r].allreduce([poisoned(r)]).wait(), 2, 120, return_errors=True)
+    assert all(isinstance(e, FloatingPointError) and "inf/NaN" in str(e) for e in errors), errors
+    errors = on_ranks(lambda r: inagg_groups[r].allreduce([poisoned(r)]).get_future().wait(), 2, 120,
+                      return_errors=True)
+    assert all(isinstance(e, RuntimeError) and "FloatingPointError" in str(e) and "inf/NaN" in str(e)
+               for e in errors), errors
     # the calls after it are exact
     out = on_ranks(lambda r: inagg_groups[r].allreduce([torch.full((elements,), r + 1.0)]).get_future().wait(), 2, 120)
     assert all(t[0].eq(3.0).all() for t in out)

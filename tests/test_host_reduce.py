@@ -246,3 +246,44 @@ def test_a_refused_or_mismatched_call_fails_on_every_rank_and_the_next_is_exact(
             assert all(x.eq(6.0).all() for x in exact)
         finally:
             on_ranks(lambda r: (comms[r].close(), comms[r].group.close()), 3, 60)
+
+
+# -- how long a wait for a rank of the host lasts ---------------------------------------------------
+
+def _silent_links(n: int):
+    """``n`` links (local indexes 1..n) whose peers are alive and say nothing, and those peers."""
+    from inagg.hostlib.worker.host_group import Link
+
+    pairs = [socket.socketpair() for _ in range(n)]
+    return {i + 1: Link(mine, i + 1, 1000 + i, False) for i, (mine, _) in enumerate(pairs)}, [p for _, p in pairs]
+
+
+def test_a_wait_for_a_silent_rank_ends_with_the_groups_failure_or_its_timeout():
+    """A rank that stops keeps its socket open: the leader's wait (``receive_all``) and a
+    follower's (``Link.wait_readable``) end with the job's failure once it is known, and by the
+    group's timeout at the latest, naming the ranks waited for."""
+    from inagg.hostlib.worker.communicator import JobFailed
+    from inagg.hostlib.worker.host_group import Message, RankDied, receive_all
+
+    links, peers = _silent_links(2)
+    try:
+        started = time.monotonic()
+        with pytest.raises(JobFailed, match=r"rank 1 \(pid 1000\), rank 2 \(pid 1001\).*timeout"):
+            receive_all(links, timeout=0.5)
+        assert 0.5 <= time.monotonic() - started < 30
+        failure = RankDied(2, "rank 2 (pid 1001) stopped responding")
+        with pytest.raises(RankDied, match="rank 2 "):
+            receive_all(links, stop=lambda: failure)
+        with pytest.raises(RankDied, match="rank 2 "):
+            links[1].wait_readable(stop=lambda: failure)
+        with pytest.raises(JobFailed, match=r"rank 1 \(pid 1000\)"):
+            links[1].wait_readable(timeout=0.3)
+        from inagg.hostlib.worker.host_group import Link
+        Link(peers[0], 0, 1, True).send(Message(0, 7))
+        links[1].wait_readable(timeout=30)   # a message ends the wait at once
+        assert links[1].recv().call == 7
+    finally:
+        for sock in peers:
+            sock.close()
+        for link in links.values():
+            link.close()

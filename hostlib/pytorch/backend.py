@@ -21,7 +21,9 @@ the creator that ``inagg.hostlib.pytorch.plugin`` registers with ``dist.Backend.
   thread too); a larger one is queued on the communicator's I/O thread, so DDP overlaps it with
   the backward pass, and its Work's future is delivered on a thread of its own (a callback that
   waits for another allreduce, as PowerSGD's does, must not block the I/O thread). Either
-  way ``wait`` raises the call's error (``JobFailed``, a refused input...), on every rank alike.
+  way ``wait`` raises the call's error (``JobFailed``, a refused input...), on every rank alike;
+  the future fails as torch's C++ reads a future (DDP's reducer does): a RuntimeError carrying
+  the error's type and text, as a gloo Work's future's (``works._resolve_to``).
 * Every path gives the same bits (unless ``INAGG_REPRODUCIBLE=0``): the communicators share one
   exponent block and ride limit, and the gloo path sums inagg's fixed point, not floats
   (``inagg.hostlib.pytorch.reproducible``), so a run does not depend on the paths its calls took.
@@ -36,8 +38,9 @@ The group is up as soon as its inner gloo group is: the inagg paths (rank 0's lo
 the joins at the controller) start in the background and the first call that needs them waits
 for them (``InaggProcessGroup.ready``). Every rank watches the others (``inagg.hostlib.pytorch.peer_watch``):
 a rank that ends fails every call of the others at once, on every path, with an error naming
-it, and a start still under way gives up at its next wait instead of waiting for that rank. A
-Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.hostlib.pytorch.interrupts``), and a group left
+it (a rank that stops without ending: once its lease at the peer watch runs out), and a start
+still under way gives up at its next wait instead of waiting for that rank. Every wait ends by
+the process group's timeout at the latest. A Ctrl-C is a plain ``KeyboardInterrupt`` (``inagg.hostlib.pytorch.interrupts``), and a group left
 open at exit leaves its job and stops its deployment while the interpreter can still run.
 
 This module is the thin front torch sees (the c10d names, the collectives' entry points, the

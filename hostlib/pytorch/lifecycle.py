@@ -251,6 +251,8 @@ class GroupLifecycle:
         """Every path's communicator (and the host group): the joins of the jobs at the controller."""
         rank, world_size = self._group.rank(), self._group.size()
         self.host = open_host_group(self._start_store(store, "host"), rank, world_size, self.timeout)
+        if self.host is not None and (gone := self.failure()) is not None:   # named before ``_rank_gone`` saw it
+            self.host.fail(gone)
         self.comm = self._join(store, "comm")
         # every rank sees the same first grant (a change needs every rank's agreement); a job
         # on one host sends nothing between hosts, so a lane would be the same path again
@@ -264,6 +266,8 @@ class GroupLifecycle:
         for comm in (self.comm, self.lane):
             if comm is not None:
                 comm.fail(str(error))
+        if self.host is not None:   # its waits for a rank of the host (a stopped one: no end-of-file)
+            self.host.fail(error)
         if self.fixed is not None:
             self.fixed.fail(self.failure)
 

@@ -1,5 +1,6 @@
 """Which ranks of a process group are still there: a TCP star around rank 0 that names a rank
-the moment its process ends, whatever path its calls were on and however it ended.
+the moment its process ends, and one that stops answering once its lease runs out, whatever
+path its calls were on and however it ended.
 
 * **The star.** Rank 0 listens on its address and publishes it, with a random token, in the
   group's store; every other rank connects and says hello (the token, its rank and pid). A
@@ -12,6 +13,16 @@ the moment its process ends, whatever path its calls were on and however it ende
   process died (killed or crashed).
 * **The relay.** Rank 0 tells every other rank of a rank gone (``GONE``: rank, pid, how), so
   each rank learns of every other's end with one socket of its own.
+* **The lease.** A rank that stops without ending (SIGSTOP, a debugger, a process frozen by its
+  cgroup) keeps its sockets open, so end-of-file never comes. Every rank's watch thread sends a
+  ``BEAT`` to the other end of each of its sockets every eighth of the lease and counts anything
+  it reads as a beat: a rank rank 0 has heard nothing from for ``LEASE_SECONDS`` is gone as
+  ``STOPPED`` (relayed as any end), and so is rank 0 for a rank that has not heard from it. A
+  watcher that was itself not running for part of that time (its own wake-ups late: a loaded
+  or stopped machine) restarts its count instead of blaming the others. ``INAGG_PEER_LEASE``
+  (seconds) overrides the lease (``LEASE_SECONDS``). A rank named stopped then has its
+  connections to this process shut down from this end (``cut_connections_to``, where it runs on
+  this host), so a gloo call waiting for it fails as for a dead rank instead of at gloo's timeout.
 
 A rank gone other than by ``LEAVE`` fails the group: ``on_gone`` is called (on the watch's
 thread) with a ``RankDied`` naming it, once, for the first such rank; ``failure`` holds it.
@@ -32,10 +43,13 @@ from typing import Callable
 from inagg.hostlib.errors import InaggSetupError
 from inagg.hostlib.worker.host_group import RankDied
 
-LEAVE, EXIT, GONE = b"L", b"X", b"G"
+LEAVE, EXIT, GONE, BEAT = b"L", b"X", b"G", b"H"
+STOPPED = b"S"   # how a rank silent for the lease is gone
+LEASE_ENV = "INAGG_PEER_LEASE"
+LEASE_SECONDS = 8.0   # a stopped rank is named within this (and a beat) of its last beat
 _HELLO = struct.Struct("<16sqq")   # token, rank, pid
 _PID = struct.Struct("<q")
-_GONE = struct.Struct("<qqc")      # rank, pid, how (LEAVE, EXIT or b"D": died)
+_GONE = struct.Struct("<qqc")      # rank, pid, how (LEAVE, EXIT, STOPPED or b"D": died)
 _DIED = b"D"
 _KEY = "star"
 _WAIT_SLICE = 0.2   # seconds a gloo wait stays in C++ at a time (``wait_gloo``)
@@ -44,9 +58,24 @@ _WAIT_SLICE = 0.2   # seconds a gloo wait stays in C++ at a time (``wait_gloo``)
 def _how(rank: int, pid: int, how: bytes) -> str:
     """The words for a rank gone ``how``."""
     who = f"rank {rank} (pid {pid})"
+    if how == STOPPED:
+        return (f"{who} stopped responding: nothing from it for {lease_seconds():.0f}s (stopped, hung or frozen; "
+                f"{LEASE_ENV} sets this lease)")
     if how == EXIT:
         return f"{who} exited without leaving the process group (its interpreter ended)"
     return f"{who} died: its process ended without leaving the process group (killed or crashed)"
+
+
+def lease_seconds() -> float:
+    """The peer watch's lease (module docstring): ``INAGG_PEER_LEASE`` or ``LEASE_SECONDS``."""
+    value = os.environ.get(LEASE_ENV, "").strip()
+    try:
+        lease = float(value) if value else LEASE_SECONDS
+    except ValueError:
+        raise InaggSetupError(f"{LEASE_ENV} must be a number of seconds; got {value!r}") from None
+    if not lease > 0:
+        raise InaggSetupError(f"{LEASE_ENV} must be above 0; got {value!r}")
+    return lease
 
 
 class PeerWatch:
@@ -64,6 +93,7 @@ class PeerWatch:
         self._send_lock = threading.Lock()   # one message at a time on a socket: the relay and close both send
         self._socks: dict[int, socket.socket] = {}
         self._pids: dict[int, int] = {}
+        self._lease = lease_seconds()
         if world_size == 1:
             self._all_gone.set()
             self._thread = None
@@ -73,6 +103,7 @@ class PeerWatch:
             self._accept_all(store, ip, seconds)
         else:
             self._connect(store, seconds)
+        self._open = set(self._socks)   # ranks whose sockets have not ended
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="inagg-peers")
         self._thread.start()
@@ -117,16 +148,40 @@ class PeerWatch:
     # -- watching ----------------------------------------------------------------------------
 
     def _watch(self) -> None:
+        """The watch thread: what each socket says, this rank's beats and the others' lease."""
+        beat = self._lease / 8
+        heard = dict.fromkeys(self._socks, time.monotonic())   # the ranks this rank holds to the lease
         with selectors.DefaultSelector() as selector:
             selector.register(self._wake_r, selectors.EVENT_READ, None)
             for rank, sock in self._socks.items():
                 selector.register(sock, selectors.EVENT_READ, rank)
+            last = next_beat = time.monotonic()
             while True:
-                for key, _ in selector.select():
+                for key, _ in selector.select(max(0.0, next_beat - time.monotonic())):
                     if key.data is None:
                         return
+                    heard[key.data] = time.monotonic()
                     if self._read_from(key.data):
                         selector.unregister(key.fileobj)
+                        heard.pop(key.data, None)
+                now = time.monotonic()
+                if now - last > 2 * beat:   # this thread was not running: the others' silence is not theirs
+                    heard = dict.fromkeys(heard, now)
+                last = now
+                if now >= next_beat:
+                    self._beat()
+                    next_beat = now + beat
+                for rank in [r for r, t in heard.items() if now - t > self._lease]:
+                    heard.pop(rank)   # its socket stays open: it is told when the group leaves
+                    selector.unregister(self._socks[rank])
+                    self._gone_rank(rank, self._pids[rank], STOPPED)
+
+    def _beat(self) -> None:
+        """A beat to every rank whose socket has not ended (a send to one shut down fails
+        quietly, ``_send``)."""
+        for rank, sock in self._socks.items():
+            if rank in self._open:
+                self._tell(sock, BEAT)
 
     def _read_from(self, rank: int) -> bool:
         """Handle what ``rank``'s socket says; True when it is done (that rank is gone)."""
@@ -135,12 +190,15 @@ class PeerWatch:
             kind = sock.recv(1)
         except OSError:
             kind = b""
+        if kind == BEAT:
+            return False
         if kind == GONE:   # rank 0 relays another rank's end
             body = _read(sock, _GONE.size)
             if body:
                 self._gone_rank(*_GONE.unpack(body))
                 return False
             kind = b""
+        self._open.discard(rank)
         self._gone_rank(rank, self._pids[rank], kind if kind in (LEAVE, EXIT) else _DIED)
         return True
 
@@ -162,6 +220,8 @@ class PeerWatch:
         if first_failure:
             self._failed.set()
             self._on_gone(self.failure)
+        if how == STOPPED:   # its connections end here, as they would at its end
+            cut_connections_to(pid)
 
     def _tell(self, sock: socket.socket, message: bytes) -> None:
         with self._send_lock:
@@ -239,3 +299,66 @@ def wait_gloo(work, failure: Callable[[], BaseException | None], timeout: timede
             raise error
         if deadline is not None and time.monotonic() >= deadline:
             raise timed_out
+
+
+
+def cut_connections_to(pid: int) -> int:
+    """Shut down this process's TCP connections to process ``pid`` of this host, as its end
+    would have: a rank named stopped keeps its sockets open, and a gloo call waiting on it
+    (and gloo's destructor, which joins the thread running that call) waits for its end or
+    gloo's timeout; shut down, the call fails as for a dead rank ("Connection closed by
+    peer"). Found through /proc: the sockets of ``pid`` (this user's, this network namespace)
+    and this process's sockets whose far end is one of them. Returns how many were shut down
+    (0 where ``pid`` is on another host or its sockets cannot be read)."""
+    theirs = _socket_inodes(pid)
+    if not theirs:
+        return 0
+    table = _tcp_connections()
+    their_addresses = {table[inode][0] for inode in theirs if inode in table}
+    cut = 0
+    for fd, inode in _socket_fds(os.getpid()).items():
+        if inode in table and table[inode][1] in their_addresses:
+            try:
+                with socket.socket(fileno=os.dup(fd)) as sock:   # the dup shares the connection
+                    sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+            except OSError:
+                pass
+    return cut
+
+
+def _socket_fds(pid: int) -> dict[int, int]:
+    """``pid``'s open sockets: fd -> inode (none where /proc does not show them)."""
+    fds: dict[int, int] = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return fds
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            fds[int(name)] = int(target[8:-1])
+    return fds
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    return set(_socket_fds(pid).values())
+
+
+def _tcp_connections() -> dict[int, tuple[str, str]]:
+    """This network namespace's TCP sockets: inode -> (local address, remote address), as
+    /proc/net/tcp and tcp6 write them."""
+    table: dict[int, tuple[str, str]] = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[9] != "0":
+                table[int(fields[9])] = (fields[1], fields[2])
+    return table

@@ -12,6 +12,7 @@ shard once every allreduce is done (``_ShardWork``).
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable
 
@@ -31,39 +32,73 @@ Named = Callable[[BaseException], BaseException]   # an error, or one naming the
 
 
 def _settle(out: torch.futures.Future, fut: torch.futures.Future, value, named: Named) -> None:
-    """Complete ``out`` with ``value`` if ``fut`` succeeded, else with ``fut``'s error (``named``)."""
+    """Complete ``out`` (a future made by ``_resolve_to``, not the one it returns) with ``value``
+    if ``fut`` succeeded, else with ``fut``'s error (``named``) as its value: ``_raise_failure``
+    raises it into the future its caller holds."""
     try:
         fut.value()
         out.set_result(value)
     except Exception as e:  # noqa: BLE001 - handed on to whoever waits on ``out``
-        out.set_exception(named(e))
+        out.set_result(_Failure(named(e)))
+
+
+class _Failure:
+    """A call's error carried as a future's value (``_settle``) to ``_raise_failure``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _raise_failure(fut: torch.futures.Future):
+    """``fut``'s value, or the error it carries raised: a future torch's C++ sees failed."""
+    value = fut.value()
+    if isinstance(value, _Failure):
+        raise value.error
+    return value
 
 
 def _resolve_to(fut: torch.futures.Future, value, named: Named) -> torch.futures.Future:
-    """A future of ``value`` once the communicator's ``fut`` succeeds (else of its error, ``named``).
-    Already complete if ``fut`` is (a call run on the caller's thread): callbacks then run on the
-    caller's thread. Otherwise delivered on a thread of its own: the communicator completes its
-    futures on its one I/O thread, and a callback that waits there for another allreduce
-    (PowerSGD's hook does) would wait for itself. (gloo's callbacks run on one of its worker
-    threads.)"""
-    out = torch.futures.Future()
+    """A future of ``value`` once the communicator's ``fut`` succeeds (else failed with its error,
+    ``named``). Already complete if ``fut`` is (a call run on the caller's thread): callbacks then
+    run on the caller's thread. Otherwise delivered on a thread of its own: the communicator
+    completes its futures on its one I/O thread, and a callback that waits there for another
+    allreduce (PowerSGD's hook does) would wait for itself. (gloo's callbacks run on one of its
+    worker threads.)
+
+    The error is raised in a ``then`` callback, never set with ``Future.set_exception``: that
+    completes the C++ future *successfully* with the exception object as its value (only Python's
+    ``wait``/``value`` raise it), and DDP's reducer, reading a bucket's result in C++ at the end
+    of the backward pass, takes that value for the bucket's tensors: it finds none and reads past
+    an empty list (SIGSEGV in ``parseCppCommHookResult``). A ``then`` callback that raises fails
+    its future in C++ (``setError``), so the reducer raises it: a RuntimeError whose text is the
+    error's type and message, as for any failed c10d future."""
+    settled = torch.futures.Future()
+    out = settled.then(_raise_failure)
     if fut.done():
-        _settle(out, fut, value, named)
+        _settle(settled, fut, value, named)
     else:
-        fut.add_done_callback(lambda f: threading.Thread(target=_settle, args=(out, f, value, named), daemon=True,
+        fut.add_done_callback(lambda f: threading.Thread(target=_settle, args=(settled, f, value, named), daemon=True,
                                                          name="inagg-complete").start())
     return out
 
 
-def _wait_for(fut: torch.futures.Future, failure: Callable[[], BaseException | None]) -> None:
+def _wait_for(fut: torch.futures.Future, failure: Callable[[], BaseException | None],
+              timeout: timedelta | None = None) -> None:
     """Wait for ``fut`` on a Python lock, not in torch's C++ wait: a Ctrl-C is raised at once,
-    and the wait ends with ``failure()`` (a rank gone) should the call never end."""
+    and the wait ends with ``failure()`` (a rank gone or stopped) should the call never end, or
+    with a RuntimeError once ``timeout`` (None or 0: none) has passed, as gloo's wait does."""
     done = threading.Event()
     fut.add_done_callback(lambda _: done.set())
+    deadline = time.monotonic() + timeout.total_seconds() if timeout else None
     while not done.wait(_FAILURE_CHECK_SECONDS):
         error = failure()
         if error is not None:
             raise error
+        if deadline is not None and time.monotonic() >= deadline and not done.is_set():
+            raise RuntimeError(f"the call did not complete within its timeout ({timeout}): no rank is known "
+                               f"gone (a rank that stops is named once its lease runs out)")
 
 
 class _CallWork(dist.Work):
@@ -80,7 +115,7 @@ class _CallWork(dist.Work):
     def wait(self, timeout: timedelta | None = None) -> bool:
         try:
             if not self._done.done():
-                _wait_for(self._done, self._pg.failure)
+                _wait_for(self._done, self._pg.failure, timeout if timeout is not None else self._pg.lifecycle.timeout)
             self._done.value()   # raises the call's error
         except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
             raise self._pg.named(e)
@@ -105,7 +140,7 @@ class _GlooWork(dist.Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         try:
-            return wait_gloo(self._work, self._pg.failure, timeout)
+            return wait_gloo(self._work, self._pg.failure, timeout if timeout is not None else self._pg.lifecycle.timeout)
         except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
             raise self._pg.named(e)
 

@@ -50,9 +50,10 @@ def host_reduce_wanted(layout: HostLayout) -> bool:
 class HostGroup:
     """This rank's host: its layout, its links, its ``HostReduce`` and the thread its calls run on."""
 
-    def __init__(self, layout: HostLayout, links: dict[int, Link]) -> None:
+    def __init__(self, layout: HostLayout, links: dict[int, Link], timeout: float | None = None) -> None:
+        """``timeout``: the longest wait for a rank of the host, in seconds (the process group's)."""
         self.layout, self.links = layout, links
-        self.reduce = HostReduce(layout, links)
+        self.reduce = HostReduce(layout, links, timeout)
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._running = threading.RLock()   # reentrant: a future's callback may call again
         self._queued_lock = threading.Lock()
@@ -86,6 +87,11 @@ class HostGroup:
                 self._queued -= 1
             del work   # held until the next call came, it kept the caller's tensor alive
 
+    def fail(self, error: BaseException) -> None:
+        """The job failed with ``error`` (a rank named gone or stopped): the call waiting for a
+        rank of the host ends with it, and so does every later one."""
+        self.reduce.failed = error
+
     def close(self) -> None:
         """Stop the thread (after the calls submitted) and let the links and the memory go."""
         self._queue.put(None)
@@ -103,7 +109,7 @@ def open_host_group(store, rank: int, world_size: int, timeout: timedelta) -> Ho
     layout = discover_layout(store, rank, world_size)
     if not host_reduce_wanted(layout):
         return None
-    group = HostGroup(layout, connect_star(store, layout, timeout))
+    group = HostGroup(layout, connect_star(store, layout, timeout), timeout.total_seconds())
     log.info("rank %d: reducing on this host first (%s; leader rank %d)", rank, layout.describe(), layout.local[0])
     return group
 

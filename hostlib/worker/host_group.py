@@ -10,6 +10,11 @@
   the name goes with the socket. The leader accepts only its own user's processes
   (SO_PEERCRED). A process that dies closes its socket, so its peer reads end-of-file at once:
   a dead rank is named, never waited for.
+* **How long they wait.** A rank that stops without ending (SIGSTOP, a debugger) keeps its socket
+  open: every wait for a rank of the host (``receive_all``, ``Link.wait_readable``) looks every
+  ``SLICE_SECONDS`` whether the process group has failed (``stop``: the backend's peer watch
+  names a stopped rank when its lease runs out) and ends with that error, and it ends with a
+  ``JobFailed`` naming the silent ranks after the group's timeout.
 * **The memory.** One anonymous ``memfd`` that the leader creates and passes to the others over
   the sockets (SCM_RIGHTS). It has no name in /dev/shm, so nothing is left behind however a
   process ends: the kernel frees it with the last mapping. A larger call replaces it.
@@ -23,9 +28,11 @@ import secrets
 import selectors
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -35,6 +42,13 @@ from inagg.hostlib.worker.communicator import JobFailed
 HOST_ID_ENV = "INAGG_HOST_ID"
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _NET_NAMESPACE = Path("/proc/self/ns/net")
+SLICE_SECONDS = 0.2   # a wait for a rank of the host looks this often whether the group failed
+Stop = Callable[[], "BaseException | None"]   # why a wait ends now (None: it goes on)
+
+
+def never() -> None:
+    """A ``Stop`` that never stops a wait."""
+    return None
 
 
 class RankDied(JobFailed):
@@ -151,6 +165,15 @@ class Link:
             raise self._gone(e) from None
         return Message(kind, call, a, b, c, text, fds[0] if fds else None)
 
+    def wait_readable(self, stop: Stop = never, timeout: float | None = None) -> None:
+        """Return once the peer has sent something (or closed); raise ``stop()``'s error, or a
+        ``JobFailed`` naming the peer after ``timeout`` seconds (module docstring)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sock, selectors.EVENT_READ)
+            while not selector.select(SLICE_SECONDS):
+                _give_up(stop, deadline, timeout, [self])
+
     def read_exactly(self, n: int) -> bytes:
         data = b""
         while len(data) < n:
@@ -167,21 +190,38 @@ class Link:
         self.sock.close()
 
 
-def receive_all(links: dict[int, Link]) -> dict[int, Message]:
-    """One message from each link, in the order they come; the first dead peer raises."""
+def receive_all(links: dict[int, Link], stop: Stop = never, timeout: float | None = None) -> dict[int, Message]:
+    """One message from each link, in the order they come; the first dead peer raises, and so
+    does a wait that ``stop`` ends or that outlasts ``timeout`` seconds (module docstring)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     selector = selectors.DefaultSelector()
     for i, link in links.items():
         selector.register(link.sock, selectors.EVENT_READ, i)
     got: dict[int, Message] = {}
     try:
         while len(got) < len(links):
-            for key, _ in selector.select():
+            ready = selector.select(SLICE_SECONDS)
+            for key, _ in ready:
                 i = key.data
                 got[i] = links[i].recv()
                 selector.unregister(links[i].sock)
+            if not ready:
+                _give_up(stop, deadline, timeout, [link for i, link in links.items() if i not in got])
     finally:
         selector.close()
     return got
+
+
+def _give_up(stop: Stop, deadline: float | None, timeout: float | None, waited_for: list[Link]) -> None:
+    """Raise ``stop()``'s error if there is one, or a ``JobFailed`` naming the ranks waited for
+    once ``deadline`` passed; else return (the wait goes on)."""
+    error = stop()
+    if error is not None:
+        raise error
+    if deadline is not None and time.monotonic() >= deadline:
+        peers = ", ".join(link.peer for link in waited_for)
+        raise JobFailed(f"no message from {peers} within the process group's timeout ({timeout:.0f}s): "
+                        f"it runs, but not this call")
 
 
 # -- the star ---------------------------------------------------------------------------------

@@ -40,6 +40,9 @@ in its own lanes: an exchange through the sum), then the quantized sums.
 
 A rank that dies is named (``RankDied``) on every rank of its host at once (its socket
 closes), and by the next call between hosts on every other host; every later call raises it.
+A rank that stops without ending is named by the job's failure (``failed``: the backend's peer
+watch sets it through ``HostGroup.fail`` once the rank's lease ran out), which ends every wait
+for a rank of the host (``inagg.hostlib.worker.host_group``); so does the group's timeout.
 """
 
 from __future__ import annotations
@@ -147,8 +150,10 @@ class HostReduce:
     """This rank's part in its host's calls (module docstring). Calls run one at a time, in the
     same order on every rank of the job (the caller's ``inagg.hostlib.worker.host_communicator``)."""
 
-    def __init__(self, layout: HostLayout, links: dict[int, Link]) -> None:
-        self.layout, self.links = layout, links
+    def __init__(self, layout: HostLayout, links: dict[int, Link], timeout: float | None = None) -> None:
+        """``timeout``: the longest wait for a rank of the host, in seconds (the process group's)."""
+        self.layout, self.links, self.timeout = layout, links, timeout
+        self.failed: BaseException | None = None   # the job's failure, which ends every wait (``HostGroup.fail``)
         self.n_workers = layout.world_size
         self.shift = codec.shift_for(self.n_workers)
         self.buffer: SharedBuffer | None = None
@@ -172,6 +177,7 @@ class HostReduce:
         if self.broken is not None:   # the leader still fails each call between hosts, naming the rank
             if self.layout.leader:
                 self._refuse_between_hosts(c, comm.allreduce if c.n_hosts > 1 else None, _DIED, self.broken.rank)
+                self._tell(c, self.broken)   # the host's other ranks wait for this call's answer
             raise self.broken
         try:
             k_next = self._lead(c, comm) if self.layout.leader else self._follow(c)
@@ -182,6 +188,14 @@ class HostReduce:
         self.stats["local_bytes"] += 4 * c.n
         self.stats["seconds"] += time.perf_counter() - started
         return k_next
+
+    def _stop(self) -> BaseException | None:
+        """Why a wait for a rank of the host ends now: the job failed (``failed``; an error of its
+        own each time: a raised error keeps the frames it passed), else None."""
+        e = self.failed
+        if e is None:
+            return None
+        return RankDied(e.rank, str(e)) if isinstance(e, RankDied) else JobFailed(str(e))
 
     # -- the shared buffer -----------------------------------------------------------------------
 
@@ -256,6 +270,7 @@ class HostReduce:
         link = self.links[0]
         link.send(Message(_READY, c.call, c.word, 0, int(self._write(c))))
         while True:
+            link.wait_readable(self._stop, self.timeout)
             m = link.recv()
             if m.kind == _GROW:
                 self._use(SharedBuffer(m.fd, m.a, m.b))
@@ -282,13 +297,24 @@ class HostReduce:
             self._tell(c, e)
             raise
         k_next = comm.grant.values_per_packet if comm is not None else c.k
-        self._broadcast(Message(_RESULT, c.call, 0, 0, k_next, overflow))
+        self._broadcast(c, Message(_RESULT, c.call, 0, 0, k_next, overflow))
         self._copy_out(c, overflow)
         return k_next
 
-    def _broadcast(self, m: Message) -> None:
-        for link in self.links.values():
-            link.send(m)
+    def _broadcast(self, c: _Call, m: Message) -> None:
+        """``m`` to every other rank of the host. A rank found dead here (its socket closed) fails
+        the call: every rank that did not get ``m`` yet gets the error naming it instead, so no
+        rank takes the leader's later end for the cause (ranks that got ``m`` learn it at their
+        next call)."""
+        links = list(self.links.values())
+        for i, link in enumerate(links):
+            try:
+                link.send(m)
+            except RankDied as e:
+                self.broken = e
+                for later in links[i + 1:]:
+                    self._send_error(later, c, e)
+                raise
 
     def _tell(self, c: _Call, e: Exception) -> None:
         """Every live rank of the host gets the call's error (the dead one cannot)."""
@@ -300,6 +326,13 @@ class HostReduce:
                     link.send(Message(_ERROR, c.call, index, getattr(e, "rank", 0), 0, text))
                 except RankDied:
                     pass
+
+    def _send_error(self, link: Link, c: _Call, e: RankDied) -> None:
+        """``e`` to ``link``'s rank as call ``c``'s error (``_tell``'s, for one rank)."""
+        try:
+            link.send(Message(_ERROR, c.call, _ERRORS.index(RankDied), e.rank, 0, str(e)))
+        except RankDied:
+            pass
 
     def _gather(self, c: _Call, wrote: bool, cross) -> None:
         """Every rank READY with the same call; the buffer made larger if a rank had no room."""
@@ -319,7 +352,7 @@ class HostReduce:
     def _receive(self, c: _Call, cross) -> dict[int, Message]:
         """One message from every other rank; a dead rank fails the call here and between hosts."""
         try:
-            return receive_all(self.links)
+            return receive_all(self.links, self._stop, self.timeout)
         except RankDied as e:
             self.broken = e
             self._refuse_between_hosts(c, cross, _DIED, e.rank)
@@ -373,7 +406,7 @@ class HostReduce:
     def _steps(self, c: _Call, step: int, cross) -> None:
         """Every rank does its range of ``step`` (the leader alone in a serial call)."""
         if not _serial(c):
-            self._broadcast(Message(_SEGMENT, c.call, step, int(c.divisor)))
+            self._broadcast(c, Message(_SEGMENT, c.call, step, int(c.divisor)))
         self._segment(c, step)
         if not _serial(c):
             self._receive(c, cross)
