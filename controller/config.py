@@ -305,13 +305,13 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     return ControllerConfig(switches=tuple(switches), host_aggregator=host_aggregator, **kwargs)
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
     """A JSON object whose keys are all different (json keeps the last of a repeated key
     silently; TOML refuses one itself)."""
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"key {key!r} appears twice in one object: keep one")
+            raise ValueError(f"key {key!r} appears twice in one object: keep one (rename the other)")
         out[key] = value
     return out
 
@@ -324,7 +324,7 @@ def read_config_data(path: Path | str) -> dict:
         text = path.read_text()
         if path.suffix == ".toml":
             return tomllib.loads(text)
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except (OSError, ValueError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read controller config {path}: {e}") from None
 

@@ -49,22 +49,8 @@ def test_both_chips_carry_the_same_k():
 
 
 def source_for(chip: str, text: str) -> str:
-    """``text`` as bf-p4c sees it for ``chip``: the lines of its ``#if __TARGET_TOFINO__``
-    branches that apply (every other conditional is kept: include guards, size checks)."""
-    number, keep, stack = CHIPS.index(chip) + 1, [], []
-    for line in text.splitlines():
-        target = re.match(r"\s*#if __TARGET_TOFINO__ (==|!=) (\d)", line)
-        if target:
-            stack.append((target.group(1) == "==") == (int(target.group(2)) == number))
-        elif re.match(r"\s*#if", line):
-            stack.append(None)
-        elif re.match(r"\s*#else", line) and stack[-1] is not None:
-            stack[-1] = not stack[-1]
-        elif re.match(r"\s*#endif", line):
-            stack.pop()
-        elif all(s is not False for s in stack):
-            keep.append(line)
-    return "\n".join(keep)
+    """``text`` as bf-p4c reads it for ``chip`` (the shared reading of tna_compiled)."""
+    return tna_compiled.p4_source(chip, text)
 
 
 def test_register_actions_are_the_p4s(chip):

@@ -34,6 +34,7 @@ from pathlib import Path
 from inagg.bmv2_env.emulation.run_dir import MAX_IFNAME, RUN_ID_LEN
 from inagg.bmv2_env.emulation.topology_schema import (TopologyError, check_addresses, check_controller, check_jobs,
                                                        check_link_options, check_schema, did_you_mean)
+from inagg.controller.config import unique_keys
 from inagg.hostlib.wire.grant import ETHERNET_MTU, MAX_IPV4_DATAGRAM
 
 __all__ = ["Endpoint", "Link", "Topology", "TopologyError", "host_ip", "load_topology", "parse_topology"]
@@ -224,21 +225,10 @@ def parse_topology(data: dict, where: str = "topology") -> Topology:
     return topo
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object whose keys all differ: json keeps the last of a repeated key silently
-    (a second "h1" would replace the first host without a word)."""
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key!r} appears twice in one object; keep one (rename the other)")
-        out[key] = value
-    return out
-
-
 def load_topology(path: Path) -> Topology:
     """Read topology file ``path`` (JSON, no repeated keys) and check it (``parse_topology``)."""
     try:
-        data = json.loads(Path(path).read_text(), object_pairs_hook=_unique_keys)
+        data = json.loads(Path(path).read_text(), object_pairs_hook=unique_keys)
     except (OSError, ValueError) as e:
         raise TopologyError(f"cannot read topology {path}: {e}") from None
     return parse_topology(data, str(path))
