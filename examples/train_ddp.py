@@ -86,9 +86,8 @@ def main() -> None:
 if __name__ == "__main__":
     main()
     # Everything is written and every group is destroyed: leave without the interpreter's own
-    # teardown. With --backend gloo, torch's gloo workers may still let go of a tensor Python owns
-    # while the interpreter finalizes, which ends in std::terminate (SIGABRT; 1 in ~20 runs on a
-    # loaded 2-core machine, core dumps in gloo's runloop); an error above still exits non-zero.
+    # teardown, during which gloo's workers may still let go of a tensor Python owns and abort
+    # the process (docs/results/torch_edges.md); an error above still exits non-zero.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
