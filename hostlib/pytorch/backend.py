@@ -46,7 +46,8 @@ open at exit leaves its job and stops its deployment while the interpreter can s
 This module is the thin front torch sees (the c10d names, the collectives' entry points, the
 stats); the work is its parts': start and stop (``lifecycle``), the allreduce dispatch
 (``dispatch``), reduce-scatter (``reduce_scatter``), the inner gloo group (``inner_gloo``) and the
-Works they return (``works``).
+Works they return (``works``). Every method torch calls here, and on those Works, runs outside
+``torch.compile``'s Dynamo (``outside_dynamo``): torch calls them from C++ inside compiled code too.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ import torch.distributed as dist
 from inagg.hostlib import BACKEND_NAME
 from inagg.hostlib.pytorch.dispatch import AllreduceDispatch
 from inagg.hostlib.pytorch.lifecycle import GroupLifecycle
+from inagg.hostlib.pytorch.outside_dynamo import mark_if_dynamo_loaded, torch_calls
 from inagg.hostlib.pytorch.reduce_scatter import ReduceScatter
 from inagg.hostlib.worker.host_group import RankDied
 from inagg.hostlib.worker.launch_identity import claim_store, launch_id
@@ -75,6 +77,12 @@ GLOO_COLLECTIVES = (
     "reduce_scatter", "gather", "scatter", "alltoall", "alltoall_base", "all_to_all_single", "barrier",
     "send", "recv", "recv_anysource",
 )
+# the other methods torch calls on a process group (kept out of Dynamo: ``outside_dynamo``)
+TORCH_CALLS = GLOO_COLLECTIVES + (
+    "getBackendName", "setGroupName", "getGroupName", "setGroupDesc", "getGroupDesc", "allreduce",
+    "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced", "monitored_barrier", "shutdown",
+)
 _NOT_A_REDUCTION = "inagg runs allreduce and reduce-scatter only"
 
 
@@ -86,6 +94,7 @@ class InaggProcessGroup(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
         """Up once the inner gloo group is (a collective); the paths start in the background."""
         super().__init__(rank, world_size)
+        mark_if_dynamo_loaded()
         # the launch claims the store before anything uses it: a rank of another launch given
         # the same store is refused here, before its gloo groups or jobs could meet this one's
         claim_store(dist.PrefixStore(LAUNCH_PREFIX, store), rank, launch_id())
@@ -198,6 +207,7 @@ def _gloo_collective(name: str) -> Callable[..., dist.Work]:
 
 for _name in GLOO_COLLECTIVES:
     setattr(InaggProcessGroup, _name, _gloo_collective(_name))
+torch_calls(*TORCH_CALLS)(InaggProcessGroup)
 
 
 def monitored_barrier(group: dist.ProcessGroup | None = None, timeout: timedelta | None = None,

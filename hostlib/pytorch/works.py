@@ -19,10 +19,14 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.distributed as dist
 
+from inagg.hostlib.pytorch.outside_dynamo import torch_calls
 from inagg.hostlib.pytorch.peer_watch import wait_gloo
 
 if TYPE_CHECKING:
     from inagg.hostlib.pytorch.backend import InaggProcessGroup
+
+# a Work's methods torch calls (kept out of Dynamo: ``inagg.hostlib.pytorch.outside_dynamo``)
+_WORK_CALLS = ("wait", "get_future", "is_completed")
 
 # a wait on a call of ours looks this often whether a rank has gone (which no path may report)
 _FAILURE_CHECK_SECONDS = 0.2
@@ -101,6 +105,7 @@ def _wait_for(fut: torch.futures.Future, failure: Callable[[], BaseException | N
                                f"gone (a rank that stops is named once its lease runs out)")
 
 
+@torch_calls(*_WORK_CALLS)
 class _CallWork(dist.Work):
     """The Work of one call on a path of ours: ``wait`` waits on the call's own future ``done``
     and raises its error, ``named`` (the Work of torch's ``_create_work_from_future`` returns
@@ -130,6 +135,7 @@ class _CallWork(dist.Work):
         return self._done.done()
 
 
+@torch_calls(*_WORK_CALLS, "_source_rank")
 class _GlooWork(dist.Work):
     """A Work of the inner gloo group, waited for in slices (``wait_gloo``: Ctrl-C and a rank
     gone end the wait) and its error naming the rank gone that caused it; its future likewise."""
@@ -163,6 +169,7 @@ class _GlooWork(dist.Work):
         return self._work._source_rank()
 
 
+@torch_calls(*_WORK_CALLS)
 class _TimedWork(dist.Work):
     """A path's Work that reports when it is done (``on_done``, once), timed where it is waited
     for: in ``wait`` on the caller's thread, which costs the call nothing and counts the
@@ -194,6 +201,7 @@ class _TimedWork(dist.Work):
         return self._work.is_completed()
 
 
+@torch_calls(*_WORK_CALLS)
 class _ShardWork(dist.Work):
     """The Work of reduce-scatters run as allreduces (``inagg.hostlib.pytorch.reduce_scatter``):
     ``calls`` are (output, full, work), ``full`` the tensor ``work`` allreduces; once every
