@@ -48,6 +48,9 @@ def main() -> None:
     p.add_argument("--backend", default="inagg")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--hook", choices=("none", "powersgd", "fp16", "artopk", "artopk-adaptive"), default="none")
+    p.add_argument("--compile", choices=("none", "model", "ddp"), default="none",
+                   help="model: DDP(torch.compile(model)); ddp: torch.compile(DDP(model))")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend")
     p.add_argument("--out", help="rank 0 writes parameters and stats here (JSON)")
     args = p.parse_args()
 
@@ -55,9 +58,11 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    ddp = DDP(model)
+    ddp = DDP(torch.compile(model, backend=args.compile_backend) if args.compile == "model" else model)
     hook_state = register_hook(ddp, args.hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    if args.compile == "ddp":
+        ddp = torch.compile(ddp, backend=args.compile_backend)
     data = torch.Generator().manual_seed(1 + rank)   # each rank its own shard
     losses = []
     for _ in range(args.steps):

@@ -88,6 +88,30 @@ def test_calls_take_the_host_lane_beside_the_switch(tmp_path, gloo_runs):
     assert_same_training(run, gloo_runs["none"], atol=1e-5)
 
 
+@pytest.mark.parametrize("compiled", ["model", "ddp"])
+def test_torch_compile_trains_as_gloo_around_ddp_and_inside_it(tmp_path, gloo_runs, compiled):
+    """``DDP(torch.compile(model))`` and ``torch.compile(DDP(model))`` (inductor, as users run
+    it) train as uncompiled DDP on gloo, every call on inagg's own path. Before: under
+    ``torch.compile(DDP(model))`` Dynamo compiled the backend's Python ``broadcast``, which DDP
+    calls from C++ in its first forward, and stopped at its first attribute."""
+    run = torchrun(tmp_path, f"compile-{compiled}", "--compile", compiled, env={"INAGG_ALLREDUCE_PATH": "inagg"})
+    assert run["stats"]["allreduce_paths"] == {"inagg": 40}   # DDP's bucket and the loss metric, 20 steps
+    assert_same_training(run, gloo_runs["none"], atol=1e-5)
+
+
+def test_a_job_that_never_compiles_never_loads_dynamo():
+    """The backend keeps its Python out of Dynamo without importing it (~1 s of CPU at
+    ``init_process_group``): ``inagg.hostlib.pytorch.outside_dynamo``."""
+    code = ("import sys, torch, torch.distributed as dist; from datetime import timedelta;"
+            "from inagg.hostlib.pytorch.backend import InaggProcessGroup;"
+            "g = InaggProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=60)); t = torch.ones(4);"
+            "g.allreduce([t]).wait(); g.broadcast([t]).wait(); g.shutdown();"
+            "assert 'torch._dynamo' not in sys.modules and t.tolist() == [1.0] * 4")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_pytorch_powersgd_hook_runs_on_the_inagg_backend(tmp_path, gloo_runs):
     run = torchrun(tmp_path, "powersgd", "--hook", "powersgd", env={"INAGG_ALLREDUCE_PATH": "inagg"})
     # PowerSGD's P and Q allreduces and its dense warm-up steps all went through inagg
