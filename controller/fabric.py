@@ -71,7 +71,8 @@ class Fabric:
                                   config.host_window, share * i, max_jobs=cap.job_rows,
                                   max_job_workers=cap.job_workers, worker_entries=cap.worker_entries)
             self.allocators[cfg.name] = alloc
-            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name))
+            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name),
+                                                    config.host_aggregator)
         self.allocators[HOST_POOL] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
                                             config.host_window, share * (n - 1))
 
