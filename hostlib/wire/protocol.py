@@ -36,6 +36,8 @@ FLAG_FROM_HOST = 0x02
 FLAG_CONGESTION = 0x04
 FLAG_OVERFLOW = 0x08
 FLAG_FROM_SWITCH = 0x80  # a switch's partial sum to its parent in an aggregation tree (docs/trees.md)
+# The flags a result can carry (a switch's or the host aggregator's); a worker drops any other.
+RESULT_FLAGS = FLAG_RETRANSMIT | FLAG_FROM_HOST | FLAG_CONGESTION | FLAG_OVERFLOW
 
 EXP_NONE = -128
 MAX_WORKERS = 32
