@@ -141,15 +141,25 @@ class SoftPipeline:
 
     # -- data plane --------------------------------------------------------------------------
 
+    # SourceGuard before admission, as p4/inagg.p4 applies it (the TNA program guards only the
+    # frames it forwards: TofinoModelPipeline)
+    GUARD_FIRST = True
+
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         frame = parse(data)
-        reason = guard_reason(self.tables, port, frame)
-        if reason is not None:
-            self.counters.count(GUARD_DROPS, _GUARD_CODE[reason])
+        if self.GUARD_FIRST and self.source_guard(port, frame):
             return []
         if not frame.encap:
             return self.forwarding(port, frame)
         return self.admission(port, frame)
+
+    def source_guard(self, port: int, frame: Frame) -> bool:
+        """SourceGuard: True when ``frame`` claims an aggregator's place on a host port
+        (dropped, counted in guard_drops)."""
+        reason = guard_reason(self.tables, port, frame)
+        if reason is not None:
+            self.counters.count(GUARD_DROPS, _GUARD_CODE[reason])
+        return reason is not None
 
     def admission(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
         """JobAdmission, then SlotState/ValueAggregation (the engine), JobCounters and
