@@ -141,13 +141,9 @@ class SoftPipeline:
 
     # -- data plane --------------------------------------------------------------------------
 
-    # SourceGuard before admission, as p4/inagg.p4 applies it (the TNA program guards only the
-    # frames it forwards: TofinoModelPipeline)
-    GUARD_FIRST = True
-
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         frame = parse(data)
-        if self.GUARD_FIRST and self.source_guard(port, frame):
+        if self.source_guard(port, frame):    # SourceGuard first, as p4/inagg.p4 applies it
             return []
         if not frame.encap:
             return self.forwarding(port, frame)
