@@ -602,7 +602,8 @@ def forged_result(job, rank, values, *, slot, src_ip=SWITCH_IP, src_mac=SWITCH_M
 def test_source_guard_drops_and_counts_frames_claiming_an_aggregator(dp):
     """Issue 37: a raw frame from another host with the aggregator's source address reached
     the workers. On a host port the switch now drops (and counts) every frame from the
-    switch's or the host aggregator's address, every RESULT and every switch's partial sum;
+    switch's or the host aggregator's address, every RESULT and every switch's partial sum it
+    would forward;
     the same forged result on the open port 4 is forwarded (the guard is per port), and a
     real round stays exact."""
     needs_guard(dp)
@@ -613,9 +614,13 @@ def test_source_guard_drops_and_counts_frames_claiming_an_aggregator(dp):
     dp.send(3, forged_result(JOB1, 0, [666] * K, slot=6, src_ip=host(4)[1], src_mac=host(4)[0]))
     dp.send(1, bytes(Ether(src=host(1)[0], dst=host(2)[0]) / IP(src=SWITCH_IP, dst=host(2)[1])
                      / UDP(sport=7, dport=7) / b"not inagg"))               # any frame from it
-    send(dp, contribution(JOB1, 1, [666] * K, slot=6, src_port=2, raw=bytes([0x12]) + build_contribution(
-        1, 1, 1, 6, 0, 0, np.ones(K, np.int32), K)[1:]))                    # a RESULT from a worker
-    send(dp, contribution(JOB1, 2, [666] * K, slot=6, flags=FLAG_FROM_SWITCH))   # a "partial sum"
+    # a RESULT and a "partial sum" from workers' own addresses, of a job the switch forwards
+    # (an admitted job's are admission's on Tofino: bad_type, and no tree to forge for)
+    agg_mac, agg_ip = host(4)
+    for port, flags, vt in ((2, 0, 0x12), (3, FLAG_FROM_SWITCH, 0x11)):
+        inagg = bytes([vt]) + build_contribution(9, 0, 1, 3, 0, 0, np.ones(K, np.int32), K, flags=flags)[1:]
+        dp.send(port, bytes(Ether(src=host(port)[0], dst=agg_mac) / IP(src=host(port)[1], dst=agg_ip)
+                            / UDP(sport=50000, dport=UDP_PORT, chksum=0) / inagg))
     assert all(v == [] for v in dp.recv_all(0.4).values())
     g1 = guard.drops()
     assert {r: g1.get(r, 0) - g0.get(r, 0) for r in ("aggregator_addr", "result")} == \
