@@ -20,7 +20,8 @@ def controller_env(tmp_path, switch_keys: dict | None = None, **overrides):
     soft switch Tofino-shaped); ``overrides``: controller config keys."""
     sw_addr = f"unix:{tmp_path}/sw.sock"
     switch_keys = switch_keys or {}
-    program = default_program("tofino" if switch_keys.get("target") == "tofino" else "soft")
+    target = switch_keys.get("target", "soft")
+    program = default_program(target if target in ("tofino", "tofino2") else "soft")
     switch = {"state": SoftSwitchState(0, program.p4info)}
     switch["server"] = serve_switch(switch["state"], sw_addr)
     config = parse_config({
@@ -114,19 +115,20 @@ def test_pipeline_forwarding_and_flood_group_installed(env):
         sw.close()
 
 
-@pytest.mark.parametrize("target", ["soft", "tofino"])
+@pytest.mark.parametrize("target", ["soft", "tofino", "tofino2"])
 def test_source_guard_is_installed_on_every_host_port(tmp_path, target):
     """Issue 37: every port a configured host is on gets a SourceGuard entry naming the
     switch's aggregator address and the host aggregator's; the host aggregator's own port
     (its IP is one of the hosts) may send results. A program without the table (the TNA
-    program, docs/tofino.md) gets no entries and no error."""
+    program built for Tofino 1, docs/tofino.md) gets no entries and no error."""
     hosts = {f"10.0.0.{i}": {"port": i, "mac": f"00:00:00:00:00:0{i}"} for i in range(1, 4)}
     hosts["10.0.0.100"] = {"port": 4, "mac": "00:00:00:00:00:64"}
-    keys = {"hosts": hosts, **({"target": "tofino", "device_ports": {str(p): p for p in range(1, 5)}}
-                               if target == "tofino" else {})}
+    keys = {"hosts": hosts, **({"target": target, "device_ports": {str(p): p for p in range(1, 5)}}
+                               if target != "soft" else {})}
     env = controller_env(tmp_path, keys)
     e = next(env)
-    sw = SwitchConnection(e["sw_addr"], election_id=(0, 0))
+    sw = SwitchConnection(e["sw_addr"], election_id=(0, 0),
+                          program=default_program(target) if target != "soft" else None)
     try:
         if target == "tofino":
             runtime = e["ctl"]().fabric.switches["s1"]
