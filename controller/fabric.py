@@ -72,7 +72,8 @@ class Fabric:
                                   max_job_workers=cap.job_workers,
                                   worker_entries=cap.worker_entries - 1)   # one holds the job-id mark
             self.allocators[cfg.name] = alloc
-            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name))
+            self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name),
+                                                    config.host_aggregator)
         self.allocators[HOST_POOL] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
                                             config.host_window, share * (n - 1))
 

@@ -7,6 +7,7 @@ of aggregation trees (their uplinks included)."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 from dataclasses import dataclass
 
 from inagg.hostlib.wire.protocol import MAX_WORKERS
@@ -16,9 +17,22 @@ from inagg.controller.config import SwitchConfig
 from inagg.controller.p4info import P4Info
 from inagg.controller.switch import (
     DELETE, INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
-    ResultReplication, SwitchConnection, SwitchJob, TreeUplink,
+    ResultReplication, SourceGuard, SwitchConnection, SwitchJob, TreeUplink,
 )
+from inagg.hostlib.wire.grant import parse_address
 from inagg.controller.p4info import P4Type
+
+
+def _ipv4_host(address: str) -> str | None:
+    """The IPv4 of ``"ip:port"``; None for "" or a host name."""
+    if not address:
+        return None
+    host = parse_address(address)[0]
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return None
+    return host
 
 
 @dataclass(frozen=True)
@@ -30,6 +44,7 @@ class SwitchCapacity:
     worker_entries: int   # worker_table / replica_table entries, all jobs together
     job_workers: int      # ranks of one job: the width of a slot's worker bitmap
     trees: bool = False   # has uplink_table: can be a switch below the root of a tree
+    guard: bool = False   # has host_port_table: drops hosts' frames that claim an aggregator's place
 
     @classmethod
     def from_p4info(cls, p4info: P4Info) -> "SwitchCapacity":
@@ -37,15 +52,17 @@ class SwitchCapacity:
                    job_rows=min(p4info.table_size("job_table"), p4info.counter_size("job_packets")),
                    worker_entries=min(p4info.table_size("worker_table"),
                                       p4info.table_size("replica_table")),
-                   job_workers=MAX_WORKERS, trees=p4info.has(P4Type.table, "uplink_table"))
+                   job_workers=MAX_WORKERS, trees=p4info.has(P4Type.table, "uplink_table"),
+                   guard=p4info.has(P4Type.table, "host_port_table"))
 
 
 class SwitchRuntime:
     """One switch: its session, its allocator and the programming of its tables."""
 
     def __init__(self, cfg: SwitchConfig, allocator: SlotAllocator, p4info: P4Info,
-                 routes: dict[str, int] | None = None) -> None:
+                 routes: dict[str, int] | None = None, host_aggregator: str = "") -> None:
         self.cfg = cfg
+        self.host_aggregator = host_aggregator   # "ip:port" of the host aggregator ("" = none)
         self.allocator = allocator
         self.p4info = p4info
         self.capacity = SwitchCapacity.from_p4info(p4info)
@@ -94,12 +111,29 @@ class SwitchRuntime:
         updates += fwd.flood_updates(INSERT, self.cfg.ports)
         if self.id_mark:
             updates.append(JobAdmission(self.sw).mark_update(INSERT, self.id_mark))
+        updates += self.guard_updates()
         for job in jobs:
             updates.append(ResultReplication(self.sw).job_update(INSERT, job))
             updates += ReplicaRewrite(self.sw).updates(INSERT, job)
             updates += TreeUplink(self.sw).updates(INSERT, job)
             updates += JobAdmission(self.sw).updates(INSERT, job)
         return updates
+
+    def guard_updates(self) -> list:
+        """SourceGuard's entries: every port a configured host is on is guarded against
+        frames from this switch's aggregator address; the host aggregator's port (where its IP
+        is one of the hosts) may send results from its address, no other port may."""
+        switch_ip = _ipv4_host(self.cfg.aggregator)
+        if not self.capacity.guard or switch_ip is None:
+            return []
+        # no host aggregator (or a name): guard the switch's address twice rather than invent one
+        host_ip = _ipv4_host(self.host_aggregator) or switch_ip
+        ports: dict[int, bool] = {}
+        for ip, h in self.cfg.hosts.items():
+            port = self.cfg.device_port(h.port)
+            ports[port] = ports.get(port, False) or ip == host_ip
+        guard = SourceGuard(self.sw)
+        return [guard.port_update(INSERT, port, switch_ip, host_ip, agg) for port, agg in sorted(ports.items())]
 
     def program(self, jobs: list[SwitchJob]) -> None:
         """Make the switch hold ``jobs``; until that succeeds its state counts as unknown."""
@@ -112,7 +146,8 @@ class SwitchRuntime:
         want = self.desired(jobs)
         have_tables: dict[tuple, tuple] = {}
         tables = ("l2_table", "worker_table", "replica_table", "job_table") + \
-            (("uplink_table",) if self.capacity.trees else ())
+            (("uplink_table",) if self.capacity.trees else ()) + \
+            (("host_port_table",) if self.capacity.guard else ())
         for table in tables:
             for key, action, params in self.sw.table_entries(table):
                 have_tables[(table, tuple(sorted(key.items())))] = (action, params)
@@ -140,7 +175,8 @@ class SwitchRuntime:
         # or the switch restarted); they go before its job_table row makes it visible
         fresh = [j for j in jobs if ("job_table", (("job_id", j.job_id),)) not in have_tables]
         writes[:0] = [u for j in fresh for u in JobCounters(self.sw).reset_updates(j.job_index)]
-        order = {"job_table": 0, "uplink_table": 1, "replica_table": 1, "worker_table": 1, "l2_table": 2}
+        order = {"job_table": 0, "uplink_table": 1, "replica_table": 1, "worker_table": 1, "l2_table": 2,
+                 "host_port_table": 2}
         stale = sorted((k for k in have_tables if k not in seen_tables), key=lambda k: order[k[0]])
         for table, key in stale:
             writes.append(self.sw.table_update(DELETE, table, dict(key)))

@@ -22,7 +22,9 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from inagg.hostlib.wire.protocol import DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, ipv4, mac
+from inagg.hostlib.wire.protocol import (
+    DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, GUARD_DROP_REASONS, ipv4, mac,
+)
 
 from inagg.controller.p4info import P4Info, P4Type, encode, same_p4info
 from inagg.controller.config import DEFAULT_PUSH_TIMEOUT, default_program
@@ -467,6 +469,31 @@ class Forwarding:
                                  None if kind == DELETE else "flood",
                                  None if kind == DELETE else {"group": MCAST_FLOOD}),
         ]
+
+
+class SourceGuard:
+    """Programs host_port_table and reads guard_drops (p4/include/source_guard.p4): on each
+    port that faces hosts, frames claiming an aggregator's address or carrying a result are
+    dropped; ports to other switches get no entry."""
+
+    def __init__(self, sw: SwitchConnection) -> None:
+        self.sw = sw
+
+    def port_update(self, kind: int, port: int, aggregator_ip: str, host_aggregator_ip: str,
+                    is_aggregator: bool) -> p4runtime_pb2.Update:
+        """Guard device port ``port``: no frame from it may come from ``aggregator_ip`` (the
+        switch's aggregator address) and, unless the host aggregator sits there
+        (``is_aggregator``), none from ``host_aggregator_ip`` and no result."""
+        params = {"aggregator_addr": ipv4(aggregator_ip), "host_aggregator": ipv4(host_aggregator_ip),
+                  "is_aggregator": int(is_aggregator)}
+        return self.sw.table_update(kind, "host_port_table", {"port": port},
+                                    None if kind == DELETE else "guard_host_port",
+                                    None if kind == DELETE else params)
+
+    def drops(self) -> dict[str, int]:
+        """Frames dropped on host ports, by GUARD_DROP reason (only the reasons that occurred)."""
+        counts = self.sw.counter("guard_drops")
+        return {r: counts.get(i, 0) for i, r in enumerate(GUARD_DROP_REASONS) if counts.get(i, 0)}
 
 
 _JOB_COUNTS = ("packets", "aggregated", "duplicates", "results")   # job_<name>, one cell per job

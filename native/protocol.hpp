@@ -19,6 +19,11 @@ constexpr uint8_t kFlagFromHost = 0x02;
 constexpr uint8_t kFlagCongestion = 0x04;
 constexpr uint8_t kFlagOverflow = 0x08;
 constexpr uint8_t kFlagFromSwitch = 0x80;  // a switch's partial sum to its parent (docs/trees.md)
+// The flags a result can carry (a switch's or the host aggregator's): anything else is forged.
+constexpr uint8_t kResultFlags = kFlagRetransmit | kFlagFromHost | kFlagCongestion | kFlagOverflow;
+// SourceGuard's drop reasons (GUARD_DROP_* of p4/include/constants.p4): its counter's cells.
+constexpr size_t kGuardDropAggregatorAddr = 0;
+constexpr size_t kGuardDropResult = 1;
 constexpr int8_t kExpNone = -128;
 constexpr size_t kMaxWorkers = 32;
 constexpr size_t kHeaderBytes = 16;

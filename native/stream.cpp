@@ -35,9 +35,9 @@ double now_seconds() {
 }  // namespace
 
 const char* result_check_name(ResultCheck c) {
-    static const char* names[] = {"accepted",     "foreign_source", "truncated",   "not_a_result",
-                                  "wrong_job",    "wrong_epoch",    "no_round",    "wrong_set",
-                                  "wrong_offset", "wrong_count",    "wrong_length"};
+    static const char* names[] = {"accepted",     "foreign_source", "truncated",    "not_a_result",
+                                  "wrong_job",    "wrong_epoch",    "no_round",     "wrong_set",
+                                  "wrong_offset", "wrong_count",    "wrong_length", "wrong_flags"};
     return names[static_cast<size_t>(c)];
 }
 
@@ -288,6 +288,7 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from,
     if (n < kHeaderBytes) return ResultCheck::Truncated;
     Header h = read_header(d);
     if (h.version != kVersion || h.msg_type != kMsgResult) return ResultCheck::NotAResult;
+    if (h.flags & ~kResultFlags) return ResultCheck::WrongFlags;
     if (h.job != grant_.job) return ResultCheck::WrongJob;
     if (h.epoch != grant_.epoch) return ResultCheck::WrongEpoch;
     if (h.slot < grant_.slot_base || h.slot - grant_.slot_base >= rounds_.size() ||

@@ -41,9 +41,10 @@ enum class ResultCheck : uint8_t {
     WrongSet,
     WrongOffset,
     WrongCount,
-    WrongLength
+    WrongLength,
+    WrongFlags  // a flag no aggregator sets on a result (FLAG_FROM_SWITCH, an unknown bit)
 };
-constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::WrongLength) + 1;
+constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::WrongFlags) + 1;
 const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {

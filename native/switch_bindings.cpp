@@ -149,6 +149,21 @@ void bind_uplink_table(PipelineClass& cls) {
         });
 }
 
+// SourceGuard's host_port_table.
+void bind_guard_table(PipelineClass& cls) {
+    cls.def("set_host_port",
+            [](SwitchPipeline& p, uint16_t port, uint32_t aggregator_addr, uint32_t host_aggregator,
+               bool is_aggregator) {
+                with_tables(p, [&](SwitchTables& t) {
+                    t.host_ports[port] =
+                        inagg::GuardPort{aggregator_addr, host_aggregator, is_aggregator};
+                });
+            })
+        .def("remove_host_port", [](SwitchPipeline& p, uint16_t port) {
+            with_tables(p, [&](SwitchTables& t) { t.host_ports.erase(port); });
+        });
+}
+
 // Forwarding's l2_table and the packet replication engine's multicast groups.
 void bind_l2_tables(PipelineClass& cls) {
     cls.def("set_l2",
@@ -250,6 +265,7 @@ void bind_pipeline(nb::module_& m) {
             "A context manager holding the pipeline's lock: no packet sees half a write");
     bind_job_tables(cls);
     bind_uplink_table(cls);
+    bind_guard_table(cls);
     bind_l2_tables(cls);
     bind_engine_and_counters(cls);
 }

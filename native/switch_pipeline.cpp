@@ -20,11 +20,36 @@ SwitchPipeline::SwitchPipeline(uint32_t n_slots, uint32_t values_per_packet,
 
 void SwitchPipeline::process(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
     uint8_t encap = parse_encap(f, len);
+    if (source_guard(port, f, len, encap)) return;
     if (encap == kEncapNone) {
         forwarding(port, f, len, out);
     } else {
         admission(port, f, len, encap, out);
     }
+}
+
+// SourceGuard (p4/include/source_guard.p4): on a host port, a frame from the switch's aggregator
+// address, or from the host aggregator's off its port, is GUARD_DROP_AGGREGATOR_ADDR; an inagg
+// RESULT off the host aggregator's port, or a FLAG_FROM_SWITCH packet, GUARD_DROP_RESULT.
+bool SwitchPipeline::source_guard(uint16_t port, const uint8_t* f, size_t len, uint8_t encap) {
+    auto hit = tables_.host_ports.find(port);
+    if (hit == tables_.host_ports.end()) return false;
+    const GuardPort& g = hit->second;
+    if (len >= kIpAt + kIp && load_be16(f + kEthType) == 0x0800) {  // the parser's ipv4 valid
+        uint32_t src = load_be32(f + kIpAt + kIpSrc);
+        if (src == g.aggregator_addr || (!g.is_aggregator && src == g.host_aggregator)) {
+            counters_.count(Counter::GuardDrops, kGuardDropAggregatorAddr);
+            return true;
+        }
+    }
+    size_t at = encap == kEncapRoce ? kRoceInaggAt : kInaggAt;
+    if (encap == kEncapNone || len < at + kHeaderBytes) return false;  // no inagg header
+    bool result = (f[at + field::kVersionType] & 0xF) == kMsgResult && !g.is_aggregator;
+    if (result || (f[at + field::kFlags] & kFlagFromSwitch)) {
+        counters_.count(Counter::GuardDrops, kGuardDropResult);
+        return true;
+    }
+    return false;
 }
 
 void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {

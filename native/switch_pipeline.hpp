@@ -95,6 +95,8 @@ public:
     std::recursive_mutex& mutex() { return mutex_; }
 
 private:
+    // SourceGuard: true when a host port's frame claims an aggregator's place (dropped, counted).
+    bool source_guard(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap);
     void forwarding(uint16_t port, const uint8_t* frame, size_t len, OutputBatch& out);
     void admission(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
                    OutputBatch& out);

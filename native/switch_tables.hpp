@@ -1,5 +1,5 @@
 // The software switch's match-action state, as the P4 program declares it
-// (p4/include/job_admission.p4, tree_uplink.p4, forwarding.p4, replica_rewrite.p4,
+// (p4/include/source_guard.p4, job_admission.p4, tree_uplink.p4, forwarding.p4, replica_rewrite.p4,
 // job_counters.p4) and the Python P4Runtime server writes it (bmv2_env/softswitch/pipeline.py
 // mirrors every accepted TableEntry / MulticastGroupEntry into here): exact-match tables as hash
 // maps, the packet replication engine's groups, and the indexed packet counters that P4Runtime
@@ -57,6 +57,14 @@ struct UplinkEntry {
     uint16_t src_udp_port = 0;
 };
 
+// host_port_table's guard_host_port (SourceGuard): a host-facing port, the switch's aggregator
+// address no frame from it may carry, the host aggregator's, and whether it sits on this port.
+struct GuardPort {
+    uint32_t aggregator_addr = 0;
+    uint32_t host_aggregator = 0;
+    bool is_aggregator = false;
+};
+
 // l2_table's actions (Forwarding); `arg` is the port of forward or the group of flood.
 enum class L2Kind : uint8_t { Drop, Forward, Flood };
 struct L2Action {
@@ -76,6 +84,7 @@ struct SwitchTables {
     std::unordered_map<uint32_t, ReplicaAddress> replicas;  // job_id << 16 | replica
     std::unordered_map<uint16_t, UplinkEntry> uplinks;      // job_id
     std::unordered_map<uint64_t, L2Action> l2;              // dst MAC
+    std::unordered_map<uint16_t, GuardPort> host_ports;     // ingress port
     L2Action l2_default;
     std::unordered_map<uint16_t, std::vector<Replica>> groups;  // multicast group id
 
@@ -94,9 +103,10 @@ enum class Counter : uint8_t {
     JobDuplicates,
     JobResults,
     JobDrops,
-    GlobalDrops
+    GlobalDrops,
+    GuardDrops  // SourceGuard's, by GUARD_DROP_* (size 0 where the program has no guard)
 };
-constexpr size_t kCounters = size_t(Counter::GlobalDrops) + 1;
+constexpr size_t kCounters = size_t(Counter::GuardDrops) + 1;
 
 // Indexed packet counters. One thread counts at a time (the switch's lock); Python reads them
 // through array views at any time, so each cell is written with a relaxed atomic store and an

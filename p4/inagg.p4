@@ -7,6 +7,7 @@
 #include "include/types.p4"
 #include "include/parser.p4"
 #include "include/checksum.p4"
+#include "include/source_guard.p4"
 #include "include/tree_uplink.p4"
 #include "include/job_admission.p4"
 #include "include/slot_state.p4"
@@ -21,6 +22,7 @@
 
 control InaggIngress(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t sm) {
+    SourceGuard() source_guard;
     TreeUplink() tree_uplink;
     JobAdmission() admission;
     SlotState() slot_state;
@@ -31,6 +33,11 @@ control InaggIngress(inout headers_t hdr, inout metadata_t meta,
     JobCounters() job_counters;
 
     apply {
+        source_guard.apply(hdr, meta, sm);
+        if (meta.guard_drop == 1) {
+            mark_to_drop(sm);
+            return;
+        }
         tree_uplink.apply(hdr, meta);
         admission.apply(hdr, meta, sm);
         if (meta.verdict == VERDICT_AGGREGATE) {

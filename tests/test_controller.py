@@ -9,7 +9,7 @@ from inagg.hostlib.jobservice.client import ControllerClient, ControllerError, t
 from inagg.controller.config import default_program, parse_config
 from inagg.controller.controller import Controller
 from inagg.controller.service import serve as serve_controller
-from inagg.controller.switch import ResultReplication, SwitchConnection
+from inagg.controller.switch import ResultReplication, SourceGuard, SwitchConnection
 
 ADMIN = "s3cret"
 
@@ -20,7 +20,8 @@ def controller_env(tmp_path, switch_keys: dict | None = None, **overrides):
     soft switch Tofino-shaped); ``overrides``: controller config keys."""
     sw_addr = f"unix:{tmp_path}/sw.sock"
     switch_keys = switch_keys or {}
-    program = default_program("tofino" if switch_keys.get("target") == "tofino" else "soft")
+    target = switch_keys.get("target", "soft")
+    program = default_program(target if target in ("tofino", "tofino2") else "soft")
     switch = {"state": SoftSwitchState(0, program.p4info)}
     switch["server"] = serve_switch(switch["state"], sw_addr)
     config = parse_config({
@@ -112,6 +113,36 @@ def test_pipeline_forwarding_and_flood_group_installed(env):
         assert sorted(ResultReplication(sw).groups()[1]) == [(p, 0) for p in range(1, 5)]
     finally:
         sw.close()
+
+
+@pytest.mark.parametrize("target", ["soft", "tofino", "tofino2"])
+def test_source_guard_is_installed_on_every_host_port(tmp_path, target):
+    """Issue 37: every port a configured host is on gets a SourceGuard entry naming the
+    switch's aggregator address and the host aggregator's; the host aggregator's own port
+    (its IP is one of the hosts) may send results. A program without the table (the TNA
+    program built for Tofino 1, docs/tofino.md) gets no entries and no error."""
+    hosts = {f"10.0.0.{i}": {"port": i, "mac": f"00:00:00:00:00:0{i}"} for i in range(1, 4)}
+    hosts["10.0.0.100"] = {"port": 4, "mac": "00:00:00:00:00:64"}
+    keys = {"hosts": hosts, **({"target": target, "device_ports": {str(p): p for p in range(1, 5)}}
+                               if target != "soft" else {})}
+    env = controller_env(tmp_path, keys)
+    e = next(env)
+    sw = SwitchConnection(e["sw_addr"], election_id=(0, 0),
+                          program=default_program(target) if target != "soft" else None)
+    try:
+        if target == "tofino":
+            runtime = e["ctl"]().fabric.switches["s1"]
+            assert not runtime.capacity.guard and runtime.guard_updates() == []
+            assert first_grants(e["client"], *new_job(e["client"], [1, 2], "t"))[0].mode == "switch"
+            return
+        switch_ip, host_agg = 0x0A0000FE, 0x0A000064
+        want = {p: ("guard_host_port", {"aggregator_addr": switch_ip, "host_aggregator": host_agg,
+                                        "is_aggregator": int(p == 4)}) for p in range(1, 5)}
+        assert {k["port"]: (a, p) for k, a, p in sw.table_entries("host_port_table")} == want
+        assert SourceGuard(sw).drops() == {}
+    finally:
+        sw.close()
+        next(env, None)
 
 
 def test_jobs_fill_switch_third_falls_back_to_host_then_is_upgraded(env):

@@ -13,9 +13,10 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
 from inagg.bmv2_env.emulation.testbed import TOFINO_TARGETS, Dataplane, bmv2_missing, have_netns, program_testbed
+from inagg.controller.p4info import P4Type
 from inagg.controller.switch import (
-    MODIFY, JobAdmission, JobCounters, ResultReplication, SwitchConnection, SwitchJob, UplinkBinding,
-    WorkerBinding,
+    MODIFY, JobAdmission, JobCounters, ResultReplication, SourceGuard, SwitchConnection, SwitchJob,
+    UplinkBinding, WorkerBinding,
 )
 from inagg.hostlib.wire.protocol import (
     EXP_NONE, FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_FROM_SWITCH, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_CONTRIBUTION,
@@ -67,7 +68,10 @@ def dp(request):
         sw = SwitchConnection(plane.grpc_addr, program=plane.program)
         sw.push_pipeline()
         assert sw.p4info.values_per_packet == K
-        program_testbed(sw, plane.jobs, 4)
+        # SourceGuard on the workers' ports 1-3 where the program has it; port 4 (the host
+        # aggregator's, and the tree parent's) stays open
+        plane.guarded = sw.p4info.has(P4Type.table, "host_port_table")
+        program_testbed(sw, plane.jobs, 4, (SWITCH_IP, host(4)[1]) if plane.guarded else None)
         plane.sw = sw
         yield plane
     finally:
@@ -276,7 +280,7 @@ def test_malformed_and_truncated_packets(dp):
     too_many = pack_header(1, 1, 0, 2, 0, EXP_NONE, 1, 0, 14, K + 1, 0) + bytes(4 * K)
     send(dp, contribution(JOB2, 0, None, slot=14, raw=too_many))                # count > K
     result = bytes([0x12]) + good[1:]
-    send(dp, contribution(JOB2, 0, None, slot=14, raw=result))                  # a RESULT sent in
+    send(dp, contribution(JOB2, 0, None, slot=14, raw=result, src_port=4))      # a RESULT sent in
     assert all(v == [] for v in dp.recv_all(0.4).values())
     g1, j1 = counters.global_drops(), counters.job(JOB2.job_index)
     assert {r: g1[r] - g0.get(r, 0) for r in g1} == {"truncated": 1, "bad_version": 1}
@@ -559,6 +563,7 @@ def test_tree_results_only_from_the_parent_in_its_slots(dp):
     send(dp, contribution(JOB5, 0, [1] * K, slot=36))
     send(dp, contribution(JOB5, 1, [1] * K, slot=36))
     expect_upstream(dp)
+    guard_before = SourceGuard(dp.sw).drops().get("result", 0) if dp.guarded else 0
     send(dp, parent_result([9] * K, slot=36, src_port=3))               # not the uplink port
     send(dp, parent_result([9] * K, slot=36, src_mac=host(4)[0]))       # not the parent's MAC
     frame, port = parent_result([9] * K, slot=36)
@@ -566,8 +571,85 @@ def test_tree_results_only_from_the_parent_in_its_slots(dp):
     send(dp, parent_result([9] * K, slot=36, offset=K))                 # another round
     assert all(v == [] for v in dp.recv_all(0.4).values())
     after = counters.job(JOB5.job_index)["drops"]
+    # a guarded host port drops the result off the uplink port before admission sees it
     assert {r: after.get(r, 0) - before.get(r, 0) for r in ("bad_worker", "bad_slot", "bad_round")} == \
-        {"bad_worker": 2, "bad_slot": 1, "bad_round": 1}
+        {"bad_worker": 1 if dp.guarded else 2, "bad_slot": 1, "bad_round": 1}
+    if dp.guarded:
+        assert SourceGuard(dp.sw).drops()["result"] == guard_before + 1
     send(dp, parent_result([9] * K, slot=36))
     for _, values in expect_results(dp, JOB5, [0, 1]).values():
         assert values == [9] * K
+
+
+# -- SourceGuard: no host can pass itself off as an aggregator (docs/security.md) -------------
+
+def needs_guard(dp):
+    if not dp.guarded:
+        pytest.skip(f"{dp.target}: its program has no SourceGuard (docs/tofino.md)")
+
+
+def forged_result(job, rank, values, *, slot, src_ip=SWITCH_IP, src_mac=SWITCH_MAC, offset=0):
+    """A result for ``job``'s rank ``rank`` as a host forges it: from ``src_ip`` (the switch's
+    aggregator address by default) and the inagg port to the worker's own address and port,
+    a frame a switch would forward to the worker by its MAC."""
+    w = job.workers[rank]
+    payload = pack_header(1, MSG_RESULT, 0, job.job_id, w.rank, EXP_NONE, 1, 0, slot, K, offset) \
+        + np.asarray(values, ">i4").tobytes()
+    return bytes(Ether(src=src_mac, dst=w.mac) / IP(src=src_ip, dst=w.ip)
+                 / UDP(sport=UDP_PORT, dport=w.udp_port, chksum=0) / payload)
+
+
+def test_source_guard_drops_and_counts_frames_claiming_an_aggregator(dp):
+    """Issue 37: a raw frame from another host with the aggregator's source address reached
+    the workers. On a host port the switch now drops (and counts) every frame from the
+    switch's or the host aggregator's address, every RESULT and every switch's partial sum it
+    would forward;
+    the same forged result on the open port 4 is forwarded (the guard is per port), and a
+    real round stays exact."""
+    needs_guard(dp)
+    dp.drain()
+    guard, counters = SourceGuard(dp.sw), JobCounters(dp.sw)
+    g0, j0 = guard.drops(), counters.job(JOB1.job_index)
+    dp.send(2, forged_result(JOB1, 0, [666] * K, slot=6))                   # h2 as the switch
+    dp.send(3, forged_result(JOB1, 0, [666] * K, slot=6, src_ip=host(4)[1], src_mac=host(4)[0]))
+    dp.send(1, bytes(Ether(src=host(1)[0], dst=host(2)[0]) / IP(src=SWITCH_IP, dst=host(2)[1])
+                     / UDP(sport=7, dport=7) / b"not inagg"))               # any frame from it
+    # a RESULT and a "partial sum" from workers' own addresses, of a job the switch forwards
+    # (an admitted job's are admission's on Tofino: bad_type, and no tree to forge for)
+    agg_mac, agg_ip = host(4)
+    for port, flags, vt in ((2, 0, 0x12), (3, FLAG_FROM_SWITCH, 0x11)):
+        inagg = bytes([vt]) + build_contribution(9, 0, 1, 3, 0, 0, np.ones(K, np.int32), K, flags=flags)[1:]
+        dp.send(port, bytes(Ether(src=host(port)[0], dst=agg_mac) / IP(src=host(port)[1], dst=agg_ip)
+                            / UDP(sport=50000, dport=UDP_PORT, chksum=0) / inagg))
+    assert all(v == [] for v in dp.recv_all(0.4).values())
+    g1 = guard.drops()
+    assert {r: g1.get(r, 0) - g0.get(r, 0) for r in ("aggregator_addr", "result")} == \
+        {"aggregator_addr": 3, "result": 2}
+    assert counters.job(JOB1.job_index)["packets"] == j0["packets"]         # admission saw none
+    dp.send(4, forged_result(JOB1, 0, [1] * K, slot=6))                     # port 4: no guard
+    assert dp.recv_all()[1] == [forged_result(JOB1, 0, [1] * K, slot=6)]
+    for rank, v in enumerate((1, 2, 3)):
+        send(dp, contribution(JOB1, rank, [v] * K, slot=6))
+    for _, values in expect_results(dp, JOB1, [0, 1, 2]).values():
+        assert values == [6] * K
+    assert guard.drops() == g1
+
+
+def test_source_guard_entries_are_per_port_and_removable(dp):
+    """Without its entry a port is open again (a link to another switch): the forged frame is
+    forwarded; the entry back, it is dropped."""
+    needs_guard(dp)
+    from inagg.controller.switch import DELETE, INSERT
+    dp.drain()
+    guard = SourceGuard(dp.sw)
+    forged = forged_result(JOB2, 0, [5] * K, slot=8)
+    dp.sw.write([guard.port_update(DELETE, 3, SWITCH_IP, host(4)[1], False)])
+    try:
+        dp.send(3, forged)
+        assert dp.recv_all()[JOB2.workers[0].port] == [forged]
+    finally:
+        dp.sw.write([guard.port_update(INSERT, 3, SWITCH_IP, host(4)[1], False)])
+    before = guard.drops().get("aggregator_addr", 0)
+    dp.send(3, forged)
+    assert all(v == [] for v in dp.recv_all(0.3).values())
+    assert guard.drops()["aggregator_addr"] == before + 1

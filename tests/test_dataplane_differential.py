@@ -1,6 +1,7 @@
 """Differential test of the two data planes: one random frame sequence (valid, duplicated,
-reordered, forged, malformed, trailers, ordinary traffic, both encapsulations, and the frames
-a ToR of an aggregation tree exchanges with its parent: partial sums up, results down) sent frame by
+reordered, forged, malformed, trailers, ordinary traffic, both encapsulations, the frames
+a ToR of an aggregation tree exchanges with its parent: partial sums up, results down, and hosts
+forging an aggregator's frames, which SourceGuard drops on ports 1-3) sent frame by
 frame to the software switch (both its engines) and to BMv2 must give the same frames out of the
 same ports after every frame, and the same counters at the end.
 
@@ -29,14 +30,17 @@ from scapy.layers.l2 import ARP, Ether
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_dataplane_conformance import (  # noqa: E402 - the conformance suite's test bed
-    JOB1, JOB2, JOB3, JOB4, JOB5, JOBS, K, contribution, host, parent_result, roce_contribution,
+    JOB1, JOB2, JOB3, JOB4, JOB5, JOBS, K, SWITCH_IP, SWITCH_MAC, contribution, forged_result, host,
+    parent_result, roce_contribution,
 )
 import test_tna_slot_model as model_cases  # noqa: E402 - the model's protocol-keeping fuzz
 
 from inagg.bmv2_env.emulation.testbed import (  # noqa: E402
     SOFT_ENGINES, TOFINO_TARGETS, Dataplane, bmv2_missing, have_netns, program_testbed,
 )
-from inagg.controller.switch import JobCounters, SwitchConnection, SwitchJob, WorkerBinding  # noqa: E402
+from inagg.controller.switch import (  # noqa: E402
+    JobCounters, SourceGuard, SwitchConnection, SwitchJob, WorkerBinding,
+)
 from inagg.hostlib.wire.protocol import EXP_NONE, pack_header  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "dataplane_differential.json"
@@ -104,9 +108,26 @@ def _from_parent(rng: random.Random) -> tuple[bytes, int]:
     return parent_result(values, **kw)
 
 
+def _forged_aggregator(rng: random.Random) -> tuple[bytes, int]:
+    """A host passing itself off as an aggregator (issue 37): a result to a worker from the
+    switch's or the host aggregator's address, on any port (SourceGuard drops it on ports 1-3;
+    port 4 is open), or a worker's own contribution marked as a switch's partial sum."""
+    job = rng.choice([JOB1, JOB2, JOB4])
+    rank = rng.randrange(len(job.workers))
+    if rng.random() < 0.25:
+        return contribution(job, rank, _values(rng), slot=job.slot_base + rng.choice([0, 1]),
+                            flags=0x80)
+    mac, ip = rng.choice([(SWITCH_MAC, SWITCH_IP), host(4)])
+    return forged_result(job, rank, _values(rng), slot=job.slot_base + rng.choice([0, 1]),
+                         src_ip=ip, src_mac=mac), rng.choice([1, 2, 3, 4])
+
+
 def _other(rng: random.Random) -> tuple[bytes, int]:
-    """Ordinary traffic, an unadmitted job, a RoCE contribution of job 3, or job 5's parent."""
-    kind = rng.randrange(6)
+    """Ordinary traffic, an unadmitted job, a RoCE contribution of job 3, job 5's parent, or a
+    host forging an aggregator's frames."""
+    kind = rng.randrange(7)
+    if kind == 6:
+        return _forged_aggregator(rng)
     if kind >= 4:
         return _from_parent(rng)
     src, dst = rng.sample([1, 2, 3, 4], 2)
@@ -177,15 +198,16 @@ def _digest(frame: bytes) -> str:
     return hashlib.sha256(frame).hexdigest()[:16]
 
 
-def run(target: str, sequence: list[tuple[int, bytes]], jobs=JOBS) -> dict:
-    """Send ``sequence`` frame by frame to a fresh ``target`` switch holding ``jobs``: per step
-    the digests of the frames out of each port (sorted), and the counters at the end."""
+def run(target: str, sequence: list[tuple[int, bytes]], jobs=JOBS, guard: bool = True) -> dict:
+    """Send ``sequence`` frame by frame to a fresh ``target`` switch holding ``jobs`` (with
+    ``guard``, SourceGuard on ports 1-3 as the conformance suite has it): per step the digests
+    of the frames out of each port (sorted), and the counters at the end."""
     dp = Dataplane(target).start()
     sw = None
     try:
         sw = SwitchConnection(dp.grpc_addr, program=dp.program)
         sw.push_pipeline()
-        program_testbed(sw, jobs, 4)
+        program_testbed(sw, jobs, 4, (SWITCH_IP, host(4)[1]) if guard else None)
         dp.drain()
         steps = []
         for i, (port, frame) in enumerate(sequence):
@@ -195,7 +217,8 @@ def run(target: str, sequence: list[tuple[int, bytes]], jobs=JOBS) -> dict:
         counters = JobCounters(sw)
         return {"steps": steps,
                 "counters": {str(j.job_id): counters.job(j.job_index) for j in jobs},
-                "global_drops": counters.global_drops()}
+                "global_drops": counters.global_drops(),
+                **({"guard_drops": SourceGuard(sw).drops()} if guard else {})}
     finally:
         if sw is not None:
             sw.close()
@@ -251,6 +274,7 @@ def test_soft_switch_matches_bmv2(reference, target):
     soft = run(target, sequence)
     assert soft == bmv2, _first_difference(soft, bmv2, sequence)
     assert any(bmv2["steps"]) and bmv2["counters"][str(JOB1.job_id)]["results"] > 0
+    assert set(bmv2["guard_drops"]) == {"aggregator_addr", "result"}   # the sequence forges both
 
 
 # -- the executable model of the TNA program (inagg.bmv2_env.softswitch.tna_slot_model), in the software
@@ -285,7 +309,7 @@ def model_references():
     out = {}
     for seed, bad_rounds in MODEL_SEEDS.items():
         sequence = model_cases.fuzz_sequence(seed, MODEL_STEPS, bad_rounds)
-        out[seed] = sequence, {t: run(t, sequence, model_jobs()) for t in targets}
+        out[seed] = sequence, {t: run(t, sequence, model_jobs(), guard=False) for t in targets}
     return out
 
 
@@ -297,7 +321,7 @@ def test_tna_slot_model_matches_bmv2_and_the_soft_switch(model_references, seed,
     second passes and all, sends the same frames out of the same ports as BMv2 and the native
     engine, step by step, and counts the same."""
     sequence, references = model_references[seed]
-    model = run(target, sequence, model_jobs())
+    model = run(target, sequence, model_jobs(), guard=False)   # the TNA program has no guard yet
     for name, reference in references.items():
         assert model == reference, _first_difference(model, reference, sequence, (target, name))
     assert model["counters"]["1"]["results"] > 50

@@ -145,7 +145,12 @@ def tree_round(draw):
 
 @st.composite
 def other_frames(draw):
-    """Ordinary traffic (to a host, broadcast, to nobody) and noise."""
+    """Ordinary traffic (to a host, broadcast, to nobody) and noise, and now and then a host
+    claiming an aggregator's address (SourceGuard drops it on ports 1-3)."""
+    if draw(st.integers(0, 3)) == 0:
+        src = draw(st.sampled_from([SWITCH_IP, "10.0.0.4"]))
+        inagg = pack_header(1, MSG_RESULT, 0, JOB_A.job_id, 0, 2, 1, 0, JOB_A.slot_base, 0, 0)
+        return draw(st.integers(1, 4)), mangle(draw, udp_frame("00:00:00:00:00:01", src, UDP_PORT, inagg))
     dst = draw(st.sampled_from(["00:00:00:00:00:02", "ff:ff:ff:ff:ff:ff", "00:00:00:00:00:99"]))
     f = mac(dst).to_bytes(6, "big") + mac("00:00:00:00:00:01").to_bytes(6, "big") + b"\x08\x06"
     f += draw(st.binary(max_size=40))
@@ -176,7 +181,7 @@ steps = st.lists(st.one_of(contribution_frames(), contribution_frames(), tree_ro
 def test_native_pipeline_matches_the_python_reference(switches, sequence):
     for _, sw in switches:
         sw.push_pipeline()  # a fresh pipeline: empty tables, slots and counters
-        program_testbed(sw, JOBS.values(), 4)
+        program_testbed(sw, JOBS.values(), 4, (SWITCH_IP, "10.0.0.4"))   # SourceGuard on 1-3
     (py, _), (native, _) = [(state.pipeline, sw) for state, sw in switches]
     assert isinstance(py, SoftPipeline) and isinstance(native, NativePipeline)
     done = set()

@@ -16,7 +16,9 @@ from inagg.hostlib.native_build import _native
 from inagg.bmv2_env.demos.allreduce_demo import TensorSpec, run_local_job
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.worker.stream import NativeSlotStream, native_block_exponents
-from inagg.hostlib.wire.protocol import FLAG_CONGESTION, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION
+from inagg.hostlib.wire.protocol import (
+    FLAG_CONGESTION, FLAG_FROM_SWITCH, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION,
+)
 from inagg.hostlib.worker.call_protocol import (
     CallError, CallRefused, CallSpec, ControlVector, Refusal, ResultCheck,
 )
@@ -262,6 +264,7 @@ class ScriptedAggregator:
 
         return [result[:HEADER_BYTES - 1],                                  # truncated
                 with_(vt=(VERSION << 4) | 1),                               # a contribution
+                with_(flags=flags | FLAG_FROM_SWITCH),                      # a switch's partial sum
                 with_(job=job + 1), with_(epoch=epoch + 1),
                 with_(ss=(ss & 0x8000) | ((ss & 0x7FFF) + 5)),              # a slot with no round
                 with_(ss=ss ^ 0x8000), with_(offset=offset + self.k),

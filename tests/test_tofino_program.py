@@ -64,7 +64,8 @@ def test_every_size_is_in_size_p4_and_overridable():
     (const tables, and keyless ones, are sized by their entries)."""
     assert set(SIZES) == {"TOFINO_SLOT_BITS", "TOFINO_MAX_JOBS", "TOFINO_DROP_ROW_BITS",
                           "TOFINO_VALUES_PER_PACKET", "TOFINO_WORKER_TABLE_SIZE",
-                          "TOFINO_REPLICA_TABLE_SIZE", "TOFINO_L2_TABLE_SIZE"}
+                          "TOFINO_REPLICA_TABLE_SIZE", "TOFINO_L2_TABLE_SIZE",
+                          "TOFINO_HOST_PORT_TABLE_SIZE"}
     for path in SOURCES:
         text = path.read_text()
         for table in re.finditer(r"\btable (\w+) \{(.*?)\n    \}", text, re.S):
@@ -215,7 +216,8 @@ def test_sizes_are_set_at_build_time(tmp_path):
     """-D overrides every size; the P4Info, which the controller reads them from, follows."""
     sizes = {"TOFINO_SLOT_BITS": 12, "TOFINO_MAX_JOBS": 32, "TOFINO_DROP_ROW_BITS": 4,
              "TOFINO_VALUES_PER_PACKET": 8, "TOFINO_WORKER_TABLE_SIZE": 1024,
-             "TOFINO_REPLICA_TABLE_SIZE": 512, "TOFINO_L2_TABLE_SIZE": 256}
+             "TOFINO_REPLICA_TABLE_SIZE": 512, "TOFINO_L2_TABLE_SIZE": 256,
+             "TOFINO_HOST_PORT_TABLE_SIZE": 64}   # SourceGuard's: Tofino 2 only, not in this P4Info
     assert set(sizes) == set(SIZES)
     bf_p4c("tofino", tmp_path, *(f"-D{k}={v}" for k, v in sizes.items()))
     from inagg.controller.p4info import P4Info

@@ -65,14 +65,19 @@ def in_netns(name: str):
         os.close(target)
 
 
-def program_testbed(sw, jobs, n_ports: int) -> None:
-    """Forwarding for hosts 00:00:00:00:00:0<p> on port p, flooding, and the given jobs."""
+def program_testbed(sw, jobs, n_ports: int, guard: tuple[str, str] | None = None) -> None:
+    """Forwarding for hosts 00:00:00:00:00:0<p> on port p, flooding, and the given jobs; with
+    ``guard`` = (switch's aggregator IP, host aggregator's IP), SourceGuard on ports 1 to
+    n_ports - 1 (the workers' hosts; port n_ports, the host aggregator's and a tree's parent's,
+    stays open as a link would)."""
     from inagg.controller.switch import (INSERT, Forwarding, JobAdmission, ReplicaRewrite,
-                                   ResultReplication, TreeUplink)
+                                   ResultReplication, SourceGuard, TreeUplink)
 
     fwd = Forwarding(sw)
     ups = [fwd.host_update(INSERT, f"00:00:00:00:00:{p:02x}", p) for p in range(1, n_ports + 1)]
     ups += fwd.flood_updates(INSERT, range(1, n_ports + 1))
+    if guard is not None:
+        ups += [SourceGuard(sw).port_update(INSERT, p, *guard, False) for p in range(1, n_ports)]
     for job in jobs:
         ups += TreeUplink(sw).updates(INSERT, job)
         ups += JobAdmission(sw).updates(INSERT, job)

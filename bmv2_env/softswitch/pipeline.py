@@ -15,6 +15,8 @@ from inagg.hostlib.native_build import _native
 
 from inagg.bmv2_env.softswitch.pipeline_reference import (
     GLOBAL_DROPS,
+    GUARD_DROPS,
+    GUARD_TABLE,
     JOB_AGGREGATED,
     JOB_DROPS,
     JOB_DUPLICATES,
@@ -31,7 +33,8 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 from inagg.bmv2_env.softswitch.state import Action, Counters, MulticastGroups, Replica, TableStore
 
 # The core's counters, in the order of its Counter enum (native/switch_tables.hpp).
-CORE_COUNTERS = (JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS)
+CORE_COUNTERS = (JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS,
+                 GUARD_DROPS)
 # l2_table actions as the core codes them (L2Kind).
 _L2_KIND = {"drop": 0, "forward": 1, "flood": 2}
 
@@ -48,13 +51,15 @@ class NativePipeline:
         sizes = {p4info.local_name(c.preamble.name): c.size for c in p4info.message.counters}
         # K and the drop-counter row are the pushed P4Info's (the software target's K, BMv2's
         # 64 or Tofino's, and DROP_REASONS), read from it as the controller reads them
+        # a counter the P4Info lacks (guard_drops of the TNA program) gets no cells
         self.core = _native.SwitchPipeline(
-            p4info.slot_pool, p4info.values_per_packet, [sizes[n] for n in CORE_COUNTERS],
+            p4info.slot_pool, p4info.values_per_packet, [sizes.get(n, 0) for n in CORE_COUNTERS],
             p4info.drop_row_length)
         self.tables = TableStore(p4info, mirror=self)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups(mirror=self)
-        self.counters = Counters(p4info, {n: self.core.counter(i) for i, n in enumerate(CORE_COUNTERS)},
+        self.counters = Counters(p4info, {n: self.core.counter(i) for i, n in enumerate(CORE_COUNTERS)
+                                          if n in sizes},
                                  lambda name, index, value: self.core.set_counter(
                                      CORE_COUNTERS.index(name), index, value))
 
@@ -97,6 +102,8 @@ class NativePipeline:
                 self.core.set_l2(mac, *self._l2_action(action))
         elif table == UPLINK_TABLE:   # admission's parent check and UpstreamSend's address;
             self._uplink_changed(*key, action)   # the uplink reaches the engine through sync_jobs
+        elif table == GUARD_TABLE:
+            self._guard_changed(*key, action)
         elif table == WORKER_TABLE:   # admission's binding check; the ranks reach the engine
             job_id, rank = key        # through sync_jobs
             if action is None or _short(action) != "bind_worker":
@@ -135,6 +142,13 @@ class NativePipeline:
         p = dict(action.params)
         self.core.set_uplink(job_id, *(p[n] for n in (
             "port", "rank", "slot_base", "mac", "addr", "udp_port", "src_mac", "src_addr", "src_udp_port")))
+
+    def _guard_changed(self, port: int, action: Action | None) -> None:
+        if action is None or _short(action) != "guard_host_port":
+            self.core.remove_host_port(port)
+            return
+        p = dict(action.params)
+        self.core.set_host_port(port, p["aggregator_addr"], p["host_aggregator"], bool(p["is_aggregator"]))
 
     @staticmethod
     def _l2_action(action: Action | None) -> tuple[int, int]:

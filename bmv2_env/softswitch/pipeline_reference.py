@@ -27,7 +27,9 @@ from inagg.hostlib.wire.protocol import (
     DUPLICATE_OUTCOMES,
     MSG_RESULT,
     ENCAP_CODE,
+    FLAG_FROM_SWITCH,
     GLOBAL_DROP_REASONS,
+    GUARD_DROP_REASONS,
     HEADER_BYTES,
     MAX_WORKERS,
     ROCE_HEADER_BYTES,
@@ -50,6 +52,8 @@ WORKER_TABLE = "InaggIngress.admission.worker_table"
 L2_TABLE = "InaggIngress.forwarding.l2_table"
 REPLICA_TABLE = "InaggEgress.replica_rewrite.replica_table"
 UPLINK_TABLE = "InaggIngress.tree_uplink.uplink_table"   # none in the TNA program
+GUARD_TABLE = "InaggIngress.source_guard.host_port_table"
+GUARD_DROPS = "InaggIngress.source_guard.guard_drops"
 _CTR = "InaggIngress.job_counters."
 JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS = (
     _CTR + n for n in ("job_packets", "job_aggregated", "job_duplicates", "job_results",
@@ -65,6 +69,7 @@ _ROCE_DMA_LEN = BTH_BYTES + byte_offset(RETH_FIELDS, "dma_len")
 ENCAP_UDP, ENCAP_ROCE = ENCAP_CODE["udp"], ENCAP_CODE["roce"]
 _DROP_CODE = {name: code for code, name in enumerate(DROP_REASONS)}
 _GLOBAL_CODE = {name: code for code, name in enumerate(GLOBAL_DROP_REASONS)}
+_GUARD_CODE = {name: code for code, name in enumerate(GUARD_DROP_REASONS)}
 PARENT = ("parent",)   # the engine's id of a job's parent (its uplink's address) in a tree
 
 
@@ -138,9 +143,19 @@ class SoftPipeline:
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         frame = parse(data)
+        if self.source_guard(port, frame):    # SourceGuard first, as p4/inagg.p4 applies it
+            return []
         if not frame.encap:
             return self.forwarding(port, frame)
         return self.admission(port, frame)
+
+    def source_guard(self, port: int, frame: Frame) -> bool:
+        """SourceGuard: True when ``frame`` claims an aggregator's place on a host port
+        (dropped, counted in guard_drops)."""
+        reason = guard_reason(self.tables, port, frame)
+        if reason is not None:
+            self.counters.count(GUARD_DROPS, _GUARD_CODE[reason])
+        return reason is not None
 
     def admission(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
         """JobAdmission, then SlotState/ValueAggregation (the engine), JobCounters and
@@ -284,6 +299,30 @@ class SoftPipeline:
             return [(r.port, frame.data) for r in self.pre.groups.get(action.param("group"), ())
                     if r.port != port]
         return []
+
+
+def guard_reason(tables: TableStore, port: int, frame: Frame) -> str | None:
+    """SourceGuard (p4/include/source_guard.p4): the GUARD_DROP reason of a frame that claims an
+    aggregator's place on host port ``port`` (host_port_table's guard_host_port), else None:
+    its IPv4 source is the switch's aggregator address, or the host aggregator's off the host
+    aggregator's port ("aggregator_addr"); it is an inagg RESULT off that port, or carries
+    FLAG_FROM_SWITCH ("result"). No entry (a port to another switch, a program without the
+    table): None."""
+    table = tables.tables.get(GUARD_TABLE)
+    entry = None if table is None else table.lookup((port,))
+    if entry is None or not entry.name.endswith(".guard_host_port"):
+        return None
+    d, at = frame.data, frame.inagg_at
+    own_port = entry.param("is_aggregator") == 1
+    if len(d) >= ETH + IP and d[12:14] == b"\x08\x00":      # the parser's ipv4 is valid
+        src = struct.unpack_from("!I", d, ETH + 12)[0]
+        if src == entry.param("aggregator_addr") or (not own_port and src == entry.param("host_aggregator")):
+            return "aggregator_addr"
+    if not frame.encap or len(d) < at + HEADER_BYTES:       # no inagg header
+        return None
+    if ((d[at] & 0xF) == MSG_RESULT and not own_port) or d[at + 1] & FLAG_FROM_SWITCH:
+        return "result"
+    return None
 
 
 def admission(tables: TableStore, job_id: int) -> Action | None:

@@ -30,8 +30,10 @@ from inagg.controller.program import read_artifact
 
 _ALU = {"set": lambda a, b: a, "add": lambda a, b: a + b, "sub": lambda a, b: a - b,
         "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b}
-_SLOT_LOGIC = {"ExecuteStatefulAluFromHashPrimitive", "CountFromHashPrimitive", "DropPrimitive",
-               "AddHeaderPrimitive"}
+# what the pipeline models itself (registers, counters, drops, headers); CountPrimitive is a
+# counter indexed by action data (SourceGuard's guard_drops)
+_SLOT_LOGIC = {"ExecuteStatefulAluFromHashPrimitive", "CountFromHashPrimitive", "CountPrimitive",
+               "DropPrimitive", "AddHeaderPrimitive"}
 
 
 def immediate(text: str) -> int:

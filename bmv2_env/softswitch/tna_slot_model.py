@@ -367,6 +367,17 @@ class TofinoModelPipeline(SoftPipeline):
         self.engine = TofinoSlotModel(p4info.slot_pool, p4info.values_per_packet, CHIPS[arch])
         self.compiled = CompiledProgram.load(CHIPS[arch])
 
+    def source_guard(self, port: int, frame) -> bool:
+        """No guard before admission: the TNA program guards the frames it forwards (below;
+        p4/tofino/source_guard.p4, Tofino 2 only: a P4Info without the table guards nothing)."""
+        return False
+
+    def forwarding(self, port: int, frame) -> list[tuple[int, bytes]]:
+        """Forwarding, then SourceGuard's drop, which wins."""
+        if super().source_guard(port, frame):
+            return []
+        return super().forwarding(port, frame)
+
     def slot_logic(self, payload: bytes, sender: Hashable, framing_ok: bool) -> list:
         """The first pass: what leaves it for a second pass or, on Tofino 2, out (answer)."""
         r = self.engine.first_pass(payload, sender, framing_ok)

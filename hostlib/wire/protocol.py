@@ -36,6 +36,8 @@ FLAG_FROM_HOST = 0x02
 FLAG_CONGESTION = 0x04
 FLAG_OVERFLOW = 0x08
 FLAG_FROM_SWITCH = 0x80  # a switch's partial sum to its parent in an aggregation tree (docs/trees.md)
+# The flags a result can carry (a switch's or the host aggregator's); a worker drops any other.
+RESULT_FLAGS = FLAG_RETRANSMIT | FLAG_FROM_HOST | FLAG_CONGESTION | FLAG_OVERFLOW
 
 EXP_NONE = -128
 MAX_WORKERS = 32
@@ -49,6 +51,9 @@ DROP_REASONS: tuple[str, ...] = (
 )
 # ...and the drops that belong to no job (GLOBAL_DROP_<NAME>).
 GLOBAL_DROP_REASONS: tuple[str, ...] = ("truncated", "bad_version")
+# ...and the frames a switch's SourceGuard drops on a host port (GUARD_DROP_<NAME>): one claiming
+# an aggregator's address, one carrying a result or a switch's partial sum (docs/security.md).
+GUARD_DROP_REASONS: tuple[str, ...] = ("aggregator_addr", "result")
 
 
 
@@ -160,6 +165,8 @@ P4_CONSTANTS: dict[str, int] = {
     "DROP_REASONS": len(DROP_REASONS),
     **{f"GLOBAL_DROP_{name.upper()}": code for code, name in enumerate(GLOBAL_DROP_REASONS)},
     "GLOBAL_DROP_REASONS": len(GLOBAL_DROP_REASONS),
+    **{f"GUARD_DROP_{name.upper()}": code for code, name in enumerate(GUARD_DROP_REASONS)},
+    "GUARD_DROP_REASONS": len(GUARD_DROP_REASONS),
 }
 
 # version|msg_type, flags, job_id, worker_id, exp, epoch, slot_set|slot, count, offset

@@ -201,6 +201,7 @@ class ResultCheck(enum.IntEnum):
     WRONG_OFFSET = 8
     WRONG_COUNT = 9
     WRONG_LENGTH = 10
+    WRONG_FLAGS = 11     # a flag no aggregator sets on a result (FROM_SWITCH, an unknown bit)
 
 
 def one_round_capacity(values_per_packet: int, n_workers: int, is_float: bool) -> int:

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from inagg.hostlib.wire.grant import Grant
-from inagg.hostlib.wire.protocol import HEADER_BYTES, MAX_SLOT, MSG_RESULT, VERSION, unpack_raw
+from inagg.hostlib.wire.protocol import (
+    HEADER_BYTES, MAX_SLOT, MSG_RESULT, RESULT_FLAGS, VERSION, unpack_raw,
+)
 from inagg.hostlib.worker.call_protocol import ResultCheck
 
 
@@ -108,10 +110,12 @@ class OutstandingRounds:
             return ResultCheck.FOREIGN_SOURCE, -1
         if n < HEADER_BYTES:
             return ResultCheck.TRUNCATED, -1
-        vt, _, job, _, _, epoch, ss, count, offset = unpack_raw(view)
+        vt, flags, job, _, _, epoch, ss, count, offset = unpack_raw(view)
         g = self.grant
         if vt != (VERSION << 4) | MSG_RESULT:
             return ResultCheck.NOT_A_RESULT, -1
+        if flags & ~RESULT_FLAGS:
+            return ResultCheck.WRONG_FLAGS, -1
         if job != g.job_id:
             return ResultCheck.WRONG_JOB, -1
         if epoch != g.epoch:

@@ -73,4 +73,9 @@ const bit<8>  GLOBAL_DROP_TRUNCATED   = 0; /* shorter than an inagg header      
 const bit<8>  GLOBAL_DROP_BAD_VERSION = 1; /* unknown protocol version                    */
 const bit<8>  GLOBAL_DROP_REASONS     = 2;
 
+/* Frames SourceGuard drops on a host port: index of its guard_drops counter. */
+const bit<8>  GUARD_DROP_AGGREGATOR_ADDR = 0; /* IPv4 source is an aggregator's address    */
+const bit<8>  GUARD_DROP_RESULT          = 1; /* a result, or a switch's partial sum        */
+const bit<8>  GUARD_DROP_REASONS         = 2;
+
 #endif /* _INAGG_CONSTANTS_P4_ */

@@ -43,6 +43,11 @@
 #define INAGG_REPLICA_TABLE_SIZE 2048
 #endif
 
+/* host_port_table: one entry per host-facing port (SourceGuard). */
+#ifndef INAGG_HOST_PORT_TABLE_SIZE
+#define INAGG_HOST_PORT_TABLE_SIZE 512
+#endif
+
 /* CongestionMark: an inagg packet that found at least this many packets queued at its egress
  * port (standard_metadata.enq_qdepth) leaves with FLAG_CONGESTION. BMv2's queues hold 64 by
  * default: a quarter of that marks well before one overflows. */

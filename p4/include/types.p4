@@ -30,6 +30,7 @@ const bit<2> VERDICT_DROP      = 2;  /* dropped and counted (drop_reason)       
 const bit<8> NO_DROP           = 0xFF;
 
 struct metadata_t {
+    bit<1>  guard_drop;       /* SourceGuard: a host port's frame claims an aggregator's place */
     bit<2>  verdict;
     bit<8>  drop_reason;      /* DROP_* of the job, or GLOBAL_DROP_* when not admitted */
     bit<1>  admitted;         /* job_table hit */

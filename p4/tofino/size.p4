@@ -50,6 +50,11 @@
 #define TOFINO_REPLICA_TABLE_SIZE 2048
 #endif
 
+/* host_port_table: one entry per host-facing port (SourceGuard). */
+#ifndef TOFINO_HOST_PORT_TABLE_SIZE
+#define TOFINO_HOST_PORT_TABLE_SIZE 512
+#endif
+
 /* l2_table: destination MACs of ordinary traffic. */
 #ifndef TOFINO_L2_TABLE_SIZE
 #define TOFINO_L2_TABLE_SIZE 1024
