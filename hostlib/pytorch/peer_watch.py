@@ -280,10 +280,11 @@ def wait_gloo(work, failure: Callable[[], BaseException | None], timeout: timede
     """Wait for a gloo ``work`` as its own ``wait`` does, in slices: the caller's thread stays in
     Python between them, so a Ctrl-C is raised there at once, and the wait ends with
     ``failure()`` (a rank gone: gloo waits on an op whose peers are alive but will never send)
-    instead of the group's timeout. ``timeout``: as gloo's (``Operation timed out!``; None or
-    0, torch's ``kNoTimeout``: none). Errors are raised outside the handler of a slice's
-    timeout: chained to it, they would keep this frame, and ``work`` in it, for as long as they
-    are kept."""
+    instead of the group's timeout. ``timeout``: as gloo's (None or 0, torch's ``kNoTimeout``:
+    none), and so is its error's text ("Timed out waiting <ms>ms ...", which torch's own tests
+    match), not the text of the last slice's timeout. Errors are raised outside the handler of a
+    slice's timeout: chained to it, they would keep this frame, and ``work`` in it, for as long as
+    they are kept."""
     deadline = time.monotonic() + timeout.total_seconds() if timeout else None
     while True:
         # never 0: gloo's wait(0) waits for good
@@ -298,7 +299,8 @@ def wait_gloo(work, failure: Callable[[], BaseException | None], timeout: timede
         if error is not None:
             raise error
         if deadline is not None and time.monotonic() >= deadline:
-            raise timed_out
+            raise RuntimeError(f"inagg: Timed out waiting {timeout.total_seconds() * 1e3:.0f}ms for a gloo "
+                               f"call to complete (the process group's timeout; no rank is known gone)")
 
 
 
