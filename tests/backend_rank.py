@@ -46,7 +46,12 @@ def loop(backend: str, elements: int) -> int:
             x.fill_(1.0)
             dist.all_reduce(x)
     except Exception as e:  # noqa: BLE001 - reported to the test
-        print(f"error {time.time():.3f} {type(e).__name__}: {e}", flush=True)
+        return report_and_destroy(e)
+
+
+def report_and_destroy(error: Exception) -> int:
+    """Tell the test when and how the loop ended, then how long destroying the group took."""
+    print(f"error {time.time():.3f} {type(error).__name__}: {error}", flush=True)
     started = time.perf_counter()
     dist.destroy_process_group()
     print(f"destroyed {time.perf_counter() - started:.3f}", flush=True)
@@ -82,11 +87,7 @@ def ddp_killed_in_backward(backend: str, victim: int, kill_step: int, how: str =
             loss.backward()
             opt.step()
     except Exception as e:  # noqa: BLE001 - reported to the test
-        print(f"error {time.time():.3f} {type(e).__name__}: {e}", flush=True)
-    started = time.perf_counter()
-    dist.destroy_process_group()
-    print(f"destroyed {time.perf_counter() - started:.3f}", flush=True)
-    return 1
+        return report_and_destroy(e)
 
 
 def train(backend: str) -> None:

@@ -291,9 +291,9 @@ def wait_gloo(work, failure: Callable[[], BaseException | None], timeout: timede
         step = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, max(deadline - time.monotonic(), 1e-3))
         try:
             return work.wait(timedelta(seconds=step))
-        except RuntimeError as e:
-            timed_out = None if work.is_completed() else e
-        if timed_out is None:
+        except RuntimeError:
+            completed = work.is_completed()
+        if completed:
             return work.wait()   # its own outcome: done, or its error
         error = failure()
         if error is not None:
