@@ -58,7 +58,8 @@ void RttEstimator::sample(double rtt) {
                     std::min({2 * srtt_ + 4 * rttvar_, kRtoOverMinRtt * min_rtt_, rto_max_}));
 }
 
-void LossDetector::delivered(const Transmission& t, double now) {
+bool LossDetector::delivered(const Transmission& t, double now) {
+    bool after_silence = probes_ > 0;
     progress_ = now;
     probe_until_ = -1e300;
     probes_ = 0;
@@ -66,10 +67,13 @@ void LossDetector::delivered(const Transmission& t, double now) {
         newest_sent_ = t.sent_at;
         newest_rtt_ = now - t.sent_at;
     }
+    return after_silence;
 }
 
-void LossDetector::restart_timer(Transmission& t, const Transmission& answered, double now) const {
-    if (t.last_sent >= answered.last_sent) t.deadline = std::max(t.deadline, now + timeout(now));
+void LossDetector::restart_timer(Transmission& t, const Transmission& answered, bool after_silence,
+                                 double now) const {
+    if (after_silence || t.last_sent >= answered.last_sent)
+        t.deadline = std::max(t.deadline, now + timeout(now));
 }
 
 Loss LossDetector::verdict(const Transmission& t, double now) const {
@@ -330,9 +334,9 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             cwnd_.on_result(marked);
             double now = now_seconds();
             if (!r.retransmitted) rtt_.sample(now - r.sent_at);
-            loss_.delivered(r, now);
+            bool after_silence = loss_.delivered(r, now);
             for (Round& other : rounds_)
-                if (other.active) loss_.restart_timer(other, r, now);
+                if (other.active) loss_.restart_timer(other, r, after_silence, now);
             *progress = now;
             *result = d;
             return true;

@@ -105,11 +105,14 @@ class LossDetector {
 public:
     explicit LossDetector(const RttEstimator& rtt) : rtt_(rtt) {}
     // t was answered at now: moves the fast-retransmit reference; the caller then restarts the
-    // timers of the rounds still outstanding (restart_timer).
-    void delivered(const Transmission& t, double now);
+    // timers of the rounds still outstanding (restart_timer). Returns whether the answer ended a
+    // silent episode (a probe was pending).
+    bool delivered(const Transmission& t, double now);
     // The timer of a round still outstanding when `answered` was answered at now: restarted, for
-    // an RTO, if it was last sent no earlier than `answered` was (queued behind every copy).
-    void restart_timer(Transmission& t, const Transmission& answered, double now) const;
+    // an RTO, if it was last sent no earlier than `answered` was (queued behind every copy), or
+    // after a silent episode (every round waited out the same stall).
+    void restart_timer(Transmission& t, const Transmission& answered, bool after_silence,
+                       double now) const;
     Loss verdict(const Transmission& t, double now) const;
     bool silent(const Transmission& t) const { return progress_ <= t.last_sent; }
     // No probe of a silent path is pending.

@@ -174,8 +174,12 @@ class ScriptedAggregator:
 
     def serve(self) -> None:
         for data, sender in datagrams(self.sock):
-            if self.answer(data):
+            if not self.answer(data):
+                continue
+            try:
                 self.sock.sendto(as_result(data), sender)
+            except OSError:   # the test is over and closed the socket
+                return
 
 
 class LoseOneContribution(ScriptedAggregator):
@@ -276,24 +280,28 @@ def test_probes_of_a_silent_path_double_and_end_with_an_answer():
 
 class StallOnce(ScriptedAggregator):
     """Answers every datagram at once but, at the first data round, stops for ``stall``
-    seconds (a descheduled aggregator): the window waits in its socket, then is answered."""
+    seconds (a descheduled aggregator): the window waits in its socket, then is answered, each
+    answer ``gap`` seconds after the one before (a loaded machine's aggregator catching up)."""
 
-    def __init__(self, stall: float) -> None:
+    def __init__(self, stall: float, gap: float = 0.0) -> None:
         super().__init__()
-        self.stall = stall
+        self.stall, self.gap = stall, gap
         self.seen = 0
 
     def answer(self, data: bytes) -> bool:
         self.seen += 1
         if self.seen == 2:                        # 1: the control round
             time.sleep(self.stall)
+        elif self.seen > 2:
+            time.sleep(self.gap)
         return True
 
 
+@pytest.mark.parametrize("gap", [0.0, 0.01])
 @pytest.mark.parametrize("kind", STREAMS)
-def test_a_stalled_aggregator_costs_a_probe_per_timeout_not_a_window(kind):
+def test_a_stalled_aggregator_costs_a_probe_per_timeout_not_a_window(kind, gap):
     rto, window = 0.05, 16
-    agg = StallOnce(stall=6 * rto)                # probes after 1 and 3 RTOs; answers at 6
+    agg = StallOnce(stall=6 * rto, gap=gap)       # probes after 1 and 3 RTOs; answers from 6 on
     thread = threading.Thread(target=agg.serve, daemon=True)
     thread.start()
     transport = UdpTransport(agg.sock.getsockname(), bind=("127.0.0.1", 0))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from inagg.hostlib.errors import InaggSetupError
+from inagg.hostlib.errors import InaggError, InaggSetupError
 from inagg.hostlib.pytorch import interrupts
 from inagg.hostlib.pytorch.agreement import StoreMin
 from inagg.hostlib.pytorch.inner_gloo import InnerGloo
@@ -347,6 +347,10 @@ class GroupLifecycle:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._started.wait(_EXIT_WAIT_SECONDS)
+        if interrupts.interrupted() and self.fixed is not None:
+            # the program let go of its calls: one queued on the fixed-point path would wait in
+            # gloo for a peer that never sends its part (it was interrupted before queueing it)
+            self.fixed.fail(lambda: InaggError("inagg: interrupted (Ctrl-C) before this call ran"))
         self._leave(_EXIT_WAIT_SECONDS, how=EXIT)
         if interrupts.interrupted() and self._group.rank() == 0:
             job = f"job {self.comm.job_id}" if self.comm is not None else "the job (still starting)"

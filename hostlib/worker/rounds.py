@@ -223,8 +223,9 @@ class LossDetector:
     a lost window: there only one round is resent per timeout, as a probe (:meth:`probe`; TCP
     resends one segment on an RTO), the one waiting longest, so successive probes visit every
     silent round (each rank's oldest round may wait on another rank's loss). Its timeout
-    doubles with every probe until an answer arrives; that answer restarts the timers of the
-    rounds queued behind it, and rounds still unanswered then are resent as above. A stall costs
+    doubles with every probe until an answer arrives; that answer restarts the timers of every
+    outstanding round (they waited out the same stall), and rounds still unanswered an RTO
+    later are resent as above. A stall costs
     each rank one packet per timeout, not a window.
 
     Which timeout (:meth:`timeout`): the RTO (at least ``rto_min``) rides out a descheduled
@@ -251,13 +252,16 @@ class LossDetector:
         """``rnd`` was answered at ``now``: move the fast-retransmit reference (first
         transmissions only) and restart the timers of the ``outstanding`` rounds last sent no
         earlier than ``rnd`` was last sent: they were queued behind every copy of it, so their
-        wait starts anew, for an RTO (not a backed-off one: the path delivers)."""
+        wait starts anew, for an RTO (not a backed-off one: the path delivers). An answer that
+        ends a silent episode (a probe was pending) restarts every outstanding round's timer:
+        they all waited out the same stall, and their answers are likely queued behind it."""
+        after_silence = self.probes > 0
         self.progress = now
         self.probe_until, self.probes = float("-inf"), 0
         if not rnd.retransmitted and rnd.sent_at >= self.newest_sent:
             self.newest_sent, self.newest_rtt = rnd.sent_at, now - rnd.sent_at
         for other in outstanding:
-            if other.last_sent >= rnd.last_sent:
+            if after_silence or other.last_sent >= rnd.last_sent:
                 other.deadline = max(other.deadline, now + self.timeout(now))
 
     def verdict(self, rnd: Round, now: float) -> Loss:
