@@ -25,7 +25,7 @@ from scapy.plist import PacketList
 from scapy.utils import rdpcap
 
 from inagg.hostlib.wire.grant import HOST_AGGREGATOR_PORT
-from inagg.hostlib.wire.protocol import (HEADER_BYTES, HEADER_FIELDS, MSG_CONTRIBUTION, ROCE_INAGG_IMMEDIATE,
+from inagg.hostlib.wire.protocol import (HEADER_FIELDS, MSG_CONTRIBUTION, ROCE_INAGG_IMMEDIATE,
                        ROCE_OPCODE_UC_WRITE_ONLY_IMM, UDP_PORT, VERSION)
 from inagg.hostlib.wire.roce import IMMDT_FIELDS, RETH_FIELDS
 
