@@ -633,7 +633,8 @@ def test_a_roce_job_needs_one_ip_per_rank(env):
 def test_the_lease_thread_survives_a_failed_expiry_and_retries(tmp_path):
     """A job's lease runs out while its switch is down: ending it fails (logged, rolled back)
     and the lease thread goes on; once the switch is back the job is ended and its entries go."""
-    env = controller_env(tmp_path, lease_seconds=1.0)
+    lease = 3.0
+    env = controller_env(tmp_path, lease_seconds=lease)
     e = next(env)
     try:
         c = e["client"]
@@ -641,8 +642,9 @@ def test_the_lease_thread_survives_a_failed_expiry_and_retries(tmp_path):
         for rank in range(2):
             c.join(job_id, token, rank, f"10.0.0.{rank + 1}:5000")
         import time
+        c.heartbeat(job_id, token)        # the lease runs from here: the switch stops well inside it
         e["stop_switch"]()
-        time.sleep(2.5)                                   # several expiry attempts fail meanwhile
+        time.sleep(1.5 * lease)                           # expiry attempts fail meanwhile
         assert job_id in e["ctl"]().jobs
         state = e["start_switch"]()
         # generous bounds: the keeper's reconnect and the next expiry attempt under a loaded CI
