@@ -1,6 +1,7 @@
 """The controller against the software data plane's P4Runtime server (and its own gRPC API)."""
 
 
+import logging
 import grpc
 import pytest
 
@@ -145,7 +146,8 @@ def test_source_guard_is_installed_on_every_host_port(tmp_path, target):
         next(env, None)
 
 
-def test_jobs_fill_switch_third_falls_back_to_host_then_is_upgraded(env):
+def test_jobs_fill_switch_third_falls_back_to_host_then_is_upgraded(env, caplog):
+    caplog.set_level(logging.INFO, logger="inagg.controller")
     c = env["client"]
     j1 = new_job(c, [1, 2], "a")
     j2 = new_job(c, [2, 3], "b")
@@ -178,6 +180,9 @@ def test_jobs_fill_switch_third_falls_back_to_host_then_is_upgraded(env):
         assert reply.activated and reply.grant.mode == "switch" and reply.grant.epoch == pending.epoch
         assert set(table(sw, "job_table")) == {j2[0], j3[0]}
         assert len(next(c.watch_host_jobs(ADMIN)).jobs) == 0
+        end = pending.slot_base + pending.slot_count - 1
+        assert (f"job {j3[0]} epoch {pending.epoch} active at boundary 7: switch slots {pending.slot_base}-{end} "
+                f"(upgrade, was the host aggregator)") in caplog.messages
     finally:
         sw.close()
 
