@@ -285,6 +285,10 @@ void bind_loop(nb::module_& m) {
         .def("set_congestion_threshold", &inagg::SwitchLoop::set_congestion_threshold, "bytes"_a,
              "Mark results leaving by a raw port whose socket holds this many bytes unsent (0: "
              "never)")
+        .def("set_loss", &inagg::SwitchLoop::set_loss, "port"_a, "egress"_a, "fraction"_a, "seed"_a,
+             "Drop this share of a port's frames in or out (before start())")
+        .def("impairment_stats", &inagg::SwitchLoop::impairment_stats,
+             "[(port, egress, frames seen, frames dropped, fraction)] of each impaired direction")
         .def("set_pipeline", &inagg::SwitchLoop::set_pipeline, "pipeline"_a.none(),
              nb::call_guard<nb::gil_scoped_release>())
         .def("start", &inagg::SwitchLoop::start)
@@ -305,6 +309,18 @@ void bind_loop(nb::module_& m) {
         });
 }
 
+// The ports' loss on its own, for the twin's tests (bmv2_env/softswitch/impair.py).
+void bind_impairments(nb::module_& m) {
+    using inagg::PortImpairments;
+    nb::class_<PortImpairments>(m, "PortImpairments",
+                                "Seeded loss per port direction (native/port_impairment.hpp)")
+        .def(nb::init<uint64_t>(), "seed"_a = 0)
+        .def("set_loss", &PortImpairments::set_loss, "port"_a, "egress"_a, "fraction"_a)
+        .def("drop", &PortImpairments::drop, "port"_a, "egress"_a)
+        .def("stats", &PortImpairments::stats);
+    m.def("loss_hash", &inagg::loss_hash, "seed"_a, "port"_a, "egress"_a, "n"_a);
+}
+
 }  // namespace
 
 void bind_switch(nb::module_& m) {
@@ -316,4 +332,5 @@ void bind_switch(nb::module_& m) {
     m.attr("SWITCH_LOOP_CAPTURE_BYTES") = inagg::SwitchLoop::kCaptureBytes;
     bind_pipeline(m);
     bind_loop(m);
+    bind_impairments(m);
 }

@@ -119,6 +119,12 @@ void SwitchLoop::record(uint16_t port, bool sent, const uint8_t* frame, size_t l
     captures_.push(port, sent, usec, frame, len);
 }
 
+void SwitchLoop::set_loss(uint16_t port, bool egress, double fraction, uint64_t seed) {
+    if (running_) throw std::logic_error("set_loss() while the switch loop runs");
+    impair_.set_seed(seed);
+    impair_.set_loss(port, egress, fraction);
+}
+
 void SwitchLoop::set_pipeline(std::shared_ptr<SwitchPipeline> pipeline) {
     std::lock_guard<std::mutex> lock(pipeline_mutex_);
     pipeline_ = std::move(pipeline);
@@ -178,7 +184,8 @@ void SwitchLoop::receive_batch(PortSocket& sock) {
             if (sock.rx.truncated(i)) continue;
             if (sock.kind == PortSocket::Kind::Udp) {
                 receive_udp(sock, i, *pipeline);
-            } else if (sock.rx.link(i).sll_pkttype != PACKET_OUTGOING) {  // not our own sends
+            } else if (sock.rx.link(i).sll_pkttype != PACKET_OUTGOING &&  // not our own sends
+                       !impair_.drop(sock.port, false)) {
                 record(sock.port, false, sock.rx.slot(i), sock.rx.len(i));
                 pipeline->process(sock.port, sock.rx.slot(i), sock.rx.len(i), out_);
             }
@@ -195,6 +202,7 @@ void SwitchLoop::receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipelin
         stats_.unknown_peer += 1;
         return;
     }
+    if (impair_.drop(port->second, false)) return;  // lost on its link, before the port
     uint8_t* f = sock.rx.slot(i);
     size_t len = sock.rx.len(i);
     write_udp_headers(f, src, ntohs(sock.rx.from(i).sin_port), sock.bind_addr, len);
@@ -215,7 +223,7 @@ bool SwitchLoop::congested(const PortSocket& sock) const {
 void SwitchLoop::send_outputs() {
     for (size_t i = 0; i < out_.size(); ++i) {
         auto sock = by_port_.find(out_.port(i));
-        if (sock == by_port_.end()) continue;
+        if (sock == by_port_.end() || impair_.drop(out_.port(i), true)) continue;
         PortSocket& s = *sock->second;
         if (s.pending.empty()) s.deep = congested(s);  // once per socket and batch
         if (s.deep && out_.mark(i, kFlagCongestion)) stats_.marked += 1;

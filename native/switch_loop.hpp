@@ -10,6 +10,8 @@
 // Each wakeup (wait.hpp) takes up to kBatch frames per ready socket with one recvmmsg, runs them
 // through the pipeline under its lock, and sends what they caused with one sendmmsg per socket
 // (net.hpp: its error policy; a socket error stops the loop and stop() throws it).
+// Ports may drop a seeded share of their frames on the way in and out (port_impairment.hpp):
+// loss for links where the kernel has no netem; a dropped frame is neither captured nor seen.
 #pragma once
 
 #include <netinet/in.h>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "capture_queue.hpp"
+#include "port_impairment.hpp"
 #include "switch_pipeline.hpp"
 #include "wait.hpp"
 
@@ -72,6 +75,11 @@ public:
     // kernel's count, SIOCOUTQ: the frames in the interface's queue, each at its buffer's
     // size) carry FLAG_CONGESTION, as BMv2's egress marks on enq_qdepth; 0: never. Before start().
     void set_congestion_threshold(size_t bytes) { congestion_bytes_ = bytes; }
+    // Drop `fraction` (0..1) of the frames `port` receives (or, `egress`, sends), chosen by
+    // `seed` (port_impairment.hpp). Before start() only.
+    void set_loss(uint16_t port, bool egress, double fraction, uint64_t seed);
+    // (port, egress, frames seen, frames dropped, fraction) of each impaired port direction.
+    std::vector<PortImpairments::Stat> impairment_stats() const { return impair_.stats(); }
 
     void start();
     // Joins the thread; the sockets stay open (their owner closes them). Throws the error that
@@ -103,6 +111,7 @@ private:
     OutputBatch out_;
     LoopStats stats_;
     size_t congestion_bytes_ = 0;
+    PortImpairments impair_;
     Wakeup wake_;    // stop()
     WaitSet waits_;  // wake_, then sockets_ in their order
     std::atomic<bool> running_{false};

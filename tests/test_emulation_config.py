@@ -16,7 +16,8 @@ from inagg.controller.trees import host_aggregator_at, job_tree
 from inagg.bmv2_env.emulation.mininet_run import controller_switches, job_epochs, main as mininet_main
 from inagg.bmv2_env.emulation.run_dir import RunDir, process_start_time, stop_run
 from inagg.bmv2_env.emulation.topology import Endpoint, TopologyError, host_ip, load_topology, parse_topology
-from inagg.bmv2_env.demos.train_demo import load_digits_split, steps_per_epoch
+from inagg.bmv2_env.demos.train_demo import steps_per_epoch
+from inagg.bmv2_env.demos.workloads import load_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -266,7 +267,7 @@ def test_program_files_for_the_software_data_plane_are_refused(flag, capsys):
 def test_every_rank_takes_the_same_steps(workers):
     """Rank r trains on samples r, r + workers, ...: each rank's share has at least
     steps_per_epoch batches, whatever the number of workers (5 and 6 used to differ)."""
-    samples = len(load_digits_split(0)[1])
+    samples = len(load_data("mlp", 0)[1])
     steps = steps_per_epoch(samples, workers, 16)
     shares = [len(np.arange(r, samples, workers)) for r in range(workers)]
     assert all(share // 16 >= steps for share in shares) and min(shares) // 16 == steps
