@@ -185,6 +185,32 @@ BAD_TOPOLOGIES = {
     "bw out of range": (_set("links.0", ["h1", "s1-p1", {"bw": 5000}]), r"links\[0\]: bw 5000 must be Mbit/s in \(0, 1000\]"),
     "delay without unit": (_set("links.0", ["h1", "s1-p1", {"delay": "5"}]), r"links\[0\]: delay '5' must be a time as tc"),
     "loss over 100": (_set("links.0", ["h1", "s1-p1", {"loss": 150}]), r"loss 150 must be a percentage in 0..100"),
+    # workloads (demos/workloads.py)
+    "unknown model": (_set("jobs.0.model", "resnet"), r"job j\): unknown model 'resnet'; the zoo has mlp, cnn, transformer"),
+    "model misspelt": (_set("jobs.0.model", "transfomer"), r"unknown model 'transfomer' \(did you mean 'transformer'\?\)"),
+    "modle for model": (_set("jobs.0.modle", "cnn"), r"unknown key 'modle' \(did you mean 'model'\?\)"),
+    "negative start": (_set("jobs.0.start", -3), r"job j\): start -3 must be a number of seconds >= 0"),
+    "start and start_delay": (_set("jobs.0", {"name": "j", "workers": ["h1"], "start": 1, "start_delay": 1}),
+                              r"start and start_delay both given.*keep one"),
+    "iterations and epochs": (_set("jobs.0.iterations", 10), r"job j\): epochs and iterations both given"),
+    "iterations and duration": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 5, "duration": 3}),
+                                r"iterations and duration both given: a job runs for epochs, iterations or a duration"),
+    "iterations 0": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 0}),
+                     r"iterations 0 must be a whole number of steps >= 1"),
+    "duration 0": (_set("jobs.0", {"name": "j", "workers": ["h1"], "duration": 0}), r"duration 0 must be a number of seconds > 0"),
+    "model and profile": (_set("jobs.0", {"name": "j", "workers": ["h1"], "model": "cnn", "iterations": 3,
+                                          "profile": {"bucket_bytes": [4096]}}), r"both a model and a profile"),
+    "profile key": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3, "profile": {"buckets": [4096]}}),
+                    r"profile: unknown key 'buckets' \(did you mean 'bucket_bytes'\?\)"),
+    "profile bucket not float32": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3,
+                                                   "profile": {"bucket_bytes": [4095]}}),
+                                   r"bucket_bytes \[4095\] must be a non-empty list of byte counts, each a multiple of 4"),
+    "profile negative compute": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3,
+                                                 "profile": {"bucket_bytes": [64], "compute_ms": -1}}),
+                                 r"compute_ms -1 must be milliseconds >= 0"),
+    "profile with epochs": (_set("jobs.0.profile", {"bucket_bytes": [64]}), r"a profile needs \"iterations\" or \"duration\""),
+    "profile with a hook": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3, "hook": "inagg",
+                                            "profile": {"bucket_bytes": [64]}}), r"hook with a profile"),
 }
 
 
@@ -238,6 +264,16 @@ def test_the_launcher_refuses_a_bad_topology_before_building_anything(tmp_path, 
     out, err = capsys.readouterr()
     assert f"inagg-mininet: {path}: jobs[0] (job j): unknown key 'worker' (did you mean 'workers'?)" in err
     assert "run " not in out     # no run directory was created
+
+
+def test_workload_topology_jobs_and_their_lengths():
+    """The multi-tenant example: four jobs of the zoo and a profile, arriving at their times;
+    only jobs that run for epochs are scaled by --epochs."""
+    t = load_topology(ROOT / "bmv2_env" / "emulation" / "topologies" / "multi_tenant.json")
+    assert [j.get("model", "profile" if "profile" in j else "mlp") for j in t.jobs] == \
+        ["mlp", "cnn", "transformer", "profile"]
+    assert sorted(j.get("start", 0) for j in t.jobs) == sorted({j.get("start", 0) for j in t.jobs})
+    assert job_epochs(t, None) == {}
 
 
 def test_epochs_override_keeps_the_jobs_ratio():

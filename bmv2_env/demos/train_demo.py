@@ -61,6 +61,7 @@ class TrainResult:
     stats: list[dict] = field(default_factory=list)                   # per rank (inagg hooks)
     seconds: float = 0.0
     steps: int = 0
+    workload: list[dict] = field(default_factory=list)   # per rank: grad_bytes, started, finished
 
 
 def steps_per_epoch(samples: int, workers: int, batch: int) -> int:
@@ -278,6 +279,7 @@ def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str
             p.start()
         done = 0
         result.stats = [None] * cfg.workers
+        result.workload = [{}] * cfg.workers
         deadline = time.time() + timeout
         while done < cfg.workers:
             try:
@@ -295,8 +297,8 @@ def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str
                 if on_epoch:
                     on_epoch(msg[1], msg[2], msg[3])
             else:
-                _, rank, params, stats, seconds, steps = msg[:6]
-                result.stats[rank] = stats
+                _, rank, params, stats, seconds, steps, workload = msg
+                result.stats[rank], result.workload[rank] = stats, workload
                 if params is not None:
                     result.params, result.seconds, result.steps = params, seconds, steps
                 done += 1

@@ -129,6 +129,15 @@ def describe_switch(sw) -> str:
             f"({sw.bmv2_log} level; its stdout: {log})")
 
 
+def soft_switch_binary(run: RunDir, name: str, loss: list, device_id: int) -> list[str]:
+    """The software data plane's command (before its ports): with its ports' ``loss``
+    (impairments.switch_losses), seeded by its device id, counted into the run's logs."""
+    if not loss:
+        return python_m(soft_switch)
+    stats = impairments.stats_path(run.path / "logs", name)
+    return [*python_m(soft_switch), *impairments.loss_flags(loss, 1 + device_id), "--impair-stats", str(stats)]
+
+
 def make_switch_class(Switch):
     class P4Switch(Switch):
         """A Mininet switch node running a P4Runtime data plane process in the root namespace;
@@ -161,9 +170,7 @@ def make_switch_class(Switch):
                           "--log-file", str(self.bmv2_log_path.with_suffix("")), "--log-level", self.bmv2_log,
                           *flush]
             else:
-                stats = impairments.stats_path(self.run.path / "logs", self.name)
-                binary = [*python_m(soft_switch), *impairments.loss_flags(self.loss, 1 + self.device_id),
-                          *(["--impair-stats", str(stats)] if self.loss else [])]
+                binary = soft_switch_binary(self.run, self.name, self.loss, self.device_id)
             capture = ["--pcap", str(self.run.path / "pcaps")] if self.pcaps else []
             # every thread of the data plane at this priority: nice(1) before exec, threads inherit it
             return ["nice", "-n", str(self.nice), *binary, *ports, "--device-id", str(self.device_id), *capture,
