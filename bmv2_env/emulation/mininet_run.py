@@ -567,7 +567,10 @@ class Run:
                 msg = json.loads(line)
                 if msg[0] == "epoch":
                     job["epochs"].append(msg[2:])
-                    print(f"  {job['spec']['name']}: epoch {msg[1] + 1}/{job['cfg']['epochs']} "
+                    if "profile" in job["spec"]:   # no loss, no accuracy to tell
+                        continue
+                    total = f"/{job['cfg']['epochs']}" if "epochs" in job["cfg"] else ""
+                    print(f"  {job['spec']['name']}: epoch {msg[1] + 1}{total} "
                           f"loss {msg[2]:.4f} test acc {100 * msg[3]:.1f}%", flush=True)
                 else:
                     job["done"][rank] = {"stats": msg[3], "seconds": msg[4], "steps": msg[5],

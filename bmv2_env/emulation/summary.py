@@ -131,7 +131,8 @@ def job_row(topo: Topology, record: dict, listed: str = "", applied: Impairments
     return {"name": record["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
             "grants_used": len(s0["grants"]), "grant_changes": s0["grant_changes"],
             "steps": [done[r]["steps"] for r in sorted(done)], "epoch": s0["epoch"], "slots": s0["slots"],
-            "epochs": record["cfg"]["epochs"], "accuracy": record["epochs"][-1][1],
+            "epochs": record["cfg"].get("epochs"),   # None: iterations or a duration
+            "accuracy": None if "profile" in record["spec"] else record["epochs"][-1][1],   # a profile learns nothing
             "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
             "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
             "retransmissions": retx, "retx_per_worker": retx / len(workers), "switch_workers": len(workers),
@@ -181,10 +182,11 @@ def job_lines(topo: Topology, row: dict) -> list[str]:
     """A finished job's lines: its figures, where its results came from, where it is placed,
     its story."""
     via = row["mode"] + ("/RoCE" if row["transport"] == "roce" else "")
+    accuracy = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.1f}%"
     ranks = len(row["steps"])
     return [f"{row['name']:<12} {via:<12} {row['grants_used']:>6} {row['slots'] + ' e' + str(row['epoch']):<14} "
             f"{row['mb_sent']:>14.2f} {row['retx_per_worker']:>11.1f} {row['link_loss_pct']:>11} "
-            f"{100 * row['accuracy']:>7.1f}% {row['ms_per_step']:>8.1f} {row['call_ms_median'] or 0:>8.2f}",
+            f"{accuracy:>8} {row['ms_per_step']:>8.1f} {row['call_ms_median'] or 0:>8.2f}",
             f"{'':<12} results: {row['switch_results']} from the switch, {row['host_results']} from the host "
             f"aggregator",
             f"{'':<12} placed: {row['placement']}; {row['switch_workers']} worker(s) of the switch"
