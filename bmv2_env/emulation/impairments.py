@@ -113,9 +113,16 @@ def measured_loss_pct(topo: Topology, hosts: list[str], port_stats: dict[str, li
 
 
 def port_lines(port_stats: dict[str, list[dict]]) -> list[str]:
-    """The summary's lines of the ports' loss: per switch, each port direction's drops."""
-    return [f"switch {name} port loss (applied by its ports): " + ", ".join(
-                f"p{e['port']} {e['direction']} {e['dropped']}/{e['seen']} dropped "
-                f"({100 * e['dropped'] / e['seen'] if e['seen'] else 0:.2f} % of {e['loss_pct']:g} %)"
-                for e in entries)
-            for name, entries in port_stats.items() if entries]
+    """The summary's lines of the ports' loss: per switch a heading, then per port each
+    direction's frames dropped of those seen, the share and the loss asked."""
+    lines = []
+    for name, entries in port_stats.items():
+        if entries:
+            lines.append(f"switch {name} port loss (applied by its ports; dropped/seen, % of % asked):")
+        by_port: dict[int, list[str]] = {}
+        for e in entries:
+            share = 100 * e["dropped"] / e["seen"] if e["seen"] else 0
+            by_port.setdefault(e["port"], []).append(
+                f"{e['direction']} {e['dropped']}/{e['seen']} ({share:.2f} % of {e['loss_pct']:g} %)")
+        lines += [f"  p{port} {', '.join(parts)}" for port, parts in by_port.items()]
+    return lines

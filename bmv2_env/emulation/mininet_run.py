@@ -372,8 +372,8 @@ class Run:
             print("link loss: this kernel has no netem qdisc; the software data plane's ports drop it "
                   "(seeded, counted in the summary)", flush=True)
         if self.impairments.not_applied:
-            print(f"warning: this kernel has no netem qdisc: link {', '.join(self.impairments.not_applied)} in the "
-                  "topology file are NOT applied (the summary says so)", flush=True)
+            print(f"warning: this kernel has no netem qdisc: the links' {', '.join(self.impairments.not_applied)} "
+                  "asked in the topology file NOT applied (the summary says so)", flush=True)
 
     def announce_switches(self) -> None:
         """Print each switch's line (BMv2's Thrift port for simple_switch_CLI, its log) and save
