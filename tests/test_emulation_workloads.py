@@ -4,7 +4,7 @@ Mininet on the software data plane (root; skipped without Mininet).
 Two jobs: the MLP for 60 iterations from time zero over a link losing 2 % (dropped by the soft
 switch's port, both ways), and a synthetic profile arriving 2 s later for 2 s. The summary
 gives each job's arrival, completion time and throughput, Jain's fairness across them, and
-the drops each port counted; the MLP's parameters are the bits of the same job on clean
+the drops each port counted, which its captures confirm frame by frame; the MLP's parameters are the bits of the same job on clean
 links; BMv2 is refused the loss before anything is built."""
 
 import json
@@ -15,6 +15,7 @@ import pytest
 
 from tests.test_emulation import ROOT, mininet_missing, run_topology
 from tests.test_emulation_config import topo
+from tests.test_soft_switch_udp import pcap_frames
 
 
 def write_topology(tmp_path, loss: float, profile: bool):
@@ -49,6 +50,9 @@ def test_jobs_arrive_and_link_loss_is_applied_counted_and_exact(tmp_path, minine
     ports = json.loads((run.path / "logs" / "s1-port-loss.json").read_text())
     assert [(e["port"], e["direction"]) for e in ports] == [(1, "in"), (1, "out")]
     assert all(e["seen"] > 0 and e["dropped"] > 0 for e in ports), ports
+    for e in ports:   # on the wire: the port's capture holds what it neither lost nor kept from the link
+        capture = run.path / "pcaps" / f"{run.run_id}s1-eth1_{e['direction']}.pcap"
+        assert len(pcap_frames(capture)) == e["seen"] - e["dropped"], e
     assert a["link_loss_pct"] == 2 and 0 < a["link_loss_measured_pct"] < 10 and a["retransmissions"] > 0
     assert "  p1 in " in stdout and "NOT applied" not in stdout
     clean, _, _ = run_topology(tmp_path, str(write_topology(tmp_path, 0, False)), "soft")
