@@ -10,8 +10,10 @@
 // Each wakeup (wait.hpp) takes up to kBatch frames per ready socket with one recvmmsg, runs them
 // through the pipeline under its lock, and sends what they caused with one sendmmsg per socket
 // (net.hpp: its error policy; a socket error stops the loop and stop() throws it).
-// Ports may drop a seeded share of their frames on the way in and out (port_impairment.hpp):
-// loss for links where the kernel has no netem; a dropped frame is neither captured nor seen.
+// Ports may drop a seeded share of their frames on the way in and out and hold the others back
+// for a delay (port_impairment.hpp): loss and delay for links where the kernel has no netem; a
+// dropped frame is neither captured nor seen, a held one is captured when it is let go (the
+// wait then ends at the earliest release).
 #pragma once
 
 #include <netinet/in.h>
@@ -78,7 +80,9 @@ public:
     // Drop `fraction` (0..1) of the frames `port` receives (or, `egress`, sends), chosen by
     // `seed` (port_impairment.hpp). Before start() only.
     void set_loss(uint16_t port, bool egress, double fraction, uint64_t seed);
-    // (port, egress, frames seen, frames dropped, fraction) of each impaired port direction.
+    // Hold the frames `port` receives (or, `egress`, sends) `delay_us` back. Before start() only.
+    void set_delay(uint16_t port, bool egress, int64_t delay_us);
+    // (port, egress, seen, dropped, fraction, delay_us, delayed) of each impaired port direction.
     std::vector<PortImpairments::Stat> impairment_stats() const { return impair_.stats(); }
 
     void start();
@@ -97,6 +101,9 @@ private:
     void record(uint16_t port, bool sent, const uint8_t* frame, size_t len);
     void receive_batch(PortSocket& sock);
     void receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipeline);
+    void ingress(uint16_t port, const uint8_t* frame, size_t len, SwitchPipeline& pipeline);
+    std::shared_ptr<SwitchPipeline> current_pipeline();
+    void release_held();
     void send_outputs();
     bool congested(const PortSocket& sock) const;
     void queue_udp(PortSocket& sock);
@@ -112,8 +119,10 @@ private:
     LoopStats stats_;
     size_t congestion_bytes_ = 0;
     PortImpairments impair_;
-    Wakeup wake_;    // stop()
-    WaitSet waits_;  // wake_, then sockets_ in their order
+    DelayLine held_;          // frames held back for their port's delay
+    bool releasing_ = false;  // send_outputs() sends held egress frames: not impaired again
+    Wakeup wake_;             // stop()
+    WaitSet waits_;           // wake_, then sockets_ in their order
     std::atomic<bool> running_{false};
     std::exception_ptr error_;  // what stopped the loop thread, for stop() to throw
     std::thread thread_;

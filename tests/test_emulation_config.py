@@ -462,20 +462,23 @@ def test_a_failed_rank_or_exited_service_is_named_with_its_log(tmp_path):
                 p.kill()
 
 
-def test_link_loss_becomes_the_soft_switch_ports_loss():
-    """Without netem a host link's loss is dropped at its switch port both ways, a switch link's
-    at each end's egress; the flags carry the seed; BMv2 is refused naming the alternative, and
-    a delay nothing applies is listed as not applied."""
-    from inagg.bmv2_env.emulation.impairments import loss_flags, plan, switch_losses
+def test_link_loss_and_delay_become_the_soft_switch_ports():
+    """Without netem a host link's loss and delay are applied at its switch port both ways, a
+    switch link's at each end's egress; the flags carry the seed; BMv2 is refused naming the
+    alternative, and jitter, which nothing applies, is listed as not applied."""
+    from inagg.bmv2_env.emulation.impairments import impairment_flags, plan, switch_impairments
 
     t = parse_topology(topo([["h1", "s1-p1", {"loss": 1.5}], ["h2", "s1-p2"], ["agg", "s1-p5"],
-                             ["h3", "s2-p1", {"delay": "5ms"}], ["h4", "s2-p2"], ["s1-p6", "s2-p3", {"loss": 2}]]))
-    assert switch_losses(t) == {"s1": [(1, "in", 1.5), (1, "out", 1.5), (6, "out", 2)], "s2": [(3, "out", 2)]}
-    assert loss_flags(switch_losses(t)["s2"], 3) == ["--loss", "3:out:2", "--loss-seed", "3"]
-    assert loss_flags([], 3) == []
+                             ["h3", "s2-p1", {"delay": "500us", "jitter": "1ms"}], ["h4", "s2-p2"],
+                             ["s1-p6", "s2-p3", {"loss": 2, "delay": "0.01s"}]]))
+    assert switch_impairments(t) == {"s1": [(1, "in", 1.5, 0), (1, "out", 1.5, 0), (6, "out", 2, 10)],
+                                     "s2": [(1, "in", 0, 0.5), (1, "out", 0, 0.5), (3, "out", 2, 10)]}
+    assert impairment_flags(switch_impairments(t)["s2"], 3) == [
+        "--loss", "3:out:2", "--delay", "1:in:0.5", "--delay", "1:out:0.5", "--delay", "3:out:10", "--loss-seed", "3"]
+    assert impairment_flags([], 3) == []
     soft = plan(t, "soft", netem=False)
-    assert (soft.by, soft.loss, soft.not_applied) == ("soft switch ports", True, ("delay",))
+    assert (soft.by, soft.loss, soft.delay, soft.not_applied) == ("soft switch ports", True, True, ("jitter",))
     assert plan(t, "bmv2", netem=True).by == "netem"
-    with pytest.raises(TopologyError, match="make run DATAPLANE=soft"):
+    with pytest.raises(TopologyError, match="link delay and loss: .*make run DATAPLANE=soft"):
         plan(t, "bmv2", netem=False)
     assert plan(parse_topology(topo(BASE_LINKS)), "bmv2", netem=False).by == "none"

@@ -124,7 +124,10 @@ def test_link_loss_is_what_was_applied_not_what_was_asked(tmp_path):
     assert [(r["link_loss_pct"], r["link_loss_measured_pct"]) for r in rows] == [(1, 1.0), (0, None)]
     assert "  p1 in 9/1000 (0.90 % of 1 %), out 11/1000 (1.10 % of 1 %)" in lines
     del link.params["loss"]
+    link.params["jitter"] = "1ms"
     link.params["delay"] = "5ms"
-    lines, rows = summary(topo, records, switches, tmp_path, applied=plan(topo, "bmv2", netem=False))
-    assert [r["link_loss_pct"] for r in rows] == [0, 0]
-    assert "link delay of the topology NOT applied (this kernel has no netem qdisc)" in "\n".join(lines)
+    lines, rows = summary(topo, records, switches, tmp_path, applied=plan(topo, "soft", netem=False))
+    assert [(r["link_loss_pct"], r["link_delay_ms"], r["link_delay_asked_ms"]) for r in rows] == [(0, 5, 5), (0, 0, 0)]
+    assert "link jitter of the topology NOT applied (this kernel has no netem qdisc)" in "\n".join(lines)
+    with pytest.raises(TopologyError, match="link delay: .*DATAPLANE=soft"):
+        plan(topo, "bmv2", netem=False)

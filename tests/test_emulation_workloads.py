@@ -1,8 +1,9 @@
 """``make run`` with workloads and link loss where the kernel has no netem, end to end in
 Mininet on the software data plane (root; skipped without Mininet).
 
-Two jobs: the MLP for 60 iterations from time zero over a link losing 2 % (dropped by the soft
-switch's port, both ways), and a synthetic profile arriving 2 s later for 2 s. The summary
+Two jobs: the MLP for 60 iterations from time zero over a link losing 2 % and delaying 5 ms
+(applied by the soft switch's port, both ways), and a synthetic profile arriving 2 s later
+for 2 s. The summary
 gives each job's arrival, completion time and throughput, Jain's fairness across them, and
 the drops each port counted, which its captures confirm frame by frame; the MLP's parameters are the bits of the same job on clean
 links; BMv2 is refused the loss before anything is built."""
@@ -19,7 +20,7 @@ from tests.test_soft_switch_udp import pcap_frames
 
 
 def write_topology(tmp_path, loss: float, profile: bool):
-    links = [["h1", "s1-p1", {"loss": loss}] if loss else ["h1", "s1-p1"], ["h2", "s1-p2"], ["h3", "s1-p3"],
+    links = [["h1", "s1-p1", {"loss": loss, "delay": "5ms"}] if loss else ["h1", "s1-p1"], ["h2", "s1-p2"], ["h3", "s1-p3"],
              ["h4", "s1-p4"], ["agg", "s1-p5"]]
     jobs = [{"name": "a", "workers": ["h1", "h2"], "iterations": 60}]
     if profile:
@@ -52,14 +53,17 @@ def test_jobs_arrive_and_link_loss_is_applied_counted_and_exact(tmp_path, minine
     assert all(e["seen"] > 0 and e["dropped"] > 0 for e in ports), ports
     for e in ports:   # on the wire: the port's capture holds what it neither lost nor kept from the link
         capture = run.path / "pcaps" / f"{run.run_id}s1-eth1_{e['direction']}.pcap"
-        assert len(pcap_frames(capture)) == e["seen"] - e["dropped"], e
+        assert len(pcap_frames(capture)) == e["seen"] - e["dropped"] == e["delayed"], e
+    # every allreduce waits for h1's contribution (5 ms in) and its result (5 ms out): a lower
+    # bound, which a loaded machine only raises
+    assert a["link_delay_ms"] == 5 and a["call_ms_median"] >= 10, a
     assert a["link_loss_pct"] == 2 and 0 < a["link_loss_measured_pct"] < 10 and a["retransmissions"] > 0
-    assert "  p1 in " in stdout and "NOT applied" not in stdout
+    assert "  p1 in " in stdout and "delayed 5 ms" in stdout and "NOT applied" not in stdout
     clean, _, _ = run_topology(tmp_path, str(write_topology(tmp_path, 0, False)), "soft")
     assert clean["a"]["params_sha256"] == a["params_sha256"] and clean["a"]["link_loss_measured_pct"] is None
 
 
-def test_bmv2_is_refused_the_loss_naming_the_software_data_plane(tmp_path, mininet):
+def test_bmv2_is_refused_loss_and_delay_naming_the_software_data_plane(tmp_path, mininet):
     proc = subprocess.run([sys.executable, "-m", "inagg.bmv2_env.emulation.mininet_run", "--topo",
                            str(write_topology(tmp_path, 1, False)), "--dataplane", "bmv2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -130,12 +130,12 @@ def describe_switch(sw) -> str:
 
 
 def soft_switch_binary(run: RunDir, name: str, loss: list, device_id: int) -> list[str]:
-    """The software data plane's command (before its ports): with its ports' ``loss``
-    (impairments.switch_losses), seeded by its device id, counted into the run's logs."""
+    """The software data plane's command (before its ports): with its ports' ``loss`` and delay
+    (impairments.switch_impairments), seeded by its device id, counted into the run's logs."""
     if not loss:
         return python_m(soft_switch)
     stats = impairments.stats_path(run.path / "logs", name)
-    return [*python_m(soft_switch), *impairments.loss_flags(loss, 1 + device_id), "--impair-stats", str(stats)]
+    return [*python_m(soft_switch), *impairments.impairment_flags(loss, 1 + device_id), "--impair-stats", str(stats)]
 
 
 def make_switch_class(Switch):
@@ -149,7 +149,7 @@ def make_switch_class(Switch):
         def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, pcaps=True,
                      nice=DATA_PLANE_NICE, bmv2_log: str = BMV2_LOG_LEVEL, loss=(), **kw):
             Switch.__init__(self, name, **kw)
-            self.loss = list(loss)   # the soft switch's --loss settings: impairments.switch_losses
+            self.loss = list(loss)   # the soft switch's port settings: impairments.switch_impairments
             self.dataplane, self.run, self.device_id, self.pcaps = dataplane, run, device_id, pcaps
             self.nice, self.bmv2_log = nice, bmv2_log
             self.grpc = f"unix:{run.path / (name + '-p4rt.sock')}"
@@ -323,7 +323,7 @@ class Run:
         P4Switch = make_switch_class(Switch)
         self.write_env()
         self.net = Mininet(topo=None, controller=None, link=TCLink, build=False, autoSetMacs=False)
-        losses = impairments.switch_losses(self.topo) if self.impairments.by == "soft switch ports" else {}
+        losses = impairments.switch_impairments(self.topo) if self.impairments.by == "soft switch ports" else {}
         for i, name in enumerate(self.topo.switches):
             # a datapath id of its own: Mininet derives one only from names like "s1", not "tor1"
             self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i,
@@ -369,7 +369,8 @@ class Run:
         netem = not impairments.asked_options(self.topo) or netem_available(self.run)
         self.impairments = impairments.plan(self.topo, self.dataplane, netem)
         if self.impairments.by == "soft switch ports":
-            print("link loss: this kernel has no netem qdisc; the software data plane's ports drop it "
+            applied = " and ".join(k for k in impairments.PORT_APPLIED if k in impairments.asked_options(self.topo))
+            print(f"link {applied}: this kernel has no netem qdisc; the software data plane's ports apply it "
                   "(seeded, counted in the summary)", flush=True)
         if self.impairments.not_applied:
             print(f"warning: this kernel has no netem qdisc: the links' {', '.join(self.impairments.not_applied)} "

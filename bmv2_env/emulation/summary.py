@@ -19,7 +19,9 @@ What each figure is, per job:
   by netem, or where the kernel has none by the software data plane's ports; else 0 and a line
   says so; the row keeps what was asked in ``link_loss_asked_pct``). Where the switch's ports
   applied it, ``link_loss_measured_pct`` is the share of the job's host links' frames they
-  actually dropped, and a line per switch gives each port's counts.
+  actually dropped, and a line per switch gives each port's counts. ``link_delay_ms`` alike:
+  the delay applied on the job's worst link (0 where nothing applied it), asked in
+  ``link_delay_asked_ms``.
 
 Workloads (demos/workloads.py), per job and in the row: ``arrival_s`` (seconds after time zero,
 when the jobs without a ``start`` began training), ``jct_s`` (job completion time: from its
@@ -40,7 +42,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inagg.bmv2_env.emulation.impairments import Impairments, measured_loss_pct, port_lines
+from inagg.bmv2_env.emulation.impairments import Impairments, asked_delay_ms, measured_loss_pct, port_lines
 from inagg.bmv2_env.emulation.topology import Topology
 
 HEADER = (f"{'job':<12} {'mode':<12} {'grants':>6} {'slots, epoch':<14} {'MB sent/worker':>14} "
@@ -127,6 +129,7 @@ def job_row(topo: Topology, record: dict, listed: str = "", applied: Impairments
     s0 = stats[0]
     retx = sum(s["retransmissions"] for s in workers)
     loss_applied = applied is None or applied.loss
+    asked_delay = asked_delay_ms(topo, record["spec"]["workers"])
     measured = measured_loss_pct(topo, record["spec"]["workers"], applied.port_stats) if applied else None
     return {"name": record["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
             "grants_used": len(s0["grants"]), "grant_changes": s0["grant_changes"],
@@ -140,6 +143,7 @@ def job_row(topo: Topology, record: dict, listed: str = "", applied: Impairments
             "spurious": sum(s["spurious_retransmissions"] for s in workers),
             "link_loss_pct": asked_loss if loss_applied else 0, "link_loss_asked_pct": asked_loss,
             "link_loss_measured_pct": measured,
+            "link_delay_ms": asked_delay if applied is None or applied.delay else 0, "link_delay_asked_ms": asked_delay,
             "placement": placement(s0["grants"], listed), "losses": [e[0] for e in record["epochs"]],
             "params_sha256": done[0].get("params_sha256"),
             "ms_per_step": done[0]["seconds"] / done[0]["steps"] * 1e3,
@@ -204,7 +208,7 @@ def impairment_lines(applied: Impairments | None) -> list[str]:
         lines.append(f"link {'/'.join(applied.not_applied)} of the topology NOT applied (this kernel has no netem "
                      "qdisc): link loss % is what was applied")
     if applied.by == "soft switch ports":
-        lines.append("link loss applied by the software data plane's ports (no netem here): measured below")
+        lines.append("link loss/delay applied by the software data plane's ports (no netem here): measured below")
     return lines + port_lines(applied.port_stats)
 
 

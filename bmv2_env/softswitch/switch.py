@@ -41,10 +41,11 @@ at the inagg UDP port, and ``-i N@udp:127.A.B.N`` makes the host 127.A.B.N port 
 from a host enter its port as Ethernet/IPv4/UDP frames; frames leaving a UDP-attached port are
 sent as datagrams to their IPv4/UDP destination. This is how ``make demo`` runs the switch.
 
-Loss without netem (``impair.py``): ``--loss PORT:in|out:PCT`` (repeatable) drops that share of
-the frames the port receives or sends, chosen by ``--loss-seed``, in either loop (the native
-loop's C++ and its Python twin decide alike); ``--impair-stats FILE`` keeps each impaired
-direction's frames seen and dropped there as JSON, rewritten every IMPAIR_STATS_SECONDS and at
+Loss and delay without netem (``impair.py``): ``--loss PORT:in|out:PCT`` (repeatable) drops that
+share of the frames the port receives or sends, chosen by ``--loss-seed``, and ``--delay
+PORT:in|out:MS`` holds the others that long back, in either loop (the native loop's C++ and its
+Python twin decide alike); ``--impair-stats FILE`` keeps each impaired direction's frames
+seen, dropped and delayed there as JSON, rewritten every IMPAIR_STATS_SECONDS and at
 stop, which ``make run``'s summary reports.
 """
 
@@ -81,7 +82,7 @@ from inagg.hostlib.wire.protocol import (
 from inagg.hostlib.wire.grant import MAX_IPV4_DATAGRAM, values_for_mtu
 from inagg.hostlib.wire.transport import enlarge_buffers
 
-from inagg.bmv2_env.softswitch.impair import PortImpairments, parse_loss, stats_json
+from inagg.bmv2_env.softswitch.impair import DelayLine, PortImpairments, parse_delay, parse_loss, stats_json
 from inagg.bmv2_env.softswitch.pipeline import NativePipeline
 from inagg.bmv2_env.softswitch.p4runtime_server import P4RuntimeService, SoftSwitchState, serve
 from inagg.bmv2_env.softswitch.pipeline_reference import ETH, INAGG_AT, IP, SoftPipeline, build_frame
@@ -259,11 +260,12 @@ def check_ports(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.ports = ports
     try:
         args.loss = [parse_loss(text) for text in args.loss]
+        args.delay = [parse_delay(text) for text in args.delay]
     except ValueError as e:
         p.error(str(e))
-    unknown = sorted({port for port, _, _ in args.loss} - set(ports))
+    unknown = sorted({port for port, _, _ in args.loss + args.delay} - set(ports))
     if unknown:
-        p.error(f"--loss on port(s) {unknown}, which no -i attaches")
+        p.error(f"--loss/--delay on port(s) {unknown}, which no -i attaches")
     if not 0 <= args.loss_seed < 2**64:
         p.error("--loss-seed must be in 0..2**64-1")
 
@@ -301,6 +303,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "Python reference, or the model of the Tofino program (with its --p4info)")
     p.add_argument("--loss", action="append", default=[], metavar="PORT:in|out:PCT",
                    help="drop PCT %% of the frames PORT receives (in) or sends (out), seeded (repeatable)")
+    p.add_argument("--delay", action="append", default=[], metavar="PORT:in|out:MS",
+                   help="hold the frames PORT receives (in) or sends (out) MS milliseconds back (repeatable)")
     p.add_argument("--loss-seed", type=int, default=0, help="the seed choosing the dropped frames")
     p.add_argument("--impair-stats", metavar="FILE", help="keep the ports' loss counts here (JSON)")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/out/bmv2/inagg.json)")
@@ -387,15 +391,19 @@ class ImpairStatsFile:
         self.saved_at = now
 
 
-def port_loss(args: argparse.Namespace, loop: _native.SwitchLoop | None
-              ) -> tuple[PortImpairments, ImpairStatsFile | None]:
-    """The ports' --loss set on the native loop (when it runs) and on the Python loop's twin,
-    and the --impair-stats file of whichever counts."""
+def port_impairments(args: argparse.Namespace, loop: _native.SwitchLoop | None
+                     ) -> tuple[PortImpairments, ImpairStatsFile | None]:
+    """The ports' --loss and --delay set on the native loop (when it runs) and on the Python
+    loop's twin, and the --impair-stats file of whichever counts."""
     impair = PortImpairments(args.loss_seed)
     for port, egress, fraction in args.loss:
         if loop is not None:
             loop.set_loss(port, egress, fraction, args.loss_seed)
         impair.set_loss(port, egress, fraction)
+    for port, egress, delay_us in args.delay:
+        if loop is not None:
+            loop.set_delay(port, egress, delay_us)
+        impair.set_delay(port, egress, delay_us)
     if not args.impair_stats:
         return impair, None
     return impair, ImpairStatsFile(args.impair_stats, loop.impairment_stats if loop is not None else impair.stats)
@@ -463,36 +471,74 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
     return 1 if failed else 0
 
 
+class PythonPorts:
+    """The Python loop's path of a frame through the ports and the pipeline, with the ports'
+    loss and delay (``impair``, the twin of the native loop's; held frames in ``held``)."""
+
+    def __init__(self, state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts],
+                 captures: PortCaptures | None, impair: PortImpairments) -> None:
+        self.state, self.attach, self.captures, self.impair = state, attach, captures, impair
+        self.held = DelayLine()
+
+    def ingress(self, port: int, frame: bytes, released: bool = False) -> None:
+        """A frame in by ``port``: lost, held back for its delay, or captured and processed."""
+        if not released:
+            dropped, delay_us = self.impair.next(port, False)
+            if dropped or delay_us:
+                if delay_us:
+                    self.held.hold(time.monotonic() + delay_us / 1e6, port, False, frame)
+                return
+        if self.captures is not None:
+            self.captures.write(port, "in", now_usec(), frame)
+        with self.state.lock:
+            out = self.state.pipeline.process(port, frame) if self.state.pipeline else []
+        for egress, data in out:
+            self.egress(egress, data)
+
+    def egress(self, port: int, frame: bytes, released: bool = False) -> None:
+        """A frame out by ``port``: lost, held back for its delay, or sent and captured."""
+        a = self.attach.get(port)
+        if a is None:
+            return
+        if not released:
+            dropped, delay_us = self.impair.next(port, True)
+            if dropped or delay_us:
+                if delay_us:
+                    self.held.hold(time.monotonic() + delay_us / 1e6, port, True, frame)
+                return
+        log.debug("out by port %d: %d bytes", port, len(frame))
+        a.send(port, frame)
+        if self.captures is not None:
+            self.captures.write(port, "out", now_usec(), frame)
+
+    def release_due(self) -> None:
+        for port, egress, frame in self.held.take_due(time.monotonic()):
+            (self.egress if egress else self.ingress)(port, frame, released=True)
+
+    def timeout(self) -> float:
+        """How long the next wait may be: 0.2 s, or until the earliest held frame is due."""
+        due = self.held.next_release()
+        return 0.2 if due is None else min(0.2, max(0.0, due - time.monotonic()))
+
+
 def run_python_loop(state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts],
                     captures: PortCaptures | None, stop: threading.Event,
                     impair: PortImpairments | None = None, impaired: ImpairStatsFile | None = None) -> int:
     """The per-frame loop: every frame through Python (pcaps, packet logs, the reference);
-    ``impair``: the ports' loss (the twin of the native loop's), ingress and egress."""
-    impair = impair or PortImpairments()
+    ``impair``: the ports' loss and delay (the twin of the native loop's), in and out."""
+    ports = PythonPorts(state, attach, captures, impair or PortImpairments())
     sel = selectors.DefaultSelector()
     for a in distinct(attach):
         sel.register(a.sock, selectors.EVENT_READ, a)
     while not stop.is_set():
         if impaired is not None:
             impaired.save()
-        for key, _ in sel.select(timeout=0.2):
+        for key, _ in sel.select(timeout=ports.timeout()):
             for port, frame in key.data.recv():
-                if impair.drop(port, False):
-                    continue
-                if captures is not None:
-                    captures.write(port, "in", now_usec(), frame)
-                with state.lock:
-                    out = state.pipeline.process(port, frame) if state.pipeline else []
-                for egress, data in out:
-                    a = attach.get(egress)
-                    if a is None or impair.drop(egress, True):
-                        continue
-                    log.debug("port %d -> %d: %d bytes", port, egress, len(data))
-                    a.send(egress, data)
-                    if captures is not None:
-                        captures.write(egress, "out", now_usec(), data)
-            if captures is not None:
-                captures.flush()
+                ports.ingress(port, frame)
+        ports.release_due()
+        if captures is not None:
+            captures.flush()
     if impaired is not None:
         impaired.save(force=True)
     return 0
@@ -504,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     per_frame = args.engine != "native" or args.log_console
     loop = None if per_frame else _native.SwitchLoop(args.pcap_buffer << 10)
-    impair, impaired = port_loss(args, loop)
+    impair, impaired = port_impairments(args, loop)
     if loop is not None:
         loop.set_congestion_threshold(args.congestion_kib << 10)
     captures = None
