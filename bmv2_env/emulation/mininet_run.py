@@ -129,13 +129,14 @@ def describe_switch(sw) -> str:
             f"({sw.bmv2_log} level; its stdout: {log})")
 
 
-def soft_switch_binary(run: RunDir, name: str, loss: list, device_id: int) -> list[str]:
-    """The software data plane's command (before its ports): with its ports' ``loss`` and delay
-    (impairments.switch_impairments), seeded by its device id, counted into the run's logs."""
-    if not loss:
+def soft_switch_binary(run: RunDir, name: str, impair: list, device_id: int) -> list[str]:
+    """The software data plane's command (before its ports): with its ports' loss and delay
+    (``impair``: impairments.switch_impairments), seeded by its device id, counted into the
+    run's logs."""
+    if not impair:
         return python_m(soft_switch)
     stats = impairments.stats_path(run.path / "logs", name)
-    return [*python_m(soft_switch), *impairments.impairment_flags(loss, 1 + device_id), "--impair-stats", str(stats)]
+    return [*python_m(soft_switch), *impairments.impairment_flags(impair, 1 + device_id), "--impair-stats", str(stats)]
 
 
 def make_switch_class(Switch):
@@ -147,9 +148,9 @@ def make_switch_class(Switch):
         ``thrift_port`` (None when the binary says it has no Thrift server)."""
 
         def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, pcaps=True,
-                     nice=DATA_PLANE_NICE, bmv2_log: str = BMV2_LOG_LEVEL, loss=(), **kw):
+                     nice=DATA_PLANE_NICE, bmv2_log: str = BMV2_LOG_LEVEL, impair=(), **kw):
             Switch.__init__(self, name, **kw)
-            self.loss = list(loss)   # the soft switch's port settings: impairments.switch_impairments
+            self.impair = list(impair)   # the soft switch's port settings: impairments.switch_impairments
             self.dataplane, self.run, self.device_id, self.pcaps = dataplane, run, device_id, pcaps
             self.nice, self.bmv2_log = nice, bmv2_log
             self.grpc = f"unix:{run.path / (name + '-p4rt.sock')}"
@@ -170,7 +171,7 @@ def make_switch_class(Switch):
                           "--log-file", str(self.bmv2_log_path.with_suffix("")), "--log-level", self.bmv2_log,
                           *flush]
             else:
-                binary = soft_switch_binary(self.run, self.name, self.loss, self.device_id)
+                binary = soft_switch_binary(self.run, self.name, self.impair, self.device_id)
             capture = ["--pcap", str(self.run.path / "pcaps")] if self.pcaps else []
             # every thread of the data plane at this priority: nice(1) before exec, threads inherit it
             return ["nice", "-n", str(self.nice), *binary, *ports, "--device-id", str(self.device_id), *capture,
@@ -323,12 +324,12 @@ class Run:
         P4Switch = make_switch_class(Switch)
         self.write_env()
         self.net = Mininet(topo=None, controller=None, link=TCLink, build=False, autoSetMacs=False)
-        losses = impairments.switch_impairments(self.topo) if self.impairments.by == "soft switch ports" else {}
+        ports = impairments.switch_impairments(self.topo) if self.impairments.by == "soft switch ports" else {}
         for i, name in enumerate(self.topo.switches):
             # a datapath id of its own: Mininet derives one only from names like "s1", not "tor1"
             self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i,
                                pcaps=self.pcaps, nice=self.switch_nice, bmv2_log=self.bmv2_log,
-                               dpid=f"{i + 1:016x}", loss=losses.get(name, ()))
+                               dpid=f"{i + 1:016x}", impair=ports.get(name, ()))
         for name, h in self.topo.hosts.items():
             self.net.addHost(name, ip=h["ip"], mac=h["mac"])
         names = []
@@ -364,8 +365,8 @@ class Run:
 
     def plan_impairments(self) -> None:
         """Decide how the links' delay/loss/... are applied (impairments.plan: netem where the
-        kernel has it, else loss at the soft switch's ports; TopologyError for loss on BMv2)
-        and say it."""
+        kernel has it, else loss and delay at the soft switch's ports; TopologyError for them
+        on BMv2) and say it."""
         netem = not impairments.asked_options(self.topo) or netem_available(self.run)
         self.impairments = impairments.plan(self.topo, self.dataplane, netem)
         if self.impairments.by == "soft switch ports":
@@ -700,7 +701,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_version_flag(p)
     p.add_argument("--topo", type=Path, default=Path(__file__).parent / "topologies/single_switch.json")
     p.add_argument("--dataplane", choices=["auto", "bmv2", "soft"], default="auto")
-    p.add_argument("--epochs", type=int, help="the first job's epochs; the others scale alike")
+    p.add_argument("--epochs", type=int, help="the first job's epochs; the others scale alike (jobs that run "
+                                              "for iterations or a duration keep them)")
     p.add_argument("--transport", choices=["udp", "roce"],
                    help="override every job's transport to the switch (topology: \"transport\")")
     p.add_argument("--p4info", type=Path, help="P4Info pushed to BMv2 switches (default: p4/'s)")
