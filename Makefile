@@ -34,7 +34,7 @@ P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
 HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
-.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree build tofino clean protos
+.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree bench-train build tofino clean protos
 
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
