@@ -45,7 +45,7 @@ control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
         meta.tag = hdr.inagg.job_id ++ hdr.inagg.epoch;
         meta.count32 = (bit<32>) hdr.inagg.count;
         meta.exp_biased = (bit<8>) hdr.inagg.exp ^ 8w0x80;
-        meta.flags_in = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION);
+        meta.flags_in = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION | ROUND_TAG_MASK);
         meta.count_gap = TOFINO_VALUES_PER_PACKET - hdr.inagg.count;
     }
 
