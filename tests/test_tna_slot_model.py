@@ -29,7 +29,7 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 from inagg.bmv2_env.softswitch.state import Action, Replica
 from inagg.bmv2_env.softswitch.tna_slot_model import TofinoModelPipeline, register_actions, register_stages
 from inagg.hostlib.wire.protocol import (
-    EXP_NONE, UDP_PORT, build_contribution, ipv4_checksum, pack_header, unpack_header,
+    EXP_NONE, UDP_PORT, build_contribution, ipv4_checksum, pack_header, round_fields, unpack_header,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,14 +107,16 @@ def make(pipeline_cls, chip: str = "tofino") -> SoftPipeline:
     return p
 
 
-def frame(job_id, rank, values, *, slot, slot_set=0, offset=0, epoch=1, exp=EXP_NONE, flags=0,
-          port=None, raw=None):
-    """(ingress port, frame) of a contribution; ``port`` other than the rank's: forged."""
+def frame(job_id, rank, values, *, slot, slot_set=0, round_no=None, offset=0, epoch=1, exp=EXP_NONE,
+          flags=0, port=None, raw=None):
+    """(ingress port, frame) of a contribution: round ``round_no`` of its slot (set and round
+    tag), else the first round of ``slot_set``; ``port`` other than the rank's: forged."""
     own = JOBS[job_id]["ports"][rank]
     ip, mac, udp = worker_address(own, rank, job_id)
+    slot_set, tag_flags = round_fields(slot_set if round_no is None else round_no)
     payload = raw if raw is not None else build_contribution(
         job_id, rank, epoch, slot, slot_set, offset,
-        None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
+        None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags | tag_flags)
     eth = SWITCH_MAC.to_bytes(6, "big") + mac.to_bytes(6, "big") + b"\x08\x00"
     iph = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 0, 0, 0, 64, 17, 0,
                                 ip.to_bytes(4, "big"), SWITCH_IP.to_bytes(4, "big")))
@@ -152,7 +154,7 @@ def test_issue_25_replay_late_duplicate_then_retransmit(chip):
     (DUP_PENDING); ranks 1 and 2 complete round 1: 222, then round 2 on set 0: 333."""
     r0 = [frame(1, r, [10 ** r] * K, slot=2, offset=0) for r in range(3)]
     r1 = [frame(1, r, [2 * 10 ** r] * K, slot=2, slot_set=1, offset=K) for r in range(3)]
-    r2 = [frame(1, r, [3 * 10 ** r] * K, slot=2, offset=2 * K) for r in range(3)]
+    r2 = [frame(1, r, [3 * 10 ** r] * K, slot=2, round_no=2, offset=2 * K) for r in range(3)]
     steps = assert_same([*r0, r1[0], r0[0], r1[0], r1[1], r1[2], *r2], chip)
     results = [_sums(b) for _, b in steps if b]
     assert results == [[[111] * K] * 3, [[222] * K] * 3, [[333] * K] * 3]
@@ -273,7 +275,7 @@ def test_a_lost_harvest_is_recovered_by_the_retransmits(chip):
     round on the other set completes with the right sum."""
     model = make(TofinoModelPipeline, chip).engine
     def send(rnd, rank, flags=0):
-        port, data = frame(1, rank, [rnd * 10 + rank] * K, slot=2, slot_set=rnd % 2, offset=K * rnd, flags=flags)
+        port, data = frame(1, rank, [rnd * 10 + rank] * K, slot=2, round_no=rnd, offset=K * rnd, flags=flags)
         return model.process(data[42:], ("rank", rank))
     for rank in range(3):
         send(0, rank)                                          # round 0 on set 0: all in
@@ -329,7 +331,7 @@ class Workers:
         if len(self.delivered.get((job_id, slot, r), ())) == len(j["ports"]) and rng.random() < 0.7:
             r = self.cur[(job_id, slot, rank)] = r + 1          # result received: next round
         other = self.bad_rounds and rng.random() < 0.1
-        kw = dict(slot=slot, slot_set=r % 2, offset=K * ((r + other) % 3),
+        kw = dict(slot=slot, round_no=r, offset=K * ((r + other) % 3),
                   exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice([0, 0, 1, 4, 8]))
         values = None if r % 5 == 4 else contribution_values(job_id, rank, slot, r % 2, kw["offset"])
         odd = _odd(rng, job_id, rank, values, kw)
