@@ -182,7 +182,13 @@ class Emit(NamedTuple):
 class AggregationEngine:
     """Slot pool + per-job admission; ``process()`` maps one packet to the packets it causes."""
 
-    def __init__(self, n_slots: int, values_per_packet: int, *, host_mode: bool = True) -> None:
+    def __init__(self, n_slots: int, values_per_packet: int, *, host_mode: bool = True,
+                 round_check: bool = True) -> None:
+        """``round_check`` False: the round tag is carried (kept with the round's flags and
+        returned with its result) but not checked: every packet to a busy set is taken for the
+        set's round and one to an empty set opens it, as the TNA program does (docs/tofino.md,
+        "Round identity": a documented limit; tests/test_tna_slot_model.py holds its model to
+        this reading). Every other aggregator checks it."""
         if not 1 <= n_slots <= MAX_SLOT + 1:
             raise ValueError(f"n_slots must be in 1..{MAX_SLOT + 1}, got {n_slots}")
         if values_per_packet < 1:
@@ -190,6 +196,8 @@ class AggregationEngine:
         self.n_slots = n_slots
         self.k = values_per_packet
         self.result_flags = FLAG_FROM_HOST if host_mode else 0
+        self.round_check = round_check
+        self._sticky = _STICKY_FLAGS if round_check else _STICKY_FLAGS | ROUND_TAG_MASK
         self.jobs: dict[int, JobConfig] = {}
         self.counters: dict[int, JobCounters] = {}
         self.drops: Counter = Counter()  # drops that belong to no known job, by label
@@ -294,6 +302,8 @@ class AggregationEngine:
         sent_up = job.uplink is not None and seen == n
         same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
         tag, stored = round_tag(flags), self._round[s][slot]
+        if not self.round_check:                               # the TNA reading: not checked
+            tag = stored if self._bitmap[s][slot] else (stored + 1) % ROUND_TAGS
         if from_parent:
             if tag != stored:                                  # an older round's result
                 return self._drop_job(ctr, Outcome.STALE_ROUND)
@@ -390,7 +400,7 @@ class AggregationEngine:
         self._round[s][slot] = round_tag(flags)
         self._seen[s][slot] = 1
         self._exp[s][slot] = exp
-        self._flags[s][slot] = flags & _STICKY_FLAGS
+        self._flags[s][slot] = flags & self._sticky
         self._offset[s][slot] = offset
         self._count[s][slot] = count
         if count:
@@ -405,7 +415,7 @@ class AggregationEngine:
         self._seen[s][slot] += 1
         if exp > self._exp[s][slot]:
             self._exp[s][slot] = exp
-        self._flags[s][slot] |= flags & _STICKY_FLAGS
+        self._flags[s][slot] |= flags & self._sticky
         if count:
             self._values[s, slot] += np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
 
