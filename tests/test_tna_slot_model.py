@@ -29,7 +29,8 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 from inagg.bmv2_env.softswitch.state import Action, Replica
 from inagg.bmv2_env.softswitch.tna_slot_model import TofinoModelPipeline, register_actions, register_stages
 from inagg.hostlib.wire.protocol import (
-    EXP_NONE, UDP_PORT, build_contribution, ipv4_checksum, pack_header, round_fields, unpack_header,
+    EXP_NONE, ROUND_CYCLE, ROUND_TAGS, UDP_PORT, build_contribution,
+    ipv4_checksum, pack_header, round_fields, round_tag, unpack_header,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,12 +88,12 @@ def worker_address(port: int, rank: int, job_id: int) -> tuple[int, int, int]:
     return 0x0A000000 + port, port, 50000 + 100 * job_id + rank   # IPv4, MAC, UDP port
 
 
-def make(pipeline_cls, chip: str = "tofino") -> SoftPipeline:
+def make(pipeline_cls, chip: str = "tofino", round_check: bool = False) -> SoftPipeline:
     """A pipeline on the chip's P4Info with the test bed's jobs (the reference engine's runs
     the same slot logic whatever the chip, as the TNA program reads it: the round tag carried,
-    not checked, docs/tofino.md)."""
+    not checked, docs/tofino.md; ``round_check``: as every other target reads it)."""
     p = (pipeline_cls(PROGRAMS[chip].p4info) if pipeline_cls is TofinoModelPipeline
-         else pipeline_cls(PROGRAMS[chip].p4info, round_check=False))
+         else pipeline_cls(PROGRAMS[chip].p4info, round_check=round_check))
     for job_id, j in JOBS.items():
         p.tables[JOB_TABLE].put((job_id,), Action("InaggIngress.admission.admit", (
             ("job_index", j["job_index"]), ("slot_base", j["slot_base"]), ("slot_count", j["slot_count"]),
@@ -167,30 +168,32 @@ def test_issue_25_replay_late_duplicate_then_retransmit(chip):
     assert model.counters.arrays["InaggIngress.job_counters.job_drops"][5] == 1   # job 0, stale_round
 
 
-def contribution_values(job_id, rank, slot, slot_set, offset):
-    """A worker's values for one round identity (a resend carries the same ones)."""
-    vals = [((job_id * 7 + slot * 13 + rank * 101 + slot_set * 1009 + offset * 31 + i * 17) % 2001) - 1000
+def contribution_values(job_id, rank, slot, round_id, offset):
+    """A worker's values for one round identity (``round_id``: the round's set and tag, 2 * tag
+    + set; a resend carries the same ones)."""
+    vals = [((job_id * 7 + slot * 13 + rank * 101 + round_id * 1009 + offset * 31 + i * 17) % 2001) - 1000
             for i in range(K)]
     vals[0] = 2**31 - 1 if rank == 0 else vals[0]    # sums wrap
     return vals
 
 
-def true_sum(job_id, slot, slot_set, offset):
+def true_sum(job_id, slot, round_id, offset):
     n = len(JOBS[job_id]["ports"])
-    rows = [np.asarray(contribution_values(job_id, r, slot, slot_set, offset), np.int32) for r in range(n)]
+    rows = [np.asarray(contribution_values(job_id, r, slot, round_id, offset), np.int32) for r in range(n)]
     with np.errstate(over="ignore"):
         return np.sum(rows, axis=0, dtype=np.int32).tolist()
 
 
 def assert_never_a_wrong_result(sequence, chip):
-    """Every result the model sends carries the true sum of its round (every worker's values
-    for that offset and set, once each)."""
+    """Every result the model sends carries the true sum of its round as the TNA program tells
+    rounds apart (every worker's values for that offset and set, once each: ``Workers``)."""
     steps, _, _ = run_both(sequence, chip)
     for i, (_, b) in enumerate(steps):
         for _, data in b:
             h = unpack_header(data[42:58])
+            round_id = h.slot_set
             if h.count:
-                assert _sums([(0, data)])[0] == true_sum(h.job_id, h.slot, h.slot_set, h.offset), f"step {i}: {h}"
+                assert _sums([(0, data)])[0] == true_sum(h.job_id, h.slot, round_id, h.offset), f"step {i}: {h}"
     return steps
 
 
@@ -316,10 +319,12 @@ class Workers:
     """Workers as the protocol has them: a worker sends round r + 1 of a slot (other set) only
     once round r is complete (every rank's round-r packet delivered); it resends its current
     round (a lost packet, a lost result) at will. Round r's offset is K * (r % 3), so a set sees
-    one offset again (a round identity is not unique)."""
+    one offset again. A worker's values are those of its round's identity: with ``by_tag`` its
+    set and round tag (what the aggregators that check the tag keep apart), else its set (what
+    the TNA program keeps apart, docs/tofino.md)."""
 
-    def __init__(self, rng, bad_rounds):
-        self.rng, self.bad_rounds = rng, bad_rounds
+    def __init__(self, rng, bad_rounds, by_tag=False):
+        self.rng, self.bad_rounds, self.by_tag = rng, bad_rounds, by_tag
         self.cur: dict = {}          # (job, slot, rank) -> round
         self.delivered: dict = {}    # (job, slot, round) -> ranks delivered
         self.complete: dict = {}     # (job, slot) -> the latest complete round
@@ -335,7 +340,8 @@ class Workers:
         other = self.bad_rounds and rng.random() < 0.1
         kw = dict(slot=slot, round_no=r, offset=K * ((r + other) % 3),
                   exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice([0, 0, 1, 4, 8]))
-        values = None if r % 5 == 4 else contribution_values(job_id, rank, slot, r % 2, kw["offset"])
+        values = None if r % 5 == 4 else contribution_values(job_id, rank, slot, r % (ROUND_CYCLE if self.by_tag else 2),
+                                                                kw["offset"])
         odd = _odd(rng, job_id, rank, values, kw)
         if odd is not None:
             return (job_id, slot, -1), odd
@@ -348,19 +354,19 @@ class Workers:
         return (job_id, slot, r), frame(job_id, rank, values, **kw)
 
 
-def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False):
-    """Frames as a network delivers the workers' packets: lost, duplicated, and late copies
-    arriving behind the next round (a copy of round r while round r + 1 is under way; one that
-    arrives after round r + 1 completed is the case the BMv2 program itself takes for a new
-    round, docs/tofino.md)."""
+def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False, late: int = 0):
+    """Frames as a network delivers the workers' packets: lost, duplicated, and late copies.
+    ``late`` 0: a copy of round r only while round r + 1 is under way; else a copy of any round
+    up to ``late`` rounds of its slot behind the slot's newest (one that arrives after round
+    r + 1 completed: the TNA program, which does not check the round tag, takes it for a new
+    round, docs/tofino.md; every other target drops it as stale)."""
     rng, out, rounds = random.Random(seed), [], []
-    workers = Workers(rng, bad_rounds)
+    workers = Workers(rng, bad_rounds, by_tag=bool(late))
     while len(out) < steps:
         if out and rng.random() < 0.2:
-            late = [i for i in range(max(0, len(out) - 30), len(out))
-                    if rounds[i][2] >= workers.complete.get(rounds[i][:2], -1)]
-            if late:
-                i = rng.choice(late)
+            candidates = [i for i in range(max(0, len(out) - 30), len(out)) if _late_ok(workers, rounds[i], late)]
+            if candidates:
+                i = rng.choice(candidates)
                 out.append(out[i])
                 rounds.append(rounds[i])
             continue
@@ -369,6 +375,14 @@ def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False):
             rounds.append(f[0])
             out.append(f[1])
     return out
+
+
+def _late_ok(workers, rnd, late: int) -> bool:
+    """Whether a copy of round ``rnd`` = (job, slot, round) may arrive now (``fuzz_sequence``)."""
+    if not late:
+        return rnd[2] >= workers.complete.get(rnd[:2], -1)
+    newest = max((r for (j, s, _), r in workers.cur.items() if (j, s) == rnd[:2]), default=0)
+    return rnd[2] >= 0 and newest - rnd[2] <= late
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -387,6 +401,33 @@ def test_differential_fuzz_with_other_round_packets(chip, seed):
     steps = assert_same(sequence, chip)
     assert_never_a_wrong_result(sequence, chip)
     assert sum(bool(b) for _, b in steps) > 20
+
+
+@pytest.mark.parametrize("seed, bad_rounds", [(6, False), (7, True), (8, False)])
+def test_late_copies_of_any_round_never_change_a_sum_where_the_round_is_checked(seed, bad_rounds):
+    """Copies up to 2 * ROUND_TAGS - 3 rounds of their slot late, past the next round's completion
+    too (issue 38): the reference engine that checks the round tag (every target but Tofino's)
+    never sends a wrong sum."""
+    sequence = fuzz_sequence(seed, 1500, bad_rounds, late=2 * ROUND_TAGS - 3)
+    ref = make(SoftPipeline, "tofino", round_check=True)
+    results = 0
+    for i, (port, data) in enumerate(sequence):
+        for _, out in ref.process(port, data):
+            h = unpack_header(out[42:58])
+            results += 1
+            if h.count:
+                round_id = 2 * round_tag(h.flags) + h.slot_set
+                assert _sums([(0, out)])[0] == true_sum(h.job_id, h.slot, round_id, h.offset), f"step {i}: {h}"
+    assert results > 50
+
+
+@pytest.mark.parametrize("seed", [6, 8])
+def test_the_model_keeps_the_documented_limit_with_late_copies(chip, seed):
+    """The same late copies on the model: frame for frame the reference engine in the TNA
+    program's reading (round tag carried, not checked: docs/tofino.md, "Round identity"), so
+    the limit is exactly the documented one."""
+    steps = assert_same(fuzz_sequence(seed, 1500, late=2 * ROUND_TAGS - 3), chip)
+    assert sum(bool(b) for _, b in steps) > 50
 
 
 # -- what bf-p4c built: the result's rewrites and parses, from each chip's committed build ---------
