@@ -8,7 +8,7 @@
  *   slot, idx  | the header's slot (low TOFINO_SLOT_BITS bits), set ++ slot
  *   tag        | job_id ++ epoch: the slot owner tag
  *   exp_biased | exponent ^ 0x80 (signed order as unsigned, for the max)
- *   flags_in   | the sticky flags the packet brings (overflow, congestion)
+ *   flags_in   | the sticky flags the packet brings (overflow, congestion) and its round tag
  *   count_gap  | K - count (its borrow bit: count > K, for JobAdmission's checks)
  */
 #ifndef _INAGG_TOFINO_SLOT_INPUTS_P4_
