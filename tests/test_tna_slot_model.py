@@ -1,9 +1,12 @@
 """The executable model of the TNA slot logic (bmv2_env/softswitch/tna_slot_model.py): held to the
 P4's register actions and to the stages bf-p4c placed them in (the committed context.json),
-then run frame by frame beside the reference engine at the TNA's K: the issue-25 replay, the
+then run frame by frame beside the reference engine at the TNA's K, in the TNA program's reading
+(the round tag carried, not checked: docs/tofino.md, "Round identity"): the issue-25 replay, the
 conformance cases' orders, and a random differential fuzz (loss, duplication, reordering behind
-the next round, forged and malformed frames) must give the same frames and counters. Each test
-runs on the program built for each chip (``chip``: Tofino 1 and Tofino 2, p4/out/<chip>/).
+the next round and copies up to 13 rounds late, forged and malformed frames) must give the same
+frames and counters. The same late copies on the reference engine that checks the tag (every
+other target's reading) never give a wrong sum. Each test runs on the program built for each
+chip (``chip``: Tofino 1 and Tofino 2, p4/out/<chip>/).
 
 In process, no network namespace: both are SoftPipelines with the Tofino P4Info; only the slot
 logic differs (the reference engine, the BMv2 program's specification, vs the TNA model)."""
