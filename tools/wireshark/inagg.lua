@@ -15,7 +15,8 @@
 local inagg = Proto("inagg", "In-network aggregation (inagg)")
 
 local MSG_TYPES = { [1] = "contribution", [2] = "result" }
-local FLAG_NAMES = { [0x01] = "retransmit", [0x02] = "from_host", [0x04] = "congestion", [0x08] = "overflow" }
+local FLAG_NAMES = { [0x01] = "retransmit", [0x02] = "from_host", [0x04] = "congestion", [0x08] = "overflow",
+                     [0x80] = "from_switch" }
 local HEADER_BYTES = 16
 local INAGG_UDP_PORT = 0xA66A
 local HOST_AGGREGATOR_PORT = 42666
