@@ -43,7 +43,8 @@ def host_result_fragments() -> list:
 
 
 def roce_frame() -> bytes:
-    payload = protocol.build_contribution(9, 3, 4, 21, 1, 1024, SWITCH_VALUES, 64, exp=-7)
+    payload = protocol.build_contribution(9, 3, 4, 21, 1, 1024, SWITCH_VALUES, 64, exp=-7,
+                                          flags=protocol.round_fields(13)[1])   # set 1, tag 6
     return roce.frame(payload, dst_mac="00:00:00:00:00:fe", src_mac="08:00:00:00:00:04",
                       src_ip="10.0.0.4", dst_ip="10.0.0.254", src_port=49152, psn=11, dst_qp=0x42)
 
@@ -140,10 +141,11 @@ def test_tshark_reassembles_host_aggregator_datagrams(tmp_path):
 def test_tshark_decodes_roce(tmp_path):
     wrpcap(str(tmp_path / "roce.pcap"), [Ether(roce_frame())])
     rows = tshark_fields(tmp_path / "roce.pcap", "infiniband.bth.opcode", "inagg.job_id", "inagg.worker_id",
-                         "inagg.slot", "inagg.slot_set", "inagg.exp", "inagg.n_values", "inagg.value")
+                         "inagg.slot", "inagg.slot_set", "inagg.round_tag", "inagg.exp", "inagg.n_values",
+                         "inagg.value")
     assert len(rows) == 1
     *header, values = rows[0]
-    assert header == [str(protocol.ROCE_OPCODE_UC_WRITE_ONLY_IMM), "9", "3", "21", "1", "-7", "64"]
+    assert header == [str(protocol.ROCE_OPCODE_UC_WRITE_ONLY_IMM), "9", "3", "21", "1", "6", "-7", "64"]
     assert [int(v) for v in values.split(";")] == SWITCH_VALUES.tolist()   # the ICRC is not a value
 
 
