@@ -189,11 +189,13 @@ endif
 # otherwise) into build/<target>/,
 # then refresh the committed artifacts in p4/out/<target>/: P4Info, <target>.bin, context.json and
 # bfrt.json (gzipped: 170 KB instead of 5 MB), the compiler's resource summary
-# (docs/tofino.md) and its parsers (tools/tofino_parser.py: what the TNA model walks). bf-p4c
+# (docs/tofino.md), its parsers (tools/tofino_parser.py: what the TNA model walks) and what they
+# were built from (tools/built_from.py: the test's proof of currency without a recompile). bf-p4c
 # empties its -o folder first, so its log goes to build/<target>.compile.log (then a copy in
 # build/<target>/compile.log). Standard P4Runtime counters/registers, so bf_switchd's P4Runtime server and
 # our software switch read the same P4Info.
 TOFINO_TARGETS ?= tofino tofino2
+TOFINO_SOURCES := 'p4/tofino/*.p4' 'p4/include/*.p4'   # what built_from.json hashes
 tofino: setup
 	@for t in $(TOFINO_TARGETS); do \
 	  arch=$$( [ $$t = tofino2 ] && echo t2na || echo tna ); \
@@ -207,5 +209,8 @@ tofino: setup
 	  for f in bfrt.json pipe/$$t.bin pipe/context.json; do \
 	    gzip -9 -n -c build/$$t/$$f > $(P4_OUT)/$$t/$$(basename $$f).gz; done && \
 	  $(BIN)/python -m tools.tofino_resources build/$$t > $(P4_OUT)/$$t/resources.json && \
-	  $(BIN)/python -m tools.tofino_parser build/$$t > $(P4_OUT)/$$t/parser.json || exit 1; \
+	  $(BIN)/python -m tools.tofino_parser build/$$t > $(P4_OUT)/$$t/parser.json && \
+	  $(BIN)/python -m tools.built_from $(P4_OUT)/$$t --compiler "$$($(BF_P4C) --version)" \
+	    --flags "--target $$t --arch $$arch $$extra --p4runtime-force-std-externs" \
+	    --sources $(TOFINO_SOURCES) || exit 1; \
 	done
