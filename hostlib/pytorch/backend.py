@@ -60,6 +60,7 @@ import torch
 import torch.distributed as dist
 
 from inagg.hostlib import BACKEND_NAME
+from inagg.hostlib.pytorch.carriers import by_carrier, route_names
 from inagg.hostlib.pytorch.dispatch import AllreduceDispatch
 from inagg.hostlib.pytorch.lifecycle import GroupLifecycle
 from inagg.hostlib.pytorch.outside_dynamo import mark_if_dynamo_loaded, torch_calls
@@ -160,11 +161,16 @@ class InaggProcessGroup(dist.ProcessGroup):
                       timeout if timeout is not None else self.lifecycle.timeout, wait_all_ranks=wait_all_ranks)
 
     def stats(self) -> dict:
-        """Calls by path, gloo fallbacks by kind, the agreed path model and the communicator's
-        counters (mode, bytes, retransmissions, ...); once the paths are ready."""
+        """Where the allreduces went, by what carried them (``carriers``: calls and one rank's
+        bytes per carrier, ``inagg.hostlib.pytorch.carriers``), calls by path, gloo fallbacks by
+        kind, the agreed path model and the communicator's counters (mode, bytes,
+        retransmissions, ...); once the paths are ready. ``controller`` and ``address`` are None
+        for a job on one host, which joins no controller."""
         self.ready()
         life = self.lifecycle
-        return {"controller": life.endpoint.controller, "address": life.endpoint.bind_ip,
+        endpoint = life.endpoint
+        return {"controller": endpoint.controller if endpoint else None, "address": endpoint.bind_ip if endpoint else None,
+                "carriers": by_carrier(self.dispatch.volume(), route_names(life)),
                 "allreduce_paths": dict(self.dispatch.allreduces + Counter(gloo=self.dispatch.run_taken())),
                 "fallbacks": dict(self.gloo.fallbacks), "via_allreduce": dict(self.reduce_scatters.via_allreduce),
                 "path_model": life.paths.as_dict(), "inagg": life.comm.stats(),
