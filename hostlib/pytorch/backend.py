@@ -29,8 +29,9 @@ the creator that ``inagg.hostlib.pytorch.plugin`` registers with ``dist.Backend.
   (``inagg.hostlib.pytorch.reproducible``), so a run does not depend on the paths its calls took.
 * Everything else (other collectives, dtypes, ops, several tensors) goes to an inner
   ``ProcessGroupGloo`` on the same store, unchanged. Each kind is counted (``stats()``) and
-  logged once: INFO for collectives inagg does not implement, WARNING for an allreduce that could
-  not use inagg.
+  logged once per reason on rank 0 (``inagg.hostlib.pytorch.inner_gloo``).
+* What carried the calls is said in words (``inagg.hostlib.pytorch.carriers``): rank 0's one
+  line once the paths are up, and ``stats()['carriers']``, calls and bytes per carrier.
 
 So DDP (its broadcasts, allgathers and bucket allreduces), ``dist.all_reduce`` of metrics and
 
