@@ -68,6 +68,7 @@ def test_a_job_whose_ranks_are_switch_workers_starts_its_deployment_and_says_swi
     assert "allreduces on switch (pinned by INAGG_ALLREDUCE_PATH=inagg)" in summary[0], summary
     assert "at its local deployment unix:" in summary[0], summary
     assert stats0["children"] and not stats1["children"], (stats0, stats1)   # rank 0's deployment
+    assert not [line for line in err1 if " INFO " in line], err1   # rank 0 speaks for the job
     for stats, err in ((stats0, err0), (stats1, err1)):
         assert not [line for line in err if any(word in line for word in _NEVER[:2])], err
         assert set(stats["carriers"]) == {"switch", "gloo"} and stats["controller"].startswith("unix:"), stats

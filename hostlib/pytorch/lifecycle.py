@@ -2,8 +2,8 @@
 joins and leaves, and what it does when a rank goes.
 
 Design: the group is up as soon as its inner gloo group is (``GroupLifecycle.__init__``, a
-collective); the inagg paths (rank 0's local deployment, the joins at the controller, the path
-chooser) start in the background (``start``, thread ``inagg-start``) and the first call that
+collective); the inagg paths (the host-local reduce, rank 0's local deployment where the job
+needs one, the joins at the controller, the path chooser) start in the background (``start``, thread ``inagg-start``) and the first call that
 needs them waits for them (``ready``). Every rank watches the others
 (``inagg.hostlib.pytorch.peer_watch``): a rank that ends fails every call of the others at once,
 on every path, with an error naming it (``_rank_gone``, ``named``), and a start still under way
@@ -109,7 +109,8 @@ class GroupLifecycle:
 
     def __init__(self, group: InaggProcessGroup, store: dist.Store, timeout: timedelta) -> None:
         """The inner gloo group and the peer watch (a collective: every rank is here after it);
-        rank 0's local deployment starts now, in the background. ``start`` starts the rest."""
+        rank 0's local deployment starts now, in the background, where every rank is a worker
+        (``INAGG_HOST_REDUCE=off``). ``start`` starts the rest."""
         rank, world_size = group.rank(), group.size()
         forced, same_bits = _forced_path(), _reproducible_requested()
         self._group, self.timeout, self.forced = group, timeout, forced

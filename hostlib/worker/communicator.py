@@ -451,8 +451,10 @@ class Communicator:
                     "job %d rank %d: aggregating on the host aggregator %s:%d, not a switch: %s",
                     grant.job_id, self.rank, *grant.aggregator, grant.reason or "the controller's choice")
         else:
-            log.info("job %d rank %d: aggregating on the switch (%s:%d, slots [%d,%d), epoch %d)", grant.job_id,
-                     self.rank, *grant.aggregator, grant.slot_base, grant.slot_base + grant.slot_count, grant.epoch)
+            # rank 0 says it for the job (every rank holds the same grant); the others in DEBUG
+            log.log(logging.INFO if self.rank == 0 else logging.DEBUG,
+                    "job %d rank %d: aggregating on the switch (%s:%d, slots [%d,%d), epoch %d)", grant.job_id,
+                    self.rank, *grant.aggregator, grant.slot_base, grant.slot_base + grant.slot_count, grant.epoch)
             if grant.aggregator_mac and (problem := neighbour_problem(grant.aggregator[0], grant.aggregator_mac)):
                 log.warning("job %d rank %d: %s", grant.job_id, self.rank, problem)
         self.transport = self.stream.transport = self._transports[grant.transport]
