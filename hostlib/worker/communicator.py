@@ -446,8 +446,8 @@ class Communicator:
         """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
         first: the stream takes the source results must come from from it (a RoCE result's is
         the switch's IP, a UDP one's IP and port)."""
-        if grant.mode == "host":   # every rank's log says it; rank 0's as a warning, unless asked for
-            log.log(logging.WARNING if self.rank == 0 and not self.host_only else logging.INFO,
+        if grant.mode == "host":   # rank 0 says it for the job, as a warning unless asked for; the others in DEBUG
+            log.log(logging.DEBUG if self.rank else logging.INFO if self.host_only else logging.WARNING,
                     "job %d rank %d: aggregating on the host aggregator %s:%d, not a switch: %s",
                     grant.job_id, self.rank, *grant.aggregator, grant.reason or "the controller's choice")
         else:
