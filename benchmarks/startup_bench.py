@@ -7,7 +7,7 @@ its own (env:// rendezvous), the two backends interleaved so both see the same l
 The ranks meet on a store of their own before the clock starts (a process that finished importing
 torch later would otherwise count in every figure). Prints, per backend, the median over the repetitions of the slowest rank's seconds for each
 phase (``init``: ``init_process_group``; ``first``: init + the first 4-byte allreduce;
-``reinit``: destroy + init on a store of its own + one allreduce), each repetition's figures and the load average
+``reinit``: destroy + init under a prefix of its own on the ranks' meeting store + one allreduce), each repetition's figures and the load average
 (``uptime``) before and after. Exits 1 if a rank failed.
 """
 
@@ -44,10 +44,10 @@ def rank_main(backend: str) -> None:
     first = time.perf_counter() - started
     dist.destroy_process_group()
     again = time.perf_counter()
-    # a store of its own: on the first one, a rank that re-inits before rank 0 has destroyed
-    # its group would read that group's keys (torch names the new group as the old one)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{os.environ['REINIT_PORT']}",
-                            rank=rank, world_size=world_size)
+    # keys of its own on a store already connected: on the first one, a rank that re-inits before
+    # rank 0 has destroyed its group would read that group's keys (torch names the new group as
+    # the old one); a new TCP store would time its clients' connection retries, not the backend
+    dist.init_process_group(backend, store=dist.PrefixStore("reinit", sync), rank=rank, world_size=world_size)
     dist.all_reduce(x)
     reinit = time.perf_counter() - again
     dist.destroy_process_group()
@@ -62,13 +62,12 @@ def _free_port() -> int:
 
 def one_run(backend: str, ranks: int) -> dict[str, float]:
     """Every rank's figures for one job of ``ranks`` processes; the slowest rank's per phase."""
-    port, reinit_port, sync_port = _free_port(), _free_port(), _free_port()
+    port, sync_port = _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")}
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", backend], stdout=subprocess.PIPE, text=True,
                               env=env | {"RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r),
                                          "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
-                                         "MASTER_PORT": str(port), "REINIT_PORT": str(reinit_port),
-                                         "SYNC_PORT": str(sync_port)})
+                                         "MASTER_PORT": str(port), "SYNC_PORT": str(sync_port)})
              for r in range(ranks)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     if any(p.returncode for p in procs):
