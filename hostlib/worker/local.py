@@ -8,7 +8,8 @@ Two ways, and nothing typed by hand:
   ``deployment.json`` beside its socket that assigns rank r the loopback address of switch
   port r + 1.
 * Unset: the job brings up its own local deployment (software data plane, controller and host
-  aggregator on loopback and Unix sockets). Rank 0 starts it as a child process
+  aggregator on loopback and Unix sockets) where it needs one (the backend does not when its
+  ranks all share one host: ``start_endpoint``'s ``now``). Rank 0 starts it as a child process
   (``python -m inagg.bmv2_env.emulation.services serve``: a process boundary, so the host library imports none of
   the control plane) and publishes its description in the job's store; every rank takes its
   address from it. It goes down with the process group, and with rank 0's process however that
