@@ -1,11 +1,13 @@
 """Data-parallel training on the inagg backend: a plain DDP script whose only inagg-specific part
 is the backend string. Run it as any DDP script::
 
-    torchrun --nproc_per_node=4 examples/train_ddp.py                 # inagg (local deployment)
+    torchrun --nproc_per_node=4 examples/train_ddp.py                 # inagg (one host: shared memory)
     torchrun --nproc_per_node=4 examples/train_ddp.py --backend gloo  # the same with gloo
 
-With no ``INAGG_CONTROLLER`` set, the job brings up its own software switch, controller and host
-aggregator on loopback and stops them at the end. ``--hook powersgd|fp16`` registers one of
+With no ``INAGG_CONTROLLER`` set and every rank on this host, the ranks reduce through shared
+memory and start nothing; with ``INAGG_HOST_REDUCE=off`` (every rank a switch worker) the job
+brings up its own software switch, controller and host aggregator on loopback and stops them at
+the end. ``--hook powersgd|fp16`` registers one of
 PyTorch's own comm hooks, ``--hook artopk`` inagg's AR-Topk hook (``artopk-adaptive``: dense
 or AR-Topk per step, whichever the measured model prices lower); ``--out FILE`` (rank 0) saves the final parameters and the backend's
 statistics (tests compare inagg and gloo runs with it).

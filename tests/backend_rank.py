@@ -18,10 +18,20 @@ other rank prints ``error TIME TYPE: MESSAGE`` for the error it raised, then ``d
 
 ``python tests/backend_rank.py BACKEND train``: DDP steps of a small model until interrupted;
 rank 0 prints ``step N`` every 10 steps.
+
+``python tests/backend_rank.py BACKEND report``: with inagg's loggers at INFO on stderr
+(``NAME LEVEL MESSAGE``), 64 float32 allreduces of 4 B to 64 KiB (rank 1 late by 0.3 s before
+every 16th: the agreements wait for it), 16 int32 ones and, each twice, an int64, a MAX, a
+float64 allreduce and a broadcast; then prints ``stats JSON`` (the group's ``stats()``, with
+``sent``: the bytes this rank allreduced, and ``children``: this process's child processes).
 """
 
+import json
+import logging
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -107,6 +117,36 @@ def train(backend: str) -> None:
             print(f"step {step}", flush=True)
 
 
+def report(backend: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    logging.getLogger("inagg").addHandler(handler)
+    logging.getLogger("inagg").setLevel(logging.INFO)
+    dist.init_process_group(backend)
+    sent = 0
+    for i in range(64):
+        if dist.get_rank() == 1 and i % 16 == 15:
+            time.sleep(0.3)
+        x = torch.ones(4 ** (i % 8))
+        dist.all_reduce(x)
+        sent += x.nbytes
+    for i in range(16):
+        x = torch.ones(256, dtype=torch.int32)
+        dist.all_reduce(x)
+        sent += x.nbytes
+    for _ in range(2):
+        for x, op in ((torch.ones(8, dtype=torch.int64), dist.ReduceOp.SUM), (torch.ones(8), dist.ReduceOp.MAX),
+                      (torch.ones(8, dtype=torch.float64), dist.ReduceOp.SUM)):
+            dist.all_reduce(x, op)
+            sent += x.nbytes
+        dist.broadcast(torch.ones(8), 0)
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    stats = dist.group.WORLD.stats()
+    print("stats " + json.dumps({"sent": sent, "children": children, "controller": stats["controller"],
+                                 "carriers": stats["carriers"], "inagg": stats["inagg"]}), flush=True)
+    dist.destroy_process_group()
+
+
 def main() -> int:
     backend, mode = sys.argv[1:3]
     if mode == "startup":
@@ -117,8 +157,10 @@ def main() -> int:
         return ddp_killed_in_backward(backend, int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])
     elif mode == "train":
         train(backend)
+    elif mode == "report":
+        report(backend)
     else:
-        raise SystemExit(f"unknown mode {mode!r}: startup, loop or train")
+        raise SystemExit(f"unknown mode {mode!r}: startup, loop, ddp, train or report")
     return 0
 
 

@@ -67,7 +67,9 @@ def exact(out_dir: str, rank: int, largest: int) -> None:
         results[name] = saved(tensor)
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(dist.group.WORLD.stats() | {"k": dist.group.WORLD.lifecycle.comm.grant.values_per_packet}, f, default=str)
+        comm = dist.group.WORLD.lifecycle.comm   # a job on one host has no grant: its K is its own
+        k = comm.grant.values_per_packet if comm.grant is not None else comm.k
+        json.dump(dist.group.WORLD.stats() | {"k": k}, f, default=str)
 
 
 def loop() -> None:

@@ -214,8 +214,8 @@ def _thread_name(tid: str) -> str:
 def test_shutdown_ends_the_inner_gloo_group_and_the_communicators_threads(tmp_path, monkeypatch):
     """After shutdown (destroy_process_group) no thread of the group is left for interpreter exit:
     a gloo worker letting go of a Python tensor then, or a communicator thread returning from a
-    native call, aborts the process (SIGABRT). Two ranks in this process, rank 0 bringing up the
-    local deployment."""
+    native call, aborts the process (SIGABRT). Two ranks in this process (one host: the host-local
+    reduce, no local deployment)."""
     for name in ("INAGG_CONTROLLER", "INAGG_ALLREDUCE_PATH", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     gloo_before, before = _gloo_workers(), set(threading.enumerate())

@@ -114,7 +114,7 @@ def test_four_local_ranks_give_the_switch_paths_bits_with_no_packet_between_them
             assert _same_bits(local[rank][name], gloo[rank][name]), (rank, name)
     assert all(r["stats"]["inagg"]["hosts"] == 1 and r["stats"]["inagg"]["host_reduce"]["calls"] >= len(names)
                for r in local)
-    assert local[0]["stats"]["inagg"]["packets_sent"] == 0
+    assert "packets_sent" not in local[0]["stats"]["inagg"]   # no job at a controller: nothing to send with
     assert all(r["stats"]["inagg"]["packets_sent"] > 0 and "host_reduce" not in r["stats"]["inagg"] for r in switch)
 
 

@@ -108,7 +108,10 @@ def test_a_two_rank_job_runs_on_the_wheel_with_nothing_started_by_hand(installed
     script.write_text(RANK_SCRIPT)
     proc = subprocess.run([str(installed / "python"), "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node=2", str(script), str(out)], cwd=tmp_path,
-                          env=clean_env(INAGG_ALLREDUCE_PATH="inagg"), capture_output=True, text=True, timeout=240)
+                          # every rank a switch worker: ranks on one host would otherwise start no
+                          # deployment, and this test is the wheel's control plane serving a job
+                          env=clean_env(INAGG_ALLREDUCE_PATH="inagg", INAGG_HOST_REDUCE="off"), capture_output=True,
+                          text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(out.read_text())
     assert Path(result["inagg"]).is_relative_to(installed.parent)

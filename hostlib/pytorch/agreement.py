@@ -18,25 +18,29 @@ result, left behind, as its own. The ranks count themselves in on the store at c
 group size; every rank of one group is counted before any rank of the next (creating a group
 is a collective), so the count divided by the ranks numbers it.
 
-A rank waits for the others' keys in slices of ``_WAIT_SLICE``, not in one store call as long
-as the store's timeout: a rank that ended never sets its key, and ``failure()`` (the process
-group's peer watch) names it within a slice.
+A rank waits for the others' keys by polling the store (``check``: one round trip that never
+waits in C++), not in one store call as long as the store's timeout: a rank that ended never
+sets its key, and ``failure()`` (the process group's peer watch) names it between two polls.
+Not in short ``wait`` slices either: each slice that times out makes torch's TCPStore client log
+``waitForInput ... timed out after 200ms`` (c10d's logger, on every rank). The pauses between
+polls start at ``_POLL_SECONDS[0]`` and double up to ``_POLL_SECONDS[1]``, so a key that comes
+at once is seen within a fraction of a millisecond and a long wait costs a few round trips a
+second.
 """
 
 from __future__ import annotations
 
-import time
-from datetime import timedelta
 from typing import Callable
 
 import numpy as np
 import torch.distributed as dist
 
 from inagg.hostlib.errors import InaggError
+from inagg.hostlib.worker.abortable_store import wait_keys
 from inagg.hostlib.worker.communicator import JobFailed
 
 _FAILED = b""   # rank 0's result when the ranks' vectors did not match: every rank raises
-_WAIT_SLICE = 0.2   # seconds one store wait may take before ``failure()`` is asked (module docstring)
+_POLL_SECONDS = (1e-4, 2e-3)   # the first and the longest pause between two polls (module docstring)
 
 
 class StoreMin:
@@ -91,21 +95,14 @@ class StoreMin:
         return result
 
     def _get(self, keys: list[str]) -> list[bytes]:
-        """The values of ``keys`` once the store has them all: waited for in slices, ending with
-        ``failure()`` where a rank is gone, or with the store's error (its timeout included)."""
-        deadline = time.monotonic() + self._store.timeout.total_seconds()
-        while True:
-            started = time.monotonic()
-            try:
-                self._store.wait(keys, timedelta(seconds=_WAIT_SLICE))
-                return self._store.multi_get(keys)
-            except RuntimeError:
-                error = self._failure()
-                if error is not None:
-                    raise error from None
-                now = time.monotonic()
-                if now - started < _WAIT_SLICE or now > deadline:   # not the slice's timeout: the store's own error
-                    raise
+        """The values of ``keys`` once the store has them all: polled for (module docstring),
+        ending with ``failure()`` where a rank is gone, or with the store's error; past the
+        store's timeout, a RuntimeError saying which keys did not come."""
+        try:
+            wait_keys(self._store, keys, self._failure, poll=_POLL_SECONDS)
+        except TimeoutError as e:
+            raise RuntimeError(str(e)) from None
+        return self._store.multi_get(keys)
 
     def _decode(self, k: int, raw: bytes, length: int, what: str) -> np.ndarray:
         """``raw`` as ``length`` float64, or an error naming the round and whose it is: the ranks

@@ -29,8 +29,9 @@ the creator that ``inagg.hostlib.pytorch.plugin`` registers with ``dist.Backend.
   (``inagg.hostlib.pytorch.reproducible``), so a run does not depend on the paths its calls took.
 * Everything else (other collectives, dtypes, ops, several tensors) goes to an inner
   ``ProcessGroupGloo`` on the same store, unchanged. Each kind is counted (``stats()``) and
-  logged once: INFO for collectives inagg does not implement, WARNING for an allreduce that could
-  not use inagg.
+  logged once per reason on rank 0 (``inagg.hostlib.pytorch.inner_gloo``).
+* What carried the calls is said in words (``inagg.hostlib.pytorch.carriers``): rank 0's one
+  line once the paths are up, and ``stats()['carriers']``, calls and bytes per carrier.
 
 So DDP (its broadcasts, allgathers and bucket allreduces), ``dist.all_reduce`` of metrics and
 
@@ -60,6 +61,7 @@ import torch
 import torch.distributed as dist
 
 from inagg.hostlib import BACKEND_NAME
+from inagg.hostlib.pytorch.carriers import by_carrier, route_names
 from inagg.hostlib.pytorch.dispatch import AllreduceDispatch
 from inagg.hostlib.pytorch.lifecycle import GroupLifecycle
 from inagg.hostlib.pytorch.outside_dynamo import mark_if_dynamo_loaded, torch_calls
@@ -160,11 +162,16 @@ class InaggProcessGroup(dist.ProcessGroup):
                       timeout if timeout is not None else self.lifecycle.timeout, wait_all_ranks=wait_all_ranks)
 
     def stats(self) -> dict:
-        """Calls by path, gloo fallbacks by kind, the agreed path model and the communicator's
-        counters (mode, bytes, retransmissions, ...); once the paths are ready."""
+        """Where the allreduces went, by what carried them (``carriers``: calls and one rank's
+        bytes per carrier, ``inagg.hostlib.pytorch.carriers``), calls by path, gloo fallbacks by
+        kind, the agreed path model and the communicator's counters (mode, bytes,
+        retransmissions, ...); once the paths are ready. ``controller`` and ``address`` are None
+        for a job on one host, which joins no controller."""
         self.ready()
         life = self.lifecycle
-        return {"controller": life.endpoint.controller, "address": life.endpoint.bind_ip,
+        endpoint = life.endpoint
+        return {"controller": endpoint.controller if endpoint else None, "address": endpoint.bind_ip if endpoint else None,
+                "carriers": by_carrier(self.dispatch.volume(), route_names(life)),
                 "allreduce_paths": dict(self.dispatch.allreduces + Counter(gloo=self.dispatch.run_taken())),
                 "fallbacks": dict(self.gloo.fallbacks), "via_allreduce": dict(self.reduce_scatters.via_allreduce),
                 "path_model": life.paths.as_dict(), "inagg": life.comm.stats(),

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 # three sizes pin alpha and beta of each path (the median of a few rounds each: the machine may
 # be shared), so the first real calls are already chosen from measurements
 _CALIBRATION_BYTES = (64, 16 * 1024, 1 << 20)
+# a job on one host (no deployment, nothing to wait for but the calibration) times only the two
+# sizes that are cheap to time: its 1 MiB calls took ~0.2 s of a ~0.25 s calibration on 2 ranks,
+# the whole of its first call's wait; a larger class is probed when first used, as any new one
+_ONE_HOST_CALIBRATION_BYTES = _CALIBRATION_BYTES[:2]
 _CALIBRATION_ROUNDS = 3
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # each quantized from its own format
 _INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
@@ -70,12 +74,15 @@ def op_name(op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> str:
 
 class AllreduceDispatch:
     """The allreduces of ``group`` (module docstring), on the paths ``lifecycle`` opened. Its
-    Works are ``group``'s (which names a rank gone); ``allreduces`` counts eligible calls by path."""
+    Works are ``group``'s (which names a rank gone); ``allreduces`` counts eligible calls by path,
+    ``volume`` every allreduce's calls and bytes by route (``inagg.hostlib.pytorch.carriers``)."""
 
     def __init__(self, group: InaggProcessGroup, lifecycle: GroupLifecycle) -> None:
         """No call yet, no run: the paths are ``lifecycle``'s once it has started them."""
         self._group, self._life, self._gloo = group, lifecycle, lifecycle.gloo
         self.allreduces: Counter[str] = Counter()   # eligible calls by path
+        self._calls: Counter[str] = Counter()   # every allreduce's calls by route (``volume``)
+        self._bytes: Counter[str] = Counter()   # ... and their tensors' bytes
         self._lock = threading.Lock()
         # each path's latest call, weakly: a strong reference would keep the caller's tensor alive
         # until the next call, which would then free it inside the caller's timed call
@@ -84,6 +91,7 @@ class AllreduceDispatch:
         # the fast path's run (allreduce): its size, calls, calls left, calls to its next sample,
         # the samples' period
         self._run_nbytes, self._run_length, self._run_left, self._to_sample, self._sample_period = 0, 0, 0, 0, 0
+        self._run_dtype: torch.dtype | None = None
         self._run_work: dist.Work | None = None
 
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
@@ -97,7 +105,7 @@ class AllreduceDispatch:
         freed here, not inside the caller's ``wait``."""
         if self._run_left and opts is not None and len(tensors) == 1 and opts.reduceOp == _SUM:
             t = tensors[0]
-            if t.layout == _STRIDED and t.nbytes == self._run_nbytes and t.dtype in _INAGG_DTYPES and t.is_contiguous() and t.is_cpu:
+            if t.layout == _STRIDED and t.nbytes == self._run_nbytes and t.dtype is self._run_dtype and t.is_contiguous() and t.is_cpu:
                 self._run_left -= 1
                 self._to_sample -= 1
                 if self._to_sample:
@@ -133,6 +141,7 @@ class AllreduceDispatch:
         op = opts.reduceOp
         reason = _ineligible(tensors, op)
         if reason:
+            self._carry("gloo", 1, sum(t.nbytes for t in tensors if t.layout == _STRIDED))
             return self._gloo.run("allreduce", reason, tensors, opts)
         tensor = tensors[0]
         nbytes = tensor.nbytes
@@ -142,8 +151,9 @@ class AllreduceDispatch:
         except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
             raise self._group.named(e)
         self.allreduces[path] += 1
+        self._carry(self._route(path, tensor.dtype), 1, nbytes)
         if path == "gloo" and op == _SUM:   # a run may follow, after a sampled call too
-            self._run_nbytes = nbytes
+            self._run_nbytes, self._run_dtype = nbytes, tensor.dtype
             self._run_left, first, self._sample_period = self._life.paths.run_length(nbytes, path)
             self._run_length, self._to_sample = self._run_left, first or -1   # -1: none in this run
             if not measure:   # gloo's own Work
@@ -161,6 +171,7 @@ class AllreduceDispatch:
         if taken:
             self._life.paths.skip(taken)
             self.allreduces["gloo"] += taken
+            self._carry(self._route("gloo", self._run_dtype), taken, taken * self._run_nbytes)
             self._last_work["gloo"] = weakref.ref(latest)
         self._run_length = self._run_left = 0
         self._run_work = None
@@ -169,6 +180,28 @@ class AllreduceDispatch:
     def run_taken(self) -> int:
         """Calls the fast path took in the current run."""
         return self._run_length - self._run_left
+
+    def _route(self, path: str, dtype: torch.dtype) -> str:
+        """The route of an eligible call of ``dtype`` on ``path``: the path, or on the gloo path
+        ``gloo:fixed`` where gloo sums inagg's fixed point (floats, same bits on every path)."""
+        if path == "gloo" and self._life.fixed is not None and dtype.is_floating_point:
+            return "gloo:fixed"
+        return path
+
+    def _carry(self, route: str, calls: int, nbytes: int) -> None:
+        """Count ``calls`` allreduces of ``nbytes`` bytes in all on ``route``."""
+        self._calls[route] += calls
+        self._bytes[route] += nbytes
+
+    def volume(self) -> dict[str, tuple[int, int]]:
+        """Every allreduce so far by route (``gloo``: also those inagg cannot take): its calls
+        and its tensors' bytes (one rank's), the current fast-path run's calls included."""
+        calls, nbytes = self._calls.copy(), self._bytes.copy()
+        if taken := self.run_taken():
+            route = self._route("gloo", self._run_dtype)
+            calls[route] += taken
+            nbytes[route] += taken * self._run_nbytes
+        return {route: (calls[route], nbytes[route]) for route in calls}
 
     def forget_run(self) -> None:
         """Let go of the run's latest Work (the inner gloo group is going: nothing may hold it)."""
@@ -247,10 +280,11 @@ class AllreduceDispatch:
         return _CallWork(fut, lambda: _resolve_to(fut, [tensor], self._group.named), self._group)
 
     def calibrate(self) -> None:
-        """Time every path at a few sizes (the same calls on every rank) and agree on the
-        result, so the first real calls are already chosen from measurements."""
+        """Time every path at a few sizes (the same calls on every rank; fewer where the job
+        runs on one host and joined no controller) and agree on the result, so the first real
+        calls are already chosen from measurements."""
         paths = self._life.paths
-        for nbytes in _CALIBRATION_BYTES:
+        for nbytes in _CALIBRATION_BYTES if self._life.endpoint is not None else _ONE_HOST_CALIBRATION_BYTES:
             # one path's calls after another's, each path's first untimed: a call right after
             # another path's is slow (that path's tail still holds the CPU), and a group's first
             # calls set up connections and buffers

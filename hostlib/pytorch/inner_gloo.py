@@ -3,9 +3,11 @@ and every allreduce it cannot take, runs here unchanged (``inagg.hostlib.pytorch
 
 Design: one object owns the gloo backend (whose ``allreduce`` the allreduce dispatch's gloo path
 uses) and the ``dist.ProcessGroup`` around it (whose methods torch's collectives dispatch to),
-counts what it runs under the reason inagg could not (logged once per kind: INFO for a
-collective inagg does not implement, WARNING for an allreduce that could not use inagg), and lets
-both go at shutdown (``release``) while the interpreter still runs.
+counts what it runs under the reason inagg could not, and lets both go at shutdown (``release``)
+while the interpreter still runs. Each reason is logged once, through logger ``inagg.fallbacks``:
+at INFO on rank 0 (every rank makes the same calls, so one line says it for the job) and at
+DEBUG on the others. A fallback is normal use (an int64 or MAX allreduce, a broadcast: gloo
+runs it as it would without inagg), not a warning; ``stats()['fallbacks']`` counts each.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from inagg.hostlib.pytorch.works import _GlooWork
 if TYPE_CHECKING:
     from inagg.hostlib.pytorch.backend import InaggProcessGroup
 
-log = logging.getLogger("inagg.backend")
+log = logging.getLogger("inagg.fallbacks")
 
 
 def _gloo_group(gloo: dist.ProcessGroupGloo, store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
@@ -64,9 +66,9 @@ class InnerGloo:
         first = key not in self.fallbacks
         self.fallbacks[key] += 1
         if first:
-            level = logging.WARNING if collective == "allreduce" else logging.INFO
-            log.log(level, "rank %d: %s goes to gloo (%s); counted in stats()['fallbacks']",
-                    self._owner.rank(), collective, reason)
+            log.log(logging.INFO if self._owner.rank() == 0 else logging.DEBUG,
+                    "rank %d: %s goes to gloo (%s); counted in stats()['fallbacks']", self._owner.rank(), collective,
+                    reason)
         gloo = self.backend if collective == "allreduce" else self.group
         try:
             work = getattr(gloo, collective)(*args, **kwargs)

@@ -2,8 +2,8 @@
 joins and leaves, and what it does when a rank goes.
 
 Design: the group is up as soon as its inner gloo group is (``GroupLifecycle.__init__``, a
-collective); the inagg paths (rank 0's local deployment, the joins at the controller, the path
-chooser) start in the background (``start``, thread ``inagg-start``) and the first call that
+collective); the inagg paths (the host-local reduce, rank 0's local deployment where the job
+needs one, the joins at the controller, the path chooser) start in the background (``start``, thread ``inagg-start``) and the first call that
 needs them waits for them (``ready``). Every rank watches the others
 (``inagg.hostlib.pytorch.peer_watch``): a rank that ends fails every call of the others at once,
 on every path, with an error naming it (``_rank_gone``, ``named``), and a start still under way
@@ -31,6 +31,7 @@ import torch.distributed as dist
 from inagg.hostlib.errors import InaggError, InaggSetupError
 from inagg.hostlib.pytorch import interrupts
 from inagg.hostlib.pytorch.agreement import StoreMin
+from inagg.hostlib.pytorch.carriers import summary
 from inagg.hostlib.pytorch.inner_gloo import InnerGloo
 from inagg.hostlib.pytorch.path.choice import PATHS, PathChooser
 from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, job_links
@@ -41,7 +42,8 @@ from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.worker.abortable_store import AbortableStore
 from inagg.hostlib.worker.call_protocol import one_round_capacity
 from inagg.hostlib.worker.communicator import Communicator, JobFailed
-from inagg.hostlib.worker.host_communicator import HostCommunicator, HostGroup, open_host_group
+from inagg.hostlib.worker.host_communicator import (ONE_HOST_VALUES_PER_PACKET, HostCommunicator, HostGroup,
+                                                    host_reduce_setting, open_host_group)
 from inagg.hostlib.worker.host_group import RankDied
 from inagg.hostlib.worker.local import Endpoint, PendingEndpoint, start_endpoint
 from inagg.hostlib.worker.stream_base import Reduction
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from inagg.hostlib.pytorch.dispatch import AllreduceDispatch
 
 log = logging.getLogger("inagg.backend")
+paths_log = logging.getLogger("inagg.paths")   # rank 0's line saying what carries the calls
 
 # a call that failed with no rank known gone yet waits this long for the peer watch to name one:
 # a rank's end reaches its peers' gloo connections and the peer watch's socket together
@@ -106,10 +109,11 @@ class GroupLifecycle:
 
     def __init__(self, group: InaggProcessGroup, store: dist.Store, timeout: timedelta) -> None:
         """The inner gloo group and the peer watch (a collective: every rank is here after it);
-        rank 0's local deployment starts now, in the background. ``start`` starts the rest."""
+        rank 0's local deployment starts now, in the background, where every rank is a worker
+        (``INAGG_HOST_REDUCE=off``). ``start`` starts the rest."""
         rank, world_size = group.rank(), group.size()
         forced, same_bits = _forced_path(), _reproducible_requested()
-        self._group, self.timeout = group, timeout
+        self._group, self.timeout, self.forced = group, timeout, forced
         self.closed = False
         self.endpoint: Endpoint | None = None
         self.comm: Communicator | HostCommunicator | None = None
@@ -120,8 +124,10 @@ class GroupLifecycle:
         self.paths: PathChooser | None = None
         # one leaving at a time: a start that gives up (its thread) and destroy may both leave
         self._leave_lock = threading.Lock()
-        # rank 0's local deployment starts now
-        pending = start_endpoint(dist.PrefixStore("local", store), rank, world_size)
+        # rank 0's local deployment starts now where every rank is a switch worker
+        # (INAGG_HOST_REDUCE=off); otherwise once the start knows the job spans hosts (``_open_paths``)
+        pending = start_endpoint(dist.PrefixStore("local", store), rank, world_size,
+                                 now=host_reduce_setting() == "off")
         try:
             gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
             # the fixed-point path's own gloo group, here: its rendezvous waits in C++ for every
@@ -179,14 +185,24 @@ class GroupLifecycle:
 
     def _open_paths(self, pending: PendingEndpoint, store: dist.Store,
                     fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
-        """The endpoint, the joins (``_join_paths``) and the path chooser over the paths this job
-        has; with the same bits on every path, their calibration too."""
+        """The host group, then the endpoint and the joins (``_join_paths``), and the path
+        chooser over the paths this job has; with the same bits on every path, their
+        calibration too. A job with no controller named whose ranks all share one host starts
+        no local deployment and joins no job: the host-local reduce carries its calls, and a
+        switch would carry nothing (``HostCommunicator`` without a job)."""
         rank, world_size = self._group.rank(), self._group.size()
-        self.endpoint = pending.result(self._start_stop)
-        try:
-            self._join_paths(store, fixed_gloo)
-        except Exception as e:
-            raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
+        self.host = open_host_group(self._start_store(store, "host"), rank, world_size, self.timeout)
+        if self.host is not None and (gone := self.failure()) is not None:   # named before ``_rank_gone`` saw it
+            self.host.fail(gone)
+        if pending.local and self.host is not None and self.host.n_hosts == 1:
+            self.comm = HostCommunicator(self.host, None)
+        else:
+            self.endpoint = pending.result(self._start_stop)
+            try:
+                self._join_paths(store)
+            except Exception as e:
+                raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
+        self.fixed = self._reproducible(fixed_gloo) if fixed_gloo is not None else None
         paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
         if forced is not None and forced not in paths:
             why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
@@ -209,8 +225,11 @@ class GroupLifecycle:
         return GrantMove(lambda: comm.grant.epoch, lambda: (comm.pending_grant or comm.grant).epoch,
                          lambda: self._links(comm.pending_grant or comm.grant))
 
-    def _links(self, grant: Grant) -> LinkShape | None:
-        """The job's links under ``grant`` (and its host lane's), where their rate is known."""
+    def _links(self, grant: Grant | None) -> LinkShape | None:
+        """The job's links under ``grant`` (and its host lane's), where their rate is known;
+        None without a grant (a job on one host: nothing crosses a link)."""
+        if grant is None:
+            return None
         return job_links(self.endpoint.bind_ip, self._group.size(), grant, self.lane.grant if self.lane else None)
 
     def ready(self) -> None:
@@ -233,9 +252,8 @@ class GroupLifecycle:
             if not self._calibrated:
                 self._dispatch.calibrate()
             self.is_ready = True
-        log.info("rank %d: inagg process group ready (job %d, %s mode%s, address %s)", self._group.rank(),
-                 self.comm.job_id, self.comm.grant.mode, f", host lane job {self.lane.job_id}" if self.lane else "",
-                 self.endpoint.bind_ip)
+            if self._group.rank() == 0:
+                paths_log.info("%s", summary(self, self._group.size()))
 
     def _start_stop(self) -> RankDied | None:
         """Why the start gives up now: a rank gone while it runs (its waits would wait for that
@@ -247,18 +265,14 @@ class GroupLifecycle:
         """``store`` under ``prefix``, for the start's joins: its waits end with ``_start_stop``."""
         return AbortableStore(dist.PrefixStore(prefix, store), self._start_stop)
 
-    def _join_paths(self, store: dist.Store, fixed_gloo: dist.ProcessGroupGloo | None) -> None:
-        """Every path's communicator (and the host group): the joins of the jobs at the controller."""
-        rank, world_size = self._group.rank(), self._group.size()
-        self.host = open_host_group(self._start_store(store, "host"), rank, world_size, self.timeout)
-        if self.host is not None and (gone := self.failure()) is not None:   # named before ``_rank_gone`` saw it
-            self.host.fail(gone)
+    def _join_paths(self, store: dist.Store) -> None:
+        """Every path's communicator: the joins of the jobs at the controller (through the host
+        group, where the ranks reduce on their hosts first)."""
         self.comm = self._join(store, "comm")
         # every rank sees the same first grant (a change needs every rank's agreement); a job
         # on one host sends nothing between hosts, so a lane would be the same path again
         if self.comm.grant.mode == "switch" and (self.host is None or self.host.n_hosts > 1):
             self.lane = self._join(store, "comm-host", host_only=True)
-        self.fixed = self._reproducible(fixed_gloo) if fixed_gloo is not None else None
 
     def _rank_gone(self, error: RankDied) -> None:
         """A rank ended without leaving (the peer watch's thread): every path's calls fail with
@@ -305,14 +319,14 @@ class GroupLifecycle:
     def _reproducible(self, gloo: dist.ProcessGroupGloo) -> FixedPointGloo:
         """For ``INAGG_REPRODUCIBLE`` (on by default): one ``Reduction`` for every path, so a float call
         gives the same bits whichever it takes (``inagg.hostlib.pytorch.reproducible``). The
-        communicators' streams share its exponent block (a multiple of each grant's K) and the
-        limit of calls that ride in the control round (the smallest capacity); the gloo path runs
-        their arithmetic. Decided from the first grants, the same on every rank."""
+        communicators' streams share its exponent block (a multiple of each one's K: its first
+        grant's, or a job on one host's ``ONE_HOST_VALUES_PER_PACKET``) and the limit of calls
+        that ride in the control round (the smallest capacity); the gloo path runs their
+        arithmetic. Decided from the first grants, the same on every rank."""
         comms = [c for c in (self.comm, self.lane) if c is not None]
         size = self._group.size()
-        reduction = Reduction(block=math.lcm(*(c.grant.values_per_packet for c in comms)),
-                              exact_limit=max(0, min(one_round_capacity(c.grant.values_per_packet, size, True)
-                                                     for c in comms)))
+        ks = [c.grant.values_per_packet if c.grant is not None else ONE_HOST_VALUES_PER_PACKET for c in comms]
+        reduction = Reduction(block=math.lcm(*ks), exact_limit=max(0, min(one_round_capacity(k, size, True) for k in ks)))
         for comm in comms:
             if isinstance(comm, Communicator):
                 comm.stream.reduction = reduction
@@ -331,8 +345,11 @@ class GroupLifecycle:
         # gave up (at its next wait, ``_start_stop``): it leaves what it joins later itself
         self._started.wait(_GIVE_UP_SECONDS if self.failure() is not None else None)
         self._leave()
-        if self.is_ready:
-            log.info("rank %d: inagg process group closed: %s", self._group.rank(), self._group.stats())
+        if self.is_ready:   # what carried the calls on rank 0 (the same on every rank); every rank's stats in DEBUG
+            stats = self._group.stats()
+            if self._group.rank() == 0:
+                paths_log.info("inagg: process group closed; allreduces by carrier: %s", stats["carriers"])
+            log.debug("rank %d: inagg process group closed: %s", self._group.rank(), stats)
 
     def _close_at_exit(self) -> None:
         """At interpreter exit, a group still open (the script ended without
@@ -353,7 +370,8 @@ class GroupLifecycle:
             self.fixed.fail(lambda: InaggError("inagg: interrupted (Ctrl-C) before this call ran"))
         self._leave(_EXIT_WAIT_SECONDS, how=EXIT)
         if interrupts.interrupted() and self._group.rank() == 0:
-            job = f"job {self.comm.job_id}" if self.comm is not None else "the job (still starting)"
+            job = (f"job {self.comm.job_id}" if self.comm is not None and self.comm.job_id is not None
+                   else "the job" if self.comm is not None else "the job (still starting)")
             stopped = " and its local deployment stopped" if self.endpoint and self.endpoint.services else ""
             print(f"inagg: interrupted: {job} ended{stopped}", file=sys.stderr, flush=True)
 

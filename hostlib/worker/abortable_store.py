@@ -24,12 +24,14 @@ _POLL_FIRST_SECONDS = 0.001
 _POLL_MAX_SECONDS = 0.01   # how late a key is seen at most; a start waits for a handful of them
 
 
-def wait_keys(store, keys: list[str], stop: Stop, timeout: timedelta | None = None) -> None:
+def wait_keys(store, keys: list[str], stop: Stop, timeout: timedelta | None = None,
+              poll: tuple[float, float] = (_POLL_FIRST_SECONDS, _POLL_MAX_SECONDS)) -> None:
     """Wait until ``store`` holds every one of ``keys``; raise ``stop()``'s error as soon as it
-    has one, or ``TimeoutError`` after ``timeout`` (the store's own if None)."""
+    has one, or ``TimeoutError`` after ``timeout`` (the store's own if None). ``poll``: the
+    first pause between checks and the longest (each pause doubles the last)."""
     seconds = (timeout if timeout is not None else store.timeout).total_seconds()
     deadline = time.monotonic() + seconds
-    pause = _POLL_FIRST_SECONDS
+    pause, longest = poll
     while not store.check(keys):
         error = stop()
         if error is not None:
@@ -37,7 +39,7 @@ def wait_keys(store, keys: list[str], stop: Stop, timeout: timedelta | None = No
         if time.monotonic() >= deadline:
             raise TimeoutError(f"keys {keys} not in the rendezvous store within {seconds:.0f}s")
         time.sleep(pause)
-        pause = min(2 * pause, _POLL_MAX_SECONDS)
+        pause = min(2 * pause, longest)
 
 
 class AbortableStore:

@@ -446,13 +446,15 @@ class Communicator:
         """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
         first: the stream takes the source results must come from from it (a RoCE result's is
         the switch's IP, a UDP one's IP and port)."""
-        if grant.mode == "host":   # every rank's log says it; rank 0's as a warning, unless asked for
-            log.log(logging.WARNING if self.rank == 0 and not self.host_only else logging.INFO,
+        if grant.mode == "host":   # rank 0 says it for the job, as a warning unless asked for; the others in DEBUG
+            log.log(logging.DEBUG if self.rank else logging.INFO if self.host_only else logging.WARNING,
                     "job %d rank %d: aggregating on the host aggregator %s:%d, not a switch: %s",
                     grant.job_id, self.rank, *grant.aggregator, grant.reason or "the controller's choice")
         else:
-            log.info("job %d rank %d: aggregating on the switch (%s:%d, slots [%d,%d), epoch %d)", grant.job_id,
-                     self.rank, *grant.aggregator, grant.slot_base, grant.slot_base + grant.slot_count, grant.epoch)
+            # rank 0 says it for the job (every rank holds the same grant); the others in DEBUG
+            log.log(logging.INFO if self.rank == 0 else logging.DEBUG,
+                    "job %d rank %d: aggregating on the switch (%s:%d, slots [%d,%d), epoch %d)", grant.job_id,
+                    self.rank, *grant.aggregator, grant.slot_base, grant.slot_base + grant.slot_count, grant.epoch)
             if grant.aggregator_mac and (problem := neighbour_problem(grant.aggregator[0], grant.aggregator_mac)):
                 log.warning("job %d rank %d: %s", grant.job_id, self.rank, problem)
         self.transport = self.stream.transport = self._transports[grant.transport]

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Callable
 
 from inagg.hostlib.errors import InaggSetupError
-from inagg.hostlib.wire.grant import Grant
+from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, Grant
 from inagg.hostlib.worker.communicator import Communicator, ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
 from inagg.hostlib.worker.cuda_staging import CudaStaging
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
@@ -31,6 +31,10 @@ from inagg.hostlib.worker.call_protocol import check_array
 log = logging.getLogger("inagg.host")
 
 HOST_REDUCE_ENV = "INAGG_HOST_REDUCE"   # auto (default) | off
+# K of a job on one host with no job at a controller (its calls never leave the host): the K a
+# local deployment grants (its software switch's and host aggregator's), so the job's results
+# are bit for bit those of the same job on a local deployment
+ONE_HOST_VALUES_PER_PACKET = HOST_VALUES_PER_PACKET
 _CONFIG = 16   # the leader's grant to its host's ranks (message kind, beside host_reduce's)
 
 
@@ -110,25 +114,27 @@ def open_host_group(store, rank: int, world_size: int, timeout: timedelta) -> Ho
     if not host_reduce_wanted(layout):
         return None
     group = HostGroup(layout, connect_star(store, layout, timeout), timeout.total_seconds())
-    log.info("rank %d: reducing on this host first (%s; leader rank %d)", rank, layout.describe(), layout.local[0])
+    log.debug("rank %d: reducing on this host first (%s; leader rank %d)", rank, layout.describe(), layout.local[0])
     return group
 
 
 class HostCommunicator:
     """One path's communicator through the host reduce (module docstring). ``join(rank, size)``
-    makes the leader's ``Communicator``: worker ``rank`` (its host) of a job of ``size`` (hosts)."""
+    makes the leader's ``Communicator``: worker ``rank`` (its host) of a job of ``size`` (hosts).
+    Without ``join`` (a job whose ranks all share one host, no controller named) there is no
+    job: no grant, no job id, and the host-local reduce alone carries every call, in blocks of
+    ``ONE_HOST_VALUES_PER_PACKET``."""
 
-    def __init__(self, group: HostGroup, join: Callable[[int, int], Communicator]) -> None:
+    def __init__(self, group: HostGroup, join: Callable[[int, int], Communicator] | None) -> None:
         self.group = group
         self.comm: Communicator | None = None
         self._staging = CudaStaging()   # CUDA tensors' copy streams and pinned buffers
         self.rank, self.world_size = group.layout.rank, group.layout.world_size
-        if group.layout.leader:
-            self.grant = self._lead(join)
-        else:
-            self.grant = self._follow()
-        self.job_id = self.grant.job_id
-        self.k = self.grant.values_per_packet
+        self.grant: Grant | None = None
+        if join is not None:
+            self.grant = self._lead(join) if group.layout.leader else self._follow()
+        self.job_id = self.grant.job_id if self.grant is not None else None
+        self.k = self.grant.values_per_packet if self.grant is not None else ONE_HOST_VALUES_PER_PACKET
 
     def _lead(self, join: Callable[[int, int], Communicator]) -> Grant:
         """Join as the host's worker and hand the first grant to the host's other ranks."""
@@ -188,10 +194,12 @@ class HostCommunicator:
         return self.allreduce_async(tensor, op, inline_if_idle=True).wait()
 
     def stats(self) -> dict:
-        """The leader's communicator's counters (the others': the grant's mode), and the host
-        reduce's."""
-        own = self.comm.stats() if self.comm is not None else {"mode": self.grant.mode,
-                                                                "transport": self.grant.transport}
+        """The leader's communicator's counters (the others': the grant's mode; without a job:
+        none), and the host reduce's."""
+        if self.comm is not None:
+            own = self.comm.stats()
+        else:
+            own = {"mode": self.grant.mode, "transport": self.grant.transport} if self.grant is not None else {}
         return own | {"host_reduce": dict(self.group.reduce.stats), "hosts": self.group.n_hosts,
                       "leader": self.group.layout.leader}
 

@@ -8,7 +8,8 @@ Two ways, and nothing typed by hand:
   ``deployment.json`` beside its socket that assigns rank r the loopback address of switch
   port r + 1.
 * Unset: the job brings up its own local deployment (software data plane, controller and host
-  aggregator on loopback and Unix sockets). Rank 0 starts it as a child process
+  aggregator on loopback and Unix sockets) where it needs one (the backend does not when its
+  ranks all share one host: ``start_endpoint``'s ``now``). Rank 0 starts it as a child process
   (``python -m inagg.bmv2_env.emulation.services serve``: a process boundary, so the host library imports none of
   the control plane) and publishes its description in the job's store; every rank takes its
   address from it. It goes down with the process group, and with rank 0's process however that
@@ -195,13 +196,15 @@ class Endpoint:
 @dataclass
 class PendingEndpoint:
     """``find_endpoint`` begun (``start_endpoint``): rank 0's local deployment starting while
-    the rank does other work; ``result`` waits for it."""
+    the rank does other work; ``result`` waits for it. ``local``: no controller is named, so the
+    job's own local deployment would serve it (``start_services`` starts it, on rank 0)."""
 
     store: object
     rank: int
     world_size: int
     endpoint: Endpoint | None = None      # known at once: a named controller
     services: LocalServices | None = None   # rank 0's deployment, starting
+    local: bool = False
 
     @property
     def watch_ip(self) -> str:
@@ -210,12 +213,26 @@ class PendingEndpoint:
         machine)."""
         return self.endpoint.bind_ip if self.endpoint is not None else "127.0.0.1"
 
+    def start_services(self) -> None:
+        """Rank 0 of a job with no controller named: start the local deployment, once (a
+        failure to start is published for the other ranks, then raised). Any other rank, or a
+        named controller: nothing."""
+        if self.rank != 0 or not self.local or self.services is not None:
+            return
+        try:
+            self.services = LocalServices(self.world_size)
+        except Exception as e:
+            self.store.set(_STORE_KEY, json.dumps({"error": str(e)}))
+            raise
+
     def result(self, stop: Stop = lambda: None) -> Endpoint:
-        """The endpoint; rank 0 publishes its deployment's description (or why it did not
-        start) in the store, every other rank waits for it there, up to ``_START_SECONDS``.
-        ``stop()``'s error, should it have one first, ends the wait (``wait_keys``)."""
+        """The endpoint; rank 0 starts its deployment if it has not yet (``start_services``) and
+        publishes its description (or why it did not start) in the store, every other rank waits
+        for it there, up to ``_START_SECONDS``. ``stop()``'s error, should it have one first,
+        ends the wait (``wait_keys``)."""
         if self.endpoint is not None:
             return self.endpoint
+        self.start_services()
         if self.services is not None:
             try:
                 self.store.set(_STORE_KEY, json.dumps(self.services.wait_ready(_START_SECONDS, stop)))
@@ -236,21 +253,19 @@ class PendingEndpoint:
             self.services.close()
 
 
-def start_endpoint(store, rank: int, world_size: int) -> PendingEndpoint:
+def start_endpoint(store, rank: int, world_size: int, now: bool = True) -> PendingEndpoint:
     """Begin ``find_endpoint``: with no controller named, rank 0 starts the local deployment
-    now and the rank goes on with other work until ``result``."""
+    now (``now``) and the rank goes on with other work until ``result``; without ``now`` it
+    starts it only if ``result`` is ever called (a job whose ranks all share one host needs
+    none: the host-local reduce carries its calls)."""
     controller = os.environ.get(CONTROLLER_ENV, "").strip()
     if controller:
         return PendingEndpoint(store, rank, world_size, Endpoint(controller, bind_address(controller, rank, world_size)))
     _single_node()
-    services = None
-    if rank == 0:
-        try:
-            services = LocalServices(world_size)
-        except Exception as e:
-            store.set(_STORE_KEY, json.dumps({"error": str(e)}))
-            raise
-    return PendingEndpoint(store, rank, world_size, services=services)
+    pending = PendingEndpoint(store, rank, world_size, local=True)
+    if now:
+        pending.start_services()
+    return pending
 
 
 def find_endpoint(store, rank: int, world_size: int) -> Endpoint:
