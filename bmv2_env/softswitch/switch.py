@@ -480,14 +480,18 @@ class PythonPorts:
         self.state, self.attach, self.captures, self.impair = state, attach, captures, impair
         self.held = DelayLine()
 
+    def _impaired(self, port: int, egress: bool, frame: bytes) -> bool:
+        """Whether the port's impairment takes ``frame`` (its next one that way): lost, or held
+        back for its delay (``held`` releases it later)."""
+        dropped, delay_us = self.impair.next(port, egress)
+        if delay_us and not dropped:
+            self.held.hold(time.monotonic() + delay_us / 1e6, port, egress, frame)
+        return bool(dropped or delay_us)
+
     def ingress(self, port: int, frame: bytes, released: bool = False) -> None:
         """A frame in by ``port``: lost, held back for its delay, or captured and processed."""
-        if not released:
-            dropped, delay_us = self.impair.next(port, False)
-            if dropped or delay_us:
-                if delay_us:
-                    self.held.hold(time.monotonic() + delay_us / 1e6, port, False, frame)
-                return
+        if not released and self._impaired(port, False, frame):
+            return
         if self.captures is not None:
             self.captures.write(port, "in", now_usec(), frame)
         with self.state.lock:
@@ -500,12 +504,8 @@ class PythonPorts:
         a = self.attach.get(port)
         if a is None:
             return
-        if not released:
-            dropped, delay_us = self.impair.next(port, True)
-            if dropped or delay_us:
-                if delay_us:
-                    self.held.hold(time.monotonic() + delay_us / 1e6, port, True, frame)
-                return
+        if not released and self._impaired(port, True, frame):
+            return
         log.debug("out by port %d: %d bytes", port, len(frame))
         a.send(port, frame)
         if self.captures is not None:
