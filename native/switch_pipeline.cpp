@@ -57,7 +57,7 @@ void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, Out
     auto hit = tables_.l2.find(load_be48(f));
     const L2Action& action = hit == tables_.l2.end() ? tables_.l2_default : hit->second;
     if (action.kind == L2Kind::Forward) {
-        out.forward(action.arg, f, len);
+        if (action.arg != kDropPort) out.forward(action.arg, f, len);
     } else if (action.kind == L2Kind::Flood) {
         auto group = tables_.groups.find(action.arg);
         if (group == tables_.groups.end()) return;

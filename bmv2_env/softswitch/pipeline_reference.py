@@ -70,6 +70,9 @@ ENCAP_UDP, ENCAP_ROCE = ENCAP_CODE["udp"], ENCAP_CODE["roce"]
 _DROP_CODE = {name: code for code, name in enumerate(DROP_REASONS)}
 _GLOBAL_CODE = {name: code for code, name in enumerate(GLOBAL_DROP_REASONS)}
 _GUARD_CODE = {name: code for code, name in enumerate(GUARD_DROP_REASONS)}
+# A forward to DROP_PORT leaves nowhere: v1model's drop port (BMv2 drops a packet whose
+# egress_spec is 511), and on Tofino a port no pipe has (P4Testgen's tests expect a drop).
+DROP_PORT = 511
 PARENT = ("parent",)   # the engine's id of a job's parent (its uplink's address) in a tree
 
 
@@ -294,7 +297,7 @@ class SoftPipeline:
         table = self.tables[L2_TABLE]
         action = table.lookup((frame.dst_mac,)) or table.default
         if action.name.endswith(".forward"):
-            return [(action.param("port"), frame.data)]
+            return [] if action.param("port") == DROP_PORT else [(action.param("port"), frame.data)]
         if action.name.endswith(".flood"):
             return [(r.port, frame.data) for r in self.pre.groups.get(action.param("group"), ())
                     if r.port != port]
