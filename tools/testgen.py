@@ -53,8 +53,10 @@ class Target:
                 "--out-dir", str(out_dir), self.program]
 
 
-# Two runs per program: "path", any outcome (most paths end in a drop), and "out", paths that
-# send a packet (--output-packet-only), so the replay compares frames as well as drops.
+# Runs per program: "path", any outcome (most paths end in a drop), and for BMv2 "out", paths
+# that send a packet (--output-packet-only), so the replay compares frames as well as drops. On
+# the Tofino program p4testgen finds no such path (docs/testing.md): an "out" run there gives
+# no test in minutes.
 _GREEDY = ("--path-selection", "greedy_statement_search", "--track-coverage", "STATEMENTS")
 _RANDOM = ("--path-selection", "random_backtrack")
 _OUT = ("--output-packet-only",)
@@ -68,13 +70,11 @@ TARGETS = {t.name: t for t in (
     Target("tofino", "p4/tofino/inagg.p4",
            ("--target", "tofino", "--arch", "tna", "-D__TARGET_TOFINO__=1", "-Ip4/include", "-Ip4",
             "-Ip4/tofino", "--port-ranges", "0:63"),
-           {"path": ("--max-tests", "30", *_RANDOM), "out": ("--max-tests", "15", *_RANDOM, *_OUT)},
-           _TOFINO_SOURCES),
+           {"path": ("--max-tests", "30", *_RANDOM)}, _TOFINO_SOURCES),
     Target("tofino2", "p4/tofino/inagg.p4",
            ("--target", "tofino2", "--arch", "t2na", "-D__TARGET_TOFINO__=2", "-Ip4/include", "-Ip4",
             "-Ip4/tofino", "--port-ranges", "8:63"),
-           {"path": ("--max-tests", "30", *_RANDOM), "out": ("--max-tests", "15", *_RANDOM, *_OUT)},
-           _TOFINO_SOURCES),
+           {"path": ("--max-tests", "30", *_RANDOM)}, _TOFINO_SOURCES),
 )}
 
 # The trace lines kept (compacted): which action each table chose, and the packet's fate.
