@@ -64,7 +64,8 @@ static int deparsed_ipv4_checksum(const uint8_t* f, size_t len) {
 }
 
 // One forwarded copy: as it came, or (the deparser's checksum differs) a copy with it.
-static void forward_copy(uint16_t port, const uint8_t* f, size_t len, int checksum, OutputBatch& out) {
+static void forward_copy(uint16_t port, const uint8_t* f, size_t len, int checksum,
+                         OutputBatch& out) {
     if (checksum < 0) {
         out.forward(port, f, len);
         return;
