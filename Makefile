@@ -9,7 +9,8 @@
 #            KEEP_RUNS (make run: finished runs of yours kept beside a new one, default 3),
 #            BMV2_LOG (make run: BMv2's log level, default info; trace as in p4lang/tutorials),
 #            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options),
-#            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options).
+#            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options),
+#            TESTGEN_TARGETS (make testgen: bmv2 tofino tofino2 by default).
 
 PYTHON        ?= python3
 VENV          ?= .venv
