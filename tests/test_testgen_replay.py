@@ -12,11 +12,12 @@ starts from a fresh pipeline (a generated test assumes no state but what it inst
 entries as the P4Runtime service would write them, sends its frames and compares what leaves
 with its expected frames (masks applied; no expect line: nothing may leave).
 
-The currency check mirrors the committed compiler outputs' (test_p4_program.py): with
-p4testgen installed, the manifest's commands, tool hash and sources hash must be those of today's
-tools/testgen.py, p4testgen and P4 sources, and BMv2's "path" run (10-15 s) is regenerated
-and compared byte for byte; the rest (BMv2's "out" run and the Tofino runs: minutes) is held to
-the hashes only."""
+The currency check mirrors the committed compiler outputs' (test_p4_program.py), with hashes
+instead of a regeneration: with p4testgen installed, the manifest's commands, tool hash and
+sources hash must be those of today's tools/testgen.py, p4testgen and P4 sources. Regenerating
+would take minutes (BMv2's "out" run, the Tofino runs) and is not byte-stable: two runs of the
+same command on a loaded machine gave different tests from BMv2's 30th path on (p4testgen's
+solver time limits, presumably), so a byte comparison would fail at random."""
 
 from __future__ import annotations
 
@@ -181,20 +182,14 @@ def test_every_documented_limit_names_a_replayed_case():
             assert (TESTGEN / f"{name}.stf").exists(), f"docs/testing.md names {name}, which is not generated"
 
 
-@pytest.mark.timeout(600)
 @pytest.mark.skipif(shutil.which("p4testgen") is None,
                     reason="p4testgen not on PATH (../shared/toolchains/install p4testgen)")
-def test_committed_tests_are_current(tmp_path):
-    """The manifests name today's commands, p4testgen and P4 sources; BMv2's path run,
-    regenerated, is what is committed."""
+def test_committed_tests_are_current():
+    """The manifests name today's commands, p4testgen and P4 sources (not a regeneration: see
+    the module's docstring)."""
     tool = testgen.tool_identity()
     for name, target in testgen.TARGETS.items():
         committed = json.loads((TESTGEN / name / "manifest.json").read_text())
         today = testgen.manifest(target, tool)
         differ = sorted(k for k in today if committed.get(k) != today[k])
         assert not differ, f"run `make testgen` and commit ({name}: {differ} changed)"
-    testgen.generate(testgen.TARGETS["bmv2"], tool, tmp_path, runs=("path",))
-    fresh = {p.name: p.read_bytes() for p in (tmp_path / "bmv2").glob("path_*.stf")}
-    committed = {p.name: p.read_bytes() for p in (TESTGEN / "bmv2").glob("path_*.stf")}
-    differ = sorted(n for n in fresh.keys() | committed.keys() if fresh.get(n) != committed.get(n))
-    assert not differ, f"run `make testgen` and commit (bmv2 differs: {differ})"
