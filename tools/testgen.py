@@ -66,7 +66,7 @@ TARGETS = {t.name: t for t in (
     Target("bmv2", "p4/inagg.p4",
            ("--target", "bmv2", "--arch", "v1model", "-Ip4/include", "-Ip4", "--port-ranges", "1:8",
             "--packet-size-range", "0:12000"),
-           {"path": ("--max-tests", "40", *_GREEDY), "out": ("--max-tests", "20", *_GREEDY, *_OUT)},
+           {"path": ("--max-tests", "40", *_GREEDY), "out": ("--max-tests", "50", *_GREEDY, *_OUT)},
            ("p4/inagg.p4", "p4/include/*.p4")),
     Target("tofino", "p4/tofino/inagg.p4",
            ("--target", "tofino", "--arch", "tna", "-D__TARGET_TOFINO__=1", "-Ip4/include", "-Ip4",
