@@ -181,7 +181,7 @@ endif
 # P4Testgen's tests of the BMv2 program and of the Tofino program for each chip (bounded and
 # seeded: tools/testgen.py) into p4/testgen/<target>/, with the command, the tool's hash and the
 # sources' hash in manifest.json (needs p4testgen: ../shared/toolchains/install p4testgen;
-# about 4 minutes on 2 cores). tests/test_testgen_replay.py replays them on every engine.
+# 5-8 minutes on 2 cores). tests/test_testgen_replay.py replays them on every engine.
 TESTGEN_TARGETS ?= bmv2 tofino tofino2
 testgen: setup
 	$(BIN)/python -m tools.testgen $(foreach t,$(TESTGEN_TARGETS),--target $(t))
