@@ -35,7 +35,7 @@ P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
 HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
-.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree build tofino testgen clean protos
+.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree bench-train build tofino testgen clean protos
 
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
@@ -129,6 +129,13 @@ bench-wire: setup-emulation
 # .png (4 and 16 MiB, 5 repetitions: ~2 min; QUICK=1: 4 MiB, one repetition).
 bench-tree: setup-emulation
 	@$(call in_emulation,benchmarks/tree_bench.py $(if $(QUICK),--quick) $(TREE_ARGS))
+
+# DDP training on shaped links (100 Mbit/s; TRAIN_ARGS="--model transformer --rate 1gbit" etc.): gloo,
+# inagg (switch), inagg + AR-Topk and PowerSGD trained side by side in the same ranks, 4 and 8 workers:
+# step time, time to the target accuracy, final accuracy; benchmarks/results/train_bench.csv and .png
+# (QUICK=1: 4 workers, 2 turns of 5 steps).
+bench-train: setup-emulation
+	@$(call in_emulation,benchmarks/train_bench.py $(if $(QUICK),--quick) $(TRAIN_ARGS))
 
 # Stops your runs (ALL=1: every user's) and deletes them and the builds; other users' runs stay.
 clean:

@@ -43,7 +43,9 @@ from inagg.controller.program import Program  # noqa: E402
 from inagg.controller.switch import (  # noqa: E402
     INSERT, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection, SwitchJob, WorkerBinding,
 )
-from inagg.hostlib.wire.protocol import SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, mac  # noqa: E402
+from inagg.hostlib.wire.protocol import (  # noqa: E402
+    ROUND_CYCLE, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, mac, round_fields,
+)
 from inagg.hostlib.wire.roce import frame as roce_frame  # noqa: E402
 from tools.soft_p4info import soft_p4info_text  # noqa: E402
 from plots import pyplot  # noqa: E402  (benchmarks/, the script's own folder)
@@ -217,11 +219,12 @@ def veth_run(target: str, encap: str, rounds: int, window: int) -> dict:
     workers = tuple(WorkerBinding(r, r + 1, f"10.0.0.{r + 1}", f"00:00:00:00:00:0{r + 1}", 50000 + r,
                                   qp=0x100 + r) for r in range(2))
     job = SwitchJob(1, 0, 1, 0, window, workers, encap)
-    frames = []  # frames[set][slot][rank]
-    for s in (0, 1):
+    frames = []  # frames[round mod ROUND_CYCLE][slot][rank]: each round's set and round tag
+    for round_no in range(ROUND_CYCLE):
+        s, tag_flags = round_fields(round_no)
         frames.append([[contribution_frame(w, encap, build_contribution(
-            1, w.rank, 1, slot, s, slot * K, np.full(K, w.rank + 1, np.int32), K)) for w in workers]
-            for slot in range(window)])
+            1, w.rank, 1, slot, s, slot * K, np.full(K, w.rank + 1, np.int32), K, flags=tag_flags))
+            for w in workers] for slot in range(window)])
     plane = Dataplane(target, n_ports=2).start()
     try:
         sw = SwitchConnection(plane.grpc_addr)
@@ -232,7 +235,7 @@ def veth_run(target: str, encap: str, rounds: int, window: int) -> dict:
         for r in range(rounds):
             for slot in range(window):
                 for w in workers:
-                    plane.send(w.port, frames[r % 2][slot][w.rank])
+                    plane.send(w.port, frames[r % ROUND_CYCLE][slot][w.rank])
             got = 0
             deadline = time.perf_counter() + 5
             while got < 2 * window and time.perf_counter() < deadline:

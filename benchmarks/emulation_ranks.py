@@ -108,6 +108,14 @@ def cpu_load(processes: int):
             p.wait()
 
 
+def positive_seconds(text: str) -> float:
+    """A positive number of seconds (argparse names the flag when this raises)."""
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
 def add_machine_arguments(parser) -> None:
     """The data plane's priority (``--switch-nice``) and other work on the machine (``--cpu-load``)."""
     from inagg.bmv2_env.emulation.mininet_run import DATA_PLANE_NICE
@@ -116,17 +124,24 @@ def add_machine_arguments(parser) -> None:
                         help="the data plane's nice(1) value (default %(default)s: ahead of the ranks)")
     parser.add_argument("--cpu-load", type=int, default=0, metavar="N",
                         help="N busy processes at the ranks' priority for the whole run (other work on the machine)")
+    parser.add_argument("--rank-lease-seconds", type=positive_seconds, metavar="S",
+                        help="the controller's rank lease (default: the topology's): a loaded machine's ranks "
+                             "may miss heartbeats for longer than the default 8 s")
 
 
 @contextmanager
-def shaped_network(topo, rate: str, title: str, switch_nice: int, cpu_busy: int = 0):
+def shaped_network(topo, rate: str, title: str, switch_nice: int, cpu_busy: int = 0,
+                   rank_lease_seconds: float | None = None):
     """The emulation of ``topo`` on the software data plane (pcaps off, at ``switch_nice``),
-    every link shaped to ``rate`` both ways, the controller and the host aggregator started,
-    ``cpu_busy`` busy loops beside it; torn down on leaving, the ranks with it (``run.procs``).
-    Prints ``title`` and the run's directory first."""
+    every link shaped to ``rate`` both ways, the controller (its rank lease
+    ``rank_lease_seconds`` when given) and the host aggregator started, ``cpu_busy`` busy loops
+    beside it; torn down on leaving, the ranks with it (``run.procs``). Prints ``title`` and the
+    run's directory first."""
     from inagg.bmv2_env.emulation.mininet_run import Run, program_files_for
     from inagg.bmv2_env.emulation.run_dir import RunDir
 
+    if rank_lease_seconds is not None:
+        topo.controller = {**topo.controller, "rank_lease_seconds": rank_lease_seconds}
     run_dir = RunDir.create()
     print(f"{title}, soft data plane at nice {switch_nice}, {cpu_busy} busy processes beside, "
           f"run {run_dir.run_id} in {run_dir.path}", flush=True)

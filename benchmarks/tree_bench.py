@@ -267,7 +267,8 @@ def run_experiment(args) -> tuple[dict, dict]:
     """Bring up the network with every link shaped, run both jobs turn by turn, tear down; each
     job's result (its turns' bytes added) and the load average before and after the turns."""
     title = f"tree bench: jobs {', '.join(JOBS)} of 8 ranks, every link at {args.rate}, MTU {args.mtu}"
-    with shaped_network(topology(args.mtu, args.min_window), args.rate, title, args.switch_nice, args.cpu_load) as run:
+    with shaped_network(topology(args.mtu, args.min_window), args.rate, title, args.switch_nice, args.cpu_load,
+                        args.rank_lease_seconds) as run:
         jobs = start_jobs(run, args)
         load = {"load1_start": round(os.getloadavg()[0], 2)}
         run_turns(run, jobs, args)

@@ -85,10 +85,16 @@ __attribute__((noreturn)) static void echo(const char *ip, int port) {
 static void put16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = (uint8_t)v; }
 static void put32(uint8_t *p, uint32_t v) { put16(p, v >> 16); put16(p + 2, (uint16_t)v); }
 
-/* An inagg contribution (inagg.hostlib.wire.protocol.build_contribution): K values, all `value`. */
-static size_t contribution(uint8_t *p, int rank, int slot, int set, int k, int32_t value) {
+/* A slot's rounds before its set and round tag repeat (inagg.hostlib.wire.protocol.ROUND_CYCLE). */
+#define ROUND_CYCLE 16
+
+/* An inagg contribution (inagg.hostlib.wire.protocol.build_contribution): K values, all `value`,
+ * of the slot's round `round` (mod ROUND_CYCLE): set round % 2, round tag round / 2 in flags. */
+static size_t contribution(uint8_t *p, int rank, int slot, int round, int k, int32_t value) {
+    int set = round & 1;
     memset(p, 0, HEADER_BYTES);
     p[0] = 0x11;                        /* version 1, MSG_CONTRIBUTION */
+    p[1] = (uint8_t)((round >> 1 & 7) << 4);  /* the round tag (ROUND_TAG_MASK) */
     put16(p + 2, 1);                    /* job */
     p[4] = (uint8_t)rank;
     p[5] = 0x80;                        /* EXP_NONE */
@@ -149,20 +155,20 @@ static int load(int argc, char **argv) {
         setsockopt(fds[r], SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
     }
     size_t bytes = HEADER_BYTES + 4 * (size_t)k;
-    uint8_t *packets = malloc(2 * (size_t)n * window * bytes); /* [set][rank][slot] */
+    uint8_t *packets = malloc(ROUND_CYCLE * (size_t)n * window * bytes); /* [round][rank][slot] */
     uint8_t *rx = malloc(MAX_DATAGRAM);
     struct mmsghdr *msgs = calloc(window, sizeof *msgs);
     struct iovec *iov = calloc(window, sizeof *iov);
     if (!packets || !rx || !msgs || !iov) die("malloc");
-    for (int set = 0; set < 2; set++)
+    for (int c = 0; c < ROUND_CYCLE; c++)
         for (int r = 0; r < n; r++)
             for (int s = 0; s < window; s++)
-                contribution(packets + (((size_t)set * n + r) * window + s) * bytes, r, s, set, k, r + s);
+                contribution(packets + (((size_t)c * n + r) * window + s) * bytes, r, s, c, k, r + s);
     long sent = 0, received = 0;
     for (int round = 0; round < rounds; round++) {
         for (int r = 0; r < n; r++) {
             for (int s = 0; s < window; s++) {
-                iov[s] = (struct iovec){packets + (((size_t)(round % 2) * n + r) * window + s) * bytes, bytes};
+                iov[s] = (struct iovec){packets + (((size_t)(round % ROUND_CYCLE) * n + r) * window + s) * bytes, bytes};
                 msgs[s].msg_hdr = (struct msghdr){.msg_name = &to, .msg_namelen = sizeof to,
                                                   .msg_iov = &iov[s], .msg_iovlen = 1};
             }

@@ -295,7 +295,8 @@ def run_experiment(args) -> list[dict]:
 
     topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu)
     title = f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}"
-    with shaped_network(topo, args.rate, title, args.switch_nice, args.cpu_load) as run:
+    with shaped_network(topo, args.rate, title, args.switch_nice, args.cpu_load,
+                        args.rank_lease_seconds) as run:
         write_deployment(run, [host_ip(h) for name, h in topo.hosts.items() if name != "agg"])
         results = run_counts(run, args)
         if args.two_jobs:

@@ -67,6 +67,12 @@ class Placement:
     def slots(self) -> range:
         return range(self.slot_base, self.slot_base + self.slot_count)
 
+    def describe(self) -> str:
+        """Where, in words: ``switch slots 64-127`` or ``the host aggregator``."""
+        if self.mode == SWITCH:
+            return f"switch slots {self.slot_base}-{self.slot_base + self.slot_count - 1}"
+        return "the host aggregator"
+
     def same_place(self, other: "Placement") -> bool:
         return (self.mode, self.slot_base, self.slot_count) == (other.mode, other.slot_base, other.slot_count)
 

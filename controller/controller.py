@@ -39,7 +39,7 @@ from typing import Iterator
 import grpc
 
 from inagg.controller import grants
-from inagg.controller.allocator import Demand
+from inagg.controller.allocator import SWITCH, Demand, Placement
 from inagg.controller.config import ControllerConfig
 from inagg.controller.fabric import Fabric
 from inagg.controller.jobs import (Job, Member, Refused, authenticated, check_member, check_nonce,
@@ -312,11 +312,15 @@ class Controller:
     def _decide_activation(self, job: Job, epoch: int, boundary: int) -> bool:
         """Every rank asked: activate pending grant ``epoch`` if it still is the pending one,
         and store the decision."""
+        allocator = self.fabric.allocators[job.place]
+        before = allocator.jobs[job.job_id].active
         with self._change(f"activation of job {job.job_id} epoch {epoch}"):
-            decided = self.fabric.allocators[job.place].activate(job.job_id, epoch)
+            decided = allocator.activate(job.job_id, epoch)
         self.store.record_activation(job.job_id, epoch, boundary, decided)
         if decided:
-            log.info("job %d activated epoch %d at boundary %d", job.job_id, epoch, boundary)
+            now = allocator.jobs[job.job_id].active
+            log.info("job %d epoch %d active at boundary %d: %s (%s, was %s)", job.job_id, epoch, boundary,
+                     now.describe(), _move_name(before, now), before.describe())
         return decided
 
     def heartbeat(self, job_id: int, token: str, rank: int | None) -> None:
@@ -440,6 +444,18 @@ class Controller:
         with self.lock:
             self.changed.notify_all()
             self.fabric.close()
+
+
+def _move_name(before: Placement, after: Placement) -> str:
+    """What an activation did to a job's place: upgrade (host aggregator to switch), drain
+    (switch to host aggregator), grow, shrink or move (on the switch), or same place."""
+    if before.mode != after.mode:
+        return "upgrade" if after.mode == SWITCH else "drain"
+    if after.same_place(before) or after.mode != SWITCH:
+        return "same place"
+    if after.slot_base == before.slot_base:
+        return "grow" if after.slot_count > before.slot_count else "shrink"
+    return "move"
 
 
 def _keep_leases(saved: dict[int, Job], current: dict[int, Job]) -> dict[int, Job]:

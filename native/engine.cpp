@@ -147,6 +147,7 @@ Engine::Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode)
         set.offset.assign(n_slots, 0);
         set.exp.assign(n_slots, kExpNone);
         set.flags.assign(n_slots, 0);
+        set.round.assign(n_slots, kRoundTags - 1);
         set.count.assign(n_slots, 0);
         set.values.assign(static_cast<size_t>(n_slots) * k_, 0);
     }
@@ -284,27 +285,59 @@ Emit Engine::aggregate(const JobConfig& job, JobCounters& ctr, const Header& h,
     RoundState st{set.seen[slot] == n + (job.has_uplink ? 1 : 0),  // a tree's result: one more
                   set.offset[slot] == h.offset && set.count[slot] == h.count,
                   job.has_uplink && set.seen[slot] == n};
+    bool this_round = round_tag(h.flags) == set.round[slot];
     if (h.msg_type == kMsgResult) {
+        if (!this_round) {  // an older round's result
+            return drop_job(ctr, Outcome::StaleRound);
+        }
         return parent_result(job, ctr, h, st, payload, out);
     }
-    if (set.bitmap[slot] & bit) {
+    if (this_round && (set.bitmap[slot] & bit)) {
         return duplicate(job, ctr, h, st, out);
     }
-    if (set.bitmap[slot] == 0) {  // FIRST
-        last_outcome_ = Outcome::First;
-        accumulate(set, h, payload, true);
-    } else if (st.complete || st.sent_up) {  // STALE
-        return drop_job(ctr, Outcome::StaleRound);
-    } else if (!st.same_round) {  // BAD_ROUND
-        return drop_job(ctr, Outcome::BadRound);
-    } else {  // ADD
-        last_outcome_ = Outcome::Add;
-        accumulate(set, h, payload, false);
+    Outcome outcome = open_or_join(set, h, st, payload);
+    if (outcome != Outcome::First && outcome != Outcome::Add) {
+        return drop_job(ctr, outcome);
     }
-    set.bitmap[slot] |= bit;
+    return joined(job, ctr, h, out);
+}
+
+// A contribution whose bit is clear in the set, or of the set's next round: FIRST (the next round
+// tag on an empty set), ADD, or the drop's reason (the decision table's rows).
+Outcome Engine::open_or_join(SetState& set, const Header& h, RoundState st,
+                             const uint8_t* payload) {
+    uint32_t slot = h.slot;
+    uint8_t tag = round_tag(h.flags);
+    if (tag != set.round[slot]) {
+        if (tag != (set.round[slot] + 1) % kRoundTags) {  // a copy of an older round
+            return Outcome::StaleRound;
+        }
+        if (set.bitmap[slot] != 0) {  // never sent: the set's round still has workers
+            return Outcome::BadRound;
+        }
+        last_outcome_ = Outcome::First;  // FIRST
+        accumulate(set, h, payload, true);
+        return Outcome::First;
+    }
+    if (set.bitmap[slot] == 0 || st.complete || st.sent_up) {  // STALE: all moved on, all in
+        return Outcome::StaleRound;
+    }
+    if (!st.same_round) {  // BAD_ROUND
+        return Outcome::BadRound;
+    }
+    last_outcome_ = Outcome::Add;  // ADD
+    accumulate(set, h, payload, false);
+    return Outcome::Add;
+}
+
+// After FIRST/ADD: the worker's bit moves to the packet's set; the round leaves when complete.
+Emit Engine::joined(const JobConfig& job, JobCounters& ctr, const Header& h, uint8_t* out) {
+    uint32_t slot = h.slot;
+    uint32_t bit = 1u << h.worker;
+    sets_[h.set].bitmap[slot] |= bit;
     sets_[1 - h.set].bitmap[slot] &= ~bit;
     ctr.aggregated += 1;
-    if (set.seen[slot] < n) {
+    if (sets_[h.set].seen[slot] < static_cast<uint32_t>(job.children())) {
         return Emit{};
     }
     ctr.results += 1;
@@ -322,6 +355,7 @@ void Engine::claim_slot(const Header& h) {
         for (SetState& set : sets_) {
             set.bitmap[h.slot] = 0;
             set.seen[h.slot] = 0;
+            set.round[h.slot] = kRoundTags - 1;  // rounds 0 and 1: the sets' next
         }
     }
 }
@@ -367,7 +401,8 @@ Emit Engine::parent_result(const JobConfig& job, JobCounters& ctr, const Header&
     SetState& set = sets_[h.set];
     set.seen[h.slot] += 1;
     set.exp[h.slot] = h.exp;
-    set.flags[h.slot] = static_cast<uint8_t>(h.flags & ~(kFlagRetransmit | kFlagFromSwitch));
+    set.flags[h.slot] =
+        static_cast<uint8_t>(h.flags & ~(kFlagRetransmit | kFlagFromSwitch | kRoundTagMask));
     int32_t* values = &set.values[static_cast<size_t>(h.slot) * k_];
     if (h.count) {
         load_values(values, payload, k_);
@@ -385,6 +420,7 @@ void Engine::accumulate(SetState& set, const Header& h, const uint8_t* payload, 
         set.seen[slot] = 1;
         set.exp[slot] = h.exp;
         set.flags[slot] = h.flags & kStickyFlags;
+        set.round[slot] = round_tag(h.flags);
         set.offset[slot] = h.offset;
         set.count[slot] = h.count;
         if (h.count) {
@@ -445,6 +481,7 @@ size_t Engine::write_round(uint32_t slot, int s, const JobConfig& job, Header h,
     h.job = static_cast<uint16_t>(job.job_id);
     h.exp = set.exp[slot];
     h.epoch = static_cast<uint16_t>(job.epoch);
+    h.flags |= static_cast<uint8_t>(set.round[slot] << kRoundTagShift);
     h.set = static_cast<uint8_t>(s);
     h.count = set.count[slot];
     h.offset = set.offset[slot];

@@ -190,7 +190,7 @@ private:
     struct SetState {  // one shadow set of every slot
         std::vector<uint32_t> bitmap, seen, offset;
         std::vector<int8_t> exp;
-        std::vector<uint8_t> flags;
+        std::vector<uint8_t> flags, round;  // round: the tag of the set's round
         std::vector<uint16_t> count;
         std::vector<int32_t> values;  // n_slots * K
     };
@@ -206,6 +206,8 @@ private:
     };
     Emit duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, RoundState st,
                    uint8_t* out);
+    Outcome open_or_join(SetState& set, const Header& h, RoundState st, const uint8_t* payload);
+    Emit joined(const JobConfig& job, JobCounters& ctr, const Header& h, uint8_t* out);
     Emit parent_result(const JobConfig& job, JobCounters& ctr, const Header& h, RoundState st,
                        const uint8_t* payload, uint8_t* out);
     void accumulate(SetState& set, const Header& h, const uint8_t* payload, bool first);

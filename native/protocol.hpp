@@ -19,8 +19,19 @@ constexpr uint8_t kFlagFromHost = 0x02;
 constexpr uint8_t kFlagCongestion = 0x04;
 constexpr uint8_t kFlagOverflow = 0x08;
 constexpr uint8_t kFlagFromSwitch = 0x80;  // a switch's partial sum to its parent (docs/trees.md)
-// The flags a result can carry (a switch's or the host aggregator's): anything else is forged.
-constexpr uint8_t kResultFlags = kFlagRetransmit | kFlagFromHost | kFlagCongestion | kFlagOverflow;
+// The round tag: flags bits 4..6 are no flags but the round's identity beyond its set. Round k
+// of a slot (counted from 0 at each grant) goes on set k % 2 with tag (k / 2) % kRoundTags; a
+// slot keeps each set's tag, so a copy of another round of the set is stale (docs/protocol.md).
+constexpr uint8_t kRoundTagMask = 0x70;
+constexpr uint8_t kRoundTagShift = 4;
+constexpr uint8_t kRoundTags = 8;
+// Rounds of a slot before its (set, tag) pair repeats: the worker's round counter wraps here.
+constexpr uint8_t kRoundCycle = 2 * kRoundTags;
+inline uint8_t round_tag(uint8_t flags) { return (flags & kRoundTagMask) >> kRoundTagShift; }
+// The flags a result can carry (a switch's or the host aggregator's, with its round's tag):
+// anything else is forged.
+constexpr uint8_t kResultFlags =
+    kFlagRetransmit | kFlagFromHost | kFlagCongestion | kFlagOverflow | kRoundTagMask;
 // SourceGuard's drop reasons (GUARD_DROP_* of p4/include/constants.p4): its counter's cells.
 constexpr size_t kGuardDropAggregatorAddr = 0;
 constexpr size_t kGuardDropResult = 1;

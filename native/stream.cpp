@@ -37,7 +37,8 @@ double now_seconds() {
 const char* result_check_name(ResultCheck c) {
     static const char* names[] = {"accepted",     "foreign_source", "truncated",    "not_a_result",
                                   "wrong_job",    "wrong_epoch",    "no_round",     "wrong_set",
-                                  "wrong_offset", "wrong_count",    "wrong_length", "wrong_flags"};
+                                  "wrong_offset", "wrong_count",    "wrong_length", "wrong_flags",
+                                  "wrong_round"};
     return names[static_cast<size_t>(c)];
 }
 
@@ -134,7 +135,7 @@ Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max,
 
 void Stream::set_grant(const GrantView& grant) {
     grant_ = grant;
-    next_set_.assign(grant.slot_count, 0);
+    next_round_.assign(grant.slot_count, 0);  // every slot of a new grant starts at round 0
     rounds_.assign(grant.slot_count, Round{});
     packet_bytes_ = kHeaderBytes + 4 * size_t(grant.k);
     packets_.assign(packet_bytes_ * grant.slot_count, 0);
@@ -156,8 +157,8 @@ void Stream::start_call(uint32_t window) {
 void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp,
                    uint8_t flags, double now) {
     Round& r = rounds_[idx];
-    r.slot_set = next_set_[idx];
-    next_set_[idx] ^= 1;
+    r.round = next_round_[idx];
+    next_round_[idx] = static_cast<uint8_t>((r.round + 1) % kRoundCycle);
     r.chunk = chunk;
     r.priming = priming;
     r.offset = chunk * grant_.k;
@@ -171,12 +172,12 @@ void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, i
     ++outstanding_;
     Header h;
     h.msg_type = kMsgContribution;
-    h.flags = flags;
+    h.flags = static_cast<uint8_t>(flags | (r.round >> 1) << kRoundTagShift);
     h.job = grant_.job;
     h.worker = static_cast<uint8_t>(rank_);
     h.exp = exp;
     h.epoch = grant_.epoch;
-    h.set = r.slot_set;
+    h.set = r.round & 1;
     h.slot = grant_.slot_base + idx;
     h.count = count;
     h.offset = r.offset;
@@ -300,7 +301,8 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from,
         return ResultCheck::NoRound;
     *idx = h.slot - grant_.slot_base;
     const Round& r = rounds_[*idx];
-    if (h.set != r.slot_set) return ResultCheck::WrongSet;
+    if (h.set != (r.round & 1)) return ResultCheck::WrongSet;
+    if (round_tag(h.flags) != r.round >> 1) return ResultCheck::WrongRound;
     if (h.offset != r.offset) return ResultCheck::WrongOffset;
     if (h.count != r.count) return ResultCheck::WrongCount;
     if (n != kHeaderBytes + (h.count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WrongLength;
@@ -320,7 +322,8 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
                 counters_.drops[static_cast<size_t>(verdict)] += 1;
                 // a late copy the aggregator sent for our retransmission: it was not needed
                 if (n > field::kFlags && (d[field::kFlags] & kFlagRetransmit) &&
-                    (verdict == ResultCheck::NoRound || verdict == ResultCheck::WrongSet)) {
+                    (verdict == ResultCheck::NoRound || verdict == ResultCheck::WrongSet ||
+                     verdict == ResultCheck::WrongRound)) {
                     counters_.spurious_retransmissions += 1;
                 }
                 continue;

@@ -42,9 +42,10 @@ enum class ResultCheck : uint8_t {
     WrongOffset,
     WrongCount,
     WrongLength,
-    WrongFlags  // a flag no aggregator sets on a result (FLAG_FROM_SWITCH, an unknown bit)
+    WrongFlags,  // a flag no aggregator sets on a result (FLAG_FROM_SWITCH, an unknown bit)
+    WrongRound   // the round tag is not the outstanding round's (a result of an older round)
 };
-constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::WrongFlags) + 1;
+constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::WrongRound) + 1;
 const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
@@ -197,7 +198,7 @@ public:
 private:
     struct Round : Transmission {
         bool active = false, priming = false;
-        uint8_t slot_set = 0;
+        uint8_t round = 0;  // the slot's round counter mod kRoundCycle: set = low bit, tag = rest
         uint32_t chunk = 0, offset = 0;
         uint16_t count = 0;
         size_t length = 0;  // bytes of the packet in this slot's buffer
@@ -233,7 +234,7 @@ private:
     RttEstimator rtt_;
     LossDetector loss_{rtt_};
     GrantView grant_;
-    std::vector<uint8_t> next_set_;
+    std::vector<uint8_t> next_round_;  // per slot: its next round, mod kRoundCycle
     std::vector<Round> rounds_;
     std::vector<uint8_t> packets_;
     size_t packet_bytes_ = 0;

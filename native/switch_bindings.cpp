@@ -285,6 +285,13 @@ void bind_loop(nb::module_& m) {
         .def("set_congestion_threshold", &inagg::SwitchLoop::set_congestion_threshold, "bytes"_a,
              "Mark results leaving by a raw port whose socket holds this many bytes unsent (0: "
              "never)")
+        .def("set_loss", &inagg::SwitchLoop::set_loss, "port"_a, "egress"_a, "fraction"_a, "seed"_a,
+             "Drop this share of a port's frames in or out (before start())")
+        .def("set_delay", &inagg::SwitchLoop::set_delay, "port"_a, "egress"_a, "delay_us"_a,
+             "Hold a port's frames in or out this long back (before start())")
+        .def("impairment_stats", &inagg::SwitchLoop::impairment_stats,
+             "[(port, egress, seen, dropped, fraction, delay_us, delayed)] of each impaired "
+             "direction")
         .def("set_pipeline", &inagg::SwitchLoop::set_pipeline, "pipeline"_a.none(),
              nb::call_guard<nb::gil_scoped_release>())
         .def("start", &inagg::SwitchLoop::start)
@@ -305,6 +312,44 @@ void bind_loop(nb::module_& m) {
         });
 }
 
+// The ports' loss and delay on their own, for the twin's tests (bmv2_env/softswitch/impair.py).
+void bind_impairments(nb::module_& m) {
+    using inagg::PortImpairments;
+    nb::class_<PortImpairments>(m, "PortImpairments",
+                                "Seeded loss per port direction (native/port_impairment.hpp)")
+        .def(nb::init<uint64_t>(), "seed"_a = 0)
+        .def("set_loss", &PortImpairments::set_loss, "port"_a, "egress"_a, "fraction"_a)
+        .def("set_delay", &PortImpairments::set_delay, "port"_a, "egress"_a, "delay_us"_a)
+        .def(
+            "next",
+            [](PortImpairments& p, uint16_t port, bool egress) {
+                PortImpairments::Fate fate = p.next(port, egress);
+                return std::make_pair(fate.dropped, fate.delay_us);
+            },
+            "port"_a, "egress"_a, "(dropped, delay_us) of the port direction's next frame")
+        .def("stats", &PortImpairments::stats);
+    m.def("loss_hash", &inagg::loss_hash, "seed"_a, "port"_a, "egress"_a, "n"_a);
+    using inagg::DelayLine;
+    nb::class_<DelayLine>(m, "DelayLine",
+                          "Frames held for their port's delay (port_impairment.hpp)")
+        .def(nb::init<>())
+        .def(
+            "hold",
+            [](DelayLine& d, int64_t release_us, uint16_t port, bool egress, nb::bytes frame) {
+                d.hold(release_us, port, egress, reinterpret_cast<const uint8_t*>(frame.c_str()),
+                       frame.size());
+            },
+            "release_us"_a, "port"_a, "egress"_a, "frame"_a)
+        .def("take_due", [](DelayLine& d, int64_t now_us) {
+            nb::list due;
+            for (const auto& f : d.take_due(now_us))
+                due.append(nb::make_tuple(
+                    f.port, f.egress,
+                    nb::bytes(reinterpret_cast<const char*>(f.bytes.data()), f.bytes.size())));
+            return due;
+        });
+}
+
 }  // namespace
 
 void bind_switch(nb::module_& m) {
@@ -316,4 +361,5 @@ void bind_switch(nb::module_& m) {
     m.attr("SWITCH_LOOP_CAPTURE_BYTES") = inagg::SwitchLoop::kCaptureBytes;
     bind_pipeline(m);
     bind_loop(m);
+    bind_impairments(m);
 }

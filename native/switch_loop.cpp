@@ -119,6 +119,17 @@ void SwitchLoop::record(uint16_t port, bool sent, const uint8_t* frame, size_t l
     captures_.push(port, sent, usec, frame, len);
 }
 
+void SwitchLoop::set_loss(uint16_t port, bool egress, double fraction, uint64_t seed) {
+    if (running_) throw std::logic_error("set_loss() while the switch loop runs");
+    impair_.set_seed(seed);
+    impair_.set_loss(port, egress, fraction);
+}
+
+void SwitchLoop::set_delay(uint16_t port, bool egress, int64_t delay_us) {
+    if (running_) throw std::logic_error("set_delay() while the switch loop runs");
+    impair_.set_delay(port, egress, delay_us);
+}
+
 void SwitchLoop::set_pipeline(std::shared_ptr<SwitchPipeline> pipeline) {
     std::lock_guard<std::mutex> lock(pipeline_mutex_);
     pipeline_ = std::move(pipeline);
@@ -154,11 +165,54 @@ void SwitchLoop::run() {
     }
 }
 
+namespace {
+int64_t now_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+}  // namespace
+
+// Wait for frames (and, while frames are held, at most until the earliest is due), take them,
+// then let go of the held frames that are due.
 void SwitchLoop::wait_and_receive() {
-    if (!waits_.wait()) return;          // a signal came first
-    if (waits_.ready(0)) wake_.clear();  // stop(): taken, so that a later start() waits again
-    for (size_t i = 0; i < sockets_.size() && running_; ++i)
-        if (waits_.ready(i + 1)) receive_batch(*sockets_[i]);
+    double limit =
+        held_.empty() ? kNoLimit : std::max<int64_t>(0, held_.next_release() - now_us()) / 1e6;
+    if (waits_.wait(limit)) {
+        if (waits_.ready(0)) wake_.clear();  // stop(): taken, so that a later start() waits again
+        for (size_t i = 0; i < sockets_.size() && running_; ++i)
+            if (waits_.ready(i + 1)) receive_batch(*sockets_[i]);
+    }
+    if (!held_.empty()) release_held();
+}
+
+std::shared_ptr<SwitchPipeline> SwitchLoop::current_pipeline() {
+    std::lock_guard<std::mutex> lock(pipeline_mutex_);
+    return pipeline_;
+}
+
+// The held frames that are due: egress ones sent as they are, then ingress ones through the
+// pipeline (their outputs impaired as any).
+void SwitchLoop::release_held() {
+    std::vector<DelayLine::Frame> due = held_.take_due(now_us());
+    if (due.empty()) return;
+    for (const auto& f : due)
+        if (f.egress)
+            std::copy(f.bytes.begin(), f.bytes.end(), out_.reserve(f.port, f.bytes.size()));
+    releasing_ = true;
+    send_outputs();
+    releasing_ = false;
+    std::shared_ptr<SwitchPipeline> pipeline = current_pipeline();
+    if (!pipeline) return;
+    {
+        std::lock_guard<std::recursive_mutex> lock(pipeline->mutex());
+        for (const auto& f : due)
+            if (!f.egress) {
+                record(f.port, false, f.bytes.data(), f.bytes.size());
+                pipeline->process(f.port, f.bytes.data(), f.bytes.size(), out_);
+            }
+    }
+    send_outputs();
 }
 
 void SwitchLoop::receive_batch(PortSocket& sock) {
@@ -166,11 +220,7 @@ void SwitchLoop::receive_batch(PortSocket& sock) {
     if (!n) return;
     stats_.wakeups += 1;
     stats_.received += n;
-    std::shared_ptr<SwitchPipeline> pipeline;
-    {
-        std::lock_guard<std::mutex> lock(pipeline_mutex_);
-        pipeline = pipeline_;
-    }
+    std::shared_ptr<SwitchPipeline> pipeline = current_pipeline();
     if (!pipeline) return;
     {
         std::lock_guard<std::recursive_mutex> lock(pipeline->mutex());
@@ -179,8 +229,7 @@ void SwitchLoop::receive_batch(PortSocket& sock) {
             if (sock.kind == PortSocket::Kind::Udp) {
                 receive_udp(sock, i, *pipeline);
             } else if (sock.rx.link(i).sll_pkttype != PACKET_OUTGOING) {  // not our own sends
-                record(sock.port, false, sock.rx.slot(i), sock.rx.len(i));
-                pipeline->process(sock.port, sock.rx.slot(i), sock.rx.len(i), out_);
+                ingress(sock.port, sock.rx.slot(i), sock.rx.len(i), *pipeline);
             }
         }
     }
@@ -198,8 +247,20 @@ void SwitchLoop::receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipelin
     uint8_t* f = sock.rx.slot(i);
     size_t len = sock.rx.len(i);
     write_udp_headers(f, src, ntohs(sock.rx.from(i).sin_port), sock.bind_addr, len);
-    record(port->second, false, f, kInaggAt + len);
-    pipeline.process(port->second, f, kInaggAt + len, out_);
+    ingress(port->second, f, kInaggAt + len, pipeline);
+}
+
+// A frame that came in by `port`: lost on its link, held back for its delay, or captured and
+// through the pipeline now.
+void SwitchLoop::ingress(uint16_t port, const uint8_t* f, size_t len, SwitchPipeline& pipeline) {
+    PortImpairments::Fate fate = impair_.next(port, false);
+    if (fate.dropped) return;
+    if (fate.delay_us) {
+        held_.hold(now_us() + fate.delay_us, port, false, f, len);
+        return;
+    }
+    record(port, false, f, len);
+    pipeline.process(port, f, len, out_);
 }
 
 // Whether frames leaving by `sock` find its queue deep (set_congestion_threshold): raw ports
@@ -216,6 +277,12 @@ void SwitchLoop::send_outputs() {
     for (size_t i = 0; i < out_.size(); ++i) {
         auto sock = by_port_.find(out_.port(i));
         if (sock == by_port_.end()) continue;
+        if (!releasing_) {  // lost on the link, or held back for its delay
+            PortImpairments::Fate fate = impair_.next(out_.port(i), true);
+            if (fate.delay_us)
+                held_.hold(now_us() + fate.delay_us, out_.port(i), true, out_.data(i), out_.len(i));
+            if (fate.dropped || fate.delay_us) continue;
+        }
         PortSocket& s = *sock->second;
         if (s.pending.empty()) s.deep = congested(s);  // once per socket and batch
         if (s.deep && out_.mark(i, kFlagCongestion)) stats_.marked += 1;

@@ -10,6 +10,10 @@
 // Each wakeup (wait.hpp) takes up to kBatch frames per ready socket with one recvmmsg, runs them
 // through the pipeline under its lock, and sends what they caused with one sendmmsg per socket
 // (net.hpp: its error policy; a socket error stops the loop and stop() throws it).
+// Ports may drop a seeded share of their frames on the way in and out and hold the others back
+// for a delay (port_impairment.hpp): loss and delay for links where the kernel has no netem; a
+// dropped frame is neither captured nor seen, a held one is captured when it is let go (the
+// wait then ends at the earliest release).
 #pragma once
 
 #include <netinet/in.h>
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "capture_queue.hpp"
+#include "port_impairment.hpp"
 #include "switch_pipeline.hpp"
 #include "wait.hpp"
 
@@ -72,6 +77,13 @@ public:
     // kernel's count, SIOCOUTQ: the frames in the interface's queue, each at its buffer's
     // size) carry FLAG_CONGESTION, as BMv2's egress marks on enq_qdepth; 0: never. Before start().
     void set_congestion_threshold(size_t bytes) { congestion_bytes_ = bytes; }
+    // Drop `fraction` (0..1) of the frames `port` receives (or, `egress`, sends), chosen by
+    // `seed` (port_impairment.hpp). Before start() only.
+    void set_loss(uint16_t port, bool egress, double fraction, uint64_t seed);
+    // Hold the frames `port` receives (or, `egress`, sends) `delay_us` back. Before start() only.
+    void set_delay(uint16_t port, bool egress, int64_t delay_us);
+    // (port, egress, seen, dropped, fraction, delay_us, delayed) of each impaired port direction.
+    std::vector<PortImpairments::Stat> impairment_stats() const { return impair_.stats(); }
 
     void start();
     // Joins the thread; the sockets stay open (their owner closes them). Throws the error that
@@ -89,6 +101,9 @@ private:
     void record(uint16_t port, bool sent, const uint8_t* frame, size_t len);
     void receive_batch(PortSocket& sock);
     void receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipeline);
+    void ingress(uint16_t port, const uint8_t* frame, size_t len, SwitchPipeline& pipeline);
+    std::shared_ptr<SwitchPipeline> current_pipeline();
+    void release_held();
     void send_outputs();
     bool congested(const PortSocket& sock) const;
     void queue_udp(PortSocket& sock);
@@ -103,8 +118,11 @@ private:
     OutputBatch out_;
     LoopStats stats_;
     size_t congestion_bytes_ = 0;
-    Wakeup wake_;    // stop()
-    WaitSet waits_;  // wake_, then sockets_ in their order
+    PortImpairments impair_;
+    DelayLine held_;          // frames held back for their port's delay
+    bool releasing_ = false;  // send_outputs() sends held egress frames: not impaired again
+    Wakeup wake_;             // stop()
+    WaitSet waits_;           // wake_, then sockets_ in their order
     std::atomic<bool> running_{false};
     std::exception_ptr error_;  // what stopped the loop thread, for stop() to throw
     std::thread thread_;

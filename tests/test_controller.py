@@ -1,6 +1,7 @@
 """The controller against the software data plane's P4Runtime server (and its own gRPC API)."""
 
 
+import logging
 import grpc
 import pytest
 
@@ -145,7 +146,8 @@ def test_source_guard_is_installed_on_every_host_port(tmp_path, target):
         next(env, None)
 
 
-def test_jobs_fill_switch_third_falls_back_to_host_then_is_upgraded(env):
+def test_jobs_fill_switch_third_falls_back_to_host_then_is_upgraded(env, caplog):
+    caplog.set_level(logging.INFO, logger="inagg.controller")
     c = env["client"]
     j1 = new_job(c, [1, 2], "a")
     j2 = new_job(c, [2, 3], "b")
@@ -178,6 +180,9 @@ def test_jobs_fill_switch_third_falls_back_to_host_then_is_upgraded(env):
         assert reply.activated and reply.grant.mode == "switch" and reply.grant.epoch == pending.epoch
         assert set(table(sw, "job_table")) == {j2[0], j3[0]}
         assert len(next(c.watch_host_jobs(ADMIN)).jobs) == 0
+        end = pending.slot_base + pending.slot_count - 1
+        assert (f"job {j3[0]} epoch {pending.epoch} active at boundary 7: switch slots {pending.slot_base}-{end} "
+                f"(upgrade, was the host aggregator)") in caplog.messages
     finally:
         sw.close()
 
@@ -633,7 +638,8 @@ def test_a_roce_job_needs_one_ip_per_rank(env):
 def test_the_lease_thread_survives_a_failed_expiry_and_retries(tmp_path):
     """A job's lease runs out while its switch is down: ending it fails (logged, rolled back)
     and the lease thread goes on; once the switch is back the job is ended and its entries go."""
-    env = controller_env(tmp_path, lease_seconds=1.0)
+    lease = 3.0
+    env = controller_env(tmp_path, lease_seconds=lease)
     e = next(env)
     try:
         c = e["client"]
@@ -641,8 +647,9 @@ def test_the_lease_thread_survives_a_failed_expiry_and_retries(tmp_path):
         for rank in range(2):
             c.join(job_id, token, rank, f"10.0.0.{rank + 1}:5000")
         import time
+        c.heartbeat(job_id, token)        # the lease runs from here: the switch stops well inside it
         e["stop_switch"]()
-        time.sleep(2.5)                                   # several expiry attempts fail meanwhile
+        time.sleep(1.5 * lease)                           # expiry attempts fail meanwhile
         assert job_id in e["ctl"]().jobs
         state = e["start_switch"]()
         # generous bounds: the keeper's reconnect and the next expiry attempt under a loaded CI

@@ -41,10 +41,10 @@ from inagg.bmv2_env.emulation.testbed import (  # noqa: E402
 from inagg.controller.switch import (  # noqa: E402
     JobCounters, SourceGuard, SwitchConnection, SwitchJob, WorkerBinding,
 )
-from inagg.hostlib.wire.protocol import EXP_NONE, pack_header  # noqa: E402
+from inagg.hostlib.wire.protocol import EXP_NONE, ROUND_TAGS, pack_header  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "dataplane_differential.json"
-SEED = 12
+SEED = 13
 STEPS = 200
 MODEL_STEPS = 1500    # the Tofino model's comparison (generated live, nothing recorded)
 
@@ -62,7 +62,7 @@ def _contribution(rng: random.Random) -> tuple[bytes, int]:
     job = rng.choice([JOB1, JOB1, JOB2, JOB4, JOB5, JOB5])
     rank = rng.randrange(len(job.workers))
     slot = job.slot_base + rng.choice([0, 0, 1, 2])
-    kw = dict(slot=slot, slot_set=rng.choice([0, 0, 0, 1]), offset=rng.choice([0] * 7 + [K]),
+    kw = dict(slot=slot, round_no=rng.choice([0, 0, 0, 1, 2, 3]), offset=rng.choice([0] * 7 + [K]),
               exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice([0, 0, 1, 4, 8]))
     values = None if rng.random() < 0.1 else _values(rng)
     odd = rng.randrange(14)
@@ -98,7 +98,7 @@ def _from_parent(rng: random.Random) -> tuple[bytes, int]:
     """A result from job 5's parent: mostly for a round its ToR sent up, now and then from
     another port or MAC, for another round or retransmitted."""
     kw = dict(slot=JOB5.slot_base + rng.choice([0, 0, 1, 2]), slot_set=rng.choice([0, 0, 0, 1]),
-              offset=rng.choice([0] * 7 + [K]), flags=rng.choice([0, 0, 1, 8, 0x81]))
+              offset=rng.choice([0] * 7 + [K]), flags=rng.choice([0, 0, 1, 8, 0x81, 0x10]))
     odd = rng.randrange(8)
     if odd == 0:
         kw["src_port"] = rng.choice([1, 2, 3])
@@ -296,7 +296,12 @@ def model_jobs() -> tuple[SwitchJob, ...]:
     return tuple(jobs)
 
 
-MODEL_SEEDS = {1: False, 4: True}   # seed: with other-round packets
+# seed: with other-round packets. None here: a packet whose offset differs from its round's can
+# open that round, after which the fuzz's workers go on without its result; the targets that
+# check the round tag then drop their next rounds (the set is busy), the TNA program, which
+# does not (docs/tofino.md, "Round identity"), takes them. test_tna_slot_model holds the model
+# to the reference engine in the TNA program's reading with them.
+MODEL_SEEDS = {1: False, 3: False}
 
 
 @pytest.fixture(scope="module")
@@ -313,11 +318,24 @@ def model_references():
     return out
 
 
+def test_late_copies_give_bmv2_the_soft_switchs_frames():
+    """test_tna_slot_model's fuzz with copies of any round up to 13 rounds of their slot late,
+    past the next round's completion too (issue 38): BMv2 sends the native engine's frames step
+    for step and counts the same (test_tna_slot_model holds the reference engine's results to
+    the true sums on this sequence). Not on the Tofino models: they carry the round tag
+    without checking it (docs/tofino.md, "Round identity")."""
+    if have_netns() or bmv2_missing():
+        pytest.skip(have_netns() or bmv2_missing())
+    sequence = model_cases.fuzz_sequence(6, MODEL_STEPS, late=2 * ROUND_TAGS - 3)
+    soft, bmv2 = (run(t, sequence, model_jobs(), guard=False) for t in ("soft", "bmv2"))
+    assert soft == bmv2, _first_difference(soft, bmv2, sequence)
+    assert bmv2["counters"]["1"]["drops"]["stale_round"] > 0 and bmv2["counters"]["1"]["results"] > 50
+
+
 @pytest.mark.parametrize("target", list(TOFINO_TARGETS))
 @pytest.mark.parametrize("seed", list(MODEL_SEEDS))
 def test_tna_slot_model_matches_bmv2_and_the_soft_switch(model_references, seed, target):
-    """Loss, duplicates, late copies behind the next round, forged and malformed frames (and,
-    for one seed, other-round packets): the model of the program as built for each chip, its
+    """Loss, duplicates, late copies behind the next round, forged and malformed frames: the model of the program as built for each chip, its
     second passes and all, sends the same frames out of the same ports as BMv2 and the native
     engine, step by step, and counts the same."""
     sequence, references = model_references[seed]

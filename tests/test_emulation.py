@@ -50,14 +50,15 @@ def launcher(tmp_path, topo, dataplane, *extra) -> tuple[list[str], Path]:
             "--dataplane", dataplane, "--json", str(out), *extra], out
 
 
-def assert_left_nothing(stdout: str) -> RunDir:
-    """The run's record says it finished, and nothing it started is still running or present."""
+def assert_left_nothing(stdout: str, interfaces: int = 5, processes: int = 8) -> RunDir:
+    """The run's record says it finished, and nothing it started (at least ``interfaces``
+    interfaces and ``processes`` processes) is still running or present."""
     run = RunDir(RUN_LINE.search(stdout).group(1))
     assert run.record["finished"], stdout
     assert run.live_processes() == [], f"processes of run {run.run_id} left behind"
     leftover = [n for n in root_interfaces() if n.startswith(run.run_id)]
     assert leftover == [], f"interfaces of run {run.run_id} left behind: {leftover}"
-    assert len(run.record["interfaces"]) >= 5 and len(run.record["processes"]) >= 8
+    assert len(run.record["interfaces"]) >= interfaces and len(run.record["processes"]) >= processes
     return run
 
 

@@ -16,7 +16,8 @@ from inagg.controller.trees import host_aggregator_at, job_tree
 from inagg.bmv2_env.emulation.mininet_run import controller_switches, job_epochs, main as mininet_main
 from inagg.bmv2_env.emulation.run_dir import RunDir, process_start_time, stop_run
 from inagg.bmv2_env.emulation.topology import Endpoint, TopologyError, host_ip, load_topology, parse_topology
-from inagg.bmv2_env.demos.train_demo import load_digits_split, steps_per_epoch
+from inagg.bmv2_env.demos.train_demo import steps_per_epoch
+from inagg.bmv2_env.demos.workloads import load_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -184,6 +185,32 @@ BAD_TOPOLOGIES = {
     "bw out of range": (_set("links.0", ["h1", "s1-p1", {"bw": 5000}]), r"links\[0\]: bw 5000 must be Mbit/s in \(0, 1000\]"),
     "delay without unit": (_set("links.0", ["h1", "s1-p1", {"delay": "5"}]), r"links\[0\]: delay '5' must be a time as tc"),
     "loss over 100": (_set("links.0", ["h1", "s1-p1", {"loss": 150}]), r"loss 150 must be a percentage in 0..100"),
+    # workloads (demos/workloads.py)
+    "unknown model": (_set("jobs.0.model", "resnet"), r"job j\): unknown model 'resnet'; the zoo has mlp, cnn, transformer"),
+    "model misspelt": (_set("jobs.0.model", "transfomer"), r"unknown model 'transfomer' \(did you mean 'transformer'\?\)"),
+    "modle for model": (_set("jobs.0.modle", "cnn"), r"unknown key 'modle' \(did you mean 'model'\?\)"),
+    "negative start": (_set("jobs.0.start", -3), r"job j\): start -3 must be a number of seconds >= 0"),
+    "start and start_delay": (_set("jobs.0", {"name": "j", "workers": ["h1"], "start": 1, "start_delay": 1}),
+                              r"start and start_delay both given.*keep one"),
+    "iterations and epochs": (_set("jobs.0.iterations", 10), r"job j\): epochs and iterations both given"),
+    "iterations and duration": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 5, "duration": 3}),
+                                r"iterations and duration both given: a job runs for epochs, iterations or a duration"),
+    "iterations 0": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 0}),
+                     r"iterations 0 must be a whole number of steps >= 1"),
+    "duration 0": (_set("jobs.0", {"name": "j", "workers": ["h1"], "duration": 0}), r"duration 0 must be a number of seconds > 0"),
+    "model and profile": (_set("jobs.0", {"name": "j", "workers": ["h1"], "model": "cnn", "iterations": 3,
+                                          "profile": {"bucket_bytes": [4096]}}), r"both a model and a profile"),
+    "profile key": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3, "profile": {"buckets": [4096]}}),
+                    r"profile: unknown key 'buckets' \(did you mean 'bucket_bytes'\?\)"),
+    "profile bucket not float32": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3,
+                                                   "profile": {"bucket_bytes": [4095]}}),
+                                   r"bucket_bytes \[4095\] must be a non-empty list of byte counts, each a multiple of 4"),
+    "profile negative compute": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3,
+                                                 "profile": {"bucket_bytes": [64], "compute_ms": -1}}),
+                                 r"compute_ms -1 must be milliseconds >= 0"),
+    "profile with epochs": (_set("jobs.0.profile", {"bucket_bytes": [64]}), r"a profile needs \"iterations\" or \"duration\""),
+    "profile with a hook": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3, "hook": "inagg",
+                                            "profile": {"bucket_bytes": [64]}}), r"hook with a profile"),
 }
 
 
@@ -239,6 +266,16 @@ def test_the_launcher_refuses_a_bad_topology_before_building_anything(tmp_path, 
     assert "run " not in out     # no run directory was created
 
 
+def test_workload_topology_jobs_and_their_lengths():
+    """The multi-tenant example: four jobs of the zoo and a profile, arriving at their times;
+    only jobs that run for epochs are scaled by --epochs."""
+    t = load_topology(ROOT / "bmv2_env" / "emulation" / "topologies" / "multi_tenant.json")
+    assert [j.get("model", "profile" if "profile" in j else "mlp") for j in t.jobs] == \
+        ["mlp", "cnn", "transformer", "profile"]
+    assert sorted(j.get("start", 0) for j in t.jobs) == sorted({j.get("start", 0) for j in t.jobs})
+    assert job_epochs(t, None) == {}
+
+
 def test_epochs_override_keeps_the_jobs_ratio():
     t = load_topology(ROOT / "bmv2_env" / "emulation" / "topologies" / "two_jobs.json")
     assert job_epochs(t, None) == {"first": 8, "second": 24}
@@ -266,7 +303,7 @@ def test_program_files_for_the_software_data_plane_are_refused(flag, capsys):
 def test_every_rank_takes_the_same_steps(workers):
     """Rank r trains on samples r, r + workers, ...: each rank's share has at least
     steps_per_epoch batches, whatever the number of workers (5 and 6 used to differ)."""
-    samples = len(load_digits_split(0)[1])
+    samples = len(load_data("mlp", 0)[1])
     steps = steps_per_epoch(samples, workers, 16)
     shares = [len(np.arange(r, samples, workers)) for r in range(workers)]
     assert all(share // 16 >= steps for share in shares) and min(shares) // 16 == steps
@@ -423,3 +460,25 @@ def test_a_failed_rank_or_exited_service_is_named_with_its_log(tmp_path):
         for p in (done, sleeper, failing):
             if p.poll() is None:
                 p.kill()
+
+
+def test_link_loss_and_delay_become_the_soft_switch_ports():
+    """Without netem a host link's loss and delay are applied at its switch port both ways, a
+    switch link's at each end's egress; the flags carry the seed; BMv2 is refused naming the
+    alternative, and jitter, which nothing applies, is listed as not applied."""
+    from inagg.bmv2_env.emulation.impairments import impairment_flags, plan, switch_impairments
+
+    t = parse_topology(topo([["h1", "s1-p1", {"loss": 1.5}], ["h2", "s1-p2"], ["agg", "s1-p5"],
+                             ["h3", "s2-p1", {"delay": "500us", "jitter": "1ms"}], ["h4", "s2-p2"],
+                             ["s1-p6", "s2-p3", {"loss": 2, "delay": "0.01s"}]]))
+    assert switch_impairments(t) == {"s1": [(1, "in", 1.5, 0), (1, "out", 1.5, 0), (6, "out", 2, 10)],
+                                     "s2": [(1, "in", 0, 0.5), (1, "out", 0, 0.5), (3, "out", 2, 10)]}
+    assert impairment_flags(switch_impairments(t)["s2"], 3) == [
+        "--loss", "3:out:2", "--delay", "1:in:0.5", "--delay", "1:out:0.5", "--delay", "3:out:10", "--loss-seed", "3"]
+    assert impairment_flags([], 3) == []
+    soft = plan(t, "soft", netem=False)
+    assert (soft.by, soft.loss, soft.delay, soft.not_applied) == ("soft switch ports", True, True, ("jitter",))
+    assert plan(t, "bmv2", netem=True).by == "netem"
+    with pytest.raises(TopologyError, match="link delay and loss: .*make run DATAPLANE=soft"):
+        plan(t, "bmv2", netem=False)
+    assert plan(parse_topology(topo(BASE_LINKS)), "bmv2", netem=False).by == "none"

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from inagg.bmv2_env.emulation.impairments import plan
 from inagg.bmv2_env.emulation.summary import summary, write_summary
+from inagg.bmv2_env.emulation.topology import TopologyError
 from inagg.bmv2_env.emulation.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +85,8 @@ def test_the_summary_is_saved_as_text_and_json_of_the_same_figures(tmp_path):
     text = (tmp_path / "summary.txt").read_text()
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert text == "\n".join(lines).lstrip("\n") + "\n" and text.startswith("per-job summary\n")
-    assert saved == {"jobs": rows, "switches": switches}
+    assert saved == {"jobs": rows, "switches": switches,
+                     "fairness": {"jobs": 0, "jain_grad_bytes_per_s": None, "jain_steps_per_s": None}}
     first, second = saved["jobs"]
     assert second == {"name": "second", "ok": False}
     assert f"second       FAILED: see {tmp_path}/logs/second-*.log" in text
@@ -97,19 +100,34 @@ def test_a_failed_run_saves_why(tmp_path):
     write_summary(tmp_path, ["run abcd failed: job j rank 1 on h2 was killed by SIGKILL"], [], {},
                   failed="job j rank 1 on h2 was killed by SIGKILL")
     assert json.loads((tmp_path / "summary.json").read_text()) == {
-        "jobs": [], "switches": {}, "failed": "job j rank 1 on h2 was killed by SIGKILL"}
+        "jobs": [], "switches": {}, "failed": "job j rank 1 on h2 was killed by SIGKILL",
+        "fairness": {"jobs": 0, "jain_grad_bytes_per_s": None, "jain_steps_per_s": None}}
     assert (tmp_path / "summary.txt").read_text() == "run abcd failed: job j rank 1 on h2 was killed by SIGKILL\n"
 
 
 def test_link_loss_is_what_was_applied_not_what_was_asked(tmp_path):
-    """A topology asking loss 1 % on h1's link: the column says 1 where netem applied it, and 0
-    with a line saying why where the kernel has none (it said 1 % that never happened)."""
+    """A topology asking loss 1 % on h1's link: the column says 1 where netem applied it or,
+    without netem, the soft switch's ports did (with their measured drops), and BMv2 without
+    netem is refused; a delay nothing applies is named as not applied, never claimed."""
     topo, records, switches = real_run("two_jobs.json")
-    next(link for link in topo.links if "h1" in (link.a.node, link.b.node)).params["loss"] = 1
-    applied, rows = summary(topo, records, switches, tmp_path)
+    link = next(link for link in topo.links if "h1" in (link.a.node, link.b.node))
+    link.params["loss"] = 1
+    applied, rows = summary(topo, records, switches, tmp_path, applied=plan(topo, "soft", netem=True))
     assert [r["link_loss_pct"] for r in rows] == [1, 0] and job_line(applied, "first")[7] == "1"
     assert not any("NOT applied" in line for line in applied)
-    lines, rows = summary(topo, records, switches, tmp_path, netem=False)
-    assert [(r["link_loss_pct"], r["link_loss_asked_pct"]) for r in rows] == [(0, 1), (0, 0)]
-    assert job_line(lines, "first")[7] == "0"
-    assert "link delay/loss/jitter of the topology NOT applied (this kernel has no netem qdisc)" in "\n".join(lines)
+    with pytest.raises(TopologyError, match="DATAPLANE=soft"):
+        plan(topo, "bmv2", netem=False)
+    soft = plan(topo, "soft", netem=False)
+    soft.port_stats = {"s1": [{"port": 1, "direction": "in", "seen": 1000, "dropped": 9, "loss_pct": 1},
+                              {"port": 1, "direction": "out", "seen": 1000, "dropped": 11, "loss_pct": 1}]}
+    lines, rows = summary(topo, records, switches, tmp_path, applied=soft)
+    assert [(r["link_loss_pct"], r["link_loss_measured_pct"]) for r in rows] == [(1, 1.0), (0, None)]
+    assert "  p1 in 9/1000 (0.90 % of 1 %), out 11/1000 (1.10 % of 1 %)" in lines
+    del link.params["loss"]
+    link.params["jitter"] = "1ms"
+    link.params["delay"] = "5ms"
+    lines, rows = summary(topo, records, switches, tmp_path, applied=plan(topo, "soft", netem=False))
+    assert [(r["link_loss_pct"], r["link_delay_ms"], r["link_delay_asked_ms"]) for r in rows] == [(0, 5, 5), (0, 0, 0)]
+    assert "link jitter of the topology NOT applied (this kernel has no netem qdisc)" in "\n".join(lines)
+    with pytest.raises(TopologyError, match="link delay: .*DATAPLANE=soft"):
+        plan(topo, "bmv2", netem=False)

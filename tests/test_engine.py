@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 from inagg.hostlib.wire.protocol import (
     EXP_NONE, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_RESULT, build_contribution,
-    unpack_header,
+    round_fields, unpack_header,
 )
 
 K = 4
@@ -22,9 +22,13 @@ def make_engine(**job):
     return eng
 
 
-def contrib(worker, values, *, job=1, epoch=1, slot=3, slot_set=0, offset=0, exp=EXP_NONE, flags=0):
+def contrib(worker, values, *, job=1, epoch=1, slot=3, slot_set=0, round_no=None, offset=0,
+            exp=EXP_NONE, flags=0):
+    """Worker ``worker``'s packet: round ``round_no`` of its slot (its set and round tag), or
+    the first round of set ``slot_set``."""
+    slot_set, tag_flags = round_fields(slot_set if round_no is None else round_no)
     return build_contribution(job, worker, epoch, slot, slot_set, offset,
-                              np.array(values, np.int32), K, exp=exp, flags=flags)
+                              np.array(values, np.int32), K, exp=exp, flags=flags | tag_flags)
 
 
 def send(eng, worker, values, sender=None, **kw):
@@ -84,10 +88,10 @@ def test_set_flip_keeps_previous_result_readable():
     send(eng, 1, [5] * 4, slot_set=1)
     (emit,) = send(eng, 2, [5] * 4, slot_set=1)
     assert result_values(emit)[1] == [15] * 4
-    # third round on set 0 starts fresh (FIRST overwrites the old sum)
-    send(eng, 0, [7] * 4, slot_set=0)
-    send(eng, 1, [7] * 4, slot_set=0)
-    (emit,) = send(eng, 2, [7] * 4, slot_set=0)
+    # third round on set 0 (its next round tag) starts fresh (FIRST overwrites the old sum)
+    send(eng, 0, [7] * 4, round_no=2)
+    send(eng, 1, [7] * 4, round_no=2)
+    (emit,) = send(eng, 2, [7] * 4, round_no=2)
     assert result_values(emit)[1] == [21] * 4
 
 

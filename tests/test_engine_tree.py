@@ -19,7 +19,7 @@ from inagg.hostlib.aggregator.engine import NativeEngine
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
 from inagg.hostlib.wire.protocol import (
     EXP_NONE, FLAG_FROM_SWITCH, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_CONTRIBUTION, MSG_RESULT, Outcome,
-    build_contribution, pack_header, unpack_header,
+    build_contribution, pack_header, round_fields, unpack_header,
 )
 
 K = 4
@@ -62,8 +62,9 @@ class Worker:
 
     def packet(self, c: int, flags: int = 0) -> bytes:
         slot = TOR_BASES[self.tor] + c % W
-        return build_contribution(1, self.rank, 1, slot, (c // W) % 2, c * K, self.values[c], K,
-                                  exp=c % 5, flags=flags)
+        slot_set, tag_flags = round_fields(c // W)       # block c is its slot's round c // W
+        return build_contribution(1, self.rank, 1, slot, slot_set, c * K, self.values[c], K,
+                                  exp=c % 5, flags=flags | tag_flags)
 
     def ready(self) -> list[bytes]:
         """Blocks it may send now and has not sent yet."""

@@ -25,7 +25,7 @@ STREAMS = {"python": SlotStream, "native": NativeSlotStream}
 
 
 def sent(at: float, rto: float = 1.0) -> Round:
-    return Round(chunk=0, priming=False, slot_set=0, offset=0, count=0, packet=b"",
+    return Round(chunk=0, priming=False, round_no=0, offset=0, count=0, packet=b"",
                  sent_at=at, deadline=at + rto, rto=rto)
 
 

@@ -11,7 +11,9 @@ import pytest
 
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
 from inagg.hostlib.aggregator.engine import NativeEngine
-from inagg.hostlib.wire.protocol import SLOT_DECISION, SLOT_DECISION_KEYS, Outcome, build_contribution
+from inagg.hostlib.wire.protocol import (
+    ROUND_TAGS, SLOT_DECISION, SLOT_DECISION_KEYS, Outcome, build_contribution, round_fields,
+)
 
 SLOT_STATE = Path(__file__).resolve().parents[1] / "p4" / "include" / "slot_state.p4"
 K = 4
@@ -47,16 +49,31 @@ def test_every_key_takes_exactly_one_row():
         assert sum(covers(key, values) for key, _ in SLOT_DECISION) == 1, values
 
 
-def contribution(worker, *, slot_set=0, offset=0, count=K):
+def contribution(worker, *, slot_set=0, offset=0, count=K, round_no=None):
+    """Worker ``worker``'s packet to slot 1: round ``round_no`` (default: round 0 or 1, the
+    set's first)."""
     values = np.arange(1, count + 1, dtype=np.int32) if count else None
-    return build_contribution(1, worker, 1, 1, slot_set, offset, values, K)
+    s, tag_flags = round_fields(slot_set if round_no is None else round_no)
+    return build_contribution(1, worker, 1, 1, s, offset, values, K, flags=tag_flags)
 
 
-def history(mine, empty, complete, same_round, sent_up):
+def history(mine, empty, complete, same_round, sent_up, this_round, next_round):
     """The packets that bring slot 1's set 0 into the state (mine, empty, complete, same_round,
-    sent_up) for worker 0, then worker 0's packet. A round in set 0 is at offset 0 with K values;
-    a fresh slot's stored round is offset 0, count 0. sent_up: a job with an uplink, every
-    worker in (docs/trees.md)."""
+    sent_up) for worker 0, then worker 0's packet with the round tag the last two keys name:
+    the set's stored tag (this round), the one after it (next round), or the one after that
+    (an older round's copy). A round in set 0 is round 0 (tag 0) at offset 0 with K values; a
+    fresh slot's stored round is tag ROUND_TAGS - 1, offset 0, count 0. sent_up: a job with an
+    uplink, every worker in (docs/trees.md)."""
+    before, packet = _state(mine, empty, complete, same_round, sent_up)
+    stored = 0 if any(p[8] >> 7 == 0 for p in before) else ROUND_TAGS - 1   # set 0 opened?
+    tag = (stored + (0 if this_round else 1 if next_round else 2)) % ROUND_TAGS
+    packet = bytearray(packet)
+    packet[1] |= round_fields(2 * tag)[1]
+    return before, bytes(packet)
+
+
+def _state(mine, empty, complete, same_round, sent_up):
+    """``history``'s packets before the round tag: tag 0 on the last one."""
     full = [contribution(w) for w in range(3)]
     if sent_up:                   # not mine: worker 0 moved on (a reordered packet follows)
         before = full if mine else full + [contribution(0, slot_set=1)]
@@ -77,10 +94,10 @@ def history(mine, empty, complete, same_round, sent_up):
                               for key, o in SLOT_DECISION])
 def test_the_reference_decides_the_row(key, outcome):
     """Every state the row covers (a set bit of mine means the bitmap is not empty; sent up:
-    every worker in, so not empty, and no result), on the Python reference engine and its C++
-    twin."""
-    states = [v for v in itertools.product((0, 1), repeat=5) if covers(key, v) and not (v[0] and v[1])
-              and not (v[4] and (v[1] or v[2]))]
+    every worker in, so not empty, and no result; a tag is not both the set's and the next),
+    on the Python reference engine and its C++ twin."""
+    states = [v for v in itertools.product((0, 1), repeat=7) if covers(key, v) and not (v[0] and v[1])
+              and not (v[4] and (v[1] or v[2])) and not (v[5] and v[6])]
     assert states
     for values in states:
         before, packet = history(*values)

@@ -3,7 +3,8 @@ does: one sequence of writes and reads, sent through the generated ``p4.v1`` stu
 must get the same answers step by step: the entities read (as text, in BMv2's canonical
 minimal-width bytestrings; a group's replicas as a set), the gRPC status code of a refused call
 and the code of each refused update. The steps cover job_table (every entry, by key, an absent
-key, a padded key, the default entry), worker_table and l2_table by key and default, counters,
+key, a padded key, the default entry), worker_table and l2_table by key and default, the const
+table slot_decision (its entries, its default, a refused insert), counters,
 multicast groups, and the codes for a bad table or counter id, a wrong device, a missing group,
 a pipeline not yet set. Where the software switch answers otherwise on purpose, ``DIFFERENT``
 pins both answers.
@@ -53,6 +54,9 @@ DIFFERENT = {
     "write: a counter index out of range": ({"code": "UNKNOWN", "updates": ["UNKNOWN"]},
                                             {"code": "UNKNOWN", "updates": ["OUT_OF_RANGE"]}),
     "read: a counter index out of range": ({"code": "UNKNOWN"}, {"code": "OUT_OF_RANGE"}),
+    # a const table's entries are the program's: PERMISSION_DENIED, as for its const default action
+    "write: insert into the const table slot_decision": ({"code": "UNKNOWN", "updates": ["UNKNOWN"]},
+                                                         {"code": "UNKNOWN", "updates": ["PERMISSION_DENIED"]}),
 }
 
 JOB1 = SwitchJob(1, 0, 1, 0, 8, (WorkerBinding(0, 1, "10.0.0.1", "00:00:00:00:00:01", 5000),
@@ -135,6 +139,18 @@ def pipeline_steps(sw: SwitchConnection) -> list[tuple[str, str, object]]:
     ]
 
 
+def _const_insert(sw: SwitchConnection) -> p4runtime_pb2.Update:
+    """An insert of one more entry into slot_decision, whose entries are const."""
+    t = sw.p4info.obj(P4Type.table, "slot_decision")
+    action = sw.p4info.obj(P4Type.action, "set_outcome")
+    entry = p4runtime_pb2.TableEntry(table_id=t.preamble.id, priority=1)
+    entry.match.add(field_id=t.match_fields[0].id).ternary.CopyFrom(
+        p4runtime_pb2.FieldMatch.Ternary(value=b"\x01", mask=b"\x01"))
+    entry.action.action.action_id = action.preamble.id
+    entry.action.action.params.add(param_id=action.params[0].id, value=b"\x01")
+    return p4runtime_pb2.Update(type=INSERT, entity=_entity(table_entry=entry))
+
+
 def write_steps(sw: SwitchConnection) -> list[tuple[str, p4runtime_pb2.WriteRequest]]:
     """Two jobs, a group, hosts, a counter and a default action written; then refusals."""
     admit = JobAdmission(sw)
@@ -157,6 +173,7 @@ def write_steps(sw: SwitchConnection) -> list[tuple[str, p4runtime_pb2.WriteRequ
         ("a counter index out of range", _write(sw, [_counter_update(sw, "global_drops", 2, 1)])),
         ("a bad counter id", _write(sw, [bad_counter])),
         ("modify an absent group", _write(sw, [ResultReplication(sw).update(MODIFY, 7, [(1, 1)])])),
+        ("insert into the const table slot_decision", _write(sw, [_const_insert(sw)])),
         ("write to another device", _write(sw, [fwd.host_update(INSERT, "00:00:00:00:00:02", 2)], 5)),
     ]
 
@@ -172,6 +189,8 @@ def read_steps(sw: SwitchConnection) -> list[tuple[str, p4runtime_pb2.ReadReques
         ("worker_table job 1 rank 1", _read(_table_query(sw, "worker_table", {"job_id": b"\x01", "worker_id": b"\x01"}))),
         ("l2_table", _read(_table_query(sw, "l2_table"))),
         ("l2_table default", _read(_table_query(sw, "l2_table", default=True))),
+        ("slot_decision (const entries)", _read(_table_query(sw, "slot_decision"))),
+        ("slot_decision default", _read(_table_query(sw, "slot_decision", default=True))),
         ("job and worker tables at once", _read(_table_query(sw, "job_table", {"job_id": b"\x01"}),
                                                 _table_query(sw, "worker_table"))),
         ("job_packets index 0", _read(_counter_query(sw, "job_packets", 0))),

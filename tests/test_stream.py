@@ -17,7 +17,8 @@ from inagg.bmv2_env.demos.allreduce_demo import TensorSpec, run_local_job
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.worker.stream import NativeSlotStream, native_block_exponents
 from inagg.hostlib.wire.protocol import (
-    FLAG_CONGESTION, FLAG_FROM_SWITCH, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, VERSION,
+    FLAG_CONGESTION, FLAG_FROM_SWITCH, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, ROUND_TAG_MASK,
+    VERSION,
 )
 from inagg.hostlib.worker.call_protocol import (
     CallError, CallRefused, CallSpec, ControlVector, Refusal, ResultCheck,
@@ -267,7 +268,9 @@ class ScriptedAggregator:
                 with_(flags=flags | FLAG_FROM_SWITCH),                      # a switch's partial sum
                 with_(job=job + 1), with_(epoch=epoch + 1),
                 with_(ss=(ss & 0x8000) | ((ss & 0x7FFF) + 5)),              # a slot with no round
-                with_(ss=ss ^ 0x8000), with_(offset=offset + self.k),
+                with_(ss=ss ^ 0x8000),
+                with_(flags=flags ^ ROUND_TAG_MASK),                        # another round's tag
+                with_(offset=offset + self.k),
                 with_(count=count + 1 if count else 1),
                 result + b"\0\0\0\0"]                                       # wrong length
 

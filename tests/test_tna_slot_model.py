@@ -1,9 +1,12 @@
 """The executable model of the TNA slot logic (bmv2_env/softswitch/tna_slot_model.py): held to the
 P4's register actions and to the stages bf-p4c placed them in (the committed context.json),
-then run frame by frame beside the reference engine at the TNA's K: the issue-25 replay, the
+then run frame by frame beside the reference engine at the TNA's K, in the TNA program's reading
+(the round tag carried, not checked: docs/tofino.md, "Round identity"): the issue-25 replay, the
 conformance cases' orders, and a random differential fuzz (loss, duplication, reordering behind
-the next round, forged and malformed frames) must give the same frames and counters. Each test
-runs on the program built for each chip (``chip``: Tofino 1 and Tofino 2, p4/out/<chip>/).
+the next round and copies up to 13 rounds late, forged and malformed frames) must give the same
+frames and counters. The same late copies on the reference engine that checks the tag (every
+other target's reading) never give a wrong sum. Each test runs on the program built for each
+chip (``chip``: Tofino 1 and Tofino 2, p4/out/<chip>/).
 
 In process, no network namespace: both are SoftPipelines with the Tofino P4Info; only the slot
 logic differs (the reference engine, the BMv2 program's specification, vs the TNA model)."""
@@ -29,7 +32,8 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 from inagg.bmv2_env.softswitch.state import Action, Replica
 from inagg.bmv2_env.softswitch.tna_slot_model import TofinoModelPipeline, register_actions, register_stages
 from inagg.hostlib.wire.protocol import (
-    EXP_NONE, UDP_PORT, build_contribution, ipv4_checksum, pack_header, unpack_header,
+    EXP_NONE, ROUND_CYCLE, ROUND_TAGS, UDP_PORT, build_contribution,
+    ipv4_checksum, pack_header, round_fields, round_tag, unpack_header,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,10 +91,12 @@ def worker_address(port: int, rank: int, job_id: int) -> tuple[int, int, int]:
     return 0x0A000000 + port, port, 50000 + 100 * job_id + rank   # IPv4, MAC, UDP port
 
 
-def make(pipeline_cls, chip: str = "tofino") -> SoftPipeline:
+def make(pipeline_cls, chip: str = "tofino", round_check: bool = False) -> SoftPipeline:
     """A pipeline on the chip's P4Info with the test bed's jobs (the reference engine's runs
-    the same slot logic whatever the chip)."""
-    p = pipeline_cls(PROGRAMS[chip].p4info)
+    the same slot logic whatever the chip, as the TNA program reads it: the round tag carried,
+    not checked, docs/tofino.md; ``round_check``: as every other target reads it)."""
+    p = (pipeline_cls(PROGRAMS[chip].p4info) if pipeline_cls is TofinoModelPipeline
+         else pipeline_cls(PROGRAMS[chip].p4info, round_check=round_check))
     for job_id, j in JOBS.items():
         p.tables[JOB_TABLE].put((job_id,), Action("InaggIngress.admission.admit", (
             ("job_index", j["job_index"]), ("slot_base", j["slot_base"]), ("slot_count", j["slot_count"]),
@@ -107,14 +113,16 @@ def make(pipeline_cls, chip: str = "tofino") -> SoftPipeline:
     return p
 
 
-def frame(job_id, rank, values, *, slot, slot_set=0, offset=0, epoch=1, exp=EXP_NONE, flags=0,
-          port=None, raw=None):
-    """(ingress port, frame) of a contribution; ``port`` other than the rank's: forged."""
+def frame(job_id, rank, values, *, slot, slot_set=0, round_no=None, offset=0, epoch=1, exp=EXP_NONE,
+          flags=0, port=None, raw=None):
+    """(ingress port, frame) of a contribution: round ``round_no`` of its slot (set and round
+    tag), else the first round of ``slot_set``; ``port`` other than the rank's: forged."""
     own = JOBS[job_id]["ports"][rank]
     ip, mac, udp = worker_address(own, rank, job_id)
+    slot_set, tag_flags = round_fields(slot_set if round_no is None else round_no)
     payload = raw if raw is not None else build_contribution(
         job_id, rank, epoch, slot, slot_set, offset,
-        None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags)
+        None if values is None else np.asarray(values, np.int32), K, exp=exp, flags=flags | tag_flags)
     eth = SWITCH_MAC.to_bytes(6, "big") + mac.to_bytes(6, "big") + b"\x08\x00"
     iph = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 0, 0, 0, 64, 17, 0,
                                 ip.to_bytes(4, "big"), SWITCH_IP.to_bytes(4, "big")))
@@ -152,7 +160,7 @@ def test_issue_25_replay_late_duplicate_then_retransmit(chip):
     (DUP_PENDING); ranks 1 and 2 complete round 1: 222, then round 2 on set 0: 333."""
     r0 = [frame(1, r, [10 ** r] * K, slot=2, offset=0) for r in range(3)]
     r1 = [frame(1, r, [2 * 10 ** r] * K, slot=2, slot_set=1, offset=K) for r in range(3)]
-    r2 = [frame(1, r, [3 * 10 ** r] * K, slot=2, offset=2 * K) for r in range(3)]
+    r2 = [frame(1, r, [3 * 10 ** r] * K, slot=2, round_no=2, offset=2 * K) for r in range(3)]
     steps = assert_same([*r0, r1[0], r0[0], r1[0], r1[1], r1[2], *r2], chip)
     results = [_sums(b) for _, b in steps if b]
     assert results == [[[111] * K] * 3, [[222] * K] * 3, [[333] * K] * 3]
@@ -163,30 +171,32 @@ def test_issue_25_replay_late_duplicate_then_retransmit(chip):
     assert model.counters.arrays["InaggIngress.job_counters.job_drops"][5] == 1   # job 0, stale_round
 
 
-def contribution_values(job_id, rank, slot, slot_set, offset):
-    """A worker's values for one round identity (a resend carries the same ones)."""
-    vals = [((job_id * 7 + slot * 13 + rank * 101 + slot_set * 1009 + offset * 31 + i * 17) % 2001) - 1000
+def contribution_values(job_id, rank, slot, round_id, offset):
+    """A worker's values for one round identity (``round_id``: the round's set and tag, 2 * tag
+    + set; a resend carries the same ones)."""
+    vals = [((job_id * 7 + slot * 13 + rank * 101 + round_id * 1009 + offset * 31 + i * 17) % 2001) - 1000
             for i in range(K)]
     vals[0] = 2**31 - 1 if rank == 0 else vals[0]    # sums wrap
     return vals
 
 
-def true_sum(job_id, slot, slot_set, offset):
+def true_sum(job_id, slot, round_id, offset):
     n = len(JOBS[job_id]["ports"])
-    rows = [np.asarray(contribution_values(job_id, r, slot, slot_set, offset), np.int32) for r in range(n)]
+    rows = [np.asarray(contribution_values(job_id, r, slot, round_id, offset), np.int32) for r in range(n)]
     with np.errstate(over="ignore"):
         return np.sum(rows, axis=0, dtype=np.int32).tolist()
 
 
 def assert_never_a_wrong_result(sequence, chip):
-    """Every result the model sends carries the true sum of its round (every worker's values
-    for that offset and set, once each)."""
+    """Every result the model sends carries the true sum of its round as the TNA program tells
+    rounds apart (every worker's values for that offset and set, once each: ``Workers``)."""
     steps, _, _ = run_both(sequence, chip)
     for i, (_, b) in enumerate(steps):
         for _, data in b:
             h = unpack_header(data[42:58])
+            round_id = h.slot_set
             if h.count:
-                assert _sums([(0, data)])[0] == true_sum(h.job_id, h.slot, h.slot_set, h.offset), f"step {i}: {h}"
+                assert _sums([(0, data)])[0] == true_sum(h.job_id, h.slot, round_id, h.offset), f"step {i}: {h}"
     return steps
 
 
@@ -273,7 +283,7 @@ def test_a_lost_harvest_is_recovered_by_the_retransmits(chip):
     round on the other set completes with the right sum."""
     model = make(TofinoModelPipeline, chip).engine
     def send(rnd, rank, flags=0):
-        port, data = frame(1, rank, [rnd * 10 + rank] * K, slot=2, slot_set=rnd % 2, offset=K * rnd, flags=flags)
+        port, data = frame(1, rank, [rnd * 10 + rank] * K, slot=2, round_no=rnd, offset=K * rnd, flags=flags)
         return model.process(data[42:], ("rank", rank))
     for rank in range(3):
         send(0, rank)                                          # round 0 on set 0: all in
@@ -312,10 +322,12 @@ class Workers:
     """Workers as the protocol has them: a worker sends round r + 1 of a slot (other set) only
     once round r is complete (every rank's round-r packet delivered); it resends its current
     round (a lost packet, a lost result) at will. Round r's offset is K * (r % 3), so a set sees
-    one offset again (a round identity is not unique)."""
+    one offset again. A worker's values are those of its round's identity: with ``by_tag`` its
+    set and round tag (what the aggregators that check the tag keep apart), else its set (what
+    the TNA program keeps apart, docs/tofino.md)."""
 
-    def __init__(self, rng, bad_rounds):
-        self.rng, self.bad_rounds = rng, bad_rounds
+    def __init__(self, rng, bad_rounds, by_tag=False):
+        self.rng, self.bad_rounds, self.by_tag = rng, bad_rounds, by_tag
         self.cur: dict = {}          # (job, slot, rank) -> round
         self.delivered: dict = {}    # (job, slot, round) -> ranks delivered
         self.complete: dict = {}     # (job, slot) -> the latest complete round
@@ -329,9 +341,10 @@ class Workers:
         if len(self.delivered.get((job_id, slot, r), ())) == len(j["ports"]) and rng.random() < 0.7:
             r = self.cur[(job_id, slot, rank)] = r + 1          # result received: next round
         other = self.bad_rounds and rng.random() < 0.1
-        kw = dict(slot=slot, slot_set=r % 2, offset=K * ((r + other) % 3),
+        kw = dict(slot=slot, round_no=r, offset=K * ((r + other) % 3),
                   exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice([0, 0, 1, 4, 8]))
-        values = None if r % 5 == 4 else contribution_values(job_id, rank, slot, r % 2, kw["offset"])
+        values = None if r % 5 == 4 else contribution_values(job_id, rank, slot, r % (ROUND_CYCLE if self.by_tag else 2),
+                                                                kw["offset"])
         odd = _odd(rng, job_id, rank, values, kw)
         if odd is not None:
             return (job_id, slot, -1), odd
@@ -344,19 +357,19 @@ class Workers:
         return (job_id, slot, r), frame(job_id, rank, values, **kw)
 
 
-def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False):
-    """Frames as a network delivers the workers' packets: lost, duplicated, and late copies
-    arriving behind the next round (a copy of round r while round r + 1 is under way; one that
-    arrives after round r + 1 completed is the case the BMv2 program itself takes for a new
-    round, docs/tofino.md)."""
+def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False, late: int = 0):
+    """Frames as a network delivers the workers' packets: lost, duplicated, and late copies.
+    ``late`` 0: a copy of round r only while round r + 1 is under way; else a copy of any round
+    up to ``late`` rounds of its slot behind the slot's newest (one that arrives after round
+    r + 1 completed: the TNA program, which does not check the round tag, takes it for a new
+    round, docs/tofino.md; every other target drops it as stale)."""
     rng, out, rounds = random.Random(seed), [], []
-    workers = Workers(rng, bad_rounds)
+    workers = Workers(rng, bad_rounds, by_tag=bool(late))
     while len(out) < steps:
         if out and rng.random() < 0.2:
-            late = [i for i in range(max(0, len(out) - 30), len(out))
-                    if rounds[i][2] >= workers.complete.get(rounds[i][:2], -1)]
-            if late:
-                i = rng.choice(late)
+            candidates = [i for i in range(max(0, len(out) - 30), len(out)) if _late_ok(workers, rounds[i], late)]
+            if candidates:
+                i = rng.choice(candidates)
                 out.append(out[i])
                 rounds.append(rounds[i])
             continue
@@ -365,6 +378,14 @@ def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False):
             rounds.append(f[0])
             out.append(f[1])
     return out
+
+
+def _late_ok(workers, rnd, late: int) -> bool:
+    """Whether a copy of round ``rnd`` = (job, slot, round) may arrive now (``fuzz_sequence``)."""
+    if not late:
+        return rnd[2] >= workers.complete.get(rnd[:2], -1)
+    newest = max((r for (j, s, _), r in workers.cur.items() if (j, s) == rnd[:2]), default=0)
+    return rnd[2] >= 0 and newest - rnd[2] <= late
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -383,6 +404,33 @@ def test_differential_fuzz_with_other_round_packets(chip, seed):
     steps = assert_same(sequence, chip)
     assert_never_a_wrong_result(sequence, chip)
     assert sum(bool(b) for _, b in steps) > 20
+
+
+@pytest.mark.parametrize("seed, bad_rounds", [(6, False), (7, True), (8, False)])
+def test_late_copies_of_any_round_never_change_a_sum_where_the_round_is_checked(seed, bad_rounds):
+    """Copies up to 2 * ROUND_TAGS - 3 rounds of their slot late, past the next round's completion
+    too (issue 38): the reference engine that checks the round tag (every target but Tofino's)
+    never sends a wrong sum."""
+    sequence = fuzz_sequence(seed, 1500, bad_rounds, late=2 * ROUND_TAGS - 3)
+    ref = make(SoftPipeline, "tofino", round_check=True)
+    results = 0
+    for i, (port, data) in enumerate(sequence):
+        for _, out in ref.process(port, data):
+            h = unpack_header(out[42:58])
+            results += 1
+            if h.count:
+                round_id = 2 * round_tag(h.flags) + h.slot_set
+                assert _sums([(0, out)])[0] == true_sum(h.job_id, h.slot, round_id, h.offset), f"step {i}: {h}"
+    assert results > 50
+
+
+@pytest.mark.parametrize("seed", [6, 8])
+def test_the_model_keeps_the_documented_limit_with_late_copies(chip, seed):
+    """The same late copies on the model: frame for frame the reference engine in the TNA
+    program's reading (round tag carried, not checked: docs/tofino.md, "Round identity"), so
+    the limit is exactly the documented one."""
+    steps = assert_same(fuzz_sequence(seed, 1500, late=2 * ROUND_TAGS - 3), chip)
+    assert sum(bool(b) for _, b in steps) > 50
 
 
 # -- what bf-p4c built: the result's rewrites and parses, from each chip's committed build ---------

@@ -4,6 +4,14 @@ deployment (software data plane + controller + host aggregator on loopback). The
 training with plain gloo DDP, for comparison of the final accuracy.
 
 ``train(...)`` is also the harness of the training tests and of the AR-Topk benchmark.
+
+In the emulation (``worker_main``, one process per rank) a job may train another model of the
+zoo (``TrainConfig.model``: workloads.py) or replay a synthetic gradient profile
+(``TrainConfig.profile``), for ``epochs`` over its data, a number of ``iterations`` or a
+``duration`` in seconds (rank 0's clock decides, broadcast every step so that every rank stops
+at the same step); its final report says its gradient bytes per step and the wall-clock times
+of its first and last step, from which the launcher's summary computes completion time and
+throughput.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from inagg.bmv2_env.demos import workloads
 from inagg.hostlib import add_version_flag
 from inagg.hostlib.errors import InaggSetupError
 
@@ -39,6 +48,10 @@ class TrainConfig:
     transport: str = "udp"   # "roce": RoCEv2 to the switch (raw sockets: root, emulation only)
     job_name: str = ""       # the job's name at the controller (default: the hook's name)
     seed: int = 0
+    model: str = "mlp"       # workloads.MODELS
+    profile: dict | None = None   # a synthetic gradient profile instead of a model (workloads.py)
+    iterations: int = 0      # steps to take instead of epochs over the data (0: epochs)
+    duration: float = 0.0    # seconds to train instead (0: epochs or iterations)
 
 
 @dataclass
@@ -48,17 +61,7 @@ class TrainResult:
     stats: list[dict] = field(default_factory=list)                   # per rank (inagg hooks)
     seconds: float = 0.0
     steps: int = 0
-
-
-def load_digits_split(seed: int = 0):
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(y))
-    cut = int(0.8 * len(y))
-    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
+    workload: list[dict] = field(default_factory=list)   # per rank: grad_bytes, started, finished
 
 
 def steps_per_epoch(samples: int, workers: int, batch: int) -> int:
@@ -71,7 +74,8 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
                admin: tuple[str, str] | None, report, bind_ip: str | None = None,
                before_join=None, before_training=None) -> None:
     """One training process. ``report(message)`` receives ("epoch", epoch, loss, accuracy) from
-    rank 0 and ("done", rank, params or None, inagg stats or None, seconds, steps) from all;
+    rank 0 and ("done", rank, params or None, inagg stats or None, seconds, steps, workload)
+    from all (workload: gradient bytes per step, wall-clock start and end of training);
     ``before_join()`` and ``before_training()``, when given, run (and may wait) just before the
     job joins the controller and once it holds its grant, before the first step."""
     import torch
@@ -81,10 +85,8 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
     dist.init_process_group("gloo", init_method=f"file://{dist_file}", rank=rank, world_size=cfg.workers)
-    data = load_digits_split(cfg.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, cfg.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(cfg.hidden, 10))
-    ddp = DDP(model, bucket_cap_mb=64)
+    model = None if cfg.profile else workloads.build_model(cfg.model, cfg.hidden)
+    ddp = DDP(model, bucket_cap_mb=64) if model is not None else None
     comm = None
     if before_join is not None:
         before_join()
@@ -92,10 +94,17 @@ def run_worker(rank: int, cfg: TrainConfig, dist_file: str, rdv_file: str, contr
         comm = _hook_to_inagg(ddp, model, rank, cfg, rdv_file, controller, bind_ip)
     if before_training is not None:
         before_training()
-    drain = (lambda: _drain(admin, comm.job_id)) if rank == 0 and admin is not None else None
-    seconds, steps = _train(ddp, model, rank, cfg, data, report, drain)
-    params = [p.detach().numpy().copy() for p in model.parameters()]
-    report(("done", rank, params if rank == 0 else None, comm.stats() if comm else None, seconds, steps))
+    started = time.time()
+    if cfg.profile:
+        seconds, steps = _profile_steps(comm, rank, cfg, report)
+        params, grad_bytes = [], sum(cfg.profile["bucket_bytes"])
+    else:
+        drain = (lambda: _drain(admin, comm.job_id)) if rank == 0 and admin is not None else None
+        seconds, steps = _train(ddp, model, rank, cfg, workloads.load_data(cfg.model, cfg.seed), report, drain)
+        params = [p.detach().numpy().copy() for p in model.parameters()]
+        grad_bytes = 4 * sum(p.size for p in params)
+    workload = {"grad_bytes": grad_bytes, "started": started, "finished": time.time()}
+    report(("done", rank, params if rank == 0 else None, comm.stats() if comm else None, seconds, steps, workload))
     if comm is not None:
         dist.barrier()
         _close(comm)
@@ -143,10 +152,12 @@ def _communicator(rank: int, cfg: TrainConfig, rdv_file: str, controller: str | 
 
 def _hook_to_inagg(ddp, model, rank: int, cfg: TrainConfig, rdv_file: str, controller: str | None,
                    bind_ip: str | None):
-    """Join the job and average DDP's gradient buckets through it with the config's hook;
-    returns the communicator (``_communicator``)."""
+    """Join the job and average DDP's gradient buckets through it with the config's hook (no
+    hook for a profile, ``model`` None); returns the communicator (``_communicator``)."""
     from inagg.hostlib.pytorch.hooks import ARTopkHookState, InaggHookState, artopk_hook, inagg_hook
 
+    if model is None:   # a synthetic profile: its buckets, allreduced by _profile_steps
+        return _communicator(rank, cfg, rdv_file, controller, bind_ip, sum(cfg.profile["bucket_bytes"]))
     nbytes = 4 * sum(p.numel() for p in model.parameters())
     comm = _communicator(rank, cfg, rdv_file, controller, bind_ip, nbytes)
     if cfg.hook == "inagg":
@@ -165,36 +176,91 @@ def _drain(admin: tuple[str, str], job_id: int) -> None:
     c.close()
 
 
+def _stopper(cfg: TrainConfig, per_epoch: int) -> Callable[[int], bool]:
+    """Whether to take step ``steps`` (0, 1, ...): ``iterations`` steps, ``duration`` seconds
+    (rank 0's clock, broadcast over gloo at every step, so every rank stops at the same step),
+    else ``epochs`` over the data."""
+    if cfg.duration:
+        import torch
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+
+        def before_deadline(steps: int) -> bool:
+            flag = torch.tensor([int(time.perf_counter() - t0 < cfg.duration)])
+            dist.broadcast(flag, 0)
+            return bool(flag.item())
+        return before_deadline
+    limit = cfg.iterations or cfg.epochs * per_epoch
+    return lambda steps: steps < limit
+
+
 def _train(ddp, model, rank: int, cfg: TrainConfig, data: tuple, report,
            drain: Callable[[], None] | None) -> tuple[float, int]:
     """SGD over this rank's share of the training set (every ``cfg.workers``-th sample, shuffled
-    per epoch by the seed), ``drain()`` at step ``cfg.drain_at_step``; rank 0 reports each
-    epoch's loss and test accuracy. Returns (seconds, steps)."""
+    per epoch by the seed) until ``_stopper`` says, ``drain()`` at step ``cfg.drain_at_step``;
+    rank 0 reports each epoch's loss and test accuracy (and the last, partial epoch's). Returns
+    (seconds, steps)."""
     import torch
 
     xtr, ytr, xte, yte = data
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
     mine = np.arange(rank, len(ytr), cfg.workers)
     xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr)
-    steps, t0 = 0, time.perf_counter()
+    steps, t0, losses = 0, time.perf_counter(), []
     per_epoch = steps_per_epoch(len(ytr), cfg.workers, cfg.batch)
-    for epoch in range(cfg.epochs):
-        order = mine[np.random.default_rng([cfg.seed, epoch]).permutation(len(mine))]
-        losses = []
-        for b in range(per_epoch):
-            idx = torch.from_numpy(order[b * cfg.batch:(b + 1) * cfg.batch])
-            loss = torch.nn.functional.cross_entropy(ddp(xt[idx]), yt[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            steps += 1
-            if steps == cfg.drain_at_step and drain is not None:
-                drain()
-        with torch.no_grad():
-            acc = (model(torch.from_numpy(xte)).argmax(1).numpy() == yte).mean()
-        if rank == 0:
-            report(("epoch", epoch, float(np.mean(losses)), float(acc)))
+    go = _stopper(cfg, per_epoch)
+    while go(steps):
+        epoch, b = divmod(steps, per_epoch)
+        if b == 0:
+            order = mine[np.random.default_rng([cfg.seed, epoch]).permutation(len(mine))]
+        idx = torch.from_numpy(order[b * cfg.batch:(b + 1) * cfg.batch])
+        loss = workloads.loss(ddp(xt[idx]), yt[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        steps += 1
+        if steps == cfg.drain_at_step and drain is not None:
+            drain()
+        if steps % per_epoch == 0:
+            _report_epoch(model, rank, epoch, losses, xte, yte, report)
+            losses = []
+    if losses:
+        _report_epoch(model, rank, steps // per_epoch, losses, xte, yte, report)
+    return time.perf_counter() - t0, steps
+
+
+def _report_epoch(model, rank: int, epoch: int, losses: list[float], xte, yte, report) -> None:
+    """Rank 0 reports an epoch's mean loss and the model's test accuracy."""
+    import torch
+
+    with torch.no_grad():
+        acc = workloads.accuracy(model(torch.from_numpy(xte)), torch.from_numpy(yte))
+    if rank == 0:
+        report(("epoch", epoch, float(np.mean(losses)), acc))
+
+
+def _profile_steps(comm, rank: int, cfg: TrainConfig, report) -> tuple[float, int]:
+    """A synthetic profile's steps until ``_stopper`` says: each waits ``compute_ms`` (the
+    model's arithmetic), then allreduces one float32 tensor of ones per bucket through the
+    job's communicator (gloo without one); a sum that is not the number of workers is an
+    error. Rank 0 reports one epoch (no loss, no accuracy). Returns (seconds, steps)."""
+    import torch.distributed as dist
+
+    tensors = workloads.profile_tensors(cfg.profile)
+    go = _stopper(cfg, 1)
+    steps, t0 = 0, time.perf_counter()
+    while go(steps):
+        time.sleep(cfg.profile.get("compute_ms", 0) / 1000)
+        for t in tensors:
+            t.fill_(1.0)
+            comm.allreduce(t) if comm is not None else dist.all_reduce(t)
+            if t.numel() and float(t[0]) != cfg.workers:
+                raise RuntimeError(f"profile step {steps}: the sum of ones over {cfg.workers} workers is {float(t[0])}")
+        steps += 1
+    if rank == 0:
+        report(("epoch", 0, 0.0, 0.0))
     return time.perf_counter() - t0, steps
 
 
@@ -213,6 +279,7 @@ def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str
             p.start()
         done = 0
         result.stats = [None] * cfg.workers
+        result.workload = [{}] * cfg.workers
         deadline = time.time() + timeout
         while done < cfg.workers:
             try:
@@ -230,8 +297,8 @@ def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str
                 if on_epoch:
                     on_epoch(msg[1], msg[2], msg[3])
             else:
-                _, rank, params, stats, seconds, steps = msg
-                result.stats[rank] = stats
+                _, rank, params, stats, seconds, steps, workload = msg
+                result.stats[rank], result.workload[rank] = stats, workload
                 if params is not None:
                     result.params, result.seconds, result.steps = params, seconds, steps
                 done += 1

@@ -55,6 +55,7 @@ from inagg.bmv2_env.emulation.run_dir import (KEEP_ENV, RUNS_DIR, RunDir, all_ru
 from inagg.bmv2_env.emulation.summary import job_record, summary, write_summary
 from inagg.bmv2_env.emulation.testbed import stop_processes
 from inagg.bmv2_env.emulation.topology import Topology, TopologyError, host_ip, load_topology
+from inagg.bmv2_env.emulation import impairments
 from inagg.bmv2_env.emulation.topology_schema import NETEM_OPTIONS
 from inagg.bmv2_env.emulation.watch import RunFailed, Watched, check_processes
 
@@ -128,6 +129,16 @@ def describe_switch(sw) -> str:
             f"({sw.bmv2_log} level; its stdout: {log})")
 
 
+def soft_switch_binary(run: RunDir, name: str, impair: list, device_id: int) -> list[str]:
+    """The software data plane's command (before its ports): with its ports' loss and delay
+    (``impair``: impairments.switch_impairments), seeded by its device id, counted into the
+    run's logs."""
+    if not impair:
+        return python_m(soft_switch)
+    stats = impairments.stats_path(run.path / "logs", name)
+    return [*python_m(soft_switch), *impairments.impairment_flags(impair, 1 + device_id), "--impair-stats", str(stats)]
+
+
 def make_switch_class(Switch):
     class P4Switch(Switch):
         """A Mininet switch node running a P4Runtime data plane process in the root namespace;
@@ -137,8 +148,9 @@ def make_switch_class(Switch):
         ``thrift_port`` (None when the binary says it has no Thrift server)."""
 
         def __init__(self, name, dataplane="soft", run: RunDir | None = None, device_id=0, pcaps=True,
-                     nice=DATA_PLANE_NICE, bmv2_log: str = BMV2_LOG_LEVEL, **kw):
+                     nice=DATA_PLANE_NICE, bmv2_log: str = BMV2_LOG_LEVEL, impair=(), **kw):
             Switch.__init__(self, name, **kw)
+            self.impair = list(impair)   # the soft switch's port settings: impairments.switch_impairments
             self.dataplane, self.run, self.device_id, self.pcaps = dataplane, run, device_id, pcaps
             self.nice, self.bmv2_log = nice, bmv2_log
             self.grpc = f"unix:{run.path / (name + '-p4rt.sock')}"
@@ -159,7 +171,7 @@ def make_switch_class(Switch):
                           "--log-file", str(self.bmv2_log_path.with_suffix("")), "--log-level", self.bmv2_log,
                           *flush]
             else:
-                binary = python_m(soft_switch)
+                binary = soft_switch_binary(self.run, self.name, self.impair, self.device_id)
             capture = ["--pcap", str(self.run.path / "pcaps")] if self.pcaps else []
             # every thread of the data plane at this priority: nice(1) before exec, threads inherit it
             return ["nice", "-n", str(self.nice), *binary, *ports, "--device-id", str(self.device_id), *capture,
@@ -247,14 +259,25 @@ def controller_switches(topo: Topology, grpcs: list[str], target: str,
 
 
 def job_epochs(topo: Topology, epochs: int | None) -> dict[str, int]:
-    """Each job's epochs. ``epochs`` sets the first job's and scales the others by the same
-    factor, so the jobs keep their relative lengths (the two-job demo's second job still
-    outlives the first and is upgraded to the switch)."""
-    own = {j["name"]: int(j.get("epochs", 4)) for j in topo.jobs}
-    if not epochs:
+    """Each job's epochs (of those that run for epochs: not a profile, no iterations or
+    duration). ``epochs`` sets the first such job's and scales the others by the same factor,
+    so the jobs keep their relative lengths (the two-job demo's second job still outlives the
+    first and is upgraded to the switch)."""
+    own = {j["name"]: int(j.get("epochs", 4)) for j in topo.jobs
+           if not any(k in j for k in ("profile", "iterations", "duration"))}
+    if not epochs or not own:
         return own
-    factor = epochs / own[topo.jobs[0]["name"]]
+    factor = epochs / next(iter(own.values()))
     return {name: max(1, round(e * factor)) for name, e in own.items()}
+
+
+def workload_text(spec: dict, cfg: dict) -> str:
+    """What a job trains, for how long and when it arrives, in words."""
+    what = (f"profile {len(spec['profile']['bucket_bytes'])} bucket(s)" if "profile" in spec
+            else spec.get("model", "mlp"))
+    length = (f"{cfg['iterations']} iterations" if "iterations" in cfg else
+              f"{cfg['duration']} s" if "duration" in cfg else f"{cfg['epochs']} epochs")
+    return f"{what}, {length}" + (f", arrives at +{spec['start']} s" if "start" in spec else "")
 
 
 class Run:
@@ -277,7 +300,8 @@ class Run:
         self.metrics_addr = f"127.0.0.1:{free_tcp_port()}"
         self.train_gate = run.path / "jobs" / "train"   # all jobs train once all hold grants
         self.placements: dict[str, str] = {}   # job name -> where the controller listed it at placement
-        self.netem = True   # whether the links' netem options (delay, loss, jitter) were applied (build)
+        self.time_zero: float | None = None    # when the jobs without a start time began training
+        self.impairments = impairments.Impairments()   # how the links' options are applied (build)
 
     def log(self, name: str):
         return open(self.run.path / "logs" / name, "w")
@@ -296,25 +320,23 @@ class Run:
 
     def build(self) -> None:
         Mininet, Switch, TCLink = import_mininet()
-        netem_asked = any(k in l.params for l in self.topo.links for k in NETEM_OPTIONS)
-        self.netem = not netem_asked or netem_available(self.run)
-        if not self.netem:
-            print(f"warning: this kernel has no netem qdisc: link {', '.join(NETEM_OPTIONS)} in the topology "
-                  "file are not applied (the summary says so)", flush=True)
+        self.plan_impairments()
         P4Switch = make_switch_class(Switch)
         self.write_env()
         self.net = Mininet(topo=None, controller=None, link=TCLink, build=False, autoSetMacs=False)
+        ports = impairments.switch_impairments(self.topo) if self.impairments.by == "soft switch ports" else {}
         for i, name in enumerate(self.topo.switches):
             # a datapath id of its own: Mininet derives one only from names like "s1", not "tor1"
             self.net.addSwitch(name, cls=P4Switch, dataplane=self.dataplane, run=self.run, device_id=i,
                                pcaps=self.pcaps, nice=self.switch_nice, bmv2_log=self.bmv2_log,
-                               dpid=f"{i + 1:016x}")
+                               dpid=f"{i + 1:016x}", impair=ports.get(name, ()))
         for name, h in self.topo.hosts.items():
             self.net.addHost(name, ip=h["ip"], mac=h["mac"])
         names = []
         for link in self.topo.links:
             # a switch end lives in the root namespace: its name carries the run id
-            opts = dict(link.params)
+            opts = {k: v for k, v in link.params.items()
+                    if self.impairments.by == "netem" or k not in NETEM_OPTIONS}   # tc has none of them
             for n, end in ((1, link.a), (2, link.b)):
                 if end.port is not None:
                     opts[f"port{n}"] = end.port
@@ -340,6 +362,20 @@ class Run:
                     host.setARP(host_ip(h), h["mac"])
             for s in self.topo.switches.values():
                 host.setARP(s["aggregator_ip"], s["aggregator_mac"])
+
+    def plan_impairments(self) -> None:
+        """Decide how the links' delay/loss/... are applied (impairments.plan: netem where the
+        kernel has it, else loss and delay at the soft switch's ports; TopologyError for them
+        on BMv2) and say it."""
+        netem = not impairments.asked_options(self.topo) or netem_available(self.run)
+        self.impairments = impairments.plan(self.topo, self.dataplane, netem)
+        if self.impairments.by == "soft switch ports":
+            applied = " and ".join(k for k in impairments.PORT_APPLIED if k in impairments.asked_options(self.topo))
+            print(f"link {applied}: this kernel has no netem qdisc; the software data plane's ports apply it "
+                  "(seeded, counted in the summary)", flush=True)
+        if self.impairments.not_applied:
+            print(f"warning: this kernel has no netem qdisc: the links' {', '.join(self.impairments.not_applied)} "
+                  "asked in the topology file NOT applied (the summary says so)", flush=True)
 
     def announce_switches(self) -> None:
         """Print each switch's line (BMv2's Thrift port for simple_switch_CLI, its log) and save
@@ -424,30 +460,35 @@ class Run:
     def run_jobs(self) -> list[dict]:
         """Start every job's workers at once (their start-up overlaps). A job with a
         ``start_delay`` joins the controller that many seconds after every job before it holds
-        a grant; once every job holds one, all start training together. So placement order and
+        a grant; once every job holds one, all start training together (time zero). A job with
+        a ``start`` joins that many seconds after time zero and trains once placed. So placement order and
         overlap never depend on the machine's speed. Poll reports until every worker exits;
         RunFailed as soon as a rank fails or a service exits (``check_processes``), so a dead
         rank ends the run instead of leaving the others and the launcher waiting."""
         from inagg.hostlib.jobservice.client import ControllerClient
 
-        order = sorted(self.topo.jobs, key=lambda j: j.get("start_delay", 0))
+        # the jobs that arrive at a time (``start``) last, each released at its time after time zero
+        order = sorted(self.topo.jobs, key=lambda j: ("start" in j, j.get("start", 0), j.get("start_delay", 0)))
         jobs = [self._start_job(spec) for spec in order]
-        gated = [i for i, j in enumerate(jobs) if j["gate"] is not None]
+        fixed = [j for j in jobs if "start" not in j["spec"]]
+        arriving = [j for j in jobs if "start" in j["spec"]]
+        gated = [i for i, j in enumerate(fixed) if j["gate"] is not None]
         client = ControllerClient(self.controller_addr)
         settled_at = None
         try:
             while any(w.poll() is None for j in jobs for w in j["procs"]):
                 check_processes(self.watched)
                 if not self.train_gate.exists() and settled_at is None and \
-                        self._all_placed(client, jobs[:gated[0]] if gated else jobs):
+                        self._all_placed(client, fixed[:gated[0]] if gated else fixed):
                     settled_at = time.time()
                 if gated and settled_at is not None and \
-                        time.time() - settled_at >= jobs[gated[0]]["spec"]["start_delay"]:
-                    jobs[gated.pop(0)]["gate"].touch()
+                        time.time() - settled_at >= fixed[gated[0]]["spec"]["start_delay"]:
+                    fixed[gated.pop(0)]["gate"].touch()
                     settled_at = None
                 elif not gated and settled_at is not None:
-                    self.train_gate.touch()
+                    self.start_training(fixed)
                     settled_at = None
+                self.release_arrivals(arriving)
                 for job in jobs:
                     self._poll(job)
                 time.sleep(0.2)
@@ -457,6 +498,26 @@ class Run:
             self._poll(job)
         check_processes([w for w in self.watched if not w.service])   # a rank that failed last
         return jobs
+
+    def start_training(self, fixed: list[dict]) -> None:
+        """Time zero: every job without an arrival time holds a grant, all of them train now
+        (their arrival), and the arrivals' clock starts."""
+        self.train_gate.touch()
+        self.time_zero = time.time()
+        for job in fixed:
+            job["arrival"] = self.time_zero
+        print(f"time zero: {len(fixed)} job(s) train", flush=True)
+
+    def release_arrivals(self, arriving: list[dict]) -> None:
+        """Let each job with a ``start`` join (and then train) once that many seconds have
+        passed since time zero; its arrival is then."""
+        if self.time_zero is None:
+            return
+        for job in arriving:
+            if "arrival" not in job and time.time() - self.time_zero >= job["spec"]["start"]:
+                job["gate"].touch()
+                job["arrival"] = time.time()
+                print(f"job {job['spec']['name']} arrives at +{job['arrival'] - self.time_zero:.1f} s", flush=True)
 
     def _all_placed(self, client, jobs: list[dict]) -> bool:
         running = [j["spec"]["name"] for j in jobs if any(w.poll() is None for w in j["procs"])]
@@ -474,10 +535,11 @@ class Run:
         name = spec["name"]
         workdir = self.run.path / "jobs" / name
         workdir.mkdir(parents=True)
-        gate = workdir / "join" if "start_delay" in spec else None
-        cfg = {"workers": len(spec["workers"]), "epochs": self.epochs[name],
-               "hook": spec.get("hook", "inagg"), "job_name": name,
-               "transport": self.transport or spec.get("transport", "udp")}
+        gate = workdir / "join" if "start_delay" in spec or "start" in spec else None
+        cfg = {"workers": len(spec["workers"]), "hook": spec.get("hook", "inagg"), "job_name": name,
+               "transport": self.transport or spec.get("transport", "udp"),
+               **{k: spec[k] for k in ("model", "profile", "iterations", "duration") if k in spec},
+               **({"epochs": self.epochs[name]} if name in self.epochs else {})}
         procs = []
         for rank, host_name in enumerate(spec["workers"]):
             host = self.net.get(host_name)
@@ -494,7 +556,8 @@ class Run:
             self.watched.append(Watched(f"job {name} rank {rank} on {host_name}", proc, self.run.path / "logs" / log))
             procs.append(proc)
         self.procs.extend(procs)
-        print(f"job {name}: {len(procs)} workers on {', '.join(spec['workers'])}, {cfg['epochs']} epochs", flush=True)
+        print(f"job {name}: {len(procs)} workers on {', '.join(spec['workers'])}, {workload_text(spec, cfg)}",
+              flush=True)
         return {"spec": spec, "cfg": cfg, "procs": procs, "epochs": [], "done": {}, "gate": gate}
 
     def _poll(self, job: dict) -> None:
@@ -506,11 +569,14 @@ class Run:
                 msg = json.loads(line)
                 if msg[0] == "epoch":
                     job["epochs"].append(msg[2:])
-                    print(f"  {job['spec']['name']}: epoch {msg[1] + 1}/{job['cfg']['epochs']} "
+                    if "profile" in job["spec"]:   # no loss, no accuracy to tell
+                        continue
+                    total = f"/{job['cfg']['epochs']}" if "epochs" in job["cfg"] else ""
+                    print(f"  {job['spec']['name']}: epoch {msg[1] + 1}{total} "
                           f"loss {msg[2]:.4f} test acc {100 * msg[3]:.1f}%", flush=True)
                 else:
                     job["done"][rank] = {"stats": msg[3], "seconds": msg[4], "steps": msg[5],
-                                         "params_sha256": msg[2]}
+                                         "params_sha256": msg[2], "workload": msg[6]}
 
     def switch_counters(self) -> dict:
         from inagg.controller.switch import SwitchConnection
@@ -526,11 +592,15 @@ class Run:
     def summarize(self, jobs: list[dict]) -> list[dict]:
         """Save the jobs' records (``records.json``), print the summary and save it
         (``summary.txt``, ``summary.json``) in the run directory; returns the jobs' rows."""
-        records = [job_record(job) for job in jobs]
+        records = [job_record(job, self.time_zero) for job in jobs]
         (self.run.path / "records.json").write_text(json.dumps(records, indent=1) + "\n")
         counters = self.switch_counters()
+        if self.impairments.by == "soft switch ports":   # the switches' counts, rewritten while they run
+            time.sleep(2 * soft_switch.IMPAIR_STATS_SECONDS)
+            self.impairments.port_stats = impairments.read_port_stats(self.run.path / "logs",
+                                                                      list(self.topo.switches))
         lines, rows = summary(self.topo, records, counters, self.run.path / "logs", self.placements,
-                              netem=self.netem)
+                              self.impairments)
         print("\n".join(lines), flush=True)
         write_summary(self.run.path, lines, rows, counters)
         print(f"summary saved: {self.run.path / 'summary.txt'}, summary.json; records: records.json", flush=True)
@@ -631,7 +701,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_version_flag(p)
     p.add_argument("--topo", type=Path, default=Path(__file__).parent / "topologies/single_switch.json")
     p.add_argument("--dataplane", choices=["auto", "bmv2", "soft"], default="auto")
-    p.add_argument("--epochs", type=int, help="the first job's epochs; the others scale alike")
+    p.add_argument("--epochs", type=int, help="the first job's epochs; the others scale alike (jobs that run "
+                                              "for iterations or a duration keep them)")
     p.add_argument("--transport", choices=["udp", "roce"],
                    help="override every job's transport to the switch (topology: \"transport\")")
     p.add_argument("--p4info", type=Path, help="P4Info pushed to BMv2 switches (default: p4/'s)")
@@ -717,6 +788,9 @@ def launch(args: argparse.Namespace, topo: Topology) -> int:
                 run.cli()
     except Terminated:
         print(f"run {run_dir.run_id}: stopped (SIGTERM)", flush=True)
+    except TopologyError as e:   # what the links ask that this machine's data plane cannot apply
+        print(f"inagg-mininet: {e}", file=sys.stderr, flush=True)
+        write_summary(run_dir.path, [f"run {run_dir.run_id} refused: {e}"], [], {}, failed=str(e))
     except RunFailed as e:
         if not getattr(e, "announced", False):
             print(f"run {run_dir.run_id} failed, ending it: {e}", file=sys.stderr, flush=True)

@@ -15,12 +15,26 @@ What each figure is, per job:
   reason it first went to the host aggregator.
 * ``MB sent/worker`` and ``retx/worker``: the means over the switch's workers (on a host that
   reduces first, its leader), so both are per worker; the JSON keeps the totals too.
-* ``link loss %``: the loss applied on the job's worst link, never only asked: where the kernel
-  has no netem qdisc, the topology's loss is not applied, the column says 0 and a line says so
-  (the row keeps what was asked in ``link_loss_asked_pct``).
+* ``link loss %``: the loss applied on the job's worst link, never only asked (impairments.py:
+  by netem, or where the kernel has none by the software data plane's ports; else 0 and a line
+  says so; the row keeps what was asked in ``link_loss_asked_pct``). Where the switch's ports
+  applied it, ``link_loss_measured_pct`` is the share of the job's host links' frames they
+  actually dropped, and a line per switch gives each port's counts. ``link_delay_ms`` alike:
+  the delay applied on the job's worst link (0 where nothing applied it), asked in
+  ``link_delay_asked_ms``.
+
+Workloads (demos/workloads.py), per job and in the row: ``arrival_s`` (seconds after time zero,
+when the jobs without a ``start`` began training), ``jct_s`` (job completion time: from its
+arrival to its last rank's last step, so a job that waited for a grant pays the wait),
+``steps_per_s`` and ``grad_bytes_per_s`` (its gradient bytes per step times steps, over rank
+0's training time). Across the jobs, Jain's fairness index (sum x)^2 / (n sum x^2) of their
+gradient bytes per second (each job's share of the aggregation service) and of their steps per
+second; 1 is equal shares, 1/n one job taking all. Records of runs before workloads (no
+``workload`` in their reports) have none of these.
 
 ``write_summary`` saves the printed text as ``summary.txt`` and the same figures as
-``summary.json`` (``{"jobs": [...], "switches": {...}}``; a failed run's has ``failed``).
+``summary.json`` (``{"jobs": [...], "switches": {...}, "fairness": {...}}``; a failed run's has
+``failed``).
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from inagg.bmv2_env.emulation.impairments import Impairments, asked_delay_ms, measured_loss_pct, port_lines
 from inagg.bmv2_env.emulation.topology import Topology
 
 HEADER = (f"{'job':<12} {'mode':<12} {'grants':>6} {'slots, epoch':<14} {'MB sent/worker':>14} "
@@ -36,13 +51,61 @@ SWITCHES_NOTE = ("per switch (a tree's levels: below its root a completed round'
                  "root and on one switch multicast down)")
 
 
-def job_record(job: dict) -> dict:
+def job_record(job: dict, time_zero: float | None = None) -> dict:
     """What the summary needs of a job the launcher ran, JSON-ready: its topology entry
-    (``spec``), options (``cfg``), ranks started, epochs' (loss, accuracy) and each rank's
-    final report (``done``: rank -> stats, seconds, steps, params_sha256: rank 0's
-    ``train_demo.params_digest``, None on the other ranks)."""
+    (``spec``), options (``cfg``), ranks started, epochs' (loss, accuracy), each rank's final
+    report (``done``: rank -> stats, seconds, steps, params_sha256: rank 0's
+    ``train_demo.params_digest``, None on the other ranks; workload: gradient bytes per step and
+    the wall-clock start and end of its training), and the run's ``time_zero`` and the job's
+    ``arrival`` (wall clock; None when it never arrived)."""
     return {"spec": job["spec"], "cfg": job["cfg"], "ranks": len(job["procs"]), "epochs": job["epochs"],
-            "done": {str(rank): report for rank, report in job["done"].items()}}
+            "done": {str(rank): report for rank, report in job["done"].items()},
+            "time_zero": time_zero, "arrival": job.get("arrival")}
+
+
+def workload_figures(record: dict) -> dict:
+    """A finished job's arrival, completion time and throughput (see the module's docstring);
+    {} for records without workload reports."""
+    done = [record["done"][r] for r in sorted(record["done"], key=int)]
+    if not done or "workload" not in done[0] or record.get("arrival") is None:
+        return {}
+    w0, seconds, steps = done[0]["workload"], done[0]["seconds"], done[0]["steps"]
+    finished = max(d["workload"]["finished"] for d in done)
+    spec = record["spec"]
+    return {"workload": "profile" if "profile" in spec else spec.get("model", "mlp"),
+            "arrival_s": record["arrival"] - record["time_zero"], "jct_s": finished - record["arrival"],
+            "grad_bytes_per_step": w0["grad_bytes"], "train_steps": steps,
+            "steps_per_s": steps / seconds if seconds else 0.0,
+            "grad_bytes_per_s": w0["grad_bytes"] * steps / seconds if seconds else 0.0}
+
+
+def jain(values: list[float]) -> float | None:
+    """Jain's fairness index of ``values``; None for no values or all zero."""
+    total, squares = sum(values), sum(v * v for v in values)
+    return total * total / (len(values) * squares) if squares else None
+
+
+def fairness(rows: list[dict]) -> dict:
+    """Jain's index across the finished jobs with workload figures, of their gradient bytes/s
+    and of their steps/s."""
+    jobs = [r for r in rows if r.get("ok") and "jct_s" in r]
+    return {"jobs": len(jobs), "jain_grad_bytes_per_s": jain([r["grad_bytes_per_s"] for r in jobs]),
+            "jain_steps_per_s": jain([r["steps_per_s"] for r in jobs])}
+
+
+def workload_lines(rows: list[dict]) -> list[str]:
+    """The summary's workload table (arrival, JCT, throughput per job) and fairness line."""
+    jobs = [r for r in rows if r.get("ok") and "jct_s" in r]
+    if not jobs:
+        return []
+    lines = [f"{'job':<12} {'workload':<12} {'arrival s':>9} {'JCT s':>8} {'steps':>6} {'steps/s':>8} "
+             f"{'grad MB/s':>10}"]
+    lines += [f"{r['name']:<12} {r['workload']:<12} {r['arrival_s']:>9.1f} {r['jct_s']:>8.1f} {r['train_steps']:>6} "
+              f"{r['steps_per_s']:>8.2f} {r['grad_bytes_per_s'] / 1e6:>10.3f}" for r in jobs]
+    f = fairness(rows)
+    text = {k: "n/a" if f[k] is None else f"{f[k]:.3f}" for k in ("jain_grad_bytes_per_s", "jain_steps_per_s")}
+    return lines + [f"Jain's fairness index over {f['jobs']} job(s): {text['jain_grad_bytes_per_s']} of gradient "
+                    f"bytes/s, {text['jain_steps_per_s']} of steps/s"]
 
 
 def placement(grants: list[dict], listed: str = "") -> str:
@@ -55,30 +118,36 @@ def placement(grants: list[dict], listed: str = "") -> str:
     return latest["reason"] or f"{latest['mode']} {latest['aggregator']}"
 
 
-def job_row(topo: Topology, record: dict, listed: str = "", netem: bool = True) -> dict:
+def job_row(topo: Topology, record: dict, listed: str = "", applied: Impairments | None = None) -> dict:
     """A finished job's row, from every rank's stats (rank 0's grants and call times; the
-    traffic of the switch's workers: on a host that reduces first, its leader's); ``netem``:
-    whether the links' loss was applied."""
+    traffic of the switch's workers: on a host that reduces first, its leader's); ``applied``:
+    how the links' options were applied (None: all as asked)."""
     done = {int(r): v for r, v in record["done"].items()}
     asked_loss = max(topo.link_loss(h) for h in record["spec"]["workers"])
     stats = [done[r]["stats"] for r in sorted(done)]
     workers = [s for s in stats if s.get("leader", True)]
     s0 = stats[0]
     retx = sum(s["retransmissions"] for s in workers)
+    loss_applied = applied is None or applied.loss
+    asked_delay = asked_delay_ms(topo, record["spec"]["workers"])
+    measured = measured_loss_pct(topo, record["spec"]["workers"], applied.port_stats) if applied else None
     return {"name": record["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
             "grants_used": len(s0["grants"]), "grant_changes": s0["grant_changes"],
             "steps": [done[r]["steps"] for r in sorted(done)], "epoch": s0["epoch"], "slots": s0["slots"],
-            "epochs": record["cfg"]["epochs"], "accuracy": record["epochs"][-1][1],
+            "epochs": record["cfg"].get("epochs"),   # None: iterations or a duration
+            "accuracy": None if "profile" in record["spec"] else record["epochs"][-1][1],   # a profile learns nothing
             "host_results": s0["host_results"], "switch_results": s0["packets_received"] - s0["host_results"],
             "mb_sent": sum(s["wire_bytes_sent"] for s in workers) / len(workers) / 1e6,
             "retransmissions": retx, "retx_per_worker": retx / len(workers), "switch_workers": len(workers),
             "packets_sent": sum(s["packets_sent"] for s in workers),
             "spurious": sum(s["spurious_retransmissions"] for s in workers),
-            "link_loss_pct": asked_loss if netem else 0, "link_loss_asked_pct": asked_loss,
+            "link_loss_pct": asked_loss if loss_applied else 0, "link_loss_asked_pct": asked_loss,
+            "link_loss_measured_pct": measured,
+            "link_delay_ms": asked_delay if applied is None or applied.delay else 0, "link_delay_asked_ms": asked_delay,
             "placement": placement(s0["grants"], listed), "losses": [e[0] for e in record["epochs"]],
             "params_sha256": done[0].get("params_sha256"),
             "ms_per_step": done[0]["seconds"] / done[0]["steps"] * 1e3,
-            "call_ms_median": s0["call_ms_median"], "grants": s0["grants"]}
+            "call_ms_median": s0["call_ms_median"], "grants": s0["grants"], **workload_figures(record)}
 
 
 def aggregator_of(topo: Topology, grant: dict) -> str:
@@ -117,10 +186,11 @@ def job_lines(topo: Topology, row: dict) -> list[str]:
     """A finished job's lines: its figures, where its results came from, where it is placed,
     its story."""
     via = row["mode"] + ("/RoCE" if row["transport"] == "roce" else "")
+    accuracy = "-" if row["accuracy"] is None else f"{100 * row['accuracy']:.1f}%"
     ranks = len(row["steps"])
     return [f"{row['name']:<12} {via:<12} {row['grants_used']:>6} {row['slots'] + ' e' + str(row['epoch']):<14} "
             f"{row['mb_sent']:>14.2f} {row['retx_per_worker']:>11.1f} {row['link_loss_pct']:>11} "
-            f"{100 * row['accuracy']:>7.1f}% {row['ms_per_step']:>8.1f} {row['call_ms_median'] or 0:>8.2f}",
+            f"{accuracy:>8} {row['ms_per_step']:>8.1f} {row['call_ms_median'] or 0:>8.2f}",
             f"{'':<12} results: {row['switch_results']} from the switch, {row['host_results']} from the host "
             f"aggregator",
             f"{'':<12} placed: {row['placement']}; {row['switch_workers']} worker(s) of the switch"
@@ -128,11 +198,26 @@ def job_lines(topo: Topology, row: dict) -> list[str]:
             *story_lines(topo, row["grants"])]
 
 
+def impairment_lines(applied: Impairments | None) -> list[str]:
+    """What the summary says of the links' options: those not applied, and each switch port's
+    drops where the ports applied the loss."""
+    if applied is None:
+        return []
+    lines = []
+    if applied.not_applied:
+        lines.append(f"link {'/'.join(applied.not_applied)} of the topology NOT applied (this kernel has no netem "
+                     "qdisc): link loss % is what was applied")
+    if applied.by == "soft switch ports":
+        lines.append("link loss/delay applied by the software data plane's ports (no netem here): measured below")
+    return lines + port_lines(applied.port_stats)
+
+
 def summary(topo: Topology, records: list[dict], counters: dict, logs: Path,
-            listed: dict[str, str] | None = None, netem: bool = True) -> tuple[list[str], list[dict]]:
+            listed: dict[str, str] | None = None, applied: Impairments | None = None
+            ) -> tuple[list[str], list[dict]]:
     """The summary's lines and each job's row (``{"name", "ok": False}`` for a job some rank
     of which did not report); ``listed``: each job's placement as the controller listed it;
-    ``netem``: whether the links' netem options (delay, loss, jitter) were applied."""
+    ``applied``: how the links' options were applied (None: all as asked)."""
     lines, rows = ["", "per-job summary", HEADER], []
     for record in records:
         name = record["spec"]["name"]
@@ -140,11 +225,10 @@ def summary(topo: Topology, records: list[dict], counters: dict, logs: Path,
             rows.append({"name": name, "ok": False})
             lines.append(f"{name:<12} FAILED: see {logs}/{name}-*.log")
             continue
-        rows.append(job_row(topo, record, (listed or {}).get(name, ""), netem))
+        rows.append(job_row(topo, record, (listed or {}).get(name, ""), applied))
         lines += job_lines(topo, rows[-1])
-    if not netem:
-        lines.append("link delay/loss/jitter of the topology NOT applied (this kernel has no netem qdisc): "
-                     "link loss % is what was applied")
+    lines += workload_lines(rows)
+    lines += impairment_lines(applied)
     lines.append(SWITCHES_NOTE)
     lines += [f"switch {name}: {c['job_aggregated']} contributions aggregated, {c['job_results']} rounds completed"
               for name, c in counters.items()]
@@ -156,5 +240,5 @@ def write_summary(run_path: Path, lines: list[str], rows: list[dict], counters: 
     """``summary.txt`` (the printed lines) and ``summary.json`` (the same figures: each job's
     row, each switch's counters, and why the run failed when it did) in the run directory."""
     (run_path / "summary.txt").write_text("\n".join(lines).lstrip("\n") + "\n")
-    data = {"jobs": rows, "switches": counters, **({"failed": failed} if failed else {})}
+    data = {"jobs": rows, "switches": counters, "fairness": fairness(rows), **({"failed": failed} if failed else {})}
     (run_path / "summary.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -16,7 +16,10 @@ memory first and one leader per host is the switch's worker, ``INAGG_HOST_REDUCE
 ``hook``, ``transport`` and ``start_delay``: every job's workers start at once, but one with a
 ``start_delay`` joins the controller that many seconds after every job before it holds a grant,
 and all jobs train once all hold grants (so the two-job demo's first job has the switch and
-overlaps the second whatever the machine's speed).
+overlaps the second whatever the machine's speed). A job may also name what it trains and for
+how long, and when it arrives: ``model`` (the zoo's) or a synthetic ``profile``, ``iterations``
+or ``duration`` instead of ``epochs``, and ``start``, its arrival in seconds after time zero
+(bmv2_env/README.md, "Workloads"; checked in topology_schema.check_workload).
 
 Everything is checked before a network is built, and a mistake is refused with the file, the
 entry and what to write instead: the keys and values of every entry, addresses, duplicates and

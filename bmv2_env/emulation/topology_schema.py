@@ -36,7 +36,10 @@ SCHEMA: dict[str, dict[str, bool]] = {
                      "use_tbf": False, "use_hfsc": False, "latency_ms": False, "enable_ecn": False,
                      "enable_red": False},
     "job": {"name": True, "workers": True, "epochs": False, "host_reduce": False, "hook": False,
-            "transport": False, "start_delay": False, "description": False},
+            "transport": False, "start_delay": False, "description": False,
+            "model": False, "profile": False, "iterations": False, "duration": False, "start": False},
+    # a synthetic gradient profile: a job's traffic without its model (demos/workloads.py)
+    "profile": {"bucket_bytes": True, "compute_ms": False},
     # the controller's settings a topology may change; the launcher sets the rest (LAUNCHER_SETS)
     "controller": {"min_window": False, "lease_seconds": False, "rank_lease_seconds": False,
                    "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False},
@@ -45,6 +48,8 @@ NETEM_OPTIONS = ("delay", "jitter", "loss", "max_queue_size")   # link options M
 LAUNCHER_SETS = ("listen", "admin_token", "admin_token_file", "database", "host_aggregator", "switches",
                  "metrics_listen", "host_values_per_packet", "tls_cert", "tls_key", "insecure")
 HOOKS = ("inagg", "artopk")          # the training demo's DDP hooks that report stats
+MODELS = ("mlp", "cnn", "transformer")   # demos/workloads.py's zoo (tests/test_workloads.py)
+MAX_BUCKET_BYTES = 64 << 20          # one synthetic bucket at most: 64 MiB, DDP's bucket_cap_mb here
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _TC_TIME = re.compile(r"^[0-9]+(\.[0-9]+)?(us|ms|s)$")          # tc's delay and jitter, e.g. "5ms"
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")   # it names log files and the controller's job
@@ -95,6 +100,8 @@ def check_schema(data: Any, file: str) -> None:
     for i, job in enumerate(data["jobs"]):
         label = f"jobs[{i}]" + (f" (job {job['name']})" if isinstance(job, dict) and "name" in job else "")
         check_keys(job, "job", f"{file}: {label}")
+        if "profile" in job:
+            check_keys(job["profile"], "profile", f"{file}: {label}: profile")
     check_keys(data.get("controller", {}), "controller", f"{file}: controller")
 
 
@@ -239,6 +246,56 @@ def check_job(job: dict, hosts: dict, where: str) -> None:
     if job.get("host_reduce") and job.get("hook") == "artopk":
         raise TopologyError(f"{where}: host_reduce true with hook 'artopk': AR-Topk needs every rank a worker "
                             "of the job; drop host_reduce or use hook 'inagg'")
+    check_workload(job, where)
+
+
+def check_workload(job: dict, where: str) -> None:
+    """What a job trains and for how long: a ``model`` of the zoo or a synthetic ``profile``
+    (not both); ``epochs``, ``iterations`` or ``duration`` (one at most; a profile has no data
+    set, so not epochs); an arrival ``start`` (seconds after the run's first step) or a
+    ``start_delay``, not both."""
+    if "model" in job and job["model"] not in MODELS:
+        raise TopologyError(f"{where}: unknown model {job['model']!r}{did_you_mean(str(job['model']), MODELS)}; "
+                            f"the zoo has {', '.join(MODELS)} (or give a synthetic \"profile\")")
+    if "model" in job and "profile" in job:
+        raise TopologyError(f"{where}: both a model and a profile: a job trains a model or replays a synthetic "
+                            "gradient profile; remove one")
+    lengths = [k for k in ("epochs", "iterations", "duration") if k in job]
+    if len(lengths) > 1:
+        raise TopologyError(f"{where}: {' and '.join(lengths)} both given: a job runs for epochs, iterations or a "
+                            "duration; keep one")
+    if "iterations" in job and not _number(job["iterations"], True, 1):
+        raise TopologyError(f"{where}: iterations {job['iterations']!r} must be a whole number of steps >= 1")
+    if "duration" in job and not (_number(job["duration"], False, 0) and job["duration"] > 0):
+        raise TopologyError(f"{where}: duration {job['duration']!r} must be a number of seconds > 0")
+    if "start" in job and not _number(job["start"], False, 0):
+        raise TopologyError(f"{where}: start {job['start']!r} must be a number of seconds >= 0 (the job's arrival "
+                            "after the run's first step)")
+    if "start" in job and "start_delay" in job:
+        raise TopologyError(f"{where}: start and start_delay both given: start is an arrival time, start_delay "
+                            "waits for the jobs before it to hold grants; keep one")
+    if "profile" in job:
+        check_profile(job, where)
+
+
+def check_profile(job: dict, where: str) -> None:
+    """A synthetic profile: ``bucket_bytes`` a non-empty list of float32 tensor sizes (positive
+    multiples of 4, MAX_BUCKET_BYTES at most), ``compute_ms`` >= 0, and a length in
+    iterations or seconds; no DDP hook (a profile has no DDP)."""
+    profile = job["profile"]
+    buckets = profile["bucket_bytes"]
+    if not isinstance(buckets, list) or not buckets or not all(
+            _number(b, True, 4) and b % 4 == 0 and b <= MAX_BUCKET_BYTES for b in buckets):
+        raise TopologyError(f"{where}: profile: bucket_bytes {buckets!r} must be a non-empty list of byte counts, "
+                            f"each a multiple of 4 (float32) in 4..{MAX_BUCKET_BYTES}, e.g. [262144, 65536]")
+    if "compute_ms" in profile and not _number(profile["compute_ms"], False, 0):
+        raise TopologyError(f"{where}: profile: compute_ms {profile['compute_ms']!r} must be milliseconds >= 0")
+    if "iterations" not in job and "duration" not in job:
+        raise TopologyError(f"{where}: a profile needs \"iterations\" or \"duration\" (it has no data set to "
+                            "count epochs over)")
+    if "hook" in job:
+        raise TopologyError(f"{where}: hook with a profile: a profile allreduces its buckets directly, without DDP "
+                            "or a hook; remove \"hook\"")
 
 
 def check_jobs(jobs: list, hosts: dict, file: str) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from p4.v1 import p4runtime_pb2
 
 from inagg.controller.p4info import P4Info, P4Type, decode
+from inagg.hostlib.wire.protocol import SLOT_DECISION, SLOT_DECISION_KEYS
 
 
 class StatusError(Exception):
@@ -67,6 +68,14 @@ class StateMirror(Protocol):
     def default_changed(self, table: str, action: Action | None) -> None: ...
 
     def group_changed(self, group: int, replicas: tuple[Replica, ...] | None) -> None: ...
+
+
+# The program's const tables, by their own name (the last part of the full one): (key field
+# names, entries as (key bits or None for "any", the action's one argument), action). These are
+# the P4's twins, row for row (tests/test_slot_decision.py): the engines decide by them.
+CONST_ENTRIES = {"slot_decision": (SLOT_DECISION_KEYS, SLOT_DECISION, "set_outcome")}
+# PI numbers a const table's entries from this priority down, the first entry the highest.
+_FIRST_CONST_PRIORITY = 2**31 - 2
 
 
 @dataclass
@@ -192,6 +201,9 @@ class TableStore:
             old = table.default
             table.set_default_action(self._action(table, entry))
             return lambda: table.set_default_action(old)
+        if table.info.is_const_table:
+            raise StatusError(grpc.StatusCode.PERMISSION_DENIED,
+                              f"{table.name}: its entries are the program's (const entries)")
         if entry.priority:
             raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                               f"{table.name}: exact-match entries take no priority")
@@ -224,11 +236,39 @@ class TableStore:
             if query.is_default_action:
                 found.append(self._default_message(table))
                 continue
+            if table.info.is_const_table:
+                found += self._const_entries(table, query.match)
+                continue
             entries = table.entries
             if query.match:
                 key = self._key(table, query)
                 entries = {key: entries[key]} if key in entries else {}
             found += [self._entry_message(table, key, action) for key, action in entries.items()]
+        return found
+
+    def _const_entries(self, table: Table, match) -> list[p4runtime_pb2.TableEntry]:
+        """A const table's entries as BMv2 reads them, from their twin (``CONST_ENTRIES``): a
+        field that matches anything left out, PI's priorities; with ``match``, the entries whose
+        match is exactly that."""
+        twin = CONST_ENTRIES.get(table.name.rsplit(".", 1)[-1])
+        if twin is None:
+            raise StatusError(grpc.StatusCode.UNIMPLEMENTED,
+                              f"{table.name}: this data plane has no twin of its const entries to read "
+                              f"(the compiler's output lists them)")
+        names, rows, action_name = twin
+        ids = {mf.name: mf.id for mf in table.info.match_fields}
+        action = self.p4info.obj(P4Type.action, action_name)
+        found = []
+        for index, (key, argument) in enumerate(rows):
+            e = p4runtime_pb2.TableEntry(table_id=table.info.preamble.id, priority=_FIRST_CONST_PRIORITY - index)
+            for name, bit in zip(names, key):
+                if bit is not None:
+                    e.match.add(field_id=ids[name]).ternary.CopyFrom(
+                        p4runtime_pb2.FieldMatch.Ternary(value=canonical_bytes(bit), mask=canonical_bytes(1)))
+            e.action.action.action_id = action.preamble.id
+            e.action.action.params.add(param_id=action.params[0].id, value=canonical_bytes(int(argument)))
+            if not match or list(e.match) == list(match):
+                found.append(e)
         return found
 
     def _entry_message(self, table: Table, key, action: Action) -> p4runtime_pb2.TableEntry:

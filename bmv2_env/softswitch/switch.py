@@ -40,12 +40,20 @@ Loopback attachment (no root, no interfaces): ``--udp-bind 127.A.B.254`` listens
 at the inagg UDP port, and ``-i N@udp:127.A.B.N`` makes the host 127.A.B.N port N. Datagrams
 from a host enter its port as Ethernet/IPv4/UDP frames; frames leaving a UDP-attached port are
 sent as datagrams to their IPv4/UDP destination. This is how ``make demo`` runs the switch.
+
+Loss and delay without netem (``impair.py``): ``--loss PORT:in|out:PCT`` (repeatable) drops that
+share of the frames the port receives or sends, chosen by ``--loss-seed``, and ``--delay
+PORT:in|out:MS`` holds the others that long back, in either loop (the native loop's C++ and its
+Python twin decide alike); ``--impair-stats FILE`` keeps each impaired direction's frames
+seen, dropped and delayed there as JSON, rewritten every IMPAIR_STATS_SECONDS and at
+stop, which ``make run``'s summary reports.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import logging
 import os
 import re
@@ -57,6 +65,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from scapy.data import DLT_EN10MB
 from scapy.utils import RawPcapWriter
@@ -73,6 +82,7 @@ from inagg.hostlib.wire.protocol import (
 from inagg.hostlib.wire.grant import MAX_IPV4_DATAGRAM, values_for_mtu
 from inagg.hostlib.wire.transport import enlarge_buffers
 
+from inagg.bmv2_env.softswitch.impair import DelayLine, PortImpairments, parse_delay, parse_loss, stats_json
 from inagg.bmv2_env.softswitch.pipeline import NativePipeline
 from inagg.bmv2_env.softswitch.p4runtime_server import P4RuntimeService, SoftSwitchState, serve
 from inagg.bmv2_env.softswitch.pipeline_reference import ETH, INAGG_AT, IP, SoftPipeline, build_frame
@@ -101,6 +111,8 @@ CONGESTION_KIB = 48
 # How often the native loop's captured frames are written out (and flushed): a capture lags the
 # wire by about this much.
 CAPTURE_DRAIN_SECONDS = 0.05
+# How often --impair-stats is rewritten: the summary, read once the jobs are done, waits this long.
+IMPAIR_STATS_SECONDS = 0.2
 
 
 class PortCaptures:
@@ -230,6 +242,34 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def check_ports(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.ports`` (port -> interface) and ``args.loss`` ((port, egress, fraction) each) from
+    the -i and --loss options; ``p.error`` on a malformed one or a loss on no attached port."""
+    ports = {}
+    for spec in args.interface:
+        num, sep, iface = spec.partition("@")
+        if not sep or not num.isdigit() or not iface:
+            p.error(f"bad interface {spec!r}: expected PORT@IFACE")
+        if int(num) in ports:
+            p.error(f"port {num} given twice")
+        ports[int(num)] = iface
+    if any(i.startswith("udp:") for i in ports.values()) and not args.udp_bind:
+        p.error("udp: ports need --udp-bind")
+    if args.udp_bind and not re.fullmatch(r"[\d.]+(:\d{1,5})?", args.udp_bind):
+        p.error(f"bad --udp-bind {args.udp_bind!r}: expected IP or IP:PORT")
+    args.ports = ports
+    try:
+        args.loss = [parse_loss(text) for text in args.loss]
+        args.delay = [parse_delay(text) for text in args.delay]
+    except ValueError as e:
+        p.error(str(e))
+    unknown = sorted({port for port, _, _ in args.loss + args.delay} - set(ports))
+    if unknown:
+        p.error(f"--loss/--delay on port(s) {unknown}, which no -i attaches")
+    if not 0 <= args.loss_seed < 2**64:
+        p.error("--loss-seed must be in 0..2**64-1")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if "--" in argv:
         split = argv.index("--")
@@ -261,6 +301,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine", choices=("native", "python", "tofino-model"), default="native",
                    help="the pipeline: C++ on its own packet-loop thread (default), the "
                         "Python reference, or the model of the Tofino program (with its --p4info)")
+    p.add_argument("--loss", action="append", default=[], metavar="PORT:in|out:PCT",
+                   help="drop PCT %% of the frames PORT receives (in) or sends (out), seeded (repeatable)")
+    p.add_argument("--delay", action="append", default=[], metavar="PORT:in|out:MS",
+                   help="hold the frames PORT receives (in) or sends (out) MS milliseconds back (repeatable)")
+    p.add_argument("--loss-seed", type=int, default=0, help="the seed choosing the dropped frames")
+    p.add_argument("--impair-stats", metavar="FILE", help="keep the ports' loss counts here (JSON)")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/out/bmv2/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -269,19 +315,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.target = t.parse_args(target_argv)
     if bool(args.config) == args.no_p4:
         p.error("give either a BMv2 JSON config or --no-p4")
-    ports = {}
-    for spec in args.interface:
-        num, sep, iface = spec.partition("@")
-        if not sep or not num.isdigit() or not iface:
-            p.error(f"bad interface {spec!r}: expected PORT@IFACE")
-        if int(num) in ports:
-            p.error(f"port {num} given twice")
-        ports[int(num)] = iface
-    if any(i.startswith("udp:") for i in ports.values()) and not args.udp_bind:
-        p.error("udp: ports need --udp-bind")
-    if args.udp_bind and not re.fullmatch(r"[\d.]+(:\d{1,5})?", args.udp_bind):
-        p.error(f"bad --udp-bind {args.udp_bind!r}: expected IP or IP:PORT")
-    args.ports = ports
+    check_ports(p, args)
     return args
 
 
@@ -339,6 +373,42 @@ def start_with(state: SoftSwitchState, program: P4Info) -> None:
     state.pipeline = state.make_pipeline(program)
 
 
+class ImpairStatsFile:
+    """``--impair-stats``: the ports' loss counts (``stats()``, as ``impairment_stats``) saved
+    as JSON, replaced whole (a reader never sees half a file), at most every
+    IMPAIR_STATS_SECONDS unless forced (at stop)."""
+
+    def __init__(self, path: Path, stats: Callable[[], list]) -> None:
+        self.path, self.stats, self.saved_at = Path(path), stats, 0.0
+
+    def save(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.saved_at < IMPAIR_STATS_SECONDS:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(stats_json(self.stats())) + "\n")
+        tmp.replace(self.path)
+        self.saved_at = now
+
+
+def port_impairments(args: argparse.Namespace, loop: _native.SwitchLoop | None
+                     ) -> tuple[PortImpairments, ImpairStatsFile | None]:
+    """The ports' --loss and --delay set on the native loop (when it runs) and on the Python
+    loop's twin, and the --impair-stats file of whichever counts."""
+    impair = PortImpairments(args.loss_seed)
+    for port, egress, fraction in args.loss:
+        if loop is not None:
+            loop.set_loss(port, egress, fraction, args.loss_seed)
+        impair.set_loss(port, egress, fraction)
+    for port, egress, delay_us in args.delay:
+        if loop is not None:
+            loop.set_delay(port, egress, delay_us)
+        impair.set_delay(port, egress, delay_us)
+    if not args.impair_stats:
+        return impair, None
+    return impair, ImpairStatsFile(args.impair_stats, loop.impairment_stats if loop is not None else impair.stats)
+
+
 def pcap_paths(args: argparse.Namespace) -> dict[int, dict[str, Path]]:
     """Per port, <iface>_in.pcap and <iface>_out.pcap in the --pcap directory."""
     return {port: {d: Path(args.pcap) / f"{iface.replace(':', '_')}_{d}.pcap" for d in ("in", "out")}
@@ -359,7 +429,8 @@ def drain_captures(loop: _native.SwitchLoop, captures: PortCaptures, done: threa
 
 
 def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPorts],
-                    captures: PortCaptures | None, stop: threading.Event) -> int:
+                    captures: PortCaptures | None, stop: threading.Event,
+                    impaired: ImpairStatsFile | None = None) -> int:
     """Hand the ports to the C++ packet loop (and its captures to a writer thread) and wait for
     a signal (or the loop's failure)."""
     for a in distinct(attach):
@@ -378,7 +449,8 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
     # woken every 0.1 s: a SIGTERM the kernel gives another thread runs its handler (here, on
     # the main thread) only then
     while not stop.wait(0.1) and loop.running:
-        pass
+        if impaired is not None:
+            impaired.save()
     failed = not loop.running and not stop.is_set()
     try:
         loop.stop()
@@ -389,6 +461,8 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
         writer_done.set()
         writer.join()
         write_captures(loop, captures)   # what the loop captured since the last drain
+    if impaired is not None:
+        impaired.save(force=True)
     stats = loop.stats()
     log.info("packet loop: %s", stats)
     if stats["capture_dropped"]:
@@ -397,29 +471,76 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
     return 1 if failed else 0
 
 
+class PythonPorts:
+    """The Python loop's path of a frame through the ports and the pipeline, with the ports'
+    loss and delay (``impair``, the twin of the native loop's; held frames in ``held``)."""
+
+    def __init__(self, state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts],
+                 captures: PortCaptures | None, impair: PortImpairments) -> None:
+        self.state, self.attach, self.captures, self.impair = state, attach, captures, impair
+        self.held = DelayLine()
+
+    def ingress(self, port: int, frame: bytes, released: bool = False) -> None:
+        """A frame in by ``port``: lost, held back for its delay, or captured and processed."""
+        if not released:
+            dropped, delay_us = self.impair.next(port, False)
+            if dropped or delay_us:
+                if delay_us:
+                    self.held.hold(time.monotonic() + delay_us / 1e6, port, False, frame)
+                return
+        if self.captures is not None:
+            self.captures.write(port, "in", now_usec(), frame)
+        with self.state.lock:
+            out = self.state.pipeline.process(port, frame) if self.state.pipeline else []
+        for egress, data in out:
+            self.egress(egress, data)
+
+    def egress(self, port: int, frame: bytes, released: bool = False) -> None:
+        """A frame out by ``port``: lost, held back for its delay, or sent and captured."""
+        a = self.attach.get(port)
+        if a is None:
+            return
+        if not released:
+            dropped, delay_us = self.impair.next(port, True)
+            if dropped or delay_us:
+                if delay_us:
+                    self.held.hold(time.monotonic() + delay_us / 1e6, port, True, frame)
+                return
+        log.debug("out by port %d: %d bytes", port, len(frame))
+        a.send(port, frame)
+        if self.captures is not None:
+            self.captures.write(port, "out", now_usec(), frame)
+
+    def release_due(self) -> None:
+        for port, egress, frame in self.held.take_due(time.monotonic()):
+            (self.egress if egress else self.ingress)(port, frame, released=True)
+
+    def timeout(self) -> float:
+        """How long the next wait may be: 0.2 s, or until the earliest held frame is due."""
+        due = self.held.next_release()
+        return 0.2 if due is None else min(0.2, max(0.0, due - time.monotonic()))
+
+
 def run_python_loop(state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts],
-                    captures: PortCaptures | None, stop: threading.Event) -> int:
-    """The per-frame loop: every frame through Python (pcaps, packet logs, the reference)."""
+                    captures: PortCaptures | None, stop: threading.Event,
+                    impair: PortImpairments | None = None, impaired: ImpairStatsFile | None = None) -> int:
+    """The per-frame loop: every frame through Python (pcaps, packet logs, the reference);
+    ``impair``: the ports' loss and delay (the twin of the native loop's), in and out."""
+    ports = PythonPorts(state, attach, captures, impair or PortImpairments())
     sel = selectors.DefaultSelector()
     for a in distinct(attach):
         sel.register(a.sock, selectors.EVENT_READ, a)
     while not stop.is_set():
-        for key, _ in sel.select(timeout=0.2):
+        if impaired is not None:
+            impaired.save()
+        for key, _ in sel.select(timeout=ports.timeout()):
             for port, frame in key.data.recv():
-                if captures is not None:
-                    captures.write(port, "in", now_usec(), frame)
-                with state.lock:
-                    out = state.pipeline.process(port, frame) if state.pipeline else []
-                for egress, data in out:
-                    a = attach.get(egress)
-                    if a is None:
-                        continue
-                    log.debug("port %d -> %d: %d bytes", port, egress, len(data))
-                    a.send(egress, data)
-                    if captures is not None:
-                        captures.write(egress, "out", now_usec(), data)
-            if captures is not None:
-                captures.flush()
+                ports.ingress(port, frame)
+        ports.release_due()
+        if captures is not None:
+            captures.flush()
+    if impaired is not None:
+        impaired.save(force=True)
     return 0
 
 
@@ -429,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     per_frame = args.engine != "native" or args.log_console
     loop = None if per_frame else _native.SwitchLoop(args.pcap_buffer << 10)
+    impair, impaired = port_impairments(args, loop)
     if loop is not None:
         loop.set_congestion_threshold(args.congestion_kib << 10)
     captures = None
@@ -463,9 +585,9 @@ def main(argv: list[str] | None = None) -> int:
           f"P4Runtime on {args.target.grpc_server_addr}; {args.engine} engine; "
           f"nice {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
     if loop is not None:
-        status = run_native_loop(loop, attach, captures, stop)
+        status = run_native_loop(loop, attach, captures, stop, impaired)
     else:
-        status = run_python_loop(state, attach, captures, stop)
+        status = run_python_loop(state, attach, captures, stop, impair, impaired)
     service.close()
     server.stop(grace=1)
     if captures is not None:

@@ -42,7 +42,7 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 from inagg.bmv2_env.softswitch.tna_compiled import CompiledProgram, header_bytes, pack, unpack
 from inagg.hostlib.wire.protocol import (
     FLAG_CONGESTION, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, MAX_SLOT,
-    MSG_CONTRIBUTION, MSG_RESULT, VERSION, Outcome, ipv4_checksum, unpack_raw,
+    MSG_CONTRIBUTION, MSG_RESULT, ROUND_TAG_MASK, VERSION, Outcome, ipv4_checksum, unpack_raw,
 )
 
 # P4Info architecture -> the chip (the P4's __TARGET_TOFINO__: 1, 2) the model runs
@@ -91,7 +91,10 @@ def register_stages(k: int, chip: str) -> dict[str, int]:
     return stages
 
 
-_STICKY = FLAG_OVERFLOW | FLAG_CONGESTION
+# What sticky_flags keeps of a packet's flags: the sticky flags and the round tag (slot_inputs.p4:
+# the round's tag rides in the round's flags, so every result carries it; Tofino does not check
+# it, docs/tofino.md).
+_STICKY = FLAG_OVERFLOW | FLAG_CONGESTION | ROUND_TAG_MASK
 _BAD_ROUND, _STALE = Outcome.BAD_ROUND, Outcome.STALE_ROUND
 # round_kind (types.p4 KIND_*), the harvest codes (HARVEST_*), seen's harvested bit and what
 # seen returns (ROUND_*)

@@ -10,30 +10,43 @@ executable specification: the host aggregator and the software data plane run it
 ``p4/inagg.p4`` implements the same table control by control.
 
 Per-packet decision for a contribution of worker w to set s of a slot (``o`` = the other set;
-"same round": the packet's offset and count are those stored for the round in set s); the P4
-program's const table slot_decision, whose twin is ``protocol.SLOT_DECISION``::
+"same round": the packet's offset and count are those stored for the round in set s; "this
+round": the packet's round tag is the one stored for set s, "next round": it is that tag + 1
+modulo ROUND_TAGS); the P4 program's const table slot_decision, whose twin is
+``protocol.SLOT_DECISION``::
 
-    bit w in | bitmap[s] | round    | same  | sent | action
-    bitmap[s]|           | complete | round | up   |
-    ---------+-----------+----------+-------+------+-----------------------------------------
-    0        | == 0      | any      | any   | any  | FIRST: overwrite set s
-    0        | != 0      | no       | yes   | no   | ADD: sum, max exponent, OR flags
-    0        | != 0      | no       | no    | no   | BAD_ROUND: drop
-    0        | != 0      | yes      | any   | any  | STALE_ROUND: drop (reordered)
-    0        | != 0      | no       | any   | yes  | STALE_ROUND: drop (all in already)
-    1        | any       | no       | yes   | no   | DUP_PENDING: drop
-    1        | any       | no       | yes   | yes  | DUP_UPSTREAM: partial sum up again
-    1        | any       | yes      | yes   | any  | DUP_DONE: stored result to w
-    1        | any       | any      | no    | any  | BAD_ROUND: drop
+    bit w in | bitmap[s] | round    | same  | sent | round  | action
+    bitmap[s]|           | complete | round | up   | tag    |
+    ---------+-----------+----------+-------+------+--------+---------------------------------
+    any      | any       | any      | any   | any  | other  | STALE_ROUND: drop (older round)
+    0        | == 0      | any      | any   | any  | next   | FIRST: overwrite set s, keep tag
+    0        | != 0      | any      | any   | any  | next   | BAD_ROUND: drop (never sent)
+    1        | any       | any      | any   | any  | next   | BAD_ROUND: drop (never sent)
+    0        | == 0      | any      | any   | any  | this   | STALE_ROUND: drop (all moved on)
+    0        | != 0      | no       | yes   | no   | this   | ADD: sum, max exponent, OR flags
+    0        | != 0      | no       | no    | no   | this   | BAD_ROUND: drop
+    0        | != 0      | yes      | any   | any  | this   | STALE_ROUND: drop (reordered)
+    0        | != 0      | no       | any   | yes  | this   | STALE_ROUND: drop (all in already)
+    1        | any       | no       | yes   | no   | this   | DUP_PENDING: drop
+    1        | any       | no       | yes   | yes  | this   | DUP_UPSTREAM: partial sum up again
+    1        | any       | yes      | yes   | any  | this   | DUP_DONE: stored result to w
+    1        | any       | any      | no    | any  | this   | BAD_ROUND: drop
     after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o]; when all N members are in,
                      multicast the result to them, or, on a job with an uplink (a switch below
                      the root of an aggregation tree, docs/trees.md), send the partial sum up.
 
 In a tree a round is complete once the parent's result is stored (its count is N + 1; "sent
-up": N, with an uplink). A RESULT from the parent (``_parent_result``): another offset/count
-is BAD_ROUND, a stored round DUP_RESULT, a round sent up PARENT_RESULT (store, multicast),
-anything else STALE_ROUND.
+up": N, with an uplink). A RESULT from the parent (``_parent_result``): another round tag is
+STALE_ROUND, another offset/count BAD_ROUND, a stored round DUP_RESULT, a round sent up
+PARENT_RESULT (store, multicast), anything else STALE_ROUND.
 
+Why the round tag: a worker counts each slot's rounds from 0 at every grant and sends round k
+on set k % 2 with tag (k // 2) % ROUND_TAGS; a slot reset by a new owner holds tag
+ROUND_TAGS - 1 in both sets, so round 0 and 1 are each set's next round. Only the set's next
+round opens it, so a copy of round r delayed past round r + 1 (its set's bitmap empty, same
+offset and count as round r + 2) is stale instead of FIRST: it can neither change round r + 2's
+sum nor make r + 2's packets BAD_ROUND. A copy delayed by 2 * ROUND_TAGS - 2 rounds of its slot
+or more can alias (docs/protocol.md).
 Why FIRST is safe: a worker sends round r+2 of a slot only after the result of round r+1,
 so all workers have contributed to r+1 on set o and cleared their bits in set s.
 Why BAD_ROUND: a round's result is what its first contribution announced (offset, count); a
@@ -61,8 +74,12 @@ from inagg.hostlib.wire.protocol import (
     MAX_WORKERS,
     MSG_CONTRIBUTION,
     MSG_RESULT,
+    ROUND_TAG_MASK,
+    ROUND_TAG_SHIFT,
+    ROUND_TAGS,
     VERSION,
     Outcome,
+    round_tag,
     unpack_raw,
 )
 
@@ -165,7 +182,13 @@ class Emit(NamedTuple):
 class AggregationEngine:
     """Slot pool + per-job admission; ``process()`` maps one packet to the packets it causes."""
 
-    def __init__(self, n_slots: int, values_per_packet: int, *, host_mode: bool = True) -> None:
+    def __init__(self, n_slots: int, values_per_packet: int, *, host_mode: bool = True,
+                 round_check: bool = True) -> None:
+        """``round_check`` False: the round tag is carried (kept with the round's flags and
+        returned with its result) but not checked: every packet to a busy set is taken for the
+        set's round and one to an empty set opens it, as the TNA program does (docs/tofino.md,
+        "Round identity": a documented limit; tests/test_tna_slot_model.py holds its model to
+        this reading). Every other aggregator checks it."""
         if not 1 <= n_slots <= MAX_SLOT + 1:
             raise ValueError(f"n_slots must be in 1..{MAX_SLOT + 1}, got {n_slots}")
         if values_per_packet < 1:
@@ -173,6 +196,8 @@ class AggregationEngine:
         self.n_slots = n_slots
         self.k = values_per_packet
         self.result_flags = FLAG_FROM_HOST if host_mode else 0
+        self.round_check = round_check
+        self._sticky = _STICKY_FLAGS if round_check else _STICKY_FLAGS | ROUND_TAG_MASK
         self.jobs: dict[int, JobConfig] = {}
         self.counters: dict[int, JobCounters] = {}
         self.drops: Counter = Counter()  # drops that belong to no known job, by label
@@ -187,6 +212,7 @@ class AggregationEngine:
         self._flags = [[0] * n_slots, [0] * n_slots]
         self._offset = [[0] * n_slots, [0] * n_slots]
         self._count = [[0] * n_slots, [0] * n_slots]
+        self._round = [[ROUND_TAGS - 1] * n_slots, [ROUND_TAGS - 1] * n_slots]  # the round's tag
         self._values = np.zeros((2, n_slots, values_per_packet), dtype=np.int32)
 
     # -- configuration -------------------------------------------------------------------
@@ -275,25 +301,40 @@ class AggregationEngine:
         complete = seen == n + (job.uplink is not None)        # a tree's result counts one more
         sent_up = job.uplink is not None and seen == n
         same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
+        tag, stored = round_tag(flags), self._round[s][slot]
+        if not self.round_check:                               # the TNA reading: not checked
+            tag = stored if self._bitmap[s][slot] else (stored + 1) % ROUND_TAGS
         if from_parent:
+            if tag != stored:                                  # an older round's result
+                return self._drop_job(ctr, Outcome.STALE_ROUND)
             return self._parent_result(ctr, job, slot, s, data, flags, exp, worker,
                                        (complete, same_round, sent_up))
         bit = 1 << worker
         bitmap = self._bitmap[s]
-        if bitmap[slot] & bit:             # BAD_ROUND, DUP_PENDING, DUP_UPSTREAM, DUP_DONE
-            return self._duplicate(ctr, job, slot, s, worker, (complete, same_round, sent_up))
-        if bitmap[slot] == 0:                                  # FIRST
+        if tag != stored:                                      # FIRST, BAD_ROUND, STALE_ROUND
+            if tag != (stored + 1) % ROUND_TAGS:               # a copy of an older round
+                return self._drop_job(ctr, Outcome.STALE_ROUND)
+            if bitmap[slot]:                                   # never sent: the set is busy
+                return self._drop_job(ctr, Outcome.BAD_ROUND)
             self._first(slot, s, data, flags, exp, offset, count)
-        elif complete or sent_up:                              # STALE_ROUND
+        elif bitmap[slot] & bit:           # BAD_ROUND, DUP_PENDING, DUP_UPSTREAM, DUP_DONE
+            return self._duplicate(ctr, job, slot, s, worker, (complete, same_round, sent_up))
+        elif bitmap[slot] == 0 or complete or sent_up:         # STALE_ROUND
             return self._drop_job(ctr, Outcome.STALE_ROUND)
         elif not same_round:                                   # BAD_ROUND
             return self._drop_job(ctr, Outcome.BAD_ROUND)
         else:                                                  # ADD
             self._add(slot, s, data, flags, exp, count)
-        bitmap[slot] |= bit
+        return self._joined(ctr, job, slot, s, worker)
+
+    def _joined(self, ctr: JobCounters, job: JobConfig, slot: int, s: int, worker: int) -> list[Emit]:
+        """After FIRST/ADD: the worker's bit moves to set ``s``; the round leaves when complete
+        (multicast to the members, or up to the parent)."""
+        bit = 1 << worker
+        self._bitmap[s][slot] |= bit
         self._bitmap[1 - s][slot] &= ~bit
         ctr.aggregated += 1
-        if self._seen[s][slot] < n:
+        if self._seen[s][slot] < job.children:
             return []
         ctr.results += 1
         if job.uplink is not None:                             # this level's part: up
@@ -307,6 +348,7 @@ class AggregationEngine:
             for s in (0, 1):
                 self._bitmap[s][slot] = 0
                 self._seen[s][slot] = 0
+                self._round[s][slot] = ROUND_TAGS - 1   # round 0 and 1 are the sets' next
 
     def _duplicate(self, ctr: JobCounters, job: JobConfig, slot: int, s: int, worker: int,
                    state: tuple[bool, bool, bool]) -> list[Emit]:
@@ -344,7 +386,7 @@ class AggregationEngine:
         self.last_outcome = Outcome.PARENT_RESULT
         self._seen[s][slot] += 1
         self._exp[s][slot] = exp
-        self._flags[s][slot] = flags & ~(FLAG_RETRANSMIT | FLAG_FROM_SWITCH)
+        self._flags[s][slot] = flags & ~(FLAG_RETRANSMIT | FLAG_FROM_SWITCH | ROUND_TAG_MASK)
         if self._count[s][slot]:
             self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
         else:
@@ -355,9 +397,10 @@ class AggregationEngine:
                offset: int, count: int) -> None:
         """FIRST: the contribution opens a round in set ``s``, overwriting what it held."""
         self.last_outcome = Outcome.FIRST
+        self._round[s][slot] = round_tag(flags)
         self._seen[s][slot] = 1
         self._exp[s][slot] = exp
-        self._flags[s][slot] = flags & _STICKY_FLAGS
+        self._flags[s][slot] = flags & self._sticky
         self._offset[s][slot] = offset
         self._count[s][slot] = count
         if count:
@@ -372,7 +415,7 @@ class AggregationEngine:
         self._seen[s][slot] += 1
         if exp > self._exp[s][slot]:
             self._exp[s][slot] = exp
-        self._flags[s][slot] |= flags & _STICKY_FLAGS
+        self._flags[s][slot] |= flags & self._sticky
         if count:
             self._values[s, slot] += np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
 
@@ -401,7 +444,9 @@ class AggregationEngine:
 
     def _round_packet(self, msg_type: int, flags: int, worker: int, wire_slot: int, slot: int,
                       s: int, job: JobConfig) -> bytes:
+        """The round in set ``s`` as a packet: its flags with the round's tag."""
         count = self._count[s][slot]
+        flags |= self._round[s][slot] << ROUND_TAG_SHIFT
         header = HEADER_STRUCT.pack(
             (VERSION << 4) | msg_type, flags, job.job_id, worker, self._exp[s][slot], job.epoch,
             (s << 15) | wire_slot, count, self._offset[s][slot],

@@ -36,8 +36,17 @@ FLAG_FROM_HOST = 0x02
 FLAG_CONGESTION = 0x04
 FLAG_OVERFLOW = 0x08
 FLAG_FROM_SWITCH = 0x80  # a switch's partial sum to its parent in an aggregation tree (docs/trees.md)
-# The flags a result can carry (a switch's or the host aggregator's); a worker drops any other.
-RESULT_FLAGS = FLAG_RETRANSMIT | FLAG_FROM_HOST | FLAG_CONGESTION | FLAG_OVERFLOW
+# The round tag in the flags byte (bits 4..6, not flags): round k of a slot (counted from 0 at each
+# grant) goes on set k % 2 with tag (k // 2) % ROUND_TAGS; a slot keeps each set's tag, so a copy
+# of another round of the set is stale (p4/include/constants.p4, docs/protocol.md).
+ROUND_TAG_MASK = 0x70
+ROUND_TAG_SHIFT = 4
+ROUND_TAGS = 8
+# Rounds of a slot before its (set, tag) pair repeats: the worker's per-slot round counter wraps here.
+ROUND_CYCLE = 2 * ROUND_TAGS
+# The flags a result can carry (a switch's or the host aggregator's, with its round's tag); a
+# worker drops any other.
+RESULT_FLAGS = FLAG_RETRANSMIT | FLAG_FROM_HOST | FLAG_CONGESTION | FLAG_OVERFLOW | ROUND_TAG_MASK
 
 EXP_NONE = -128
 MAX_WORKERS = 32
@@ -107,17 +116,24 @@ SLOT_OUTCOMES: tuple[Outcome, ...] = tuple(o for o in Outcome if o <= Outcome.DU
 # entry for entry, as (key, outcome); a key is SLOT_DECISION_KEYS' bits, None for "any". The
 # reference engine (hostlib/aggregator/engine_reference.py) decides each row the same: tests/test_slot_decision.py.
 # sent_up: the switch has an uplink and all its children are in, without the parent's result.
-SLOT_DECISION_KEYS: tuple[str, ...] = ("mine", "empty", "complete", "same_round", "sent_up")
+# this_round: the packet's round tag is the one stored for the set's round; next_round: it is
+# that tag + 1 (mod ROUND_TAGS), the set's next round. Neither: a copy of an older round, stale.
+SLOT_DECISION_KEYS: tuple[str, ...] = ("mine", "empty", "complete", "same_round", "sent_up",
+                                       "this_round", "next_round")
 SLOT_DECISION: tuple[tuple[tuple[int | None, ...], Outcome], ...] = (
-    ((0, 1, None, None, None), Outcome.FIRST),
-    ((0, 0, 0, 1, 0), Outcome.ADD),
-    ((0, 0, 0, 0, 0), Outcome.BAD_ROUND),
-    ((0, 0, 1, None, None), Outcome.STALE_ROUND),
-    ((0, 0, 0, None, 1), Outcome.STALE_ROUND),
-    ((1, None, 0, 1, 0), Outcome.DUP_PENDING),
-    ((1, None, 0, 1, 1), Outcome.DUP_UPSTREAM),
-    ((1, None, 1, 1, None), Outcome.DUP_DONE),
-    ((1, None, None, 0, None), Outcome.BAD_ROUND),
+    ((None, None, None, None, None, 0, 0), Outcome.STALE_ROUND),
+    ((0, 1, None, None, None, 0, 1), Outcome.FIRST),
+    ((0, 0, None, None, None, 0, 1), Outcome.BAD_ROUND),
+    ((1, None, None, None, None, 0, 1), Outcome.BAD_ROUND),
+    ((0, 1, None, None, None, 1, None), Outcome.STALE_ROUND),
+    ((0, 0, 0, 1, 0, 1, None), Outcome.ADD),
+    ((0, 0, 0, 0, 0, 1, None), Outcome.BAD_ROUND),
+    ((0, 0, 1, None, None, 1, None), Outcome.STALE_ROUND),
+    ((0, 0, 0, None, 1, 1, None), Outcome.STALE_ROUND),
+    ((1, None, 0, 1, 0, 1, None), Outcome.DUP_PENDING),
+    ((1, None, 0, 1, 1, 1, None), Outcome.DUP_UPSTREAM),
+    ((1, None, 1, 1, None, 1, None), Outcome.DUP_DONE),
+    ((1, None, None, 0, None, 1, None), Outcome.BAD_ROUND),
 )
 
 # Bytes below the inagg header on an Ethernet/IPv4/UDP path: what each packet costs on the wire
@@ -156,6 +172,9 @@ P4_CONSTANTS: dict[str, int] = {
     "FLAG_CONGESTION": FLAG_CONGESTION,
     "FLAG_OVERFLOW": FLAG_OVERFLOW,
     "FLAG_FROM_SWITCH": FLAG_FROM_SWITCH,
+    "ROUND_TAG_MASK": ROUND_TAG_MASK,
+    "ROUND_TAG_SHIFT": ROUND_TAG_SHIFT,
+    "ROUND_TAGS": ROUND_TAGS,
     "EXP_NONE": EXP_NONE,
     "MAX_WORKERS": MAX_WORKERS,
     "INAGG_HEADER_BYTES": HEADER_BYTES,
@@ -174,6 +193,17 @@ HEADER_STRUCT = struct.Struct("!BBHBbHHHI")
 assert HEADER_STRUCT.size == HEADER_BYTES
 
 MAX_SLOT = (1 << 15) - 1
+
+
+def round_tag(flags: int) -> int:
+    """The round tag a header's flags byte carries."""
+    return (flags & ROUND_TAG_MASK) >> ROUND_TAG_SHIFT
+
+
+def round_fields(round_no: int) -> tuple[int, int]:
+    """(slot_set, flag bits) of a slot's round ``round_no`` (any count; only its residue modulo
+    ``ROUND_CYCLE`` reaches the wire)."""
+    return round_no & 1, ((round_no >> 1) % ROUND_TAGS) << ROUND_TAG_SHIFT
 
 
 class ProtocolError(ValueError):

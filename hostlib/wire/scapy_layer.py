@@ -7,28 +7,27 @@ BTH (UDP 4791) -> RETH -> ImmDt for UC RDMA WRITE ONLY WITH IMMEDIATE, then inag
 immediate is "INAG"; scapy's BTH keeps the trailing ICRC in its ``icrc`` field. ``bind_port(p)``
 adds a deployment's own port. A host-aggregator datagram larger than its links' MTU (16 KB
 ones, the loopback default, on 1500-byte links) travels IP-fragmented: ``read_pcap``
-reassembles fragments before decoding, where ``rdpcap`` alone shows them.
+reassembles fragments before decoding, where ``rdpcap`` alone shows them, and reads an empty
+capture (BMv2 leaves a port's pcap empty, without even the file header, until its first frame) as
+no packets.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+import struct
 
 from scapy.contrib.roce import BTH
-from scapy.fields import BitField, FieldListField, SignedByteField, SignedIntField
+from scapy.fields import BitField, Field, SignedByteField
 from scapy.layers.inet import UDP, defragment
 from scapy.packet import Packet, bind_layers
 from scapy.plist import PacketList
 from scapy.utils import rdpcap
 
 from inagg.hostlib.wire.grant import HOST_AGGREGATOR_PORT
-from inagg.hostlib.wire.protocol import (HEADER_BYTES, HEADER_FIELDS, MSG_CONTRIBUTION, ROCE_INAGG_IMMEDIATE,
+from inagg.hostlib.wire.protocol import (HEADER_FIELDS, MSG_CONTRIBUTION, ROCE_INAGG_IMMEDIATE,
                        ROCE_OPCODE_UC_WRITE_ONLY_IMM, UDP_PORT, VERSION)
 from inagg.hostlib.wire.roce import IMMDT_FIELDS, RETH_FIELDS
-
-# The most values one datagram can carry (a 64 KiB IPv4 datagram); scapy's default list limit
-# (conf.max_list_count, 100) would turn a 64- or 4096-value packet into Raw.
-MAX_VALUES = (65535 - 20 - 8 - HEADER_BYTES) // 4
 
 
 def _field(name: str, width: int, signed: bool):
@@ -39,10 +38,31 @@ def _field(name: str, width: int, signed: bool):
     return BitField(name, 0, width)
 
 
+class ValuesField(Field):
+    """The int32 values after the header: every whole 4-byte word of the payload, decoded and
+    encoded with one ``struct`` call (scapy's ``FieldListField`` builds a field object per value:
+    a millisecond a packet, most of a large capture's read time). Trailing bytes short of a word
+    stay as the layer's payload."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, [])
+
+    def getfield(self, pkt: Packet, s: bytes) -> tuple[bytes, list[int]]:
+        n = len(s) // 4
+        return s[4 * n:], list(struct.unpack(f"!{n}i", s[:4 * n]))
+
+    def addfield(self, pkt: Packet, s: bytes, val: list[int] | None) -> bytes:
+        val = list(val or [])
+        return s + struct.pack(f"!{len(val)}i", *val)
+
+    def i2len(self, pkt: Packet, x: list[int] | None) -> int:
+        return 4 * len(x or [])
+
+
 class Inagg(Packet):
     name = "inagg"
     fields_desc = [_field(*f) for f in HEADER_FIELDS] + [
-        FieldListField("values", [], SignedIntField("value", 0), max_count=MAX_VALUES),
+        ValuesField("values"),
     ]
 
     def mysummary(self) -> str:
@@ -76,7 +96,9 @@ def bind_port(port: int) -> None:
 
 def read_pcap(path: Path | str, count: int = -1) -> PacketList:
     """A pcap's packets (the first ``count`` frames; -1: all) with IP fragments reassembled
-    (host-aggregator datagrams), decoded."""
+    (host-aggregator datagrams), decoded; an empty file (not one frame yet) has none."""
+    if Path(path).stat().st_size == 0:
+        return PacketList([], name=Path(path).name)
     return defragment(rdpcap(str(path), count=count))
 
 

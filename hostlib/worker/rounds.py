@@ -32,7 +32,7 @@ from typing import Iterable, Iterator
 
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import (
-    HEADER_BYTES, MAX_SLOT, MSG_RESULT, RESULT_FLAGS, VERSION, unpack_raw,
+    HEADER_BYTES, MAX_SLOT, MSG_RESULT, RESULT_FLAGS, VERSION, round_tag, unpack_raw,
 )
 from inagg.hostlib.worker.call_protocol import ResultCheck
 
@@ -66,12 +66,14 @@ ALPHA_GAIN = 1 / 16   # DCTCP's g: the weight of one round trip's marked fractio
 @dataclass
 class Round:
     """The one outstanding round of a slot: a priming round (exponent of block ``chunk``, no
-    values) or the data round of block ``chunk``. ``sent_at``: its first transmission (the RTT
-    sample); ``last_sent``: its latest one (loss detection)."""
+    values) or the data round of block ``chunk``. ``round_no``: the slot's round counter modulo
+    ``ROUND_CYCLE`` (its set is the low bit, its round tag the rest: protocol.round_fields).
+    ``sent_at``: its first transmission (the RTT sample); ``last_sent``: its latest one (loss
+    detection)."""
 
     chunk: int
     priming: bool
-    slot_set: int
+    round_no: int
     offset: int
     count: int
     packet: bytes
@@ -124,8 +126,10 @@ class OutstandingRounds:
         rnd = self.rounds.get(idx)
         if rnd is None:
             return ResultCheck.NO_ROUND, -1
-        if ss >> 15 != rnd.slot_set:
+        if ss >> 15 != rnd.round_no & 1:
             return ResultCheck.WRONG_SET, -1
+        if round_tag(flags) != rnd.round_no >> 1:
+            return ResultCheck.WRONG_ROUND, -1
         if offset != rnd.offset:
             return ResultCheck.WRONG_OFFSET, -1
         if count != rnd.count:

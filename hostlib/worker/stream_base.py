@@ -77,7 +77,8 @@ class StreamStats:
         """Count a dropped datagram under ``check``; a late copy of a retransmitted round counts as
         a spurious retransmission too."""
         self.ignored_results += 1
-        if flags & FLAG_RETRANSMIT and check in (ResultCheck.NO_ROUND, ResultCheck.WRONG_SET):
+        if flags & FLAG_RETRANSMIT and check in (ResultCheck.NO_ROUND, ResultCheck.WRONG_SET,
+                                              ResultCheck.WRONG_ROUND):
             self.spurious_retransmissions += 1
         name = check.name.lower()
         self.result_drops[name] = self.result_drops.get(name, 0) + 1

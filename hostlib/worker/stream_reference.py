@@ -6,7 +6,10 @@ with it. It runs RoCE jobs; both give bit-identical results (tests/test_stream.p
 
 The tensor is cut into blocks of K values (one packet each). Block ``c`` uses slot
 ``slot_base + c % W`` and rounds on each slot alternate between the slot's two shadow sets, for
-the life of the grant (not per call), as the aggregator's duplicate logic requires.
+the life of the grant (not per call), as the aggregator's duplicate logic requires. Each slot
+counts its rounds from 0 at every grant and every contribution carries the count's round tag
+beyond the set (``protocol.round_fields``): the aggregator takes only the set's next round as a
+new one, so a late copy of an older round can never open a set (docs/protocol.md).
 
 Block exponents travel one round ahead (SwitchML, ``stream_base.ExponentTracker``): the packet of block
 ``c`` carries this worker's exponent of block ``c + W``, and the result of block ``c`` returns
@@ -29,8 +32,8 @@ import numpy as np
 from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import (
-    FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, build_contribution,
-    unpack_raw,
+    FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, ROUND_CYCLE,
+    build_contribution, round_fields, unpack_raw,
 )
 from inagg.hostlib.worker.call_protocol import ResultCheck
 from inagg.hostlib.worker.rounds import (
@@ -51,9 +54,10 @@ class SlotStream(StreamBase):
         self._drained = True  # the last receive found the socket empty
 
     def set_grant(self, grant: Grant) -> None:
-        """``StreamBase.set_grant``; every slot of a new grant starts on set 0."""
+        """``StreamBase.set_grant``; every slot of a new grant starts at round 0 (set 0, tag 0),
+        as the aggregator's slot, reset by the grant's first packet, expects."""
         super().set_grant(grant)
-        self._next_set = [0] * grant.slot_count
+        self._next_round = [0] * grant.slot_count
         self._source = self.transport.source_of(grant.aggregator)
 
     # -- sending -----------------------------------------------------------------------------
@@ -61,16 +65,18 @@ class SlotStream(StreamBase):
     def _send_round(self, rounds: OutstandingRounds, idx: int, chunk: int, priming: bool,
                     values: np.ndarray | None, exp: int, flags: int, now: float) -> None:
         """Send block ``chunk``'s round on slot index ``idx`` (``priming``: header only, fetching
-        an exponent), on the slot's next set, and hold it as outstanding with a fresh timeout."""
+        an exponent), as the slot's next round (its set and round tag), and hold it as outstanding
+        with a fresh timeout."""
         g = self.grant
-        slot_set = self._next_set[idx]
-        self._next_set[idx] = 1 - slot_set
+        round_no = self._next_round[idx]
+        self._next_round[idx] = (round_no + 1) % ROUND_CYCLE
+        slot_set, tag_flags = round_fields(round_no)
         offset = chunk * g.values_per_packet
         pkt = build_contribution(g.job_id, self.rank, g.epoch, g.slot_base + idx, slot_set, offset,
-                                 values, g.values_per_packet, exp=exp, flags=flags)
+                                 values, g.values_per_packet, exp=exp, flags=flags | tag_flags)
         rto = self._loss.timeout(now)
         count = 0 if values is None else len(values)
-        rounds.add(idx, Round(chunk, priming, slot_set, offset, count, pkt, now, now + rto, rto))
+        rounds.add(idx, Round(chunk, priming, round_no, offset, count, pkt, now, now + rto, rto))
         self._transmit(pkt)
 
     def _transmit(self, pkt: bytes) -> None:

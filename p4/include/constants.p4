@@ -36,6 +36,15 @@ const bit<8>  FLAG_CONGESTION      = 0x04; /* ECN-style mark, ORed into the slot
 const bit<8>  FLAG_OVERFLOW        = 0x08; /* some worker's block was not representable       */
 const bit<8>  FLAG_FROM_SWITCH     = 0x80; /* a switch's partial sum to its parent (docs/trees.md) */
 
+/* The round tag: bits 4..6 of the flags byte are no flags but the round's identity beyond its
+ * set. A worker counts the rounds of each slot from 0 at every grant; round k goes on set
+ * k mod 2 with tag (k / 2) mod ROUND_TAGS, and every result carries its round's tag. A slot keeps
+ * the tag of each set's round, so a copy of any other round of the set (a copy delayed by fewer
+ * than 2 * ROUND_TAGS - 2 rounds of its slot) is recognised as stale (docs/protocol.md). */
+const bit<8>  ROUND_TAG_MASK       = 0x70;
+const bit<8>  ROUND_TAG_SHIFT      = 4;
+const bit<8>  ROUND_TAGS           = 8;
+
 /* Block exponent meaning "no value" (all-zero block, no next block). */
 const int<8>  EXP_NONE             = -128;
 

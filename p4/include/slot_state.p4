@@ -6,32 +6,40 @@
  * control-plane register write is ever needed (BMv2's P4Runtime cannot write registers).
  *
  * Decision for worker w, set s (o = the other set; "same round": the packet's offset and count
- * are the ones stored for the round in set s), the const entries of table slot_decision, row
- * for row (inagg.hostlib.wire.protocol.SLOT_DECISION is the Python twin; tests/test_slot_decision.py holds
- * it to these entries and the reference engine to each row). N is the job's n_workers (this
- * switch's children); in an aggregation tree (docs/trees.md) a switch with an uplink counts the
- * parent's result as one more, so its round is complete at N + 1 and "sent up" at N:
+ * are the ones stored for the round in set s; "this round": the packet's round tag, flags bits
+ * ROUND_TAG_MASK, is the one stored for set s, "next round": it is that tag + 1 mod ROUND_TAGS),
+ * the const entries of table slot_decision, row for row (inagg.hostlib.wire.protocol.SLOT_DECISION
+ * is the Python twin; tests/test_slot_decision.py holds it to these entries and the reference
+ * engine to each row). N is the job's n_workers (this switch's children); in an aggregation tree
+ * (docs/trees.md) a switch with an uplink counts the parent's result as one more, so its round
+ * is complete at N + 1 and "sent up" at N:
  *
- *   mine: bit w in | empty:         | complete:   | same_round | sent_up:     | outcome
- *   bitmap[s]      | bitmap[s] == 0 | seen[s] ==  |            | uplink and   |
- *                  |                | N + uplink  |            | seen[s] == N |
- *   ---------------+----------------+-------------+------------+--------------+-----------------
- *   0              | 1              | any         | any        | any          | SLOT_FIRST: overwrite set s
- *   0              | 0              | 0           | 1          | 0            | SLOT_ADD: add, max exp, OR flags
- *   0              | 0              | 0           | 0          | 0            | SLOT_BAD_ROUND: drop
- *   0              | 0              | 1           | any        | any          | SLOT_STALE_ROUND: drop (reordered)
- *   0              | 0              | 0           | any        | 1            | SLOT_STALE_ROUND: drop (all in
- *                  |                |             |            |              |   already: reordered)
- *   1              | any            | 0           | 1          | 0            | SLOT_DUP_PENDING: drop
- *   1              | any            | 0           | 1          | 1            | SLOT_DUP_UPSTREAM: the stored
- *                  |                |             |            |              |   partial sum up again
- *   1              | any            | 1           | 1          | any          | SLOT_DUP_DONE: stored result to w
- *   1              | any            | any         | 0          | any          | SLOT_BAD_ROUND: drop
+ *   mine: bit w in | empty:         | complete:   | same_round | sent_up:     | this_ | next_ | outcome
+ *   bitmap[s]      | bitmap[s] == 0 | seen[s] ==  |            | uplink and   | round | round |
+ *                  |                | N + uplink  |            | seen[s] == N |       |       |
+ *   ---------------+----------------+-------------+------------+--------------+-------+-------+-----------
+ *   any            | any            | any         | any        | any          | 0     | 0     | SLOT_STALE_ROUND: drop (an older round)
+ *   0              | 1              | any         | any        | any          | 0     | 1     | SLOT_FIRST: overwrite set s, keep the tag
+ *   0              | 0              | any         | any        | any          | 0     | 1     | SLOT_BAD_ROUND: drop (never sent)
+ *   1              | any            | any         | any        | any          | 0     | 1     | SLOT_BAD_ROUND: drop (never sent)
+ *   0              | 1              | any         | any        | any          | 1     | any   | SLOT_STALE_ROUND: drop (all moved on)
+ *   0              | 0              | 0           | 1          | 0            | 1     | any   | SLOT_ADD: add, max exp, OR flags
+ *   0              | 0              | 0           | 0          | 0            | 1     | any   | SLOT_BAD_ROUND: drop
+ *   0              | 0              | 1           | any        | any          | 1     | any   | SLOT_STALE_ROUND: drop (reordered)
+ *   0              | 0              | 0           | any        | 1            | 1     | any   | SLOT_STALE_ROUND: drop (all in
+ *                  |                |             |            |              |       |       |   already: reordered)
+ *   1              | any            | 0           | 1          | 0            | 1     | any   | SLOT_DUP_PENDING: drop
+ *   1              | any            | 0           | 1          | 1            | 1     | any   | SLOT_DUP_UPSTREAM: the stored
+ *                  |                |             |            |              |       |       |   partial sum up again
+ *   1              | any            | 1           | 1          | any          | 1     | any   | SLOT_DUP_DONE: stored result to w
+ *   1              | any            | any         | 0          | any          | 1     | any   | SLOT_BAD_ROUND: drop
  *   after FIRST/ADD: set bit w in bitmap[s], clear it in bitmap[o]; when seen == N the round
- *   leaves: multicast, or up to the parent with an uplink (UpstreamSend).
+ *   leaves: multicast, or up to the parent with an uplink (UpstreamSend). Every packet that
+ *   leaves carries the set's round tag.
  *
  * A RESULT from the parent (meta.from_parent, admitted by JobAdmission) is decided apart:
  *
+ *   (another round tag than the set's: drop DROP_STALE_ROUND, an older round's result)
  *   same_round | complete | sent_up | action
  *   -----------+----------+---------+-----------------------------------------------------------
  *   0          | any      | any     | drop DROP_BAD_ROUND
@@ -46,7 +54,9 @@
  *
  * FIRST is safe: a worker starts round r+2 of a slot only after round r+1's result, which
  * needs every worker's round r+1, and each of those cleared the worker's bit in set s; in a
- * tree, level by level.
+ * tree, level by level. Only the set's next round tag opens it: a copy of round r delayed past
+ * round r+1 finds set s empty with round r's own tag, and is stale (a reset slot holds tag
+ * ROUND_TAGS - 1 in both sets, so rounds 0 and 1 are the sets' next rounds).
  */
 #ifndef _INAGG_SLOT_STATE_P4_
 #define _INAGG_SLOT_STATE_P4_
@@ -63,6 +73,7 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
     register<bit<8>>(2 * INAGG_SLOTS)  slot_flags;
     register<bit<32>>(2 * INAGG_SLOTS) slot_offset;
     register<bit<16>>(2 * INAGG_SLOTS) slot_count;
+    register<bit<8>>(2 * INAGG_SLOTS)  slot_round;   /* the round tag of the set's round */
 
     /* The decision's inputs (the columns of the table above). */
     bit<1> mine = 0;
@@ -70,6 +81,8 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
     bit<1> complete = 0;
     bit<1> same_round = 0;
     bit<1> sent_up = 0;
+    bit<1> this_round = 0;
+    bit<1> next_round = 0;
 
     action set_outcome(bit<3> outcome) {
         meta.outcome = outcome;
@@ -77,7 +90,10 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
 
     /* The round stored in set idx, for the packet that leaves (result or partial sum). */
     action read_result(bit<32> idx) {
+        bit<8> round_tag;
+        slot_round.read(round_tag, idx);
         slot_flags.read(meta.res_flags, idx);
+        meta.res_flags = meta.res_flags | (round_tag << ROUND_TAG_SHIFT);
         slot_exp.read(meta.res_exp, idx);
         slot_count.read(meta.res_count, idx);
         slot_offset.read(meta.res_offset, idx);
@@ -91,28 +107,34 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
             complete: ternary @name("complete");
             same_round: ternary @name("same_round");
             sent_up: ternary @name("sent_up");
+            this_round: ternary @name("this_round");
+            next_round: ternary @name("next_round");
         }
         actions = { set_outcome; NoAction; }
         const default_action = NoAction();
-        size = 9;
+        size = 13;
         const entries = {
-            /* mine, empty, complete, same_round, sent_up */
-            (0, 1, _, _, _): set_outcome(SLOT_FIRST);
-            (0, 0, 0, 1, 0): set_outcome(SLOT_ADD);
-            (0, 0, 0, 0, 0): set_outcome(SLOT_BAD_ROUND);
-            (0, 0, 1, _, _): set_outcome(SLOT_STALE_ROUND);
-            (0, 0, 0, _, 1): set_outcome(SLOT_STALE_ROUND);
-            (1, _, 0, 1, 0): set_outcome(SLOT_DUP_PENDING);
-            (1, _, 0, 1, 1): set_outcome(SLOT_DUP_UPSTREAM);
-            (1, _, 1, 1, _): set_outcome(SLOT_DUP_DONE);
-            (1, _, _, 0, _): set_outcome(SLOT_BAD_ROUND);
+            /* mine, empty, complete, same_round, sent_up, this_round, next_round */
+            (_, _, _, _, _, 0, 0): set_outcome(SLOT_STALE_ROUND);
+            (0, 1, _, _, _, 0, 1): set_outcome(SLOT_FIRST);
+            (0, 0, _, _, _, 0, 1): set_outcome(SLOT_BAD_ROUND);
+            (1, _, _, _, _, 0, 1): set_outcome(SLOT_BAD_ROUND);
+            (0, 1, _, _, _, 1, _): set_outcome(SLOT_STALE_ROUND);
+            (0, 0, 0, 1, 0, 1, _): set_outcome(SLOT_ADD);
+            (0, 0, 0, 0, 0, 1, _): set_outcome(SLOT_BAD_ROUND);
+            (0, 0, 1, _, _, 1, _): set_outcome(SLOT_STALE_ROUND);
+            (0, 0, 0, _, 1, 1, _): set_outcome(SLOT_STALE_ROUND);
+            (1, _, 0, 1, 0, 1, _): set_outcome(SLOT_DUP_PENDING);
+            (1, _, 0, 1, 1, 1, _): set_outcome(SLOT_DUP_UPSTREAM);
+            (1, _, 1, 1, _, 1, _): set_outcome(SLOT_DUP_DONE);
+            (1, _, _, 0, _, 1, _): set_outcome(SLOT_BAD_ROUND);
         }
     }
 
     /* The parent's result into set idx (the second table above). */
     action store_parent_result(bit<32> idx) {
         slot_seen.write(idx, meta.n_workers + 1);
-        slot_flags.write(idx, hdr.inagg.flags & ~(FLAG_RETRANSMIT | FLAG_FROM_SWITCH));
+        slot_flags.write(idx, hdr.inagg.flags & ~(FLAG_RETRANSMIT | FLAG_FROM_SWITCH | ROUND_TAG_MASK));
         slot_exp.write(idx, (bit<8>) hdr.inagg.exp);
         meta.send_result = 1;
     }
@@ -136,6 +158,8 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
             slot_bitmap.write(slot + INAGG_SLOTS, 0);
             slot_seen.write(slot, 0);
             slot_seen.write(slot + INAGG_SLOTS, 0);
+            slot_round.write(slot, ROUND_TAGS - 1);     /* rounds 0 and 1: the sets' next */
+            slot_round.write(slot + INAGG_SLOTS, ROUND_TAGS - 1);
         }
 
         bit<32> bitmap;
@@ -162,10 +186,22 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
         if (round_offset == hdr.inagg.offset && round_count == hdr.inagg.count) {
             same_round = 1;
         }
+        bit<8> stored_round;
+        slot_round.read(stored_round, idx);
+        bit<8> round_in = (hdr.inagg.flags & ROUND_TAG_MASK) >> ROUND_TAG_SHIFT;
+        if (round_in == stored_round) {
+            this_round = 1;
+        }
+        if (round_in == ((stored_round + 1) & (ROUND_TAGS - 1))) {
+            next_round = 1;
+        }
         meta.send_result = 0;
         meta.send_up = 0;
         if (meta.from_parent == 1) {
-            if (same_round == 0) {
+            if (this_round == 0) {
+                meta.verdict = VERDICT_DROP;
+                meta.drop_reason = DROP_STALE_ROUND;
+            } else if (same_round == 0) {
                 meta.verdict = VERDICT_DROP;
                 meta.drop_reason = DROP_BAD_ROUND;
             } else if (complete == 1) {
@@ -189,6 +225,7 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
             exp = (bit<8>) hdr.inagg.exp;
             slot_offset.write(idx, hdr.inagg.offset);
             slot_count.write(idx, hdr.inagg.count);
+            slot_round.write(idx, round_in);
         } else if (meta.outcome == SLOT_ADD) {
             seen = seen + 1;
             slot_flags.read(flags, idx);

@@ -8,7 +8,7 @@
  *   slot, idx  | the header's slot (low TOFINO_SLOT_BITS bits), set ++ slot
  *   tag        | job_id ++ epoch: the slot owner tag
  *   exp_biased | exponent ^ 0x80 (signed order as unsigned, for the max)
- *   flags_in   | the sticky flags the packet brings (overflow, congestion)
+ *   flags_in   | the sticky flags the packet brings (overflow, congestion) and its round tag
  *   count_gap  | K - count (its borrow bit: count > K, for JobAdmission's checks)
  */
 #ifndef _INAGG_TOFINO_SLOT_INPUTS_P4_
@@ -45,7 +45,7 @@ control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
         meta.tag = hdr.inagg.job_id ++ hdr.inagg.epoch;
         meta.count32 = (bit<32>) hdr.inagg.count;
         meta.exp_biased = (bit<8>) hdr.inagg.exp ^ 8w0x80;
-        meta.flags_in = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION);
+        meta.flags_in = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION | ROUND_TAG_MASK);
         meta.count_gap = TOFINO_VALUES_PER_PACKET - hdr.inagg.count;
     }
 

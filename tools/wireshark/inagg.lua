@@ -9,12 +9,14 @@
 --     payload, when the immediate data is "INAG" (0x494E4147).
 --
 -- Install: copy to ~/.local/lib/wireshark/plugins/ (or run tshark -X lua_script:inagg.lua).
--- Filter fields: inagg.job_id, inagg.worker_id, inagg.slot, inagg.offset, inagg.value, ...
+-- Filter fields: inagg.job_id, inagg.worker_id, inagg.slot, inagg.round_tag, inagg.offset,
+-- inagg.value, ...
 
 local inagg = Proto("inagg", "In-network aggregation (inagg)")
 
 local MSG_TYPES = { [1] = "contribution", [2] = "result" }
-local FLAG_NAMES = { [0x01] = "retransmit", [0x02] = "from_host", [0x04] = "congestion", [0x08] = "overflow" }
+local FLAG_NAMES = { [0x01] = "retransmit", [0x02] = "from_host", [0x04] = "congestion", [0x08] = "overflow",
+                     [0x80] = "from_switch" }
 local HEADER_BYTES = 16
 local INAGG_UDP_PORT = 0xA66A
 local HOST_AGGREGATOR_PORT = 42666
@@ -32,6 +34,8 @@ local f = {
     slot      = ProtoField.uint16("inagg.slot", "Slot", base.DEC, nil, 0x7FFF),
     count     = ProtoField.uint16("inagg.count", "Count", base.DEC),
     offset    = ProtoField.uint32("inagg.offset", "Offset", base.DEC),
+    -- flags bits 4..6 are no flags: the round's tag beyond its set (ROUND_TAG_MASK, constants.p4)
+    round_tag = ProtoField.uint8("inagg.round_tag", "Round tag", base.DEC, nil, 0x70),
     values    = ProtoField.bytes("inagg.values", "Values"),
     value     = ProtoField.int32("inagg.value", "Value", base.DEC),
     n_values  = ProtoField.uint32("inagg.n_values", "Values carried", base.DEC),
@@ -58,6 +62,7 @@ local function dissect(tvb, pinfo, tree)
     t:add(f.version, tvb(0, 1))
     t:add(f.msg_type, tvb(0, 1))
     t:add(f.flags, tvb(1, 1)):append_text(" (" .. flag_text(flags) .. ")")
+    t:add(f.round_tag, tvb(1, 1))
     t:add(f.job_id, tvb(2, 2))
     t:add(f.worker_id, tvb(4, 1))
     t:add(f.exp, tvb(5, 1))
