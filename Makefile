@@ -9,7 +9,8 @@
 #            KEEP_RUNS (make run: finished runs of yours kept beside a new one, default 3),
 #            BMV2_LOG (make run: BMv2's log level, default info; trace as in p4lang/tutorials),
 #            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options),
-#            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options).
+#            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options),
+#            TESTGEN_TARGETS (make testgen: bmv2 tofino tofino2 by default).
 
 PYTHON        ?= python3
 VENV          ?= .venv
@@ -34,7 +35,7 @@ P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
 HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
-.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree bench-train build tofino clean protos
+.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree bench-train build tofino testgen clean protos
 
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
@@ -183,6 +184,14 @@ else
 	$(PYTHON) -m tools.soft_p4info --source $(P4_OUT)/bmv2/inagg.p4info.txtpb \
 	  --values-per-packet $(SOFT_VALUES_PER_PACKET) --out $(P4_OUT)/soft/inagg.p4info.txtpb
 endif
+
+# P4Testgen's tests of the BMv2 program and of the Tofino program for each chip (bounded and
+# seeded: tools/testgen.py) into p4/testgen/<target>/, with the command, the tool's hash and the
+# sources' hash in manifest.json (needs p4testgen: ../shared/toolchains/install p4testgen;
+# 5-8 minutes on 2 cores). tests/test_testgen_replay.py replays them on every engine.
+TESTGEN_TARGETS ?= bmv2 tofino tofino2
+testgen: setup
+	$(BIN)/python -m tools.testgen $(foreach t,$(TESTGEN_TARGETS),--target $(t))
 
 # Compile the Tofino program with bf-p4c for each chip in TOFINO_TARGETS (default both: tofino,
 # TNA; tofino2, t2na, with this bf-p4c only without CLOTs: it fails on the split value stacks

@@ -52,17 +52,41 @@ bool SwitchPipeline::source_guard(uint16_t port, const uint8_t* f, size_t len, u
     return false;
 }
 
+// The IPv4 header checksum the deparser writes into a frame it parsed as IPv4 (EtherType 0x0800,
+// the 20-byte header there): none (-1) when the frame carries it already or is not IPv4.
+static int deparsed_ipv4_checksum(const uint8_t* f, size_t len) {
+    if (len < kEth + kIp || load_be16(f + kEthType) != 0x0800) return -1;
+    uint8_t header[kIp];
+    std::memcpy(header, f + kIpAt, kIp);
+    header[kIpChecksum] = header[kIpChecksum + 1] = 0;
+    uint16_t sum = ipv4_checksum(header);
+    return sum == load_be16(f + kIpAt + kIpChecksum) ? -1 : sum;
+}
+
+// One forwarded copy: as it came, or (the deparser's checksum differs) a copy with it.
+static void forward_copy(uint16_t port, const uint8_t* f, size_t len, int checksum,
+                         OutputBatch& out) {
+    if (checksum < 0) {
+        out.forward(port, f, len);
+        return;
+    }
+    uint8_t* copy = out.reserve(port, len);
+    std::memcpy(copy, f, len);
+    store_be16(copy + kIpAt + kIpChecksum, static_cast<uint16_t>(checksum));
+}
+
 void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
     if (len < kEth) return;
     auto hit = tables_.l2.find(load_be48(f));
     const L2Action& action = hit == tables_.l2.end() ? tables_.l2_default : hit->second;
+    int checksum = deparsed_ipv4_checksum(f, len);
     if (action.kind == L2Kind::Forward) {
-        out.forward(action.arg, f, len);
+        if (action.arg != kDropPort) forward_copy(action.arg, f, len, checksum, out);
     } else if (action.kind == L2Kind::Flood) {
         auto group = tables_.groups.find(action.arg);
         if (group == tables_.groups.end()) return;
         for (const Replica& r : group->second)
-            if (r.port != port) out.forward(r.port, f, len);
+            if (r.port != port) forward_copy(r.port, f, len, checksum, out);
     }
 }
 

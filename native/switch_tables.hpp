@@ -66,6 +66,9 @@ struct GuardPort {
 };
 
 // l2_table's actions (Forwarding); `arg` is the port of forward or the group of flood.
+// A forward to kDropPort leaves nowhere: v1model's drop port (BMv2 drops a packet whose
+// egress_spec is 511), and on Tofino a port no pipe has (P4Testgen's tests expect a drop).
+constexpr uint16_t kDropPort = 511;
 enum class L2Kind : uint8_t { Drop, Forward, Flood };
 struct L2Action {
     L2Kind kind = L2Kind::Drop;

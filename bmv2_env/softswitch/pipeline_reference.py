@@ -70,6 +70,9 @@ ENCAP_UDP, ENCAP_ROCE = ENCAP_CODE["udp"], ENCAP_CODE["roce"]
 _DROP_CODE = {name: code for code, name in enumerate(DROP_REASONS)}
 _GLOBAL_CODE = {name: code for code, name in enumerate(GLOBAL_DROP_REASONS)}
 _GUARD_CODE = {name: code for code, name in enumerate(GUARD_DROP_REASONS)}
+# A forward to DROP_PORT leaves nowhere: v1model's drop port (BMv2 drops a packet whose
+# egress_spec is 511), and on Tofino a port no pipe has (P4Testgen's tests expect a drop).
+DROP_PORT = 511
 PARENT = ("parent",)   # the engine's id of a job's parent (its uplink's address) in a tree
 
 
@@ -295,12 +298,24 @@ class SoftPipeline:
             return []
         table = self.tables[L2_TABLE]
         action = table.lookup((frame.dst_mac,)) or table.default
+        data = deparsed(frame.data)
         if action.name.endswith(".forward"):
-            return [(action.param("port"), frame.data)]
+            return [] if action.param("port") == DROP_PORT else [(action.param("port"), data)]
         if action.name.endswith(".flood"):
-            return [(r.port, frame.data) for r in self.pre.groups.get(action.param("group"), ())
+            return [(r.port, data) for r in self.pre.groups.get(action.param("group"), ())
                     if r.port != port]
         return []
+
+
+def deparsed(data: bytes) -> bytes:
+    """A forwarded frame as the deparser emits it: one the parser took as IPv4 (EtherType
+    0x0800, the 20-byte header there) with its header checksum recomputed, as the compute
+    checksum control (BMv2) and the egress deparser (Tofino) do; any other as it came."""
+    if len(data) < ETH + IP or data[12:14] != b"\x08\x00":
+        return data
+    ip = bytearray(data[ETH:ETH + IP])
+    ip[10:12] = b"\0\0"
+    return data[:ETH + 10] + ipv4_checksum(ip).to_bytes(2, "big") + data[ETH + 12:]
 
 
 def guard_reason(tables: TableStore, port: int, frame: Frame) -> str | None:
