@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.built_from import sources_hash
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "p4" / "testgen"
 
@@ -91,18 +93,10 @@ def tool_identity() -> str:
     return hashlib.sha256(binary.read_bytes()).hexdigest()
 
 
-def sources_hash(target: Target) -> str:
-    """sha256 over the program's sources, by path and content, in path order."""
-    digest = hashlib.sha256()
-    for path in sorted({p for g in target.sources for p in ROOT.glob(g)}):
-        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def manifest(target: Target, tool: str) -> dict:
     """What the committed tests were generated from (checked by the currency test)."""
     return {"commands": {run: target.command(run, Path(f"p4/testgen/{target.name}")) for run in target.runs},
-            "tool_sha256": tool, "sources_sha256": sources_hash(target)}
+            "tool_sha256": tool, "sources_sha256": sources_hash(target.sources)}
 
 
 def compact(text: str) -> str:
