@@ -204,7 +204,9 @@ testgen: setup
 # build/<target>/compile.log). Standard P4Runtime counters/registers, so bf_switchd's P4Runtime server and
 # our software switch read the same P4Info.
 TOFINO_TARGETS ?= tofino tofino2
-TOFINO_SOURCES := 'p4/tofino/*.p4' 'p4/include/*.p4'   # what built_from.json hashes
+# what built_from.json hashes: the files the Tofino program reads (tools/built_from.py TOFINO_SOURCES)
+TOFINO_SOURCES := 'p4/tofino/*.p4' p4/include/headers.p4 p4/include/constants.p4 p4/include/size.p4 \
+	p4/include/unroll.p4
 tofino: setup
 	@for t in $(TOFINO_TARGETS); do \
 	  arch=$$( [ $$t = tofino2 ] && echo t2na || echo tna ); \

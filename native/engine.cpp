@@ -14,6 +14,9 @@ namespace inagg {
 namespace {
 
 constexpr uint8_t kStickyFlags = kFlagOverflow | kFlagCongestion;
+// A reset set's round tag: none yet, so its first opener's tag is its next (after a switch lost its
+// slot state the workers are at any round; engine_reference.py ROUND_UNSET).
+constexpr uint8_t kRoundUnset = kRoundTags;
 
 // The value loops: free functions over plain pointers and a local count, so the compiler sees
 // that the stores cannot change the count (in a member function they could alias k_) and
@@ -147,7 +150,7 @@ Engine::Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode)
         set.offset.assign(n_slots, 0);
         set.exp.assign(n_slots, kExpNone);
         set.flags.assign(n_slots, 0);
-        set.round.assign(n_slots, kRoundTags - 1);
+        set.round.assign(n_slots, kRoundUnset);
         set.count.assign(n_slots, 0);
         set.values.assign(static_cast<size_t>(n_slots) * k_, 0);
     }
@@ -309,7 +312,8 @@ Outcome Engine::open_or_join(SetState& set, const Header& h, RoundState st,
     uint32_t slot = h.slot;
     uint8_t tag = round_tag(h.flags);
     if (tag != set.round[slot]) {
-        if (tag != (set.round[slot] + 1) % kRoundTags) {  // a copy of an older round
+        if (set.round[slot] != kRoundUnset &&
+            tag != (set.round[slot] + 1) % kRoundTags) {  // a copy of an older round
             return Outcome::StaleRound;
         }
         if (set.bitmap[slot] != 0) {  // never sent: the set's round still has workers
@@ -355,7 +359,7 @@ void Engine::claim_slot(const Header& h) {
         for (SetState& set : sets_) {
             set.bitmap[h.slot] = 0;
             set.seen[h.slot] = 0;
-            set.round[h.slot] = kRoundTags - 1;  // rounds 0 and 1: the sets' next
+            set.round[h.slot] = kRoundUnset;  // its first opener's tag is its next
         }
     }
 }

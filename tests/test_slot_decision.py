@@ -62,7 +62,7 @@ def history(mine, empty, complete, same_round, sent_up, this_round, next_round):
     sent_up) for worker 0, then worker 0's packet with the round tag the last two keys name:
     the set's stored tag (this round), the one after it (next round), or the one after that
     (an older round's copy). A round in set 0 is round 0 (tag 0) at offset 0 with K values; a
-    fresh slot's stored round is tag ROUND_TAGS - 1, offset 0, count 0. sent_up: a job with an
+    fresh slot's set holds no tag (any is its next: tag 0 here), offset 0, count 0. sent_up: a job with an
     uplink, every worker in (docs/trees.md)."""
     before, packet = _state(mine, empty, complete, same_round, sent_up)
     stored = 0 if any(p[8] >> 7 == 0 for p in before) else ROUND_TAGS - 1   # set 0 opened?
@@ -97,7 +97,8 @@ def test_the_reference_decides_the_row(key, outcome):
     every worker in, so not empty, and no result; a tag is not both the set's and the next),
     on the Python reference engine and its C++ twin."""
     states = [v for v in itertools.product((0, 1), repeat=7) if covers(key, v) and not (v[0] and v[1])
-              and not (v[4] and (v[1] or v[2])) and not (v[5] and v[6])]
+              and not (v[4] and (v[1] or v[2])) and not (v[5] and v[6])
+              and not (v[1] and not v[2] and not v[6])]   # a fresh set has no tag: every tag is its next
     assert states
     for values in states:
         before, packet = history(*values)

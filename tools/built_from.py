@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = "built_from.json"
+# What the Tofino program reads (p4/tofino/inagg.p4 and its includes): make tofino's --sources.
+TOFINO_SOURCES = ("p4/tofino/*.p4", "p4/include/headers.p4", "p4/include/constants.p4", "p4/include/size.p4",
+                  "p4/include/unroll.p4")
 
 
 def sources_hash(globs: tuple[str, ...] | list[str]) -> str:

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.built_from import sources_hash
+from tools.built_from import TOFINO_SOURCES, sources_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "p4" / "testgen"
@@ -63,7 +63,7 @@ class Target:
 _GREEDY = ("--path-selection", "greedy_statement_search", "--track-coverage", "STATEMENTS")
 _RANDOM = ("--path-selection", "random_backtrack")
 _OUT = ("--output-packet-only",)
-_TOFINO_SOURCES = ("p4/tofino/*.p4", "p4/include/*.p4")
+
 TARGETS = {t.name: t for t in (
     Target("bmv2", "p4/inagg.p4",
            ("--target", "bmv2", "--arch", "v1model", "-Ip4/include", "-Ip4", "--port-ranges", "1:8",
@@ -73,11 +73,11 @@ TARGETS = {t.name: t for t in (
     Target("tofino", "p4/tofino/inagg.p4",
            ("--target", "tofino", "--arch", "tna", "-D__TARGET_TOFINO__=1", "-Ip4/include", "-Ip4",
             "-Ip4/tofino", "--port-ranges", "0:63"),
-           {"path": ("--max-tests", "30", *_RANDOM)}, _TOFINO_SOURCES),
+           {"path": ("--max-tests", "30", *_RANDOM)}, TOFINO_SOURCES),
     Target("tofino2", "p4/tofino/inagg.p4",
            ("--target", "tofino2", "--arch", "t2na", "-D__TARGET_TOFINO__=2", "-Ip4/include", "-Ip4",
             "-Ip4/tofino", "--port-ranges", "8:63"),
-           {"path": ("--max-tests", "30", *_RANDOM)}, _TOFINO_SOURCES),
+           {"path": ("--max-tests", "30", *_RANDOM)}, TOFINO_SOURCES),
 )}
 
 # The trace lines kept (compacted): which action each table chose, and the packet's fate.

@@ -41,8 +41,9 @@ STALE_ROUND, another offset/count BAD_ROUND, a stored round DUP_RESULT, a round 
 PARENT_RESULT (store, multicast), anything else STALE_ROUND.
 
 Why the round tag: a worker counts each slot's rounds from 0 at every grant and sends round k
-on set k % 2 with tag (k // 2) % ROUND_TAGS; a slot reset by a new owner holds tag
-ROUND_TAGS - 1 in both sets, so round 0 and 1 are each set's next round. Only the set's next
+on set k % 2 with tag (k // 2) % ROUND_TAGS; a slot reset by a new owner holds no tag in either
+set (ROUND_UNSET): each set's first opener sets it (round 0 and 1 normally; after a switch lost its
+slot state, the rounds the workers are at). Only the set's next
 round opens it, so a copy of round r delayed past round r + 1 (its set's bitmap empty, same
 offset and count as round r + 2) is stale instead of FIRST: it can neither change round r + 2's
 sum nor make r + 2's packets BAD_ROUND. A copy delayed by 2 * ROUND_TAGS - 2 rounds of its slot
@@ -84,6 +85,7 @@ from inagg.hostlib.wire.protocol import (
 )
 
 _STICKY_FLAGS = FLAG_OVERFLOW | FLAG_CONGESTION  # ORed into a round, returned with its result
+ROUND_UNSET = ROUND_TAGS   # a reset set's round tag: none yet, its first opener's is next (module docstring)
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ class AggregationEngine:
         self._flags = [[0] * n_slots, [0] * n_slots]
         self._offset = [[0] * n_slots, [0] * n_slots]
         self._count = [[0] * n_slots, [0] * n_slots]
-        self._round = [[ROUND_TAGS - 1] * n_slots, [ROUND_TAGS - 1] * n_slots]  # the round's tag
+        self._round = [[ROUND_UNSET] * n_slots, [ROUND_UNSET] * n_slots]  # the round's tag
         self._values = np.zeros((2, n_slots, values_per_packet), dtype=np.int32)
 
     # -- configuration -------------------------------------------------------------------
@@ -312,7 +314,7 @@ class AggregationEngine:
         bit = 1 << worker
         bitmap = self._bitmap[s]
         if tag != stored:                                      # FIRST, BAD_ROUND, STALE_ROUND
-            if tag != (stored + 1) % ROUND_TAGS:               # a copy of an older round
+            if stored != ROUND_UNSET and tag != (stored + 1) % ROUND_TAGS:   # an older round's copy
                 return self._drop_job(ctr, Outcome.STALE_ROUND)
             if bitmap[slot]:                                   # never sent: the set is busy
                 return self._drop_job(ctr, Outcome.BAD_ROUND)
@@ -348,7 +350,7 @@ class AggregationEngine:
             for s in (0, 1):
                 self._bitmap[s][slot] = 0
                 self._seen[s][slot] = 0
-                self._round[s][slot] = ROUND_TAGS - 1   # round 0 and 1 are the sets' next
+                self._round[s][slot] = ROUND_UNSET   # its first opener's tag is its next
 
     def _duplicate(self, ctr: JobCounters, job: JobConfig, slot: int, s: int, worker: int,
                    state: tuple[bool, bool, bool]) -> list[Emit]:

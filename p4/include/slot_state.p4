@@ -55,8 +55,10 @@
  * FIRST is safe: a worker starts round r+2 of a slot only after round r+1's result, which
  * needs every worker's round r+1, and each of those cleared the worker's bit in set s; in a
  * tree, level by level. Only the set's next round tag opens it: a copy of round r delayed past
- * round r+1 finds set s empty with round r's own tag, and is stale (a reset slot holds tag
- * ROUND_TAGS - 1 in both sets, so rounds 0 and 1 are the sets' next rounds).
+ * round r+1 finds set s empty with round r's own tag, and is stale. A reset slot holds no tag
+ * in either set (ROUND_UNSET): each set's first opener sets it, rounds 0 and 1 normally, and after
+ * a switch lost its slot state the rounds its workers are at (a copy that was late across that
+ * loss could open a set once: docs/protocol.md).
  */
 #ifndef _INAGG_SLOT_STATE_P4_
 #define _INAGG_SLOT_STATE_P4_
@@ -64,6 +66,9 @@
 #include <core.p4>
 #include <v1model.p4>
 #include "types.p4"
+
+/* A reset set's round tag: none yet (tags are 0..ROUND_TAGS - 1). */
+const bit<8> ROUND_UNSET = ROUND_TAGS;
 
 control SlotState(inout headers_t hdr, inout metadata_t meta) {
     register<bit<32>>(INAGG_SLOTS)     slot_tag;
@@ -158,8 +163,8 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
             slot_bitmap.write(slot + INAGG_SLOTS, 0);
             slot_seen.write(slot, 0);
             slot_seen.write(slot + INAGG_SLOTS, 0);
-            slot_round.write(slot, ROUND_TAGS - 1);     /* rounds 0 and 1: the sets' next */
-            slot_round.write(slot + INAGG_SLOTS, ROUND_TAGS - 1);
+            slot_round.write(slot, ROUND_UNSET);     /* its first opener's tag is its next */
+            slot_round.write(slot + INAGG_SLOTS, ROUND_UNSET);
         }
 
         bit<32> bitmap;
@@ -192,7 +197,7 @@ control SlotState(inout headers_t hdr, inout metadata_t meta) {
         if (round_in == stored_round) {
             this_round = 1;
         }
-        if (round_in == ((stored_round + 1) & (ROUND_TAGS - 1))) {
+        if (stored_round == ROUND_UNSET || round_in == ((stored_round + 1) & (ROUND_TAGS - 1))) {
             next_round = 1;
         }
         meta.send_result = 0;
