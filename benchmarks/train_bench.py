@@ -232,7 +232,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from inagg.bmv2_env.demos.workloads import MODELS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="cnn", choices=[m for m in MODELS], help="the zoo's model")
+    p.add_argument("--model", default="cnn", choices=MODELS, help="the zoo's model")
     p.add_argument("--workers", type=int, nargs="+", default=[4, 8], help="worker counts, one job each")
     p.add_argument("--rate", default="100mbit", help="every link's rate (tc tbf), e.g. 1gbit")
     p.add_argument("--mtu", type=int, default=1500, help="every link's MTU; K follows it")

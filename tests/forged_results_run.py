@@ -114,7 +114,7 @@ def forge_main(args: argparse.Namespace) -> int:
 
 # -- the launcher ----------------------------------------------------------------------------
 
-def targets(run, topo, ranks: list[dict]) -> list[dict]:
+def targets(topo, ranks: list[dict]) -> list[dict]:
     """What the forger needs of each rank: its addresses and grant, and the two sources."""
     from inagg.bmv2_env.emulation.topology import host_ip
 
@@ -160,7 +160,7 @@ def launch(args: argparse.Namespace) -> int:
         procs = start_ranks(run, Path(__file__).resolve(), "victim", ["h1", "h2"], STORE_PORT + 77,
                             ["--calls", str(args.calls), "--go", str(go)], {})
         ranks = wait_for([Path(f"{out}.rank{r}") for r in range(2)], procs, READY_SECONDS)
-        (run.run.path / "targets.json").write_text(json.dumps(targets(run, topo, ranks)))
+        (run.run.path / "targets.json").write_text(json.dumps(targets(topo, ranks)))
         forger = start_rank(run, "h3", [str(Path(__file__).resolve()), "--forge", str(run.run.path / "targets.json"),
                                         "--stop", str(stop), "--iface", run.net.get("h3").defaultIntf().name],
                             {}, "forger")
