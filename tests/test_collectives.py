@@ -76,14 +76,18 @@ def test_a_reduce_scatter_is_an_allreduce_each_rank_keeps_its_shard_of(groups, n
 
 
 def test_a_reduce_scatter_leaves_its_input_and_its_future_gives_the_outputs(groups):
-    def scatter(r: int) -> tuple[list[float], list[float]]:
+    """The two ranks share a host: the host-local reduce hands each only its shard (half the
+    result's bytes out of shared memory, ``result_bytes``), straight into its output."""
+    def scatter(r: int) -> tuple[list[float], list[float], int]:
         full = torch.ones(64 << 10)   # queued on the communicator's thread
         out = torch.zeros(32 << 10)
+        moved = groups[r].stats()["inagg"]["host_reduce"]["result_bytes"]
         work = groups[r].reduce_scatter_single(out, full, _scatter_opts(dist.ReduceOp.SUM))
         (got,) = work.get_future().wait()
-        return got.unique().tolist(), full.unique().tolist()
+        moved = groups[r].stats()["inagg"]["host_reduce"]["result_bytes"] - moved
+        return got.unique().tolist(), full.unique().tolist(), moved
 
-    assert on_ranks(scatter, 2) == [([2.0], [1.0])] * 2
+    assert on_ranks(scatter, 2) == [([2.0], [1.0], (32 << 10) * 4)] * 2
 
 
 def test_coalesced_reduce_scatters_and_all_gathers(groups):

@@ -287,3 +287,77 @@ def test_a_wait_for_a_silent_rank_ends_with_the_groups_failure_or_its_timeout():
             sock.close()
         for link in links.values():
             link.close()
+
+
+# -- reduce-scatter: each rank gets its shard only -------------------------------------------------
+
+def _scatter_inputs(rank: int, k: int) -> list[tuple[torch.Tensor, object]]:
+    """Calls of 3 ranks: float32 in one round and in blocks (a parallel call: over
+    ``SERIAL_VALUES`` in all), AVG, bfloat16, float16 and wrapping int32; a bad block (inf) whose
+    shard keeps the input's values and fails the call."""
+    from host_reduce_rank import half
+
+    from inagg.hostlib.worker.communicator import ReduceOp
+
+    rng = np.random.default_rng(rank)
+    floats = rng.standard_normal(3 * 40000).astype(np.float32) * np.float32(2.0) ** rng.integers(-20, 20, 3 * 40000)
+    inf = np.full(3 * k, rank + 1.0, np.float32)
+    if rank == 1:
+        inf[k + 5] = np.inf
+    return [(torch.from_numpy(rng.standard_normal(6).astype(np.float32)), ReduceOp.SUM),
+            (torch.from_numpy(floats.astype(np.float32)), ReduceOp.SUM),
+            (torch.from_numpy(rng.standard_normal(6000).astype(np.float32)), ReduceOp.AVG),
+            (half(rng.standard_normal(60000).astype(np.float32), "bfloat16"), ReduceOp.SUM),
+            (half(rng.standard_normal(15).astype(np.float32), "float16"), ReduceOp.SUM),
+            (torch.from_numpy(rng.integers(-2**31, 2**31, 60000, dtype=np.int64).astype(np.int32)), ReduceOp.SUM),
+            (torch.from_numpy(inf), ReduceOp.SUM)]
+
+
+def test_a_reduce_scatter_on_one_host_hands_each_rank_only_its_shard(monkeypatch):
+    """Three ranks of one host (threads; no job, the host reduce alone): each rank's output is
+    bit for bit its shard of the same call's allreduce, every dtype and op; its input is left
+    as it was; a third of the result leaves shared memory for each rank (``result_bytes``); an
+    inf fails the call on every rank with the blocks' shard values kept, as an allreduce does."""
+    import torch.distributed as dist
+
+    from inagg.hostlib.worker.host_communicator import ONE_HOST_VALUES_PER_PACKET, HostCommunicator, open_host_group
+    from test_training import on_ranks
+
+    monkeypatch.setenv("INAGG_HOST_REDUCE", "auto")
+    store, k = dist.HashStore(), ONE_HOST_VALUES_PER_PACKET
+    comms = on_ranks(lambda r: HostCommunicator(
+        open_host_group(dist.PrefixStore("host", store), r, 3, timedelta(seconds=60)), None), 3, 120)
+
+    def calls(r: int) -> list:
+        got, reduce = [], comms[r].group.reduce
+        for x, op in _scatter_inputs(r, k):
+            before, out = x.clone(), torch.zeros(x.numel() // 3, dtype=x.dtype)
+            moved = reduce.stats["result_bytes"]
+            try:
+                comms[r].reduce_scatter_async(x, out, op).wait()
+                error = None
+            except FloatingPointError as e:
+                error = e
+            moved = reduce.stats["result_bytes"] - moved
+            whole = x.clone()
+            try:
+                comms[r].allreduce(whole, op)
+            except FloatingPointError:
+                pass
+            got.append((out, whole, before, x, moved, error))
+        return got
+
+    try:
+        for r, results in enumerate(on_ranks(calls, 3, 120)):
+            for out, whole, before, x, moved, error in results:
+                n = out.numel()
+                assert _same_bits(saved(out), saved(whole[r * n:(r + 1) * n])) and _same_bits(saved(x), saved(before))
+                assert moved == (out.nbytes if error is None else 0)
+            inf_out, _, inf_in, _, _, inf_error = results[-1]
+            assert isinstance(inf_error, FloatingPointError) and f"first at element {k}" in str(inf_error)
+            shard = slice(r * k, (r + 1) * k)
+            assert inf_out.equal(inf_in[shard] if r == 1 else torch.full((k,), 6.0))
+        with pytest.raises(ValueError, match="not 3 outputs of 2 end to end"):
+            comms[0].reduce_scatter_async(torch.zeros(7), torch.zeros(2))
+    finally:
+        on_ranks(lambda r: comms[r].group.close(), 3, 60)

@@ -104,7 +104,7 @@ class InaggProcessGroup(dist.ProcessGroup):
         self.lifecycle = GroupLifecycle(self, store, timeout)
         self.gloo = self.lifecycle.gloo
         self.dispatch = AllreduceDispatch(self, self.lifecycle)
-        self.reduce_scatters = ReduceScatter(self.dispatch.allreduce, self.gloo, rank, world_size)
+        self.reduce_scatters = ReduceScatter(self.dispatch.reduce_scatter, self.gloo, rank, world_size)
         self.lifecycle.start(self.dispatch)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name

@@ -162,6 +162,33 @@ class AllreduceDispatch:
                 return work
         return self._start(path, tensor, opts, measure)
 
+    def reduce_scatter(self, output: torch.Tensor, input_: torch.Tensor,
+                       opts: dist.AllreduceOptions) -> tuple[torch.Tensor | None, dist.Work]:
+        """One reduce-scatter of ``input_`` (eligible: ``_ineligible``) into ``output``, this
+        rank's shard, on the path the chooser picks for an allreduce of ``input_``. Where the
+        path's communicator delivers only the rank's shard (``reduce_scatter_async``: the
+        host-local reduce), the shard goes straight into ``output`` and ``input_`` is only read:
+        returns (None, its Work). Else a copy of ``input_`` is allreduced there: returns (the
+        copy, its Work), and the caller keeps the copy's shard once the Work is done."""
+        previous = self._end_run()   # the chooser is asked: every rank's call numbers stay aligned  # noqa: F841
+        self._life.ready()
+        try:
+            path, measure = self._life.paths.choose(input_.nbytes)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self._group.named(e)
+        self.allreduces[path] += 1
+        self._carry(self._route(path, input_.dtype), 1, input_.nbytes)
+        comm = None if path == "gloo" else self._life.comm if path == "inagg" else self._life.lane
+        if not hasattr(comm, "reduce_scatter_async") or not input_.is_cpu:
+            full = input_.clone(memory_format=torch.contiguous_format)
+            return full, self._start(path, full, opts, measure)
+        idle, started = self._idle(path), time.perf_counter()
+        op = ReduceOp.AVG if opts.reduceOp == _AVG else ReduceOp.SUM
+        fut = comm.reduce_scatter_async(input_, output, op, inline_if_idle=input_.nbytes < _INLINE_BELOW_BYTES)
+        work = _CallWork(fut, lambda: _resolve_to(fut, [output], self._group.named), self._group)
+        self._last_work[path] = weakref.ref(work)
+        return None, self._timed(path, work, input_.nbytes, started) if measure and idle else work
+
     def _end_run(self) -> dist.Work | None:
         """Count the current run's calls (``PathChooser.skip``) and end it: before the chooser
         is asked again, so every rank's call numbers stay the same. Its latest Work is held

@@ -1,11 +1,13 @@
 """Reduce-scatter of an ``inagg`` process group (``inagg.hostlib.pytorch.backend``): FSDP's
-collective, run as allreduces on inagg's paths.
+collective, on inagg's paths.
 
-Design: each input is allreduced (a copy: the input stays as it was) on the path the allreduce
-dispatch chooses, and the rank's shard of the sum is copied to its output once every allreduce
-is done (``_ShardWork``): every rank's share of the work is the allreduce's, which INA does at
-line rate. Where an allreduce of the input could not use inagg (``_unshardable``), the inner
-gloo group's reduce-scatter runs instead.
+Design: each input goes on the path the allreduce dispatch chooses for it
+(``AllreduceDispatch.reduce_scatter``). The host-local reduce delivers only the rank's shard,
+straight into its output (the input only read: no copy of it, and S/N of the result moved out of
+shared memory instead of S); every other path allreduces a copy of the input (the input stays as
+it was), and the rank's shard of the sum is copied to its output once every call is done
+(``_ShardWork``). Where an allreduce of the input could not use inagg (``_unshardable``), the
+inner gloo group's reduce-scatter runs instead.
 """
 
 from __future__ import annotations
@@ -22,20 +24,22 @@ from inagg.hostlib.pytorch.works import _ShardWork
 
 
 class ReduceScatter:
-    """One rank's reduce-scatters (module docstring) over ``allreduce`` (the dispatch's) and
-    ``gloo`` (for what inagg cannot shard); ``via_allreduce`` counts them by collective."""
+    """One rank's reduce-scatters (module docstring) over ``scatter`` (the dispatch's
+    ``reduce_scatter``) and ``gloo`` (for what inagg cannot shard); ``via_allreduce`` counts them
+    by collective."""
 
-    def __init__(self, allreduce: Callable[[list[torch.Tensor], dist.AllreduceOptions], dist.Work],
+    def __init__(self, scatter: Callable[[torch.Tensor, torch.Tensor, dist.AllreduceOptions],
+                                         tuple[torch.Tensor | None, dist.Work]],
                  gloo: InnerGloo, rank: int, world_size: int) -> None:
         """Nothing run yet."""
-        self._allreduce, self._gloo, self._rank, self._size = allreduce, gloo, rank, world_size
+        self._scatter, self._gloo, self._rank, self._size = scatter, gloo, rank, world_size
         self.via_allreduce: Counter[str] = Counter()   # collective -> calls run as allreduces
 
     def run(self, collective: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
             opts: dist.ReduceScatterOptions | None, coalesced: bool) -> dist.Work:
         """``collective`` (torch's name of this reduce-scatter, counted under it) of ``inputs``
-        into ``outputs``: one allreduce per input, else the inner gloo group's, given the one
-        pair or the lists (``coalesced``) as torch gave them."""
+        into ``outputs``: one call on inagg's paths per input, else the inner gloo group's, given
+        the one pair or the lists (``coalesced``) as torch gave them."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         reason = self._unshardable(outputs, inputs, opts.reduceOp)
         if reason:
@@ -44,10 +48,7 @@ class ReduceScatter:
         self.via_allreduce[collective] += 1
         allreduce_opts = dist.AllreduceOptions()
         allreduce_opts.reduceOp = opts.reduceOp
-        calls = []
-        for output, input_ in zip(outputs, inputs):
-            full = input_.clone(memory_format=torch.contiguous_format)
-            calls.append((output, full, self._allreduce([full], allreduce_opts)))
+        calls = [(output, *self._scatter(output, input_, allreduce_opts)) for output, input_ in zip(outputs, inputs)]
         return _ShardWork(calls, self._rank)
 
     def _unshardable(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], op: dist.ReduceOp) -> str:

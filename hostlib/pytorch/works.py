@@ -203,13 +203,14 @@ class _TimedWork(dist.Work):
 
 @torch_calls(*_WORK_CALLS)
 class _ShardWork(dist.Work):
-    """The Work of reduce-scatters run as allreduces (``inagg.hostlib.pytorch.reduce_scatter``):
-    ``calls`` are (output, full, work), ``full`` the tensor ``work`` allreduces; once every
-    ``work`` is done, this rank's shard of each ``full`` is copied to its output, once, on
+    """The Work of reduce-scatters on inagg's paths (``inagg.hostlib.pytorch.reduce_scatter``):
+    ``calls`` are (output, full, work), ``full`` the tensor ``work`` allreduces, or None where
+    ``work`` writes the shard into ``output`` itself; once every ``work`` is done, this rank's
+    shard of each ``full`` is copied to its output, once, on
     whichever thread learns it first (``wait`` or the future's callback). ``wait`` raises a
     call's error; the future resolves to the outputs (as gloo's reduce-scatter's)."""
 
-    def __init__(self, calls: list[tuple[torch.Tensor, torch.Tensor, dist.Work]], rank: int) -> None:
+    def __init__(self, calls: list[tuple[torch.Tensor, torch.Tensor | None, dist.Work]], rank: int) -> None:
         super().__init__()
         self._calls, self._rank = calls, rank
         self._lock, self._kept = threading.Lock(), False
@@ -218,6 +219,8 @@ class _ShardWork(dist.Work):
         with self._lock:
             if not self._kept:
                 for output, full, _ in self._calls:
+                    if full is None:
+                        continue
                     n = output.numel()
                     output.copy_(full.view(-1)[self._rank * n:(self._rank + 1) * n].view_as(output))
                 self._kept = True

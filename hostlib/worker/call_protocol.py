@@ -113,6 +113,29 @@ def check_array(x: np.ndarray, average: bool) -> Refusal | None:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """Where a reduce-scatter's result goes: the sum's values ``[first, first + out.size)`` (the
+    rank's own shard) into ``out``, which may be another array than the input; the input is then
+    only read. Values outside the shard are never delivered to the rank."""
+
+    first: int
+    out: np.ndarray
+
+
+def rank_shard(x: np.ndarray, out: np.ndarray, rank: int, world_size: int) -> Shard:
+    """Rank ``rank``'s shard of ``x`` (the ranks' outputs end to end) into ``out``; a ValueError
+    naming the problem when ``out`` is not one rank's share of ``x``, in ``x``'s dtype."""
+    if out.dtype != x.dtype or out.ndim != 1 or not out.flags.c_contiguous:
+        raise ValueError(f"a reduce-scatter's output must be a contiguous {x.dtype} tensor; got a "
+                         f"{out.dtype} one{'' if out.flags.c_contiguous else ', not contiguous'}: pass "
+                         f"one of the input's dtype")
+    if out.size * world_size != x.size:
+        raise ValueError(f"a reduce-scatter's input of {x.size} values is not {world_size} outputs of "
+                         f"{out.size} end to end: pass an input of world_size x the output's values")
+    return Shard(rank * out.size, out)
+
+
+@dataclass(frozen=True)
 class CallSpec:
     """What one rank brings to a call: its call number, tensor (size, dtype, op) or refusal,
     window goal and the newest pending grant epoch it has seen (as a delta over the grant's)."""

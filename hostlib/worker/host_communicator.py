@@ -26,7 +26,7 @@ from inagg.hostlib.worker.communicator import Communicator, ReduceOp, as_array, 
 from inagg.hostlib.worker.cuda_staging import CudaStaging
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
 from inagg.hostlib.worker.host_reduce import HostReduce
-from inagg.hostlib.worker.call_protocol import check_array
+from inagg.hostlib.worker.call_protocol import Shard, check_array, rank_shard
 
 log = logging.getLogger("inagg.host")
 
@@ -161,26 +161,39 @@ class HostCommunicator:
     def allreduce_async(self, tensor, op=ReduceOp.SUM, *, inline_if_idle: bool = False):
         """As ``Communicator.allreduce_async``: a ``torch.futures.Future`` of ``tensor``, summed
         (or averaged) over the job's ranks in place; every rank fails a call alike."""
+        return self._call(tensor, None, op, inline_if_idle)
+
+    def reduce_scatter_async(self, tensor, output, op=ReduceOp.SUM, *, inline_if_idle: bool = False):
+        """A ``torch.futures.Future`` of ``output``: this rank's shard of the sum (or mean) of
+        ``tensor`` (the ranks' outputs end to end, a CPU tensor or array) over the job's ranks;
+        ``tensor`` stays as it was and no other shard reaches this rank (``HostReduce``'s
+        ``Shard``). A ValueError, before any call, when ``output`` is not one rank's share of
+        ``tensor``; every rank fails a call alike."""
+        return self._call(tensor, output, op, inline_if_idle)
+
+    def _call(self, tensor, output, op: ReduceOp, inline_if_idle: bool):
+        """One call of the host reduce (an allreduce, or with ``output`` a reduce-scatter)."""
         import torch
 
         average, refusal = reduce_kind(op)
         staged = None
-        if isinstance(tensor, torch.Tensor) and tensor.is_cuda and not tensor_refusal(tensor):
+        if output is None and isinstance(tensor, torch.Tensor) and tensor.is_cuda and not tensor_refusal(tensor):
             staged = self._staging.stage(tensor, numpy_view)   # the copy to host starts now
             array, bad_input = staged.values, None
         else:
             array, bad_input = as_array(tensor)
         refusal = bad_input or refusal or check_array(array, average)
+        shard = self._shard(array, output) if output is not None and refusal is None else None
         future = torch.futures.Future()
 
         def work() -> None:
             try:
                 if staged is not None:
                     CudaStaging.ready(staged)
-                self.k = self.group.reduce.allreduce(array, average, refusal, self.k, self.comm)
+                self.k = self.group.reduce.allreduce(array, average, refusal, self.k, self.comm, shard)
                 if staged is not None:
                     self._staging.finish(staged)
-                future.set_result(tensor)
+                future.set_result(tensor if output is None else output)
             except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
                 if staged is not None:
                     self._staging.release(staged)
@@ -188,6 +201,14 @@ class HostCommunicator:
 
         self.group.submit(work, inline_if_idle)
         return future
+
+    def _shard(self, array, output) -> Shard:
+        """This rank's ``Shard`` of ``array`` into ``output`` (a CPU tensor or an array)."""
+        out, bad = as_array(output)
+        if bad is not None:
+            raise ValueError(f"a reduce-scatter's output must be a contiguous CPU tensor or array; got "
+                             f"{bad.describe()}")
+        return rank_shard(array, out, self.rank, self.world_size)
 
     def allreduce(self, tensor, op=ReduceOp.SUM):
         """Blocking allreduce; raises what went wrong (on every rank alike)."""

@@ -28,7 +28,9 @@ exponents), then says READY with its tensor's description; the leader checks the
 or a mismatch fails the call on every rank with the same ``CallRefused``, naming ranks), makes
 the buffer larger if a rank had no room (GROW, then READY again), and has each rank reduce one
 range of the values (SEGMENT, DONE), or reduces it alone when the call is small
-(``SERIAL_VALUES``): one exchange of messages less. RESULT: every rank copies the result out.
+(``SERIAL_VALUES``): one exchange of messages less. RESULT: every rank copies the result out,
+or in a reduce-scatter (a ``Shard``) only its own shard, into its output: the input is only
+read (copied into the buffer), and each rank moves S/N of the result out of shared memory, not S.
 
 **Between hosts** (H > 1) the leader runs int32 calls on its Communicator, a job of H workers.
 Each host-call's first such call carries, ahead of its data, every host's tensor description
@@ -58,7 +60,7 @@ from inagg.hostlib.wire import codec
 from inagg.hostlib.worker.communicator import JobFailed
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, RankDied, SharedBuffer, receive_all
 from inagg.hostlib.worker.call_protocol import (
-    CallError, CallRefused, CallSpec, Refusal, one_round_capacity, overflow_error,
+    CallError, CallRefused, CallSpec, Refusal, Shard, one_round_capacity, overflow_error,
 )
 from inagg.hostlib.worker.stream_base import AllreduceError, Reduction
 
@@ -88,6 +90,7 @@ class _Call:
     mode: int = _INT
     divisor: float = 1.0
     next_wire: int = 0   # int32 values of the next call between hosts (0: none is left)
+    shard: Shard | None = None   # a reduce-scatter's: only this part of the result, into its output
     areas: dict[str, tuple[int, int, object, int]] = field(default_factory=dict)
 
     @property
@@ -160,16 +163,19 @@ class HostReduce:
         self.reduction = Reduction()   # the job's, when it wants the same bits on every path
         self.calls = 0
         self.broken: Exception | None = None
-        self.stats = {"calls": 0, "local_bytes": 0, "calls_between_hosts": 0, "seconds": 0.0}
+        # result_bytes: what the calls' results moved out of shared memory to this rank
+        self.stats = {"calls": 0, "local_bytes": 0, "result_bytes": 0, "calls_between_hosts": 0, "seconds": 0.0}
 
-    def allreduce(self, x: np.ndarray | None, average: bool, refusal: Refusal | None, k: int, comm=None) -> int:
-        """Sum (``average``: mean) ``x`` over the job's ranks, in place. ``k``: the values per
-        packet of the path's grant (the leader's ``comm``'s; ``comm`` is the leader's
-        Communicator of the path, None on the other ranks). Returns the K of the path's next call
-        (the leader's grant may have changed); raises what failed, on every rank alike."""
+    def allreduce(self, x: np.ndarray | None, average: bool, refusal: Refusal | None, k: int, comm=None,
+                  shard: Shard | None = None) -> int:
+        """Sum (``average``: mean) ``x`` over the job's ranks, in place, or with ``shard`` (a
+        reduce-scatter) only the shard's values of the sum into its output, ``x`` left as it was.
+        ``k``: the values per packet of the path's grant (the leader's ``comm``'s; ``comm`` is the
+        leader's Communicator of the path, None on the other ranks). Returns the K of the path's
+        next call (the leader's grant may have changed); raises what failed, on every rank alike."""
         started = time.perf_counter()
         c = _Call(self.calls, x, _word(x, average, refusal), self.reduction.block or k, len(self.layout.local),
-                  self.n_workers, len(self.layout.hosts))
+                  self.n_workers, len(self.layout.hosts), shard=shard if refusal is None else None)
         self.calls += 1
         c.mode = _mode(c, self.reduction)
         c.areas = _areas(c)
@@ -186,6 +192,8 @@ class HostReduce:
             raise
         self.stats["calls"] += 1
         self.stats["local_bytes"] += 4 * c.n
+        if c.n:
+            self.stats["result_bytes"] += c.x.itemsize * (c.n if c.shard is None else c.shard.out.size)
         self.stats["seconds"] += time.perf_counter() - started
         return k_next
 
@@ -249,19 +257,26 @@ class HostReduce:
                                     result)
 
     def _copy_out(self, c: _Call, overflow: str) -> None:
-        """The result into this rank's tensor; with ``overflow``, the blocks holding inf/NaN keep
-        this rank's values and the call raises (as on the switch path)."""
+        """The result into this rank's tensor, or its shard's values into the shard's output;
+        with ``overflow``, the blocks holding inf/NaN keep this rank's values and the call raises
+        (as on the switch path)."""
         if c.n == 0:
             return
         out = self._view(c, "result") if c.is_float else self._view(c, "wire")[2 * c.n_hosts:]
+        target, first = (c.x, 0) if c.shard is None else (c.shard.out, c.shard.first)
+        end = first + target.size
         if not overflow:
-            _into(c.x, out)
+            _into(target, out[first:end])
             return
         # from the tensor itself: another rank's next call may already write where this one's row was
-        kept = {b: c.x[b * c.k:(b + 1) * c.k].copy() for b in np.flatnonzero(self._view(c, "any_bad"))}
-        _into(c.x, out)
-        for b, values in kept.items():
-            c.x[b * c.k:(b + 1) * c.k] = values
+        kept = {}
+        for b in np.flatnonzero(self._view(c, "any_bad")).tolist():
+            lo, hi = max(first, b * c.k), min(end, (b + 1) * c.k)
+            if lo < hi:
+                kept[lo - first] = c.x[lo:hi].copy()
+        _into(target, out[first:end])
+        for at, values in kept.items():
+            target[at:at + values.size] = values
         raise FloatingPointError(overflow)
 
     # -- the other ranks -------------------------------------------------------------------------
