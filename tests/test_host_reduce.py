@@ -118,9 +118,18 @@ def test_four_local_ranks_give_the_switch_paths_bits_with_no_packet_between_them
     assert all(r["stats"]["inagg"]["packets_sent"] > 0 and "host_reduce" not in r["stats"]["inagg"] for r in switch)
 
 
+def _scattered(rank: int, world: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s inputs of reduce-scatters in a job of ``world`` ranks: float32 in blocks
+    and wrapping int32."""
+    rng = np.random.default_rng(1000 + rank)
+    return {"rs_float": rng.standard_normal(world * 1000).astype(np.float32),
+            "rs_int": rng.integers(-2**31, 2**31, world * 100, dtype=np.int64).astype(np.int32)}
+
+
 def _rank_on_host(rank: int, hosts: list[int], info: dict, store_path: str, out: Path, largest: int) -> None:
     """One rank of a job of ``len(hosts)`` through ``HostCommunicator`` (what the backend's
-    ranks use), its host set by INAGG_HOST_ID: the exact series, results to OUT/rank<R>.npz."""
+    ranks use), its host set by INAGG_HOST_ID: the exact series, then reduce-scatters
+    (``_scattered``: the rank's shard), results to OUT/rank<R>.npz."""
     import torch.distributed as dist
 
     from inagg.hostlib.worker.communicator import Communicator
@@ -137,6 +146,8 @@ def _rank_on_host(rank: int, hosts: list[int], info: dict, store_path: str, out:
 
     comm = HostCommunicator(group, join)
     results = {name: saved(comm.allreduce(tensor, op)) for name, tensor, op in inputs(rank, largest)}
+    for name, x in _scattered(rank, len(hosts)).items():
+        results[name] = comm.reduce_scatter_async(x, np.zeros(x.size // len(hosts), x.dtype)).wait()
     np.savez(out / f"rank{rank}.npz", **results)
     (out / f"rank{rank}.json").write_text(json.dumps({"inagg": comm.stats(), "k": comm.grant.values_per_packet}))
     comm.close()
@@ -146,7 +157,7 @@ def _rank_on_host(rank: int, hosts: list[int], info: dict, store_path: str, out:
 def test_a_job_of_more_ranks_than_the_switch_bitmap_runs_on_few_hosts(tmp_path):
     """MAX_WORKERS + 2 ranks on 2 hosts (processes forked from this one: no import each):
     the switch sees 2 workers (the hosts' leaders), and every rank gets the switch path's sums
-    of all the ranks (its specification, ``switch_sum``)."""
+    of all the ranks (its specification, ``switch_sum``), or in a reduce-scatter its shard of them."""
     from inagg.hostlib.worker.local import LocalServices
 
     hosts = [0] * (MAX_WORKERS // 2 + 1) + [1] * (MAX_WORKERS // 2 + 1)
@@ -175,6 +186,12 @@ def test_a_job_of_more_ranks_than_the_switch_bitmap_runs_on_few_hosts(tmp_path):
         want = saved(torch.from_numpy(switch_sum(wide, stats["k"], average=name.endswith("avg"))).to(tensor.dtype))
         for rank in (0, 1, len(hosts) // 2, len(hosts) - 1):
             assert _same_bits(_results(tmp_path, rank)[name], want), (rank, name)
+    scattered = [_scattered(r, len(hosts)) for r in range(len(hosts))]
+    for name in scattered[0]:
+        want = switch_sum([s[name] for s in scattered], stats["k"], average=False)
+        for rank in range(len(hosts)):
+            n = want.size // len(hosts)
+            assert _same_bits(_results(tmp_path, rank)[name], want[rank * n:(rank + 1) * n]), (rank, name)
 
 
 def _shm_names() -> set[str]:
