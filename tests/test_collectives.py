@@ -15,21 +15,25 @@ from test_backend import ROOT, groups_on, torchrun
 from test_training import on_ranks
 
 
-def fsdp_run(tmp_path, backend: str, fsdp: int, path: str | None = None, reproducible: bool = True) -> dict:
+def fsdp_run(tmp_path, backend: str, fsdp: int, path: str | None = None, reproducible: bool = True,
+             host_reduce: str = "off") -> dict:
     """examples/train_fsdp.py under torchrun on 2 ranks: rank 0's full parameters and stats;
-    every rank a worker of the switch (on one host its ranks would reduce there first)."""
-    env = {"INAGG_HOST_REDUCE": "off"} | ({"INAGG_ALLREDUCE_PATH": path} if path else {})
+    every rank a worker of the switch, or with ``host_reduce`` auto the ranks reducing on their
+    host (shared memory)."""
+    env = {"INAGG_HOST_REDUCE": host_reduce} | ({"INAGG_ALLREDUCE_PATH": path} if path else {})
     if not reproducible:
         env["INAGG_REPRODUCIBLE"] = "0"
-    return torchrun(tmp_path, f"{backend}-{path}-{reproducible}-fsdp{fsdp}", "--backend", backend,
+    return torchrun(tmp_path, f"{backend}-{path}-{reproducible}-{host_reduce}-fsdp{fsdp}", "--backend", backend,
                     "--fsdp", str(fsdp), script=ROOT / "examples" / "train_fsdp.py", env=env)
 
 
 @pytest.mark.parametrize("fsdp", [1, 2])
 def test_fsdp_trains_on_inagg_as_on_gloo(tmp_path, fsdp):
     """Bit for bit gloo's where the reduce-scatters take gloo's own float sum; by default every
-    path sums inagg's fixed point, so the switch and the gloo path give the same bits, within
-    the fixed point's rounding of gloo's, every gradient reduce-scatter an allreduce."""
+    path sums inagg's fixed point, so the switch, the gloo path and shared memory give the same
+    bits, within the fixed point's rounding of gloo's, every gradient reduce-scatter an allreduce
+    on the switch; in shared memory each rank takes only its half of each result (the
+    calibration's allreduces take all of theirs)."""
     gloo = fsdp_run(tmp_path, "gloo", fsdp)
     plain = fsdp_run(tmp_path, "inagg", fsdp, path="gloo", reproducible=False)
     assert plain["params"] == gloo["params"] and plain["losses"] == gloo["losses"]
@@ -43,6 +47,11 @@ def test_fsdp_trains_on_inagg_as_on_gloo(tmp_path, fsdp):
     assert scatters >= 5 and stats["allreduce_paths"] == {"inagg": scatters}
     assert stats["inagg"]["mode"] == "switch" and stats["inagg"]["packets_received"] > 0
     assert not any(key.startswith("reduce_scatter") for key in stats["fallbacks"])
+    local = fsdp_run(tmp_path, "inagg", fsdp, path="inagg", host_reduce="auto")
+    assert local["params"] == switch["params"] and local["losses"] == switch["losses"]
+    host, scattered = local["stats"]["inagg"]["host_reduce"], local["stats"]["carriers"]["shared memory"]
+    assert scattered["calls"] == sum(local["stats"]["via_allreduce"].values()) >= 5
+    assert host["local_bytes"] - host["result_bytes"] == scattered["bytes"] // 2
 
 
 @pytest.fixture(scope="module")
