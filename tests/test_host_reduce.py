@@ -376,5 +376,7 @@ def test_a_reduce_scatter_on_one_host_hands_each_rank_only_its_shard(monkeypatch
             assert inf_out.equal(inf_in[shard] if r == 1 else torch.full((k,), 6.0))
         with pytest.raises(ValueError, match="not 3 outputs of 2 end to end"):
             comms[0].reduce_scatter_async(torch.zeros(7), torch.zeros(2))
+        with pytest.raises(ValueError, match=r"input's dtype \(float32\); got int32"):
+            comms[0].reduce_scatter_async(torch.zeros(6), torch.zeros(2, dtype=torch.int32))
     finally:
         on_ranks(lambda r: comms[r].group.close(), 3, 60)

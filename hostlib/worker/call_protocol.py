@@ -126,9 +126,8 @@ def rank_shard(x: np.ndarray, out: np.ndarray, rank: int, world_size: int) -> Sh
     """Rank ``rank``'s shard of ``x`` (the ranks' outputs end to end) into ``out``; a ValueError
     naming the problem when ``out`` is not one rank's share of ``x``, in ``x``'s dtype."""
     if out.dtype != x.dtype or out.ndim != 1 or not out.flags.c_contiguous:
-        raise ValueError(f"a reduce-scatter's output must be a contiguous {x.dtype} tensor; got a "
-                         f"{out.dtype} one{'' if out.flags.c_contiguous else ', not contiguous'}: pass "
-                         f"one of the input's dtype")
+        raise ValueError(f"a reduce-scatter's output must be a contiguous tensor of the input's dtype "
+                         f"({x.dtype}); got {out.dtype}{'' if out.flags.c_contiguous else ', not contiguous'}")
     if out.size * world_size != x.size:
         raise ValueError(f"a reduce-scatter's input of {x.size} values is not {world_size} outputs of "
                          f"{out.size} end to end: pass an input of world_size x the output's values")

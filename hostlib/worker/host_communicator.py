@@ -168,7 +168,10 @@ class HostCommunicator:
         ``tensor`` (the ranks' outputs end to end, a CPU tensor or array) over the job's ranks;
         ``tensor`` stays as it was and no other shard reaches this rank (``HostReduce``'s
         ``Shard``). A ValueError, before any call, when ``output`` is not one rank's share of
-        ``tensor``; every rank fails a call alike."""
+        ``tensor`` or either is a CUDA tensor; every rank fails a call alike."""
+        if any(getattr(t, "is_cuda", False) for t in (tensor, output)):
+            raise ValueError("reduce_scatter_async takes CPU tensors or arrays; got a CUDA tensor: allreduce it "
+                             "(allreduce_async stages CUDA tensors) and keep this rank's shard")
         return self._call(tensor, output, op, inline_if_idle)
 
     def _call(self, tensor, output, op: ReduceOp, inline_if_idle: bool):
