@@ -9,7 +9,9 @@ skips the chooser (``allreduce``'s fast path: a few attribute reads instead of t
 per-call Python), its samples timed here (``_sample``) and its calls counted when it ends
 (``_end_run``). A small call on a communicator with nothing queued runs on the caller's thread
 (``_run``); with the same bits on every path, a float call on the gloo path sums inagg's fixed
-point (``_fixed_call``, ``inagg.hostlib.pytorch.reproducible``).
+point (``_fixed_call``, ``inagg.hostlib.pytorch.reproducible``). A reduce-scatter takes the path
+the chooser picks for an allreduce of its input, and its time feeds that path's model as one
+(``reduce_scatter``: only the rank's shard where the path can deliver just that).
 """
 
 from __future__ import annotations
