@@ -270,6 +270,28 @@ void bind_pipeline(nb::module_& m) {
     bind_engine_and_counters(cls);
 }
 
+// The impaired directions' stats as dicts, with the keys of the twin's (impair.py's stats()).
+nb::list stat_dicts(const std::vector<inagg::PortImpairments::Stat>& stats) {
+    nb::list out;
+    for (const auto& s : stats) {
+        nb::dict d;
+        d["port"] = s.port;
+        d["egress"] = s.egress;
+        d["seen"] = s.seen;
+        d["dropped"] = s.dropped;
+        d["delayed"] = s.delayed;
+        d["duplicated"] = s.duplicated;
+        d["reordered"] = s.reordered;
+        d["loss"] = s.loss;
+        d["duplicate"] = s.duplicate;
+        d["reorder"] = s.reorder;
+        d["delay_us"] = s.delay_us;
+        d["jitter_us"] = s.jitter_us;
+        out.append(d);
+    }
+    return out;
+}
+
 void bind_loop(nb::module_& m) {
     nb::class_<inagg::SwitchLoop>(m, "SwitchLoop",
                                   "The software switch's packet loop thread "
@@ -285,13 +307,14 @@ void bind_loop(nb::module_& m) {
         .def("set_congestion_threshold", &inagg::SwitchLoop::set_congestion_threshold, "bytes"_a,
              "Mark results leaving by a raw port whose socket holds this many bytes unsent (0: "
              "never)")
-        .def("set_loss", &inagg::SwitchLoop::set_loss, "port"_a, "egress"_a, "fraction"_a, "seed"_a,
-             "Drop this share of a port's frames in or out (before start())")
-        .def("set_delay", &inagg::SwitchLoop::set_delay, "port"_a, "egress"_a, "delay_us"_a,
-             "Hold a port's frames in or out this long back (before start())")
-        .def("impairment_stats", &inagg::SwitchLoop::impairment_stats,
-             "[(port, egress, seen, dropped, fraction, delay_us, delayed)] of each impaired "
-             "direction")
+        .def("set_impairment", &inagg::SwitchLoop::set_impairment, "port"_a, "egress"_a, "loss"_a,
+             "delay_us"_a, "jitter_us"_a, "duplicate"_a, "reorder"_a,
+             "Impair a port's frames in or out (port_impairment.hpp; before start())")
+        .def("set_impairment_seed", &inagg::SwitchLoop::set_impairment_seed, "seed"_a)
+        .def(
+            "impairment_stats",
+            [](const inagg::SwitchLoop& loop) { return stat_dicts(loop.impairment_stats()); },
+            "[{port, egress, seen, dropped, ...}] of each impaired direction (as the twin's)")
         .def("set_pipeline", &inagg::SwitchLoop::set_pipeline, "pipeline"_a.none(),
              nb::call_guard<nb::gil_scoped_release>())
         .def("start", &inagg::SwitchLoop::start)
@@ -312,39 +335,46 @@ void bind_loop(nb::module_& m) {
         });
 }
 
-// The ports' loss and delay on their own, for the twin's tests (bmv2_env/softswitch/impair.py).
+// The ports' impairments on their own, for the twin's tests (bmv2_env/softswitch/impair.py).
 void bind_impairments(nb::module_& m) {
     using inagg::PortImpairments;
-    nb::class_<PortImpairments>(m, "PortImpairments",
-                                "Seeded loss per port direction (native/port_impairment.hpp)")
+    nb::class_<PortImpairments>(
+        m, "PortImpairments", "Seeded impairments per port direction (native/port_impairment.hpp)")
         .def(nb::init<uint64_t>(), "seed"_a = 0)
         .def("set_loss", &PortImpairments::set_loss, "port"_a, "egress"_a, "fraction"_a)
         .def("set_delay", &PortImpairments::set_delay, "port"_a, "egress"_a, "delay_us"_a)
+        .def("set_jitter", &PortImpairments::set_jitter, "port"_a, "egress"_a, "jitter_us"_a)
+        .def("set_duplicate", &PortImpairments::set_duplicate, "port"_a, "egress"_a, "fraction"_a)
+        .def("set_reorder", &PortImpairments::set_reorder, "port"_a, "egress"_a, "fraction"_a)
         .def(
             "next",
             [](PortImpairments& p, uint16_t port, bool egress) {
-                PortImpairments::Fate fate = p.next(port, egress);
-                return std::make_pair(fate.dropped, fate.delay_us);
+                PortImpairments::Fate f = p.next(port, egress);
+                return nb::make_tuple(f.dropped, f.delay_us, f.duplicated, f.copy_delay_us, f.n);
             },
-            "port"_a, "egress"_a, "(dropped, delay_us) of the port direction's next frame")
-        .def("stats", &PortImpairments::stats);
+            "port"_a, "egress"_a,
+            "(dropped, delay_us, duplicated, copy_delay_us, n) of the port direction's next frame")
+        .def("left", &PortImpairments::left, "port"_a, "egress"_a, "n"_a)
+        .def("stats", [](const PortImpairments& p) { return stat_dicts(p.stats()); });
     m.def("loss_hash", &inagg::loss_hash, "seed"_a, "port"_a, "egress"_a, "n"_a);
+    m.def("impair_hash", &inagg::impair_hash, "seed"_a, "port"_a, "egress"_a, "n"_a, "salt"_a);
     using inagg::DelayLine;
     nb::class_<DelayLine>(m, "DelayLine",
                           "Frames held for their port's delay (port_impairment.hpp)")
         .def(nb::init<>())
         .def(
             "hold",
-            [](DelayLine& d, int64_t release_us, uint16_t port, bool egress, nb::bytes frame) {
-                d.hold(release_us, port, egress, reinterpret_cast<const uint8_t*>(frame.c_str()),
+            [](DelayLine& d, int64_t release_us, uint16_t port, bool egress, uint64_t n,
+               nb::bytes frame) {
+                d.hold(release_us, port, egress, n, reinterpret_cast<const uint8_t*>(frame.c_str()),
                        frame.size());
             },
-            "release_us"_a, "port"_a, "egress"_a, "frame"_a)
+            "release_us"_a, "port"_a, "egress"_a, "n"_a, "frame"_a)
         .def("take_due", [](DelayLine& d, int64_t now_us) {
             nb::list due;
             for (const auto& f : d.take_due(now_us))
                 due.append(nb::make_tuple(
-                    f.port, f.egress,
+                    f.port, f.egress, f.n,
                     nb::bytes(reinterpret_cast<const char*>(f.bytes.data()), f.bytes.size())));
             return due;
         });

@@ -119,15 +119,19 @@ void SwitchLoop::record(uint16_t port, bool sent, const uint8_t* frame, size_t l
     captures_.push(port, sent, usec, frame, len);
 }
 
-void SwitchLoop::set_loss(uint16_t port, bool egress, double fraction, uint64_t seed) {
-    if (running_) throw std::logic_error("set_loss() while the switch loop runs");
-    impair_.set_seed(seed);
-    impair_.set_loss(port, egress, fraction);
+void SwitchLoop::set_impairment(uint16_t port, bool egress, double loss, int64_t delay_us,
+                                int64_t jitter_us, double duplicate, double reorder) {
+    if (running_) throw std::logic_error("set_impairment() while the switch loop runs");
+    impair_.set_loss(port, egress, loss);
+    impair_.set_delay(port, egress, delay_us);
+    impair_.set_jitter(port, egress, jitter_us);
+    impair_.set_duplicate(port, egress, duplicate);
+    impair_.set_reorder(port, egress, reorder);
 }
 
-void SwitchLoop::set_delay(uint16_t port, bool egress, int64_t delay_us) {
-    if (running_) throw std::logic_error("set_delay() while the switch loop runs");
-    impair_.set_delay(port, egress, delay_us);
+void SwitchLoop::set_impairment_seed(uint64_t seed) {
+    if (running_) throw std::logic_error("set_impairment_seed() while the switch loop runs");
+    impair_.set_seed(seed);
 }
 
 void SwitchLoop::set_pipeline(std::shared_ptr<SwitchPipeline> pipeline) {
@@ -197,8 +201,10 @@ void SwitchLoop::release_held() {
     std::vector<DelayLine::Frame> due = held_.take_due(now_us());
     if (due.empty()) return;
     for (const auto& f : due)
-        if (f.egress)
+        if (f.egress) {
+            impair_.left(f.port, true, f.n);
             std::copy(f.bytes.begin(), f.bytes.end(), out_.reserve(f.port, f.bytes.size()));
+        }
     releasing_ = true;
     send_outputs();
     releasing_ = false;
@@ -207,10 +213,7 @@ void SwitchLoop::release_held() {
     {
         std::lock_guard<std::recursive_mutex> lock(pipeline->mutex());
         for (const auto& f : due)
-            if (!f.egress) {
-                record(f.port, false, f.bytes.data(), f.bytes.size());
-                pipeline->process(f.port, f.bytes.data(), f.bytes.size(), out_);
-            }
+            if (!f.egress) enter(f.port, f.n, f.bytes.data(), f.bytes.size(), *pipeline);
     }
     send_outputs();
 }
@@ -250,17 +253,46 @@ void SwitchLoop::receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipelin
     ingress(port->second, f, kInaggAt + len, pipeline);
 }
 
-// A frame that came in by `port`: lost on its link, held back for its delay, or captured and
-// through the pipeline now.
+// A frame that came in by `port`: lost on its link, or it (and its copy, when duplicated) held
+// back for its delay or through the pipeline now.
 void SwitchLoop::ingress(uint16_t port, const uint8_t* f, size_t len, SwitchPipeline& pipeline) {
     PortImpairments::Fate fate = impair_.next(port, false);
     if (fate.dropped) return;
-    if (fate.delay_us) {
-        held_.hold(now_us() + fate.delay_us, port, false, f, len);
-        return;
+    const int64_t delays[2] = {fate.delay_us, fate.copy_delay_us};
+    for (size_t c = 0; c < (fate.duplicated ? 2u : 1u); ++c) {
+        if (delays[c])
+            held_.hold(now_us() + delays[c], port, false, fate.n, f, len);
+        else
+            enter(port, fate.n, f, len, pipeline);
     }
+}
+
+// Frame `n` of `port`'s ingress through the pipeline now: captured, its order counted.
+void SwitchLoop::enter(uint16_t port, uint64_t n, const uint8_t* f, size_t len,
+                       SwitchPipeline& pipeline) {
+    impair_.left(port, false, n);
     record(port, false, f, len);
     pipeline.process(port, f, len, out_);
+}
+
+// How many copies of output frame i leave now: 1 while releasing held frames (impaired
+// already), else those its port's egress neither dropped nor held back (0, 1 or, duplicated, 2).
+size_t SwitchLoop::leaving_now(size_t i) {
+    if (releasing_) return 1;
+    uint16_t port = out_.port(i);
+    PortImpairments::Fate fate = impair_.next(port, true);
+    if (fate.dropped) return 0;
+    const int64_t delays[2] = {fate.delay_us, fate.copy_delay_us};
+    size_t now = 0;
+    for (size_t c = 0; c < (fate.duplicated ? 2u : 1u); ++c) {
+        if (delays[c]) {
+            held_.hold(now_us() + delays[c], port, true, fate.n, out_.data(i), out_.len(i));
+        } else {
+            impair_.left(port, true, fate.n);
+            ++now;
+        }
+    }
+    return now;
 }
 
 // Whether frames leaving by `sock` find its queue deep (set_congestion_threshold): raw ports
@@ -277,17 +309,15 @@ void SwitchLoop::send_outputs() {
     for (size_t i = 0; i < out_.size(); ++i) {
         auto sock = by_port_.find(out_.port(i));
         if (sock == by_port_.end()) continue;
-        if (!releasing_) {  // lost on the link, or held back for its delay
-            PortImpairments::Fate fate = impair_.next(out_.port(i), true);
-            if (fate.delay_us)
-                held_.hold(now_us() + fate.delay_us, out_.port(i), true, out_.data(i), out_.len(i));
-            if (fate.dropped || fate.delay_us) continue;
-        }
+        size_t copies = leaving_now(i);  // lost on the link, or held back for its delay
+        if (!copies) continue;
         PortSocket& s = *sock->second;
         if (s.pending.empty()) s.deep = congested(s);  // once per socket and batch
         if (s.deep && out_.mark(i, kFlagCongestion)) stats_.marked += 1;
-        s.pending.push_back(i);
-        record(out_.port(i), true, out_.data(i), out_.len(i));
+        for (size_t c = 0; c < copies; ++c) {  // a duplicated frame: sent twice
+            s.pending.push_back(i);
+            record(out_.port(i), true, out_.data(i), out_.len(i));
+        }
     }
     for (auto& sock : sockets_) {
         if (sock->pending.empty()) continue;

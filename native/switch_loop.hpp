@@ -10,10 +10,11 @@
 // Each wakeup (wait.hpp) takes up to kBatch frames per ready socket with one recvmmsg, runs them
 // through the pipeline under its lock, and sends what they caused with one sendmmsg per socket
 // (net.hpp: its error policy; a socket error stops the loop and stop() throws it).
-// Ports may drop a seeded share of their frames on the way in and out and hold the others back
-// for a delay (port_impairment.hpp): loss and delay for links where the kernel has no netem; a
-// dropped frame is neither captured nor seen, a held one is captured when it is let go (the
-// wait then ends at the earliest release).
+// Ports may drop a seeded share of their frames on the way in and out, hold the others back for
+// a delay with jitter, send a share twice and let a share overtake the held ones
+// (port_impairment.hpp): impairments for links where the kernel has no netem; a dropped frame is
+// neither captured nor seen, a held one is captured when it is let go (the wait then ends at the
+// earliest release), a duplicated one twice.
 #pragma once
 
 #include <netinet/in.h>
@@ -77,12 +78,14 @@ public:
     // kernel's count, SIOCOUTQ: the frames in the interface's queue, each at its buffer's
     // size) carry FLAG_CONGESTION, as BMv2's egress marks on enq_qdepth; 0: never. Before start().
     void set_congestion_threshold(size_t bytes) { congestion_bytes_ = bytes; }
-    // Drop `fraction` (0..1) of the frames `port` receives (or, `egress`, sends), chosen by
-    // `seed` (port_impairment.hpp). Before start() only.
-    void set_loss(uint16_t port, bool egress, double fraction, uint64_t seed);
-    // Hold the frames `port` receives (or, `egress`, sends) `delay_us` back. Before start() only.
-    void set_delay(uint16_t port, bool egress, int64_t delay_us);
-    // (port, egress, seen, dropped, fraction, delay_us, delayed) of each impaired port direction.
+    // Impair the frames `port` receives (or, `egress`, sends): drop `loss` (0..1) of them, hold
+    // the others `delay_us` +- `jitter_us` back, send `duplicate` of them twice, let `reorder`
+    // of them leave at once (port_impairment.hpp). Before start() only.
+    void set_impairment(uint16_t port, bool egress, double loss, int64_t delay_us,
+                        int64_t jitter_us, double duplicate, double reorder);
+    // The seed of every port's draws. Before start() only.
+    void set_impairment_seed(uint64_t seed);
+    // What each impaired port direction was asked and did.
     std::vector<PortImpairments::Stat> impairment_stats() const { return impair_.stats(); }
 
     void start();
@@ -102,6 +105,9 @@ private:
     void receive_batch(PortSocket& sock);
     void receive_udp(PortSocket& sock, size_t i, SwitchPipeline& pipeline);
     void ingress(uint16_t port, const uint8_t* frame, size_t len, SwitchPipeline& pipeline);
+    void enter(uint16_t port, uint64_t n, const uint8_t* frame, size_t len,
+               SwitchPipeline& pipeline);
+    size_t leaving_now(size_t i);
     std::shared_ptr<SwitchPipeline> current_pipeline();
     void release_held();
     void send_outputs();

@@ -41,12 +41,15 @@ at the inagg UDP port, and ``-i N@udp:127.A.B.N`` makes the host 127.A.B.N port 
 from a host enter its port as Ethernet/IPv4/UDP frames; frames leaving a UDP-attached port are
 sent as datagrams to their IPv4/UDP destination. This is how ``make demo`` runs the switch.
 
-Loss and delay without netem (``impair.py``): ``--loss PORT:in|out:PCT`` (repeatable) drops that
-share of the frames the port receives or sends, chosen by ``--loss-seed``, and ``--delay
-PORT:in|out:MS`` holds the others that long back, in either loop (the native loop's C++ and its
-Python twin decide alike); ``--impair-stats FILE`` keeps each impaired direction's frames
-seen, dropped and delayed there as JSON, rewritten every IMPAIR_STATS_SECONDS and at
-stop, which ``make run``'s summary reports.
+Impairments without netem (``impair.py``, netem's meanings), each ``PORT:in|out:AMOUNT`` and
+repeatable: ``--loss PCT`` drops that share of the frames the port receives or sends,
+``--delay MS`` holds the others that long back, ``--jitter MS`` draws each frame's delay in
+delay +- that (so frames overtake each other), ``--duplicate PCT`` sends that share twice,
+``--reorder PCT`` lets that share leave at once ahead of the held ones; every draw seeded by
+``--loss-seed``, in either loop (the native loop's C++ and its Python twin decide alike).
+``--impair-stats FILE`` keeps each impaired direction's frames seen, dropped, delayed,
+duplicated and reordered (measured as they leave) there as JSON, rewritten every
+IMPAIR_STATS_SECONDS and at stop, which ``make run``'s summary reports.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ from inagg.hostlib.wire.protocol import (
 from inagg.hostlib.wire.grant import MAX_IPV4_DATAGRAM, values_for_mtu
 from inagg.hostlib.wire.transport import enlarge_buffers
 
-from inagg.bmv2_env.softswitch.impair import DelayLine, PortImpairments, parse_delay, parse_loss, stats_json
+from inagg.bmv2_env.softswitch.impair import (UNITS, DelayLine, PortImpairments, configure, parse_impairment,
+                                              settings_by_direction, stats_json)
 from inagg.bmv2_env.softswitch.pipeline import NativePipeline
 from inagg.bmv2_env.softswitch.p4runtime_server import P4RuntimeService, SoftSwitchState, serve
 from inagg.bmv2_env.softswitch.pipeline_reference import ETH, INAGG_AT, IP, SoftPipeline, build_frame
@@ -243,8 +247,9 @@ def positive_int(text: str) -> int:
 
 
 def check_ports(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """``args.ports`` (port -> interface) and ``args.loss`` ((port, egress, fraction) each) from
-    the -i and --loss options; ``p.error`` on a malformed one or a loss on no attached port."""
+    """``args.ports`` (port -> interface) and ``args.impairments`` ((port, egress) -> settings:
+    impair.settings_by_direction) from the -i and impairment options; ``p.error`` on a
+    malformed one or an impairment on no attached port."""
     ports = {}
     for spec in args.interface:
         num, sep, iface = spec.partition("@")
@@ -259,13 +264,13 @@ def check_ports(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"bad --udp-bind {args.udp_bind!r}: expected IP or IP:PORT")
     args.ports = ports
     try:
-        args.loss = [parse_loss(text) for text in args.loss]
-        args.delay = [parse_delay(text) for text in args.delay]
+        args.impairments = settings_by_direction({name: [parse_impairment(name, text) for text in getattr(args, name)]
+                                                  for name in UNITS})
     except ValueError as e:
         p.error(str(e))
-    unknown = sorted({port for port, _, _ in args.loss + args.delay} - set(ports))
+    unknown = sorted({port for port, _ in args.impairments} - set(ports))
     if unknown:
-        p.error(f"--loss/--delay on port(s) {unknown}, which no -i attaches")
+        p.error(f"--{'/--'.join(UNITS)} on port(s) {unknown}, which no -i attaches")
     if not 0 <= args.loss_seed < 2**64:
         p.error("--loss-seed must be in 0..2**64-1")
 
@@ -301,12 +306,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine", choices=("native", "python", "tofino-model"), default="native",
                    help="the pipeline: C++ on its own packet-loop thread (default), the "
                         "Python reference, or the model of the Tofino program (with its --p4info)")
-    p.add_argument("--loss", action="append", default=[], metavar="PORT:in|out:PCT",
-                   help="drop PCT %% of the frames PORT receives (in) or sends (out), seeded (repeatable)")
-    p.add_argument("--delay", action="append", default=[], metavar="PORT:in|out:MS",
-                   help="hold the frames PORT receives (in) or sends (out) MS milliseconds back (repeatable)")
-    p.add_argument("--loss-seed", type=int, default=0, help="the seed choosing the dropped frames")
-    p.add_argument("--impair-stats", metavar="FILE", help="keep the ports' loss counts here (JSON)")
+    for name, what in (("loss", "drop PCT %% of the frames PORT receives (in) or sends (out)"),
+                       ("delay", "hold the frames PORT receives (in) or sends (out) MS milliseconds back"),
+                       ("jitter", "draw each frame's delay in delay +- MS milliseconds (frames then overtake)"),
+                       ("duplicate", "send PCT %% of the frames PORT receives (in) or sends (out) twice"),
+                       ("reorder", "let PCT %% of the frames leave at once, ahead of those held back")):
+        p.add_argument(f"--{name}", action="append", default=[], metavar=f"PORT:in|out:{'MS' if UNITS[name] == 'MS' else 'PCT'}",
+                       help=f"{what}; seeded, repeatable")
+    p.add_argument("--loss-seed", type=int, default=0, help="the seed of every impairment's draws")
+    p.add_argument("--impair-stats", metavar="FILE", help="keep the ports' impairment counts here (JSON)")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/out/bmv2/inagg.json)")
     t = argparse.ArgumentParser(prog="inagg-soft-switch ... --")
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
@@ -374,7 +382,7 @@ def start_with(state: SoftSwitchState, program: P4Info) -> None:
 
 
 class ImpairStatsFile:
-    """``--impair-stats``: the ports' loss counts (``stats()``, as ``impairment_stats``) saved
+    """``--impair-stats``: the ports' impairment counts (``stats()``, as ``impairment_stats``) saved
     as JSON, replaced whole (a reader never sees half a file), at most every
     IMPAIR_STATS_SECONDS unless forced (at stop)."""
 
@@ -393,17 +401,14 @@ class ImpairStatsFile:
 
 def port_impairments(args: argparse.Namespace, loop: _native.SwitchLoop | None
                      ) -> tuple[PortImpairments, ImpairStatsFile | None]:
-    """The ports' --loss and --delay set on the native loop (when it runs) and on the Python
-    loop's twin, and the --impair-stats file of whichever counts."""
+    """The ports' impairments set on the native loop (when it runs) and on the Python loop's
+    twin, and the --impair-stats file of whichever counts."""
     impair = PortImpairments(args.loss_seed)
-    for port, egress, fraction in args.loss:
-        if loop is not None:
-            loop.set_loss(port, egress, fraction, args.loss_seed)
-        impair.set_loss(port, egress, fraction)
-    for port, egress, delay_us in args.delay:
-        if loop is not None:
-            loop.set_delay(port, egress, delay_us)
-        impair.set_delay(port, egress, delay_us)
+    configure(impair, args.impairments)
+    if loop is not None:
+        loop.set_impairment_seed(args.loss_seed)
+        for (port, egress), settings in args.impairments.items():
+            loop.set_impairment(port, egress, **settings)
     if not args.impair_stats:
         return impair, None
     return impair, ImpairStatsFile(args.impair_stats, loop.impairment_stats if loop is not None else impair.stats)
@@ -473,46 +478,54 @@ def run_native_loop(loop: _native.SwitchLoop, attach: dict[int, RawPort | UdpPor
 
 class PythonPorts:
     """The Python loop's path of a frame through the ports and the pipeline, with the ports'
-    loss and delay (``impair``, the twin of the native loop's; held frames in ``held``)."""
+    impairments (``impair``, the twin of the native loop's; held frames in ``held``)."""
 
     def __init__(self, state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts],
                  captures: PortCaptures | None, impair: PortImpairments) -> None:
         self.state, self.attach, self.captures, self.impair = state, attach, captures, impair
         self.held = DelayLine()
 
-    def _impaired(self, port: int, egress: bool, frame: bytes) -> bool:
-        """Whether the port's impairment takes ``frame`` (its next one that way): lost, or held
-        back for its delay (``held`` releases it later)."""
-        dropped, delay_us = self.impair.next(port, egress)
-        if delay_us and not dropped:
-            self.held.hold(time.monotonic() + delay_us / 1e6, port, egress, frame)
-        return bool(dropped or delay_us)
+    def _leaving_now(self, port: int, egress: bool, frame: bytes) -> int:
+        """How many copies of ``frame`` (its port direction's next) leave now: 0 when lost, the
+        others held back for their delay (``held`` releases them later); as the native loop's."""
+        dropped, delay, duplicated, copy_delay, n = self.impair.next(port, egress)
+        if dropped:
+            return 0
+        now = 0
+        for d in (delay, copy_delay)[:1 + duplicated]:
+            if d:
+                self.held.hold(time.monotonic() + d / 1e6, port, egress, n, frame)
+            else:
+                self.impair.left(port, egress, n)
+                now += 1
+        return now
 
     def ingress(self, port: int, frame: bytes, released: bool = False) -> None:
-        """A frame in by ``port``: lost, held back for its delay, or captured and processed."""
-        if not released and self._impaired(port, False, frame):
-            return
-        if self.captures is not None:
-            self.captures.write(port, "in", now_usec(), frame)
-        with self.state.lock:
-            out = self.state.pipeline.process(port, frame) if self.state.pipeline else []
-        for egress, data in out:
-            self.egress(egress, data)
+        """A frame in by ``port``: lost, held back for its delay, or captured and processed
+        (twice when duplicated)."""
+        for _ in range(1 if released else self._leaving_now(port, False, frame)):
+            if self.captures is not None:
+                self.captures.write(port, "in", now_usec(), frame)
+            with self.state.lock:
+                out = self.state.pipeline.process(port, frame) if self.state.pipeline else []
+            for egress, data in out:
+                self.egress(egress, data)
 
     def egress(self, port: int, frame: bytes, released: bool = False) -> None:
-        """A frame out by ``port``: lost, held back for its delay, or sent and captured."""
+        """A frame out by ``port``: lost, held back for its delay, or sent and captured (twice
+        when duplicated)."""
         a = self.attach.get(port)
         if a is None:
             return
-        if not released and self._impaired(port, True, frame):
-            return
-        log.debug("out by port %d: %d bytes", port, len(frame))
-        a.send(port, frame)
-        if self.captures is not None:
-            self.captures.write(port, "out", now_usec(), frame)
+        for _ in range(1 if released else self._leaving_now(port, True, frame)):
+            log.debug("out by port %d: %d bytes", port, len(frame))
+            a.send(port, frame)
+            if self.captures is not None:
+                self.captures.write(port, "out", now_usec(), frame)
 
     def release_due(self) -> None:
-        for port, egress, frame in self.held.take_due(time.monotonic()):
+        for port, egress, n, frame in self.held.take_due(time.monotonic()):
+            self.impair.left(port, egress, n)
             (self.egress if egress else self.ingress)(port, frame, released=True)
 
     def timeout(self) -> float:
@@ -525,7 +538,7 @@ def run_python_loop(state: SoftSwitchState, attach: dict[int, RawPort | UdpPorts
                     captures: PortCaptures | None, stop: threading.Event,
                     impair: PortImpairments | None = None, impaired: ImpairStatsFile | None = None) -> int:
     """The per-frame loop: every frame through Python (pcaps, packet logs, the reference);
-    ``impair``: the ports' loss and delay (the twin of the native loop's), in and out."""
+    ``impair``: the ports' impairments (the twin of the native loop's), in and out."""
     ports = PythonPorts(state, attach, captures, impair or PortImpairments())
     sel = selectors.DefaultSelector()
     for a in distinct(attach):
