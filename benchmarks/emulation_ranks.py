@@ -1,6 +1,6 @@
 """What the benchmarks that run torch.distributed ranks in the Mininet emulation share
 (``bandwidth_flip.py``, ``wire_bench.py``, ``tree_bench.py``): whether the emulation can run
-here, shaping a link with ``tc tbf`` (netem is not needed, so kernels without sch_netem work),
+here, shaping a link with ``tc tbf`` (make run's ``bmv2_env/emulation/shaping.py``; netem is not needed, so kernels without sch_netem work),
 starting one rank process per worker host against the run's controller, a rank joining its job
 and reporting its slowest rank's times, waiting for rank 0's next line, and writing the
 results' CSV.
@@ -24,16 +24,12 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
+from inagg.bmv2_env.emulation.shaping import rate_bits, shape  # noqa: F401 - make run's tbf, for every benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"   # CSV and PNG by default (not committed: docs/results/ keeps runs)
 STORE_PORT = 29500        # in the ranks' own namespaces: no other process can hold it
 READY_SECONDS = 180.0     # bring-up and the process group's start on a loaded 2-core machine
-# A small token bucket: a large one lets an isolated call (an exploration on a link that sat idle)
-# through at line rate. It must hold a whole frame (jumbo ones too) and a timer tick's worth of
-# the rate (1 ms: tbf's hrtimer), or tbf cannot reach its rate.
-TBF_BURST_BYTES = 16 << 10
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
-_UNIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 _DROPPED = re.compile(r"\(dropped (\d+),")
 
 
@@ -55,29 +51,11 @@ def launcher_can_run(name: str) -> bool:
     return True
 
 
-def rate_bits(rate: str) -> float:
-    """A tc rate (``100mbit``, ``1gbit``) in bits per second."""
-    m = _RATE.match(rate.strip().lower())
-    if not m:
-        raise ValueError(f"rate {rate!r}: write it as tc does, e.g. 100mbit or 1gbit")
-    return float(m.group(1)) * _UNIT[m.group(2)]
-
-
 def node_sh(node, command: str) -> None:
     """Run ``command`` in a Mininet node's shell; ip and tc print nothing unless they fail."""
     out = node.cmd(command).strip()
     if out:
         raise RuntimeError(f"{node.name}: {command}: {out}")
-
-
-def shape(intf, rate: str | None) -> None:
-    """Limit ``intf``'s egress (one direction of its link) to ``rate`` with tc tbf, or remove
-    the limit (None)."""
-    if rate is None:
-        node_sh(intf.node, f"tc qdisc del dev {intf.name} root")
-        return
-    burst = max(TBF_BURST_BYTES, int(rate_bits(rate) / 8 / 1000))
-    node_sh(intf.node, f"tc qdisc replace dev {intf.name} root tbf rate {rate} burst {burst} latency 100ms")
 
 
 def link_drops(links) -> int:

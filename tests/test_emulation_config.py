@@ -185,6 +185,21 @@ BAD_TOPOLOGIES = {
     "bw out of range": (_set("links.0", ["h1", "s1-p1", {"bw": 5000}]), r"links\[0\]: bw 5000 must be Mbit/s in \(0, 1000\]"),
     "delay without unit": (_set("links.0", ["h1", "s1-p1", {"delay": "5"}]), r"links\[0\]: delay '5' must be a time as tc"),
     "loss over 100": (_set("links.0", ["h1", "s1-p1", {"loss": 150}]), r"loss 150 must be a percentage in 0..100"),
+    "duplicate negative": (_set("links.0", ["h1", "s1-p1", {"duplicate": -1}]), r"duplicate -1 must be a percentage"),
+    "jitter without delay": (_set("links.0", ["h1", "s1-p1", {"jitter": "1ms"}]),
+                             r"links\[0\]: jitter without a delay: netem's jitter varies the delay; add a \"delay\""),
+    "reorder without delay": (_set("links.0", ["h1", "s1-p1", {"reorder": 10}]), r"reorder without a delay"),
+    "bw and bw_schedule": (_set("links.0", ["h1", "s1-p1", {"bw": 10, "bw_schedule": [[0, 10]]}]),
+                           r"bw and bw_schedule both given.*remove bw"),
+    "bw_schedule not pairs": (_set("links.0", ["h1", "s1-p1", {"bw_schedule": [[0, 10, 3]]}]),
+                              r"bw_schedule \[\[0, 10, 3\]\] must be a list of \[seconds, Mbit/s\] pairs"),
+    "bw_schedule rate 0": (_set("links.0", ["h1", "s1-p1", {"bw_schedule": [[0, 0]]}]), r"rates in \(0, 1000\]"),
+    "bw_schedule late start": (_set("links.0", ["h1", "s1-p1", {"bw_schedule": [[1, 10]]}]),
+                               r"bw_schedule times \[1\] must start at 0 and increase"),
+    "bw_schedule backwards": (_set("links.0", ["h1", "s1-p1", {"bw_schedule": [[0, 10], [5, 2], [5, 3]]}]),
+                              r"times \[0, 5, 5\] must start at 0 and increase"),
+    "reordr for reorder": (_set("links.0", ["h1", "s1-p1", {"delay": "1ms", "reordr": 5}]),
+                           r"unknown key 'reordr' \(did you mean 'reorder'\?\)"),
     # workloads (demos/workloads.py)
     "unknown model": (_set("jobs.0.model", "resnet"), r"job j\): unknown model 'resnet'; the zoo has mlp, cnn, transformer"),
     "model misspelt": (_set("jobs.0.model", "transfomer"), r"unknown model 'transfomer' \(did you mean 'transformer'\?\)"),
@@ -462,23 +477,38 @@ def test_a_failed_rank_or_exited_service_is_named_with_its_log(tmp_path):
                 p.kill()
 
 
-def test_link_loss_and_delay_become_the_soft_switch_ports():
-    """Without netem a host link's loss and delay are applied at its switch port both ways, a
-    switch link's at each end's egress; the flags carry the seed; BMv2 is refused naming the
-    alternative, and jitter, which nothing applies, is listed as not applied."""
-    from inagg.bmv2_env.emulation.impairments import impairment_flags, plan, switch_impairments
+def test_link_impairments_become_the_soft_switch_ports():
+    """Without netem a host link's loss, delay, jitter, duplicate and reorder are applied at its
+    switch port both ways, a switch link's at each end's egress; the flags carry the seed; BMv2
+    is refused naming the alternative (with netem too once a link asks duplicate or reorder,
+    which Mininet does not pass to netem), and max_queue_size, which nothing applies without
+    netem, is listed as not applied; TCLink gets only what it applies."""
+    from inagg.bmv2_env.emulation.impairments import impairment_flags, plan, switch_impairments, tclink_options
 
-    t = parse_topology(topo([["h1", "s1-p1", {"loss": 1.5}], ["h2", "s1-p2"], ["agg", "s1-p5"],
-                             ["h3", "s2-p1", {"delay": "500us", "jitter": "1ms"}], ["h4", "s2-p2"],
-                             ["s1-p6", "s2-p3", {"loss": 2, "delay": "0.01s"}]]))
-    assert switch_impairments(t) == {"s1": [(1, "in", 1.5, 0), (1, "out", 1.5, 0), (6, "out", 2, 10)],
-                                     "s2": [(1, "in", 0, 0.5), (1, "out", 0, 0.5), (3, "out", 2, 10)]}
+    t = parse_topology(topo([["h1", "s1-p1", {"loss": 1.5, "max_queue_size": 10}], ["h2", "s1-p2"], ["agg", "s1-p5"],
+                             ["h3", "s2-p1", {"delay": "500us", "jitter": "1ms", "duplicate": 5, "reorder": 25}],
+                             ["h4", "s2-p2"], ["s1-p6", "s2-p3", {"loss": 2, "delay": "0.01s"}]]))
+    h3 = {"delay": 0.5, "jitter": 1, "duplicate": 5, "reorder": 25}
+    assert switch_impairments(t) == {"s1": [(1, "in", {"loss": 1.5}), (1, "out", {"loss": 1.5}),
+                                            (6, "out", {"loss": 2, "delay": 10})],
+                                     "s2": [(1, "in", h3), (1, "out", h3), (3, "out", {"loss": 2, "delay": 10})]}
     assert impairment_flags(switch_impairments(t)["s2"], 3) == [
-        "--loss", "3:out:2", "--delay", "1:in:0.5", "--delay", "1:out:0.5", "--delay", "3:out:10", "--loss-seed", "3"]
+        "--loss", "3:out:2", "--delay", "1:in:0.5", "--delay", "1:out:0.5", "--delay", "3:out:10",
+        "--jitter", "1:in:1", "--jitter", "1:out:1", "--duplicate", "1:in:5", "--duplicate", "1:out:5",
+        "--reorder", "1:in:25", "--reorder", "1:out:25", "--loss-seed", "3"]
     assert impairment_flags([], 3) == []
     soft = plan(t, "soft", netem=False)
-    assert (soft.by, soft.loss, soft.delay, soft.not_applied) == ("soft switch ports", True, True, ("jitter",))
-    assert plan(t, "bmv2", netem=True).by == "netem"
-    with pytest.raises(TopologyError, match="link delay and loss: .*make run DATAPLANE=soft"):
+    assert (soft.by, soft.applied, soft.not_applied) == (
+        "soft switch ports", ("delay", "jitter", "loss", "duplicate", "reorder"), ("max_queue_size",))
+    assert plan(t, "soft", netem=True).by == "soft switch ports"
+    with pytest.raises(TopologyError, match="Mininet's TCLink passes netem no duplicate or reorder .*DATAPLANE=soft"):
+        plan(t, "bmv2", netem=True)
+    with pytest.raises(TopologyError, match="link delay and jitter and loss and duplicate and reorder: this kernel "
+                                            "has no netem .*make run DATAPLANE=soft"):
         plan(t, "bmv2", netem=False)
+    netem_only = parse_topology(topo([["h1", "s1-p1", {"loss": 1, "delay": "5ms", "bw": 10}], *BASE_LINKS[1:]]))
+    assert plan(netem_only, "bmv2", netem=True).by == "netem"
+    assert tclink_options(t.links[3].params, "soft switch ports") == {}
+    assert tclink_options(netem_only.links[0].params, "netem") == {"loss": 1, "delay": "5ms", "bw": 10}
+    assert tclink_options({"bw_schedule": [[0, 50], [3, 5]], "loss": 1}, "none") == {"bw": 50, "use_tbf": True}
     assert plan(parse_topology(topo(BASE_LINKS)), "bmv2", netem=False).by == "none"

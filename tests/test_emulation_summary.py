@@ -126,8 +126,32 @@ def test_link_loss_is_what_was_applied_not_what_was_asked(tmp_path):
     del link.params["loss"]
     link.params["jitter"] = "1ms"
     link.params["delay"] = "5ms"
+    link.params["max_queue_size"] = 10
     lines, rows = summary(topo, records, switches, tmp_path, applied=plan(topo, "soft", netem=False))
-    assert [(r["link_loss_pct"], r["link_delay_ms"], r["link_delay_asked_ms"]) for r in rows] == [(0, 5, 5), (0, 0, 0)]
-    assert "link jitter of the topology NOT applied (this kernel has no netem qdisc)" in "\n".join(lines)
-    with pytest.raises(TopologyError, match="link delay: .*DATAPLANE=soft"):
+    assert [(r["link_loss_pct"], r["link_delay_ms"], r["link_jitter_ms"], r["link_delay_asked_ms"]) for r in rows] == [
+        (0, 5, 1, 5), (0, 0, 0, 0)]
+    assert "link max_queue_size of the topology NOT applied (this kernel has no netem qdisc)" in "\n".join(lines)
+    with pytest.raises(TopologyError, match="link delay and jitter: .*DATAPLANE=soft"):
         plan(topo, "bmv2", netem=False)
+
+
+def test_duplicates_reordering_and_rate_changes_are_reported_as_counted(tmp_path):
+    """The ports' duplicated and reordered frames become the job's measured shares and the
+    port's line; each bandwidth change applied is a line with its time and tc's rates."""
+    topo, records, switches = real_run("two_jobs.json")
+    link = next(link for link in topo.links if "h1" in (link.a.node, link.b.node))
+    link.params.update(delay="5ms", jitter="2ms", duplicate=10, reorder=5)
+    applied = plan(topo, "soft", netem=False)
+    counts = {"seen": 200, "dropped": 0, "delayed": 180, "duplicated": 20, "reordered": 30, "loss_pct": 0,
+              "delay_ms": 5, "jitter_ms": 2, "duplicate_pct": 10, "reorder_pct": 5}
+    applied.port_stats = {"s1": [{"port": 1, "direction": d, **counts} for d in ("in", "out")]}
+    applied.bw_changes = [{"link": "h1-s1-p1", "at_s": -3.2, "mbit": 100, "mbit_applied": [100.0, 100.0]},
+                          {"link": "h1-s1-p1", "at_s": 5.01, "mbit": 20, "mbit_applied": [20.0, None]}]
+    lines, rows = summary(topo, records, switches, tmp_path, applied=applied)
+    assert [(r["link_duplicated_pct"], r["link_reordered_pct"]) for r in rows] == [(10.0, 15.0), (None, None)]
+    text = "\n".join(lines)
+    assert "link delay/jitter/duplicate/reorder applied by the software data plane's ports" in text
+    assert ("  p1 in 0/200 (0.00 % of 0 %), 180 delayed 5 +- 2 ms, 20 duplicated (of 10 %), 30 reordered, "
+            "out 0/200") in text
+    assert "  -3.2 s link h1-s1-p1: 100 Mbit/s asked, 100/100 Mbit/s applied" in lines
+    assert "  +5.0 s link h1-s1-p1: 20 Mbit/s asked, 20/none Mbit/s applied" in lines

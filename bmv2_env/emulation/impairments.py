@@ -2,20 +2,24 @@
 what it reports of them: never an impairment that was not applied.
 
 Mininet's TCLink applies a link's ``delay``/``jitter``/``loss``/``max_queue_size`` with the
-kernel's netem qdisc. Where the kernel has none (this machine: no sch_netem, no iptables/nft):
+kernel's netem qdisc (it passes netem no ``duplicate`` or ``reorder``). Where the kernel has no
+netem (this machine: no sch_netem, no iptables/nft), or a link asks for duplicate or reorder:
 
-* **loss and delay** on the software data plane are applied by the switch's own ports
-  (``inagg-soft-switch --loss/--delay``, ``softswitch/impair.py``): on a host's link, the switch
-  port drops that share of the frames it receives from the host and of those it sends to it,
-  and holds the rest that long back (netem on both ends impairs each direction once); on a
-  switch-to-switch link, each end impairs what it sends. Seeded, counted per port direction and
-  reported (``port_stats``). The delay is constant (no jitter), so nothing is reordered.
-* **loss and delay** on BMv2 have no such mechanism (simple_switch has no per-port drop or
-  delay): the run is refused before anything is built, naming the alternative (``DATAPLANE=soft``).
-* **jitter, max_queue_size** are not applied on either data plane: the run goes on, and the
-  summary names them as not applied.
+* **loss, delay, jitter, duplicate, reorder** on the software data plane are applied by the
+  switch's own ports (``inagg-soft-switch --loss/--delay/--jitter/--duplicate/--reorder``,
+  ``softswitch/impair.py``, netem's meanings): on a host's link the switch port impairs the
+  frames it receives from the host and those it sends to it (netem on both ends impairs each
+  direction once); on a switch-to-switch link, each end impairs what it sends. Seeded, counted
+  per port direction as they happen (dropped, delayed, duplicated, and reordered: frames that
+  left behind a later one) and reported (``port_stats``).
+* **the same on BMv2** have no such mechanism (simple_switch has no per-port drop, delay or
+  copy): the run is refused before anything is built, naming the alternative (``DATAPLANE=soft``).
+* **max_queue_size** is not applied without netem: the run goes on, and the summary names it as
+  not applied.
 
-Where netem works, Mininet applies everything as asked (``by == "netem"``).
+Where netem works and no link asks for duplicate or reorder, Mininet applies everything as asked
+(``by == "netem"``). Rates (``bw``, ``bw_schedule``) are tc's htb/tbf, not netem: they apply on
+every kernel and both data planes (shaping.py); the table in bmv2_env/README.md says who applies what.
 """
 
 from __future__ import annotations
@@ -25,47 +29,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inagg.bmv2_env.emulation.topology import Topology, TopologyError
-from inagg.bmv2_env.emulation.topology_schema import NETEM_OPTIONS
+from inagg.bmv2_env.emulation.topology_schema import IMPAIRMENTS, NETEM_OPTIONS
 
 
 @dataclass
 class Impairments:
-    """What this run applies: ``by`` netem, the soft switch's ports, or nothing; whether the
-    links' loss is applied; the options asked and not applied; the switches' loss counts
-    (switch -> [{port, direction, seen, dropped, loss_pct}], read after the jobs)."""
+    """What this run applies: ``by`` netem, the soft switch's ports, or nothing; the options it
+    applies and those asked and not applied; the switches' counts (switch -> [{port, direction,
+    seen, dropped, delayed, duplicated, reordered, ...}], read after the jobs); the bandwidth
+    changes applied (shaping.BandwidthSchedule.applied)."""
 
     by: str = "none"
-    loss: bool = False
-    delay: bool = False
+    applied: tuple[str, ...] = ()
     not_applied: tuple[str, ...] = ()
     port_stats: dict[str, list[dict]] = field(default_factory=dict)
+    bw_changes: list[dict] = field(default_factory=list)
 
 
 def asked_options(topo: Topology) -> tuple[str, ...]:
-    """The netem options some link of the topology asks for, in NETEM_OPTIONS' order."""
-    return tuple(k for k in NETEM_OPTIONS if any(k in link.params for link in topo.links))
+    """The impairments some link of the topology asks for, in IMPAIRMENTS' order."""
+    return tuple(k for k in IMPAIRMENTS if any(k in link.params for link in topo.links))
 
 
-PORT_APPLIED = ("loss", "delay")   # what the software data plane's ports apply without netem
+PORT_APPLIED = ("delay", "jitter", "loss", "duplicate", "reorder")   # what the soft switch's ports apply
+PORT_SETTINGS = ("loss", "delay", "jitter", "duplicate", "reorder")  # their options, in flag order
 _TC_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def plan(topo: Topology, dataplane: str, netem: bool) -> Impairments:
     """How the run applies what the topology asks (see the module's docstring); TopologyError
-    when loss or delay is asked on BMv2 without netem."""
+    when the ports' impairments are asked on BMv2 and netem cannot apply them."""
     asked = asked_options(topo)
     if not asked:
         return Impairments()
-    if netem:
-        return Impairments("netem", "loss" in asked, "delay" in asked)
+    if netem and set(asked) <= set(NETEM_OPTIONS):
+        return Impairments("netem", asked)
     on_ports = tuple(k for k in asked if k in PORT_APPLIED)
     if on_ports and dataplane != "soft":
-        raise TopologyError(f"link {' and '.join(on_ports)}: this kernel has no netem qdisc and BMv2 has no per-port "
-                            f"drop or delay, so they cannot be applied on the BMv2 data plane; run it on the software "
-                            f"data plane (make run DATAPLANE=soft, --dataplane soft), which applies them at its ports, "
-                            f"or remove them from the links")
-    return Impairments("soft switch ports" if on_ports else "none", "loss" in asked, "delay" in asked,
+        why = ("this kernel has no netem qdisc" if not netem else
+               "Mininet's TCLink passes netem no duplicate or reorder")
+        raise TopologyError(f"link {' and '.join(on_ports)}: {why} and BMv2 has no per-port drop, delay or copy, "
+                            f"so they cannot be applied on the BMv2 data plane; run it on the software data plane "
+                            f"(make run DATAPLANE=soft, --dataplane soft), which applies them at its ports, or "
+                            f"remove them from the links")
+    return Impairments("soft switch ports" if on_ports else "none", on_ports,
                        tuple(k for k in asked if k not in PORT_APPLIED))
+
+
+def tclink_options(params: dict, by: str) -> dict:
+    """The link options Mininet's TCLink gets: its netem ones only when netem applies them
+    (never duplicate/reorder, which it does not know), a ``bw_schedule`` as its first rate on
+    tbf (shaping.py re-rates it)."""
+    opts = {k: v for k, v in params.items()
+            if k not in ("duplicate", "reorder", "bw_schedule") and (by == "netem" or k not in NETEM_OPTIONS)}
+    if "bw_schedule" in params:
+        opts.update(bw=params["bw_schedule"][0][1], use_tbf=True)
+    return opts
 
 
 def delay_ms(text: str) -> float:
@@ -74,29 +93,35 @@ def delay_ms(text: str) -> float:
     return float(text[:-len(unit)]) * _TC_UNITS[unit]
 
 
-def switch_impairments(topo: Topology) -> dict[str, list[tuple[int, str, float, float]]]:
-    """Each switch's port settings, (port, "in"|"out", loss percent, delay ms), from its links'
-    loss and delay: both directions at a host's port, egress at each end of a switch link."""
-    out: dict[str, list[tuple[int, str, float, float]]] = {}
+def port_settings(params: dict) -> dict[str, float]:
+    """A link's settings for the ports (``PORT_SETTINGS``: percentages and milliseconds), those
+    it asks only."""
+    return {k: delay_ms(params[k]) if k in ("delay", "jitter") else params[k]
+            for k in PORT_SETTINGS if params.get(k)}
+
+
+def switch_impairments(topo: Topology) -> dict[str, list[tuple[int, str, dict[str, float]]]]:
+    """Each switch's port settings, (port, "in"|"out", ``port_settings``), from its links:
+    both directions at a host's port, egress at each end of a switch link."""
+    out: dict[str, list[tuple[int, str, dict[str, float]]]] = {}
     for link in topo.links:
-        pct, ms = link.params.get("loss", 0), delay_ms(link.params.get("delay", "0ms"))
-        if not pct and not ms:
+        settings = port_settings(link.params)
+        if not settings:
             continue
         switch_link = link.a.port is not None and link.b.port is not None
         for end in (link.a, link.b):
             if end.port is not None:
                 directions = ("out",) if switch_link else ("in", "out")
-                out.setdefault(end.node, []).extend((end.port, d, pct, ms) for d in directions)
+                out.setdefault(end.node, []).extend((end.port, d, settings) for d in directions)
     return out
 
 
-def impairment_flags(settings: list[tuple[int, str, float, float]], seed: int) -> list[str]:
-    """The soft switch's options for ``settings`` (``switch_impairments``' entry of a switch)."""
-    if not settings:
+def impairment_flags(entries: list[tuple[int, str, dict[str, float]]], seed: int) -> list[str]:
+    """The soft switch's options for ``entries`` (``switch_impairments``' entry of a switch)."""
+    if not entries:
         return []
-    loss = [f for port, d, pct, _ in settings if pct for f in ("--loss", f"{port}:{d}:{pct:g}")]
-    delay = [f for port, d, _, ms in settings if ms for f in ("--delay", f"{port}:{d}:{ms:g}")]
-    return [*loss, *delay, "--loss-seed", str(seed)]
+    flags = [f for k in PORT_SETTINGS for port, d, s in entries if k in s for f in (f"--{k}", f"{port}:{d}:{s[k]:g}")]
+    return [*flags, "--loss-seed", str(seed)]
 
 
 def stats_path(logs: Path, switch: str) -> Path:
@@ -115,37 +140,64 @@ def read_port_stats(logs: Path, switches: list[str]) -> dict[str, list[dict]]:
     return out
 
 
-def asked_delay_ms(topo: Topology, hosts: list[str]) -> float:
-    """The largest delay the topology asks on the links of ``hosts``, in milliseconds."""
-    return max((delay_ms(link.params.get("delay", "0ms")) for link in topo.links
+def asked_ms(topo: Topology, hosts: list[str], key: str = "delay") -> float:
+    """The largest ``key`` (delay, jitter) the topology asks on the links of ``hosts``, in
+    milliseconds."""
+    return max((delay_ms(link.params.get(key, "0ms")) for link in topo.links
                 if link.a.node in hosts or link.b.node in hosts), default=0.0)
 
 
-def measured_loss_pct(topo: Topology, hosts: list[str], port_stats: dict[str, list[dict]]) -> float | None:
-    """The share of frames the switch ports of ``hosts``' links dropped (both directions), in
-    percent; None when those ports counted nothing."""
-    seen = dropped = 0
+def measured_pct(topo: Topology, hosts: list[str], port_stats: dict[str, list[dict]], count: str) -> float | None:
+    """The share of frames the switch ports of ``hosts``' links ``count``ed ("dropped",
+    "duplicated", "reordered"; both directions), in percent of those they saw; None when those
+    ports counted nothing."""
+    seen = counted = 0
     for host in hosts:
         at = topo.attachment(host)
         for entry in port_stats.get(at.node, []):
             if entry["port"] == at.port:
-                seen, dropped = seen + entry["seen"], dropped + entry["dropped"]
-    return 100 * dropped / seen if seen else None
+                seen, counted = seen + entry["seen"], counted + entry.get(count, 0)
+    return 100 * counted / seen if seen else None
+
+
+def _direction_text(e: dict) -> str:
+    """One port direction's counts: dropped/seen (the share, of the loss asked), then what it
+    delayed, duplicated and reordered where it was asked to (or, reordering, where it happened)."""
+    share = 100 * e["dropped"] / e["seen"] if e["seen"] else 0
+    text = f"{e['direction']} {e['dropped']}/{e['seen']} ({share:.2f} % of {e['loss_pct']:g} %)"
+    if e.get("delay_ms"):
+        jitter = f" +- {e['jitter_ms']:g}" if e.get("jitter_ms") else ""
+        text += f", {e['delayed']} delayed {e['delay_ms']:g}{jitter} ms"
+    if e.get("duplicate_pct"):
+        text += f", {e['duplicated']} duplicated (of {e['duplicate_pct']:g} %)"
+    if e.get("reorder_pct") or e.get("jitter_ms") or e.get("reordered"):
+        text += f", {e['reordered']} reordered"
+    return text
 
 
 def port_lines(port_stats: dict[str, list[dict]]) -> list[str]:
     """The summary's lines of the ports' impairments: per switch a heading, then per port each
-    direction's frames dropped of those seen (the share, the loss asked) and those delayed."""
+    direction's counts (``_direction_text``)."""
     lines = []
     for name, entries in port_stats.items():
         if entries:
             lines.append(f"switch {name} port impairments (applied by its ports; dropped/seen, % of % asked; "
-                         "delayed frames):")
+                         "delayed, duplicated and reordered frames, as counted):")
         by_port: dict[int, list[str]] = {}
         for e in entries:
-            share = 100 * e["dropped"] / e["seen"] if e["seen"] else 0
-            delay = f", {e['delayed']} delayed {e['delay_ms']:g} ms" if e.get("delay_ms") else ""
-            by_port.setdefault(e["port"], []).append(
-                f"{e['direction']} {e['dropped']}/{e['seen']} ({share:.2f} % of {e['loss_pct']:g} %){delay}")
+            by_port.setdefault(e["port"], []).append(_direction_text(e))
         lines += [f"  p{port} {', '.join(parts)}" for port, parts in by_port.items()]
+    return lines
+
+
+def bw_lines(changes: list[dict]) -> list[str]:
+    """The summary's lines of the bandwidth changes applied: when (after time zero), which
+    link, the rate asked and each end's rate as tc showed it afterwards."""
+    if not changes:
+        return []
+    lines = ["bandwidth schedule (tc tbf on both ends; the rate tc shows after each change):"]
+    for c in changes:
+        at = "n/a" if c["at_s"] is None else f"{c['at_s']:+.1f} s"
+        ends = "/".join("none" if r is None else f"{r:g}" for r in c["mbit_applied"])
+        lines.append(f"  {at} link {c['link']}: {c['mbit']:g} Mbit/s asked, {ends} Mbit/s applied")
     return lines

@@ -56,7 +56,7 @@ from inagg.bmv2_env.emulation.summary import job_record, summary, write_summary
 from inagg.bmv2_env.emulation.testbed import stop_processes
 from inagg.bmv2_env.emulation.topology import Topology, TopologyError, host_ip, load_topology
 from inagg.bmv2_env.emulation import impairments
-from inagg.bmv2_env.emulation.topology_schema import NETEM_OPTIONS
+from inagg.bmv2_env.emulation.shaping import BandwidthSchedule
 from inagg.bmv2_env.emulation.watch import RunFailed, Watched, check_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def describe_switch(sw) -> str:
 
 
 def soft_switch_binary(run: RunDir, name: str, impair: list, device_id: int) -> list[str]:
-    """The software data plane's command (before its ports): with its ports' loss and delay
+    """The software data plane's command (before its ports): with its ports' impairments
     (``impair``: impairments.switch_impairments), seeded by its device id, counted into the
     run's logs."""
     if not impair:
@@ -302,6 +302,7 @@ class Run:
         self.placements: dict[str, str] = {}   # job name -> where the controller listed it at placement
         self.time_zero: float | None = None    # when the jobs without a start time began training
         self.impairments = impairments.Impairments()   # how the links' options are applied (build)
+        self.bw_schedule = BandwidthSchedule([])       # the links' bw_schedule (build), re-rated from time zero
 
     def log(self, name: str):
         return open(self.run.path / "logs" / name, "w")
@@ -332,19 +333,9 @@ class Run:
                                dpid=f"{i + 1:016x}", impair=ports.get(name, ()))
         for name, h in self.topo.hosts.items():
             self.net.addHost(name, ip=h["ip"], mac=h["mac"])
-        names = []
-        for link in self.topo.links:
-            # a switch end lives in the root namespace: its name carries the run id
-            opts = {k: v for k, v in link.params.items()
-                    if self.impairments.by == "netem" or k not in NETEM_OPTIONS}   # tc has none of them
-            for n, end in ((1, link.a), (2, link.b)):
-                if end.port is not None:
-                    opts[f"port{n}"] = end.port
-                    opts[f"intfName{n}"] = self.run.interface_name(end.node, end.port)
-                    names.append(opts[f"intfName{n}"])
-            self.net.addLink(link.a.node, link.b.node, **opts)
-        self.run.add_interfaces(names)
+        self.add_links()
         self.net.build()
+        self.bw_schedule.bring_up()
         self.apply_mtu()
         self.disable_offloads()
         for host in self.net.hosts:
@@ -363,16 +354,34 @@ class Run:
             for s in self.topo.switches.values():
                 host.setARP(s["aggregator_ip"], s["aggregator_mac"])
 
+    def add_links(self) -> None:
+        """The topology's links, with the options Mininet's TCLink applies
+        (``impairments.tclink_options``); those with a ``bw_schedule`` go to ``bw_schedule``."""
+        names, scheduled = [], []
+        for link in self.topo.links:
+            # a switch end lives in the root namespace: its name carries the run id
+            opts = impairments.tclink_options(link.params, self.impairments.by)
+            for n, end in ((1, link.a), (2, link.b)):
+                if end.port is not None:
+                    opts[f"port{n}"] = end.port
+                    opts[f"intfName{n}"] = self.run.interface_name(end.node, end.port)
+                    names.append(opts[f"intfName{n}"])
+            made = self.net.addLink(link.a.node, link.b.node, **opts)
+            if "bw_schedule" in link.params:
+                scheduled.append((f"{link.a}-{link.b}", [made.intf1, made.intf2], link.params["bw_schedule"]))
+        self.run.add_interfaces(names)
+        self.bw_schedule = BandwidthSchedule(scheduled)
+
     def plan_impairments(self) -> None:
         """Decide how the links' delay/loss/... are applied (impairments.plan: netem where the
-        kernel has it, else loss and delay at the soft switch's ports; TopologyError for them
-        on BMv2) and say it."""
+        kernel has it, else at the soft switch's ports; TopologyError for them on BMv2) and
+        say it."""
         netem = not impairments.asked_options(self.topo) or netem_available(self.run)
         self.impairments = impairments.plan(self.topo, self.dataplane, netem)
         if self.impairments.by == "soft switch ports":
-            applied = " and ".join(k for k in impairments.PORT_APPLIED if k in impairments.asked_options(self.topo))
-            print(f"link {applied}: this kernel has no netem qdisc; the software data plane's ports apply it "
-                  "(seeded, counted in the summary)", flush=True)
+            print(f"link {' and '.join(self.impairments.applied)}: the software data plane's ports apply them "
+                  f"({'no netem qdisc here' if not netem else 'netem gets no duplicate/reorder from Mininet'}; "
+                  "seeded, counted in the summary)", flush=True)
         if self.impairments.not_applied:
             print(f"warning: this kernel has no netem qdisc: the links' {', '.join(self.impairments.not_applied)} "
                   "asked in the topology file NOT applied (the summary says so)", flush=True)
@@ -504,6 +513,7 @@ class Run:
         (their arrival), and the arrivals' clock starts."""
         self.train_gate.touch()
         self.time_zero = time.time()
+        self.bw_schedule.start(self.time_zero)
         for job in fixed:
             job["arrival"] = self.time_zero
         print(f"time zero: {len(fixed)} job(s) train", flush=True)
@@ -599,6 +609,7 @@ class Run:
             time.sleep(2 * soft_switch.IMPAIR_STATS_SECONDS)
             self.impairments.port_stats = impairments.read_port_stats(self.run.path / "logs",
                                                                       list(self.topo.switches))
+        self.impairments.bw_changes = self.bw_schedule.applied(self.time_zero)
         lines, rows = summary(self.topo, records, counters, self.run.path / "logs", self.placements,
                               self.impairments)
         print("\n".join(lines), flush=True)
@@ -645,6 +656,7 @@ class Run:
         return outcome["rows"]
 
     def teardown(self) -> None:
+        self.bw_schedule.stop()
         stop_processes(self.procs)
         if self.net is not None:
             for sw in self.net.switches:

@@ -19,9 +19,12 @@ What each figure is, per job:
   by netem, or where the kernel has none by the software data plane's ports; else 0 and a line
   says so; the row keeps what was asked in ``link_loss_asked_pct``). Where the switch's ports
   applied it, ``link_loss_measured_pct`` is the share of the job's host links' frames they
-  actually dropped, and a line per switch gives each port's counts. ``link_delay_ms`` alike:
-  the delay applied on the job's worst link (0 where nothing applied it), asked in
-  ``link_delay_asked_ms``.
+  actually dropped, and a line per switch gives each port's counts. ``link_delay_ms`` and
+  ``link_jitter_ms`` alike: those applied on the job's worst link (0 where nothing applied
+  them), asked in ``link_delay_asked_ms``. ``link_duplicated_pct`` and ``link_reordered_pct``:
+  the shares of the job's host links' frames that the ports sent twice, and that left behind a
+  later frame (as measured when they left; None where no port counted). A link's
+  ``bw_schedule``: a line per rate change applied, with its time and tc's rate afterwards.
 
 Workloads (demos/workloads.py), per job and in the row: ``arrival_s`` (seconds after time zero,
 when the jobs without a ``start`` began training), ``jct_s`` (job completion time: from its
@@ -42,7 +45,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inagg.bmv2_env.emulation.impairments import Impairments, asked_delay_ms, measured_loss_pct, port_lines
+from inagg.bmv2_env.emulation.impairments import Impairments, asked_ms, bw_lines, measured_pct, port_lines
 from inagg.bmv2_env.emulation.topology import Topology
 
 HEADER = (f"{'job':<12} {'mode':<12} {'grants':>6} {'slots, epoch':<14} {'MB sent/worker':>14} "
@@ -128,9 +131,11 @@ def job_row(topo: Topology, record: dict, listed: str = "", applied: Impairments
     workers = [s for s in stats if s.get("leader", True)]
     s0 = stats[0]
     retx = sum(s["retransmissions"] for s in workers)
-    loss_applied = applied is None or applied.loss
-    asked_delay = asked_delay_ms(topo, record["spec"]["workers"])
-    measured = measured_loss_pct(topo, record["spec"]["workers"], applied.port_stats) if applied else None
+    hosts = record["spec"]["workers"]
+    is_applied = {k: applied is None or k in applied.applied for k in ("loss", "delay", "jitter")}
+    asked_delay, asked_jitter = asked_ms(topo, hosts), asked_ms(topo, hosts, "jitter")
+    measured = {k: measured_pct(topo, hosts, applied.port_stats, k) if applied else None
+                for k in ("dropped", "duplicated", "reordered")}
     return {"name": record["spec"]["name"], "ok": True, "mode": s0["mode"], "transport": s0["transport"],
             "grants_used": len(s0["grants"]), "grant_changes": s0["grant_changes"],
             "steps": [done[r]["steps"] for r in sorted(done)], "epoch": s0["epoch"], "slots": s0["slots"],
@@ -141,9 +146,11 @@ def job_row(topo: Topology, record: dict, listed: str = "", applied: Impairments
             "retransmissions": retx, "retx_per_worker": retx / len(workers), "switch_workers": len(workers),
             "packets_sent": sum(s["packets_sent"] for s in workers),
             "spurious": sum(s["spurious_retransmissions"] for s in workers),
-            "link_loss_pct": asked_loss if loss_applied else 0, "link_loss_asked_pct": asked_loss,
-            "link_loss_measured_pct": measured,
-            "link_delay_ms": asked_delay if applied is None or applied.delay else 0, "link_delay_asked_ms": asked_delay,
+            "link_loss_pct": asked_loss if is_applied["loss"] else 0, "link_loss_asked_pct": asked_loss,
+            "link_loss_measured_pct": measured["dropped"],
+            "link_delay_ms": asked_delay if is_applied["delay"] else 0, "link_delay_asked_ms": asked_delay,
+            "link_jitter_ms": asked_jitter if is_applied["jitter"] else 0,
+            "link_duplicated_pct": measured["duplicated"], "link_reordered_pct": measured["reordered"],
             "placement": placement(s0["grants"], listed), "losses": [e[0] for e in record["epochs"]],
             "params_sha256": done[0].get("params_sha256"),
             "ms_per_step": done[0]["seconds"] / done[0]["steps"] * 1e3,
@@ -199,8 +206,8 @@ def job_lines(topo: Topology, row: dict) -> list[str]:
 
 
 def impairment_lines(applied: Impairments | None) -> list[str]:
-    """What the summary says of the links' options: those not applied, and each switch port's
-    drops where the ports applied the loss."""
+    """What the summary says of the links' options: those not applied, each switch port's
+    counts where the ports applied them, and the bandwidth changes applied."""
     if applied is None:
         return []
     lines = []
@@ -208,8 +215,8 @@ def impairment_lines(applied: Impairments | None) -> list[str]:
         lines.append(f"link {'/'.join(applied.not_applied)} of the topology NOT applied (this kernel has no netem "
                      "qdisc): link loss % is what was applied")
     if applied.by == "soft switch ports":
-        lines.append("link loss/delay applied by the software data plane's ports (no netem here): measured below")
-    return lines + port_lines(applied.port_stats)
+        lines.append(f"link {'/'.join(applied.applied)} applied by the software data plane's ports: measured below")
+    return lines + port_lines(applied.port_stats) + bw_lines(applied.bw_changes)
 
 
 def summary(topo: Topology, records: list[dict], counters: dict, logs: Path,

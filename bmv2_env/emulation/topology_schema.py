@@ -31,10 +31,11 @@ SCHEMA: dict[str, dict[str, bool]] = {
                      "aggregator": True, "jobs": True, "controller": False, "mtu": False},
     "host": {"ip": True, "mac": True},
     "switch": {"aggregator_ip": True, "aggregator_mac": True},
-    # Mininet's TCLink options (what `tc` is asked for on both ends of the link)
+    # Mininet's TCLink options (what `tc` is asked for on both ends of the link), netem's duplicate
+    # and reorder, and a bandwidth schedule (impairments.py, shaping.py)
     "link options": {"bw": False, "delay": False, "jitter": False, "loss": False, "max_queue_size": False,
                      "use_tbf": False, "use_hfsc": False, "latency_ms": False, "enable_ecn": False,
-                     "enable_red": False},
+                     "enable_red": False, "duplicate": False, "reorder": False, "bw_schedule": False},
     "job": {"name": True, "workers": True, "epochs": False, "host_reduce": False, "hook": False,
             "transport": False, "start_delay": False, "description": False,
             "model": False, "profile": False, "iterations": False, "duration": False, "start": False},
@@ -45,6 +46,7 @@ SCHEMA: dict[str, dict[str, bool]] = {
                    "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False},
 }
 NETEM_OPTIONS = ("delay", "jitter", "loss", "max_queue_size")   # link options Mininet applies with netem
+IMPAIRMENTS = ("delay", "jitter", "loss", "duplicate", "reorder", "max_queue_size")   # netem's, as links ask them
 LAUNCHER_SETS = ("listen", "admin_token", "admin_token_file", "database", "host_aggregator", "switches",
                  "metrics_listen", "host_values_per_packet", "tls_cert", "tls_key", "insecure")
 HOOKS = ("inagg", "artopk")          # the training demo's DDP hooks that report stats
@@ -310,16 +312,44 @@ def check_jobs(jobs: list, hosts: dict, file: str) -> None:
 
 
 def check_link_options(params: dict, where: str) -> None:
-    """A link's TCLink options as Mininet applies them: ``bw`` Mbit/s in (0, 1000] (Mininet
-    ignores larger ones with a warning), ``loss`` a percentage, ``delay``/``jitter`` tc times
-    ("5ms"), ``max_queue_size`` packets."""
+    """A link's options: ``bw`` Mbit/s in (0, 1000] (Mininet ignores larger ones with a
+    warning), ``loss``/``duplicate``/``reorder`` percentages, ``delay``/``jitter`` tc times
+    ("5ms"), ``max_queue_size`` packets, and netem's rules: jitter and reorder need a delay
+    (they vary or skip it); ``bw_schedule`` (``check_bw_schedule``) instead of ``bw``."""
     if "bw" in params and not (_number(params["bw"], False, 0) and 0 < params["bw"] <= 1000):
         raise TopologyError(f"{where}: bw {params['bw']!r} must be Mbit/s in (0, 1000], e.g. 100")
-    if "loss" in params and not (_number(params["loss"], False, 0) and params["loss"] <= 100):
-        raise TopologyError(f"{where}: loss {params['loss']!r} must be a percentage in 0..100, e.g. 1")
+    for key in ("loss", "duplicate", "reorder"):
+        if key in params and not (_number(params[key], False, 0) and params[key] <= 100):
+            raise TopologyError(f"{where}: {key} {params[key]!r} must be a percentage in 0..100, e.g. 1")
     for key in ("delay", "jitter"):
         if key in params and not (isinstance(params[key], str) and _TC_TIME.match(params[key])):
             raise TopologyError(f"{where}: {key} {params[key]!r} must be a time as tc writes it, e.g. \"5ms\"")
+    for key, what in (("jitter", "varies the delay"), ("reorder", "sends that share at once, ahead of the frames "
+                                                                  "held back for the delay")):
+        if key in params and "delay" not in params:
+            raise TopologyError(f"{where}: {key} without a delay: netem's {key} {what}; add a \"delay\", e.g. "
+                                f"\"5ms\"")
     if "max_queue_size" in params and not _number(params["max_queue_size"], True, 1):
         raise TopologyError(f"{where}: max_queue_size {params['max_queue_size']!r} must be a whole number of "
                             "packets >= 1")
+    if "bw_schedule" in params:
+        check_bw_schedule(params, where)
+
+
+def check_bw_schedule(params: dict, where: str) -> None:
+    """``bw_schedule``: a list of [seconds after time zero, Mbit/s] pairs, the first at 0 (the
+    rate from bring-up), the times increasing, each rate as ``bw``'s; not with ``bw``."""
+    schedule = params["bw_schedule"]
+    example = "e.g. [[0, 100], [5, 20], [10, 100]]"
+    if "bw" in params:
+        raise TopologyError(f"{where}: bw and bw_schedule both given: the schedule's first entry is the rate from "
+                            f"bring-up; remove bw")
+    if not isinstance(schedule, list) or not schedule or not all(
+            isinstance(e, list) and len(e) == 2 and _number(e[0], False, 0) and _number(e[1], False, 0)
+            and 0 < e[1] <= 1000 for e in schedule):
+        raise TopologyError(f"{where}: bw_schedule {schedule!r} must be a list of [seconds, Mbit/s] pairs, rates in "
+                            f"(0, 1000], {example}")
+    times = [e[0] for e in schedule]
+    if times[0] != 0 or any(b <= a for a, b in zip(times, times[1:])):
+        raise TopologyError(f"{where}: bw_schedule times {times} must start at 0 and increase (seconds after time "
+                            f"zero), {example}")
