@@ -261,16 +261,36 @@ def add_output_arguments(parser, name: str, results: Path) -> None:
     parser.add_argument("--results", type=Path, default=results, help="where the CSV and PNG go")
 
 
+class PartialResult(Exception):
+    """A benchmark run cut short (a rank died, a turn never ended): the ``rows`` it measured
+    before, the failed one among them marked with the reason (its ``failed`` column)."""
+
+    def __init__(self, rows: list[dict], reason: str) -> None:
+        super().__init__(reason)
+        self.rows = rows
+
+
 def run_benchmark(name: str, args, rank_main, launch, fields: tuple[str, ...], report, plot) -> int:
     """A benchmark script's main: as one of its ranks (``--rank-of``: ``start_ranks`` started it
     in a Mininet host) ``rank_main(args)``; as the launcher, where the emulation can run,
-    ``launch(args)``'s rows written (``write_results``) and the wall time printed."""
+    ``launch(args)``'s rows written (``write_results``) and the wall time printed. A run cut
+    short (``PartialResult``) still writes the rows it has, as CSV and one line each (no
+    table, no plot: they are not the whole), and exits 1."""
     if args.rank_of:
         return rank_main(args)
     if not launcher_can_run(name):
         return 2
     started = time.time()
-    write_results(args, fields, launch(args), report, plot)
+    try:
+        rows = launch(args)
+    except PartialResult as partial:
+        args.results.mkdir(parents=True, exist_ok=True)
+        write_csv(args.results / f"{args.name}.csv", fields, partial.rows)
+        for row in partial.rows:
+            print(", ".join(f"{k} {row[k]}" for k in fields if row.get(k) not in (None, "")))
+        print(f"{name} FAILED, partial results in {args.results / args.name}.csv: {partial}", file=sys.stderr)
+        return 1
+    write_results(args, fields, rows, report, plot)
     print(f"wall time {time.time() - started:.0f} s")
     return 0
 

@@ -49,18 +49,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
-from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_machine_arguments, add_output_arguments,  # noqa: E402
-                             add_rank_arguments, finish_job, join_job, rate_bits, run_benchmark, shaped_network,
-                             slowest_times, start_ranks, wait_line, write_deployment)
+from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, PartialResult, add_machine_arguments,  # noqa: E402
+                             add_output_arguments, add_rank_arguments, finish_job, join_job, rate_bits, run_benchmark,
+                             shaped_network, slowest_times, start_ranks, wait_line, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 from wire_bench import ETH_IP_UDP_INAGG, MIB, framing_limit, timed_call  # noqa: E402
 
 LEAF_SPINE = ROOT / "bmv2_env" / "emulation" / "topologies" / "leaf_spine.json"
 JOBS = ("flat", "tree")          # the one-level job first: the even repetitions' order
 TREE_REASON = "aggregation tree over"   # how the controller's grant names a tree placement
-FIELDS = ("job", "rate", "mtu", "k", "window", "workers", "bytes", "reps", "median_s", "ratio", "framing_limit_s",
-          "vs_limit", "uplink_up_x", "uplink_down_x", "uplink_up_wire_x", "uplink_down_wire_x", "uplinks",
-          "host_up_x", "host_down_x", "retransmissions", "same_bits", "placement", "load1_start", "load1_end")
+FIELDS = ("job", "rate", "mtu", "k", "window", "workers", "bytes", "reps", "median_s", "clock", "ratio",
+          "framing_limit_s", "vs_limit", "uplink_up_x", "uplink_down_x", "uplink_up_wire_x", "uplink_down_wire_x",
+          "uplinks", "host_up_x", "host_down_x", "retransmissions", "same_bits", "placement", "load1_start",
+          "load1_end", "failed")
 
 
 # -- rank side (one process in each worker's Mininet host) ------------------------------------
@@ -75,13 +76,21 @@ def wait_turn(turns: Path, job: str, turn: int, barrier) -> None:
     dist.barrier(group=barrier)
 
 
-def end_turn(turn: int, barrier) -> None:
-    """Every rank is through the call; rank 0 tells the launcher."""
+def end_turn(turn: int, barrier, said: dict) -> None:
+    """Every rank is through the call; rank 0 tells the launcher, with what it ``said`` of the
+    turn (the launcher keeps it: a run cut short still has its turns)."""
     import torch.distributed as dist
 
     dist.barrier(group=barrier)
     if dist.get_rank() == 0:
-        print(json.dumps({"done": turn}), flush=True)
+        print(json.dumps({"done": turn, **said}), flush=True)
+
+
+def grant_fields(pg) -> dict:
+    """The job's grant now: values per packet, window, mode and where it was placed."""
+    grant = pg.lifecycle.comm.grant
+    return {"k": grant.values_per_packet, "window": grant.slot_count, "mode": grant.mode,
+            "placement": grant.reason or grant.mode}
 
 
 def result_digest(nbytes: int, pg, barrier) -> str:
@@ -109,8 +118,9 @@ def retransmissions_per_call(counts: list[int], barrier) -> list[int]:
 
 def rank_main(args: argparse.Namespace) -> int:
     """One rank of one job: turn 0 the digest call, then each size's repetitions, one call a
-    turn; rank 0 writes the slowest rank's time and the retransmissions of every call, the
-    digest and the grant (K, window, mode, placement) to ``--out``."""
+    turn, rank 0 telling the launcher after each its own time and retransmissions and the
+    grant; at the end rank 0 writes the slowest rank's time and the retransmissions of every
+    call, the digest and the grant (K, window, mode, placement) to ``--out``."""
     import torch
     import torch.distributed as dist
 
@@ -118,21 +128,19 @@ def rank_main(args: argparse.Namespace) -> int:
     turns, seconds = Path(args.turns), []
     wait_turn(turns, args.rank_of, 0, barrier)
     digest = result_digest(args.sizes[0], pg, barrier)
-    end_turn(0, barrier)
+    end_turn(0, barrier, {"digest": digest, **grant_fields(pg)})
     retransmitted = [pg.stats()["inagg"]["retransmissions"]]
     for turn, (nbytes, _) in enumerate(turn_plan(args), 1):
         x = torch.empty(nbytes // 4, dtype=torch.float32)
         wait_turn(turns, args.rank_of, turn, barrier)
         seconds.append(timed_call(x, pg, barrier))
         retransmitted.append(pg.stats()["inagg"]["retransmissions"])
-        end_turn(turn, barrier)
+        end_turn(turn, barrier, {"seconds": seconds[-1], "retransmissions": retransmitted[-1] - retransmitted[-2],
+                                 **grant_fields(pg)})
     slowest, retx = slowest_times(seconds, barrier), retransmissions_per_call(retransmitted, barrier)
-    grant = pg.lifecycle.comm.grant
     if args.rank == 0:
-        Path(args.out).write_text(json.dumps({
-            "seconds": slowest, "retransmissions": retx, "workers": args.world, "digest": digest,
-            "k": grant.values_per_packet, "window": grant.slot_count, "mode": grant.mode,
-            "placement": grant.reason or grant.mode}))
+        Path(args.out).write_text(json.dumps({"seconds": slowest, "retransmissions": retx, "workers": args.world,
+                                              "digest": digest, "clock": "slowest rank", **grant_fields(pg)}))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
     return 0
@@ -215,24 +223,46 @@ def carried(links: list[CountedLink], before: dict, after: dict) -> dict[str, di
     return {link.label: {"up": delta(link.label, link.up), "down": delta(link.label, link.down)} for link in links}
 
 
+class TurnFailed(RuntimeError):
+    """A turn that did not end (a rank died, or rank 0 said nothing in time): which job, at
+    which size, and why."""
+
+    def __init__(self, job: str, nbytes: int, turn: int, why: str) -> None:
+        super().__init__(f"job {job}, turn {turn} ({nbytes / MIB:g} MiB): {why}")
+        self.job, self.nbytes = job, nbytes
+
+
 @dataclass
 class Job:
-    """One running job: its ranks, its counted links, where rank 0 writes its result, and what
-    each of its turns carried."""
+    """One running job: its ranks, its counted links, where rank 0 writes its result, what
+    each of its turns carried and what rank 0 said of it."""
     name: str
     procs: list
     links: list[CountedLink]
     out: Path
     turns: list = None
+    said: list = None
 
     def take_turn(self, run, turn: int, timeout: float) -> None:
         """Let the job make its call ``turn``; its links' bytes then."""
         before = read_counters(self.links)
         (run.run.path / "turns" / f"{self.name}.{turn}").touch()
         said = wait_line(self.procs[0], self.procs, timeout, run.run.path / "logs")
-        if said != {"done": turn}:
+        if said.get("done") != turn:
             raise RuntimeError(f"job {self.name}: rank 0 said {said} at turn {turn}")
         self.turns.append(carried(self.links, before, read_counters(self.links)))
+        self.said.append(said)
+
+    def told(self) -> dict | None:
+        """The job's result as rank 0 told it turn by turn (its own clock), for a run cut
+        short; None before its first turn ended."""
+        if not self.said:
+            return None
+        timed = self.said[1:]
+        return {"seconds": [s["seconds"] for s in timed], "retransmissions": [s["retransmissions"] for s in timed],
+                "workers": len(self.procs), "digest": self.said[0]["digest"], "clock": "rank 0",
+                **{k: self.said[-1][k] for k in ("k", "window", "mode", "placement")}, "turns": self.turns,
+                "uplinks": [link.label for link in self.links if link.uplink]}
 
 
 def start_jobs(run, args) -> list[Job]:
@@ -249,29 +279,44 @@ def start_jobs(run, args) -> list[Job]:
         controller = write_deployment(run, ips, run.run.path / "jobs" / spec["name"])
         procs = start_ranks(run, Path(__file__).resolve(), spec["name"], hosts, STORE_PORT + i, extra,
                             {"INAGG_CONTROLLER": controller, LINK_RATE_ENV: args.rate})
-        jobs.append(Job(spec["name"], procs, job_links(run, hosts), run.run.path / f"{spec['name']}.json", []))
+        jobs.append(Job(spec["name"], procs, job_links(run, hosts), run.run.path / f"{spec['name']}.json", [], []))
     return jobs
 
 
 def run_turns(run, jobs: list[Job], args) -> None:
-    """Turn 0 (the digest call) then every timed turn, the jobs' order alternating."""
+    """Turn 0 (the digest call) then every timed turn, the jobs' order alternating; TurnFailed
+    for the first turn that does not end."""
     first = READY_SECONDS + 20 * framing_limit(args.sizes[0], 64, args.rate)
-    for job in jobs:
-        job.take_turn(run, 0, first)
-    for turn, (nbytes, rep) in enumerate(turn_plan(args), 1):
-        for job in (jobs if rep % 2 == 0 else list(reversed(jobs))):
-            job.take_turn(run, turn, 30 + 20 * framing_limit(nbytes, 64, args.rate))
+    steps = [(0, args.sizes[0], jobs, first)] + [
+        (turn, nbytes, jobs if rep % 2 == 0 else list(reversed(jobs)), 30 + 20 * framing_limit(nbytes, 64, args.rate))
+        for turn, (nbytes, rep) in enumerate(turn_plan(args), 1)]
+    for turn, nbytes, order, timeout in steps:
+        for job in order:
+            try:
+                job.take_turn(run, turn, timeout)
+            except RuntimeError as e:
+                raise TurnFailed(job.name, nbytes, turn, str(e)) from e
+        print(f"turn {turn}/{len(steps) - 1} done ({nbytes / MIB:g} MiB)", flush=True)
 
 
 def run_experiment(args) -> tuple[dict, dict]:
     """Bring up the network with every link shaped, run both jobs turn by turn, tear down; each
-    job's result (its turns' bytes added) and the load average before and after the turns."""
+    job's result (its turns' bytes added) and the load average before and after the turns. A
+    turn that fails ends the run with ``PartialResult``: the rows of the turns that ended (rank
+    0's times), and one marking the failed turn with its reason."""
     title = f"tree bench: jobs {', '.join(JOBS)} of 8 ranks, every link at {args.rate}, MTU {args.mtu}"
     with shaped_network(topology(args.mtu, args.min_window), args.rate, title, args.switch_nice, args.cpu_load,
                         args.rank_lease_seconds) as run:
         jobs = start_jobs(run, args)
         load = {"load1_start": round(os.getloadavg()[0], 2)}
-        run_turns(run, jobs, args)
+        try:
+            run_turns(run, jobs, args)
+        except TurnFailed as failed:
+            load["load1_end"] = round(os.getloadavg()[0], 2)
+            told = {job.name: job.told() for job in jobs if job.told() is not None}
+            rows = summarize(told, load, args) + [{"job": failed.job, "rate": args.rate, "mtu": args.mtu,
+                                                   "bytes": failed.nbytes, "failed": str(failed), **load}]
+            raise PartialResult(rows, str(failed)) from failed
         load["load1_end"] = round(os.getloadavg()[0], 2)
         results = {job.name: {**finish_job(job.procs, job.out, READY_SECONDS), "turns": job.turns,
                               "uplinks": [link.label for link in job.links if link.uplink]} for job in jobs}
@@ -305,21 +350,26 @@ def link_columns(turns: list[dict], uplinks: list[str], nbytes: int) -> dict:
 
 
 def summarize(results: dict, load: dict, args) -> list[dict]:
-    """One CSV row per (job, size): the median, the tree's ratio to the flat job, the links'
-    multiples."""
+    """One CSV row per (job, size) with timed turns: the median, the tree's ratio to the flat
+    job, the links' multiples. ``results`` may hold fewer turns than planned, or one job only
+    (a run cut short: ``Job.told``)."""
     plan, rows = turn_plan(args), []
-    same = results["tree"]["digest"] == results["flat"]["digest"]
+    digests = {results[name]["digest"] for name in JOBS if name in results}
+    same = len(digests) == 1 and len(results) == len(JOBS)
     for name in JOBS:
-        result = results[name]
+        result = results.get(name, {"seconds": []})
         for nbytes in args.sizes:
-            mine = [i for i, (b, _) in enumerate(plan) if b == nbytes]
+            mine = [i for i, (b, _) in enumerate(plan) if b == nbytes and i < len(result["seconds"])]
+            if not mine:
+                continue
             times = [result["seconds"][i] for i in mine]
-            ratios = [results["tree"]["seconds"][i] / results["flat"]["seconds"][i] for i in mine]
+            ratios = [results["tree"]["seconds"][i] / results["flat"]["seconds"][i] for i in mine
+                      if len(results) == len(JOBS) and i < min(len(r["seconds"]) for r in results.values())]
             limit = framing_limit(nbytes, result["k"], args.rate)
             rows.append({"job": name, "rate": args.rate, "mtu": args.mtu, "k": result["k"], "window": result["window"],
                          "workers": result["workers"], "bytes": nbytes, "reps": len(times),
-                         "median_s": round(statistics.median(times), 4),
-                         "ratio": round(statistics.median(ratios), 3) if name == "tree" else None,
+                         "median_s": round(statistics.median(times), 4), "clock": result["clock"],
+                         "ratio": round(statistics.median(ratios), 3) if name == "tree" and ratios else None,
                          "framing_limit_s": round(limit, 4), "vs_limit": round(statistics.median(times) / limit, 3),
                          **link_columns([result["turns"][i + 1] for i in mine], result["uplinks"], nbytes),
                          "retransmissions": sum(result["retransmissions"][i] for i in mine), "same_bits": same,

@@ -155,3 +155,7 @@ def test_duplicates_reordering_and_rate_changes_are_reported_as_counted(tmp_path
             "out 0/200") in text
     assert "  -3.2 s link h1-s1-p1: 100 Mbit/s asked, 100/100 Mbit/s applied" in lines
     assert "  +5.0 s link h1-s1-p1: 20 Mbit/s asked, 20/none Mbit/s applied" in lines
+    write_summary(tmp_path, lines, rows, switches, applied=applied)
+    saved = json.loads((tmp_path / "summary.json").read_text())["links"]
+    assert saved["bw_changes"] == applied.bw_changes and saved["port_stats"] == applied.port_stats
+    assert saved["by"] == "soft switch ports" and saved["applied"] == ["delay", "jitter", "duplicate", "reorder"]

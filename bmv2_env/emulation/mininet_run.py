@@ -613,7 +613,7 @@ class Run:
         lines, rows = summary(self.topo, records, counters, self.run.path / "logs", self.placements,
                               self.impairments)
         print("\n".join(lines), flush=True)
-        write_summary(self.run.path, lines, rows, counters)
+        write_summary(self.run.path, lines, rows, counters, applied=self.impairments)
         print(f"summary saved: {self.run.path / 'summary.txt'}, summary.json; records: records.json", flush=True)
         return rows
 

@@ -36,13 +36,15 @@ second; 1 is equal shares, 1/n one job taking all. Records of runs before worklo
 ``workload`` in their reports) have none of these.
 
 ``write_summary`` saves the printed text as ``summary.txt`` and the same figures as
-``summary.json`` (``{"jobs": [...], "switches": {...}, "fairness": {...}}``; a failed run's has
-``failed``).
+``summary.json`` (``{"jobs": [...], "switches": {...}, "fairness": {...}}``; ``links``: how the
+links' impairments were applied, the ports' counts and the bandwidth changes, when there were
+any; a failed run's has ``failed``).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from inagg.bmv2_env.emulation.impairments import Impairments, asked_ms, bw_lines, measured_pct, port_lines
@@ -243,9 +245,12 @@ def summary(topo: Topology, records: list[dict], counters: dict, logs: Path,
 
 
 def write_summary(run_path: Path, lines: list[str], rows: list[dict], counters: dict,
-                  failed: str | None = None) -> None:
+                  failed: str | None = None, applied: Impairments | None = None) -> None:
     """``summary.txt`` (the printed lines) and ``summary.json`` (the same figures: each job's
-    row, each switch's counters, and why the run failed when it did) in the run directory."""
+    row, each switch's counters, the links' impairments as applied and counted when there were
+    any, and why the run failed when it did) in the run directory."""
     (run_path / "summary.txt").write_text("\n".join(lines).lstrip("\n") + "\n")
-    data = {"jobs": rows, "switches": counters, "fairness": fairness(rows), **({"failed": failed} if failed else {})}
+    links = {"links": asdict(applied)} if applied is not None and (applied.by != "none" or applied.bw_changes) else {}
+    data = {"jobs": rows, "switches": counters, "fairness": fairness(rows), **links,
+            **({"failed": failed} if failed else {})}
     (run_path / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
