@@ -28,6 +28,10 @@ each), the host links' mean multiples, the calls' retransmissions, whether the b
 the grant (K, window: the tree's is the controller's ``min_window`` on every level, fixed; the
 one-switch job's grows from it) and where the job was placed, and the load average before and
 after. Writes benchmarks/results/tree_bench.csv and tree_bench.png, prints the table and the load.
+Times are the slowest rank's (``clock``). A run cut short (a rank dies: killed, or dropped by the
+controller's rank lease on a loaded machine) writes the rows of the turns that ended, their times
+rank 0's own as it told them turn by turn, and a row naming the failed turn and the reason
+(``failed``); no table or plot, exit status 1.
 
     sudo .venv/bin/python benchmarks/tree_bench.py [--rate 100mbit] [--sizes-mib 4 16] [--reps 5]
         [--min-window 1024] [--quick]

@@ -3,9 +3,10 @@
 A topology lists hosts (ip, mac), switches (the inagg address they answer on), links, the host
 aggregator's host, the jobs, and optionally ``mtu``, every link's MTU (1500 by default; 9000 for
 jumbo frames), from which the software data plane's K follows. A link joins two endpoints: a
-host (``"h1"``) or a switch port (``"s1-p3"``); an optional third element holds link options (delay, bw, loss). Switch-to-switch
-links go to the controller as its switches' ``links``: they must form a forest (one link between
-two switches, no cycle). A job whose workers hang off several switches aggregates on the tree of
+host (``"h1"``) or a switch port (``"s1-p3"``); an optional third element holds link options
+(delay, jitter, loss, duplicate, reorder, bw, bw_schedule: bmv2_env/README.md says who applies
+each). Switch-to-switch links go to the controller as its switches' ``links``: they must form a
+forest (one link between two switches, no cycle). A job whose workers hang off several switches aggregates on the tree of
 the switches between them (docs/trees.md), so its workers' switches and the host aggregator's
 must be linked, directly or through others; a topology that asks for more is refused with a
 message naming the job and the switches.
