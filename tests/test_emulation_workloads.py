@@ -11,6 +11,7 @@ also jitters, duplicates and reorders, beside a link whose rate follows a schedu
 again, the port's counts confirmed by its captures, each rate change reported as tc shows it."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -108,3 +109,16 @@ def test_bmv2_is_refused_loss_and_delay_naming_the_software_data_plane(tmp_path,
         pytest.skip("BMv2 is not installed")
     assert proc.returncode != 0 and "run it on the software data plane (make run DATAPLANE=soft" in proc.stderr
     assert "switch s1" not in proc.stdout      # no switch was started
+
+
+def test_bmv2_follows_a_rate_schedule(tmp_path, mininet):
+    """A bw_schedule is tc's, not the data plane's: on BMv2 h2's link takes each rate in turn
+    (the rates tc shows after each change in the summary) and job a trains to the end."""
+    if shutil.which("simple_switch_grpc") is None:
+        pytest.skip("BMv2 is not installed")
+    topo = write_topology(tmp_path, 0, False, None, {"bw_schedule": [[0, 50], [0.1, 10], [0.2, 50]]})
+    rows, stdout, run = run_topology(tmp_path, str(topo), "bmv2")
+    assert rows["a"]["ok"] and rows["a"]["train_steps"] == 60
+    changes = json.loads((run.path / "summary.json").read_text())["links"]["bw_changes"]
+    assert [(c["mbit"], c["mbit_applied"]) for c in changes][:3] == [(50, [50, 50]), (10, [10, 10]), (50, [50, 50])]
+    assert "link h2-s1-p2: 10 Mbit/s asked, 10/10 Mbit/s applied" in stdout and "port impairments" not in stdout
