@@ -10,6 +10,8 @@
 #            BMV2_LOG (make run: BMv2's log level, default info; trace as in p4lang/tutorials),
 #            WIRE_ARGS (make bench-wire: benchmarks/wire_bench.py's options),
 #            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options),
+#            TRAIN_ARGS (make bench-train: benchmarks/train_bench.py's options: --bw-schedule S:MBIT,...
+#            for a rate that changes mid-run, --steps/--target/--until-target to size a run to a target accuracy),
 #            TESTGEN_TARGETS (make testgen: bmv2 tofino tofino2 by default).
 
 PYTHON        ?= python3
@@ -133,7 +135,9 @@ bench-tree: setup-emulation
 # DDP training on shaped links (100 Mbit/s; TRAIN_ARGS="--model transformer --rate 1gbit" etc.): gloo,
 # inagg (switch), inagg + AR-Topk and PowerSGD trained side by side in the same ranks, 4 and 8 workers:
 # step time, time to the target accuracy, final accuracy; benchmarks/results/train_bench.csv and .png
-# (QUICK=1: 4 workers, 2 turns of 5 steps).
+# (QUICK=1: 4 workers, 2 turns of 5 steps). TRAIN_ARGS="--bw-schedule 0:100,20:20,40:100": every link's
+# rate changed at those seconds after time zero (Mbit/s), step times and ratios per phase as well;
+# "--steps 600 --target 0.9 --until-target": a run to the target accuracy (at most 600 steps each).
 bench-train: setup-emulation
 	@$(call in_emulation,benchmarks/train_bench.py $(if $(QUICK),--quick) $(TRAIN_ARGS))
 
