@@ -10,10 +10,11 @@ controller section is given the policy; ``--scale`` multiplies every job's itera
 and arrival time (a quick run). The two policies are separate runs (a controller has one), in
 alternating order, ``--reps`` of each; every job's JCT comes from the launcher's own summary
 rows, as does Jain's index over the jobs' gradient bytes/s (the aggregation service each got)
-and steps/s. Rows: per (policy, job) the JCT's median and min-max, its arrival and where it was
-placed first; per policy a row ``all`` with the runs' mean JCT and both indexes. ``figures.py``
-checks the load and writes the CSV, PNG and record; each run's saved summary stays in its run
-directory (named in the record's output).
+and steps/s. Rows: per (policy, job) the JCT's median and min-max, its arrival, the widest
+switch window it held (of all runs), its calls on the host aggregator (the median run's) and
+where it was placed first; per policy a row ``all`` with the runs' mean JCT and both indexes.
+``figures.py`` checks the load and writes the CSV, PNG and record; each run's saved summary
+stays in its run directory (the "summary saved" lines this prints).
 
     sudo .venv/bin/python benchmarks/fig_tenants.py [--topo FILE] [--reps 3] [--scale 1]
         [--max-load 1.0] [--loaded refuse|mark] [--out DIR]
@@ -41,7 +42,7 @@ NAME = "fig_tenants"
 TOPO = ROOT / "bmv2_env" / "emulation" / "topologies" / "tenants_fig.json"
 RUN_SECONDS = 900          # one run's limit: bring-up, four jobs, teardown on a loaded machine
 FIELDS = ("sharing", "job", "workload", "arrival_s", *spread_fields("jct_s", "jain_bytes", "jain_steps"),
-          "placement")
+          "window_max", "host_calls", "placement")
 
 
 def scaled_topology(topo: dict, sharing: str, scale: float) -> dict:
@@ -84,6 +85,14 @@ def measure(args: argparse.Namespace, watch) -> list[dict]:
     return [row for sharing in SHARING for row in policy_rows(sharing, runs[sharing])]
 
 
+def windows(row: dict) -> tuple[int, int]:
+    """A job's widest switch window in a run (slots) and its calls on the host aggregator,
+    from its grants (``slots`` written ``[base,end)``)."""
+    ranges = [g["slots"].strip("[)").split(",") for g in row["grants"] if g["mode"] == "switch"]
+    widest = max((int(end) - int(base) for base, end in ranges), default=0)
+    return widest, sum(g["calls"] for g in row["grants"] if g["mode"] != "switch")
+
+
 def policy_rows(sharing: str, runs: list[list[dict]]) -> list[dict]:
     """One policy's rows from its runs' summary rows."""
     names = [r["name"] for r in runs[0] if "jct_s" in r]
@@ -91,13 +100,15 @@ def policy_rows(sharing: str, runs: list[list[dict]]) -> list[dict]:
     rows = [{"sharing": sharing, "job": n, "workload": rs[0]["workload"],
              "arrival_s": round(statistics.median(r["arrival_s"] for r in rs), 2),
              **spread([r["jct_s"] for r in rs], "jct_s"), **spread([], "jain_bytes"), **spread([], "jain_steps"),
+             "window_max": max(windows(r)[0] for r in rs),
+             "host_calls": statistics.median(windows(r)[1] for r in rs),
              "placement": rs[0].get("placement", "")} for n, rs in by_job.items()]
     fair = [fairness(run) for run in runs]
     rows.append({"sharing": sharing, "job": "all", "workload": "", "arrival_s": None,
                  **spread([statistics.mean(r["jct_s"] for r in run if "jct_s" in r) for run in runs], "jct_s"),
                  **spread([f["jain_grad_bytes_per_s"] for f in fair if f["jain_grad_bytes_per_s"]], "jain_bytes"),
                  **spread([f["jain_steps_per_s"] for f in fair if f["jain_steps_per_s"]], "jain_steps"),
-                 "placement": ""})
+                 "window_max": None, "host_calls": None, "placement": ""})
     return rows
 
 
