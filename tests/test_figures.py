@@ -89,6 +89,18 @@ def test_fig_tree_compares_at_equal_windows(tmp_path):
     assert tree["same_bits"] == "True" and spread_ok(tree, "ratio") and spread_ok(flat, "seconds")
 
 
+@pytest.mark.parametrize("target", ["fig-workers", "fig-loss", "fig-tenants", "fig-tree"])
+def test_each_make_target_runs_its_figure_and_refuses_a_loaded_machine(tmp_path, target):
+    """The make target reaches its script with the load check (a threshold below any load):
+    refused before anything is built, saying what to do, nothing written."""
+    emulation()
+    proc = subprocess.run(["make", "--no-print-directory", target, "MAX_LOAD=-1", f"FIG_ARGS=--out {tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    script = target.replace("-", "_")
+    assert proc.returncode != 0 and f"{script}: the machine's 1-minute load average is" in proc.stderr, proc.stderr
+    assert "--loaded mark" in proc.stderr and "Error 3" in proc.stderr and list(tmp_path.iterdir()) == []
+
+
 def test_a_loaded_machine_is_refused_or_marked(monkeypatch):
     monkeypatch.setattr(figures.os, "getloadavg", lambda: (3.5, 1.0, 1.0))
     args = argparse.Namespace(max_load=1.0, loaded="refuse")
