@@ -97,8 +97,8 @@ def plot(plt, rows: list[dict], path: Path, watch) -> None:
     ax.set_ylabel(f"allreduce time (s), every link {rows[0]['rate']}")
     ax.set_ylim(0, 1.3 * max(r["seconds_max"] for r in rows))
     ax.legend(fontsize=7, loc="upper left")
-    save_plot(fig, path, f"{rows[0]['workers']} ranks, window {rows[0]['window']} on both, K = {rows[0]['k']}: "
-              f"median, min-max of {rows[0]['reps']}", watch)
+    save_plot(fig, path, f"{rows[0]['workers']} ranks, window {rows[0]['window']} on both, K = {rows[0]['k']}\n"
+              f"median, min-max of {rows[0]['reps']} repetitions", watch)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
