@@ -6,8 +6,8 @@ A figure goes to ``docs/results/<UTC date>-figs/`` (``--out``): ``<name>.csv`` (
 point: each series' median, min and max over the repetitions, the load and whether the machine
 was quiet), ``<name>.png`` (medians with min-max bars) and ``<name>.txt`` (the exact command,
 the commit, the start and end, every load sample, the cores). A figure is quiet when the
-machine's 1-minute load average stayed at or under ``--max-load`` at every sample (before the
-run and after each repetition). At the start a loaded machine is refused (exit 3) unless
+machine's 1-minute load average stayed at or under ``--max-load`` at every sample (at the
+start, after each network or run the figure brings up, at the end). At the start a loaded machine is refused (exit 3) unless
 ``--loaded mark``, which runs anyway; either way a figure whose load rose above the threshold
 is marked "not quiet" in its title, its CSV and its record: a figure never looks quiet when it
 was not.
