@@ -12,9 +12,10 @@ alternating order, ``--reps`` of each; every job's JCT comes from the launcher's
 rows, as does Jain's index over the jobs' gradient bytes/s (the aggregation service each got)
 and steps/s. Rows: per (policy, job) the JCT's median and min-max, its arrival, the widest
 switch window it held (of all runs), its calls on the host aggregator (the median run's) and
-where it was placed first; per policy a row ``all`` with the runs' mean JCT and both indexes.
-``figures.py`` checks the load and writes the CSV, PNG and record; each run's saved summary
-stays in its run directory (the "summary saved" lines this prints).
+where its first grant put it in each run (``first_grants``: switch or host); per policy a row
+``all`` with the runs' mean JCT and both indexes. ``figures.py`` checks the load and writes the
+CSV, PNG and record; each run's saved summary stays in its run directory (the "summary saved"
+lines this prints).
 
     sudo .venv/bin/python benchmarks/fig_tenants.py [--topo FILE] [--reps 3] [--scale 1]
         [--max-load 1.0] [--loaded refuse|mark] [--out DIR]
@@ -42,7 +43,7 @@ NAME = "fig_tenants"
 TOPO = ROOT / "bmv2_env" / "emulation" / "topologies" / "tenants_fig.json"
 RUN_SECONDS = 900          # one run's limit: bring-up, four jobs, teardown on a loaded machine
 FIELDS = ("sharing", "job", "workload", "arrival_s", *spread_fields("jct_s", "jain_bytes", "jain_steps"),
-          "window_max", "host_calls", "placement")
+          "window_max", "host_calls", "first_grants")
 
 
 def scaled_topology(topo: dict, sharing: str, scale: float) -> dict:
@@ -102,13 +103,13 @@ def policy_rows(sharing: str, runs: list[list[dict]]) -> list[dict]:
              **spread([r["jct_s"] for r in rs], "jct_s"), **spread([], "jain_bytes"), **spread([], "jain_steps"),
              "window_max": max(windows(r)[0] for r in rs),
              "host_calls": statistics.median(windows(r)[1] for r in rs),
-             "placement": rs[0].get("placement", "")} for n, rs in by_job.items()]
+             "first_grants": " ".join(r["grants"][0]["mode"] for r in rs)} for n, rs in by_job.items()]
     fair = [fairness(run) for run in runs]
     rows.append({"sharing": sharing, "job": "all", "workload": "", "arrival_s": None,
                  **spread([statistics.mean(r["jct_s"] for r in run if "jct_s" in r) for run in runs], "jct_s"),
                  **spread([f["jain_grad_bytes_per_s"] for f in fair if f["jain_grad_bytes_per_s"]], "jain_bytes"),
                  **spread([f["jain_steps_per_s"] for f in fair if f["jain_steps_per_s"]], "jain_steps"),
-                 "window_max": None, "host_calls": None, "placement": ""})
+                 "window_max": None, "host_calls": None, "first_grants": ""})
     return rows
 
 
