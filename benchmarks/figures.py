@@ -136,11 +136,12 @@ def commit() -> str:
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def write_record(path: Path, watch: LoadWatch, started: float) -> None:
-    """How the figure was made: the command, the commit, when, the load samples, the cores."""
+def write_record(path: Path, watch: LoadWatch, started: float, made_at: str) -> None:
+    """How the figure was made: the command, the commit (``made_at``, read before the figure's
+    own files changed the checkout), when, the load samples, the cores."""
     stamp = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")  # noqa: E731
     lines = [f"command: {shlex.join([sys.executable, *sys.argv])}", f"make: {os.environ.get('FIG_MAKE', '-')}",
-             f"commit: {commit()}", f"started: {stamp(started)}", f"ended: {stamp(time.time())}",
+             f"commit: {made_at}", f"started: {stamp(started)}", f"ended: {stamp(time.time())}",
              f"cores: {os.cpu_count()}", f"max load: {watch.threshold:g}",
              f"quiet: {'yes' if watch.quiet else 'NO (peak 1-minute load %.2f)' % watch.peak}",
              "load samples (1-minute load average): " + ", ".join(f"{w} {v:.2f}" for w, v in watch.samples)]
@@ -153,7 +154,7 @@ def figure_main(name: str, args, measure, fields: tuple[str, ...], plot) -> int:
     watch)``) and the record under ``--out``."""
     if not launcher_can_run(name):
         return 2
-    started = time.time()
+    started, made_at = time.time(), commit()
     try:
         watch = start_watch(args)
     except Loaded as e:
@@ -167,7 +168,7 @@ def figure_main(name: str, args, measure, fields: tuple[str, ...], plot) -> int:
     plt = pyplot()
     if plt is not None:
         plot(plt, rows, args.out / f"{name}.png", watch)
-    write_record(args.out / f"{name}.txt", watch, started)
+    write_record(args.out / f"{name}.txt", watch, started, made_at)
     print(f"{name}: {len(rows)} rows in {args.out / name}.csv, plot and record beside it; "
           f"{'quiet' if watch.quiet else 'NOT QUIET'} (peak load {watch.peak:.2f}, threshold {watch.threshold:g})")
     return 0
