@@ -128,12 +128,13 @@ def save_plot(fig, path: Path, title: str, watch: LoadWatch) -> None:
 
 
 def commit() -> str:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes), or ``unknown``."""
+    """The checkout's commit (with ``+dirty`` for uncommitted changes to anything but
+    docs/results, where figures go), or ``unknown``."""
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results") else "")
 
 
 def write_record(path: Path, watch: LoadWatch, started: float, made_at: str) -> None:
