@@ -12,6 +12,8 @@
 #            TREE_ARGS (make bench-tree: benchmarks/tree_bench.py's options),
 #            TRAIN_ARGS (make bench-train: benchmarks/train_bench.py's options: --bw-schedule S:MBIT,...
 #            for a rate that changes mid-run, --steps/--target/--until-target to size a run to a target accuracy),
+#            FIG_ARGS (make fig-*: the figure script's options), MAX_LOAD (make fig-*: the quiet machine's
+#            1-minute load, default 1.0; LOADED=mark runs above it and marks the figure "not quiet"),
 #            TESTGEN_TARGETS (make testgen: bmv2 tofino tofino2 by default).
 
 PYTHON        ?= python3
@@ -37,7 +39,8 @@ P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
 HAVE_P4C      := $(shell command -v $(P4C) 2>/dev/null)
 
-.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree bench-train build tofino testgen clean protos
+.PHONY: all run stop ctl setup setup-emulation demo test bench bench-wire bench-tree bench-train build tofino testgen clean protos \
+	fig-workers fig-loss fig-tenants fig-tree
 
 # As in p4lang/tutorials: `make` = `make run`.
 all: run
@@ -140,6 +143,28 @@ bench-tree: setup-emulation
 # "--steps 600 --target 0.9 --until-target": a run to the target accuracy (at most 600 steps each).
 bench-train: setup-emulation
 	@$(call in_emulation,benchmarks/train_bench.py $(if $(QUICK),--quick) $(TRAIN_ARGS))
+
+# The papers' figures, one target each (benchmarks/fig_*.py, benchmarks/figures.py): CSV, PNG and
+# record (command, commit, load samples) in docs/results/<UTC date>-figs/, every point the median
+# and min-max of several repetitions; refused when the 1-minute load is above MAX_LOAD (LOADED=mark:
+# run and mark the figure "not quiet"). fig-workers: SwitchML's time vs workers (2, 4, 8) against
+# gloo's ring on shaped links; fig-loss: its time vs loss (0-1 %) at the soft switch's ports;
+# fig-tenants: ATP's JCT and Jain's index, dynamic vs static sharing of the slots; fig-tree: two
+# levels vs one switch at equal windows. What each shows and takes: docs/results/README.md, "Figures".
+fig_run = @if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then \
+	  FIG_MAKE="make $@ FIG_ARGS='$(FIG_ARGS)'" $(BIN)/python benchmarks/$(1).py --max-load $(MAX_LOAD) \
+	  --loaded $(LOADED) $(FIG_ARGS); else echo "$@: needs root and Mininet (make setup-emulation)"; exit 2; fi
+MAX_LOAD ?= 1.0
+LOADED   ?= refuse
+
+fig-workers: setup-emulation
+	$(call fig_run,fig_workers)
+fig-loss: setup-emulation
+	$(call fig_run,fig_loss)
+fig-tenants: setup-emulation
+	$(call fig_run,fig_tenants)
+fig-tree: setup-emulation
+	$(call fig_run,fig_tree)
 
 # Stops your runs (ALL=1: every user's) and deletes them and the builds; other users' runs stay.
 clean:

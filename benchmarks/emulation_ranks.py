@@ -67,6 +67,20 @@ def link_drops(links) -> int:
     return total
 
 
+def applied_loss_pct(run) -> float | None:
+    """The share of frames the run's switch ports dropped, all ports and directions together,
+    in percent (what the ports counted, not what was asked; None when they counted none). The
+    switches rewrite their counts every IMPAIR_STATS_SECONDS: waits two of those first."""
+    from inagg.bmv2_env.emulation import impairments
+    from inagg.bmv2_env.softswitch.switch import IMPAIR_STATS_SECONDS
+
+    time.sleep(2 * IMPAIR_STATS_SECONDS)
+    stats = impairments.read_port_stats(run.run.path / "logs", list(run.topo.switches))
+    seen = sum(e["seen"] for entries in stats.values() for e in entries)
+    dropped = sum(e["dropped"] for entries in stats.values() for e in entries)
+    return round(100 * dropped / seen, 4) if seen else None
+
+
 def shape_link(link, rate: str | None) -> None:
     """Both directions of a Mininet link at ``rate`` (each end's egress), or unlimited (None)."""
     for intf in (link.intf1, link.intf2):

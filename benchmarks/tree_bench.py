@@ -26,15 +26,16 @@ of K values), the tree's ``ratio`` (the median over repetitions of tree / flat o
 calls), the ToR uplinks' multiples per direction (the larger of the two ToRs'; ``uplinks`` has
 each), the host links' mean multiples, the calls' retransmissions, whether the bits matched,
 the grant (K, window: the tree's is the controller's ``min_window`` on every level, fixed; the
-one-switch job's grows from it) and where the job was placed, and the load average before and
-after. Writes benchmarks/results/tree_bench.csv and tree_bench.png, prints the table and the load.
+one-switch job's grows from it, or stays at it with ``--sharing static``: equal windows) and where
+the job was placed, and the load average before and after. Writes benchmarks/results/tree_bench.csv
+and tree_bench.png, prints the table and the load.
 Times are the slowest rank's (``clock``). A run cut short (a rank dies: killed, or dropped by the
 controller's rank lease on a loaded machine) writes the rows of the turns that ended, their times
 rank 0's own as it told them turn by turn, and a row naming the failed turn and the reason
 (``failed``); no table or plot, exit status 1.
 
     sudo .venv/bin/python benchmarks/tree_bench.py [--rate 100mbit] [--sizes-mib 4 16] [--reps 5]
-        [--min-window 1024] [--quick]
+        [--min-window 1024] [--sharing static] [--quick]
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, PartialResult, 
                              add_output_arguments, add_rank_arguments, finish_job, join_job, rate_bits, run_benchmark,
                              shaped_network, slowest_times, start_ranks, wait_line, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
+from inagg.controller.allocator import SHARING  # noqa: E402
 from wire_bench import ETH_IP_UDP_INAGG, MIB, framing_limit, timed_call  # noqa: E402
 
 LEAF_SPINE = ROOT / "bmv2_env" / "emulation" / "topologies" / "leaf_spine.json"
@@ -157,10 +159,10 @@ def turn_plan(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 # -- launcher side (root namespace) -----------------------------------------------------------
 
-def topology(mtu: int, min_window: int | None):
+def topology(mtu: int, min_window: int | None, sharing: str | None = None):
     """The leaf-spine topology with the ``tree`` job on its workers, and one switch ``flat``
     (its eight hosts f1..f8 running the ``flat`` job) linked to the spine; the controller's
-    ``min_window`` (a tree's window on every level) the file's unless given."""
+    ``min_window`` (a tree's window on every level) and ``sharing`` the file's unless given."""
     from inagg.bmv2_env.emulation.topology import parse_topology
 
     data = json.loads(LEAF_SPINE.read_text())
@@ -176,6 +178,8 @@ def topology(mtu: int, min_window: int | None):
     data["mtu"] = mtu
     if min_window is not None:
         data["controller"]["min_window"] = min_window
+    if sharing is not None:
+        data["controller"]["sharing"] = sharing
     return parse_topology(data, "tree_bench")
 
 
@@ -309,7 +313,7 @@ def run_experiment(args) -> tuple[dict, dict]:
     turn that fails ends the run with ``PartialResult``: the rows of the turns that ended (rank
     0's times), and one marking the failed turn with its reason."""
     title = f"tree bench: jobs {', '.join(JOBS)} of 8 ranks, every link at {args.rate}, MTU {args.mtu}"
-    with shaped_network(topology(args.mtu, args.min_window), args.rate, title, args.switch_nice, args.cpu_load,
+    with shaped_network(topology(args.mtu, args.min_window, args.sharing), args.rate, title, args.switch_nice, args.cpu_load,
                         args.rank_lease_seconds) as run:
         jobs = start_jobs(run, args)
         load = {"load1_start": round(os.getloadavg()[0], 2)}
@@ -452,6 +456,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mtu", type=int, default=1500, help="every link's MTU; K follows it")
     p.add_argument("--min-window", type=int, help="the controller's min_window, the tree's window on every level "
                    "(default: leaf_spine.json's); the one-switch job's grows from it")
+    p.add_argument("--sharing", choices=SHARING, help="the controller's sharing of a switch's slots (default: "
+                   "leaf_spine.json's); static keeps the one-switch job at min_window, the tree's window")
     p.add_argument("--quick", action="store_true", help="4 MiB, one repetition")
     add_machine_arguments(p)
     add_output_arguments(p, "tree_bench", RESULTS)

@@ -32,9 +32,13 @@ the other, so its calls' median alone does not show the share.
 
 Writes benchmarks/results/wire_bench.csv and wire_bench.png (time vs N for both paths per size,
 the framing limit dashed: SwitchML's figure), prints the table and the machine's load.
+``--loss PCT`` drops that share of the frames at the switch's port of every host link, both
+ways (the software data plane's ports: this kernel has no netem; ``loss_pct`` is what they
+dropped, counted, not what was asked): ``benchmarks/fig_loss.py`` runs it per loss rate.
 
     sudo .venv/bin/python benchmarks/wire_bench.py [--rate 100mbit] [--workers 2 4 8]
-        [--sizes-mib 1 4 16 64] [--reps 3] [--warmup 32] [--no-auto] [--mtu 1500] [--two-jobs 4] [--quick]
+        [--sizes-mib 1 4 16 64] [--reps 3] [--warmup 32] [--no-auto] [--mtu 1500] [--two-jobs 4] [--loss 0]
+        [--quick]
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
 from emulation_ranks import (READY_SECONDS, RESULTS, STORE_PORT, add_machine_arguments,  # noqa: E402
-                             add_output_arguments, add_rank_arguments, finish_job, job_retransmissions, join_job, link_drops, rate_bits, run_benchmark,
+                             add_output_arguments, add_rank_arguments, applied_loss_pct, finish_job, job_retransmissions,
+                             join_job, link_drops, rate_bits, run_benchmark,
                              shaped_network, slowest_times, start_ranks, wait_line, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
@@ -62,7 +67,7 @@ PATHS = ("inagg", "gloo")
 AUTO = "auto"     # the group whose backend chooses its own path
 FIELDS = ("case", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "job_s", "inagg_s", "gloo_s", "ratio",
           "auto_s", "auto_vs_best", "auto_paths", "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio",
-          "retransmissions", "spurious", "link_drops", "switch_nice", "cpu_load", "load1")
+          "retransmissions", "spurious", "link_drops", "loss_pct", "switch_nice", "cpu_load", "load1")
 ETH_IP_UDP_INAGG = 14 + 20 + 8 + 16    # bytes of a frame besides its K values
 ETH_IP_TCP = 14 + 20 + 32              # a TCP segment's headers (timestamps on)
 
@@ -224,14 +229,14 @@ def rank_main(args: argparse.Namespace) -> int:
 
 # -- launcher side (root namespace) -----------------------------------------------------------
 
-def topology(n_hosts: int, mtu: int):
+def topology(n_hosts: int, mtu: int, loss: float = 0.0):
     """One switch, worker hosts h1..h<n_hosts> on ports 1..n and the host aggregator's host,
-    every link at ``mtu``."""
+    every link at ``mtu``, ``loss`` percent of the frames dropped at its switch port both ways."""
     from inagg.bmv2_env.emulation.topology import parse_topology
 
     hosts = {f"h{i}": {"ip": f"10.0.0.{i}/24", "mac": f"08:00:00:00:00:{i:02x}"} for i in range(1, n_hosts + 1)}
     hosts["agg"] = {"ip": "10.0.0.100/24", "mac": "08:00:00:00:00:64"}
-    links = [[h, f"s1-p{i}"] for i, h in enumerate(hosts, 1)]
+    links = [[h, f"s1-p{i}", *([{"loss": loss}] if loss else [])] for i, h in enumerate(hosts, 1)]
     return parse_topology({
         "hosts": hosts, "links": links, "aggregator": "agg", "mtu": mtu,
         "switches": {"s1": {"aggregator_ip": "10.0.0.254", "aggregator_mac": "00:00:00:00:00:fe"}},
@@ -293,15 +298,16 @@ def run_experiment(args) -> list[dict]:
     """Bring up the network with every link shaped, run the jobs, tear down."""
     from inagg.bmv2_env.emulation.topology import host_ip
 
-    topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu)
-    title = f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}"
+    topo = topology(max(args.workers + [args.two_jobs or 0]), args.mtu, args.loss)
+    title = f"wire bench: {len(topo.hosts) - 1} worker hosts at {args.rate}, MTU {args.mtu}, loss {args.loss:g} %"
     with shaped_network(topo, args.rate, title, args.switch_nice, args.cpu_load,
                         args.rank_lease_seconds) as run:
         write_deployment(run, [host_ip(h) for name, h in topo.hosts.items() if name != "agg"])
         results = run_counts(run, args)
         if args.two_jobs:
             results += run_two_jobs(run, args)
-    return results
+        loss = applied_loss_pct(run) if args.loss else 0.0
+    return [{**r, "loss_pct": loss} for r in results]
 
 
 # -- what the run shows -----------------------------------------------------------------------
@@ -351,7 +357,7 @@ def summarize(result: dict, args, load: float) -> list[dict]:
                      "gloo_ideal_s": round(gloo_ideal(nbytes, n, args.mtu, args.rate), 4),
                      "ideal_ratio": round(n / (2 * (n - 1)), 3),
                      "retransmissions": result["retransmissions"], "spurious": result["spurious"],
-                     "link_drops": result["link_drops"], "switch_nice": args.switch_nice, "cpu_load": args.cpu_load,
+                     "link_drops": result["link_drops"], "loss_pct": result["loss_pct"], "switch_nice": args.switch_nice, "cpu_load": args.cpu_load,
                      "load1": round(load, 2)})
     return rows
 
@@ -413,6 +419,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mtu", type=int, default=1500, help="every link's MTU (9000: jumbo frames); K follows it")
     p.add_argument("--two-jobs", type=int, default=4, metavar="N",
                    help="ranks of each of two jobs sharing the links (0: no such case)")
+    p.add_argument("--loss", type=float, default=0.0, metavar="PCT",
+                   help="percent of the frames every host link's switch port drops, both ways")
     p.add_argument("--quick", action="store_true", help="N = 2 and 4, 4 MiB, one repetition, no two-jobs case")
     add_machine_arguments(p)
     add_output_arguments(p, "wire_bench", RESULTS)
@@ -425,6 +433,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.workers, args.sizes_mib, args.reps, args.two_jobs = [2, 4], [4], 1, 0
     args.sizes = [int(s * MIB) // 4 * 4 for s in args.sizes_mib]
     rate_bits(args.rate)
+    if not 0 <= args.loss <= 100:
+        p.error(f"--loss {args.loss:g}: a percentage in 0..100, e.g. 0.1")
     return args
 
 

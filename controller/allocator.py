@@ -18,6 +18,12 @@ granted host aggregation at once instead of waiting. The policy, and why:
   never aggregate into the same slot, even while grants change under running traffic.
 * **Every change is a new epoch**, monotonic per job (job ids are never reused), so a slot's
   owner tag tells a new grant from any earlier one.
+* **Sharing: dynamic or static** (``sharing``, per deployment). ``dynamic`` (the default) is
+  the policy above. ``static`` gives every job on the switch one fixed, equal share, a minimum
+  window, from its placement to its end: never grown into slots nobody uses, never shrunk for
+  a newcomer (ATP's static partitioning, the baseline its dynamic sharing is measured against);
+  a job that finds no free share runs on the host aggregator and is upgraded to the next share
+  that frees up, as under ``dynamic``.
 * **Upgrades and growth** happen whenever slots free up (a job leaves, its lease expires, or a
   shrink is activated): host jobs move to the switch in arrival order, then switch jobs grow.
 * **Tree parts are fixed.** A job aggregating on a tree of switches (docs/trees.md) holds one
@@ -36,6 +42,8 @@ import copy
 from dataclasses import dataclass, field
 
 SWITCH, HOST = "switch", "host"
+DYNAMIC, STATIC = "dynamic", "static"
+SHARING = (DYNAMIC, STATIC)   # how the pool is shared among the jobs on the switch (the docstring)
 # The host aggregator's pool: the key of its allocator and the place of a job no switch holds (no
 # switch can be named "", so it never meets a switch's name).
 HOST_POOL = ""
@@ -123,8 +131,13 @@ class SlotAllocator:
     max_jobs: int = 1 << 30
     max_job_workers: int = 1 << 30
     worker_entries: int = 1 << 30
+    sharing: str = DYNAMIC
     jobs: dict[int, JobState] = field(default_factory=dict)
     _arrivals: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sharing not in SHARING:
+            raise ValueError(f"sharing {self.sharing!r}: write one of {', '.join(SHARING)}")
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -282,8 +295,10 @@ class SlotAllocator:
 
     def _shares(self, jobs: list[JobState]) -> dict[int, int]:
         """Demand-proportional shares in slots: whole chunks, at least one, at most the
-        job's useful window (rounded down to chunks)."""
+        job's useful window (rounded down to chunks); under static sharing one chunk each."""
         chunk = self.min_window
+        if self.sharing == STATIC:
+            return {j.job_id: chunk for j in jobs}
         useful = {j.job_id: max(1, self.useful_window(j.demand) // chunk) for j in jobs}
         shares = {j.job_id: 1 for j in jobs}
         left = (self.switch_slots - sum(j.active.slot_count for j in self._fixed())) // chunk - len(jobs)

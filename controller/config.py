@@ -8,7 +8,7 @@ Example in JSON (bmv2_env/emulation/topologies/ ships real ones)::
       "admin_token_file": "admin.token",
       "database": "controller.sqlite",
       "lease_seconds": 30, "rank_lease_seconds": 8,
-      "min_window": 8,
+      "min_window": 8, "sharing": "dynamic",
       "host_aggregator": "10.0.0.100:42666",
       "host_slots": 4096, "host_window": 32, "host_values_per_packet": 4096,
       "metrics_listen": "127.0.0.1:9464",
@@ -51,6 +51,7 @@ except ModuleNotFoundError:   # Python 3.10: the same parser from PyPI (inagg[co
 
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
+from inagg.controller.allocator import DYNAMIC, SHARING
 from inagg.controller.artifacts import artifact
 from inagg.hostlib.jobservice.credentials import load_token
 from inagg.controller.program import DEVICE_FILES, TARGETS, TOFINO_CHIPS, Program
@@ -129,6 +130,7 @@ class ControllerConfig:
     switch_check_seconds: float = 1.0 # how often each switch is checked for a restart
     max_jobs: int = 4096              # jobs the controller holds at once (CreateJob is open)
     min_window: int = 8
+    sharing: str = DYNAMIC            # the switch pool among its jobs: dynamic or static (allocator.py)
     host_slots: int = 4096
     host_window: int = HOST_WINDOW
     host_values_per_packet: int = HOST_VALUES_PER_PACKET
@@ -298,6 +300,9 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     for key in ("database", "admin_token_file", "tls_cert", "tls_key"):
         if kwargs.get(key) and base is not None and not Path(kwargs[key]).is_absolute():
             kwargs[key] = str(base / kwargs[key])
+    if kwargs.get("sharing", DYNAMIC) not in SHARING:
+        raise ValueError(f"config: sharing {kwargs['sharing']!r}: write one of {', '.join(SHARING)} "
+                         f"(how the switch's slots are shared among its jobs; default {DYNAMIC})")
     if bool(kwargs.get("tls_cert")) != bool(kwargs.get("tls_key")):
         raise ValueError("config: tls_cert and tls_key go together")
     if not kwargs.get("admin_token"):

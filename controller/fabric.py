@@ -70,7 +70,8 @@ class Fabric:
             alloc = SlotAllocator(cap.slots, config.min_window, p4info.values_per_packet, share,
                                   config.host_window, share * i, max_jobs=cap.job_rows,
                                   max_job_workers=cap.job_workers,
-                                  worker_entries=cap.worker_entries - 1)   # one holds the job-id mark
+                                  worker_entries=cap.worker_entries - 1,   # one holds the job-id mark
+                                  sharing=config.sharing)
             self.allocators[cfg.name] = alloc
             self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name),
                                                     config.host_aggregator)

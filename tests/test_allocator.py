@@ -3,7 +3,9 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inagg.controller.allocator import HOST, SWITCH, Demand, SlotAllocator
+import pytest
+
+from inagg.controller.allocator import HOST, SHARING, STATIC, SWITCH, Demand, SlotAllocator
 
 
 def check_invariants(a: SlotAllocator) -> None:
@@ -129,12 +131,38 @@ def test_a_tree_part_holds_its_window_while_the_policy_moves_the_others_around_i
     assert b.can_reserve(2) and not b.can_reserve(3)                    # worker entries: 2 + 2 of 6
 
 
+def test_static_sharing_holds_one_window_per_job_from_placement_to_end():
+    """ATP's static partitioning: a job alone keeps one minimum window (the dynamic policy would
+    grow it to the pool), a newcomer takes a free window without shrinking anyone, a third job
+    waits on the host aggregator and is upgraded to the window the first one frees."""
+    a = SlotAllocator(switch_slots=32, min_window=8, sharing=STATIC)
+    a.add_job(1, Demand(2, 1 << 20))
+    settle(a)
+    assert (a.jobs[1].active.slot_count, a.jobs[1].active.epoch) == (8, 1)
+    a.add_job(2, Demand(2, 1 << 22))
+    a.add_job(3, Demand(2, 1 << 20))
+    a.add_job(4, Demand(2, 1 << 20))
+    settle(a)
+    assert [a.jobs[j].active.slot_count for j in (1, 2, 3, 4)] == [8, 8, 8, 8]
+    assert a.add_job(5, Demand(2, 1 << 20)).mode == HOST
+    a.remove_job(2)
+    settle(a)
+    assert a.jobs[5].active.mode == SWITCH and a.jobs[5].active.slot_count == 8
+    assert all(a.jobs[j].active.epoch == 1 for j in (1, 3, 4))      # nobody else moved
+    check_invariants(a)
+
+
+def test_an_unknown_sharing_policy_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="sharing 'fair': write one of dynamic, static"):
+        SlotAllocator(switch_slots=32, sharing="fair")
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "remove", "activate", "drain"]),
                           st.integers(1, 12), st.integers(0, 1 << 22)), max_size=60),
-       st.sampled_from([16, 64, 100]), st.sampled_from([4, 8]))
-def test_invariants_under_random_arrivals_and_departures(events, pool, min_window):
-    a = SlotAllocator(switch_slots=pool, min_window=min_window, host_slots=12 * 32)
+       st.sampled_from([16, 64, 100]), st.sampled_from([4, 8]), st.sampled_from(SHARING))
+def test_invariants_under_random_arrivals_and_departures(events, pool, min_window, sharing):
+    a = SlotAllocator(switch_slots=pool, min_window=min_window, host_slots=12 * 32, sharing=sharing)
     for kind, job_id, size in events:
         if kind == "add" and job_id not in a.jobs:
             a.add_job(job_id, Demand(2, size, 0.5))
@@ -149,6 +177,7 @@ def test_invariants_under_random_arrivals_and_departures(events, pool, min_windo
     switch_jobs = [j for j in a.jobs.values() if j.active.mode == SWITCH]
     undrained = [j for j in a.jobs.values() if not j.drained]
     assert len(switch_jobs) == min(len(undrained), pool // min_window)
+    assert sharing != STATIC or all(j.active.slot_count == min_window for j in switch_jobs)
     for job_id in list(a.jobs):
         a.remove_job(job_id)
     assert a.jobs == {} and a._free_run(SWITCH, pool, 0) == 0

@@ -201,6 +201,26 @@ def test_activation_answer_is_the_same_for_every_rank(env):
     assert first_grants(c, *j1)[0].epoch == pending.epoch
 
 
+def test_a_static_deployment_keeps_each_job_on_one_window(tmp_path):
+    """``sharing = "static"`` in the config: a job alone keeps its one minimum window (dynamic
+    sharing grows it to the whole pool, above), and a second job takes another without a grant
+    change for the first."""
+    env = controller_env(tmp_path, sharing="static")
+    c = next(env)["client"]
+    try:
+        j1 = new_job(c, [1, 2], "a")
+        settle(c, [j1])
+        assert first_grants(c, *j1)[0].slot_count == 512
+        j2 = new_job(c, [3, 4], "b")
+        settle(c, [j1, j2])
+        g1, g2 = first_grants(c, *j1)[0], first_grants(c, *j2)[0]
+        assert (g1.slot_count, g1.epoch, g2.mode, g2.slot_count) == (512, 1, "switch", 512)
+    finally:
+        next(env, None)
+    with pytest.raises(ValueError, match="config: sharing 'fair': write one of dynamic, static"):
+        parse_config({"host_aggregator": "10.0.0.100:42666", "sharing": "fair"})
+
+
 def test_a_grant_changes_only_once_every_rank_asked(env):
     """A rank asks only after it has every result of the boundary's call; until the last rank
     asked, the switch keeps the old epoch (a rank that lost its last result may still resend)."""

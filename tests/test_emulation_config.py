@@ -168,6 +168,8 @@ BAD_TOPOLOGIES = {
     "aggregator off the subnet": (_set("switches.s2.aggregator_ip", "10.0.1.254"),
                                   r"switch s2: aggregator_ip 10.0.1.254 is not a host address of the hosts' subnet"),
     "min_window 0": (_set("controller", {"min_window": 0}), "controller: min_window 0 must be a whole number >= 1"),
+    "sharing unknown": (_set("controller", {"sharing": "fair"}),
+                        "controller: sharing 'fair': write one of dynamic, static"),
     "min_window a string": (_set("controller", {"min_window": "8"}), "controller: min_window '8' must be a whole number"),
     "host_window over host_slots": (_set("controller", {"host_slots": 16, "host_window": 32}),
                                     "host_window 32 is larger than host_slots 16"),

@@ -23,6 +23,7 @@ import ipaddress
 import re
 from typing import Any, Iterable
 
+from inagg.controller.allocator import DYNAMIC, SHARING
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS
 
 # the keys each kind of object may have; those marked required must be there
@@ -43,7 +44,8 @@ SCHEMA: dict[str, dict[str, bool]] = {
     "profile": {"bucket_bytes": True, "compute_ms": False},
     # the controller's settings a topology may change; the launcher sets the rest (LAUNCHER_SETS)
     "controller": {"min_window": False, "lease_seconds": False, "rank_lease_seconds": False,
-                   "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False},
+                   "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False,
+                   "sharing": False},
 }
 NETEM_OPTIONS = ("delay", "jitter", "loss", "max_queue_size")   # link options Mininet applies with netem
 IMPAIRMENTS = ("delay", "jitter", "loss", "duplicate", "reorder", "max_queue_size")   # netem's, as links ask them
@@ -213,6 +215,9 @@ def check_controller(section: dict, file: str) -> None:
     for key in ("lease_seconds", "rank_lease_seconds", "switch_check_seconds"):
         if key in section and not (_number(section[key], False, 0) and section[key] > 0):
             raise TopologyError(f"{file}: controller: {key} {section[key]!r} must be a number of seconds > 0")
+    if section.get("sharing", DYNAMIC) not in SHARING:
+        raise TopologyError(f"{file}: controller: sharing {section['sharing']!r}: write one of {', '.join(SHARING)} "
+                            f"(how the switch's slots are shared among its jobs; default {DYNAMIC})")
     if section.get("host_window", 0) > section.get("host_slots", 4096):
         raise TopologyError(f"{file}: controller: host_window {section['host_window']} is larger than host_slots "
                             f"{section.get('host_slots', 4096)}: no job would fit on the host aggregator; lower it")
