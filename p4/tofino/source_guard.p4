@@ -4,8 +4,9 @@
  * the ingress port and the headers a forged frame shows, and the controller writes up to four
  * rows per host-facing port (controller/switch.py: SourceGuard.port_updates), each refusing
  * with its reason; no action data is compared in the pipeline, so the guard needs no metadata
- * (the BMv2 program's table, exact on the port with the addresses as action data, took two
- * 32-bit differences here, which Tofino 1's PHV has no room for: docs/tofino.md):
+ * and no stage of differences (the BMv2 program's table, exact on the port with the addresses
+ * as action data, took two 32-bit differences here: on Tofino 1 that ran out of PHV or of
+ * stages, docs/tofino.md):
  *
  *   rows the controller writes for a host port (highest priority first) | verdict
  *   --------------------------------------------------------------------+--------------------------
