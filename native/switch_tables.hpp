@@ -2,7 +2,8 @@
 // (p4/include/source_guard.p4, job_admission.p4, tree_uplink.p4, forwarding.p4, replica_rewrite.p4,
 // job_counters.p4) and the Python P4Runtime server writes it (bmv2_env/softswitch/pipeline.py
 // mirrors every accepted TableEntry / MulticastGroupEntry into here): exact-match tables as hash
-// maps, the packet replication engine's groups, and the indexed packet counters that P4Runtime
+// maps (and the ternary rows of the TNA program's host_port_table, p4/tofino/source_guard.p4, per
+// port), the packet replication engine's groups, and the indexed packet counters that P4Runtime
 // reads back.
 #pragma once
 
