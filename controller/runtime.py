@@ -133,7 +133,8 @@ class SwitchRuntime:
             port = self.cfg.device_port(h.port)
             ports[port] = ports.get(port, False) or ip == host_ip
         guard = SourceGuard(self.sw)
-        return [guard.port_update(INSERT, port, switch_ip, host_ip, agg) for port, agg in sorted(ports.items())]
+        return [u for port, agg in sorted(ports.items())
+                for u in guard.port_updates(INSERT, port, switch_ip, host_ip, agg)]
 
     def program(self, jobs: list[SwitchJob]) -> None:
         """Make the switch hold ``jobs``; until that succeeds its state counts as unknown."""

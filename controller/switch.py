@@ -23,7 +23,8 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from inagg.hostlib.wire.protocol import (
-    DROP_REASONS, ENCAP_CODE, GLOBAL_DROP_REASONS, GUARD_DROP_REASONS, ipv4, mac,
+    DROP_REASONS, ENCAP_CODE, FLAG_FROM_SWITCH, GLOBAL_DROP_REASONS, GUARD_DROP_REASONS, MSG_RESULT,
+    ipv4, mac,
 )
 
 from inagg.controller.p4info import P4Info, P4Type, encode, same_p4info
@@ -37,6 +38,9 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconn
 # Seconds any one P4Runtime call may take before the controller gives up on it.
 DEFAULT_RPC_TIMEOUT = 10.0
 # (SetForwardingPipelineConfig has its own: config.DEFAULT_PUSH_TIMEOUT.)
+# The key of a table entry with ternary fields holds its priority under this name (no match
+# field has it).
+PRIORITY = "$priority"
 
 
 class SwitchError(RuntimeError):
@@ -205,15 +209,23 @@ class SwitchConnection:
         for rep in replies:
             yield from rep.entities
 
-    def table_update(self, kind: int, table: str, key: dict[str, int], action: str | None = None,
+    def table_update(self, kind: int, table: str, key: dict, action: str | None = None,
                      params: dict[str, int] | None = None) -> p4runtime_pb2.Update:
+        """One update of ``table``'s entry ``key``: field -> value, or (value, mask) for a
+        ternary field (a don't-care one left out), and ``PRIORITY`` -> the entry's priority in
+        a table with ternary fields (``decode_entry`` gives keys in the same form)."""
         t = self.p4info.obj(P4Type.table, table)
-        e = p4runtime_pb2.TableEntry(table_id=t.preamble.id)
+        e = p4runtime_pb2.TableEntry(table_id=t.preamble.id, priority=key.get(PRIORITY, 0))
         fields = {mf.name: mf for mf in t.match_fields}
         for name, value in key.items():
+            if name == PRIORITY:
+                continue
             mf = fields[name]
             m = e.match.add(field_id=mf.id)
-            m.exact.value = encode(value, mf.bitwidth)
+            if isinstance(value, tuple):
+                m.ternary.value, m.ternary.mask = (encode(v, mf.bitwidth) for v in value)
+            else:
+                m.exact.value = encode(value, mf.bitwidth)
         if action is not None:
             a = self.p4info.obj(P4Type.action, action)
             e.action.action.action_id = a.preamble.id
@@ -225,17 +237,22 @@ class SwitchConnection:
         u.entity.table_entry.CopyFrom(e)
         return u
 
-    def table_entries(self, table: str) -> list[tuple[dict[str, int], str, dict[str, int]]]:
+    def table_entries(self, table: str) -> list[tuple[dict, str, dict[str, int]]]:
         """(key, action name, params) of every entry of ``table``."""
         q = p4runtime_pb2.Entity()
         q.table_entry.table_id = self.p4info.id(P4Type.table, table)
         return [self.decode_entry(ent.table_entry)[1:] for ent in self.read(q)]
 
-    def decode_entry(self, te: p4runtime_pb2.TableEntry) -> tuple[str, dict[str, int], str, dict[str, int]]:
-        """(table, key, action, params) of a TableEntry, with short names."""
+    def decode_entry(self, te: p4runtime_pb2.TableEntry) -> tuple[str, dict, str, dict[str, int]]:
+        """(table, key, action, params) of a TableEntry, with short names; the key as
+        ``table_update`` takes it."""
         t = self.p4info.by_id(te.table_id)
         names = {mf.id: mf.name for mf in t.match_fields}
-        key = {names[m.field_id]: int.from_bytes(m.exact.value, "big") for m in te.match}
+        key: dict = {names[m.field_id]: int.from_bytes(m.exact.value, "big") if m.HasField("exact") else
+                     (int.from_bytes(m.ternary.value, "big"), int.from_bytes(m.ternary.mask, "big"))
+                     for m in te.match}
+        if te.priority:
+            key[PRIORITY] = te.priority
         a = self.p4info.by_id(te.action.action.action_id)
         pnames = {p.id: p.name for p in a.params}
         params = {pnames[p.param_id]: int.from_bytes(p.value, "big") for p in te.action.action.params}
@@ -472,23 +489,48 @@ class Forwarding:
 
 
 class SourceGuard:
-    """Programs host_port_table and reads guard_drops (p4/include/source_guard.p4): on each
-    port that faces hosts, frames claiming an aggregator's address or carrying a result are
-    dropped; ports to other switches get no entry."""
+    """Programs host_port_table and reads guard_drops: on each port that faces hosts, frames
+    claiming an aggregator's address or carrying a result are dropped; ports to other switches
+    get no entry. The table has one of two shapes, told apart by its P4Info: BMv2's
+    (p4/include/source_guard.p4: exact on the port, the addresses as guard_host_port's data,
+    compared by the program) and the TNA program's (p4/tofino/source_guard.p4: ternary on the
+    port and the headers, the comparisons being the rows' matches, each row refusing with its
+    GUARD_DROP reason)."""
 
     def __init__(self, sw: SwitchConnection) -> None:
         self.sw = sw
 
-    def port_update(self, kind: int, port: int, aggregator_ip: str, host_aggregator_ip: str,
-                    is_aggregator: bool) -> p4runtime_pb2.Update:
+    def port_updates(self, kind: int, port: int, aggregator_ip: str, host_aggregator_ip: str,
+                     is_aggregator: bool) -> list[p4runtime_pb2.Update]:
         """Guard device port ``port``: no frame from it may come from ``aggregator_ip`` (the
         switch's aggregator address) and, unless the host aggregator sits there
         (``is_aggregator``), none from ``host_aggregator_ip`` and no result."""
+        table = self.sw.p4info.obj(P4Type.table, "host_port_table")
+        if any(mf.match_type == p4info_pb2.MatchField.TERNARY for mf in table.match_fields):
+            return self._rows(kind, port, aggregator_ip, host_aggregator_ip, is_aggregator)
         params = {"aggregator_addr": ipv4(aggregator_ip), "host_aggregator": ipv4(host_aggregator_ip),
                   "is_aggregator": int(is_aggregator)}
-        return self.sw.table_update(kind, "host_port_table", {"port": port},
-                                    None if kind == DELETE else "guard_host_port",
-                                    None if kind == DELETE else params)
+        return [self.sw.table_update(kind, "host_port_table", {"port": port},
+                                     None if kind == DELETE else "guard_host_port",
+                                     None if kind == DELETE else params)]
+
+    def _rows(self, kind: int, port: int, aggregator_ip: str, host_aggregator_ip: str,
+              is_aggregator: bool) -> list[p4runtime_pb2.Update]:
+        """The TNA shape's rows for ``port``, highest priority first (the table in
+        p4/tofino/source_guard.p4): the switch's address, the host aggregator's (not on its
+        port, and not when it is the switch's), a RESULT (not on its port), FLAG_FROM_SWITCH."""
+        one, reasons = (1, 1), {r: i for i, r in enumerate(GUARD_DROP_REASONS)}
+        rows = [(4, {"ipv4_valid": one, "src_addr": (ipv4(aggregator_ip), 0xFFFFFFFF)}, "aggregator_addr")]
+        if not is_aggregator:
+            if host_aggregator_ip != aggregator_ip:
+                rows.append((3, {"ipv4_valid": one, "src_addr": (ipv4(host_aggregator_ip), 0xFFFFFFFF)},
+                             "aggregator_addr"))
+            rows.append((2, {"inagg_valid": one, "msg_type": (MSG_RESULT, 0xF)}, "result"))
+        rows.append((1, {"inagg_valid": one, "flags": (FLAG_FROM_SWITCH, FLAG_FROM_SWITCH)}, "result"))
+        return [self.sw.table_update(kind, "host_port_table", {"port": port, **match, PRIORITY: priority},
+                                     None if kind == DELETE else "source_guard.refuse",
+                                     None if kind == DELETE else {"reason": reasons[why]})
+                for priority, match, why in rows]
 
     def drops(self) -> dict[str, int]:
         """Frames dropped on host ports, by GUARD_DROP reason (only the reasons that occurred)."""

@@ -3,6 +3,7 @@
 // bmv2_env/softswitch/switch.py hands its sockets to a SwitchLoop. Packet work never holds the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -149,7 +150,24 @@ void bind_uplink_table(PipelineClass& cls) {
         });
 }
 
-// SourceGuard's host_port_table.
+using GuardFields = std::array<uint32_t, inagg::kGuardRowFields>;
+
+// Remove the TNA host_port_table row with `row`'s match (priority, values, masks).
+void drop_guard_row(std::vector<inagg::GuardRow>& rows, const inagg::GuardRow& row) {
+    rows.erase(std::remove_if(rows.begin(), rows.end(),
+                              [&](const inagg::GuardRow& r) { return r.same_match(row); }),
+               rows.end());
+}
+
+// A TNA host_port_table row in place of the one with its match, else added; highest priority first.
+void put_guard_row(std::vector<inagg::GuardRow>& rows, const inagg::GuardRow& row) {
+    drop_guard_row(rows, row);
+    auto at = std::find_if(rows.begin(), rows.end(),
+                           [&](const inagg::GuardRow& r) { return r.priority < row.priority; });
+    rows.insert(at, row);
+}
+
+// SourceGuard's host_port_table, in either program's shape.
 void bind_guard_table(PipelineClass& cls) {
     cls.def("set_host_port",
             [](SwitchPipeline& p, uint16_t port, uint32_t aggregator_addr, uint32_t host_aggregator,
@@ -159,8 +177,24 @@ void bind_guard_table(PipelineClass& cls) {
                         inagg::GuardPort{aggregator_addr, host_aggregator, is_aggregator};
                 });
             })
-        .def("remove_host_port", [](SwitchPipeline& p, uint16_t port) {
-            with_tables(p, [&](SwitchTables& t) { t.host_ports.erase(port); });
+        .def("remove_host_port",
+             [](SwitchPipeline& p, uint16_t port) {
+                 with_tables(p, [&](SwitchTables& t) { t.host_ports.erase(port); });
+             })
+        .def("set_guard_row",
+             [](SwitchPipeline& p, uint16_t port, int32_t priority, const GuardFields& value,
+                const GuardFields& mask, uint8_t reason) {
+                 inagg::GuardRow row{priority, value, mask, reason};
+                 with_tables(p, [&](SwitchTables& t) { put_guard_row(t.guard_rows[port], row); });
+             })
+        .def("remove_guard_row", [](SwitchPipeline& p, uint16_t port, int32_t priority,
+                                    const GuardFields& value, const GuardFields& mask) {
+            inagg::GuardRow row{priority, value, mask, 0};
+            with_tables(p, [&](SwitchTables& t) {
+                auto& rows = t.guard_rows[port];
+                drop_guard_row(rows, row);
+                if (rows.empty()) t.guard_rows.erase(port);
+            });
         });
 }
 

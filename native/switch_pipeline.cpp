@@ -32,6 +32,11 @@ void SwitchPipeline::process(uint16_t port, const uint8_t* f, size_t len, Output
 // address, or from the host aggregator's off its port, is GUARD_DROP_AGGREGATOR_ADDR; an inagg
 // RESULT off the host aggregator's port, or a FLAG_FROM_SWITCH packet, GUARD_DROP_RESULT.
 bool SwitchPipeline::source_guard(uint16_t port, const uint8_t* f, size_t len, uint8_t encap) {
+    int row = guard_row_reason(port, f, len, encap);
+    if (row >= 0) {
+        counters_.count(Counter::GuardDrops, size_t(row));
+        return true;
+    }
     auto hit = tables_.host_ports.find(port);
     if (hit == tables_.host_ports.end()) return false;
     const GuardPort& g = hit->second;
@@ -50,6 +55,27 @@ bool SwitchPipeline::source_guard(uint16_t port, const uint8_t* f, size_t len, u
         return true;
     }
     return false;
+}
+
+// The TNA program's rows match what its parser extracts: IPv4 (validity, source) and the inagg
+// header of a UDP frame to the inagg port (validity, type, flags); rows are kept by priority.
+int SwitchPipeline::guard_row_reason(uint16_t port, const uint8_t* f, size_t len,
+                                     uint8_t encap) const {
+    auto rows = tables_.guard_rows.find(port);
+    if (rows == tables_.guard_rows.end()) return -1;
+    bool ipv4 = len >= kIpAt + kIp && load_be16(f + kEthType) == 0x0800;
+    bool inagg = encap == kEncapUdp && len >= kInaggAt + kHeaderBytes;
+    std::array<uint32_t, kGuardRowFields> fields{
+        ipv4, ipv4 ? load_be32(f + kIpAt + kIpSrc) : 0u, inagg,
+        inagg ? uint32_t(f[kInaggAt + field::kVersionType] & 0xF) : 0u,
+        inagg ? uint32_t(f[kInaggAt + field::kFlags]) : 0u};
+    for (const GuardRow& r : rows->second) {
+        bool match = true;
+        for (size_t i = 0; i < kGuardRowFields; ++i)
+            match = match && (fields[i] & r.mask[i]) == r.value[i];
+        if (match) return r.reason;
+    }
+    return -1;
 }
 
 // The IPv4 header checksum the deparser writes into a frame it parsed as IPv4 (EtherType 0x0800,

@@ -97,6 +97,8 @@ public:
 private:
     // SourceGuard: true when a host port's frame claims an aggregator's place (dropped, counted).
     bool source_guard(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap);
+    // ...the TNA program's (guard_rows): the reason of the first row the frame matches, or -1.
+    int guard_row_reason(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap) const;
     void forwarding(uint16_t port, const uint8_t* frame, size_t len, OutputBatch& out);
     void admission(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
                    OutputBatch& out);

@@ -2,7 +2,8 @@
 // (p4/include/source_guard.p4, job_admission.p4, tree_uplink.p4, forwarding.p4, replica_rewrite.p4,
 // job_counters.p4) and the Python P4Runtime server writes it (bmv2_env/softswitch/pipeline.py
 // mirrors every accepted TableEntry / MulticastGroupEntry into here): exact-match tables as hash
-// maps, the packet replication engine's groups, and the indexed packet counters that P4Runtime
+// maps (and the ternary rows of the TNA program's host_port_table, p4/tofino/source_guard.p4, per
+// port), the packet replication engine's groups, and the indexed packet counters that P4Runtime
 // reads back.
 #pragma once
 
@@ -65,6 +66,22 @@ struct GuardPort {
     bool is_aggregator = false;
 };
 
+// host_port_table as the TNA program declares it (p4/tofino/source_guard.p4): ternary rows on
+// what a frame shows, each refusing with a GUARD_DROP reason. Per field (kGuardRowFields, in
+// this order: IPv4 valid, IPv4 source, inagg valid, inagg type, inagg flags) a value and a mask;
+// a field matches when (field & mask) == value, so mask 0 matches anything.
+constexpr size_t kGuardRowFields = 5;
+struct GuardRow {
+    int32_t priority = 0;
+    std::array<uint32_t, kGuardRowFields> value{};
+    std::array<uint32_t, kGuardRowFields> mask{};
+    uint8_t reason = 0;
+
+    bool same_match(const GuardRow& o) const {
+        return priority == o.priority && value == o.value && mask == o.mask;
+    }
+};
+
 // l2_table's actions (Forwarding); `arg` is the port of forward or the group of flood.
 // A forward to kDropPort leaves nowhere: v1model's drop port (BMv2 drops a packet whose
 // egress_spec is 511), and on Tofino a port no pipe has (P4Testgen's tests expect a drop).
@@ -82,12 +99,13 @@ struct Replica {
 };
 
 struct SwitchTables {
-    std::unordered_map<uint16_t, JobAdmit> jobs;            // job_id
-    std::unordered_map<uint32_t, WorkerBinding> workers;    // job_id << 8 | rank
-    std::unordered_map<uint32_t, ReplicaAddress> replicas;  // job_id << 16 | replica
-    std::unordered_map<uint16_t, UplinkEntry> uplinks;      // job_id
-    std::unordered_map<uint64_t, L2Action> l2;              // dst MAC
-    std::unordered_map<uint16_t, GuardPort> host_ports;     // ingress port
+    std::unordered_map<uint16_t, JobAdmit> jobs;                     // job_id
+    std::unordered_map<uint32_t, WorkerBinding> workers;             // job_id << 8 | rank
+    std::unordered_map<uint32_t, ReplicaAddress> replicas;           // job_id << 16 | replica
+    std::unordered_map<uint16_t, UplinkEntry> uplinks;               // job_id
+    std::unordered_map<uint64_t, L2Action> l2;                       // dst MAC
+    std::unordered_map<uint16_t, GuardPort> host_ports;              // ingress port
+    std::unordered_map<uint16_t, std::vector<GuardRow>> guard_rows;  // ingress port: by priority
     L2Action l2_default;
     std::unordered_map<uint16_t, std::vector<Replica>> groups;  // multicast group id
 

@@ -4,9 +4,11 @@ sends and the frames it expects (nibble masks), nothing else. Nothing here knows
 headers, so a change of the wire format needs only a regeneration.
 
 The two dialects p4testgen writes are both read: BMv2's (``add "table" "key":0x1
-"action"("param":0x2)``) and Tofino's (``add table key:0x1 action(param:0x2,...)``). A command
-the replay does not know (a register write, a default action, a ternary key) is an error, never
-skipped: a new kind of test must be taught to the replay before it can pass."""
+"action"("param":0x2)``) and Tofino's (``add table key:0x1 action(param:0x2,...)``, and for a
+table with ternary fields ``add table <priority> key:0b1*0 ...``, ``*`` a bit that matches
+anything). A command the replay does not know (a register write, a default action, a ``&&&``
+or prefix key) is an error, never skipped: a new kind of test must be taught to the replay
+before it can pass."""
 
 from __future__ import annotations
 
@@ -14,22 +16,27 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 
 from inagg.controller.p4info import P4Info, P4Type, encode
 
 _ADD = re.compile(r'^add\s+"?([\w.]+)"?\s+(.*?)\s*"?([\w.]+)"?\((.*)\)\s*$')
-_PAIR = re.compile(r'"?([\w.$\[\]]+)"?\s*:\s*(0x[0-9A-Fa-f]+|\d+)')
+_PAIR = re.compile(r'"?([\w.$\[\]]+)"?\s*:\s*(0x[0-9A-Fa-f]+|0b[01*]+|\d+)')
+_PRIORITY = re.compile(r"^(\d+)\s")
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One exact-match table entry: the names are the P4Info's (fully qualified)."""
+    """One table entry: the names are the P4Info's (fully qualified); a key field's value, or
+    (value, mask) where the test leaves bits to match anything; the priority of a table with
+    ternary fields (0 for an exact-match table)."""
 
     table: str
-    key: dict[str, int]
+    key: dict[str, int | tuple[int, int]]
     action: str
     params: dict[str, int]
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,14 +66,23 @@ def _number(text: str) -> int:
     return int(text, 0)
 
 
+def _key_value(text: str) -> int | tuple[int, int]:
+    """A key's value; ``0b`` bits with ``*`` (any) as (value, mask)."""
+    if not text.startswith("0b") or "*" not in text:
+        return _number(text)
+    bits = text[2:]
+    return int(bits.replace("*", "0"), 2), int("".join("0" if b == "*" else "1" for b in bits), 2)
+
+
 def parse_add(line: str) -> Entry:
-    """An ``add`` line of either dialect; ValueError for keys that are not exact."""
+    """An ``add`` line of either dialect; ValueError for ``&&&`` and prefix keys."""
     m = _ADD.match(line)
     if m is None or "&&&" in line or "/" in m.group(2):
         raise ValueError(f"unsupported table entry: {line}")
     table, keys, action, params = m.groups()
-    return Entry(table, {k: _number(v) for k, v in _PAIR.findall(keys)}, action,
-                 {k: _number(v) for k, v in _PAIR.findall(params)})
+    priority = _PRIORITY.match(keys)
+    return Entry(table, {k: _key_value(v) for k, v in _PAIR.findall(keys)}, action,
+                 {k: _number(v) for k, v in _PAIR.findall(params)}, int(priority[1]) if priority else 0)
 
 
 def parse(path: Path) -> StfTest:
@@ -99,10 +115,16 @@ def table_update(p4info: P4Info, entry: Entry) -> p4runtime_pb2.Update:
     """The P4Runtime INSERT of ``entry`` (names and widths from the P4Info)."""
     table = p4info.obj(P4Type.table, entry.table)
     fields = {mf.name: mf for mf in table.match_fields}
-    message = p4runtime_pb2.TableEntry(table_id=table.preamble.id)
+    message = p4runtime_pb2.TableEntry(table_id=table.preamble.id, priority=entry.priority)
     for name, value in entry.key.items():
         mf = fields[name]
-        message.match.add(field_id=mf.id).exact.value = encode(value, mf.bitwidth)
+        if mf.match_type != p4info_pb2.MatchField.TERNARY:
+            message.match.add(field_id=mf.id).exact.value = encode(value, mf.bitwidth)
+            continue
+        value, mask = value if isinstance(value, tuple) else (value, (1 << mf.bitwidth) - 1)
+        if mask:                          # a field that matches anything is left out
+            message.match.add(field_id=mf.id).ternary.CopyFrom(p4runtime_pb2.FieldMatch.Ternary(
+                value=encode(value, mf.bitwidth), mask=encode(mask, mf.bitwidth)))
     action = p4info.obj(P4Type.action, entry.action)
     message.action.action.action_id = action.preamble.id
     params = {p.name: p for p in action.params}

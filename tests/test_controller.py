@@ -10,7 +10,7 @@ from inagg.hostlib.jobservice.client import ControllerClient, ControllerError, t
 from inagg.controller.config import default_program, parse_config
 from inagg.controller.controller import Controller
 from inagg.controller.service import serve as serve_controller
-from inagg.controller.switch import ResultReplication, SourceGuard, SwitchConnection
+from inagg.controller.switch import PRIORITY, ResultReplication, SourceGuard, SwitchConnection
 
 ADMIN = "s3cret"
 
@@ -118,10 +118,10 @@ def test_pipeline_forwarding_and_flood_group_installed(env):
 
 @pytest.mark.parametrize("target", ["soft", "tofino", "tofino2"])
 def test_source_guard_is_installed_on_every_host_port(tmp_path, target):
-    """Issue 37: every port a configured host is on gets a SourceGuard entry naming the
-    switch's aggregator address and the host aggregator's; the host aggregator's own port
-    (its IP is one of the hosts) may send results. A program without the table (the TNA
-    program built for Tofino 1, docs/tofino.md) gets no entries and no error."""
+    """Issue 37: every port a configured host is on is guarded against frames from the
+    switch's aggregator address and the host aggregator's; the host aggregator's own port (its
+    IP is one of the hosts) may send results. BMv2's shape: one entry per port naming both
+    addresses; the TNA program's (both chips): the rows whose matches are those comparisons."""
     hosts = {f"10.0.0.{i}": {"port": i, "mac": f"00:00:00:00:00:0{i}"} for i in range(1, 4)}
     hosts["10.0.0.100"] = {"port": 4, "mac": "00:00:00:00:00:64"}
     keys = {"hosts": hosts, **({"target": target, "device_ports": {str(p): p for p in range(1, 5)}}
@@ -131,15 +131,23 @@ def test_source_guard_is_installed_on_every_host_port(tmp_path, target):
     sw = SwitchConnection(e["sw_addr"], election_id=(0, 0),
                           program=default_program(target) if target != "soft" else None)
     try:
-        if target == "tofino":
-            runtime = e["ctl"]().fabric.switches["s1"]
-            assert not runtime.capacity.guard and runtime.guard_updates() == []
-            assert first_grants(e["client"], *new_job(e["client"], [1, 2], "t"))[0].mode == "switch"
-            return
+        assert e["ctl"]().fabric.switches["s1"].capacity.guard
         switch_ip, host_agg = 0x0A0000FE, 0x0A000064
-        want = {p: ("guard_host_port", {"aggregator_addr": switch_ip, "host_aggregator": host_agg,
-                                        "is_aggregator": int(p == 4)}) for p in range(1, 5)}
-        assert {k["port"]: (a, p) for k, a, p in sw.table_entries("host_port_table")} == want
+        entries = sw.table_entries("host_port_table")
+        if target == "soft":
+            want = {p: ("guard_host_port", {"aggregator_addr": switch_ip, "host_aggregator": host_agg,
+                                            "is_aggregator": int(p == 4)}) for p in range(1, 5)}
+            assert {k["port"]: (a, p) for k, a, p in entries} == want
+        else:
+            assert {(k["port"], k[PRIORITY]): (tuple(sorted(set(k) - {"port", PRIORITY})), a, p["reason"])
+                    for k, a, p in entries} == {
+                **{(p, 4): (("ipv4_valid", "src_addr"), "refuse", 0) for p in range(1, 5)},
+                **{(p, 3): (("ipv4_valid", "src_addr"), "refuse", 0) for p in range(1, 4)},
+                **{(p, 2): (("inagg_valid", "msg_type"), "refuse", 1) for p in range(1, 4)},
+                **{(p, 1): (("flags", "inagg_valid"), "refuse", 1) for p in range(1, 5)}}
+            assert {k["src_addr"] for k, _, _ in entries if "src_addr" in k} == \
+                {(switch_ip, 0xFFFFFFFF), (host_agg, 0xFFFFFFFF)}
+        assert first_grants(e["client"], *new_job(e["client"], [1, 2], "t"))[0].mode == "switch"
         assert SourceGuard(sw).drops() == {}
     finally:
         sw.close()

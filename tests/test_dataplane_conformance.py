@@ -689,12 +689,12 @@ def test_source_guard_entries_are_per_port_and_removable(dp):
     dp.drain()
     guard = SourceGuard(dp.sw)
     forged = forged_result(JOB2, 0, [5] * K, slot=8)
-    dp.sw.write([guard.port_update(DELETE, 3, SWITCH_IP, host(4)[1], False)])
+    dp.sw.write(guard.port_updates(DELETE, 3, SWITCH_IP, host(4)[1], False))
     try:
         dp.send(3, forged)
         assert dp.recv_all()[JOB2.workers[0].port] == [forged]
     finally:
-        dp.sw.write([guard.port_update(INSERT, 3, SWITCH_IP, host(4)[1], False)])
+        dp.sw.write(guard.port_updates(INSERT, 3, SWITCH_IP, host(4)[1], False))
     before = guard.drops().get("aggregator_addr", 0)
     dp.send(3, forged)
     assert all(v == [] for v in dp.recv_all(0.3).values())

@@ -339,7 +339,7 @@ def test_tna_slot_model_matches_bmv2_and_the_soft_switch(model_references, seed,
     second passes and all, sends the same frames out of the same ports as BMv2 and the native
     engine, step by step, and counts the same."""
     sequence, references = model_references[seed]
-    model = run(target, sequence, model_jobs(), guard=False)   # the TNA program has no guard yet
+    model = run(target, sequence, model_jobs(), guard=False)   # TNA guards forwarded frames only
     for name, reference in references.items():
         assert model == reference, _first_difference(model, reference, sequence, (target, name))
     assert model["counters"]["1"]["results"] > 50

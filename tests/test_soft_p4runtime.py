@@ -11,7 +11,8 @@ from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline
 from inagg.controller.config import default_program
 from inagg.controller.program import Program
 from inagg.controller.switch import (
-    INSERT, JobAdmission, PipelineMismatch, SwitchConnection, SwitchError, SwitchJob, WorkerBinding,
+    INSERT, PRIORITY, JobAdmission, PipelineMismatch, SourceGuard, SwitchConnection, SwitchError, SwitchJob,
+    WorkerBinding,
 )
 
 
@@ -164,3 +165,33 @@ def test_a_stream_whose_requests_never_end_ends_when_the_service_closes():
     service.close()
     assert ended.wait(2), "the stream outlived the service"
     never.set()
+
+
+@pytest.mark.parametrize("make", [SoftPipeline, NativePipeline], ids=["python", "native"])
+def test_ternary_rows_are_written_read_back_and_refused_when_malformed(tmp_path, make):
+    """The TNA program's host_port_table takes ternary rows with a priority (SourceGuard's on
+    Tofino); they read back as written, and a row with value bits outside its mask, or with no
+    priority, is refused naming the field or the rule."""
+    program = default_program("tofino")
+    state = SoftSwitchState(0, program.p4info, make)
+    addr = f"unix:{tmp_path}/p4rt.sock"
+    srv = serve(state, addr)
+    sw = SwitchConnection(addr, program=program)
+    try:
+        sw.push_pipeline()
+        rows = SourceGuard(sw).port_updates(INSERT, 3, "10.0.0.254", "10.0.0.100", False)
+        sw.write(rows)
+        written = [sw.decode_entry(u.entity.table_entry)[1:] for u in rows]
+        read = sw.table_entries("host_port_table")
+        assert len(written) == len(read) == 4 and all(e in read for e in written)
+        bad = sw.table_update(INSERT, "host_port_table", {"port": 5, "src_addr": (0x0A0000FF, 0xFF), PRIORITY: 9},
+                              "source_guard.refuse", {"reason": 0})
+        with pytest.raises(SwitchError, match="src_addr: a ternary match needs a non-zero mask covering"):
+            sw.write([bad])
+        bad = sw.table_update(INSERT, "host_port_table", {"port": 5, "src_addr": (0xFF, 0xFF)},
+                              "source_guard.refuse", {"reason": 0})
+        with pytest.raises(SwitchError, match="a ternary table's entries need a priority above 0"):
+            sw.write([bad])
+    finally:
+        sw.close()
+        srv.stop(grace=0)

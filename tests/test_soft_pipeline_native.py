@@ -21,8 +21,8 @@ from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline, build_fra
 from inagg.bmv2_env.emulation.testbed import program_testbed
 from inagg.controller.config import default_program
 from inagg.controller.switch import (
-    DELETE, INSERT, MODIFY, JobAdmission, ReplicaRewrite, ResultReplication, SwitchConnection,
-    SwitchError, SwitchJob, TreeUplink, UplinkBinding, WorkerBinding,
+    DELETE, INSERT, MODIFY, JobAdmission, ReplicaRewrite, ResultReplication, SourceGuard,
+    SwitchConnection, SwitchError, SwitchJob, TreeUplink, UplinkBinding, WorkerBinding,
 )
 from inagg.hostlib.wire.protocol import (
     EXP_NONE, MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, Outcome, ipv4, mac, pack_header,
@@ -47,21 +47,32 @@ JOBS = {1: JOB_A, 2: JOB_B, 3: JOB_R, 4: JOB_T}
 STRANGER = worker(0, 4, 40000)
 
 
-@pytest.fixture(scope="module")
-def switches(tmp_path_factory):
-    """(state, connection) of a Python and a native software switch, P4Runtime servers up."""
-    tmp = tmp_path_factory.mktemp("p4rt")
+def switch_pair(tmp, target: str):
+    """(state, connection) of a Python and a native software switch running ``target``'s
+    P4Info, P4Runtime servers up."""
     made = []
     try:
         for make in (SoftPipeline, NativePipeline):
-            state = SoftSwitchState(0, default_program("soft").p4info, make)
-            addr = f"unix:{tmp}/{make.__name__}.sock"
-            made.append((state, serve(state, addr), SwitchConnection(addr)))
+            program = default_program(target)
+            state = SoftSwitchState(0, program.p4info, make)
+            addr = f"unix:{tmp}/{target}-{make.__name__}.sock"
+            made.append((state, serve(state, addr), SwitchConnection(addr, program=program)))
         yield [(state, sw) for state, _, sw in made]
     finally:
         for _, server, sw in made:
             sw.close()
             server.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def switches(tmp_path_factory):
+    yield from switch_pair(tmp_path_factory.mktemp("p4rt"), "soft")
+
+
+@pytest.fixture(scope="module")
+def tna_switches(tmp_path_factory):
+    """The pair with the TNA program's P4Info (Tofino 1): its host_port_table is ternary rows."""
+    yield from switch_pair(tmp_path_factory.mktemp("p4rt"), "tofino")
 
 
 def rarely(draw, usual, *odd):
@@ -198,6 +209,42 @@ def test_native_pipeline_matches_the_python_reference(switches, sequence):
             event(f"frames out: {min(len(out), 3)}")
             if py.engine.last_outcome in (Outcome.PARENT_RESULT, Outcome.DUP_UPSTREAM, Outcome.DUP_RESULT):
                 event(f"tree: {py.engine.last_outcome.label}")
+    for name, cells in py.counters.arrays.items():
+        assert np.array_equal(native.counters.arrays[name], cells), name
+
+
+@st.composite
+def forged_frames(draw):
+    """A frame a host forges on any port: from an aggregator's address or a worker's, an inagg
+    RESULT or contribution, FLAG_FROM_SWITCH or not (the TNA guard's rows match on each)."""
+    src = draw(st.sampled_from([SWITCH_IP, "10.0.0.4", "10.0.0.1"]))
+    inagg = pack_header(1, draw(st.sampled_from([1, MSG_RESULT])), draw(st.sampled_from([0, 0x80, 0x81])),
+                        draw(st.sampled_from([JOB_A.job_id, 9])), 0, 2, 1, 0, JOB_A.slot_base, 0, 0)
+    return draw(st.integers(1, 4)), mangle(draw, udp_frame("00:00:00:00:00:01", src, UDP_PORT, inagg))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(forged_frames(), other_frames(), contribution_frames(), st.just("reopen")),
+                min_size=5, max_size=60))
+def test_native_guard_rows_match_the_python_reference(tna_switches, sequence):
+    """The TNA program's SourceGuard rows (controller/switch.py: SourceGuard.port_updates) in
+    the native core (GuardRow) against the Python reference's ternary lookup; "reopen" deletes
+    port 3's rows (a port open again), the next one writes them back."""
+    for _, sw in tna_switches:
+        sw.push_pipeline()
+        program_testbed(sw, [JOB_A, JOB_B], 4, (SWITCH_IP, "10.0.0.4"))   # SourceGuard on 1-3
+    (py, _), (native, _) = [(state.pipeline, sw) for state, sw in tna_switches]
+    guarded = True
+    for step in sequence:
+        if step == "reopen":
+            guarded = not guarded
+            for _, sw in tna_switches:
+                sw.write(SourceGuard(sw).port_updates(INSERT if guarded else DELETE, 3, SWITCH_IP,
+                                                      "10.0.0.4", False))
+            continue
+        port, frame = step
+        out = py.process(port, frame)
+        assert native.process(port, frame) == out, (port, frame.hex())
     for name, cells in py.counters.arrays.items():
         assert np.array_equal(native.counters.arrays[name], cells), name
 

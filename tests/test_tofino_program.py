@@ -219,7 +219,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
     sizes = {"TOFINO_SLOT_BITS": 12, "TOFINO_MAX_JOBS": 32, "TOFINO_DROP_ROW_BITS": 4,
              "TOFINO_VALUES_PER_PACKET": 8, "TOFINO_WORKER_TABLE_SIZE": 1024,
              "TOFINO_REPLICA_TABLE_SIZE": 512, "TOFINO_L2_TABLE_SIZE": 256,
-             "TOFINO_HOST_PORT_TABLE_SIZE": 64}   # SourceGuard's: Tofino 2 only, not in this P4Info
+             "TOFINO_HOST_PORT_TABLE_SIZE": 64}   # SourceGuard's rows
     assert set(sizes) == set(SIZES)
     bf_p4c("tofino", tmp_path, *(f"-D{k}={v}" for k, v in sizes.items()))
     from inagg.controller.p4info import P4Info
@@ -232,6 +232,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
     assert info.obj(P4Type.table, "worker_table").size == 1024
     assert info.obj(P4Type.table, "replica_table").size == 512
     assert info.obj(P4Type.table, "l2_table").size == 256
+    assert info.obj(P4Type.table, "host_port_table").size == 64
 
 
 @pytest.mark.parametrize("chip", CHIPS)

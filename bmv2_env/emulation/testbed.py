@@ -77,7 +77,7 @@ def program_testbed(sw, jobs, n_ports: int, guard: tuple[str, str] | None = None
     ups = [fwd.host_update(INSERT, f"00:00:00:00:00:{p:02x}", p) for p in range(1, n_ports + 1)]
     ups += fwd.flood_updates(INSERT, range(1, n_ports + 1))
     if guard is not None:
-        ups += [SourceGuard(sw).port_update(INSERT, p, *guard, False) for p in range(1, n_ports)]
+        ups += [u for p in range(1, n_ports) for u in SourceGuard(sw).port_updates(INSERT, p, *guard, False)]
     for job in jobs:
         ups += TreeUplink(sw).updates(INSERT, job)
         ups += JobAdmission(sw).updates(INSERT, job)

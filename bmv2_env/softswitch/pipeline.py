@@ -35,6 +35,8 @@ from inagg.bmv2_env.softswitch.state import Action, Counters, MulticastGroups, R
 # The core's counters, in the order of its Counter enum (native/switch_tables.hpp).
 CORE_COUNTERS = (JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS,
                  GUARD_DROPS)
+# The ternary fields of the TNA program's host_port_table, in the core's order (GuardRow).
+GUARD_ROW_FIELDS = ("ipv4_valid", "src_addr", "inagg_valid", "msg_type", "flags")
 # l2_table actions as the core codes them (L2Kind).
 _L2_KIND = {"drop": 0, "forward": 1, "flood": 2}
 
@@ -51,7 +53,7 @@ class NativePipeline:
         sizes = {p4info.local_name(c.preamble.name): c.size for c in p4info.message.counters}
         # K and the drop-counter row are the pushed P4Info's (the software target's K, BMv2's
         # 64 or Tofino's, and DROP_REASONS), read from it as the controller reads them
-        # a counter the P4Info lacks (guard_drops of the TNA program) gets no cells
+        # a counter the P4Info lacks gets no cells
         self.core = _native.SwitchPipeline(
             p4info.slot_pool, p4info.values_per_packet, [sizes.get(n, 0) for n in CORE_COUNTERS],
             p4info.drop_row_length)
@@ -102,6 +104,8 @@ class NativePipeline:
                 self.core.set_l2(mac, *self._l2_action(action))
         elif table == UPLINK_TABLE:   # admission's parent check and UpstreamSend's address;
             self._uplink_changed(*key, action)   # the uplink reaches the engine through sync_jobs
+        elif table == GUARD_TABLE and self.tables[GUARD_TABLE].ternary:
+            self._guard_row_changed(key, action)
         elif table == GUARD_TABLE:
             self._guard_changed(*key, action)
         elif table == WORKER_TABLE:   # admission's binding check; the ranks reach the engine
@@ -149,6 +153,18 @@ class NativePipeline:
             return
         p = dict(action.params)
         self.core.set_host_port(port, p["aggregator_addr"], p["host_aggregator"], bool(p["is_aggregator"]))
+
+    def _guard_row_changed(self, key: tuple, action: Action | None) -> None:
+        """A row of the TNA program's host_port_table: (port, each ternary field's (value,
+        mask) in the P4Info's order, priority) -> the core's GuardRow (GUARD_ROW_FIELDS' order)."""
+        names = [mf.name for mf in self.tables[GUARD_TABLE].info.match_fields]
+        fields = dict(zip(names, key))
+        value, mask = zip(*(fields[n] for n in GUARD_ROW_FIELDS))
+        port, priority = fields["port"], key[-1]
+        if action is None or _short(action) != "refuse":
+            self.core.remove_guard_row(port, priority, value, mask)
+        else:
+            self.core.set_guard_row(port, priority, value, mask, action.param("reason"))
 
     @staticmethod
     def _l2_action(action: Action | None) -> tuple[int, int]:

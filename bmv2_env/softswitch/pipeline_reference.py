@@ -44,7 +44,7 @@ from inagg.hostlib.wire.protocol import (
 )
 from inagg.hostlib.wire.roce import BTH_BYTES, BTH_FIELDS, RETH_FIELDS, byte_offset, icrc
 
-from inagg.bmv2_env.softswitch.state import Action, Counters, MulticastGroups, StatusError, TableStore
+from inagg.bmv2_env.softswitch.state import Action, Counters, MulticastGroups, StatusError, Table, TableStore
 
 # Fully qualified P4 names (as in the P4Info).
 JOB_TABLE = "InaggIngress.admission.job_table"
@@ -157,7 +157,10 @@ class SoftPipeline:
     def source_guard(self, port: int, frame: Frame) -> bool:
         """SourceGuard: True when ``frame`` claims an aggregator's place on a host port
         (dropped, counted in guard_drops)."""
-        reason = guard_reason(self.tables, port, frame)
+        return self.guard_drop(guard_reason(self.tables, port, frame))
+
+    def guard_drop(self, reason: str | None) -> bool:
+        """SourceGuard's verdict: a reason is a drop, counted in guard_drops under it."""
         if reason is not None:
             self.counters.count(GUARD_DROPS, _GUARD_CODE[reason])
         return reason is not None
@@ -326,6 +329,8 @@ def guard_reason(tables: TableStore, port: int, frame: Frame) -> str | None:
     FLAG_FROM_SWITCH ("result"). No entry (a port to another switch, a program without the
     table): None."""
     table = tables.tables.get(GUARD_TABLE)
+    if table is not None and table.ternary:
+        return guard_row_reason(table, port, frame, frame.data[12:14] == b"\x08\x00", frame.encap == ENCAP_UDP)
     entry = None if table is None else table.lookup((port,))
     if entry is None or not entry.name.endswith(".guard_host_port"):
         return None
@@ -340,6 +345,24 @@ def guard_reason(tables: TableStore, port: int, frame: Frame) -> str | None:
     if ((d[at] & 0xF) == MSG_RESULT and not own_port) or d[at + 1] & FLAG_FROM_SWITCH:
         return "result"
     return None
+
+
+def guard_row_reason(table: Table, port: int, frame: Frame, ipv4_valid: bool, inagg_valid: bool) -> str | None:
+    """SourceGuard as the TNA program has it (p4/tofino/source_guard.p4): the GUARD_DROP reason
+    of the highest-priority host_port_table row ``frame`` on ``port`` matches (``refuse``), else
+    None. The rows match IPv4's validity and source and inagg's validity, type and flags; which
+    headers are valid is the caller's parser's to say (the soft pipeline's, or the TNA model's
+    walk of the compiled parser; a header the frame is too short for is not valid)."""
+    d = frame.data
+    ipv4_valid, inagg_valid = ipv4_valid and len(d) >= ETH + IP, inagg_valid and len(d) >= INAGG_AT + HEADER_BYTES
+    fields = {"port": port, "ipv4_valid": int(ipv4_valid),
+              "src_addr": struct.unpack_from("!I", d, ETH + 12)[0] if ipv4_valid else 0,
+              "inagg_valid": int(inagg_valid), "msg_type": d[INAGG_AT] & 0xF if inagg_valid else 0,
+              "flags": d[INAGG_AT + 1] if inagg_valid else 0}
+    row = table.match(tuple(fields[mf.name] for mf in table.info.match_fields))
+    if row is None or not row.name.endswith(".refuse"):
+        return None
+    return GUARD_DROP_REASONS[row.param("reason")]
 
 
 def admission(tables: TableStore, job_id: int) -> Action | None:

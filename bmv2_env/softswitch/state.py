@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 
 import grpc
 import numpy as np
+from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 
 from inagg.controller.p4info import P4Info, P4Type, decode
@@ -76,12 +77,17 @@ class StateMirror(Protocol):
 CONST_ENTRIES = {"slot_decision": (SLOT_DECISION_KEYS, SLOT_DECISION, "set_outcome")}
 # PI numbers a const table's entries from this priority down, the first entry the highest.
 _FIRST_CONST_PRIORITY = 2**31 - 2
+_TERNARY = p4info_pb2.MatchField.TERNARY
+# A ternary field's part of a key: (value, mask); (0, 0) matches anything (the field left out).
+Ternary = tuple[int, int]
 
 
 @dataclass
 class Table:
-    """One P4 table: exact-match entries (our program has no other match kind). Change it only
-    through ``put``/``remove``/``set_default_action``, which keep the mirror in step."""
+    """One P4 table: exact-match entries, or (a table with a ternary field: the TNA program's
+    host_port_table) entries whose key holds each exact field's value, each ternary field's
+    ``(value, mask)`` and, last, the entry's priority. Change it only through
+    ``put``/``remove``/``set_default_action``, which keep the mirror in step."""
 
     name: str
     info: object  # p4info_pb2.Table
@@ -90,8 +96,25 @@ class Table:
     default_is_const: bool = False
     mirror: StateMirror | None = None
 
+    @property
+    def ternary(self) -> bool:
+        """Whether a field matches ternary: entries then carry masks and a priority."""
+        return any(mf.match_type == _TERNARY for mf in self.info.match_fields)
+
     def lookup(self, key: tuple[int, ...]) -> Action | None:
         return self.entries.get(key)
+
+    def match(self, fields: tuple[int, ...]) -> Action | None:
+        """A ternary table's lookup of a packet's ``fields`` (one value per match field): the
+        action of the highest-priority entry each of whose fields matches (an exact one equal,
+        a ternary one under its mask), None when none does."""
+        best: tuple[int, Action] | None = None
+        for key, action in self.entries.items():
+            *match, priority = key
+            if all(f == m if isinstance(m, int) else f & m[1] == m[0] for f, m in zip(fields, match)) \
+                    and (best is None or priority > best[0]):
+                best = (priority, action)
+        return None if best is None else best[1]
 
     def put(self, key: tuple[int, ...], action: Action) -> None:
         self.entries[key] = action
@@ -147,20 +170,34 @@ class TableStore:
                 return t
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"no table with id {table_id}")
 
-    def _key(self, table: Table, entry: p4runtime_pb2.TableEntry) -> tuple[int, ...]:
+    def _key(self, table: Table, entry: p4runtime_pb2.TableEntry) -> tuple:
+        """The entry's key (``Table``); INVALID_ARGUMENT for a field missing or of the wrong
+        kind, a ternary value with bits outside its mask, or a priority the table does not take
+        (exact) or needs (ternary, P4Runtime's rule)."""
         given = {m.field_id: m for m in entry.match}
-        values = []
+        values: list = []
         for mf in table.info.match_fields:
-            m = given.pop(mf.id, None)
+            m, where = given.pop(mf.id, None), f"{table.name}.{mf.name}"
+            if mf.match_type == _TERNARY:
+                values.append(_ternary(m, mf.bitwidth, where))
+                continue
             if m is None:
                 raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"{table.name}: missing match field {mf.name}")
             if not m.HasField("exact"):
                 raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"{table.name}: field {mf.name} must be an exact match")
-            values.append(_decode_field(m.exact.value, mf.bitwidth, f"{table.name}.{mf.name}"))
+            values.append(_decode_field(m.exact.value, mf.bitwidth, where))
         _refuse_unknown(given, table.name, "match field")
-        return tuple(values)
+        if not table.ternary:
+            if entry.priority:
+                raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"{table.name}: exact-match entries take no priority")
+            return tuple(values)
+        if entry.priority <= 0:
+            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{table.name}: a ternary table's entries need a priority above 0")
+        return (*values, entry.priority)
 
     def _action(self, table: Table, entry: p4runtime_pb2.TableEntry) -> Action:
         if not entry.action.HasField("action"):
@@ -204,9 +241,6 @@ class TableStore:
         if table.info.is_const_table:
             raise StatusError(grpc.StatusCode.PERMISSION_DENIED,
                               f"{table.name}: its entries are the program's (const entries)")
-        if entry.priority:
-            raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"{table.name}: exact-match entries take no priority")
         key = self._key(table, entry)
         old = table.entries.get(key)
         if update_type == U.INSERT:
@@ -273,8 +307,14 @@ class TableStore:
 
     def _entry_message(self, table: Table, key, action: Action) -> p4runtime_pb2.TableEntry:
         e = p4runtime_pb2.TableEntry(table_id=table.info.preamble.id)
+        if table.ternary:
+            *key, e.priority = key
         for mf, value in zip(table.info.match_fields, key):
-            e.match.add(field_id=mf.id).exact.value = canonical_bytes(value)
+            if isinstance(value, int):
+                e.match.add(field_id=mf.id).exact.value = canonical_bytes(value)
+            elif value[1]:                     # a don't-care field is left out
+                e.match.add(field_id=mf.id).ternary.CopyFrom(p4runtime_pb2.FieldMatch.Ternary(
+                    value=canonical_bytes(value[0]), mask=canonical_bytes(value[1])))
         self._set_action(e, action)
         return e
 
@@ -290,6 +330,22 @@ class TableStore:
         ids = {p.name: p.id for p in info.params}
         for name, value in action.params:
             entry.action.action.params.add(param_id=ids[name], value=canonical_bytes(value))
+
+
+def _ternary(m: p4runtime_pb2.FieldMatch | None, bitwidth: int, where: str) -> Ternary:
+    """A ternary field's ``(value, mask)``: (0, 0) when left out (don't care; P4Runtime leaves
+    such a field out, so an all-zero mask is refused, as are value bits outside the mask)."""
+    if m is None:
+        return 0, 0
+    if not m.HasField("ternary"):
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, f"{where}: must be a ternary match")
+    value = _decode_field(m.ternary.value, bitwidth, where)
+    mask = _decode_field(m.ternary.mask, bitwidth, where)
+    if not mask or value & ~mask:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{where}: a ternary match needs a non-zero mask covering every value bit "
+                          f"(value {value:#x}, mask {mask:#x}); leave a don't-care field out")
+    return value, mask
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import numpy as np
 from inagg.hostlib.aggregator.engine_reference import Emit, JobConfig
 from inagg.controller.p4info import P4Info
 from inagg.bmv2_env.softswitch.pipeline_reference import (
-    ETH, INAGG_AT, IP, JOB_TABLE, REPLICA_TABLE, SoftPipeline, parse,
+    ETH, GUARD_TABLE, INAGG_AT, IP, JOB_TABLE, REPLICA_TABLE, SoftPipeline, guard_row_reason, parse,
 )
 from inagg.bmv2_env.softswitch.tna_compiled import CompiledProgram, header_bytes, pack, unpack
 from inagg.hostlib.wire.protocol import (
@@ -372,13 +372,17 @@ class TofinoModelPipeline(SoftPipeline):
 
     def source_guard(self, port: int, frame) -> bool:
         """No guard before admission: the TNA program guards the frames it forwards (below;
-        p4/tofino/source_guard.p4, Tofino 2 only: a P4Info without the table guards nothing)."""
+        p4/tofino/source_guard.p4, on both chips: host_port_table's ternary rows)."""
         return False
 
     def forwarding(self, port: int, frame) -> list[tuple[int, bytes]]:
-        """Forwarding, then SourceGuard's drop, which wins."""
-        if super().source_guard(port, frame):
-            return []
+        """Forwarding, then SourceGuard's drop, which wins: host_port_table's rows on what the
+        compiled ingress parser extracted (a recirculated packet, port -1, has no rows)."""
+        table = self.tables.tables.get(GUARD_TABLE)
+        if port >= 0 and table is not None and table.entries:
+            parsed = self.compiled.parse("ingress", frame.data, port & 0x7F).headers
+            if self.guard_drop(guard_row_reason(table, port, frame, "ipv4" in parsed, "inagg" in parsed)):
+                return []
         return super().forwarding(port, frame)
 
     def slot_logic(self, payload: bytes, sender: Hashable, framing_ok: bool) -> list:

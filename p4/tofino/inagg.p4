@@ -11,9 +11,7 @@
 #include "size.p4"
 #include "types.p4"
 #include "parser.p4"
-#if __TARGET_TOFINO__ == 2
 #include "source_guard.p4"
-#endif
 #include "slot_inputs.p4"
 #include "job_admission.p4"
 #include "slot_claim.p4"
@@ -27,24 +25,12 @@
 
 /* Metadata starts zeroed: no control spends a stage initialising its fields. */
 @pa_auto_init_metadata
-#if __TARGET_TOFINO__ == 2
-/* ...but SourceGuard's, written on every path that reads them (the forwarding branch, after
- * SlotClaim), may share containers with admission's differences, which SlotClaim alone reads. */
-@pa_no_init("ingress", "meta.guard_port")
-@pa_no_init("ingress", "meta.guard_addr_diff")
-@pa_no_init("ingress", "meta.guard_host_diff")
-@pa_mutually_exclusive("ingress", "meta.guard_port", "meta.encap_diff")
-@pa_mutually_exclusive("ingress", "meta.guard_addr_diff", "meta.addr_diff")
-@pa_mutually_exclusive("ingress", "meta.guard_host_diff", "meta.mac_diff")
-#endif
 control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
                      in ingress_intrinsic_metadata_t ig_intr_md,
                      in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
                      inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                      inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
-#if __TARGET_TOFINO__ == 2
     SourceGuard() source_guard;
-#endif
     SlotInputs() slot_inputs;
     JobAdmission() admission;
     SlotClaim() slot_claim;
@@ -81,9 +67,7 @@ control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
             result_replication.apply(hdr, meta, ig_intr_md, ig_dprsr_md, ig_tm_md);
         } else if (meta.verdict == VERDICT_FORWARD) {
             forwarding.apply(hdr, ig_dprsr_md, ig_tm_md);
-#if __TARGET_TOFINO__ == 2   /* Tofino 1: no stage left (docs/tofino.md) */
-            source_guard.apply(hdr, meta, ig_intr_md, ig_dprsr_md);   /* after: its drop wins */
-#endif
+            source_guard.apply(hdr, ig_intr_md, ig_dprsr_md);   /* after: its drop wins */
         } else {
             ig_dprsr_md.drop_ctl = 1;
         }

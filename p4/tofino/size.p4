@@ -50,9 +50,9 @@
 #define TOFINO_REPLICA_TABLE_SIZE 2048
 #endif
 
-/* host_port_table: one entry per host-facing port (SourceGuard). */
+/* host_port_table: up to four rows per host-facing port (SourceGuard). */
 #ifndef TOFINO_HOST_PORT_TABLE_SIZE
-#define TOFINO_HOST_PORT_TABLE_SIZE 512
+#define TOFINO_HOST_PORT_TABLE_SIZE 1024
 #endif
 
 /* l2_table: destination MACs of ordinary traffic. */

@@ -102,12 +102,6 @@ const bit<2> KIND_NEW     = 2;   /* the sender is not in the map yet            
 const bit<2> KIND_REPEAT  = 3;   /* the sender is in the map already                          */
 /* 0: no round logic (forwarded, dropped) or the harvest pass (bridged.harvest != 0) */
 
-/* The ingress port as SourceGuard sees it (meta.guard_port): 1 ++ is_aggregator on a port with
- * a host_port_table entry. */
-const bit<2> GUARD_PORT_OPEN       = 0;   /* no entry: a link, a recirculation port */
-const bit<2> GUARD_PORT_HOST       = 2;   /* a host's */
-const bit<2> GUARD_PORT_AGGREGATOR = 3;   /* the host aggregator's: it may send results */
-
 struct tofino_ingress_md_t {
     bit<2>       encap;          /* parser: ENCAP_UDP for an inagg packet, 0 for other traffic */
     bit<2>       verdict;
@@ -153,12 +147,6 @@ struct tofino_ingress_md_t {
     bit<8>       flags_in;       /* the sticky flags this packet brings */
     bit<3>       outcome;        /* SLOT_* (constants.p4); 0 until SlotState decides */
     bit<3>       harvest;        /* HARVEST_*: the packet's second pass; 0: none */
-#if __TARGET_TOFINO__ == 2
-    /* SourceGuard: the ingress port's host_port_table entry, as differences (0 = equal) */
-    bit<2>       guard_port;      /* GUARD_PORT_* */
-    bit<32>      guard_addr_diff; /* IPv4 source ^ the switch's aggregator address */
-    bit<32>      guard_host_diff; /* IPv4 source ^ the host aggregator's */
-#endif
 }
 
 struct tofino_egress_md_t { }
