@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from inagg.hostlib.pytorch.path.choice import PATHS
 from inagg.hostlib.pytorch.works import _CallWork, _GlooWork, _resolve_to, _TimedWork
-from inagg.hostlib.worker.communicator import ReduceOp
+from inagg.hostlib.worker.tensors import ReduceOp
 
 if TYPE_CHECKING:
     from inagg.hostlib.pytorch.backend import InaggProcessGroup
