@@ -438,9 +438,10 @@ def test_a_new_size_is_probed_on_each_path_then_agreed():
 
 def _calls_to_settle(nbytes: int, faster: str, before: int) -> int:
     """A job's chooser calibrated as the backend's (64 B, 16 KiB and 1 MiB, three calls each
-    path), then 40 calls of ``before`` bytes, then 300 of ``nbytes``: the number of the first
-    of those after which the class's choice (``best``) never changes again. Each path's calls
-    take an alpha-beta time, ``faster`` twice as fast per byte as the other."""
+    path, the last on gloo: ``ran_last``), then 40 calls of ``before`` bytes (none: 0), then 300
+    of ``nbytes``: the number of the first of those after which the class's choice (``best``)
+    never changes again. Each path's calls take an alpha-beta time, ``faster`` twice as fast
+    per byte as the other."""
     def took(path: str, n: int) -> float:
         return 1e-4 + (1e-9 if path == faster else 2e-9) * n
 
@@ -450,23 +451,26 @@ def _calls_to_settle(nbytes: int, faster: str, before: int) -> int:
             for path in ("inagg", "gloo"):
                 c.observe(path, n, took(path, n))
     c.agree()
+    c.ran_last("gloo")
     choices = []
-    for n in [before] * 40 + [nbytes] * 300:
+    calls = [before] * 40 if before else []
+    for n in calls + [nbytes] * 300:
         path, measure = c.choose(n)
         if measure:
             c.observe(path, n, took(path, n))
         choices.append(c.best(nbytes))
-    changed = [i for i in range(40, len(choices)) if choices[i] != choices[-1]]
-    return (changed[-1] - 40 + 2) if changed else 1
+    changed = [i for i in range(len(calls), len(choices)) if choices[i] != choices[-1]]
+    return (changed[-1] - len(calls) + 2) if changed else 1
 
 
-@pytest.mark.parametrize("before", [64, 16 << 20])            # the calls before: on gloo, or on inagg
+@pytest.mark.parametrize("before", [0, 64, 16 << 20])   # no calls before (the job's first size), on gloo, on inagg
 @pytest.mark.parametrize("faster", ["inagg", "gloo"])
 @pytest.mark.parametrize("nbytes", [4, 4 << 10, 64 << 10, 4 << 20, 64 << 20])
 def test_a_size_classs_path_is_settled_within_its_first_8_calls(nbytes, faster, before):
     """Issue 36: the choice of a new size class's path is final by its 8th call, counted in
-    calls, not time: its probes take the path the calls are on first (no warm-up), then the
-    other after one warm-up (3 + 1 + 3 calls), and the ranks agree at the 8th. Later calls that
+    calls, not time: its probes take the path the calls are on first (no warm-up; for the
+    job's first size, the path its calibration ended on), then the other after one warm-up
+    (3 + 1 + 3 calls), and the ranks agree at the 8th. Later calls that
     take the other path (rechecks of gloo, explorations) measure it; the choice stays."""
     assert _calls_to_settle(nbytes, faster, before) <= 8
 

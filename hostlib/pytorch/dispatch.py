@@ -293,6 +293,7 @@ class AllreduceDispatch:
                     self._start(path, torch.zeros(nbytes // 4, dtype=torch.float32), dist.AllreduceOptions(),
                                 measure=timed).wait()
         paths.agree()
+        paths.ran_last(paths.paths[-1])   # a first size's probes start there, with no warm-up
 
     def history(self) -> list[dict]:
         """The recent eligible allreduces' paths, runs of calls in order
