@@ -5,8 +5,8 @@ new size classes (``Probes``) and budgeted explorations at agreements (``Explora
 ``probes`` times each, one path after another (the path of the call before first, then the one
 predicted slowest), each path's run starting with one untimed warm-up where the call before was
 another path's, because a call right after another path's runs slow. So a class probed on two
-paths in a running job takes 3 + 1 + 3 calls, and the ranks agree at its 8th: the class's path
-is settled there (``tests/test_path_choice_parts.py``). Where calls are cheap (under ``probe_seconds``) ``prefer``
+paths takes 3 + 1 + 3 calls, and the ranks agree at its 8th: its path is settled there
+(``tests/test_backend.py``). Where calls are cheap (under ``probe_seconds``) ``prefer``
 and every path whose line is within ``probe_ratio`` of the best are probed; at dearer sizes only
 paths predicted faster than the best by ``margin`` (and then ``prefer`` beside them), because a
 probe of a slower path costs a whole slow call; the rest are left to exploration. Where the
