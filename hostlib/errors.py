@@ -17,3 +17,7 @@ class InaggSetupError(InaggError):
 class InaggHookError(InaggError):
     """A DDP communication hook of inagg failed; the message names the hook, the job and the
     rank, and ``__cause__`` is the original error."""
+
+
+class JobFailed(RuntimeError):
+    """The controller failed the job (a rank stopped); the message names the rank(s)."""

@@ -2,7 +2,8 @@
 ranks or interrupt it: started by torchrun or by a test (env:// rendezvous).
 
 ``python tests/backend_rank.py BACKEND startup``: prints ``init SECONDS`` (``init_process_group``'s
-time), then leaves.
+time), allreduces one float32, prints ``loaded NAMES`` (the modules of ``LAZY`` it imported by
+then, comma-separated), then leaves.
 
 ``python tests/backend_rank.py BACKEND loop ELEMENTS``: prints ``init`` once ``init_process_group``
 returned, then allreduces a float32 tensor of ELEMENTS (on the path ``INAGG_ALLREDUCE_PATH``
@@ -37,11 +38,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+# what a job whose ranks all share one host never needs: the switch's communicator (its streams
+# and transports), the controller's gRPC client and stubs (``startup`` reports which were loaded)
+LAZY = ("inagg.hostlib.worker.communicator", "inagg.hostlib.jobservice", "grpc")
 
 def startup(backend: str) -> None:
     started = time.perf_counter()
     dist.init_process_group(backend)
     print(f"init {time.perf_counter() - started:.3f}", flush=True)
+    dist.all_reduce(torch.ones(1))
+    print(f"loaded {','.join(m for m in LAZY if m in sys.modules)}", flush=True)
     dist.destroy_process_group()
 
 

@@ -53,14 +53,20 @@ def _free_port() -> int:
 
 # -- start-up ------------------------------------------------------------------------------------
 
-def _init_seconds(backend: str) -> float:
-    """``init_process_group(backend)``'s time under torchrun, 2 ranks: the slower rank's."""
+def _startup(backend: str) -> tuple[float, list[str]]:
+    """``init_process_group(backend)``'s time under torchrun, 2 ranks (the slower rank's), and
+    each rank's ``loaded`` line after its first allreduce (tests/backend_rank.py)."""
     proc = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", str(RANK), backend, "startup"],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     times = [float(t) for t in re.findall(r"init (\d+\.\d{3})", proc.stdout)]   # the ranks' lines may interleave
     assert len(times) == 2, proc.stdout
-    return max(times)
+    return max(times), re.findall(r"^loaded (.*)$", proc.stdout, re.MULTILINE)
+
+
+def _init_seconds(backend: str) -> float:
+    """``init_process_group(backend)``'s time under torchrun, 2 ranks: the slower rank's."""
+    return _startup(backend)[0]
 
 
 def test_init_process_group_is_within_half_a_second_of_gloos():
@@ -71,6 +77,15 @@ def test_init_process_group_is_within_half_a_second_of_gloos():
     over = statistics.median(inagg) - statistics.median(gloo)
     bound = 0.5 * _load_factor()
     assert over <= bound, f"inagg {inagg} vs gloo {gloo}: {over:.2f}s over gloo's (bound {bound:.2f}s)"
+
+
+def test_a_job_on_one_host_imports_no_switch_communicator_nor_grpc():
+    """Ranks on one host with no controller named reduce through shared memory and the
+    fixed-point gloo path: neither their start nor their first allreduce imports the switch's
+    communicator or the controller's gRPC client (``GroupLifecycle._join`` imports them where a
+    job joins a controller), so they cost the start-up nothing."""
+    _, loaded = _startup("inagg")
+    assert loaded == ["", ""]
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------

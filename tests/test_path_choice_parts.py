@@ -190,9 +190,10 @@ def test_a_cheap_new_size_probes_prefer_and_close_paths_a_dear_one_only_faster_p
     probes = Probes(("inagg", "host", "gloo"), o)
     assert probes.plan(models, "gloo", 4, best_seconds=1e-4)       # cheap: every path's prior line is close
     taken = [probes.take(models, 4, last_path="gloo") for _ in range(11)]
-    # one path's run after another, each after an untimed warm-up unless the call before was its own
-    assert taken == [("inagg", True)] + [("inagg", False)] * 3 + [("host", True)] + [("host", False)] * 3 \
-        + [("gloo", False)] * 3
+    # the calls' own path first (no warm-up), then one path's run after another, each after an
+    # untimed warm-up (the call before was another path's)
+    assert taken == [("gloo", False)] * 3 + [("inagg", True)] + [("inagg", False)] * 3 + [("host", True)] \
+        + [("host", False)] * 3
     assert not probes.pending(size_class(4)) and probes.take(models, 4, "gloo") == (None, False)
     two = {p: models[p] for p in ("inagg", "gloo")}
     dear = Probes(("inagg", "gloo"), o)

@@ -35,9 +35,8 @@ from typing import Callable
 import numpy as np
 import torch.distributed as dist
 
-from inagg.hostlib.errors import InaggError
+from inagg.hostlib.errors import InaggError, JobFailed
 from inagg.hostlib.worker.abortable_store import wait_keys
-from inagg.hostlib.worker.communicator import JobFailed
 
 _FAILED = b""   # rank 0's result when the ranks' vectors did not match: every rank raises
 _POLL_SECONDS = (1e-4, 2e-3)   # the first and the longest pause between two polls (module docstring)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from inagg.hostlib.pytorch.path.choice import PATHS
 from inagg.hostlib.pytorch.works import _CallWork, _GlooWork, _resolve_to, _TimedWork
-from inagg.hostlib.worker.communicator import ReduceOp
+from inagg.hostlib.worker.tensors import ReduceOp
 
 if TYPE_CHECKING:
     from inagg.hostlib.pytorch.backend import InaggProcessGroup
@@ -322,6 +322,7 @@ class AllreduceDispatch:
                     self._start(path, torch.zeros(nbytes // 4, dtype=torch.float32), dist.AllreduceOptions(),
                                 measure=timed).wait()
         paths.agree()
+        paths.ran_last(paths.paths[-1])   # a first size's probes start there, with no warm-up
 
     def history(self) -> list[dict]:
         """The recent eligible allreduces' paths, runs of calls in order

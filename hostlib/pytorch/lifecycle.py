@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from inagg.hostlib.errors import InaggError, InaggSetupError
+from inagg.hostlib.errors import InaggError, InaggSetupError, JobFailed
 from inagg.hostlib.pytorch import interrupts
 from inagg.hostlib.pytorch.agreement import StoreMin
 from inagg.hostlib.pytorch.carriers import summary
@@ -41,7 +41,6 @@ from inagg.hostlib.pytorch.works import _FAILURE_CHECK_SECONDS
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.worker.abortable_store import AbortableStore
 from inagg.hostlib.worker.call_protocol import one_round_capacity
-from inagg.hostlib.worker.communicator import Communicator, JobFailed
 from inagg.hostlib.worker.host_communicator import (ONE_HOST_VALUES_PER_PACKET, HostCommunicator, HostGroup,
                                                     host_reduce_setting, open_host_group)
 from inagg.hostlib.worker.host_group import RankDied
@@ -49,6 +48,7 @@ from inagg.hostlib.worker.local import Endpoint, PendingEndpoint, start_endpoint
 from inagg.hostlib.worker.stream_base import Reduction
 
 if TYPE_CHECKING:
+    from inagg.hostlib.worker.communicator import Communicator
     from inagg.hostlib.pytorch.backend import InaggProcessGroup
     from inagg.hostlib.pytorch.dispatch import AllreduceDispatch
 
@@ -220,7 +220,7 @@ class GroupLifecycle:
         """How the path choice sees the job's grant move; None where this rank's host reduces
         first (only a host's leader follows the job's grants)."""
         comm = self.comm
-        if not isinstance(comm, Communicator):
+        if comm is None or isinstance(comm, HostCommunicator):
             return None
         return GrantMove(lambda: comm.grant.epoch, lambda: (comm.pending_grant or comm.grant).epoch,
                          lambda: self._links(comm.pending_grant or comm.grant))
@@ -307,7 +307,11 @@ class GroupLifecycle:
 
     def _join(self, store: dist.Store, prefix: str, **kwargs: bool) -> Communicator | HostCommunicator:
         """This rank's communicator of a job at the endpoint's controller (rank 0 creates it):
-        every rank a worker, or each host's leader when the host reduces first."""
+        every rank a worker, or each host's leader when the host reduces first. Imported here:
+        a job on one host joins none, and so never loads the communicator, its streams and
+        transports (the start-up's import time)."""
+        from inagg.hostlib.worker.communicator import Communicator
+
         def join(rank: int, size: int) -> Communicator:
             """Rank ``rank`` of ``size`` workers joins the job (a host's leader: of its hosts)."""
             return Communicator(self._start_store(store, prefix), rank, size, self.endpoint.controller,
@@ -328,7 +332,7 @@ class GroupLifecycle:
         ks = [c.grant.values_per_packet if c.grant is not None else ONE_HOST_VALUES_PER_PACKET for c in comms]
         reduction = Reduction(block=math.lcm(*ks), exact_limit=max(0, min(one_round_capacity(k, size, True) for k in ks)))
         for comm in comms:
-            if isinstance(comm, Communicator):
+            if not isinstance(comm, HostCommunicator):
                 comm.stream.reduction = reduction
         if self.host is not None:   # its leader's calls between hosts are int32 sums
             self.host.reduce.reduction = reduction

@@ -41,9 +41,9 @@ from inagg.hostlib.native_build import _native
 from inagg.hostlib.pytorch.peer_watch import wait_gloo
 from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.protocol import EXP_NONE
-from inagg.hostlib.worker.communicator import numpy_view
 from inagg.hostlib.worker.stream import native_block_exponents
 from inagg.hostlib.worker.stream_base import Reduction
+from inagg.hostlib.worker.tensors import numpy_view
 
 _BAD_BLOCK = 127 + 1   # above every exponent: a block with inf/NaN on some rank wins the MAX
 

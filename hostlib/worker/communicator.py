@@ -48,7 +48,6 @@ timeout.
 
 from __future__ import annotations
 
-import enum
 import logging
 import queue
 import secrets
@@ -62,16 +61,16 @@ import numpy as np
 from inagg.hostlib.worker.call_log import CallLog
 from inagg.hostlib.worker.cost_model import LinkEstimator
 from inagg.hostlib.worker.cuda_staging import CudaStaging, StagedCall
-from inagg.hostlib.errors import InaggError
-from inagg.hostlib.wire import codec
+from inagg.hostlib.errors import InaggError, JobFailed
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS, HEADER_BYTES
 from inagg.hostlib.wire.roce import RoceRawTransport
 from inagg.hostlib.worker.stream import NativeSlotStream
 from inagg.hostlib.worker.launch_identity import SharedStore, claim_store, launch_id
 from inagg.hostlib.worker.neighbour import neighbour_problem
-from inagg.hostlib.worker.call_protocol import OP_NAMES, CallError, Refusal, check_array, dtype_refusal
+from inagg.hostlib.worker.call_protocol import Refusal, check_array
 from inagg.hostlib.worker.stream_reference import SlotStream
+from inagg.hostlib.worker.tensors import ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
 from inagg.hostlib.wire.transport import UdpTransport
 
 if TYPE_CHECKING:
@@ -80,77 +79,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("inagg.communicator")
 
 
-class JobFailed(RuntimeError):
-    """The controller failed the job (a rank stopped); the message names the rank(s)."""
-
-
 # refusals of the job service that mean "your job is gone" (its lease ran out, the operator ended
 # it, the controller lost its database: PERMISSION_DENIED) or "it failed" (FAILED_PRECONDITION):
 # the job fails at once with the controller's words, instead of a log line per heartbeat
 GONE = ("PERMISSION_DENIED", "FAILED_PRECONDITION")   # grpc.StatusCode names
 SHARED_KEY = "inagg/shared"   # set when two jobs were found in one store: how they were found
 JOBS_KEY = "inagg/jobs"       # the ids of the jobs rank 0s created with this store
-
-
-class ReduceOp(enum.Enum):
-    SUM = "sum"
-    AVG = "avg"
-
-
-def reduce_kind(op) -> tuple[bool, Refusal | None]:
-    """(average, refusal) for this library's ``ReduceOp`` or a ``torch.distributed.ReduceOp``:
-    SUM and AVG are honoured; every other op is refused (on every rank, in the control round)."""
-    if isinstance(op, ReduceOp):
-        return op is ReduceOp.AVG, None
-    import torch.distributed as dist
-
-    for name in dist.ReduceOp.RedOpType.__members__:
-        try:
-            same = op == getattr(dist.ReduceOp, name)
-        except TypeError:
-            same = False
-        if same:
-            if name in ("SUM", "AVG"):
-                return name == "AVG", None
-            return False, Refusal(CallError.REDUCE_OP, OP_NAMES.index(name) if name in OP_NAMES else 0)
-    return False, Refusal(CallError.REDUCE_OP)
-
-
-def as_array(tensor) -> tuple[np.ndarray | None, Refusal | None]:
-    """(flat host array, refusal) for a CPU torch tensor or a numpy array; a tensor this library
-    cannot allreduce gives its refusal (a CUDA one it can is staged: ``Communicator._request``)."""
-
-    if isinstance(tensor, np.ndarray):
-        array = tensor.reshape(-1)
-        if not np.shares_memory(array, tensor):
-            return None, Refusal(CallError.LAYOUT)
-        return array, None
-    refusal = tensor_refusal(tensor)
-    return (None, refusal) if refusal else (numpy_view(tensor), None)
-
-
-def tensor_refusal(tensor) -> Refusal | None:
-    """Why this library cannot allreduce ``tensor`` (a CPU or CUDA torch tensor), else None."""
-    import torch
-
-    if not isinstance(tensor, torch.Tensor):
-        return Refusal(CallError.NOT_A_TENSOR)
-    if tensor.dtype not in (torch.float32, torch.int32, torch.float16, torch.bfloat16):
-        return dtype_refusal(str(tensor.dtype).removeprefix("torch."))
-    if not tensor.is_contiguous():
-        return Refusal(CallError.LAYOUT)
-    return None
-
-
-def numpy_view(tensor) -> np.ndarray:
-    """The flat numpy array over a contiguous CPU tensor's memory; a bfloat16 tensor's as
-    ``codec.BFLOAT16`` (numpy has no bfloat16)."""
-    import torch
-
-    flat = tensor.detach().view(-1)
-    if flat.dtype == torch.bfloat16:
-        return flat.view(torch.int16).numpy().view(codec.BFLOAT16)
-    return flat.numpy()
 
 
 @dataclass

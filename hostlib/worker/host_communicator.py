@@ -18,15 +18,18 @@ import os
 import queue
 import threading
 from datetime import timedelta
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from inagg.hostlib.errors import InaggSetupError
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, Grant
-from inagg.hostlib.worker.communicator import Communicator, ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
 from inagg.hostlib.worker.cuda_staging import CudaStaging
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
 from inagg.hostlib.worker.host_reduce import HostReduce
 from inagg.hostlib.worker.call_protocol import Shard, check_array, rank_shard
+from inagg.hostlib.worker.tensors import ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
+
+if TYPE_CHECKING:   # a job on one host makes none: its module (streams, transports) is never imported
+    from inagg.hostlib.worker.communicator import Communicator
 
 log = logging.getLogger("inagg.host")
 

@@ -36,8 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from inagg.hostlib.errors import InaggError, InaggSetupError
-from inagg.hostlib.worker.communicator import JobFailed
+from inagg.hostlib.errors import InaggError, InaggSetupError, JobFailed
 
 HOST_ID_ENV = "INAGG_HOST_ID"
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

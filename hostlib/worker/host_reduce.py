@@ -54,10 +54,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from inagg.hostlib.errors import InaggError
+from inagg.hostlib.errors import InaggError, JobFailed
 from inagg.hostlib.native_build import _native
 from inagg.hostlib.wire import codec
-from inagg.hostlib.worker.communicator import JobFailed
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, RankDied, SharedBuffer, receive_all
 from inagg.hostlib.worker.call_protocol import (
     CallError, CallRefused, CallSpec, Refusal, Shard, one_round_capacity, overflow_error,

@@ -198,6 +198,13 @@ class PathChooser:
         # budgeting it would let a slow link push the agreements far apart
         self._own_agreement_s = (sent - started) + (self._clock() - received)
 
+    def ran_last(self, path: str) -> None:
+        """The calls right before the next one ran on ``path`` without ``choose`` (the
+        backend's calibration): a probe run there needs no warm-up, as after a chosen call."""
+        if path not in self.paths:
+            raise ValueError(f"{path!r} is not one of this chooser's paths ({', '.join(self.paths)})")
+        self._last_path = path
+
     # -- per call ------------------------------------------------------------------------------
 
     def choose(self, nbytes: int) -> tuple[str, bool]:

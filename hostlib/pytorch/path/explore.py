@@ -2,9 +2,11 @@
 new size classes (``Probes``) and budgeted explorations at agreements (``ExplorationBudget``).
 
 *Probes.* A size class not measured on a path yet may be probed there: its next calls take,
-``probes`` times each, one path after another (the one predicted slowest first), each path's
-run starting with one untimed warm-up where the call before was another path's, because a call
-right after another path's runs slow. Where calls are cheap (under ``probe_seconds``) ``prefer``
+``probes`` times each, one path after another (the path of the call before first, then the one
+predicted slowest), each path's run starting with one untimed warm-up where the call before was
+another path's, because a call right after another path's runs slow. So a class probed on two
+paths takes 3 + 1 + 3 calls, and the ranks agree at its 8th: its path is settled there
+(``tests/test_backend.py``). Where calls are cheap (under ``probe_seconds``) ``prefer``
 and every path whose line is within ``probe_ratio`` of the best are probed; at dearer sizes only
 paths predicted faster than the best by ``margin`` (and then ``prefer`` beside them), because a
 probe of a slower path costs a whole slow call; the rest are left to exploration. Where the
@@ -83,7 +85,8 @@ class Probes:
         left = [p for p in self._paths if self._left.get((p, c), 0)]
         if not left:
             return None, False
-        path = max(left, key=lambda p: models[p].line(nbytes))
+        # the path the calls are on goes first (its run needs no warm-up), then the slowest
+        path = last_path if last_path in left else max(left, key=lambda p: models[p].line(nbytes))
         if (path, c) in self._warm_up_due:
             self._warm_up_due.discard((path, c))
             if path != last_path:
