@@ -2,7 +2,7 @@
 ranks or interrupt it: started by torchrun or by a test (env:// rendezvous).
 
 ``python tests/backend_rank.py BACKEND startup``: prints ``init SECONDS`` (``init_process_group``'s
-time), allreduces one float32, prints ``loaded NAMES`` (the modules of ``LAZY`` it imported by
+time), allreduces one float32, prints ``loaded [NAMES]`` (the modules of ``LAZY`` it imported by
 then, comma-separated), then leaves.
 
 ``python tests/backend_rank.py BACKEND loop ELEMENTS``: prints ``init`` once ``init_process_group``
@@ -47,7 +47,8 @@ def startup(backend: str) -> None:
     dist.init_process_group(backend)
     print(f"init {time.perf_counter() - started:.3f}", flush=True)
     dist.all_reduce(torch.ones(1))
-    print(f"loaded {','.join(m for m in LAZY if m in sys.modules)}", flush=True)
+    loaded = ",".join(m for m in LAZY if m in sys.modules)
+    os.write(sys.stdout.fileno(), f"loaded [{loaded}]\n".encode())   # one write: the ranks' lines may interleave
     dist.destroy_process_group()
 
 

@@ -61,7 +61,7 @@ def _startup(backend: str) -> tuple[float, list[str]]:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     times = [float(t) for t in re.findall(r"init (\d+\.\d{3})", proc.stdout)]   # the ranks' lines may interleave
     assert len(times) == 2, proc.stdout
-    return max(times), re.findall(r"^loaded (.*)$", proc.stdout, re.MULTILINE)
+    return max(times), re.findall(r"loaded \[([\w.,]*)\]", proc.stdout)
 
 
 def _init_seconds(backend: str) -> float:
