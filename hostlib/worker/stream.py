@@ -45,7 +45,7 @@ class NativeSlotStream(StreamBase):
         super().set_grant(grant)
         if self._core is None:
             self._core = _native.Stream(self.transport.sock.fileno(), self.rank, self.n_workers,
-                                        self.rto_min, self.rto_max, self.stall_timeout)
+                                        self.rto_min, self.rto_max, self.stuck_timeout)
         ip, port = self.transport.source_of(grant.aggregator)
         self._core.set_grant(grant.job_id, grant.epoch, grant.slot_base, grant.slot_count,
                              grant.values_per_packet, ip, port, self.transport.overhead)

@@ -170,14 +170,14 @@ class SlotStream(StreamBase):
         """Receive until some round completes; resend lost rounds every scan tick
         (:meth:`RttEstimator.scan_tick`) once nothing waits in the socket (after this process was descheduled, the
         answers of rounds that look lost may be queued there); raise the stall error (naming
-        ``missing()``) after ``stall_timeout`` without progress."""
+        ``missing()``) after ``stuck_timeout`` without progress."""
         tick = self._rtt.scan_tick()
         while True:
             now = time.perf_counter()
             if now >= self._next_scan and self._drained:
                 self._resend_lost(rounds, now)
                 self._next_scan = now + tick
-            if self.aborted or now - progress > self.stall_timeout:
+            if self.aborted or now - progress > self.stuck_timeout:
                 waiting = sorted(self.grant.slot_base + i for i in rounds.rounds)
                 raise self.stall_error(missing(), waiting)
             idx, rnd, now = self._receive(rounds, tick)
