@@ -96,10 +96,11 @@ def test_a_stalled_slot_moves_the_job_to_a_fresh_epoch_and_the_call_is_exact():
     n = results[0].numel()
     assert all(torch.equal(r, expected_sum(n)) for r in results)
     assert [c.grant.mode for c in comms] == ["switch", "switch"]
-    assert all(c.grant.epoch >= 2 for c in comms)                    # the epoch moved
     assert comms[0].grant.epoch == comms[1].grant.epoch
     assert all(c.stats()["grant_changes"] >= 1 for c in comms)
-    assert sorted(handler.moves) == [(0, 1, "switch", comms[0].grant.epoch), (1, 1, "switch", comms[0].grant.epoch)]
+    fresh, = {new for _, _, _, new in handler.moves}           # both ranks took the same fresh epoch
+    assert sorted(handler.moves) == [(0, 1, "switch", fresh), (1, 1, "switch", fresh)]
+    assert comms[0].grant.epoch >= fresh > 1                   # (a later growth may move it on)
     said = handler.messages[0]
     assert "stalled at epoch 1" in said and "no result for" in said and "slots waiting" in said, said
 
