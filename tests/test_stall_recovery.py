@@ -14,6 +14,7 @@ import os
 import tempfile
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -26,10 +27,10 @@ STUCK = 2.0     # seconds without a result that make a stall (generous at load 2
 STALLED_SLOT = 1  # the slot index a call's priming reaches first after slot 0's control round
 
 
-def start_job(dep: LoopbackDeployment, n: int) -> list[Communicator]:
+def start_job(dep: LoopbackDeployment, n: int, native: bool) -> list[Communicator]:
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), n)
     return on_ranks(lambda r: Communicator(store, r, n, dep.controller, bind_ip=dep.worker_ip(r),
-                                           stuck_timeout=STUCK), n)
+                                           stuck_timeout=STUCK, native=native), n)
 
 
 def stall_slot(comm: Communicator, epoch: int) -> None:
@@ -59,12 +60,14 @@ class StallAgain(logging.Handler):
             stall_slot(self.comms[rank], new_epoch)
 
 
-def run_stalled_call(again: bool) -> tuple[list[Communicator], list[torch.Tensor], StallAgain, LoopbackDeployment]:
-    """A 2-rank job whose first call meets a stalled slot (``again``: each fresh switch epoch's
-    slot stalls too); returns its ranks, the call's results, the log of the moves, the deployment."""
+def run_stalled_call(again: bool, target: str = "soft",
+                     native: bool = True) -> tuple[list[Communicator], list[torch.Tensor], StallAgain]:
+    """A 2-rank job (``native``: its C++ stream, else the Python one) on a ``target``-shaped
+    loopback switch whose first call meets a stalled slot (``again``: each fresh switch epoch's
+    slot stalls too); returns its ranks, the call's results and the log of the moves."""
     fallbacks = logging.getLogger("inagg.fallbacks")
-    with LoopbackDeployment(2) as dep:
-        comms = start_job(dep, 2)
+    with LoopbackDeployment(2, target=target) as dep:
+        comms = start_job(dep, 2, native)
         handler = StallAgain(comms, again)
         level = fallbacks.level
         fallbacks.addHandler(handler)
@@ -79,7 +82,7 @@ def run_stalled_call(again: bool) -> tuple[list[Communicator], list[torch.Tensor
             results = [f.wait() for f in futs]
             after = [c.allreduce_async(torch.full((n,), float(r + 1))) for r, c in enumerate(comms)]
             assert all(f.wait().tolist() == [3.0] * n for f in after)
-            return comms, results, handler, dep
+            return comms, results, handler
         finally:
             fallbacks.removeHandler(handler)
             fallbacks.setLevel(level)
@@ -91,8 +94,9 @@ def expected_sum(n: int) -> torch.Tensor:
     return 2 * (torch.arange(n, dtype=torch.float32) % 97) + 1
 
 
-def test_a_stalled_slot_moves_the_job_to_a_fresh_epoch_and_the_call_is_exact():
-    comms, results, handler, _ = run_stalled_call(again=False)
+@pytest.mark.parametrize("target,native", [("soft", True), ("soft", False), ("tofino", True)])
+def test_a_stalled_slot_moves_the_job_to_a_fresh_epoch_and_the_call_is_exact(target, native):
+    comms, results, handler = run_stalled_call(False, target, native)
     n = results[0].numel()
     assert all(torch.equal(r, expected_sum(n)) for r in results)
     assert [c.grant.mode for c in comms] == ["switch", "switch"]
@@ -106,7 +110,7 @@ def test_a_stalled_slot_moves_the_job_to_a_fresh_epoch_and_the_call_is_exact():
 
 
 def test_a_stall_that_survives_the_fresh_epoch_ends_on_the_host_aggregator_exact():
-    comms, results, handler, _ = run_stalled_call(again=True)
+    comms, results, handler = run_stalled_call(again=True)
     n = results[0].numel()
     assert all(torch.equal(r, expected_sum(n)) for r in results)
     assert [c.grant.mode for c in comms] == ["host", "host"]
