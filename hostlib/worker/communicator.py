@@ -503,12 +503,12 @@ class Communicator:
         if grant.epoch <= epoch:
             raise AllreduceError(f"{stall}; the controller kept the job at epoch {grant.epoch} (an older "
                                  f"controller that does not move stalled jobs?)")
+        self._use(grant)
+        self.grant_changes += 1
         fallbacks.log(logging.WARNING if self.rank == 0 else logging.DEBUG,
                       "job %d rank %d: call %d stalled at epoch %d (%s); running it again on %s epoch %d%s",
                       self.job_id, self.rank, self.boundary, epoch, why, grant.mode, grant.epoch,
                       f": {grant.reason}" if grant.mode == "host" else "")
-        self._use(grant)
-        self.grant_changes += 1
 
     def _use(self, grant: Grant) -> None:
         """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
