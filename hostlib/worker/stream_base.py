@@ -180,6 +180,10 @@ class StreamBase:
         self.n_workers = n_workers
         self.transport = transport
         self.rto_min, self.rto_max = rto_min, rto_max
+        if not stall_timeout > 0 or (stuck_timeout is not None and not stuck_timeout > 0):
+            raise ValueError(f"stall_timeout ({stall_timeout}) and stuck_timeout ({stuck_timeout}) must be "
+                             f"positive seconds (stuck_timeout: no result this long ends an attempt of a call; "
+                             f"None or above stall_timeout: stall_timeout)")
         self.stall_timeout = stall_timeout
         # one attempt of a call ends after this long without a result (SlotStalled)
         self.stuck_timeout = stall_timeout if stuck_timeout is None else min(stuck_timeout, stall_timeout)
