@@ -338,9 +338,11 @@ class Controller:
         with self.lock:
             job = running(self.authenticate(job_id, token))
             check_rank(job, rank)
-            if job.place is None or job.tree is not None:
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"job {job_id} is {'on a tree' if job.tree else 'not placed'}: a stall does not move it")
+            if job.place is None:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} has no grant yet")
+            if job.tree is not None:
+                self._fail_stall(job, f"its call at boundary {boundary} stalled on its {job.tree.describe()}, "
+                                      f"whose parts are fixed: a stall does not move it ({why})")
             active = self.fabric.allocators[job.place].jobs[job_id].active
             if epoch != active.epoch:
                 return self.grants(job, rank)[0], 0

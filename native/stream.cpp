@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "codec.hpp"
 
@@ -26,6 +27,9 @@ constexpr double kMaxBackoff = 8;
 constexpr double kRtoOverMinRtt = 32;
 // Seconds a fast retransmission marks the path lossy (rounds.py LOSS_MEMORY).
 constexpr double kLossMemory = 1.0;
+// answered_ per block: its result came and left the tensor unchanged (an overflowed block), or
+// was written in place (its input kept in kept_).
+constexpr uint8_t kAnswered = 1, kWritten = 2;
 
 double now_seconds() {
     using namespace std::chrono;
@@ -386,6 +390,8 @@ bool Stream::stream_blocks(const BlockCall& call) {
     agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);
     if (call.is_float) agreed_[0] = call.exp0;
     answered_.assign(n_blocks, 0);
+    size_t bytes = call.size * (call.is_float ? format_bytes(call.format) : 4);
+    if (kept_.size() < bytes) kept_.resize(bytes);  // grows once: no zeroing per call
     oldest_ = 0;
     deferred_ = {};
     double now = now_seconds();
@@ -403,20 +409,25 @@ bool Stream::stream_blocks(const BlockCall& call) {
     while (remaining_) {
         uint32_t idx = 0;
         const uint8_t* res = nullptr;
-        if (!await_result(&idx, &res, &progress)) return false;
+        if (!await_result(&idx, &res, &progress)) {
+            restore_input(call);
+            return false;
+        }
         const Round& r = rounds_[idx];
         Header h = read_header(res);
         size_t next = r.priming ? r.chunk : size_t(r.chunk) + call.window;
         if (!r.priming) {
             --remaining_;
-            answered_[r.chunk] = 1;
+            bool overflowed = call.is_float && (h.flags & kFlagOverflow);
+            answered_[r.chunk] = overflowed ? kAnswered : kWritten;
             while (oldest_ < n_blocks && answered_[oldest_]) ++oldest_;
             auto values = reinterpret_cast<const uint32_t*>(res + kHeaderBytes);
+            if (!overflowed) keep_input(call, r);
             if (!call.is_float) {
                 int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
                 for (size_t i = 0; i < r.count; ++i)
                     out[i] = static_cast<int32_t>(ntohl(values[i]));
-            } else if (h.flags & kFlagOverflow) {
+            } else if (overflowed) {
                 overflow_.push_back(r.chunk);
             } else {
                 dequantize_be(values, r.count, agreed_[r.chunk], shift_, call.divisor, call.format,
@@ -431,6 +442,24 @@ bool Stream::stream_blocks(const BlockCall& call) {
     }
     flush_sends();
     return true;
+}
+
+// One copy of the block's input while it is in cache (it is read next to be overwritten), not a
+// copy of the whole tensor before the call.
+void Stream::keep_input(const BlockCall& call, const Round& r) {
+    size_t elem = call.is_float ? format_bytes(call.format) : 4;
+    std::memcpy(kept_.data() + r.offset * elem, static_cast<uint8_t*>(call.data) + r.offset * elem,
+                r.count * elem);
+}
+
+void Stream::restore_input(const BlockCall& call) {
+    size_t elem = call.is_float ? format_bytes(call.format) : 4;
+    size_t k = grant_.k;
+    for (size_t c = 0; c < answered_.size(); ++c) {
+        if (answered_[c] != kWritten) continue;
+        size_t offset = c * k * elem, count = std::min(k, call.size - c * k) * elem;
+        std::memcpy(static_cast<uint8_t*>(call.data) + offset, kept_.data() + offset, count);
+    }
 }
 
 // The deferred blocks that the congestion window allows, smallest first: a block goes when it is

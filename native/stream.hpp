@@ -214,6 +214,10 @@ private:
     // Block `chunk` may go on slot idx once the congestion window allows it.
     void defer(uint32_t idx, uint32_t chunk) { deferred_.push({chunk, idx}); }
     void release(const BlockCall& call, double now);
+    // Before block r's result is written in place: its input, kept in kept_; after a stall,
+    // restore_input puts every written block's input back, so the call can run again.
+    void keep_input(const BlockCall& call, const Round& r);
+    void restore_input(const BlockCall& call);
     void queue_send(uint32_t idx);
     void flush_sends();
     void resend_lost(double now);
@@ -247,8 +251,10 @@ private:
     StreamCounters counters_;
     std::vector<int8_t> agreed_;  // agreed block exponents of the running float call
     CongestionWindow cwnd_;
-    std::vector<uint8_t> answered_;  // per block of the running call: its result came
-    size_t oldest_ = 0;              // the first block without a result
+    // per block of the running call: its result came (kAnswered), and was written (kWritten)
+    std::vector<uint8_t> answered_;
+    std::vector<uint8_t> kept_;  // the written blocks' inputs, at their byte offsets in the tensor
+    size_t oldest_ = 0;          // the first block without a result
     // blocks ready to go, (block, slot), smallest block first
     std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>,
                         std::greater<>>

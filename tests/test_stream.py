@@ -430,7 +430,7 @@ class SilentOnOneOffset:
 
 
 @pytest.mark.parametrize("kind", STREAMS)
-@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.float16])
 def test_a_call_that_stalls_mid_blocks_raises_slot_stalled_with_its_tensor_as_it_was(kind, dtype):
     """Blocks answered before the stall were written in place; the call gives them back, so it
     can run again from scratch (the communicator does, on a fresh epoch)."""

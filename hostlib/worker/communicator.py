@@ -375,6 +375,14 @@ class Communicator:
         return (f"grant epoch {g.epoch} of job {g.job_id} carries job nonce {g.nonce[:8] or 'none'}..., "
                 f"not this launch's {self.nonce[:8]}...: it is another launch's job; no call runs on it")
 
+    def _own(self, g: "pb.Grant") -> Grant:
+        """The grant ``g`` the controller answered with, as this rank uses it; one that is not
+        this job's (``_foreign``) fails the job."""
+        if problem := self._foreign(g):
+            self._fail(problem)
+            raise JobFailed(f"job {self.job_id} failed: {problem}")
+        return self._to_grant(g)
+
     def _gone(self, what: str, refusal: str) -> None:
         """The controller refused ``what`` as ``GONE`` (``refusal``: its code and words): fail
         the job now with its reason; a failed job's own reason as the grant stream gives it (so
@@ -432,11 +440,7 @@ class Communicator:
         agreed = self.stream.agreed_epoch
         if agreed <= self.stream.grant.epoch:
             return
-        reply = self._activate(agreed)
-        if problem := self._foreign(reply.grant):
-            self._fail(problem)
-            raise JobFailed(f"job {self.job_id} failed: {problem}")
-        grant = self._to_grant(reply.grant)
+        grant = self._own(self._activate(agreed).grant)
         if grant.epoch != self.stream.grant.epoch:
             self._use(grant)
             self.grant_changes += 1
@@ -496,10 +500,7 @@ class Communicator:
                 self._gone("the stall report", str(e))
                 raise JobFailed(f"job {self.job_id} failed: {self.failure}") from None
             raise AllreduceError(f"{stall}; the controller could not move the job: {e}") from e
-        if problem := self._foreign(reply.grant):
-            self._fail(problem)
-            raise JobFailed(f"job {self.job_id} failed: {problem}")
-        grant = self._to_grant(reply.grant)
+        grant = self._own(reply.grant)
         if grant.epoch <= epoch:
             raise AllreduceError(f"{stall}; the controller kept the job at epoch {grant.epoch} (an older "
                                  f"controller that does not move stalled jobs?)")

@@ -54,6 +54,13 @@ class NativeSlotStream(StreamBase):
         super().abort()
         self._core.abort()
 
+    @staticmethod
+    def _restoring(x: np.ndarray, stream) -> list[int]:
+        """``stream()``: the core gives a stalled call's written blocks back itself, each kept
+        just before its result overwrote it (``Stream::restore_input``: while the block is in
+        cache, without the GIL), not a copy of the whole tensor before the call."""
+        return stream()
+
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
         return ExponentTracker(x, self.grant.values_per_packet, native_block_exponents, self.reduction.block)
 
