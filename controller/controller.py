@@ -344,7 +344,10 @@ class Controller:
                 self._fail_stall(job, f"its call at boundary {boundary} stalled on its {job.tree.describe()}, "
                                       f"whose parts are fixed: a stall does not move it ({why})")
             active = self.fabric.allocators[job.place].jobs[job_id].active
-            if epoch != active.epoch:
+            if epoch > active.epoch:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"job {job_id} has no epoch {epoch} yet (its "
+                                                                f"grant is at {active.epoch}): report the epoch the call ran in")
+            if epoch < active.epoch:
                 return self.grants(job, rank)[0], 0
             asks = job.stall_asks.setdefault(epoch, {})
             asks[rank] = boundary

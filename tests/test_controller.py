@@ -710,6 +710,8 @@ def test_a_stall_moves_the_job_to_a_fresh_epoch_then_the_host_aggregator_then_fa
     assert last.waiting_for == 0 and fresh.mode == "switch" and fresh.epoch > active.epoch   # above its pending one
     assert (fresh.slot_base, fresh.slot_count) == (active.slot_base, active.slot_count)
     assert c.report_stall(*j1, active.epoch, 7, 0, "late").grant.epoch == fresh.epoch   # a late ask: the move
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: job 1 has no epoch 99 yet"):
+        c.report_stall(*j1, 99, 7, 0, "no result")
     sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
     try:
         assert table(sw, "job_table")[j1[0]]["epoch"] == fresh.epoch
