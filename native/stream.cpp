@@ -124,9 +124,9 @@ void CongestionWindow::on_result(bool was_marked) {
 }
 
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max,
-               double stall_timeout)
+               double stall_timeout, double stuck_timeout)
     : socket_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
-      stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {
+      stall_timeout_(stall_timeout), stuck_timeout_(stuck_timeout), rtt_(rto_min, rto_max) {
     // A blocking socket waits in recvmmsg itself (MSG_WAITFORONE), at most one scan tick: one
     // system call per batch. A non-blocking one (Python gave it a timeout) is polled when empty.
     int fl = fcntl(fd, F_GETFL);
@@ -313,7 +313,8 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from,
     return ResultCheck::Accepted;
 }
 
-bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress) {
+bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress,
+                          double patience) {
     for (;;) {
         while (rx_next_ < rx_.size()) {
             size_t i = rx_next_++;
@@ -357,8 +358,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             flush_sends();
             next_scan_ = now + scan_tick();
         }
-        if (aborted_.load(std::memory_order_relaxed) || now - *progress > stall_timeout_)
-            return false;
+        if (aborted_.load(std::memory_order_relaxed) || now - *progress > patience) return false;
         receive_batch(next_scan_ - now);
     }
 }
@@ -373,7 +373,7 @@ bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, ui
     uint32_t idx = 0;
     const uint8_t* res = nullptr;
     double progress = start;
-    if (!await_result(&idx, &res, &progress)) return false;
+    if (!await_result(&idx, &res, &progress, stall_timeout_)) return false;
     *rtt = progress - rounds_[0].sent_at;
     for (size_t i = 0; i < n_lanes; ++i)
         summed[i] = static_cast<int32_t>(load_be32(res + kHeaderBytes + 4 * i));
@@ -409,7 +409,7 @@ bool Stream::stream_blocks(const BlockCall& call) {
     while (remaining_) {
         uint32_t idx = 0;
         const uint8_t* res = nullptr;
-        if (!await_result(&idx, &res, &progress)) {
+        if (!await_result(&idx, &res, &progress, stuck_timeout_)) {
             restore_input(call);
             return false;
         }

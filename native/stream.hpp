@@ -168,7 +168,10 @@ struct BlockCall {
 
 class Stream {
 public:
-    Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout);
+    // No result for stall_timeout ends a control round (a peer late to the call looks the same
+    // as a stalled slot), for stuck_timeout a call's blocks (every peer is in the call).
+    Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout,
+           double stuck_timeout);
 
     void set_grant(const GrantView& grant);
 
@@ -225,7 +228,8 @@ private:
     void receive_batch(double wait);
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
-    bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
+    // `patience`: seconds without a result that make a stall.
+    bool await_result(uint32_t* idx, const uint8_t** result, double* progress, double patience);
     void start_call(uint32_t window);
     // How often expired rounds are looked for (and the longest a receive waits).
     double scan_tick() const { return rtt_.scan_tick(); }
@@ -233,7 +237,7 @@ private:
     Socket socket_;
     int rank_, n_workers_, shift_;
     bool blocking_ = false;  // the socket blocks: recvmmsg waits (SO_RCVTIMEO = one scan tick)
-    double stall_timeout_;
+    double stall_timeout_, stuck_timeout_;
     std::atomic<bool> aborted_{false};
     RttEstimator rtt_;
     LossDetector loss_{rtt_};

@@ -40,9 +40,10 @@ ranks agree on: each call carries the newest pending epoch the rank has seen (se
 grant they all ask the controller to activate it with the same boundary number and switch
 together. Nothing in flight is lost: a call runs entirely under one grant.
 
-Stalls: a call that gets no result for ``stuck_timeout`` (a slot whose state no resend clears:
-another job's or a corrupted round in it, a lost undo pass on Tofino, a switch that lost its
-slot state) is reported to the controller (``_recover``); once every rank reported the same
+Stalls: a call that gets no result for ``stuck_timeout`` in its blocks, or for ``stall_timeout``
+in its control round, where a rank late to the call looks the same (a slot whose state no
+resend clears: another job's or a corrupted round in it, a lost undo pass on Tofino, a switch
+that lost its slot state) is reported to the controller (``_recover``); once every rank reported the same
 call, the job gets a fresh epoch on the same slots (every aggregator resets a slot whose owner's
 epoch changed), and every rank runs the call again from scratch with its input as it was
 (``StreamBase.allreduce``: the call number and the calls before it are unchanged, so no sum
@@ -184,8 +185,8 @@ class Communicator:
                  transport: str = "udp", native: bool = True, host_only: bool = False,
                  launch: str | None = None, stuck_timeout: float | None = None) -> None:
         """``stall_timeout``: the longest a call waits for ranks or results before it raises;
-        ``stuck_timeout`` (default a sixth of it): no result for this long is a stall, and the
-        call moves to a fresh epoch (module docstring, "Stalls")."""
+        ``stuck_timeout`` (default a sixth of it): no result for this long in a call's blocks is
+        a stall, and the call moves to a fresh epoch (module docstring, "Stalls")."""
         from inagg.hostlib.jobservice.client import ControllerClient, to_grant  # gRPC stubs
 
         if transport not in ENCAPSULATIONS:

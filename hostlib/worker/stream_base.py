@@ -185,7 +185,8 @@ class StreamBase:
                              f"positive seconds (stuck_timeout: no result this long ends an attempt of a call; "
                              f"None or above stall_timeout: stall_timeout)")
         self.stall_timeout = stall_timeout
-        # one attempt of a call ends after this long without a result (SlotStalled)
+        # an attempt of a call's blocks ends after this long without a result (SlotStalled); of
+        # a control round, after stall_timeout (a peer late to the call looks the same there)
         self.stuck_timeout = stall_timeout if stuck_timeout is None else min(stuck_timeout, stall_timeout)
         self.stats = StreamStats()
         self.control = ControlVector(n_workers)
@@ -228,8 +229,9 @@ class StreamBase:
         ``pending_epoch``: the newest pending grant this rank has seen (0: none); after the
         call, ``agreed_epoch`` holds the smallest such epoch over all ranks (0: none).
 
-        No result for ``stuck_timeout`` raises :class:`SlotStalled` with ``x`` as it was (the
-        blocks' results are written in place, so a streamed call keeps a copy of its input);
+        No result for ``stuck_timeout`` in the blocks (for ``stall_timeout`` in the control
+        round, where a peer late to the call looks the same) raises :class:`SlotStalled` with
+        ``x`` as it was (the blocks' results are written in place: ``_restoring``);
         ``again``: run the call that stalled again, under its call number, from scratch."""
         if refusal is None:
             refusal = check_array(x, average)
@@ -333,11 +335,11 @@ class StreamBase:
         their rounding to ``x``'s format); returns the blocks that overflowed."""
         raise NotImplementedError
 
-    def stall_error(self, missing: str, waiting: list[int]) -> SlotStalled:
-        """The error of a call without progress for ``stuck_timeout``: the aggregator, the
-        grant's epoch, what is ``missing`` and the slots still ``waiting``."""
+    def stall_error(self, missing: str, waiting: list[int], seconds: float) -> SlotStalled:
+        """The error of a call without progress for ``seconds``: the aggregator, the grant's
+        epoch, what is ``missing`` and the slots still ``waiting``."""
         g = self.grant
         return SlotStalled(
-            f"job {g.job_id} rank {self.rank}: no result for {self.stuck_timeout:.1f}s "
+            f"job {g.job_id} rank {self.rank}: no result for {seconds:.1f}s "
             f"from {g.mode} aggregator {g.aggregator[0]}:{g.aggregator[1]} (epoch {g.epoch}); "
             f"{missing} missing, slots waiting: {waiting[:8]}")
