@@ -395,7 +395,7 @@ def one_rank_stream(kind: str, agg, slots: int, **options):
     transport = UdpTransport(agg.sock.getsockname(), bind=("127.0.0.1", 0))
     try:
         yield STREAMS[kind](Grant(3, 2, 0, slots, 4, agg.sock.getsockname()), 0, 1, transport,
-                            stall_timeout=5.0, **options)
+                            **{"stall_timeout": 5.0, **options})
     finally:
         agg.sock.close()
         transport.close()
@@ -440,6 +440,14 @@ def test_a_call_that_stalls_mid_blocks_raises_slot_stalled_with_its_tensor_as_it
         with pytest.raises(SlotStalled, match=r"no result for 0.5s .*\(epoch 2\); 1 of 10 blocks missing"):
             stream.allreduce(x)
         assert stream.stats.calls == 1 and np.array_equal(x, before)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_control_round_waits_the_stall_timeout_not_the_stuck_one(kind):
+    """A rank late to the call looks like a stalled slot 0: the control round waits longer."""
+    with one_rank_stream(kind, SilentOnOneOffset(0), 16, stall_timeout=1.5, stuck_timeout=0.2) as stream:
+        with pytest.raises(SlotStalled, match=r"no result for 1.5s .*call 0's control round missing"):
+            stream.allreduce(np.arange(40, dtype=np.int32))
 
 
 @pytest.mark.parametrize("stuck", [0, -1.0, float("nan")])
