@@ -464,6 +464,8 @@ class Communicator:
                 return reply
             if self.failure:
                 raise JobFailed(f"job {self.job_id} failed: {self.failure}")
+            if self._closed.is_set():
+                raise self._closed_error()
             if time.monotonic() > deadline:
                 raise JobFailed(f"job {self.job_id} rank {self.rank}: {reply.waiting_for} rank(s) did not "
                                 f"{what} within {self.stream.stall_timeout:.0f}s of this one")
