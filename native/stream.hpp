@@ -182,8 +182,9 @@ public:
     bool control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, uint8_t flags,
                        int32_t* summed, int8_t* agreed_exp0, uint8_t* result_flags, double* rtt);
 
-    // Allreduce the blocks in place. False: stalled (stall_detail() says what). Blocks whose
-    // result carried FLAG_OVERFLOW are left unchanged and listed in overflow().
+    // Allreduce the blocks in place. False: stalled (remaining() and waiting_slots() say what),
+    // the tensor as it was (restore_input). Blocks whose result carried FLAG_OVERFLOW are left
+    // unchanged and listed in overflow().
     bool stream_blocks(const BlockCall& call);
 
     // From another thread: the call in progress returns false (as stalled) at its next tick,
