@@ -228,6 +228,24 @@ class SlotAllocator:
         self.rebalance()
         return True
 
+    def restart(self, job_id: int, to_host: bool) -> Placement:
+        """The job's workers found a slot that makes no progress (its state holds a round no
+        resend completes): its active place again under a fresh epoch, which every aggregator
+        takes as a new slot owner and so resets each slot on its next packet; with ``to_host``
+        (the stall came back on the fresh epoch) the host aggregator instead, where it stays
+        (pinned, as a drained job). A pending grant is dropped (its epoch is below the new one);
+        the policy proposes again."""
+        job = self.jobs[job_id]
+        epoch = max(job.active.epoch, job.pending.epoch if job.pending else 0) + 1
+        if to_host:
+            job.drained = True
+            p = self._host_placement(job_id, epoch)
+        else:
+            p = Placement(job.active.mode, job.active.slot_base, job.active.slot_count, epoch)
+        job.active, job.pending = p, None
+        self.rebalance()
+        return p
+
     # -- policy ------------------------------------------------------------------------------
 
     def rebalance(self) -> None:

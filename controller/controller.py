@@ -323,6 +323,67 @@ class Controller:
                      now.describe(), _move_name(before, now), before.describe())
         return decided
 
+    def stalled(self, job_id: int, token: str, epoch: int, boundary: int, rank: int,
+                why: str) -> tuple[pb.Grant, int]:
+        """Rank ``rank``'s call before ``boundary`` made no progress in grant ``epoch`` (``why``:
+        its words). Returns (the grant to run the call again on, ranks still to report).
+
+        The job moves once every rank reported the same stalled call, as an activation does:
+        a stalled round holds every rank, so none can still use the old epoch. The first move
+        at a boundary is a fresh epoch on the same slots (every aggregator resets a slot whose
+        owner's epoch changed); a second at that boundary, the stall having survived it, moves
+        the job to the host aggregator; a third, or ranks stalled in different calls (one that
+        finished a call cannot contribute to it again), fail the job naming what was tried.
+        A rank asking about an epoch the job left gets its grant now."""
+        with self.lock:
+            job = running(self.authenticate(job_id, token))
+            check_rank(job, rank)
+            if job.place is None:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} has no grant yet")
+            if job.tree is not None:
+                self._fail_stall(job, f"its call at boundary {boundary} stalled on its {job.tree.describe()}, "
+                                      f"whose parts are fixed: a stall does not move it ({why})")
+            active = self.fabric.allocators[job.place].jobs[job_id].active
+            if epoch > active.epoch:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"job {job_id} has no epoch {epoch} yet (its "
+                                                                f"grant is at {active.epoch}): report the epoch the call ran in")
+            if epoch < active.epoch:
+                return self.grants(job, rank)[0], 0
+            asks = job.stall_asks.setdefault(epoch, {})
+            asks[rank] = boundary
+            if len(set(asks.values())) > 1:
+                self._fail_stall(job, f"its ranks stalled in different calls ({_calls(asks)}) of epoch {epoch}: "
+                                      f"a rank that finished a call cannot send it again ({why})")
+            if len(asks) < job.demand.n_workers:
+                return self.grants(job, rank)[0], job.demand.n_workers - len(asks)
+            del job.stall_asks[epoch]
+            self._move_stalled(job, active, boundary, why)
+            return self.grants(self.jobs[job_id], rank)[0], 0
+
+    def _move_stalled(self, job: Job, active: Placement, boundary: int, why: str) -> None:
+        """Every rank reported the stall: move the job (``stalled``) or fail it."""
+        moves = job.stall_moves.get(boundary, 0)
+        to_host = moves == 1 and active.mode == SWITCH
+        if moves and not to_host:
+            tried = "a fresh epoch and the host aggregator" if moves > 1 else "a fresh epoch"
+            self._fail_stall(job, f"the call at boundary {boundary} stalled again on {active.describe()} "
+                                  f"epoch {active.epoch} after {tried} ({why})")
+        allocator = self.fabric.allocators[job.place]
+        with self._change(f"stall move of job {job.job_id} epoch {active.epoch}"):
+            moved = self.jobs[job.job_id]
+            moved.stall_moves[boundary] = moves + 1
+            if to_host:
+                moved.stall_reason = (f"the stall at boundary {boundary} came back on a fresh epoch of "
+                                      f"{active.describe()} ({why}); the job stays on the host aggregator")
+            now = allocator.restart(job.job_id, to_host)
+        log.warning("job %d: the call at boundary %d stalled on %s epoch %d (%s): now %s epoch %d", job.job_id,
+                    boundary, active.describe(), active.epoch, why, now.describe(), now.epoch)
+
+    def _fail_stall(self, job: Job, why: str) -> None:
+        """A stall that no move can end: fail the job (its ranks raise ``why``) and refuse."""
+        self.fail(job.job_id, why)
+        raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {job.job_id} failed: {why}")
+
     def heartbeat(self, job_id: int, token: str, rank: int | None) -> None:
         """Renew the job's lease and rank ``rank``'s, without the lock: a beat never waits
         behind a placement. It only assigns times of a job and a rank that exist (no dict
@@ -456,6 +517,11 @@ def _move_name(before: Placement, after: Placement) -> str:
     if after.slot_base == before.slot_base:
         return "grow" if after.slot_count > before.slot_count else "shrink"
     return "move"
+
+
+def _calls(asks: dict[int, int]) -> str:
+    """Which rank stalled at which boundary, in words."""
+    return ", ".join(f"rank {r} at boundary {b}" for r, b in sorted(asks.items()))
 
 
 def _keep_leases(saved: dict[int, Job], current: dict[int, Job]) -> dict[int, Job]:

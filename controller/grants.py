@@ -61,6 +61,8 @@ def host_reason(fabric: Fabric, job: Job) -> str:
     """Why a job aggregates on the host aggregator, in words its workers log."""
     if job.host_only:
         return "the job asked for the host aggregator (a host lane beside a job on a switch)"
+    if job.stall_reason:
+        return job.stall_reason
     if job.place:
         return (f"switch {job.place} has no free slots for it (or an operator drained it); "
                 f"it moves to the switch when slots free up")

@@ -66,6 +66,11 @@ class Job:
     failure: str = ""                                            # why it failed; "" while it runs
     # ranks that asked to activate (epoch, boundary), not decided yet (Controller.activate)
     activation_asks: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    # ranks that reported a stall in an epoch, with the boundary of their stalled call
+    # (Controller.stalled), not decided yet; and the moves a stall made, by boundary
+    stall_asks: dict[int, dict[int, int]] = field(default_factory=dict)
+    stall_moves: dict[int, int] = field(default_factory=dict)
+    stall_reason: str = ""            # why a stall moved it to the host aggregator
 
     @property
     def job_index(self) -> int | None:

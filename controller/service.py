@@ -19,6 +19,7 @@ from inagg.controller.config import ControllerConfig
 from inagg.controller.controller import Controller
 from inagg.controller.jobs import Refused, check_rank
 from inagg.controller.store import StoreError
+from inagg.controller.validation import MAX_STALL_CHARS
 from inagg.hostlib.jobservice.credentials import is_unix, server_credentials
 from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
 from inagg.hostlib.jobservice.proto import inagg_controller_pb2_grpc as pb_grpc
@@ -94,9 +95,15 @@ class JobServicer(pb_grpc.JobServiceServicer):
             yield from grants
 
     def ActivateGrant(self, request, context):
+        rank = request.rank if request.HasField("rank") else None
+        if request.stalled:
+            if rank is None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a stall report names the stalled rank")
+            grant, waiting = self._call(context, self.ctl.stalled, request.job_id, request.token, request.epoch,
+                                        request.boundary, rank, request.stalled[:MAX_STALL_CHARS])
+            return pb.ActivateReply(activated=not waiting, grant=grant, waiting_for=waiting)
         ok, grant, waiting = self._call(context, self.ctl.activate, request.job_id, request.token,
-                                        request.epoch, request.boundary,
-                                        request.rank if request.HasField("rank") else None)
+                                        request.epoch, request.boundary, rank)
         return pb.ActivateReply(activated=ok, grant=grant, waiting_for=waiting)
 
     def Heartbeat(self, request, context):

@@ -18,6 +18,7 @@ MAX_NAME_CHARS = 128            # a job's display name
 MAX_TOKEN_CHARS = 256           # longer than any token we issue; refuses megabyte "tokens"
 MAX_NONCE_CHARS = 64            # a launch nonce (hex; the library makes 32 characters)
 MAX_HOSTNAME_CHARS = 253        # RFC 1035
+MAX_STALL_CHARS = 512           # a worker's words on a stalled call (kept in logs and failures)
 MAX_BYTES_PER_ITERATION = 1 << 50
 MAX_ITERATION_SECONDS = 86400.0 * 365
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")

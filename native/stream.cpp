@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "codec.hpp"
 
@@ -26,6 +27,9 @@ constexpr double kMaxBackoff = 8;
 constexpr double kRtoOverMinRtt = 32;
 // Seconds a fast retransmission marks the path lossy (rounds.py LOSS_MEMORY).
 constexpr double kLossMemory = 1.0;
+// answered_ per block: its result came and left the tensor unchanged (an overflowed block), or
+// was written in place (its input kept in kept_).
+constexpr uint8_t kAnswered = 1, kWritten = 2;
 
 double now_seconds() {
     using namespace std::chrono;
@@ -120,9 +124,9 @@ void CongestionWindow::on_result(bool was_marked) {
 }
 
 Stream::Stream(int fd, int rank, int n_workers, double rto_min, double rto_max,
-               double stall_timeout)
+               double stall_timeout, double stuck_timeout)
     : socket_(fd), rank_(rank), n_workers_(n_workers), shift_(shift_for(n_workers)),
-      stall_timeout_(stall_timeout), rtt_(rto_min, rto_max) {
+      stall_timeout_(stall_timeout), stuck_timeout_(stuck_timeout), rtt_(rto_min, rto_max) {
     // A blocking socket waits in recvmmsg itself (MSG_WAITFORONE), at most one scan tick: one
     // system call per batch. A non-blocking one (Python gave it a timeout) is polled when empty.
     int fl = fcntl(fd, F_GETFL);
@@ -309,7 +313,8 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from,
     return ResultCheck::Accepted;
 }
 
-bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress) {
+bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress,
+                          double patience) {
     for (;;) {
         while (rx_next_ < rx_.size()) {
             size_t i = rx_next_++;
@@ -353,8 +358,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             flush_sends();
             next_scan_ = now + scan_tick();
         }
-        if (aborted_.load(std::memory_order_relaxed) || now - *progress > stall_timeout_)
-            return false;
+        if (aborted_.load(std::memory_order_relaxed) || now - *progress > patience) return false;
         receive_batch(next_scan_ - now);
     }
 }
@@ -369,7 +373,7 @@ bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, ui
     uint32_t idx = 0;
     const uint8_t* res = nullptr;
     double progress = start;
-    if (!await_result(&idx, &res, &progress)) return false;
+    if (!await_result(&idx, &res, &progress, stall_timeout_)) return false;
     *rtt = progress - rounds_[0].sent_at;
     for (size_t i = 0; i < n_lanes; ++i)
         summed[i] = static_cast<int32_t>(load_be32(res + kHeaderBytes + 4 * i));
@@ -386,6 +390,8 @@ bool Stream::stream_blocks(const BlockCall& call) {
     agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);
     if (call.is_float) agreed_[0] = call.exp0;
     answered_.assign(n_blocks, 0);
+    size_t bytes = call.size * (call.is_float ? format_bytes(call.format) : 4);
+    if (kept_.size() < bytes) kept_.resize(bytes);  // grows once: no zeroing per call
     oldest_ = 0;
     deferred_ = {};
     double now = now_seconds();
@@ -403,20 +409,25 @@ bool Stream::stream_blocks(const BlockCall& call) {
     while (remaining_) {
         uint32_t idx = 0;
         const uint8_t* res = nullptr;
-        if (!await_result(&idx, &res, &progress)) return false;
+        if (!await_result(&idx, &res, &progress, stuck_timeout_)) {
+            restore_input(call);
+            return false;
+        }
         const Round& r = rounds_[idx];
         Header h = read_header(res);
         size_t next = r.priming ? r.chunk : size_t(r.chunk) + call.window;
         if (!r.priming) {
             --remaining_;
-            answered_[r.chunk] = 1;
+            bool overflowed = call.is_float && (h.flags & kFlagOverflow);
+            answered_[r.chunk] = overflowed ? kAnswered : kWritten;
             while (oldest_ < n_blocks && answered_[oldest_]) ++oldest_;
             auto values = reinterpret_cast<const uint32_t*>(res + kHeaderBytes);
+            if (!overflowed) keep_input(call, r);
             if (!call.is_float) {
                 int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
                 for (size_t i = 0; i < r.count; ++i)
                     out[i] = static_cast<int32_t>(ntohl(values[i]));
-            } else if (h.flags & kFlagOverflow) {
+            } else if (overflowed) {
                 overflow_.push_back(r.chunk);
             } else {
                 dequantize_be(values, r.count, agreed_[r.chunk], shift_, call.divisor, call.format,
@@ -431,6 +442,24 @@ bool Stream::stream_blocks(const BlockCall& call) {
     }
     flush_sends();
     return true;
+}
+
+// One copy of the block's input while it is in cache (it is read next to be overwritten), not a
+// copy of the whole tensor before the call.
+void Stream::keep_input(const BlockCall& call, const Round& r) {
+    size_t elem = call.is_float ? format_bytes(call.format) : 4;
+    std::memcpy(kept_.data() + r.offset * elem, static_cast<uint8_t*>(call.data) + r.offset * elem,
+                r.count * elem);
+}
+
+void Stream::restore_input(const BlockCall& call) {
+    size_t elem = call.is_float ? format_bytes(call.format) : 4;
+    size_t k = grant_.k;
+    for (size_t c = 0; c < answered_.size(); ++c) {
+        if (answered_[c] != kWritten) continue;
+        size_t offset = c * k * elem, count = std::min(k, call.size - c * k) * elem;
+        std::memcpy(static_cast<uint8_t*>(call.data) + offset, kept_.data() + offset, count);
+    }
 }
 
 // The deferred blocks that the congestion window allows, smallest first: a block goes when it is

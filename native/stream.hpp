@@ -168,7 +168,10 @@ struct BlockCall {
 
 class Stream {
 public:
-    Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout);
+    // No result for stall_timeout ends a control round (a peer late to the call looks the same
+    // as a stalled slot), for stuck_timeout a call's blocks (every peer is in the call).
+    Stream(int fd, int rank, int n_workers, double rto_min, double rto_max, double stall_timeout,
+           double stuck_timeout);
 
     void set_grant(const GrantView& grant);
 
@@ -179,8 +182,9 @@ public:
     bool control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, uint8_t flags,
                        int32_t* summed, int8_t* agreed_exp0, uint8_t* result_flags, double* rtt);
 
-    // Allreduce the blocks in place. False: stalled (stall_detail() says what). Blocks whose
-    // result carried FLAG_OVERFLOW are left unchanged and listed in overflow().
+    // Allreduce the blocks in place. False: stalled (remaining() and waiting_slots() say what),
+    // the tensor as it was (restore_input). Blocks whose result carried FLAG_OVERFLOW are left
+    // unchanged and listed in overflow().
     bool stream_blocks(const BlockCall& call);
 
     // From another thread: the call in progress returns false (as stalled) at its next tick,
@@ -214,6 +218,10 @@ private:
     // Block `chunk` may go on slot idx once the congestion window allows it.
     void defer(uint32_t idx, uint32_t chunk) { deferred_.push({chunk, idx}); }
     void release(const BlockCall& call, double now);
+    // Before block r's result is written in place: its input, kept in kept_; after a stall,
+    // restore_input puts every written block's input back, so the call can run again.
+    void keep_input(const BlockCall& call, const Round& r);
+    void restore_input(const BlockCall& call);
     void queue_send(uint32_t idx);
     void flush_sends();
     void resend_lost(double now);
@@ -221,7 +229,8 @@ private:
     void receive_batch(double wait);
     ResultCheck check(const uint8_t* data, size_t n, const sockaddr_in& from, uint32_t* idx) const;
     // Receive until some round completes (its slot index in *idx); false on stall.
-    bool await_result(uint32_t* idx, const uint8_t** result, double* progress);
+    // `patience`: seconds without a result that make a stall.
+    bool await_result(uint32_t* idx, const uint8_t** result, double* progress, double patience);
     void start_call(uint32_t window);
     // How often expired rounds are looked for (and the longest a receive waits).
     double scan_tick() const { return rtt_.scan_tick(); }
@@ -229,7 +238,7 @@ private:
     Socket socket_;
     int rank_, n_workers_, shift_;
     bool blocking_ = false;  // the socket blocks: recvmmsg waits (SO_RCVTIMEO = one scan tick)
-    double stall_timeout_;
+    double stall_timeout_, stuck_timeout_;
     std::atomic<bool> aborted_{false};
     RttEstimator rtt_;
     LossDetector loss_{rtt_};
@@ -247,8 +256,10 @@ private:
     StreamCounters counters_;
     std::vector<int8_t> agreed_;  // agreed block exponents of the running float call
     CongestionWindow cwnd_;
-    std::vector<uint8_t> answered_;  // per block of the running call: its result came
-    size_t oldest_ = 0;              // the first block without a result
+    // per block of the running call: its result came (kAnswered), and was written (kWritten)
+    std::vector<uint8_t> answered_;
+    std::vector<uint8_t> kept_;  // the written blocks' inputs, at their byte offsets in the tensor
+    size_t oldest_ = 0;          // the first block without a result
     // blocks ready to go, (block, slot), smallest block first
     std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>,
                         std::greater<>>

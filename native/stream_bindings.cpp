@@ -189,8 +189,9 @@ void set_congestion(Stream& s, double size, double alpha, bool slow_start, uint3
 
 void bind_stream_class(nb::module_& m) {
     nb::class_<Stream>(m, "Stream")
-        .def(nb::init<int, int, int, double, double, double>(), nb::arg("fd"), nb::arg("rank"),
-             nb::arg("n_workers"), nb::arg("rto_min"), nb::arg("rto_max"), nb::arg("stall_timeout"))
+        .def(nb::init<int, int, int, double, double, double, double>(), nb::arg("fd"),
+             nb::arg("rank"), nb::arg("n_workers"), nb::arg("rto_min"), nb::arg("rto_max"),
+             nb::arg("stall_timeout"), nb::arg("stuck_timeout"))
         .def("set_grant",
              [](Stream& s, int job, int epoch, uint32_t slot_base, uint32_t slot_count, uint32_t k,
                 const std::string& ip, int port, uint32_t overhead) {

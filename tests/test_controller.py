@@ -717,3 +717,51 @@ def test_a_job_taking_a_used_job_row_starts_from_zero_counters(env):
     listed = {j.job_id: j for j in c.list_jobs(ADMIN).jobs}
     assert listed[j2[0]].active.mode == "switch"
     assert listed[j2[0]].counters["packets"] == 0 and listed[j2[0]].counters["duplicates"] == 0
+
+
+def report_all(client, job_id, token, epoch, boundary, n=2):
+    """Every rank of the job reports a stall of the call before ``boundary`` in ``epoch``; the
+    replies."""
+    return [client.report_stall(job_id, token, epoch, boundary, rank, "no result for 2.0s") for rank in range(n)]
+
+
+def test_a_stall_moves_the_job_to_a_fresh_epoch_then_the_host_aggregator_then_fails_it(env):
+    """Once every rank reported it: a fresh epoch on the same slots (the switch's job_table says
+    it), then, the stall back at that boundary, the host aggregator with the reason; a third
+    fails the job naming what was tried."""
+    c = env["client"]
+    j1 = new_job(c, [1, 2], "a")
+    active = first_grants(c, *j1)[0]
+    first, last = report_all(c, *j1, active.epoch, 7)
+    assert first.waiting_for == 1 and first.grant.epoch == active.epoch          # not before every rank
+    fresh = last.grant
+    assert last.waiting_for == 0 and fresh.mode == "switch" and fresh.epoch > active.epoch   # above its pending one
+    assert (fresh.slot_base, fresh.slot_count) == (active.slot_base, active.slot_count)
+    assert c.report_stall(*j1, active.epoch, 7, 0, "late").grant.epoch == fresh.epoch   # a late ask: the move
+    with pytest.raises(ControllerError, match="INVALID_ARGUMENT: job 1 has no epoch 99 yet"):
+        c.report_stall(*j1, 99, 7, 0, "no result")
+    sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
+    try:
+        assert table(sw, "job_table")[j1[0]]["epoch"] == fresh.epoch
+    finally:
+        sw.close()
+    host = report_all(c, *j1, fresh.epoch, 7)[-1].grant
+    assert host.mode == "host" and host.epoch > fresh.epoch
+    assert "stall at boundary 7 came back on a fresh epoch" in host.reason, host.reason
+    c.report_stall(*j1, host.epoch, 7, 0, "no result for 2.0s")
+    with pytest.raises(ControllerError, match="FAILED_PRECONDITION.*stalled again on the host aggregator.*after a fresh "
+                                              "epoch and the host aggregator"):
+        c.report_stall(*j1, host.epoch, 7, 1, "no result for 2.0s")
+    assert "stalled again" in {j.job_id: j for j in c.list_jobs(ADMIN).jobs}[j1[0]].failure
+
+
+def test_ranks_stalled_in_different_calls_fail_the_job_at_once(env):
+    """A rank that finished a call cannot send it again: no move can end that stall."""
+    c = env["client"]
+    j1 = new_job(c, [1, 2], "a")
+    epoch = first_grants(c, *j1)[0].epoch
+    assert c.report_stall(*j1, epoch, 5, 0, "no result").waiting_for == 1
+    with pytest.raises(ControllerError, match="rank 0 at boundary 5, rank 1 at boundary 6"):
+        c.report_stall(*j1, epoch, 6, 1, "no result")
+    with pytest.raises(ControllerError, match="FAILED_PRECONDITION"):
+        c.report_stall(*j1, epoch, 6, 0, "no result")

@@ -18,12 +18,13 @@ from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.worker.stream import NativeSlotStream, native_block_exponents
 from inagg.hostlib.wire.protocol import (
     FLAG_CONGESTION, FLAG_FROM_SWITCH, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, ROUND_TAG_MASK,
-    VERSION,
+    VERSION, unpack_header,
 )
 from inagg.hostlib.worker.call_protocol import (
     CallError, CallRefused, CallSpec, ControlVector, Refusal, ResultCheck,
 )
 from inagg.hostlib.worker.rounds import ALPHA_GAIN, INITIAL_WINDOW, CongestionWindow
+from inagg.hostlib.worker.stream_base import SlotStalled
 from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.wire.transport import UdpTransport
 from scripted_udp import as_result, bound_socket, datagrams
@@ -394,7 +395,7 @@ def one_rank_stream(kind: str, agg, slots: int, **options):
     transport = UdpTransport(agg.sock.getsockname(), bind=("127.0.0.1", 0))
     try:
         yield STREAMS[kind](Grant(3, 2, 0, slots, 4, agg.sock.getsockname()), 0, 1, transport,
-                            stall_timeout=5.0, **options)
+                            **{"stall_timeout": 5.0, **options})
     finally:
         agg.sock.close()
         transport.close()
@@ -412,6 +413,47 @@ def test_retransmissions_answered_twice_are_spurious_and_keep_the_window(kind):
         assert s.retransmissions >= 1
         assert s.spurious_retransmissions == s.retransmissions and s.timeouts() == 0
         assert stream.window_control.goal == goal   # a spurious timeout is no loss signal
+
+
+class SilentOnOneOffset:
+    """A one-rank job's aggregator that answers every round but those at ``offset`` (a slot
+    that stalls mid-call), each by echoing it (a one-rank sum)."""
+
+    def __init__(self, offset: int) -> None:
+        self.sock = bound_socket()
+        self.offset = offset
+
+    def serve(self) -> None:
+        for data, sender in datagrams(self.sock):
+            if unpack_header(data).offset != self.offset:
+                self.sock.sendto(as_result(data), sender)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.float16])
+def test_a_call_that_stalls_mid_blocks_raises_slot_stalled_with_its_tensor_as_it_was(kind, dtype):
+    """Blocks answered before the stall were written in place; the call gives them back, so it
+    can run again from scratch (the communicator does, on a fresh epoch)."""
+    with one_rank_stream(kind, SilentOnOneOffset(4 * 5), 16, stuck_timeout=0.5) as stream:
+        x = (np.arange(40) * 3 + 1).astype(dtype)
+        before = x.copy()
+        with pytest.raises(SlotStalled, match=r"no result for 0.5s .*\(epoch 2\); 1 of 10 blocks missing"):
+            stream.allreduce(x)
+        assert stream.stats.calls == 1 and np.array_equal(x, before)
+
+
+@pytest.mark.parametrize("kind", STREAMS)
+def test_a_control_round_waits_the_stall_timeout_not_the_stuck_one(kind):
+    """A rank late to the call looks like a stalled slot 0: the control round waits longer."""
+    with one_rank_stream(kind, SilentOnOneOffset(0), 16, stall_timeout=1.5, stuck_timeout=0.2) as stream:
+        with pytest.raises(SlotStalled, match=r"no result for 1.5s .*call 0's control round missing"):
+            stream.allreduce(np.arange(40, dtype=np.int32))
+
+
+@pytest.mark.parametrize("stuck", [0, -1.0, float("nan")])
+def test_a_stuck_timeout_that_is_no_positive_time_is_refused(stuck):
+    with pytest.raises(ValueError, match="must be positive seconds"):
+        SlotStream(Grant(3, 2, 0, 4, 4, ("127.0.0.1", 9)), 0, 1, None, stuck_timeout=stuck)
 
 
 # -- small calls: one round trip, values in the control packet's spare lanes --------------------

@@ -90,6 +90,14 @@ class ControllerClient:
         return self._call("ActivateGrant", pb.ActivateRequest(job_id=job_id, token=token, epoch=epoch,
                                                               boundary=boundary, rank=rank))
 
+    def report_stall(self, job_id: int, token: str, epoch: int, boundary: int, rank: int,
+                     why: str) -> pb.ActivateReply:
+        """Rank ``rank``'s call before ``boundary`` made no progress in grant ``epoch`` (``why``);
+        a reply with ``waiting_for`` > 0 means other ranks have not reported it yet: ask again.
+        Else its grant is the one to run the call again on."""
+        return self._call("ActivateGrant", pb.ActivateRequest(job_id=job_id, token=token, epoch=epoch,
+                                                              boundary=boundary, rank=rank, stalled=why))
+
     def heartbeat(self, job_id: int, token: str, rank: int | None = None,
                   timeout: float | None = None) -> pb.HeartbeatReply:
         """Renew the job's lease and, with ``rank``, that rank's; ``timeout``: this beat's

@@ -40,6 +40,17 @@ ranks agree on: each call carries the newest pending epoch the rank has seen (se
 grant they all ask the controller to activate it with the same boundary number and switch
 together. Nothing in flight is lost: a call runs entirely under one grant.
 
+Stalls: a call that gets no result for ``stuck_timeout`` in its blocks, or for ``stall_timeout``
+in its control round, where a rank late to the call looks the same (a slot whose state no
+resend clears: another job's or a corrupted round in it, a lost undo pass on Tofino, a switch
+that lost its slot state) is reported to the controller (``_recover``); once every rank reported the same
+call, the job gets a fresh epoch on the same slots (every aggregator resets a slot whose owner's
+epoch changed), and every rank runs the call again from scratch with its input as it was
+(``StreamBase.allreduce``: the call number and the calls before it are unchanged, so no sum
+changes). A stall that comes back at that call moves the job to the host aggregator; a third,
+or ranks stalled in different calls, fails the job naming what was tried. Each move is logged
+on ``inagg.fallbacks`` with its reason.
+
 Liveness: each rank renews its own lease at the controller; when a rank stops, the controller
 fails the job and says so on the grant stream. The communicator then fails the pending and every
 later allreduce with ``JobFailed`` naming the dead rank(s), at once instead of after the stall
@@ -69,6 +80,7 @@ from inagg.hostlib.worker.stream import NativeSlotStream
 from inagg.hostlib.worker.launch_identity import SharedStore, claim_store, launch_id
 from inagg.hostlib.worker.neighbour import neighbour_problem
 from inagg.hostlib.worker.call_protocol import Refusal, check_array
+from inagg.hostlib.worker.stream_base import AllreduceError, SlotStalled
 from inagg.hostlib.worker.stream_reference import SlotStream
 from inagg.hostlib.worker.tensors import ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
 from inagg.hostlib.wire.transport import UdpTransport
@@ -77,6 +89,7 @@ if TYPE_CHECKING:
     from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
 
 log = logging.getLogger("inagg.communicator")
+fallbacks = logging.getLogger("inagg.fallbacks")
 
 
 # refusals of the job service that mean "your job is gone" (its lease ran out, the operator ended
@@ -104,7 +117,10 @@ class Communicator:
                  mac: str = "", bytes_per_iteration: int = 0, iteration_seconds: float = 1.0,
                  name: str = "", timeout: float = 60.0, stall_timeout: float = 30.0,
                  transport: str = "udp", native: bool = True, host_only: bool = False,
-                 launch: str | None = None) -> None:
+                 launch: str | None = None, stuck_timeout: float | None = None) -> None:
+        """``stall_timeout``: the longest a call waits for ranks or results before it raises;
+        ``stuck_timeout`` (default a sixth of it): no result for this long in a call's blocks is
+        a stall, and the call moves to a fresh epoch (module docstring, "Stalls")."""
         from inagg.hostlib.jobservice.client import ControllerClient, to_grant  # gRPC stubs
 
         if transport not in ENCAPSULATIONS:
@@ -124,7 +140,8 @@ class Communicator:
         # UDP jobs (the default) run the native stream; RoCE jobs (raw sockets) and native=False
         # the Python one
         stream_class = SlotStream if transport == "roce" or not native else NativeSlotStream
-        self._start_stream(stream_class, grant, stall_timeout)
+        self._start_stream(stream_class, grant, stall_timeout,
+                           stall_timeout / 6 if stuck_timeout is None else stuck_timeout)
         self._start_calls()
 
     def _open_endpoints(self, bind_ip: str, transport: str) -> tuple[str, int]:
@@ -212,9 +229,10 @@ class Communicator:
             raise JobFailed(f"job {self.job_id} failed: {self.failure}")
         return self._grants[self._active_epoch]
 
-    def _start_stream(self, stream_class: type, grant: Grant, stall_timeout: float) -> None:
+    def _start_stream(self, stream_class: type, grant: Grant, stall_timeout: float, stuck_timeout: float) -> None:
         """The stream this rank's calls run on, under the first grant."""
-        self.stream = stream_class(grant, self.rank, self.world_size, self.transport, stall_timeout=stall_timeout)
+        self.stream = stream_class(grant, self.rank, self.world_size, self.transport, stall_timeout=stall_timeout,
+                                   stuck_timeout=stuck_timeout)
         self.call_log = CallLog()   # the grants used and the calls' durations (stats)
         self._use(grant)
         self.boundary = 0
@@ -292,6 +310,14 @@ class Communicator:
         return (f"grant epoch {g.epoch} of job {g.job_id} carries job nonce {g.nonce[:8] or 'none'}..., "
                 f"not this launch's {self.nonce[:8]}...: it is another launch's job; no call runs on it")
 
+    def _own(self, g: "pb.Grant") -> Grant:
+        """The grant ``g`` the controller answered with, as this rank uses it; one that is not
+        this job's (``_foreign``) fails the job."""
+        if problem := self._foreign(g):
+            self._fail(problem)
+            raise JobFailed(f"job {self.job_id} failed: {problem}")
+        return self._to_grant(g)
+
     def _gone(self, what: str, refusal: str) -> None:
         """The controller refused ``what`` as ``GONE`` (``refusal``: its code and words): fail
         the job now with its reason; a failed job's own reason as the grant stream gives it (so
@@ -349,11 +375,7 @@ class Communicator:
         agreed = self.stream.agreed_epoch
         if agreed <= self.stream.grant.epoch:
             return
-        reply = self._activate(agreed)
-        if problem := self._foreign(reply.grant):
-            self._fail(problem)
-            raise JobFailed(f"job {self.job_id} failed: {problem}")
-        grant = self._to_grant(reply.grant)
+        grant = self._own(self._activate(agreed).grant)
         if grant.epoch != self.stream.grant.epoch:
             self._use(grant)
             self.grant_changes += 1
@@ -361,20 +383,70 @@ class Communicator:
     def _activate(self, epoch: int):
         """Ask the controller to switch to pending grant ``epoch`` at this boundary, again
         until every rank has asked (the controller changes a grant only then, so no rank still
-        resends in the old epoch); polls from 1 ms, backing off to 50 ms, at most a stall timeout."""
+        resends in the old epoch)."""
+        return self._until_all(lambda: self.client.activate(self.job_id, self.token, epoch, self.boundary,
+                                                            self.rank), f"ask to switch to grant epoch {epoch}")
+
+    def _until_all(self, ask, what: str):
+        """``ask()`` the controller (a reply with ``waiting_for``) again until every rank did
+        (``what``, in words); polls from 1 ms, backing off to 50 ms, at most a stall timeout."""
         deadline = time.monotonic() + self.stream.stall_timeout
         pause = 1e-3
         while True:
-            reply = self.client.activate(self.job_id, self.token, epoch, self.boundary, self.rank)
+            reply = ask()
             if not reply.waiting_for:
                 return reply
             if self.failure:
                 raise JobFailed(f"job {self.job_id} failed: {self.failure}")
+            if self._closed.is_set():
+                raise self._closed_error()
             if time.monotonic() > deadline:
-                raise JobFailed(f"job {self.job_id} rank {self.rank}: {reply.waiting_for} rank(s) did not ask to "
-                                f"switch to grant epoch {epoch} within {self.stream.stall_timeout:.0f}s of this one")
+                raise JobFailed(f"job {self.job_id} rank {self.rank}: {reply.waiting_for} rank(s) did not "
+                                f"{what} within {self.stream.stall_timeout:.0f}s of this one")
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
+
+    def _allreduce(self, req: _Request) -> None:
+        """The call on the stream; run again from scratch on the grant ``_recover`` gets each
+        time it stalls, until it completes or the controller gives up on the job."""
+        again = False
+        while True:
+            try:
+                self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
+                                      refusal=req.refusal, again=again)
+                return
+            except SlotStalled as stall:
+                if self.failure or self._closed.is_set():   # aborted, not stalled
+                    raise
+                self._recover(stall)
+                again = True
+
+    def _recover(self, stall: SlotStalled) -> None:
+        """Report ``stall`` (this call's, in its grant's epoch) to the controller until every
+        rank did, then use the grant it gives: a fresh epoch, or the host aggregator. A
+        controller that fails the job (the stall came back after both) fails it here too."""
+        epoch = self.stream.grant.epoch
+        why = str(stall).split(": ", 1)[-1]
+        try:
+            reply = self._until_all(lambda: self.client.report_stall(self.job_id, self.token, epoch, self.boundary,
+                                                                     self.rank, why), "report the stall")
+        except JobFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - the controller's refusal or its absence, named
+            if getattr(getattr(e, "code", None), "name", "") in GONE:
+                self._gone("the stall report", str(e))
+                raise JobFailed(f"job {self.job_id} failed: {self.failure}") from None
+            raise AllreduceError(f"{stall}; the controller could not move the job: {e}") from e
+        grant = self._own(reply.grant)
+        if grant.epoch <= epoch:
+            raise AllreduceError(f"{stall}; the controller kept the job at epoch {grant.epoch} (an older "
+                                 f"controller that does not move stalled jobs?)")
+        self._use(grant)
+        self.grant_changes += 1
+        fallbacks.log(logging.WARNING if self.rank == 0 else logging.DEBUG,
+                      "job %d rank %d: call %d stalled at epoch %d (%s); running it again on %s epoch %d%s",
+                      self.job_id, self.rank, self.boundary, epoch, why, grant.mode, grant.epoch,
+                      f": {grant.reason}" if grant.mode == "host" else "")
 
     def _use(self, grant: Grant) -> None:
         """Send under ``grant`` from the next call on, in its encapsulation. The transport goes
@@ -417,8 +489,7 @@ class Communicator:
             if req.staged is not None:
                 CudaStaging.ready(req.staged)
             sent, started = self.stream.stats.wire_bytes_sent, time.perf_counter()
-            self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
-                                  refusal=req.refusal)
+            self._allreduce(req)
             seconds = time.perf_counter() - started
             self.call_log.call(seconds)
             self.link.observe(self.stream.stats.wire_bytes_sent - sent, seconds,

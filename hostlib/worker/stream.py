@@ -45,7 +45,7 @@ class NativeSlotStream(StreamBase):
         super().set_grant(grant)
         if self._core is None:
             self._core = _native.Stream(self.transport.sock.fileno(), self.rank, self.n_workers,
-                                        self.rto_min, self.rto_max, self.stall_timeout)
+                                        self.rto_min, self.rto_max, self.stall_timeout, self.stuck_timeout)
         ip, port = self.transport.source_of(grant.aggregator)
         self._core.set_grant(grant.job_id, grant.epoch, grant.slot_base, grant.slot_count,
                              grant.values_per_packet, ip, port, self.transport.overhead)
@@ -53,6 +53,13 @@ class NativeSlotStream(StreamBase):
     def abort(self) -> None:
         super().abort()
         self._core.abort()
+
+    @staticmethod
+    def _restoring(x: np.ndarray, stream) -> list[int]:
+        """``stream()``: the core gives a stalled call's written blocks back itself, each kept
+        just before its result overwrote it (``Stream::restore_input``: while the block is in
+        cache, without the GIL), not a copy of the whole tensor before the call."""
+        return stream()
 
     def _exponents(self, x: np.ndarray) -> ExponentTracker:
         return ExponentTracker(x, self.grant.values_per_packet, native_block_exponents, self.reduction.block)
@@ -89,7 +96,8 @@ class NativeSlotStream(StreamBase):
         self._take_congestion()
         self._sync_stats()
         if not ok:
-            raise self.stall_error(f"call {self.stats.calls - 1}'s control round", self._core.waiting_slots())
+            raise self.stall_error(f"call {self.stats.calls - 1}'s control round", self._core.waiting_slots(),
+                                   self.stall_timeout)
         self.control_rtt = rtt
         return summed, exp, result_flags
 
@@ -106,5 +114,5 @@ class NativeSlotStream(StreamBase):
         self._sync_stats()
         if not ok:
             raise self.stall_error(f"{self._core.remaining()} of {exps.n_blocks} blocks",
-                                   self._core.waiting_slots())
+                                   self._core.waiting_slots(), self.stuck_timeout)
         return list(self._core.overflow())

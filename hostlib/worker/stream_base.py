@@ -33,6 +33,11 @@ class AllreduceError(RuntimeError):
     """The allreduce could not complete (no progress before the stall timeout)."""
 
 
+class SlotStalled(AllreduceError):
+    """A call got no result for ``stuck_timeout``; its tensor is as it was before the call, so
+    the call can run again from scratch (the communicator does, on a fresh epoch)."""
+
+
 class Transport(Protocol):
     """What a stream sends and receives through (``inagg.hostlib.wire.transport``)."""
 
@@ -167,14 +172,22 @@ class StreamBase:
     number, the control vector and its decoding, the window goal and the public ``allreduce``."""
 
     def __init__(self, grant: Grant, rank: int, n_workers: int, transport: Transport, *,
-                 rto_min: float = 0.02, rto_max: float = 1.0, stall_timeout: float = 30.0) -> None:
+                 rto_min: float = 0.02, rto_max: float = 1.0, stall_timeout: float = 30.0,
+                 stuck_timeout: float | None = None) -> None:
         if not 0 <= rank < n_workers:
             raise ValueError(f"rank {rank} not in 0..{n_workers - 1}")
         self.rank = rank
         self.n_workers = n_workers
         self.transport = transport
         self.rto_min, self.rto_max = rto_min, rto_max
+        if not stall_timeout > 0 or (stuck_timeout is not None and not stuck_timeout > 0):
+            raise ValueError(f"stall_timeout ({stall_timeout}) and stuck_timeout ({stuck_timeout}) must be "
+                             f"positive seconds (stuck_timeout: no result this long ends an attempt of a call; "
+                             f"None or above stall_timeout: stall_timeout)")
         self.stall_timeout = stall_timeout
+        # an attempt of a call's blocks ends after this long without a result (SlotStalled); of
+        # a control round, after stall_timeout (a peer late to the call looks the same there)
+        self.stuck_timeout = stall_timeout if stuck_timeout is None else min(stuck_timeout, stall_timeout)
         self.stats = StreamStats()
         self.control = ControlVector(n_workers)
         self.agreed_epoch = 0
@@ -204,7 +217,7 @@ class StreamBase:
                                             congestion=CongestionWindow(size=size))
 
     def allreduce(self, x: np.ndarray | None, pending_epoch: int = 0, *, average: bool = False,
-                  refusal: Refusal | None = None) -> np.ndarray | None:
+                  refusal: Refusal | None = None, again: bool = False) -> np.ndarray | None:
         """Sum (``average``: mean) ``x`` (flat, int32 or one of ``codec.FLOAT_DTYPES``) over all
         workers, in place. A float16 or bfloat16 result is the float32 one (its mean for an
         average) rounded once to the tensor's format (``codec``).
@@ -214,13 +227,18 @@ class StreamBase:
         of at most ``one_round_capacity`` values rides in the control round itself (one round
         trip); a larger one streams its blocks after it.
         ``pending_epoch``: the newest pending grant this rank has seen (0: none); after the
-        call, ``agreed_epoch`` holds the smallest such epoch over all ranks (0: none)."""
+        call, ``agreed_epoch`` holds the smallest such epoch over all ranks (0: none).
+
+        No result for ``stuck_timeout`` in the blocks (for ``stall_timeout`` in the control
+        round, where a peer late to the call looks the same) raises :class:`SlotStalled` with
+        ``x`` as it was (the blocks' results are written in place: ``_restoring``);
+        ``again``: run the call that stalled again, under its call number, from scratch."""
         if refusal is None:
             refusal = check_array(x, average)
         started = time.perf_counter()
         self.agreed_epoch = 0
-        call = self.stats.calls
-        self.stats.calls += 1
+        call = self.stats.calls - 1 if again else self.stats.calls
+        self.stats.calls = call + 1
         lost_before = self.stats.timeouts()
         divisor = self.n_workers if average else 1   # applied to float results before their rounding
         delta = pending_epoch - self.grant.epoch if pending_epoch > self.grant.epoch else 0
@@ -241,7 +259,7 @@ class StreamBase:
             self._decode_values(summed[2 * self.n_workers:], x, divisor)
         elif x.size:
             local.agree(0, exp0)
-            overflow = self._stream_blocks(x, local, agreement.window_goal, divisor)
+            overflow = self._restoring(x, lambda: self._stream_blocks(x, local, agreement.window_goal, divisor))
             self.window_control.update(self.window, max(0, self.stats.timeouts() - lost_before))
             if overflow:
                 raise overflow_error(overflow, self.grant.values_per_packet)
@@ -249,6 +267,17 @@ class StreamBase:
         self.stats.elements += x.size
         self.stats.seconds += time.perf_counter() - started
         return x
+
+    @staticmethod
+    def _restoring(x: np.ndarray, stream: Callable[[], list[int]]) -> list[int]:
+        """``stream()`` (the blocks of ``x``, written in place as their results come); when it
+        stalls, ``x`` gets its values back before ``SlotStalled`` goes on."""
+        kept = x.copy()
+        try:
+            return stream()
+        except SlotStalled:
+            np.copyto(x, kept)
+            raise
 
     def one_round_capacity(self, is_float: bool) -> int:
         """This stream's ``one_round_capacity``."""
@@ -306,11 +335,11 @@ class StreamBase:
         their rounding to ``x``'s format); returns the blocks that overflowed."""
         raise NotImplementedError
 
-    def stall_error(self, missing: str, waiting: list[int]) -> AllreduceError:
-        """The error of a call without progress for ``stall_timeout``: the aggregator, what is
-        ``missing`` and the slots still ``waiting``."""
+    def stall_error(self, missing: str, waiting: list[int], seconds: float) -> SlotStalled:
+        """The error of a call without progress for ``seconds``: the aggregator, the grant's
+        epoch, what is ``missing`` and the slots still ``waiting``."""
         g = self.grant
-        return AllreduceError(
-            f"job {g.job_id} rank {self.rank}: no result for {self.stall_timeout:.1f}s "
-            f"from {g.mode} aggregator {g.aggregator[0]}:{g.aggregator[1]}; "
+        return SlotStalled(
+            f"job {g.job_id} rank {self.rank}: no result for {seconds:.1f}s "
+            f"from {g.mode} aggregator {g.aggregator[0]}:{g.aggregator[1]} (epoch {g.epoch}); "
             f"{missing} missing, slots waiting: {waiting[:8]}")

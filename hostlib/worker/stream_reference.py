@@ -165,21 +165,21 @@ class SlotStream(StreamBase):
         self._loss.delivered(rnd, now, rounds.rounds.values())
         return idx, rnd, now
 
-    def _await(self, rounds: OutstandingRounds, progress: float,
-               missing: Callable[[], str]) -> tuple[int, Round, float]:
+    def _await(self, rounds: OutstandingRounds, progress: float, missing: Callable[[], str],
+               patience: float) -> tuple[int, Round, float]:
         """Receive until some round completes; resend lost rounds every scan tick
         (:meth:`RttEstimator.scan_tick`) once nothing waits in the socket (after this process was descheduled, the
         answers of rounds that look lost may be queued there); raise the stall error (naming
-        ``missing()``) after ``stall_timeout`` without progress."""
+        ``missing()``) after ``patience`` seconds without progress."""
         tick = self._rtt.scan_tick()
         while True:
             now = time.perf_counter()
             if now >= self._next_scan and self._drained:
                 self._resend_lost(rounds, now)
                 self._next_scan = now + tick
-            if self.aborted or now - progress > self.stall_timeout:
+            if self.aborted or now - progress > patience:
                 waiting = sorted(self.grant.slot_base + i for i in rounds.rounds)
-                raise self.stall_error(missing(), waiting)
+                raise self.stall_error(missing(), waiting, patience)
             idx, rnd, now = self._receive(rounds, tick)
             if rnd is not None:
                 return idx, rnd, now
@@ -196,7 +196,8 @@ class SlotStream(StreamBase):
         rounds = OutstandingRounds(self.grant, self._source)
         start = time.perf_counter()
         self._send_round(rounds, 0, 0, True, lanes, exp0, flags, start)
-        _, rnd, now = self._await(rounds, start, lambda: f"call {self.stats.calls - 1}'s control round")
+        _, rnd, now = self._await(rounds, start, lambda: f"call {self.stats.calls - 1}'s control round",
+                                  self.stall_timeout)
         self.control_rtt = now - rnd.sent_at
         result_flags, exp, values = self._header_fields()
         return values.astype(np.int32), exp, result_flags
@@ -225,7 +226,8 @@ class SlotStream(StreamBase):
         remaining = n_blocks
         progress = now
         while remaining:
-            idx, rnd, progress = self._await(rounds, progress, lambda: f"{remaining} of {n_blocks} blocks")
+            idx, rnd, progress = self._await(rounds, progress, lambda: f"{remaining} of {n_blocks} blocks",
+                                             self.stuck_timeout)
             flags, exp, values = self._header_fields()
             nxt = rnd.chunk if rnd.priming else rnd.chunk + window
             if not rnd.priming:

@@ -94,7 +94,9 @@ class JobServiceServicer(object):
 
     def ActivateGrant(self, request, context):
         """The job's workers agreed to switch to pending grant `epoch` at allreduce boundary `boundary`;
-        every rank calls it, the first call decides and later ones get the same answer.
+        every rank calls it, the first call decides and later ones get the same answer. With
+        `stalled` set it reports a call that made no progress: once every rank reported it the job
+        gets a fresh epoch on its slots, a second time at that boundary it goes to the host aggregator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
