@@ -27,7 +27,6 @@ import secrets
 import socket
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import inagg.controller as controller_package
@@ -40,7 +39,7 @@ from inagg.hostlib.launch import python_m
 from inagg.bmv2_env.softswitch import switch as soft_switch
 from inagg.bmv2_env.softswitch.switch import udp_host_mac
 from inagg.bmv2_env.emulation.forked import ForkedService, die_with_parent
-from inagg.bmv2_env.emulation.testbed import stop_processes
+from inagg.bmv2_env.emulation.testbed import socket_dir, stop_processes
 
 # The folder holding the packages (a checkout, or site-packages): the services' working
 # directory, so that their `python -m` imports the same inagg as this process.
@@ -149,7 +148,7 @@ class LoopbackDeployment:
         """Start the services side by side (each spends most of its start importing): the
         controller reaches the switch once it is up (its channel retries within
         ``CHANNEL_OPTIONS``' backoff), the host aggregator the controller's feed likewise."""
-        self.dir = Path(tempfile.mkdtemp(prefix="inagg-lo-"))
+        self.dir = socket_dir("inagg-lo-", "controller.sock")
         self.controller = f"unix:{self.dir}/controller.sock"
         try:
             switch = self._spawn_switch() if self.with_switch else None

@@ -100,6 +100,21 @@ def stop_processes(procs, timeout: float = 10.0) -> None:
             p.wait()
 
 
+SUN_PATH_MAX = 107   # bytes of a unix socket's path (sockaddr_un.sun_path less its NUL)
+
+
+def socket_dir(prefix: str, longest: str) -> Path:
+    """A fresh directory for a deployment's unix sockets (the longest named ``longest``): under
+    $TMPDIR where the socket's path fits ``sun_path``, else under /tmp. A long $TMPDIR (a CI's
+    or pytest-xdist's nested temporary directories) would otherwise fail gRPC's bind with no word
+    about the length."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if len(str(path / longest).encode()) <= SUN_PATH_MAX:
+        return path
+    path.rmdir()
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
 def sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
@@ -112,7 +127,7 @@ class Dataplane:
         self.target = target
         self.n_ports = n_ports
         self.ns = f"inaggt{os.getpid()}"
-        self.tmp = Path(tempfile.mkdtemp(prefix="inagg-dp-"))
+        self.tmp = socket_dir("inagg-dp-", "p4rt.sock")
         self.grpc_addr = f"unix:{self.tmp}/p4rt.sock"
         self.proc: subprocess.Popen | None = None
         self.socks: dict[int, socket.socket] = {}
