@@ -27,7 +27,7 @@ if __name__ == "__main__":
 
 import wire_bench  # noqa: E402 - benchmarks/, the script's own folder
 from fig_workers import point  # noqa: E402
-from figures import add_figure_arguments, errorbars, figure_main, save_plot, spread_fields  # noqa: E402
+from figures import add_figure_arguments, figure_main, spread_fields, time_panels  # noqa: E402
 
 NAME = "fig_loss"
 FIELDS = ("loss_asked_pct", "loss_pct", "rate", "mtu", "k", "workers", "bytes",
@@ -57,22 +57,13 @@ def measure(args: argparse.Namespace, watch) -> list[dict]:
 
 def plot(plt, rows: list[dict], path: Path, watch) -> None:
     """Time vs loss rate per size (symlog x: 0 is a point), both paths with min-max bars."""
-    sizes = sorted({r["bytes"] for r in rows})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.8), squeeze=False)
-    for ax, nbytes in zip(axes[0], sizes):
-        mine = sorted((r for r in rows if r["bytes"] == nbytes), key=lambda r: r["loss_asked_pct"])
-        xs = [r["loss_asked_pct"] for r in mine]
-        errorbars(ax, xs, mine, "inagg_s", "inagg (switch)")
-        errorbars(ax, xs, mine, "gloo_s", "gloo ring", "s-")
-        ax.plot(xs, [r["framing_limit_s"] for r in mine], "k--", label="framing limit")
+    def draw(ax, xs: list, mine: list[dict]) -> None:
         ax.set_xscale("symlog", linthresh=0.01)
         ax.set_xticks(xs, [f"{x:g}" for x in xs])
         ax.set_xlabel("loss per link direction (%)")
-        ax.set_title(f"{nbytes / wire_bench.MIB:g} MiB, {mine[0]['workers']} workers", fontsize=9)
-        ax.set_ylim(bottom=0)
-    axes[0][0].set_ylabel(f"allreduce time (s), links {rows[0]['rate']}")
-    axes[0][0].legend(fontsize=7)
-    save_plot(fig, path, f"time vs loss: median, min-max of {rows[0]['reps']} repetitions", watch)
+        ax.set_title(f"{mine[0]['bytes'] / wire_bench.MIB:g} MiB, {mine[0]['workers']} workers", fontsize=9)
+
+    time_panels(plt, rows, "loss_asked_pct", draw, path, "loss", watch)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

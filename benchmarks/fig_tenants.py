@@ -124,6 +124,8 @@ def plot(plt, rows: list[dict], path: Path, watch) -> None:
         jct.bar([x - 0.2 + 0.4 * i for x in range(len(jobs))], med, 0.4, label=sharing, capsize=3,
                 yerr=[[m - r["jct_s_min"] for m, r in zip(med, mine)], [r["jct_s_max"] - m for m, r in zip(med, mine)]])
         r = by[sharing, "all"]
+        if r["jain_bytes_median"] is None:   # no run measured the jobs' gradient bytes/s
+            continue
         jain.bar([i], [r["jain_bytes_median"]], 0.6, capsize=3,
                  yerr=[[r["jain_bytes_median"] - r["jain_bytes_min"]], [r["jain_bytes_max"] - r["jain_bytes_median"]]])
     jct.set_xticks(range(len(jobs)), [f"{j}\n+{by[SHARING[0], j]['arrival_s']:g} s" for j in jobs], fontsize=8)

@@ -24,7 +24,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
 import wire_bench  # noqa: E402 - benchmarks/, the script's own folder
-from figures import add_figure_arguments, errorbars, figure_main, save_plot, spread, spread_fields  # noqa: E402
+from figures import add_figure_arguments, figure_main, spread, spread_fields, time_panels  # noqa: E402
 
 NAME = "fig_workers"
 FIELDS = ("rate", "mtu", "k", "workers", "bytes", *spread_fields("inagg_s", "gloo_s", "ratio"),
@@ -62,22 +62,13 @@ def measure(args: argparse.Namespace, watch) -> list[dict]:
 
 def plot(plt, rows: list[dict], path: Path, watch) -> None:
     """Time vs N per size: both paths' medians with min-max bars, the floors dashed/dotted."""
-    sizes = sorted({r["bytes"] for r in rows})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.8), squeeze=False)
-    for ax, nbytes in zip(axes[0], sizes):
-        mine = sorted((r for r in rows if r["bytes"] == nbytes), key=lambda r: r["workers"])
-        ns = [r["workers"] for r in mine]
-        errorbars(ax, ns, mine, "inagg_s", "inagg (switch)")
-        errorbars(ax, ns, mine, "gloo_s", "gloo ring", "s-")
-        ax.plot(ns, [r["framing_limit_s"] for r in mine], "k--", label="framing limit")
+    def draw(ax, ns: list, mine: list[dict]) -> None:
         ax.plot(ns, [r["ring_ideal_s"] for r in mine], "k:", label="ring ideal")
-        ax.set_title(f"{nbytes / wire_bench.MIB:g} MiB, K = {mine[0]['k']}", fontsize=9)
+        ax.set_title(f"{mine[0]['bytes'] / wire_bench.MIB:g} MiB, K = {mine[0]['k']}", fontsize=9)
         ax.set_xlabel("workers")
         ax.set_xticks(ns)
-        ax.set_ylim(bottom=0)
-    axes[0][0].set_ylabel(f"allreduce time (s), links {rows[0]['rate']}")
-    axes[0][0].legend(fontsize=7)
-    save_plot(fig, path, f"time vs workers: median, min-max of {rows[0]['reps']} repetitions", watch)
+
+    time_panels(plt, rows, "workers", draw, path, "workers", watch)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

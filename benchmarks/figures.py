@@ -127,6 +127,25 @@ def save_plot(fig, path: Path, title: str, watch: LoadWatch) -> None:
     fig.savefig(path, dpi=120)
 
 
+def time_panels(plt, rows: list[dict], key: str, draw, path: Path, what: str, watch: LoadWatch) -> None:
+    """One panel per tensor size (``bytes``), its rows in the order of ``key`` (the x axis):
+    both paths' medians with min-max bars and the framing limit dashed, then ``draw(ax, xs,
+    rows)`` adds the figure's own lines and labels; saved as "time vs ``what``"."""
+    sizes = sorted({r["bytes"] for r in rows})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.8), squeeze=False)
+    for ax, nbytes in zip(axes[0], sizes):
+        mine = sorted((r for r in rows if r["bytes"] == nbytes), key=lambda r: r[key])
+        xs = [r[key] for r in mine]
+        errorbars(ax, xs, mine, "inagg_s", "inagg (switch)")
+        errorbars(ax, xs, mine, "gloo_s", "gloo ring", "s-")
+        ax.plot(xs, [r["framing_limit_s"] for r in mine], "k--", label="framing limit")
+        draw(ax, xs, mine)
+        ax.set_ylim(bottom=0)
+    axes[0][0].set_ylabel(f"allreduce time (s), links {rows[0]['rate']}")
+    axes[0][0].legend(fontsize=7)
+    save_plot(fig, path, f"time vs {what}: median, min-max of {rows[0]['reps']} repetitions", watch)
+
+
 def commit() -> str:
     """The checkout's commit (with ``+dirty`` for uncommitted changes to anything but
     docs/results, where figures go), or ``unknown``."""

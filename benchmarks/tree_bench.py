@@ -47,7 +47,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,8 +248,8 @@ class Job:
     procs: list
     links: list[CountedLink]
     out: Path
-    turns: list = None
-    said: list = None
+    turns: list = field(default_factory=list)   # each turn's bytes on the job's links
+    said: list[dict] = field(default_factory=list)   # what rank 0 said at the end of each turn
 
     def take_turn(self, run, turn: int, timeout: float) -> None:
         """Let the job make its call ``turn``; its links' bytes then."""
@@ -287,7 +287,7 @@ def start_jobs(run, args) -> list[Job]:
         controller = write_deployment(run, ips, run.run.path / "jobs" / spec["name"])
         procs = start_ranks(run, Path(__file__).resolve(), spec["name"], hosts, STORE_PORT + i, extra,
                             {"INAGG_CONTROLLER": controller, LINK_RATE_ENV: args.rate})
-        jobs.append(Job(spec["name"], procs, job_links(run, hosts), run.run.path / f"{spec['name']}.json", [], []))
+        jobs.append(Job(spec["name"], procs, job_links(run, hosts), run.run.path / f"{spec['name']}.json"))
     return jobs
 
 

@@ -347,7 +347,8 @@ class Controller:
             if epoch > active.epoch:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"job {job_id} has no epoch {epoch} yet (its "
                                                                 f"grant is at {active.epoch}): report the epoch the call ran in")
-            if epoch < active.epoch:
+            if epoch < active.epoch:   # the job left that epoch: its reports are moot
+                job.stall_asks.pop(epoch, None)
                 return self.grants(job, rank)[0], 0
             asks = job.stall_asks.setdefault(epoch, {})
             asks[rank] = boundary

@@ -20,10 +20,6 @@ uint64_t impair_hash(uint64_t seed, uint16_t port, bool egress, uint64_t n, uint
     return mix64(mix64(stream + salt * 0xD1B54A32D192ED03ULL) + n);
 }
 
-uint64_t loss_hash(uint64_t seed, uint16_t port, bool egress, uint64_t n) {
-    return impair_hash(seed, port, egress, n, kLossDraw);
-}
-
 void Share::set(double f, const char* what) {
     if (!(f >= 0.0 && f <= 1.0))
         throw std::invalid_argument(std::string("port ") + what + ": the fraction must be in 0..1");

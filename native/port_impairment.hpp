@@ -33,8 +33,6 @@ enum Draw : uint64_t {
 };
 // The draw `salt` of frame `n` (0, 1, ...) of `port`'s direction (`egress` or ingress).
 uint64_t impair_hash(uint64_t seed, uint16_t port, bool egress, uint64_t n, uint64_t salt);
-// The loss draw (impair_hash's salt 0).
-uint64_t loss_hash(uint64_t seed, uint16_t port, bool egress, uint64_t n);
 
 // A share of frames, decided by a draw: hit when the draw is below fraction * 2^64.
 struct Share {

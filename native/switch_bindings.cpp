@@ -390,7 +390,6 @@ void bind_impairments(nb::module_& m) {
             "(dropped, delay_us, duplicated, copy_delay_us, n) of the port direction's next frame")
         .def("left", &PortImpairments::left, "port"_a, "egress"_a, "n"_a)
         .def("stats", [](const PortImpairments& p) { return stat_dicts(p.stats()); });
-    m.def("loss_hash", &inagg::loss_hash, "seed"_a, "port"_a, "egress"_a, "n"_a);
     m.def("impair_hash", &inagg::impair_hash, "seed"_a, "port"_a, "egress"_a, "n"_a, "salt"_a);
     using inagg::DelayLine;
     nb::class_<DelayLine>(m, "DelayLine",

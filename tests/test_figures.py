@@ -137,3 +137,18 @@ def test_fig_tenants_scales_the_jobs_and_sets_the_policy():
         assert after.get("iterations") == (max(1, round(before["iterations"] * 0.1)) if "iterations" in before else None)
         assert after.get("start") == (round(before["start"] * 0.1, 3) if "start" in before else None)
     assert topo["jobs"] == json.loads(fig_tenants.TOPO.read_text())["jobs"]      # the file's, untouched
+
+
+def test_fig_tenants_plots_a_policy_whose_runs_gave_no_fairness_index(tmp_path):
+    """A policy whose runs measured no job's gradient bytes/s (``fairness`` gives None) is
+    plotted without its Jain bar: the JCTs still are."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from plots import pyplot
+
+    job = {"reps": 1, "arrival_s": 0.0, **figures.spread([2.0], "jct_s")}
+    rows = [{"sharing": s, "job": j, **job, **figures.spread([] if s == "static" else [0.9], "jain_bytes")}
+            for s in fig_tenants.SHARING for j in ("a", "all")]
+    watch = figures.LoadWatch(1.0, [("start", 0.1)])
+    fig_tenants.plot(pyplot(), rows, tmp_path / "t.png", watch)
+    plt.close("all")
+    assert (tmp_path / "t.png").stat().st_size > 0

@@ -47,11 +47,6 @@ def impair_hash(seed: int, port: int, egress: bool, n: int, salt: int) -> int:
     return mix64((mix64((stream + salt * SALT_STEP) & MASK) + n) & MASK)
 
 
-def loss_hash(seed: int, port: int, egress: bool, n: int) -> int:
-    """The loss draw of frame ``n`` of ``port``'s direction."""
-    return impair_hash(seed, port, egress, n, LOSS)
-
-
 def _fraction(value: float, what: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"port {what}: the fraction must be in 0..1")

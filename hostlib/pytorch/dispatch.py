@@ -147,13 +147,7 @@ class AllreduceDispatch:
             return self._gloo.run("allreduce", reason, tensors, opts)
         tensor = tensors[0]
         nbytes = tensor.nbytes
-        self._life.ready()
-        try:
-            path, measure = self._life.paths.choose(nbytes)   # may agree with the other ranks (the store)
-        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
-            raise self._group.named(e)
-        self.allreduces[path] += 1
-        self._carry(self._route(path, tensor.dtype), 1, nbytes)
+        path, measure = self._choose(nbytes, tensor.dtype)
         if path == "gloo" and op == _SUM:   # a run may follow, after a sampled call too
             self._run_nbytes, self._run_dtype = nbytes, tensor.dtype
             self._run_left, first, self._sample_period = self._life.paths.run_length(nbytes, path)
@@ -164,6 +158,19 @@ class AllreduceDispatch:
                 return work
         return self._start(path, tensor, opts, measure)
 
+    def _choose(self, nbytes: int, dtype: torch.dtype) -> tuple[str, bool]:
+        """The path the chooser picks for an eligible call of ``nbytes`` (counted, its bytes
+        carried on the path's route), and whether to time it; the chooser's error names the
+        rank gone that caused it."""
+        self._life.ready()
+        try:
+            path, measure = self._life.paths.choose(nbytes)   # may agree with the other ranks (the store)
+        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
+            raise self._group.named(e)
+        self.allreduces[path] += 1
+        self._carry(self._route(path, dtype), 1, nbytes)
+        return path, measure
+
     def reduce_scatter(self, output: torch.Tensor, input_: torch.Tensor,
                        opts: dist.AllreduceOptions) -> tuple[torch.Tensor | None, dist.Work]:
         """One reduce-scatter of ``input_`` (eligible: ``_ineligible``) into ``output``, this
@@ -173,13 +180,7 @@ class AllreduceDispatch:
         returns (None, its Work). Else a copy of ``input_`` is allreduced there: returns (the
         copy, its Work), and the caller keeps the copy's shard once the Work is done."""
         previous = self._end_run()   # the chooser is asked: every rank's call numbers stay aligned  # noqa: F841
-        self._life.ready()
-        try:
-            path, measure = self._life.paths.choose(input_.nbytes)
-        except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
-            raise self._group.named(e)
-        self.allreduces[path] += 1
-        self._carry(self._route(path, input_.dtype), 1, input_.nbytes)
+        path, measure = self._choose(input_.nbytes, input_.dtype)
         comm = None if path == "gloo" else self._life.comm if path == "inagg" else self._life.lane
         if not hasattr(comm, "reduce_scatter_async") or not input_.is_cpu:
             full = input_.clone(memory_format=torch.contiguous_format)

@@ -65,7 +65,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -380,14 +380,14 @@ class Communicator:
             self._use(grant)
             self.grant_changes += 1
 
-    def _activate(self, epoch: int):
+    def _activate(self, epoch: int) -> "pb.ActivateReply":
         """Ask the controller to switch to pending grant ``epoch`` at this boundary, again
         until every rank has asked (the controller changes a grant only then, so no rank still
         resends in the old epoch)."""
         return self._until_all(lambda: self.client.activate(self.job_id, self.token, epoch, self.boundary,
                                                             self.rank), f"ask to switch to grant epoch {epoch}")
 
-    def _until_all(self, ask, what: str):
+    def _until_all(self, ask: Callable[[], "pb.ActivateReply"], what: str) -> "pb.ActivateReply":
         """``ask()`` the controller (a reply with ``waiting_for``) again until every rank did
         (``what``, in words); polls from 1 ms, backing off to 50 ms, at most a stall timeout."""
         deadline = time.monotonic() + self.stream.stall_timeout
