@@ -119,8 +119,9 @@ class Communicator:
                  transport: str = "udp", native: bool = True, host_only: bool = False,
                  launch: str | None = None, stuck_timeout: float | None = None) -> None:
         """``stall_timeout``: the longest a call waits for ranks or results before it raises;
-        ``stuck_timeout`` (default a sixth of it): no result for this long in a call's blocks is
-        a stall, and the call moves to a fresh epoch (module docstring, "Stalls")."""
+        ``stuck_timeout`` (default half of it): no result for this long in a call's blocks is a
+        stall, and the call moves to a fresh epoch (module docstring, "Stalls"); a rank paused
+        that long mid-call (a debugger, a starved process) is taken for one, hence not shorter."""
         from inagg.hostlib.jobservice.client import ControllerClient, to_grant  # gRPC stubs
 
         if transport not in ENCAPSULATIONS:
@@ -141,7 +142,7 @@ class Communicator:
         # the Python one
         stream_class = SlotStream if transport == "roce" or not native else NativeSlotStream
         self._start_stream(stream_class, grant, stall_timeout,
-                           stall_timeout / 6 if stuck_timeout is None else stuck_timeout)
+                           stall_timeout / 2 if stuck_timeout is None else stuck_timeout)
         self._start_calls()
 
     def _open_endpoints(self, bind_ip: str, transport: str) -> tuple[str, int]:
