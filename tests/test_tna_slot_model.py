@@ -32,7 +32,7 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 from inagg.bmv2_env.softswitch.state import Action, Replica
 from inagg.bmv2_env.softswitch.tna_slot_model import TofinoModelPipeline, register_actions, register_stages
 from inagg.hostlib.wire.protocol import (
-    EXP_NONE, ROUND_CYCLE, ROUND_TAGS, UDP_PORT, build_contribution,
+    EXP_NONE, ROUND_CYCLE, ROUND_TAGS, UDP_PORT, Outcome, build_contribution,
     ipv4_checksum, pack_header, round_fields, round_tag, unpack_header,
 )
 
@@ -91,10 +91,15 @@ def worker_address(port: int, rank: int, job_id: int) -> tuple[int, int, int]:
     return 0x0A000000 + port, port, 50000 + 100 * job_id + rank   # IPv4, MAC, UDP port
 
 
+# Whether the chip's program checks the round tag (docs/tofino.md, "Round identity"): Tofino 2
+# does, as every other target; Tofino 1 only carries it (12 of 12 stages).
+ROUND_CHECK = {"tofino": False, "tofino2": True}
+
+
 def make(pipeline_cls, chip: str = "tofino", round_check: bool = False) -> SoftPipeline:
-    """A pipeline on the chip's P4Info with the test bed's jobs (the reference engine's runs
-    the same slot logic whatever the chip, as the TNA program reads it: the round tag carried,
-    not checked, docs/tofino.md; ``round_check``: as every other target reads it)."""
+    """A pipeline on the chip's P4Info with the test bed's jobs (the reference engine's: with
+    the round tag checked or, ``round_check`` False, only carried, as Tofino 1 reads it:
+    ROUND_CHECK, docs/tofino.md)."""
     p = (pipeline_cls(PROGRAMS[chip].p4info) if pipeline_cls is TofinoModelPipeline
          else pipeline_cls(PROGRAMS[chip].p4info, round_check=round_check))
     for job_id, j in JOBS.items():
@@ -133,7 +138,7 @@ def frame(job_id, rank, values, *, slot, slot_set=0, round_no=None, offset=0, ep
 def run_both(sequence, chip):
     """Per step, (outputs of the reference engine's pipeline, of the chip's model's); and the
     counters."""
-    ref, model = make(SoftPipeline), make(TofinoModelPipeline, chip)
+    ref, model = make(SoftPipeline, chip, round_check=ROUND_CHECK[chip]), make(TofinoModelPipeline, chip)
     steps = []
     for port, data in sequence:
         a, b = sorted(ref.process(port, data)), sorted(model.process(port, data))
@@ -231,6 +236,54 @@ def test_bad_round_of_a_worker_not_yet_in_the_round_is_undone(chip):
     assert model.last_outcome.label == "bad_round" and recirculated.meta.harvest == tna_slot_model.HARVEST_UNDO
     assert model.maps[0][3][1] == 0b011                    # set between the passes ...
     assert model.second_pass(recirculated) == [] and model.maps[0][3][1] == 0b001   # ... and undone
+
+
+def test_tag_refusals_are_the_p4s_rows():
+    """TAG_REFUSALS is slot_state.p4's Tofino 2 rows for a packet whose tag is not its set's,
+    row for row (next: round_diff TAG_BEHIND; a "_" row follows that one, or the opener rows: 0)."""
+    kinds = {"OPEN": tna_slot_model.OPEN, "NEW": tna_slot_model.NEW, "REPEAT": tna_slot_model.REPEAT}
+    rows = re.findall(r"\(KIND_(\w+), _, _, _, _, _, (_|TAG_BEHIND)\): refuse_round\(SLOT_(\w+), DROP_\w+, HARVEST_(\w+)\)",
+                      source_for("tofino2", (ROOT / "p4" / "tofino" / "slot_state.p4").read_text()))
+    harvest = {"NONE": tna_slot_model.HARVEST_NONE, "UNDO": tna_slot_model.HARVEST_UNDO}
+    assert {(kinds[k], int(n == "TAG_BEHIND")): (Outcome[o], harvest[h]) for k, n, o, h in rows} == tna_slot_model.TAG_REFUSALS
+    assert len(rows) == len(tna_slot_model.TAG_REFUSALS)
+
+
+# Per row of TAG_REFUSALS (Tofino 2's decision rows for a packet whose tag is not its set's): the
+# packets before it (rank, round of slot 3; rounds 0 and 1 complete first where "done"), and
+# the packet the row decides.
+TAG_ROW_CASES = {
+    (tna_slot_model.OPEN, 0): (True, [], (2, 0)),          # round 0 late past round 1: set 0 empty
+    (tna_slot_model.NEW, 1): (False, [(0, 0)], (1, 2)),    # round 2 into set 0 while round 0 runs
+    (tna_slot_model.NEW, 0): (True, [(0, 2)], (1, 0)),     # round 0 late into round 2
+    (tna_slot_model.REPEAT, 1): (False, [(0, 0)], (0, 2)), # rank 0 in round 0 sends round 2
+    (tna_slot_model.REPEAT, 0): (True, [(0, 2)], (0, 0)),  # rank 0 in round 2, a copy of round 0
+}
+
+
+@pytest.mark.parametrize("row", list(tna_slot_model.TAG_REFUSALS), ids=lambda r: f"{r[0]}-next{r[1]}")
+def test_tofino2_refuses_a_packet_whose_round_tag_is_not_its_sets(row):
+    """Each row of TAG_REFUSALS (slot_state.p4's Tofino 2 rows): the packet's kind and tag
+    relation, its outcome, and its second pass, whose undo leaves the set's map as before."""
+    model = make(TofinoModelPipeline, "tofino2").engine
+    done, before, (rank, round_no) = TAG_ROW_CASES[row]
+    for r in (0, 1) if done else ():
+        for w in range(3):
+            model.process(frame(1, w, [1] * K, slot=3, round_no=r, offset=K * r)[1][42:], ("rank", w))
+    for w, r in before:
+        model.process(frame(1, w, [1] * K, slot=3, round_no=r, offset=K * r)[1][42:], ("rank", w))
+    map_before = model.maps[0][3][1]
+    late = model.first_pass(frame(1, rank, [7] * K, slot=3, round_no=round_no, offset=K * round_no)[1][42:],
+                            ("rank", rank))
+    taken, key = model.tag_row(late.meta) if late else (None, None)
+    outcome, harvest = tna_slot_model.TAG_REFUSALS[row]
+    assert model.last_outcome == outcome
+    if harvest == tna_slot_model.HARVEST_NONE:
+        assert late is None
+    else:
+        assert (taken, key) == (False, row) and late.meta.harvest == harvest
+        assert model.second_pass(late) == []
+    assert model.maps[0][3][1] == map_before
 
 
 def _a_completed_round(model):
@@ -361,7 +414,7 @@ def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False, late: int = 0
     """Frames as a network delivers the workers' packets: lost, duplicated, and late copies.
     ``late`` 0: a copy of round r only while round r + 1 is under way; else a copy of any round
     up to ``late`` rounds of its slot behind the slot's newest (one that arrives after round
-    r + 1 completed: the TNA program, which does not check the round tag, takes it for a new
+    r + 1 completed: the Tofino 1 program, which does not check the round tag, takes it for a new
     round, docs/tofino.md; every other target drops it as stale)."""
     rng, out, rounds = random.Random(seed), [], []
     workers = Workers(rng, bad_rounds, by_tag=bool(late))
@@ -409,7 +462,7 @@ def test_differential_fuzz_with_other_round_packets(chip, seed):
 @pytest.mark.parametrize("seed, bad_rounds", [(6, False), (7, True), (8, False)])
 def test_late_copies_of_any_round_never_change_a_sum_where_the_round_is_checked(seed, bad_rounds):
     """Copies up to 2 * ROUND_TAGS - 3 rounds of their slot late, past the next round's completion
-    too (issue 38): the reference engine that checks the round tag (every target but Tofino's)
+    too (issue 38): the reference engine that checks the round tag (every target but Tofino 1)
     never sends a wrong sum."""
     sequence = fuzz_sequence(seed, 1500, bad_rounds, late=2 * ROUND_TAGS - 3)
     ref = make(SoftPipeline, "tofino", round_check=True)
@@ -425,10 +478,10 @@ def test_late_copies_of_any_round_never_change_a_sum_where_the_round_is_checked(
 
 
 @pytest.mark.parametrize("seed", [6, 8])
-def test_the_model_keeps_the_documented_limit_with_late_copies(chip, seed):
-    """The same late copies on the model: frame for frame the reference engine in the TNA
-    program's reading (round tag carried, not checked: docs/tofino.md, "Round identity"), so
-    the limit is exactly the documented one."""
+def test_the_model_holds_the_reference_engine_with_late_copies(chip, seed):
+    """The same late copies on the model: frame for frame the reference engine in the chip's
+    reading (ROUND_CHECK: Tofino 2 checks the tag, as every other target; Tofino 1 carries it
+    only, docs/tofino.md, "Round identity"), so Tofino 1's limit is exactly the documented one."""
     steps = assert_same(fuzz_sequence(seed, 1500, late=2 * ROUND_TAGS - 3), chip)
     assert sum(bool(b) for _, b in steps) > 50
 

@@ -112,8 +112,8 @@ class SoftPipeline:
     """Tables, multicast groups, counters and the slot engine of one software switch."""
 
     def __init__(self, p4info: P4Info, *, round_check: bool = True) -> None:
-        """``round_check`` False: the slot logic as the TNA program runs it (the round tag not
-        checked: ``AggregationEngine``'s docstring, docs/tofino.md)."""
+        """``round_check`` False: the slot logic as the Tofino 1 program runs it (the round tag
+        not checked: ``AggregationEngine``'s docstring, docs/tofino.md)."""
         self.p4info = p4info
         self.tables = TableStore(p4info)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))

@@ -188,9 +188,9 @@ class AggregationEngine:
                  round_check: bool = True) -> None:
         """``round_check`` False: the round tag is carried (kept with the round's flags and
         returned with its result) but not checked: every packet to a busy set is taken for the
-        set's round and one to an empty set opens it, as the TNA program does (docs/tofino.md,
-        "Round identity": a documented limit; tests/test_tna_slot_model.py holds its model to
-        this reading). Every other aggregator checks it."""
+        set's round and one to an empty set opens it, as the Tofino 1 program does
+        (docs/tofino.md, "Round identity": a documented limit; tests/test_tna_slot_model.py
+        holds its model to this reading). Every other aggregator, Tofino 2 too, checks it."""
         if not 1 <= n_slots <= MAX_SLOT + 1:
             raise ValueError(f"n_slots must be in 1..{MAX_SLOT + 1}, got {n_slots}")
         if values_per_packet < 1:
@@ -304,7 +304,7 @@ class AggregationEngine:
         sent_up = job.uplink is not None and seen == n
         same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
         tag, stored = round_tag(flags), self._round[s][slot]
-        if not self.round_check:                               # the TNA reading: not checked
+        if not self.round_check:                               # Tofino 1's reading: not checked
             tag = stored if self._bitmap[s][slot] else (stored + 1) % ROUND_TAGS
         if from_parent:
             if tag != stored:                                  # an older round's result

@@ -13,12 +13,33 @@
  * for rank w), so "mine" costs no stage of its own; the lanes can start one stage later. Its
  * actions also note moved, the sender's bit in the other set's old map, for SlotState's
  * decision.
+ *
+ * Tofino 2 checks the round identity (docs/tofino.md, "Round identity"; Tofino 1 has no stage
+ * for it): the record keeps the round tag beside the count (count32's bits 29-31), so
+ * same_round is 1 only for a packet of the record's own tag, and round_tag, beside it in
+ * stage 2, holds the set's tag under the slot owner that set it:
+ *
+ *   action    | the set's map | round_tag holds                              | answer
+ *   ----------+---------------+----------------------------------------------+------------------
+ *   tag_open  | empty         | another owner's tag, or the one before the   | round_next = 1,
+ *             |               |   packet's                                   |   stores its tag
+ *   tag_open  | empty         | otherwise                                    | round_next = 0
+ *   tag_check | not empty     | any tag                                      | round_set: the
+ *             |               |                                              |   set's tag
+ *
+ * (a tag under another owner is ROUND_UNSET: a reset set's first opener sets it). SlotState's
+ * decision refuses what neither accepts (TAG_REFUSALS in tna_slot_model.py is its twin).
  */
 #ifndef _INAGG_TOFINO_ROUND_RECORD_P4_
 #define _INAGG_TOFINO_ROUND_RECORD_P4_
 
 #include "types.p4"
 
+#if __TARGET_TOFINO__ == 2
+/* round_tag's input whole in a 32-bit container (bf-p4c: a stateful ALU's input must sit on the
+ * input crossbar in whole bytes; left to itself it splits its three live bits off) */
+@pa_container_size("ingress", "meta.round_in", 32)
+#endif
 control RoundRecord(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     /* The round's offset and count. */
     Register<round_record_t, slot_index_t>(2 * TOFINO_SLOTS) round_record;
@@ -39,19 +60,63 @@ control RoundRecord(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) 
         }
     };
 
+#if __TARGET_TOFINO__ == 2
+    /* The set's round tag and the owner it was set under (Tofino 2: round identity). An
+     * opener sets it only when its tag is the next one (or the set holds none: another
+     * owner's tag, a reset slot); every other packet reads it (round_set). */
+    Register<round_tag_t, slot_index_t>(2 * TOFINO_SLOTS) round_tag;
+    RegisterAction<round_tag_t, slot_index_t, bit<1>>(round_tag) tag_open = {
+        void apply(inout round_tag_t value, out bit<1> next) {
+            if (value.owner != meta.tag || value.tag + TAG_STEP == meta.round_in) {
+                value.owner = meta.tag;
+                value.tag = meta.round_in;
+                next = 1;
+            } else {
+                next = 0;
+            }
+        }
+    };
+    /* The set's tag as it is (SlotState subtracts the packet's: bf-p4c subtracts in a
+     * two-field register's ALU only what it writes back). */
+    RegisterAction<round_tag_t, slot_index_t, bit<32>>(round_tag) tag_check = {
+        void apply(inout round_tag_t value, out bit<32> set_tag) {
+            set_tag = value.tag;
+        }
+    };
+    action open_tag() { meta.round_next = tag_open.execute(meta.idx); }
+    action check_tag() { meta.round_set = tag_check.execute(meta.idx); }
+    /* A table of its own (bf-p4c: one stateful ALU per address and action): the set's old
+     * map picks open or check, as round_action's first rows do. */
+    table tag_action {
+        key = {
+            hdr.inagg.slot_set: ternary;
+            meta.old_map0: ternary;
+            meta.old_map1: ternary;
+        }
+        actions = { open_tag; check_tag; NoAction; }
+        const default_action = NoAction();   /* never taken: the last entry matches all */
+        size = 3;
+        const entries = {
+            (0, 0, _): open_tag();
+            (1, _, 0): open_tag();
+            (_, _, _): check_tag();
+        }
+    }
+#endif
+
     /* Each action notes the round kind, the record's answer and moved (OTHER: the other set). */
 #define ROUND_ACTION(NAME, KIND, RECORD, OTHER)                                               \
     action NAME() {                                                                         \
         meta.round_kind = KIND;                                                             \
-        meta.same_round = RECORD.execute(meta.idx);                                         \
+        meta.same_round = round_##RECORD.execute(meta.idx);                                 \
         meta.moved = meta.old_map##OTHER & meta.me;                                         \
     }
-    ROUND_ACTION(open_round0, KIND_OPEN, round_open, 1)
-    ROUND_ACTION(check_new0, KIND_NEW, round_check, 1)
-    ROUND_ACTION(check_repeat0, KIND_REPEAT, round_check, 1)
-    ROUND_ACTION(open_round1, KIND_OPEN, round_open, 0)
-    ROUND_ACTION(check_new1, KIND_NEW, round_check, 0)
-    ROUND_ACTION(check_repeat1, KIND_REPEAT, round_check, 0)
+    ROUND_ACTION(open_round0, KIND_OPEN, open, 1)
+    ROUND_ACTION(check_new0, KIND_NEW, check, 1)
+    ROUND_ACTION(check_repeat0, KIND_REPEAT, check, 1)
+    ROUND_ACTION(open_round1, KIND_OPEN, open, 0)
+    ROUND_ACTION(check_new1, KIND_NEW, check, 0)
+    ROUND_ACTION(check_repeat1, KIND_REPEAT, check, 0)
 
     /* The set's old map and the sender's bit in it pick the action. */
 #define REPEAT_OF(w) (0, 1 << w &&& 1 << w, _, w): check_repeat0(); \
@@ -85,6 +150,9 @@ control RoundRecord(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) 
 
     apply {
         round_action.apply();
+#if __TARGET_TOFINO__ == 2
+        tag_action.apply();
+#endif
     }
 }
 

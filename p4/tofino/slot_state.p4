@@ -42,7 +42,21 @@
  *   REPEAT     | 1/0  | -     | 0        | DUP_PENDING / BAD_ROUND
  *
  * which is the BMv2 table row for row (Ws without the bits of workers in Wo is BMv2's bitmap;
- * complete is seen == N). A result leaves through a harvest pass (result_replication.p4):
+ * complete is seen == N). On Tofino 2 these rows take an opener only when its tag is the set's
+ * next (round_next) and another packet only when it is the set's (round_diff 0; round_record.p4),
+ * and the round tag refuses the rest (TAG_REFUSALS in tna_slot_model.py is their twin; next:
+ * round_next, or round_diff TAG_BEHIND):
+ *
+ *   round_kind | next       | outcome
+ *   -----------+------------+------------------------------------------------------------------
+ *   OPEN       | 0          | STALE_ROUND, HARVEST_UNDO (a late copy of a finished round)
+ *   NEW        | 1          | BAD_ROUND, HARVEST_UNDO (the next round, while this one runs)
+ *   NEW        | 0          | STALE_ROUND, HARVEST_UNDO
+ *   REPEAT     | 1          | BAD_ROUND
+ *   REPEAT     | 0          | STALE_ROUND
+ *
+ * An opener that is refused has stored its round as OPEN does (seen, exponent, flags, lanes,
+ * the record): harmless, its set held no round, and the next opener stores over it. A result leaves through a harvest pass (result_replication.p4):
  * HARVEST_RESULT for FIRST and ADD, whose harvest also retires o; HARVEST_ANSWER for DUP_DONE
  * (on Tofino 2 answered in the first pass: its pairs return both words, nothing to retire),
  * or HARVEST_ANSWER_RETIRE when o still holds a map equal to s's (maps_diff == 0: o's previous
@@ -140,23 +154,47 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
             meta.moved: ternary;
             meta.round_done: ternary;
             meta.n_workers: ternary;
+#if __TARGET_TOFINO__ == 2
+            meta.round_next: ternary;
+            meta.round_diff: ternary;
+#endif
         }
         actions = { decide; refuse_round; NoAction; }
         const default_action = NoAction();
+#if __TARGET_TOFINO__ == 2
+        size = 17;   /* and the round tag's 5 rows */
+#else
         size = 12;
+#endif
         const entries = {
-            (KIND_OPEN, _, _, _, 1): decide(SLOT_FIRST, HARVEST_RESULT, 0);
-            (KIND_OPEN, _, _, _, _): decide(SLOT_FIRST, HARVEST_NONE, 0);
-            (KIND_NEW, 0, _, _, _): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_UNDO);
-            (KIND_NEW, 1, _, ROUND_COMPLETE, _): decide(SLOT_ADD, HARVEST_RESULT, 0);
-            (KIND_NEW, 1, _, _, _): decide(SLOT_ADD, HARVEST_NONE, 0);
-            (KIND_REPEAT, 1, _, ROUND_COMPLETE, _): decide(SLOT_DUP_DONE, HARVEST_ANSWER_RETIRE, FLAG_RETRANSMIT);
-            (KIND_REPEAT, 1, 0, ROUND_HARVESTED, _): decide(SLOT_DUP_DONE, HARVEST_ANSWER, FLAG_RETRANSMIT);
-            (KIND_REPEAT, 0, _, ROUND_COMPLETE, _): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
-            (KIND_REPEAT, 0, 0, ROUND_HARVESTED, _): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
-            (KIND_REPEAT, _, _, ROUND_HARVESTED, _): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_NONE);
-            (KIND_REPEAT, 0, _, _, _): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
-            (KIND_REPEAT, 1, _, _, _): decide(SLOT_DUP_PENDING, HARVEST_NONE, 0);
+#if __TARGET_TOFINO__ == 2
+#define OPENS , _, 1
+#define THIS_ROUND , _, 0
+#else
+#define OPENS
+#define THIS_ROUND
+#endif
+            (KIND_OPEN, _, _, _, 1 OPENS): decide(SLOT_FIRST, HARVEST_RESULT, 0);
+            (KIND_OPEN, _, _, _, _ OPENS): decide(SLOT_FIRST, HARVEST_NONE, 0);
+            (KIND_NEW, 0, _, _, _ THIS_ROUND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_UNDO);
+            (KIND_NEW, 1, _, ROUND_COMPLETE, _ THIS_ROUND): decide(SLOT_ADD, HARVEST_RESULT, 0);
+            (KIND_NEW, 1, _, _, _ THIS_ROUND): decide(SLOT_ADD, HARVEST_NONE, 0);
+            (KIND_REPEAT, 1, _, ROUND_COMPLETE, _ THIS_ROUND): decide(SLOT_DUP_DONE, HARVEST_ANSWER_RETIRE, FLAG_RETRANSMIT);
+            (KIND_REPEAT, 1, 0, ROUND_HARVESTED, _ THIS_ROUND): decide(SLOT_DUP_DONE, HARVEST_ANSWER, FLAG_RETRANSMIT);
+            (KIND_REPEAT, 0, _, ROUND_COMPLETE, _ THIS_ROUND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
+            (KIND_REPEAT, 0, 0, ROUND_HARVESTED, _ THIS_ROUND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
+            (KIND_REPEAT, _, _, ROUND_HARVESTED, _ THIS_ROUND): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_NONE);
+            (KIND_REPEAT, 0, _, _, _ THIS_ROUND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
+            (KIND_REPEAT, 1, _, _, _ THIS_ROUND): decide(SLOT_DUP_PENDING, HARVEST_NONE, 0);
+#if __TARGET_TOFINO__ == 2
+            (KIND_OPEN, _, _, _, _, _, _): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_UNDO);
+            (KIND_NEW, _, _, _, _, _, TAG_BEHIND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_UNDO);
+            (KIND_NEW, _, _, _, _, _, _): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_UNDO);
+            (KIND_REPEAT, _, _, _, _, _, TAG_BEHIND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
+            (KIND_REPEAT, _, _, _, _, _, _): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_NONE);
+#endif
+#undef OPENS
+#undef THIS_ROUND
         }
     }
 
@@ -206,10 +244,18 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     @stage(3)
     table flags_update { BY_ROUND(flags_store, flags_or_in, flags_load) }
 
+#if __TARGET_TOFINO__ == 2
+    /* How far the packet's tag is from its set's, for the decision (round_record.p4). */
+    action tag_distance() { meta.round_diff = meta.round_set - meta.round_in; }
+#endif
+
     apply {
         seen_update.apply();
         exp_update.apply();
         flags_update.apply();
+#if __TARGET_TOFINO__ == 2
+        tag_distance();
+#endif
         decision.apply();
     }
 }

@@ -70,6 +70,19 @@ struct round_record_t {
     bit<32> count;
 }
 
+#if __TARGET_TOFINO__ == 2
+/* round_in of the tag after t: round_in(t) + TAG_STEP (the wrap of bits 29-31 is ROUND_TAGS') */
+const bit<32> TAG_STEP = 1 << 29;
+const bit<32> TAG_BEHIND = 0xE0000000;   /* -TAG_STEP: round_diff of the set's next round */
+
+/* A (slot, set)'s round tag (round_record.p4), with the slot owner it was set under: a tag
+ * under another owner is none (ROUND_UNSET). */
+struct round_tag_t {
+    bit<32> owner;
+    bit<32> tag;
+}
+#endif
+
 /* Two values of a (slot, set): one 64-bit register word of a lane pair. */
 struct value_pair_t {
     bit<32> first;
@@ -147,6 +160,14 @@ struct tofino_ingress_md_t {
     bit<8>       flags_in;       /* the sticky flags this packet brings */
     bit<3>       outcome;        /* SLOT_* (constants.p4); 0 until SlotState decides */
     bit<3>       harvest;        /* HARVEST_*: the packet's second pass; 0: none */
+#if __TARGET_TOFINO__ == 2
+    bit<32>      round_in;       /* the packet's round tag, in bits 29-31 (slot_inputs.p4) */
+    bit<1>       round_next;     /* an opener: round_in is the set's tag + 1 mod ROUND_TAGS, or
+                                    the set holds none (round_record.p4) */
+    bit<32>      round_set;      /* another packet: the set's tag (round_record.p4) */
+    bit<32>      round_diff;     /* round_set - round_in (0: this round, TAG_BEHIND: the next,
+                                    else an older round's copy; slot_state.p4) */
+#endif
 }
 
 struct tofino_egress_md_t { }
