@@ -1,5 +1,6 @@
 # inagg: make demo | make test | make bench | make run / stop / clean | make build
-# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS, QUICK (bench subset),
+# Variables: PYTHON (interpreter that creates the venv), VENV, TORCH_VERSION, DEMO_ARGS, PYTEST_ARGS,
+#            TEST_JOBS (make test: pytest-xdist workers, one test file each at a time; 1 = serial), QUICK (bench subset),
 #            TOPO (topology file), DATAPLANE (auto|bmv2|soft), EPOCHS (override jobs' epochs),
 #            TRANSPORT (udp|roce: override jobs' transport to the switch), CLI (1: stay at a
 #            mininet> prompt after the jobs; during: a prompt while they run), RUN (make stop: only this run id), ALL (make stop/clean:
@@ -34,6 +35,7 @@ ALL           ?=
 KEEP_RUNS     ?=
 BMV2_LOG      ?=
 P4_DEFINES    ?=
+TEST_JOBS     ?= 2
 ARGS          ?= top
 P4_BUILD      := build/p4/bmv2
 P4_OUT        := p4/out
@@ -103,7 +105,7 @@ demo: setup
 	$(BIN)/inagg-demo $(DEMO_ARGS)
 
 test: setup-emulation
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/backend_sweep.py $(if $(QUICK),--quick)
