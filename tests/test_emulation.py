@@ -70,6 +70,18 @@ def run_topology(tmp_path, topo, dataplane, *extra):
     return {r["name"]: r for r in json.loads(out.read_text())}, proc.stdout, run
 
 
+def kill_when(output: "Output", said: str, seconds: float, what: str) -> RunDir:
+    """Once a run's ``output`` says ``said`` (within ``seconds``): its process ``what``, still
+    the one the run started, killed by SIGKILL; the run."""
+    from inagg.bmv2_env.emulation.run_dir import process_start_time
+
+    run = RunDir(RUN_LINE.search(output.until(said, seconds)).group(1))
+    [rank] = [p for p in run.record["processes"] if p["what"] == what]
+    assert process_start_time(rank["pid"]) == rank["start"], f"{what} is not running"
+    os.kill(rank["pid"], signal.SIGKILL)
+    return run
+
+
 def machine_keeps_up() -> bool:
     """Whether the last 5 minutes' load stayed within twice the machine's cores (a run's data
     plane then got the CPU it needed, at nice -10)."""
@@ -345,7 +357,6 @@ def test_a_rank_killed_mid_run_ends_make_run_naming_it(tmp_path):
     waiting on them, forever. Killed here (SIGKILL, by the PID the run recorded) once training
     is under way, ``make run`` ends within 15 s with a non-zero status, naming the rank and
     showing its log's last lines, and leaves nothing behind."""
-    from inagg.bmv2_env.emulation.run_dir import process_start_time
 
     reason = mininet_missing()
     if reason:
@@ -357,10 +368,7 @@ def test_a_rank_killed_mid_run_ends_make_run_naming_it(tmp_path):
                             stderr=subprocess.STDOUT, text=True)
     output = Output(proc)
     try:
-        run = RunDir(RUN_LINE.search(output.until("epoch 1/", 300)).group(1))
-        [rank] = [p for p in run.record["processes"] if p["what"] == "job mlp rank 1"]
-        assert process_start_time(rank["pid"]) == rank["start"], "rank 1 is not running"
-        os.kill(rank["pid"], signal.SIGKILL)
+        run = kill_when(output, "epoch 1/", 300, "job mlp rank 1")
         killed = time.monotonic()
         proc.wait(15)
         took = time.monotonic() - killed

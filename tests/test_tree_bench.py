@@ -49,11 +49,8 @@ def test_a_rank_killed_mid_run_leaves_the_rows_measured_and_the_reason(tmp_path)
     timed turn is done (as a rank the controller's lease drops at load 30 dies): the bench still writes the rows it measured (both jobs at 1 MiB, rank
     0's clock), one more row marking the failed turn with its reason, and exits 1, leaving
     nothing behind."""
-    import os
-    import signal
 
-    from inagg.bmv2_env.emulation.run_dir import RunDir, process_start_time
-    from test_emulation import RUN_LINE, Output
+    from test_emulation import Output, kill_when
 
     if reason := mininet_missing():
         pytest.skip(reason)
@@ -62,10 +59,7 @@ def test_a_rank_killed_mid_run_leaves_the_rows_measured_and_the_reason(tmp_path)
                             stderr=subprocess.STDOUT, text=True)
     output = Output(proc)
     try:
-        run = RunDir(RUN_LINE.search(output.until("turn 1/4 done", 500)).group(1))
-        [rank] = [p for p in run.record["processes"] if p["what"] == "tree-h2"]
-        assert process_start_time(rank["pid"]) == rank["start"], "rank 1 of the tree job is not running"
-        os.kill(rank["pid"], signal.SIGKILL)
+        kill_when(output, "turn 1/4 done", 500, "tree-h2")
         proc.wait(120)
         out = output.rest(10)
     finally:
