@@ -63,3 +63,17 @@ def test_a_stopped_schedule_applies_nothing_more(veth_pair):
     schedule.start(time.time())
     schedule.stop()
     assert [c["mbit"] for c in schedule.applied(None)] == [50] and schedule.applied(None)[0]["at_s"] is None
+
+
+def test_a_change_tc_refuses_is_reported_and_the_later_ones_still_come(veth_pair):
+    schedule = BandwidthSchedule([("l", veth_pair, [[0, 50], [0.2, 5], [0.4, 20]])])
+    schedule.bring_up()
+    subprocess.run(["ip", "link", "del", veth_pair[0].name], check=True, capture_output=True)   # both ends gone
+    schedule.start(time.time())
+    deadline = time.monotonic() + 30
+    while len(schedule.changes) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    schedule.stop()
+    later = schedule.applied(None)[1:]
+    assert [c["mbit"] for c in later] == [5, 20], later
+    assert all(c["mbit_applied"] == [None, None] and "tc qdisc replace" in c["error"] for c in later), later

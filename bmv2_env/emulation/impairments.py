@@ -199,5 +199,6 @@ def bw_lines(changes: list[dict]) -> list[str]:
     for c in changes:
         at = "n/a" if c["at_s"] is None else f"{c['at_s']:+.1f} s"
         ends = "/".join("none" if r is None else f"{r:g}" for r in c["mbit_applied"])
-        lines.append(f"  {at} link {c['link']}: {c['mbit']:g} Mbit/s asked, {ends} Mbit/s applied")
+        refused = f" (tc refused: {c['error']})" if c.get("error") else ""
+        lines.append(f"  {at} link {c['link']}: {c['mbit']:g} Mbit/s asked, {ends} Mbit/s applied{refused}")
     return lines

@@ -72,9 +72,18 @@ def applied_rate(intf) -> float | None:
     return float(m.group(1)) * {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3}[m.group(2).upper()]
 
 
+def _shown_rate(intf) -> float | None:
+    """``applied_rate``, or None where tc cannot show the end (its interface is gone)."""
+    try:
+        return applied_rate(intf)
+    except RuntimeError:
+        return None
+
+
 class BandwidthSchedule:
     """Re-rates links on their ``bw_schedule`` (see the module's docstring); ``changes`` holds
-    each change applied: {link, at (wall clock), mbit asked, mbit_applied per end}."""
+    each change applied: {link, at (wall clock), mbit asked, mbit_applied per end, error: why tc
+    refused it, or ''}."""
 
     def __init__(self, schedules: list[tuple[str, list, list]]) -> None:
         """``schedules``: (the link's name, its Mininet interfaces, its [[s, Mbit/s], ...])."""
@@ -88,8 +97,13 @@ class BandwidthSchedule:
         """Both ends of link ``name`` at ``mbit`` now; recorded as tc then shows them."""
         for intf in intfs:
             shape(intf, f"{mbit:g}mbit")
+        self._record(name, intfs, mbit)
+
+    def _record(self, name: str, intfs: list, mbit: float, error: str = "") -> None:
+        """A change asked of link ``name``, with the rates tc shows on its ends now (and why
+        tc refused it, where it did)."""
         change = {"link": name, "at": time.time(), "mbit": mbit,
-                  "mbit_applied": [applied_rate(intf) for intf in intfs]}
+                  "mbit_applied": [_shown_rate(intf) for intf in intfs], "error": error}
         with self._lock:
             self.changes.append(change)
 
@@ -110,7 +124,10 @@ class BandwidthSchedule:
         for due, name, intfs, mbit in steps:
             if self._stop.wait(max(0.0, due - time.time())):
                 return
-            self.apply(name, intfs, mbit)
+            try:
+                self.apply(name, intfs, mbit)
+            except RuntimeError as e:   # tc refused: reported with what tc shows; later changes go on
+                self._record(name, intfs, mbit, error=str(e))
 
     def stop(self) -> None:
         """No more changes (the run ends); waits for one under way."""
@@ -123,4 +140,5 @@ class BandwidthSchedule:
         bring-up, before it; None when the jobs never reached time zero)."""
         with self._lock:
             return [{"link": c["link"], "at_s": None if time_zero is None else round(c["at"] - time_zero, 3),
-                     "mbit": c["mbit"], "mbit_applied": c["mbit_applied"]} for c in self.changes]
+                     "mbit": c["mbit"], "mbit_applied": c["mbit_applied"], "error": c["error"]}
+                    for c in self.changes]
