@@ -28,7 +28,7 @@ from pathlib import Path
 from emulation_ranks import ROOT, launcher_can_run, write_csv
 from plots import pyplot
 
-DEFAULT_MAX_LOAD = 1.0      # a 2-core machine with nothing else on it sits well under this
+DEFAULT_MAX_LOAD = 1.0      # the 1-minute load a machine running nothing but the figure stays under
 REFUSED = 3                 # the exit status of a figure refused for the machine's load
 
 
@@ -121,10 +121,11 @@ def errorbars(ax, xs: list, rows: list[dict], prefix: str, label: str, style: st
 
 
 def save_plot(fig, path: Path, title: str, watch: LoadWatch) -> None:
-    """The figure under its title (marked when not quiet), saved as PNG."""
+    """The figure under its title (marked when not quiet), saved as PNG, then closed."""
     fig.suptitle(title + watch.label(), fontsize=9, color="black" if watch.quiet else "red")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    pyplot().close(fig)
 
 
 def time_panels(plt, rows: list[dict], key: str, draw, path: Path, what: str, watch: LoadWatch) -> None:
