@@ -522,19 +522,25 @@ def _result_wire(chip):
 def test_the_compiled_parsers_take_a_result_on_its_second_pass_and_in_egress(chip):
     """The compiled ingress parser, from the recirculation port, takes the bridged header and
     the inagg header of a result whose UDP destination is now the worker's; the compiled egress
-    parser takes a result's inagg header (ReplicaRewrite keys on it)."""
+    parser takes a result's inagg header (ReplicaRewrite keys on it). Each takes every field of
+    those headers, those bf-p4c extracts in slices too (the Ethernet addresses, Tofino 2's
+    ingress epoch and egress IPv4 addresses), each where the packet carries it."""
     c = compiled(chip)
-    phv = {"hdr.ethernet.ether_type": 0x0800, "hdr.ipv4.version": 4, "hdr.ipv4.ihl": 5,
-           "hdr.ipv4.protocol": 17, "hdr.udp.src_port": UDP_PORT, "hdr.udp.dst_port": 50001,
-           "hdr.inagg.version": 1, "hdr.inagg.msg_type": 2, "hdr.inagg.count": K,
-           "hdr.bridged.harvest": tna_slot_model.HARVEST_RESULT}
-    wire = b"".join(tna_compiled.pack(h, phv) for h in ("bridged", "ethernet", "ipv4", "udp", "inagg")) + bytes(4 * K)
+    phv = {"hdr.ethernet.dst_addr": 0xBB0000000001, "hdr.ethernet.src_addr": 0xAA0000000002,
+           "hdr.ethernet.ether_type": 0x0800, "hdr.ipv4.version": 4, "hdr.ipv4.ihl": 5,
+           "hdr.ipv4.protocol": 17, "hdr.ipv4.src_addr": 0x0A000001, "hdr.ipv4.dst_addr": 0x0A000002,
+           "hdr.udp.src_port": UDP_PORT, "hdr.udp.dst_port": 50001,
+           "hdr.inagg.version": 1, "hdr.inagg.msg_type": 2, "hdr.inagg.count": K, "hdr.inagg.epoch": 0x1234,
+           "hdr.inagg.offset": 0x00010203, "hdr.bridged.harvest": tna_slot_model.HARVEST_RESULT}
+    headers = ("bridged", "ethernet", "ipv4", "udp", "inagg")
+    wire = b"".join(tna_compiled.pack(h, phv) for h in headers) + bytes(4 * K)
+    sent = {k: v for h in headers for k, v in tna_compiled.unpack(h, tna_compiled.pack(h, phv)).items()}
     second = c.parse("ingress", wire, c.recirc_port)
-    assert {"bridged", "ethernet", "ipv4", "udp", "inagg"} <= set(second.headers), second.headers
-    assert second.headers["inagg"] == 4 + 14 + 20 + 8 and second.phv["hdr.udp.dst_port"] == 50001
+    assert set(headers) <= set(second.headers), second.headers
+    assert second.headers["inagg"] == 4 + 14 + 20 + 8 and second.phv == sent
     egress = c.parse("egress", wire)
-    assert {"ethernet", "ipv4", "udp", "inagg"} <= set(egress.headers), egress.headers
-    assert egress.phv["hdr.inagg.msg_type"] == 2
+    assert set(headers[1:]) <= set(egress.headers), egress.headers
+    assert {k: v for k, v in sent.items() if not k.startswith("hdr.bridged")} == egress.phv
 
 
 def test_a_result_leaves_the_switch_addressed_to_each_worker(chip):
