@@ -166,8 +166,8 @@ def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact(chip):
 # SRAM and map RAM: each pair's register is 16384 64-bit words (8 blocks and their map RAM).
 # TCAM 24: the checks (twice, one table per contributor map: slot_claim.p4), round_action and
 # the decision.
-BUDGET = {"stages_used": 12, "stateful_alus": 40, "stats_alus": 8, "sram_blocks": 420,
-          "map_ram_blocks": 340, "tcam_blocks": 24, "hash_bits": 800, "logical_tables": 80,
+BUDGET = {"stages_used": 12, "stateful_alus": 40, "stats_alus": 10, "sram_blocks": 420,
+          "map_ram_blocks": 360, "tcam_blocks": 24, "hash_bits": 800, "logical_tables": 80,
           "gateways": 40}
 # Tofino 2: the same, but bf-p4c's Tofino 2 placement of the same program takes 52 gateways
 # (19 on Tofino 1), of 20 x 16; and its round identity check (docs/tofino.md) a stateful ALU
