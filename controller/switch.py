@@ -539,6 +539,7 @@ class SourceGuard:
 
 
 _JOB_COUNTS = ("packets", "aggregated", "duplicates", "results")   # job_<name>, one cell per job
+_RECIRC = ("recirc_sent", "recirc_arrived")   # the TNA program's, one cell per pipe
 
 
 class JobCounters:
@@ -574,3 +575,20 @@ class JobCounters:
     def global_drops(self) -> dict[str, int]:
         counts = self.sw.counter("global_drops")
         return {r: counts.get(i, 0) for i, r in enumerate(GLOBAL_DROP_REASONS) if counts.get(i, 0)}
+
+    def recirculation(self) -> dict[int, dict[str, int]]:
+        """Per pipe, the passes sent to its recirculation port, those that came back and the
+        difference (``lost``: what the port dropped, plus any pass in flight during the read),
+        read together; where the P4Info has the counters (the TNA program's recirc_sent and
+        recirc_arrived, by pipe: p4/tofino/job_counters.p4), else {} (BMv2's program
+        recirculates nothing). Pipes with no traffic are left out."""
+        if not all(self.sw.p4info.has(P4Type.counter, n) for n in _RECIRC):
+            return {}
+        pipes = range(self.sw.p4info.obj(P4Type.counter, _RECIRC[0]).size)
+        counts = self.sw.counter_cells([(n, pipe) for pipe in pipes for n in _RECIRC])
+        out = {}
+        for pipe in pipes:
+            sent, arrived = (counts.get((n, pipe), 0) for n in _RECIRC)
+            if sent or arrived:
+                out[pipe] = {"sent": sent, "arrived": arrived, "lost": sent - arrived}
+        return out

@@ -385,6 +385,24 @@ def test_bytes_after_the_udp_payload_follow_the_result(dp):
     assert f.endswith(b"!") and parse_result(f[:-1])[2] == [3] * K
 
 
+def test_recirculation_is_counted_by_pipe(dp):
+    """The controller reads the TNA program's recirculation counters where the P4Info has them
+    (JobCounters.recirculation): a completed round's result is one pass sent to its pipe's
+    recirculation port (ports 1-4 are pipe 0) and one back, none lost; the other programs
+    recirculate nothing and have no such counters."""
+    dp.drain()
+    counters = JobCounters(dp.sw)
+    before = counters.recirculation().get(0, {"sent": 0, "arrived": 0, "lost": 0})
+    send(dp, contribution(JOB2, 0, [3] * K, slot=15))
+    send(dp, contribution(JOB2, 1, [4] * K, slot=15))
+    assert all(values == [7] * K for _, values in expect_results(dp, JOB2, [0, 1]).values())
+    if dp.target not in TOFINO_TARGETS:
+        assert counters.recirculation() == {}
+        return
+    after = counters.recirculation()
+    assert after[0] == {"sent": before["sent"] + 1, "arrived": before["arrived"] + 1, "lost": before["lost"]}
+
+
 def test_counters_and_state_read_back(dp):
     counters = JobCounters(dp.sw)
     c = counters.job(JOB2.job_index)

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+from inagg.bmv2_env.softswitch.tna_compiled import LAYOUTS
 from inagg.controller.config import default_program, parse_config
 from inagg.controller.p4info import P4Type
 from inagg.controller.program import read_artifact
 from inagg.controller.switch import DERIVED_ADMIT_PARAMS, JobCounters, SwitchConnection
 from inagg.hostlib.wire import protocol
 from inagg.hostlib.worker.communicator import ReduceOp
-from tools import built_from
+from tools import built_from, tofino_parser
 from test_training import make_comms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,8 +166,8 @@ def test_controller_deploys_to_a_tofino_shaped_switch_and_a_job_is_exact(chip):
 # SRAM and map RAM: each pair's register is 16384 64-bit words (8 blocks and their map RAM).
 # TCAM 24: the checks (twice, one table per contributor map: slot_claim.p4), round_action and
 # the decision.
-BUDGET = {"stages_used": 12, "stateful_alus": 40, "stats_alus": 8, "sram_blocks": 420,
-          "map_ram_blocks": 340, "tcam_blocks": 24, "hash_bits": 800, "logical_tables": 80,
+BUDGET = {"stages_used": 12, "stateful_alus": 40, "stats_alus": 10, "sram_blocks": 420,
+          "map_ram_blocks": 360, "tcam_blocks": 24, "hash_bits": 800, "logical_tables": 80,
           "gateways": 40}
 # Tofino 2: the same, but bf-p4c's Tofino 2 placement of the same program takes 52 gateways
 # (19 on Tofino 1), of 20 x 16; and its round identity check (docs/tofino.md) a stateful ALU
@@ -191,6 +192,72 @@ def test_resources_within_budget(chip):
     assert used["stateful_alus"]["used"] >= PROGRAMS[chip].p4info.values_per_packet // 2   # one per pair
     assert used["phv_containers"]["normal"] <= PHV_BUDGET[chip]
 
+
+
+# an assembly in this bf-p4c's form (Tofino 1's parse_inagg and its split): epoch in two byte
+# slices on the split's rows, offset in two on parse_inagg's, and in the second row only one
+# of offset's slices
+_SLICED_BFA = """\
+phv ingress:
+  hdr.inagg.exp: B8
+  hdr.inagg.epoch.0-7: B32
+  hdr.inagg.epoch.8-15: B33
+  hdr.inagg.offset.0-15: H14
+  hdr.inagg.offset.16-31: H15
+parser ingress:
+  start: parse_inagg
+  hdr_len_adj: 16
+  states:
+    parse_inagg:
+      *:
+        5: B8  # ingress::hdr.inagg.exp
+        12..13: H15  # ingress::hdr.inagg.offset[31:16].16-31
+        14..15: H14  # ingress::hdr.inagg.offset[15:0].0-15
+        shift: 6
+        next: parse_inagg.$split_0
+      *:
+        5: B8  # ingress::hdr.inagg.exp
+        12..13: H15  # ingress::hdr.inagg.offset[31:16].16-31
+        shift: 6
+        next: end
+    parse_inagg.$split_0:
+      *:
+        0: B33  # ingress::hdr.inagg.epoch[15:8].8-15
+        1: B32  # ingress::hdr.inagg.epoch[7:0].0-7
+        B34: 16
+            # - value 1 -> B34 bit[4]: ingress::hdr.inagg.$valid
+        shift: 10
+        next: end
+deparser ingress:
+"""
+
+
+def test_the_parser_tool_records_a_field_extracted_in_slices_whole():
+    """A field bf-p4c extracts in slices (its ``phv`` section names them) is a whole field of
+    the row that takes all of them, at its most significant slice's first bit; a row taking
+    only some of them records nothing of it; slices that disagree on where the field starts
+    are an error."""
+    states = tofino_parser.parsers(_SLICED_BFA)["ingress"]["states"]
+    assert [r["fields"] for r in states["parse_inagg"]] == [
+        {"hdr.inagg.exp": 40, "hdr.inagg.offset": 96}, {"hdr.inagg.exp": 40}]
+    (split,) = states["parse_inagg.$split_0"]
+    assert (split["fields"], split["valid"]) == ({"hdr.inagg.epoch": 0}, ["inagg"])
+    moved = _SLICED_BFA.replace("1: B32  # ingress::hdr.inagg.epoch[7:0]", "2: B32  # ingress::hdr.inagg.epoch[7:0]")
+    with pytest.raises(ValueError, match="hdr.inagg.epoch"):
+        tofino_parser.parsers(moved)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_the_committed_parsers_extract_every_field_of_the_headers_they_make_valid(chip):
+    """What bf-p4c extracts in slices (Tofino 2's ingress epoch, its egress IPv4 addresses, the
+    Ethernet addresses on both chips) is in parser.json: each field of each header a gress makes
+    valid is extracted by some row of that gress."""
+    program = json.loads((PROGRAMS[chip].p4info_path.parent / "parser.json").read_text())
+    for gress, parser in program.items():
+        rows = [r for rs in parser["states"].values() for r in rs]
+        taken = {f for r in rows for f in r["fields"]}
+        valid = {h for r in rows for h in r["valid"] if h in LAYOUTS}
+        assert {f"hdr.{h}.{f}" for h in valid for f, _ in LAYOUTS[h]} <= taken, gress
 
 # bf-p4c's arguments per chip, as `make tofino` passes them (with CLOTs this bf-p4c fails on
 # Tofino 2's value stacks: docs/tofino.md)

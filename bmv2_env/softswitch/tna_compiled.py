@@ -217,8 +217,9 @@ def p4_path(states: dict[str, P4State], data: bytes, port_low: int) -> list[str]
 _PARSERS = {"ingress": "InaggIngressParser", "egress": "InaggEgressParser"}
 
 
-def _field_offset(field: str) -> int | None:
-    """``hdr.<header>.<field>``'s bit offset in its header (None: not a header of LAYOUTS)."""
+def _field_layout(field: str) -> tuple[int, int] | None:
+    """``hdr.<header>.<field>``'s bit offset in its header and its width (None: not a header of
+    LAYOUTS)."""
     parts = field.split(".", 2)
     if len(parts) != 3:            # a header stack's element (the values): not one of LAYOUTS
         return None
@@ -226,15 +227,24 @@ def _field_offset(field: str) -> int | None:
     at = 0
     for f, width in LAYOUTS.get(header, ()):
         if f == name:
-            return at
+            return at, width
         at += width
     return None
 
 
+def read_bits(data: bytes, at: int, width: int) -> int:
+    """The ``width`` bits of ``data`` from bit ``at`` (bits past its end read 0)."""
+    first, last = at // 8, (at + width - 1) // 8
+    word = int.from_bytes(data[first:last + 1].ljust(last + 1 - first, b"\0"), "big")
+    return (word >> (8 * (last + 1) - at - width)) & ((1 << width) - 1)
+
+
 @dataclass
 class Parsed:
-    """What a compiled parser extracted: the valid headers and their fields, and where in the
-    packet (bytes after the parser's intrinsic metadata) each valid header starts."""
+    """What a compiled parser extracted: where in the packet (bytes after the parser's intrinsic
+    metadata) each valid header starts, and the fields the walk's rows extracted of the valid
+    headers, each read where its row took it (a field no row extracted is not there: the
+    deparser would emit whatever its container held)."""
 
     headers: dict[str, int]
     phv: dict[str, int]
@@ -246,9 +256,10 @@ class Parsed:
 
 class CompiledParser:
     """One gress's compiled parser (tools/tofino_parser.py's reading of the assembly). A packet
-    walks its states from the start, each row extracting what bf-p4c placed there and setting
-    the validity bits it sets; where a state has several rows, the row whose next state is the
-    P4 parser's next choice for this packet (no row for it: the one that ends), as the
+    walks its states from the start, each row extracting what bf-p4c placed there (a field
+    extracted in slices counts once the row takes all of them: the tool records it whole) and
+    setting the validity bits it sets; where a state has several rows, the row whose next state
+    is the P4 parser's next choice for this packet (no row for it: the one that ends), as the
     assembly carries no match values."""
 
     def __init__(self, compiled: dict, p4: dict[str, P4State]) -> None:
@@ -270,21 +281,31 @@ class CompiledParser:
                     return row
         return next((r for r in rows if r["next"] == "end"), rows[-1])
 
-    def parse(self, data: bytes, port_low: int = 0) -> Parsed:
+    def _extracted(self, data: bytes, port_low: int) -> tuple[dict[str, int], set[str]]:
+        """The walk: each field of LAYOUTS it extracts -> its first bit in ``data``; the
+        headers it made valid."""
         path = p4_path(self.p4, data, port_low)
-        state, pos, valid, starts, seen = self.start, 0, set(), {}, set()
+        state, pos, valid, taken, seen = self.start, 0, set(), {}, set()
         while state != "end" and state in self.states and state not in seen:
             seen.add(state)
             row = self._row(state, self.states[state], path)
             for field, bit in sorted(row["fields"].items(), key=lambda f: f[1]):
-                off = _field_offset(field)     # a header starts where its earliest field says
-                if off is not None:
-                    starts.setdefault(field.split(".")[1], (8 * pos + bit - off) // 8 - self.adj)
+                if _field_layout(field) is not None:
+                    taken.setdefault(field, 8 * (pos - self.adj) + bit)
             valid.update(row["valid"])
             pos += row["shift"]
             state = row["next"]
-        headers = {h: at for h, at in starts.items() if h in valid and h in LAYOUTS}
-        phv = {k: v for h, at in headers.items() for k, v in unpack(h, data, at).items()}
+        return taken, valid
+
+    def parse(self, data: bytes, port_low: int = 0) -> Parsed:
+        taken, valid = self._extracted(data, port_low)
+        headers, phv = {}, {}
+        for field, at in taken.items():     # a header starts where its first field taken says
+            header = field.split(".")[1]
+            if header in valid:
+                off, width = _field_layout(field)
+                headers.setdefault(header, (at - off) // 8)
+                phv[field] = read_bits(data, at, width)
         return Parsed(headers, phv)
 
 

@@ -47,6 +47,8 @@ from inagg.hostlib.wire.protocol import (
 
 # P4Info architecture -> the chip (the P4's __TARGET_TOFINO__: 1, 2) the model runs
 CHIPS = {"tna": "tofino", "t2na": "tofino2"}
+# JobCounters' recirculation counters (p4/tofino/job_counters.p4), indexed by pipe
+RECIRC_SENT, RECIRC_ARRIVED = (f"InaggIngress.job_counters.recirc_{n}" for n in ("sent", "arrived"))
 _MAP_ACTIONS = ("join", "peek", "retire", "undo")
 
 
@@ -454,15 +456,19 @@ class TofinoModelPipeline(SoftPipeline):
             self.compiled.run(ANSWER_AT_ONCE, phv)
             return self._egress(r, _emit(phv, body), [_unicast(phv)])
         self.compiled.run(RECIRCULATE, phv)
-        return self._second_pass(r, _emit(phv, body))
+        self.counters.count(RECIRC_SENT, port >> 7)
+        return self._second_pass(r, _emit(phv, body), port >> 7)
 
-    def _second_pass(self, r: Recirculated, wire: bytes) -> list[tuple[int, bytes]]:
-        """The recirculated packet through the compiled ingress parser (from the recirculation
-        port): a second pass where it finds the bridged and inagg headers again; else ordinary
-        traffic on its second pass (l2_table on its Ethernet destination), as on the chip."""
+    def _second_pass(self, r: Recirculated, wire: bytes, pipe: int) -> list[tuple[int, bytes]]:
+        """The recirculated packet through the compiled ingress parser (from ``pipe``'s
+        recirculation port): a second pass (counted in recirc_arrived) where it finds the
+        bridged and inagg headers again; else ordinary traffic on its second pass (l2_table on
+        its Ethernet destination), as on the chip. The model's recirculation loses nothing, so
+        each pipe's two counts stay equal here; on a chip their difference is the port's loss."""
         parsed = self.compiled.parse("ingress", wire, self.compiled.recirc_port)
         if not {"bridged", "inagg"} <= set(parsed.headers):
             return self.forwarding(-1, parse(wire[parsed.headers.get("ethernet", header_bytes("bridged")):]))
+        self.counters.count(RECIRC_ARRIVED, pipe)
         phv = dict(parsed.phv)
         emits = self.engine.second_pass(r)     # the slot logic: retire, harvested, load_second
         if not emits:

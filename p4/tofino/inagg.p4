@@ -71,7 +71,7 @@ control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         } else {
             ig_dprsr_md.drop_ctl = 1;
         }
-        job_counters.apply(meta);
+        job_counters.apply(meta, ig_intr_md);
     }
 }
 

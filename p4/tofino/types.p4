@@ -58,6 +58,10 @@ const bit<7> RECIRC_PORT_LOCAL = 6;
 const bit<7> RECIRC_PORT_LOCAL = 68;
 #endif
 
+/* Pipes per chip (both chips as built here: 4), the index of JobCounters' recirculation
+ * counters (ingress_port[8:7]). */
+const bit<32> TOFINO_PIPES = 4;
+
 /* A slot's owner tag and one set's contributor map: one 64-bit register word. */
 struct owner_map_t {
     bit<32> tag;
