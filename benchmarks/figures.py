@@ -15,6 +15,8 @@ was not.
 
 from __future__ import annotations
 
+import argparse
+
 import os
 import shlex
 import statistics
@@ -41,10 +43,18 @@ def default_out() -> Path:
     return ROOT / "docs" / "results" / f"{datetime.now(timezone.utc):%Y-%m-%d}-figs"
 
 
+def _at_least_one(text: str) -> int:
+    """``--reps``: a whole number of repetitions, at least one (argparse names the flag)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: a figure needs at least 1 repetition")
+    return value
+
+
 def add_figure_arguments(parser, reps: int) -> None:
     """The flags every figure takes: repetitions, the load threshold and what to do above it,
     and where the files go."""
-    parser.add_argument("--reps", type=int, default=reps, help="repetitions of every point (the spread: min-max)")
+    parser.add_argument("--reps", type=_at_least_one, default=reps, help="repetitions of every point (the spread: min-max)")
     parser.add_argument("--max-load", type=float, default=DEFAULT_MAX_LOAD, metavar="L",
                         help="the 1-minute load average a quiet machine stays under (default %(default)s)")
     parser.add_argument("--loaded", choices=("refuse", "mark"), default="refuse",
