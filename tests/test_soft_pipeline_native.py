@@ -21,7 +21,7 @@ from inagg.bmv2_env.softswitch.pipeline_reference import SoftPipeline, build_fra
 from inagg.bmv2_env.emulation.testbed import program_testbed
 from inagg.controller.config import default_program
 from inagg.controller.switch import (
-    DELETE, INSERT, MODIFY, JobAdmission, ReplicaRewrite, ResultReplication, SourceGuard,
+    DELETE, INSERT, MODIFY, JobAdmission, JobCounters, ReplicaRewrite, ResultReplication, SourceGuard,
     SwitchConnection, SwitchError, SwitchJob, TreeUplink, UplinkBinding, WorkerBinding,
 )
 from inagg.hostlib.wire.protocol import (
@@ -265,3 +265,12 @@ def test_refused_write_is_undone_in_the_core_too(switches):
                           (1).to_bytes(2, "big") + UDP_PORT.to_bytes(2, "big"), inagg)
     (py, _), (native, _) = [(state.pipeline, sw) for state, sw in switches]
     assert native.process(2, to_host) == py.process(2, to_host) == [(3, to_host)]
+
+
+def test_both_cores_answer_the_tna_programs_recirculation_counters(tna_switches):
+    """The TNA P4Info has recirc_sent and recirc_arrived; a software switch never recirculates,
+    so both cores answer them over P4Runtime with cells that stay zero (the controller's
+    ``JobCounters.recirculation`` finds no traffic), never an error."""
+    for _, sw in tna_switches:
+        sw.push_pipeline()
+        assert JobCounters(sw).recirculation() == {}

@@ -10,6 +10,8 @@ the core's. The packet loop (``inagg.hostlib._native.SwitchLoop``) runs the core
 
 from __future__ import annotations
 
+import numpy as np
+
 from inagg.controller.p4info import P4Info
 from inagg.hostlib.native_build import _native
 
@@ -60,10 +62,20 @@ class NativePipeline:
         self.tables = TableStore(p4info, mirror=self)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups(mirror=self)
-        self.counters = Counters(p4info, {n: self.core.counter(i) for i, n in enumerate(CORE_COUNTERS)
-                                          if n in sizes},
-                                 lambda name, index, value: self.core.set_counter(
-                                     CORE_COUNTERS.index(name), index, value))
+        # counters the core does not count (the TNA program's recirculation counters: this
+        # switch never recirculates) are cells of their own that stay as written, as in the
+        # Python reference
+        arrays = {n: self.core.counter(CORE_COUNTERS.index(n)) if n in CORE_COUNTERS
+                  else np.zeros(size, dtype=np.int64) for n, size in sizes.items()}
+        self.counters = Counters(p4info, arrays, lambda name, index, value: self._set_counter(
+            arrays, name, index, value))
+
+    def _set_counter(self, arrays: dict[str, np.ndarray], name: str, index: int, value: int) -> None:
+        """Write one cell: the core's own counters through the core, the others in place."""
+        if name in CORE_COUNTERS:
+            self.core.set_counter(CORE_COUNTERS.index(name), index, value)
+        else:
+            arrays[name][index] = value
 
     # -- control plane -----------------------------------------------------------------------
 
