@@ -43,7 +43,7 @@ from inagg.controller.allocator import SWITCH, Demand, Placement
 from inagg.controller.config import ControllerConfig
 from inagg.controller.fabric import Fabric
 from inagg.controller.jobs import (Job, Member, Refused, authenticated, check_member, check_nonce,
-                                   check_rank, job_from_row, running, silence)
+                                   check_rank, job_from_row, running, silence, stall_record)
 from inagg.controller.store import Store, StoreError, state_from_json
 from inagg.controller.switch import SwitchError
 from inagg.controller.tree_place import restore_tree, tree_record
@@ -133,7 +133,7 @@ class Controller:
         When the database cannot be written: raise if ``durable``, else log it and remember
         that the store is behind (the change holds in memory)."""
         try:
-            states = [(state, job.place, job.job_index, tree_record(job, self.fabric.allocators))
+            states = [(state, job.place, job.job_index, tree_record(job, self.fabric.allocators), stall_record(job))
                       for job in self.jobs.values()
                       if not job.failure and (state := self.fabric.state(job)) is not None]
             gone = [i for i in self.store.job_ids() if i not in self.jobs or self.jobs[i].failure]

@@ -88,7 +88,17 @@ def job_from_row(row: Mapping[str, Any], grace: float = 0.0) -> Job:
               host_only=row["host_only"], place=row["switch"], nonce=row.get("nonce") or "",
               rows={} if row["job_index"] is None else {row["switch"]: row["job_index"]})
     job.rank_seen = dict.fromkeys(job.workers, time.monotonic() + grace)
+    stall = json.loads(row.get("stall") or "{}")
+    job.stall_moves = {int(b): n for b, n in stall.get("moves", {}).items()}
+    job.stall_reason = stall.get("reason", "")
     return job
+
+
+def stall_record(job: Job) -> str:
+    """What a stall did to ``job`` (its moves by boundary, the reason it stays on the host
+    aggregator), as the store keeps it: a restarted controller neither forgets that a stall
+    moved the job nor gives a stall that came back a fresh epoch again."""
+    return json.dumps({"moves": job.stall_moves, "reason": job.stall_reason})
 
 
 def authenticated(jobs: Mapping[int, Job], job_id: int, token: str) -> Job:

@@ -11,18 +11,27 @@ Metrics (labels ``job_id``, ``name``; counters also ``switch``):
 ``inagg_job_epoch``, ``inagg_job_pending_epoch`` (0 when none), ``inagg_job_grant_changes_total``
 (activations the workers agreed), ``inagg_job_workers``/``inagg_job_workers_joined``,
 ``inagg_switch_job_<packets|aggregated|duplicates|results>_total``,
-``inagg_switch_job_drops_total{reason}``; and ``inagg_jobs``, ``inagg_switch_slots``.
+``inagg_switch_job_drops_total{reason}``; and ``inagg_jobs``, ``inagg_switch_slots``. Per switch
+(label ``switch``), what is no job's: ``inagg_switch_global_drops_total{reason}`` (frames no job
+row could count), ``inagg_switch_guard_drops_total{reason}`` (SourceGuard: frames from a host port
+claiming an aggregator's address or a result) and, where the program recirculates (TNA),
+``inagg_switch_recirculation_passes_total{pipe, kind}`` (kind: sent, arrived, lost). A switch that
+does not answer is left out of the scrape.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
+from inagg.controller.switch import JobCounters, SourceGuard, SwitchError
 from inagg.hostlib.wire.grant import parse_address
+
+log = logging.getLogger("inagg.controller")
 
 if TYPE_CHECKING:
     from inagg.controller.controller import Controller
@@ -79,6 +88,30 @@ class ControllerCollector:
         yield GaugeMetricFamily("inagg_switch_slots", "aggregation slots on all switches",
                                 value=listing.switch_slots)
         yield from [*g.values(), mode, grant_changes, *counters.values(), drops]
+        yield from self._switch_metrics()
+
+    def _switch_metrics(self) -> list[Metric]:
+        """Each switch's own counters (module docstring), read over P4Runtime now."""
+        global_drops = CounterMetricFamily("inagg_switch_global_drops", "frames no job row counted, by reason",
+                                           labels=["switch", "reason"])
+        guard = CounterMetricFamily("inagg_switch_guard_drops", "frames SourceGuard dropped on host ports, "
+                                    "by reason", labels=["switch", "reason"])
+        recirc = CounterMetricFamily("inagg_switch_recirculation_passes", "recirculation passes by pipe: "
+                                     "sent, arrived, lost (sent - arrived)", labels=["switch", "pipe", "kind"])
+        for name, sw in self.ctl.fabric.switches.items():
+            try:
+                read = (JobCounters(sw.sw).global_drops(),
+                        SourceGuard(sw.sw).drops() if sw.capacity.guard else {}, JobCounters(sw.sw).recirculation())
+            except SwitchError as e:
+                log.warning("switch %s: its counters are left out of this scrape (%s)", name, e)
+                continue
+            for family, counts in zip((global_drops, guard), read):
+                for reason, n in counts.items():
+                    family.add_metric([name, reason], n)
+            for pipe, kinds in read[2].items():
+                for kind, n in kinds.items():
+                    recirc.add_metric([name, str(pipe), kind], n)
+        return [global_drops, guard, recirc]
 
     def _switch_of(self, aggregator: str) -> str:
         for name, sw in self.ctl.fabric.switches.items():

@@ -46,6 +46,7 @@ ADDED_COLUMNS = (
     ("workers", "rkey", "INTEGER NOT NULL DEFAULT 0"),
     ("jobs", "tree", "TEXT"),
     ("jobs", "nonce", "TEXT NOT NULL DEFAULT ''"),
+    ("jobs", "stall", "TEXT NOT NULL DEFAULT '{}'"),
 )
 
 
@@ -191,14 +192,15 @@ class Store:
                         "VALUES (?, ?, ?, ?, ?, ?)", (job_id, rank, *member))
 
     @does("save the jobs' grants")
-    def save(self, states: Iterable[tuple[JobState, str | None, int | None, str | None]],
+    def save(self, states: Iterable[tuple[JobState, str | None, int | None, str | None, str]],
              gone: Iterable[int]) -> None:
-        """In one transaction: each (state, switch, job index, tree record or None), and the
-        rows of the jobs ``gone`` (ended or failed) deleted."""
+        """In one transaction: each (state, switch, job index, tree record or None, stall
+        record: ``jobs.stall_record``), and the rows of the jobs ``gone`` (ended or failed)
+        deleted."""
         with self.db:
-            self.db.executemany("UPDATE jobs SET state=?, switch=?, job_index=?, tree=? WHERE job_id=?",
-                                [(state_to_json(s), switch, index, tree, s.job_id)
-                                 for s, switch, index, tree in states])
+            self.db.executemany("UPDATE jobs SET state=?, switch=?, job_index=?, tree=?, stall=? WHERE job_id=?",
+                                [(state_to_json(s), switch, index, tree, stall, s.job_id)
+                                 for s, switch, index, tree, stall in states])
             for job_id in gone:
                 for table in ("jobs", "workers", "activations"):
                     self.db.execute(f"DELETE FROM {table} WHERE job_id=?", (job_id,))
@@ -232,14 +234,14 @@ class Store:
     @does("read the jobs")
     def jobs(self) -> list[dict]:
         rows = self.db.execute(
-            "SELECT job_id, name, token, switch, job_index, state, transport, host_only, tree, nonce "
+            "SELECT job_id, name, token, switch, job_index, state, transport, host_only, tree, nonce, stall "
             "FROM jobs").fetchall()
         out = []
-        for job_id, name, token, switch, job_index, state, transport, host_only, tree, nonce in rows:
+        for job_id, name, token, switch, job_index, state, transport, host_only, tree, nonce, stall in rows:
             workers = self.db.execute("SELECT rank, address, mac, qp, rkey FROM workers "
                                       "WHERE job_id=? ORDER BY rank", (job_id,)).fetchall()
             out.append({"job_id": job_id, "name": name, "token": token, "switch": switch,
                         "job_index": job_index, "state": state, "workers": workers,
                         "transport": transport, "host_only": bool(host_only), "tree": tree,
-                        "nonce": nonce})
+                        "nonce": nonce, "stall": stall})
         return out

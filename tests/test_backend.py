@@ -1238,3 +1238,33 @@ def test_a_callback_on_an_inagg_call_may_make_another_call(inagg_groups):
     large = on_ranks(lambda r: (nested(r, 64 << 10), threading.current_thread().name), 2, 120)
     assert all(thread in ("inagg-complete", caller) and values == [5.0, 5.0]
                for (_, thread, values), caller in large)
+
+
+@pytest.mark.parametrize("path", ["gloo", "inagg"])
+def test_a_non_contiguous_tensor_on_one_rank_meets_the_others_calls(path):
+    """Contiguity is one rank's layout: rank 1's transposed tensor (an allreduce, inside a gloo
+    run and out of one) and its strided reduce-scatter output take the same path as rank 0's
+    contiguous ones, through a contiguous copy, and every sum lands in the caller's tensor.
+    Before, rank 1 went to gloo alone and both ranks waited for each other's call."""
+    import torch
+    import torch.distributed as dist
+
+    def calls(groups, r: int) -> tuple[list[float], list[float], list[float]]:
+        pg = groups[r]
+        for _ in range(40):   # a gloo run, on the gloo path
+            pg.allreduce([torch.ones(6)], dist.AllreduceOptions()).wait()
+        x = torch.arange(6.0).view(2, 3) + r
+        t = x.t() if r == 1 else x.t().contiguous()
+        pg.allreduce([t], dist.AllreduceOptions()).wait()
+        small = torch.arange(3.0) if r == 0 else torch.arange(6.0).view(3, 2)[:, 0]
+        pg.allreduce([small], dist.AllreduceOptions()).get_future().wait()
+        out = torch.zeros(4) if r == 0 else torch.zeros(8)[::2]
+        pg._reduce_scatter_base(out, torch.arange(8.0) + r, dist.ReduceScatterOptions()).wait()
+        return t.flatten().tolist(), small.tolist(), out.tolist()
+
+    with groups_on(path) as groups:
+        results = on_ranks(lambda r: calls(groups, r), 2, 120)
+    transposed = (2 * torch.arange(6.0).view(2, 3) + 1).t().flatten().tolist()
+    assert [t for t, _, _ in results] == [transposed, transposed]
+    assert [s for _, s, _ in results] == [[0.0, 3.0, 6.0]] * 2
+    assert [o for _, _, o in results] == [[1.0, 3.0, 5.0, 7.0], [9.0, 11.0, 13.0, 15.0]]

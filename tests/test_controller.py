@@ -757,6 +757,24 @@ def test_a_stall_moves_the_job_to_a_fresh_epoch_then_the_host_aggregator_then_fa
     assert "stalled again" in {j.job_id: j for j in c.list_jobs(ADMIN).jobs}[j1[0]].failure
 
 
+def test_a_restarted_controller_remembers_what_a_stall_did(env):
+    """The moves a stall made and the reason the job stays on the host aggregator are in the
+    database: after a restart the job's grant still gives the reason, and the stall coming back
+    at that boundary fails the job as it would have without the restart (never a fresh epoch
+    again)."""
+    c = env["client"]
+    j1 = new_job(c, [1, 2], "a")
+    fresh = report_all(c, *j1, first_grants(c, *j1)[0].epoch, 7)[-1].grant
+    host = report_all(c, *j1, fresh.epoch, 7)[-1].grant
+    env["stop"]()
+    env["start"]()
+    again = first_grants(c, *j1)[0]
+    assert again.mode == "host" and again.epoch == host.epoch and again.reason == host.reason
+    c.report_stall(*j1, host.epoch, 7, 0, "no result for 2.0s")
+    with pytest.raises(ControllerError, match="stalled again on the host aggregator.*after a fresh epoch and the host"):
+        c.report_stall(*j1, host.epoch, 7, 1, "no result for 2.0s")
+
+
 def test_ranks_stalled_in_different_calls_fail_the_job_at_once(env):
     """A rank that finished a call cannot send it again: no move can end that stall."""
     c = env["client"]

@@ -96,3 +96,43 @@ def test_top_refuses_an_interval_that_is_not_positive(interval, capsys):
     with pytest.raises(SystemExit) as exit_:
         ctl_main(["top", "--interval", interval])
     assert exit_.value.code == 2 and f"expected seconds > 0, got {interval!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["soft", "tofino"])
+def test_each_switchs_own_drops_and_recirculation_are_scraped(tmp_path, target):
+    """Frames no job owns reach the scrape per switch: a frame from a host port claiming the
+    switch's address (SourceGuard), a truncated inagg frame and one of another version (global
+    drops); the TNA program's recirculation counters are there too, with nothing recirculated
+    on the software switch (no sample), and a switch that is down leaves the scrape answering."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    from inagg.controller.metrics import ControllerCollector
+    from inagg.hostlib.wire.protocol import UDP_PORT
+    from test_controller import controller_env
+
+    env = controller_env(tmp_path, {"target": target} if target != "soft" else None)
+    e = next(env)
+    try:
+        def frame(src: str, payload: bytes) -> bytes:
+            return bytes(Ether(src="00:00:00:00:00:01", dst="00:00:00:00:00:fe") / IP(src=src, dst="10.0.0.254")
+                         / UDP(sport=5000, dport=UDP_PORT, chksum=0) / payload)
+
+        pipeline = e["state"].pipeline
+        pipeline.process(1, frame("10.0.0.254", bytes(24)))                  # the switch's own address
+        pipeline.process(1, frame("10.0.0.1", b"\x12\x00"))                  # shorter than the header
+        pipeline.process(1, frame("10.0.0.1", bytes([0x71]) + bytes(23)))    # version 7, a contribution
+        collector = ControllerCollector(e["ctl"]())
+        samples = {(s.name, frozenset(s.labels.items())): s.value
+                   for family in collector.collect() for s in family.samples}
+        assert samples[("inagg_switch_guard_drops_total",
+                        frozenset({("switch", "s1"), ("reason", "aggregator_addr")}))] == 1
+        assert samples[("inagg_switch_global_drops_total", frozenset({("switch", "s1"), ("reason", "truncated")}))] == 1
+        assert samples[("inagg_switch_global_drops_total",
+                        frozenset({("switch", "s1"), ("reason", "bad_version")}))] == 1
+        assert not any(name == "inagg_switch_recirculation_passes_total" for name, _ in samples)
+        e["stop_switch"]()
+        names = {s.name for family in collector.collect() for s in family.samples}
+        assert "inagg_jobs" in names and "inagg_switch_guard_drops_total" not in names
+    finally:
+        next(env, None)

@@ -11,7 +11,8 @@ per-call Python), its samples timed here (``_sample``) and its calls counted whe
 (``_run``); with the same bits on every path, a float call on the gloo path sums inagg's fixed
 point (``_fixed_call``, ``inagg.hostlib.pytorch.reproducible``). A reduce-scatter takes the path
 the chooser picks for an allreduce of its input, and its time feeds that path's model as one
-(``reduce_scatter``: only the rank's shard where the path can deliver just that).
+(``reduce_scatter``: only the rank's shard where the path can deliver just that). A
+non-contiguous tensor is staged through a contiguous copy (``_staged``), on every path alike.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from inagg.hostlib.pytorch.path.choice import PATHS
-from inagg.hostlib.pytorch.works import _CallWork, _GlooWork, _resolve_to, _TimedWork
+from inagg.hostlib.pytorch.works import _CallWork, _GlooWork, _resolve_to, _ShardWork, _TimedWork
 from inagg.hostlib.worker.tensors import ReduceOp
 
 if TYPE_CHECKING:
@@ -62,8 +63,6 @@ def _ineligible(tensors: list[torch.Tensor], op: dist.ReduceOp) -> str:
         return f"{t.device.type} tensor"
     if t.dtype not in _INAGG_DTYPES:
         return f"dtype {t.dtype}"
-    if not t.is_contiguous():
-        return "non-contiguous tensor"
     if op == _SUM or (op == _AVG and t.dtype in _FLOAT_DTYPES):
         return ""
     return f"op {op_name(op)}"
@@ -105,9 +104,11 @@ class AllreduceDispatch:
         before gloo's own allreduce. The run's latest Work is held (``_run_work``) until the
         next call is on the wire, so the previous one, and the tensor its caller let go of, are
         freed here, not inside the caller's ``wait``."""
+        if len(tensors) == 1 and tensors[0].layout == _STRIDED and not tensors[0].is_contiguous():
+            return self._staged(tensors[0], opts)
         if self._run_left and opts is not None and len(tensors) == 1 and opts.reduceOp == _SUM:
             t = tensors[0]
-            if t.layout == _STRIDED and t.nbytes == self._run_nbytes and t.dtype is self._run_dtype and t.is_contiguous() and t.is_cpu:
+            if t.layout == _STRIDED and t.nbytes == self._run_nbytes and t.dtype is self._run_dtype and t.is_cpu:
                 self._run_left -= 1
                 self._to_sample -= 1
                 if self._to_sample:
@@ -116,6 +117,13 @@ class AllreduceDispatch:
                 self._to_sample = self._sample_period
                 return self._sample(tensors, opts)
         return self._allreduce(tensors, opts if opts is not None else dist.AllreduceOptions())
+
+    def _staged(self, tensor: torch.Tensor, opts: dist.AllreduceOptions | None) -> dist.Work:
+        """A non-contiguous tensor's allreduce: a contiguous copy takes the call, and the sum is
+        copied back into ``tensor`` once it is done. Contiguity is a rank's own layout, never a
+        reason to take another path than the other ranks (their calls would not meet)."""
+        staged = tensor.contiguous()
+        return _ShardWork.whole(tensor, staged, self.allreduce([staged], opts))
 
     def _sample(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
         """A sample of gloo's time in the run (``PathChooser.run_length``): timed as ``_start``
@@ -182,7 +190,8 @@ class AllreduceDispatch:
         previous = self._end_run()   # the chooser is asked: every rank's call numbers stay aligned  # noqa: F841
         path, measure = self._choose(input_.nbytes, input_.dtype)
         comm = None if path == "gloo" else self._life.comm if path == "inagg" else self._life.lane
-        if not hasattr(comm, "reduce_scatter_async") or not input_.is_cpu:
+        if not (hasattr(comm, "reduce_scatter_async") and input_.is_cpu and input_.is_contiguous()
+                and output.is_contiguous()):
             full = input_.clone(memory_format=torch.contiguous_format)
             return full, self._start(path, full, opts, measure)
         idle, started = self._idle(path), time.perf_counter()

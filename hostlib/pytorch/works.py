@@ -215,6 +215,13 @@ class _ShardWork(dist.Work):
         self._calls, self._rank = calls, rank
         self._lock, self._kept = threading.Lock(), False
 
+    @classmethod
+    def whole(cls, output: torch.Tensor, staged: torch.Tensor, work: dist.Work) -> "_ShardWork":
+        """The Work of ``work`` (an allreduce of ``staged``, a contiguous copy of ``output``)
+        that copies the sum back into ``output``: rank 0's shard of a tensor of the output's
+        size is all of it."""
+        return cls([(output, staged, work)], 0)
+
     def _keep_shards(self) -> list[torch.Tensor]:
         with self._lock:
             if not self._kept:
@@ -228,7 +235,7 @@ class _ShardWork(dist.Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         for _, _, work in self._calls:
-            work.wait()
+            work.wait(timeout) if timeout is not None else work.wait()
         self._keep_shards()
         return True
 
