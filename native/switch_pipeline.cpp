@@ -158,7 +158,7 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
     if (emit.rank == kUpstream) {
         upstream_send(f, len, encap, emit.job, emit.length, out);
     } else {
-        replicate(port, f, len, encap, admit, outcome == Outcome::DupDone, emit.length, out);
+        replicate(port, f, len, encap, admit, outcome == Outcome::DupDone, emit, out);
     }
 }
 
@@ -202,7 +202,7 @@ void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool 
 }
 
 void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint8_t encap,
-                               const JobAdmit& admit, bool unicast, size_t result_len,
+                               const JobAdmit& admit, bool unicast, const Emit& emit,
                                OutputBatch& out) {
     size_t at = encap == kEncapRoce ? kRoceInaggAt : kInaggAt;
     uint16_t job_id = header_job(f + at);
@@ -220,8 +220,10 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
     // parser did not extract) follow the deparsed headers of every copy.
     size_t end = udp_end(f);
     size_t trailer = len > end ? len - end : 0;
-    size_t frame_len = result_frame_len(encap, result_len);
     for (const Replica* r = first; r != last; ++r) {
+        // a reduce-scatter's round: the values to its owner only, the header to the others
+        size_t result_len = emit.length_for(int32_t(r->instance) - 1);
+        size_t frame_len = result_frame_len(encap, result_len);
         const ReplicaAddress* rewrite = nullptr;
         if (r->instance) {
             auto hit = tables_.replicas.find(SwitchTables::replica_key(job_id, r->instance));

@@ -243,7 +243,8 @@ class SoftPipeline:
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
-        replica per multicast group member, each addressed by replica_table.
+        replica per multicast group member, each addressed by replica_table; a reduce-scatter's
+        round carries its values to its owner (replica = rank + 1) alone (``Emit.data_for``).
 
         As BMv2 does, a result reuses the trigger: its IPv4 total length stays as sent, and the
         bytes after the UDP payload (Ethernet padding, any trailer: what the P4 parser did not
@@ -277,7 +278,7 @@ class SoftPipeline:
                         r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
                 else:
                     u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
-            out.append((out_port, build_frame(e, i, u, emit.data, r, trailer=d[udp_end:],
+            out.append((out_port, build_frame(e, i, u, emit.data_for(replica - 1), r, trailer=d[udp_end:],
                                               keep_ip_length=True)))
         return out
 
