@@ -48,6 +48,12 @@ round opens it, so a copy of round r delayed past round r + 1 (its set's bitmap 
 offset and count as round r + 2) is stale instead of FIRST: it can neither change round r + 2's
 sum nor make r + 2's packets BAD_ROUND. A copy delayed by 2 * ROUND_TAGS - 2 rounds of its slot
 or more can alias (docs/protocol.md).
+Reduce-scatter (docs/protocol.md): each set also keeps its round's owner. FIRST sets it to the
+sender when the contribution carries FLAG_MINE (its block is wholly in the sender's shard), else
+to none; a marked ADD sets it when there is none; a second marked rank, or a child switch's sum
+(FLAG_FROM_SWITCH: its members all need the values), makes the round SHARED_ROUND. A completed
+round's result, and a DUP_DONE answer, go with their values to the owner only and as the header
+alone to every other rank (``Emit.data_for``); a round with no owner goes whole to every rank.
 Why FIRST is safe: a worker sends round r+2 of a slot only after the result of round r+1,
 so all workers have contributed to r+1 on set o and cleared their bits in set s.
 Why BAD_ROUND: a round's result is what its first contribution announced (offset, count); a

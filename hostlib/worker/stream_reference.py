@@ -19,7 +19,9 @@ the first W blocks (int32 tensors are summed as they are and prime no slot).
 
 Every call opens with the control round (``call_protocol``); a small call rides in it, a larger
 one then streams its blocks through its window, paced by the congestion window and recovered
-from loss as ``rounds`` describes.
+from loss as ``rounds`` describes. In a reduce-scatter (``StreamBase.allreduce``'s ``shard``)
+the blocks wholly in the rank's shard carry FLAG_MINE, and a result without its values is taken
+only for a block outside the shard (``OutstandingRounds.may_elide``) and writes nothing.
 """
 
 from __future__ import annotations
