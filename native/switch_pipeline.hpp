@@ -112,7 +112,7 @@ private:
                        size_t result_len, OutputBatch& out);
     static size_t result_frame_len(uint8_t encap, size_t result_len);
     void write_result_frame(const uint8_t* frame, uint8_t encap, const ReplicaAddress* rewrite,
-                            size_t result_len, uint8_t* out) const;
+                            size_t result_len, uint8_t* out, size_t cut = 0) const;
 
     SwitchTables tables_;
     Engine engine_;
