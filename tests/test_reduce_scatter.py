@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scapy.utils import RawPcapReader
 
 from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
@@ -94,10 +96,18 @@ class ElidingAggregator:
     def __init__(self) -> None:
         self.sock = bound_socket()
         self.flags: dict[int, int] = {}   # offset -> the data round's flags
+        self.stopped = False
+
+    def stop(self) -> None:
+        """End ``serve`` now: an empty datagram wakes its receive."""
+        self.stopped = True
+        self.sock.sendto(b"", self.sock.getsockname())
 
     def serve(self) -> None:
         control = True
         for data, sender in datagrams(self.sock):
+            if self.stopped:
+                return
             result = as_result(data)
             count = HEADER_STRUCT.unpack_from(data)[7]
             if not control and count:
@@ -109,12 +119,9 @@ class ElidingAggregator:
             self.sock.sendto(result, sender)
 
 
-@pytest.mark.parametrize("kind", [SlotStream, NativeSlotStream], ids=["python", "native"])
-def test_a_stream_takes_values_elided_only_outside_its_shard(kind):
-    """Shard [10, 30) of 40 values in blocks of 4: blocks 3..6 are the rank's (FLAG_MINE), 2
-    and 7 straddle its edges, the rest are other ranks'. A header-only answer is taken for the
-    others' blocks only (nothing written: they keep the input) and dropped as missing_values
-    for the rank's own and the straddling ones, whose whole answers follow."""
+def eliding_call(kind: type, size: int, shard: tuple[int, int]) -> tuple[np.ndarray, ElidingAggregator, object]:
+    """A one-rank job's int32 call of ``size`` values with ``shard`` on stream ``kind`` against
+    an ``ElidingAggregator``: (the result, the aggregator, the stream's stats)."""
     agg = ElidingAggregator()
     thread = threading.Thread(target=agg.serve, daemon=True)
     thread.start()
@@ -122,21 +129,46 @@ def test_a_stream_takes_values_elided_only_outside_its_shard(kind):
     try:
         stream = kind(Grant(3, 2, 0, 4, K, agg.sock.getsockname()), 0, 1, transport,
                       rto_min=3.0, rto_max=3.0, stall_timeout=5.0)   # no resends on a loaded machine
-        x = np.arange(40, dtype=np.int32)
-        stream.allreduce(x, shard=(10, 30))
+        x = np.arange(size, dtype=np.int32)
+        stream.allreduce(x, shard=shard)
+        return x, agg, stream.stats
     finally:
+        agg.stop()
+        thread.join(5)
         agg.sock.close()
         transport.close()
-        thread.join(5)
+
+
+@pytest.mark.parametrize("kind", [SlotStream, NativeSlotStream], ids=["python", "native"])
+def test_a_stream_takes_values_elided_only_outside_its_shard(kind):
+    """Shard [10, 30) of 40 values in blocks of 4: blocks 3..6 are the rank's (FLAG_MINE), 2
+    and 7 straddle its edges, the rest are other ranks'. A header-only answer is taken for the
+    others' blocks only (nothing written: they keep the input) and dropped as missing_values
+    for the rank's own and the straddling ones, whose whole answers follow."""
+    x, agg, s = eliding_call(kind, 40, (10, 30))
     touched = np.zeros(40, bool)
     touched[8:32] = True                               # blocks 2..7 touch [10, 30)
     assert x.tolist() == np.where(touched, 2 * np.arange(40), np.arange(40)).tolist()
     assert {o for o, f in agg.flags.items() if f & FLAG_MINE} == {12, 16, 20, 24}
-    s = stream.stats
     assert s.elided_results == 4                       # blocks 0, 1, 8, 9
     assert s.result_drops["missing_values"] == 6       # blocks 2..7
     assert 6 + 3 <= s.ignored_results <= 6 + 4         # the whole answers after elided ones (the
                                                        # last may come after the call)
+
+
+@settings(max_examples=15, deadline=None)
+@given(size=st.integers(1, 48), edges=st.tuples(st.integers(0, 48), st.integers(0, 48)))
+def test_both_streams_mark_take_and_write_the_same_blocks(size, edges):
+    """The C++ stream against its Python twin on any shard of any call (an empty one: an
+    allreduce, every header-only answer missing_values): the same blocks marked FLAG_MINE, the
+    same elided answers taken, the same result."""
+    shard = tuple(sorted(min(e, size) for e in edges))
+    runs = []
+    for kind in (SlotStream, NativeSlotStream):
+        x, agg, stats = eliding_call(kind, size, shard)
+        runs.append((x.tolist(), sorted(o for o, f in agg.flags.items() if f & FLAG_MINE), stats.elided_results,
+                     stats.result_drops.get("missing_values", 0)))
+    assert runs[0] == runs[1]
 
 
 def start_ranks(dep: LoopbackDeployment, n: int) -> list[Communicator]:
