@@ -520,7 +520,7 @@ def test_a_reduce_scatter_round_gives_its_values_to_its_owner_alone(dp):
     way (the owner's with the values, another rank's with the header)."""
     owner_rule_only(dp)
     dp.drain()
-    for rank, flags in ((0, 0), (1, FLAG_MINE), (2, 0)):
+    for rank, flags in ((0, 0), (1, FLAG_MINE), (2, 0)):   # slot 2: other cases' packets there are refused
         send(dp, contribution(JOB1, rank, [rank + 1] * K, slot=2, flags=flags))
     got = udp_results(dp, JOB1)
     assert sorted(got) == [0, 1, 2]
@@ -537,8 +537,8 @@ def test_a_roce_reduce_scatter_header_has_the_shorter_dma_length_and_its_icrc(dp
     needs(dp, JOB3)
     owner_rule_only(dp)
     dp.drain()
-    send(dp, roce_contribution(JOB3, 0, [1] * K, slot=19))
-    send(dp, roce_contribution(JOB3, 1, [2] * K, slot=19, flags=FLAG_MINE))
+    send(dp, roce_contribution(JOB3, 0, [1] * K, slot=20))             # a slot no other case uses
+    send(dp, roce_contribution(JOB3, 1, [2] * K, slot=20, flags=FLAG_MINE))
     frames = [f for fs in dp.recv_all(1.0).values() for f in fs if UDP in Ether(f)]
     lengths = sorted(len(decapsulate(f[14:])[0]) for f in frames)   # raises on a bad length or ICRC
     assert lengths == [16, 16 + 4 * K]

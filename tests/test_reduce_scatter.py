@@ -222,6 +222,17 @@ def result_blocks(frames: list[bytes]) -> tuple[set[int], set[int], int]:
     return whole, elided, nbytes
 
 
+def marked(frames: list[bytes]) -> set[int]:
+    """Offsets of the contributions among ``frames`` that carry FLAG_MINE."""
+    return {h.offset for h in (unpack_header(f[42:]) for f in frames) if h.flags & FLAG_MINE}
+
+
+def own(rank: int, n: int, size: int, k: int) -> set[int]:
+    """Offsets of the blocks of ``k`` values wholly in rank ``rank``'s shard."""
+    shard = size // n
+    return {o for o in range(0, size, k) if o // shard == (min(o + k, size) - 1) // shard == rank}
+
+
 def others(rank: int, n: int, size: int, k: int) -> set[int]:
     """Offsets of the blocks of ``k`` values wholly in another rank's shard: the only ones whose
     values rank ``rank`` does not get (a block across two shards has no owner: every rank's)."""
@@ -234,18 +245,19 @@ SIZE = 4 * 100_000   # 4 shards of 100,000 values: at K = 4096 (loopback) three 
 
 def test_a_reduce_scatter_on_the_switch_sends_each_rank_its_shard_alone(tmp_path):
     """4 ranks on the soft switch: every output is the allreduce's shard, bit for bit; in the
-    pcap of each rank's switch port, the reduce-scatter's results carry values only for the
-    blocks that hold some of its shard, the others' come as headers, and its bytes are about a
-    quarter of the allreduce's."""
+    pcaps of each rank's switch port, the allreduce's contributions carry no FLAG_MINE and the
+    reduce-scatter's carry it on the blocks wholly in the rank's shard, whose results carry
+    values only for the blocks that hold some of its shard (the others' come as headers), its
+    bytes about a quarter of the allreduce's."""
     n = 4
     with LoopbackDeployment(n, pcap=tmp_path) as dep:
         comms = start_ranks(dep, n)
         try:
             k = comms[0].grant.values_per_packet
             before = {}
-            summed, outs = scatter_and_reduce(
-                comms, SIZE, lambda: before.update({r: settled_frames(dep.port_pcap(r, "out")) for r in range(n)}))
-            after = {r: settled_frames(dep.port_pcap(r, "out")) for r in range(n)}
+            summed, outs = scatter_and_reduce(comms, SIZE, lambda: before.update(
+                {(r, d): settled_frames(dep.port_pcap(r, d)) for r in range(n) for d in ("in", "out")}))
+            after = {(r, d): settled_frames(dep.port_pcap(r, d)) for r in range(n) for d in ("in", "out")}
             stats = [c.stats() for c in comms]
         finally:
             for c in comms:
@@ -253,11 +265,13 @@ def test_a_reduce_scatter_on_the_switch_sends_each_rank_its_shard_alone(tmp_path
     assert stats[0]["mode"] == "switch"
     for r in range(n):
         assert np.array_equal(outs[r], summed[r][r * SIZE // n:(r + 1) * SIZE // n])
+        assert marked(before[r, "in"]) == set()
+        assert marked(after[r, "in"][len(before[r, "in"]):]) == own(r, n, SIZE, k)
         elsewhere, all_blocks = others(r, n, SIZE, k), set(range(0, SIZE, k))
-        whole, elided, scatter_bytes = result_blocks(after[r][len(before[r]):])
+        whole, elided, scatter_bytes = result_blocks(after[r, "out"][len(before[r, "out"]):])
         assert whole == all_blocks - elsewhere - {0} and elided == elsewhere - {0}
         assert stats[r]["elided_results"] == len(elsewhere)
-        reduce_bytes = result_blocks(before[r])[2]
+        reduce_bytes = result_blocks(before[r, "out"])[2]
         headers = (42 + HEADER_BYTES) * (len(all_blocks) + 16)   # every block's header, the priming
         assert scatter_bytes <= reduce_bytes / n + headers + 4 * (42 + HEADER_BYTES + 4 * k)
 
