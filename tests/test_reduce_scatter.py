@@ -25,7 +25,7 @@ from scapy.utils import RawPcapReader
 
 from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
 from inagg.hostlib.aggregator.engine import NativeEngine
-from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import (
     FLAG_FROM_SWITCH, FLAG_MINE, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, build_contribution, round_fields,
@@ -85,6 +85,20 @@ def test_owner_rule_row(engine, row):
     got = [emit.data_for(r) for r in emit.ranks]
     assert [len(d) for d in got] == sizes
     assert all(d[:HEADER_BYTES] == emit.data[:HEADER_BYTES] for d in got)   # count and all kept
+
+
+@pytest.mark.parametrize("engine", [AggregationEngine, NativeEngine], ids=["python", "native"])
+def test_a_switch_below_the_root_gives_its_owner_alone_the_parents_values(engine):
+    """A ToR of an aggregation tree: its sum goes up without FLAG_MINE (the parent sends every
+    child switch the values), and the parent's result comes down to the ToR's owner alone."""
+    parent = ("10.0.9.9", 5)
+    eng = engine(4, K, host_mode=False)
+    eng.replace_jobs({1: JobConfig(1, 1, 0, 2, MEMBERS[:2], Uplink(parent, 0, 2))})
+    eng.process(contribution(0), MEMBERS[0])
+    (up,) = eng.process(contribution(1, FLAG_MINE), MEMBERS[1])
+    assert up.upstream and not up.data[1] & FLAG_MINE
+    (down,) = eng.process(as_result(up.data), parent)
+    assert [len(down.data_for(r)) for r in down.ranks] == [HEADER, FULL]
 
 
 class ElidingAggregator:
