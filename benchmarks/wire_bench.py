@@ -32,13 +32,17 @@ the other, so its calls' median alone does not show the share.
 
 Writes benchmarks/results/wire_bench.csv and wire_bench.png (time vs N for both paths per size,
 the framing limit dashed: SwitchML's figure), prints the table and the machine's load.
+``--collective reduce_scatter`` times reduce-scatters of the tensor instead (FSDP's gradient
+collective: inagg's switch sends each rank only its shard's values, ``Communicator.reduce_scatter_async``;
+gloo's ring moves (N-1)/N of the tensor each way, so its ideal is half its allreduce's, and a
+rank's uplink still carries its whole tensor to the switch: inagg's framing limit is unchanged).
 ``--loss PCT`` drops that share of the frames at the switch's port of every host link, both
 ways (the software data plane's ports: this kernel has no netem; ``loss_pct`` is what they
 dropped, counted, not what was asked): ``benchmarks/fig_loss.py`` runs it per loss rate.
 
     sudo .venv/bin/python benchmarks/wire_bench.py [--rate 100mbit] [--workers 2 4 8]
         [--sizes-mib 1 4 16 64] [--reps 3] [--warmup 32] [--no-auto] [--mtu 1500] [--two-jobs 4] [--loss 0]
-        [--quick]
+        [--collective allreduce|reduce_scatter] [--quick]
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 MIB = 1 << 20
 PATHS = ("inagg", "gloo")
 AUTO = "auto"     # the group whose backend chooses its own path
-FIELDS = ("case", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "job_s", "inagg_s", "gloo_s", "ratio",
+FIELDS = ("case", "collective", "rate", "mtu", "mode", "k", "workers", "bytes", "reps", "job_s", "inagg_s", "gloo_s", "ratio",
           "auto_s", "auto_vs_best", "auto_paths", "framing_limit_s", "inagg_vs_limit", "gloo_ideal_s", "ideal_ratio",
           "retransmissions", "spurious", "link_drops", "loss_pct", "switch_nice", "cpu_load", "load1")
 ETH_IP_UDP_INAGG = 14 + 20 + 8 + 16    # bytes of a frame besides its K values
@@ -74,18 +78,23 @@ ETH_IP_TCP = 14 + 20 + 32              # a TCP segment's headers (timestamps on)
 
 # -- rank side (one process in each worker's Mininet host) ------------------------------------
 
-def timed_call(tensor, group, barrier) -> float:
-    """One allreduce on ``group`` after a barrier on ``barrier``, its sum checked; seconds."""
+def timed_call(tensor, group, barrier, collective: str = "allreduce") -> float:
+    """One allreduce (or reduce-scatter of ``tensor`` into this rank's shard) on ``group`` after
+    a barrier on ``barrier``, its sum checked; seconds."""
     import torch.distributed as dist
 
     world = dist.get_world_size()
     tensor.fill_(1.0)
+    out = tensor if collective == "allreduce" else tensor.new_empty(tensor.numel() // world)
     dist.barrier(group=barrier)
     t0 = time.perf_counter()
-    dist.all_reduce(tensor, group=group)
+    if collective == "allreduce":
+        dist.all_reduce(tensor, group=group)
+    else:
+        dist.reduce_scatter_tensor(out, tensor, group=group)
     seconds = time.perf_counter() - t0
-    if tensor[0].item() != world or tensor[-1].item() != world:
-        raise RuntimeError(f"allreduce summed to {tensor[0].item()}, not {world}")
+    if out[0].item() != world or out[-1].item() != world:
+        raise RuntimeError(f"{collective} summed to {out[0].item()}, not {world}")
     return seconds
 
 
@@ -99,13 +108,13 @@ def measure(groups: dict, barrier, args) -> list[list]:
     for i, nbytes in enumerate(args.sizes):
         x = torch.empty(nbytes // 4, dtype=torch.float32)
         for path in groups if i == 0 else ():
-            timed_call(x, groups[path], barrier)
+            timed_call(x, groups[path], barrier, args.collective)
         for _ in range(args.warmup if AUTO in groups else 0):
-            timed_call(x, groups[AUTO], barrier)
+            timed_call(x, groups[AUTO], barrier, args.collective)
         for rep in range(args.reps):
             order = list(groups) if rep % 2 == 0 else list(reversed(groups))
-            calls += [[nbytes, rep, path, timed_call(x, groups[path], barrier), taken(groups[path], path)]
-                      for path in order]
+            calls += [[nbytes, rep, path, timed_call(x, groups[path], barrier, args.collective),
+                       taken(groups[path], path)] for path in order]
     return calls
 
 
@@ -249,7 +258,7 @@ def start_job(run, args, n: int, name: str, paths: tuple[str, ...], go_file: Pat
     from inagg.hostlib.pytorch.path.links import LINK_RATE_ENV
 
     extra = ["--sizes-mib", *map(str, args.sizes_mib), "--reps", str(args.reps), "--warmup", str(args.warmup),
-             "--paths", *paths, *(["--go-file", str(go_file)] if go_file else [])]
+             "--paths", *paths, "--collective", args.collective, *(["--go-file", str(go_file)] if go_file else [])]
     procs = start_ranks(run, Path(__file__).resolve(), name, [f"h{rank + 1}" for rank in range(n)], port, extra,
                         {LINK_RATE_ENV: args.rate})
     return procs, run.run.path / f"{name}.json"
@@ -347,15 +356,16 @@ def summarize(result: dict, args, load: float) -> list[dict]:
         limit = framing_limit(nbytes, k, args.rate) * (2 if result["case"].startswith("shared") else 1)
         gloo = statistics.median(by_path["gloo"]) if by_path["gloo"] else None
         ratios = [i / g for i, g in zip(by_path["inagg"], by_path["gloo"])]
-        rows.append({"case": result["case"], "rate": args.rate, "mtu": args.mtu, "mode": result["mode"], "k": k,
+        ring = 1 if args.collective == "allreduce" else 2   # a ring reduce-scatter: half the allreduce
+        rows.append({"case": result["case"], "collective": args.collective, "rate": args.rate, "mtu": args.mtu, "mode": result["mode"], "k": k,
                      "workers": n, "job_s": round(result["job_s"], 3),
                      "bytes": nbytes, "reps": len(by_path["inagg"]), "inagg_s": round(inagg, 4),
                      "gloo_s": gloo and round(gloo, 4),
                      "ratio": round(statistics.median(ratios), 3) if ratios else None,
                      **auto_figures(mine, gloo and min(inagg, gloo)),
                      "framing_limit_s": round(limit, 4), "inagg_vs_limit": round(inagg / limit, 3),
-                     "gloo_ideal_s": round(gloo_ideal(nbytes, n, args.mtu, args.rate), 4),
-                     "ideal_ratio": round(n / (2 * (n - 1)), 3),
+                     "gloo_ideal_s": round(gloo_ideal(nbytes, n, args.mtu, args.rate) / ring, 4),
+                     "ideal_ratio": round(ring * n / (2 * (n - 1)), 3),
                      "retransmissions": result["retransmissions"], "spurious": result["spurious"],
                      "link_drops": result["link_drops"], "loss_pct": result["loss_pct"], "switch_nice": args.switch_nice, "cpu_load": args.cpu_load,
                      "load1": round(load, 2)})
@@ -421,6 +431,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="ranks of each of two jobs sharing the links (0: no such case)")
     p.add_argument("--loss", type=float, default=0.0, metavar="PCT",
                    help="percent of the frames every host link's switch port drops, both ways")
+    p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce",
+                   help="the timed collective (reduce_scatter: of the tensor into each rank's shard)")
     p.add_argument("--quick", action="store_true", help="N = 2 and 4, 4 MiB, one repetition, no two-jobs case")
     add_machine_arguments(p)
     add_output_arguments(p, "wire_bench", RESULTS)

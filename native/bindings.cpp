@@ -93,7 +93,7 @@ nb::dict snapshot(inagg::Engine& engine) {
     return d;
 }
 
-// (outcome, job, rank, result bytes or None) for one packet.
+// (outcome, job, rank, result bytes or None, owner) for one packet.
 nb::tuple process_one(inagg::Engine& engine, nb::handle data, inagg::SenderId sender,
                       bool framing_ok) {
     ByteView view(data);
@@ -110,11 +110,11 @@ nb::tuple process_one(inagg::Engine& engine, nb::handle data, inagg::SenderId se
     if (emit.length) {
         result = nb::bytes(reinterpret_cast<const char*>(out.data()), emit.length);
     }
-    return nb::make_tuple(static_cast<int>(outcome), emit.job, emit.rank, result);
+    return nb::make_tuple(static_cast<int>(outcome), emit.job, emit.rank, result, emit.owner);
 }
 
 // Packets laid end to end in `data` (lengths give each one's size): (outcomes as bytes, list of
-// (packet index, job, rank, result bytes)).
+// (packet index, job, rank, result bytes, owner)).
 nb::tuple process_batch(inagg::Engine& engine, nb::handle data, const std::vector<size_t>& lengths,
                         const std::vector<inagg::SenderId>& senders,
                         const std::vector<bool>& framing_ok) {
@@ -144,7 +144,8 @@ nb::tuple process_batch(inagg::Engine& engine, nb::handle data, const std::vecto
     for (const inagg::Emitted& e : emitted) {
         emits.append(nb::make_tuple(
             e.packet, e.emit.job, e.emit.rank,
-            nb::bytes(reinterpret_cast<const char*>(arena.data() + e.at), e.emit.length)));
+            nb::bytes(reinterpret_cast<const char*>(arena.data() + e.at), e.emit.length),
+            e.emit.owner));
     }
     return nb::make_tuple(
         nb::bytes(reinterpret_cast<const char*>(outcomes.data()), outcomes.size()), emits);

@@ -17,6 +17,9 @@ constexpr uint8_t kStickyFlags = kFlagOverflow | kFlagCongestion;
 // A reset set's round tag: none yet, so its first opener's tag is its next (after a switch lost its
 // slot state the workers are at any round; engine_reference.py ROUND_UNSET).
 constexpr uint8_t kRoundUnset = kRoundTags;
+// A set's owner when every member must get the values although some rank marked FLAG_MINE: a
+// second rank did too, or a child switch's partial sum is in (engine_reference.py SHARED_ROUND).
+constexpr int8_t kSharedRound = -2;
 
 // The value loops: free functions over plain pointers and a local count, so the compiler sees
 // that the stores cannot change the count (in a member function they could alias k_) and
@@ -149,6 +152,7 @@ Engine::Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode)
         set.seen.assign(n_slots, 0);
         set.offset.assign(n_slots, 0);
         set.exp.assign(n_slots, kExpNone);
+        set.owner.assign(n_slots, kNoOwner);
         set.flags.assign(n_slots, 0);
         set.round.assign(n_slots, kRoundUnset);
         set.count.assign(n_slots, 0);
@@ -348,7 +352,8 @@ Emit Engine::joined(const JobConfig& job, JobCounters& ctr, const Header& h, uin
     if (job.has_uplink) {  // this level's part: up
         return Emit{h.job, kUpstream, write_upstream(slot, h.set, job, 0, out)};
     }
-    return Emit{h.job, kEveryMember, write_result(slot, h.set, job, h.worker, 0, out)};
+    return Emit{h.job, kEveryMember, write_result(slot, h.set, job, h.worker, 0, out),
+                owner(slot, h.set)};
 }
 
 // The first packet of a new owner/epoch in a slot resets it.
@@ -376,7 +381,8 @@ Emit Engine::duplicate(const JobConfig& job, JobCounters& ctr, const Header& h, 
         ctr.resent_results += 1;
         last_outcome_ = Outcome::DupDone;
         return Emit{h.job, h.worker,
-                    write_result(h.slot, h.set, job, h.worker, kFlagRetransmit, out)};
+                    write_result(h.slot, h.set, job, h.worker, kFlagRetransmit, out),
+                    owner(h.slot, h.set)};
     }
     if (st.sent_up) {  // DUP_UPSTREAM
         last_outcome_ = Outcome::DupUpstream;
@@ -413,7 +419,8 @@ Emit Engine::parent_result(const JobConfig& job, JobCounters& ctr, const Header&
     } else {
         std::fill(values, values + k_, 0);
     }
-    return Emit{h.job, kEveryMember, write_result(h.slot, h.set, job, h.worker, 0, out)};
+    return Emit{h.job, kEveryMember, write_result(h.slot, h.set, job, h.worker, 0, out),
+                owner(h.slot, h.set)};
 }
 
 // A contribution into the set's registers: the first overwrites them, a further one adds.
@@ -427,6 +434,7 @@ void Engine::accumulate(SetState& set, const Header& h, const uint8_t* payload, 
         set.round[slot] = round_tag(h.flags);
         set.offset[slot] = h.offset;
         set.count[slot] = h.count;
+        note_owner(set, h, true);
         if (h.count) {
             load_values(values, payload, k_);
         } else {
@@ -434,12 +442,30 @@ void Engine::accumulate(SetState& set, const Header& h, const uint8_t* payload, 
         }
         return;
     }
+    note_owner(set, h, false);
     set.seen[slot] += 1;
     set.exp[slot] = std::max(set.exp[slot], h.exp);
     set.flags[slot] |= h.flags & kStickyFlags;
     if (h.count) {
         add_values(values, payload, k_);
     }
+}
+
+// FLAG_MINE makes its sender the round's owner; a second owner, or a child switch's partial sum
+// (whose members all need the values), makes the round shared.
+void Engine::note_owner(SetState& set, const Header& h, bool first) {
+    int8_t& owner = set.owner[h.slot];
+    if (first) owner = kNoOwner;
+    if (h.flags & kFlagFromSwitch) {
+        owner = kSharedRound;
+    } else if (h.flags & kFlagMine) {
+        owner = owner == kNoOwner ? static_cast<int8_t>(h.worker) : kSharedRound;
+    }
+}
+
+int32_t Engine::owner(uint32_t slot, int s) const {
+    int8_t owner = sets_[s].owner[slot];
+    return owner >= 0 ? owner : kNoOwner;
 }
 
 void Engine::process_batch(const std::vector<Received>& packets, std::vector<uint8_t>& arena,

@@ -122,16 +122,27 @@ struct JobCounters {
     std::array<uint64_t, kOutcomes> drops{};
 };
 
-// The packet a processed packet causes, if any (never more than one): `length` bytes of inagg
-// header + payload written into the caller's buffer, for one rank of `job` or all of them.
-struct Emit {
-    uint16_t job = 0;
-    int32_t rank = -1;  // kEveryMember (a completed round), kUpstream (a contribution to the
-                        // job's parent), else that rank
-    size_t length = 0;  // 0: nothing to send
-};
 constexpr int32_t kEveryMember = -1;
 constexpr int32_t kUpstream = -2;
+constexpr int32_t kNoOwner = -1;
+
+// The packet a processed packet causes, if any (never more than one): `length` bytes of inagg
+// header + payload written into the caller's buffer, for one rank of `job` or all of them.
+// A reduce-scatter's round has an owner (the one rank whose contributions carried FLAG_MINE):
+// only the owner gets the values, every other rank the header alone (values elided, count kept),
+// which still answers its round (length_for).
+struct Emit {
+    uint16_t job = 0;
+    int32_t rank = -1;         // kEveryMember (a completed round), kUpstream (a contribution to the
+                               // job's parent), else that rank
+    size_t length = 0;         // 0: nothing to send
+    int32_t owner = kNoOwner;  // the rank the values go to; kNoOwner: to every rank
+
+    // The bytes of the result that rank `rank` gets.
+    size_t length_for(int32_t to) const {
+        return owner != kNoOwner && to != owner && length > kHeaderBytes ? kHeaderBytes : length;
+    }
+};
 
 class Engine;
 
@@ -190,6 +201,9 @@ private:
     struct SetState {  // one shadow set of every slot
         std::vector<uint32_t> bitmap, seen, offset;
         std::vector<int8_t> exp;
+        // the round's owner: a rank, kNoOwner, or kSharedRound (FLAG_MINE from two ranks, or a
+        // child switch in: every member gets the values)
+        std::vector<int8_t> owner;
         std::vector<uint8_t> flags, round;  // round: the tag of the set's round
         std::vector<uint16_t> count;
         std::vector<int32_t> values;  // n_slots * K
@@ -211,6 +225,8 @@ private:
     Emit parent_result(const JobConfig& job, JobCounters& ctr, const Header& h, RoundState st,
                        const uint8_t* payload, uint8_t* out);
     void accumulate(SetState& set, const Header& h, const uint8_t* payload, bool first);
+    static void note_owner(SetState& set, const Header& h, bool first);
+    int32_t owner(uint32_t slot, int s) const;
     Outcome admission(const JobConfig& job, const uint8_t* data, size_t len, SenderId sender,
                       bool framing_ok) const;
     size_t write_result(uint32_t slot, int s, const JobConfig& job, uint8_t worker,

@@ -100,7 +100,8 @@ void HostLoop::serve_batch(size_t received) {
         size_t end = emit.rank < 0 ? members.size() : first + 1;
         for (size_t r = first; r < end; ++r) {
             if (!lost()) {
-                b.out.push_back(Buffers::Outgoing{at, emit.length, address_of(members[r])});
+                b.out.push_back(
+                    Buffers::Outgoing{at, emit.length_for(int32_t(r)), address_of(members[r])});
             }
         }
     }

@@ -19,6 +19,11 @@ constexpr uint8_t kFlagFromHost = 0x02;
 constexpr uint8_t kFlagCongestion = 0x04;
 constexpr uint8_t kFlagOverflow = 0x08;
 constexpr uint8_t kFlagFromSwitch = 0x80;  // a switch's partial sum to its parent (docs/trees.md)
+// On a contribution (FROM_HOST's bit, which only results carry): the block is wholly in the
+// sender's reduce-scatter shard; the aggregator sends the round's values to that owner only and
+// the header alone (count kept, no payload: "values elided") to the others
+// (inagg.hostlib.wire.protocol.FLAG_MINE; not in the P4 programs yet).
+constexpr uint8_t kFlagMine = 0x02;
 // The round tag: flags bits 4..6 are no flags but the round's identity beyond its set. Round k
 // of a slot (counted from 0 at each grant) goes on set k % 2 with tag (k / 2) % kRoundTags; a
 // slot keeps each set's tag, so a copy of another round of the set is stale (docs/protocol.md).

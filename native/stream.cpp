@@ -42,7 +42,7 @@ const char* result_check_name(ResultCheck c) {
     static const char* names[] = {"accepted",     "foreign_source", "truncated",    "not_a_result",
                                   "wrong_job",    "wrong_epoch",    "no_round",     "wrong_set",
                                   "wrong_offset", "wrong_count",    "wrong_length", "wrong_flags",
-                                  "wrong_round"};
+                                  "wrong_round",  "missing_values"};
     return names[static_cast<size_t>(c)];
 }
 
@@ -155,6 +155,7 @@ void Stream::start_call(uint32_t window) {
     send_queue_.clear();
     overflow_.clear();
     remaining_ = 0;
+    shard_first_ = shard_end_ = 0;  // an allreduce unless stream_blocks says otherwise
     next_scan_ = now_seconds() + scan_tick();
 }
 
@@ -194,11 +195,11 @@ void Stream::send_block(const BlockCall& call, uint32_t idx, uint32_t chunk, dou
     size_t offset = size_t(chunk) * grant_.k;
     auto count = static_cast<uint16_t>(std::min<size_t>(grant_.k, call.size - offset));
     uint32_t* out = payload(idx);
-    uint8_t flags = 0;
+    uint8_t flags = owns(offset, count) ? kFlagMine : 0;
     int8_t exp = kExpNone;
     if (call.is_float) {
         if (call.bad[chunk]) {
-            flags = kFlagOverflow;
+            flags |= kFlagOverflow;
             std::fill(out, out + count, 0u);
         } else {
             quantize_be(element_at(call.data, call.format, offset), call.format, count,
@@ -309,8 +310,9 @@ ResultCheck Stream::check(const uint8_t* d, size_t n, const sockaddr_in& from,
     if (round_tag(h.flags) != r.round >> 1) return ResultCheck::WrongRound;
     if (h.offset != r.offset) return ResultCheck::WrongOffset;
     if (h.count != r.count) return ResultCheck::WrongCount;
-    if (n != kHeaderBytes + (h.count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::WrongLength;
-    return ResultCheck::Accepted;
+    if (n == kHeaderBytes + (h.count ? 4 * size_t(grant_.k) : 0)) return ResultCheck::Accepted;
+    if (n != kHeaderBytes) return ResultCheck::WrongLength;
+    return may_elide(r) ? ResultCheck::Accepted : ResultCheck::MissingValues;  // values elided
 }
 
 bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progress,
@@ -336,6 +338,7 @@ bool Stream::await_result(uint32_t* idx, const uint8_t** result, double* progres
             Round& r = rounds_[*idx];
             r.active = false;
             --outstanding_;
+            result_len_ = n;
             if (d[field::kFlags] & kFlagFromHost) counters_.host_results += 1;
             bool marked = d[field::kFlags] & kFlagCongestion;
             counters_.congestion_marks += marked;
@@ -385,6 +388,7 @@ bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, ui
 
 bool Stream::stream_blocks(const BlockCall& call) {
     start_call(std::min(call.window, grant_.slot_count));
+    shard_first_ = call.shard_first, shard_end_ = call.shard_end;
     size_t k = grant_.k;
     size_t n_blocks = (call.size + k - 1) / k;
     agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);
@@ -419,19 +423,15 @@ bool Stream::stream_blocks(const BlockCall& call) {
         if (!r.priming) {
             --remaining_;
             bool overflowed = call.is_float && (h.flags & kFlagOverflow);
-            answered_[r.chunk] = overflowed ? kAnswered : kWritten;
+            bool elided = result_len_ == kHeaderBytes;  // check() let it in: not this rank's
+            answered_[r.chunk] = overflowed || elided ? kAnswered : kWritten;
             while (oldest_ < n_blocks && answered_[oldest_]) ++oldest_;
-            auto values = reinterpret_cast<const uint32_t*>(res + kHeaderBytes);
-            if (!overflowed) keep_input(call, r);
-            if (!call.is_float) {
-                int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
-                for (size_t i = 0; i < r.count; ++i)
-                    out[i] = static_cast<int32_t>(ntohl(values[i]));
-            } else if (overflowed) {
+            if (overflowed) {
                 overflow_.push_back(r.chunk);
+            } else if (elided) {
+                counters_.elided_results += 1;
             } else {
-                dequantize_be(values, r.count, agreed_[r.chunk], shift_, call.divisor, call.format,
-                              element_at(call.data, call.format, r.offset));
+                write_block(call, r, res);
             }
         }
         if (next < n_blocks) {
@@ -442,6 +442,18 @@ bool Stream::stream_blocks(const BlockCall& call) {
     }
     flush_sends();
     return true;
+}
+
+void Stream::write_block(const BlockCall& call, const Round& r, const uint8_t* result) {
+    keep_input(call, r);
+    auto values = reinterpret_cast<const uint32_t*>(result + kHeaderBytes);
+    if (!call.is_float) {
+        int32_t* out = static_cast<int32_t*>(call.data) + r.offset;
+        for (size_t i = 0; i < r.count; ++i) out[i] = static_cast<int32_t>(ntohl(values[i]));
+        return;
+    }
+    dequantize_be(values, r.count, agreed_[r.chunk], shift_, call.divisor, call.format,
+                  element_at(call.data, call.format, r.offset));
 }
 
 // One copy of the block's input while it is in cache (it is read next to be overwritten), not a

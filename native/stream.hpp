@@ -42,17 +42,19 @@ enum class ResultCheck : uint8_t {
     WrongOffset,
     WrongCount,
     WrongLength,
-    WrongFlags,  // a flag no aggregator sets on a result (FLAG_FROM_SWITCH, an unknown bit)
-    WrongRound   // the round tag is not the outstanding round's (a result of an older round)
+    WrongFlags,    // a flag no aggregator sets on a result (FLAG_FROM_SWITCH, an unknown bit)
+    WrongRound,    // the round tag is not the outstanding round's (a result of an older round)
+    MissingValues  // values elided for a block this rank must get (its shard's, an allreduce's)
 };
-constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::WrongRound) + 1;
+constexpr size_t kResultChecks = static_cast<size_t>(ResultCheck::MissingValues) + 1;
 const char* result_check_name(ResultCheck c);
 
 struct StreamCounters {
     uint64_t packets_sent = 0, packets_received = 0, wire_bytes_sent = 0, wire_bytes_received = 0;
     uint64_t retransmissions = 0, fast_retransmissions = 0, backoffs = 0, bursts = 0,
              spurious_retransmissions = 0, host_results = 0;
-    uint64_t congestion_marks = 0;                // accepted results that carried FLAG_CONGESTION
+    uint64_t elided_results = 0;    // accepted results without values: another rank's shard
+    uint64_t congestion_marks = 0;  // accepted results that carried FLAG_CONGESTION
     std::array<uint64_t, kResultChecks> drops{};  // indexed by ResultCheck (Accepted unused)
 };
 
@@ -164,6 +166,10 @@ struct BlockCall {
     const uint8_t* bad = nullptr;        // blocks holding inf/NaN/too large (float calls)
     int8_t exp0 = kExpNone;              // agreed exponent of block 0 (from the control round)
     uint32_t window = 1;
+    // A reduce-scatter: this rank's shard, values [shard_first, shard_end) of the tensor (empty:
+    // an allreduce). Blocks wholly in it carry FLAG_MINE; a block outside it may be answered
+    // without its values (elided), and is then left as it was.
+    size_t shard_first = 0, shard_end = 0;
 };
 
 class Stream {
@@ -184,7 +190,8 @@ public:
 
     // Allreduce the blocks in place. False: stalled (remaining() and waiting_slots() say what),
     // the tensor as it was (restore_input). Blocks whose result carried FLAG_OVERFLOW are left
-    // unchanged and listed in overflow().
+    // unchanged and listed in overflow(); so are a reduce-scatter's blocks whose values were
+    // elided (another rank's shard).
     bool stream_blocks(const BlockCall& call);
 
     // From another thread: the call in progress returns false (as stalled) at its next tick,
@@ -221,6 +228,18 @@ private:
     // Before block r's result is written in place: its input, kept in kept_; after a stall,
     // restore_input puts every written block's input back, so the call can run again.
     void keep_input(const BlockCall& call, const Round& r);
+    // Block r's result (int32 sums, or dequantized) in place, its input kept first.
+    void write_block(const BlockCall& call, const Round& r, const uint8_t* result);
+    // A result of round r may come without its values: a data round of a block outside this
+    // rank's reduce-scatter shard (the shard of the running call, from its BlockCall).
+    bool may_elide(const Round& r) const {
+        return shard_first_ < shard_end_ && !r.priming && r.count &&
+               (r.offset >= shard_end_ || r.offset + r.count <= shard_first_);
+    }
+    // Block `offset` of `count` values is wholly in this rank's shard: its contribution is MINE.
+    bool owns(size_t offset, size_t count) const {
+        return offset >= shard_first_ && offset + count <= shard_end_;
+    }
     void restore_input(const BlockCall& call);
     void queue_send(uint32_t idx);
     void flush_sends();
@@ -249,9 +268,11 @@ private:
     size_t packet_bytes_ = 0;
     uint32_t outstanding_ = 0;
     std::vector<uint32_t> send_queue_;
-    std::vector<Datagram> send_datagrams_;  // the queued rounds' packets, for socket_.send
-    RecvBatch rx_;                          // the received batch
-    size_t rx_next_ = 0;                    // the next one of it to look at
+    std::vector<Datagram> send_datagrams_;    // the queued rounds' packets, for socket_.send
+    RecvBatch rx_;                            // the received batch
+    size_t rx_next_ = 0;                      // the next one of it to look at
+    size_t result_len_ = 0;                   // bytes of the result await_result accepted
+    size_t shard_first_ = 0, shard_end_ = 0;  // the running call's shard (BlockCall)
     double next_scan_ = 0;
     StreamCounters counters_;
     std::vector<int8_t> agreed_;  // agreed block exponents of the running float call

@@ -71,6 +71,7 @@ nb::dict counters_dict(const Stream& s) {
     d["spurious_retransmissions"] = c.spurious_retransmissions;
     d["host_results"] = c.host_results;
     d["congestion_marks"] = c.congestion_marks;
+    d["elided_results"] = c.elided_results;
     for (size_t i = 1; i < kResultChecks; ++i)
         if (c.drops[i]) drops[result_check_name(static_cast<ResultCheck>(i))] = c.drops[i];
     d["result_drops"] = drops;
@@ -155,9 +156,10 @@ std::tuple<bool, int, int, double> control_round(Stream& s, Array<const int32_t>
 }
 
 bool stream_float(Stream& s, Values x, Array<const int8_t> exps, Array<const uint8_t> bad, int exp0,
-                  uint32_t window, size_t k, float divisor) {
+                  uint32_t window, size_t k, float divisor, size_t shard_first, size_t shard_end) {
     check_blocks(x.shape(0), k, exps.shape(0), bad.shape(0));
     BlockCall call;
+    call.shard_first = shard_first, call.shard_end = shard_end;
     call.data = x.data(), call.size = x.shape(0), call.is_float = true;
     call.format = format_of(x), call.divisor = divisor;
     call.local_exps = exps.data(), call.bad = bad.data(), call.exp0 = static_cast<int8_t>(exp0);
@@ -166,8 +168,10 @@ bool stream_float(Stream& s, Values x, Array<const int8_t> exps, Array<const uin
     return s.stream_blocks(call);
 }
 
-bool stream_int(Stream& s, Array<int32_t> x, uint32_t window) {
+bool stream_int(Stream& s, Array<int32_t> x, uint32_t window, size_t shard_first,
+                size_t shard_end) {
     BlockCall call;
+    call.shard_first = shard_first, call.shard_end = shard_end;
     call.data = x.data(), call.size = x.shape(0), call.window = window;
     nb::gil_scoped_release release;
     return s.stream_blocks(call);

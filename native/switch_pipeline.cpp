@@ -158,7 +158,7 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
     if (emit.rank == kUpstream) {
         upstream_send(f, len, encap, emit.job, emit.length, out);
     } else {
-        replicate(port, f, len, encap, admit, outcome == Outcome::DupDone, emit.length, out);
+        replicate(port, f, len, encap, admit, outcome == Outcome::DupDone, emit, out);
     }
 }
 
@@ -202,7 +202,7 @@ void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool 
 }
 
 void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint8_t encap,
-                               const JobAdmit& admit, bool unicast, size_t result_len,
+                               const JobAdmit& admit, bool unicast, const Emit& emit,
                                OutputBatch& out) {
     size_t at = encap == kEncapRoce ? kRoceInaggAt : kInaggAt;
     uint16_t job_id = header_job(f + at);
@@ -220,8 +220,10 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
     // parser did not extract) follow the deparsed headers of every copy.
     size_t end = udp_end(f);
     size_t trailer = len > end ? len - end : 0;
-    size_t frame_len = result_frame_len(encap, result_len);
     for (const Replica* r = first; r != last; ++r) {
+        // a reduce-scatter's round: the values to its owner only, the header to the others
+        size_t result_len = emit.length_for(int32_t(r->instance) - 1);
+        size_t frame_len = result_frame_len(encap, result_len);
         const ReplicaAddress* rewrite = nullptr;
         if (r->instance) {
             auto hit = tables_.replicas.find(SwitchTables::replica_key(job_id, r->instance));
@@ -231,7 +233,7 @@ void SwitchPipeline::replicate(uint16_t port, const uint8_t* f, size_t len, uint
         // a UDP result's flags may be marked on its way out (SwitchLoop); RoCE's ICRC covers them
         uint8_t* o = out.reserve(r->port, frame_len + trailer,
                                  encap == kEncapRoce ? 0 : kInaggAt + field::kFlags);
-        write_result_frame(f, encap, rewrite, result_len, o);
+        write_result_frame(f, encap, rewrite, result_len, o, emit.length - result_len);
         std::memcpy(o + frame_len, f + end, trailer);
     }
 }
@@ -268,10 +270,11 @@ size_t SwitchPipeline::result_frame_len(uint8_t encap, size_t result_len) {
 
 // The result in the trigger's encapsulation: addresses and ports swapped (the source is the
 // switch address the worker sent to), then ReplicaRewrite's fields, the UDP length and the
-// checksums; the IPv4 total length stays the trigger's, as BMv2 leaves it.
+// checksums; the IPv4 total length stays the trigger's, as BMv2 leaves it, less the `cut` bytes
+// of values a reduce-scatter's result elides for this replica (RoCE: its RETH DMA length too).
 void SwitchPipeline::write_result_frame(const uint8_t* f, uint8_t encap,
                                         const ReplicaAddress* rewrite, size_t result_len,
-                                        uint8_t* o) const {
+                                        uint8_t* o, size_t cut) const {
     bool roce = encap == kEncapRoce;
     size_t at = roce ? kRoceInaggAt : kInaggAt;
     size_t udp_len = kUdp + (at - kInaggAt) + result_len + (roce ? kRoceIcrcBytes : 0);
@@ -286,6 +289,14 @@ void SwitchPipeline::write_result_frame(const uint8_t* f, uint8_t encap,
     std::memcpy(udp + kUdpSrcPort, f + kUdpAt + kUdpDstPort, 2);
     std::memcpy(udp + kUdpDstPort, f + kUdpAt + kUdpSrcPort, 2);
     if (roce) std::memcpy(o + kInaggAt, f + kInaggAt, kRoceHeaderBytes);
+    if (cut) {
+        uint16_t total = load_be16(ip + kIpTotalLength);
+        store_be16(ip + kIpTotalLength, uint16_t(total > cut ? total - cut : 0));
+        if (roce) {
+            uint32_t dma = load_be32(o + kInaggAt + kRoceDmaLen);
+            store_be32(o + kInaggAt + kRoceDmaLen, uint32_t(dma > cut ? dma - cut : 0));
+        }
+    }
     if (rewrite) {
         store_be48(o, rewrite->mac);
         store_be32(ip + kIpDst, rewrite->addr);

@@ -107,12 +107,12 @@ private:
     void count_global(Outcome reason);
     void count_outcome(const JobAdmit& admit, Outcome outcome, bool result);
     void replicate(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
-                   const JobAdmit& admit, bool unicast, size_t result_len, OutputBatch& out);
+                   const JobAdmit& admit, bool unicast, const Emit& emit, OutputBatch& out);
     void upstream_send(const uint8_t* frame, size_t len, uint8_t encap, uint16_t job_id,
                        size_t result_len, OutputBatch& out);
     static size_t result_frame_len(uint8_t encap, size_t result_len);
     void write_result_frame(const uint8_t* frame, uint8_t encap, const ReplicaAddress* rewrite,
-                            size_t result_len, uint8_t* out) const;
+                            size_t result_len, uint8_t* out, size_t cut = 0) const;
 
     SwitchTables tables_;
     Engine engine_;

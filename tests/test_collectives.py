@@ -31,8 +31,8 @@ def fsdp_run(tmp_path, backend: str, fsdp: int, path: str | None = None, reprodu
 def test_fsdp_trains_on_inagg_as_on_gloo(tmp_path, fsdp):
     """Bit for bit gloo's where the reduce-scatters take gloo's own float sum; by default every
     path sums inagg's fixed point, so the switch, the gloo path and shared memory give the same
-    bits, within the fixed point's rounding of gloo's, every gradient reduce-scatter an allreduce
-    on the switch; in shared memory each rank takes only its half of each result (the
+    bits, within the fixed point's rounding of gloo's, every gradient reduce-scatter on the switch
+    (the other rank's blocks coming as headers alone); in shared memory each rank takes only its half of each result (the
     calibration's allreduces take all of theirs)."""
     gloo = fsdp_run(tmp_path, "gloo", fsdp)
     plain = fsdp_run(tmp_path, "inagg", fsdp, path="gloo", reproducible=False)
@@ -46,6 +46,7 @@ def test_fsdp_trains_on_inagg_as_on_gloo(tmp_path, fsdp):
     scatters = sum(stats["via_allreduce"].values())
     assert scatters >= 5 and stats["allreduce_paths"] == {"inagg": scatters}
     assert stats["inagg"]["mode"] == "switch" and stats["inagg"]["packets_received"] > 0
+    assert stats["inagg"]["elided_results"] > 0   # the other rank's blocks came as headers alone
     assert not any(key.startswith("reduce_scatter") for key in stats["fallbacks"])
     local = fsdp_run(tmp_path, "inagg", fsdp, path="inagg", host_reduce="auto")
     assert local["params"] == switch["params"] and local["losses"] == switch["losses"]

@@ -19,7 +19,8 @@ from inagg.controller.switch import (
     UplinkBinding, WorkerBinding,
 )
 from inagg.hostlib.wire.protocol import (
-    EXP_NONE, FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_FROM_SWITCH, FLAG_OVERFLOW, FLAG_RETRANSMIT, MSG_CONTRIBUTION,
+    EXP_NONE, FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_FROM_SWITCH, FLAG_MINE, FLAG_OVERFLOW, FLAG_RETRANSMIT,
+    MSG_CONTRIBUTION,
     MSG_RESULT, SWITCH_VALUES_PER_PACKET as K, UDP_PORT, build_contribution, pack_header, round_fields,
     round_tag, unpack_header,
 )
@@ -486,6 +487,61 @@ def test_roce_duplicate_after_completion_is_answered_to_the_senders_qp(dp):
     send(dp, roce_contribution(JOB3, 1, [2] * K, slot=18, flags=FLAG_RETRANSMIT))
     (h, values), = expect_roce_results(dp, JOB3, [1]).values()
     assert values == [3] * K and h.flags & FLAG_RETRANSMIT
+
+
+def owner_rule_only(dp):
+    """Skip where the program ignores FLAG_MINE (BMv2, the TNA program: every rank gets the
+    values there; docs/protocol.md, "Reduce-scatter")."""
+    if not dp.target.startswith("soft"):
+        pytest.skip(f"{dp.target} ignores FLAG_MINE: every rank gets a reduce-scatter's values")
+
+
+def udp_results(dp, job, timeout=1.0) -> dict[int, tuple[int, bytes]]:
+    """Each worker's one UDP result frame: rank -> (frame length, its inagg bytes), the IPv4
+    total length agreeing with UDP's and the IPv4 checksum right (what a host's kernel checks)."""
+    out = {}
+    for frames in dp.recv_all(timeout).values():
+        for f in frames:
+            pkt = Ether(f)
+            if UDP not in pkt:
+                continue
+            assert pkt[IP].len == IPV4_BYTES + pkt[UDP].len
+            header = pkt[IP].copy()
+            header.chksum = None                          # recomputed when built
+            assert IP(bytes(header)).chksum == pkt[IP].chksum
+            rank = next(r for r, w in enumerate(job.workers) if w.udp_port == pkt[UDP].dport)
+            out[rank] = (len(f), bytes(pkt[UDP].payload))
+    return out
+
+
+def test_a_reduce_scatter_round_gives_its_values_to_its_owner_alone(dp):
+    """Rank 1 marks its block (FLAG_MINE): it alone gets the values, ranks 0 and 2 the header
+    (count kept) in a frame whose IPv4 length is the shorter one; a resend is answered the same
+    way (the owner's with the values, another rank's with the header)."""
+    owner_rule_only(dp)
+    dp.drain()
+    for rank, flags in ((0, 0), (1, FLAG_MINE), (2, 0)):   # slot 2: other cases' packets there are refused
+        send(dp, contribution(JOB1, rank, [rank + 1] * K, slot=2, flags=flags))
+    got = udp_results(dp, JOB1)
+    assert sorted(got) == [0, 1, 2]
+    assert [len(got[r][1]) for r in range(3)] == [16, 16 + 4 * K, 16]
+    assert all(unpack_header(got[r][1]).count == K for r in range(3))
+    assert np.frombuffer(got[1][1], ">i4", K, 16).tolist() == [6] * K
+    send(dp, contribution(JOB1, 0, [1] * K, slot=2, flags=FLAG_RETRANSMIT))
+    assert {r: len(d) for r, (_, d) in udp_results(dp, JOB1).items()} == {0: 16}
+    send(dp, contribution(JOB1, 1, [2] * K, slot=2, flags=FLAG_MINE | FLAG_RETRANSMIT))
+    assert {r: len(d) for r, (_, d) in udp_results(dp, JOB1).items()} == {1: 16 + 4 * K}
+
+
+def test_a_roce_reduce_scatter_header_has_the_shorter_dma_length_and_its_icrc(dp):
+    needs(dp, JOB3)
+    owner_rule_only(dp)
+    dp.drain()
+    send(dp, roce_contribution(JOB3, 0, [1] * K, slot=20))             # a slot no other case uses
+    send(dp, roce_contribution(JOB3, 1, [2] * K, slot=20, flags=FLAG_MINE))
+    frames = [f for fs in dp.recv_all(1.0).values() for f in fs if UDP in Ether(f)]
+    lengths = sorted(len(decapsulate(f[14:])[0]) for f in frames)   # raises on a bad length or ICRC
+    assert lengths == [16, 16 + 4 * K]
 
 
 def test_encapsulation_must_be_the_jobs(dp):

@@ -82,7 +82,9 @@ def apply_grant(eng, wanted):
 
 
 def emitted(emits):
-    return [(e.job.job_id, e.ranks, e.data) for e in emits]
+    """What each packet sends: the job, the ranks, the bytes each rank gets and the round's
+    owner (FLAG_MINE's rank, whose values no other rank gets)."""
+    return [(e.job.job_id, e.ranks, e.data, e.owner, [e.data_for(r) for r in e.ranks]) for e in emits]
 
 
 @settings(max_examples=150, deadline=None)

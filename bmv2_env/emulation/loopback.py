@@ -72,13 +72,15 @@ class LoopbackDeployment:
     (``inagg.bmv2_env.emulation.services`` sets it: nothing outlives a killed training job).
     ``fork_services``: start them as forks of this process (``inagg.bmv2_env.emulation.forked``: no
     interpreter start or imports of their own), only from a process that runs no other thread
-    and has made no gRPC object (``inagg.bmv2_env.emulation.services``)."""
+    and has made no gRPC object (``inagg.bmv2_env.emulation.services``). ``pcap``: a folder where
+    the soft switch writes each port's frames in and out (``port_pcap``: the wire as counted)."""
 
     def __init__(self, n_hosts: int = 4, *, with_switch: bool = True, min_window: int = 8,
                  lease_seconds: float = 30.0, rank_lease_seconds: float = 8.0,
                  aggregator_drop_rate: float = 0.0, target: str = "soft",
                  metrics: bool = False, die_with_parent: bool = False, fork_services: bool = False,
-                 p4info: Path | str | None = None, database: Path | str | None = None) -> None:
+                 p4info: Path | str | None = None, database: Path | str | None = None,
+                 pcap: Path | str | None = None) -> None:
         if target not in ("soft", *TOFINO_CHIPS):
             raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped "
                              f"({', '.join(map(repr, TOFINO_CHIPS))}), not {target!r}")
@@ -87,6 +89,7 @@ class LoopbackDeployment:
         self.target = target
         self.p4info = p4info
         self.database = database   # the controller's SQLite file; default: in the run's folder
+        self.pcap = pcap
         self.n_hosts = n_hosts
         self.with_switch = with_switch
         self.min_window = min_window
@@ -116,6 +119,13 @@ class LoopbackDeployment:
         """The switch port worker ``rank`` is attached to: front-panel port rank + 1, which a
         Tofino-shaped switch maps to device port 128 + 4 rank (pipe 1, as on a Tofino)."""
         return 128 + 4 * rank if self.target in TOFINO_CHIPS else rank + 1
+
+    def port_pcap(self, rank: int, direction: str) -> Path:
+        """The pcap of the frames worker ``rank``'s switch port receives (``in``) or sends
+        (``out``: the results it gets), with ``pcap`` given."""
+        if self.pcap is None:
+            raise ValueError("this deployment captures nothing: pass pcap=<folder> to capture its ports")
+        return Path(self.pcap) / f"udp_{self.worker_ip(rank)}_{direction}.pcap"
 
     def worker_mac(self, rank: int) -> str:
         """The source MAC the soft switch gives host ``rank``'s datagrams."""
@@ -194,7 +204,8 @@ class LoopbackDeployment:
         p4info = default_program(self.target).p4info_path
         return self._spawn(
             "switch", python_m(soft_switch, *ports, "--udp-bind", self.switch_address,
-                                "--p4info", str(p4info), "--device-id", "0", "--no-p4", "--",
+                                "--p4info", str(p4info), "--device-id", "0", "--no-p4",
+                                *(("--pcap", str(self.pcap)) if self.pcap is not None else ()), "--",
                                 "--grpc-server-addr", f"unix:{self.dir}/switch.sock"))
 
     def start_switch(self) -> None:

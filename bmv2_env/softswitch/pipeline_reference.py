@@ -243,7 +243,8 @@ class SoftPipeline:
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
-        replica per multicast group member, each addressed by replica_table.
+        replica per multicast group member, each addressed by replica_table; a reduce-scatter's
+        round carries its values to its owner (replica = rank + 1) alone (``Emit.data_for``).
 
         As BMv2 does, a result reuses the trigger: its IPv4 total length stays as sent, and the
         bytes after the UDP payload (Ethernet padding, any trailer: what the P4 parser did not
@@ -277,8 +278,9 @@ class SoftPipeline:
                         r[_ROCE_RKEY:_ROCE_RKEY + 4] = rewrite.param("rkey").to_bytes(4, "big")
                 else:
                     u = udp_ports[:2] + rewrite.param("udp_port").to_bytes(2, "big")
-            out.append((out_port, build_frame(e, i, u, emit.data, r, trailer=d[udp_end:],
-                                              keep_ip_length=True)))
+            data = emit.data_for(replica - 1)
+            elide(i, r, len(emit.data) - len(data))
+            out.append((out_port, build_frame(e, i, u, data, r, trailer=d[udp_end:], keep_ip_length=True)))
         return out
 
     def upstream_send(self, frame: Frame, emit: Emit) -> tuple[int, bytes]:
@@ -410,6 +412,18 @@ def engine_refusal():
         yield
     except ValueError as e:
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+
+def elide(ip: bytearray, roce: bytearray, cut: int) -> None:
+    """A result whose ``cut`` bytes of values are elided for its replica (a reduce-scatter's
+    round another rank owns): the IPv4 total length kept from the trigger, and RoCE's RETH DMA
+    length, are that much shorter (floored at 0, as the C++ twin)."""
+    if not cut:
+        return
+    ip[2:4] = max(0, int.from_bytes(ip[2:4], "big") - cut).to_bytes(2, "big")
+    if roce:
+        dma = int.from_bytes(roce[_ROCE_DMA_LEN:_ROCE_DMA_LEN + 4], "big")
+        roce[_ROCE_DMA_LEN:_ROCE_DMA_LEN + 4] = max(0, dma - cut).to_bytes(4, "big")
 
 
 def build_frame(eth: bytes, ip: bytearray, udp_ports: bytes, payload: bytes,

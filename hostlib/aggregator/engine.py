@@ -97,10 +97,10 @@ class NativeEngine:
 
     def process(self, data: bytes | bytearray | memoryview, sender: Hashable,
                 framing_ok: bool = True) -> list[Emit]:
-        _, job_id, rank, result = self.native.process(data, self._sender_id(sender), framing_ok)
+        _, job_id, rank, result, owner = self.native.process(data, self._sender_id(sender), framing_ok)
         if result is None:
             return []
-        return [self._emit(job_id, rank, result)]
+        return [self._emit(job_id, rank, result, owner)]
 
     def process_batch(self, packets: Iterable[tuple[bytes, Hashable, bool]]
                       ) -> tuple[list[Outcome], list[tuple[int, Emit]]]:
@@ -114,13 +114,13 @@ class NativeEngine:
         outcomes, emits = self.native.process_batch(b"".join(datas), [len(d) for d in datas],
                                                     senders, framing)
         return ([Outcome(o) for o in outcomes],
-                [(i, self._emit(job_id, rank, result)) for i, job_id, rank, result in emits])
+                [(i, self._emit(*emit)) for i, *emit in emits])
 
-    def _emit(self, job_id: int, rank: int, result: bytes) -> Emit:
+    def _emit(self, job_id: int, rank: int, result: bytes, owner: int) -> Emit:
         job = self.jobs[job_id]
         if rank == _native.EMIT_UPSTREAM:
             return Emit(job, (), result, upstream=True)
-        return Emit(job, tuple(range(job.n_workers)) if rank < 0 else (rank,), result)
+        return Emit(job, tuple(range(job.n_workers)) if rank < 0 else (rank,), result, owner=owner)
 
     # -- counters --------------------------------------------------------------------------
 

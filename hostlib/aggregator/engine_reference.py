@@ -48,6 +48,12 @@ round opens it, so a copy of round r delayed past round r + 1 (its set's bitmap 
 offset and count as round r + 2) is stale instead of FIRST: it can neither change round r + 2's
 sum nor make r + 2's packets BAD_ROUND. A copy delayed by 2 * ROUND_TAGS - 2 rounds of its slot
 or more can alias (docs/protocol.md).
+Reduce-scatter (docs/protocol.md): each set also keeps its round's owner. FIRST sets it to the
+sender when the contribution carries FLAG_MINE (its block is wholly in the sender's shard), else
+to none; a marked ADD sets it when there is none; a second marked rank, or a child switch's sum
+(FLAG_FROM_SWITCH: its members all need the values), makes the round SHARED_ROUND. A completed
+round's result, and a DUP_DONE answer, go with their values to the owner only and as the header
+alone to every other rank (``Emit.data_for``); a round with no owner goes whole to every rank.
 Why FIRST is safe: a worker sends round r+2 of a slot only after the result of round r+1,
 so all workers have contributed to r+1 on set o and cleared their bits in set s.
 Why BAD_ROUND: a round's result is what its first contribution announced (offset, count); a
@@ -67,6 +73,7 @@ from inagg.hostlib.wire.protocol import (
     FLAG_CONGESTION,
     FLAG_FROM_HOST,
     FLAG_FROM_SWITCH,
+    FLAG_MINE,
     FLAG_OVERFLOW,
     FLAG_RETRANSMIT,
     HEADER_BYTES,
@@ -86,6 +93,8 @@ from inagg.hostlib.wire.protocol import (
 
 _STICKY_FLAGS = FLAG_OVERFLOW | FLAG_CONGESTION  # ORed into a round, returned with its result
 ROUND_UNSET = ROUND_TAGS   # a reset set's round tag: none yet, its first opener's is next (module docstring)
+NO_OWNER = -1      # a round no rank marked FLAG_MINE: every member gets the values
+SHARED_ROUND = -2  # FLAG_MINE from two ranks, or a child switch's sum in: every member gets the values
 
 
 @dataclass(frozen=True)
@@ -173,12 +182,22 @@ class JobCounters:
 
 class Emit(NamedTuple):
     """A packet to send: ``data`` (inagg header + payload) to the listed ranks of ``job``, or
-    with ``upstream`` to the job's parent (a contribution; ``ranks`` empty)."""
+    with ``upstream`` to the job's parent (a contribution; ``ranks`` empty). A reduce-scatter's
+    round has an ``owner`` (the rank whose contributions carried FLAG_MINE): it alone gets the
+    values, every other rank the header alone, values elided (``data_for``)."""
 
     job: JobConfig
     ranks: tuple[int, ...]
     data: bytes
     upstream: bool = False
+    owner: int = NO_OWNER
+
+    def data_for(self, rank: int) -> bytes:
+        """The result rank ``rank`` gets: the values for the owner (or when there is none), else
+        the header alone, its count kept (the C++ twin is ``Emit::length_for``)."""
+        if self.owner == NO_OWNER or rank == self.owner:
+            return self.data
+        return self.data[:HEADER_BYTES]
 
 
 class AggregationEngine:
@@ -215,6 +234,7 @@ class AggregationEngine:
         self._offset = [[0] * n_slots, [0] * n_slots]
         self._count = [[0] * n_slots, [0] * n_slots]
         self._round = [[ROUND_UNSET] * n_slots, [ROUND_UNSET] * n_slots]  # the round's tag
+        self._owner = [[NO_OWNER] * n_slots, [NO_OWNER] * n_slots]       # the round's FLAG_MINE rank
         self._values = np.zeros((2, n_slots, values_per_packet), dtype=np.int32)
 
     # -- configuration -------------------------------------------------------------------
@@ -341,7 +361,8 @@ class AggregationEngine:
         ctr.results += 1
         if job.uplink is not None:                             # this level's part: up
             return [Emit(job, (), self._upstream(slot, s, job, 0), upstream=True)]
-        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0))]
+        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0),
+                     owner=self._owner_of(slot, s))]
 
     def _claim(self, slot: int, tag: int) -> None:
         """The first packet of a new owner/epoch (tag = job << 16 | epoch) resets the slot."""
@@ -363,7 +384,8 @@ class AggregationEngine:
         if complete:                                           # DUP_DONE
             ctr.resent_results += 1
             self.last_outcome = Outcome.DUP_DONE
-            return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT))]
+            return [Emit(job, (worker,), self._result(slot, s, job, worker, FLAG_RETRANSMIT),
+                         owner=self._owner_of(slot, s))]
         if sent_up:                                            # DUP_UPSTREAM
             self.last_outcome = Outcome.DUP_UPSTREAM
             return [Emit(job, (), self._upstream(slot, s, job, FLAG_RETRANSMIT), upstream=True)]
@@ -393,7 +415,8 @@ class AggregationEngine:
             self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
         else:
             self._values[s, slot] = 0
-        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0))]
+        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0),
+                     owner=self._owner_of(slot, s))]
 
     def _first(self, slot: int, s: int, data: bytes | bytearray | memoryview, flags: int, exp: int,
                offset: int, count: int) -> None:
@@ -405,15 +428,32 @@ class AggregationEngine:
         self._flags[s][slot] = flags & self._sticky
         self._offset[s][slot] = offset
         self._count[s][slot] = count
+        self._owner[s][slot] = NO_OWNER
+        self._note_owner(slot, s, flags, data[4])
         if count:
             self._values[s, slot] = np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
         else:
             self._values[s, slot] = 0
 
+    def _note_owner(self, slot: int, s: int, flags: int, worker: int) -> None:
+        """FLAG_MINE makes its sender the round's owner; a second owner, or a child switch's
+        partial sum (whose members all need the values), makes the round shared."""
+        owner = self._owner[s][slot]
+        if flags & FLAG_FROM_SWITCH:
+            self._owner[s][slot] = SHARED_ROUND
+        elif flags & FLAG_MINE:
+            self._owner[s][slot] = worker if owner == NO_OWNER else SHARED_ROUND
+
+    def _owner_of(self, slot: int, s: int) -> int:
+        """The rank that gets set ``s``'s values alone, or NO_OWNER (every member gets them)."""
+        owner = self._owner[s][slot]
+        return owner if owner >= 0 else NO_OWNER
+
     def _add(self, slot: int, s: int, data: bytes | bytearray | memoryview, flags: int, exp: int,
              count: int) -> None:
         """ADD: the contribution joins the round in set ``s``: sum, max exponent, OR flags."""
         self.last_outcome = Outcome.ADD
+        self._note_owner(slot, s, flags, data[4])
         self._seen[s][slot] += 1
         if exp > self._exp[s][slot]:
             self._exp[s][slot] = exp

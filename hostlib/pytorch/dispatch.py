@@ -182,11 +182,12 @@ class AllreduceDispatch:
     def reduce_scatter(self, output: torch.Tensor, input_: torch.Tensor,
                        opts: dist.AllreduceOptions) -> tuple[torch.Tensor | None, dist.Work]:
         """One reduce-scatter of ``input_`` (eligible: ``_ineligible``) into ``output``, this
-        rank's shard, on the path the chooser picks for an allreduce of ``input_``. Where the
-        path's communicator delivers only the rank's shard (``reduce_scatter_async``: the
-        host-local reduce), the shard goes straight into ``output`` and ``input_`` is only read:
-        returns (None, its Work). Else a copy of ``input_`` is allreduced there: returns (the
-        copy, its Work), and the caller keeps the copy's shard once the Work is done."""
+        rank's shard, on the path the chooser picks for an allreduce of ``input_``. On a path
+        with a communicator (``reduce_scatter_async``: the host-local reduce, the switch's and
+        the host lane's, which get only their shard's values from the aggregator) and contiguous
+        tensors, the shard goes into ``output`` and ``input_`` is only read: returns (None, its
+        Work). Else (gloo, a non-contiguous tensor) a copy of ``input_`` is allreduced: returns
+        (the copy, its Work), and the caller keeps the copy's shard once the Work is done."""
         previous = self._end_run()   # the chooser is asked: every rank's call numbers stay aligned  # noqa: F841
         path, measure = self._choose(input_.nbytes, input_.dtype)
         comm = None if path == "gloo" else self._life.comm if path == "inagg" else self._life.lane

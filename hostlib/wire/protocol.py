@@ -36,6 +36,13 @@ FLAG_FROM_HOST = 0x02
 FLAG_CONGESTION = 0x04
 FLAG_OVERFLOW = 0x08
 FLAG_FROM_SWITCH = 0x80  # a switch's partial sum to its parent in an aggregation tree (docs/trees.md)
+# On a contribution (FROM_HOST's bit, which only results carry): the block is wholly in the
+# sender's shard of a reduce-scatter, so the aggregator records the sender as the round's owner
+# and sends the values only to it; the other ranks get the result's header alone ("values
+# elided": count kept, no payload), which frees their slot (docs/protocol.md, "Reduce-scatter").
+# The soft switch and the host aggregator honour it; the BMv2 and Tofino programs ignore it
+# (every rank gets the values), so it has no P4 constant yet.
+FLAG_MINE = 0x02
 # The round tag in the flags byte (bits 4..6, not flags): round k of a slot (counted from 0 at each
 # grant) goes on set k % 2 with tag (k // 2) % ROUND_TAGS; a slot keeps each set's tag, so a copy
 # of another round of the set is stale (p4/include/constants.p4, docs/protocol.md).

@@ -225,6 +225,7 @@ class ResultCheck(enum.IntEnum):
     WRONG_LENGTH = 10
     WRONG_FLAGS = 11     # a flag no aggregator sets on a result (FROM_SWITCH, an unknown bit)
     WRONG_ROUND = 12     # the round tag is not the outstanding round's (a result of an older round)
+    MISSING_VALUES = 13  # values elided for a block this rank must get (its shard's, an allreduce's)
 
 
 def one_round_capacity(values_per_packet: int, n_workers: int, is_float: bool) -> int:

@@ -64,7 +64,7 @@ import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -79,10 +79,12 @@ from inagg.hostlib.wire.roce import RoceRawTransport
 from inagg.hostlib.worker.stream import NativeSlotStream
 from inagg.hostlib.worker.launch_identity import SharedStore, claim_store, launch_id
 from inagg.hostlib.worker.neighbour import neighbour_problem
-from inagg.hostlib.worker.call_protocol import Refusal, check_array
+from inagg.hostlib.worker.call_protocol import Refusal, Shard, check_array
 from inagg.hostlib.worker.stream_base import AllreduceError, SlotStalled
 from inagg.hostlib.worker.stream_reference import SlotStream
-from inagg.hostlib.worker.tensors import ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
+from inagg.hostlib.worker.tensors import (
+    ReduceOp, as_array, numpy_view, output_shard, reduce_kind, refuse_cuda_scatter, tensor_refusal,
+)
 from inagg.hostlib.wire.transport import UdpTransport
 
 if TYPE_CHECKING:
@@ -108,6 +110,17 @@ class _Request:
     future: object  # torch.futures.Future
     result: object  # what the future resolves to
     staged: StagedCall | None = None  # a CUDA tensor's call: its pinned host copy
+    shard: Shard | None = None        # a reduce-scatter's: ``array`` is a copy, this its part to keep
+
+    def shard_range(self) -> tuple[int, int] | None:
+        """The stream's ``shard``: (first, end) of this rank's values (None: an allreduce)."""
+        return None if self.shard is None else (self.shard.first, self.shard.first + self.shard.out.size)
+
+    def keep_shard(self) -> None:
+        """A reduce-scatter's done: this rank's shard of the sum into its output."""
+        if self.shard is not None:
+            first, end = self.shard_range()
+            np.copyto(self.shard.out, self.array[first:end])
 
 
 class Communicator:
@@ -414,7 +427,8 @@ class Communicator:
         while True:
             try:
                 self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
-                                      refusal=req.refusal, again=again)
+                                      refusal=req.refusal, again=again, shard=req.shard_range())
+                req.keep_shard()
                 return
             except SlotStalled as stall:
                 if self.failure or self._closed.is_set():   # aborted, not stalled
@@ -543,7 +557,28 @@ class Communicator:
         A call this rank cannot run (another dtype, a non-contiguous tensor, another op...) is
         still queued: it takes part in the call's control round with its reason, so every rank
         fails that call with the same error naming this rank, and later calls stay aligned."""
+        return self._queue_call(self._request(tensor, op), inline_if_idle)
+
+    def reduce_scatter_async(self, tensor, output, op=ReduceOp.SUM, *, inline_if_idle: bool = False):
+        """Queue a reduce-scatter: a ``torch.futures.Future`` of ``output``, this rank's shard
+        of the sum (or mean) of ``tensor`` (the ranks' outputs end to end; CPU tensors or
+        arrays) over the job's ranks; ``tensor`` stays as it was. A copy of ``tensor`` goes
+        through the stream with this rank's shard (``StreamBase.allreduce``'s ``shard``): the
+        blocks wholly in it carry FLAG_MINE, so the soft switch and the host aggregator send
+        each block's values only to the rank that owns it and the others the header alone;
+        a block across two shards, and every block on an aggregator that ignores the flag,
+        comes to every rank whole. A ValueError, before any call, when ``output`` is not one
+        rank's share of ``tensor`` or either is a CUDA tensor; every rank fails a call alike."""
+        refuse_cuda_scatter(tensor, output)
         req = self._request(tensor, op)
+        if req.refusal is None:
+            shard = output_shard(req.array, output, self.rank, self.world_size)
+            req = replace(req, array=req.array.copy(), shard=shard, result=output)
+        return self._queue_call(req, inline_if_idle)
+
+    def _queue_call(self, req: _Request, inline_if_idle: bool):
+        """Queue ``req`` (``allreduce_async``'s ``inline_if_idle``: run it here when nothing
+        submitted before it is unfinished); its future."""
         if not inline_if_idle:
             self._submit(req)
             return req.future

@@ -25,8 +25,10 @@ from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, Grant
 from inagg.hostlib.worker.cuda_staging import CudaStaging
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
 from inagg.hostlib.worker.host_reduce import HostReduce
-from inagg.hostlib.worker.call_protocol import Shard, check_array, rank_shard
-from inagg.hostlib.worker.tensors import ReduceOp, as_array, numpy_view, reduce_kind, tensor_refusal
+from inagg.hostlib.worker.call_protocol import check_array
+from inagg.hostlib.worker.tensors import (
+    ReduceOp, as_array, numpy_view, output_shard, reduce_kind, refuse_cuda_scatter, tensor_refusal,
+)
 
 if TYPE_CHECKING:   # a job on one host makes none: its module (streams, transports) is never imported
     from inagg.hostlib.worker.communicator import Communicator
@@ -172,9 +174,7 @@ class HostCommunicator:
         ``tensor`` stays as it was and no other shard reaches this rank (``HostReduce``'s
         ``Shard``). A ValueError, before any call, when ``output`` is not one rank's share of
         ``tensor`` or either is a CUDA tensor; every rank fails a call alike."""
-        if any(getattr(t, "is_cuda", False) for t in (tensor, output)):
-            raise ValueError("reduce_scatter_async takes CPU tensors or arrays; got a CUDA tensor: allreduce it "
-                             "(allreduce_async stages CUDA tensors) and keep this rank's shard")
+        refuse_cuda_scatter(tensor, output)
         return self._call(tensor, output, op, inline_if_idle)
 
     def _call(self, tensor, output, op: ReduceOp, inline_if_idle: bool):
@@ -189,7 +189,7 @@ class HostCommunicator:
         else:
             array, bad_input = as_array(tensor)
         refusal = bad_input or refusal or check_array(array, average)
-        shard = self._shard(array, output) if output is not None and refusal is None else None
+        shard = output_shard(array, output, self.rank, self.world_size) if output is not None and refusal is None else None
         future = torch.futures.Future()
 
         def work() -> None:
@@ -207,14 +207,6 @@ class HostCommunicator:
 
         self.group.submit(work, inline_if_idle)
         return future
-
-    def _shard(self, array, output) -> Shard:
-        """This rank's ``Shard`` of ``array`` into ``output`` (a CPU tensor or an array)."""
-        out, bad = as_array(output)
-        if bad is not None:
-            raise ValueError(f"a reduce-scatter's output must be a contiguous CPU tensor or array; got "
-                             f"{bad.describe()}")
-        return rank_shard(array, out, self.rank, self.world_size)
 
     def allreduce(self, tensor, op=ReduceOp.SUM):
         """Blocking allreduce; raises what went wrong (on every rank alike)."""

@@ -88,12 +88,23 @@ class Round:
 
 
 class OutstandingRounds:
-    """The rounds in flight, one per slot index, and the exact check of a received result."""
+    """The rounds in flight, one per slot index, and the exact check of a received result.
+    ``shard``: a reduce-scatter's (first, end) values of this rank, whose blocks' results must
+    bring their values; another block's may come as the header alone (values elided)."""
 
-    def __init__(self, grant: Grant, source: object) -> None:
+    def __init__(self, grant: Grant, source: object, shard: tuple[int, int] | None = None) -> None:
         self.grant = grant
         self.source = source
+        self.shard = shard
         self.rounds: dict[int, Round] = {}
+
+    def may_elide(self, rnd: Round) -> bool:
+        """Whether ``rnd``'s result may come without its values: a data round of a block wholly
+        outside this rank's reduce-scatter shard (the C++ twin is ``Stream::may_elide``)."""
+        if self.shard is None or rnd.priming or not rnd.count:
+            return False
+        first, end = self.shard
+        return rnd.offset >= end or rnd.offset + rnd.count <= first
 
     def __len__(self) -> int:
         return len(self.rounds)
@@ -134,9 +145,11 @@ class OutstandingRounds:
             return ResultCheck.WRONG_OFFSET, -1
         if count != rnd.count:
             return ResultCheck.WRONG_COUNT, -1
-        if n != HEADER_BYTES + (4 * g.values_per_packet if count else 0):
+        if n == HEADER_BYTES + (4 * g.values_per_packet if count else 0):
+            return ResultCheck.ACCEPTED, idx
+        if n != HEADER_BYTES:
             return ResultCheck.WRONG_LENGTH, -1
-        return ResultCheck.ACCEPTED, idx
+        return (ResultCheck.ACCEPTED, idx) if self.may_elide(rnd) else (ResultCheck.MISSING_VALUES, -1)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from inagg.hostlib.wire.transport import UdpTransport
 
 _COUNTERS = ("packets_sent", "packets_received", "wire_bytes_sent", "wire_bytes_received",
              "retransmissions", "fast_retransmissions", "backoffs", "bursts", "spurious_retransmissions", "host_results",
-             "congestion_marks")
+             "congestion_marks", "elided_results")
 
 
 def native_block_exponents(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,11 +105,12 @@ class NativeSlotStream(StreamBase):
         window = call_window(self.grant.slot_count, exps.n_blocks, goal, exps.is_float)
         self.window = window
         self._lend_congestion()
+        first, end = self._shard or (0, 0)
         if exps.is_float:
             ok = self._core.stream_float(codec.native_values(x), exps.local, exps.bad.view(np.uint8), exps.agreed[0],
-                                         window, self.grant.values_per_packet, divisor)
+                                         window, self.grant.values_per_packet, divisor, first, end)
         else:
-            ok = self._core.stream_int(x, window)
+            ok = self._core.stream_int(x, window, first, end)
         self._take_congestion()
         self._sync_stats()
         if not ok:

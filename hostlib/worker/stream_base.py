@@ -75,6 +75,7 @@ class StreamStats:
     ignored_results: int = 0
     host_results: int = 0
     congestion_marks: int = 0   # accepted results that carried FLAG_CONGESTION
+    elided_results: int = 0     # accepted results without values: another rank's reduce-scatter shard
     seconds: float = 0.0
     result_drops: dict = field(default_factory=dict)
 
@@ -197,6 +198,7 @@ class StreamBase:
         self.window_control: WindowControl | None = None
         self.aborted = False
         self.reduction = Reduction()
+        self._shard: tuple[int, int] | None = None   # the running reduce-scatter's (allreduce)
         self.set_grant(grant)
 
     def abort(self) -> None:
@@ -217,7 +219,8 @@ class StreamBase:
                                             congestion=CongestionWindow(size=size))
 
     def allreduce(self, x: np.ndarray | None, pending_epoch: int = 0, *, average: bool = False,
-                  refusal: Refusal | None = None, again: bool = False) -> np.ndarray | None:
+                  refusal: Refusal | None = None, again: bool = False,
+                  shard: tuple[int, int] | None = None) -> np.ndarray | None:
         """Sum (``average``: mean) ``x`` (flat, int32 or one of ``codec.FLOAT_DTYPES``) over all
         workers, in place. A float16 or bfloat16 result is the float32 one (its mean for an
         average) rounded once to the tensor's format (``codec``).
@@ -232,9 +235,16 @@ class StreamBase:
         No result for ``stuck_timeout`` in the blocks (for ``stall_timeout`` in the control
         round, where a peer late to the call looks the same) raises :class:`SlotStalled` with
         ``x`` as it was (the blocks' results are written in place: ``_restoring``);
-        ``again``: run the call that stalled again, under its call number, from scratch."""
+        ``again``: run the call that stalled again, under its call number, from scratch.
+
+        ``shard``: a reduce-scatter, of which this rank keeps the values ``[first, end)`` of
+        ``x`` only: the blocks wholly in it go with FLAG_MINE, so an aggregator that honours
+        it sends their values to this rank alone and every other block's to its owner alone;
+        a block answered without its values (elided) is left in ``x`` as it was. Only the
+        shard's values of ``x`` are the sum afterwards (a small call rides whole, as ever)."""
         if refusal is None:
             refusal = check_array(x, average)
+        self._shard = shard if shard is not None and shard[0] < shard[1] else None
         started = time.perf_counter()
         self.agreed_epoch = 0
         call = self.stats.calls - 1 if again else self.stats.calls

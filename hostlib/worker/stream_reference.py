@@ -19,7 +19,9 @@ the first W blocks (int32 tensors are summed as they are and prime no slot).
 
 Every call opens with the control round (``call_protocol``); a small call rides in it, a larger
 one then streams its blocks through its window, paced by the congestion window and recovered
-from loss as ``rounds`` describes.
+from loss as ``rounds`` describes. In a reduce-scatter (``StreamBase.allreduce``'s ``shard``)
+the blocks wholly in the rank's shard carry FLAG_MINE, and a result without its values is taken
+only for a block outside the shard (``OutstandingRounds.may_elide``) and writes nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import numpy as np
 from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import (
-    FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, ROUND_CYCLE,
+    FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_MINE, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, ROUND_CYCLE,
     build_contribution, round_fields, unpack_raw,
 )
 from inagg.hostlib.worker.call_protocol import ResultCheck
@@ -52,6 +54,7 @@ class SlotStream(StreamBase):
         self._loss = LossDetector(self._rtt)
         self._next_scan = 0.0
         self._drained = True  # the last receive found the socket empty
+        self._got = 0         # bytes of the last datagram received
 
     def set_grant(self, grant: Grant) -> None:
         """``StreamBase.set_grant``; every slot of a new grant starts at round 0 (set 0, tag 0),
@@ -91,10 +94,11 @@ class SlotStream(StreamBase):
         FLAG_OVERFLOW), carrying this rank's exponent of block ``chunk + window`` one round ahead."""
         k = self.grant.values_per_packet
         block = x[chunk * k: chunk * k + k]
-        flags = 0
+        first, end = self._shard or (0, 0)
+        flags = FLAG_MINE if first <= chunk * k and chunk * k + block.size <= end else 0
         if exps.is_float:
             if exps.bad[chunk]:
-                flags, block = FLAG_OVERFLOW, np.zeros(block.size, np.int32)
+                flags, block = flags | FLAG_OVERFLOW, np.zeros(block.size, np.int32)
             else:
                 block = codec.quantize(block, exps.agreed[chunk], self.shift)
         self._send_round(rounds, idx, chunk, False, block, exps.local_exp(chunk + window), flags, now)
@@ -144,6 +148,7 @@ class SlotStream(StreamBase):
         """Wait up to ``timeout`` for one datagram: (slot index, its round, now) when it is an
         accepted result, (-1, None, now) otherwise (counted)."""
         got, source = self.transport.recv_from(self._buf, timeout)
+        self._got = got
         now = time.perf_counter()
         self._drained = not got and source is None
         if self._drained:
@@ -185,8 +190,11 @@ class SlotStream(StreamBase):
                 return idx, rnd, now
 
     def _header_fields(self) -> tuple[int, int, np.ndarray]:
-        """(flags, exp, values) of the accepted result in the receive buffer."""
+        """(flags, exp, values) of the accepted result in the receive buffer (values None: elided,
+        a block of another rank's reduce-scatter shard)."""
         _, flags, _, _, exp, _, _, count, _ = unpack_raw(self._buf)
+        if count and self._got == HEADER_BYTES:
+            return flags, exp, None
         return flags, exp, np.frombuffer(self._buf, ">i4", count, HEADER_BYTES)
 
     # -- the two phases of a call ------------------------------------------------------------
@@ -211,7 +219,7 @@ class SlotStream(StreamBase):
         window = call_window(g.slot_count, n_blocks, goal, exps.is_float)
         self.window = window
         congestion = self.window_control.congestion
-        rounds = OutstandingRounds(g, self._source)
+        rounds = OutstandingRounds(g, self._source, self._shard)
         gate = BlockGate(n_blocks)
         now = time.perf_counter()
         gate.defer(0, 0)
@@ -234,10 +242,12 @@ class SlotStream(StreamBase):
                 remaining -= 1
                 gate.answer(rnd.chunk)
                 out = x[rnd.offset: rnd.offset + rnd.count]
-                if not exps.is_float:
-                    out[:] = values
-                elif flags & FLAG_OVERFLOW:
+                if exps.is_float and flags & FLAG_OVERFLOW:
                     overflow.append(rnd.chunk)
+                elif values is None:
+                    self.stats.elided_results += 1
+                elif not exps.is_float:
+                    out[:] = values
                 else:
                     codec.dequantize(values, exps.agreed[rnd.chunk], self.shift, out=out, divisor=divisor)
             exps.agree(nxt, exp)

@@ -12,7 +12,7 @@ import enum
 import numpy as np
 
 from inagg.hostlib.wire import codec
-from inagg.hostlib.worker.call_protocol import OP_NAMES, CallError, Refusal, dtype_refusal
+from inagg.hostlib.worker.call_protocol import OP_NAMES, CallError, Refusal, Shard, dtype_refusal, rank_shard
 
 
 class ReduceOp(enum.Enum):
@@ -50,6 +50,24 @@ def as_array(tensor) -> tuple[np.ndarray | None, Refusal | None]:
         return array, None
     refusal = tensor_refusal(tensor)
     return (None, refusal) if refusal else (numpy_view(tensor), None)
+
+
+def refuse_cuda_scatter(tensor, output) -> None:
+    """A ValueError when a reduce-scatter's ``tensor`` or ``output`` is a CUDA tensor: only an
+    allreduce stages CUDA tensors."""
+    if any(getattr(t, "is_cuda", False) for t in (tensor, output)):
+        raise ValueError("reduce_scatter_async takes CPU tensors or arrays; got a CUDA tensor: allreduce it "
+                         "(allreduce_async stages CUDA tensors) and keep this rank's shard")
+
+
+def output_shard(array: np.ndarray, output, rank: int, world_size: int) -> Shard:
+    """Rank ``rank``'s ``Shard`` of ``array`` into ``output`` (a CPU tensor or an array); a
+    ValueError naming the problem when ``output`` is not one rank's share of ``array``."""
+    out, bad = as_array(output)
+    if bad is not None:
+        raise ValueError(f"a reduce-scatter's output must be a contiguous CPU tensor or array; got "
+                         f"{bad.describe()}")
+    return rank_shard(array, out, rank, world_size)
 
 
 def tensor_refusal(tensor) -> Refusal | None:

@@ -17,6 +17,8 @@ local inagg = Proto("inagg", "In-network aggregation (inagg)")
 local MSG_TYPES = { [1] = "contribution", [2] = "result" }
 local FLAG_NAMES = { [0x01] = "retransmit", [0x02] = "from_host", [0x04] = "congestion", [0x08] = "overflow",
                      [0x80] = "from_switch" }
+-- a contribution's 0x02 is MINE (a reduce-scatter's block in the sender's shard): only results are FROM_HOST
+local CONTRIBUTION_FLAG_NAMES = { [0x02] = "mine" }
 local HEADER_BYTES = 16
 local INAGG_UDP_PORT = 0xA66A
 local HOST_AGGREGATOR_PORT = 42666
@@ -44,9 +46,10 @@ inagg.fields = f
 
 local immdt_field = Field.new("infiniband.immdt")
 
-local function flag_text(flags)
+local function flag_text(flags, kind)
     local names = {}
     for bit, name in pairs(FLAG_NAMES) do
+        if kind == "contribution" and CONTRIBUTION_FLAG_NAMES[bit] then name = CONTRIBUTION_FLAG_NAMES[bit] end
         if bit32.band(flags, bit) ~= 0 then names[#names + 1] = name end
     end
     table.sort(names)
@@ -61,7 +64,7 @@ local function dissect(tvb, pinfo, tree)
     local flags = tvb(1, 1):uint()
     t:add(f.version, tvb(0, 1))
     t:add(f.msg_type, tvb(0, 1))
-    t:add(f.flags, tvb(1, 1)):append_text(" (" .. flag_text(flags) .. ")")
+    t:add(f.flags, tvb(1, 1)):append_text(" (" .. flag_text(flags, kind) .. ")")
     t:add(f.round_tag, tvb(1, 1))
     t:add(f.job_id, tvb(2, 2))
     t:add(f.worker_id, tvb(4, 1))
