@@ -92,7 +92,7 @@ def worker_address(port: int, rank: int, job_id: int) -> tuple[int, int, int]:
 
 
 # Whether the chip's program checks the round tag (docs/tofino.md, "Round identity"): Tofino 2
-# does, as every other target; Tofino 1 only carries it (12 of 12 stages).
+# does, as every other target; Tofino 1 only carries it (the check runs out of PHV there).
 ROUND_CHECK = {"tofino": False, "tofino2": True}
 
 
