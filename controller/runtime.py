@@ -18,7 +18,7 @@ from inagg.controller.p4info import P4Info
 from inagg.controller.switch import (
     DELETE, INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
     RecircSpread, ResultReplication, SourceGuard, SwitchConnection, SwitchJob, TreeUplink,
-    recirculation_rows,
+    check_no_traffic_on_reserved_ports, recirculation_rows,
 )
 from inagg.hostlib.wire.grant import parse_address
 from inagg.controller.p4info import P4Type
@@ -70,6 +70,9 @@ class SwitchRuntime:
         self.p4info = p4info
         self.capacity = SwitchCapacity.from_p4info(p4info)
         recirculation_rows(p4info, cfg.loopback_device_ports)   # a port it cannot use: ValueError
+        traffic = {cfg.device_port(p): who for p, who in cfg.port_users().items()
+                   if p not in cfg.loopback_ports}
+        check_no_traffic_on_reserved_ports(p4info, traffic)
         self.routes = routes or {}   # MAC -> front-panel port of the link toward it
         self.wanted: list[SwitchJob] | None = None   # what the switch should hold
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold

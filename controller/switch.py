@@ -538,6 +538,27 @@ class SourceGuard:
         return {r: counts.get(i, 0) for i, r in enumerate(GUARD_DROP_REASONS) if counts.get(i, 0)}
 
 
+def reserved_loopback_ports(p4info: P4Info) -> list[int]:
+    """The pipe-local ports the program takes second passes on besides its recirculation port
+    (@inagg_recirculation_ports' base and mask); [] for a program without recirc_spread."""
+    known = p4info.recirculation_ports
+    if known is None:
+        return []
+    _, base, mask = known
+    return [p for p in range(128) if p & mask == base & mask]
+
+
+def check_no_traffic_on_reserved_ports(p4info: P4Info, users: dict[int, str]) -> None:
+    """A ValueError naming each host or link (``users``: device port -> who) on a port the
+    program reserves for loopback: its parser would take that port's frames for second passes."""
+    reserved = reserved_loopback_ports(p4info)
+    bad = [f"{who} (device port {port})" for port, who in sorted(users.items()) if port & 0x7F in reserved]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: on a port the Tofino program reserves for loopback "
+                         f"(pipe-local {reserved[0]}-{reserved[-1]}, where its parser takes second "
+                         f"passes): attach it to another port (docs/tofino.md, step 5)")
+
+
 def recirculation_rows(p4info: P4Info, loopback: Iterable[int]) -> dict[tuple[int, int], int]:
     """recirc_spread's rows (p4/tofino/recirc_spread.p4) for the device ports ``loopback`` the
     operator put in loopback: (pipe, slot's low bits) -> port. A pipe with loopback ports
@@ -553,8 +574,8 @@ def recirculation_rows(p4info: P4Info, loopback: Iterable[int]) -> dict[tuple[in
     if known is None:
         raise ValueError(f"loopback ports {ports}: the program {p4info.program_name} has no "
                          f"recirc_spread table (only the Tofino program spreads recirculation)")
-    local, base, mask = known
-    reserved = [p for p in range(128) if p & mask == base & mask]
+    local, _, _ = known
+    reserved = reserved_loopback_ports(p4info)
     wrong = [p for p in ports if (p & 0x7F) not in reserved]
     if wrong:
         raise ValueError(f"loopback device port(s) {wrong}: the program takes second passes only "

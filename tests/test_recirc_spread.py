@@ -20,7 +20,9 @@ from inagg.bmv2_env.softswitch.pipeline_reference import RECIRC_SPREAD
 from inagg.bmv2_env.softswitch.state import Action
 from inagg.bmv2_env.softswitch.tna_slot_model import TofinoModelPipeline
 from inagg.controller.config import default_program, parse_config
-from inagg.controller.switch import SwitchConnection, recirculation_rows
+from inagg.controller.switch import (
+    SwitchConnection, check_no_traffic_on_reserved_ports, recirculation_rows,
+)
 from test_tofino_program import make_comms
 from test_tna_slot_model import CHIPS, K, _sums, frame, make
 
@@ -70,6 +72,18 @@ def test_a_port_the_parser_does_not_take_second_passes_on_is_refused(chip):
         recirculation_rows(PROGRAMS[chip].p4info, [front])
     with pytest.raises(ValueError, match="no recirc_spread table"):
         recirculation_rows(default_program("bmv2").p4info, [front])
+
+
+def test_a_host_or_link_on_a_reserved_loopback_port_is_refused_naming_it(chip):
+    """The parser takes any frame on a reserved port for a second pass, so no host or link may
+    be there; the recirculation port and the ports beside the range are fine."""
+    first = 1 << 7 | LOOPBACK[chip][0]
+    with pytest.raises(ValueError, match=rf"host 10.0.0.9 \(device port {first}\): on a port the Tofino "
+                                         rf"program reserves for loopback \(pipe-local {LOOPBACK[chip][0]}-"):
+        check_no_traffic_on_reserved_ports(PROGRAMS[chip].p4info, {first - 1: "host 10.0.0.1",
+                                                                    first: "host 10.0.0.9"})
+    check_no_traffic_on_reserved_ports(PROGRAMS[chip].p4info, {first - 1: "h", first + 8: "l"})
+    check_no_traffic_on_reserved_ports(default_program("bmv2").p4info, {first: "host 10.0.0.9"})
 
 
 def _config(**extra) -> dict:
