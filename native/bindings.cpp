@@ -42,14 +42,18 @@ private:
 
 // An uplink as Python passes it: (parent sender id, rank at the parent, slot_base there).
 using UplinkArg = std::optional<std::tuple<inagg::SenderId, int64_t, int64_t>>;
+// An ATP job's peer (hostlib/aggregator/atp_reference.py), or None.
+using PeerArg = std::optional<inagg::SenderId>;
 using JobArg = std::tuple<int64_t, int64_t, int64_t, int64_t, std::vector<inagg::SenderId>,
-                          UplinkArg, int64_t>;
+                          UplinkArg, int64_t, PeerArg>;
 
 inagg::JobConfig job_config(int64_t job_id, int64_t epoch, int64_t slot_base, int64_t slot_count,
                             std::vector<inagg::SenderId> members, const UplinkArg& uplink,
-                            int64_t n_children) {
+                            int64_t n_children, const PeerArg& atp_peer) {
     inagg::JobConfig job{job_id, epoch, slot_base, slot_count, std::move(members)};
     job.n_children = n_children;
+    job.has_atp_peer = atp_peer.has_value();
+    job.atp_peer = atp_peer.value_or(0);
     if (uplink) {
         job.has_uplink = true;
         job.uplink =
@@ -71,6 +75,7 @@ nb::dict counters_dict(const inagg::JobCounters& c) {
     d["duplicates"] = c.duplicates;
     d["results"] = c.results;
     d["resent_results"] = c.resent_results;
+    d["collisions"] = c.collisions;
     d["drops"] = drops;
     return d;
 }
@@ -175,13 +180,22 @@ void bind_engine(nb::module_& m) {
         .def(
             "set_job",
             [](inagg::Engine& e, int64_t job_id, int64_t epoch, int64_t base, int64_t count,
-               std::vector<inagg::SenderId> members, const UplinkArg& uplink, int64_t n_children) {
+               std::vector<inagg::SenderId> members, const UplinkArg& uplink, int64_t n_children,
+               const PeerArg& atp_peer) {
                 std::lock_guard<std::mutex> lock(e.mutex());
-                e.set_job(
-                    job_config(job_id, epoch, base, count, std::move(members), uplink, n_children));
+                e.set_job(job_config(job_id, epoch, base, count, std::move(members), uplink,
+                                     n_children, atp_peer));
             },
             "job_id"_a, "epoch"_a, "slot_base"_a, "slot_count"_a, "members"_a,
-            "uplink"_a = nb::none(), "n_children"_a = 0)
+            "uplink"_a = nb::none(), "n_children"_a = 0, "atp_peer"_a = nb::none())
+        .def(
+            "set_atp_pool",
+            [](inagg::Engine& e, int64_t base, int64_t count) {
+                std::lock_guard<std::mutex> lock(e.mutex());
+                e.set_atp_pool(base, count);
+            },
+            "base"_a, "count"_a,
+            "a switch's slots for ATP jobs (hostlib/aggregator/atp_reference.py)")
         .def("remove_job",
              [](inagg::Engine& e, uint16_t job_id) {
                  std::lock_guard<std::mutex> lock(e.mutex());
@@ -191,14 +205,17 @@ void bind_engine(nb::module_& m) {
             "replace_jobs",
             [](inagg::Engine& e, const std::vector<JobArg>& wanted) {
                 std::vector<inagg::JobConfig> jobs;
-                for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
-                    jobs.push_back(job_config(id, epoch, base, count, members, uplink, n_children));
+                for (const auto& [id, epoch, base, count, members, uplink, n_children, peer] :
+                     wanted) {
+                    jobs.push_back(
+                        job_config(id, epoch, base, count, members, uplink, n_children, peer));
                 }
                 std::lock_guard<std::mutex> lock(e.mutex());
                 e.replace_jobs(jobs);
             },
             "jobs"_a,
-            "[(job_id, epoch, slot_base, slot_count, members, uplink or None, n_children)]")
+            "[(job_id, epoch, slot_base, slot_count, members, uplink or None, n_children, "
+            "atp_peer or None)]")
         .def("job_ids",
              [](inagg::Engine& e) {
                  std::lock_guard<std::mutex> lock(e.mutex());
