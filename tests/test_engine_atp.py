@@ -15,12 +15,14 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inagg.hostlib.aggregator.engine import NativeEngine
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 from inagg.hostlib.wire.protocol import (
     FLAG_FROM_HOST, FLAG_FROM_SWITCH, FLAG_RETRANSMIT, MSG_RESULT, build_contribution,
-    round_fields, unpack_header,
+    Outcome, round_fields, unpack_header,
 )
 
 K = 4
@@ -171,3 +173,210 @@ def test_a_tenant_whose_neighbour_floods_the_pool_completes_exactly(make):
     run_network(nodes, workers, rng, loss=0.05, dup=0.05, max_batches=20000)
     check_exact(workers)
     assert nodes["switch"].counters[1].collisions > 0
+
+
+# -- each row on its own -----------------------------------------------------------------------
+
+def one_aggregator(make, n=2):
+    """A switch whose ATP pool is one aggregator (every round hashes to it), jobs 1 and 2 of
+    ``n`` workers each."""
+    return deployment(make, (n, n), pool=1)["switch"]
+
+
+def contribution(job_id, rank, *, block=0, flags=0, value=None, offset=None):
+    cfg = job(job_id, 2, peer=HOST)
+    slot_set, tag_flags = round_fields(block // W)
+    values = np.full(K, rank + 1 if value is None else value, np.int32)
+    return build_contribution(job_id, rank, 1, cfg.slot_base + block % W, slot_set,
+                              block * K if offset is None else offset, values, K, exp=rank,
+                              flags=flags | tag_flags)
+
+
+def send(eng, job_id, rank, **kw):
+    return eng.process(contribution(job_id, rank, **kw), (f"10.0.{job_id}.{rank}", 1))
+
+
+def host_result(job_id, block=0):
+    """The host aggregator's result of ``block`` (what passes the switch as the ACK)."""
+    host = deployment(AggregationEngine, (2, 2), pool=1)["host"]
+    for r in range(2):
+        host.process(contribution(job_id, r, block=block), (f"10.0.{job_id}.{r}", 1))
+    (res,) = host.process(contribution(job_id, 0, block=block), (f"10.0.{job_id}.0", 1))
+    return res.data
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_switch_claims_adds_and_sends_the_complete_sum_up(make):
+    eng = one_aggregator(make)
+    first = contribution(1, 0)
+    (mirror,) = eng.process(first, ("10.0.1.0", 1))
+    assert eng.last_outcome == Outcome.FIRST and mirror.upstream and mirror.data == first
+    (up,) = send(eng, 1, 1)
+    assert eng.last_outcome == Outcome.ADD and up.upstream
+    h = unpack_header(up.data)
+    assert (h.msg_type, h.flags & FLAG_FROM_SWITCH, h.worker_id, h.exp, h.slot, h.offset) == (1, FLAG_FROM_SWITCH, 1, 1, 0, 0)
+    assert np.frombuffer(up.data, ">i4", K, 16).tolist() == [3] * K
+    assert eng.counters[1].results == 1 and eng.counters[1].aggregated == 2
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_a_lone_worker_sends_its_sum_at_once(make):
+    eng = one_aggregator(make, n=1)
+    (up,) = send(eng, 1, 0)
+    assert eng.last_outcome == Outcome.FIRST and up.data[1] & FLAG_FROM_SWITCH
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_duplicates_go_up_pending_or_as_the_sum_again(make):
+    eng = one_aggregator(make)
+    send(eng, 1, 0)
+    (again,) = send(eng, 1, 0, flags=FLAG_RETRANSMIT)
+    assert eng.last_outcome == Outcome.DUP_PENDING and again.data == contribution(1, 0, flags=FLAG_RETRANSMIT)
+    send(eng, 1, 1)
+    (sum_again,) = send(eng, 1, 0, flags=FLAG_RETRANSMIT)
+    h = unpack_header(sum_again.data)
+    assert eng.last_outcome == Outcome.DUP_UPSTREAM and h.worker_id == 0
+    assert h.flags & (FLAG_FROM_SWITCH | FLAG_RETRANSMIT) == FLAG_FROM_SWITCH | FLAG_RETRANSMIT
+    assert send(eng, 1, 1, offset=K) == [] and eng.last_outcome == Outcome.BAD_ROUND
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_a_held_aggregator_collides_until_the_host_result_frees_it(make):
+    eng = one_aggregator(make)
+    send(eng, 1, 0)
+    other = contribution(2, 0)
+    (fwd,) = eng.process(other, ("10.0.2.0", 1))
+    assert eng.last_outcome == Outcome.COLLISION and fwd.upstream and fwd.data == other
+    assert eng.counters[2].collisions == 1 and eng.counters[1].collisions == 0
+    assert eng.process(host_result(2), HOST) == [] and eng.last_outcome == Outcome.ACK
+    send(eng, 2, 1)                                      # not job 2's aggregator: still held
+    assert eng.last_outcome == Outcome.COLLISION
+    assert eng.process(host_result(1), ("10.0.1.0", 1)) == [] and eng.last_outcome == Outcome.BAD_WORKER
+    eng.process(host_result(1), HOST)                    # job 1's result passes: freed
+    send(eng, 2, 1)
+    assert eng.last_outcome == Outcome.FIRST
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_an_owner_of_an_old_epoch_holds_nothing(make):
+    eng = one_aggregator(make)
+    send(eng, 1, 0)
+    eng.set_job(JobConfig(1, 2, 0, W, job(1, 2, peer=HOST).members, atp_peer=HOST))
+    send(eng, 2, 0)
+    assert eng.last_outcome == Outcome.FIRST
+
+
+def host_engine(make):
+    return deployment(make, (2, 2), pool=1)["host"]
+
+
+def switch_sum(value, *, block=0, flags=0, rank=1):
+    data = bytearray(contribution(1, rank, block=block, value=value, flags=flags | FLAG_FROM_SWITCH))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_host_takes_a_switch_sum_over_its_partial_and_answers_later_copies(make):
+    host = host_engine(make)
+    assert host.process(contribution(1, 0), ("10.0.1.0", 1)) == []      # a collided packet
+    (res,) = host.process(switch_sum(5), SWITCH)
+    assert host.last_outcome == Outcome.SWITCH_SUM and res.ranks == (0, 1)
+    assert np.frombuffer(res.data, ">i4", K, 16).tolist() == [5] * K     # not 5 + the partial
+    assert unpack_header(res.data).flags & FLAG_FROM_HOST
+    (again,) = host.process(switch_sum(5, flags=FLAG_RETRANSMIT, rank=0), SWITCH)
+    assert host.last_outcome == Outcome.DUP_DONE and again.ranks == (0,)
+    (late,) = host.process(contribution(1, 1), ("10.0.1.1", 1))
+    assert host.last_outcome == Outcome.DUP_DONE and late.ranks == (1,)
+    assert host.process(switch_sum(5), ("10.0.1.1", 1)) == [] and host.last_outcome == Outcome.BAD_WORKER
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_host_refuses_a_switch_sum_of_another_round(make):
+    host = host_engine(make)
+    host.process(switch_sum(5), SWITCH)
+    host.process(contribution(1, 0, block=W), ("10.0.1.0", 1))         # round 1 on the other set
+    assert host.process(switch_sum(5, block=2 * W), SWITCH) == []       # next on a busy set
+    assert host.last_outcome == Outcome.BAD_ROUND
+    assert host.process(switch_sum(5, block=6 * W), SWITCH) == []       # neither this nor next
+    assert host.last_outcome == Outcome.STALE_ROUND
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("setup, error", [
+    (lambda e, m: m(8, K, host_mode=True).set_atp_pool(0, 2), "the ATP pool is a switch's"),
+    (lambda e, m: e.set_atp_pool(6, 4), "outside the 8 slots"),
+    (lambda e, m: e.set_atp_pool(2, 2), "overlaps job 9's window"),
+    (lambda e, m: e.set_job(JobConfig(1, 1, 0, W, (("a", 1),), atp_peer=HOST)), "set_atp_pool first"),
+])
+def test_pool_configuration_errors_name_the_problem(make, setup, error):
+    eng = make(8, K, host_mode=False)
+    eng.set_job(JobConfig(9, 1, 0, 4, (("b", 1),)))
+    with pytest.raises(ValueError, match=error):
+        setup(eng, make)
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_a_window_job_stays_out_of_the_pool(make):
+    eng = make(8, K, host_mode=False)
+    eng.set_atp_pool(4, 4)
+    with pytest.raises(ValueError, match="overlap the ATP pool"):
+        eng.set_job(JobConfig(9, 1, 2, 4, (("b", 1),)))
+    eng.set_job(JobConfig(1, 1, 0, 4, (("a", 1),), atp_peer=HOST))       # the host's slots 0..3
+    eng.set_job(JobConfig(9, 1, 0, 4, (("b", 1),)))                     # beside it on the switch
+    with pytest.raises(ValueError, match="do not mix"):
+        eng.set_job(JobConfig(2, 1, 0, 4, (("a", 1), ("c", 1)), atp_peer=HOST, n_children=1))
+
+
+# -- the C++ engine against the reference --------------------------------------------------------
+
+@st.composite
+def atp_packets(draw):
+    """A packet for an ATP switch or host aggregator: mostly workers' contributions of a few
+    rounds, with the host's results (ACKs), switch sums, strangers and resends among them."""
+    job_id = draw(st.sampled_from([1, 1, 2]))
+    rank = draw(st.integers(0, 2 if job_id == 1 else 1))
+    block = draw(st.sampled_from([0, 0, 0, 1, 1, W, W + 1, 2 * W]))
+    kind = draw(st.sampled_from(["worker"] * 6 + ["ack", "sum", "stranger"]))
+    flags = draw(st.sampled_from([0, 0, FLAG_RETRANSMIT]))
+    value = draw(st.sampled_from([0, 1, -1, 2**31 - 1, -2**31]))
+    cfg = job(job_id, 3 if job_id == 1 else 2, peer=HOST)
+    slot_set, tag = round_fields(block // W)
+    offset = draw(st.sampled_from([block * K] * 12 + [7 * K]))    # now and then a bad round
+    head = (job_id, rank, 1, cfg.slot_base + block % W, slot_set, offset)
+    if kind == "ack":
+        data = bytearray(build_contribution(*head, np.full(K, value, np.int32), K, flags=tag | FLAG_FROM_HOST))
+        data[0] = (data[0] & 0xF0) | MSG_RESULT
+        return bytes(data), HOST
+    extra = FLAG_FROM_SWITCH if kind == "sum" else 0
+    data = build_contribution(*head, np.full(K, value, np.int32), K, exp=rank, flags=flags | tag | extra)
+    sender = {"sum": SWITCH, "stranger": ("10.9.9.9", 1)}.get(kind, cfg.members[rank])
+    return data, sender
+
+
+def twin_deployments(pool):
+    out = []
+    for make in ENGINES:
+        switch = make(16, K, host_mode=False)
+        switch.set_atp_pool(8, pool)
+        host = make(16, K, host_mode=True)
+        for j, n in ((1, 3), (2, 2)):
+            switch.set_job(job(j, n, peer=HOST))
+            host.set_job(job(j, n, peer=SWITCH))
+        out.append((switch, host))
+    return out
+
+
+def emitted(emits):
+    return [(e.job.job_id, e.ranks, e.upstream, e.data) for e in emits]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(atp_packets(), min_size=5, max_size=150), st.integers(1, 3))
+def test_native_atp_matches_the_reference(sequence, pool):
+    (py_sw, py_host), (nat_sw, nat_host) = twin_deployments(pool)
+    for data, sender in sequence:
+        for py, nat in ((py_sw, nat_sw), (py_host, nat_host)):
+            assert emitted(nat.process(data, sender)) == emitted(py.process(data, sender))
+            assert nat.last_outcome == py.last_outcome
+    assert nat_sw.snapshot_counters() == py_sw.snapshot_counters()
+    assert nat_host.snapshot_counters() == py_host.snapshot_counters()

@@ -237,9 +237,10 @@ class AggregationEngine(AtpSharing):
 
         Slots are not touched here: the owner tag resets each slot lazily on the job's first
         packet with the new (job, epoch), exactly as the switch does."""
-        job.validate(self.n_slots)
+        job.validate(slot_space(job, self.n_slots, bool(self.result_flags)))
+        self._check_atp(job)
         for other in self.jobs.values():
-            if other.job_id != job.job_id and _overlaps(other, job):
+            if other.job_id != job.job_id and self._share_slots(other, job):
                 raise ValueError(
                     f"job {job.job_id}: slots [{job.slot_base}, {job.slot_base + job.slot_count}) "
                     f"overlap job {other.job_id}"
