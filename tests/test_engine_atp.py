@@ -380,3 +380,64 @@ def test_native_atp_matches_the_reference(sequence, pool):
             assert nat.last_outcome == py.last_outcome
     assert nat_sw.snapshot_counters() == py_sw.snapshot_counters()
     assert nat_host.snapshot_counters() == py_host.snapshot_counters()
+
+
+# -- a round split between the switch and the host aggregator -----------------------------------
+
+def wired(make, n1=2):
+    """A switch with one ATP aggregator and the host aggregator; job 1 of ``n1`` workers, job 2
+    of 2."""
+    nodes = deployment(make, (n1, 2), pool=1)
+    return nodes["switch"], nodes["host"]
+
+
+def to_host(host, emits, sender):
+    """The switch's emits into the host: its sums from SWITCH, forwarded packets from ``sender``."""
+    out = []
+    for e in emits:
+        out += host.process(e.data, SWITCH if e.data[1] & FLAG_FROM_SWITCH else sender)
+    return out
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_a_round_split_by_a_collision_completes_once_with_the_switch_sum(make):
+    """Job 1's rank 0 collides (job 2 holds the aggregator) and reaches the host alone; job 2's
+    round ends and frees it; rank 1 claims it (its packet mirrored: the host holds 0 and 1),
+    rank 2 joins; rank 0's resend completes the switch's round, whose sum replaces the host's
+    partial: the result is 1 + 2 + 3, made once, nothing counted twice."""
+    switch, host = wired(make, n1=3)
+    send(switch, 2, 0)
+    assert to_host(host, send(switch, 1, 0), ("10.0.1.0", 1)) == []     # collided, partial at host
+    assert switch.last_outcome == Outcome.COLLISION
+    send(switch, 2, 1)
+    switch.process(host_result(2), HOST)                                # job 2's result frees it
+    assert to_host(host, send(switch, 1, 1), ("10.0.1.1", 1)) == []     # claims, mirrored
+    assert (switch.last_outcome, host.last_outcome) == (Outcome.FIRST, Outcome.ADD)
+    assert send(switch, 1, 2) == [] and switch.last_outcome == Outcome.ADD
+    (res,) = to_host(host, send(switch, 1, 0, flags=FLAG_RETRANSMIT), ("10.0.1.0", 1))
+    assert (switch.last_outcome, host.last_outcome) == (Outcome.ADD, Outcome.SWITCH_SUM)
+    assert res.ranks == (0, 1, 2) and np.frombuffer(res.data, ">i4", K, 16).tolist() == [6] * K
+    assert host.counters[1].results == 1 and switch.counters[1].results == 1
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_a_partial_the_host_completed_is_freed_never_sent(make):
+    """Both ranks' packets of job 1 collide and complete at the host; a late resend had claimed
+    the aggregator meanwhile: the host's result passing frees it, and the partial it held is
+    never sent up (nor its values counted anywhere)."""
+    switch, host = wired(make)
+    send(switch, 2, 0)
+    for r in (0, 1):
+        out = to_host(host, send(switch, 1, r), (f"10.0.1.{r}", 1))
+    (res,) = out
+    assert host.last_outcome == Outcome.ADD and res.ranks == (0, 1)
+    send(switch, 2, 1)
+    switch.process(host_result(2), HOST)                                # free again
+    (mirror,) = send(switch, 1, 0, flags=FLAG_RETRANSMIT)               # rank 0 lost its result
+    assert switch.last_outcome == Outcome.FIRST
+    (answer,) = host.process(mirror.data, ("10.0.1.0", 1))
+    assert host.last_outcome == Outcome.DUP_DONE and answer.ranks == (0,)
+    assert switch.process(answer.data, HOST) == [] and switch.last_outcome == Outcome.ACK
+    send(switch, 2, 0, block=1)                                         # job 2's next round claims
+    assert switch.last_outcome == Outcome.FIRST
+    assert switch.counters[1].results == 0                              # job 1: no sum ever sent
