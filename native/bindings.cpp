@@ -155,7 +155,8 @@ nb::tuple process_batch(inagg::Engine& engine, nb::handle data, const std::vecto
         nb::bytes(reinterpret_cast<const char*>(outcomes.data()), outcomes.size()), emits);
 }
 
-void bind_engine(nb::module_& m) {
+// The outcome codes and the P4 drop codes, for the Python twin to check against.
+void bind_outcomes(nb::module_& m) {
     nb::dict outcomes;
     for (size_t i = 1; i < inagg::kOutcomes; ++i) {
         outcomes[inagg::outcome_name(static_cast<inagg::Outcome>(i))] = i;
@@ -171,12 +172,11 @@ void bind_engine(nb::module_& m) {
             return inagg::p4_drop_code(static_cast<inagg::Outcome>(outcome));
         },
         "outcome"_a, "DROP_*/GLOBAL_DROP_* code of a drop outcome, else -1");
+}
 
-    nb::class_<inagg::Engine>(m, "Engine", "The slot engine (native/engine.hpp)")
-        .def(nb::init<uint32_t, uint32_t, bool>(), "n_slots"_a, "values_per_packet"_a,
-             "host_mode"_a)
-        .def_prop_ro("n_slots", &inagg::Engine::n_slots)
-        .def_prop_ro("values_per_packet", &inagg::Engine::values_per_packet)
+// The engine's configuration: its jobs and a switch's ATP pool.
+void bind_engine_config(nb::class_<inagg::Engine>& engine) {
+    engine
         .def(
             "set_job",
             [](inagg::Engine& e, int64_t job_id, int64_t epoch, int64_t base, int64_t count,
@@ -216,12 +216,22 @@ void bind_engine(nb::module_& m) {
             "jobs"_a,
             "[(job_id, epoch, slot_base, slot_count, members, uplink or None, n_children, "
             "atp_peer or None)]")
-        .def("job_ids",
-             [](inagg::Engine& e) {
-                 std::lock_guard<std::mutex> lock(e.mutex());
-                 return e.job_ids();
-             })
-        .def("process", &process_one, "data"_a, "sender"_a, "framing_ok"_a = true)
+        .def("job_ids", [](inagg::Engine& e) {
+            std::lock_guard<std::mutex> lock(e.mutex());
+            return e.job_ids();
+        });
+}
+
+void bind_engine(nb::module_& m) {
+    bind_outcomes(m);
+    nb::class_<inagg::Engine> engine(m, "Engine", "The slot engine (native/engine.hpp)");
+    engine
+        .def(nb::init<uint32_t, uint32_t, bool>(), "n_slots"_a, "values_per_packet"_a,
+             "host_mode"_a)
+        .def_prop_ro("n_slots", &inagg::Engine::n_slots)
+        .def_prop_ro("values_per_packet", &inagg::Engine::values_per_packet);
+    bind_engine_config(engine);
+    engine.def("process", &process_one, "data"_a, "sender"_a, "framing_ok"_a = true)
         .def("process_batch", &process_batch, "data"_a, "lengths"_a, "senders"_a, "framing_ok"_a)
         .def_prop_ro("last_outcome",
                      [](inagg::Engine& e) { return static_cast<int>(e.last_outcome()); })

@@ -325,17 +325,22 @@ class AggregationEngine(AtpSharing):
                                   (vt & 0xF, flags, worker, epoch, slot, count))
         if refused is not None:
             return self._drop_job(ctr, refused)
-        if job.atp_peer is not None:
-            head = (vt, flags, worker, exp, slot, ss >> 15, count, offset)
-            if not self.result_flags:
-                return self._atp_switch(ctr, job, data, head)
-            if self._from_peer(job, vt & 0xF, flags):
-                return self._switch_sum(ctr, job, data, head)
+        head = (vt, flags, worker, exp, slot, ss >> 15, count, offset)
+        if job.atp_peer is not None and not self.result_flags:
+            return self._atp_switch(ctr, job, data, head)
+        if self._from_peer(job, vt & 0xF, flags):
+            return self._switch_sum(ctr, job, data, head)
+        return self._window(ctr, job, data, head)
+
+    def _window(self, ctr: JobCounters, job: JobConfig, data: bytes | bytearray | memoryview,
+                head: tuple) -> list[Emit]:
+        """An admitted packet into its job's own slot: the decision table (module docstring),
+        or a parent's result in a tree."""
+        vt, flags, worker, exp, slot, s, count, offset = head
         from_parent = vt & 0xF == MSG_RESULT
         if from_parent:                                        # the parent's slot -> ours
             slot += job.slot_base - job.uplink.slot_base
-        self._claim(slot, (job_id << 16) | epoch)
-        s = ss >> 15
+        self._claim(slot, (job.job_id << 16) | job.epoch)
         n = job.children
         seen = self._seen[s][slot]
         complete = seen == n + (job.uplink is not None)        # a tree's result counts one more
