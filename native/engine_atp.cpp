@@ -18,11 +18,18 @@ uint64_t atp_identity(const Header& h) {
            uint64_t(h.set) << 3 | round_tag(h.flags);
 }
 
-// The pool slot of a round: CRC-32 (zlib's) of its identity's 8 big-endian bytes.
+// Each job's offset into the pool: job * 2^32 / golden ratio (atp_reference.py JOB_SPREAD).
+constexpr uint32_t kJobSpread = 0x9E3779B1;
+
+// The pool slot of a round: CRC-32 (zlib's) of its identity's 8 big-endian bytes plus the job's
+// offset (mod 2^32: CRC is linear, so without it two jobs' rounds could alias round for round),
+// modulo the pool.
 uint32_t atp_aggregator(uint64_t identity, int64_t base, int64_t count) {
     uint8_t bytes[8];
     for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(identity >> (56 - 8 * i));
-    return static_cast<uint32_t>(base + crc32(bytes, sizeof bytes) % uint64_t(count));
+    uint32_t spread = static_cast<uint32_t>(identity >> 35) * kJobSpread;
+    return static_cast<uint32_t>(base +
+                                 uint32_t(crc32(bytes, sizeof bytes) + spread) % uint64_t(count));
 }
 
 bool overlaps_pool(int64_t base, int64_t count, const JobConfig& job) {

@@ -7,7 +7,7 @@ aggregator. A switch on the path intercepts the job's contributions instead of f
 
 - **Where a round goes.** Round identity T = (job, epoch, wire slot, set, round tag), packed by
   ``atp_identity``; its aggregator is ``atp_aggregator``: CRC-32 of T's 8 big-endian bytes
-  modulo the switch's ATP pool. The switch computes it, not the worker, so the wire is the
+  plus a per-job offset, modulo the switch's ATP pool. The switch computes it, not the worker, so the wire is the
   host job's and the worker does not know the pool (a resized pool changes nothing there).
 - **The switch's table** (aggregator a of T; owner o of a; "free": no owner, or an owner whose
   job or epoch is no longer configured; "done": all N contributions in)::
@@ -68,9 +68,18 @@ def atp_identity(job_id: int, epoch: int, slot: int, slot_set: int, tag: int) ->
     return job_id << 35 | epoch << 19 | slot << 4 | slot_set << 3 | tag
 
 
+JOB_SPREAD = 0x9E3779B1   # 2^32 / golden ratio: each job's offset into the pool (atp_aggregator)
+
+
 def atp_aggregator(identity: int, pool_base: int, pool_count: int) -> int:
-    """The pool slot of a round: CRC-32 (zlib's, BMv2's crc32) of its identity's 8 bytes."""
-    return pool_base + zlib.crc32(identity.to_bytes(8, "big")) % pool_count
+    """The pool slot of a round: CRC-32 (zlib's, BMv2's crc32) of its identity's 8 bytes, plus
+    the job's offset ``job * JOB_SPREAD`` (mod 2^32), modulo the pool.
+
+    Why the offset: CRC is linear over GF(2), so two jobs whose identities differ by a fixed
+    xor (their ids and window-aligned slot bases do) would map round for round onto the same
+    aggregators, and collide on every round they run in step; an added offset breaks that."""
+    spread = (identity >> 35) * JOB_SPREAD
+    return pool_base + (zlib.crc32(identity.to_bytes(8, "big")) + spread) % (1 << 32) % pool_count
 
 
 class AtpSharing:
