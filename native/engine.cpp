@@ -95,10 +95,6 @@ void validate(const JobConfig& job, uint32_t n_slots) {
     }
 }
 
-bool overlaps(const JobConfig& a, const JobConfig& b) {
-    return a.slot_base < b.slot_base + b.slot_count && b.slot_base < a.slot_base + a.slot_count;
-}
-
 }  // namespace
 
 const char* outcome_name(Outcome outcome) {
