@@ -130,18 +130,23 @@ def deliver(nodes: dict, workers: list[Worker], dst, src, data: bytes) -> list[t
 
 
 def run_network(nodes: dict, workers: list[Worker], rng: random.Random, loss: float, dup: float,
-                max_batches: int = 6000, hold: float = 0.0) -> None:
+                max_batches: int = 6000, hold: float = 0.0,
+                finished: Callable[[], bool] | None = None) -> None:
     """Deliver in batches (as tests/test_engine_tree.py's: each shuffled, lossy, duplicating;
     what a batch causes goes in the next; ``hold``: the share of a batch held back to the next,
     so jobs drift out of step); when nothing is in flight every worker resends what is
-    unanswered. Raises AssertionError when the jobs do not finish in ``max_batches``."""
+    unanswered. Ends when ``finished()`` (default: every worker has every result); raises
+    AssertionError when that takes more than ``max_batches``."""
+    if finished is None:
+        def finished() -> bool:
+            return all(len(w.results) == len(w.values) for w in workers)
     flight: list = []
     for _ in range(max_batches):
         for w in workers:
             flight += [("switch", w.address, p) for p in w.ready()]
+        if finished():
+            return
         if not flight:
-            if all(len(w.results) == len(w.values) for w in workers):
-                return
             flight = [("switch", w.address, p) for w in workers for p in w.unanswered()]
         batch, flight = flight, []
         batch += [m for m in batch if rng.random() < dup]

@@ -54,14 +54,29 @@ def test_three_jobs_on_a_pool_too_small_get_exact_sums(make, loss, dup):
 
 @pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
 def test_a_tenant_whose_neighbour_floods_the_pool_completes_exactly(make):
-    """Job 1 (2 workers, 8 blocks) beside job 2, whose 8 workers send 200 blocks each, never
-    all in together (one worker's packets lag), so its rounds hold aggregators long."""
+    """Job 1 (2 workers, 8 blocks) beside job 2, whose 8 workers send 200 blocks each through a
+    pool of 3, a quarter of the packets held back a batch (so rounds stay open long)."""
     rng = random.Random(f"flood{make.__name__}")
     nodes = deployment(make, (2, 8), pool=3)
     workers = make_workers(nodes, rng, {1: 8, 2: 200})
-    run_network(nodes, workers, rng, loss=0.05, dup=0.05, max_batches=20000)
+    run_network(nodes, workers, rng, loss=0.05, dup=0.05, max_batches=20000, hold=0.25)
     check_exact(workers)
     assert nodes["switch"].counters[1].collisions > 0
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_a_tenant_beside_a_neighbour_that_never_completes_a_round(make):
+    """Job 2's rank 7 is gone: its 7 others claim the whole pool with partials no one completes
+    (and resend them forever); job 1 still gets every sum, exact, from the host aggregator."""
+    rng = random.Random(f"stuck{make.__name__}")
+    nodes = deployment(make, (2, 8), pool=3)
+    workers = [w for w in make_workers(nodes, rng, {1: 12, 2: 40}) if (w.cfg.job_id, w.rank) != (2, 7)]
+    mine = [w for w in workers if w.cfg.job_id == 1]
+    run_network(nodes, workers, rng, loss=0.05, dup=0.05, max_batches=5000,
+                finished=lambda: all(len(w.results) == len(w.values) for w in mine))
+    check_exact(mine)
+    switch = nodes["switch"]
+    assert switch.counters[1].collisions > 0 and switch.counters[2].results == 0
 
 
 # -- each row on its own -----------------------------------------------------------------------
