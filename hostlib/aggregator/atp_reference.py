@@ -1,5 +1,5 @@
-"""ATP's aggregator sharing, the third sharing policy (docs/controller.md, "Sharing policies"):
-the switch's and the host aggregator's halves of it, as part of the reference engine.
+"""ATP's aggregator sharing beside SwitchML's windows (docs/atp.md): the switch's and the host
+aggregator's halves of it, as part of the reference engine.
 
 The worker side is a host-aggregator job, unchanged: its grant names the host aggregator (the
 parameter server of ATP) and a window of slots there, every result comes from the host
@@ -7,8 +7,9 @@ aggregator. A switch on the path intercepts the job's contributions instead of f
 
 - **Where a round goes.** Round identity T = (job, epoch, wire slot, set, round tag), packed by
   ``atp_identity``; its aggregator is ``atp_aggregator``: CRC-32 of T's 8 big-endian bytes
-  plus a per-job offset, modulo the switch's ATP pool. The switch computes it, not the worker, so the wire is the
-  host job's and the worker does not know the pool (a resized pool changes nothing there).
+  plus a per-job offset, modulo the switch's ATP pool. The switch computes it, not the worker,
+  so the wire is the host job's and the worker does not know the pool (a resized pool changes
+  nothing there).
 - **The switch's table** (aggregator a of T; owner o of a; "free": no owner, or an owner whose
   job or epoch is no longer configured; "done": all N contributions in)::
 
@@ -38,6 +39,7 @@ aggregator. A switch on the path intercepts the job's contributions instead of f
   a free aggregator; nobody resends that round, so only an answer passing back can free it.
   The host aggregator answers the mirrored copy (DUP_DONE, which frees a on its way) or, for a
   live round, keeps it as one more worker's contribution (then the round completes at either).
+  Its cost: the host aggregator receives at least 2 packets a round (the mirror and the sum).
 - **Limit**: a copy delayed past its slot's next two rounds finds the host's set moved on
   (STALE_ROUND, no answer) and holds its aggregator until the job's epoch changes (a stall's
   fresh epoch frees it: an owner of another epoch is free).
@@ -64,7 +66,7 @@ if TYPE_CHECKING:
 
 def atp_identity(job_id: int, epoch: int, slot: int, slot_set: int, tag: int) -> int:
     """A round's owner tag, never 0 (job ids start at 1): job 16 | epoch 16 | slot 15 | set 1 |
-    round tag 3 bits (native/engine.cpp: atp_identity)."""
+    round tag 3 bits (native/engine_atp.cpp: atp_identity)."""
     return job_id << 35 | epoch << 19 | slot << 4 | slot_set << 3 | tag
 
 
