@@ -13,6 +13,7 @@ workers, the network) is benchmarks/atp_pool.py's, whose study counts on it."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -236,7 +237,8 @@ def test_a_window_job_stays_out_of_the_pool(make):
 @st.composite
 def atp_packets(draw):
     """A packet for an ATP switch or host aggregator: mostly workers' contributions of a few
-    rounds, with the host's results (ACKs), switch sums, strangers and resends among them."""
+    rounds, with the host's results (ACKs), switch sums, strangers, resends and packets of
+    another epoch among them."""
     job_id = draw(st.sampled_from([1, 1, 2]))
     rank = draw(st.integers(0, 2 if job_id == 1 else 1))
     block = draw(st.sampled_from([0, 0, 0, 1, 1, W, W + 1, 2 * W]))
@@ -246,7 +248,8 @@ def atp_packets(draw):
     cfg = job(job_id, 3 if job_id == 1 else 2, peer=HOST)
     slot_set, tag = round_fields(block // W)
     offset = draw(st.sampled_from([block * K] * 12 + [7 * K]))    # now and then a bad round
-    head = (job_id, rank, 1, cfg.slot_base + block % W, slot_set, offset)
+    epoch = draw(st.sampled_from([1, 1, 1, 2]))
+    head = (job_id, rank, epoch, cfg.slot_base + block % W, slot_set, offset)
     if kind == "ack":
         data = bytearray(build_contribution(*head, np.full(K, value, np.int32), K, flags=tag | FLAG_FROM_HOST))
         data[0] = (data[0] & 0xF0) | MSG_RESULT
@@ -257,15 +260,25 @@ def atp_packets(draw):
     return data, sender
 
 
+SIZES = {1: 3, 2: 2}
+# Now and then the jobs change: job 1 to epoch 2 (what its old rounds hold is free), job 2
+# gone, both back as they were.
+GRANTS = st.sampled_from([{1: 2, 2: 1}, {1: 1}, {1: 1, 2: 1}, {1: 2}])
+
+
+def apply_grant(switch, host, epochs: dict[int, int]) -> None:
+    """Serve jobs ``epochs`` (job -> epoch) on both, each with its peer."""
+    for eng, peer in ((switch, HOST), (host, SWITCH)):
+        eng.replace_jobs({j: replace(job(j, SIZES[j], peer=peer), epoch=e) for j, e in epochs.items()})
+
+
 def twin_deployments(pool):
     out = []
     for make in ENGINES:
         switch = make(16, K, host_mode=False)
         switch.set_atp_pool(8, pool)
         host = make(16, K, host_mode=True)
-        for j, n in ((1, 3), (2, 2)):
-            switch.set_job(job(j, n, peer=HOST))
-            host.set_job(job(j, n, peer=SWITCH))
+        apply_grant(switch, host, {1: 1, 2: 1})
         out.append((switch, host))
     return out
 
@@ -275,10 +288,16 @@ def emitted(emits):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(atp_packets(), min_size=5, max_size=150), st.integers(1, 3))
+@given(st.lists(st.tuples(st.integers(0, 29), atp_packets(), GRANTS).map(   # 1 in 30: a grant
+    lambda t: t[2] if t[0] == 0 else t[1]), min_size=5, max_size=150), st.integers(1, 3))
 def test_native_atp_matches_the_reference(sequence, pool):
     (py_sw, py_host), (nat_sw, nat_host) = twin_deployments(pool)
-    for data, sender in sequence:
+    for step in sequence:
+        if isinstance(step, dict):
+            apply_grant(py_sw, py_host, step)
+            apply_grant(nat_sw, nat_host, step)
+            continue
+        data, sender = step
         for py, nat in ((py_sw, nat_sw), (py_host, nat_host)):
             assert emitted(nat.process(data, sender)) == emitted(py.process(data, sender))
             assert nat.last_outcome == py.last_outcome
