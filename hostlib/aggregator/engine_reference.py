@@ -118,7 +118,7 @@ class JobConfig:
     members: tuple[Hashable, ...]
     uplink: Uplink | None = None   # None: this aggregator completes the job's rounds
     n_children: int = 0
-    # ATP sharing (module docstring, "ATP"): on a switch, the host aggregator whose results free
+    # ATP sharing (atp_reference.py): on a switch, the host aggregator whose results free
     # the pool's aggregators; on the host aggregator, the switch whose complete sums it takes.
     atp_peer: Hashable | None = None
 
