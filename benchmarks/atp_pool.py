@@ -111,7 +111,7 @@ def deliver(nodes: dict, workers: list[Worker], dst, src, data: bytes) -> list[t
     """One packet into a worker, the switch (``src``: its sender), the host, or "ack": a host
     result passing the switch (an ACK there) on its way to worker ``src``; the packets it
     causes, addressed. What the switch sends up is the worker's own packet (its sender kept) or
-    the switch's sum (FLAG_FROM_SWITCH, from SWITCH)."""
+    the switch's sum (FLAG_FROM_SWITCH, from SWITCH); what the host sends up is a release."""
     if isinstance(dst, Worker):
         dst.receive(data)
         return []
@@ -123,6 +123,8 @@ def deliver(nodes: dict, workers: list[Worker], dst, src, data: bytes) -> list[t
         if dst == "switch":
             assert emit.upstream
             out.append(("host", SWITCH if emit.data[1] & FLAG_FROM_SWITCH else src, emit.data))
+        elif emit.upstream:                               # a release, to the switch alone
+            out.append(("switch", HOST, emit.data))
         else:
             out += [("ack", w, emit.data) for w in workers
                     if w.cfg.job_id == emit.job.job_id and w.rank in emit.ranks]
@@ -135,12 +137,12 @@ def run_network(nodes: dict, workers: list[Worker], rng: random.Random, loss: fl
     """Deliver in batches (as tests/test_engine_tree.py's: each shuffled, lossy, duplicating;
     what a batch causes goes in the next; ``hold``: the share of a batch held back to the next,
     so jobs drift out of step); when nothing is in flight every worker resends what is
-    unanswered. Ends when ``finished()`` (default: every worker has every result); raises
-    AssertionError when that takes more than ``max_batches``."""
+    unanswered. Ends when ``finished()`` (default: every worker has every result and nothing is
+    in flight); raises AssertionError when that takes more than ``max_batches``."""
+    flight: list = []
     if finished is None:
         def finished() -> bool:
-            return all(len(w.results) == len(w.values) for w in workers)
-    flight: list = []
+            return not flight and all(len(w.results) == len(w.values) for w in workers)
     for _ in range(max_batches):
         for w in workers:
             flight += [("switch", w.address, p) for p in w.ready()]

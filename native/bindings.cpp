@@ -196,6 +196,11 @@ void bind_engine_config(nb::class_<inagg::Engine>& engine) {
             },
             "base"_a, "count"_a,
             "a switch's slots for ATP jobs (hostlib/aggregator/atp_reference.py)")
+        .def_prop_ro("atp_held",
+                     [](inagg::Engine& e) {
+                         std::lock_guard<std::mutex> lock(e.mutex());
+                         return e.atp_held();
+                     })
         .def("remove_job",
              [](inagg::Engine& e, uint16_t job_id) {
                  std::lock_guard<std::mutex> lock(e.mutex());

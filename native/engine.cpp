@@ -286,13 +286,19 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
     if (job.has_atp_peer && !result_flags_) {
         return atp_switch(job, ctr, h, data, len, out);
     }
+    Emit emit;
     if (job.has_atp_peer && from_peer(job, h)) {
-        return switch_sum(job, ctr, h, data + kHeaderBytes, out);
+        emit = switch_sum(job, ctr, h, data + kHeaderBytes, out);
+    } else {
+        if (h.msg_type == kMsgResult) {  // the parent's slot -> ours
+            h.slot = static_cast<uint32_t>(h.slot - job.uplink.slot_base + job.slot_base);
+        }
+        emit = aggregate(job, ctr, h, data + kHeaderBytes, out);
     }
-    if (h.msg_type == kMsgResult) {  // the parent's slot -> ours
-        h.slot = static_cast<uint32_t>(h.slot - job.uplink.slot_base + job.slot_base);
+    if (job.has_atp_peer && last_outcome_ == Outcome::StaleRound) {
+        return atp_release(job, h, out);
     }
-    return aggregate(job, ctr, h, data + kHeaderBytes, out);
+    return emit;
 }
 
 // The slot decision for an admitted contribution (one row of the decision table), or for the

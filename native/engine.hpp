@@ -180,6 +180,8 @@ public:
     // A switch's slots [base, base + count) for ATP jobs (count 0: none); throws
     // std::invalid_argument on the host aggregator, outside the slots, over a window job's.
     void set_atp_pool(int64_t base, int64_t count);
+    // Aggregators of the pool a live round holds (its job and epoch still configured).
+    size_t atp_held() const;
 
     // -- data path --
     // One received inagg packet (header + payload) from `sender`; framing_ok false: the
@@ -245,6 +247,7 @@ private:
                     uint8_t* out) const;
     Emit switch_sum(const JobConfig& job, JobCounters& ctr, const Header& h, const uint8_t* payload,
                     uint8_t* out);
+    Emit atp_release(const JobConfig& job, const Header& h, uint8_t* out) const;
 
     uint32_t n_slots_, k_;
     uint8_t result_flags_;

@@ -69,6 +69,12 @@ void Engine::set_atp_pool(int64_t base, int64_t count) {
     std::fill(owner_.begin() + base, owner_.begin() + base + count, 0);
 }
 
+size_t Engine::atp_held() const {
+    size_t held = 0;
+    for (int64_t a = pool_base_; a < pool_base_ + pool_count_; ++a) held += !atp_free(owner_[a]);
+    return held;
+}
+
 // A job fits the switch's ATP pool: an ATP job needs a pool, a window job stays out of it.
 void Engine::check_atp(const JobConfig& job) const {
     if (result_flags_) return;
@@ -212,6 +218,23 @@ Emit Engine::switch_sum(const JobConfig& job, JobCounters& ctr, const Header& h,
     ctr.aggregated += 1;
     ctr.results += 1;
     return every_member(job, slot, h.set, h.worker, out);
+}
+
+// The host aggregator's header-only RESULT of a stale packet's round, to the switch alone: the ACK
+// that frees whatever aggregator a late copy of it claimed there (atp_reference.py:
+// AtpSharing._atp_release).
+Emit Engine::atp_release(const JobConfig& job, const Header& h, uint8_t* out) const {
+    Header r;
+    r.msg_type = kMsgResult;
+    r.flags = kFlagFromHost | (h.flags & kRoundTagMask);
+    r.job = h.job;
+    r.worker = h.worker;
+    r.epoch = static_cast<uint16_t>(job.epoch);
+    r.set = h.set;
+    r.slot = h.slot;
+    r.offset = h.offset;
+    write_header(out, r);
+    return Emit{h.job, kUpstream, kHeaderBytes};
 }
 
 }  // namespace inagg

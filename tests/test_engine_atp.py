@@ -38,15 +38,18 @@ ENGINES = (AggregationEngine, NativeEngine)
 
 
 @pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
-@pytest.mark.parametrize("loss, dup", [(0.0, 0.0), (0.2, 0.0), (0.1, 0.2), (0.3, 0.3)])
+@pytest.mark.parametrize("loss, dup", [(0.0, 0.0), (0.0, 0.3), (0.2, 0.0), (0.1, 0.2), (0.3, 0.3)])
 def test_three_jobs_on_a_pool_too_small_get_exact_sums(make, loss, dup):
-    """Three jobs (2, 3 and 4 workers), 3 * W rounds in flight at once on a pool of 5: rounds
-    collide, complete at the host or on the switch, and every sum is exact."""
+    """Three jobs (2, 3 and 4 workers), 3 * W rounds in flight at once on a pool of 5, a quarter
+    of the packets held back a batch (late copies): rounds collide, complete at the host or on
+    the switch, every sum is exact, and without loss the drained pool is free again."""
     rng = random.Random(f"{make.__name__}{loss}{dup}")
     nodes = deployment(make, (2, 3, 4), pool=5)
     workers = make_workers(nodes, rng, {1: 16, 2: 16, 3: 16})
-    run_network(nodes, workers, rng, loss, dup)
+    run_network(nodes, workers, rng, loss, dup, hold=0.25)
     check_exact(workers)
+    if not loss:                        # every claim was answered: the drained pool is free
+        assert nodes["switch"].atp_held == 0
     ctrs = nodes["switch"].counters
     assert sum(c.collisions for c in ctrs.values()) > 0
     assert sum(c.results for c in ctrs.values()) > 0            # ...and the switch summed some
@@ -202,8 +205,30 @@ def test_host_refuses_a_switch_sum_of_another_round(make):
     host.process(contribution(1, 0, block=W), ("10.0.1.0", 1))         # round 1 on the other set
     assert host.process(switch_sum(5, block=2 * W), SWITCH) == []       # next on a busy set
     assert host.last_outcome == Outcome.BAD_ROUND
-    assert host.process(switch_sum(5, block=6 * W), SWITCH) == []       # neither this nor next
-    assert host.last_outcome == Outcome.STALE_ROUND
+    (release,) = host.process(switch_sum(5, block=6 * W), SWITCH)       # neither this nor next
+    assert host.last_outcome == Outcome.STALE_ROUND and release.upstream
+    h = unpack_header(release.data)                                     # to the switch alone
+    assert (h.msg_type, h.flags, h.count, h.slot, h.offset) == (MSG_RESULT, FLAG_FROM_HOST | 0x30, 0, 0, 6 * W * K)
+    assert len(release.data) == 16
+
+
+@pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
+def test_a_late_copy_claims_an_aggregator_the_host_releases(make):
+    """Job 1's round 0 ends, and so does the slot's next round (its set is now empty at the
+    host); a copy of round 0 arrives late and claims the free aggregator: the host answers its
+    mirror with a release to the switch alone, which frees it for job 2."""
+    switch, host = wired(make)
+    for block in (0, W):
+        for r in (0, 1):
+            to_host(host, send(switch, 1, r, block=block), (f"10.0.1.{r}", 1))
+        switch.process(host_result(1, block=block), HOST)
+    (mirror,) = send(switch, 1, 0)                                      # the late copy claims
+    assert switch.last_outcome == Outcome.FIRST
+    (release,) = host.process(mirror.data, ("10.0.1.0", 1))
+    assert host.last_outcome == Outcome.STALE_ROUND and release.upstream and release.ranks == ()
+    assert switch.process(release.data, HOST) == [] and switch.last_outcome == Outcome.ACK
+    send(switch, 2, 0)
+    assert switch.last_outcome == Outcome.FIRST                         # freed, not a collision
 
 
 @pytest.mark.parametrize("make", ENGINES, ids=lambda m: m.__name__)
@@ -302,6 +327,7 @@ def test_native_atp_matches_the_reference(sequence, pool):
             assert emitted(nat.process(data, sender)) == emitted(py.process(data, sender))
             assert nat.last_outcome == py.last_outcome
     assert nat_sw.snapshot_counters() == py_sw.snapshot_counters()
+    assert nat_sw.atp_held == py_sw.atp_held
     assert nat_host.snapshot_counters() == py_host.snapshot_counters()
 
 

@@ -35,14 +35,20 @@ aggregator. A switch on the path intercepts the job's contributions instead of f
   other, the result sent to every member); for a round already complete it answers the rank in
   its header (DUP_DONE); an older round's is STALE_ROUND. Every result is therefore the sum of
   one packet of each worker, made either wholly on the switch or wholly at the host.
+- **A stale copy's aggregator is released**: a packet of an ATP job that is STALE_ROUND at the
+  host aggregator (worker's or switch's: its round is over for every worker, who all moved on)
+  is answered to the switch alone with a header-only RESULT of its round (``_atp_release``),
+  which frees the aggregator a late copy may have claimed there. It goes to no worker: an old
+  round's result could pass a worker's checks for a later call's round on the same slot.
 - **Why FIRST is mirrored up**: a late or duplicated copy of a round already answered can claim
   a free aggregator; nobody resends that round, so only an answer passing back can free it.
   The host aggregator answers the mirrored copy (DUP_DONE, which frees a on its way) or, for a
   live round, keeps it as one more worker's contribution (then the round completes at either).
   Its cost: the host aggregator receives at least 2 packets a round (the mirror and the sum).
-- **Limit**: a copy delayed past its slot's next two rounds finds the host's set moved on
-  (STALE_ROUND, no answer) and holds its aggregator until the job's epoch changes (a stall's
-  fresh epoch frees it: an owner of another epoch is free).
+- **Limit**: a copy delayed past ``2 * ROUND_TAGS - 2`` rounds of its slot aliases a later
+  round's identity (as in the window mode, docs/protocol.md); a claim the release does not
+  reach (the release lost) holds its aggregator until the job's epoch changes (a stall's fresh
+  epoch frees it: an owner of another epoch is free).
 """
 
 from __future__ import annotations
@@ -51,11 +57,16 @@ import zlib
 from typing import TYPE_CHECKING
 
 from inagg.hostlib.wire.protocol import (
+    EXP_NONE,
+    FLAG_FROM_HOST,
     FLAG_FROM_SWITCH,
     FLAG_RETRANSMIT,
     MSG_CONTRIBUTION,
     MSG_RESULT,
+    ROUND_TAG_MASK,
     ROUND_TAGS,
+    VERSION,
+    HEADER_STRUCT,
     Outcome,
     round_tag,
 )
@@ -110,6 +121,11 @@ class AtpSharing:
         self.atp_pool = pool
         for a in pool:
             self._owner[a] = 0
+
+    @property
+    def atp_held(self) -> int:
+        """Aggregators of the pool a live round holds (its job and epoch still configured)."""
+        return sum(not self._atp_free(self._owner[a]) for a in self.atp_pool)
 
     def _check_atp(self, job: JobConfig) -> None:
         """A job fits the switch's ATP pool: an ATP job needs a pool, a window job stays out."""
@@ -177,6 +193,14 @@ class AtpSharing:
         s, worker, slot = at
         return self._round_packet(MSG_CONTRIBUTION, self._flags[s][a] | FLAG_FROM_SWITCH | extra_flags,
                                   worker, slot, a, s, job)
+
+    @staticmethod
+    def _atp_release(job: JobConfig, head: tuple) -> bytes:
+        """The host aggregator's header-only RESULT of a stale packet's round, to the switch
+        alone: the ACK that frees whatever aggregator a late copy of it claimed there."""
+        _, flags, worker, _, slot, s, _, offset = head
+        return HEADER_STRUCT.pack((VERSION << 4) | MSG_RESULT, FLAG_FROM_HOST | (flags & ROUND_TAG_MASK),
+                                  job.job_id, worker, EXP_NONE, job.epoch, (s << 15) | slot, 0, offset)
 
     def _switch_sum(self, ctr: JobCounters, job: JobConfig, data: bytes, head: tuple) -> list[Emit]:
         """A switch's complete sum of an ATP job's round at the host aggregator (module docstring)."""

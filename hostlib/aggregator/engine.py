@@ -87,6 +87,11 @@ class NativeEngine:
         """A switch's slots for ATP jobs (``AggregationEngine.set_atp_pool``)."""
         self.native.set_atp_pool(base, count)
 
+    @property
+    def atp_held(self) -> int:
+        """Aggregators of the pool a live round holds (``AggregationEngine.atp_held``)."""
+        return self.native.atp_held
+
     def remove_job(self, job_id: int) -> None:
         self.native.remove_job(job_id)
         self.jobs.pop(job_id, None)

@@ -329,8 +329,12 @@ class AggregationEngine(AtpSharing):
         if job.atp_peer is not None and not self.result_flags:
             return self._atp_switch(ctr, job, data, head)
         if self._from_peer(job, vt & 0xF, flags):
-            return self._switch_sum(ctr, job, data, head)
-        return self._window(ctr, job, data, head)
+            emits = self._switch_sum(ctr, job, data, head)
+        else:
+            emits = self._window(ctr, job, data, head)
+        if job.atp_peer is not None and self.last_outcome == Outcome.STALE_ROUND:
+            return [self._up(job, self._atp_release(job, head))]
+        return emits
 
     def _window(self, ctr: JobCounters, job: JobConfig, data: bytes | bytearray | memoryview,
                 head: tuple) -> list[Emit]:
