@@ -70,10 +70,12 @@ def deployment(make: Callable, sizes: tuple[int, ...], pool: int, window: int = 
 class Worker:
     """A rank: sends block c on host slot base + c mod W (its window) once block c - W's result
     is in, and resends every unanswered block when told to; results only from the host
-    aggregator, each checked against the block it answers."""
+    aggregator, each checked against the block it answers. Its values per packet are the
+    width of ``values`` (blocks x K)."""
 
     def __init__(self, cfg: JobConfig, rank: int, values: np.ndarray) -> None:
         self.cfg, self.rank, self.values = cfg, rank, values
+        self.k = values.shape[1]
         self.window = cfg.slot_count
         self.address = cfg.members[rank]
         self.results: dict[int, list[int]] = {}
@@ -82,7 +84,7 @@ class Worker:
     def packet(self, c: int, flags: int = 0) -> bytes:
         slot_set, tag_flags = round_fields(c // self.window)
         return build_contribution(self.cfg.job_id, self.rank, 1, self.cfg.slot_base + c % self.window, slot_set,
-                                  c * K, self.values[c], K, exp=c % 5, flags=flags | tag_flags)
+                                  c * self.k, self.values[c], self.k, exp=c % 5, flags=flags | tag_flags)
 
     def ready(self) -> list[bytes]:
         out = []
@@ -98,8 +100,8 @@ class Worker:
     def receive(self, data: bytes) -> None:
         h = unpack_header(data)
         assert h.msg_type == MSG_RESULT and h.flags & FLAG_FROM_HOST and h.job_id == self.cfg.job_id
-        c = h.offset // K
-        got = np.frombuffer(data, ">i4", K, 16).tolist()
+        c = h.offset // self.k
+        got = np.frombuffer(data, ">i4", self.k, 16).tolist()
         if c in self.sent and c not in self.results:
             assert h.slot == self.cfg.slot_base + c % self.window and h.slot_set == (c // self.window) % 2
             self.results[c] = got

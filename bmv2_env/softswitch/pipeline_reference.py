@@ -74,6 +74,38 @@ _GUARD_CODE = {name: code for code, name in enumerate(GUARD_DROP_REASONS)}
 # egress_spec is 511), and on Tofino a port no pipe has (P4Testgen's tests expect a drop).
 DROP_PORT = 511
 PARENT = ("parent",)   # the engine's id of a job's parent (its uplink's address) in a tree
+ATP_PEER = ("atp_peer",)   # the engine's id of the host aggregator of the switch's ATP jobs
+
+
+@dataclass(frozen=True)
+class AtpPool:
+    """The switch's ATP state (docs/atp.md): its slots [base, base + count) for ATP jobs'
+    rounds; the host aggregator those jobs' workers address (IPv4 and UDP port: the parser takes
+    a frame to or from that port as inagg too, so it sees contributions and the results that
+    free aggregators); and the switch's aggregator address (MAC, IPv4, UDP port), the source of
+    the sums it sends up, which the host aggregator knows as the jobs' ``atp_peer``. The row of
+    the planned ``set_atp_pool``; set through ``SoftPipeline.set_atp``."""
+
+    base: int
+    count: int
+    host_addr: int
+    host_port: int
+    switch_mac: int
+    switch_addr: int
+    switch_udp_port: int
+
+
+@dataclass(frozen=True)
+class AtpAdmit:
+    """An ATP job's admission (the planned job_table action ``admit_atp``): its counter index,
+    its window at the host aggregator (the wire slots its workers address), its workers and
+    epoch. Its ranks are bound by worker_table, as a window job's."""
+
+    job_index: int
+    slot_base: int
+    slot_count: int
+    n_workers: int
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -83,15 +115,17 @@ class Frame:
     data: bytes
     dst_mac: int
     encap: int  # ENCAP_UDP or ENCAP_ROCE when the inagg header follows, else 0
+    atp: bool = False  # UDP to or from the host aggregator's port (AtpPool), not the inagg port
 
     @property
     def inagg_at(self) -> int:
         return ROCE_INAGG_AT if self.encap == ENCAP_ROCE else INAGG_AT
 
 
-def parse(data: bytes) -> Frame:
+def parse(data: bytes, atp_port: int = 0) -> Frame:
     """InaggParser: Ethernet / IPv4 / UDP, and whether the inagg header follows in either
-    encapsulation (the table in p4/include/parser.p4)."""
+    encapsulation (the table in p4/include/parser.p4); with ``atp_port`` (the host aggregator's
+    UDP port, AtpPool) a UDP frame to or from it is taken as inagg too (``Frame.atp``)."""
     if len(data) < ETH:
         return Frame(data, -1, 0)
     dst_mac = int.from_bytes(data[:6], "big")
@@ -99,16 +133,52 @@ def parse(data: bytes) -> Frame:
     if (len(data) >= INAGG_AT and data[12:14] == b"\x08\x00" and data[ETH] == 0x45
             and (struct.unpack_from("!H", data, ETH + 6)[0] & 0x1FFF) == 0 and data[ETH + 9] == 17):
         dport = struct.unpack_from("!H", data, ETH + IP + 2)[0]
-        if dport == UDP_PORT:
-            encap = ENCAP_UDP
-        elif (dport == ROCE_UDP_PORT and len(data) >= ROCE_INAGG_AT
-              and data[INAGG_AT] == ROCE_OPCODE_UC_WRITE_ONLY_IMM
-              and struct.unpack_from("!I", data, ROCE_INAGG_AT - 4)[0] == ROCE_INAGG_IMMEDIATE):
+        atp = bool(atp_port) and atp_port in (dport, struct.unpack_from("!H", data, ETH + IP)[0])
+        if (dport == ROCE_UDP_PORT and len(data) >= ROCE_INAGG_AT
+                and data[INAGG_AT] == ROCE_OPCODE_UC_WRITE_ONLY_IMM
+                and struct.unpack_from("!I", data, ROCE_INAGG_AT - 4)[0] == ROCE_INAGG_IMMEDIATE):
             encap = ENCAP_ROCE
+        elif dport == UDP_PORT or atp:
+            return Frame(data, dst_mac, ENCAP_UDP, atp=atp)
     return Frame(data, dst_mac, encap)
 
 
-class SoftPipeline:
+class AtpControl:
+    """The control of a switch's ATP state, shared by both pipelines, which keep ``atp_pool``
+    and ``atp_jobs`` and give ``sync_jobs`` and ``_engine_atp_pool`` (their engine's pool)."""
+
+    atp_pool: AtpPool | None
+    atp_jobs: dict[int, AtpAdmit]
+    sync_jobs: Callable[[], None]
+    _engine_atp_pool: Callable[[AtpPool | None], None]
+
+    def set_atp(self, pool: AtpPool | None, jobs: dict[int, AtpAdmit]) -> None:
+        """Give the switch an ATP pool (None: none) and its ATP jobs (job id -> admission).
+        Every call frees the whole pool (a partial's contributors resend, so nothing is lost).
+        StatusError when they are bad or the engine refuses them (a pool over a window job's
+        slots, ATP jobs without a pool); the switch then keeps what it had."""
+        check_atp(pool, jobs)
+        old = (self.atp_pool, self.atp_jobs)
+        self.atp_pool, self.atp_jobs = pool, dict(jobs)
+        try:
+            with engine_refusal():
+                self._apply_atp()
+        except StatusError:
+            self.atp_pool, self.atp_jobs = old
+            self._apply_atp()
+            raise
+
+    def _apply_atp(self) -> None:
+        """The engine's pool and jobs as atp_pool and atp_jobs say: a pool before its jobs, the
+        jobs gone before the pool."""
+        if self.atp_pool is not None:
+            self._engine_atp_pool(self.atp_pool)
+        self.sync_jobs()
+        if self.atp_pool is None:
+            self._engine_atp_pool(None)
+
+
+class SoftPipeline(AtpControl):
     """Tables, multicast groups, counters and the slot engine of one software switch."""
 
     def __init__(self, p4info: P4Info, *, round_check: bool = True) -> None:
@@ -122,6 +192,8 @@ class SoftPipeline:
         self.engine = AggregationEngine(p4info.slot_pool, p4info.values_per_packet,
                                         host_mode=False, round_check=round_check)
         self.drop_row = p4info.drop_row_length
+        self.atp_pool: AtpPool | None = None
+        self.atp_jobs: dict[int, AtpAdmit] = {}
 
     # -- control plane -----------------------------------------------------------------------
 
@@ -131,13 +203,17 @@ class SoftPipeline:
         # a rank's member is its rank: admission compares worker_table's binding with the
         # frame (``sender``); an unbound rank matches no sender, as a worker_table miss in P4
         wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank),
-                             PARENT)
+                             PARENT) + atp_job_configs(self.tables, self.atp_jobs, lambda rank: ("rank", rank),
+                                                       lambda rank: ("unbound", rank), ATP_PEER)
         with engine_refusal():
             self.engine.replace_jobs({job.job_id: job for job in wanted})
 
     def job_ids(self) -> list[int]:
         """The jobs the slot engine serves."""
         return sorted(self.engine.jobs)
+
+    def _engine_atp_pool(self, pool: AtpPool | None) -> None:
+        self.engine.set_atp_pool(*((pool.base, pool.count) if pool else (0, 0)))
 
     def writing(self) -> contextlib.AbstractContextManager:
         """Held around one P4Runtime Write; the caller's state lock already keeps this
@@ -147,11 +223,13 @@ class SoftPipeline:
     # -- data plane --------------------------------------------------------------------------
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
-        frame = parse(data)
+        frame = parse(data, self.atp_pool.host_port if self.atp_pool else 0)
         if self.source_guard(port, frame):    # SourceGuard first, as p4/inagg.p4 applies it
             return []
         if not frame.encap:
             return self.forwarding(port, frame)
+        if frame.atp:
+            return self.atp_admission(port, frame)
         return self.admission(port, frame)
 
     def source_guard(self, port: int, frame: Frame) -> bool:
@@ -195,6 +273,49 @@ class SoftPipeline:
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 
+    def atp_admission(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
+        """A frame to or from the host aggregator's port: an ATP job's contribution, or the host
+        aggregator's RESULT, goes through the engine's ATP table (atp_reference.py); anything
+        else (another job's, too short, another version) goes to ``admission`` when it is to the
+        inagg port (a tree's parent's result from a host aggregator), else is forwarded untouched. What the engine
+        sends up is the contribution itself (forwarded on to the host aggregator) or a complete
+        sum (``atp_sum``); a RESULT frees its aggregator and goes on, unless it is addressed to
+        this switch (the host aggregator's release of a late copy's claim)."""
+        d, at = frame.data, INAGG_AT
+        job_id = struct.unpack_from("!H", d, at + 2)[0] if len(d) >= at + HEADER_BYTES else 0
+        atp = self.atp_jobs.get(job_id)
+        if atp is None or d[at] >> 4 != VERSION:   # to the inagg port: the switch's own job's
+            to_switch = struct.unpack_from("!H", d, ETH + IP + 2)[0] == UDP_PORT
+            return self.admission(port, frame) if to_switch else self.forwarding(port, frame)
+        inagg_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
+        framing_ok = inagg_end >= at + HEADER_BYTES   # else bad_length, as in admission()
+        inagg_end = max(inagg_end, at + HEADER_BYTES)
+        emits = self.engine.process(d[at:inagg_end], self.sender(port, frame, job_id, d[at:at + 5]), framing_ok)
+        outcome = self.engine.last_outcome
+        sums = bool(emits) and (outcome in (Outcome.ADD, Outcome.DUP_UPSTREAM)
+                                or (outcome == Outcome.FIRST and atp.n_workers == 1))
+        self.job_counters(atp.job_index, outcome, sums)
+        if d[at] & 0xF == MSG_RESULT:
+            to_switch = struct.unpack_from("!I", d, ETH + 16)[0] == self.atp_pool.switch_addr
+            return [] if to_switch else self.forwarding(port, frame)
+        if sums:
+            return self.atp_sum(port, frame, emits[0])
+        return self.forwarding(port, frame) if emits else []
+
+    def atp_sum(self, port: int, frame: Frame, emit: Emit) -> list[tuple[int, bytes]]:
+        """A complete sum up to the host aggregator: the completing contribution's frame with
+        the switch's aggregator address as its source (MAC, IPv4, UDP port), the sum as its
+        inagg payload, forwarded as the contribution would be; lengths and trailer as for a
+        result."""
+        pool, d = self.atp_pool, frame.data
+        eth = d[0:6] + pool.switch_mac.to_bytes(6, "big") + d[12:14]
+        ip = bytearray(d[ETH: ETH + IP])
+        ip[12:16] = pool.switch_addr.to_bytes(4, "big")
+        udp_ports = pool.switch_udp_port.to_bytes(2, "big") + pool.host_port.to_bytes(2, "big")
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
+        out = build_frame(eth, ip, udp_ports, emit.data, trailer=d[udp_end:], keep_ip_length=True)
+        return self.forwarding(port, Frame(out, frame.dst_mac, ENCAP_UDP, atp=True))
+
     def slot_logic(self, payload: bytes, sender: Hashable, framing_ok: bool) -> list:
         """SlotState and the value lanes (the engine) on the inagg header and values: what
         result_replication sends on (a pipeline whose result leaves in several passes, the TNA
@@ -211,6 +332,9 @@ class SoftPipeline:
         d = frame.data
         src = (port, struct.unpack_from("!I", d, ETH + 12)[0], int.from_bytes(d[6:12], "big"),
                struct.unpack_from("!H", d, ETH + IP)[0])
+        if head[0] & 0xF == MSG_RESULT and frame.atp:
+            pool = self.atp_pool
+            return ATP_PEER if (src[1], src[3]) == (pool.host_addr, pool.host_port) else ("forged",)
         if head[0] & 0xF == MSG_RESULT:
             up = self.uplink(job_id)
             if up is not None and (up.param("port"), up.param("addr"), up.param("mac"),
@@ -401,6 +525,31 @@ def job_configs(tables: TableStore, member: Callable[[int], Hashable],
                               admit.param("slot_count"), tuple(members), uplink,
                               admit.param("n_workers")))
     return jobs
+
+
+def atp_job_configs(tables: TableStore, atp_jobs: dict[int, AtpAdmit], member: Callable[[int], Hashable],
+                    unbound: Callable[[int], Hashable], atp_peer: Hashable) -> list[JobConfig]:
+    """The engine's configurations of the switch's ATP jobs: ranks below n_workers, each
+    ``member(r)`` when worker_table binds it, else ``unbound(r)``; the host aggregator is
+    ``atp_peer``, the id admission gives its results."""
+    workers = tables[WORKER_TABLE].entries
+    return [JobConfig(job_id, a.epoch, a.slot_base, a.slot_count,
+                      tuple(member(r) if (job_id, r) in workers else unbound(r) for r in range(a.n_workers)),
+                      atp_peer=atp_peer)
+            for job_id, a in sorted(atp_jobs.items())]
+
+
+def check_atp(pool: AtpPool | None, jobs: dict[int, AtpAdmit]) -> None:
+    """StatusError naming what is wrong with an ATP configuration the engine does not check:
+    the host aggregator's port, and the job ids."""
+    bad = None
+    if pool is not None and pool.host_port in (0, UDP_PORT, ROCE_UDP_PORT):
+        bad = (f"the host aggregator's UDP port {pool.host_port} cannot tell ATP frames apart: "
+               f"give the port it listens on (not 0, {UDP_PORT} or {ROCE_UDP_PORT})")
+    elif any(not 1 <= job_id <= 0xFFFF for job_id in jobs):
+        bad = f"ATP job ids must be in 1..65535, got {sorted(jobs)}"
+    if bad:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, bad)
 
 
 @contextlib.contextmanager
