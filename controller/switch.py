@@ -337,6 +337,22 @@ class SwitchJob:
         return MCAST_JOB_BASE + self.job_index
 
 
+@dataclass(frozen=True)
+class AtpPoolBinding:
+    """The switch's ATP pool (atp_table, docs/atp.md): slots [pool_base, pool_base +
+    pool_count) for the ATP jobs of the host aggregator at host_ip:host_port, and the switch's
+    aggregator address, the source of the sums it sends up (the host aggregator's ``atp_peer``
+    for those jobs)."""
+
+    host_ip: str
+    host_port: int
+    pool_base: int
+    pool_count: int
+    switch_mac: str
+    switch_ip: str
+    switch_udp_port: int
+
+
 # Multicast group ids: the flood group is 1; job groups start above it.
 MCAST_FLOOD = 1
 MCAST_JOB_BASE = 0x100
@@ -370,12 +386,33 @@ class JobAdmission:
         admit = None if kind == DELETE else "admit"
         params = None if kind == DELETE else self.admit_params(job)
         ups = [self.sw.table_update(kind, "job_table", {"job_id": job.job_id}, admit, params)]
-        for w in job.workers:
-            ups.append(self.sw.table_update(
-                kind, "worker_table", {"job_id": job.job_id, "worker_id": w.rank},
-                None if kind == DELETE else "bind_worker",
-                None if kind == DELETE else self.binding(job.encap, w)))
-        return ups
+        return ups + self.worker_updates(kind, job)
+
+    def worker_updates(self, kind: int, job: SwitchJob) -> list[p4runtime_pb2.Update]:
+        """worker_table: each rank's binding (``binding``)."""
+        return [self.sw.table_update(kind, "worker_table", {"job_id": job.job_id, "worker_id": w.rank},
+                                     None if kind == DELETE else "bind_worker",
+                                     None if kind == DELETE else self.binding(job.encap, w))
+                for w in job.workers]
+
+    def atp_updates(self, kind: int, job: SwitchJob) -> list[p4runtime_pb2.Update]:
+        """An ATP job (docs/atp.md): job_table's ``admit_atp`` (its window is at the host
+        aggregator, whose slots its workers address) and its ranks' bindings. The switch takes
+        its rounds to atp_table's pool, which must be written first and deleted last."""
+        params = None if kind == DELETE else {
+            "job_index": job.job_index, "slot_base": job.slot_base, "slot_count": job.slot_count,
+            "n_workers": len(job.workers), "epoch": job.epoch}
+        return [self.sw.table_update(kind, "job_table", {"job_id": job.job_id},
+                                     None if kind == DELETE else "admit_atp", params)] + self.worker_updates(kind, job)
+
+    def atp_pool_update(self, kind: int, pool: AtpPoolBinding) -> p4runtime_pb2.Update:
+        """atp_table's one row: the ATP pool and the host aggregator it serves."""
+        params = None if kind == DELETE else {
+            "pool_base": pool.pool_base, "pool_count": pool.pool_count, "host_port": pool.host_port,
+            "switch_mac": mac(pool.switch_mac), "switch_addr": ipv4(pool.switch_ip),
+            "switch_udp_port": pool.switch_udp_port}
+        return self.sw.table_update(kind, "atp_table", {"host_addr": ipv4(pool.host_ip)},
+                                    None if kind == DELETE else "set_atp_pool", params)
 
     def mark_update(self, kind: int, next_job_id: int) -> p4runtime_pb2.Update:
         """The controller's job-id high-water mark, kept on the switch: a ``worker_table`` entry

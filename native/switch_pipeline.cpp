@@ -265,6 +265,8 @@ void SwitchPipeline::count_outcome(size_t job, Outcome outcome, bool result) {
         counters_.count(Counter::JobDuplicates, job);
     } else if (int code = p4_drop_code(outcome); code >= 0) {
         counters_.count(Counter::JobDrops, job * n_drop_reasons_ + size_t(code));
+    } else if (outcome == Outcome::Collision) {
+        counters_.count(Counter::JobCollisions, job);
     }
 }
 

@@ -148,9 +148,10 @@ enum class Counter : uint8_t {
     JobResults,
     JobDrops,
     GlobalDrops,
-    GuardDrops  // SourceGuard's, by GUARD_DROP_* (size 0 where the program has no guard)
+    GuardDrops,    // SourceGuard's, by GUARD_DROP_* (size 0 where the program has no guard)
+    JobCollisions  // ATP's (size 0 where the program has no ATP pool)
 };
-constexpr size_t kCounters = size_t(Counter::GuardDrops) + 1;
+constexpr size_t kCounters = size_t(Counter::JobCollisions) + 1;
 
 // Indexed packet counters. One thread counts at a time (the switch's lock); Python reads them
 // through array views at any time, so each cell is written with a relaxed atomic store and an

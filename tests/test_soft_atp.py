@@ -1,7 +1,8 @@
 """ATP's aggregator sharing in the software switch's pipeline (docs/atp.md): both pipelines, the
 Python reference (``SoftPipeline``) and the C++ core (``NativePipeline``), each programmed
-through its own P4Runtime server (forwarding, worker bindings) and given an ATP pool and ATP
-jobs (``set_atp``), in front of the host aggregator's engine, frame by frame.
+through its own P4Runtime server as the controller writes it (forwarding, SourceGuard, atp_table's
+pool, job_table's admit_atp and the workers' bindings), in front of the host aggregator's
+engine, frame by frame.
 
 Workers address the host aggregator (port 4); the switch takes their frames to its UDP port as
 inagg, claims a pool aggregator per round, forwards collided and mirrored contributions on,
@@ -27,10 +28,12 @@ from hypothesis import strategies as st
 from inagg.bmv2_env.emulation.testbed import program_testbed
 from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve
 from inagg.bmv2_env.softswitch.pipeline import NativePipeline
-from inagg.bmv2_env.softswitch.pipeline_reference import AtpAdmit, AtpPool, SoftPipeline, build_frame
-from inagg.bmv2_env.softswitch.state import StatusError
+from inagg.bmv2_env.softswitch.pipeline_reference import AtpPool, SoftPipeline, build_frame
 from inagg.controller.config import default_program
-from inagg.controller.switch import INSERT, JobAdmission, SwitchConnection, SwitchJob, WorkerBinding
+from inagg.controller.switch import (
+    DELETE, INSERT, MODIFY, AtpPoolBinding, JobAdmission, SwitchConnection, SwitchError, SwitchJob,
+    WorkerBinding,
+)
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 from inagg.hostlib.wire.protocol import (
     EXP_NONE, FLAG_FROM_HOST, FLAG_FROM_SWITCH, MSG_RESULT, UDP_PORT, ipv4, mac, pack_header,
@@ -44,9 +47,9 @@ HOST_IP, HOST_MAC, HOST_PORT, HOST_SWITCH_PORT = "10.0.0.4", "00:00:00:00:00:04"
 W = 4                                    # each job's window at the host aggregator
 
 
-def atp_pool(count: int) -> AtpPool:
+def atp_pool(count: int, host_port: int = HOST_PORT) -> AtpPoolBinding:
     """A pool of ``count`` aggregators from slot 8; the host aggregator on port 4."""
-    return AtpPool(8, count, ipv4(HOST_IP), HOST_PORT, mac(SWITCH_MAC), ipv4(SWITCH_IP), UDP_PORT)
+    return AtpPoolBinding(HOST_IP, host_port, 8, count, SWITCH_MAC, SWITCH_IP, UDP_PORT)
 
 
 def switch_job(job_id: int, n: int) -> SwitchJob:
@@ -80,9 +83,8 @@ def atp_switch(servers, make, sizes: tuple[int, ...], pool: int):
     sw.push_pipeline()
     program_testbed(sw, [], 4, (SWITCH_IP, HOST_IP))
     jobs = [switch_job(j, n) for j, n in enumerate(sizes, 1)]
-    sw.write([u for job in jobs for u in JobAdmission(sw).updates(INSERT, job)[1:]])   # worker_table
-    state.pipeline.set_atp(atp_pool(pool), {job.job_id: AtpAdmit(job.job_index, job.slot_base, job.slot_count,
-                                                                 len(job.workers), job.epoch) for job in jobs})
+    sw.write([JobAdmission(sw).atp_pool_update(INSERT, atp_pool(pool))])
+    sw.write([u for job in jobs for u in JobAdmission(sw).atp_updates(INSERT, job)])
     return state.pipeline, jobs
 
 
@@ -197,6 +199,10 @@ def test_three_jobs_on_a_pool_too_small_get_exact_sums(servers):
     ctrs = py.engine.counters
     assert sum(c.collisions for c in ctrs.values()) > 0
     assert sum(c.results for c in ctrs.values()) > 0          # ...and the switch summed some
+    for name, cells in py.counters.arrays.items():            # the P4 counters, both alike
+        assert np.array_equal(native.counters.arrays[name], cells), name
+    collisions = py.counters.arrays["InaggIngress.job_counters.job_collisions"]
+    assert [collisions[j] for j in (1, 2, 3)] == [ctrs[j].collisions for j in (1, 2, 3)]
     assert py.engine.atp_held == 0 == native.core.atp_held()
 
 
@@ -243,15 +249,36 @@ def test_frames_of_other_jobs_pass_untouched(servers):
 
 @pytest.mark.parametrize("make", [SoftPipeline, NativePipeline], ids=lambda m: m.__name__)
 @pytest.mark.parametrize("pool, why", [
-    (AtpPool(8, 2, 0, UDP_PORT, 0, 0, 0), "cannot tell ATP frames apart"),
-    (AtpPool(65000, 8, 0, HOST_PORT, 0, 0, 0), "outside the"),
+    (atp_pool(2, host_port=UDP_PORT), "cannot tell ATP frames apart"),
+    (AtpPoolBinding(HOST_IP, HOST_PORT, 65000, 8, SWITCH_MAC, SWITCH_IP, UDP_PORT), "outside the"),
 ])
 def test_a_bad_pool_is_refused_naming_the_problem(servers, make, pool, why):
+    """A pool the switch cannot run is refused with the reason, and the switch keeps its pool;
+    so are ATP jobs left without a pool."""
     pipeline, jobs = atp_switch(servers, make, (2,), pool=2)
-    before = pipeline.job_ids()
-    with pytest.raises(StatusError, match=why):
-        pipeline.set_atp(pool, {})
-    assert pipeline.job_ids() == before and pipeline.atp_pool == atp_pool(2)
+    _, sw = servers[make]
+    with pytest.raises(SwitchError, match=why):
+        sw.write([JobAdmission(sw).atp_pool_update(MODIFY, pool)])
+    with pytest.raises(SwitchError, match="remove them before the pool"):
+        sw.write([JobAdmission(sw).atp_pool_update(DELETE, atp_pool(2))])
+    assert pipeline.job_ids() == [1] and pipeline.atp_pool == AtpPool(8, 2, *atp_pool_fields())
+
+
+def atp_pool_fields() -> tuple:
+    return ipv4(HOST_IP), HOST_PORT, mac(SWITCH_MAC), ipv4(SWITCH_IP), UDP_PORT
+
+
+def test_the_pool_goes_after_its_jobs(servers):
+    """Deleting the ATP jobs, then the pool, leaves a switch with neither; frames to the host
+    aggregator's port are then ordinary traffic."""
+    pipeline, jobs = atp_switch(servers, NativePipeline, (2,), pool=2)
+    _, sw = servers[NativePipeline]
+    sw.write(JobAdmission(sw).atp_updates(DELETE, jobs[0]))
+    sw.write([JobAdmission(sw).atp_pool_update(DELETE, atp_pool(2))])
+    assert pipeline.job_ids() == [] and pipeline.atp_pool is None
+    b = jobs[0].workers[0]
+    frame = udp((b.mac, b.ip, b.udp_port), HOST, pack_header(1, 1, 0, 1, 0, EXP_NONE, 1, 0, 0, 0, 0))
+    assert pipeline.process(b.port, frame) == [(HOST_SWITCH_PORT, frame)]
 
 
 @st.composite

@@ -29,18 +29,19 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
     REPLICA_TABLE,
     UPLINK_TABLE,
     WORKER_TABLE,
+    ATP_TABLE,
+    JOB_COLLISIONS,
     AtpAdmit,
     AtpControl,
     AtpPool,
     atp_job_configs,
-    engine_refusal,
     job_configs,
 )
 from inagg.bmv2_env.softswitch.state import Action, Counters, MulticastGroups, Replica, TableStore
 
 # The core's counters, in the order of its Counter enum (native/switch_tables.hpp).
 CORE_COUNTERS = (JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS,
-                 GUARD_DROPS)
+                 GUARD_DROPS, JOB_COLLISIONS)
 # The ternary fields of the TNA program's host_port_table, in the core's order (GuardRow).
 GUARD_ROW_FIELDS = ("ipv4_valid", "src_addr", "inagg_valid", "msg_type", "flags")
 # l2_table actions as the core codes them (L2Kind).
@@ -85,14 +86,13 @@ class NativePipeline(AtpControl):
 
     # -- control plane -----------------------------------------------------------------------
 
-    def sync_jobs(self) -> None:
-        """Configure the core's engine from job_table + worker_table (SoftPipeline.sync_jobs)."""
+    def _replace_jobs(self) -> None:
+        """The core's engine's jobs and ATP admissions (SoftPipeline._replace_jobs)."""
         wanted = job_configs(self.tables, _native.bound_sender_id, _native.unbound_sender_id, None) + \
             atp_job_configs(self.tables, self.atp_jobs, _native.bound_sender_id, _native.unbound_sender_id, True)
-        with engine_refusal():
-            self.core.replace_jobs([(j.job_id, j.epoch, j.slot_base, j.slot_count, list(j.members),
-                                     j.uplink and (j.uplink.rank, j.uplink.slot_base), j.n_children,
-                                     j.atp_peer is not None) for j in wanted])
+        self.core.replace_jobs([(j.job_id, j.epoch, j.slot_base, j.slot_count, list(j.members),
+                                 j.uplink and (j.uplink.rank, j.uplink.slot_base), j.n_children,
+                                 j.atp_peer is not None) for j in wanted])
         self.core.set_atp_jobs([(job_id, a.job_index, a.n_workers) for job_id, a in self.atp_jobs.items()])
 
     def _engine_atp_pool(self, pool: AtpPool | None) -> None:
@@ -130,6 +130,8 @@ class NativePipeline(AtpControl):
                 self.core.set_l2(mac, *self._l2_action(action))
         elif table == UPLINK_TABLE:   # admission's parent check and UpstreamSend's address;
             self._uplink_changed(*key, action)   # the uplink reaches the engine through sync_jobs
+        elif table == ATP_TABLE:      # the pool reaches the core through sync_jobs
+            pass
         elif table == GUARD_TABLE and self.tables[GUARD_TABLE].ternary:
             self._guard_row_changed(key, action)
         elif table == GUARD_TABLE:

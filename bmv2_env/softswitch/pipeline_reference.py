@@ -53,11 +53,12 @@ L2_TABLE = "InaggIngress.forwarding.l2_table"
 REPLICA_TABLE = "InaggEgress.replica_rewrite.replica_table"
 UPLINK_TABLE = "InaggIngress.tree_uplink.uplink_table"   # none in the TNA program
 GUARD_TABLE = "InaggIngress.source_guard.host_port_table"
+ATP_TABLE = "InaggIngress.admission.atp_table"      # none in the TNA program
 GUARD_DROPS = "InaggIngress.source_guard.guard_drops"
 _CTR = "InaggIngress.job_counters."
-JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS = (
+JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS, JOB_COLLISIONS = (
     _CTR + n for n in ("job_packets", "job_aggregated", "job_duplicates", "job_results",
-                       "job_drops", "global_drops"))
+                       "job_drops", "global_drops", "job_collisions"))
 
 ETH, IP, UDP = 14, 20, 8
 INAGG_AT = ETH + IP + UDP                      # the inagg header, UDP encapsulation
@@ -83,8 +84,8 @@ class AtpPool:
     rounds; the host aggregator those jobs' workers address (IPv4 and UDP port: the parser takes
     a frame to or from that port as inagg too, so it sees contributions and the results that
     free aggregators); and the switch's aggregator address (MAC, IPv4, UDP port), the source of
-    the sums it sends up, which the host aggregator knows as the jobs' ``atp_peer``. The row of
-    the planned ``set_atp_pool``; set through ``SoftPipeline.set_atp``."""
+    the sums it sends up, which the host aggregator knows as the jobs' ``atp_peer``: atp_table's
+    one row (``set_atp_pool``, p4/include/job_admission.p4)."""
 
     base: int
     count: int
@@ -97,7 +98,7 @@ class AtpPool:
 
 @dataclass(frozen=True)
 class AtpAdmit:
-    """An ATP job's admission (the planned job_table action ``admit_atp``): its counter index,
+    """An ATP job's admission (job_table's action ``admit_atp``): its counter index,
     its window at the host aggregator (the wire slots its workers address), its workers and
     epoch. Its ranks are bound by worker_table, as a window job's."""
 
@@ -144,38 +145,31 @@ def parse(data: bytes, atp_port: int = 0) -> Frame:
 
 
 class AtpControl:
-    """The control of a switch's ATP state, shared by both pipelines, which keep ``atp_pool``
-    and ``atp_jobs`` and give ``sync_jobs`` and ``_engine_atp_pool`` (their engine's pool)."""
+    """``sync_jobs`` of both pipelines, which keep ``atp_pool`` and ``atp_jobs`` (what the
+    engine was last given) and give ``_replace_jobs`` (their engine's jobs from the tables) and
+    ``_engine_atp_pool`` (their engine's pool)."""
 
+    tables: TableStore
     atp_pool: AtpPool | None
     atp_jobs: dict[int, AtpAdmit]
-    sync_jobs: Callable[[], None]
+    _replace_jobs: Callable[[], None]
     _engine_atp_pool: Callable[[AtpPool | None], None]
 
-    def set_atp(self, pool: AtpPool | None, jobs: dict[int, AtpAdmit]) -> None:
-        """Give the switch an ATP pool (None: none) and its ATP jobs (job id -> admission).
-        Every call frees the whole pool (a partial's contributors resend, so nothing is lost).
-        StatusError when they are bad or the engine refuses them (a pool over a window job's
-        slots, ATP jobs without a pool); the switch then keeps what it had."""
-        check_atp(pool, jobs)
-        old = (self.atp_pool, self.atp_jobs)
-        self.atp_pool, self.atp_jobs = pool, dict(jobs)
-        try:
-            with engine_refusal():
-                self._apply_atp()
-        except StatusError:
-            self.atp_pool, self.atp_jobs = old
-            self._apply_atp()
-            raise
-
-    def _apply_atp(self) -> None:
-        """The engine's pool and jobs as atp_pool and atp_jobs say: a pool before its jobs, the
-        jobs gone before the pool."""
-        if self.atp_pool is not None:
-            self._engine_atp_pool(self.atp_pool)
-        self.sync_jobs()
-        if self.atp_pool is None:
-            self._engine_atp_pool(None)
+    def sync_jobs(self) -> None:
+        """Configure the engine from the tables: the ATP pool (atp_table) and ATP jobs
+        (job_table's admit_atp), the window jobs (admit), worker_table and uplink_table; a pool
+        before its jobs, the jobs gone before the pool. StatusError when the entries describe
+        what the engine cannot hold (the caller undoes the write and calls again). A changed
+        pool frees all its aggregators: a partial's contributors resend, so nothing is lost."""
+        pool, jobs = atp_state(self.tables)
+        changed = pool != self.atp_pool
+        self.atp_pool, self.atp_jobs = pool, jobs
+        with engine_refusal():
+            if changed and pool is not None:
+                self._engine_atp_pool(pool)
+            self._replace_jobs()
+            if changed and pool is None:
+                self._engine_atp_pool(None)
 
 
 class SoftPipeline(AtpControl):
@@ -197,16 +191,15 @@ class SoftPipeline(AtpControl):
 
     # -- control plane -----------------------------------------------------------------------
 
-    def sync_jobs(self) -> None:
-        """Configure the engine from job_table + worker_table; StatusError when the entries
-        describe jobs the slot pool cannot hold (the caller undoes the write)."""
+    def _replace_jobs(self) -> None:
+        """The engine's jobs from job_table + worker_table (+ uplink_table) and the ATP jobs;
+        ValueError when the slot pool cannot hold them."""
         # a rank's member is its rank: admission compares worker_table's binding with the
         # frame (``sender``); an unbound rank matches no sender, as a worker_table miss in P4
         wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank),
                              PARENT) + atp_job_configs(self.tables, self.atp_jobs, lambda rank: ("rank", rank),
                                                        lambda rank: ("unbound", rank), ATP_PEER)
-        with engine_refusal():
-            self.engine.replace_jobs({job.job_id: job for job in wanted})
+        self.engine.replace_jobs({job.job_id: job for job in wanted})
 
     def job_ids(self) -> list[int]:
         """The jobs the slot engine serves."""
@@ -364,6 +357,8 @@ class SoftPipeline(AtpControl):
             c.count(JOB_DUPLICATES, job_index)
         elif outcome.is_drop:        # a parent's result (PARENT_RESULT) counts as a packet only
             c.count(JOB_DROPS, job_index * self.drop_row + _DROP_CODE[outcome.label])
+        elif outcome == Outcome.COLLISION:
+            c.count(JOB_COLLISIONS, job_index)
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
@@ -539,17 +534,24 @@ def atp_job_configs(tables: TableStore, atp_jobs: dict[int, AtpAdmit], member: C
             for job_id, a in sorted(atp_jobs.items())]
 
 
-def check_atp(pool: AtpPool | None, jobs: dict[int, AtpAdmit]) -> None:
-    """StatusError naming what is wrong with an ATP configuration the engine does not check:
-    the host aggregator's port, and the job ids."""
-    bad = None
+def atp_state(tables: TableStore) -> tuple[AtpPool | None, dict[int, AtpAdmit]]:
+    """The ATP pool atp_table's row gives (None: no row, or one of pool_count 0) and the ATP
+    jobs of job_table's admit_atp rows; StatusError when the pool's host port cannot tell ATP
+    frames apart (0, the inagg port or RoCEv2's)."""
+    table = tables.tables.get(ATP_TABLE)
+    rows = [] if table is None else [(key, a) for key, a in table.entries.items()
+                                      if a.name.endswith(".set_atp_pool") and a.param("pool_count")]
+    pool = None
+    for (host_addr,), a in rows:       # size 1: at most one
+        pool = AtpPool(a.param("pool_base"), a.param("pool_count"), host_addr, a.param("host_port"),
+                       a.param("switch_mac"), a.param("switch_addr"), a.param("switch_udp_port"))
     if pool is not None and pool.host_port in (0, UDP_PORT, ROCE_UDP_PORT):
-        bad = (f"the host aggregator's UDP port {pool.host_port} cannot tell ATP frames apart: "
-               f"give the port it listens on (not 0, {UDP_PORT} or {ROCE_UDP_PORT})")
-    elif any(not 1 <= job_id <= 0xFFFF for job_id in jobs):
-        bad = f"ATP job ids must be in 1..65535, got {sorted(jobs)}"
-    if bad:
-        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, bad)
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"atp_table: host_port {pool.host_port} cannot tell ATP frames apart: give "
+                          f"the port the host aggregator listens on (not 0, {UDP_PORT} or {ROCE_UDP_PORT})")
+    jobs = {job_id: AtpAdmit(*(a.param(n) for n in ("job_index", "slot_base", "slot_count", "n_workers", "epoch")))
+            for (job_id,), a in tables[JOB_TABLE].entries.items() if a.name.endswith(".admit_atp")}
+    return pool, jobs
 
 
 @contextlib.contextmanager
