@@ -331,6 +331,7 @@ class SwitchJob:
     workers: tuple[WorkerBinding, ...]
     encap: str = "udp"  # how its packets carry the inagg header: "udp" or "roce"
     uplink: UplinkBinding | None = None
+    atp: bool = False   # an ATP job (docs/atp.md): its window is the host aggregator's, its rounds share atp_table's pool
 
     @property
     def mcast_grp(self) -> int:
@@ -585,19 +586,26 @@ class JobCounters:
     def __init__(self, sw: SwitchConnection) -> None:
         self.sw = sw
 
+    def counts(self) -> tuple[str, ...]:
+        """The one-cell-per-job counters (job_<name>) of this switch's program: ATP's
+        ``collisions`` where its P4Info has it."""
+        has = self.sw.p4info.has(P4Type.counter, "job_collisions")
+        return _JOB_COUNTS + (("collisions",) if has else ())
+
     def job(self, job_index: int) -> dict:
         """Job row ``job_index``'s counters, read together (``SwitchConnection.counter_cells``)."""
         base = job_index * self.sw.p4info.drop_row_length
         drop_cells = [("job_drops", base + i) for i in range(len(DROP_REASONS))]
-        row = [(f"job_{name}", job_index) for name in _JOB_COUNTS]
+        names = self.counts()
+        row = [(f"job_{name}", job_index) for name in names]
         counts = self.sw.counter_cells(row + drop_cells)
-        return {**{name: counts.get(cell, 0) for name, cell in zip(_JOB_COUNTS, row)},
+        return {**{name: counts.get(cell, 0) for name, cell in zip(names, row)},
                 "drops": {r: n for r, cell in zip(DROP_REASONS, drop_cells) if (n := counts.get(cell, 0))}}
 
     def reset_updates(self, job_index: int) -> list[p4runtime_pb2.Update]:
         """Zero every counter of job row ``job_index``: a job taking a row must not inherit the
         counts of the job that held it before."""
-        cells = [(f"job_{name}", job_index) for name in _JOB_COUNTS]
+        cells = [(f"job_{name}", job_index) for name in self.counts()]
         row = self.sw.p4info.drop_row_length   # the program's row (Tofino pads it to 8)
         cells += [("job_drops", job_index * row + i) for i in range(row)]
         ups = []

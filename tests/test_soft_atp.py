@@ -117,10 +117,17 @@ class Network:
     """Workers, the switch's pipeline(s) and the host aggregator, frame by frame. Every frame
     into the switch goes through each pipeline given, which must all send the same frames."""
 
-    def __init__(self, pipelines, jobs: list[SwitchJob], workers: list[Worker]) -> None:
-        self.pipelines, self.host = pipelines, host_engine(jobs)
-        self.by_address = {(b.ip, b.udp_port): w for job in jobs for w, b in
-                           zip([w for w in workers if w.cfg.job_id == job.job_id], job.workers)}
+    def __init__(self, pipelines, jobs: list[SwitchJob], workers: list[Worker], host: AggregationEngine | None = None,
+                 where: dict | None = None) -> None:
+        """``host``: the host aggregator's engine (default: ``host_engine(jobs)``); ``where``:
+        the addresses of "host" and "switch" ((MAC, IP, UDP port)) and "host_port" (the switch
+        port of the host aggregator), default this module's."""
+        self.pipelines, self.host = pipelines, host or host_engine(jobs)
+        self.where = where or {"host": HOST, "switch": (SWITCH_MAC, SWITCH_IP, UDP_PORT),
+                               "host_port": HOST_SWITCH_PORT}
+        self.by_address = {(b.ip, b.udp_port, job.job_id): w for job in jobs for w, b in
+                           zip(sorted((w for w in workers if w.cfg.job_id == job.job_id), key=lambda w: w.rank),
+                               job.workers)}
         self.binding = {(b.ip, b.udp_port): b for job in jobs for b in job.workers}
 
     def switch(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
@@ -130,7 +137,7 @@ class Network:
 
     def contribution(self, w: Worker, inagg: bytes) -> tuple[int, bytes]:
         b = self.binding[w.cfg.members[w.rank]]
-        return b.port, udp((b.mac, b.ip, b.udp_port), HOST, inagg)
+        return b.port, udp((b.mac, b.ip, b.udp_port), self.where["host"], inagg)
 
     def deliver(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
         """One frame out of switch port ``port``: into the host aggregator (its answers come
@@ -138,17 +145,18 @@ class Network:
         src_ip, dst_ip = (str(ipv4_text(frame[26:30])), str(ipv4_text(frame[30:34])))
         sport, dport = struct.unpack_from("!HH", frame, 34)
         inagg = frame[42:]
-        if port != HOST_SWITCH_PORT:
-            self.by_address[(dst_ip, dport)].receive(inagg)
+        host, host_port = self.where["host"], self.where["host_port"]
+        if port != host_port:
+            self.by_address[(dst_ip, dport, struct.unpack_from("!H", inagg, 2)[0])].receive(inagg)
             return []
         out = []
         for emit in self.host.process(inagg, (src_ip, sport)):
             if emit.upstream:                             # a release, to the switch alone
-                out.append(udp(HOST, (SWITCH_MAC, SWITCH_IP, UDP_PORT), emit.data))
+                out.append(udp(host, self.where["switch"], emit.data))
             for rank in emit.ranks:
                 b = emit.job.members[rank]
-                out.append(udp(HOST, (self.binding[b].mac, b[0], b[1]), emit.data))
-        return [(HOST_SWITCH_PORT, f) for f in out]
+                out.append(udp(host, (self.binding[b].mac, b[0], b[1]), emit.data))
+        return [(host_port, f) for f in out]
 
     def run(self, workers: list[Worker], rng: random.Random, hold: float, max_batches: int = 400) -> None:
         """Batches: each worker's ready blocks, shuffled, a share ``hold`` held back a batch;
