@@ -23,7 +23,7 @@ import ipaddress
 import re
 from typing import Any, Iterable
 
-from inagg.controller.allocator import DYNAMIC, SHARING
+from inagg.controller.allocator import ATP, DYNAMIC, SHARING
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS
 
 # the keys each kind of object may have; those marked required must be there
@@ -215,8 +215,12 @@ def check_controller(section: dict, file: str) -> None:
     for key in ("lease_seconds", "rank_lease_seconds", "switch_check_seconds"):
         if key in section and not (_number(section[key], False, 0) and section[key] > 0):
             raise TopologyError(f"{file}: controller: {key} {section[key]!r} must be a number of seconds > 0")
+    windows = [p for p in SHARING if p != ATP]
+    if section.get("sharing", DYNAMIC) == ATP:
+        raise TopologyError(f"{file}: controller: sharing 'atp' is the controller's (docs/atp.md) but not yet run "
+                            f"in the emulation; write one of {', '.join(windows)}")
     if section.get("sharing", DYNAMIC) not in SHARING:
-        raise TopologyError(f"{file}: controller: sharing {section['sharing']!r}: write one of {', '.join(SHARING)} "
+        raise TopologyError(f"{file}: controller: sharing {section['sharing']!r}: write one of {', '.join(windows)} "
                             f"(how the switch's slots are shared among its jobs; default {DYNAMIC})")
     if section.get("host_window", 0) > section.get("host_slots", 4096):
         raise TopologyError(f"{file}: controller: host_window {section['host_window']} is larger than host_slots "
