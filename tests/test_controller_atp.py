@@ -47,18 +47,36 @@ def test_atp_shares_the_switch_pool_and_every_sum_is_exact(env):
     feed = env["ctl"]().host_jobs().jobs
     assert {j.atp_peer for j in feed} == {"10.0.0.254:42602"}
 
-    host = AggregationEngine(4096, K, host_mode=True)
-    assert apply_snapshot(host, feed) == {}
-    rng = random.Random(11)
-    workers = [Worker(cfg, r, np.array([[rng.randrange(-2**20, 2**20) for _ in range(K)] for _ in range(10)],
-                                       np.int32)) for cfg in host.jobs.values() for r in range(cfg.n_workers)]
-    switch_jobs = env["ctl"]().fabric.switches["s1"].applied
-    Network([pipeline], switch_jobs, workers, host,
-            {"host": (HOST_MAC, "10.0.0.100", 42666), "switch": (SWITCH_MAC, "10.0.0.254", 42602),
-             "host_port": 5}).run(workers, rng, hold=0.25)
+    workers = run_jobs(env, feed, {job_id: 10 for job_id, _ in jobs}, random.Random(11), hold=0.25)
     check_exact(workers)
     counts = {j.job_id: j.counters for j in client.list_jobs(ADMIN).jobs}
     assert sum(c.get("collisions", 0) for c in counts.values()) > 0
+
+
+def test_a_tenant_beside_a_flooding_neighbour_is_exact(env):
+    """A 2-rank tenant beside a 4-rank neighbour sending 8 times its blocks, on the pool of 3
+    the controller gave the switch: the tenant's every sum is exact."""
+    client = env["client"]
+    (tenant, _), (neighbour, _) = new_job(client, [1, 2], "tenant"), new_job(client, [1, 2, 3, 4], "flood")
+    workers = run_jobs(env, env["ctl"]().host_jobs().jobs, {tenant: 6, neighbour: 48}, random.Random(13), hold=0.1)
+    check_exact(workers)
+    counts = {j.job_id: j.counters for j in client.list_jobs(ADMIN).jobs}
+    assert counts[tenant]["collisions"] + counts[neighbour]["collisions"] > 0
+
+
+def run_jobs(env, feed, blocks: dict[int, int], rng: random.Random, hold: float) -> list[Worker]:
+    """The jobs of the host aggregator's ``feed``, each with ``blocks[job]`` random blocks,
+    through the switch the controller programmed and a host engine serving the feed, until every
+    worker has every result; the workers."""
+    host = AggregationEngine(4096, K, host_mode=True)
+    assert apply_snapshot(host, feed) == {}
+    workers = [Worker(cfg, r, np.array([[rng.randrange(-2**20, 2**20) for _ in range(K)]
+                                        for _ in range(blocks[cfg.job_id])], np.int32))
+               for cfg in host.jobs.values() for r in range(cfg.n_workers)]
+    Network([env["state"].pipeline], env["ctl"]().fabric.switches["s1"].applied, workers, host,
+            {"host": (HOST_MAC, "10.0.0.100", 42666), "switch": (SWITCH_MAC, "10.0.0.254", 42602),
+             "host_port": 5}).run(workers, rng, hold=hold)
+    return workers
 
 
 def test_atp_needs_the_switch_mac_and_the_switch_k(tmp_path):
