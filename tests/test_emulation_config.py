@@ -170,8 +170,6 @@ BAD_TOPOLOGIES = {
     "min_window 0": (_set("controller", {"min_window": 0}), "controller: min_window 0 must be a whole number >= 1"),
     "sharing unknown": (_set("controller", {"sharing": "fair"}),
                         "controller: sharing 'fair': write one of dynamic, static"),
-    "sharing atp": (_set("controller", {"sharing": "atp"}),
-                    "controller: sharing 'atp' is the controller's .* not yet run in the emulation"),
     "min_window a string": (_set("controller", {"min_window": "8"}), "controller: min_window '8' must be a whole number"),
     "host_window over host_slots": (_set("controller", {"host_slots": 16, "host_window": 32}),
                                     "host_window 32 is larger than host_slots 16"),

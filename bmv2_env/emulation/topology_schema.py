@@ -23,7 +23,7 @@ import ipaddress
 import re
 from typing import Any, Iterable
 
-from inagg.controller.allocator import ATP, DYNAMIC, SHARING
+from inagg.controller.allocator import DYNAMIC, SHARING
 from inagg.hostlib.wire.protocol import ENCAPSULATIONS
 
 # the keys each kind of object may have; those marked required must be there
@@ -45,7 +45,7 @@ SCHEMA: dict[str, dict[str, bool]] = {
     # the controller's settings a topology may change; the launcher sets the rest (LAUNCHER_SETS)
     "controller": {"min_window": False, "lease_seconds": False, "rank_lease_seconds": False,
                    "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False,
-                   "sharing": False},
+                   "sharing": False, "atp_pool": False},
 }
 NETEM_OPTIONS = ("delay", "jitter", "loss", "max_queue_size")   # link options Mininet applies with netem
 IMPAIRMENTS = ("delay", "jitter", "loss", "duplicate", "reorder", "max_queue_size")   # netem's, as links ask them
@@ -208,19 +208,15 @@ def _number(value: Any, integer: bool, low: float) -> bool:
 def check_controller(section: dict, file: str) -> None:
     """The controller settings a topology may change: whole numbers >= 1 for sizes (a
     ``min_window`` of 0 divided by zero in the allocator), positive seconds for leases."""
-    for key in ("min_window", "max_jobs", "host_slots", "host_window"):
+    for key in ("min_window", "max_jobs", "host_slots", "host_window", "atp_pool"):
         if key in section and not _number(section[key], True, 1):
             raise TopologyError(f"{file}: controller: {key} {section[key]!r} must be a whole number >= 1 "
                                 f"(slots or jobs); remove it for the default or write e.g. 8")
     for key in ("lease_seconds", "rank_lease_seconds", "switch_check_seconds"):
         if key in section and not (_number(section[key], False, 0) and section[key] > 0):
             raise TopologyError(f"{file}: controller: {key} {section[key]!r} must be a number of seconds > 0")
-    windows = [p for p in SHARING if p != ATP]
-    if section.get("sharing", DYNAMIC) == ATP:
-        raise TopologyError(f"{file}: controller: sharing 'atp' is the controller's (docs/atp.md) but not yet run "
-                            f"in the emulation; write one of {', '.join(windows)}")
     if section.get("sharing", DYNAMIC) not in SHARING:
-        raise TopologyError(f"{file}: controller: sharing {section['sharing']!r}: write one of {', '.join(windows)} "
+        raise TopologyError(f"{file}: controller: sharing {section['sharing']!r}: write one of {', '.join(SHARING)} "
                             f"(how the switch's slots are shared among its jobs; default {DYNAMIC})")
     if section.get("host_window", 0) > section.get("host_slots", 4096):
         raise TopologyError(f"{file}: controller: host_window {section['host_window']} is larger than host_slots "
