@@ -151,7 +151,7 @@ bench-train: setup-emulation
 # and min-max of several repetitions; refused when the 1-minute load is above MAX_LOAD (LOADED=mark:
 # run and mark the figure "not quiet"). fig-workers: SwitchML's time vs workers (2, 4, 8) against
 # gloo's ring on shaped links; fig-loss: its time vs loss (0-1 %) at the soft switch's ports;
-# fig-tenants: ATP's JCT and Jain's index, dynamic vs static sharing of the slots; fig-tree: two
+# fig-tenants: ATP's JCT and Jain's index, dynamic vs static vs atp sharing of the slots; fig-tree: two
 # levels vs one switch at equal windows. What each shows and takes: docs/results/README.md, "Figures".
 fig_run = @if [ "$$(id -u)" = 0 ] && command -v mnexec >/dev/null; then \
 	  FIG_MAKE="make $@ FIG_ARGS='$(FIG_ARGS)'" $(BIN)/python benchmarks/$(1).py --max-load $(MAX_LOAD) \

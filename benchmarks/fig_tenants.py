@@ -1,13 +1,13 @@
 """ATP's multi-tenant figure: each job's completion time (JCT) and Jain's fairness index with the
-switch's slots shared dynamically (the controller's default) against statically (each job one
-fixed minimum window from its placement to its end: ``sharing = "static"``,
-``controller/allocator.py``), ``make fig-tenants``.
+switch's slots shared dynamically (the controller's default), statically (each job one fixed
+minimum window from its placement to its end: ``sharing = "static"``) and round by round
+(ATP's pool: ``sharing = "atp"``, docs/atp.md), ``controller/allocator.py``, ``make fig-tenants``.
 
 Each run is ``make run``'s launcher (``inagg.bmv2_env.emulation.mininet_run``, software data
 plane) on a topology (``--topo``, default ``tenants_fig.json``: four jobs of different sizes
 arriving at different times, a pool too small for what they would use together) whose
 controller section is given the policy; ``--scale`` multiplies every job's iterations, duration
-and arrival time (a quick run). The two policies are separate runs (a controller has one), in
+and arrival time (a quick run). The policies are separate runs (a controller has one), in
 alternating order, ``--reps`` of each; every job's JCT comes from the launcher's own summary
 rows, as does Jain's index over the jobs' gradient bytes/s (the aggregation service each got)
 and steps/s. Rows: per (policy, job) the JCT's median and min-max, its arrival, the widest
@@ -121,7 +121,8 @@ def plot(plt, rows: list[dict], path: Path, watch) -> None:
     for i, sharing in enumerate(SHARING):
         mine = [by[sharing, j] for j in jobs]
         med = [r["jct_s_median"] for r in mine]
-        jct.bar([x - 0.2 + 0.4 * i for x in range(len(jobs))], med, 0.4, label=sharing, capsize=3,
+        width = 0.8 / len(SHARING)
+        jct.bar([x - 0.4 + width * (i + 0.5) for x in range(len(jobs))], med, width, label=sharing, capsize=3,
                 yerr=[[m - r["jct_s_min"] for m, r in zip(med, mine)], [r["jct_s_max"] - m for m, r in zip(med, mine)]])
         r = by[sharing, "all"]
         if r["jain_bytes_median"] is None:   # no run measured the jobs' gradient bytes/s
@@ -134,7 +135,7 @@ def plot(plt, rows: list[dict], path: Path, watch) -> None:
     jain.set_xticks(range(len(SHARING)), SHARING)
     jain.set_ylim(0, 1.05)
     jain.set_ylabel("Jain's index, gradient bytes/s")
-    save_plot(fig, path, f"multi-tenant JCT, dynamic vs static sharing: median, min-max of {rows[0]['reps']} runs",
+    save_plot(fig, path, f"multi-tenant JCT, {' vs '.join(SHARING)} sharing: median, min-max of {rows[0]['reps']} runs",
               watch)
 
 

@@ -23,7 +23,9 @@ granted host aggregation at once instead of waiting. The policy, and why:
   window, from its placement to its end: never grown into slots nobody uses, never shrunk for
   a newcomer (ATP's static partitioning, the baseline its dynamic sharing is measured against);
   a job that finds no free share runs on the host aggregator and is upgraded to the next share
-  that frees up, as under ``dynamic``.
+  that frees up, as under ``dynamic``. ``atp`` gives no job a window: every job holds a
+  host-aggregator grant and its switch shares all its slots round by round (ATP's pool,
+  docs/atp.md; ``Fabric.atp_switch``), so a switch allocator under it holds no jobs.
 * **Upgrades and growth** happen whenever slots free up (a job leaves, its lease expires, or a
   shrink is activated): host jobs move to the switch in arrival order, then switch jobs grow.
 * **Tree parts are fixed.** A job aggregating on a tree of switches (docs/trees.md) holds one
@@ -42,8 +44,8 @@ import copy
 from dataclasses import dataclass, field
 
 SWITCH, HOST = "switch", "host"
-DYNAMIC, STATIC = "dynamic", "static"
-SHARING = (DYNAMIC, STATIC)   # how the pool is shared among the jobs on the switch (the docstring)
+DYNAMIC, STATIC, ATP = "dynamic", "static", "atp"
+SHARING = (DYNAMIC, STATIC, ATP)   # how the pool is shared among the jobs on the switch (the docstring)
 # The host aggregator's pool: the key of its allocator and the place of a job no switch holds (no
 # switch can be named "", so it never meets a switch's name).
 HOST_POOL = ""

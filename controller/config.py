@@ -54,7 +54,7 @@ except ModuleNotFoundError:   # Python 3.10: the same parser from PyPI (inagg[co
 
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, HOST_WINDOW, parse_address
 
-from inagg.controller.allocator import DYNAMIC, SHARING
+from inagg.controller.allocator import ATP, DYNAMIC, SHARING
 from inagg.controller.artifacts import artifact
 from inagg.hostlib.jobservice.credentials import load_token
 from inagg.controller.program import DEVICE_FILES, TARGETS, TOFINO_CHIPS, Program
@@ -140,7 +140,8 @@ class ControllerConfig:
     switch_check_seconds: float = 1.0 # how often each switch is checked for a restart
     max_jobs: int = 4096              # jobs the controller holds at once (CreateJob is open)
     min_window: int = 8
-    sharing: str = DYNAMIC            # the switch pool among its jobs: dynamic or static (allocator.py)
+    sharing: str = DYNAMIC            # the switch pool among its jobs: dynamic, static or atp (allocator.py)
+    atp_pool: int = 0                 # sharing atp: each switch's pool, in slots from 0 (0: all its slots)
     host_slots: int = 4096
     host_window: int = HOST_WINDOW
     host_values_per_packet: int = HOST_VALUES_PER_PACKET
@@ -336,6 +337,8 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
     if kwargs.get("sharing", DYNAMIC) not in SHARING:
         raise ValueError(f"config: sharing {kwargs['sharing']!r}: write one of {', '.join(SHARING)} "
                          f"(how the switch's slots are shared among its jobs; default {DYNAMIC})")
+    if kwargs.get("sharing") == ATP:
+        check_atp(switches, host_aggregator)
     if bool(kwargs.get("tls_cert")) != bool(kwargs.get("tls_key")):
         raise ValueError("config: tls_cert and tls_key go together")
     if not kwargs.get("admin_token"):
@@ -370,3 +373,19 @@ def read_config_data(path: Path | str) -> dict:
 def load_config(path: Path | str) -> ControllerConfig:
     """Read and check a config file (read_config_data, parse_config)."""
     return parse_config(read_config_data(path), Path(path).parent)
+
+
+def check_atp(switches: list[SwitchConfig], host_aggregator: str) -> None:
+    """``sharing = "atp"`` (docs/atp.md) needs each switch's aggregator MAC (the source of the
+    sums it sends the host aggregator) and the host aggregator's IPv4 address (the switch
+    takes frames to and from its port); ValueError naming what is missing."""
+    missing = [s.name for s in switches if not s.aggregator_mac]
+    if missing:
+        raise ValueError(f"config: sharing atp: switch(es) {', '.join(missing)} need aggregator_mac "
+                         f"(the source MAC of the sums a switch sends the host aggregator)")
+    host, _ = parse_address(host_aggregator)
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ValueError(f"config: sharing atp: host_aggregator {host_aggregator!r} must be an IPv4 "
+                         f"address and port (the switch matches its frames by address)") from None

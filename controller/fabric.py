@@ -22,12 +22,13 @@ from __future__ import annotations
 import logging
 import threading
 
-from inagg.controller.allocator import HOST_POOL, SWITCH, AllocatorSnapshot, JobState, SlotAllocator
+from inagg.controller.allocator import ATP, HOST_POOL, SWITCH, AllocatorSnapshot, JobState, SlotAllocator
 from inagg.controller.config import ControllerConfig
 from inagg.controller.jobs import Job
 from inagg.controller.program import TOFINO_CHIPS
 from inagg.controller.runtime import SwitchCapacity, SwitchRuntime
-from inagg.controller.switch import JobAdmission, SwitchError, SwitchJob
+from inagg.controller.switch import AtpPoolBinding, JobAdmission, SwitchError, SwitchJob
+from inagg.hostlib.wire.grant import parse_address
 from inagg.controller.tofino.ports import pipe_of
 from inagg.controller.tree_place import job_ips, place_tree, tree_refusal
 from inagg.controller.trees import l2_routes, tree_switch_job, worker_bindings
@@ -75,6 +76,9 @@ class Fabric:
             self.allocators[cfg.name] = alloc
             self.switches[cfg.name] = SwitchRuntime(cfg, alloc, p4info, l2_routes(config, cfg.name),
                                                     config.host_aggregator)
+            if config.sharing == ATP and cap.atp:
+                check_atp_k(config, cfg.name, p4info.values_per_packet)
+                self.switches[cfg.name].atp_pool = atp_pool(config, cfg.name, cap.slots)
         self.allocators[HOST_POOL] = SlotAllocator(0, config.min_window, config.host_values_per_packet, share,
                                             config.host_window, share * (n - 1))
 
@@ -90,6 +94,12 @@ class Fabric:
     def place(self, job: Job) -> None:
         """Place a job every rank of which joined: give it a pool and its first grant there;
         a job spanning switches its tree's windows (``tree_place.place_tree``)."""
+        if self.config.sharing == ATP:   # every job on the host aggregator, its switch's pool shared
+            job.place = HOST_POOL
+            self.allocators[HOST_POOL].add_job(job.job_id, job.demand)
+            log.info("job %d placed on the host aggregator, sharing switch %s's ATP pool", job.job_id,
+                     self.atp_switch(job) or "(none)")
+            return
         job.place = HOST_POOL if job.host_only else next(
             (name for name, sw in self.switches.items() if not refusal(sw, job)), HOST_POOL)
         if not job.place and not job.host_only:
@@ -115,6 +125,14 @@ class Fabric:
                     f"the controller's config")
         return tree_refusal(self.config, self.switches, job)
 
+    def atp_switch(self, job: Job) -> str | None:
+        """Under ``sharing = "atp"``: the switch whose ATP pool a placed job's rounds share (the
+        first with every rank as a host and an ATP pool); None for any other job."""
+        if self.config.sharing != ATP or job.place != HOST_POOL or job.host_only or job.tree is not None:
+            return None
+        return next((name for name, sw in self.switches.items()
+                     if sw.atp_pool is not None and not refusal(sw, job)), None)
+
     def state(self, job: Job) -> JobState | None:
         """The allocator's state of a placed job; None before placement or after it left."""
         alloc = self.allocators.get(job.place) if job.place is not None else None
@@ -137,10 +155,11 @@ class Fabric:
                 places[t.tree.root] = self.allocators[HOST_POOL].jobs[job.job_id].active
             return tree_switch_job(self.config, t.tree, name, job, job.rows[name], places,
                                    host_root=t.host_root)
-        p = self.allocators[name].jobs[job.job_id].active
+        atp = self.atp_switch(job) == name
+        p = self.allocators[HOST_POOL if atp else name].jobs[job.job_id].active
         bindings = worker_bindings(job, self.switches[name].cfg, sorted(job.workers))
         return SwitchJob(job.job_id, job.rows[name], p.epoch, p.slot_base, p.slot_count,
-                         tuple(bindings), job.transport)
+                         tuple(bindings), job.transport, atp=atp)
 
     def switch_jobs(self, name: str, jobs: dict[int, Job]) -> list[SwitchJob]:
         """The jobs switch ``name`` should hold now (a switch grant in its allocator), each with
@@ -148,7 +167,8 @@ class Fabric:
         the lowest free row."""
         alloc = self.allocators[name]
         on_switch = [j for j in sorted(jobs.values(), key=lambda j: j.job_id)
-                     if j.job_id in alloc.jobs and alloc.jobs[j.job_id].active.mode == SWITCH]
+                     if j.job_id in alloc.jobs and alloc.jobs[j.job_id].active.mode == SWITCH
+                     or self.atp_switch(j) == name and not j.failure]
         for job in jobs.values():
             if name in job.rows and job not in on_switch:
                 del job.rows[name]
@@ -232,3 +252,26 @@ class Fabric:
     def close(self) -> None:
         for sw in self.switches.values():
             sw.sw.close()
+
+
+def atp_pool(config: ControllerConfig, name: str, slots: int) -> AtpPoolBinding:
+    """Switch ``name``'s ATP pool under ``sharing = "atp"``: its first ``atp_pool`` slots (0:
+    all), for the host aggregator's jobs; its sums leave from its aggregator address (config.load checked that
+    every switch has its MAC and that there is a host aggregator)."""
+    cfg = next(s for s in config.switches if s.name == name)
+    if not 0 <= config.atp_pool <= slots:
+        raise ValueError(f"sharing atp: atp_pool = {config.atp_pool}, but switch {name} has {slots} slots "
+                         f"(0 gives it all of them)")
+    host_ip, host_port = parse_address(config.host_aggregator)
+    switch_ip, switch_port = parse_address(cfg.aggregator)
+    return AtpPoolBinding(host_ip, host_port, 0, config.atp_pool or slots, cfg.aggregator_mac, switch_ip,
+                          switch_port)
+
+
+def check_atp_k(config: ControllerConfig, name: str, k: int) -> None:
+    """An ATP job's packets are the host aggregator's grant's and go through switch ``name``'s
+    pool, so both must take the same K; ValueError saying what to set."""
+    if config.host_values_per_packet != k:
+        raise ValueError(f"sharing atp: switch {name} takes {k} values per packet, the host aggregator "
+                         f"{config.host_values_per_packet}: set host_values_per_packet = {k} (and run the "
+                         f"host aggregator at it), since an ATP job's packets are summed at either")

@@ -63,6 +63,9 @@ def host_reason(fabric: Fabric, job: Job) -> str:
         return "the job asked for the host aggregator (a host lane beside a job on a switch)"
     if job.stall_reason:
         return job.stall_reason
+    if atp := fabric.atp_switch(job):
+        return (f"sharing atp: its rounds share switch {atp}'s ATP pool; a round whose aggregator "
+                f"is taken goes on to the host aggregator (docs/atp.md)")
     if job.place:
         return (f"switch {job.place} has no free slots for it (or an operator drained it); "
                 f"it moves to the switch when slots free up")
@@ -77,8 +80,10 @@ def host_jobs(fabric: Fabric, jobs: Iterable[Job]) -> pb.HostJobs:
             continue
         p = fabric.allocators[job.place].jobs[job.job_id].active
         if p.mode == HOST:
+            atp = fabric.atp_switch(job)
             out.jobs.add(job_id=job.job_id, epoch=p.epoch, slot_base=p.slot_base,
-                         slot_count=p.slot_count, workers=host_members(fabric, job))
+                         slot_count=p.slot_count, workers=host_members(fabric, job),
+                         atp_peer=fabric.switches[atp].cfg.aggregator if atp else "")
     return out
 
 
@@ -112,7 +117,10 @@ def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[OnS
             info.active.CopyFrom(held[0])
         if len(held) > 1:
             info.pending.CopyFrom(held[1])
-        if held and (job.tree is not None or (held[0].mode == SWITCH and job.job_index is not None)):
+        atp = fabric.atp_switch(job)
+        if atp is not None and atp in job.rows:      # its switch's counters, ATP's collisions among them
+            on_switches.append(OnSwitch(len(out.jobs) - 1, job.job_id, ((atp, "", job.rows[atp]),)))
+        elif held and (job.tree is not None or (held[0].mode == SWITCH and job.job_index is not None)):
             levels = tuple((name, prefix, job.rows[name]) for name, prefix in counter_levels(job))
             on_switches.append(OnSwitch(len(out.jobs) - 1, job.job_id, levels))
     out.switch_slots = sum(a.switch_slots for a in fabric.allocators.values())

@@ -16,7 +16,7 @@ from inagg.controller.allocator import SlotAllocator
 from inagg.controller.config import SwitchConfig
 from inagg.controller.p4info import P4Info
 from inagg.controller.switch import (
-    DELETE, INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
+    DELETE, INSERT, MODIFY, AtpPoolBinding, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
     RecircSpread, ResultReplication, SourceGuard, SwitchConnection, SwitchJob, TreeUplink,
     check_no_traffic_on_reserved_ports, recirculation_rows,
 )
@@ -47,6 +47,7 @@ class SwitchCapacity:
     trees: bool = False   # has uplink_table: can be a switch below the root of a tree
     guard: bool = False   # has host_port_table: drops hosts' frames that claim an aggregator's place
     recirc_spread: bool = False   # has recirc_spread: recirculates through loopback ports too
+    atp: bool = False     # has atp_table: can run ATP's pool (docs/atp.md; BMv2 forwards such jobs)
 
     @classmethod
     def from_p4info(cls, p4info: P4Info) -> "SwitchCapacity":
@@ -56,7 +57,8 @@ class SwitchCapacity:
                                       p4info.table_size("replica_table")),
                    job_workers=MAX_WORKERS, trees=p4info.has(P4Type.table, "uplink_table"),
                    guard=p4info.has(P4Type.table, "host_port_table"),
-                   recirc_spread=p4info.has(P4Type.table, "recirc_spread"))
+                   recirc_spread=p4info.has(P4Type.table, "recirc_spread"),
+                   atp=p4info.has(P4Type.table, "atp_table"))
 
 
 class SwitchRuntime:
@@ -78,6 +80,7 @@ class SwitchRuntime:
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
         self.restarts = 0                            # times it was found restarted and re-programmed
         self.id_mark = 0   # the next job id, kept on the switch with its entries (JobAdmission.mark_update)
+        self.atp_pool: AtpPoolBinding | None = None   # sharing = "atp": its pool (Fabric)
         self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program,
                                    push_timeout=cfg.push_timeout)
         try:
@@ -120,7 +123,12 @@ class SwitchRuntime:
             updates.append(JobAdmission(self.sw).mark_update(INSERT, self.id_mark))
         updates += self.guard_updates()
         updates += RecircSpread(self.sw).updates(INSERT, self.cfg.loopback_device_ports)
+        if self.atp_pool is not None:   # before the jobs that use it
+            updates.append(JobAdmission(self.sw).atp_pool_update(INSERT, self.atp_pool))
         for job in jobs:
+            if job.atp:
+                updates += JobAdmission(self.sw).atp_updates(INSERT, job)
+                continue
             updates.append(ResultReplication(self.sw).job_update(INSERT, job))
             updates += ReplicaRewrite(self.sw).updates(INSERT, job)
             updates += TreeUplink(self.sw).updates(INSERT, job)
@@ -157,7 +165,8 @@ class SwitchRuntime:
         tables = ("l2_table", "worker_table", "replica_table", "job_table") + \
             (("uplink_table",) if self.capacity.trees else ()) + \
             (("host_port_table",) if self.capacity.guard else ()) + \
-            (("recirc_spread",) if self.capacity.recirc_spread else ())
+            (("recirc_spread",) if self.capacity.recirc_spread else ()) + \
+            (("atp_table",) if self.capacity.atp else ())
         for table in tables:
             for key, action, params in self.sw.table_entries(table):
                 have_tables[(table, tuple(sorted(key.items())))] = (action, params)
@@ -186,7 +195,7 @@ class SwitchRuntime:
         fresh = [j for j in jobs if ("job_table", (("job_id", j.job_id),)) not in have_tables]
         writes[:0] = [u for j in fresh for u in JobCounters(self.sw).reset_updates(j.job_index)]
         order = {"job_table": 0, "uplink_table": 1, "replica_table": 1, "worker_table": 1, "l2_table": 2,
-                 "host_port_table": 2, "recirc_spread": 2}
+                 "host_port_table": 2, "recirc_spread": 2, "atp_table": 3}   # the pool after the jobs using it
         stale = sorted((k for k in have_tables if k not in seen_tables), key=lambda k: order[k[0]])
         for table, key in stale:
             writes.append(self.sw.table_update(DELETE, table, dict(key)))

@@ -331,10 +331,27 @@ class SwitchJob:
     workers: tuple[WorkerBinding, ...]
     encap: str = "udp"  # how its packets carry the inagg header: "udp" or "roce"
     uplink: UplinkBinding | None = None
+    atp: bool = False   # an ATP job (docs/atp.md): its window is the host aggregator's, its rounds share atp_table's pool
 
     @property
     def mcast_grp(self) -> int:
         return MCAST_JOB_BASE + self.job_index
+
+
+@dataclass(frozen=True)
+class AtpPoolBinding:
+    """The switch's ATP pool (atp_table, docs/atp.md): slots [pool_base, pool_base +
+    pool_count) for the ATP jobs of the host aggregator at host_ip:host_port, and the switch's
+    aggregator address, the source of the sums it sends up (the host aggregator's ``atp_peer``
+    for those jobs)."""
+
+    host_ip: str
+    host_port: int
+    pool_base: int
+    pool_count: int
+    switch_mac: str
+    switch_ip: str
+    switch_udp_port: int
 
 
 # Multicast group ids: the flood group is 1; job groups start above it.
@@ -370,12 +387,33 @@ class JobAdmission:
         admit = None if kind == DELETE else "admit"
         params = None if kind == DELETE else self.admit_params(job)
         ups = [self.sw.table_update(kind, "job_table", {"job_id": job.job_id}, admit, params)]
-        for w in job.workers:
-            ups.append(self.sw.table_update(
-                kind, "worker_table", {"job_id": job.job_id, "worker_id": w.rank},
-                None if kind == DELETE else "bind_worker",
-                None if kind == DELETE else self.binding(job.encap, w)))
-        return ups
+        return ups + self.worker_updates(kind, job)
+
+    def worker_updates(self, kind: int, job: SwitchJob) -> list[p4runtime_pb2.Update]:
+        """worker_table: each rank's binding (``binding``)."""
+        return [self.sw.table_update(kind, "worker_table", {"job_id": job.job_id, "worker_id": w.rank},
+                                     None if kind == DELETE else "bind_worker",
+                                     None if kind == DELETE else self.binding(job.encap, w))
+                for w in job.workers]
+
+    def atp_updates(self, kind: int, job: SwitchJob) -> list[p4runtime_pb2.Update]:
+        """An ATP job (docs/atp.md): job_table's ``admit_atp`` (its window is at the host
+        aggregator, whose slots its workers address) and its ranks' bindings. The switch takes
+        its rounds to atp_table's pool, which must be written first and deleted last."""
+        params = None if kind == DELETE else {
+            "job_index": job.job_index, "slot_base": job.slot_base, "slot_count": job.slot_count,
+            "n_workers": len(job.workers), "epoch": job.epoch}
+        return [self.sw.table_update(kind, "job_table", {"job_id": job.job_id},
+                                     None if kind == DELETE else "admit_atp", params)] + self.worker_updates(kind, job)
+
+    def atp_pool_update(self, kind: int, pool: AtpPoolBinding) -> p4runtime_pb2.Update:
+        """atp_table's one row: the ATP pool and the host aggregator it serves."""
+        params = None if kind == DELETE else {
+            "pool_base": pool.pool_base, "pool_count": pool.pool_count, "host_port": pool.host_port,
+            "switch_mac": mac(pool.switch_mac), "switch_addr": ipv4(pool.switch_ip),
+            "switch_udp_port": pool.switch_udp_port}
+        return self.sw.table_update(kind, "atp_table", {"host_addr": ipv4(pool.host_ip)},
+                                    None if kind == DELETE else "set_atp_pool", params)
 
     def mark_update(self, kind: int, next_job_id: int) -> p4runtime_pb2.Update:
         """The controller's job-id high-water mark, kept on the switch: a ``worker_table`` entry
@@ -612,19 +650,26 @@ class JobCounters:
     def __init__(self, sw: SwitchConnection) -> None:
         self.sw = sw
 
+    def counts(self) -> tuple[str, ...]:
+        """The one-cell-per-job counters (job_<name>) of this switch's program: ATP's
+        ``collisions`` where its P4Info has it."""
+        has = self.sw.p4info.has(P4Type.counter, "job_collisions")
+        return _JOB_COUNTS + (("collisions",) if has else ())
+
     def job(self, job_index: int) -> dict:
         """Job row ``job_index``'s counters, read together (``SwitchConnection.counter_cells``)."""
         base = job_index * self.sw.p4info.drop_row_length
         drop_cells = [("job_drops", base + i) for i in range(len(DROP_REASONS))]
-        row = [(f"job_{name}", job_index) for name in _JOB_COUNTS]
+        names = self.counts()
+        row = [(f"job_{name}", job_index) for name in names]
         counts = self.sw.counter_cells(row + drop_cells)
-        return {**{name: counts.get(cell, 0) for name, cell in zip(_JOB_COUNTS, row)},
+        return {**{name: counts.get(cell, 0) for name, cell in zip(names, row)},
                 "drops": {r: n for r, cell in zip(DROP_REASONS, drop_cells) if (n := counts.get(cell, 0))}}
 
     def reset_updates(self, job_index: int) -> list[p4runtime_pb2.Update]:
         """Zero every counter of job row ``job_index``: a job taking a row must not inherit the
         counts of the job that held it before."""
-        cells = [(f"job_{name}", job_index) for name in _JOB_COUNTS]
+        cells = [(f"job_{name}", job_index) for name in self.counts()]
         row = self.sw.p4info.drop_row_length   # the program's row (Tofino pads it to 8)
         cells += [("job_drops", job_index * row + i) for i in range(row)]
         ups = []

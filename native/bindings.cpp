@@ -42,14 +42,18 @@ private:
 
 // An uplink as Python passes it: (parent sender id, rank at the parent, slot_base there).
 using UplinkArg = std::optional<std::tuple<inagg::SenderId, int64_t, int64_t>>;
+// An ATP job's peer (hostlib/aggregator/atp_reference.py), or None.
+using PeerArg = std::optional<inagg::SenderId>;
 using JobArg = std::tuple<int64_t, int64_t, int64_t, int64_t, std::vector<inagg::SenderId>,
-                          UplinkArg, int64_t>;
+                          UplinkArg, int64_t, PeerArg>;
 
 inagg::JobConfig job_config(int64_t job_id, int64_t epoch, int64_t slot_base, int64_t slot_count,
                             std::vector<inagg::SenderId> members, const UplinkArg& uplink,
-                            int64_t n_children) {
+                            int64_t n_children, const PeerArg& atp_peer) {
     inagg::JobConfig job{job_id, epoch, slot_base, slot_count, std::move(members)};
     job.n_children = n_children;
+    job.has_atp_peer = atp_peer.has_value();
+    job.atp_peer = atp_peer.value_or(0);
     if (uplink) {
         job.has_uplink = true;
         job.uplink =
@@ -71,6 +75,7 @@ nb::dict counters_dict(const inagg::JobCounters& c) {
     d["duplicates"] = c.duplicates;
     d["results"] = c.results;
     d["resent_results"] = c.resent_results;
+    d["collisions"] = c.collisions;
     d["drops"] = drops;
     return d;
 }
@@ -151,7 +156,8 @@ nb::tuple process_batch(inagg::Engine& engine, nb::handle data, const std::vecto
         nb::bytes(reinterpret_cast<const char*>(outcomes.data()), outcomes.size()), emits);
 }
 
-void bind_engine(nb::module_& m) {
+// The outcome codes and the P4 drop codes, for the Python twin to check against.
+void bind_outcomes(nb::module_& m) {
     nb::dict outcomes;
     for (size_t i = 1; i < inagg::kOutcomes; ++i) {
         outcomes[inagg::outcome_name(static_cast<inagg::Outcome>(i))] = i;
@@ -167,22 +173,35 @@ void bind_engine(nb::module_& m) {
             return inagg::p4_drop_code(static_cast<inagg::Outcome>(outcome));
         },
         "outcome"_a, "DROP_*/GLOBAL_DROP_* code of a drop outcome, else -1");
+}
 
-    nb::class_<inagg::Engine>(m, "Engine", "The slot engine (native/engine.hpp)")
-        .def(nb::init<uint32_t, uint32_t, bool>(), "n_slots"_a, "values_per_packet"_a,
-             "host_mode"_a)
-        .def_prop_ro("n_slots", &inagg::Engine::n_slots)
-        .def_prop_ro("values_per_packet", &inagg::Engine::values_per_packet)
+// The engine's configuration: its jobs and a switch's ATP pool.
+void bind_engine_config(nb::class_<inagg::Engine>& engine) {
+    engine
         .def(
             "set_job",
             [](inagg::Engine& e, int64_t job_id, int64_t epoch, int64_t base, int64_t count,
-               std::vector<inagg::SenderId> members, const UplinkArg& uplink, int64_t n_children) {
+               std::vector<inagg::SenderId> members, const UplinkArg& uplink, int64_t n_children,
+               const PeerArg& atp_peer) {
                 std::lock_guard<std::mutex> lock(e.mutex());
-                e.set_job(
-                    job_config(job_id, epoch, base, count, std::move(members), uplink, n_children));
+                e.set_job(job_config(job_id, epoch, base, count, std::move(members), uplink,
+                                     n_children, atp_peer));
             },
             "job_id"_a, "epoch"_a, "slot_base"_a, "slot_count"_a, "members"_a,
-            "uplink"_a = nb::none(), "n_children"_a = 0)
+            "uplink"_a = nb::none(), "n_children"_a = 0, "atp_peer"_a = nb::none())
+        .def(
+            "set_atp_pool",
+            [](inagg::Engine& e, int64_t base, int64_t count) {
+                std::lock_guard<std::mutex> lock(e.mutex());
+                e.set_atp_pool(base, count);
+            },
+            "base"_a, "count"_a,
+            "a switch's slots for ATP jobs (hostlib/aggregator/atp_reference.py)")
+        .def_prop_ro("atp_held",
+                     [](inagg::Engine& e) {
+                         std::lock_guard<std::mutex> lock(e.mutex());
+                         return e.atp_held();
+                     })
         .def("remove_job",
              [](inagg::Engine& e, uint16_t job_id) {
                  std::lock_guard<std::mutex> lock(e.mutex());
@@ -192,20 +211,33 @@ void bind_engine(nb::module_& m) {
             "replace_jobs",
             [](inagg::Engine& e, const std::vector<JobArg>& wanted) {
                 std::vector<inagg::JobConfig> jobs;
-                for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
-                    jobs.push_back(job_config(id, epoch, base, count, members, uplink, n_children));
+                for (const auto& [id, epoch, base, count, members, uplink, n_children, peer] :
+                     wanted) {
+                    jobs.push_back(
+                        job_config(id, epoch, base, count, members, uplink, n_children, peer));
                 }
                 std::lock_guard<std::mutex> lock(e.mutex());
                 e.replace_jobs(jobs);
             },
             "jobs"_a,
-            "[(job_id, epoch, slot_base, slot_count, members, uplink or None, n_children)]")
-        .def("job_ids",
-             [](inagg::Engine& e) {
-                 std::lock_guard<std::mutex> lock(e.mutex());
-                 return e.job_ids();
-             })
-        .def("process", &process_one, "data"_a, "sender"_a, "framing_ok"_a = true)
+            "[(job_id, epoch, slot_base, slot_count, members, uplink or None, n_children, "
+            "atp_peer or None)]")
+        .def("job_ids", [](inagg::Engine& e) {
+            std::lock_guard<std::mutex> lock(e.mutex());
+            return e.job_ids();
+        });
+}
+
+void bind_engine(nb::module_& m) {
+    bind_outcomes(m);
+    nb::class_<inagg::Engine> engine(m, "Engine", "The slot engine (native/engine.hpp)");
+    engine
+        .def(nb::init<uint32_t, uint32_t, bool>(), "n_slots"_a, "values_per_packet"_a,
+             "host_mode"_a)
+        .def_prop_ro("n_slots", &inagg::Engine::n_slots)
+        .def_prop_ro("values_per_packet", &inagg::Engine::values_per_packet);
+    bind_engine_config(engine);
+    engine.def("process", &process_one, "data"_a, "sender"_a, "framing_ok"_a = true)
         .def("process_batch", &process_batch, "data"_a, "lengths"_a, "senders"_a, "framing_ok"_a)
         .def_prop_ro("last_outcome",
                      [](inagg::Engine& e) { return static_cast<int>(e.last_outcome()); })

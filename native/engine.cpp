@@ -52,7 +52,8 @@ std::string slots_text(const JobConfig& job) {
            std::to_string(job.slot_base + job.slot_count) + ")";
 }
 
-// JobConfig.validate: the first bad field, with the Python engine's message.
+// JobConfig.validate: the first bad field, with the Python engine's message. `n_slots`: the
+// slots its range must fit (the host's for an ATP job on a switch: slot_space in Python).
 void validate(const JobConfig& job, uint32_t n_slots) {
     std::string name = "job " + std::to_string(job.job_id) + ": ";
     if (job.job_id < 1 || job.job_id > 0xFFFF) {
@@ -79,6 +80,11 @@ void validate(const JobConfig& job, uint32_t n_slots) {
     if (job.n_children < 0 || job.n_children > int64_t(n)) {
         throw std::invalid_argument(name + "n_children must be in 0.." + std::to_string(n));
     }
+    if (job.has_atp_peer && (job.has_uplink || job.n_children)) {
+        throw std::invalid_argument(name +
+                                    "ATP sharing and an aggregation tree do not mix: give the job "
+                                    "an atp_peer or an uplink, not both");
+    }
     if (!job.has_uplink) return;
     const Uplink& up = job.uplink;
     if (up.rank < 0 || up.rank >= int64_t(kMaxWorkers)) {
@@ -92,10 +98,6 @@ void validate(const JobConfig& job, uint32_t n_slots) {
     }
 }
 
-bool overlaps(const JobConfig& a, const JobConfig& b) {
-    return a.slot_base < b.slot_base + b.slot_count && b.slot_base < a.slot_base + a.slot_count;
-}
-
 }  // namespace
 
 const char* outcome_name(Outcome outcome) {
@@ -103,7 +105,7 @@ const char* outcome_name(Outcome outcome) {
         "",           "first",        "add",       "stale_round", "dup_pending", "dup_done",
         "bad_round",  "dup_upstream", "bad_type",  "bad_worker",  "stale_epoch", "bad_slot",
         "bad_length", "bad_encap",    "truncated", "bad_version", "unknown_job", "parent_result",
-        "dup_result"};
+        "dup_result", "collision",    "ack",       "switch_sum"};
     return names.at(static_cast<size_t>(outcome));
 }
 
@@ -116,7 +118,10 @@ bool is_drop(Outcome outcome) {
         case Outcome::DupDone:
         case Outcome::DupUpstream:
         case Outcome::ParentResult:
-        case Outcome::DupResult: return false;
+        case Outcome::DupResult:
+        case Outcome::Collision:
+        case Outcome::Ack:
+        case Outcome::SwitchSum: return false;
         default: return true;
     }
 }
@@ -147,6 +152,7 @@ Engine::Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode)
         throw std::invalid_argument("values_per_packet must be >= 1");
     }
     tag_.assign(n_slots, 0);
+    pool_round_.assign(n_slots, 0);
     for (SetState& set : sets_) {
         set.bitmap.assign(n_slots, 0);
         set.seen.assign(n_slots, 0);
@@ -163,9 +169,10 @@ Engine::Engine(uint32_t n_slots, uint32_t values_per_packet, bool host_mode)
 // -- configuration ---------------------------------------------------------------------------
 
 void Engine::set_job(const JobConfig& job) {
-    validate(job, n_slots_);
+    validate(job, job.has_atp_peer && !result_flags_ ? kMaxSlot + 1 : n_slots_);
+    check_atp(job);
     for (const auto& [id, other] : jobs_) {
-        if (id != job.job_id && overlaps(other, job)) {
+        if (id != job.job_id && shares_slots(other, job)) {
             throw std::invalid_argument("job " + std::to_string(job.job_id) + ": slots " +
                                         slots_text(job) + " overlap job " + std::to_string(id));
         }
@@ -228,16 +235,22 @@ Emit Engine::drop_job(JobCounters& ctr, Outcome reason) {
 }
 
 // The per-job checks in the order of the P4 program's JobAdmission; None when admitted. A
-// RESULT is admitted only on a job with an uplink: from its parent, in the parent's slots.
+// RESULT is admitted only on a job with an uplink: from its parent, in the parent's slots, or on
+// an ATP job at a switch from its host aggregator.
 Outcome Engine::admission(const JobConfig& job, const uint8_t* data, size_t len, SenderId sender,
                           bool framing_ok) const {
     Header h = read_header(data);
     bool from_parent = h.msg_type == kMsgResult && job.has_uplink;
-    if (h.msg_type != kMsgContribution && !from_parent) {
+    bool peer = from_peer(job, h);
+    if (h.msg_type != kMsgContribution && !from_parent && !peer) {
         return Outcome::BadType;
     }
-    if (from_parent ? sender != job.uplink.parent
-                    : h.worker >= job.members.size() || job.members[h.worker] != sender) {
+    if (from_parent || peer) {
+        if (sender != (from_parent ? job.uplink.parent : job.atp_peer) ||
+            (peer && h.worker >= job.members.size())) {
+            return Outcome::BadWorker;
+        }
+    } else if (h.worker >= job.members.size() || job.members[h.worker] != sender) {
         return Outcome::BadWorker;
     }
     if (h.epoch != job.epoch) {
@@ -274,10 +287,22 @@ Emit Engine::process(const uint8_t* data, size_t len, SenderId sender, bool fram
     if (refused != Outcome::None) {
         return drop_job(ctr, refused);
     }
-    if (h.msg_type == kMsgResult) {  // the parent's slot -> ours
-        h.slot = static_cast<uint32_t>(h.slot - job.uplink.slot_base + job.slot_base);
+    if (job.has_atp_peer && !result_flags_) {
+        return atp_switch(job, ctr, h, data, len, out);
     }
-    return aggregate(job, ctr, h, data + kHeaderBytes, out);
+    Emit emit;
+    if (job.has_atp_peer && from_peer(job, h)) {
+        emit = switch_sum(job, ctr, h, data + kHeaderBytes, out);
+    } else {
+        if (h.msg_type == kMsgResult) {  // the parent's slot -> ours
+            h.slot = static_cast<uint32_t>(h.slot - job.uplink.slot_base + job.slot_base);
+        }
+        emit = aggregate(job, ctr, h, data + kHeaderBytes, out);
+    }
+    if (job.has_atp_peer && last_outcome_ == Outcome::StaleRound) {
+        return atp_release(job, h, out);
+    }
+    return emit;
 }
 
 // The slot decision for an admitted contribution (one row of the decision table), or for the
@@ -352,8 +377,15 @@ Emit Engine::joined(const JobConfig& job, JobCounters& ctr, const Header& h, uin
     if (job.has_uplink) {  // this level's part: up
         return Emit{h.job, kUpstream, write_upstream(slot, h.set, job, 0, out)};
     }
-    return Emit{h.job, kEveryMember, write_result(slot, h.set, job, h.worker, 0, out),
-                owner(slot, h.set)};
+    return every_member(job, slot, h.set, h.worker, out, owner(slot, h.set));
+}
+
+// The round in (slot, s) complete: its result to every member, its values to `owner` alone where
+// the round has one (a reduce-scatter's; kNoOwner: to every member).
+Emit Engine::every_member(const JobConfig& job, uint32_t slot, int s, uint8_t worker, uint8_t* out,
+                          int32_t owner) {
+    return Emit{static_cast<uint16_t>(job.job_id), kEveryMember,
+                write_result(slot, s, job, worker, 0, out), owner};
 }
 
 // The first packet of a new owner/epoch in a slot resets it.

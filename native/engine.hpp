@@ -57,8 +57,11 @@ enum class Outcome : uint8_t {
     UnknownJob = 16,    // drop, no job: job not configured here
     ParentResult = 17,  // the parent's result for a round sent up: stored, sent to every member
     DupResult = 18,     // the parent's result again, already stored: drop
+    Collision = 19,     // ATP, switch: the round's aggregator is another's: the packet goes up
+    Ack = 20,           // ATP, switch: the host aggregator's result passes (frees its aggregator)
+    SwitchSum = 21,     // ATP, host aggregator: a switch's complete sum, stored and multicast
 };
-constexpr size_t kOutcomes = 19;
+constexpr size_t kOutcomes = 22;
 
 // "first", "add", ..., "unknown_job": the names the Python engine and the counters use.
 const char* outcome_name(Outcome outcome);
@@ -103,12 +106,17 @@ struct JobConfig {
     // Contributions that complete a round (0: every member): a tree's switch knows its
     // children by sparse ids, the other members are placeholders no sender matches.
     int64_t n_children = 0;
+    // ATP sharing (hostlib/aggregator/atp_reference.py): on a switch the host aggregator whose
+    // results free the pool's aggregators, on the host aggregator the switch whose sums it takes.
+    bool has_atp_peer = false;
+    SenderId atp_peer = 0;
 
     size_t children() const { return n_children ? size_t(n_children) : members.size(); }
     bool operator==(const JobConfig& o) const {
         return job_id == o.job_id && epoch == o.epoch && slot_base == o.slot_base &&
                slot_count == o.slot_count && members == o.members && has_uplink == o.has_uplink &&
-               (!has_uplink || uplink == o.uplink) && n_children == o.n_children;
+               (!has_uplink || uplink == o.uplink) && n_children == o.n_children &&
+               has_atp_peer == o.has_atp_peer && (!has_atp_peer || atp_peer == o.atp_peer);
     }
 };
 
@@ -119,6 +127,7 @@ struct JobCounters {
     uint64_t duplicates = 0;
     uint64_t results = 0;
     uint64_t resent_results = 0;
+    uint64_t collisions = 0;  // ATP: contributions whose aggregator another round held
     std::array<uint64_t, kOutcomes> drops{};
 };
 
@@ -179,6 +188,11 @@ public:
     void replace_jobs(const std::vector<JobConfig>& wanted);
     const JobConfig* job(uint16_t job_id) const;  // nullptr when not configured
     std::vector<uint16_t> job_ids() const;
+    // A switch's slots [base, base + count) for ATP jobs (count 0: none); throws
+    // std::invalid_argument on the host aggregator, outside the slots, over a window job's.
+    void set_atp_pool(int64_t base, int64_t count);
+    // Aggregators of the pool a live round holds (its job and epoch still configured).
+    size_t atp_held() const;
 
     // -- data path --
     // One received inagg packet (header + payload) from `sender`; framing_ok false: the
@@ -234,6 +248,23 @@ private:
     size_t write_upstream(uint32_t slot, int s, const JobConfig& job, uint8_t extra_flags,
                           uint8_t* out) const;
     size_t write_round(uint32_t slot, int s, const JobConfig& job, Header h, uint8_t* out) const;
+    Emit every_member(const JobConfig& job, uint32_t slot, int s, uint8_t worker, uint8_t* out,
+                      int32_t owner = kNoOwner);
+
+    // ATP sharing (native/engine_atp.cpp; hostlib/aggregator/atp_reference.py's twin).
+    bool from_peer(const JobConfig& job, const Header& h) const;
+    void check_atp(const JobConfig& job) const;
+    bool shares_slots(const JobConfig& a, const JobConfig& b) const;
+    bool atp_free(uint64_t owner) const;
+    Emit atp_switch(const JobConfig& job, JobCounters& ctr, const Header& h, const uint8_t* data,
+                    size_t len, uint8_t* out);
+    Emit atp_joined(const JobConfig& job, JobCounters& ctr, const Header& h, uint32_t a,
+                    uint8_t* out);
+    Emit atp_up_sum(const JobConfig& job, const Header& h, uint32_t a, uint8_t extra_flags,
+                    uint8_t* out) const;
+    Emit switch_sum(const JobConfig& job, JobCounters& ctr, const Header& h, const uint8_t* payload,
+                    uint8_t* out);
+    Emit atp_release(const JobConfig& job, const Header& h, uint8_t* out) const;
 
     uint32_t n_slots_, k_;
     uint8_t result_flags_;
@@ -241,7 +272,9 @@ private:
     std::map<uint16_t, JobCounters> counters_;
     std::array<uint64_t, kOutcomes> global_drops_{};
     Outcome last_outcome_ = Outcome::None;
-    std::vector<uint32_t> tag_;  // (job_id << 16) | epoch of each slot's owner
+    std::vector<uint32_t> tag_;               // (job_id << 16) | epoch of each slot's owner
+    int64_t pool_base_ = 0, pool_count_ = 0;  // the switch's ATP pool
+    std::vector<uint64_t> pool_round_;        // an ATP pool slot's round (atp_identity), 0 free
     std::array<SetState, 2> sets_;
     std::mutex mutex_;
 };

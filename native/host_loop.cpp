@@ -95,7 +95,14 @@ void HostLoop::serve_batch(size_t received) {
         if (!emit.length) {
             continue;
         }
-        const std::vector<SenderId>& members = engine_.job(emit.job)->members;
+        const JobConfig& job = *engine_.job(emit.job);
+        if (emit.rank == kUpstream) {  // an ATP job's release: to its switch alone
+            if (job.has_atp_peer && !lost()) {
+                b.out.push_back(Buffers::Outgoing{at, emit.length, address_of(job.atp_peer)});
+            }
+            continue;
+        }
+        const std::vector<SenderId>& members = job.members;
         size_t first = emit.rank < 0 ? 0 : static_cast<size_t>(emit.rank);
         size_t end = emit.rank < 0 ? members.size() : first + 1;
         for (size_t r = first; r < end; ++r) {

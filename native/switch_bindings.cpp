@@ -228,6 +228,39 @@ void bind_l2_tables(PipelineClass& cls) {
         });
 }
 
+// ATP (docs/atp.md): the pool (tables and engine) and the ATP jobs' admissions.
+void bind_atp(PipelineClass& cls) {
+    cls.def(
+           "set_atp_pool",
+           [](SwitchPipeline& p, uint16_t base, uint16_t count, uint32_t host_addr,
+              uint16_t host_port, uint64_t switch_mac, uint32_t switch_addr,
+              uint16_t switch_udp_port) {
+               locked(p, [&](SwitchPipeline& q) {
+                   q.engine().set_atp_pool(base, count);  // throws before the tables change
+                   q.tables().atp = inagg::AtpPool{
+                       base, count, host_addr, host_port, switch_mac, switch_addr, switch_udp_port};
+               });
+           },
+           "The pool [base, base + count) (0: none), the host aggregator's IPv4 and UDP port, "
+           "the switch's aggregator MAC, IPv4 and UDP port; ValueError if the engine refuses")
+        .def(
+            "set_atp_jobs",
+            [](SwitchPipeline& p, const std::vector<std::tuple<uint16_t, uint8_t, uint8_t>>& jobs) {
+                with_tables(p, [&](SwitchTables& t) {
+                    t.atp_jobs.clear();
+                    for (const auto& [id, index, n_workers] : jobs)
+                        t.atp_jobs[id] = inagg::AtpAdmit{index, n_workers};
+                });
+            },
+            "jobs"_a, "[(job_id, job_index, n_workers)]: every ATP job the switch admits")
+        .def(
+            "atp_held",
+            [](SwitchPipeline& p) {
+                return locked(p, [](SwitchPipeline& q) { return q.engine().atp_held(); });
+            },
+            "Aggregators of the pool a live round holds");
+}
+
 // The slot engine's jobs, the counters and the per-frame slow path.
 void bind_engine_and_counters(PipelineClass& cls) {
     using Uplink = std::optional<std::pair<int64_t, int64_t>>;  // (rank, slot_base) at the parent
@@ -235,12 +268,15 @@ void bind_engine_and_counters(PipelineClass& cls) {
            "replace_jobs",
            [](SwitchPipeline& p,
               const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t,
-                                           std::vector<inagg::SenderId>, Uplink, int64_t>>&
+                                           std::vector<inagg::SenderId>, Uplink, int64_t, bool>>&
                   wanted) {
                std::vector<inagg::JobConfig> jobs;
-               for (const auto& [id, epoch, base, count, members, uplink, n_children] : wanted) {
+               for (const auto& [id, epoch, base, count, members, uplink, n_children, atp] :
+                    wanted) {
                    inagg::JobConfig job{id, epoch, base, count, members};
                    job.n_children = n_children;
+                   job.has_atp_peer = atp;
+                   job.atp_peer = atp ? inagg::kAtpPeerSender : 0;
                    if (uplink) {
                        job.has_uplink = true;
                        job.uplink =
@@ -252,7 +288,8 @@ void bind_engine_and_counters(PipelineClass& cls) {
            },
            "jobs"_a,
            "[(job_id, epoch, slot_base, slot_count, members, (rank, slot_base) of the "
-           "uplink or None, n_children)]; ValueError if the slot pool cannot hold them")
+           "uplink or None, n_children, ATP: the host aggregator is its atp_peer)]; ValueError "
+           "if the slot pool cannot hold them")
         .def("job_ids",
              [](SwitchPipeline& p) {
                  return locked(p, [](SwitchPipeline& q) { return q.engine().job_ids(); });
@@ -301,6 +338,7 @@ void bind_pipeline(nb::module_& m) {
     bind_uplink_table(cls);
     bind_guard_table(cls);
     bind_l2_tables(cls);
+    bind_atp(cls);
     bind_engine_and_counters(cls);
 }
 

@@ -37,17 +37,29 @@ constexpr uint8_t kEncapNone = 0, kEncapUdp = 1, kEncapRoce = 2;
 // Where the frame's UDP datagram ends, as its UDP length says.
 inline size_t udp_end(const uint8_t* f) { return kUdpAt + load_be16(f + kUdpAt + kUdpLength); }
 
+// The parser reaches UDP: IPv4 without options, not a later fragment, protocol UDP.
+inline bool parses_udp(const uint8_t* f, size_t len) {
+    return len >= kInaggAt && load_be16(f + kEthType) == 0x0800 && f[kIpAt] == 0x45 &&
+           (load_be16(f + kIpAt + kIpFragment) & 0x1FFF) == 0 && f[kIpAt + kIpProtocol] == 17;
+}
+
 // InaggParser: the encapsulation code when the inagg header follows, else kEncapNone.
 inline uint8_t parse_encap(const uint8_t* f, size_t len) {
-    if (len < kInaggAt || load_be16(f + kEthType) != 0x0800 || f[kIpAt] != 0x45 ||
-        (load_be16(f + kIpAt + kIpFragment) & 0x1FFF) != 0 || f[kIpAt + kIpProtocol] != 17)
-        return kEncapNone;
+    if (!parses_udp(f, len)) return kEncapNone;
     uint16_t dport = load_be16(f + kUdpAt + kUdpDstPort);
     if (dport == kInaggUdpPort) return kEncapUdp;
     if (dport == kRoceUdpPort && len >= kRoceInaggAt && f[kInaggAt] == kRoceOpcodeUcWriteOnlyImm &&
         load_be32(f + kRoceInaggAt - 4) == kRoceInaggImmediate)
         return kEncapRoce;
     return kEncapNone;
+}
+
+// A UDP frame to or from `atp_port` (the host aggregator's, AtpPool; 0: none), which the parser
+// takes as inagg (UDP) unless parse_encap takes it as RoCE.
+inline bool atp_frame(const uint8_t* f, size_t len, uint16_t atp_port) {
+    return atp_port && parses_udp(f, len) &&
+           (load_be16(f + kUdpAt + kUdpDstPort) == atp_port ||
+            load_be16(f + kUdpAt + kUdpSrcPort) == atp_port);
 }
 
 }  // namespace inagg::frame

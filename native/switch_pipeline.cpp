@@ -20,9 +20,14 @@ SwitchPipeline::SwitchPipeline(uint32_t n_slots, uint32_t values_per_packet,
 
 void SwitchPipeline::process(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
     uint8_t encap = parse_encap(f, len);
+    bool atp =
+        encap != kEncapRoce && atp_frame(f, len, tables_.atp.count ? tables_.atp.host_port : 0);
+    if (atp) encap = kEncapUdp;
     if (source_guard(port, f, len, encap)) return;
     if (encap == kEncapNone) {
         forwarding(port, f, len, out);
+    } else if (atp) {
+        atp_admission(port, f, len, out);
     } else {
         admission(port, f, len, encap, out);
     }
@@ -101,19 +106,24 @@ static void forward_copy(uint16_t port, const uint8_t* f, size_t len, int checks
     store_be16(copy + kIpAt + kIpChecksum, static_cast<uint16_t>(checksum));
 }
 
-void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
-    if (len < kEth) return;
-    auto hit = tables_.l2.find(load_be48(f));
+template <class Send>
+void SwitchPipeline::each_l2_port(uint16_t port, uint64_t dst_mac, Send send) const {
+    auto hit = tables_.l2.find(dst_mac);
     const L2Action& action = hit == tables_.l2.end() ? tables_.l2_default : hit->second;
-    int checksum = deparsed_ipv4_checksum(f, len);
     if (action.kind == L2Kind::Forward) {
-        if (action.arg != kDropPort) forward_copy(action.arg, f, len, checksum, out);
+        if (action.arg != kDropPort) send(action.arg);
     } else if (action.kind == L2Kind::Flood) {
         auto group = tables_.groups.find(action.arg);
         if (group == tables_.groups.end()) return;
         for (const Replica& r : group->second)
-            if (r.port != port) forward_copy(r.port, f, len, checksum, out);
+            if (r.port != port) send(r.port);
     }
+}
+
+void SwitchPipeline::forwarding(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
+    if (len < kEth) return;
+    int checksum = deparsed_ipv4_checksum(f, len);
+    each_l2_port(port, load_be48(f), [&](uint16_t to) { forward_copy(to, f, len, checksum, out); });
 }
 
 void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint8_t encap,
@@ -134,7 +144,7 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
     }
     const JobAdmit& admit = admitted->second;
     if (encap != admit.encap) {
-        count_outcome(admit, Outcome::BadEncap, false);
+        count_outcome(admit.job_index, Outcome::BadEncap, false);
         return;
     }
     // The inagg bytes end where UDP says (RoCE: before the ICRC, and RETH's DMA length must
@@ -153,7 +163,7 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
     Emit emit = engine_.process(f + at, std::min(inagg_end, len) - at, sender(port, f, at),
                                 framing_ok, result_.data());
     Outcome outcome = engine_.last_outcome();
-    count_outcome(admit, outcome, emit.length != 0);
+    count_outcome(admit.job_index, outcome, emit.length != 0);
     if (!emit.length) return;
     if (emit.rank == kUpstream) {
         upstream_send(f, len, encap, emit.job, emit.length, out);
@@ -162,11 +172,69 @@ void SwitchPipeline::admission(uint16_t port, const uint8_t* f, size_t len, uint
     }
 }
 
-SenderId SwitchPipeline::sender(uint16_t port, const uint8_t* f, size_t at) const {
+// ATP (pipeline_reference.py: SoftPipeline.atp_admission): an ATP job's contribution or the
+// host aggregator's RESULT through the engine; anything else to admission when it is to the
+// inagg port, else forwarded untouched. What goes up
+// is the contribution itself (forwarded on) or a complete sum (atp_sum); a RESULT frees its
+// aggregator and goes on, unless it is addressed to this switch (a release).
+void SwitchPipeline::atp_admission(uint16_t port, const uint8_t* f, size_t len, OutputBatch& out) {
+    auto hit = len >= kInaggAt + kHeaderBytes ? tables_.atp_jobs.find(header_job(f + kInaggAt))
+                                              : tables_.atp_jobs.end();
+    if (hit == tables_.atp_jobs.end() || header_version(f + kInaggAt) != kVersion) {
+        if (load_be16(f + kUdpAt + kUdpDstPort) == kInaggUdpPort) {  // the switch's own job's
+            admission(port, f, len, kEncapUdp, out);
+        } else {
+            forwarding(port, f, len, out);
+        }
+        return;
+    }
+    const AtpAdmit& admit = hit->second;
+    size_t inagg_end = udp_end(f);
+    bool framing_ok = inagg_end >= kInaggAt + kHeaderBytes;  // else bad_length, as in admission
+    inagg_end = std::max(inagg_end, kInaggAt + kHeaderBytes);
+    Emit emit = engine_.process(f + kInaggAt, std::min(inagg_end, len) - kInaggAt,
+                                sender(port, f, kInaggAt, true), framing_ok, result_.data());
+    Outcome outcome = engine_.last_outcome();
+    bool sums = emit.length && (outcome == Outcome::Add || outcome == Outcome::DupUpstream ||
+                                (outcome == Outcome::First && admit.n_workers == 1));
+    count_outcome(admit.job_index, outcome, sums);
+    if ((f[kInaggAt + field::kVersionType] & 0xF) == kMsgResult) {
+        if (load_be32(f + kIpAt + kIpDst) != tables_.atp.switch_addr) forwarding(port, f, len, out);
+    } else if (sums) {
+        atp_sum(port, f, len, emit.length, out);
+    } else if (emit.length) {
+        forwarding(port, f, len, out);
+    }
+}
+
+// The completing contribution's frame from this switch's aggregator address, the sum as its
+// payload, forwarded as the contribution would be; lengths and trailer as for a result.
+void SwitchPipeline::atp_sum(uint16_t port, const uint8_t* f, size_t len, size_t result_len,
+                             OutputBatch& out) {
+    const AtpPool& p = tables_.atp;
+    ReplicaAddress host{
+        load_be48(f + kEthDst), load_be32(f + kIpAt + kIpDst), false, p.host_port, 0, 0};
+    size_t end = udp_end(f);
+    size_t trailer = len > end ? len - end : 0;
+    size_t frame_len = result_frame_len(kEncapUdp, result_len);
+    each_l2_port(port, host.mac, [&](uint16_t to) {
+        uint8_t* o = out.reserve(to, frame_len + trailer);
+        write_from_switch(f, kEncapUdp, host, p.switch_mac, p.switch_addr, p.switch_udp_port,
+                          result_len, o);
+        std::memcpy(o + frame_len, f + end, trailer);
+    });
+}
+
+SenderId SwitchPipeline::sender(uint16_t port, const uint8_t* f, size_t at, bool atp) const {
     uint32_t addr = load_be32(f + kIpAt + kIpSrc);
     uint64_t mac = load_be48(f + kEthSrc);
     uint16_t udp_port = load_be16(f + kUdpAt + kUdpSrcPort);
-    if ((f[at + field::kVersionType] & 0xF) == kMsgResult) {  // the parent's, in a tree
+    bool result = (f[at + field::kVersionType] & 0xF) == kMsgResult;
+    if (result && atp) {  // the host aggregator's
+        const AtpPool& p = tables_.atp;
+        return addr == p.host_addr && udp_port == p.host_port ? kAtpPeerSender : kForgedSender;
+    }
+    if (result) {  // the parent's, in a tree
         auto up = tables_.uplinks.find(header_job(f + at));
         if (up == tables_.uplinks.end()) return kForgedSender;
         const UplinkEntry& u = up->second;
@@ -187,8 +255,7 @@ void SwitchPipeline::count_global(Outcome reason) {
         counters_.count(Counter::GlobalDrops, size_t(code));
 }
 
-void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool result) {
-    size_t job = admit.job_index;
+void SwitchPipeline::count_outcome(size_t job, Outcome outcome, bool result) {
     counters_.count(Counter::JobPackets, job);
     if (outcome == Outcome::First || outcome == Outcome::Add) {
         counters_.count(Counter::JobAggregated, job);
@@ -198,6 +265,8 @@ void SwitchPipeline::count_outcome(const JobAdmit& admit, Outcome outcome, bool 
         counters_.count(Counter::JobDuplicates, job);
     } else if (int code = p4_drop_code(outcome); code >= 0) {
         counters_.count(Counter::JobDrops, job * n_drop_reasons_ + size_t(code));
+    } else if (outcome == Outcome::Collision) {
+        counters_.count(Counter::JobCollisions, job);
     }
 }
 
@@ -251,17 +320,23 @@ void SwitchPipeline::upstream_send(const uint8_t* f, size_t len, uint8_t encap, 
     size_t frame_len = result_frame_len(encap, result_len);
     uint8_t* o = out.reserve(u.port, frame_len + trailer);
     ReplicaAddress parent{u.mac, u.addr, false, u.udp_port, 0, 0};
-    write_result_frame(f, encap, &parent, result_len, o);
-    store_be48(o + kEthSrc, u.src_mac);
-    store_be32(o + kIpAt + kIpSrc, u.src_addr);
-    store_be16(o + kUdpAt + kUdpSrcPort, u.src_udp_port);
+    write_from_switch(f, encap, parent, u.src_mac, u.src_addr, u.src_udp_port, result_len, o);
+    std::memcpy(o + frame_len, f + end, trailer);
+}
+
+void SwitchPipeline::write_from_switch(const uint8_t* f, uint8_t encap, const ReplicaAddress& dst,
+                                       uint64_t src_mac, uint32_t src_addr, uint16_t src_udp_port,
+                                       size_t result_len, uint8_t* o) const {
+    write_result_frame(f, encap, &dst, result_len, o);
+    store_be48(o + kEthSrc, src_mac);
+    store_be32(o + kIpAt + kIpSrc, src_addr);
+    store_be16(o + kUdpAt + kUdpSrcPort, src_udp_port);
     store_be16(o + kIpAt + kIpChecksum, 0);
     store_be16(o + kIpAt + kIpChecksum, ipv4_checksum(o + kIpAt));
     if (encap == kEncapRoce) {
         size_t udp_len = load_be16(o + kUdpAt + kUdpLength);
         roce_icrc(o + kIpAt, kIp + udp_len, o + kRoceInaggAt + result_len);
     }
-    std::memcpy(o + frame_len, f + end, trailer);
 }
 
 size_t SwitchPipeline::result_frame_len(uint8_t encap, size_t result_len) {

@@ -77,6 +77,9 @@ constexpr SenderId kForgedSender = SenderId(1) << 62;
 // A RESULT from the address uplink_table names as the job's parent (docs/trees.md): the
 // engine's uplink parent of every job with an uplink.
 constexpr SenderId kParentSender = SenderId(1) << 61;
+// A RESULT to or from the host aggregator's port from its address (AtpPool): the engine's
+// atp_peer of every ATP job.
+constexpr SenderId kAtpPeerSender = SenderId(1) << 60;
 
 class SwitchPipeline {
 public:
@@ -100,12 +103,21 @@ private:
     // ...the TNA program's (guard_rows): the reason of the first row the frame matches, or -1.
     int guard_row_reason(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap) const;
     void forwarding(uint16_t port, const uint8_t* frame, size_t len, OutputBatch& out);
+    // Calls send(p) for each port l2_table sends a frame to dst_mac that came in on `port` out of.
+    template <class Send>
+    void each_l2_port(uint16_t port, uint64_t dst_mac, Send send) const;
     void admission(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
                    OutputBatch& out);
-    // The engine's id of the sender of an inagg frame, for the rank it claims (see above).
-    SenderId sender(uint16_t port, const uint8_t* frame, size_t at) const;
+    // A frame to or from the host aggregator's port: an ATP job's through the engine.
+    void atp_admission(uint16_t port, const uint8_t* frame, size_t len, OutputBatch& out);
+    // A complete sum up to the host aggregator, from this switch's aggregator address.
+    void atp_sum(uint16_t port, const uint8_t* frame, size_t len, size_t result_len,
+                 OutputBatch& out);
+    // The engine's id of the sender of an inagg frame, for the rank it claims (see above);
+    // `atp`: the frame is to or from the host aggregator's port.
+    SenderId sender(uint16_t port, const uint8_t* frame, size_t at, bool atp = false) const;
     void count_global(Outcome reason);
-    void count_outcome(const JobAdmit& admit, Outcome outcome, bool result);
+    void count_outcome(size_t job, Outcome outcome, bool result);
     void replicate(uint16_t port, const uint8_t* frame, size_t len, uint8_t encap,
                    const JobAdmit& admit, bool unicast, const Emit& emit, OutputBatch& out);
     void upstream_send(const uint8_t* frame, size_t len, uint8_t encap, uint16_t job_id,
@@ -113,6 +125,10 @@ private:
     static size_t result_frame_len(uint8_t encap, size_t result_len);
     void write_result_frame(const uint8_t* frame, uint8_t encap, const ReplicaAddress* rewrite,
                             size_t result_len, uint8_t* out, size_t cut = 0) const;
+    // write_result_frame to `dst` with this switch's aggregator address as the source.
+    void write_from_switch(const uint8_t* frame, uint8_t encap, const ReplicaAddress& dst,
+                           uint64_t src_mac, uint32_t src_addr, uint16_t src_udp_port,
+                           size_t result_len, uint8_t* out) const;
 
     SwitchTables tables_;
     Engine engine_;

@@ -82,6 +82,27 @@ struct GuardRow {
     }
 };
 
+// The switch's ATP state (docs/atp.md; pipeline_reference.py's AtpPool): its slots for ATP jobs'
+// rounds (count 0: none, and no frame is taken for ATP), the host aggregator those jobs' workers
+// address (IPv4, UDP port: a frame to or from that port is inagg too) and this switch's
+// aggregator address, the source of the sums it sends up (the host aggregator's atp_peer).
+struct AtpPool {
+    uint16_t base = 0;
+    uint16_t count = 0;
+    uint32_t host_addr = 0;
+    uint16_t host_port = 0;
+    uint64_t switch_mac = 0;
+    uint32_t switch_addr = 0;
+    uint16_t switch_udp_port = 0;
+};
+
+// What the pipeline needs of an ATP job's admission (pipeline_reference.py's AtpAdmit; its
+// window, epoch and ranks are the engine's).
+struct AtpAdmit {
+    uint8_t job_index = 0;
+    uint8_t n_workers = 0;
+};
+
 // l2_table's actions (Forwarding); `arg` is the port of forward or the group of flood.
 // A forward to kDropPort leaves nowhere: v1model's drop port (BMv2 drops a packet whose
 // egress_spec is 511), and on Tofino a port no pipe has (P4Testgen's tests expect a drop).
@@ -108,6 +129,8 @@ struct SwitchTables {
     std::unordered_map<uint16_t, std::vector<GuardRow>> guard_rows;  // ingress port: by priority
     L2Action l2_default;
     std::unordered_map<uint16_t, std::vector<Replica>> groups;  // multicast group id
+    AtpPool atp;
+    std::unordered_map<uint16_t, AtpAdmit> atp_jobs;  // job_id
 
     static uint32_t replica_key(uint16_t job_id, uint16_t replica) {
         return uint32_t(job_id) << 16 | replica;
@@ -125,9 +148,10 @@ enum class Counter : uint8_t {
     JobResults,
     JobDrops,
     GlobalDrops,
-    GuardDrops  // SourceGuard's, by GUARD_DROP_* (size 0 where the program has no guard)
+    GuardDrops,    // SourceGuard's, by GUARD_DROP_* (size 0 where the program has no guard)
+    JobCollisions  // ATP's (size 0 where the program has no ATP pool)
 };
-constexpr size_t kCounters = size_t(Counter::GuardDrops) + 1;
+constexpr size_t kCounters = size_t(Counter::JobCollisions) + 1;
 
 // Indexed packet counters. One thread counts at a time (the switch's lock); Python reads them
 // through array views at any time, so each cell is written with a relaxed atomic store and an

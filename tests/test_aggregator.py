@@ -12,7 +12,7 @@ import pytest
 from inagg.hostlib.aggregator.server import HostAggregator, default_values_per_packet, main as aggregator_main
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 from inagg.hostlib.wire.grant import Grant, values_for_mtu
-from inagg.hostlib.wire.protocol import build_contribution
+from inagg.hostlib.wire.protocol import FLAG_FROM_SWITCH, MSG_RESULT, build_contribution, round_fields, unpack_header
 from inagg.hostlib.worker.stream import NativeSlotStream
 from inagg.hostlib.worker.call_protocol import CallRefused
 from inagg.hostlib.worker.rounds import CongestionWindow, WindowControl
@@ -245,3 +245,35 @@ def test_a_bad_host_job_in_the_controller_feed_never_keeps_the_others_from_being
     fixed = pb.HostJob(job_id=2, epoch=2, slot_base=0, slot_count=8, workers=["127.0.0.1:6000", "127.0.0.1:6001"])
     assert apply_snapshot(eng, [moved, fixed]) == {}          # two jobs swap slots in one snapshot
     assert {j: (c.epoch, c.slot_base) for j, c in eng.jobs.items()} == {1: (2, 8), 2: (2, 0)}
+
+
+def test_an_atp_jobs_release_goes_to_its_switch_alone():
+    """An ATP job (docs/atp.md) on the native loop: the switch's sum of a round goes to every
+    member; a stale packet's release (a header-only result of its round) goes to the switch's
+    address only, never to a worker, whose checks an old round's result could pass."""
+    workers = [UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0)) for _ in range(2)]
+    switch = UdpTransport(("127.0.0.1", 0), bind=("127.0.0.1", 0))
+    eng = AggregationEngine(8, K)
+    eng.set_job(JobConfig(3, 1, 0, 4, tuple(w.address for w in workers), atp_peer=switch.address))
+    agg = HostAggregator(("127.0.0.1", 0), eng)
+    thread = threading.Thread(target=agg.serve, daemon=True)
+    thread.start()
+    buf = bytearray(65536)
+    try:
+        for t in (*workers, switch):
+            t.retarget(agg.address)
+        switch.send(build_contribution(3, 1, 1, 2, 0, 0, np.full(K, 5, np.int32), K, flags=FLAG_FROM_SWITCH))
+        for w in workers:
+            assert w.recv_into(buf, 5.0) == 16 + 4 * K and np.all(np.frombuffer(buf, ">i4", K, 16) == 5)
+        _, late = round_fields(14)                     # an older round's tag on the same set
+        workers[0].send(build_contribution(3, 0, 1, 2, 0, 0, np.ones(K, np.int32), K, flags=late))
+        assert switch.recv_into(buf, 5.0) == 16
+        h = unpack_header(bytes(buf[:16]))
+        assert (h.msg_type, h.job_id, h.slot, h.count) == (MSG_RESULT, 3, 2, 0)
+        assert all(w.recv_into(buf, 0.2) == 0 for w in workers)
+        assert agg.report()["jobs"][3]["drops"] == {"stale_round": 1}
+    finally:
+        agg.stop()
+        thread.join(5)
+        for t in (*workers, switch):
+            t.close()

@@ -1,5 +1,6 @@
 """native/engine.hpp is a plain C++17 API (the packet loops use it without Python): a small C++
-program built against engine.cpp alone completes a round and reads the result and counters."""
+program built against the engine's sources alone (engine.cpp, engine_atp.cpp and the CRC-32 of
+checksums.cpp) completes a round and reads the result and counters."""
 
 import shutil
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 NATIVE = Path(__file__).resolve().parents[1] / "native"
+ENGINE_SOURCES = ("engine.cpp", "engine_atp.cpp", "checksums.cpp")
 
 PROGRAM = r"""
 #include <cstdio>
@@ -42,7 +44,7 @@ def test_engine_header_is_a_plain_cpp_api(tmp_path):
         pytest.skip("no C++ compiler")
     (tmp_path / "main.cpp").write_text(PROGRAM)
     subprocess.run([cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{NATIVE}",
-                    str(tmp_path / "main.cpp"), str(NATIVE / "engine.cpp"), "-o", str(tmp_path / "t")],
+                    str(tmp_path / "main.cpp"), *(str(NATIVE / f) for f in ENGINE_SOURCES), "-o", str(tmp_path / "t")],
                    check=True, capture_output=True)
     out = subprocess.run([tmp_path / "t"], check=True, capture_output=True, text=True).stdout
     # 5 + 5 = 10, -1 + -1 = -2 (0xFE low byte); multicast (-1) to both ranks

@@ -55,6 +55,11 @@ class Refused(Exception):
     """The engine refused a test's table entries (the write a P4Runtime client would see fail)."""
 
 
+class Unsendable(Exception):
+    """A test's frame cannot be put on the engine's port (a raw socket refuses a frame shorter
+    than its Ethernet header)."""
+
+
 class InProcess:
     """A software engine in this process: a fresh pipeline per test, written to as the soft
     switch's P4Runtime service writes (p4runtime_server._write_one: the job tables resync the
@@ -97,7 +102,10 @@ class Bmv2:
             raise Refused(str(e)) from None
         self.plane.drain()
         for port, data in test.packets:
-            self.plane.send(port, data)
+            try:
+                self.plane.send(port, data)
+            except OSError as e:
+                raise Unsendable(f"a frame of {len(data)} bytes on port {port}: {e}") from None
         out: Outcome = []
         deadline = time.monotonic() + 3.0   # on a loaded machine, wait for the frames expected
         while True:
@@ -131,6 +139,8 @@ def replay(engine, tests: list[stf.StfTest]) -> dict[str, str]:
             why = stf.verdict(test, engine.run(test))
         except Refused as e:
             why = f"entries refused: {e}"
+        except Unsendable as e:
+            why = f"cannot send {e}"
         if why is not None:
             failed[test.name] = why
     return failed

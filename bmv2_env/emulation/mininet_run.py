@@ -589,12 +589,15 @@ class Run:
                                          "params_sha256": msg[2], "workload": msg[6]}
 
     def switch_counters(self) -> dict:
+        from inagg.controller.p4info import P4Type
         from inagg.controller.switch import SwitchConnection
         totals = {}
         for sw in self.net.switches:
             conn = SwitchConnection(sw.grpc, sw.device_id, election_id=(0, 0))
             try:
-                totals[sw.name] = {c: sum(conn.counter(c).values()) for c in ("job_aggregated", "job_results")}
+                names = ("job_aggregated", "job_results") + \
+                    (("job_collisions",) if conn.p4info.has(P4Type.counter, "job_collisions") else ())
+                totals[sw.name] = {c: sum(conn.counter(c).values()) for c in names}
             finally:
                 conn.close()
         return totals

@@ -240,6 +240,7 @@ def summary(topo: Topology, records: list[dict], counters: dict, logs: Path,
     lines += impairment_lines(applied)
     lines.append(SWITCHES_NOTE)
     lines += [f"switch {name}: {c['job_aggregated']} contributions aggregated, {c['job_results']} rounds completed"
+              + (f", {c['job_collisions']} ATP collisions" if c.get("job_collisions") else "")
               for name, c in counters.items()]
     return lines, rows
 

@@ -45,7 +45,7 @@ SCHEMA: dict[str, dict[str, bool]] = {
     # the controller's settings a topology may change; the launcher sets the rest (LAUNCHER_SETS)
     "controller": {"min_window": False, "lease_seconds": False, "rank_lease_seconds": False,
                    "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False,
-                   "sharing": False},
+                   "sharing": False, "atp_pool": False},
 }
 NETEM_OPTIONS = ("delay", "jitter", "loss", "max_queue_size")   # link options Mininet applies with netem
 IMPAIRMENTS = ("delay", "jitter", "loss", "duplicate", "reorder", "max_queue_size")   # netem's, as links ask them
@@ -208,7 +208,7 @@ def _number(value: Any, integer: bool, low: float) -> bool:
 def check_controller(section: dict, file: str) -> None:
     """The controller settings a topology may change: whole numbers >= 1 for sizes (a
     ``min_window`` of 0 divided by zero in the allocator), positive seconds for leases."""
-    for key in ("min_window", "max_jobs", "host_slots", "host_window"):
+    for key in ("min_window", "max_jobs", "host_slots", "host_window", "atp_pool"):
         if key in section and not _number(section[key], True, 1):
             raise TopologyError(f"{file}: controller: {key} {section[key]!r} must be a whole number >= 1 "
                                 f"(slots or jobs); remove it for the default or write e.g. 8")

@@ -33,7 +33,7 @@ from inagg.controller.tofino.config import TofinoDeviceConfig
 from inagg.hostlib.wire.grant import MAX_IPV4_DATAGRAM, values_for_mtu
 
 from inagg.bmv2_env.softswitch.pipeline import NativePipeline
-from inagg.bmv2_env.softswitch.pipeline_reference import JOB_TABLE, UPLINK_TABLE, WORKER_TABLE, SoftPipeline
+from inagg.bmv2_env.softswitch.pipeline_reference import ATP_TABLE, JOB_TABLE, UPLINK_TABLE, WORKER_TABLE, SoftPipeline
 from inagg.bmv2_env.softswitch.state import StatusError
 
 Pipeline = Union[SoftPipeline, NativePipeline]
@@ -314,7 +314,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             if kind == "table_entry":
                 undo = pipeline.tables.write(update.type, entity.table_entry)
                 name = pipeline.tables.table_name(entity.table_entry.table_id)
-                if name in (JOB_TABLE, WORKER_TABLE, UPLINK_TABLE):
+                if name in (JOB_TABLE, WORKER_TABLE, UPLINK_TABLE, ATP_TABLE):
                     try:
                         pipeline.sync_jobs()
                     except StatusError:

@@ -30,14 +30,19 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
     REPLICA_TABLE,
     UPLINK_TABLE,
     WORKER_TABLE,
-    engine_refusal,
+    ATP_TABLE,
+    JOB_COLLISIONS,
+    AtpAdmit,
+    AtpControl,
+    AtpPool,
+    atp_job_configs,
     job_configs,
 )
 from inagg.bmv2_env.softswitch.state import Action, Counters, MulticastGroups, Replica, TableStore
 
 # The core's counters, in the order of its Counter enum (native/switch_tables.hpp).
 CORE_COUNTERS = (JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS,
-                 GUARD_DROPS)
+                 GUARD_DROPS, JOB_COLLISIONS)
 # The ternary fields of the TNA program's host_port_table, in the core's order (GuardRow).
 GUARD_ROW_FIELDS = ("ipv4_valid", "src_addr", "inagg_valid", "msg_type", "flags")
 # l2_table actions as the core codes them (L2Kind).
@@ -48,7 +53,7 @@ def _short(action: Action) -> str:
     return action.name.rsplit(".", 1)[-1]
 
 
-class NativePipeline:
+class NativePipeline(AtpControl):
     """Tables, multicast groups, counters and the slot engine of one software switch, in C++."""
 
     def __init__(self, p4info: P4Info) -> None:
@@ -60,6 +65,8 @@ class NativePipeline:
         self.core = _native.SwitchPipeline(
             p4info.slot_pool, p4info.values_per_packet, [sizes.get(n, 0) for n in CORE_COUNTERS],
             p4info.drop_row_length)
+        self.atp_pool: AtpPool | None = None
+        self.atp_jobs: dict[int, AtpAdmit] = {}
         self.tables = TableStore(p4info, mirror=self)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups(mirror=self)
@@ -80,13 +87,20 @@ class NativePipeline:
 
     # -- control plane -----------------------------------------------------------------------
 
-    def sync_jobs(self) -> None:
-        """Configure the core's engine from job_table + worker_table (SoftPipeline.sync_jobs)."""
-        wanted = job_configs(self.tables, _native.bound_sender_id, _native.unbound_sender_id, None)
-        with engine_refusal():
-            self.core.replace_jobs([(j.job_id, j.epoch, j.slot_base, j.slot_count, list(j.members),
-                                     j.uplink and (j.uplink.rank, j.uplink.slot_base), j.n_children)
-                                    for j in wanted])
+    def _replace_jobs(self) -> None:
+        """The core's engine's jobs and ATP admissions (SoftPipeline._replace_jobs)."""
+        wanted = job_configs(self.tables, _native.bound_sender_id, _native.unbound_sender_id, None) + \
+            atp_job_configs(self.tables, self.atp_jobs, _native.bound_sender_id, _native.unbound_sender_id, True)
+        self.core.replace_jobs([(j.job_id, j.epoch, j.slot_base, j.slot_count, list(j.members),
+                                 j.uplink and (j.uplink.rank, j.uplink.slot_base), j.n_children,
+                                 j.atp_peer is not None) for j in wanted])
+        self.core.set_atp_jobs([(job_id, a.job_index, a.n_workers) for job_id, a in self.atp_jobs.items()])
+
+    def _engine_atp_pool(self, pool: AtpPool | None) -> None:
+        """The pool in the core's engine and tables (None: all zero)."""
+        p = pool or AtpPool(0, 0, 0, 0, 0, 0, 0)
+        self.core.set_atp_pool(p.base, p.count, p.host_addr, p.host_port, p.switch_mac, p.switch_addr,
+                               p.switch_udp_port)
 
     def job_ids(self) -> list[int]:
         """The jobs the slot engine serves."""
@@ -117,6 +131,8 @@ class NativePipeline:
                 self.core.set_l2(mac, *self._l2_action(action))
         elif table == UPLINK_TABLE:   # admission's parent check and UpstreamSend's address;
             self._uplink_changed(*key, action)   # the uplink reaches the engine through sync_jobs
+        elif table == ATP_TABLE:      # the pool reaches the core through sync_jobs
+            pass
         elif table == GUARD_TABLE and self.tables[GUARD_TABLE].ternary:
             self._guard_row_changed(key, action)
         elif table == GUARD_TABLE:

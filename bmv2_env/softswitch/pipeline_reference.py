@@ -56,11 +56,12 @@ GUARD_TABLE = "InaggIngress.source_guard.host_port_table"
 # the TNA program's recirculation ports by slot (p4/tofino/recirc_spread.p4): only the Tofino
 # model recirculates (tna_slot_model); the one-pass engines keep its rows and use none
 RECIRC_SPREAD = "InaggIngress.recirc_spread.recirc_spread"
+ATP_TABLE = "InaggIngress.admission.atp_table"      # none in the TNA program
 GUARD_DROPS = "InaggIngress.source_guard.guard_drops"
 _CTR = "InaggIngress.job_counters."
-JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS = (
+JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS, JOB_COLLISIONS = (
     _CTR + n for n in ("job_packets", "job_aggregated", "job_duplicates", "job_results",
-                       "job_drops", "global_drops"))
+                       "job_drops", "global_drops", "job_collisions"))
 
 ETH, IP, UDP = 14, 20, 8
 INAGG_AT = ETH + IP + UDP                      # the inagg header, UDP encapsulation
@@ -77,6 +78,38 @@ _GUARD_CODE = {name: code for code, name in enumerate(GUARD_DROP_REASONS)}
 # egress_spec is 511), and on Tofino a port no pipe has (P4Testgen's tests expect a drop).
 DROP_PORT = 511
 PARENT = ("parent",)   # the engine's id of a job's parent (its uplink's address) in a tree
+ATP_PEER = ("atp_peer",)   # the engine's id of the host aggregator of the switch's ATP jobs
+
+
+@dataclass(frozen=True)
+class AtpPool:
+    """The switch's ATP state (docs/atp.md): its slots [base, base + count) for ATP jobs'
+    rounds; the host aggregator those jobs' workers address (IPv4 and UDP port: the parser takes
+    a frame to or from that port as inagg too, so it sees contributions and the results that
+    free aggregators); and the switch's aggregator address (MAC, IPv4, UDP port), the source of
+    the sums it sends up, which the host aggregator knows as the jobs' ``atp_peer``: atp_table's
+    one row (``set_atp_pool``, p4/include/job_admission.p4)."""
+
+    base: int
+    count: int
+    host_addr: int
+    host_port: int
+    switch_mac: int
+    switch_addr: int
+    switch_udp_port: int
+
+
+@dataclass(frozen=True)
+class AtpAdmit:
+    """An ATP job's admission (job_table's action ``admit_atp``): its counter index,
+    its window at the host aggregator (the wire slots its workers address), its workers and
+    epoch. Its ranks are bound by worker_table, as a window job's."""
+
+    job_index: int
+    slot_base: int
+    slot_count: int
+    n_workers: int
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -86,15 +119,17 @@ class Frame:
     data: bytes
     dst_mac: int
     encap: int  # ENCAP_UDP or ENCAP_ROCE when the inagg header follows, else 0
+    atp: bool = False  # UDP to or from the host aggregator's port (AtpPool), not the inagg port
 
     @property
     def inagg_at(self) -> int:
         return ROCE_INAGG_AT if self.encap == ENCAP_ROCE else INAGG_AT
 
 
-def parse(data: bytes) -> Frame:
+def parse(data: bytes, atp_port: int = 0) -> Frame:
     """InaggParser: Ethernet / IPv4 / UDP, and whether the inagg header follows in either
-    encapsulation (the table in p4/include/parser.p4)."""
+    encapsulation (the table in p4/include/parser.p4); with ``atp_port`` (the host aggregator's
+    UDP port, AtpPool) a UDP frame to or from it is taken as inagg too (``Frame.atp``)."""
     if len(data) < ETH:
         return Frame(data, -1, 0)
     dst_mac = int.from_bytes(data[:6], "big")
@@ -102,16 +137,45 @@ def parse(data: bytes) -> Frame:
     if (len(data) >= INAGG_AT and data[12:14] == b"\x08\x00" and data[ETH] == 0x45
             and (struct.unpack_from("!H", data, ETH + 6)[0] & 0x1FFF) == 0 and data[ETH + 9] == 17):
         dport = struct.unpack_from("!H", data, ETH + IP + 2)[0]
-        if dport == UDP_PORT:
-            encap = ENCAP_UDP
-        elif (dport == ROCE_UDP_PORT and len(data) >= ROCE_INAGG_AT
-              and data[INAGG_AT] == ROCE_OPCODE_UC_WRITE_ONLY_IMM
-              and struct.unpack_from("!I", data, ROCE_INAGG_AT - 4)[0] == ROCE_INAGG_IMMEDIATE):
+        atp = bool(atp_port) and atp_port in (dport, struct.unpack_from("!H", data, ETH + IP)[0])
+        if (dport == ROCE_UDP_PORT and len(data) >= ROCE_INAGG_AT
+                and data[INAGG_AT] == ROCE_OPCODE_UC_WRITE_ONLY_IMM
+                and struct.unpack_from("!I", data, ROCE_INAGG_AT - 4)[0] == ROCE_INAGG_IMMEDIATE):
             encap = ENCAP_ROCE
+        elif dport == UDP_PORT or atp:
+            return Frame(data, dst_mac, ENCAP_UDP, atp=atp)
     return Frame(data, dst_mac, encap)
 
 
-class SoftPipeline:
+class AtpControl:
+    """``sync_jobs`` of both pipelines, which keep ``atp_pool`` and ``atp_jobs`` (what the
+    engine was last given) and give ``_replace_jobs`` (their engine's jobs from the tables) and
+    ``_engine_atp_pool`` (their engine's pool)."""
+
+    tables: TableStore
+    atp_pool: AtpPool | None
+    atp_jobs: dict[int, AtpAdmit]
+    _replace_jobs: Callable[[], None]
+    _engine_atp_pool: Callable[[AtpPool | None], None]
+
+    def sync_jobs(self) -> None:
+        """Configure the engine from the tables: the ATP pool (atp_table) and ATP jobs
+        (job_table's admit_atp), the window jobs (admit), worker_table and uplink_table; a pool
+        before its jobs, the jobs gone before the pool. StatusError when the entries describe
+        what the engine cannot hold (the caller undoes the write and calls again). A changed
+        pool frees all its aggregators: a partial's contributors resend, so nothing is lost."""
+        pool, jobs = atp_state(self.tables)
+        changed = pool != self.atp_pool
+        self.atp_pool, self.atp_jobs = pool, jobs
+        with engine_refusal():
+            if changed and pool is not None:
+                self._engine_atp_pool(pool)
+            self._replace_jobs()
+            if changed and pool is None:
+                self._engine_atp_pool(None)
+
+
+class SoftPipeline(AtpControl):
     """Tables, multicast groups, counters and the slot engine of one software switch."""
 
     def __init__(self, p4info: P4Info, *, round_check: bool = True) -> None:
@@ -125,22 +189,27 @@ class SoftPipeline:
         self.engine = AggregationEngine(p4info.slot_pool, p4info.values_per_packet,
                                         host_mode=False, round_check=round_check)
         self.drop_row = p4info.drop_row_length
+        self.atp_pool: AtpPool | None = None
+        self.atp_jobs: dict[int, AtpAdmit] = {}
 
     # -- control plane -----------------------------------------------------------------------
 
-    def sync_jobs(self) -> None:
-        """Configure the engine from job_table + worker_table; StatusError when the entries
-        describe jobs the slot pool cannot hold (the caller undoes the write)."""
+    def _replace_jobs(self) -> None:
+        """The engine's jobs from job_table + worker_table (+ uplink_table) and the ATP jobs;
+        ValueError when the slot pool cannot hold them."""
         # a rank's member is its rank: admission compares worker_table's binding with the
         # frame (``sender``); an unbound rank matches no sender, as a worker_table miss in P4
         wanted = job_configs(self.tables, lambda rank: ("rank", rank), lambda rank: ("unbound", rank),
-                             PARENT)
-        with engine_refusal():
-            self.engine.replace_jobs({job.job_id: job for job in wanted})
+                             PARENT) + atp_job_configs(self.tables, self.atp_jobs, lambda rank: ("rank", rank),
+                                                       lambda rank: ("unbound", rank), ATP_PEER)
+        self.engine.replace_jobs({job.job_id: job for job in wanted})
 
     def job_ids(self) -> list[int]:
         """The jobs the slot engine serves."""
         return sorted(self.engine.jobs)
+
+    def _engine_atp_pool(self, pool: AtpPool | None) -> None:
+        self.engine.set_atp_pool(*((pool.base, pool.count) if pool else (0, 0)))
 
     def writing(self) -> contextlib.AbstractContextManager:
         """Held around one P4Runtime Write; the caller's state lock already keeps this
@@ -150,11 +219,13 @@ class SoftPipeline:
     # -- data plane --------------------------------------------------------------------------
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
-        frame = parse(data)
+        frame = parse(data, self.atp_pool.host_port if self.atp_pool else 0)
         if self.source_guard(port, frame):    # SourceGuard first, as p4/inagg.p4 applies it
             return []
         if not frame.encap:
             return self.forwarding(port, frame)
+        if frame.atp:
+            return self.atp_admission(port, frame)
         return self.admission(port, frame)
 
     def source_guard(self, port: int, frame: Frame) -> bool:
@@ -198,6 +269,49 @@ class SoftPipeline:
         self.job_counters(admit.param("job_index"), self.engine.last_outcome, bool(emits))
         return [out for emit in emits for out in self.result_replication(port, frame, admit, emit)]
 
+    def atp_admission(self, port: int, frame: Frame) -> list[tuple[int, bytes]]:
+        """A frame to or from the host aggregator's port: an ATP job's contribution, or the host
+        aggregator's RESULT, goes through the engine's ATP table (atp_reference.py); anything
+        else (another job's, too short, another version) goes to ``admission`` when it is to the
+        inagg port (a tree's parent's result from a host aggregator), else is forwarded untouched. What the engine
+        sends up is the contribution itself (forwarded on to the host aggregator) or a complete
+        sum (``atp_sum``); a RESULT frees its aggregator and goes on, unless it is addressed to
+        this switch (the host aggregator's release of a late copy's claim)."""
+        d, at = frame.data, INAGG_AT
+        job_id = struct.unpack_from("!H", d, at + 2)[0] if len(d) >= at + HEADER_BYTES else 0
+        atp = self.atp_jobs.get(job_id)
+        if atp is None or d[at] >> 4 != VERSION:   # to the inagg port: the switch's own job's
+            to_switch = struct.unpack_from("!H", d, ETH + IP + 2)[0] == UDP_PORT
+            return self.admission(port, frame) if to_switch else self.forwarding(port, frame)
+        inagg_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
+        framing_ok = inagg_end >= at + HEADER_BYTES   # else bad_length, as in admission()
+        inagg_end = max(inagg_end, at + HEADER_BYTES)
+        emits = self.engine.process(d[at:inagg_end], self.sender(port, frame, job_id, d[at:at + 5]), framing_ok)
+        outcome = self.engine.last_outcome
+        sums = bool(emits) and (outcome in (Outcome.ADD, Outcome.DUP_UPSTREAM)
+                                or (outcome == Outcome.FIRST and atp.n_workers == 1))
+        self.job_counters(atp.job_index, outcome, sums)
+        if d[at] & 0xF == MSG_RESULT:
+            to_switch = struct.unpack_from("!I", d, ETH + 16)[0] == self.atp_pool.switch_addr
+            return [] if to_switch else self.forwarding(port, frame)
+        if sums:
+            return self.atp_sum(port, frame, emits[0])
+        return self.forwarding(port, frame) if emits else []
+
+    def atp_sum(self, port: int, frame: Frame, emit: Emit) -> list[tuple[int, bytes]]:
+        """A complete sum up to the host aggregator: the completing contribution's frame with
+        the switch's aggregator address as its source (MAC, IPv4, UDP port), the sum as its
+        inagg payload, forwarded as the contribution would be; lengths and trailer as for a
+        result."""
+        pool, d = self.atp_pool, frame.data
+        eth = d[0:6] + pool.switch_mac.to_bytes(6, "big") + d[12:14]
+        ip = bytearray(d[ETH: ETH + IP])
+        ip[12:16] = pool.switch_addr.to_bytes(4, "big")
+        udp_ports = pool.switch_udp_port.to_bytes(2, "big") + pool.host_port.to_bytes(2, "big")
+        udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
+        out = build_frame(eth, ip, udp_ports, emit.data, trailer=d[udp_end:], keep_ip_length=True)
+        return self.forwarding(port, Frame(out, frame.dst_mac, ENCAP_UDP, atp=True))
+
     def slot_logic(self, payload: bytes, sender: Hashable, framing_ok: bool) -> list:
         """SlotState and the value lanes (the engine) on the inagg header and values: what
         result_replication sends on (a pipeline whose result leaves in several passes, the TNA
@@ -214,6 +328,9 @@ class SoftPipeline:
         d = frame.data
         src = (port, struct.unpack_from("!I", d, ETH + 12)[0], int.from_bytes(d[6:12], "big"),
                struct.unpack_from("!H", d, ETH + IP)[0])
+        if head[0] & 0xF == MSG_RESULT and frame.atp:
+            pool = self.atp_pool
+            return ATP_PEER if (src[1], src[3]) == (pool.host_addr, pool.host_port) else ("forged",)
         if head[0] & 0xF == MSG_RESULT:
             up = self.uplink(job_id)
             if up is not None and (up.param("port"), up.param("addr"), up.param("mac"),
@@ -243,6 +360,8 @@ class SoftPipeline:
             c.count(JOB_DUPLICATES, job_index)
         elif outcome.is_drop:        # a parent's result (PARENT_RESULT) counts as a packet only
             c.count(JOB_DROPS, job_index * self.drop_row + _DROP_CODE[outcome.label])
+        elif outcome == Outcome.COLLISION:
+            c.count(JOB_COLLISIONS, job_index)
 
     def result_replication(self, port: int, frame: Frame, admit: Action, emit: Emit):
         """ResultReplication + ReplicaRewrite: swap addresses, then unicast (DUP_DONE) or one
@@ -406,6 +525,38 @@ def job_configs(tables: TableStore, member: Callable[[int], Hashable],
                               admit.param("slot_count"), tuple(members), uplink,
                               admit.param("n_workers")))
     return jobs
+
+
+def atp_job_configs(tables: TableStore, atp_jobs: dict[int, AtpAdmit], member: Callable[[int], Hashable],
+                    unbound: Callable[[int], Hashable], atp_peer: Hashable) -> list[JobConfig]:
+    """The engine's configurations of the switch's ATP jobs: ranks below n_workers, each
+    ``member(r)`` when worker_table binds it, else ``unbound(r)``; the host aggregator is
+    ``atp_peer``, the id admission gives its results."""
+    workers = tables[WORKER_TABLE].entries
+    return [JobConfig(job_id, a.epoch, a.slot_base, a.slot_count,
+                      tuple(member(r) if (job_id, r) in workers else unbound(r) for r in range(a.n_workers)),
+                      atp_peer=atp_peer)
+            for job_id, a in sorted(atp_jobs.items())]
+
+
+def atp_state(tables: TableStore) -> tuple[AtpPool | None, dict[int, AtpAdmit]]:
+    """The ATP pool atp_table's row gives (None: no row, or one of pool_count 0) and the ATP
+    jobs of job_table's admit_atp rows; StatusError when the pool's host port cannot tell ATP
+    frames apart (0, the inagg port or RoCEv2's)."""
+    table = tables.tables.get(ATP_TABLE)
+    rows = [] if table is None else [(key, a) for key, a in table.entries.items()
+                                      if a.name.endswith(".set_atp_pool") and a.param("pool_count")]
+    pool = None
+    for (host_addr,), a in rows:       # size 1: at most one
+        pool = AtpPool(a.param("pool_base"), a.param("pool_count"), host_addr, a.param("host_port"),
+                       a.param("switch_mac"), a.param("switch_addr"), a.param("switch_udp_port"))
+    if pool is not None and pool.host_port in (0, UDP_PORT, ROCE_UDP_PORT):
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"atp_table: host_port {pool.host_port} cannot tell ATP frames apart: give "
+                          f"the port the host aggregator listens on (not 0, {UDP_PORT} or {ROCE_UDP_PORT})")
+    jobs = {job_id: AtpAdmit(*(a.param(n) for n in ("job_index", "slot_base", "slot_count", "n_workers", "epoch")))
+            for (job_id,), a in tables[JOB_TABLE].entries.items() if a.name.endswith(".admit_atp")}
+    return pool, jobs
 
 
 @contextlib.contextmanager

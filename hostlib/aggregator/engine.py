@@ -19,7 +19,9 @@ from collections import Counter
 from typing import Callable, Hashable, Iterable
 
 from inagg.hostlib.native_build import _native
-from inagg.hostlib.aggregator.engine_reference import AggregationEngine, Emit, JobConfig, JobCounters
+from inagg.hostlib.aggregator.engine_reference import (
+    AggregationEngine, Emit, JobConfig, JobCounters, slot_space,
+)
 from inagg.hostlib.wire.protocol import Outcome
 
 SenderIdOf = Callable[[Hashable], int]
@@ -57,6 +59,7 @@ class NativeEngine:
         self.native = _native.Engine(n_slots, values_per_packet, host_mode)
         self.n_slots = n_slots
         self.k = values_per_packet
+        self.host_mode = host_mode
         self.jobs: dict[int, JobConfig] = {}
         self._member_id: SenderIdOf   # a job member's id (set_job)
         self._sender_id: SenderIdOf   # a packet's sender's id (process)
@@ -71,14 +74,23 @@ class NativeEngine:
         return (job.job_id, job.epoch, job.slot_base, job.slot_count,
                 [self._member_id(m) for m in job.members],
                 None if up is None else (self._member_id(up.parent), up.rank, up.slot_base),
-                job.n_children)
+                job.n_children, None if job.atp_peer is None else self._member_id(job.atp_peer))
 
     # -- configuration -------------------------------------------------------------------
 
     def set_job(self, job: JobConfig) -> None:
-        job.validate(self.n_slots)  # names the members as given, not as ids
+        job.validate(slot_space(job, self.n_slots, self.host_mode))  # names members as given
         self.native.set_job(*self._native_job(job))
         self.jobs[job.job_id] = job
+
+    def set_atp_pool(self, base: int, count: int) -> None:
+        """A switch's slots for ATP jobs (``AggregationEngine.set_atp_pool``)."""
+        self.native.set_atp_pool(base, count)
+
+    @property
+    def atp_held(self) -> int:
+        """Aggregators of the pool a live round holds (``AggregationEngine.atp_held``)."""
+        return self.native.atp_held
 
     def remove_job(self, job_id: int) -> None:
         self.native.remove_job(job_id)

@@ -68,6 +68,7 @@ from typing import Hashable, NamedTuple
 
 import numpy as np
 
+from inagg.hostlib.aggregator.atp_reference import AtpSharing
 from inagg.hostlib.wire.protocol import (
     EXP_NONE,
     FLAG_CONGESTION,
@@ -126,6 +127,9 @@ class JobConfig:
     members: tuple[Hashable, ...]
     uplink: Uplink | None = None   # None: this aggregator completes the job's rounds
     n_children: int = 0
+    # ATP sharing (atp_reference.py): on a switch, the host aggregator whose results free
+    # the pool's aggregators; on the host aggregator, the switch whose complete sums it takes.
+    atp_peer: Hashable | None = None
 
     @property
     def n_workers(self) -> int:
@@ -153,6 +157,9 @@ class JobConfig:
             )
         if not 0 <= self.n_children <= self.n_workers:
             raise ValueError(f"job {self.job_id}: n_children must be in 0..{self.n_workers}")
+        if self.atp_peer is not None and (self.uplink is not None or self.n_children):
+            raise ValueError(f"job {self.job_id}: ATP sharing and an aggregation tree do not mix: "
+                             "give the job an atp_peer or an uplink, not both")
         up = self.uplink
         if up is not None and not 0 <= up.rank < MAX_WORKERS:
             raise ValueError(f"job {self.job_id}: uplink rank must be in 0..{MAX_WORKERS - 1}")
@@ -170,13 +177,15 @@ class JobCounters:
     duplicates: int = 0
     results: int = 0
     resent_results: int = 0
+    collisions: int = 0        # ATP: contributions whose aggregator another round held
     drops: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict:
         return {
             "packets": self.packets, "aggregated": self.aggregated,
             "duplicates": self.duplicates, "results": self.results,
-            "resent_results": self.resent_results, "drops": dict(self.drops),
+            "resent_results": self.resent_results, "collisions": self.collisions,
+            "drops": dict(self.drops),
         }
 
 
@@ -200,8 +209,10 @@ class Emit(NamedTuple):
         return self.data[:HEADER_BYTES]
 
 
-class AggregationEngine:
-    """Slot pool + per-job admission; ``process()`` maps one packet to the packets it causes."""
+class AggregationEngine(AtpSharing):
+    """Slot pool + per-job admission; ``process()`` maps one packet to the packets it causes.
+    An ATP job (``JobConfig.atp_peer``) takes its rounds to the switch's ATP pool instead of a
+    window of its own (atp_reference.py)."""
 
     def __init__(self, n_slots: int, values_per_packet: int, *, host_mode: bool = True,
                  round_check: bool = True) -> None:
@@ -235,6 +246,8 @@ class AggregationEngine:
         self._count = [[0] * n_slots, [0] * n_slots]
         self._round = [[ROUND_UNSET] * n_slots, [ROUND_UNSET] * n_slots]  # the round's tag
         self._owner = [[NO_OWNER] * n_slots, [NO_OWNER] * n_slots]       # the round's FLAG_MINE rank
+        self.atp_pool = range(0)                      # the switch's slots for ATP jobs
+        self._pool_round: list[int] = [0] * n_slots   # an ATP pool slot's round (atp_identity)
         self._values = np.zeros((2, n_slots, values_per_packet), dtype=np.int32)
 
     # -- configuration -------------------------------------------------------------------
@@ -244,15 +257,21 @@ class AggregationEngine:
 
         Slots are not touched here: the owner tag resets each slot lazily on the job's first
         packet with the new (job, epoch), exactly as the switch does."""
-        job.validate(self.n_slots)
+        job.validate(slot_space(job, self.n_slots, bool(self.result_flags)))
+        self._check_atp(job)
         for other in self.jobs.values():
-            if other.job_id != job.job_id and _overlaps(other, job):
+            if other.job_id != job.job_id and self._share_slots(other, job):
                 raise ValueError(
                     f"job {job.job_id}: slots [{job.slot_base}, {job.slot_base + job.slot_count}) "
                     f"overlap job {other.job_id}"
                 )
         self.jobs[job.job_id] = job
         self.counters.setdefault(job.job_id, JobCounters())
+
+    def _share_slots(self, a: JobConfig, b: JobConfig) -> bool:
+        """Two jobs' windows overlap (an ATP job's slots on a switch are the host's: none here)."""
+        on_switch_atp = not self.result_flags and (a.atp_peer is not None or b.atp_peer is not None)
+        return not on_switch_atp and _overlaps(a, b)
 
     def remove_job(self, job_id: int) -> None:
         self.jobs.pop(job_id, None)
@@ -270,17 +289,29 @@ class AggregationEngine:
 
     # -- data path -------------------------------------------------------------------------
 
+    def _from_peer(self, job: JobConfig, msg_type: int, flags: int) -> bool:
+        """An ATP job's packet from the other end: on a switch the host aggregator's RESULT,
+        on the host aggregator the switch's sum (atp_reference.py)."""
+        if job.atp_peer is None:
+            return False
+        if self.result_flags:
+            return msg_type == MSG_CONTRIBUTION and bool(flags & FLAG_FROM_SWITCH)
+        return msg_type == MSG_RESULT
+
     def _admission(self, job: JobConfig, data: bytes | bytearray | memoryview, sender: Hashable,
-                   framing_ok: bool, msg_type: int, worker: int, epoch: int, slot: int,
-                   count: int) -> Outcome | None:
+                   framing_ok: bool, head: tuple) -> Outcome | None:
         """The per-job checks in the order of the P4 program's JobAdmission; None when admitted.
         A RESULT is admitted only on a job with an uplink: from its parent, in the parent's
-        slots (docs/trees.md)."""
+        slots (docs/trees.md), or on an ATP job at a switch from its host aggregator."""
+        msg_type, flags, worker, epoch, slot, count = head
         from_parent = msg_type == MSG_RESULT and job.uplink is not None
-        if msg_type != MSG_CONTRIBUTION and not from_parent:
+        from_peer = self._from_peer(job, msg_type, flags)
+        if msg_type != MSG_CONTRIBUTION and not (from_parent or from_peer):
             return Outcome.BAD_TYPE
-        if from_parent:
-            if sender != job.uplink.parent:
+        if from_parent or from_peer:
+            if sender != (job.uplink.parent if from_parent else job.atp_peer):
+                return Outcome.BAD_WORKER
+            if from_peer and worker >= len(job.members):
                 return Outcome.BAD_WORKER
         elif worker >= len(job.members) or job.members[worker] != sender:
             return Outcome.BAD_WORKER
@@ -310,14 +341,30 @@ class AggregationEngine:
         ctr = self.counters[job_id]
         ctr.packets += 1
         slot = ss & MAX_SLOT
-        refused = self._admission(job, data, sender, framing_ok, vt & 0xF, worker, epoch, slot, count)
+        refused = self._admission(job, data, sender, framing_ok,
+                                  (vt & 0xF, flags, worker, epoch, slot, count))
         if refused is not None:
             return self._drop_job(ctr, refused)
+        head = (vt, flags, worker, exp, slot, ss >> 15, count, offset)
+        if job.atp_peer is not None and not self.result_flags:
+            return self._atp_switch(ctr, job, data, head)
+        if self._from_peer(job, vt & 0xF, flags):
+            emits = self._switch_sum(ctr, job, data, head)
+        else:
+            emits = self._window(ctr, job, data, head)
+        if job.atp_peer is not None and self.last_outcome == Outcome.STALE_ROUND:
+            return [self._up(job, self._atp_release(job, head))]
+        return emits
+
+    def _window(self, ctr: JobCounters, job: JobConfig, data: bytes | bytearray | memoryview,
+                head: tuple) -> list[Emit]:
+        """An admitted packet into its job's own slot: the decision table (module docstring),
+        or a parent's result in a tree."""
+        vt, flags, worker, exp, slot, s, count, offset = head
         from_parent = vt & 0xF == MSG_RESULT
         if from_parent:                                        # the parent's slot -> ours
             slot += job.slot_base - job.uplink.slot_base
-        self._claim(slot, (job_id << 16) | epoch)
-        s = ss >> 15
+        self._claim(slot, (job.job_id << 16) | job.epoch)
         n = job.children
         seen = self._seen[s][slot]
         complete = seen == n + (job.uplink is not None)        # a tree's result counts one more
@@ -360,9 +407,18 @@ class AggregationEngine:
             return []
         ctr.results += 1
         if job.uplink is not None:                             # this level's part: up
-            return [Emit(job, (), self._upstream(slot, s, job, 0), upstream=True)]
-        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0),
-                     owner=self._owner_of(slot, s))]
+            return [self._up(job, self._upstream(slot, s, job, 0))]
+        return self._joined_result(job, slot, s, worker, self._owner_of(slot, s))
+
+    def _joined_result(self, job: JobConfig, slot: int, s: int, worker: int, owner: int = NO_OWNER) -> list[Emit]:
+        """The round in set ``s`` complete: its result to every member, its values to ``owner``
+        alone where the round has one (a reduce-scatter's; NO_OWNER: to every member)."""
+        return [Emit(job, tuple(range(job.n_workers)), self._result(slot, s, job, worker, 0), owner=owner)]
+
+    @staticmethod
+    def _up(job: JobConfig, data: bytes) -> Emit:
+        """A contribution to the job's parent (a tree's, or an ATP job's host aggregator)."""
+        return Emit(job, (), data, upstream=True)
 
     def _claim(self, slot: int, tag: int) -> None:
         """The first packet of a new owner/epoch (tag = job << 16 | epoch) resets the slot."""
@@ -503,6 +559,11 @@ class AggregationEngine:
             "jobs": {j: c.as_dict() for j, c in self.counters.items()},
             "drops": dict(self.drops),
         }
+
+
+def slot_space(job: JobConfig, n_slots: int, host_mode: bool) -> int:
+    """The slots a job's range must fit: the pool's, but the host's for an ATP job on a switch."""
+    return MAX_SLOT + 1 if job.atp_peer is not None and not host_mode else n_slots
 
 
 def _overlaps(a: JobConfig, b: JobConfig) -> bool:

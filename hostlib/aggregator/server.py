@@ -131,13 +131,15 @@ class HostAggregator:
 def apply_snapshot(engine: AggregationEngine | NativeEngine, jobs) -> dict[int, str]:
     """Serve exactly the controller's host-mode ``jobs`` (HostJob messages); a job the engine
     cannot serve (two ranks at one address, slots outside the pool...) is left out and returned
-    with the reason, so one bad job never keeps the others from being served."""
+    with the reason, so one bad job never keeps the others from being served. A job with an
+    ``atp_peer`` shares that switch's ATP pool: its complete sums come from there (docs/atp.md)."""
     refused: dict[int, str] = {}
     configs: dict[int, JobConfig] = {}
     for j in jobs:
         try:
             configs[j.job_id] = JobConfig(j.job_id, j.epoch, j.slot_base, j.slot_count,
-                                          tuple(parse_address(w) for w in j.workers))
+                                          tuple(parse_address(w) for w in j.workers),
+                                          atp_peer=parse_address(j.atp_peer) if j.atp_peer else None)
         except ValueError as e:
             refused[j.job_id] = str(e)
     for job_id in [j for j, config in engine.jobs.items() if configs.get(j) != config]:

@@ -99,6 +99,9 @@ class Outcome(enum.IntEnum):
     UNKNOWN_JOB = 16
     PARENT_RESULT = 17  # the parent's result for a round sent up: store it, send it down
     DUP_RESULT = 18     # the parent's result again, already stored: drop
+    COLLISION = 19      # ATP, switch: the round's aggregator is another's: the packet goes on up
+    ACK = 20            # ATP, switch: the host aggregator's result passes (frees its aggregator)
+    SWITCH_SUM = 21     # ATP, host aggregator: a switch's complete sum, stored and multicast
 
     @property
     def label(self) -> str:
@@ -111,7 +114,8 @@ class Outcome(enum.IntEnum):
 
 
 _NOT_DROPS = frozenset((Outcome.FIRST, Outcome.ADD, Outcome.DUP_PENDING, Outcome.DUP_DONE,
-                        Outcome.DUP_UPSTREAM, Outcome.PARENT_RESULT, Outcome.DUP_RESULT))
+                        Outcome.DUP_UPSTREAM, Outcome.PARENT_RESULT, Outcome.DUP_RESULT,
+                        Outcome.COLLISION, Outcome.ACK, Outcome.SWITCH_SUM))
 # Outcomes counted as duplicates (job_duplicates).
 DUPLICATE_OUTCOMES = frozenset((Outcome.DUP_PENDING, Outcome.DUP_DONE, Outcome.DUP_UPSTREAM,
                                 Outcome.DUP_RESULT))

@@ -61,14 +61,38 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         meta.job_encap = encap;
     }
 
+    /* ATP's aggregator sharing (docs/atp.md): a job whose rounds take the switch's shared pool
+     * of aggregators by hash, its workers addressing the host aggregator. This program runs no
+     * ATP pool: an admit_atp job's packets are forwarded untouched, so the host aggregator sums
+     * every round (a pool of none). The software switch runs the pool: its parser also takes
+     * UDP to or from atp_table's host_port as inagg (bmv2_env/softswitch/pipeline_reference.py). */
+    action admit_atp(bit<8> job_index, bit<16> slot_base, bit<16> slot_count, bit<8> n_workers,
+                     bit<16> epoch) {
+        meta.job_index = job_index;
+    }
+
     /* K for the controller (controller/p4info.py values_per_packet): a property of the target,
      * handed to the workers in their grants; the preprocessor writes size.p4's number here. */
     @inagg_values_per_packet(SWITCH_VALUES_PER_PACKET)
     table job_table {
         key = { hdr.inagg.job_id: exact @name("job_id"); }
-        actions = { admit; NoAction; }
+        actions = { admit; admit_atp; NoAction; }
         default_action = NoAction();
         size = INAGG_MAX_JOBS;
+    }
+
+    /* The ATP pool (slots [pool_base, pool_base + pool_count); count 0: none) for the jobs of
+     * the host aggregator at host_addr, UDP host_port, and this switch's aggregator address, the
+     * source of the sums it sends up. One host aggregator per switch; see admit_atp. */
+    action set_atp_pool(bit<16> pool_base, bit<16> pool_count, bit<16> host_port,
+                        bit<48> switch_mac, bit<32> switch_addr, bit<16> switch_udp_port) {
+    }
+
+    table atp_table {
+        key = { hdr.ipv4.dst_addr: exact @name("host_addr"); }
+        actions = { set_atp_pool; NoAction; }
+        default_action = NoAction();
+        size = 1;
     }
 
     action bind_worker(bit<9> port, bit<32> addr, bit<48> mac, bit<16> udp_port) {
@@ -97,6 +121,9 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
     apply {
         meta.verdict = VERDICT_FORWARD;
         meta.drop_reason = NO_DROP;
+        if (hdr.ipv4.isValid()) {
+            atp_table.apply();
+        }
         if (meta.encap == 0) {
             return;
         }
@@ -104,7 +131,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
             drop(GLOBAL_DROP_TRUNCATED);
         } else if (hdr.inagg.version != INAGG_VERSION) {
             drop(GLOBAL_DROP_BAD_VERSION);
-        } else if (job_table.apply().hit) {
+        } else if (job_table.apply().hit && meta.admitted == 1) {  /* admit_atp: forward */
             bit<16> inagg_len = (bit<16>) INAGG_HEADER_BYTES;
             if (hdr.inagg.count != 0) {
                 inagg_len = inagg_len + 4 * SWITCH_VALUES_PER_PACKET;

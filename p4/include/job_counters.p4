@@ -13,6 +13,11 @@
  * In an aggregation tree a parent's result counts in job_packets only (docs/trees.md).
  *   job_drops         | job_index * DROP_REASONS + reason  | drops of the job, by DROP_*
  *   global_drops      | reason                             | drops of no job, by GLOBAL_DROP_*
+ *   job_collisions    | job_index                          | ATP: contributions whose pool
+ *                     |                                    | aggregator another round held
+ *
+ * job_collisions is the software switch's (it runs the ATP pool, docs/atp.md); this program
+ * forwards an admit_atp job's packets and never counts it.
  */
 #ifndef _INAGG_JOB_COUNTERS_P4_
 #define _INAGG_JOB_COUNTERS_P4_
@@ -28,6 +33,7 @@ control JobCounters(inout headers_t hdr, inout metadata_t meta) {
     counter(INAGG_MAX_JOBS, CounterType.packets) job_results;
     counter(INAGG_MAX_JOBS * (bit<32>) DROP_REASONS, CounterType.packets) job_drops;
     counter((bit<32>) GLOBAL_DROP_REASONS, CounterType.packets) global_drops;
+    counter(INAGG_MAX_JOBS, CounterType.packets) job_collisions;
 
     apply {
         bit<32> job = (bit<32>) meta.job_index;
