@@ -71,7 +71,8 @@ void Engine::set_atp_pool(int64_t base, int64_t count) {
 
 size_t Engine::atp_held() const {
     size_t held = 0;
-    for (int64_t a = pool_base_; a < pool_base_ + pool_count_; ++a) held += !atp_free(pool_round_[a]);
+    for (int64_t a = pool_base_; a < pool_base_ + pool_count_; ++a)
+        held += !atp_free(pool_round_[a]);
     return held;
 }
 
