@@ -48,6 +48,10 @@ _INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
 # the hand-over to the I/O thread and back costs most of a small call's time; larger ones stay
 # queued, so DDP overlaps them with its backward pass
 _INLINE_BELOW_BYTES = 64 << 10
+# a job on one host with no controller named sends an eligible CPU call of at most this many bytes
+# through the host-local reduce without asking the chooser (``_tiny``): there a call's time is its
+# wake-ups, two messages on a Unix socket against gloo's TCP round and thread hand-overs
+TINY_BYTES = 1024
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
 _STRIDED = torch.strided   # a dense tensor's layout (a sparse tensor has no nbytes, nor contiguity)
 
@@ -155,6 +159,9 @@ class AllreduceDispatch:
             return self._gloo.run("allreduce", reason, tensors, opts)
         tensor = tensors[0]
         nbytes = tensor.nbytes
+        self._life.ready()
+        if nbytes <= TINY_BYTES and self._life.tiny_on_host and tensor.is_cpu:
+            return self._tiny(tensor, op == _AVG)
         path, measure = self._choose(nbytes, tensor.dtype)
         if path == "gloo" and op == _SUM:   # a run may follow, after a sampled call too
             self._run_nbytes, self._run_dtype = nbytes, tensor.dtype
@@ -165,6 +172,16 @@ class AllreduceDispatch:
                 self._last_work["gloo"] = weakref.ref(work)
                 return work
         return self._start(path, tensor, opts, measure)
+
+    def _tiny(self, tensor: torch.Tensor, average: bool) -> dist.Work:
+        """A tiny call of a job on one host (``TINY_BYTES``): on the host-local reduce, on the
+        caller's thread when nothing is queued, with no chooser, timing or agreement: the same
+        on every rank (its size decides), and the same bits as every path."""
+        self.allreduces["inagg"] += 1
+        self._carry("inagg", 1, tensor.nbytes)
+        work = self._run("inagg", tensor, average)
+        self._last_work["inagg"] = weakref.ref(work)
+        return work
 
     def _choose(self, nbytes: int, dtype: torch.dtype) -> tuple[str, bool]:
         """The path the chooser picks for an eligible call of ``nbytes`` (counted, its bytes

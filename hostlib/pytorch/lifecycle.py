@@ -122,6 +122,9 @@ class GroupLifecycle:
         self.fixed: FixedPointGloo | None = None
         self.peers: PeerWatch | None = None
         self.paths: PathChooser | None = None
+        # a job on one host with no controller named and no path forced: its tiny calls skip the
+        # chooser (``AllreduceDispatch._tiny``)
+        self.tiny_on_host = False
         # one leaving at a time: a start that gives up (its thread) and destroy may both leave
         self._leave_lock = threading.Lock()
         # rank 0's local deployment starts now where every rank is a switch worker
@@ -203,6 +206,7 @@ class GroupLifecycle:
             except Exception as e:
                 raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
         self.fixed = self._reproducible(fixed_gloo) if fixed_gloo is not None else None
+        self.tiny_on_host = self.endpoint is None and forced is None
         paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
         if forced is not None and forced not in paths:
             why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
