@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from inagg.hostlib.pytorch.path.choice import PATHS
+from inagg.hostlib.pytorch.path.options import TINY_BYTES
 from inagg.hostlib.pytorch.works import _CallWork, _GlooWork, _resolve_to, _ShardWork, _TimedWork
 from inagg.hostlib.worker.tensors import ReduceOp
 
@@ -48,10 +49,6 @@ _INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
 # the hand-over to the I/O thread and back costs most of a small call's time; larger ones stay
 # queued, so DDP overlaps them with its backward pass
 _INLINE_BELOW_BYTES = 64 << 10
-# a job on one host with no controller named sends an eligible CPU call of at most this many bytes
-# through the host-local reduce without asking the chooser (``_tiny``): there a call's time is its
-# wake-ups, two messages on a Unix socket against gloo's TCP round and thread hand-overs
-TINY_BYTES = 1024
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
 _STRIDED = torch.strided   # a dense tensor's layout (a sparse tensor has no nbytes, nor contiguity)
 
@@ -187,9 +184,9 @@ class AllreduceDispatch:
         """The path the chooser picks for an eligible call of ``nbytes`` (counted, its bytes
         carried on the path's route), and whether to time it; the chooser's error names the
         rank gone that caused it."""
-        self._life.ready()
+        paths = self._life.chooser()
         try:
-            path, measure = self._life.paths.choose(nbytes)   # may agree with the other ranks (the store)
+            path, measure = paths.choose(nbytes)   # may agree with the other ranks (the store)
         except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
             raise self._group.named(e)
         self.allreduces[path] += 1

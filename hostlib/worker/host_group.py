@@ -113,7 +113,9 @@ def _span(ranks: tuple[int, ...]) -> str:
 def discover_layout(store, rank: int, world_size: int) -> HostLayout:
     """Every rank's host, through the job's (prefixed) store. A collective."""
     store.set(f"id/{rank}", host_identity())
-    ids = [store.get(f"id/{r}").decode() for r in range(world_size)]
+    keys = [f"id/{r}" for r in range(world_size)]
+    store.wait(keys)   # then one round trip for all of them
+    ids = [value.decode() for value in store.multi_get(keys)]
     hosts: dict[str, list[int]] = {}
     for r, host in enumerate(ids):
         hosts.setdefault(host, []).append(r)
