@@ -354,9 +354,10 @@ def test_path_choice_is_identical_on_every_rank():
 def test_exploration_stays_within_its_budget():
     """A path predicted 10x slower is explored, but its extra time stays within the budget
     (2 % of the predicted time of all calls); with the paths close, it is explored at almost
-    every agreement."""
+    every agreement. The agreements' own work is timed on a clock that stands still: on the
+    machine's clock, under load, it ate the budget (124 explorations of 146 at load 11)."""
     def run(inagg_seconds: float) -> PathChooser:
-        c = PathChooser(lambda v: v, agree_every=128, explore_budget=0.02)
+        c = PathChooser(lambda v: v, agree_every=128, explore_budget=0.02, clock=lambda: 0.0)
         for nbytes in (4, 1 << 20):
             c.observe("gloo", nbytes, 1e-3)
             c.observe("inagg", nbytes, inagg_seconds)
