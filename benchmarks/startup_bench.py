@@ -7,7 +7,8 @@ its own (env:// rendezvous), the two backends interleaved so both see the same l
 The ranks meet on a store of their own before the clock starts (a process that finished importing
 torch later would otherwise count in every figure). Prints, per backend, the median over the repetitions of the slowest rank's seconds for each
 phase (``init``: ``init_process_group``; ``first``: init + the first 4-byte allreduce;
-``reinit``: destroy + init under a prefix of its own on the ranks' meeting store + one allreduce), each repetition's figures and the load average
+``reinit``: after a destroy (not timed), init under a prefix of its own on the ranks' meeting store + one allreduce;
+``first_cpu``, ``reinit_cpu``: the CPU time of ``first`` and ``reinit``, all the rank's threads), each repetition's figures and the load average
 (``uptime``) before and after. Exits 1 if a rank failed.
 """
 
@@ -22,7 +23,9 @@ import subprocess
 import sys
 import time
 
-PHASES = ("init", "first", "reinit")
+# the wall-clock phases, then the CPU time (all the rank's threads) of init + first and of the re-init:
+# CPU time barely moves with the machine's load, where wall time does
+PHASES = ("init", "first", "reinit", "first_cpu", "reinit_cpu")
 
 
 def rank_main(backend: str) -> None:
@@ -37,21 +40,22 @@ def rank_main(backend: str) -> None:
     sync = dist.TCPStore("127.0.0.1", int(os.environ["SYNC_PORT"]), world_size, is_master=rank == 0)
     sync.set(str(rank), "")
     sync.wait([str(r) for r in range(world_size)])
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     dist.init_process_group(backend)
     init = time.perf_counter() - started
     dist.all_reduce(x)
-    first = time.perf_counter() - started
+    first, first_cpu = time.perf_counter() - started, time.process_time() - cpu
     dist.destroy_process_group()
-    again = time.perf_counter()
+    again, cpu = time.perf_counter(), time.process_time()
     # keys of its own on a store already connected: on the first one, a rank that re-inits before
     # rank 0 has destroyed its group would read that group's keys (torch names the new group as
     # the old one); a new TCP store would time its clients' connection retries, not the backend
     dist.init_process_group(backend, store=dist.PrefixStore("reinit", sync), rank=rank, world_size=world_size)
     dist.all_reduce(x)
-    reinit = time.perf_counter() - again
+    reinit, reinit_cpu = time.perf_counter() - again, time.process_time() - cpu
     dist.destroy_process_group()
-    print(json.dumps({"init": init, "first": first, "reinit": reinit}), flush=True)
+    print(json.dumps({"init": init, "first": first, "reinit": reinit, "first_cpu": first_cpu, "reinit_cpu": reinit_cpu}),
+          flush=True)
 
 
 def _free_port() -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from inagg.hostlib.pytorch.path.options import TINY_BYTES
 from inagg.hostlib.worker.host_communicator import HostCommunicator
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ def summary(life: GroupLifecycle, size: int) -> str:
     paths = [forced] if forced is not None else list(life.paths.paths)
     carriers = " or ".join(names[route_of.get(p, p)] for p in paths)
     how = f"pinned by INAGG_ALLREDUCE_PATH={forced}" if forced is not None else "the faster per call"
+    if life.tiny_on_host:
+        how += f"; calls of up to {TINY_BYTES} B always on {names['inagg']}"
     hosts = life.host.n_hosts if life.host is not None else None
     where = f"{size} ranks on {hosts} host{'s' if hosts != 1 else ''}" if hosts else f"{size} ranks, each a worker"
     if life.endpoint is None:

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from inagg.hostlib.pytorch.path.choice import PATHS
+from inagg.hostlib.pytorch.path.options import TINY_BYTES
 from inagg.hostlib.pytorch.works import _CallWork, _GlooWork, _resolve_to, _ShardWork, _TimedWork
 from inagg.hostlib.worker.tensors import ReduceOp
 
@@ -155,6 +156,9 @@ class AllreduceDispatch:
             return self._gloo.run("allreduce", reason, tensors, opts)
         tensor = tensors[0]
         nbytes = tensor.nbytes
+        self._life.ready()
+        if nbytes <= TINY_BYTES and self._life.tiny_on_host and tensor.is_cpu:
+            return self._tiny(tensor, op == _AVG)
         path, measure = self._choose(nbytes, tensor.dtype)
         if path == "gloo" and op == _SUM:   # a run may follow, after a sampled call too
             self._run_nbytes, self._run_dtype = nbytes, tensor.dtype
@@ -166,13 +170,23 @@ class AllreduceDispatch:
                 return work
         return self._start(path, tensor, opts, measure)
 
+    def _tiny(self, tensor: torch.Tensor, average: bool) -> dist.Work:
+        """A tiny call of a job on one host (``TINY_BYTES``): on the host-local reduce, on the
+        caller's thread when nothing is queued, with no chooser, timing or agreement: the same
+        on every rank (its size decides), and the same bits as every path."""
+        self.allreduces["inagg"] += 1
+        self._carry("inagg", 1, tensor.nbytes)
+        work = self._run("inagg", tensor, average)
+        self._last_work["inagg"] = weakref.ref(work)
+        return work
+
     def _choose(self, nbytes: int, dtype: torch.dtype) -> tuple[str, bool]:
         """The path the chooser picks for an eligible call of ``nbytes`` (counted, its bytes
         carried on the path's route), and whether to time it; the chooser's error names the
         rank gone that caused it."""
-        self._life.ready()
+        paths = self._life.chooser()
         try:
-            path, measure = self._life.paths.choose(nbytes)   # may agree with the other ranks (the store)
+            path, measure = paths.choose(nbytes)   # may agree with the other ranks (the store)
         except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
             raise self._group.named(e)
         self.allreduces[path] += 1

@@ -122,6 +122,9 @@ class GroupLifecycle:
         self.fixed: FixedPointGloo | None = None
         self.peers: PeerWatch | None = None
         self.paths: PathChooser | None = None
+        # a job on one host with no controller named and no path forced: its tiny calls skip the
+        # chooser (``AllreduceDispatch._tiny``)
+        self.tiny_on_host = False
         # one leaving at a time: a start that gives up (its thread) and destroy may both leave
         self._leave_lock = threading.Lock()
         # rank 0's local deployment starts now where every rank is a switch worker
@@ -203,6 +206,7 @@ class GroupLifecycle:
             except Exception as e:
                 raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
         self.fixed = self._reproducible(fixed_gloo) if fixed_gloo is not None else None
+        self.tiny_on_host = self.endpoint is None and forced is None
         paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
         if forced is not None and forced not in paths:
             why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
@@ -210,11 +214,18 @@ class GroupLifecycle:
             raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
         self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size, self.failure), paths,
                                  forced=forced,
-                                 shared_clock=_ranks_share_a_clock(self._start_store(store, "clock"), rank, world_size),
+                                 shared_clock=self._shared_clock(store),
                                  links=self._links(self.comm.grant), move=self._grant_move())
-        if self.fixed is not None:
+        if self.fixed is not None and not self.tiny_on_host:
             self._dispatch.calibrate()
             self._calibrated = True
+
+    def _shared_clock(self, store: dist.Store) -> bool:
+        """Whether every rank reads one clock (``_ranks_share_a_clock``): without asking where
+        the ranks are one host (they share memory: one kernel), the same answer on every rank."""
+        if self.host is not None and self.host.n_hosts == 1:
+            return True
+        return _ranks_share_a_clock(self._start_store(store, "clock"), self._group.rank(), self._group.size())
 
     def _grant_move(self) -> GrantMove | None:
         """How the path choice sees the job's grant move; None where this rank's host reduces
@@ -234,7 +245,8 @@ class GroupLifecycle:
 
     def ready(self) -> None:
         """Wait for the inagg paths (``_start_paths``) and, the first time, calibrate them (the same
-        calls on every rank: every rank's first call that needs the paths is the same call);
+        calls on every rank: every rank's first call that needs the paths is the same call;
+        a job on one host calibrates at its first call that asks the chooser, ``chooser``);
         raises what kept them from starting, or the rank gone meanwhile (a join waits for every
         rank). Every eligible allreduce asks first."""
         if self.is_ready:
@@ -249,11 +261,25 @@ class GroupLifecycle:
                 error = InaggSetupError(str(self._start_error))
                 error.__cause__ = self._start_error
                 raise self.named(error)
-            if not self._calibrated:
+            if not self._calibrated and not self.tiny_on_host:
                 self._dispatch.calibrate()
+                self._calibrated = True
             self.is_ready = True
             if self._group.rank() == 0:
                 paths_log.info("%s", summary(self, self._group.size()))
+
+    def chooser(self) -> PathChooser:
+        """The path chooser, once the paths are up (``ready``) and calibrated. A job on one host
+        (``tiny_on_host``) calibrates here, at its first call that asks the chooser (the same
+        call on every rank): its tiny calls never do, so its start and its first tiny call wait
+        for no calibration."""
+        self.ready()
+        if not self._calibrated:
+            with self._ready_lock:
+                if not self._calibrated:
+                    self._dispatch.calibrate()
+                    self._calibrated = True
+        return self.paths
 
     def _start_stop(self) -> RankDied | None:
         """Why the start gives up now: a rank gone while it runs (its waits would wait for that

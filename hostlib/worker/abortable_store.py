@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 Stop = Callable[[], BaseException | None]   # why to give up waiting now (None: keep waiting)
 
-_POLL_FIRST_SECONDS = 0.001
+_POLL_FIRST_SECONDS = 2e-4   # a key set just after a check is seen this late (a start's waits mostly)
 _POLL_MAX_SECONDS = 0.01   # how late a key is seen at most; a start waits for a handful of them
 
 

@@ -25,11 +25,12 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
-import selectors
+import select
 import socket
 import struct
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
@@ -42,6 +43,7 @@ HOST_ID_ENV = "INAGG_HOST_ID"
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _NET_NAMESPACE = Path("/proc/self/ns/net")
 SLICE_SECONDS = 0.2   # a wait for a rank of the host looks this often whether the group failed
+_SLICE_MS = round(SLICE_SECONDS * 1000)   # the same, as poll(2) takes it
 Stop = Callable[[], "BaseException | None"]   # why a wait ends now (None: it goes on)
 
 
@@ -72,28 +74,29 @@ def host_identity() -> str:
 
 @dataclass(frozen=True)
 class HostLayout:
-    """Every host's ranks (ascending; hosts ordered by their lowest rank) and this rank."""
+    """Every host's ranks (ascending; hosts ordered by their lowest rank) and this rank. What
+    follows from them is worked out once (every call of the host reduce reads it)."""
 
     rank: int
     hosts: tuple[tuple[int, ...], ...]
 
-    @property
+    @cached_property
     def host(self) -> int:
         return next(h for h, ranks in enumerate(self.hosts) if self.rank in ranks)
 
-    @property
+    @cached_property
     def local(self) -> tuple[int, ...]:
         return self.hosts[self.host]
 
-    @property
+    @cached_property
     def local_index(self) -> int:
         return self.local.index(self.rank)
 
-    @property
+    @cached_property
     def leader(self) -> bool:
         return self.local_index == 0
 
-    @property
+    @cached_property
     def world_size(self) -> int:
         return sum(len(ranks) for ranks in self.hosts)
 
@@ -110,7 +113,9 @@ def _span(ranks: tuple[int, ...]) -> str:
 def discover_layout(store, rank: int, world_size: int) -> HostLayout:
     """Every rank's host, through the job's (prefixed) store. A collective."""
     store.set(f"id/{rank}", host_identity())
-    ids = [store.get(f"id/{r}").decode() for r in range(world_size)]
+    keys = [f"id/{r}" for r in range(world_size)]
+    store.wait(keys)   # then one round trip for all of them
+    ids = [value.decode() for value in store.multi_get(keys)]
     hosts: dict[str, list[int]] = {}
     for r, host in enumerate(ids):
         hosts.setdefault(host, []).append(r)
@@ -167,11 +172,11 @@ class Link:
     def wait_readable(self, stop: Stop = never, timeout: float | None = None) -> None:
         """Return once the peer has sent something (or closed); raise ``stop()``'s error, or a
         ``JobFailed`` naming the peer after ``timeout`` seconds (module docstring)."""
+        poller = select.poll()   # poll(2): no descriptor of its own to open and close, as epoll's
+        poller.register(self.sock, select.POLLIN)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.sock, selectors.EVENT_READ)
-            while not selector.select(SLICE_SECONDS):
-                _give_up(stop, deadline, timeout, [self])
+        while not poller.poll(_SLICE_MS):
+            _give_up(stop, deadline, timeout, [self])
 
     def read_exactly(self, n: int) -> bytes:
         data = b""
@@ -193,21 +198,20 @@ def receive_all(links: dict[int, Link], stop: Stop = never, timeout: float | Non
     """One message from each link, in the order they come; the first dead peer raises, and so
     does a wait that ``stop`` ends or that outlasts ``timeout`` seconds (module docstring)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    selector = selectors.DefaultSelector()
+    poller = select.poll()   # poll(2): no descriptor of its own to open and close, as epoll's
+    by_fd = {}
     for i, link in links.items():
-        selector.register(link.sock, selectors.EVENT_READ, i)
+        poller.register(link.sock, select.POLLIN)
+        by_fd[link.sock.fileno()] = i
     got: dict[int, Message] = {}
-    try:
-        while len(got) < len(links):
-            ready = selector.select(SLICE_SECONDS)
-            for key, _ in ready:
-                i = key.data
-                got[i] = links[i].recv()
-                selector.unregister(links[i].sock)
-            if not ready:
-                _give_up(stop, deadline, timeout, [link for i, link in links.items() if i not in got])
-    finally:
-        selector.close()
+    while len(got) < len(links):
+        ready = poller.poll(_SLICE_MS)
+        for fd, _ in ready:
+            i = by_fd[fd]
+            got[i] = links[i].recv()
+            poller.unregister(fd)
+        if not ready:
+            _give_up(stop, deadline, timeout, [link for i, link in links.items() if i not in got])
     return got
 
 

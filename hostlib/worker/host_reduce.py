@@ -49,6 +49,7 @@ for a rank of the host (``inagg.hostlib.worker.host_group``); so does the group'
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -131,13 +132,21 @@ def _areas(c: _Call) -> dict[str, tuple[int, int, object, int]]:
     """Where the call's arrays lie in the shared buffer: name -> (region, offset, dtype, count). Two
     regions: the ranks' inputs ("in", from the buffer's start) and what the leader and the
     segments write ("out", from ``SharedBuffer.split``). A rank that starts the next call writes
-    only its own input rows, so a rank still copying this call's result out is never overwritten."""
-    blocks = c.n_blocks if c.mode == _BLOCKS else 0
-    regions = [[("x", np.float32 if c.is_float else np.int32, c.n_ranks * c.n),
-                ("exps", np.int8, c.n_ranks * blocks), ("bad", np.uint8, c.n_ranks * blocks), ("in_end", np.uint8, 0)],
+    only its own input rows, so a rank still copying this call's result out is never overwritten.
+    Worked out once per kind of call (``_layout``; a training job repeats a few) and only read."""
+    return _layout(c.n, c.is_float, c.mode, c.k, c.n_ranks, c.n_hosts, _body(c))
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(n: int, is_float: bool, mode: int, k: int, n_ranks: int, n_hosts: int,
+            body: int) -> dict[str, tuple[int, int, object, int]]:
+    """``_areas`` of a call of ``n`` values (``body``: its int32 values between hosts)."""
+    blocks = -(-n // k) if mode == _BLOCKS else 0
+    regions = [[("x", np.float32 if is_float else np.int32, n_ranks * n),
+                ("exps", np.int8, n_ranks * blocks), ("bad", np.uint8, n_ranks * blocks), ("in_end", np.uint8, 0)],
                [("agreed", np.int8, blocks), ("any_bad", np.uint8, blocks),
-                ("wire", np.int32, 2 * c.n_hosts + _body(c)), ("result", np.float32, c.n if c.is_float else 0),
-                ("sums", np.int32, 2 * c.n_hosts + c.n if c.mode == _BLOCKS and c.n_hosts > 1 else 0),
+                ("wire", np.int32, 2 * n_hosts + body), ("result", np.float32, n if is_float else 0),
+                ("sums", np.int32, 2 * n_hosts + n if mode == _BLOCKS and n_hosts > 1 else 0),
                 ("out_end", np.uint8, 0)]]
     areas = {}
     for region, sizes in enumerate(regions):

@@ -6,6 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FIRST_AGREEMENT = 16   # the first scheduled agreement's call; then 32, 64, ... up to ``agree_every``
+# a job on one host with no controller named sends an eligible CPU call of at most this many bytes
+# through the host-local reduce without asking the chooser (``AllreduceDispatch._tiny``): there a
+# call's time is its wake-ups, two messages on a Unix socket against gloo's TCP rounds and its
+# threads' hand-overs (docs/results/startup.md)
+TINY_BYTES = 1024
 
 
 @dataclass(frozen=True)
