@@ -675,6 +675,21 @@ def test_tree_a_resend_before_the_result_goes_up_again(dp):
         assert values == [70] * K
 
 
+def test_tree_the_parents_result_goes_down_to_the_owner_alone(dp):
+    """A ToR elides to its own ranks: its partial sum goes up without FLAG_MINE (the parent
+    sends every child switch the values), and the parent's result comes down with its values
+    to the round's owner alone, the header to the other child."""
+    needs(dp, JOB5)
+    owner_rule_only(dp)
+    dp.drain()
+    send(dp, contribution(JOB5, 0, [1] * K, slot=37))
+    send(dp, contribution(JOB5, 1, [2] * K, slot=37, flags=FLAG_MINE))
+    h, values = expect_upstream(dp)
+    assert values == [3] * K and not h.flags & FLAG_MINE
+    send(dp, parent_result([30] * K, slot=37))
+    assert {r: len(d) for r, (_, d) in udp_results(dp, JOB5).items()} == {0: 16, 1: 16 + 4 * K}
+
+
 def test_tree_results_only_from_the_parent_in_its_slots(dp):
     needs(dp, JOB5)
     dp.drain()
