@@ -59,9 +59,9 @@ class Target:
 # Runs per program: "path", any outcome (most paths end in a drop), and for BMv2 "out", paths
 # that send a packet (--output-packet-only), so the replay compares frames as well as drops. On
 # the Tofino program p4testgen finds no such path (docs/testing.md): an "out" run there gives
-# no test in minutes. BMv2's "out" stops at 45 tests: looking for a 49th (the reduce-scatter's
-# egress elision added statements only multicast copies reach), p4testgen's greedy search gives up
-# with an internal error (too many paths whose output port its STF back end cannot test).
+# no test in minutes. BMv2's "out" stops at 45 tests: since the reduce-scatter's RoundOwner and
+# ResultElision, p4testgen's greedy search gives up looking for a 49th with an internal error
+# (more guard violations than it permits: paths whose output port its STF back end cannot test).
 _GREEDY = ("--path-selection", "greedy_statement_search", "--track-coverage", "STATEMENTS")
 _RANDOM = ("--path-selection", "random_backtrack")
 _OUT = ("--output-packet-only",)
