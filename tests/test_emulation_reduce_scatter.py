@@ -1,9 +1,9 @@
 """A reduce-scatter in the network on BMv2, end to end in Mininet (root, Mininet and BMv2;
 skipped without them): two jobs of two workers on one switch replay the same synthetic profile,
 job ``ar`` allreducing each bucket, job ``rs`` reduce-scattering it (the profile's
-``collective``). BMv2's captures of the workers' ports show each ``rs`` worker the values of
-its own shard's blocks only and the header alone of the other's, and about half the bytes an
-``ar`` worker gets (docs/protocol.md, "Reduce-scatter"; the soft switch's twin of this test is
+``collective``). BMv2's captures of the workers' ports show each ``rs`` worker marking its own
+shard's blocks FLAG_MINE (no ``ar`` worker marks any), getting the values of those only and the
+header alone of the other's, and about half the bytes an ``ar`` worker gets (docs/protocol.md, "Reduce-scatter"; the soft switch's twin of this test is
 tests/test_reduce_scatter.py's)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from scapy.utils import RawPcapReader
 
 from inagg.bmv2_env.emulation.testbed import bmv2_missing
-from inagg.hostlib.wire.protocol import FLAG_RETRANSMIT, HEADER_BYTES, MSG_RESULT, UDP_PORT, unpack_header
+from inagg.hostlib.wire.protocol import FLAG_MINE, FLAG_RETRANSMIT, HEADER_BYTES, MSG_RESULT, UDP_PORT, unpack_header
 from tests.test_emulation import mininet_missing, run_topology
 from tests.test_emulation_config import topo
 
@@ -38,6 +38,11 @@ def write_topology(tmp_path: Path) -> Path:
     return path
 
 
+def capture(run, port: int, way: str) -> Path:
+    """BMv2's capture of switch port ``port``, ``way`` "in" or "out"."""
+    return run.path / "pcaps" / f"{run.run_id}s1-eth{port}_{way}.pcap"
+
+
 def results(pcap: Path) -> tuple[set[int], set[int], int]:
     """Of the switch's first answers (not resends) in one port's outgoing capture: the offsets of
     the data rounds that came with values, of those that came as the header alone, and the
@@ -58,19 +63,32 @@ def results(pcap: Path) -> tuple[set[int], set[int], int]:
     return whole, elided, nbytes
 
 
+def marked(pcap: Path) -> set[int]:
+    """Offsets of the contributions in one port's incoming capture that carry FLAG_MINE."""
+    out = set()
+    for frame, _ in RawPcapReader(str(pcap)):
+        frame = bytes(frame)
+        if len(frame) >= RESULT_HEADER and frame[12:14] == b"\x08\x00" and frame[23] == 17 \
+                and int.from_bytes(frame[36:38], "big") == UDP_PORT and frame[43] & FLAG_MINE:
+            out.add(unpack_header(frame[42:]).offset)
+    return out
+
+
 def test_bmv2_sends_each_reduce_scatter_worker_its_shard_alone(tmp_path):
     if reason := mininet_missing() or bmv2_missing():
         pytest.skip(reason)
     rows, stdout, run = run_topology(tmp_path, str(write_topology(tmp_path)), "bmv2")
     assert all(rows[j]["ok"] and rows[j]["mode"] == "switch" for j in ("ar", "rs")), stdout
-    got = {port: results(run.path / "pcaps" / f"{run.run_id}s1-eth{port}_out.pcap") for port in range(1, 5)}
+    got = {port: results(capture(run, port, "out")) for port in range(1, 5)}
     blocks = set(range(K, BUCKET // 4, K))                     # every block but block 0
     shards = [{o for o in blocks if o < BUCKET // 8}, {o for o in blocks if o >= BUCKET // 8}]
     for port in (1, 2):                                        # ar: every block with its values
         assert got[port][:2] == (blocks, set())
     mine = [next(s for s in shards if got[port][0] == s) for port in (3, 4)]   # each rs worker: one shard
     assert mine[0] != mine[1]
+    assert marked(capture(run, 1, "in")) == marked(capture(run, 2, "in")) == set()
     for port, shard in zip((3, 4), mine):
+        assert marked(capture(run, port, "in")) - {0} == shard   # the worker marks its own blocks
         assert got[port][1] == blocks - shard                  # the other's blocks: the header alone
         # half the allreduce's, plus a header per block of the other's (block 0 too), plus each
         # call's control round (its values go to every rank whole)
