@@ -28,7 +28,10 @@ the default, or ``stratum``: the device config's packing, controller/tofino/conf
 maps the front-panel ports its hosts and links use to device ports (``"device_ports": {"1": 128,
 ...}``, docs/tofino.md), every used port mapped; its ``ports`` section says how each of them comes
 up (SDE connector, speed, FEC, autoneg: controller/tofino/ports.py), from which
-``inagg-tofino-ports`` writes the bring-up script and fills ``device_ports``.
+``inagg-tofino-ports`` writes the bring-up script and fills ``device_ports``. It may name
+front-panel ports it put in loopback (``"loopback_ports": [57, 58]``, mapped like the others):
+each pipe's results recirculate through its recirculation port and its loopback ports, each
+slot through one of them (controller/switch.py: ``recirculation_rows``).
 Switches wired to each other name the link on both ends: ``"links": {"spine": 5}`` on a ToR
 (its front-panel port 5 goes to switch "spine") and ``"links": {"tor1": 1}`` on the spine. The
 links must form a forest (no cycles); a job whose ranks hang off several linked switches
@@ -97,12 +100,19 @@ class SwitchConfig:
     links: dict[str, int] = field(default_factory=dict)   # neighbour switch -> front-panel port
     port_setup: dict[int, PortSetup] = field(default_factory=dict)  # the ``ports`` section
     push_timeout: float = DEFAULT_PUSH_TIMEOUT   # seconds the pipeline push may take
+    loopback_ports: tuple[int, ...] = ()   # front-panel ports in loopback (recirculation)
 
     def port_users(self) -> dict[int, str]:
         """Each front-panel port a host or link uses -> who uses it (for messages)."""
         users = {port: f"link to {name}" for name, port in self.links.items()}
         users.update({h.port: f"host {ip}" for ip, h in self.hosts.items()})
+        users.update({port: "loopback" for port in self.loopback_ports})
         return users
+
+    @property
+    def loopback_device_ports(self) -> list[int]:
+        """The device ports of the front-panel ports in loopback."""
+        return sorted(self.device_port(p) for p in self.loopback_ports)
 
     @property
     def ports(self) -> list[int]:
@@ -145,7 +155,8 @@ def _need(d: dict, key: str, where: str):
 
 
 _SWITCH_KEYS = {"name", "grpc", "device_id", "target", "aggregator", "aggregator_mac", "hosts",
-                "device_ports", "p4info", "p4runtime_server", "links", "ports", "push_timeout"} | {k for keys in DEVICE_FILES.values() for k in keys}
+                "device_ports", "p4info", "p4runtime_server", "links", "ports", "push_timeout",
+                "loopback_ports"} | {k for keys in DEVICE_FILES.values() for k in keys}
 
 
 def parse_program(s: dict, where: str, base: Path | None) -> Program:
@@ -271,10 +282,32 @@ def parse_switch(s: dict, i: int, base: Path | None) -> SwitchConfig:
         s["aggregator"], hosts, parse_program(s, where, base),
         aggregator_mac=parse_mac(s, "aggregator_mac", where),
         links=parse_links(s, where, {h.port for h in hosts.values()}),
-        push_timeout=parse_push_timeout(s, where))
+        push_timeout=parse_push_timeout(s, where),
+        loopback_ports=parse_loopback_ports(s, where, hosts))
     users = sw.port_users()
     return replace(sw, device_ports=parse_device_ports(s, where, users),
                    port_setup=parse_port_setup_section(s, where, users))
+
+
+def parse_loopback_ports(s: dict, where: str, hosts: dict[str, HostPort]) -> tuple[int, ...]:
+    """A Tofino switch's front-panel ports in loopback (``loopback_ports``); () when absent.
+    A port in loopback carries only recirculated passes, so no host or link may be on it."""
+    if "loopback_ports" not in s:
+        return ()
+    if s.get("target") not in TOFINO_CHIPS:
+        raise ValueError(f"{where}.loopback_ports: recirculation through loopback ports belongs to "
+                         f"a Tofino switch, not a {s.get('target', 'bmv2')} one: remove the key")
+    given = s["loopback_ports"]
+    if not isinstance(given, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in given):
+        raise ValueError(f"{where}.loopback_ports: a list of front-panel port numbers, "
+                         f"e.g. [57, 58], not {given!r}")
+    used = {h.port: f"host {ip}" for ip, h in hosts.items()}
+    used.update({int(port): f"link to {name}" for name, port in s.get("links", {}).items()})
+    taken = [f"{p} ({used[p]})" for p in given if p in used]
+    if taken or len(set(given)) != len(given):
+        raise ValueError(f"{where}.loopback_ports: each port once, and none a host or link is on: "
+                         f"{', '.join(taken) or sorted(given)}")
+    return tuple(given)
 
 
 def parse_push_timeout(s: dict, where: str) -> float:

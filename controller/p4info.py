@@ -28,6 +28,10 @@ __all__ = ["P4Info", "P4Type", "encode", "decode", "same_p4info", "same_program"
 SLOT_POOL_REGISTERS = ("slot_tag", "map0")
 # K, the values per packet of a target, as job_table carries it (p4/include/job_admission.p4).
 VALUES_PER_PACKET_ANNOTATION = re.compile(r"@inagg_values_per_packet\((\d+)\)")
+# The TNA program's recirculation ports (p4/tofino/recirc_spread.p4): the pipe-local
+# recirculation port, and the pipe-local loopback ports the parser takes second passes on
+# (base, mask).
+RECIRCULATION_ANNOTATION = re.compile(r"@inagg_recirculation_ports\((\w+) *, *(\w+) *, *(\w+)\)")
 
 
 def same_p4info(a: p4info_pb2.P4Info, b: p4info_pb2.P4Info) -> bool:
@@ -119,6 +123,20 @@ class P4Info:
             if m:
                 return int(m.group(1))
         raise KeyError(f"{self.program_name}: job_table has no @inagg_values_per_packet annotation")
+
+    @property
+    def recirculation_ports(self) -> tuple[int, int, int] | None:
+        """The TNA program's pipe-local recirculation port and the (base, mask) of the
+        pipe-local ports it reserves for loopback, from recirc_spread's
+        @inagg_recirculation_ports; None for a program without recirc_spread (BMv2's)."""
+        if not self.has(P4Type.table, "recirc_spread"):
+            return None
+        for note in self.obj(P4Type.table, "recirc_spread").preamble.annotations:
+            m = RECIRCULATION_ANNOTATION.fullmatch(note)
+            if m:
+                local, base, mask = (int(g, 0) for g in m.groups())
+                return local, base, mask
+        raise KeyError(f"{self.program_name}: recirc_spread has no @inagg_recirculation_ports annotation")
 
     @property
     def drop_row_length(self) -> int:

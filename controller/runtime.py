@@ -17,7 +17,8 @@ from inagg.controller.config import SwitchConfig
 from inagg.controller.p4info import P4Info
 from inagg.controller.switch import (
     DELETE, INSERT, MODIFY, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
-    ResultReplication, SourceGuard, SwitchConnection, SwitchJob, TreeUplink,
+    RecircSpread, ResultReplication, SourceGuard, SwitchConnection, SwitchJob, TreeUplink,
+    check_no_traffic_on_reserved_ports, recirculation_rows,
 )
 from inagg.hostlib.wire.grant import parse_address
 from inagg.controller.p4info import P4Type
@@ -45,6 +46,7 @@ class SwitchCapacity:
     job_workers: int      # ranks of one job: the width of a slot's worker bitmap
     trees: bool = False   # has uplink_table: can be a switch below the root of a tree
     guard: bool = False   # has host_port_table: drops hosts' frames that claim an aggregator's place
+    recirc_spread: bool = False   # has recirc_spread: recirculates through loopback ports too
 
     @classmethod
     def from_p4info(cls, p4info: P4Info) -> "SwitchCapacity":
@@ -53,7 +55,8 @@ class SwitchCapacity:
                    worker_entries=min(p4info.table_size("worker_table"),
                                       p4info.table_size("replica_table")),
                    job_workers=MAX_WORKERS, trees=p4info.has(P4Type.table, "uplink_table"),
-                   guard=p4info.has(P4Type.table, "host_port_table"))
+                   guard=p4info.has(P4Type.table, "host_port_table"),
+                   recirc_spread=p4info.has(P4Type.table, "recirc_spread"))
 
 
 class SwitchRuntime:
@@ -66,6 +69,10 @@ class SwitchRuntime:
         self.allocator = allocator
         self.p4info = p4info
         self.capacity = SwitchCapacity.from_p4info(p4info)
+        recirculation_rows(p4info, cfg.loopback_device_ports)   # a port it cannot use: ValueError
+        traffic = {cfg.device_port(p): who for p, who in cfg.port_users().items()
+                   if p not in cfg.loopback_ports}
+        check_no_traffic_on_reserved_ports(p4info, traffic)
         self.routes = routes or {}   # MAC -> front-panel port of the link toward it
         self.wanted: list[SwitchJob] | None = None   # what the switch should hold
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
@@ -112,6 +119,7 @@ class SwitchRuntime:
         if self.id_mark:
             updates.append(JobAdmission(self.sw).mark_update(INSERT, self.id_mark))
         updates += self.guard_updates()
+        updates += RecircSpread(self.sw).updates(INSERT, self.cfg.loopback_device_ports)
         for job in jobs:
             updates.append(ResultReplication(self.sw).job_update(INSERT, job))
             updates += ReplicaRewrite(self.sw).updates(INSERT, job)
@@ -148,7 +156,8 @@ class SwitchRuntime:
         have_tables: dict[tuple, tuple] = {}
         tables = ("l2_table", "worker_table", "replica_table", "job_table") + \
             (("uplink_table",) if self.capacity.trees else ()) + \
-            (("host_port_table",) if self.capacity.guard else ())
+            (("host_port_table",) if self.capacity.guard else ()) + \
+            (("recirc_spread",) if self.capacity.recirc_spread else ())
         for table in tables:
             for key, action, params in self.sw.table_entries(table):
                 have_tables[(table, tuple(sorted(key.items())))] = (action, params)
@@ -177,7 +186,7 @@ class SwitchRuntime:
         fresh = [j for j in jobs if ("job_table", (("job_id", j.job_id),)) not in have_tables]
         writes[:0] = [u for j in fresh for u in JobCounters(self.sw).reset_updates(j.job_index)]
         order = {"job_table": 0, "uplink_table": 1, "replica_table": 1, "worker_table": 1, "l2_table": 2,
-                 "host_port_table": 2}
+                 "host_port_table": 2, "recirc_spread": 2}
         stale = sorted((k for k in have_tables if k not in seen_tables), key=lambda k: order[k[0]])
         for table, key in stale:
             writes.append(self.sw.table_update(DELETE, table, dict(key)))

@@ -538,6 +538,70 @@ class SourceGuard:
         return {r: counts.get(i, 0) for i, r in enumerate(GUARD_DROP_REASONS) if counts.get(i, 0)}
 
 
+def reserved_loopback_ports(p4info: P4Info) -> list[int]:
+    """The pipe-local ports the program takes second passes on besides its recirculation port
+    (@inagg_recirculation_ports' base and mask); [] for a program without recirc_spread."""
+    known = p4info.recirculation_ports
+    if known is None:
+        return []
+    _, base, mask = known
+    return [p for p in range(128) if p & mask == base & mask]
+
+
+def check_no_traffic_on_reserved_ports(p4info: P4Info, users: dict[int, str]) -> None:
+    """A ValueError naming each host or link (``users``: device port -> who) on a port the
+    program reserves for loopback: its parser would take that port's frames for second passes."""
+    reserved = reserved_loopback_ports(p4info)
+    bad = [f"{who} (device port {port})" for port, who in sorted(users.items()) if port & 0x7F in reserved]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: on a port the Tofino program reserves for loopback "
+                         f"(pipe-local {reserved[0]}-{reserved[-1]}, where its parser takes second "
+                         f"passes): attach it to another port (docs/tofino.md, step 5)")
+
+
+def recirculation_rows(p4info: P4Info, loopback: Iterable[int]) -> dict[tuple[int, int], int]:
+    """recirc_spread's rows (p4/tofino/recirc_spread.p4) for the device ports ``loopback`` the
+    operator put in loopback: (pipe, slot's low bits) -> port. A pipe with loopback ports
+    spreads its slots over its recirculation port and them, round robin over the low bits in
+    port order (with 2^bits rows, each port takes every len(ports)-th low value); a pipe with
+    none gets no row (the table's default: its recirculation port). Every pass of a slot takes
+    its row's port, so their order is that port's FIFO. A ValueError names a port the program
+    cannot take second passes on (not one it reserves for loopback, @inagg_recirculation_ports)."""
+    ports = sorted(set(loopback))
+    if not ports:
+        return {}
+    known = p4info.recirculation_ports
+    if known is None:
+        raise ValueError(f"loopback ports {ports}: the program {p4info.program_name} has no "
+                         f"recirc_spread table (only the Tofino program spreads recirculation)")
+    local, _, _ = known
+    reserved = reserved_loopback_ports(p4info)
+    wrong = [p for p in ports if (p & 0x7F) not in reserved]
+    if wrong:
+        raise ValueError(f"loopback device port(s) {wrong}: the program takes second passes only "
+                         f"on pipe-local ports {reserved[0]}-{reserved[-1]} of each pipe "
+                         f"(p4/tofino/types.p4, LOOPBACK_BASE): put those in loopback and name them")
+    low = 1 << p4info.obj(P4Type.table, "recirc_spread").match_fields[1].bitwidth
+    rows = {}
+    for pipe in sorted({p >> 7 for p in ports}):
+        spread = [pipe << 7 | local] + [p for p in ports if p >> 7 == pipe]
+        rows.update({(pipe, i): spread[i % len(spread)] for i in range(low)})
+    return rows
+
+
+class RecircSpread:
+    """Programs recirc_spread from the switch's loopback ports (``recirculation_rows``)."""
+
+    def __init__(self, sw: SwitchConnection) -> None:
+        self.sw = sw
+
+    def updates(self, kind: int, loopback: Iterable[int]) -> list[p4runtime_pb2.Update]:
+        return [self.sw.table_update(kind, "recirc_spread", {"pipe": pipe, "slot_low": low},
+                                     None if kind == DELETE else "via",
+                                     None if kind == DELETE else {"port": port})
+                for (pipe, low), port in recirculation_rows(self.sw.p4info, loopback).items()]
+
+
 _JOB_COUNTS = ("packets", "aggregated", "duplicates", "results")   # job_<name>, one cell per job
 _RECIRC = ("recirc_sent", "recirc_arrived")   # the TNA program's, one cell per pipe
 

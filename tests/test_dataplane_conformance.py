@@ -321,8 +321,9 @@ def test_contribution_of_another_round_is_dropped_as_bad_round(dp):
     assert after["duplicates"] == before["duplicates"]
 
 
-# Tofino 1 does not check the round tag (docs/tofino.md, "Round identity": 12 of 12 stages): its
-# model keeps the issue-38 hole, and these scenarios are expected to fail there; Tofino 2 checks it.
+# Tofino 1 does not check the round tag (docs/tofino.md, "Round identity": Tofino 2's check runs
+# out of PHV there): its model keeps the issue-38 hole, and these scenarios are expected to fail
+# there; Tofino 2 checks it.
 TOFINO_ROUND_LIMIT = "docs/tofino.md: the Tofino 1 program carries the round tag but does not check it"
 
 

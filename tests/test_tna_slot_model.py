@@ -92,7 +92,7 @@ def worker_address(port: int, rank: int, job_id: int) -> tuple[int, int, int]:
 
 
 # Whether the chip's program checks the round tag (docs/tofino.md, "Round identity"): Tofino 2
-# does, as every other target; Tofino 1 only carries it (12 of 12 stages).
+# does, as every other target; Tofino 1 only carries it (the check runs out of PHV there).
 ROUND_CHECK = {"tofino": False, "tofino2": True}
 
 
@@ -594,6 +594,45 @@ def test_a_harvest_pass_after_teardown_touches_nothing_of_the_slots_new_owner(ch
     done = model.first_pass(frame(1, 2, rows[2], slot=1, epoch=2)[1][42:], ("rank", 2))
     (emit,) = model.second_pass(done) if done.recirculate else model._send(done)
     assert _sums([(0, bytes(42) + emit.data)]) == [[6000] * K]
+
+
+def test_a_dup_done_answer_after_teardown_leaks_nothing_of_the_slots_new_owner(chip):
+    """Tofino 1: a resend of job 1's harvested round is answered (DUP_DONE) through a harvest
+    pass that reads the second half of the lanes; the job is torn down (placed again: epoch 2)
+    while that pass recirculates, and the new owner's first packets store their values in the
+    slot's lanes. The pass's owner check (map<s>_undo with me = 0: answer_set0) finds another
+    owner: it changes no map, marks nothing, and the answer is dropped instead of carrying the
+    new owner's values; the new owner's round completes exact. Tofino 2 answers from the first
+    pass: there is no pass to tear down under."""
+    model = make(TofinoModelPipeline, chip).engine
+    last, _ = _a_completed_round(model)
+    model.second_pass(last)
+    answer = model.first_pass(frame(1, 0, [9] * K, slot=1, flags=1)[1][42:], ("rank", 0))
+    assert answer.meta.harvest == tna_slot_model.HARVEST_ANSWER
+    assert answer.recirculate == (chip == "tofino")
+    model.replace_jobs({**model.jobs, 1: dataclasses.replace(model.jobs[1], epoch=2)})
+    rows = [np.full(K, 1000 * (r + 1), np.int32) for r in range(3)]
+    for r in range(2):
+        assert model.first_pass(frame(1, r, rows[r], slot=1, epoch=2)[1][42:], ("rank", r)) is None
+    maps, seen = [list(m) for m in model.maps], list(model.seen)
+    if chip == "tofino":
+        assert model.second_pass(answer) == []
+        assert [list(m) for m in model.maps] == maps and model.seen == seen
+    done = model.first_pass(frame(1, 2, rows[2], slot=1, epoch=2)[1][42:], ("rank", 2))
+    (emit,) = model.second_pass(done)
+    assert _sums([(0, bytes(42) + emit.data)]) == [[6000] * K]
+
+
+def test_a_dup_done_answers_owner_check_changes_no_bit_while_the_owner_holds(chip):
+    """The same answer without a teardown: its owner check finds the owner, takes no bit out
+    of the set's map (me = 0 on a HARVEST_ANSWER pass), and the answer carries every sum."""
+    model = make(TofinoModelPipeline, chip).engine
+    last, total = _a_completed_round(model)
+    model.second_pass(last)
+    maps = [list(m) for m in model.maps]
+    (emit,) = model.process(frame(1, 0, [9] * K, slot=1, flags=1)[1][42:], ("rank", 0))
+    assert [list(m) for m in model.maps] == maps
+    assert emit.ranks == (0,) and _sums([(0, bytes(42) + emit.data)]) == [total.tolist()]
 
 
 def test_a_parser_branch_the_compiler_dropped_drops_the_result(chip):

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from bfrt_standin import FIXTURE, TableError, bfrt_with_board
-from inagg.controller.tofino.bfrt_port_script import port_script
+from inagg.controller.tofino.bfrt_port_script import LOOPBACK_MODES, port_script
 from inagg.controller.config import load_config, parse_config
 from inagg.controller.tofino.ports import AUTONEG, FECS, SPEEDS
 from inagg.controller.tofino_ports_cli import main
@@ -68,9 +68,10 @@ def test_the_script_uses_the_sde_port_tables_names():
     keywords = {k.arg for call in table_calls for k in call.keywords}
     assert keywords - {"print_ents"} <= fields
     assert {"DEV_PORT", "CONN_ID", "CHNL_ID", "SPEED", "FEC", "AUTO_NEGOTIATION",
-            "PORT_ENABLE"} <= keywords
+            "LOOPBACK_MODE", "PORT_ENABLE"} <= keywords
     data = tables["$PORT"]["data"]
-    for words, field in ((SPEEDS, "$SPEED"), (FECS, "$FEC"), (AUTONEG, "$AUTO_NEGOTIATION")):
+    for words, field in ((SPEEDS, "$SPEED"), (FECS, "$FEC"), (AUTONEG, "$AUTO_NEGOTIATION"),
+                         (LOOPBACK_MODES, "$LOOPBACK_MODE")):
         assert set(words.values()) <= set(data[field]["choices"])
     assert "$DEV_PORT" in tables["$PORT_HDL_INFO"]["data"]
 
@@ -79,13 +80,14 @@ def test_the_script_adds_and_enables_each_port_and_prints_the_map():
     bfrt = bfrt_with_board(BOARD)
     output = run_script(port_script(parse_config(config()).switches[0], "c.json"), bfrt)
     rows = bfrt.port.port.rows
+    no = {b"$LOOPBACK_MODE": "BF_LPBK_NONE", b"$PORT_ENABLE": True}
     assert rows == {
         ((b"$DEV_PORT", 0),): {b"$SPEED": "BF_SPEED_100G", b"$FEC": "BF_FEC_TYP_REED_SOLOMON",
-                               b"$AUTO_NEGOTIATION": "PM_AN_DEFAULT", b"$PORT_ENABLE": True},
+                               b"$AUTO_NEGOTIATION": "PM_AN_DEFAULT", **no},
         ((b"$DEV_PORT", 8),): {b"$SPEED": "BF_SPEED_100G", b"$FEC": "BF_FEC_TYP_NONE",
-                               b"$AUTO_NEGOTIATION": "PM_AN_FORCE_DISABLE", b"$PORT_ENABLE": True},
+                               b"$AUTO_NEGOTIATION": "PM_AN_FORCE_DISABLE", **no},
         ((b"$DEV_PORT", 128),): {b"$SPEED": "BF_SPEED_25G", b"$FEC": "BF_FEC_TYP_FIRECODE",
-                                 b"$AUTO_NEGOTIATION": "PM_AN_FORCE_ENABLE", b"$PORT_ENABLE": True}}
+                                 b"$AUTO_NEGOTIATION": "PM_AN_FORCE_ENABLE", **no}}
     assert [m for m, _ in bfrt.port.port.calls] == ["get", "add", "mod"] * 3
     (line,) = output.splitlines()
     assert line.startswith("inagg-port-map ")
@@ -95,6 +97,16 @@ def test_the_script_adds_and_enables_each_port_and_prints_the_map():
     run_script(port_script(parse_config(config()).switches[0], "c.json"), bfrt)   # again
     assert [m for m, _ in bfrt.port.port.calls[9:12]] == ["get", "delete", "add"]
     assert all(row[b"$PORT_ENABLE"] for row in rows.values()) and len(rows) == 3
+
+
+def test_the_script_puts_the_configs_loopback_ports_in_mac_loopback():
+    """A port the switch recirculates through (``loopback_ports``, docs/tofino.md
+    "Recirculation capacity per pipe") comes up in MAC loopback; the hosts' ports do not."""
+    bfrt = bfrt_with_board(BOARD)
+    ports = {**PORTS, "8": {"connector": "8/0", "speed": "100G", "fec": "rs"}}
+    run_script(port_script(parse_config(config(ports=ports, loopback_ports=[8])).switches[0], "c.json"), bfrt)
+    modes = {key[0][1]: row[b"$LOOPBACK_MODE"] for key, row in bfrt.port.port.rows.items()}
+    assert modes == {0: "BF_LPBK_NONE", 8: "BF_LPBK_NONE", 128: "BF_LPBK_NONE", 152: "BF_LPBK_MAC_NEAR"}
 
 
 def test_the_script_names_a_connector_the_board_lacks():

@@ -68,7 +68,7 @@ def test_every_size_is_in_size_p4_and_overridable():
     assert set(SIZES) == {"TOFINO_SLOT_BITS", "TOFINO_MAX_JOBS", "TOFINO_DROP_ROW_BITS",
                           "TOFINO_VALUES_PER_PACKET", "TOFINO_WORKER_TABLE_SIZE",
                           "TOFINO_REPLICA_TABLE_SIZE", "TOFINO_L2_TABLE_SIZE",
-                          "TOFINO_HOST_PORT_TABLE_SIZE"}
+                          "TOFINO_HOST_PORT_TABLE_SIZE", "TOFINO_RECIRC_SPREAD_BITS"}
     for path in SOURCES:
         text = path.read_text()
         for table in re.finditer(r"\btable (\w+) \{(.*?)\n    \}", text, re.S):
@@ -76,7 +76,8 @@ def test_every_size_is_in_size_p4_and_overridable():
             if "const entries" not in body and "key" in body:
                 assert not re.search(r"size = \d", body), f"{path.name}: {table.group(1)}"
         assert not re.search(r"\b(Register|Counter)\b.*?\(\d+\s*[,)]", text), path.name
-        assert not re.search(r"@(?!stage\(|placement_priority\()\w+\(\d", text), path.name   # placement is no size
+        # placement is no size, nor are the recirculation ports the controller reads
+        assert not re.search(r"@(?!stage\(|placement_priority\(|inagg_recirculation_ports\()\w+\(\d", text), path.name
         if path.name != "size.p4":
             assert not re.search(r"#define TOFINO_", text), path.name
 
@@ -287,7 +288,8 @@ def test_sizes_are_set_at_build_time(tmp_path):
     sizes = {"TOFINO_SLOT_BITS": 12, "TOFINO_MAX_JOBS": 32, "TOFINO_DROP_ROW_BITS": 4,
              "TOFINO_VALUES_PER_PACKET": 8, "TOFINO_WORKER_TABLE_SIZE": 1024,
              "TOFINO_REPLICA_TABLE_SIZE": 512, "TOFINO_L2_TABLE_SIZE": 256,
-             "TOFINO_HOST_PORT_TABLE_SIZE": 64}   # SourceGuard's rows
+             "TOFINO_HOST_PORT_TABLE_SIZE": 64,   # SourceGuard's rows
+             "TOFINO_RECIRC_SPREAD_BITS": 2}      # RecircSpread's rows per pipe: 4
     assert set(sizes) == set(SIZES)
     bf_p4c("tofino", tmp_path, *(f"-D{k}={v}" for k, v in sizes.items()))
     from inagg.controller.p4info import P4Info
@@ -301,6 +303,8 @@ def test_sizes_are_set_at_build_time(tmp_path):
     assert info.obj(P4Type.table, "replica_table").size == 512
     assert info.obj(P4Type.table, "l2_table").size == 256
     assert info.obj(P4Type.table, "host_port_table").size == 64
+    spread = info.obj(P4Type.table, "recirc_spread")
+    assert spread.size == 4 << 2 and [m.bitwidth for m in spread.match_fields] == [2, 2]
 
 
 @pytest.mark.parametrize("chip", CHIPS)

@@ -4,9 +4,11 @@ runs a program is replayed against (tests/test_testgen_replay.py).
 
 Per target (``TARGETS``): the v1model program for BMv2, the TNA program for Tofino 1 and for
 Tofino 2 (``-D__TARGET_TOFINO__``, which bf-p4c's driver defines and p4testgen does not). Every
-run has a fixed seed, a test bound (unbounded generation does not end in minutes on inagg), a
+run has a fixed seed (1; Tofino 2's is 3, where 1 and 2 abort), a test bound (unbounded
+generation does not end in minutes on inagg), a
 path selection, front-panel port ranges (the replay sends on ports, not into a recirculation
-port: p4testgen would otherwise start paths at one with a forged bridged header) and, for BMv2,
+port or one reserved for loopback, p4/tofino/types.p4: p4testgen would otherwise start paths at
+one with a forged bridged header) and, for BMv2,
 frames that fit a 1500-byte MTU (the replay's veth pairs). The date line of each test is
 dropped; the rest depends only on the command, p4testgen and the sources on a quiet machine
 (under load, BMv2's path run gave other tests from its 30th on: docs/testing.md).
@@ -50,10 +52,11 @@ class Target:
     flags: tuple[str, ...]
     runs: dict[str, tuple[str, ...]]
     sources: tuple[str, ...]
+    seed: int = 1
 
     def command(self, run: str, out_dir: Path) -> list[str]:
-        return ["p4testgen", *self.flags, *self.runs[run], "--test-backend", "stf", "--seed", "1",
-                "--out-dir", str(out_dir), self.program]
+        return ["p4testgen", *self.flags, *self.runs[run], "--test-backend", "stf",
+                "--seed", str(self.seed), "--out-dir", str(out_dir), self.program]
 
 
 # Runs per program: "path", any outcome (most paths end in a drop), and for BMv2 "out", paths
@@ -74,12 +77,15 @@ TARGETS = {t.name: t for t in (
            ("p4/inagg.p4", "p4/include/*.p4")),
     Target("tofino", "p4/tofino/inagg.p4",
            ("--target", "tofino", "--arch", "tna", "-D__TARGET_TOFINO__=1", "-Ip4/include", "-Ip4",
-            "-Ip4/tofino", "--port-ranges", "0:63"),
+            "-Ip4/tofino", "--port-ranges", "0:55"),
            {"path": ("--max-tests", "30", *_RANDOM)}, TOFINO_SOURCES),
     Target("tofino2", "p4/tofino/inagg.p4",
            ("--target", "tofino2", "--arch", "t2na", "-D__TARGET_TOFINO__=2", "-Ip4/include", "-Ip4",
             "-Ip4/tofino", "--port-ranges", "8:63"),
-           {"path": ("--max-tests", "30", *_RANDOM)}, TOFINO_SOURCES),
+           # seed 3: with seeds 1 and 2 (since recirc_spread.p4) a path reaches value_pair.p4's
+           # two-output RegisterAction.execute, where this p4testgen aborts the whole run
+           # (../shared/toolchains/README.md)
+           {"path": ("--max-tests", "30", *_RANDOM)}, TOFINO_SOURCES, seed=3),
 )}
 
 # The trace lines kept (compacted): which action each table chose, and the packet's fate.

@@ -11,7 +11,9 @@ each on a UDP port the kernel finds free there (never a fixed one: another progr
 chip's Tofino program's P4Info (its K, names and counters), the controller deploys to it as to
 a Tofino (the packed device config in bf_switchd's packing, front-panel ports mapped to
 device ports 128 + 4 r), so the controller's Tofino path and grants carrying the Tofino K are
-tested without the chip.
+tested without the chip; ``loopback=n`` names n front-panel ports in loopback (101, 102, ...:
+device ports in pipe 1's reserved loopback range), whose recirc_spread rows the controller
+writes (the software switch keeps them; only the Tofino model recirculates).
 
 ``p4info`` names the P4Info the controller pushes to the software switch instead of the target's
 own (the software target's large K): BMv2's P4Info (``default_program("bmv2")``) runs it at K = 64,
@@ -80,14 +82,17 @@ class LoopbackDeployment:
                  aggregator_drop_rate: float = 0.0, target: str = "soft",
                  metrics: bool = False, die_with_parent: bool = False, fork_services: bool = False,
                  p4info: Path | str | None = None, database: Path | str | None = None,
-                 pcap: Path | str | None = None) -> None:
+                 pcap: Path | str | None = None, loopback: int = 0) -> None:
         if target not in ("soft", *TOFINO_CHIPS):
             raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped "
                              f"({', '.join(map(repr, TOFINO_CHIPS))}), not {target!r}")
         if p4info is not None and target != "soft":
             raise ValueError("only a 'soft' loopback switch runs another P4Info than its target's")
+        if loopback and target not in TOFINO_CHIPS:
+            raise ValueError(f"loopback ports belong to a Tofino-shaped switch, not a {target!r} one")
         self.target = target
         self.p4info = p4info
+        self.loopback = loopback
         self.database = database   # the controller's SQLite file; default: in the run's folder
         self.pcap = pcap
         self.n_hosts = n_hosts
@@ -126,6 +131,15 @@ class LoopbackDeployment:
         if self.pcap is None:
             raise ValueError("this deployment captures nothing: pass pcap=<folder> to capture its ports")
         return Path(self.pcap) / f"udp_{self.worker_ip(rank)}_{direction}.pcap"
+
+    @property
+    def loopback_ports(self) -> dict[str, int]:
+        """Front-panel port (101, 102, ...) -> device port of each port in loopback: pipe 1's
+        reserved loopback ports (the P4Info's @inagg_recirculation_ports), in order."""
+        if not self.loopback:
+            return {}
+        _, base, _ = default_program(self.target).p4info.recirculation_ports
+        return {str(101 + i): 1 << 7 | base + i for i in range(self.loopback)}
 
     def worker_mac(self, rank: int) -> str:
         """The source MAC the soft switch gives host ``rank``'s datagrams."""
@@ -190,6 +204,8 @@ class LoopbackDeployment:
                 switch["p4info"] = str(Path(self.p4info).resolve())
             if self.target in TOFINO_CHIPS:
                 switch["device_ports"] = {str(r + 1): self.device_port(r) for r in range(self.n_hosts)}
+                switch["device_ports"].update(self.loopback_ports)
+                switch["loopback_ports"] = [int(p) for p in self.loopback_ports]
             switches.append(switch)
         config = {"listen": self.controller, "admin_token": self.admin_token,
                   "database": str(self.database or self.dir / "controller.sqlite"), "lease_seconds": self.lease_seconds,

@@ -26,6 +26,7 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
     JOB_RESULTS,
     JOB_TABLE,
     L2_TABLE,
+    RECIRC_SPREAD,
     REPLICA_TABLE,
     UPLINK_TABLE,
     WORKER_TABLE,
@@ -127,7 +128,7 @@ class NativePipeline:
             else:
                 p = dict(action.params)
                 self.core.set_worker(job_id, rank, p["port"], p["addr"], p["mac"], p["udp_port"])
-        else:
+        elif table != RECIRC_SPREAD:   # kept by the TableStore: this engine never recirculates
             raise KeyError(f"the native pipeline has no table {table}")
 
     def default_changed(self, table: str, action: Action | None) -> None:

@@ -53,6 +53,9 @@ L2_TABLE = "InaggIngress.forwarding.l2_table"
 REPLICA_TABLE = "InaggEgress.replica_rewrite.replica_table"
 UPLINK_TABLE = "InaggIngress.tree_uplink.uplink_table"   # none in the TNA program
 GUARD_TABLE = "InaggIngress.source_guard.host_port_table"
+# the TNA program's recirculation ports by slot (p4/tofino/recirc_spread.p4): only the Tofino
+# model recirculates (tna_slot_model); the one-pass engines keep its rows and use none
+RECIRC_SPREAD = "InaggIngress.recirc_spread.recirc_spread"
 GUARD_DROPS = "InaggIngress.source_guard.guard_drops"
 _CTR = "InaggIngress.job_counters."
 JOB_PACKETS, JOB_AGGREGATED, JOB_DUPLICATES, JOB_RESULTS, JOB_DROPS, GLOBAL_DROPS = (

@@ -169,11 +169,30 @@ def p4_constants(chip: str) -> dict[str, int]:
     return consts
 
 
+Keyset = tuple[tuple[int, int], ...]   # a select case: (value, mask) per key
+
+
 @dataclass(frozen=True)
 class P4State:
     extracts: tuple[str, ...]                 # headers, in order (intrinsic metadata left out)
     keys: tuple[str, ...]                     # the select's expressions; () for a plain transition
-    cases: tuple[tuple[tuple[int, ...] | None, str], ...]   # (values or None = default, next)
+    cases: tuple[tuple[Keyset | None, str], ...]   # (keyset or None = default, next)
+
+
+def _keyset(text: str, consts: dict[str, int]) -> Keyset:
+    """A select case's keyset (``(5, 0, 17)``, ``RECIRC_PORT_LOCAL``, ``BASE &&& MASK``): each
+    key's value and mask (all ones where the case gives no mask)."""
+    def number(v: str) -> int:
+        return consts[v] if v in consts else int(v, 0)
+    out = []
+    for key in text.strip("() ").split(","):
+        value, _, mask = key.partition("&&&")
+        out.append((number(value.strip()), number(mask.strip()) if mask else -1))
+    return tuple(out)
+
+
+def _matches(keyset: Keyset | None, key: tuple[int, ...]) -> bool:
+    return keyset is None or all(k & m == v & m for (v, m), k in zip(keyset, key))
 
 
 def p4_parser(chip: str, name: str) -> dict[str, P4State]:
@@ -188,11 +207,8 @@ def p4_parser(chip: str, name: str) -> dict[str, P4State]:
         if not sel:
             states[st] = P4State(extracts, (), ((None, re.search(r"transition (\w+);", sbody).group(1)),))
             continue
-        cases = []
-        for keyset, nxt in re.findall(r"^\s*(.+?):\s*(\w+);", sel.group(2), re.M):
-            vals = None if keyset == "default" else tuple(
-                consts[v] if v in consts else int(v, 0) for v in re.split(r"[(),\s]+", keyset) if v)
-            cases.append((vals, nxt))
+        cases = [(None if keyset == "default" else _keyset(keyset, consts), nxt)
+                 for keyset, nxt in re.findall(r"^\s*(.+?):\s*(\w+);", sel.group(2), re.M)]
         states[st] = P4State(extracts, tuple(k.strip() for k in sel.group(1).split(",")), tuple(cases))
     return states
 
@@ -210,7 +226,7 @@ def p4_path(states: dict[str, P4State], data: bytes, port_low: int) -> list[str]
             phv.update(unpack(h, data, pos))
             pos += header_bytes(h)
         key = tuple(phv.get(k, 0) for k in s.keys)
-        state = next(nxt for vals, nxt in s.cases if vals is None or vals == key)
+        state = next(nxt for keyset, nxt in s.cases if _matches(keyset, key))
     return path
 
 

@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Hashable
+from typing import Callable, Hashable
 
 import numpy as np
 
 from inagg.hostlib.aggregator.engine_reference import Emit, JobConfig
-from inagg.controller.p4info import P4Info
+from inagg.controller.p4info import P4Info, P4Type
 from inagg.bmv2_env.softswitch.pipeline_reference import (
-    ETH, GUARD_TABLE, INAGG_AT, IP, JOB_TABLE, REPLICA_TABLE, SoftPipeline, guard_row_reason, parse,
+    ETH, GUARD_TABLE, INAGG_AT, IP, JOB_TABLE, RECIRC_SPREAD, REPLICA_TABLE, SoftPipeline,
+    guard_row_reason, parse,
 )
 from inagg.bmv2_env.softswitch.tna_compiled import CompiledProgram, header_bytes, pack, unpack
 from inagg.hostlib.wire.protocol import (
@@ -352,17 +353,20 @@ class TofinoSlotModel:
 
     # -- second pass -----------------------------------------------------------------------------
 
-    def _stage1_second_pass(self, m: _Meta) -> bool:
-        """checks' second-pass rows, where the owner is still the packet's: map<o>_retire
-        (HARVEST_RESULT, HARVEST_ANSWER_RETIRE) or map<s>_undo (HARVEST_UNDO). Returns what
-        retire returns (retired0/retired1): whether the slot's owner tag was still the
-        packet's; False for the other codes."""
-        x = m.s if m.harvest == HARVEST_UNDO else 1 - m.s
+    def _stage1_second_pass(self, m: _Meta) -> tuple[bool, bool]:
+        """checks' second-pass rows: map<o>_retire (HARVEST_RESULT, HARVEST_ANSWER_RETIRE),
+        map<s>_undo (HARVEST_UNDO; Tofino 1's HARVEST_ANSWER with me = 0, worker_mask: its
+        owner check, answer_set<s>), each changing the map only where the slot's owner tag is
+        still the packet's. Returns (retired: retire's answer, retired0/retired1; owned: the
+        owner was still the packet's)."""
+        undo = m.harvest == HARVEST_UNDO or m.harvest == HARVEST_ANSWER
+        x = m.s if undo else 1 - m.s
         tag, bits = self.maps[x][m.slot]
-        if tag != m.tag or m.harvest in (HARVEST_NONE, HARVEST_ANSWER):
-            return False
-        self.maps[x][m.slot] = (tag, bits & ~m.me if m.harvest == HARVEST_UNDO else 0)
-        return m.harvest != HARVEST_UNDO
+        owned = tag == m.tag   # (only Tofino 1 recirculates a HARVEST_ANSWER)
+        if owned:
+            me = 0 if m.harvest == HARVEST_ANSWER else m.me
+            self.maps[x][m.slot] = (tag, bits & ~me if undo else 0)
+        return owned and not undo, owned
 
     def _stage3_second_pass(self, m: _Meta, retired: bool) -> None:
         """seen_harvested: a second pass that retired the other set marks the round."""
@@ -370,14 +374,14 @@ class TofinoSlotModel:
             self.seen[m.idx] |= SEEN_HARVESTED
 
     def second_pass(self, r: Recirculated) -> list[Emit]:
-        """The recirculated packet: its map update (stage 1), the harvested mark (stage 3),
-        on Tofino 1 the pairs' second values (load_second), then multicast (RESULT), unicast
-        (ANSWER*) or drop (UNDO, and a RESULT or ANSWER_RETIRE whose retire found another
-        owner: the job was torn down while its result recirculated)."""
+        """The recirculated packet: its map update or owner check (stage 1), the harvested mark
+        (stage 3), on Tofino 1 the pairs' second values (load_second), then multicast (RESULT),
+        unicast (ANSWER*) or drop (UNDO, and a pass whose check found another owner: the job
+        was torn down while it recirculated)."""
         m = r.meta
-        retired = self._stage1_second_pass(m)
+        retired, owned = self._stage1_second_pass(m)
         self._stage3_second_pass(m, retired)
-        if m.harvest == HARVEST_UNDO or (m.harvest != HARVEST_ANSWER and not retired):
+        if m.harvest == HARVEST_UNDO or not owned:
             return []
         if r.values is not None and self.returned < self.k:
             r.values[self.returned:] = self.pairs[m.idx][self.returned:]
@@ -422,6 +426,12 @@ class TofinoModelPipeline(SoftPipeline):
         super().__init__(p4info)
         self.engine = TofinoSlotModel(p4info.slot_pool, p4info.values_per_packet, CHIPS[arch])
         self.compiled = CompiledProgram.load(CHIPS[arch])
+        spread = p4info.obj(P4Type.table, "recirc_spread")
+        self.spread_mask = (1 << spread.match_fields[1].bitwidth) - 1
+        # The recirculation ports' test hook: called with each pass sent to recirculation
+        # (device port, frame), a True answer loses it there (a full queue on a chip); what
+        # follows is the chip's: counted sent, never arrived, no second pass.
+        self.recirc_loss: Callable[[int, bytes], bool] | None = None
 
     def source_guard(self, port: int, frame) -> bool:
         """No guard before admission: the TNA program guards the frames it forwards (below;
@@ -455,20 +465,31 @@ class TofinoModelPipeline(SoftPipeline):
         if not r.recirculate:
             self.compiled.run(ANSWER_AT_ONCE, phv)
             return self._egress(r, _emit(phv, body), [_unicast(phv)])
+        phv["meta.recirc_port"] = self.recirc_port(port >> 7, r.meta.slot)
         self.compiled.run(RECIRCULATE, phv)
         self.counters.count(RECIRC_SENT, port >> 7)
-        return self._second_pass(r, _emit(phv, body), port >> 7)
+        via, wire = phv["ig_intr_md_for_tm.ucast_egress_port"], _emit(phv, body)
+        if self.recirc_loss is not None and self.recirc_loss(via, wire):
+            return []
+        return self._second_pass(r, wire, via)
 
-    def _second_pass(self, r: Recirculated, wire: bytes, pipe: int) -> list[tuple[int, bytes]]:
-        """The recirculated packet through the compiled ingress parser (from ``pipe``'s
-        recirculation port): a second pass (counted in recirc_arrived) where it finds the
-        bridged and inagg headers again; else ordinary traffic on its second pass (l2_table on
-        its Ethernet destination), as on the chip. The model's recirculation loses nothing, so
-        each pipe's two counts stay equal here; on a chip their difference is the port's loss."""
-        parsed = self.compiled.parse("ingress", wire, self.compiled.recirc_port)
+    def recirc_port(self, pipe: int, slot: int) -> int:
+        """RecircSpread: the port the controller's row for (pipe, the slot's low bits) names,
+        else the pipe's recirculation port (via_pipe_port)."""
+        row = self.tables[RECIRC_SPREAD].lookup((pipe, slot & self.spread_mask))
+        return row.param("port") if row is not None else pipe << 7 | self.compiled.recirc_port
+
+    def _second_pass(self, r: Recirculated, wire: bytes, via: int) -> list[tuple[int, bytes]]:
+        """The recirculated packet through the compiled ingress parser, arriving on port
+        ``via``: a second pass (counted in recirc_arrived, by via's pipe) where the parser takes
+        the port for a recirculation or reserved loopback one and finds the bridged and inagg
+        headers again; else ordinary traffic on its second pass (l2_table on what the parser
+        took for its Ethernet header), as on the chip. Only ``recirc_loss`` loses a pass here;
+        on a chip the difference of the two counts is what the pipe's ports lost."""
+        parsed = self.compiled.parse("ingress", wire, via & 0x7F)
         if not {"bridged", "inagg"} <= set(parsed.headers):
             return self.forwarding(-1, parse(wire[parsed.headers.get("ethernet", header_bytes("bridged")):]))
-        self.counters.count(RECIRC_ARRIVED, pipe)
+        self.counters.count(RECIRC_ARRIVED, via >> 7)
         phv = dict(parsed.phv)
         emits = self.engine.second_pass(r)     # the slot logic: retire, harvested, load_second
         if not emits:

@@ -8,9 +8,10 @@ For each front-panel port, in BF Runtime's port tables (open-p4studio
 
 1. ``$PORT_HDL_INFO``, keyed by ``$CONN_ID`` and ``$CHNL_ID``, gives the connector's
    ``$DEV_PORT`` (the board's port map, which only bf_switchd knows);
-2. ``$PORT``, keyed by ``$DEV_PORT``: the port is added with ``$SPEED``, ``$FEC`` and
-   ``$AUTO_NEGOTIATION`` (deleted first when it exists, so a second run applies the config
-   again), then enabled (``$PORT_ENABLE``), as ucli's ``pm port-add`` and ``pm port-enb``;
+2. ``$PORT``, keyed by ``$DEV_PORT``: the port is added with ``$SPEED``, ``$FEC``,
+   ``$AUTO_NEGOTIATION`` and ``$LOOPBACK_MODE`` (MAC loopback for the switch's
+   ``loopback_ports``, none for the others; deleted first when it exists, so a second run
+   applies the config again), then enabled (``$PORT_ENABLE``), as ucli's ``pm port-add`` and ``pm port-enb``;
 3. the resulting map is printed as one line, ``inagg-port-map {JSON}``, with the switch's name
    and, by front-panel port, the connector and device port; ``inagg-tofino-ports map`` reads it
    (controller/tofino/port_map.py).
@@ -23,6 +24,9 @@ from __future__ import annotations
 from inagg.controller.tofino.ports import PortedSwitch
 
 MAP_MARK = "inagg-port-map"
+# $LOOPBACK_MODE of a port not in loopback, and of one the switch recirculates through (its
+# config's loopback_ports: MAC loopback, docs/tofino.md "Recirculation capacity per pipe")
+LOOPBACK_MODES = {False: "BF_LPBK_NONE", True: "BF_LPBK_MAC_NEAR"}
 
 _BODY = '''
 def device_port(conn, chnl):
@@ -34,20 +38,22 @@ def device_port(conn, chnl):
     return entry.data[b"$DEV_PORT"]
 
 
-def bring_up(dev_port, speed, fec, autoneg):
-    """$PORT: add the port with its speed, FEC and autonegotiation, then enable it."""
+def bring_up(dev_port, speed, fec, autoneg, loopback):
+    """$PORT: add the port with its speed, FEC, autonegotiation and loopback mode, then
+    enable it."""
     port = bfrt.port.port
     if port.get(DEV_PORT=dev_port, print_ents=False) != -1:
         port.delete(DEV_PORT=dev_port)
-    port.add(DEV_PORT=dev_port, SPEED=speed, FEC=fec, AUTO_NEGOTIATION=autoneg)
+    port.add(DEV_PORT=dev_port, SPEED=speed, FEC=fec, AUTO_NEGOTIATION=autoneg,
+             LOOPBACK_MODE=loopback)
     port.mod(DEV_PORT=dev_port, PORT_ENABLE=True)
 
 
 def inagg_ports():
     ports = {}
-    for front_panel, conn, chnl, speed, fec, autoneg in PORTS:
+    for front_panel, conn, chnl, speed, fec, autoneg, loopback in PORTS:
         dev_port = device_port(conn, chnl)
-        bring_up(dev_port, speed, fec, autoneg)
+        bring_up(dev_port, speed, fec, autoneg, loopback)
         ports[str(front_panel)] = {"connector": "%d/%d" % (conn, chnl), "dev_port": dev_port}
     print(MAP_MARK + " " + json.dumps({"switch": SWITCH, "ports": ports}, sort_keys=True))
 
@@ -65,12 +71,13 @@ def port_script(sw: PortedSwitch, source: str) -> str:
     rows = []
     for number in sorted(sw.port_setup):
         p = sw.port_setup[number]
+        loopback = LOOPBACK_MODES[number in sw.loopback_ports]
         rows.append(f"    ({p.front_panel}, {p.conn}, {p.chnl}, "
-                    + ", ".join(repr(v) for v in p.sde_values()) + "),")
+                    + ", ".join(repr(v) for v in (*p.sde_values(), loopback)) + "),")
     header = (f'"""inagg: bring up the ports of switch {sw.name!r} (written by inagg-tofino-ports '
               f'from {source}).\nRun in bf_switchd\'s shell: bfshell -b <this file>; then feed '
               f'its output to\n`inagg-tofino-ports map`."""\n\nimport json\n\n')
     data = (f"SWITCH = {sw.name!r}\nMAP_MARK = {MAP_MARK!r}\n"
-            "# front-panel port, connector, channel, $SPEED, $FEC, $AUTO_NEGOTIATION\n"
+            "# front-panel port, connector, channel, $SPEED, $FEC, $AUTO_NEGOTIATION, $LOOPBACK_MODE\n"
             "PORTS = [\n" + "\n".join(rows) + "\n]\n\n\n")
     return header + data + _BODY.lstrip("\n")

@@ -50,6 +50,7 @@ class PortedSwitch(Protocol):
     name: str
     hosts: dict
     port_setup: dict[int, "PortSetup"]
+    loopback_ports: tuple[int, ...]
 
     def port_users(self) -> dict[int, str]: ...
 

@@ -18,6 +18,7 @@
 #include "round_record.p4"
 #include "slot_state.p4"
 #include "value_lanes.p4"
+#include "recirc_spread.p4"
 #include "result_replication.p4"
 #include "forwarding.p4"
 #include "job_counters.p4"
@@ -37,6 +38,7 @@ control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     RoundRecord() round_record;
     SlotState() slot_state;
     ValueLanes() value_lanes;
+    RecircSpread() recirc_spread;
     ResultReplication() result_replication;
     Forwarding() forwarding;
     JobCounters() job_counters;
@@ -50,7 +52,8 @@ control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
             hdr.bridged.flooded = 0;
         }
 
-        slot_inputs.apply(hdr, meta);
+        slot_inputs.apply(hdr, meta, ig_intr_md);
+        recirc_spread.apply(hdr, meta, ig_intr_md);
         admission.apply(hdr, meta, ig_intr_md);
         slot_claim.apply(hdr, meta, ig_prsr_md);
         if (meta.verdict == VERDICT_AGGREGATE) {

@@ -6,7 +6,9 @@
  *                        | count != 0                    |
  *   other (RoCEv2 too)   | -                             | 0 (forwarded)
  *
- * A packet on the pipe's recirculation port (RECIRC_PORT_LOCAL) is on its second pass: it
+ * A packet on the pipe's recirculation port (RECIRC_PORT_LOCAL), or on one of the pipe's ports
+ * reserved for loopback (LOOPBACK_BASE &&& LOOPBACK_MASK, types.p4: recirc_spread.p4 sends a
+ * slot's passes through one of them), is on its second pass: it
  * starts with the bridged header its first pass wrote (slot_claim.p4). Its first pass made it a
  * result (make_result, result_replication.p4: addresses and UDP ports swapped, so its UDP
  * destination port is the worker's, not INAGG_UDP_PORT) and set bridged.harvest to its second
@@ -33,6 +35,7 @@ parser InaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_in
         meta.encap = 0;
         transition select(ig_intr_md.ingress_port[6:0]) {
             RECIRC_PORT_LOCAL: parse_harvest;
+            LOOPBACK_BASE &&& LOOPBACK_MASK: parse_harvest;
             default: parse_ethernet;
         }
     }

@@ -12,12 +12,15 @@
  *   pass    | meta.harvest (SlotState)  | what happens
  *   --------+---------------------------+--------------------------------------------------------
  *   first   | NONE                      | nowhere: the contribution is absorbed in the slot
- *   first   | RESULT (FIRST/ADD)        | the result, recirculated, bridged.harvest = RESULT
+ *   first   | RESULT (FIRST/ADD)        | the result, recirculated (by the slot's port:
+ *           |                           |   recirc_spread.p4), bridged.harvest = RESULT
  *   first   | ANSWER (DUP_DONE)         | Tofino 2: unicast back out of the ingress port at once,
  *           |                           |   bridged replica = sender's rank + 1; Tofino 1: as
  *   first   | ANSWER_RETIRE (DUP_DONE)  | the result, recirculated, bridged.harvest = the same
  *   harvest | (RESULT, ANSWER_RETIRE)   | dropped where its retire found another owner (the job
  *           |                           | was torn down while it recirculated: slot_claim.p4)
+ *   harvest | (ANSWER), Tofino 1        | dropped where its owner check (owned0/1) found another
+ *           |                           | owner (slot_claim.p4: answer_set0/1)
  *   harvest | (RESULT)                  | the job's multicast group through the PRE (one replica
  *           |                           | per worker, rid = rank + 1)
  *   harvest | (ANSWER, ANSWER_RETIRE)   | unicast back out of the contribution's ingress port,
@@ -57,11 +60,11 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
         hdr.udp.checksum = 0;
     }
 
-    /* ... to this pipe's recirculation port, for the second pass. */
+    /* ... to the slot's recirculation port in this pipe (RecircSpread), for the second pass. */
     action recirculate() {
         make_result();
         hdr.bridged.harvest = meta.harvest;
-        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ RECIRC_PORT_LOCAL;
+        ig_tm_md.ucast_egress_port = meta.recirc_port;
         ig_tm_md.bypass_egress = 1;
     }
 
@@ -92,6 +95,10 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
         if (meta.verdict == VERDICT_HARVEST) {
             if (hdr.bridged.harvest == HARVEST_UNDO) {
                 absorb();
+#if __TARGET_TOFINO__ != 2
+            } else if (hdr.bridged.harvest == HARVEST_ANSWER && meta.owned0 == 0 && meta.owned1 == 0) {
+                absorb();      /* its owner check found another owner: the job was torn down */
+#endif
             } else if (hdr.bridged.harvest == HARVEST_ANSWER) {
                 answer_sender();
             } else if (meta.retired0 == 0 && meta.retired1 == 0) {

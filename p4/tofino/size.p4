@@ -55,6 +55,13 @@
 #define TOFINO_HOST_PORT_TABLE_SIZE 1024
 #endif
 
+/* Recirculation spread (recirc_spread.p4): a slot's passes recirculate through the port its
+ * low TOFINO_RECIRC_SPREAD_BITS slot bits pick in its pipe (2^bits rows in each of the 4 pipes). */
+#ifndef TOFINO_RECIRC_SPREAD_BITS
+#define TOFINO_RECIRC_SPREAD_BITS 3
+#endif
+#define TOFINO_RECIRC_SPREAD_ROWS (4 << TOFINO_RECIRC_SPREAD_BITS)
+
 /* l2_table: destination MACs of ordinary traffic. */
 #ifndef TOFINO_L2_TABLE_SIZE
 #define TOFINO_L2_TABLE_SIZE 1024
@@ -68,6 +75,9 @@
 #endif
 #if TOFINO_DROP_ROW_BITS < 3 || TOFINO_DROP_ROW_BITS > 8
 #error "TOFINO_DROP_ROW_BITS must be in 3..8 (2^3 >= DROP_REASONS; drop_reason is 8 bits)"
+#endif
+#if TOFINO_RECIRC_SPREAD_BITS < 1 || TOFINO_RECIRC_SPREAD_BITS > 8
+#error "TOFINO_RECIRC_SPREAD_BITS must be in 1..8 (at most 256 rows per pipe)"
 #endif
 #if TOFINO_VALUES_PER_PACKET < 2 || TOFINO_VALUES_PER_PACKET > INAGG_UNROLL_MAX || TOFINO_VALUES_PER_PACKET % 2
 #error "TOFINO_VALUES_PER_PACKET must be an even decimal literal in 2..INAGG_UNROLL_MAX (unroll.p4)"

@@ -28,7 +28,7 @@
  *   map1     | tag, W1      |   me (join) or 0 (peek), returns 0: the slot starts afresh
  *            |              | else returns W_s, W_s |= me     | else returns W_o
  *   second pass: retire (W = 0) or undo (W &= ~me), where the tag is still the packet's;
- *            retire returns whether it was (retired0, retired1)
+ *            each returns whether it was (retired0, retired1; Tofino 1's answer: owned0, owned1)
  *
  * W_s is the set's current round's contributors; a worker's bit is never cleared when it moves
  * on: a completed round's harvest pass retires the OTHER set (W_o = 0, its round is over: every
@@ -99,10 +99,13 @@ const bit<16> UDP_LENGTH_VALUES  = UDP_LENGTH_PRIMING + 4 * TOFINO_VALUES_PER_PA
             }                                                                               \
         }                                                                                   \
     };                                                                                      \
-    RegisterAction<owner_map_t, slot_t, bit<32>>(REG) REG##_undo = {                        \
-        void apply(inout owner_map_t value) {                                               \
+    RegisterAction<owner_map_t, slot_t, bit<1>>(REG) REG##_undo = {                         \
+        void apply(inout owner_map_t value, out bit<1> owned) {                             \
             if (value.tag == meta.tag) {                                                    \
                 value.map = value.map & ~meta.me;                                           \
+                owned = 1;                                                                  \
+            } else {                                                                        \
+                owned = 0;                                                                  \
             }                                                                               \
         }                                                                                   \
     };
@@ -113,14 +116,15 @@ const bit<16> UDP_LENGTH_VALUES  = UDP_LENGTH_PRIMING + 4 * TOFINO_VALUES_PER_PA
  * takes a packet they would match (REFUSE(reason): what such a row does), so that checks_map1
  * decides as checks does. */
 #define SECOND_PASS(CODE, SET) (true, CODE, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, SET)
-#define CLAIM_ROWS(RETIRE0, RETIRE1, UNDO0, UNDO1, ANSWER, AGGREGATE0, AGGREGATE1, REFUSE)       \
+#define CLAIM_ROWS(RETIRE0, RETIRE1, UNDO0, UNDO1, ANSWER0, ANSWER1, AGGREGATE0, AGGREGATE1, REFUSE) \
     SECOND_PASS(HARVEST_RESULT, 0): RETIRE0();                                                  \
     SECOND_PASS(HARVEST_RESULT, 1): RETIRE1();                                                  \
     SECOND_PASS(HARVEST_ANSWER_RETIRE, 0): RETIRE0();                                           \
     SECOND_PASS(HARVEST_ANSWER_RETIRE, 1): RETIRE1();                                           \
     SECOND_PASS(HARVEST_UNDO, 0): UNDO0();                                                      \
     SECOND_PASS(HARVEST_UNDO, 1): UNDO1();                                                      \
-    SECOND_PASS(HARVEST_ANSWER, _): ANSWER();                                                   \
+    SECOND_PASS(HARVEST_ANSWER, 0): ANSWER0();                                                  \
+    SECOND_PASS(HARVEST_ANSWER, 1): ANSWER1();                                                  \
     (PASS_5, _, _, _, 0, _, _, _, _, _, _, _, _, _, _, _, ANY_SET): REFUSE(DROP_BAD_WORKER);    \
     (PASS_14, 0, 0, _, _, _, _, ANY_SET): REFUSE(DROP_BAD_SLOT);          /* slot_room == 0 */  \
     (PASS_14, 0x8000 &&& 0x8000, 0, _, _, _, _, ANY_SET): REFUSE(DROP_BAD_SLOT);                \
@@ -164,6 +168,18 @@ const bit<16> UDP_LENGTH_VALUES  = UDP_LENGTH_PRIMING + 4 * TOFINO_VALUES_PER_PA
         hdr.inagg.slot_set: ternary @name("slot_set");                                     \
     }
 
+#if __TARGET_TOFINO__ != 2
+/* Tofino 1: the map ALUs' 1-bit outputs (retire's retired0/retired1, answer_set0/1's
+ * owned0/owned1) each in a 32-bit container: bf-p4c left them in 8-bit ones once owned came,
+ * and its assembler failed ("action bus slice (0..31) can't fit in a single slot for 8 bit
+ * access"; before, retired0 and retired1 happened to get 32-bit ones). One field per table,
+ * as retired0/retired1: a field both tables write puts checks_map1 a stage after checks
+ * (bf-p4c then needed 16 stages). */
+@pa_container_size("ingress", "meta.owned0", 32)
+@pa_container_size("ingress", "meta.owned1", 32)
+@pa_container_size("ingress", "meta.retired0", 32)
+@pa_container_size("ingress", "meta.retired1", 32)
+#endif
 control SlotClaim(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
                   in ingress_intrinsic_metadata_from_parser_t ig_prsr_md) {
     Register<owner_map_t, slot_t>(TOFINO_SLOTS) map0;
@@ -199,6 +215,21 @@ control SlotClaim(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         meta.verdict = VERDICT_HARVEST;
         map0_undo.execute(meta.slot);
     }
+#if __TARGET_TOFINO__ != 2
+    /* Tofino 1's DUP_DONE answer of set 0 (HARVEST_ANSWER): its harvest pass reads the second
+     * half of the lanes, which are the next owner's if the job was torn down meanwhile; undo
+     * with me = 0 (slot_inputs.p4) changes no bit and answers whether the owner is still the
+     * packet's (owned0; set 1's: owned1): only then is the answer sent (result_replication.p4). */
+    action answer_set0() {
+        meta.verdict = VERDICT_HARVEST;
+        meta.owned0 = map0_undo.execute(meta.slot);
+    }
+#define ANSWER_SET0 answer_set0
+#define ANSWER_SET1 answer_set1
+#else
+#define ANSWER_SET0 harvest
+#define ANSWER_SET1 NoAction
+#endif
     /* (Named apart from Forwarding's forward/drop: the controller finds actions by short name.) */
     action pass_on() {
         meta.verdict = VERDICT_FORWARD;
@@ -215,12 +246,15 @@ control SlotClaim(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     table checks {
         CHECK_KEYS
         actions = { aggregate_set0; aggregate_set1; harvest; retire_set0; undo_set0;
+#if __TARGET_TOFINO__ != 2
+                    answer_set0;
+#endif
                     pass_on; refuse; }
         const default_action = pass_on();
         size = 48;
         const entries = {
-            CLAIM_ROWS(harvest, retire_set0, undo_set0, harvest, harvest, aggregate_set0,
-                       aggregate_set1, REFUSED)
+            CLAIM_ROWS(harvest, retire_set0, undo_set0, harvest, ANSWER_SET0, harvest,
+                       aggregate_set0, aggregate_set1, REFUSED)
             (PASS_16, _, _, _, _, ANY_SET): refuse(DROP_BAD_LENGTH);
             (PASS_16N, _, _, _, _, ANY_SET): refuse(DROP_BAD_LENGTH);
             (PASS_14, _, _, _, _, _, _, ANY_SET): refuse(DROP_BAD_SLOT);
@@ -239,14 +273,21 @@ control SlotClaim(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     action peek_set0() { meta.old_map1 = map1_peek.execute(meta.slot); }
     action retire_set1() { meta.retired1 = map1_retire.execute(meta.slot); }
     action undo_set1() { map1_undo.execute(meta.slot); }
+#if __TARGET_TOFINO__ != 2
+    action answer_set1() { meta.owned1 = map1_undo.execute(meta.slot); }
+#endif
     table checks_map1 {
         CHECK_KEYS
-        actions = { join_set1; peek_set0; retire_set1; undo_set1; NoAction; }
+        actions = { join_set1; peek_set0; retire_set1; undo_set1;
+#if __TARGET_TOFINO__ != 2
+                    answer_set1;
+#endif
+                    NoAction; }
         const default_action = NoAction();
         size = 24;
         const entries = {
-            CLAIM_ROWS(retire_set1, NoAction, NoAction, undo_set1, NoAction, peek_set0, join_set1,
-                       SKIPPED)
+            CLAIM_ROWS(retire_set1, NoAction, NoAction, undo_set1, NoAction, ANSWER_SET1,
+                       peek_set0, join_set1, SKIPPED)
         }
     }
 

@@ -16,27 +16,50 @@
 
 #include "types.p4"
 
-control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
+control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
+                   in ingress_intrinsic_metadata_t ig_intr_md) {
     /* me = 1 << worker_id (Tofino has no shift by a variable amount). */
     action set_me(bit<32> me) {
         meta.me = me;
     }
+#if __TARGET_TOFINO__ == 2
+#define ME_KEYS    hdr.inagg.worker_id: exact;
+#define ME_ROW(w)  w: set_me(1 << w);
+#define ME_SIZE    32
+#else
+    /* Tofino 1: a DUP_DONE answer's harvest pass gets me = 0, so that its owner check,
+     * map<s>_undo (slot_claim.p4: answer_set0/1), takes no bit out: it only answers whether
+     * the slot's owner is still the packet's. Told by what the pass parsed, so that no stage
+     * waits: a second pass comes on a recirculation or loopback port (a first pass never
+     * does), and of the second passes only a DUP_DONE answer (HARVEST_ANSWER, _RETIRE, whose
+     * retire needs no me) carries FLAG_RETRANSMIT (slot_state.p4: decide sets it; an undo's
+     * first pass clears the sender's). (Keyed on the bridged code instead, the table had to
+     * come before ingress sets a first pass's bridged header: that try did not assemble.) */
+#define ME_KEYS    hdr.inagg.worker_id: ternary; \
+                   ig_intr_md.ingress_port[6:0]: ternary @name("port_local"); \
+                   hdr.inagg.flags: ternary;
+#define ME_ROW(w)  (w, _, _): set_me(1 << w);
+#define ME_SIZE    34
+#endif
     table worker_mask {
-        key = { hdr.inagg.worker_id: exact; }
+        key = { ME_KEYS }
         actions = { set_me; }
         const default_action = set_me(0);
-        size = 32;
+        size = ME_SIZE;
         const entries = {
-            0: set_me(1 << 0);   1: set_me(1 << 1);   2: set_me(1 << 2);   3: set_me(1 << 3);
-            4: set_me(1 << 4);   5: set_me(1 << 5);   6: set_me(1 << 6);   7: set_me(1 << 7);
-            8: set_me(1 << 8);   9: set_me(1 << 9);   10: set_me(1 << 10); 11: set_me(1 << 11);
-            12: set_me(1 << 12); 13: set_me(1 << 13); 14: set_me(1 << 14); 15: set_me(1 << 15);
-            16: set_me(1 << 16); 17: set_me(1 << 17); 18: set_me(1 << 18); 19: set_me(1 << 19);
-            20: set_me(1 << 20); 21: set_me(1 << 21); 22: set_me(1 << 22); 23: set_me(1 << 23);
-            24: set_me(1 << 24); 25: set_me(1 << 25); 26: set_me(1 << 26); 27: set_me(1 << 27);
-            28: set_me(1 << 28); 29: set_me(1 << 29); 30: set_me(1 << 30); 31: set_me(1 << 31);
+#if __TARGET_TOFINO__ != 2
+            (_, RECIRC_PORT_LOCAL, FLAG_RETRANSMIT &&& FLAG_RETRANSMIT): set_me(0);
+            (_, LOOPBACK_BASE &&& LOOPBACK_MASK, FLAG_RETRANSMIT &&& FLAG_RETRANSMIT): set_me(0);
+#endif
+            ME_ROW(0)  ME_ROW(1)  ME_ROW(2)  ME_ROW(3)  ME_ROW(4)  ME_ROW(5)  ME_ROW(6)  ME_ROW(7)
+            ME_ROW(8)  ME_ROW(9)  ME_ROW(10) ME_ROW(11) ME_ROW(12) ME_ROW(13) ME_ROW(14) ME_ROW(15)
+            ME_ROW(16) ME_ROW(17) ME_ROW(18) ME_ROW(19) ME_ROW(20) ME_ROW(21) ME_ROW(22) ME_ROW(23)
+            ME_ROW(24) ME_ROW(25) ME_ROW(26) ME_ROW(27) ME_ROW(28) ME_ROW(29) ME_ROW(30) ME_ROW(31)
         }
     }
+#undef ME_KEYS
+#undef ME_ROW
+#undef ME_SIZE
 
     /* The packet's slot, index, owner tag and register inputs, in one action. */
     action prepare() {

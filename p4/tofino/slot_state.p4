@@ -146,6 +146,10 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
         meta.drop_reason = reason;
         meta.slot_drop = 1;
         meta.harvest = harvest;
+#if __TARGET_TOFINO__ != 2
+        hdr.inagg.flags = meta.flags_in;   /* no FLAG_RETRANSMIT: an undo pass keeps its me
+                                              (slot_inputs.p4: worker_mask) */
+#endif
     }
     table decision {
         key = {

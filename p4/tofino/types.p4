@@ -49,14 +49,22 @@ const bit<2> ROUND_PENDING   = 0;   /* not complete */
 const bit<2> ROUND_COMPLETE  = 1;   /* complete, its result's harvest pass not (yet) seen */
 const bit<2> ROUND_HARVESTED = 3;   /* complete, and the harvest retired the other set */
 
-/* The pipe-local port a packet recirculates through for its second pass, a recirculation port
- * and never a front-panel one (Tofino 1: 68 in every pipe; Tofino 2: 6, its front-panel ports
- * start at 8); the second pass is recognised by it. */
+/* The pipe-local recirculation port (Tofino 1: 68 in every pipe; Tofino 2: 6, its front-panel
+ * ports start at 8): a pipe's recirculation port when the controller names no loopback ports
+ * for it (recirc_spread.p4). The ingress parser takes a second pass on it and on the eight
+ * pipe-local ports LOOPBACK_BASE &&& LOOPBACK_MASK (Tofino 1: 56-63, Tofino 2: 64-71; eight
+ * lanes at the end of each pipe's front-panel ports), which the program reserves for loopback: the
+ * operator puts some of them in loopback and names them, the controller refuses a host or
+ * link there (recirc_spread.p4's @inagg_recirculation_ports). Reserved at build time because this
+ * bf-p4c does not compile a parser value set (docs/tofino.md, "Recirculation capacity"). */
 #if __TARGET_TOFINO__ == 2
 const bit<7> RECIRC_PORT_LOCAL = 6;
+const bit<7> LOOPBACK_BASE = 64;
 #else
 const bit<7> RECIRC_PORT_LOCAL = 68;
+const bit<7> LOOPBACK_BASE = 56;
 #endif
+const bit<7> LOOPBACK_MASK = 0x78;
 
 /* Pipes per chip (both chips as built here: 4), the index of JobCounters' recirculation
  * counters (ingress_port[8:7]). */
@@ -156,6 +164,9 @@ struct tofino_ingress_md_t {
     bit<1>       retired1;       /* ... or set 1's (checks_map1): its round is harvested. 0 when
                                     the slot's owner tag is no longer the packet's (the job was
                                     torn down while it recirculated): nothing is marked or sent */
+    bit<1>       owned0;         /* Tofino 1's DUP_DONE answer of set 0 on its harvest pass:
+                                    the slot's owner is still the packet's (checks) ... */
+    bit<1>       owned1;         /* ... of set 1 (checks_map1; slot_claim.p4) */
     bit<2>       round_done;     /* seen: ROUND_* (ADD: ROUND_COMPLETE when this packet completes it) */
     bit<1>       slot_drop;      /* STALE_ROUND or BAD_ROUND: dropped, counted */
     bit<8>       exp_biased;     /* exponent ^ 0x80: signed order as unsigned */
@@ -164,6 +175,7 @@ struct tofino_ingress_md_t {
     bit<8>       flags_in;       /* the sticky flags this packet brings */
     bit<3>       outcome;        /* SLOT_* (constants.p4); 0 until SlotState decides */
     bit<3>       harvest;        /* HARVEST_*: the packet's second pass; 0: none */
+    PortId_t     recirc_port;    /* RecircSpread: the port this slot's passes recirculate by */
 #if __TARGET_TOFINO__ == 2
     bit<32>      round_in;       /* the packet's round tag, in bits 29-31 (slot_inputs.p4) */
     bit<1>       round_next;     /* an opener: round_in is the set's tag + 1 mod ROUND_TAGS, or
