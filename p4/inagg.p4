@@ -11,12 +11,14 @@
 #include "include/tree_uplink.p4"
 #include "include/job_admission.p4"
 #include "include/slot_state.p4"
+#include "include/round_owner.p4"
 #include "include/value_aggregation.p4"
 #include "include/result_replication.p4"
 #include "include/upstream_send.p4"
 #include "include/forwarding.p4"
 #include "include/job_counters.p4"
 #include "include/replica_rewrite.p4"
+#include "include/result_elision.p4"
 #include "include/congestion_mark.p4"
 #include "include/roce_icrc.p4"
 
@@ -26,6 +28,7 @@ control InaggIngress(inout headers_t hdr, inout metadata_t meta,
     TreeUplink() tree_uplink;
     JobAdmission() admission;
     SlotState() slot_state;
+    RoundOwner() round_owner;
     ValueAggregation() value_aggregation;
     ResultReplication() result_replication;
     UpstreamSend() upstream_send;
@@ -42,6 +45,7 @@ control InaggIngress(inout headers_t hdr, inout metadata_t meta,
         admission.apply(hdr, meta, sm);
         if (meta.verdict == VERDICT_AGGREGATE) {
             slot_state.apply(hdr, meta);
+            round_owner.apply(hdr, meta);
             value_aggregation.apply(hdr, meta);
             if (meta.send_up == 1) {
                 upstream_send.apply(hdr, meta, sm);
@@ -60,11 +64,13 @@ control InaggIngress(inout headers_t hdr, inout metadata_t meta,
 control InaggEgress(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t sm) {
     ReplicaRewrite() replica_rewrite;
+    ResultElision() result_elision;
     CongestionMark() congestion_mark;
     RoceIcrc() roce_icrc;
 
     apply {
         replica_rewrite.apply(hdr, meta, sm);
+        result_elision.apply(hdr, meta);
         congestion_mark.apply(hdr, sm);
         roce_icrc.apply(hdr, meta);
     }

@@ -491,9 +491,9 @@ def test_roce_duplicate_after_completion_is_answered_to_the_senders_qp(dp):
 
 
 def owner_rule_only(dp):
-    """Skip where the program ignores FLAG_MINE (BMv2, the TNA program: every rank gets the
-    values there; docs/protocol.md, "Reduce-scatter")."""
-    if not dp.target.startswith("soft"):
+    """Skip where the program ignores FLAG_MINE (the TNA program: every rank gets the values
+    there; docs/protocol.md, "Reduce-scatter")."""
+    if dp.target in TOFINO_TARGETS:
         pytest.skip(f"{dp.target} ignores FLAG_MINE: every rank gets a reduce-scatter's values")
 
 
@@ -674,6 +674,21 @@ def test_tree_a_resend_before_the_result_goes_up_again(dp):
     send(dp, parent_result([70] * K, slot=35, flags=FLAG_RETRANSMIT))
     for _, values in expect_results(dp, JOB5, [0, 1]).values():
         assert values == [70] * K
+
+
+def test_tree_the_parents_result_goes_down_to_the_owner_alone(dp):
+    """A ToR elides to its own ranks: its partial sum goes up without FLAG_MINE (the parent
+    sends every child switch the values), and the parent's result comes down with its values
+    to the round's owner alone, the header to the other child."""
+    needs(dp, JOB5)
+    owner_rule_only(dp)
+    dp.drain()
+    send(dp, contribution(JOB5, 0, [1] * K, slot=37))
+    send(dp, contribution(JOB5, 1, [2] * K, slot=37, flags=FLAG_MINE))
+    h, values = expect_upstream(dp)
+    assert values == [3] * K and not h.flags & FLAG_MINE
+    send(dp, parent_result([30] * K, slot=37))
+    assert {r: len(d) for r, (_, d) in udp_results(dp, JOB5).items()} == {0: 16, 1: 16 + 4 * K}
 
 
 def test_tree_results_only_from_the_parent_in_its_slots(dp):

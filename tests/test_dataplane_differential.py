@@ -1,5 +1,5 @@
 """Differential test of the two data planes: one random frame sequence (valid, duplicated,
-reordered, forged, malformed, trailers, ordinary traffic, both encapsulations, the frames
+reordered, forged, malformed, trailers, reduce-scatter marks, ordinary traffic, both encapsulations, the frames
 a ToR of an aggregation tree exchanges with its parent: partial sums up, results down, and hosts
 forging an aggregator's frames, which SourceGuard drops on ports 1-3) sent frame by
 frame to the software switch (both its engines) and to BMv2 must give the same frames out of the
@@ -41,7 +41,7 @@ from inagg.bmv2_env.emulation.testbed import (  # noqa: E402
 from inagg.controller.switch import (  # noqa: E402
     JobCounters, SourceGuard, SwitchConnection, SwitchJob, WorkerBinding,
 )
-from inagg.hostlib.wire.protocol import EXP_NONE, ROUND_TAGS, pack_header  # noqa: E402
+from inagg.hostlib.wire.protocol import EXP_NONE, FLAG_MINE, ROUND_TAGS, pack_header  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "dataplane_differential.json"
 SEED = 13
@@ -57,13 +57,14 @@ def _values(rng: random.Random) -> list[int]:
 
 def _contribution(rng: random.Random) -> tuple[bytes, int]:
     """A plausible contribution of job 1, 2, 4 (two ranks on one host) or 5 (a ToR's job in a
-    tree), often on the same few slots so rounds complete, with the odd forged or malformed
-    field."""
+    tree), often on the same few slots so rounds complete, now and then marked FLAG_MINE (a
+    reduce-scatter's: its round's owner alone gets the values), with the odd forged or
+    malformed field."""
     job = rng.choice([JOB1, JOB1, JOB2, JOB4, JOB5, JOB5])
     rank = rng.randrange(len(job.workers))
     slot = job.slot_base + rng.choice([0, 0, 1, 2])
     kw = dict(slot=slot, round_no=rng.choice([0, 0, 0, 1, 2, 3]), offset=rng.choice([0] * 7 + [K]),
-              exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice([0, 0, 1, 4, 8]))
+              exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice([0, 0, 1, 4, 8, FLAG_MINE, FLAG_MINE]))
     values = None if rng.random() < 0.1 else _values(rng)
     odd = rng.randrange(14)
     if odd == 0:

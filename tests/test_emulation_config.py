@@ -226,6 +226,12 @@ BAD_TOPOLOGIES = {
                                                  "profile": {"bucket_bytes": [64], "compute_ms": -1}}),
                                  r"compute_ms -1 must be milliseconds >= 0"),
     "profile with epochs": (_set("jobs.0.profile", {"bucket_bytes": [64]}), r"a profile needs \"iterations\" or \"duration\""),
+    "profile collective": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3,
+                                           "profile": {"bucket_bytes": [64], "collective": "all_gather"}}),
+                           r"collective 'all_gather' must be one of allreduce, reduce_scatter"),
+    "reduce_scatter shards": (_set("jobs.0", {"name": "j", "workers": ["h1", "h2", "h3"], "iterations": 3,
+                                              "profile": {"bucket_bytes": [64], "collective": "reduce_scatter"}}),
+                              r"each of its 3 workers an equal shard: every bucket_bytes must be a multiple of 12"),
     "profile with a hook": (_set("jobs.0", {"name": "j", "workers": ["h1"], "iterations": 3, "hook": "inagg",
                                             "profile": {"bucket_bytes": [64]}}), r"hook with a profile"),
 }

@@ -4,7 +4,7 @@ must get the same answers step by step: the entities read (as text, in BMv2's ca
 minimal-width bytestrings; a group's replicas as a set), the gRPC status code of a refused call
 and the code of each refused update. The steps cover job_table (every entry, by key, an absent
 key, a padded key, the default entry), worker_table and l2_table by key and default, the const
-table slot_decision (its entries, its default, a refused insert), counters,
+table slot_decision (its entries, its default, a refused insert), owner_decision's entries, counters,
 multicast groups, and the codes for a bad table or counter id, a wrong device, a missing group,
 a pipeline not yet set. Where the software switch answers otherwise on purpose, ``DIFFERENT``
 pins both answers.
@@ -191,6 +191,7 @@ def read_steps(sw: SwitchConnection) -> list[tuple[str, p4runtime_pb2.ReadReques
         ("l2_table default", _read(_table_query(sw, "l2_table", default=True))),
         ("slot_decision (const entries)", _read(_table_query(sw, "slot_decision"))),
         ("slot_decision default", _read(_table_query(sw, "slot_decision", default=True))),
+        ("owner_decision (const entries)", _read(_table_query(sw, "owner_decision"))),
         ("job and worker tables at once", _read(_table_query(sw, "job_table", {"job_id": b"\x01"}),
                                                 _table_query(sw, "worker_table"))),
         ("job_packets index 0", _read(_counter_query(sw, "job_packets", 0))),

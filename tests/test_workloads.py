@@ -43,6 +43,18 @@ def test_a_profile_runs_for_its_duration_on_every_rank_alike():
     assert run.workload[0]["finished"] - run.workload[0]["started"] >= 1.0
 
 
+def test_a_reduce_scatter_profile_sums_each_workers_shard():
+    """A profile whose collective is reduce_scatter: every shard summed to the number of
+    workers (the profile's own check), through inagg (the other worker's blocks came as headers
+    alone) and through gloo (no communicator)."""
+    profile = {"bucket_bytes": [65536], "collective": "reduce_scatter"}
+    with LoopbackDeployment(2) as dep:
+        runs = [train(TrainConfig(workers=2, profile=profile, iterations=3, hook=hook, job_name=f"rs-{hook}"),
+                      dep.controller, bind_ips=dep.worker_ips) for hook in ("inagg", "gloo")]
+    assert [r.steps for r in runs] == [3, 3]
+    assert all(s["elided_results"] > 0 for s in runs[0].stats)
+
+
 def test_jains_index():
     assert jain([5.0, 5.0, 5.0]) == 1.0
     assert jain([1.0, 0.0, 0.0, 0.0]) == 0.25

@@ -243,25 +243,43 @@ def _report_epoch(model, rank: int, epoch: int, losses: list[float], xte, yte, r
 
 def _profile_steps(comm, rank: int, cfg: TrainConfig, report) -> tuple[float, int]:
     """A synthetic profile's steps until ``_stopper`` says: each waits ``compute_ms`` (the
-    model's arithmetic), then allreduces one float32 tensor of ones per bucket through the
-    job's communicator (gloo without one); a sum that is not the number of workers is an
-    error. Rank 0 reports one epoch (no loss, no accuracy). Returns (seconds, steps)."""
-    import torch.distributed as dist
-
+    model's arithmetic), then runs the profile's collective on one float32 tensor of ones per
+    bucket through the job's communicator (gloo without one); a sum that is not the number of
+    workers is an error. Rank 0 reports one epoch (no loss, no accuracy). Returns (seconds, steps)."""
     tensors = workloads.profile_tensors(cfg.profile)
+    scatter = cfg.profile.get("collective") == "reduce_scatter"
     go = _stopper(cfg, 1)
     steps, t0 = 0, time.perf_counter()
     while go(steps):
         time.sleep(cfg.profile.get("compute_ms", 0) / 1000)
         for t in tensors:
             t.fill_(1.0)
-            comm.allreduce(t) if comm is not None else dist.all_reduce(t)
-            if t.numel() and float(t[0]) != cfg.workers:
-                raise RuntimeError(f"profile step {steps}: the sum of ones over {cfg.workers} workers is {float(t[0])}")
+            out = _profile_call(comm, t, cfg.workers, scatter)
+            if out.numel() and not bool((out == cfg.workers).all()):
+                raise RuntimeError(f"profile step {steps}: the sum of ones over {cfg.workers} workers is not "
+                                   f"{cfg.workers} everywhere (e.g. {float(out[0])})")
         steps += 1
     if rank == 0:
         report(("epoch", 0, 0.0, 0.0))
     return time.perf_counter() - t0, steps
+
+
+def _profile_call(comm, tensor, workers: int, scatter: bool):
+    """One bucket's collective: the allreduce of ``tensor`` in place (returned), or with
+    ``scatter`` its reduce-scatter: this rank's shard of the sum (a new tensor), whose other
+    blocks' values the aggregator keeps from it (docs/protocol.md, "Reduce-scatter")."""
+    import torch
+    import torch.distributed as dist
+
+    if not scatter:
+        comm.allreduce(tensor) if comm is not None else dist.all_reduce(tensor)
+        return tensor
+    out = torch.empty(tensor.numel() // workers, dtype=tensor.dtype)
+    if comm is not None:
+        comm.reduce_scatter_async(tensor, out).wait()
+    else:
+        dist.reduce_scatter_tensor(out, tensor)
+    return out
 
 
 def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str] | None = None,

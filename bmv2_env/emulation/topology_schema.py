@@ -41,7 +41,7 @@ SCHEMA: dict[str, dict[str, bool]] = {
             "transport": False, "start_delay": False, "description": False,
             "model": False, "profile": False, "iterations": False, "duration": False, "start": False},
     # a synthetic gradient profile: a job's traffic without its model (demos/workloads.py)
-    "profile": {"bucket_bytes": True, "compute_ms": False},
+    "profile": {"bucket_bytes": True, "compute_ms": False, "collective": False},
     # the controller's settings a topology may change; the launcher sets the rest (LAUNCHER_SETS)
     "controller": {"min_window": False, "lease_seconds": False, "rank_lease_seconds": False,
                    "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False,
@@ -53,6 +53,7 @@ LAUNCHER_SETS = ("listen", "admin_token", "admin_token_file", "database", "host_
                  "metrics_listen", "host_values_per_packet", "tls_cert", "tls_key", "insecure")
 HOOKS = ("inagg", "artopk")          # the training demo's DDP hooks that report stats
 MODELS = ("mlp", "cnn", "transformer")   # demos/workloads.py's zoo (tests/test_workloads.py)
+COLLECTIVES = ("allreduce", "reduce_scatter")   # what a profile's steps run on each bucket (train_demo)
 MAX_BUCKET_BYTES = 64 << 20          # one synthetic bucket at most: 64 MiB, DDP's bucket_cap_mb here
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _TC_TIME = re.compile(r"^[0-9]+(\.[0-9]+)?(us|ms|s)$")          # tc's delay and jitter, e.g. "5ms"
@@ -297,12 +298,25 @@ def check_profile(job: dict, where: str) -> None:
                             f"each a multiple of 4 (float32) in 4..{MAX_BUCKET_BYTES}, e.g. [262144, 65536]")
     if "compute_ms" in profile and not _number(profile["compute_ms"], False, 0):
         raise TopologyError(f"{where}: profile: compute_ms {profile['compute_ms']!r} must be milliseconds >= 0")
+    check_collective(job, where)
     if "iterations" not in job and "duration" not in job:
         raise TopologyError(f"{where}: a profile needs \"iterations\" or \"duration\" (it has no data set to "
                             "count epochs over)")
     if "hook" in job:
         raise TopologyError(f"{where}: hook with a profile: a profile allreduces its buckets directly, without DDP "
                             "or a hook; remove \"hook\"")
+
+
+def check_collective(job: dict, where: str) -> None:
+    """A profile's ``collective``: one of COLLECTIVES (default allreduce); a reduce-scatter
+    splits each bucket into one equal shard per worker (rank), so its floats must divide."""
+    collective = job["profile"].get("collective", "allreduce")
+    if collective not in COLLECTIVES:
+        raise TopologyError(f"{where}: profile: collective {collective!r} must be one of {', '.join(COLLECTIVES)}")
+    n = len(job["workers"])
+    if collective == "reduce_scatter" and any(b // 4 % n for b in job["profile"]["bucket_bytes"]):
+        raise TopologyError(f"{where}: profile: a reduce_scatter gives each of its {n} workers an equal shard: "
+                            f"every bucket_bytes must be a multiple of {4 * n} (4 bytes x {n} workers)")
 
 
 def check_jobs(jobs: list, hosts: dict, file: str) -> None:

@@ -20,7 +20,7 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 
 from inagg.controller.p4info import P4Info, P4Type, decode
-from inagg.hostlib.wire.protocol import SLOT_DECISION, SLOT_DECISION_KEYS
+from inagg.hostlib.wire.protocol import OWNER_DECISION, OWNER_DECISION_KEYS, SLOT_DECISION, SLOT_DECISION_KEYS
 
 
 class StatusError(Exception):
@@ -73,8 +73,10 @@ class StateMirror(Protocol):
 
 # The program's const tables, by their own name (the last part of the full one): (key field
 # names, entries as (key bits or None for "any", the action's one argument), action). These are
-# the P4's twins, row for row (tests/test_slot_decision.py): the engines decide by them.
-CONST_ENTRIES = {"slot_decision": (SLOT_DECISION_KEYS, SLOT_DECISION, "set_outcome")}
+# the P4's twins, row for row (tests/test_slot_decision.py, tests/test_owner_decision.py): the
+# engines decide by them.
+CONST_ENTRIES = {"slot_decision": (SLOT_DECISION_KEYS, SLOT_DECISION, "set_outcome"),
+                 "owner_decision": (OWNER_DECISION_KEYS, OWNER_DECISION, "set_owner_update")}
 # PI numbers a const table's entries from this priority down, the first entry the highest.
 _FIRST_CONST_PRIORITY = 2**31 - 2
 _TERNARY = p4info_pb2.MatchField.TERNARY

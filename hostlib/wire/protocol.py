@@ -40,8 +40,8 @@ FLAG_FROM_SWITCH = 0x80  # a switch's partial sum to its parent in an aggregatio
 # sender's shard of a reduce-scatter, so the aggregator records the sender as the round's owner
 # and sends the values only to it; the other ranks get the result's header alone ("values
 # elided": count kept, no payload), which frees their slot (docs/protocol.md, "Reduce-scatter").
-# The soft switch and the host aggregator honour it; the BMv2 and Tofino programs ignore it
-# (every rank gets the values), so it has no P4 constant yet.
+# The soft switch, the host aggregator and the BMv2 program honour it (its P4 constant is in
+# p4/include/round_owner.p4); the Tofino program ignores it (every rank gets the values).
 FLAG_MINE = 0x02
 # The round tag in the flags byte (bits 4..6, not flags): round k of a slot (counted from 0 at each
 # grant) goes on set k % 2 with tag (k // 2) % ROUND_TAGS; a slot keeps each set's tag, so a copy
@@ -146,6 +146,34 @@ SLOT_DECISION: tuple[tuple[tuple[int | None, ...], Outcome], ...] = (
     ((1, None, 1, 1, None, 1, None), Outcome.DUP_DONE),
     ((1, None, None, 0, None, 1, None), Outcome.BAD_ROUND),
 )
+
+
+class OwnerUpdate(enum.IntEnum):
+    """What a contribution that joins a round (FIRST or ADD) does to the round's owner in a
+    reduce-scatter (docs/protocol.md): ``OWNER_<verb>`` in p4/include/round_owner.p4, same value."""
+
+    KEEP = 0        # the owner stays what it was
+    SET_NONE = 1    # no owner: every member gets the values
+    SET_SENDER = 2  # the sender owns the round: it alone gets the values
+    SET_SHARED = 3  # shared: every member gets the values, whatever marks follow
+
+
+# RoundOwner's decision: the const entries of table owner_decision (p4/include/round_owner.p4),
+# entry for entry, as (key, update); a key is OWNER_DECISION_KEYS' bits, None for "any". The
+# reference engine and its C++ twin decide each row the same: tests/test_owner_decision.py.
+# first: the contribution opens the round (FIRST; else it is an ADD); from_switch: it carries
+# FLAG_FROM_SWITCH (a child switch's sum); marked: it carries FLAG_MINE; owned: the round has an
+# owner already, or is shared.
+OWNER_DECISION_KEYS: tuple[str, ...] = ("first", "from_switch", "marked", "owned")
+OWNER_DECISION: tuple[tuple[tuple[int | None, ...], OwnerUpdate], ...] = (
+    ((None, 1, None, None), OwnerUpdate.SET_SHARED),
+    ((1, 0, 1, None), OwnerUpdate.SET_SENDER),
+    ((1, 0, 0, None), OwnerUpdate.SET_NONE),
+    ((0, 0, 1, 0), OwnerUpdate.SET_SENDER),
+    ((0, 0, 1, 1), OwnerUpdate.SET_SHARED),
+    ((0, 0, 0, None), OwnerUpdate.KEEP),
+)
+
 
 # Bytes below the inagg header on an Ethernet/IPv4/UDP path: what each packet costs on the wire
 # beyond its inagg header and payload (Ethernet 14 + IPv4 20 + UDP 8).

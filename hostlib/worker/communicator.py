@@ -564,7 +564,7 @@ class Communicator:
         of the sum (or mean) of ``tensor`` (the ranks' outputs end to end; CPU tensors or
         arrays) over the job's ranks; ``tensor`` stays as it was. A copy of ``tensor`` goes
         through the stream with this rank's shard (``StreamBase.allreduce``'s ``shard``): the
-        blocks wholly in it carry FLAG_MINE, so the soft switch and the host aggregator send
+        blocks wholly in it carry FLAG_MINE, so the soft switch, BMv2 and the host aggregator send
         each block's values only to the rank that owns it and the others the header alone;
         a block across two shards, and every block on an aggregator that ignores the flag,
         comes to every rank whole. A ValueError, before any call, when ``output`` is not one

@@ -52,6 +52,7 @@ struct metadata_t {
     bit<2>  encap;            /* parser: ENCAP_* of an inagg packet, 0 for other traffic */
     bit<2>  job_encap;        /* the admitted job's ENCAP_* */
     bit<16> replica;          /* result for rank replica - 1 (0: none); egress_rid or unicast */
+    bit<8>  res_owner;        /* RoundOwner: the replica alone given the values (0: every one) */
     /* Aggregation trees (docs/trees.md): the job's uplink_table entry (TreeUplink)... */
     bit<1>  has_uplink;       /* this switch sends its partial sums to a parent */
     bit<9>  up_port;
