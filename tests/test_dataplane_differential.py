@@ -333,6 +333,13 @@ def test_late_copies_give_bmv2_the_soft_switchs_frames():
     assert bmv2["counters"]["1"]["drops"]["stale_round"] > 0 and bmv2["counters"]["1"]["results"] > 50
 
 
+def without_collisions(outputs: dict) -> dict:
+    """``outputs`` with each job's ``collisions`` counter left out (BMv2's and the soft
+    switch's, ATP's pool: docs/atp.md); every other counter stays compared."""
+    counters = {job: {k: v for k, v in c.items() if k != "collisions"} for job, c in outputs["counters"].items()}
+    return {**outputs, "counters": counters}
+
+
 @pytest.mark.parametrize("target", list(TOFINO_TARGETS))
 @pytest.mark.parametrize("seed", list(MODEL_SEEDS))
 def test_tna_slot_model_matches_bmv2_and_the_soft_switch(model_references, seed, target):
@@ -342,6 +349,7 @@ def test_tna_slot_model_matches_bmv2_and_the_soft_switch(model_references, seed,
     sequence, references = model_references[seed]
     model = run(target, sequence, model_jobs(), guard=False)   # TNA guards forwarded frames only
     for name, reference in references.items():
+        reference = without_collisions(reference)   # ATP's counter: not in the TNA program
         assert model == reference, _first_difference(model, reference, sequence, (target, name))
     assert model["counters"]["1"]["results"] > 50
 

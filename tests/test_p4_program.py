@@ -47,7 +47,7 @@ def test_every_size_is_in_size_p4_and_overridable():
     (const tables are sized by their entries)."""
     assert set(SIZES) == {"INAGG_SLOTS", "INAGG_MAX_JOBS", "SWITCH_VALUES_PER_PACKET",
                           "INAGG_WORKER_TABLE_SIZE", "INAGG_REPLICA_TABLE_SIZE", "INAGG_L2_TABLE_SIZE",
-                          "INAGG_HOST_PORT_TABLE_SIZE",
+                          "INAGG_HOST_PORT_TABLE_SIZE", "INAGG_ATP_POOLS",
                           "INAGG_CONGESTION_QDEPTH"}
     for path in [ROOT / "p4" / "inagg.p4", *INCLUDE.glob("*.p4")]:
         text = path.read_text()
@@ -65,7 +65,7 @@ def test_sizes_are_set_at_build_time(tmp_path):
     """-D overrides every size; the P4Info, which the controller reads them from, follows."""
     sizes = {"INAGG_SLOTS": 512, "INAGG_MAX_JOBS": 16, "SWITCH_VALUES_PER_PACKET": 32,
              "INAGG_WORKER_TABLE_SIZE": 256, "INAGG_REPLICA_TABLE_SIZE": 128, "INAGG_L2_TABLE_SIZE": 64,
-             "INAGG_CONGESTION_QDEPTH": 8, "INAGG_HOST_PORT_TABLE_SIZE": 32}
+             "INAGG_CONGESTION_QDEPTH": 8, "INAGG_HOST_PORT_TABLE_SIZE": 32, "INAGG_ATP_POOLS": 1}
     assert set(sizes) == set(SIZES)
     subprocess.run(["p4c-bm2-ss", "--arch", "v1model", *(f"-D{k}={v}" for k, v in sizes.items()),
                     "--p4runtime-files", str(tmp_path / "x.p4info.txtpb"), "-o", str(tmp_path / "x.json"),

@@ -92,7 +92,7 @@ control JobAdmission(inout headers_t hdr, inout metadata_t meta,
         key = { hdr.ipv4.dst_addr: exact @name("host_addr"); }
         actions = { set_atp_pool; NoAction; }
         default_action = NoAction();
-        size = 1;
+        size = INAGG_ATP_POOLS;
     }
 
     action bind_worker(bit<9> port, bit<32> addr, bit<48> mac, bit<16> udp_port) {

@@ -43,6 +43,11 @@
 #define INAGG_REPLICA_TABLE_SIZE 2048
 #endif
 
+/* atp_table: ATP's pool, one per switch (docs/atp.md). */
+#ifndef INAGG_ATP_POOLS
+#define INAGG_ATP_POOLS 1
+#endif
+
 /* host_port_table: one entry per host-facing port (SourceGuard). */
 #ifndef INAGG_HOST_PORT_TABLE_SIZE
 #define INAGG_HOST_PORT_TABLE_SIZE 512
