@@ -19,6 +19,8 @@ from inagg.hostlib.wire.protocol import (
     round_fields,
 )
 
+from test_slot_decision import const_table, covers   # the const-table reading both twins use
+
 ROUND_OWNER = Path(__file__).resolve().parents[1] / "p4" / "include" / "round_owner.p4"
 K = 4
 MEMBERS = tuple((f"10.0.0.{w + 1}", 5) for w in range(4))   # N = 4 workers
@@ -27,23 +29,13 @@ SHARED = "shared"
 
 
 def p4_table() -> tuple[tuple[str, ...], tuple]:
-    """(key names, [(key, update)]) of owner_decision's const entries, in P4 order."""
-    body = re.search(r"table owner_decision \{(.*?)\n    \}", ROUND_OWNER.read_text(), re.S).group(1)
-    keys = re.findall(r"(\w+): ternary", re.search(r"key = \{(.*?)\}", body, re.S).group(1))
-    entries = re.search(r"const entries = \{(.*?)\n        \}", body, re.S).group(1)
-    rows = []
-    for key, update in re.findall(r"\(([^)]*)\): set_owner_update\(OWNER_(\w+)\);", entries):
-        rows.append((tuple(None if v.strip() == "_" else int(v) for v in key.split(",")), OwnerUpdate[update]))
-    return tuple(keys), tuple(rows)
+    """owner_decision's const entries: (key names, [(key, update)])."""
+    return const_table(ROUND_OWNER, "owner_decision", "set_owner_update", "OWNER_", OwnerUpdate)
 
 
 def p4_constants() -> dict[str, int]:
     text = ROUND_OWNER.read_text()
     return {m[1]: int(m[2], 0) for m in re.finditer(r"const bit<\d+>\s+(\w+)\s*=\s*(\w+);", text)}
-
-
-def covers(key, values) -> bool:
-    return all(k is None or k == v for k, v in zip(key, values))
 
 
 def test_the_twin_is_the_p4_table():

@@ -21,15 +21,20 @@ MEMBERS = (("10.0.0.1", 5), ("10.0.0.2", 5), ("10.0.0.3", 5))   # N = 3 workers
 PARENT = ("10.0.1.1", 5)
 
 
-def p4_table():
-    """(key names, [(key, outcome)]) of slot_decision's const entries, in P4 order."""
-    body = re.search(r"table slot_decision \{(.*?)\n    \}", SLOT_STATE.read_text(), re.S).group(1)
+def const_table(path: Path, table: str, action: str, prefix: str, names) -> tuple[tuple[str, ...], tuple]:
+    """(key names, [(key, names[X])]) of ``table``'s const entries in ``path``, in P4 order: each
+    row's ternary key (``_`` as None) and its ``action(<prefix>X)``."""
+    body = re.search(rf"table {table} \{{(.*?)\n    \}}", path.read_text(), re.S).group(1)
     keys = re.findall(r"(\w+): ternary", re.search(r"key = \{(.*?)\}", body, re.S).group(1))
     entries = re.search(r"const entries = \{(.*?)\n        \}", body, re.S).group(1)
-    rows = []
-    for key, outcome in re.findall(r"\(([^)]*)\): set_outcome\(SLOT_(\w+)\);", entries):
-        rows.append((tuple(None if v.strip() == "_" else int(v) for v in key.split(",")), Outcome[outcome]))
+    rows = [(tuple(None if v.strip() == "_" else int(v) for v in key.split(",")), names[value])
+            for key, value in re.findall(rf"\(([^)]*)\): {action}\({prefix}(\w+)\);", entries)]
     return tuple(keys), tuple(rows)
+
+
+def p4_table():
+    """slot_decision's const entries: (key names, [(key, outcome)])."""
+    return const_table(SLOT_STATE, "slot_decision", "set_outcome", "SLOT_", Outcome)
 
 
 def covers(key, values):
