@@ -11,7 +11,9 @@ Metrics (labels ``job_id``, ``name``; counters also ``switch``):
 ``inagg_job_epoch``, ``inagg_job_pending_epoch`` (0 when none), ``inagg_job_grant_changes_total``
 (activations the workers agreed), ``inagg_job_workers``/``inagg_job_workers_joined``,
 ``inagg_switch_job_<packets|aggregated|duplicates|results>_total``,
-``inagg_switch_job_drops_total{reason}``; and ``inagg_jobs``, ``inagg_switch_slots``. Per switch
+``inagg_switch_job_drops_total{reason}`` (under ``sharing = "atp"``, whose grants name the host
+aggregator: the ATP switch's, ``inagg_switch_job_collisions_total`` among them); and
+``inagg_jobs``, ``inagg_switch_slots``. Per switch
 (label ``switch``), what is no job's: ``inagg_switch_global_drops_total{reason}`` (frames no job
 row could count), ``inagg_switch_guard_drops_total{reason}`` (SourceGuard: frames from a host port
 claiming an aggregator's address or a result) and, where the program recirculates (TNA),
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from inagg.controller.controller import Controller
 
 JOB_LABELS = ["job_id", "name"]
-SWITCH_COUNTERS = ("packets", "aggregated", "duplicates", "results")
+SWITCH_COUNTERS = ("packets", "aggregated", "duplicates", "results", "collisions")
 MODES = ("switch", "host")
 
 
@@ -77,10 +79,11 @@ class ControllerCollector:
             g["epoch"].add_metric(labels, a.epoch)
             g["pending_epoch"].add_metric(labels, j.pending.epoch if j.HasField("pending") else 0)
             grant_changes.add_metric(labels, changes.get(j.job_id, 0))
-            if j.counters and a.mode == "switch":   # a tree under the host aggregator: per level only
-                switch = self._switch_of(a.aggregator)
+            switch = self._counting_switch(j.job_id, a)
+            if j.counters and switch is not None:
                 for c in SWITCH_COUNTERS:
-                    counters[c].add_metric(labels + [switch], j.counters.get(c, 0))
+                    if c in j.counters:
+                        counters[c].add_metric(labels + [switch], j.counters[c])
                 for key, n in j.counters.items():
                     if key.startswith("drop_"):
                         drops.add_metric(labels + [switch, key[len("drop_"):]], n)
@@ -113,11 +116,20 @@ class ControllerCollector:
                     recirc.add_metric([name, str(pipe), kind], n)
         return [global_drops, guard, recirc]
 
-    def _switch_of(self, aggregator: str) -> str:
-        for name, sw in self.ctl.fabric.switches.items():
-            if sw.cfg.aggregator == aggregator:
-                return name
-        return ""
+    def _counting_switch(self, job_id: int, active) -> str | None:
+        """The switch whose per-job counters the listing holds for a job: the switch its grant
+        names, or under ``sharing = "atp"`` the switch whose pool its rounds share (its grant
+        names the host aggregator); None for a job on the host aggregator alone or a tree under
+        it (the listing shows such counters per level only)."""
+        with self.ctl.lock:
+            job = self.ctl.jobs.get(job_id)
+            atp = self.ctl.fabric.atp_switch(job) if job is not None else None
+        if atp is not None:
+            return atp
+        if active.mode != "switch":
+            return None
+        return next((name for name, sw in self.ctl.fabric.switches.items()
+                     if sw.cfg.aggregator == active.aggregator), "")
 
 
 def serve_metrics(ctl: "Controller", address: str):

@@ -55,13 +55,27 @@ def test_atp_shares_the_switch_pool_and_every_sum_is_exact(env):
 
 def test_a_tenant_beside_a_flooding_neighbour_is_exact(env):
     """A 2-rank tenant beside a 4-rank neighbour sending 8 times its blocks, on the pool of 3
-    the controller gave the switch: the tenant's every sum is exact."""
+    the controller gave the switch: the tenant's every sum is exact, and the Prometheus scrape
+    gives each job's collisions and aggregations on the ATP switch as the listing does."""
     client = env["client"]
     (tenant, _), (neighbour, _) = new_job(client, [1, 2], "tenant"), new_job(client, [1, 2, 3, 4], "flood")
     workers = run_jobs(env, env["ctl"]().host_jobs().jobs, {tenant: 6, neighbour: 48}, random.Random(13), hold=0.1)
     check_exact(workers)
     counts = {j.job_id: j.counters for j in client.list_jobs(ADMIN).jobs}
     assert counts[tenant]["collisions"] + counts[neighbour]["collisions"] > 0
+    scraped = scrape(env["ctl"]())
+    for job_id, name in ((tenant, "tenant"), (neighbour, "flood")):
+        labels = frozenset({("job_id", str(job_id)), ("name", name), ("switch", "s1")})
+        assert scraped[("inagg_switch_job_collisions_total", labels)] == counts[job_id]["collisions"]
+        assert scraped[("inagg_switch_job_aggregated_total", labels)] == counts[job_id]["aggregated"]
+
+
+def scrape(ctl) -> dict:
+    """The Prometheus collector's samples now: {(name, labels): value}."""
+    from inagg.controller.metrics import ControllerCollector
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in ControllerCollector(ctl).collect() for s in family.samples}
 
 
 def run_jobs(env, feed, blocks: dict[int, int], rng: random.Random, hold: float) -> list[Worker]:
