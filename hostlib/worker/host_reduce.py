@@ -89,8 +89,9 @@ class _Call:
     n_hosts: int
     mode: int = _INT
     divisor: float = 1.0
-    next_wire: int = 0   # int32 values of the next call between hosts (0: none is left)
+    next_area: str = ""   # the area of the next call between hosts ('': none is left)
     shard: Shard | None = None   # a reduce-scatter's: only this part of the result, into its output
+    host_part: tuple[int, int] | None = None   # a reduce-scatter's values this host needs (``_host_part``)
     areas: dict[str, tuple[int, int, object, int]] = field(default_factory=dict)
 
     @property
@@ -187,7 +188,8 @@ class HostReduce:
         self.calls += 1
         c.mode = _mode(c, self.reduction)
         c.areas = _areas(c)
-        c.next_wire = c.areas["wire"][3] if c.n_hosts > 1 else 0
+        c.next_area = "wire" if c.n_hosts > 1 else ""
+        c.host_part = _host_part(self.layout, c.shard)
         if self.broken is not None:   # the leader still fails each call between hosts, naming the rank
             if self.layout.leader:
                 self._refuse_between_hosts(c, comm.allreduce if c.n_hosts > 1 else None, _DIED, self.broken.rank)
@@ -250,8 +252,7 @@ class HostReduce:
 
     def _segment(self, c: _Call, step: int) -> None:
         """Do this rank's range of ``step`` (all of it on the leader of a serial call)."""
-        i, per = self.layout.local_index, -(-c.n_blocks // c.n_ranks) * c.k
-        begin, end = (0, c.n) if _serial(c) else (min(c.n, i * per), min(c.n, (i + 1) * per))
+        begin, end = _segment_range(c, step, self.layout.local_index)
         xs = [self._row(c, "x", j) for j in range(c.n_ranks)]
         result, agreed, head = self._view(c, "result"), self._view(c, "agreed"), 2 * c.n_hosts
         if step == _SUM_INT:
@@ -404,13 +405,13 @@ class HostReduce:
     def _refuse_between_hosts(self, c: _Call, cross, why: int, rank: int) -> None:
         """Take part in the host-call's first call between hosts with this host's refusal, so
         every other host fails the same call, naming ``rank``."""
-        if cross is None or not c.next_wire:
+        area, c.next_area = c.next_area, ""
+        if cross is None or not area:
             return
-        wire = np.zeros(c.next_wire, np.int32)
+        wire = np.zeros(c.areas[area][3], np.int32)
         wire[self.layout.host] = -(why | rank << 4)
-        c.next_wire = 0
         try:
-            cross(wire)
+            cross(wire, keep=_keep(c, area))
         except Exception:  # noqa: BLE001 - this host's own error is the one raised
             pass
 
@@ -441,12 +442,12 @@ class HostReduce:
         h, hosts = self.layout.host, c.n_hosts
         wire[:2 * hosts] = 0
         wire[h], wire[hosts + h] = c.word, overflow
-        c.next_wire = 0
-        cross(wire)
+        c.next_area = ""
+        cross(wire, keep=_keep(c, area))
         self.stats["calls_between_hosts"] += 1
         _check_hosts(wire[:hosts], self.layout)
-        if area == "wire":
-            c.next_wire = c.areas["sums"][3]
+        if area == "wire" and c.mode == _BLOCKS:
+            c.next_area = "sums"
         return overflow_error([0], c.k).args[0] if wire[hosts:2 * hosts].any() else ""
 
     def _reduce_one_round(self, c: _Call, cross) -> str:
@@ -505,9 +506,41 @@ def _into(x: np.ndarray, result: np.ndarray) -> None:
         codec.narrow(result, x)
 
 
+def _host_part(layout: HostLayout, shard: Shard | None) -> tuple[int, int] | None:
+    """The values of a reduce-scatter's sum that this host's ranks keep: their shards end to
+    end, when every host's ranks are consecutive (as torchrun numbers them); None for an
+    allreduce, and for a job with a host whose ranks are not (its ranks' shards are no one range:
+    every leader then takes every block's values, and none marks a block its own)."""
+    if shard is None or not layout.consecutive:
+        return None
+    per = shard.out.size
+    return layout.local[0] * per, (layout.local[-1] + 1) * per
+
+
+def _keep(c: _Call, area: str) -> tuple[int, int] | None:
+    """What this host needs of the call between hosts on ``area`` (``Communicator.allreduce``'s
+    ``keep``): of a reduce-scatter's data (the int32 sums: ``wire`` of an int32 call, ``sums``
+    of a float one in blocks) its ranks' shards, after the hosts' words; else everything
+    (None). The hosts' words lie in a block no host's part holds whole, so every host gets them."""
+    if c.host_part is None or area != {_INT: "wire", _BLOCKS: "sums"}.get(c.mode):
+        return None
+    head = 2 * c.n_hosts
+    return head + c.host_part[0], head + c.host_part[1]
+
+
 def _megabytes(nbytes: int) -> int:
     """``nbytes`` rounded up to whole MiB (at least one): a buffer is replaced seldom."""
     return max(1, -(-nbytes // (1 << 20))) << 20
+
+
+def _segment_range(c: _Call, step: int, i: int) -> tuple[int, int]:
+    """The values local rank ``i`` works on in ``step``: a range of whole blocks (all of them on
+    the leader of a serial call). A reduce-scatter dequantizes only what its host keeps
+    (``host_part``, the rank's own shard in a parallel call): the rest of its sums did not come."""
+    if step == _DEQUANTIZE and c.host_part is not None:
+        return c.host_part if _serial(c) else (c.shard.first, c.shard.first + c.shard.out.size)
+    per = -(-c.n_blocks // c.n_ranks) * c.k
+    return (0, c.n) if _serial(c) else (min(c.n, i * per), min(c.n, (i + 1) * per))
 
 
 def _serial(c: _Call) -> bool:

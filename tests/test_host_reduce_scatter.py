@@ -1,0 +1,195 @@
+"""A reduce-scatter between hosts' leaders (inagg.hostlib.worker.host_reduce, "Between hosts"):
+2 hosts of 2 ranks (processes forked from this one, each host named by INAGG_HOST_ID) on the
+embedded default deployment (the software switch on loopback). Each leader marks as its own the
+blocks wholly in its host's ranks' shards and receives about its host's share of the sum; every
+rank's output is its shard of the switch path's sum, bit for bit; a job whose hosts' ranks are
+not consecutive still gets its shards, every leader every block."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_host_reduce import ROOT, _free_port, _results, _same_bits, switch_sum
+
+VALUES_PER_RANK = 100_000   # each call streams its blocks (4 ranks x 100,000 values)
+
+
+def _scattered(rank: int, world: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s inputs: float32 in blocks (magnitudes apart) and wrapping int32."""
+    rng = np.random.default_rng(2000 + rank)
+    floats = rng.standard_normal(world * VALUES_PER_RANK).astype(np.float32)
+    floats *= np.float32(2.0) ** rng.integers(-20, 20, floats.size).astype(np.float32)
+    return {"float": floats, "int": rng.integers(-2**31, 2**31, world * VALUES_PER_RANK, dtype=np.int64).astype(np.int32)}
+
+
+def _received(comm) -> tuple[int, int]:
+    """The leader's communicator's (bytes received on the wire, results received without values);
+    (0, 0) on the host's other ranks."""
+    if comm.comm is None:
+        return 0, 0
+    stats = comm.comm.stats()
+    return stats["wire_bytes_received"], stats["elided_results"]
+
+
+def _rank(rank: int, hosts: list[int], info: dict, store_path: str, out: Path) -> None:
+    """One rank: each input allreduced (a copy), then reduce-scattered; the outputs, and what
+    the leader received in each call, to OUT/rank<R>.npz and .json."""
+    import torch.distributed as dist
+
+    from inagg.hostlib.worker.communicator import Communicator
+    from inagg.hostlib.worker.host_communicator import HostCommunicator, open_host_group
+
+    os.environ["INAGG_HOST_ID"] = f"rs-host-{hosts[rank]}"
+    os.environ["INAGG_HOST_REDUCE"] = "auto"
+    store = dist.FileStore(store_path, len(hosts))
+    group = open_host_group(dist.PrefixStore("host", store), rank, len(hosts), timedelta(seconds=300))
+
+    def join(host: int, n_hosts: int) -> Communicator:
+        return Communicator(dist.PrefixStore("comm", store), host, n_hosts, info["controller"],
+                            bind_ip=info["worker_ips"][host], timeout=300)
+
+    comm = HostCommunicator(group, join)
+    results, received = {}, {}
+    for name, x in _scattered(rank, len(hosts)).items():
+        for call in ("allreduce", "reduce_scatter"):
+            before = _received(comm)
+            if call == "allreduce":
+                results[f"{name}_all"] = comm.allreduce(x.copy())
+            else:
+                results[name] = comm.reduce_scatter_async(x, np.zeros(x.size // len(hosts), x.dtype)).wait()
+            received[f"{name}_{call}"] = [a - b for a, b in zip(_received(comm), before)]
+    np.savez(out / f"rank{rank}.npz", **results)
+    (out / f"rank{rank}.json").write_text(json.dumps({"received": received, "k": comm.grant.values_per_packet,
+                                                      "leader": group.layout.leader, "host": group.layout.host}))
+    comm.close()
+    group.close()
+
+
+def _run(tmp_path: Path, hosts: list[int]) -> list[dict]:
+    """The job of ``hosts`` (each rank's host), on a deployment of one worker per host."""
+    from inagg.hostlib.worker.local import LocalServices
+
+    services = LocalServices(max(hosts) + 1, 120)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_rank, args=(r, hosts, services.info, str(tmp_path / "store"), tmp_path))
+             for r in range(len(hosts))]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(240)
+        assert [p.exitcode for p in procs] == [0] * len(hosts)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        services.close()
+    return [_results(tmp_path, r) for r in range(len(hosts))]
+
+
+def _elided_blocks(n: int, k: int, n_hosts: int, part: tuple[int, int]) -> int:
+    """Blocks of the int32 call between hosts (the hosts' words, then ``n`` sums; ``k`` per
+    packet) that lie wholly outside this host's ``part`` of the sums and wholly inside another
+    host's: their values go to that host alone."""
+    head, per = 2 * n_hosts, (part[1] - part[0])
+    others = [(head + first, head + first + per) for first in range(0, n, per) if first != part[0]]
+    blocks = [(b * k, min(head + n, (b + 1) * k)) for b in range(-(-(head + n) // k))]
+    return sum(any(lo <= a and b <= hi for lo, hi in others) for a, b in blocks)
+
+
+def _check_outputs(ranks: list[dict], hosts: list[int]) -> None:
+    """Every rank's output: its shard of the switch path's sum of all the ranks' inputs, and of
+    the same call's allreduce, bit for bit."""
+    world, k = len(hosts), ranks[0]["stats"]["k"]
+    inputs = [_scattered(r, world) for r in range(world)]
+    for name in inputs[0]:
+        want = switch_sum([x[name] for x in inputs], k, average=False)
+        n = want.size // world
+        for r, got in enumerate(ranks):
+            assert _same_bits(got[name], want[r * n:(r + 1) * n]), (r, name)
+            assert _same_bits(got[name], got[f"{name}_all"][r * n:(r + 1) * n]), (r, name)
+
+
+def test_each_leader_receives_its_hosts_shards_alone(tmp_path):
+    """Hosts of ranks 0-1 and 2-3: each leader's reduce-scatter receives about half of what its
+    allreduce of the same input received (its host's two shards of four, plus a header per
+    block of the other host's and the blocks across the hosts' edge), and exactly the other
+    host's whole blocks come without their values."""
+    hosts = [0, 0, 1, 1]
+    ranks = _run(tmp_path, hosts)
+    _check_outputs(ranks, hosts)
+    for r in (0, 2):
+        stats = ranks[r]["stats"]
+        assert stats["leader"]
+        n = 4 * VALUES_PER_RANK
+        for name in ("float", "int"):
+            (all_bytes, all_elided), (rs_bytes, rs_elided) = (stats["received"][f"{name}_{call}"]
+                                                              for call in ("allreduce", "reduce_scatter"))
+            part = (stats["host"] * n // 2, (stats["host"] + 1) * n // 2)
+            assert all_elided == 0 and rs_elided == _elided_blocks(n, stats["k"], 2, part) > 0, (r, name, stats)
+            assert 0.45 < rs_bytes / all_bytes < 0.62, (r, name, stats)
+
+
+@pytest.mark.parametrize("hosts", [[0, 1, 0, 1]])
+def test_hosts_of_ranks_not_consecutive_get_every_block_and_their_shards(tmp_path, hosts):
+    """Hosts of ranks 0, 2 and 1, 3: a host's shards are no one range, so no leader marks a
+    block its own: each receives every block's values, as in an allreduce, and every rank
+    still gets its shard alone out of shared memory."""
+    ranks = _run(tmp_path, hosts)
+    _check_outputs(ranks, hosts)
+    for r in (0, 1):
+        received = ranks[r]["stats"]["received"]
+        for name in ("float", "int"):
+            assert received[f"{name}_reduce_scatter"][1] == 0, (r, name, received)
+            assert received[f"{name}_reduce_scatter"][0] >= 0.95 * received[f"{name}_allreduce"][0], (r, received)
+
+
+def _fsdp(tmp_path: Path, backend: str, hosts: list[int]) -> dict:
+    """examples/train_fsdp.py (FSDP2) with one process per entry of ``hosts`` (its host), the
+    inagg backend's calls on its own path (the leaders on the job's local deployment's switch):
+    rank 0's full parameters, losses and stats."""
+    out, port = tmp_path / f"{backend}.json", _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")} | {
+        "INAGG_ALLREDUCE_PATH": "inagg", "WORLD_SIZE": str(len(hosts)), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port)}
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_fsdp.py"), "--backend", backend,
+                               "--fsdp", "2", "--out", str(out)], cwd=ROOT,
+                              env=env | {"RANK": str(r), "LOCAL_RANK": str(hosts[:r].count(host)),
+                                         "INAGG_HOST_ID": f"fsdp-host-{host}"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r, host in enumerate(hosts)]
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0] * len(hosts), "\n".join(log[-3000:] for log in logs)
+    return json.loads(out.read_text())
+
+
+def test_fsdp_reduce_scatters_between_hosts_give_gloos_result(tmp_path):
+    """FSDP2 on 2 hosts of 2 ranks: every gradient reduce-scatter through the host reduce and
+    the leaders' switch, some of the other host's blocks coming to rank 0's leader as headers
+    alone; the trained parameters are gloo's within inagg's fixed point."""
+    hosts = [0, 0, 1, 1]
+    gloo, inagg = _fsdp(tmp_path, "gloo", hosts), _fsdp(tmp_path, "inagg", hosts)
+    for a, b in zip(inagg["params"], gloo["params"]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(inagg["losses"], gloo["losses"], rtol=0, atol=1e-5)
+    stats = inagg["stats"]
+    scatters = sum(stats["via_allreduce"].values())
+    assert scatters >= 5 and stats["allreduce_paths"] == {"inagg": scatters}
+    assert stats["carriers"]["shared memory + switch"]["calls"] == scatters
+    leader = stats["inagg"]
+    assert leader["hosts"] == 2 and leader["leader"] and leader["mode"] == "switch"
+    assert leader["elided_results"] > 0
