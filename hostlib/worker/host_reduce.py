@@ -38,7 +38,12 @@ and overflow flag (each host writes only its own words, so the sum hands every h
 host's), or why the host refuses it (a rank that died, a refusal or mismatch among its ranks):
 every host learns the same verdict from the same call, so all fail together or all go on, and
 their calls stay aligned. Blocks of float32 make two calls: the block exponents (each host's
-in its own lanes: an exchange through the sum), then the quantized sums.
+in its own lanes: an exchange through the sum), then the quantized sums. In a reduce-scatter
+the call of the sums (an int32 call's only one) keeps only the host's part (``_host_part``: its
+ranks' shards end to end, after the hosts' words): the leader's blocks wholly in it carry
+FLAG_MINE, the other hosts' come as headers alone (``Communicator.allreduce``'s ``keep``), and
+each rank dequantizes only its own shard. Where some host's ranks are not consecutive no leader
+keeps a part: every block comes whole to every leader (docs/protocol.md, "Reduce-scatter").
 
 A rank that dies is named (``RankDied``) on every rank of its host at once (its socket
 closes), and by the next call between hosts on every other host; every later call raises it.
