@@ -40,9 +40,9 @@ def _received(comm) -> tuple[int, int]:
     return stats["wire_bytes_received"], stats["elided_results"]
 
 
-def _rank(rank: int, hosts: list[int], info: dict, store_path: str, out: Path) -> None:
-    """One rank: each input allreduced (a copy), then reduce-scattered; the outputs, and what
-    the leader received in each call, to OUT/rank<R>.npz and .json."""
+def _rank(rank: int, hosts: list[int], info: dict, store_path: str, out: Path, host_only: bool) -> None:
+    """One rank of a job on the switch (``host_only``: on the host aggregator): ``_calls``,
+    their outputs to OUT/rank<R>.npz, what the leader received in each to OUT/rank<R>.json."""
     import torch.distributed as dist
 
     from inagg.hostlib.worker.communicator import Communicator
@@ -55,32 +55,51 @@ def _rank(rank: int, hosts: list[int], info: dict, store_path: str, out: Path) -
 
     def join(host: int, n_hosts: int) -> Communicator:
         return Communicator(dist.PrefixStore("comm", store), host, n_hosts, info["controller"],
-                            bind_ip=info["worker_ips"][host], timeout=300)
+                            bind_ip=info["worker_ips"][host], timeout=300, host_only=host_only)
 
     comm = HostCommunicator(group, join)
+    results, summary = _calls(comm, rank, len(hosts))
+    np.savez(out / f"rank{rank}.npz", **results)
+    (out / f"rank{rank}.json").write_text(json.dumps(summary | {
+        "k": comm.grant.values_per_packet, "mode": comm.grant.mode, "leader": group.layout.leader,
+        "host": group.layout.host}))
+    comm.close()
+    group.close()
+
+
+def _calls(comm, rank: int, world: int) -> tuple[dict[str, np.ndarray], dict]:
+    """Each input allreduced (a copy), then reduce-scattered, what the leader received in each;
+    then a reduce-scatter the last rank passes another size (refused on every rank) and the
+    next, exact."""
+    from inagg.hostlib.worker.call_protocol import CallRefused
+
     results, received = {}, {}
-    for name, x in _scattered(rank, len(hosts)).items():
+    for name, x in _scattered(rank, world).items():
         for call in ("allreduce", "reduce_scatter"):
             before = _received(comm)
             if call == "allreduce":
                 results[f"{name}_all"] = comm.allreduce(x.copy())
             else:
-                results[name] = comm.reduce_scatter_async(x, np.zeros(x.size // len(hosts), x.dtype)).wait()
+                results[name] = comm.reduce_scatter_async(x, np.zeros(x.size // world, x.dtype)).wait()
             received[f"{name}_{call}"] = [a - b for a, b in zip(_received(comm), before)]
-    np.savez(out / f"rank{rank}.npz", **results)
-    (out / f"rank{rank}.json").write_text(json.dumps({"received": received, "k": comm.grant.values_per_packet,
-                                                      "leader": group.layout.leader, "host": group.layout.host}))
-    comm.close()
-    group.close()
+    n = 30_000 + (rank == world - 1)
+    try:
+        comm.reduce_scatter_async(np.ones(world * n, np.int32), np.zeros(n, np.int32)).wait()
+        refused = ""
+    except CallRefused as e:
+        refused = str(e)
+    results["after"] = comm.reduce_scatter_async(np.full(world * 30_000, rank + 1, np.int32),
+                                                 np.zeros(30_000, np.int32)).wait()
+    return results, {"received": received, "refused": refused}
 
 
-def _run(tmp_path: Path, hosts: list[int]) -> list[dict]:
+def _run(tmp_path: Path, hosts: list[int], host_only: bool = False) -> list[dict]:
     """The job of ``hosts`` (each rank's host), on a deployment of one worker per host."""
     from inagg.hostlib.worker.local import LocalServices
 
     services = LocalServices(max(hosts) + 1, 120)
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_rank, args=(r, hosts, services.info, str(tmp_path / "store"), tmp_path))
+    procs = [ctx.Process(target=_rank, args=(r, hosts, services.info, str(tmp_path / "store"), tmp_path, host_only))
              for r in range(len(hosts))]
     try:
         for p in procs:
@@ -113,7 +132,8 @@ def _elided_blocks(n: int, k: int, parts: list[tuple[int, int]], host: int) -> i
 
 def _check_outputs(ranks: list[dict], hosts: list[int]) -> None:
     """Every rank's output: its shard of the switch path's sum of all the ranks' inputs, and of
-    the same call's allreduce, bit for bit."""
+    the same call's allreduce, bit for bit; the refused call refused on every rank, the next
+    one exact."""
     world, k = len(hosts), ranks[0]["stats"]["k"]
     inputs = [_scattered(r, world) for r in range(world)]
     for name in inputs[0]:
@@ -122,16 +142,22 @@ def _check_outputs(ranks: list[dict], hosts: list[int]) -> None:
         for r, got in enumerate(ranks):
             assert _same_bits(got[name], want[r * n:(r + 1) * n]), (r, name)
             assert _same_bits(got[name], got[f"{name}_all"][r * n:(r + 1) * n]), (r, name)
+    everyone = sum(range(1, world + 1))
+    for r, got in enumerate(ranks):
+        assert "differ" in got["stats"]["refused"], (r, got["stats"])   # the ranks' sizes, or their host's
+        assert (got["after"] == everyone).all(), r
 
 
-@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 0, 0, 1]])
-def test_each_leader_receives_its_hosts_shards_alone(tmp_path, hosts):
-    """Hosts of consecutive ranks (2 + 2, 3 + 1): each leader's reduce-scatter receives about
+@pytest.mark.parametrize("hosts, host_only", [([0, 0, 1, 1], False), ([0, 0, 0, 1], False), ([0, 0, 1, 1], True)])
+def test_each_leader_receives_its_hosts_shards_alone(tmp_path, hosts, host_only):
+    """Hosts of consecutive ranks (2 + 2, 3 + 1), the job on the switch or on the host
+    aggregator (``host_only``): each leader's reduce-scatter receives about
     its host's share of what its allreduce of the same input received (its ranks' shards, plus
     a header per block of the other host's, the blocks across the hosts' edge and the block
     exponents), and exactly the other host's whole blocks come without their values."""
-    ranks = _run(tmp_path, hosts)
+    ranks = _run(tmp_path, hosts, host_only)
     _check_outputs(ranks, hosts)
+    assert ranks[0]["stats"]["mode"] == ("host" if host_only else "switch")
     n = len(hosts) * VALUES_PER_RANK
     parts = _parts(hosts, n)
     for host, (lo, hi) in enumerate(parts):
