@@ -1,9 +1,10 @@
 """A reduce-scatter between hosts' leaders (inagg.hostlib.worker.host_reduce, "Between hosts"):
-2 hosts of 2 ranks (processes forked from this one, each host named by INAGG_HOST_ID) on the
-embedded default deployment (the software switch on loopback). Each leader marks as its own the
-blocks wholly in its host's ranks' shards and receives about its host's share of the sum; every
-rank's output is its shard of the switch path's sum, bit for bit; a job whose hosts' ranks are
-not consecutive still gets its shards, every leader every block."""
+4 ranks on 2 hosts (processes forked from this one, each host named by INAGG_HOST_ID) on the
+embedded default deployment (the software switch and host aggregator on loopback). Each leader
+marks as its own the blocks wholly in its host's ranks' shards and receives about its host's
+share of the sum; every rank's output is its shard of the switch path's sum, bit for bit; a job
+whose hosts' ranks are not consecutive still gets its shards, every leader every block; FSDP2
+through it trains as on gloo."""
 
 from __future__ import annotations
 
