@@ -100,23 +100,14 @@ class HostLayout:
     def world_size(self) -> int:
         return sum(len(ranks) for ranks in self.hosts)
 
-    @cached_property
-    def consecutive(self) -> bool:
-        """Whether every host's ranks are consecutive numbers (torchrun's numbering), so the
-        ranks' reduce-scatter shards of a host lie end to end."""
-        return all(map(_consecutive, self.hosts))
-
     def describe(self) -> str:
         """The hosts as their ranks, e.g. 'host 0 = ranks 0-3, host 1 = ranks 4-7'."""
         return ", ".join(f"host {h} = ranks {_span(r)}" for h, r in enumerate(self.hosts))
 
 
-def _consecutive(ranks: tuple[int, ...]) -> bool:
-    return ranks[-1] - ranks[0] + 1 == len(ranks)
-
-
 def _span(ranks: tuple[int, ...]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if _consecutive(ranks) and len(ranks) > 1 else ",".join(map(str, ranks))
+    contiguous = ranks[-1] - ranks[0] + 1 == len(ranks)
+    return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ",".join(map(str, ranks))
 
 
 def discover_layout(store, rank: int, world_size: int) -> HostLayout:

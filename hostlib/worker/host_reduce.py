@@ -42,8 +42,9 @@ in its own lanes: an exchange through the sum), then the quantized sums. In a re
 the call of the sums (an int32 call's only one) keeps only the host's part (``_host_part``: its
 ranks' shards end to end, after the hosts' words): the leader's blocks wholly in it carry
 FLAG_MINE, the other hosts' come as headers alone (``Communicator.allreduce``'s ``keep``), and
-each rank dequantizes only its own shard. Where some host's ranks are not consecutive no leader
-keeps a part: every block comes whole to every leader (docs/protocol.md, "Reduce-scatter").
+each rank dequantizes only its own shard. A host whose ranks are not consecutive keeps the
+shards of its longest run of them; its other shards' blocks come whole (docs/protocol.md,
+"Reduce-scatter").
 
 A rank that dies is named (``RankDied``) on every rank of its host at once (its socket
 closes), and by the next call between hosts on every other host; every later call raises it.
@@ -96,7 +97,7 @@ class _Call:
     divisor: float = 1.0
     next_area: str = ""   # the area of the next call between hosts ('': none is left)
     shard: Shard | None = None   # a reduce-scatter's: only this part of the result, into its output
-    host_part: tuple[int, int] | None = None   # a reduce-scatter's values this host needs (``_host_part``)
+    host_part: tuple[int, int] | None = None   # a reduce-scatter's values this host's leader owns
     areas: dict[str, tuple[int, int, object, int]] = field(default_factory=dict)
 
     @property
@@ -256,19 +257,19 @@ class HostReduce:
         self.buffer = buffer
 
     def _segment(self, c: _Call, step: int) -> None:
-        """Do this rank's range of ``step`` (all of it on the leader of a serial call)."""
-        begin, end = _segment_range(c, step, self.layout.local_index)
+        """Do this rank's ranges of ``step`` (all of it on the leader of a serial call)."""
         xs = [self._row(c, "x", j) for j in range(c.n_ranks)]
         result, agreed, head = self._view(c, "result"), self._view(c, "agreed"), 2 * c.n_hosts
-        if step == _SUM_INT:
-            _native.host_sum_int(xs, begin, end, self._view(c, "wire")[head:])
-        elif step == _SUM_FLOAT:
-            _native.host_reduce_float(xs, begin, end, c.k, agreed, self.shift, c.divisor, result)
-        elif step == _SUM_QUANTIZED:
-            _native.host_sum_quantized(xs, begin, end, c.k, agreed, self.shift, self._view(c, "sums")[head:])
-        else:
-            _native.host_dequantize(self._view(c, "sums")[head:], begin, end, c.k, agreed, self.shift, c.divisor,
-                                    result)
+        for begin, end in _segment_ranges(c, step, self.layout):
+            if step == _SUM_INT:
+                _native.host_sum_int(xs, begin, end, self._view(c, "wire")[head:])
+            elif step == _SUM_FLOAT:
+                _native.host_reduce_float(xs, begin, end, c.k, agreed, self.shift, c.divisor, result)
+            elif step == _SUM_QUANTIZED:
+                _native.host_sum_quantized(xs, begin, end, c.k, agreed, self.shift, self._view(c, "sums")[head:])
+            else:
+                _native.host_dequantize(self._view(c, "sums")[head:], begin, end, c.k, agreed, self.shift,
+                                        c.divisor, result)
 
     def _copy_out(self, c: _Call, overflow: str) -> None:
         """The result into this rank's tensor, or its shard's values into the shard's output;
@@ -512,14 +513,20 @@ def _into(x: np.ndarray, result: np.ndarray) -> None:
 
 
 def _host_part(layout: HostLayout, shard: Shard | None) -> tuple[int, int] | None:
-    """The values of a reduce-scatter's sum that this host's ranks keep: their shards end to
-    end, when every host's ranks are consecutive (as torchrun numbers them); None for an
-    allreduce, and for a job with a host whose ranks are not (its ranks' shards are no one range:
-    every leader then takes every block's values, and none marks a block its own)."""
-    if shard is None or not layout.consecutive:
+    """The values of a reduce-scatter's sum that this host's leader marks its own: the shards of
+    its longest run of consecutive ranks (the first such), end to end; all its ranks' under
+    torchrun's numbering. None for an allreduce. A host's other shards (ranks 0 and 2 of a host:
+    rank 2's) are in no host's part, so their blocks come whole to every leader."""
+    if shard is None:
         return None
+    runs, first = [], layout.local[0]
+    for previous, rank in zip(layout.local, layout.local[1:] + (-1,)):
+        if rank != previous + 1:
+            runs.append((first, previous + 1))
+            first = rank
+    begin, end = max(runs, key=lambda run: run[1] - run[0])
     per = shard.out.size
-    return layout.local[0] * per, (layout.local[-1] + 1) * per
+    return begin * per, end * per
 
 
 def _keep(c: _Call, area: str) -> tuple[int, int] | None:
@@ -538,14 +545,17 @@ def _megabytes(nbytes: int) -> int:
     return max(1, -(-nbytes // (1 << 20))) << 20
 
 
-def _segment_range(c: _Call, step: int, i: int) -> tuple[int, int]:
-    """The values local rank ``i`` works on in ``step``: a range of whole blocks (all of them on
-    the leader of a serial call). A reduce-scatter dequantizes only what its host keeps
-    (``host_part``, the rank's own shard in a parallel call): the rest of its sums did not come."""
-    if step == _DEQUANTIZE and c.host_part is not None:
-        return c.host_part if _serial(c) else (c.shard.first, c.shard.first + c.shard.out.size)
-    per = -(-c.n_blocks // c.n_ranks) * c.k
-    return (0, c.n) if _serial(c) else (min(c.n, i * per), min(c.n, (i + 1) * per))
+def _segment_ranges(c: _Call, step: int, layout: HostLayout) -> list[tuple[int, int]]:
+    """The values this rank works on in ``step``: a range of whole blocks (all of them on the
+    leader of a serial call). A reduce-scatter between hosts dequantizes only its ranks' shards
+    (the rank's own in a parallel call): the rest of its sums need not have come."""
+    if step == _DEQUANTIZE and c.shard is not None:
+        per = c.shard.out.size
+        return [(r * per, (r + 1) * per) for r in (layout.local if _serial(c) else (layout.rank,))]
+    if _serial(c):
+        return [(0, c.n)]
+    i, per = layout.local_index, -(-c.n_blocks // c.n_ranks) * c.k
+    return [(min(c.n, i * per), min(c.n, (i + 1) * per))]
 
 
 def _serial(c: _Call) -> bool:
