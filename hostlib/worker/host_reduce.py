@@ -532,8 +532,9 @@ def _host_part(layout: HostLayout, shard: Shard | None) -> tuple[int, int] | Non
 def _keep(c: _Call, area: str) -> tuple[int, int] | None:
     """What this host needs of the call between hosts on ``area`` (``Communicator.allreduce``'s
     ``keep``): of a reduce-scatter's data (the int32 sums: ``wire`` of an int32 call, ``sums``
-    of a float one in blocks) its ranks' shards, after the hosts' words; else everything
-    (None). The hosts' words lie in a block no host's part holds whole, so every host gets them."""
+    of a float one in blocks) its part (``_host_part``), after the hosts' words; else
+    everything (None). The hosts' words lie in a block no host's part holds whole, so every
+    host gets them."""
     if c.host_part is None or area != {_INT: "wire", _BLOCKS: "sums"}.get(c.mode):
         return None
     head = 2 * c.n_hosts
