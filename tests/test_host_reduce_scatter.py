@@ -138,6 +138,21 @@ def _elided_blocks(n: int, k: int, parts: list[tuple[int, int]], host: int) -> i
     return sum(any(lo <= a and b <= hi for lo, hi in others) for a, b in blocks)
 
 
+@pytest.mark.parametrize("hosts, host, part", [
+    (((0, 1), (2, 3)), 1, (20, 40)), (((0, 1, 2), (3,)), 0, (0, 30)), (((0, 2), (1, 3)), 0, (0, 10)),
+    (((0, 2), (1, 3)), 1, (10, 20)), (((0, 2, 3, 5), (1, 4)), 0, (20, 40)), (((0, 1, 3, 4), (2,)), 0, (0, 20))])
+def test_a_hosts_part_is_its_longest_run_of_consecutive_ranks(hosts, host, part):
+    """The shards a leader marks its own (10 values each): its host's ranks', or where they are
+    not consecutive the first longest run's; an allreduce has no part."""
+    from inagg.hostlib.worker.call_protocol import Shard
+    from inagg.hostlib.worker.host_group import HostLayout
+    from inagg.hostlib.worker.host_reduce import _host_part
+
+    layout = HostLayout(hosts[host][0], hosts)
+    assert _host_part(layout, Shard(0, np.zeros(10, np.float32))) == part
+    assert _host_part(layout, None) is None
+
+
 def _check_outputs(ranks: list[dict], hosts: list[int]) -> None:
     """Every rank's output: its shard of the switch path's sum of all the ranks' inputs, and of
     the same call's allreduce, bit for bit; the refused call refused on every rank, the next
