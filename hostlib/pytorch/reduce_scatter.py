@@ -6,8 +6,10 @@ Design: each input goes on the path the allreduce dispatch chooses for it
 its output, the input only read: the host-local reduce moves S/N of the result out of shared
 memory instead of S, and the switch and the host aggregator send each block's values only to the
 rank whose shard holds it (``Communicator.reduce_scatter_async``: ~S/N down per rank instead of
-S). The gloo path allreduces a copy of the input (the input stays as it was), and the rank's
-shard of the sum is copied to its output once every call is done (``_ShardWork``). Where an allreduce of the input could not use inagg (``_unshardable``), the
+S), or with several ranks per host to the leader of the host whose ranks' shards hold it
+(``inagg.hostlib.worker.host_reduce``, "Between hosts"). The gloo path allreduces a copy of the
+input (the input stays as it was), and the rank's shard of the sum is copied to its output once
+every call is done (``_ShardWork``). Where an allreduce of the input could not use inagg (``_unshardable``), the
 inner gloo group's reduce-scatter runs instead.
 """
 

@@ -111,10 +111,11 @@ class _Request:
     result: object  # what the future resolves to
     staged: StagedCall | None = None  # a CUDA tensor's call: its pinned host copy
     shard: Shard | None = None        # a reduce-scatter's: ``array`` is a copy, this its part to keep
+    keep: tuple[int, int] | None = None   # ``allreduce``'s: the values of ``array`` this rank needs
 
     def shard_range(self) -> tuple[int, int] | None:
         """The stream's ``shard``: (first, end) of this rank's values (None: an allreduce)."""
-        return None if self.shard is None else (self.shard.first, self.shard.first + self.shard.out.size)
+        return self.keep if self.shard is None else (self.shard.first, self.shard.first + self.shard.out.size)
 
     def keep_shard(self) -> None:
         """A reduce-scatter's done: this rank's shard of the sum into its output."""
@@ -596,10 +597,14 @@ class Communicator:
             self._queued += 1
         self._queue.put(req)
 
-    def allreduce(self, tensor, op=ReduceOp.SUM):
+    def allreduce(self, tensor, op=ReduceOp.SUM, *, keep: tuple[int, int] | None = None):
         """Blocking allreduce (on the caller's thread when nothing is queued); raises what went
-        wrong (on every rank alike)."""
-        return self.allreduce_async(tensor, op, inline_if_idle=True).wait()
+        wrong (on every rank alike). ``keep``: this rank needs only the values ``[first, end)``
+        of the sum (the host-local reduce's leader in a reduce-scatter: its host's ranks'
+        shards): the blocks wholly in it carry FLAG_MINE, as ``reduce_scatter_async``'s shard,
+        and a block wholly outside it may come back without its values and keep this rank's
+        own; no copy of ``tensor`` is made."""
+        return self._queue_call(replace(self._request(tensor, op), keep=keep), inline_if_idle=True).wait()
 
     @property
     def grant(self) -> Grant:

@@ -172,8 +172,9 @@ class HostCommunicator:
         """A ``torch.futures.Future`` of ``output``: this rank's shard of the sum (or mean) of
         ``tensor`` (the ranks' outputs end to end, a CPU tensor or array) over the job's ranks;
         ``tensor`` stays as it was and no other shard reaches this rank (``HostReduce``'s
-        ``Shard``). A ValueError, before any call, when ``output`` is not one rank's share of
-        ``tensor`` or either is a CUDA tensor; every rank fails a call alike."""
+        ``Shard``); between hosts the leader receives its host's ranks' shards of the sum. A
+        ValueError, before any call, when ``output`` is not one rank's share of ``tensor`` or
+        either is a CUDA tensor; every rank fails a call alike."""
         refuse_cuda_scatter(tensor, output)
         return self._call(tensor, output, op, inline_if_idle)
 

@@ -38,7 +38,13 @@ and overflow flag (each host writes only its own words, so the sum hands every h
 host's), or why the host refuses it (a rank that died, a refusal or mismatch among its ranks):
 every host learns the same verdict from the same call, so all fail together or all go on, and
 their calls stay aligned. Blocks of float32 make two calls: the block exponents (each host's
-in its own lanes: an exchange through the sum), then the quantized sums.
+in its own lanes: an exchange through the sum), then the quantized sums. In a reduce-scatter
+the call of the sums (an int32 call's only one) keeps only the host's part (``_host_part``: its
+ranks' shards end to end, after the hosts' words): the leader's blocks wholly in it carry
+FLAG_MINE, the other hosts' come as headers alone (``Communicator.allreduce``'s ``keep``), and
+each rank dequantizes only its own shard. A host whose ranks are not consecutive keeps the
+shards of its longest run of them; its other shards' blocks come whole (docs/protocol.md,
+"Reduce-scatter").
 
 A rank that dies is named (``RankDied``) on every rank of its host at once (its socket
 closes), and by the next call between hosts on every other host; every later call raises it.
@@ -89,8 +95,9 @@ class _Call:
     n_hosts: int
     mode: int = _INT
     divisor: float = 1.0
-    next_wire: int = 0   # int32 values of the next call between hosts (0: none is left)
+    next_area: str = ""   # the area of the next call between hosts ('': none is left)
     shard: Shard | None = None   # a reduce-scatter's: only this part of the result, into its output
+    host_part: tuple[int, int] | None = None   # a reduce-scatter's values this host's leader owns
     areas: dict[str, tuple[int, int, object, int]] = field(default_factory=dict)
 
     @property
@@ -187,7 +194,8 @@ class HostReduce:
         self.calls += 1
         c.mode = _mode(c, self.reduction)
         c.areas = _areas(c)
-        c.next_wire = c.areas["wire"][3] if c.n_hosts > 1 else 0
+        c.next_area = "wire" if c.n_hosts > 1 else ""
+        c.host_part = _host_part(self.layout, c.shard)
         if self.broken is not None:   # the leader still fails each call between hosts, naming the rank
             if self.layout.leader:
                 self._refuse_between_hosts(c, comm.allreduce if c.n_hosts > 1 else None, _DIED, self.broken.rank)
@@ -249,20 +257,19 @@ class HostReduce:
         self.buffer = buffer
 
     def _segment(self, c: _Call, step: int) -> None:
-        """Do this rank's range of ``step`` (all of it on the leader of a serial call)."""
-        i, per = self.layout.local_index, -(-c.n_blocks // c.n_ranks) * c.k
-        begin, end = (0, c.n) if _serial(c) else (min(c.n, i * per), min(c.n, (i + 1) * per))
+        """Do this rank's ranges of ``step`` (all of it on the leader of a serial call)."""
         xs = [self._row(c, "x", j) for j in range(c.n_ranks)]
         result, agreed, head = self._view(c, "result"), self._view(c, "agreed"), 2 * c.n_hosts
-        if step == _SUM_INT:
-            _native.host_sum_int(xs, begin, end, self._view(c, "wire")[head:])
-        elif step == _SUM_FLOAT:
-            _native.host_reduce_float(xs, begin, end, c.k, agreed, self.shift, c.divisor, result)
-        elif step == _SUM_QUANTIZED:
-            _native.host_sum_quantized(xs, begin, end, c.k, agreed, self.shift, self._view(c, "sums")[head:])
-        else:
-            _native.host_dequantize(self._view(c, "sums")[head:], begin, end, c.k, agreed, self.shift, c.divisor,
-                                    result)
+        for begin, end in _segment_ranges(c, step, self.layout):
+            if step == _SUM_INT:
+                _native.host_sum_int(xs, begin, end, self._view(c, "wire")[head:])
+            elif step == _SUM_FLOAT:
+                _native.host_reduce_float(xs, begin, end, c.k, agreed, self.shift, c.divisor, result)
+            elif step == _SUM_QUANTIZED:
+                _native.host_sum_quantized(xs, begin, end, c.k, agreed, self.shift, self._view(c, "sums")[head:])
+            else:
+                _native.host_dequantize(self._view(c, "sums")[head:], begin, end, c.k, agreed, self.shift,
+                                        c.divisor, result)
 
     def _copy_out(self, c: _Call, overflow: str) -> None:
         """The result into this rank's tensor, or its shard's values into the shard's output;
@@ -404,13 +411,13 @@ class HostReduce:
     def _refuse_between_hosts(self, c: _Call, cross, why: int, rank: int) -> None:
         """Take part in the host-call's first call between hosts with this host's refusal, so
         every other host fails the same call, naming ``rank``."""
-        if cross is None or not c.next_wire:
+        area, c.next_area = c.next_area, ""
+        if cross is None or not area:
             return
-        wire = np.zeros(c.next_wire, np.int32)
+        wire = np.zeros(c.areas[area][3], np.int32)
         wire[self.layout.host] = -(why | rank << 4)
-        c.next_wire = 0
         try:
-            cross(wire)
+            cross(wire, keep=_keep(c, area))
         except Exception:  # noqa: BLE001 - this host's own error is the one raised
             pass
 
@@ -441,12 +448,12 @@ class HostReduce:
         h, hosts = self.layout.host, c.n_hosts
         wire[:2 * hosts] = 0
         wire[h], wire[hosts + h] = c.word, overflow
-        c.next_wire = 0
-        cross(wire)
+        c.next_area = ""
+        cross(wire, keep=_keep(c, area))
         self.stats["calls_between_hosts"] += 1
         _check_hosts(wire[:hosts], self.layout)
-        if area == "wire":
-            c.next_wire = c.areas["sums"][3]
+        if area == "wire" and c.mode == _BLOCKS:
+            c.next_area = "sums"
         return overflow_error([0], c.k).args[0] if wire[hosts:2 * hosts].any() else ""
 
     def _reduce_one_round(self, c: _Call, cross) -> str:
@@ -505,9 +512,51 @@ def _into(x: np.ndarray, result: np.ndarray) -> None:
         codec.narrow(result, x)
 
 
+def _host_part(layout: HostLayout, shard: Shard | None) -> tuple[int, int] | None:
+    """The values of a reduce-scatter's sum that this host's leader marks its own: the shards of
+    its longest run of consecutive ranks (the first such), end to end; all its ranks' under
+    torchrun's numbering. None for an allreduce. A host's other shards (ranks 0 and 2 of a host:
+    rank 2's) are in no host's part, so their blocks come whole to every leader."""
+    if shard is None:
+        return None
+    runs, first = [], layout.local[0]
+    for previous, rank in zip(layout.local, layout.local[1:] + (-1,)):
+        if rank != previous + 1:
+            runs.append((first, previous + 1))
+            first = rank
+    begin, end = max(runs, key=lambda run: run[1] - run[0])
+    per = shard.out.size
+    return begin * per, end * per
+
+
+def _keep(c: _Call, area: str) -> tuple[int, int] | None:
+    """What this host needs of the call between hosts on ``area`` (``Communicator.allreduce``'s
+    ``keep``): of a reduce-scatter's data (the int32 sums: ``wire`` of an int32 call, ``sums``
+    of a float one in blocks) its part (``_host_part``), after the hosts' words; else
+    everything (None). The hosts' words lie in a block no host's part holds whole, so every
+    host gets them."""
+    if c.host_part is None or area != {_INT: "wire", _BLOCKS: "sums"}.get(c.mode):
+        return None
+    head = 2 * c.n_hosts
+    return head + c.host_part[0], head + c.host_part[1]
+
+
 def _megabytes(nbytes: int) -> int:
     """``nbytes`` rounded up to whole MiB (at least one): a buffer is replaced seldom."""
     return max(1, -(-nbytes // (1 << 20))) << 20
+
+
+def _segment_ranges(c: _Call, step: int, layout: HostLayout) -> list[tuple[int, int]]:
+    """The values this rank works on in ``step``: a range of whole blocks (all of them on the
+    leader of a serial call). A reduce-scatter between hosts dequantizes only its ranks' shards
+    (the rank's own in a parallel call): the rest of its sums need not have come."""
+    if step == _DEQUANTIZE and c.shard is not None:
+        per = c.shard.out.size
+        return [(r * per, (r + 1) * per) for r in (layout.local if _serial(c) else (layout.rank,))]
+    if _serial(c):
+        return [(0, c.n)]
+    i, per = layout.local_index, -(-c.n_blocks // c.n_ranks) * c.k
+    return [(min(c.n, i * per), min(c.n, (i + 1) * per))]
 
 
 def _serial(c: _Call) -> bool:
