@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from inagg.controller.top import recirculation_lines
 from inagg.hostlib import add_version_flag
 
 from inagg.hostlib.jobservice.client import ControllerClient, ControllerError
@@ -123,13 +124,18 @@ def _connect(args: argparse.Namespace) -> tuple[str, ControllerClient]:
 
 
 def _print_jobs(listing) -> None:
-    """``inaggctl jobs``: one line a job."""
+    """``inaggctl jobs``: one line a job (its switch counters, and the moves its stall reports
+    made), then a line per recirculating switch pipe (``top.recirculation_lines``)."""
     print(f"{'job':>5} {'name':<12} {'workers':>7}  {'active grant':<48} {'pending':<14} counters")
     for j in listing.jobs:
         pending = f"{j.pending.mode} e{j.pending.epoch}" if j.HasField("pending") else "-"
         counters = " ".join(f"{k}={v}" for k, v in sorted(j.counters.items()))
+        if j.stall_moves:
+            counters += f" stall_moves={j.stall_moves}"
         print(f"{j.job_id:>5} {j.name:<12} {j.joined:>3}/{j.n_workers:<3}  "
               f"{_grant_text(j.active):<48} {pending:<14} {counters}")
+    for line in recirculation_lines(listing):
+        print(line)
 
 
 def _print_slots(listing) -> None:

@@ -481,12 +481,14 @@ class Controller:
 
     def list_jobs(self) -> pb.JobList:
         """Every job as of the last change (``_publish_listing``), without the lock: a listing
-        never waits behind a placement; the switches' counters are read now."""
+        never waits behind a placement; the switches' counters (the jobs' and the recirculation
+        ports') are read now."""
         published, on_switches = self._listing
         listing = pb.JobList()
         listing.CopyFrom(published)    # the published one is shared by every reader: never changed
         for on in on_switches:
             grants.add_counters(listing.jobs[on.entry], self.fabric, on)
+        grants.add_recirculation(listing, self.fabric)
         return listing
 
     # -- switch keeper -----------------------------------------------------------------------

@@ -111,7 +111,8 @@ def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[OnS
     on_switches = []
     for job in sorted(jobs, key=lambda j: j.job_id):
         info = out.jobs.add(job_id=job.job_id, name=job.name, n_workers=job.demand.n_workers,
-                            joined=len(job.workers), failure=job.failure)
+                            joined=len(job.workers), failure=job.failure,
+                            stall_moves=sum(job.stall_moves.values()))
         held = [] if job.failure else grants(fabric, job)
         if held:
             info.active.CopyFrom(held[0])
@@ -125,6 +126,20 @@ def list_jobs(fabric: Fabric, jobs: Iterable[Job]) -> tuple[pb.JobList, list[OnS
             on_switches.append(OnSwitch(len(out.jobs) - 1, job.job_id, levels))
     out.switch_slots = sum(a.switch_slots for a in fabric.allocators.values())
     return out, on_switches
+
+
+def add_recirculation(listing: pb.JobList, fabric: Fabric) -> None:
+    """Each switch's recirculation counters per pipe (``JobCounters.recirculation``: its TNA
+    program's, none for BMv2's) into the listing, read now; a switch that does not answer is
+    left out (logged)."""
+    for name, sw in fabric.switches.items():
+        try:
+            pipes = JobCounters(sw.sw).recirculation()
+        except SwitchError as e:  # a switch being restarted: the listing still answers
+            log.warning("recirculation counters of switch %s: %s", name, e)
+            continue
+        for pipe, kinds in sorted(pipes.items()):
+            listing.recirculation.add(switch=name, pipe=pipe, **kinds)
 
 
 def counter_levels(job: Job) -> list[tuple[str, str]]:

@@ -9,7 +9,8 @@ names an address; port 0 picks a free one.
 Metrics (labels ``job_id``, ``name``; counters also ``switch``):
 ``inagg_job_mode{mode}`` 1 for the active mode, ``inagg_job_slots``, ``inagg_job_slot_base``,
 ``inagg_job_epoch``, ``inagg_job_pending_epoch`` (0 when none), ``inagg_job_grant_changes_total``
-(activations the workers agreed), ``inagg_job_workers``/``inagg_job_workers_joined``,
+(activations the workers agreed), ``inagg_job_stall_moves_total`` (the moves its ranks' stall
+reports made: a fresh epoch, the host aggregator), ``inagg_job_workers``/``inagg_job_workers_joined``,
 ``inagg_switch_job_<packets|aggregated|duplicates|results>_total``,
 ``inagg_switch_job_drops_total{reason}`` (under ``sharing = "atp"``, whose grants name the host
 aggregator: the ATP switch's, ``inagg_switch_job_collisions_total`` among them); and
@@ -17,8 +18,9 @@ aggregator: the ATP switch's, ``inagg_switch_job_collisions_total`` among them);
 (label ``switch``), what is no job's: ``inagg_switch_global_drops_total{reason}`` (frames no job
 row could count), ``inagg_switch_guard_drops_total{reason}`` (SourceGuard: frames from a host port
 claiming an aggregator's address or a result) and, where the program recirculates (TNA),
-``inagg_switch_recirculation_passes_total{pipe, kind}`` (kind: sent, arrived, lost). A switch that
-does not answer is left out of the scrape.
+``inagg_switch_recirculation_passes_total{pipe, kind}`` (kind: sent, arrived, lost; the
+listing's ``recirculation``, as ``inaggctl jobs`` prints it). A switch that does not answer is
+left out of the scrape.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import CollectorRegistry
 
 from inagg.controller.switch import JobCounters, SourceGuard, SwitchError
+from inagg.hostlib.jobservice.proto import inagg_controller_pb2 as pb
 from inagg.hostlib.wire.grant import parse_address
 
 log = logging.getLogger("inagg.controller")
@@ -61,6 +64,8 @@ class ControllerCollector:
                                  labels=JOB_LABELS + ["mode"])
         grant_changes = CounterMetricFamily("inagg_job_grant_changes", "grant changes the workers activated",
                                             labels=JOB_LABELS)
+        stall_moves = CounterMetricFamily("inagg_job_stall_moves", "moves the ranks' stall reports made "
+                                          "(a fresh epoch, the host aggregator)", labels=JOB_LABELS)
         counters = {c: CounterMetricFamily(f"inagg_switch_job_{c}", f"switch counter job_{c}",
                                            labels=JOB_LABELS + ["switch"]) for c in SWITCH_COUNTERS}
         drops = CounterMetricFamily("inagg_switch_job_drops", "switch per-job drops by reason",
@@ -79,6 +84,7 @@ class ControllerCollector:
             g["epoch"].add_metric(labels, a.epoch)
             g["pending_epoch"].add_metric(labels, j.pending.epoch if j.HasField("pending") else 0)
             grant_changes.add_metric(labels, changes.get(j.job_id, 0))
+            stall_moves.add_metric(labels, j.stall_moves)
             switch = self._counting_switch(j.job_id, a)
             if j.counters and switch is not None:
                 for c in SWITCH_COUNTERS:
@@ -90,11 +96,12 @@ class ControllerCollector:
         yield GaugeMetricFamily("inagg_jobs", "jobs the controller holds", value=len(listing.jobs))
         yield GaugeMetricFamily("inagg_switch_slots", "aggregation slots on all switches",
                                 value=listing.switch_slots)
-        yield from [*g.values(), mode, grant_changes, *counters.values(), drops]
-        yield from self._switch_metrics()
+        yield from [*g.values(), mode, grant_changes, stall_moves, *counters.values(), drops]
+        yield from self._switch_metrics(listing)
 
-    def _switch_metrics(self) -> list[Metric]:
-        """Each switch's own counters (module docstring), read over P4Runtime now."""
+    def _switch_metrics(self, listing: pb.JobList) -> list[Metric]:
+        """Each switch's own counters (module docstring), read over P4Runtime now; the
+        recirculation counters are the listing's."""
         global_drops = CounterMetricFamily("inagg_switch_global_drops", "frames no job row counted, by reason",
                                            labels=["switch", "reason"])
         guard = CounterMetricFamily("inagg_switch_guard_drops", "frames SourceGuard dropped on host ports, "
@@ -103,17 +110,16 @@ class ControllerCollector:
                                      "sent, arrived, lost (sent - arrived)", labels=["switch", "pipe", "kind"])
         for name, sw in self.ctl.fabric.switches.items():
             try:
-                read = (JobCounters(sw.sw).global_drops(),
-                        SourceGuard(sw.sw).drops() if sw.capacity.guard else {}, JobCounters(sw.sw).recirculation())
+                read = (JobCounters(sw.sw).global_drops(), SourceGuard(sw.sw).drops() if sw.capacity.guard else {})
             except SwitchError as e:
                 log.warning("switch %s: its counters are left out of this scrape (%s)", name, e)
                 continue
             for family, counts in zip((global_drops, guard), read):
                 for reason, n in counts.items():
                     family.add_metric([name, reason], n)
-            for pipe, kinds in read[2].items():
-                for kind, n in kinds.items():
-                    recirc.add_metric([name, str(pipe), kind], n)
+        for r in listing.recirculation:
+            for kind in ("sent", "arrived", "lost"):
+                recirc.add_metric([r.switch, str(r.pipe), kind], getattr(r, kind))
         return [global_drops, guard, recirc]
 
     def _counting_switch(self, job_id: int, active) -> str | None:

@@ -1,4 +1,5 @@
-"""``inaggctl top``: a live table of the controller's jobs and their switch counters.
+"""``inaggctl top``: a live table of the controller's jobs and their switch counters (with the
+moves a job's stall reports made, and each recirculating switch pipe's passes lost).
 
 Each refresh is one ``ListJobs`` call (the admin view: grants and the per-job counters the
 controller reads from the switch); rates are the counter differences between two refreshes.
@@ -26,6 +27,13 @@ def _grant_cell(j) -> str:
     return f"{a.mode}{via} [{a.slot_base},{a.slot_base + a.slot_count}) e{a.epoch}{pending}"
 
 
+def recirculation_lines(listing) -> list[str]:
+    """One line per switch pipe that recirculated: its passes sent, arrived and lost (what its
+    recirculation ports dropped); none for a program that does not recirculate (BMv2's)."""
+    return [f"switch {r.switch} pipe {r.pipe} recirculation: {r.sent} sent, {r.arrived} arrived, {r.lost} lost"
+            for r in listing.recirculation]
+
+
 def render(listing, previous: dict[int, dict[str, int]] | None, seconds: float) -> str:
     """The table for one ``JobList``; with a previous sample, counter rates per second too."""
     head = (f"{'job':>5} {'name':<14} {'ranks':>5}  {'grant':<34} {'packets':>10} {'aggregated':>10} "
@@ -42,8 +50,10 @@ def render(listing, previous: dict[int, dict[str, int]] | None, seconds: float) 
             before = previous.get(j.job_id, {})
             line += "  " + " ".join(f"{(c.get(k, 0) - before.get(k, c.get(k, 0))) / seconds:>12.0f}"
                                     for k in RATE_COUNTERS)
+        if j.stall_moves:
+            line += f"  stall moves {j.stall_moves}"
         lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(lines + recirculation_lines(listing))
 
 
 def top(client: ControllerClient, admin_token: str, interval: float, once: bool,

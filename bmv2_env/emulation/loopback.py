@@ -13,7 +13,11 @@ a Tofino (the packed device config in bf_switchd's packing, front-panel ports ma
 device ports 128 + 4 r), so the controller's Tofino path and grants carrying the Tofino K are
 tested without the chip; ``loopback=n`` names n front-panel ports in loopback (101, 102, ...:
 device ports in pipe 1's reserved loopback range), whose recirc_spread rows the controller
-writes (the software switch keeps them; only the Tofino model recirculates).
+writes (the software switch keeps them; only the Tofino model recirculates). ``engine="tofino-model"``
+runs that switch on the model of the chip's program (``inagg-soft-switch --engine tofino-model``:
+the Python loop, every pass register by register, each recirculation through the compiled
+program's ports); ``switch_args`` are more of the switch's options (its ports' impairments,
+``--recirc-loss`` on the model), which the switch checks as from a command line.
 
 ``p4info`` names the P4Info the controller pushes to the software switch instead of the target's
 own (the software target's large K): BMv2's P4Info (``default_program("bmv2")``) runs it at K = 64,
@@ -82,7 +86,8 @@ class LoopbackDeployment:
                  aggregator_drop_rate: float = 0.0, target: str = "soft",
                  metrics: bool = False, die_with_parent: bool = False, fork_services: bool = False,
                  p4info: Path | str | None = None, database: Path | str | None = None,
-                 pcap: Path | str | None = None, loopback: int = 0) -> None:
+                 pcap: Path | str | None = None, loopback: int = 0, engine: str = "native",
+                 switch_args: tuple[str, ...] = ()) -> None:
         if target not in ("soft", *TOFINO_CHIPS):
             raise ValueError(f"a loopback switch is 'soft' or Tofino-shaped "
                              f"({', '.join(map(repr, TOFINO_CHIPS))}), not {target!r}")
@@ -90,7 +95,14 @@ class LoopbackDeployment:
             raise ValueError("only a 'soft' loopback switch runs another P4Info than its target's")
         if loopback and target not in TOFINO_CHIPS:
             raise ValueError(f"loopback ports belong to a Tofino-shaped switch, not a {target!r} one")
+        if engine not in ("native", "tofino-model"):
+            raise ValueError(f"a loopback switch runs the 'native' or the 'tofino-model' engine, not {engine!r}")
+        if engine == "tofino-model" and target not in TOFINO_CHIPS:
+            raise ValueError(f"the Tofino model runs a Tofino-shaped switch (target "
+                             f"{' or '.join(map(repr, TOFINO_CHIPS))}), not a {target!r} one")
         self.target = target
+        self.engine = engine
+        self.switch_args = tuple(switch_args)
         self.p4info = p4info
         self.loopback = loopback
         self.database = database   # the controller's SQLite file; default: in the run's folder
@@ -221,6 +233,7 @@ class LoopbackDeployment:
         return self._spawn(
             "switch", python_m(soft_switch, *ports, "--udp-bind", self.switch_address,
                                 "--p4info", str(p4info), "--device-id", "0", "--no-p4",
+                                "--engine", self.engine, *self.switch_args,
                                 *(("--pcap", str(self.pcap)) if self.pcap is not None else ()), "--",
                                 "--grpc-server-addr", f"unix:{self.dir}/switch.sock"))
 

@@ -90,6 +90,7 @@ from inagg.bmv2_env.softswitch.impair import (UNITS, DelayLine, PortImpairments,
 from inagg.bmv2_env.softswitch.pipeline import NativePipeline
 from inagg.bmv2_env.softswitch.p4runtime_server import P4RuntimeService, SoftSwitchState, serve
 from inagg.bmv2_env.softswitch.pipeline_reference import ETH, INAGG_AT, IP, SoftPipeline, build_frame
+from inagg.bmv2_env.softswitch.recirc_loss import RecircLoss, parse_schedules
 from inagg.bmv2_env.softswitch.tna_slot_model import TofinoModelPipeline
 
 log = logging.getLogger("inagg.soft_switch")
@@ -275,6 +276,18 @@ def check_ports(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--loss-seed must be in 0..2**64-1")
 
 
+def check_recirc_loss(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.recirc_loss`` as ``recirc_loss.parse_schedules``' schedules; ``p.error`` on a bad one,
+    or on one given to an engine that recirculates nothing."""
+    if args.recirc_loss and args.engine != "tofino-model":
+        p.error(f"--recirc-loss needs --engine tofino-model (with a Tofino --p4info): only the model of "
+                f"the Tofino program recirculates, not the {args.engine} engine")
+    try:
+        args.recirc_loss = parse_schedules(args.recirc_loss)
+    except ValueError as e:
+        p.error(str(e))
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if "--" in argv:
         split = argv.index("--")
@@ -313,6 +326,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                        ("reorder", "let PCT %% of the frames leave at once, ahead of those held back")):
         p.add_argument(f"--{name}", action="append", default=[], metavar=f"PORT:in|out:{'MS' if UNITS[name] == 'MS' else 'PCT'}",
                        help=f"{what}; seeded, repeatable")
+    p.add_argument("--recirc-loss", action="append", default=[], metavar="PASS:PCT%|PASS:N[,N...]",
+                   help="tofino-model engine: lose that share (or exactly the N-th) of the second passes "
+                        "of kind PASS (result, answer, answer-retire, undo) at the recirculation ports; "
+                        "seeded by --loss-seed, repeatable")
     p.add_argument("--loss-seed", type=int, default=0, help="the seed of every impairment's draws")
     p.add_argument("--impair-stats", metavar="FILE", help="keep the ports' impairment counts here (JSON)")
     p.add_argument("config", nargs="?", help="BMv2 JSON to start with (must be p4/out/bmv2/inagg.json)")
@@ -324,6 +341,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if bool(args.config) == args.no_p4:
         p.error("give either a BMv2 JSON config or --no-p4")
     check_ports(p, args)
+    check_recirc_loss(p, args)
     return args
 
 
@@ -355,13 +373,19 @@ def max_values_per_packet(attach: dict[int, RawPort | UdpPorts]) -> int:
     return values_for_mtu(min(mtus, default=MAX_IPV4_DATAGRAM))
 
 
-def pipeline_factory(engine: str, loop: _native.SwitchLoop | None):
+def pipeline_factory(engine: str, loop: _native.SwitchLoop | None, recirc_loss: RecircLoss | None = None):
     """What builds the pipeline for each committed config (at the K of its P4Info): the Python
-    reference, or a native core that the packet loop (when there is one) switches to."""
+    reference, the Tofino model (its recirculation ports losing the passes ``recirc_loss``
+    schedules, one schedule whatever program is pushed), or a native core that the packet loop
+    (when there is one) switches to."""
     if engine == "python":
         return SoftPipeline
     if engine == "tofino-model":
-        return TofinoModelPipeline
+        def model(program: P4Info) -> TofinoModelPipeline:
+            pipeline = TofinoModelPipeline(program)
+            pipeline.recirc_loss = recirc_loss
+            return pipeline
+        return model
 
     def native(program: P4Info) -> NativePipeline:
         pipeline = NativePipeline(program)
@@ -575,7 +599,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({default.files['bmv2_json']})", file=sys.stderr)
             return 2
         attach = attach_ports(args)
-        state = SoftSwitchState(args.device_id, program, pipeline_factory(args.engine, loop),
+        recirc_loss = RecircLoss(args.recirc_loss, args.loss_seed) if args.recirc_loss else None
+        state = SoftSwitchState(args.device_id, program, pipeline_factory(args.engine, loop, recirc_loss),
                                 max_values_per_packet(attach))
         if args.config:
             start_with(state, program)
@@ -601,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
         status = run_native_loop(loop, attach, captures, stop, impaired)
     else:
         status = run_python_loop(state, attach, captures, stop, impair, impaired)
+    if recirc_loss is not None:
+        log.warning("recirculation ports lost %s", recirc_loss.lost or "no pass")
     service.close()
     server.stop(grace=1)
     if captures is not None:
