@@ -26,11 +26,13 @@ class Rank:
     """A rank process and the lines it printed (read by a thread)."""
 
     def __init__(self, store: str, rank: int, n: int, dep: LoopbackDeployment, host: int, calls: int = 0,
-                 launch: str = "", value: float = 1.0):
-        """``launch``: its launch id (``$INAGG_LAUNCH_ID``); ``value``: what it contributes."""
+                 launch: str = "", value: float = 1.0, declared: int = 0):
+        """``launch``: its launch id (``$INAGG_LAUNCH_ID``); ``value``: what it contributes;
+        ``declared``: the bytes per iteration its job declares."""
         env = {**os.environ, "INAGG_LAUNCH_ID": launch} if launch else None
         self.proc = subprocess.Popen([sys.executable, RANK, store, str(rank), str(n), dep.controller,
-                                      dep.worker_ip(host), str(calls), str(value)], stdout=subprocess.PIPE,
+                                      dep.worker_ip(host), str(calls), str(value), str(declared)],
+                                     stdout=subprocess.PIPE,
                                      text=True, env=env)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -57,9 +59,9 @@ class Rank:
         self.proc.wait()
 
 
-def start_job(dep, n, hosts, calls=0):
+def start_job(dep, n, hosts, calls=0, declared=0):
     store = os.path.join(tempfile.mkdtemp(), "store")
-    return [Rank(store, r, n, dep, hosts[r], calls) for r in range(n)]
+    return [Rank(store, r, n, dep, hosts[r], calls, declared=declared) for r in range(n)]
 
 
 def in_process_job(dep, hosts):

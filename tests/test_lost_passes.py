@@ -143,18 +143,19 @@ def run_with_moves(body):
 
 @pytest.mark.parametrize("chip", CHIPS)
 def test_a_lost_undo_stalls_the_job_which_moves_to_a_fresh_epoch_exact_while_its_neighbour_runs_on(chip):
-    """The neighbour (rank processes on hosts 2 and 3, each checking every result exact) runs on
-    the same switch through the stall and the move, and keeps making exact calls."""
+    """The neighbour (rank processes on hosts 2 and 3, each checking every result exact; it
+    declares its 1000 float32 values, so either job finds room on the switch whichever comes
+    first) runs on the same switch through the stall and the move, and keeps making exact calls."""
     with deployment(chip, 4, "--recirc-loss", "undo:1", slow_host=1) as dep:
+        neighbour = start_job(dep, 2, [2, 3], declared=4 * 1000)
         comms = in_process_job(dep, [0, 1])
-        neighbour = start_job(dep, 2, [2, 3])
         try:
             assert comms[0].grant.values_per_packet == 64 and comms[0].grant.mode == "switch"
             for rank in neighbour:
                 rank.wait_for("ok", 120)
             before = [oks(rank) for rank in neighbour]
             results, moves = run_with_moves(lambda: call_with_stray(comms))
-            assert all(torch.equal(r, exact_sum(N)) for call_results in (results, call(comms)) for r in call_results)
+            assert all(torch.equal(r, exact_sum(N)) for r in results)
             job = comms[0].grant.job_id
             fresh, = {new for *_, new in moves.moves}
             assert sorted(moves.moves) == [(job, 0, 1, "switch", fresh), (job, 1, 1, "switch", fresh)]
