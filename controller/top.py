@@ -57,8 +57,10 @@ def render(listing, previous: dict[int, dict[str, int]] | None, seconds: float) 
 
 
 def top(client: ControllerClient, admin_token: str, interval: float, once: bool,
-        out: TextIO = sys.stdout) -> None:
-    """Print the table once, or refresh it every ``interval`` seconds until interrupted."""
+        out: TextIO | None = None) -> None:
+    """Print the table once, or refresh it every ``interval`` seconds until interrupted, to
+    ``out`` (default: ``sys.stdout`` as of the call, so a redirection made after import holds)."""
+    out = sys.stdout if out is None else out
     previous, then = None, time.monotonic()
     while True:
         listing = client.list_jobs(admin_token)
