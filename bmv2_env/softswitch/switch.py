@@ -22,6 +22,9 @@ Python, its slot logic being the shared aggregation engine), in that Python loop
 ``--engine tofino-model`` runs ``inagg.bmv2_env.softswitch.tna_slot_model.TofinoModelPipeline`` (the reference
 with the TNA program's slot logic, register by register) in that loop; start it with the Tofino
 P4Info of either chip (``--p4info p4/out/tofino/inagg.p4info.txtpb`` or ``p4/out/tofino2/``).
+Its recirculation ports lose second passes by kind with ``--recirc-loss PASS:PCT%`` (a seeded
+share) or ``PASS:N[,N...]`` (exactly those passes of the kind), PASS one of result, answer,
+answer-retire, undo (``recirc_loss.py``; refused on the other engines, which recirculate nothing).
 
 ``--pcap DIR`` writes <iface>_in.pcap / <iface>_out.pcap per port with scapy's writer
 (``PortCaptures``), whichever loop runs: the Python loop writes each frame as it goes; the
