@@ -740,6 +740,7 @@ def test_a_stall_moves_the_job_to_a_fresh_epoch_then_the_host_aggregator_then_fa
     assert last.waiting_for == 0 and fresh.mode == "switch" and fresh.epoch > active.epoch   # above its pending one
     assert (fresh.slot_base, fresh.slot_count) == (active.slot_base, active.slot_count)
     assert c.report_stall(*j1, active.epoch, 7, 0, "late").grant.epoch == fresh.epoch   # a late ask: the move
+    assert {j.job_id: j for j in c.list_jobs(ADMIN).jobs}[j1[0]].stall_moves == 1       # the listing counts it
     with pytest.raises(ControllerError, match="INVALID_ARGUMENT: job 1 has no epoch 99 yet"):
         c.report_stall(*j1, 99, 7, 0, "no result")
     sw = SwitchConnection(env["sw_addr"], election_id=(0, 0))
@@ -750,6 +751,7 @@ def test_a_stall_moves_the_job_to_a_fresh_epoch_then_the_host_aggregator_then_fa
     host = report_all(c, *j1, fresh.epoch, 7)[-1].grant
     assert host.mode == "host" and host.epoch > fresh.epoch
     assert "stall at boundary 7 came back on a fresh epoch" in host.reason, host.reason
+    assert {j.job_id: j for j in c.list_jobs(ADMIN).jobs}[j1[0]].stall_moves == 2
     c.report_stall(*j1, host.epoch, 7, 0, "no result for 2.0s")
     with pytest.raises(ControllerError, match="FAILED_PRECONDITION.*stalled again on the host aggregator.*after a fresh "
                                               "epoch and the host aggregator"):
