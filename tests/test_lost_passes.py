@@ -160,6 +160,7 @@ def test_a_lost_undo_stalls_the_job_which_moves_to_a_fresh_epoch_exact_while_its
             fresh, = {new for *_, new in moves.moves}
             assert sorted(moves.moves) == [(job, 0, 1, "switch", fresh), (job, 1, 1, "switch", fresh)]
             assert "stalled at epoch 1" in moves.messages[0] and "slots waiting: [1]" in moves.messages[0]
+            assert all(c.stats()["grant_changes"] >= 1 and c.grant.epoch >= fresh for c in comms)
             jobs = {j.job_id: j for j in listing(dep).jobs}
             assert jobs[job].stall_moves == 1 and jobs[job].active.mode == "switch"
             other, = (j for j in jobs.values() if j.job_id != job)                   # the neighbour:
