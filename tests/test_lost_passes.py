@@ -39,7 +39,7 @@ from test_metrics import inaggctl
 from test_training import on_ranks
 
 CHIPS = ("tofino", "tofino2")
-STUCK = 3.0          # seconds without a result that make a stall (as tests/test_stall_recovery.py)
+STUCK = 5.0          # seconds without a result that make a stall: test_stall_recovery.py's 3 s, plus 2 DELAY_MS
 DELAY_MS = 1000      # rank 1's link into the switch: the stray packet lands in the middle of it
 STALLED_SLOT = 1     # the slot a call's priming reaches first after slot 0's control round
 STRAY_OFFSET = 1000  # in packets: an offset no call of this test reaches
