@@ -3,7 +3,9 @@ tear down leaving nothing behind. Runs on the software data plane, and on BMv2 w
 
 Each run checks for leftovers only among what it started itself (the PIDs and interface names
 its run directory recorded), so other checkouts' runs on the same machine do not disturb it, and
-two runs here go side by side."""
+two runs go side by side. The prompt's tests are in tests/test_emulation_prompt.py and the
+bandwidth flip in tests/test_emulation_flip.py, files of their own so pytest-xdist's
+``--dist loadfile`` spreads them over its workers; their helpers stay here."""
 
 import json
 import os
@@ -235,52 +237,6 @@ def assert_results_decode(pcap: Path, k: int, roce: bool = False) -> None:
     assert proc.returncode == 0 and rows == expected, proc.stderr
 
 
-def test_two_runs_side_by_side_and_stop(tmp_path):
-    """Two runs of one checkout at once: own run directories, interface names and sockets; both
-    train. The second stays at its mininet> prompt, where inaggctl finds the controller and the
-    admin token by itself; then ``--stop --run ID`` ends it and removes only what it started."""
-    reason = mininet_missing()
-    if reason:
-        pytest.skip(reason)
-    cmd_a, out_a = launcher(tmp_path, "single_switch.json", "soft", "--epochs", "1")
-    cmd_b, out_b = launcher(tmp_path, "single_switch.json", "soft", "--epochs", "1", "--cli")
-    a = subprocess.Popen(cmd_a, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    b = subprocess.Popen(cmd_b, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    try:
-        # a node command reads ahead on a piped stdin: it goes last
-        b.stdin.write("sh inaggctl top --once\nh1 inaggctl jobs\n")
-        b.stdin.flush()
-        stdout_a, _ = a.communicate(timeout=400)
-        assert a.returncode == 0, stdout_a
-        run_a = assert_left_nothing(stdout_a)
-        rows_a = {r["name"]: r for r in json.loads(out_a.read_text())}
-        assert rows_a["mlp"]["ok"] and rows_a["mlp"]["mode"] == "switch", stdout_a
-
-        lines_b = []
-        deadline = time.time() + 300
-        while not any("active grant" in line for line in lines_b):    # h1's inaggctl jobs header
-            assert time.time() < deadline and b.poll() is None, "".join(lines_b)
-            lines_b.append(b.stdout.readline())
-        run_b = RunDir(RUN_LINE.search("".join(lines_b)).group(1))
-        assert run_b.run_id != run_a.run_id
-        assert len(run_b.live_processes()) >= 8, "run b should be up at its mininet> prompt"
-        assert "inagg: 0 job(s), 1024 switch slots" in "".join(lines_b)    # top, once the job left
-        stop = subprocess.run([sys.executable, "-m", "inagg.bmv2_env.emulation.mininet_run", "--stop", "--run", run_b.run_id],
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        stdout_b = "".join(lines_b) + b.communicate(timeout=60)[0]
-    finally:
-        for p in (a, b):
-            if p.poll() is None:
-                p.kill()
-    assert "stopped (SIGTERM)" in stdout_b, stdout_b
-    assert_left_nothing(stdout_b)
-    rows_b = {r["name"]: r for r in json.loads(out_b.read_text())}
-    assert rows_b["mlp"]["ok"], stdout_b
-    assert RunDir(run_a.run_id).record["finished"]
-
-
 class Output:
     """``proc``'s output lines, read by a thread of their own so a wait for a line has a
     deadline (a blocked readline has none)."""
@@ -308,67 +264,6 @@ class Output:
         while not self._queue.empty():
             self.lines.append(self._queue.get())
         return "".join(self.lines)
-
-
-def from_a_terminal(cmd: list[str], **kwargs) -> subprocess.Popen:
-    """``Popen`` with SIGINT at its default in the child, as a shell's foreground job has it. A
-    suite started in the background (``nohup``, ``&``) runs with SIGINT ignored, an ignored
-    signal is inherited through ``exec``, and a Python started so installs no
-    KeyboardInterrupt handler: the prompt would never see a Ctrl-C. (A handled signal is reset
-    to its default at ``exec``; this process's main thread sets one for the spawn.)"""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return subprocess.Popen(cmd, **kwargs)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def interrupt_the_prompt(proc: subprocess.Popen, output: Output) -> None:
-    """Ctrl-C as the terminal sends it (SIGINT to the launcher's process group); the prompt
-    says ``Interrupt`` and takes the next command."""
-    os.killpg(proc.pid, signal.SIGINT)
-    output.until("Interrupt", 60)
-
-
-def test_ctrl_c_at_the_prompt_reaches_no_service(tmp_path):
-    """Ctrl-C at the mininet> prompt (SIGINT to the terminal's foreground process group, the
-    launcher's) interrupts only the prompt: the data plane, the controller and the host
-    aggregator live on in sessions of their own, and the controller and the switch's P4Runtime
-    server answer; closing the prompt then tears everything down."""
-    from inagg.controller.switch import SwitchConnection
-
-    reason = mininet_missing()
-    if reason:
-        pytest.skip(reason)
-    cmd, _ = launcher(tmp_path, "single_switch.json", "soft", "--epochs", "1", "--cli")
-    proc = from_a_terminal(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    output = Output(proc)
-    try:
-        proc.stdin.write("sh echo at-the-prompt\n")
-        proc.stdin.flush()
-        run = RunDir(RUN_LINE.search(output.until("at-the-prompt", 300)).group(1))
-        services = [p for p in run.live_processes() if p["what"] in ("s1 data plane", "controller", "host aggregator")]
-        assert len(services) == 3, run.record
-        interrupt_the_prompt(proc, output)                  # then the next command is typed
-        proc.stdin.write("sh inaggctl top --once\n")
-        proc.stdin.flush()
-        out = output.until("switch slots", 60)
-        assert "inagg: 0 job(s), 1024 switch slots" in out, out
-        assert {p["pid"] for p in run.live_processes()} >= {p["pid"] for p in services}, out
-        switch = SwitchConnection(f"unix:{run.path / 's1-p4rt.sock'}", 0, election_id=(0, 0))
-        try:
-            assert sum(switch.counter("job_results").values()) > 0     # the job's, read now
-        finally:
-            switch.close()
-        proc.stdin.close()                                  # end of input: the prompt exits
-        proc.wait(120)
-        out = output.rest(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
-    assert_left_nothing(out)
 
 
 def test_a_rank_killed_mid_run_ends_make_run_naming_it(tmp_path):
@@ -403,66 +298,8 @@ def test_a_rank_killed_mid_run_ends_make_run_naming_it(tmp_path):
     assert saved["failed"].startswith("job mlp rank 1 on h2 was killed by SIGKILL"), saved
 
 
-def test_a_prompt_during_the_jobs_sees_them(tmp_path):
-    """``--cli during`` (make run CLI=during): the mininet> prompt is up while the jobs train,
-    so inaggctl there lists the job running; leaving the prompt waits for the jobs, whose
-    summary comes as with no prompt, and the run leaves nothing behind."""
-    reason = mininet_missing()
-    if reason:
-        pytest.skip(reason)
-    cmd, out = launcher(tmp_path, "single_switch.json", "soft", "--epochs", "12", "--cli", "during")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        # at the prompt: list the jobs until the controller shows all 4 ranks of mlp on the switch
-        stdout, _ = proc.communicate("sh for i in $(seq 300); do out=$(inaggctl jobs); echo \"$out\" | "
-                                     "grep -q ' mlp .* 4/4 .*switch' && { echo \"$out\"; break; }; sleep 0.2; done; "
-                                     "echo listed-while-training\n", timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stdout
-    during = stdout.index("listed-while-training")
-    assert "network up, the jobs running" in stdout[:during], stdout
-    listing = stdout[stdout.rindex("active grant", 0, during):during]
-    assert re.search(r" mlp +4/4 +switch", listing), stdout
-    assert stdout.index("per-job summary") > stdout.index("network up, the jobs running")
-    rows = {r["name"]: r for r in json.loads(out.read_text())}
-    assert rows["mlp"]["ok"] and rows["mlp"]["accuracy"] >= 0.9, stdout
-    assert_left_nothing(stdout)
-
-
 def test_stop_without_runs_touches_nothing(tmp_path):
     """``--stop`` with no unfinished run of this checkout does nothing (and says so)."""
     proc = subprocess.run([sys.executable, "-m", "inagg.bmv2_env.emulation.mininet_run", "--stop", "--run", "zzzz"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and f"no run zzzz in {RUNS_DIR}" in proc.stderr
-
-
-def test_a_bandwidth_change_flips_the_backend_path_and_back(tmp_path):
-    """benchmarks/bandwidth_flip.py, briefly: the ``inagg`` backend's workers run gloo over a
-    management bridge and inagg through the switch; one worker's management link is throttled
-    with tc tbf mid-run, then restored. The largest tensor's path leaves gloo while throttled
-    and comes back after the restore (the workers check every allreduce's sum), and the run
-    leaves nothing behind (no pcaps either, unless asked for). Phases of 5/20/30 s fit it in
-    about a minute; the way back rests on an exploration of gloo, which its class's budget
-    affords every 7-15 s at these steps (it came 6 s after the restore in one run, after more
-    than 20 s in another). Every switch-side link runs at 100 Mbit/s and the throttle cuts gloo's link to
-    20 Mbit/s, so each phase has one path several times faster than the other (about 3x either
-    way for the 256 KiB tensor) whatever the machine's load: the flip tests the choice, not
-    which of two bare veths is faster on a busy 2-core machine."""
-    reason = mininet_missing()
-    if reason:
-        pytest.skip(reason)
-    out = tmp_path / "flip.json"
-    proc = subprocess.run([sys.executable, "benchmarks/bandwidth_flip.py", "--phases", "5", "20", "30",
-                           "--rate", "20mbit", "--data-rate", "100mbit", "--results", str(tmp_path),
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240)
-    run = RunDir(RUN_LINE.search(proc.stdout).group(1))
-    assert run.record["finished"] and run.live_processes() == [], proc.stdout
-    assert [n for n in root_interfaces() if n.startswith(run.run_id)] == []
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert not list(run.path.glob("pcaps/*.pcap"))   # only with --pcaps (2-7 GB a run)
-    result = json.loads(out.read_text())
-    assert result["verdict"] == "", proc.stdout
-    assert (tmp_path / "bandwidth_flip.csv").read_text().count("\n") == len(result["rows"]) + 1
