@@ -70,33 +70,6 @@ def test_fig_loss_writes_a_point_per_loss_rate_with_the_loss_the_ports_applied(t
     assert int(lossy["retransmissions"]) > 0 and all(spread_ok(r, "inagg_s") for r in rows)
 
 
-def test_fig_tenants_writes_each_jobs_jct_under_each_policy(tmp_path):
-    """Two of the figure's jobs (the two profiles: the ranks' start-up is most of a small run)."""
-    emulation()
-    topo = json.loads(fig_tenants.TOPO.read_text())
-    topo["jobs"] = [j for j in topo["jobs"] if "profile" in j]
-    (tmp_path / "topo.json").write_text(json.dumps(topo))
-    rows, _ = run_figure(tmp_path, "fig_tenants", "--scale", "0.05", "--topo", str(tmp_path / "topo.json"),
-                         timeout=600)
-    jobs = [j["name"] for j in topo["jobs"]]
-    assert [(r["sharing"], r["job"]) for r in rows] == [(s, j) for s in ("dynamic", "static", "atp")
-                                                        for j in [*jobs, "all"]]
-    assert all(spread_ok(r, "jct_s") for r in rows)
-    assert all(0 < float(r["jain_bytes_median"]) <= 1 for r in rows if r["job"] == "all")
-    static = [int(r["window_max"]) for r in rows if r["sharing"] == "static" and r["job"] != "all"]
-    assert static and all(w in (0, 256) for w in static)          # one minimum window, never grown
-    atp = [int(r["window_max"]) for r in rows if r["sharing"] == "atp" and r["job"] != "all"]
-    assert atp and all(w == 0 for w in atp)          # host-aggregator grants, the switch's pool shared
-
-
-def test_fig_tree_compares_at_equal_windows(tmp_path):
-    emulation()
-    rows, _ = run_figure(tmp_path, "fig_tree", "--sizes-mib", "0.25")
-    flat, tree = rows
-    assert (flat["job"], tree["job"]) == ("flat", "tree") and flat["window"] == tree["window"]
-    assert tree["same_bits"] == "True" and spread_ok(tree, "ratio") and spread_ok(flat, "seconds")
-
-
 @pytest.mark.parametrize("target", ["fig-workers", "fig-loss", "fig-tenants", "fig-tree"])
 def test_each_make_target_runs_its_figure_and_refuses_a_loaded_machine(tmp_path, target):
     """The make target reaches its script with the load check (a threshold below any load):
