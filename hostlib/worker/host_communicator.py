@@ -20,11 +20,14 @@ import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 from inagg.hostlib.errors import InaggSetupError
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, Grant
 from inagg.hostlib.worker.cuda_staging import CudaStaging
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
 from inagg.hostlib.worker.host_reduce import HostReduce
+from inagg.hostlib.worker.host_tiny import TinyCalls
 from inagg.hostlib.worker.call_protocol import check_array
 from inagg.hostlib.worker.tensors import (
     ReduceOp, as_array, numpy_view, output_shard, reduce_kind, refuse_cuda_scatter, tensor_refusal,
@@ -63,6 +66,7 @@ class HostGroup:
         """``timeout``: the longest wait for a rank of the host, in seconds (the process group's)."""
         self.layout, self.links = layout, links
         self.reduce = HostReduce(layout, links, timeout)
+        self._tiny: TinyCalls | None = TinyCalls(self.reduce, links) if len(layout.local) > 1 else None
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._running = threading.RLock()   # reentrant: a future's callback may call again
         self._queued_lock = threading.Lock()
@@ -88,6 +92,14 @@ class HostGroup:
             self._queued += 1
         self._queue.put(work)
 
+    def tiny(self, array: np.ndarray, average: bool, k: int) -> int | None:
+        """A tiny call (``TinyCalls.allreduce``) here and now when no call is queued: the next
+        call's K, or None when nothing was done (a call queued, or one C++ does not take)."""
+        with self._running:
+            if self._queued or self._tiny is None:
+                return None
+            return self._tiny.allreduce(array, average, k)
+
     def _loop(self) -> None:
         while (work := self._queue.get()) is not None:
             with self._running:
@@ -106,6 +118,7 @@ class HostGroup:
         self._queue.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(30)
+        self._tiny = None   # it writes on the links' descriptors, which close now
         for link in self.links.values():
             link.close()
         if self.reduce.buffer is not None:
@@ -207,6 +220,19 @@ class HostCommunicator:
 
         self.group.submit(work, inline_if_idle)
         return future
+
+    def tiny(self, array: np.ndarray, average: bool) -> bool:
+        """A sum (``average``: mean) of ``array`` in place on this thread, in C++
+        (``inagg.hostlib.worker.host_tiny``), where the job has no grant (its ranks all share one
+        host, the same on every rank); False when nothing was done (the caller runs the call
+        as any other). Raises what failed, on every rank alike."""
+        if self.grant is not None:
+            return False
+        k = self.group.tiny(array, average, self.k)
+        if k is None:
+            return False
+        self.k = k
+        return True
 
     def allreduce(self, tensor, op=ReduceOp.SUM):
         """Blocking allreduce; raises what went wrong (on every rank alike)."""

@@ -194,16 +194,19 @@ class Link:
         self.sock.close()
 
 
-def receive_all(links: dict[int, Link], stop: Stop = never, timeout: float | None = None) -> dict[int, Message]:
-    """One message from each link, in the order they come; the first dead peer raises, and so
-    does a wait that ``stop`` ends or that outlasts ``timeout`` seconds (module docstring)."""
+def receive_all(links: dict[int, Link], stop: Stop = never, timeout: float | None = None,
+                got: dict[int, Message] | None = None) -> dict[int, Message]:
+    """One message from each link, in the order they come (``got``: those received already);
+    the first dead peer raises, and so does a wait that ``stop`` ends or that outlasts
+    ``timeout`` seconds (module docstring)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     poller = select.poll()   # poll(2): no descriptor of its own to open and close, as epoll's
     by_fd = {}
+    got = dict(got or {})
     for i, link in links.items():
-        poller.register(link.sock, select.POLLIN)
-        by_fd[link.sock.fileno()] = i
-    got: dict[int, Message] = {}
+        if i not in got:
+            poller.register(link.sock, select.POLLIN)
+            by_fd[link.sock.fileno()] = i
     while len(got) < len(links):
         ready = poller.poll(_SLICE_MS)
         for fd, _ in ready:
