@@ -25,7 +25,7 @@ import numpy as np
 from inagg.hostlib.errors import InaggSetupError
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, Grant
 from inagg.hostlib.worker.cuda_staging import CudaStaging
-from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
+from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout, listen
 from inagg.hostlib.worker.host_reduce import HostReduce
 from inagg.hostlib.worker.host_tiny import TinyCalls
 from inagg.hostlib.worker.call_protocol import check_array
@@ -71,8 +71,9 @@ class HostGroup:
         self._running = threading.RLock()   # reentrant: a future's callback may call again
         self._queued_lock = threading.Lock()
         self._queued = 0
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="inagg-host-io")
-        self._thread.start()
+        # started by the first call queued: a job whose calls all run on their callers' threads
+        # (tiny ones) never waits for a thread to start (a re-init's time)
+        self._thread: threading.Thread | None = None
 
     @property
     def n_hosts(self) -> int:
@@ -90,6 +91,9 @@ class HostGroup:
                     return
         with self._queued_lock:
             self._queued += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="inagg-host-io")
+                self._thread.start()
         self._queue.put(work)
 
     def tiny(self, array: np.ndarray, average: bool, k: int) -> int | None:
@@ -116,7 +120,7 @@ class HostGroup:
     def close(self) -> None:
         """Stop the thread (after the calls submitted) and let the links and the memory go."""
         self._queue.put(None)
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(30)
         self._tiny = None   # it writes on the links' descriptors, which close now
         for link in self.links.values():
@@ -128,10 +132,20 @@ class HostGroup:
 def open_host_group(store, rank: int, world_size: int, timeout: timedelta) -> HostGroup | None:
     """This rank's ``HostGroup``, or None when the job does not reduce on its hosts first. A
     collective (``store``: the job's, prefixed)."""
-    layout = discover_layout(store, rank, world_size)
-    if not host_reduce_wanted(layout):
-        return None
-    group = HostGroup(layout, connect_star(store, layout, timeout), timeout.total_seconds())
+    listener, name = listen(world_size)   # any rank may be its host's leader
+    try:
+        layout, names = discover_layout(store, rank, world_size, name)
+        if not host_reduce_wanted(layout):
+            return None
+        links = connect_star(layout, listener, names, timeout)
+    finally:
+        listener.close()
+    group = HostGroup(layout, links, timeout.total_seconds())
+    try:
+        group.reduce.share_buffer()
+    except BaseException:
+        group.close()
+        raise
     log.debug("rank %d: reducing on this host first (%s; leader rank %d)", rank, layout.describe(), layout.local[0])
     return group
 

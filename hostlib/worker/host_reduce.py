@@ -266,6 +266,23 @@ class HostReduce:
         sent_ready = status != _native.TINY_NOT_SENT
         return self._done(c, started, lambda: self._follow(c, sent_ready, got.get(0)))
 
+    def share_buffer(self) -> None:
+        """The host's first shared buffer, made at the start (a collective of the host's ranks):
+        the leader's, handed to every rank as a GROW, so the job's first call needs no GROW round
+        (a start's time: two messages and a wake-up each fewer)."""
+        if self.layout.leader:
+            self._use(SharedBuffer.create(2 * _megabytes(0), _megabytes(0)))
+            for link in self.links.values():
+                link.send(Message(_GROW, 0, self.buffer.nbytes, self.buffer.split, fd=self.buffer.fd))
+            return
+        link = self.links[0]
+        link.wait_readable(self._stop, self.timeout)
+        m = link.recv()
+        if m.kind != _GROW or m.fd is None:
+            raise InaggError(f"rank {self.layout.rank}: expected the host's shared buffer from {link.peer}, "
+                             f"got message kind {m.kind}: the host's ranks run different versions of inagg?")
+        self._use(SharedBuffer(m.fd, m.a, m.b))
+
     def _stop(self) -> BaseException | None:
         """Why a wait for a rank of the host ends now: the job failed (``failed``; an error of its
         own each time: a raised error keeps the frames it passed), else None."""
