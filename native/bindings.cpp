@@ -275,6 +275,7 @@ void bind_switch(nb::module_& m);  // switch_bindings.cpp
 namespace inagg {
 void bind_stream(nb::module_& m);       // stream_bindings.cpp
 void bind_host_reduce(nb::module_& m);  // host_reduce.cpp
+void bind_host_tiny(nb::module_& m);    // host_tiny.cpp
 }  // namespace inagg
 
 NB_MODULE(_native, m) {
@@ -288,4 +289,5 @@ NB_MODULE(_native, m) {
     bind_switch(m);
     inagg::bind_stream(m);
     inagg::bind_host_reduce(m);
+    inagg::bind_host_tiny(m);
 }

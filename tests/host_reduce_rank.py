@@ -7,8 +7,9 @@ bfloat16 and float16 (their bits saved as int16 and float16), int32 that wraps; 
 rank (``inputs``); writes the results to
 OUT_DIR/rank<R>.npz and the process group's stats (and its grant's K) to OUT_DIR/rank<R>.json.
 
-``python tests/host_reduce_rank.py OUT_DIR loop``: allreduces until an error, then prints
-``error TIME TYPE: MESSAGE`` (TIME: time.time()) on stdout; prints ``ready`` once the group is up.
+``python tests/host_reduce_rank.py OUT_DIR loop [VALUES]``: allreduces of VALUES float32 zeros (65536
+by default; a few: the tiny calls C++ runs) until an error, then prints ``error TIME TYPE: MESSAGE``
+(TIME: time.time()) on stdout; prints ``ready`` once the group is up.
 """
 
 import json
@@ -72,9 +73,9 @@ def exact(out_dir: str, rank: int, largest: int) -> None:
         json.dump(dist.group.WORLD.stats() | {"k": k}, f, default=str)
 
 
-def loop() -> None:
+def loop(values: int) -> None:
     print("ready", flush=True)
-    x = torch.ones(1 << 16)
+    x = torch.zeros(values)
     while True:
         try:
             dist.all_reduce(x)
@@ -91,7 +92,7 @@ def main() -> int:
     if what == "exact":
         exact(out_dir, rank, int(sys.argv[3]) if len(sys.argv) > 3 else max(SIZES))
     else:
-        loop()
+        loop(int(sys.argv[3]) if len(sys.argv) > 3 else 1 << 16)
     dist.destroy_process_group()
     return 0
 

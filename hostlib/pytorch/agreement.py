@@ -50,9 +50,17 @@ class StoreMin:
     def __init__(self, store: dist.Store, rank: int, world_size: int,
                  failure: Callable[[], BaseException | None] = lambda: None) -> None:
         self._store, self._rank, self._n, self._failure = store, rank, world_size, failure
-        group = (store.add(f"groups/{world_size}", 1) - 1) // world_size
-        self._prefix = f"{world_size}.{group}"
+        # the group's keys, claimed at its first round (``_claim``): a process group's start,
+        # which makes this, pays no store round for it
+        self._prefix: str | None = None
         self._round = 0
+
+    def _claim(self) -> str:
+        """This group's prefix of keys in the store (each group of ``world_size`` ranks on it its own)."""
+        if self._prefix is None:
+            group = (self._store.add(f"groups/{self._n}", 1) - 1) // self._n
+            self._prefix = f"{self._n}.{group}"
+        return self._prefix
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
         mine = np.ascontiguousarray(values, dtype=np.float64)
@@ -60,6 +68,7 @@ class StoreMin:
         if self._n == 1:
             return mine.copy()
         try:
+            self._claim()
             if self._rank == 0:
                 return self._combine(k, mine)
             if k:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from inagg.hostlib.pytorch.path.choice import PATHS
 from inagg.hostlib.pytorch.path.options import TINY_BYTES
-from inagg.hostlib.pytorch.works import _CallWork, _GlooWork, _resolve_to, _ShardWork, _TimedWork
+from inagg.hostlib.pytorch.works import _CallWork, _DoneWork, _GlooWork, _resolve_to, _ShardWork, _TimedWork, failed_work
 from inagg.hostlib.worker.tensors import ReduceOp
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ _ONE_HOST_CALIBRATION_BYTES = _CALIBRATION_BYTES[:2]
 _CALIBRATION_ROUNDS = 3
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # each quantized from its own format
 _INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
+_NATIVE_TINY_DTYPES = (torch.float32, torch.int32)   # a tiny call of these runs in C++ (``_tiny``)
 # a smaller call on a communicator with nothing queued runs on the caller's thread (``_run``):
 # the hand-over to the I/O thread and back costs most of a small call's time; larger ones stay
 # queued, so DDP overlaps them with its backward pass
@@ -173,9 +174,16 @@ class AllreduceDispatch:
     def _tiny(self, tensor: torch.Tensor, average: bool) -> dist.Work:
         """A tiny call of a job on one host (``TINY_BYTES``): on the host-local reduce, on the
         caller's thread when nothing is queued, with no chooser, timing or agreement: the same
-        on every rank (its size decides), and the same bits as every path."""
+        on every rank (its size decides), and the same bits as every path. A float32 or int32
+        one runs in C++ (``inagg.hostlib.worker.host_tiny``) and returns a Work already done."""
         self.allreduces["inagg"] += 1
         self._carry("inagg", 1, tensor.nbytes)
+        if tensor.dtype in _NATIVE_TINY_DTYPES:
+            try:
+                if self._life.comm.tiny(tensor.detach().numpy(), average):
+                    return _DoneWork(tensor)
+            except Exception as e:  # noqa: BLE001 - raised by the Work's wait, as a queued call's error
+                return failed_work(e, tensor, self._group)
         work = self._run("inagg", tensor, average)
         self._last_work["inagg"] = weakref.ref(work)
         return work

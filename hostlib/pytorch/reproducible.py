@@ -65,8 +65,9 @@ class FixedPointGloo:
         self._failure: Callable[[], BaseException] | None = None   # ``fail``'s: a fresh error each time
         self._pending: set[torch.futures.Future] = set()   # submitted, not completed (under _lock)
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._serve, daemon=True, name="inagg-fixed-gloo")
-        self._thread.start()
+        # started by the first call queued: a job whose calls all run on their callers' threads
+        # (a job on one host: its tiny calls) never waits for a thread to start (a re-init's time)
+        self._thread: threading.Thread | None = None
 
     def allreduce(self, tensor: torch.Tensor, divisor: int, inline_if_idle: bool) -> torch.futures.Future:
         """Sum (``divisor`` = N: average) the contiguous float tensor in place; the future
@@ -85,6 +86,9 @@ class FixedPointGloo:
                 self._settle(fut, tensor, host, divisor)
                 return fut
             self._queued += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, daemon=True, name="inagg-fixed-gloo")
+                self._thread.start()
         self._queue.put((fut, tensor, host, divisor))
         return fut
 
@@ -102,7 +106,8 @@ class FixedPointGloo:
         """Stop the thread once the calls queued before are done (after ``fail``, at once: a
         call still in gloo ends with its own wait, ``wait_gloo``); let the gloo group go."""
         self._queue.put(None)
-        self._thread.join(1.0 if self._failure is not None else 10.0)
+        if self._thread is not None:
+            self._thread.join(1.0 if self._failure is not None else 10.0)
         self._gloo = None
 
     def _serve(self) -> None:

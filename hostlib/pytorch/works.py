@@ -4,7 +4,8 @@ Design: a Work of a path of ours (``_CallWork``) waits on the call's own future 
 Python lock, so a Ctrl-C is raised at once and a rank gone ends the wait (``_wait_for``), and
 raises the call's error naming that rank (the group's ``named``); its future, when a caller
 takes one (DDP, comm hooks), is delivered off the communicator's I/O thread (``_resolve_to``).
-A Work of the inner gloo group is wrapped the same way (``_GlooWork``); a timed call reports its
+A call done on the caller's thread (a tiny call in C++) returns a Work that is complete
+(``_DoneWork``). A Work of the inner gloo group is wrapped the same way (``_GlooWork``); a timed call reports its
 time where its caller waits (``_TimedWork``); reduce-scatters run as allreduces keep their
 shard once every allreduce is done (``_ShardWork``).
 """
@@ -133,6 +134,35 @@ class _CallWork(dist.Work):
 
     def is_completed(self) -> bool:
         return self._done.done()
+
+
+@torch_calls(*_WORK_CALLS)
+class _DoneWork(dist.Work):
+    """The Work of a call that succeeded before it was returned (``AllreduceDispatch._tiny``):
+    nothing to wait for; its future, made on first use, holds ``[tensor]`` (as gloo's)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self._tensor = tensor
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut = torch.futures.Future()
+        fut.set_result([self._tensor])
+        return fut
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def failed_work(error: Exception, tensor: torch.Tensor, pg: "InaggProcessGroup") -> dist.Work:
+    """The Work of a call that failed on the caller's thread with ``error``: raised by ``wait``
+    (named) and into its future, as a call's error on a communicator's thread is."""
+    fut = torch.futures.Future()
+    fut.set_exception(error)
+    return _CallWork(fut, lambda: _resolve_to(fut, [tensor], pg.named), pg)
 
 
 @torch_calls(*_WORK_CALLS, "_source_rank")

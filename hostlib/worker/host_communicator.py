@@ -20,11 +20,14 @@ import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 from inagg.hostlib.errors import InaggSetupError
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, Grant
 from inagg.hostlib.worker.cuda_staging import CudaStaging
-from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout
+from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout, listen
 from inagg.hostlib.worker.host_reduce import HostReduce
+from inagg.hostlib.worker.host_tiny import TinyCalls
 from inagg.hostlib.worker.call_protocol import check_array
 from inagg.hostlib.worker.tensors import (
     ReduceOp, as_array, numpy_view, output_shard, reduce_kind, refuse_cuda_scatter, tensor_refusal,
@@ -63,12 +66,14 @@ class HostGroup:
         """``timeout``: the longest wait for a rank of the host, in seconds (the process group's)."""
         self.layout, self.links = layout, links
         self.reduce = HostReduce(layout, links, timeout)
+        self._tiny: TinyCalls | None = TinyCalls(self.reduce, links) if len(layout.local) > 1 else None
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._running = threading.RLock()   # reentrant: a future's callback may call again
         self._queued_lock = threading.Lock()
         self._queued = 0
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="inagg-host-io")
-        self._thread.start()
+        # started by the first call queued: a job whose calls all run on their callers' threads
+        # (tiny ones) never waits for a thread to start (a re-init's time)
+        self._thread: threading.Thread | None = None
 
     @property
     def n_hosts(self) -> int:
@@ -86,7 +91,18 @@ class HostGroup:
                     return
         with self._queued_lock:
             self._queued += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="inagg-host-io")
+                self._thread.start()
         self._queue.put(work)
+
+    def tiny(self, array: np.ndarray, average: bool, k: int) -> int | None:
+        """A tiny call (``TinyCalls.allreduce``) here and now when no call is queued: the next
+        call's K, or None when nothing was done (a call queued, or one C++ does not take)."""
+        with self._running:
+            if self._queued or self._tiny is None:
+                return None
+            return self._tiny.allreduce(array, average, k)
 
     def _loop(self) -> None:
         while (work := self._queue.get()) is not None:
@@ -104,8 +120,9 @@ class HostGroup:
     def close(self) -> None:
         """Stop the thread (after the calls submitted) and let the links and the memory go."""
         self._queue.put(None)
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(30)
+        self._tiny = None   # it writes on the links' descriptors, which close now
         for link in self.links.values():
             link.close()
         if self.reduce.buffer is not None:
@@ -115,10 +132,20 @@ class HostGroup:
 def open_host_group(store, rank: int, world_size: int, timeout: timedelta) -> HostGroup | None:
     """This rank's ``HostGroup``, or None when the job does not reduce on its hosts first. A
     collective (``store``: the job's, prefixed)."""
-    layout = discover_layout(store, rank, world_size)
-    if not host_reduce_wanted(layout):
-        return None
-    group = HostGroup(layout, connect_star(store, layout, timeout), timeout.total_seconds())
+    listener, name = listen(world_size)   # any rank may be its host's leader
+    try:
+        layout, names = discover_layout(store, rank, world_size, name)
+        if not host_reduce_wanted(layout):
+            return None
+        links = connect_star(layout, listener, names, timeout)
+    finally:
+        listener.close()
+    group = HostGroup(layout, links, timeout.total_seconds())
+    try:
+        group.reduce.share_buffer()
+    except BaseException:
+        group.close()
+        raise
     log.debug("rank %d: reducing on this host first (%s; leader rank %d)", rank, layout.describe(), layout.local[0])
     return group
 
@@ -208,6 +235,19 @@ class HostCommunicator:
 
         self.group.submit(work, inline_if_idle)
         return future
+
+    def tiny(self, array: np.ndarray, average: bool) -> bool:
+        """A sum (``average``: mean) of ``array`` in place on this thread, in C++
+        (``inagg.hostlib.worker.host_tiny``), where the job has no grant (its ranks all share one
+        host, the same on every rank); False when nothing was done (the caller runs the call
+        as any other). Raises what failed, on every rank alike."""
+        if self.grant is not None:
+            return False
+        k = self.group.tiny(array, average, self.k)
+        if k is None:
+            return False
+        self.k = k
+        return True
 
     def allreduce(self, tensor, op=ReduceOp.SUM):
         """Blocking allreduce; raises what went wrong (on every rank alike)."""

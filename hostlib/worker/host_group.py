@@ -7,7 +7,9 @@
   leader: under torchrun the rank of local rank 0, and host 0's leader is rank 0.
 * **How they talk.** A star of Unix stream sockets around the leader, in the abstract namespace
   under a random name the leader publishes in the job's store: nothing in the file system, and
-  the name goes with the socket. The leader accepts only its own user's processes
+  the name goes with the socket. Every rank publishes a listening socket's name with its host
+  identity (one round of the store, before any rank knows whether it leads: ``listen``,
+  ``discover_layout``); only the leader's is connected to. The leader accepts only its own user's processes
   (SO_PEERCRED). A process that dies closes its socket, so its peer reads end-of-file at once:
   a dead rank is named, never waited for.
 * **How long they wait.** A rank that stops without ending (SIGSTOP, a debugger) keeps its socket
@@ -17,11 +19,13 @@
   ``JobFailed`` naming the silent ranks after the group's timeout.
 * **The memory.** One anonymous ``memfd`` that the leader creates and passes to the others over
   the sockets (SCM_RIGHTS). It has no name in /dev/shm, so nothing is left behind however a
-  process ends: the kernel frees it with the last mapping. A larger call replaces it.
+  process ends: the kernel frees it with the last mapping. The leader makes the first one as the
+  star connects (``HostReduce.share_buffer``); a larger call replaces it.
 """
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import secrets
@@ -110,16 +114,18 @@ def _span(ranks: tuple[int, ...]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ",".join(map(str, ranks))
 
 
-def discover_layout(store, rank: int, world_size: int) -> HostLayout:
-    """Every rank's host, through the job's (prefixed) store. A collective."""
-    store.set(f"id/{rank}", host_identity())
+def discover_layout(store, rank: int, world_size: int, listening: str = "") -> tuple[HostLayout, list[str]]:
+    """Every rank's host, through the job's (prefixed) store, and the name every rank's
+    ``listening`` socket has (``listen``): one round of the store, which hands a host's ranks
+    their leader's name with the layout (``connect_star``). A collective."""
+    store.set(f"id/{rank}", json.dumps([host_identity(), listening]))
     keys = [f"id/{r}" for r in range(world_size)]
     store.wait(keys)   # then one round trip for all of them
-    ids = [value.decode() for value in store.multi_get(keys)]
+    ids = [json.loads(value) for value in store.multi_get(keys)]
     hosts: dict[str, list[int]] = {}
-    for r, host in enumerate(ids):
+    for r, (host, _) in enumerate(ids):
         hosts.setdefault(host, []).append(r)
-    return HostLayout(rank, tuple(tuple(ranks) for ranks in hosts.values()))
+    return HostLayout(rank, tuple(tuple(ranks) for ranks in hosts.values())), [name for _, name in ids]
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -194,16 +200,19 @@ class Link:
         self.sock.close()
 
 
-def receive_all(links: dict[int, Link], stop: Stop = never, timeout: float | None = None) -> dict[int, Message]:
-    """One message from each link, in the order they come; the first dead peer raises, and so
-    does a wait that ``stop`` ends or that outlasts ``timeout`` seconds (module docstring)."""
+def receive_all(links: dict[int, Link], stop: Stop = never, timeout: float | None = None,
+                got: dict[int, Message] | None = None) -> dict[int, Message]:
+    """One message from each link, in the order they come (``got``: those received already);
+    the first dead peer raises, and so does a wait that ``stop`` ends or that outlasts
+    ``timeout`` seconds (module docstring)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     poller = select.poll()   # poll(2): no descriptor of its own to open and close, as epoll's
     by_fd = {}
+    got = dict(got or {})
     for i, link in links.items():
-        poller.register(link.sock, select.POLLIN)
-        by_fd[link.sock.fileno()] = i
-    got: dict[int, Message] = {}
+        if i not in got:
+            poller.register(link.sock, select.POLLIN)
+            by_fd[link.sock.fileno()] = i
     while len(got) < len(links):
         ready = poller.poll(_SLICE_MS)
         for fd, _ in ready:
@@ -232,26 +241,32 @@ def _give_up(stop: Stop, deadline: float | None, timeout: float | None, waited_f
 _HELLO = struct.Struct("<qq")   # rank, pid
 
 
-def connect_star(store, layout: HostLayout, timeout: timedelta) -> dict[int, Link]:
-    """The leader's links to the other ranks of its host (by local index), or another rank's
-    one link to its leader (index 0). A collective of the host's ranks."""
-    key = f"socket/{layout.host}"
+def listen(backlog: int) -> tuple[socket.socket, str]:
+    """A Unix stream socket listening in the abstract namespace under a random name, and the name
+    (module docstring): every rank makes one before its host's leader is known, and only the
+    leader's is connected to."""
+    name = f"\0inagg-host-{secrets.token_hex(16)}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(name)
+        listener.listen(backlog)
+    except OSError:
+        listener.close()
+        raise
+    return listener, name[1:]
+
+
+def connect_star(layout: HostLayout, listener: socket.socket, names: list[str], timeout: timedelta) -> dict[int, Link]:
+    """The leader's links to the other ranks of its host (by local index), accepted on its
+    ``listener``, or another rank's one link to its leader (index 0), at the leader's name in
+    ``names`` (``discover_layout``'s). A collective of the host's ranks."""
     seconds = timeout.total_seconds()
     if layout.leader:
-        name = f"\0inagg-host-{secrets.token_hex(16)}"
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(name)
-        listener.listen(len(layout.local))
         listener.settimeout(seconds)
-        store.set(key, name[1:])
-        try:
-            return _accept_all(listener, layout)
-        finally:
-            listener.close()
-    store.wait([key], timeout)
+        return _accept_all(listener, layout)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(seconds)
-    sock.connect("\0" + store.get(key).decode())
+    sock.connect("\0" + names[layout.local[0]])
     sock.sendall(_HELLO.pack(layout.rank, os.getpid()))
     rank, pid = _HELLO.unpack(Link(sock, layout.local[0], 0, True).read_exactly(_HELLO.size))
     sock.settimeout(None)

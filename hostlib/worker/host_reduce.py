@@ -58,6 +58,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -79,6 +80,22 @@ SERIAL_VALUES = 1 << 18
 _ALIGN = 64
 # errors a leader hands to its host's ranks, by index (anything else arrives as InaggError)
 _ERRORS = (RankDied, JobFailed, CallRefused, FloatingPointError, AllreduceError, InaggError)
+_TINY_DTYPES = (np.dtype(np.float32), np.dtype(np.int32))   # what C++ takes (``host_tiny``)
+
+
+class TinyPlan(NamedTuple):
+    """A kind of tiny call as C++ needs it (``HostReduce.tiny_plan``): its word, whether it rides
+    in one round (float32; else int32), the ends of its two regions (``_areas``' in_end and
+    out_end), where its int32 sums (after the hosts' words) and its float result lie in the
+    second region, and the K the leader answers (a job without a grant: its own)."""
+
+    word: int
+    one_round: bool
+    in_end: int
+    out_end: int
+    wire_at: int
+    result_at: int
+    k_next: int
 
 
 @dataclass
@@ -189,29 +206,90 @@ class HostReduce:
         leader's Communicator of the path, None on the other ranks). Returns the K of the path's
         next call (the leader's grant may have changed); raises what failed, on every rank alike."""
         started = time.perf_counter()
-        c = _Call(self.calls, x, _word(x, average, refusal), self.reduction.block or k, len(self.layout.local),
-                  self.n_workers, len(self.layout.hosts), shard=shard if refusal is None else None)
+        c = self._new_call(self.calls, x, average, refusal, k, shard)
         self.calls += 1
-        c.mode = _mode(c, self.reduction)
-        c.areas = _areas(c)
-        c.next_area = "wire" if c.n_hosts > 1 else ""
-        c.host_part = _host_part(self.layout, c.shard)
         if self.broken is not None:   # the leader still fails each call between hosts, naming the rank
             if self.layout.leader:
                 self._refuse_between_hosts(c, comm.allreduce if c.n_hosts > 1 else None, _DIED, self.broken.rank)
                 self._tell(c, self.broken)   # the host's other ranks wait for this call's answer
             raise self.broken
+        return self._done(c, started, lambda: self._lead(c, comm) if self.layout.leader else self._follow(c))
+
+    def _new_call(self, call: int, x: np.ndarray | None, average: bool, refusal: Refusal | None, k: int,
+                  shard: Shard | None) -> _Call:
+        """Call number ``call`` of ``x`` as this rank sees it: how it is summed and where it lies."""
+        c = _Call(call, x, _word(x, average, refusal), self.reduction.block or k, len(self.layout.local),
+                  self.n_workers, len(self.layout.hosts), shard=shard if refusal is None else None)
+        c.mode = _mode(c, self.reduction)
+        c.areas = _areas(c)
+        c.next_area = "wire" if c.n_hosts > 1 else ""
+        c.host_part = _host_part(self.layout, c.shard)
+        return c
+
+    def _done(self, c: _Call, started: float, run: Callable[[], int]) -> int:
+        """``run()`` (the call's part of the protocol, returning the next call's K), then the call counted."""
         try:
-            k_next = self._lead(c, comm) if self.layout.leader else self._follow(c)
+            k_next = run()
         except RankDied as e:
             self.broken = e
             raise
-        self.stats["calls"] += 1
-        self.stats["local_bytes"] += 4 * c.n
-        if c.n:
-            self.stats["result_bytes"] += c.x.itemsize * (c.n if c.shard is None else c.shard.out.size)
-        self.stats["seconds"] += time.perf_counter() - started
+        self.count(c.n, c.x.itemsize * (c.n if c.shard is None else c.shard.out.size) if c.n else 0, started)
         return k_next
+
+    def count(self, n: int, result_bytes: int, started: float) -> None:
+        """A call of ``n`` values done, ``result_bytes`` of its result moved out to this rank."""
+        stats = self.stats
+        stats["calls"] += 1
+        stats["local_bytes"] += 4 * n
+        stats["result_bytes"] += result_bytes
+        stats["seconds"] += time.perf_counter() - started
+
+    # -- tiny calls in C++ (``inagg.hostlib.worker.host_tiny``) ---------------------------------------
+
+    def tiny_plan(self, x: np.ndarray, average: bool, k: int) -> TinyPlan | None:
+        """What C++ needs to know of a call of ``x``'s kind (``host_tiny``), from this protocol;
+        None where it does not take such a call: not float32 or int32, between hosts, in blocks
+        (the exact limit is lower) or reduced in parallel."""
+        if x.dtype not in _TINY_DTYPES or len(self.layout.hosts) > 1 or (average and x.dtype != np.float32):
+            return None
+        c = self._new_call(0, x, average, None, k, None)
+        if c.mode == _BLOCKS or not _serial(c):
+            return None
+        a = c.areas
+        return TinyPlan(c.word, c.mode == _ONE_ROUND, a["in_end"][1], a["out_end"][1], a["wire"][1] + 8 * c.n_hosts,
+                        a["result"][1], c.k)
+
+    def carry_on(self, call: int, x: np.ndarray, average: bool, k: int, status: int, taken: list[tuple],
+                 sent: int, started: float) -> int:
+        """Tiny call number ``call``, handed over by C++ with ``status`` (``host_tiny``): this
+        protocol carries on where C++ stopped, with the messages it received (``taken``), or
+        after a RESULT it sent to the first ``sent`` ranks only. Returns the next call's K."""
+        c = self._new_call(call, x.reshape(-1), average, None, k, None)
+        got = {i: Message(kind, number, a, b, cc, text, fd if fd >= 0 else None)
+               for i, kind, number, a, b, cc, text, fd in taken}
+        if status == _native.TINY_SEND_FAILED:
+            return self._done(c, started, lambda: self._send_result(c, c.k, "", sent))
+        if self.layout.leader:
+            return self._done(c, started, lambda: self._lead(c, None, got))
+        sent_ready = status != _native.TINY_NOT_SENT
+        return self._done(c, started, lambda: self._follow(c, sent_ready, got.get(0)))
+
+    def share_buffer(self) -> None:
+        """The host's first shared buffer, made at the start (a collective of the host's ranks):
+        the leader's, handed to every rank as a GROW, so the job's first call needs no GROW round
+        (a start's time: two messages and a wake-up each fewer)."""
+        if self.layout.leader:
+            self._use(SharedBuffer.create(2 * _megabytes(0), _megabytes(0)))
+            for link in self.links.values():
+                link.send(Message(_GROW, 0, self.buffer.nbytes, self.buffer.split, fd=self.buffer.fd))
+            return
+        link = self.links[0]
+        link.wait_readable(self._stop, self.timeout)
+        m = link.recv()
+        if m.kind != _GROW or m.fd is None:
+            raise InaggError(f"rank {self.layout.rank}: expected the host's shared buffer from {link.peer}, "
+                             f"got message kind {m.kind}: the host's ranks run different versions of inagg?")
+        self._use(SharedBuffer(m.fd, m.a, m.b))
 
     def _stop(self) -> BaseException | None:
         """Why a wait for a rank of the host ends now: the job failed (``failed``; an error of its
@@ -296,12 +374,18 @@ class HostReduce:
 
     # -- the other ranks -------------------------------------------------------------------------
 
-    def _follow(self, c: _Call) -> int:
+    def _follow(self, c: _Call, sent: bool = False, first: Message | None = None) -> int:
+        """A follower's part of call ``c``: READY (unless ``sent``), then the leader's messages
+        (the first of them ``first`` when C++ received it, ``host_tiny``) until its RESULT."""
         link = self.links[0]
-        link.send(Message(_READY, c.call, c.word, 0, int(self._write(c))))
+        if not sent:
+            link.send(Message(_READY, c.call, c.word, 0, int(self._write(c))))
         while True:
-            link.wait_readable(self._stop, self.timeout)
-            m = link.recv()
+            if first is None:
+                link.wait_readable(self._stop, self.timeout)
+                m = link.recv()
+            else:
+                m, first = first, None
             if m.kind == _GROW:
                 self._use(SharedBuffer(m.fd, m.a, m.b))
                 link.send(Message(_READY, c.call, c.word, 0, int(self._write(c))))
@@ -318,26 +402,32 @@ class HostReduce:
 
     # -- the leader ------------------------------------------------------------------------------
 
-    def _lead(self, c: _Call, comm) -> int:
+    def _lead(self, c: _Call, comm, ready: dict[int, Message] | None = None) -> int:
+        """The leader's part of call ``c``; ``ready``: the messages C++ received before it handed
+        the call over (``host_tiny``; its row is written)."""
         cross = comm.allreduce if c.n_hosts > 1 else None
         try:
-            self._gather(c, self._write(c), cross)
+            self._gather(c, self._write(c) if ready is None else True, cross, ready)
             overflow = self._reduce(c, cross)
         except Exception as e:
             self._tell(c, e)
             raise
-        k_next = comm.grant.values_per_packet if comm is not None else c.k
-        self._broadcast(c, Message(_RESULT, c.call, 0, 0, k_next, overflow))
+        return self._send_result(c, comm.grant.values_per_packet if comm is not None else c.k, overflow)
+
+    def _send_result(self, c: _Call, k_next: int, overflow: str, first: int = 0) -> int:
+        """RESULT to the host's ranks from local index ``first`` + 1 on, and the result into this
+        rank's tensor; returns ``k_next``."""
+        self._broadcast(c, Message(_RESULT, c.call, 0, 0, k_next, overflow), first)
         self._copy_out(c, overflow)
         return k_next
 
-    def _broadcast(self, c: _Call, m: Message) -> None:
-        """``m`` to every other rank of the host. A rank found dead here (its socket closed) fails
-        the call: every rank that did not get ``m`` yet gets the error naming it instead, so no
-        rank takes the leader's later end for the cause (ranks that got ``m`` learn it at their
-        next call)."""
+    def _broadcast(self, c: _Call, m: Message, first: int = 0) -> None:
+        """``m`` to every other rank of the host (from the ``first``-th on). A rank found dead
+        here (its socket closed) fails the call: every rank that did not get ``m`` yet gets the
+        error naming it instead, so no rank takes the leader's later end for the cause (ranks
+        that got ``m`` learn it at their next call)."""
         links = list(self.links.values())
-        for i, link in enumerate(links):
+        for i, link in enumerate(links[first:], first):
             try:
                 link.send(m)
             except RankDied as e:
@@ -364,9 +454,10 @@ class HostReduce:
         except RankDied:
             pass
 
-    def _gather(self, c: _Call, wrote: bool, cross) -> None:
-        """Every rank READY with the same call; the buffer made larger if a rank had no room."""
-        ready = self._receive(c, cross)
+    def _gather(self, c: _Call, wrote: bool, cross, got: dict[int, Message] | None = None) -> None:
+        """Every rank READY with the same call (``got``: those received already); the buffer made
+        larger if a rank had no room."""
+        ready = self._receive(c, cross, got)
         self._check_ranks(c, ready, cross)
         if wrote and all(m.c for m in ready.values()):
             return
@@ -379,10 +470,11 @@ class HostReduce:
         self._write(c)
         self._receive(c, cross)
 
-    def _receive(self, c: _Call, cross) -> dict[int, Message]:
-        """One message from every other rank; a dead rank fails the call here and between hosts."""
+    def _receive(self, c: _Call, cross, got: dict[int, Message] | None = None) -> dict[int, Message]:
+        """One message from every other rank (``got``: those received already); a dead rank fails
+        the call here and between hosts."""
         try:
-            return receive_all(self.links, self._stop, self.timeout)
+            return receive_all(self.links, self._stop, self.timeout, got)
         except RankDied as e:
             self.broken = e
             self._refuse_between_hosts(c, cross, _DIED, e.rank)
