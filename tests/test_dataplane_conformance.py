@@ -321,17 +321,9 @@ def test_contribution_of_another_round_is_dropped_as_bad_round(dp):
     assert after["duplicates"] == before["duplicates"]
 
 
-# Tofino 1 does not check the round tag (docs/tofino.md, "Round identity": Tofino 2's check runs
-# out of PHV there): its model keeps the issue-38 hole, and these scenarios are expected to fail
-# there; Tofino 2 checks it.
-TOFINO_ROUND_LIMIT = "docs/tofino.md: the Tofino 1 program carries the round tag but does not check it"
-
-
-def late_copy_rounds(dp, request, slot, next_offset):
+def late_copy_rounds(dp, slot, next_offset):
     """Rounds 0 and 1 of JOB1's ``slot`` complete; a copy of rank 2's round 0 arrives late; then
     round 2 at ``next_offset``. The results of round 2 (or {} when none came)."""
-    if dp.target == "tofino-model":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=TOFINO_ROUND_LIMIT))
     dp.drain()
     for round_no, offset in ((0, 0), (1, K)):
         for rank in range(3):
@@ -347,20 +339,20 @@ def late_copy_rounds(dp, request, slot, next_offset):
     return [parse_result(f)[1:] for f in got]
 
 
-def test_a_late_copy_cannot_change_the_next_rounds_sum(dp, request):
+def test_a_late_copy_cannot_change_the_next_rounds_sum(dp):
     """Issue 38, S1: a copy of round 0 late past round 1, then round 2 with round 0's offset and
     count: the copy is stale (without the round tag it opened set 0: 331 for 333)."""
     counters = JobCounters(dp.sw)
     before = counters.job(JOB1.job_index)["drops"].get("stale_round", 0)
-    results = late_copy_rounds(dp, request, 3, 0)
+    results = late_copy_rounds(dp, 3, 0)
     assert len(results) == 3 and all(v == [333] * K and round_tag(h.flags) == 1 for h, v in results)
     assert counters.job(JOB1.job_index)["drops"]["stale_round"] == before + 1
 
 
-def test_a_late_copy_cannot_stall_the_next_round(dp, request):
+def test_a_late_copy_cannot_stall_the_next_round(dp):
     """Issue 38, S4: the same late copy with round 2 at another offset made every round-2 packet
     BAD_ROUND (a stalled job): round 2 completes."""
-    results = late_copy_rounds(dp, request, 7, 2 * K)
+    results = late_copy_rounds(dp, 7, 2 * K)
     assert len(results) == 3 and all(v == [333] * K and h.offset == 2 * K for h, v in results)
 
 

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 _FIELD = re.compile(r"(?:bit\[(\d+)(?:\.\.\d+)?\] -> \S+(?: bit\[[\d.]+\])?: )?(?:ingress|egress)::(hdr\.[\w.$]+)(?:\[(\d+):(\d+)\])?")
-_RANGE = re.compile(r"^(\d+)(?:\.\.\d+)?: \S+")
+_RANGE = re.compile(r"^(\d+)(?:\.\.(\d+))?: \S+")
 _PHV_SLICE = re.compile(r"^  (hdr\.[\w.$\[\]]+)\.(\d+)-(\d+): ")
 
 
@@ -66,8 +66,14 @@ def _join_slices(row: dict, widths: dict[str, int]) -> None:
 
 def _row_line(row: dict, line: str, last_byte: list) -> None:
     """One line of a row: an extraction (a byte range and its field or field slices, maybe on
-    the comment lines after it; ``last_byte``: the range's first byte, None after a constant), a
-    constant set (``$valid``), shift or next."""
+    the comment lines after it; ``last_byte``: the range's first and last byte, None after a
+    constant, and the shift of its comments' bits), a constant set (``$valid``), shift or next.
+
+    A comment's ``bit[n]`` counts from the start of the state bf-p4c extracted the header in,
+    which is the window's where that state is this one; where bf-p4c merged it into an earlier
+    state (parse_udp into parse_ipv4's split, Tofino 1's parse_harvest into start: the bridged
+    header at window byte 16, its bits commented from 0), the range's bytes say where the
+    window has them: its first comment bit is in its first byte."""
     body, _, comment = line.strip().partition("#")
     body = body.strip()
     key, _, value = body.partition(":")
@@ -76,7 +82,7 @@ def _row_line(row: dict, line: str, last_byte: list) -> None:
         return
     m = _RANGE.match(body)
     if body:                       # a new line of the row; comment lines continue the last one
-        last_byte[0] = int(m.group(1)) if m else None
+        last_byte[:] = [int(m.group(1)), int(m.group(2) or m.group(1)), None] if m else [None, None, None]
     f = _FIELD.search(comment)
     if not f:
         return
@@ -84,7 +90,13 @@ def _row_line(row: dict, line: str, last_byte: list) -> None:
     if name.endswith(".$valid"):
         row["valid"].append(name[len("hdr."):-len(".$valid")])
     elif last_byte[0] is not None:                     # a field or a slice from the packet
-        bit = int(f.group(1)) if f.group(1) is not None else 8 * last_byte[0]
+        bit = 8 * last_byte[0]
+        if f.group(1) is not None:
+            commented = int(f.group(1))
+            if last_byte[2] is None:     # the range's first comment: in the window, or shifted
+                in_window = bit <= commented < 8 * (last_byte[1] + 1)
+                last_byte[2] = 0 if in_window else bit - 8 * (commented // 8)
+            bit = commented + last_byte[2]
         if f.group(3) is None:
             row["fields"].setdefault(name, bit)
         else:
@@ -95,7 +107,7 @@ def parse_gress(lines: list[str], widths: dict[str, int]) -> dict:
     """The lines of one ``parser <gress>:`` section -> start, hdr_len_adj, states (``widths``:
     the gress's sliced fields, ``field_widths``)."""
     out = {"start": "", "hdr_len_adj": 0, "states": {}}
-    state, row, last_byte = None, None, [0]
+    state, row, last_byte = None, None, [0, 0, None]
     for line in lines:
         indent = len(line) - len(line.lstrip())
         text = line.strip()

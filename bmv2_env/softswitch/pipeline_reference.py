@@ -178,16 +178,14 @@ class AtpControl:
 class SoftPipeline(AtpControl):
     """Tables, multicast groups, counters and the slot engine of one software switch."""
 
-    def __init__(self, p4info: P4Info, *, round_check: bool = True) -> None:
-        """``round_check`` False: the slot logic as the Tofino 1 program runs it (the round tag
-        not checked: ``AggregationEngine``'s docstring, docs/tofino.md)."""
+    def __init__(self, p4info: P4Info) -> None:
         self.p4info = p4info
         self.tables = TableStore(p4info)
         self.tables.set_default(L2_TABLE, Action("InaggIngress.forwarding.drop"))
         self.pre = MulticastGroups()
         self.counters = Counters(p4info)
         self.engine = AggregationEngine(p4info.slot_pool, p4info.values_per_packet,
-                                        host_mode=False, round_check=round_check)
+                                        host_mode=False)
         self.drop_row = p4info.drop_row_length
         self.atp_pool: AtpPool | None = None
         self.atp_jobs: dict[int, AtpAdmit] = {}

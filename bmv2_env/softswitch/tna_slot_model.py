@@ -62,8 +62,8 @@ def check_chip(chip: str) -> str:
 
 def register_actions(chip: str) -> dict[str, tuple[str, ...]]:
     """Register -> the RegisterActions the P4 declares on it for ``chip`` (pair: every lane
-    pair's register; Tofino 2's load returns both words, so it has no load_second; Tofino 2
-    checks the round tag: round_tag)."""
+    pair's register; Tofino 2's load returns both words, so it has no load_second; round_tag:
+    the round check, on both chips)."""
     tofino2 = check_chip(chip) == "tofino2"
     return {
         "map0": tuple(f"map0_{a}" for a in _MAP_ACTIONS),
@@ -72,8 +72,9 @@ def register_actions(chip: str) -> dict[str, tuple[str, ...]]:
         "seen": ("seen_first", "seen_add", "seen_read", "seen_harvested"),
         "exp_max": ("exp_first", "exp_add", "exp_read"),
         "sticky_flags": ("flags_first", "flags_add", "flags_read"),
+        "round_tag": ("tag_open", "tag_open_zero", "tag_check"),
         "pair": ("store", "add", "load") + (() if tofino2 else ("load_second",)),
-    } | ({"round_tag": ("tag_open", "tag_check")} if tofino2 else {})
+    }
 
 
 ROUND_STATE_STAGE = 3   # seen, exp_max, sticky_flags: pinned (@stage) in slot_state.p4
@@ -85,10 +86,8 @@ def register_stages(k: int, chip: str) -> dict[str, int]:
     one pair beside seen, exp_max and sticky_flags (pair 0 on Tofino 1, the last on Tofino 2)
     and the others four per stage after them, the highest first."""
     check_chip(chip)
-    stages = {"map0": 1, "map1": 1, "round_record": 2, "seen": ROUND_STATE_STAGE,
+    stages = {"map0": 1, "map1": 1, "round_record": 2, "round_tag": 2, "seen": ROUND_STATE_STAGE,
               "exp_max": ROUND_STATE_STAGE, "sticky_flags": ROUND_STATE_STAGE}
-    if chip == "tofino2":
-        stages["round_tag"] = 2
     pairs = k // 2
     beside = 0 if chip == "tofino" else pairs - 1
     stages[f"pair{beside}"] = ROUND_STATE_STAGE
@@ -99,8 +98,7 @@ def register_stages(k: int, chip: str) -> dict[str, int]:
 
 
 # What sticky_flags keeps of a packet's flags: the sticky flags and the round tag (slot_inputs.p4:
-# the round's tag rides in the round's flags, so every result carries it; Tofino 2 checks it,
-# Tofino 1 does not, docs/tofino.md).
+# the round's tag rides in the round's flags, so every result carries it).
 _STICKY = FLAG_OVERFLOW | FLAG_CONGESTION | ROUND_TAG_MASK
 _BAD_ROUND, _STALE = Outcome.BAD_ROUND, Outcome.STALE_ROUND
 # round_kind (types.p4 KIND_*), the harvest codes (HARVEST_*), seen's harvested bit and what
@@ -109,7 +107,7 @@ OPEN, NEW, REPEAT = "open", "new", "repeat"
 HARVEST_NONE, HARVEST_RESULT, HARVEST_ANSWER, HARVEST_ANSWER_RETIRE, HARVEST_UNDO = range(5)
 SEEN_HARVESTED = 0x80
 ROUND_PENDING, ROUND_COMPLETE, ROUND_HARVESTED = 0, 1, 3
-# Tofino 2's round identity: the decision's rows for a packet whose tag is not its set's
+# The round identity: the decision's rows for a packet whose tag is not its set's
 # (an opener's not the next, another's not the set's), keyed on (round_kind, round_next),
 # row for row slot_state.p4's last ones: the outcome and the second pass (UNDO: the packet
 # set its bit in stage 1, before round_tag could say).
@@ -120,9 +118,10 @@ TAG_REFUSALS = {
     (REPEAT, 1): (_BAD_ROUND, HARVEST_NONE),
     (REPEAT, 0): (_STALE, HARVEST_NONE),
 }
-TAG_SHIFT = 25   # round_tag_of: the tag in bits 29-31, (flags & ROUND_TAG_MASK) << 25
-TAG_STEP = 1 << 29   # types.p4: the next tag's round_in, mod 2 ** 32
-TAG_BEHIND = -TAG_STEP & 0xFFFFFFFF   # types.p4: tag_check's answer for the set's next round
+TAG_SHIFT = 25   # round_tag_of: count32's tag in bits 29-31, (flags & ROUND_TAG_MASK) << 25
+TAG_STEP = 1 << 5   # types.p4: round_in is tag << 5, (flags & ROUND_TAG_MASK) << 1
+TAG_LAST = 7 << 5   # tag 7's round_in, the one before tag 0's (tag_open_zero)
+TAG_BEHIND = -TAG_STEP & 0xFF   # types.p4: round_diff of the set's next round (a byte)
 
 
 @dataclass
@@ -138,8 +137,8 @@ class _Meta:
     old_maps: tuple[int, int] = (0, 0)
     round_kind: str = ""
     same_round: int = 0
-    round_next: int = 0   # Tofino 2, round_tag's answers: tag_open's
-    round_diff: int = 0   # tag_check's set tag - the packet's (tag_distance)
+    round_next: int = 0   # round_tag's answers: tag_open's
+    round_diff: int = 0   # tag_check's set tag - the packet's (tag_distance), a byte
     moved: int = 0
     round_done: int = ROUND_PENDING   # seen's output
     outcome: Outcome | None = None
@@ -176,7 +175,7 @@ class TofinoSlotModel:
         self.last_outcome: Outcome | None = None
         self.maps = [[(0, 0)] * n_slots for _ in range(2)]       # map0, map1: (tag, map)
         self.round_record = [(0, 0)] * (2 * n_slots)
-        self.round_tag = [(0, 0)] * (2 * n_slots)                  # Tofino 2: (owner, tag)
+        self.round_tag = [(0, 0)] * (2 * n_slots)                  # (owner, round_in)
         self.seen = [0] * (2 * n_slots)
         self.exp_max = [0] * (2 * n_slots)
         self.sticky_flags = [0] * (2 * n_slots)
@@ -224,38 +223,39 @@ class TofinoSlotModel:
         m.old_maps = (old[0], old[1])
 
     def _stage2_round_record(self, m: _Meta, offset: int, count: int, flags: int) -> None:
-        """round_action: the set's old map and the sender's bit in it pick open or check; on
-        Tofino 2 the record keeps the round tag beside the count, and tag_action runs."""
+        """round_action: the set's old map and the sender's bit in it (a repeat's in the other
+        set's too: moved) pick open, check or check_moved; the record keeps the round tag
+        beside the count, and tag_action runs."""
         old, other = m.old_maps[m.s], m.old_maps[1 - m.s]
-        if self.chip == "tofino2":
-            tag = (flags & ROUND_TAG_MASK) << TAG_SHIFT
-            count |= tag
-            self._stage2_round_tag(m, tag, old == 0)
+        count |= (flags & ROUND_TAG_MASK) << TAG_SHIFT
+        self._stage2_round_tag(m, (flags & ROUND_TAG_MASK) << 1, old == 0)
         if old == 0:                                             # round_open
             m.round_kind, m.same_round = OPEN, 1
             self.round_record[m.idx] = (offset, count)
         else:                                                    # round_check
             m.round_kind = REPEAT if old & m.me else NEW
             m.same_round = int(self.round_record[m.idx] == (offset, count))
-        m.moved = other & m.me
+        m.moved = int(m.round_kind == REPEAT and bool(other & m.me))
 
     def _stage2_round_tag(self, m: _Meta, tag: int, opens: bool) -> None:
-        """tag_open (an empty set) or tag_check: the set's tag under its owner; an opener sets
-        it when its tag is the next (the one before it is stored) or the set holds none (another
-        owner's), round_next; another packet reads the set's tag, less its own (SlotState's
-        tag_distance): round_diff."""
+        """tag_open (an empty set; tag_open_zero for tag 0) or tag_check: the set's tag
+        (``tag``: the packet's round_in) under its owner; an opener sets it when its tag is the
+        next (the one before it is stored: tag_open adds TAG_STEP to it in 32 bits, so tag 0's
+        opener compares with TAG_LAST) or the set holds none (another owner's), round_next;
+        another packet reads the set's tag, less its own (SlotState's tag_distance, in a byte):
+        round_diff."""
         owner, stored = self.round_tag[m.idx]
-        next_of_stored = (stored + TAG_STEP) & 0xFFFFFFFF == tag
+        next_of_stored = stored == TAG_LAST if tag == 0 else stored + TAG_STEP == tag
         if opens:
             m.round_next = int(owner != m.tag or next_of_stored)
             if m.round_next:
                 self.round_tag[m.idx] = (m.tag, tag)
         else:
-            m.round_diff = (stored - tag) & 0xFFFFFFFF
+            m.round_diff = (stored - tag) & 0xFF
 
     @staticmethod
     def tag_row(m: _Meta) -> tuple[bool, tuple[str, int]]:
-        """Tofino 2's decision on the round tag: whether the packet's tag is taken (an opener's
+        """The decision on the round tag: whether the packet's tag is taken (an opener's
         is the next, another's the set's), and its TAG_REFUSALS key (round_kind, next)."""
         if m.round_kind == OPEN:
             return bool(m.round_next), (OPEN, m.round_next)
@@ -286,7 +286,7 @@ class TofinoSlotModel:
         harvest pass was not seen answers and retires the other set: its "moved" bits are the
         previous round's, the retire never happened."""
         done, harvested = m.round_done != ROUND_PENDING, m.round_done == ROUND_HARVESTED
-        taken, row = self.tag_row(m) if self.chip == "tofino2" else (True, None)
+        taken, row = self.tag_row(m)
         if not taken:
             m.outcome, m.harvest = TAG_REFUSALS[row]
         elif m.round_kind == OPEN:

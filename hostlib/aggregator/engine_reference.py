@@ -214,13 +214,7 @@ class AggregationEngine(AtpSharing):
     An ATP job (``JobConfig.atp_peer``) takes its rounds to the switch's ATP pool instead of a
     window of its own (atp_reference.py)."""
 
-    def __init__(self, n_slots: int, values_per_packet: int, *, host_mode: bool = True,
-                 round_check: bool = True) -> None:
-        """``round_check`` False: the round tag is carried (kept with the round's flags and
-        returned with its result) but not checked: every packet to a busy set is taken for the
-        set's round and one to an empty set opens it, as the Tofino 1 program does
-        (docs/tofino.md, "Round identity": a documented limit; tests/test_tna_slot_model.py
-        holds its model to this reading). Every other aggregator, Tofino 2 too, checks it."""
+    def __init__(self, n_slots: int, values_per_packet: int, *, host_mode: bool = True) -> None:
         if not 1 <= n_slots <= MAX_SLOT + 1:
             raise ValueError(f"n_slots must be in 1..{MAX_SLOT + 1}, got {n_slots}")
         if values_per_packet < 1:
@@ -228,8 +222,6 @@ class AggregationEngine(AtpSharing):
         self.n_slots = n_slots
         self.k = values_per_packet
         self.result_flags = FLAG_FROM_HOST if host_mode else 0
-        self.round_check = round_check
-        self._sticky = _STICKY_FLAGS if round_check else _STICKY_FLAGS | ROUND_TAG_MASK
         self.jobs: dict[int, JobConfig] = {}
         self.counters: dict[int, JobCounters] = {}
         self.drops: Counter = Counter()  # drops that belong to no known job, by label
@@ -371,8 +363,6 @@ class AggregationEngine(AtpSharing):
         sent_up = job.uplink is not None and seen == n
         same_round = self._offset[s][slot] == offset and self._count[s][slot] == count
         tag, stored = round_tag(flags), self._round[s][slot]
-        if not self.round_check:                               # Tofino 1's reading: not checked
-            tag = stored if self._bitmap[s][slot] else (stored + 1) % ROUND_TAGS
         if from_parent:
             if tag != stored:                                  # an older round's result
                 return self._drop_job(ctr, Outcome.STALE_ROUND)
@@ -481,7 +471,7 @@ class AggregationEngine(AtpSharing):
         self._round[s][slot] = round_tag(flags)
         self._seen[s][slot] = 1
         self._exp[s][slot] = exp
-        self._flags[s][slot] = flags & self._sticky
+        self._flags[s][slot] = flags & _STICKY_FLAGS
         self._offset[s][slot] = offset
         self._count[s][slot] = count
         self._owner[s][slot] = NO_OWNER
@@ -513,7 +503,7 @@ class AggregationEngine(AtpSharing):
         self._seen[s][slot] += 1
         if exp > self._exp[s][slot]:
             self._exp[s][slot] = exp
-        self._flags[s][slot] |= flags & self._sticky
+        self._flags[s][slot] |= flags & _STICKY_FLAGS
         if count:
             self._values[s, slot] += np.frombuffer(data, ">i4", self.k, HEADER_BYTES)
 

@@ -39,12 +39,31 @@ parser InaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_in
             default: parse_ethernet;
         }
     }
+    /* Every packet on these ports is a second pass (its first bypassed egress: the bridged
+     * header is in front), a result or an undo, whose headers parse_result takes; the select on
+     * its harvest code is how each chip's bf-p4c keeps both paths (docs/tofino.md, "A result's
+     * headers"). Tofino 1: it merges this state into start and compiles the select to its
+     * first case (its match register dropped) once the round check filled the PHV, so the
+     * second passes' codes come first (with HARVEST_NONE first, no result left; written as
+     * "transition parse_result", start's port select was lost instead). Tofino 2 keeps
+     * this select, and compiled the reordered one to its first cases all the way down (start's
+     * port select and parse_inagg's too), so it keeps the order it had. */
     state parse_harvest {
         pkt.extract(hdr.bridged);
+#if __TARGET_TOFINO__ == 2
         transition select(hdr.bridged.harvest) {
             HARVEST_NONE: parse_ethernet;
             default: parse_result;
         }
+#else
+        transition select(hdr.bridged.harvest) {
+            HARVEST_RESULT: parse_result;
+            HARVEST_ANSWER: parse_result;
+            HARVEST_ANSWER_RETIRE: parse_result;
+            HARVEST_UNDO: parse_result;
+            default: parse_ethernet;
+        }
+#endif
     }
     /* A result (or an undo) its first pass built: the headers that pass parsed, in order. */
     state parse_result {

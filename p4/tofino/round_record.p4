@@ -11,21 +11,22 @@
  *
  * The old map and the sender's bit in it pick the action (round_action's entries match bit w
  * for rank w), so "mine" costs no stage of its own; the lanes can start one stage later. Its
- * actions also note moved, the sender's bit in the other set's old map, for SlotState's
- * decision.
+ * actions also note moved, for a repeat, the sender's bit in the other set's old map (matched
+ * by the entries too: one bit of PHV), for SlotState's decision.
  *
- * Tofino 2 checks the round identity (docs/tofino.md, "Round identity"; Tofino 1 has no stage
- * for it): the record keeps the round tag beside the count (count32's bits 29-31), so
- * same_round is 1 only for a packet of the record's own tag, and round_tag, beside it in
- * stage 2, holds the set's tag under the slot owner that set it:
+ * Both chips check the round identity (docs/tofino.md, "Round identity"): the record keeps the
+ * round tag beside the count (count32's bits 29-31), so same_round is 1 only for a packet of the
+ * record's own tag, and round_tag, beside it in stage 2, holds the set's tag (a round_in: tag
+ * << 5) under the slot owner that set it:
  *
- *   action    | the set's map | round_tag holds                              | answer
- *   ----------+---------------+----------------------------------------------+------------------
- *   tag_open  | empty         | another owner's tag, or the one before the   | round_next = 1,
- *             |               |   packet's                                   |   stores its tag
- *   tag_open  | empty         | otherwise                                    | round_next = 0
- *   tag_check | not empty     | any tag                                      | round_set: the
- *             |               |                                              |   set's tag
+ *   action         | the set's map | round_tag holds                         | answer
+ *   ---------------+---------------+-----------------------------------------+----------------
+ *   tag_open       | empty         | another owner's tag, or the one before  | round_next = 1,
+ *   (tag_open_zero |               |   the packet's (tag 0's: tag 7,         |   stores its tag
+ *    for tag 0)    |               |   TAG_LAST)                             |
+ *   tag_open(_zero)| empty         | otherwise                               | round_next = 0
+ *   tag_check      | not empty     | any tag                                 | round_diff: the
+ *                  |               |                                         |   set's tag
  *
  * (a tag under another owner is ROUND_UNSET: a reset set's first opener sets it). SlotState's
  * decision refuses what neither accepts (TAG_REFUSALS in tna_slot_model.py is its twin).
@@ -35,11 +36,6 @@
 
 #include "types.p4"
 
-#if __TARGET_TOFINO__ == 2
-/* round_tag's input whole in a 32-bit container (bf-p4c: a stateful ALU's input must sit on the
- * input crossbar in whole bytes; left to itself it splits its three live bits off) */
-@pa_container_size("ingress", "meta.round_in", 32)
-#endif
 control RoundRecord(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     /* The round's offset and count. */
     Register<round_record_t, slot_index_t>(2 * TOFINO_SLOTS) round_record;
@@ -60,16 +56,28 @@ control RoundRecord(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) 
         }
     };
 
-#if __TARGET_TOFINO__ == 2
-    /* The set's round tag and the owner it was set under (Tofino 2: round identity). An
-     * opener sets it only when its tag is the next one (or the set holds none: another
-     * owner's tag, a reset slot); every other packet reads it (round_set). */
+    /* The set's round tag and the owner it was set under. An opener sets it only when its tag
+     * is the next one (or the set holds none: another owner's tag, a reset slot); every other
+     * packet reads it (round_diff). The tags are bytes (round_in: tag << 5) in a 32-bit word,
+     * so the wrap from tag 7 to 0 is an action of its own (tag_open_zero, for tag 0); the
+     * ALU's 32-bit round_in of Tofino 2's first version took the PHV Tofino 1's maps need. */
     Register<round_tag_t, slot_index_t>(2 * TOFINO_SLOTS) round_tag;
     RegisterAction<round_tag_t, slot_index_t, bit<1>>(round_tag) tag_open = {
         void apply(inout round_tag_t value, out bit<1> next) {
-            if (value.owner != meta.tag || value.tag + TAG_STEP == meta.round_in) {
+            if (value.owner != meta.tag || value.tag + (bit<32>) TAG_STEP == (bit<32>) meta.round_in) {
                 value.owner = meta.tag;
-                value.tag = meta.round_in;
+                value.tag = (bit<32>) meta.round_in;
+                next = 1;
+            } else {
+                next = 0;
+            }
+        }
+    };
+    RegisterAction<round_tag_t, slot_index_t, bit<1>>(round_tag) tag_open_zero = {
+        void apply(inout round_tag_t value, out bit<1> next) {
+            if (value.owner != meta.tag || value.tag == (bit<32>) TAG_LAST) {
+                value.owner = meta.tag;
+                value.tag = 0;
                 next = 1;
             } else {
                 next = 0;
@@ -84,42 +92,52 @@ control RoundRecord(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) 
         }
     };
     action open_tag() { meta.round_next = tag_open.execute(meta.idx); }
-    action check_tag() { meta.round_set = tag_check.execute(meta.idx); }
+    action open_tag_zero() { meta.round_next = tag_open_zero.execute(meta.idx); }
+    action check_tag() { meta.round_diff = (bit<8>) tag_check.execute(meta.idx); }
     /* A table of its own (bf-p4c: one stateful ALU per address and action): the set's old
-     * map picks open or check, as round_action's first rows do. */
+     * map picks open or check, as round_action's first rows do, and the packet's tag the
+     * open. */
     table tag_action {
         key = {
             hdr.inagg.slot_set: ternary;
             meta.old_map0: ternary;
             meta.old_map1: ternary;
+            meta.round_in: ternary;
         }
-        actions = { open_tag; check_tag; NoAction; }
+        actions = { open_tag; open_tag_zero; check_tag; NoAction; }
         const default_action = NoAction();   /* never taken: the last entry matches all */
-        size = 3;
+        size = 5;
         const entries = {
-            (0, 0, _): open_tag();
-            (1, _, 0): open_tag();
-            (_, _, _): check_tag();
+            (0, 0, _, 0): open_tag_zero();
+            (0, 0, _, _): open_tag();
+            (1, _, 0, 0): open_tag_zero();
+            (1, _, 0, _): open_tag();
+            (_, _, _, _): check_tag();
         }
     }
-#endif
 
-    /* Each action notes the round kind, the record's answer and moved (OTHER: the other set). */
-#define ROUND_ACTION(NAME, KIND, RECORD, OTHER)                                               \
+    /* Each action notes the round kind, the record's answer and moved (a repeat whose sender's
+     * bit is in the other set's old map too: its entries match that bit, so moved is one bit,
+     * not the 32-bit old map & me, which Tofino 1's PHV has no room for beside the round check). */
+#define ROUND_ACTION(NAME, KIND, RECORD, MOVED)                                               \
     action NAME() {                                                                         \
         meta.round_kind = KIND;                                                             \
         meta.same_round = round_##RECORD.execute(meta.idx);                                 \
-        meta.moved = meta.old_map##OTHER & meta.me;                                         \
+        meta.moved = MOVED;                                                                 \
     }
-    ROUND_ACTION(open_round0, KIND_OPEN, open, 1)
-    ROUND_ACTION(check_new0, KIND_NEW, check, 1)
-    ROUND_ACTION(check_repeat0, KIND_REPEAT, check, 1)
+    ROUND_ACTION(open_round0, KIND_OPEN, open, 0)
+    ROUND_ACTION(check_new0, KIND_NEW, check, 0)
+    ROUND_ACTION(check_repeat0, KIND_REPEAT, check, 0)
+    ROUND_ACTION(check_moved0, KIND_REPEAT, check, 1)
     ROUND_ACTION(open_round1, KIND_OPEN, open, 0)
     ROUND_ACTION(check_new1, KIND_NEW, check, 0)
     ROUND_ACTION(check_repeat1, KIND_REPEAT, check, 0)
+    ROUND_ACTION(check_moved1, KIND_REPEAT, check, 1)
 
-    /* The set's old map and the sender's bit in it pick the action. */
-#define REPEAT_OF(w) (0, 1 << w &&& 1 << w, _, w): check_repeat0(); \
+    /* The set's old map and the sender's bit in it (and in the other set's) pick the action. */
+#define REPEAT_OF(w) (0, 1 << w &&& 1 << w, 1 << w &&& 1 << w, w): check_moved0(); \
+                     (0, 1 << w &&& 1 << w, _, w): check_repeat0(); \
+                     (1, 1 << w &&& 1 << w, 1 << w &&& 1 << w, w): check_moved1(); \
                      (1, _, 1 << w &&& 1 << w, w): check_repeat1();
     table round_action {
         key = {
@@ -128,10 +146,10 @@ control RoundRecord(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) 
             meta.old_map1: ternary;
             hdr.inagg.worker_id: ternary;
         }
-        actions = { open_round0; check_new0; check_repeat0; open_round1; check_new1;
-                    check_repeat1; NoAction; }
+        actions = { open_round0; check_new0; check_repeat0; check_moved0; open_round1;
+                    check_new1; check_repeat1; check_moved1; NoAction; }
         const default_action = NoAction();   /* never taken: the last entries match all */
-        size = 68;
+        size = 132;
         const entries = {
             (0, 0, _, _): open_round0();
             (1, _, 0, _): open_round1();
@@ -150,9 +168,7 @@ control RoundRecord(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) 
 
     apply {
         round_action.apply();
-#if __TARGET_TOFINO__ == 2
         tag_action.apply();
-#endif
     }
 }
 

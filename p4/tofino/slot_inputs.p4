@@ -66,41 +66,36 @@ control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
         meta.slot = hdr.inagg.slot[TOFINO_SLOT_BITS - 1:0];
         meta.idx = hdr.inagg.slot_set ++ hdr.inagg.slot[TOFINO_SLOT_BITS - 1:0];
         meta.tag = hdr.inagg.job_id ++ hdr.inagg.epoch;
-#if __TARGET_TOFINO__ != 2
-        meta.count32 = (bit<32>) hdr.inagg.count;
-#endif
         meta.exp_biased = (bit<8>) hdr.inagg.exp ^ 8w0x80;
         meta.flags_in = hdr.inagg.flags & (FLAG_OVERFLOW | FLAG_CONGESTION | ROUND_TAG_MASK);
         meta.count_gap = TOFINO_VALUES_PER_PACKET - hdr.inagg.count;
     }
 
-#if __TARGET_TOFINO__ == 2
-    /* Tofino 2 (round identity, round_record.p4): the packet's round tag in bits 29-31, where
-     * the tag after t is t + 1 << 29 with the wrap of ROUND_TAGS, and beside the count (the
-     * round record keeps both, so only a packet of its own tag's round matches it); one row per
-     * tag (an action cannot shift a slice and OR it in at once). */
-    action round_tags(bit<32> tag) {
-        meta.round_in = tag;
-        meta.count32 = (bit<32>) hdr.inagg.count | tag;
+    /* The round check (round_record.p4): the packet's round tag in round_in (tag << 5: a byte,
+     * in which the next tag is round_in + TAG_STEP with the wrap of ROUND_TAGS), and in bits
+     * 29-31 of count32 beside the count (the round record keeps both, so only a packet of its
+     * own tag's round matches it); one row per tag (an action cannot shift a slice and OR it
+     * in at once). */
+    action round_tags(bit<16> tag_high, bit<8> tag_byte) {
+        meta.round_in = tag_byte;
+        meta.count32[15:0] = hdr.inagg.count;   /* in halves: an OR would tie count32's */
+        meta.count32[31:16] = tag_high;          /* container to count's (PHV, docs/tofino.md) */
     }
-#define TAG_ROW(t) t: round_tags(32w0 + t << 29);
+#define TAG_ROW(t) t: round_tags(16w0 + t << 13, 8w0 + t << 5);
     table round_tag_of {
         key = { hdr.inagg.flags[6:4]: exact @name("round_tag"); }
         actions = { round_tags; }
-        const default_action = round_tags(0);   /* never taken: a row per tag */
+        const default_action = round_tags(0, 0);   /* never taken: a row per tag */
         size = 8;
         const entries = { TAG_ROW(0) TAG_ROW(1) TAG_ROW(2) TAG_ROW(3) TAG_ROW(4) TAG_ROW(5)
                           TAG_ROW(6) TAG_ROW(7) }
     }
 #undef TAG_ROW
-#endif
 
     apply {
         worker_mask.apply();
         prepare();
-#if __TARGET_TOFINO__ == 2
         round_tag_of.apply();
-#endif
     }
 }
 

@@ -158,26 +158,15 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
             meta.moved: ternary;
             meta.round_done: ternary;
             meta.n_workers: ternary;
-#if __TARGET_TOFINO__ == 2
             meta.round_next: ternary;
             meta.round_diff: ternary;
-#endif
         }
         actions = { decide; refuse_round; NoAction; }
         const default_action = NoAction();
-#if __TARGET_TOFINO__ == 2
         size = 17;   /* and the round tag's 5 rows */
-#else
-        size = 12;
-#endif
         const entries = {
-#if __TARGET_TOFINO__ == 2
 #define OPENS , _, 1
 #define THIS_ROUND , _, 0
-#else
-#define OPENS
-#define THIS_ROUND
-#endif
             (KIND_OPEN, _, _, _, 1 OPENS): decide(SLOT_FIRST, HARVEST_RESULT, 0);
             (KIND_OPEN, _, _, _, _ OPENS): decide(SLOT_FIRST, HARVEST_NONE, 0);
             (KIND_NEW, 0, _, _, _ THIS_ROUND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_UNDO);
@@ -190,13 +179,11 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
             (KIND_REPEAT, _, _, ROUND_HARVESTED, _ THIS_ROUND): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_NONE);
             (KIND_REPEAT, 0, _, _, _ THIS_ROUND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
             (KIND_REPEAT, 1, _, _, _ THIS_ROUND): decide(SLOT_DUP_PENDING, HARVEST_NONE, 0);
-#if __TARGET_TOFINO__ == 2
             (KIND_OPEN, _, _, _, _, _, _): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_UNDO);
             (KIND_NEW, _, _, _, _, _, TAG_BEHIND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_UNDO);
             (KIND_NEW, _, _, _, _, _, _): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_UNDO);
             (KIND_REPEAT, _, _, _, _, _, TAG_BEHIND): refuse_round(SLOT_BAD_ROUND, DROP_BAD_ROUND, HARVEST_NONE);
             (KIND_REPEAT, _, _, _, _, _, _): refuse_round(SLOT_STALE_ROUND, DROP_STALE_ROUND, HARVEST_NONE);
-#endif
 #undef OPENS
 #undef THIS_ROUND
         }
@@ -248,18 +235,15 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     @stage(3)
     table flags_update { BY_ROUND(flags_store, flags_or_in, flags_load) }
 
-#if __TARGET_TOFINO__ == 2
-    /* How far the packet's tag is from its set's, for the decision (round_record.p4). */
-    action tag_distance() { meta.round_diff = meta.round_set - meta.round_in; }
-#endif
+    /* How far the packet's tag is from its set's, for the decision (round_record.p4): in place,
+     * a byte (the wrap of ROUND_TAGS for free). */
+    action tag_distance() { meta.round_diff = meta.round_diff - meta.round_in; }
 
     apply {
         seen_update.apply();
         exp_update.apply();
         flags_update.apply();
-#if __TARGET_TOFINO__ == 2
         tag_distance();
-#endif
         decision.apply();
     }
 }

@@ -82,18 +82,19 @@ struct round_record_t {
     bit<32> count;
 }
 
-#if __TARGET_TOFINO__ == 2
-/* round_in of the tag after t: round_in(t) + TAG_STEP (the wrap of bits 29-31 is ROUND_TAGS') */
-const bit<32> TAG_STEP = 1 << 29;
-const bit<32> TAG_BEHIND = 0xE0000000;   /* -TAG_STEP: round_diff of the set's next round */
+/* The round tag as the round check carries it (round_record.p4): meta.round_in = tag << 5, one
+ * byte, so that the next tag is round_in + TAG_STEP and a difference of two tags wraps mod 8 in
+ * an 8-bit container for free. */
+const bit<8> TAG_STEP = 1 << 5;
+const bit<8> TAG_LAST = 7 << 5;   /* tag 7's round_in: the tag before tag 0 */
+const bit<8> TAG_BEHIND = 0xE0;   /* -TAG_STEP: round_diff of the set's next round */
 
-/* A (slot, set)'s round tag (round_record.p4), with the slot owner it was set under: a tag
- * under another owner is none (ROUND_UNSET). */
+/* A (slot, set)'s round tag (round_record.p4: a round_in), with the slot owner it was set
+ * under: a tag under another owner is none (ROUND_UNSET). */
 struct round_tag_t {
     bit<32> owner;
     bit<32> tag;
 }
-#endif
 
 /* Two values of a (slot, set): one 64-bit register word of a lane pair. */
 struct value_pair_t {
@@ -157,7 +158,8 @@ struct tofino_ingress_md_t {
     bit<32>      count32;        /* the header's count, as the round record stores it */
     bit<32>      old_map0;       /* set 0's contributors before this packet */
     bit<32>      old_map1;       /* set 1's contributors before this packet */
-    bit<32>      moved;          /* the other set's old map & me (w went on to its round) */
+    bit<1>       moved;          /* a repeat whose sender is in the other set's old map too (it
+                                    went on to that set's round; round_record.p4) */
     bit<2>       round_kind;     /* KIND_* */
     bit<1>       same_round;     /* offset and count are the round record's (or it opens) */
     bit<1>       retired0;       /* a second pass that retired set 0's map (checks) ... */
@@ -176,14 +178,14 @@ struct tofino_ingress_md_t {
     bit<3>       outcome;        /* SLOT_* (constants.p4); 0 until SlotState decides */
     bit<3>       harvest;        /* HARVEST_*: the packet's second pass; 0: none */
     PortId_t     recirc_port;    /* RecircSpread: the port this slot's passes recirculate by */
-#if __TARGET_TOFINO__ == 2
-    bit<32>      round_in;       /* the packet's round tag, in bits 29-31 (slot_inputs.p4) */
+    /* the round check (round_record.p4), in bytes: the 32-bit fields Tofino 2 first used left
+       Tofino 1 without the PHV its contributor maps need (docs/tofino.md, "Round identity") */
+    bit<8>       round_in;       /* the packet's round tag << 5 (slot_inputs.p4) */
     bit<1>       round_next;     /* an opener: round_in is the set's tag + 1 mod ROUND_TAGS, or
                                     the set holds none (round_record.p4) */
-    bit<32>      round_set;      /* another packet: the set's tag (round_record.p4) */
-    bit<32>      round_diff;     /* round_set - round_in (0: this round, TAG_BEHIND: the next,
-                                    else an older round's copy; slot_state.p4) */
-#endif
+    bit<8>       round_diff;     /* another packet: the set's tag (round_record.p4), less the
+                                    packet's (slot_state.p4): 0 this round, TAG_BEHIND the next,
+                                    else an older round's copy */
 }
 
 struct tofino_egress_md_t { }
