@@ -71,6 +71,24 @@ def _spawn(out: Path, what: str, hosts: list[int], *args: str, path: str = "inag
     return procs
 
 
+def forked_ranks(target, args: list[tuple], services) -> None:
+    """``target(*args[r])`` in a process forked from this one per rank (no import each), every
+    one exiting 0 within 240 s; what is left alive is killed and ``services`` closed after."""
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=target, args=a) for a in args]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(240)
+        assert [p.exitcode for p in procs] == [0] * len(procs)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        services.close()
+
+
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
@@ -165,20 +183,8 @@ def test_a_job_of_more_ranks_than_the_switch_bitmap_runs_on_few_hosts(tmp_path):
     hosts = [0] * (MAX_WORKERS // 2 + 1) + [1] * (MAX_WORKERS // 2 + 1)
     largest = 65536 + 7
     services = LocalServices(2, 120)
-    ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_rank_on_host, args=(r, hosts, services.info, str(tmp_path / "store"), tmp_path,
-                                                     largest)) for r in range(len(hosts))]
-    try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(240)
-        assert [p.exitcode for p in procs] == [0] * len(hosts)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        services.close()
+    forked_ranks(_rank_on_host, [(r, hosts, services.info, str(tmp_path / "store"), tmp_path, largest)
+                                 for r in range(len(hosts))], services)
     calls = [inputs(r, largest) for r in range(len(hosts))]
     stats = _results(tmp_path, 0)["stats"]
     leader = stats["inagg"]

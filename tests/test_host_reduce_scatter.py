@@ -9,7 +9,6 @@ trains as on gloo."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 
 from inagg.hostlib.wire.protocol import ENCAP_BYTES, HEADER_BYTES
-from test_host_reduce import ROOT, _free_port, _results, _same_bits, switch_sum
+from test_host_reduce import ROOT, _free_port, _results, _same_bits, forked_ranks, switch_sum
 
 VALUES_PER_RANK = 100_000   # each call streams its blocks (4 ranks x 100,000 values)
 
@@ -100,20 +99,8 @@ def _run(tmp_path: Path, hosts: list[int], host_only: bool = False) -> list[dict
     from inagg.hostlib.worker.local import LocalServices
 
     services = LocalServices(max(hosts) + 1, 120)
-    ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_rank, args=(r, hosts, services.info, str(tmp_path / "store"), tmp_path, host_only))
-             for r in range(len(hosts))]
-    try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(240)
-        assert [p.exitcode for p in procs] == [0] * len(hosts)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        services.close()
+    forked_ranks(_rank, [(r, hosts, services.info, str(tmp_path / "store"), tmp_path, host_only)
+                         for r in range(len(hosts))], services)
     return [_results(tmp_path, r) for r in range(len(hosts))]
 
 
