@@ -486,19 +486,11 @@ def compiled(chip):
     return make(TofinoModelPipeline, chip).compiled
 
 
-# Tofino 2's compiled ingress parser has start's port select compiled to its first case: every
-# packet, on any port, parsed as a second pass (docs/tofino.md, "A result's headers"; the model's
-# first pass reads the frame itself, so only this test sees it)
-FIRST_PASS_PARSE_LIMIT = {"tofino2": "docs/tofino.md: Tofino 2's compiled ingress parser takes every "
-                                     "packet for a second pass (start's port select compiled to its first case)"}
-
-
-def test_the_compiled_ingress_parser_reads_a_first_pass_where_the_frame_has_it(chip, request):
+def test_the_compiled_ingress_parser_reads_a_first_pass_where_the_frame_has_it(chip):
     """A contribution on a host port through the chip's compiled ingress parser: no bridged
     header, and every field of its Ethernet, IPv4, UDP and inagg headers read where the frame
-    has it (bf-p4c compiles some selects to their first case: this catches one at start)."""
-    if chip in FIRST_PASS_PARSE_LIMIT:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=FIRST_PASS_PARSE_LIMIT[chip]))
+    has it (bf-p4c compiles some selects to their first case: this catches one at start, which
+    Tofino 2's start compiled to before it read the bridged header: parser.p4)."""
     port, data = frame(1, 0, [5] * K, slot=1)
     parsed = compiled(chip).parse("ingress", data, port & 0x7F)
     assert parsed.headers == {"ethernet": 0, "ipv4": 14, "udp": 34, "inagg": 42}

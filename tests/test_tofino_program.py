@@ -248,6 +248,40 @@ def test_the_parser_tool_records_a_field_extracted_in_slices_whole():
         tofino_parser.parsers(moved)
 
 
+# Tofino 2's start in this bf-p4c's form: the bridged header read on every row of its split,
+# dropped again on the first pass's row
+_CLEARED_BFA = """\
+parser ingress:
+  start: $entry_point.start
+  hdr_len_adj: 32
+  states:
+    $entry_point.start:
+      *:
+        B1: 1  # value 1 -> B1 bit[0]: ingress::hdr.bridged.$valid
+        shift: 32
+        next: $entry_point.start.$split_0
+    $entry_point.start.$split_0:
+      *:
+        2: B2  # ingress::hdr.bridged.replica
+        next: parse_harvest
+      *:
+        2: B2  # ingress::hdr.bridged.replica
+        B1: 0  # value 0 -> B1 bit[0]: ingress::hdr.bridged.$valid
+        next: parse_ethernet
+deparser ingress:
+"""
+
+
+def test_the_parser_tool_records_a_validity_bit_a_row_clears():
+    """``value 0 -> ... $valid`` clears the header's validity (``invalid``); ``value 1`` sets it."""
+    states = tofino_parser.parsers(_CLEARED_BFA)["ingress"]["states"]
+    (start,) = states["$entry_point.start"]
+    assert (start["valid"], start["invalid"]) == (["bridged"], [])
+    second, first = states["$entry_point.start.$split_0"]
+    assert (second["valid"], second["invalid"]) == ([], [])
+    assert (first["fields"], first["valid"], first["invalid"]) == ({"hdr.bridged.replica": 16}, [], ["bridged"])
+
+
 @pytest.mark.parametrize("chip", CHIPS)
 def test_the_committed_parsers_extract_every_field_of_the_headers_they_make_valid(chip):
     """What bf-p4c extracts in slices (Tofino 2's ingress epoch, its egress IPv4 addresses, the

@@ -4,8 +4,9 @@ Input: a bf-p4c output directory (``pipe/inagg.bfa``, the compiler's assembly). 
 JSON, per gress (``ingress``, ``egress``): the start state, the bytes of intrinsic metadata in
 front of the packet (``hdr_len_adj``) and each state's rows in TCAM order, a row being what it
 extracts (``fields``: each header field -> its first bit in the parser's window), the headers
-it makes valid (``valid``), ``shift`` (bytes consumed) and ``next`` (a state, or ``end``). This
-bf-p4c writes no match values into the assembly (every row reads ``*``), so which row a packet
+it makes valid (``valid``) and invalid again (``invalid``: Tofino 2's start reads a bridged
+header that a first pass's row drops), ``shift`` (bytes consumed) and ``next`` (a state, or
+``end``). This bf-p4c writes no match values into the assembly (every row reads ``*``), so which row a packet
 takes is left to the model (tna_compiled.CompiledParser).
 
 A field bf-p4c places in several containers is extracted in slices (``hdr.inagg.epoch[15:8]``
@@ -87,8 +88,9 @@ def _row_line(row: dict, line: str, last_byte: list) -> None:
     if not f:
         return
     name = f.group(2)
-    if name.endswith(".$valid"):
-        row["valid"].append(name[len("hdr."):-len(".$valid")])
+    if name.endswith(".$valid"):                       # "value 1 -> ..." sets it, "value 0" clears it
+        cleared = re.search(r"\bvalue 0 ->", comment) is not None
+        row["invalid" if cleared else "valid"].append(name[len("hdr."):-len(".$valid")])
     elif last_byte[0] is not None:                     # a field or a slice from the packet
         bit = 8 * last_byte[0]
         if f.group(1) is not None:
@@ -118,7 +120,7 @@ def parse_gress(lines: list[str], widths: dict[str, int]) -> dict:
         elif indent == 4 and text.endswith(":"):
             state = out["states"].setdefault(text[:-1], [])
         elif indent == 6 and state is not None and re.match(r"^[*0-9]", text) and text.endswith(":"):
-            row = {"fields": {}, "slices": {}, "valid": [], "shift": 0, "next": "end"}
+            row = {"fields": {}, "slices": {}, "valid": [], "invalid": [], "shift": 0, "next": "end"}
             state.append(row)
         elif indent >= 8 and row is not None:
             _row_line(row, line, last_byte)

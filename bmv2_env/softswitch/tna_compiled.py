@@ -273,10 +273,11 @@ class Parsed:
 class CompiledParser:
     """One gress's compiled parser (tools/tofino_parser.py's reading of the assembly). A packet
     walks its states from the start, each row extracting what bf-p4c placed there (a field
-    extracted in slices counts once the row takes all of them: the tool records it whole) and
-    setting the validity bits it sets; where a state has several rows, the row whose next state
-    is the P4 parser's next choice for this packet (no row for it: the one that ends), as the
-    assembly carries no match values."""
+    extracted in slices counts once the row takes all of them: the tool records it whole),
+    setting the validity bits it sets and clearing those it clears (Tofino 2's first pass: the
+    bridged header start read); where a state has several rows, the row whose next state is the
+    P4 parser's next choice for this packet (no row for it: the one that ends), as the assembly
+    carries no match values."""
 
     def __init__(self, compiled: dict, p4: dict[str, P4State]) -> None:
         self.start, self.adj, self.states, self.p4 = compiled["start"], compiled["hdr_len_adj"], compiled["states"], p4
@@ -299,7 +300,7 @@ class CompiledParser:
 
     def _extracted(self, data: bytes, port_low: int) -> tuple[dict[str, int], set[str]]:
         """The walk: each field of LAYOUTS it extracts -> its first bit in ``data``; the
-        headers it made valid."""
+        headers valid at its end."""
         path = p4_path(self.p4, data, port_low)
         state, pos, valid, taken, seen = self.start, 0, set(), {}, set()
         while state != "end" and state in self.states and state not in seen:
@@ -309,6 +310,7 @@ class CompiledParser:
                 if _field_layout(field) is not None:
                     taken.setdefault(field, 8 * (pos - self.adj) + bit)
             valid.update(row["valid"])
+            valid.difference_update(row["invalid"])
             pos += row["shift"]
             state = row["next"]
         return taken, valid

@@ -29,16 +29,37 @@
 
 parser InaggIngressParser(packet_in pkt, out tofino_headers_t hdr, out tofino_ingress_md_t meta,
                           out ingress_intrinsic_metadata_t ig_intr_md) {
+    /* Tofino 2: start also reads the bridged header where a second pass has it (the packet's
+     * first 4 bytes), and a first pass's parse_frame drops it again. Without a read of the
+     * packet in start, this bf-p4c puts start's port select in a stall state of its own
+     * ($oob_stall: the select's bytes were loaded in the 32 bytes of intrinsic and port
+     * metadata) and compiles it to its first case, every packet taken for a second pass; with
+     * one, it splits start after those 32 bytes and keeps every case (docs/tofino.md, "A
+     * result's headers"). Tofino 1 needs neither. */
     state start {
         pkt.extract(ig_intr_md);
         pkt.advance(PORT_METADATA_SIZE);
         meta.encap = 0;
+#if __TARGET_TOFINO__ == 2
+        hdr.bridged = pkt.lookahead<bridged_h>();
+#endif
         transition select(ig_intr_md.ingress_port[6:0]) {
             RECIRC_PORT_LOCAL: parse_harvest;
             LOOPBACK_BASE &&& LOOPBACK_MASK: parse_harvest;
+#if __TARGET_TOFINO__ == 2
+            default: parse_frame;
+#else
             default: parse_ethernet;
+#endif
         }
     }
+#if __TARGET_TOFINO__ == 2
+    /* A first pass: what start read as a bridged header is the frame's Ethernet header. */
+    state parse_frame {
+        hdr.bridged.setInvalid();
+        transition parse_ethernet;
+    }
+#endif
     /* Every packet on these ports is a second pass (its first bypassed egress: the bridged
      * header is in front), a result or an undo, whose headers parse_result takes; the select on
      * its harvest code is how each chip's bf-p4c keeps both paths (docs/tofino.md, "A result's
