@@ -71,6 +71,27 @@ def _spawn(out: Path, what: str, hosts: list[int], *args: str, path: str = "inag
     return procs
 
 
+def host_communicator(rank: int, hosts: list[int], info: dict, store_path: str, host_id: str, **kwargs):
+    """Rank ``rank``'s ``HostCommunicator`` (what the backend's ranks use) on a FileStore job of
+    ``len(hosts)`` ranks, its host ``<host_id>-<hosts[rank]>`` (INAGG_HOST_ID), each host's
+    leader a worker of the deployment ``info`` describes; ``kwargs`` go to its Communicator."""
+    import torch.distributed as dist
+
+    from inagg.hostlib.worker.communicator import Communicator
+    from inagg.hostlib.worker.host_communicator import HostCommunicator, open_host_group
+
+    os.environ["INAGG_HOST_ID"] = f"{host_id}-{hosts[rank]}"
+    os.environ["INAGG_HOST_REDUCE"] = "auto"
+    store = dist.FileStore(store_path, len(hosts))
+    group = open_host_group(dist.PrefixStore("host", store), rank, len(hosts), timedelta(seconds=300))
+
+    def join(host: int, n_hosts: int) -> Communicator:
+        return Communicator(dist.PrefixStore("comm", store), host, n_hosts, info["controller"],
+                            bind_ip=info["worker_ips"][host], timeout=300, **kwargs)
+
+    return HostCommunicator(group, join)
+
+
 def forked_ranks(target, args: list[tuple], services) -> None:
     """``target(*args[r])`` in a process forked from this one per rank (no import each), every
     one exiting 0 within 240 s; what is left alive is killed and ``services`` closed after."""
@@ -150,28 +171,14 @@ def _rank_on_host(rank: int, hosts: list[int], info: dict, store_path: str, out:
     """One rank of a job of ``len(hosts)`` through ``HostCommunicator`` (what the backend's
     ranks use), its host set by INAGG_HOST_ID: the exact series, then reduce-scatters
     (``_scattered``: the rank's shard), results to OUT/rank<R>.npz."""
-    import torch.distributed as dist
-
-    from inagg.hostlib.worker.communicator import Communicator
-    from inagg.hostlib.worker.host_communicator import HostCommunicator, open_host_group
-
-    os.environ["INAGG_HOST_ID"] = f"test-host-{hosts[rank]}"
-    os.environ["INAGG_HOST_REDUCE"] = "auto"
-    store = dist.FileStore(store_path, len(hosts))
-    group = open_host_group(dist.PrefixStore("host", store), rank, len(hosts), timedelta(seconds=300))
-
-    def join(host: int, n_hosts: int) -> Communicator:
-        return Communicator(dist.PrefixStore("comm", store), host, n_hosts, info["controller"],
-                            bind_ip=info["worker_ips"][host], timeout=300)
-
-    comm = HostCommunicator(group, join)
+    comm = host_communicator(rank, hosts, info, store_path, "test-host")
     results = {name: saved(comm.allreduce(tensor, op)) for name, tensor, op in inputs(rank, largest)}
     for name, x in _scattered(rank, len(hosts)).items():
         results[name] = comm.reduce_scatter_async(x, np.zeros(x.size // len(hosts), x.dtype)).wait()
     np.savez(out / f"rank{rank}.npz", **results)
     (out / f"rank{rank}.json").write_text(json.dumps({"inagg": comm.stats(), "k": comm.grant.values_per_packet}))
     comm.close()
-    group.close()
+    comm.group.close()
 
 
 def test_a_job_of_more_ranks_than_the_switch_bitmap_runs_on_few_hosts(tmp_path):

@@ -12,14 +12,13 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inagg.hostlib.wire.protocol import ENCAP_BYTES, HEADER_BYTES
-from test_host_reduce import ROOT, _free_port, _results, _same_bits, forked_ranks, switch_sum
+from test_host_reduce import ROOT, _free_port, _results, _same_bits, forked_ranks, host_communicator, switch_sum
 
 VALUES_PER_RANK = 100_000   # each call streams its blocks (4 ranks x 100,000 values)
 
@@ -44,21 +43,8 @@ def _received(comm) -> tuple[int, int, int]:
 def _rank(rank: int, hosts: list[int], info: dict, store_path: str, out: Path, host_only: bool) -> None:
     """One rank of a job on the switch (``host_only``: on the host aggregator): ``_calls``,
     their outputs to OUT/rank<R>.npz, what the leader received in each to OUT/rank<R>.json."""
-    import torch.distributed as dist
-
-    from inagg.hostlib.worker.communicator import Communicator
-    from inagg.hostlib.worker.host_communicator import HostCommunicator, open_host_group
-
-    os.environ["INAGG_HOST_ID"] = f"rs-host-{hosts[rank]}"
-    os.environ["INAGG_HOST_REDUCE"] = "auto"
-    store = dist.FileStore(store_path, len(hosts))
-    group = open_host_group(dist.PrefixStore("host", store), rank, len(hosts), timedelta(seconds=300))
-
-    def join(host: int, n_hosts: int) -> Communicator:
-        return Communicator(dist.PrefixStore("comm", store), host, n_hosts, info["controller"],
-                            bind_ip=info["worker_ips"][host], timeout=300, host_only=host_only)
-
-    comm = HostCommunicator(group, join)
+    comm = host_communicator(rank, hosts, info, store_path, "rs-host", host_only=host_only)
+    group = comm.group
     results, summary = _calls(comm, rank, len(hosts))
     np.savez(out / f"rank{rank}.npz", **results)
     (out / f"rank{rank}.json").write_text(json.dumps(summary | {

@@ -310,16 +310,23 @@ def test_a_result_carries_what_each_pairs_alu_returns_then_its_harvest_pass(chip
     assert emit.ranks == (0, 1, 2) and _sums([(0, bytes(42) + emit.data)]) == [total.tolist()]
 
 
-def test_a_dup_done_answer_of_a_harvested_round_takes_one_pass_on_tofino_2(chip):
-    """A resend of a finished, harvested round is answered with the stored sums: on Tofino 2
-    in its first pass (both words returned, nothing to retire), on Tofino 1 after a harvest
-    pass that reads the second words."""
-    model = make(TofinoModelPipeline, chip).engine
+def _a_resend_of_a_harvested_round(model, chip: str):
+    """A completed round of slot 1, harvested, then rank 0's resend of it: its first pass
+    (a DUP_DONE answer; recirculated on Tofino 1 only) and the round's sums."""
     last, total = _a_completed_round(model)
     model.second_pass(last)
     answer = model.first_pass(frame(1, 0, [9] * K, slot=1, flags=1)[1][42:], ("rank", 0))
     assert answer.meta.harvest == tna_slot_model.HARVEST_ANSWER
     assert answer.recirculate == (chip == "tofino")
+    return answer, total
+
+
+def test_a_dup_done_answer_of_a_harvested_round_takes_one_pass_on_tofino_2(chip):
+    """A resend of a finished, harvested round is answered with the stored sums: on Tofino 2
+    in its first pass (both words returned, nothing to retire), on Tofino 1 after a harvest
+    pass that reads the second words."""
+    model = make(TofinoModelPipeline, chip).engine
+    answer, total = _a_resend_of_a_harvested_round(model, chip)
     returned = total.tolist() if chip == "tofino2" else total[:K // 2].tolist() + [9] * (K // 2)
     assert answer.values.tolist() == returned
     (emit,) = model.process(frame(1, 0, [9] * K, slot=1, flags=1)[1][42:], ("rank", 0))
@@ -609,11 +616,7 @@ def test_a_dup_done_answer_after_teardown_leaks_nothing_of_the_slots_new_owner(c
     new owner's values; the new owner's round completes exact. Tofino 2 answers from the first
     pass: there is no pass to tear down under."""
     model = make(TofinoModelPipeline, chip).engine
-    last, _ = _a_completed_round(model)
-    model.second_pass(last)
-    answer = model.first_pass(frame(1, 0, [9] * K, slot=1, flags=1)[1][42:], ("rank", 0))
-    assert answer.meta.harvest == tna_slot_model.HARVEST_ANSWER
-    assert answer.recirculate == (chip == "tofino")
+    answer, _ = _a_resend_of_a_harvested_round(model, chip)
     model.replace_jobs({**model.jobs, 1: dataclasses.replace(model.jobs[1], epoch=2)})
     rows = [np.full(K, 1000 * (r + 1), np.int32) for r in range(3)]
     for r in range(2):
