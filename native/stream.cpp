@@ -12,6 +12,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <stdexcept>
+#include <string>
 
 #include "codec.hpp"
 
@@ -155,8 +158,49 @@ void Stream::start_call(uint32_t window) {
     send_queue_.clear();
     overflow_.clear();
     remaining_ = 0;
-    shard_first_ = shard_end_ = 0;  // an allreduce unless stream_blocks says otherwise
+    part_.clear();  // an allreduce unless stream_blocks says otherwise
     next_scan_ = now_seconds() + scan_tick();
+}
+
+std::vector<Range> check_part(const std::vector<std::pair<int64_t, int64_t>>& ranges, size_t size) {
+    std::vector<Range> part;
+    for (auto [first, end] : ranges) {
+        const char* problem = nullptr;
+        if (end < first)
+            problem = "a range whose end lies before its first value";
+        else if (first < 0 || end > static_cast<int64_t>(size))
+            problem = "a range outside the tensor";
+        else if (first != end && !part.empty() && size_t(first) < part.back().end)
+            problem = size_t(first) < part.back().first ? "ranges not sorted by their first value"
+                                                        : "ranges that overlap";
+        if (problem)
+            throw std::invalid_argument("values to keep of a tensor of " + std::to_string(size) +
+                                        " values: " + problem +
+                                        "; pass sorted, disjoint [first, end) ranges within the "
+                                        "tensor's values");
+        if (first == end) continue;
+        if (!part.empty() && size_t(first) == part.back().end)
+            part.back().end = size_t(end);
+        else
+            part.push_back({size_t(first), size_t(end)});
+    }
+    return part;
+}
+
+bool Stream::owns(size_t offset, size_t count) const {
+    // the last range starting at or before offset
+    auto after = std::upper_bound(part_.begin(), part_.end(), offset,
+                                  [](size_t v, const Range& r) { return v < r.first; });
+    return after != part_.begin() && offset + count <= std::prev(after)->end;
+}
+
+bool Stream::may_elide(const Round& r) const {
+    if (part_.empty() || r.priming || !r.count) return false;
+    size_t end = size_t(r.offset) + r.count;
+    // the last range starting before the block's end: it ends last of those that might meet it
+    auto after = std::lower_bound(part_.begin(), part_.end(), end,
+                                  [](const Range& a, size_t v) { return a.first < v; });
+    return after == part_.begin() || std::prev(after)->end <= r.offset;
 }
 
 void Stream::build(uint32_t idx, uint32_t chunk, bool priming, uint16_t count, int8_t exp,
@@ -388,7 +432,7 @@ bool Stream::control_round(const int32_t* lanes, size_t n_lanes, int8_t exp0, ui
 
 bool Stream::stream_blocks(const BlockCall& call) {
     start_call(std::min(call.window, grant_.slot_count));
-    shard_first_ = call.shard_first, shard_end_ = call.shard_end;
+    part_ = call.part;
     size_t k = grant_.k;
     size_t n_blocks = (call.size + k - 1) / k;
     agreed_.assign(call.is_float ? n_blocks : 0, kExpNone);

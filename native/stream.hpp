@@ -154,6 +154,18 @@ struct CongestionWindow {
     uint32_t allowed() const { return static_cast<uint32_t>(std::max(1.0, size)); }
 };
 
+// A range [first, end) of a call's values.
+struct Range {
+    size_t first = 0, end = 0;
+};
+
+// `ranges` ([first, end) pairs) of a tensor of `size` values as a reduce-scatter's part: sorted,
+// disjoint, none empty, none touching the next. Checked in order: an empty range is left out
+// (once it lies in the tensor), one that starts where the one before ends is joined to it; a
+// range reversed, outside the tensor, unsorted or overlapping throws std::invalid_argument
+// naming the problem. The twin of inagg.hostlib.worker.call_protocol.check_part.
+std::vector<Range> check_part(const std::vector<std::pair<int64_t, int64_t>>& ranges, size_t size);
+
 // What a call's block phase streams: the tensor and its exponents (float calls).
 struct BlockCall {
     void* data = nullptr;  // int32_t*, or a float tensor's values in `format`
@@ -166,10 +178,11 @@ struct BlockCall {
     const uint8_t* bad = nullptr;        // blocks holding inf/NaN/too large (float calls)
     int8_t exp0 = kExpNone;              // agreed exponent of block 0 (from the control round)
     uint32_t window = 1;
-    // A reduce-scatter: this rank's shard, values [shard_first, shard_end) of the tensor (empty:
-    // an allreduce). Blocks wholly in it carry FLAG_MINE; a block outside it may be answered
+    // A reduce-scatter: the values this rank keeps, a part as check_part gives it (several
+    // ranges for a host's leader whose ranks are not consecutive; none: an allreduce). Blocks
+    // wholly in one range carry FLAG_MINE; a block wholly outside all of them may be answered
     // without its values (elided), and is then left as it was.
-    size_t shard_first = 0, shard_end = 0;
+    std::vector<Range> part;
 };
 
 class Stream {
@@ -230,16 +243,12 @@ private:
     void keep_input(const BlockCall& call, const Round& r);
     // Block r's result (int32 sums, or dequantized) in place, its input kept first.
     void write_block(const BlockCall& call, const Round& r, const uint8_t* result);
-    // A result of round r may come without its values: a data round of a block outside this
-    // rank's reduce-scatter shard (the shard of the running call, from its BlockCall).
-    bool may_elide(const Round& r) const {
-        return shard_first_ < shard_end_ && !r.priming && r.count &&
-               (r.offset >= shard_end_ || r.offset + r.count <= shard_first_);
-    }
-    // Block `offset` of `count` values is wholly in this rank's shard: its contribution is MINE.
-    bool owns(size_t offset, size_t count) const {
-        return offset >= shard_first_ && offset + count <= shard_end_;
-    }
+    // A result of round r may come without its values: a data round of a block that meets no
+    // range of this rank's reduce-scatter part (the running call's, from its BlockCall).
+    bool may_elide(const Round& r) const;
+    // Block `offset` of `count` values is wholly in one range of this rank's part: its
+    // contribution is MINE.
+    bool owns(size_t offset, size_t count) const;
     void restore_input(const BlockCall& call);
     void queue_send(uint32_t idx);
     void flush_sends();
@@ -268,11 +277,11 @@ private:
     size_t packet_bytes_ = 0;
     uint32_t outstanding_ = 0;
     std::vector<uint32_t> send_queue_;
-    std::vector<Datagram> send_datagrams_;    // the queued rounds' packets, for socket_.send
-    RecvBatch rx_;                            // the received batch
-    size_t rx_next_ = 0;                      // the next one of it to look at
-    size_t result_len_ = 0;                   // bytes of the result await_result accepted
-    size_t shard_first_ = 0, shard_end_ = 0;  // the running call's shard (BlockCall)
+    std::vector<Datagram> send_datagrams_;  // the queued rounds' packets, for socket_.send
+    RecvBatch rx_;                          // the received batch
+    size_t rx_next_ = 0;                    // the next one of it to look at
+    size_t result_len_ = 0;                 // bytes of the result await_result accepted
+    std::vector<Range> part_;               // the running call's part (BlockCall)
     double next_scan_ = 0;
     StreamCounters counters_;
     std::vector<int8_t> agreed_;  // agreed block exponents of the running float call

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -155,11 +156,14 @@ std::tuple<bool, int, int, double> control_round(Stream& s, Array<const int32_t>
     return {ok, agreed, result_flags, rtt};
 }
 
+// A reduce-scatter's part as Python passes it: [first, end) pairs (none: an allreduce).
+using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+
 bool stream_float(Stream& s, Values x, Array<const int8_t> exps, Array<const uint8_t> bad, int exp0,
-                  uint32_t window, size_t k, float divisor, size_t shard_first, size_t shard_end) {
+                  uint32_t window, size_t k, float divisor, const Ranges& part) {
     check_blocks(x.shape(0), k, exps.shape(0), bad.shape(0));
     BlockCall call;
-    call.shard_first = shard_first, call.shard_end = shard_end;
+    call.part = check_part(part, x.shape(0));
     call.data = x.data(), call.size = x.shape(0), call.is_float = true;
     call.format = format_of(x), call.divisor = divisor;
     call.local_exps = exps.data(), call.bad = bad.data(), call.exp0 = static_cast<int8_t>(exp0);
@@ -168,10 +172,9 @@ bool stream_float(Stream& s, Values x, Array<const int8_t> exps, Array<const uin
     return s.stream_blocks(call);
 }
 
-bool stream_int(Stream& s, Array<int32_t> x, uint32_t window, size_t shard_first,
-                size_t shard_end) {
+bool stream_int(Stream& s, Array<int32_t> x, uint32_t window, const Ranges& part) {
     BlockCall call;
-    call.shard_first = shard_first, call.shard_end = shard_end;
+    call.part = check_part(part, x.shape(0));
     call.data = x.data(), call.size = x.shape(0), call.window = window;
     nb::gil_scoped_release release;
     return s.stream_blocks(call);
@@ -224,6 +227,11 @@ void bind_stream(nb::module_& m) {
     m.attr("RESULT_CHECKS") = names;
     bind_codec(m);
     bind_stream_class(m);
+    m.def("check_part", [](const Ranges& ranges, size_t size) {
+        std::vector<std::pair<size_t, size_t>> part;
+        for (const Range& r : check_part(ranges, size)) part.emplace_back(r.first, r.end);
+        return part;
+    });
 }
 
 }  // namespace inagg

@@ -1,10 +1,10 @@
 """A reduce-scatter between hosts' leaders (inagg.hostlib.worker.host_reduce, "Between hosts"):
 4 ranks on 2 hosts (processes forked from this one, each host named by INAGG_HOST_ID) on the
-embedded default deployment (the software switch and host aggregator on loopback). Each leader
-marks as its own the blocks wholly in its host's part (its ranks' shards; where they are not
-consecutive, those of its longest run of them) and receives the sum less the other hosts'
-parts; every rank's output is its shard of the switch path's sum, bit for bit; FSDP2 through it
-trains as on gloo."""
+embedded default deployment (the software switch and host aggregator on loopback), and 6 ranks
+on 2 hosts placed cyclically. Each leader marks as its own the blocks wholly in its host's part
+(its ranks' shards: one range per run of consecutive ranks) and receives the sum less the other
+hosts' parts; every rank's output is its shard of the switch path's sum, bit for bit; FSDP2
+through it trains as on gloo."""
 
 from __future__ import annotations
 
@@ -90,33 +90,34 @@ def _run(tmp_path: Path, hosts: list[int], host_only: bool = False) -> list[dict
     return [_results(tmp_path, r) for r in range(len(hosts))]
 
 
-def _parts(hosts: list[int], n: int) -> list[tuple[int, int]]:
-    """Each host's part of a sum of ``n`` values: the shards of its longest run of consecutive
-    ranks (the first such; all its ranks when they are consecutive)."""
+def _parts(hosts: list[int], n: int) -> list[list[tuple[int, int]]]:
+    """Each host's part of a sum of ``n`` values: its ranks' shards, one range per run of
+    consecutive ranks."""
     per, parts = n // len(hosts), []
     for h in range(max(hosts) + 1):
         ranks = [r for r, host in enumerate(hosts) if host == h]
         runs = [(r, next(e for e in range(r, len(hosts) + 1) if e not in ranks)) for r in ranks if r - 1 not in ranks]
-        first, end = max(runs, key=lambda run: run[1] - run[0])
-        parts.append((first * per, end * per))
+        parts.append([(first * per, end * per) for first, end in runs])
     return parts
 
 
-def _elided_blocks(n: int, k: int, parts: list[tuple[int, int]], host: int) -> int:
+def _elided_blocks(n: int, k: int, parts: list[list[tuple[int, int]]], host: int) -> int:
     """Blocks of the int32 call between hosts (the hosts' words, then ``n`` sums; ``k`` per
-    packet) wholly inside another host's part of the sums: their values go to that host alone."""
+    packet) wholly inside a range of another host's part of the sums: their values go to that
+    host alone."""
     head = 2 * len(parts)
-    others = [(head + lo, head + hi) for h, (lo, hi) in enumerate(parts) if h != host]
+    others = [(head + lo, head + hi) for h, part in enumerate(parts) if h != host for lo, hi in part]
     blocks = [(b * k, min(head + n, (b + 1) * k)) for b in range(-(-(head + n) // k))]
     return sum(any(lo <= a and b <= hi for lo, hi in others) for a, b in blocks)
 
 
 @pytest.mark.parametrize("hosts, host, part", [
-    (((0, 1), (2, 3)), 1, (20, 40)), (((0, 1, 2), (3,)), 0, (0, 30)), (((0, 2), (1, 3)), 0, (0, 10)),
-    (((0, 2), (1, 3)), 1, (10, 20)), (((0, 2, 3, 5), (1, 4)), 0, (20, 40)), (((0, 1, 3, 4), (2,)), 0, (0, 20))])
-def test_a_hosts_part_is_its_longest_run_of_consecutive_ranks(hosts, host, part):
-    """The shards a leader marks its own (10 values each): its host's ranks', or where they are
-    not consecutive the first longest run's; an allreduce has no part."""
+    (((0, 1), (2, 3)), 1, ((20, 40),)), (((0, 1, 2), (3,)), 0, ((0, 30),)), (((0, 2), (1, 3)), 0, ((0, 10), (20, 30))),
+    (((0, 2), (1, 3)), 1, ((10, 20), (30, 40))), (((0, 2, 3, 5), (1, 4)), 0, ((0, 10), (20, 40), (50, 60))),
+    (((0, 1, 3, 4), (2,)), 0, ((0, 20), (30, 50)))])
+def test_a_hosts_part_is_its_ranks_shards_one_range_per_run(hosts, host, part):
+    """The ranges a leader marks its own (shards of 10 values): its host's ranks' shards, one
+    range per run of consecutive ranks; an allreduce has no part."""
     from inagg.hostlib.worker.call_protocol import Shard
     from inagg.hostlib.worker.host_group import HostLayout
     from inagg.hostlib.worker.host_reduce import _host_part
@@ -145,14 +146,16 @@ def _check_outputs(ranks: list[dict], hosts: list[int]) -> None:
 
 
 @pytest.mark.parametrize("hosts, host_only", [([0, 0, 1, 1], False), ([0, 0, 0, 1], False), ([0, 0, 1, 1], True),
-                                             ([0, 1, 0, 1], False), ([0, 0, 1, 0], False)])
+                                             ([0, 1, 0, 1], False), ([0, 0, 1, 0], False),
+                                             ([0, 1, 0, 1, 0, 1], False)])
 def test_each_leader_receives_its_hosts_part_alone(tmp_path, hosts, host_only):
     """Hosts of consecutive ranks (2 + 2, 3 + 1; the job on the switch, or on the host
-    aggregator: ``host_only``) and of ranks not consecutive (0, 2 + 1, 3; 0, 1, 3 + 2), whose
-    part is their longest run's shards (``_parts``): each leader's reduce-scatter receives about
-    what its allreduce of the same input received less the other hosts' parts (plus a header per
-    block of theirs, the blocks across the parts' edges, the block exponents), and exactly the
-    blocks wholly in the other hosts' parts come without their values."""
+    aggregator: ``host_only``) and of ranks not consecutive (0, 2 + 1, 3; 0, 1, 3 + 2; 0, 2, 4 +
+    1, 3, 5: Slurm's cyclic placement), whose part is their ranks' shards in several ranges
+    (``_parts``): each leader's reduce-scatter receives about what its allreduce of the same
+    input received less the other hosts' parts (plus a header per block of theirs, the blocks
+    across the parts' edges, the block exponents), and exactly the blocks wholly in the other
+    hosts' parts come without their values."""
     ranks = _run(tmp_path, hosts, host_only)
     _check_outputs(ranks, hosts)
     assert ranks[0]["stats"]["mode"] == ("host" if host_only else "switch")
@@ -161,7 +164,7 @@ def test_each_leader_receives_its_hosts_part_alone(tmp_path, hosts, host_only):
     for host in range(len(parts)):
         stats = ranks[hosts.index(host)]["stats"]
         assert stats["leader"] and stats["host"] == host
-        share = 1 - sum(hi - lo for h, (lo, hi) in enumerate(parts) if h != host) / n
+        share = sum(hi - lo for lo, hi in parts[host]) / n
         for name in ("float", "int"):
             (all_bytes, all_elided, _), (rs_bytes, rs_elided, resent) = (
                 stats["received"][f"{name}_{call}"] for call in ("allreduce", "reduce_scatter"))

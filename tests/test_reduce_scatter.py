@@ -4,7 +4,8 @@ A worker marks its contributions to the blocks wholly in its shard with FLAG_MIN
 aggregator (the engine of the soft switch and of the host aggregator, C++ and its Python twin)
 records that rank as the round's owner and sends the values to it alone, the header alone
 (count kept) to every other rank, which still frees its slot. Here: the owner rule row by row on
-both engines, the worker streams' checks against a scripted aggregator (both streams), and
+both engines, the worker streams' checks against a scripted aggregator (both streams, a part of
+one range or several, bad ranges refused; the C++ check of a part against its Python twin), and
 reduce-scatters of 4 ranks over the soft switch (results exact, bytes counted in the switch's
 pcaps) and over the host aggregator."""
 
@@ -26,12 +27,14 @@ from scapy.utils import RawPcapReader
 from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
 from inagg.hostlib.aggregator.engine import NativeEngine
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig, Uplink
+from inagg.hostlib.native_build import _native
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import (
     FLAG_FROM_SWITCH, FLAG_MINE, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, build_contribution, round_fields,
     unpack_header,
 )
 from inagg.hostlib.wire.transport import UdpTransport
+from inagg.hostlib.worker.call_protocol import BadPart, CallRefused, check_part
 from inagg.hostlib.worker.communicator import Communicator
 from inagg.hostlib.worker.stream import NativeSlotStream
 from inagg.hostlib.worker.stream_reference import SlotStream
@@ -133,9 +136,9 @@ class ElidingAggregator:
             self.sock.sendto(result, sender)
 
 
-def eliding_call(kind: type, size: int, shard: tuple[int, int]) -> tuple[np.ndarray, ElidingAggregator, object]:
-    """A one-rank job's int32 call of ``size`` values with ``shard`` on stream ``kind`` against
-    an ``ElidingAggregator``: (the result, the aggregator, the stream's stats)."""
+def eliding_call(kind: type, size: int, part) -> tuple[np.ndarray, ElidingAggregator, object]:
+    """A one-rank job's int32 call of ``size`` values keeping ``part`` (ranges) on stream
+    ``kind`` against an ``ElidingAggregator``: (the result, the aggregator, the stream's stats)."""
     agg = ElidingAggregator()
     thread = threading.Thread(target=agg.serve, daemon=True)
     thread.start()
@@ -144,7 +147,7 @@ def eliding_call(kind: type, size: int, shard: tuple[int, int]) -> tuple[np.ndar
         stream = kind(Grant(3, 2, 0, 4, K, agg.sock.getsockname()), 0, 1, transport,
                       rto_min=3.0, rto_max=3.0, stall_timeout=5.0)   # no resends on a loaded machine
         x = np.arange(size, dtype=np.int32)
-        stream.allreduce(x, shard=shard)
+        stream.allreduce(x, part=part)
         return x, agg, stream.stats
     finally:
         agg.stop()
@@ -153,13 +156,16 @@ def eliding_call(kind: type, size: int, shard: tuple[int, int]) -> tuple[np.ndar
         transport.close()
 
 
-@pytest.mark.parametrize("kind", [SlotStream, NativeSlotStream], ids=["python", "native"])
+STREAMS = pytest.mark.parametrize("kind", [SlotStream, NativeSlotStream], ids=["python", "native"])
+
+
+@STREAMS
 def test_a_stream_takes_values_elided_only_outside_its_shard(kind):
     """Shard [10, 30) of 40 values in blocks of 4: blocks 3..6 are the rank's (FLAG_MINE), 2
     and 7 straddle its edges, the rest are other ranks'. A header-only answer is taken for the
     others' blocks only (nothing written: they keep the input) and dropped as missing_values
     for the rank's own and the straddling ones, whose whole answers follow."""
-    x, agg, s = eliding_call(kind, 40, (10, 30))
+    x, agg, s = eliding_call(kind, 40, [(10, 30)])
     touched = np.zeros(40, bool)
     touched[8:32] = True                               # blocks 2..7 touch [10, 30)
     assert x.tolist() == np.where(touched, 2 * np.arange(40), np.arange(40)).tolist()
@@ -170,16 +176,74 @@ def test_a_stream_takes_values_elided_only_outside_its_shard(kind):
                                                        # last may come after the call)
 
 
+@STREAMS
+def test_a_stream_marks_and_elides_by_each_of_several_ranges(kind):
+    """Part [0, 8), [14, 22), [22, 26), [36, 40) of 40 values in blocks of 4 (a host's leader of
+    ranks not consecutive): the touching ranges are one, [14, 26); blocks 0, 1, 4, 5 and 9 lie
+    wholly in a range (FLAG_MINE), 3 and 6 straddle an edge, 2, 7 and 8 meet no range: only
+    theirs are taken as headers alone."""
+    x, agg, s = eliding_call(kind, 40, [(0, 8), (14, 22), (22, 26), (36, 40)])
+    elided = np.zeros(40, bool)
+    elided[8:12] = elided[28:36] = True                # blocks 2, 7, 8
+    assert x.tolist() == np.where(elided, np.arange(40), 2 * np.arange(40)).tolist()
+    assert {o for o, f in agg.flags.items() if f & FLAG_MINE} == {0, 4, 16, 20, 36}
+    assert s.elided_results == 3
+    assert s.result_drops["missing_values"] == 7       # the header-only answers of the other 7
+
+
+BAD_PARTS = {
+    "ranges that overlap": [(0, 8), (6, 12)],
+    "ranges not sorted by their first value": [(20, 24), (0, 8)],
+    "a range outside the tensor": [(36, 44)],
+    "a range whose end lies before its first value": [(8, 4)],
+}
+
+
+@STREAMS
+@pytest.mark.parametrize("problem", list(BAD_PARTS))
+def test_bad_ranges_refuse_the_call_naming_the_problem(kind, problem):
+    """Ranges that are no part of the tensor refuse the call in its control round (on every
+    rank alike: ``CallRefused``, naming the rank and the problem), before any block moves."""
+    with pytest.raises(CallRefused, match=rf"rank 0 passed values to keep with {problem} \(pass sorted, disjoint"):
+        eliding_call(kind, 40, BAD_PARTS[problem])
+
+
+def native_verdict(ranges, size):
+    """``_native.check_part``'s part of ``ranges``, or the words of its error."""
+    try:
+        return tuple(_native.check_part(ranges, size))
+    except ValueError as e:
+        return str(e).split(": ")[1].split(";")[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(0, 40), ranges=st.lists(st.tuples(st.integers(-2, 42), st.integers(-2, 42)), max_size=6))
+def test_both_checks_of_a_part_give_the_same_verdict(size, ranges):
+    """C++ ``check_part`` against its Python twin on any ranges, good or bad: the same part
+    (touching ranges joined, empty ones left out) or the same problem named."""
+    try:
+        want = check_part(ranges, size)
+    except BadPart as e:
+        want = str(e).split(": ")[1].split(";")[0]
+    assert native_verdict(ranges, size) == want
+
+
+def part_of(size: int, edges: list[int]) -> list[tuple[int, int]]:
+    """Ranges of ``size`` values from sorted ``edges`` taken in pairs (some empty, some touching)."""
+    edges = sorted(min(e, size) for e in edges)
+    return list(zip(edges[::2], edges[1::2]))
+
+
 @settings(max_examples=15, deadline=None)
-@given(size=st.integers(1, 48), edges=st.tuples(st.integers(0, 48), st.integers(0, 48)))
+@given(size=st.integers(1, 48), edges=st.lists(st.integers(0, 48), max_size=8))
 def test_both_streams_mark_take_and_write_the_same_blocks(size, edges):
-    """The C++ stream against its Python twin on any shard of any call (an empty one: an
-    allreduce, every header-only answer missing_values): the same blocks marked FLAG_MINE, the
-    same elided answers taken, the same result."""
-    shard = tuple(sorted(min(e, size) for e in edges))
+    """The C++ stream against its Python twin on any part of any call, of up to 4 ranges (none
+    or only empty ones: an allreduce, every header-only answer missing_values): the same blocks
+    marked FLAG_MINE, the same elided answers taken, the same result."""
+    part = part_of(size, edges)
     runs = []
     for kind in (SlotStream, NativeSlotStream):
-        x, agg, stats = eliding_call(kind, size, shard)
+        x, agg, stats = eliding_call(kind, size, part)
         runs.append((x.tolist(), sorted(o for o, f in agg.flags.items() if f & FLAG_MINE), stats.elided_results,
                      stats.result_drops.get("missing_values", 0)))
     assert runs[0] == runs[1]

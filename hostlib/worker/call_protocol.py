@@ -29,7 +29,9 @@ block does: the call fails on every rank with the same error and leaves the tens
 from __future__ import annotations
 
 import enum
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -51,6 +53,7 @@ class CallError(enum.IntEnum):
     REDUCE_OP = 4     # detail: index in OP_NAMES
     AVG_OF_INT = 5
     NOT_A_TENSOR = 6
+    BAD_PART = 7      # detail: a PartProblem
 
 
 DTYPE_NAMES = ("other", "float64", "float16", "bfloat16", "int64", "int16", "int8", "uint8", "bool",
@@ -86,6 +89,8 @@ class Refusal:
                     f"and int32)")
         if self.code is CallError.REDUCE_OP:
             return f"reduce op {OP_NAMES[self.detail]} (inagg supports SUM and AVG)"
+        if self.code is CallError.BAD_PART:
+            return f"values to keep with {PART_PROBLEMS[PartProblem(self.detail)]} ({PART_RULE})"
         return {CallError.LAYOUT: "a tensor that is not contiguous",
                 CallError.TOO_LARGE: f"a tensor of {MAX_ELEMENTS} or more elements",
                 CallError.AVG_OF_INT: "AVG of an int32 tensor (AVG needs float32)",
@@ -132,6 +137,78 @@ def rank_shard(x: np.ndarray, out: np.ndarray, rank: int, world_size: int) -> Sh
         raise ValueError(f"a reduce-scatter's input of {x.size} values is not {world_size} outputs of "
                          f"{out.size} end to end: pass an input of world_size x the output's values")
     return Shard(rank * out.size, out)
+
+
+Part = tuple[tuple[int, int], ...]
+"""The values of a call a rank needs (a reduce-scatter's shard, a host's leader's ranks' shards):
+sorted, disjoint ``[first, end)`` ranges, none empty, none touching the next (``check_part``)."""
+
+
+class PartProblem(enum.IntEnum):
+    """What is wrong with the ranges passed as a part; a refusal's detail (``CallError.BAD_PART``)."""
+
+    REVERSED = 1      # a range whose end lies before its first value
+    OUTSIDE = 2       # a range beyond the tensor's values (or below 0)
+    UNSORTED = 3      # a range that starts before the one passed before it
+    OVERLAPPING = 4   # a range that starts inside the one before it
+
+
+PART_PROBLEMS = {PartProblem.REVERSED: "a range whose end lies before its first value",
+                 PartProblem.OUTSIDE: "a range outside the tensor",
+                 PartProblem.UNSORTED: "ranges not sorted by their first value",
+                 PartProblem.OVERLAPPING: "ranges that overlap"}
+PART_RULE = "pass sorted, disjoint [first, end) ranges within the tensor's values"
+
+
+class BadPart(ValueError):
+    """Ranges that are no part of the tensor; ``refusal`` is how the call refuses them."""
+
+    def __init__(self, problem: PartProblem, ranges: Iterable[tuple[int, int]], size: int) -> None:
+        super().__init__(f"values to keep {list(ranges)} of a tensor of {size} values: "
+                         f"{PART_PROBLEMS[problem]}; {PART_RULE}")
+        self.refusal = Refusal(CallError.BAD_PART, problem)
+
+
+def check_part(ranges: Iterable[tuple[int, int]], size: int) -> Part:
+    """``ranges`` of a tensor of ``size`` values as a ``Part``, or :class:`BadPart` naming the
+    first problem. Ranges are checked in order: an empty one holds nothing and is left out (after
+    the check that it lies in the tensor), one that starts where the one before ends is joined to
+    it (a block across their edge is wholly in the part). The C++ twin is ``check_part`` in
+    native/stream.cpp (tests/test_reduce_scatter.py holds them to the same verdicts)."""
+    ranges = [(int(first), int(end)) for first, end in ranges]
+    part: list[tuple[int, int]] = []
+    for first, end in ranges:
+        problem = (PartProblem.REVERSED if end < first else
+                   PartProblem.OUTSIDE if first < 0 or end > size else
+                   None if first == end or not part or first >= part[-1][1] else
+                   PartProblem.UNSORTED if first < part[-1][0] else PartProblem.OVERLAPPING)
+        if problem is not None:
+            raise BadPart(problem, ranges, size)
+        if first == end:
+            continue
+        if part and first == part[-1][1]:
+            part[-1] = (part[-1][0], end)
+        else:
+            part.append((first, end))
+    return tuple(part)
+
+
+def holds(part: Part, first: int, end: int) -> bool:
+    """Values ``[first, end)`` (not empty) lie wholly in one range of ``part``: a block this rank
+    marks FLAG_MINE (the C++ twin is ``Stream::owns``)."""
+    i = bisect_right(part, first, key=_first) - 1   # the last range starting at or before first
+    return i >= 0 and end <= part[i][1]
+
+
+def misses(part: Part, first: int, end: int) -> bool:
+    """Values ``[first, end)`` (not empty) meet no range of ``part``: a block whose result this
+    rank may take without its values (the C++ twin is ``Stream::may_elide``)."""
+    i = bisect_left(part, end, key=_first) - 1      # the last range starting before end
+    return i < 0 or part[i][1] <= first
+
+
+def _first(r: tuple[int, int]) -> int:
+    return r[0]
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
@@ -111,17 +111,16 @@ class _Request:
     result: object  # what the future resolves to
     staged: StagedCall | None = None  # a CUDA tensor's call: its pinned host copy
     shard: Shard | None = None        # a reduce-scatter's: ``array`` is a copy, this its part to keep
-    keep: tuple[int, int] | None = None   # ``allreduce``'s: the values of ``array`` this rank needs
+    keep: Iterable[tuple[int, int]] | None = None   # ``allreduce``'s: the ranges of ``array`` this rank needs
 
-    def shard_range(self) -> tuple[int, int] | None:
-        """The stream's ``shard``: (first, end) of this rank's values (None: an allreduce)."""
-        return self.keep if self.shard is None else (self.shard.first, self.shard.first + self.shard.out.size)
+    def part(self) -> Iterable[tuple[int, int]] | None:
+        """The stream's ``part``: the ranges of this rank's values (None: an allreduce)."""
+        return self.keep if self.shard is None else ((self.shard.first, self.shard.first + self.shard.out.size),)
 
     def keep_shard(self) -> None:
         """A reduce-scatter's done: this rank's shard of the sum into its output."""
         if self.shard is not None:
-            first, end = self.shard_range()
-            np.copyto(self.shard.out, self.array[first:end])
+            np.copyto(self.shard.out, self.array[self.shard.first:self.shard.first + self.shard.out.size])
 
 
 class Communicator:
@@ -428,7 +427,7 @@ class Communicator:
         while True:
             try:
                 self.stream.allreduce(req.array, self._pending_epoch, average=req.average,
-                                      refusal=req.refusal, again=again, shard=req.shard_range())
+                                      refusal=req.refusal, again=again, part=req.part())
                 req.keep_shard()
                 return
             except SlotStalled as stall:
@@ -564,7 +563,7 @@ class Communicator:
         """Queue a reduce-scatter: a ``torch.futures.Future`` of ``output``, this rank's shard
         of the sum (or mean) of ``tensor`` (the ranks' outputs end to end; CPU tensors or
         arrays) over the job's ranks; ``tensor`` stays as it was. A copy of ``tensor`` goes
-        through the stream with this rank's shard (``StreamBase.allreduce``'s ``shard``): the
+        through the stream with this rank's shard (``StreamBase.allreduce``'s ``part``): the
         blocks wholly in it carry FLAG_MINE, so the soft switch, BMv2 and the host aggregator send
         each block's values only to the rank that owns it and the others the header alone;
         a block across two shards, and every block on an aggregator that ignores the flag,
@@ -597,13 +596,14 @@ class Communicator:
             self._queued += 1
         self._queue.put(req)
 
-    def allreduce(self, tensor, op=ReduceOp.SUM, *, keep: tuple[int, int] | None = None):
+    def allreduce(self, tensor, op=ReduceOp.SUM, *, keep: Iterable[tuple[int, int]] | None = None):
         """Blocking allreduce (on the caller's thread when nothing is queued); raises what went
-        wrong (on every rank alike). ``keep``: this rank needs only the values ``[first, end)``
-        of the sum (the host-local reduce's leader in a reduce-scatter: its host's ranks'
-        shards): the blocks wholly in it carry FLAG_MINE, as ``reduce_scatter_async``'s shard,
-        and a block wholly outside it may come back without its values and keep this rank's
-        own; no copy of ``tensor`` is made."""
+        wrong (on every rank alike). ``keep``: this rank needs only the values of the sum in
+        these sorted, disjoint ``[first, end)`` ranges (the host-local reduce's leader in a
+        reduce-scatter: its host's ranks' shards; bad ranges refuse the call on every rank,
+        ``call_protocol.check_part``): the blocks wholly in one carry FLAG_MINE, as
+        ``reduce_scatter_async``'s shard, and a block wholly outside all of them may come back
+        without its values and keep this rank's own; no copy of ``tensor`` is made."""
         return self._queue_call(replace(self._request(tensor, op), keep=keep), inline_if_idle=True).wait()
 
     @property

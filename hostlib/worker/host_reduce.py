@@ -42,9 +42,9 @@ in its own lanes: an exchange through the sum), then the quantized sums. In a re
 the call of the sums (an int32 call's only one) keeps only the host's part (``_host_part``: its
 ranks' shards end to end, after the hosts' words): the leader's blocks wholly in it carry
 FLAG_MINE, the other hosts' come as headers alone (``Communicator.allreduce``'s ``keep``), and
-each rank dequantizes only its own shard. A host whose ranks are not consecutive keeps the
-shards of its longest run of them; its other shards' blocks come whole (docs/protocol.md,
-"Reduce-scatter").
+each rank dequantizes only its own shard. A host whose ranks are not consecutive (Slurm's cyclic
+placement: ranks 0 and 2 on one host) keeps several ranges, one per run of consecutive ranks
+(docs/protocol.md, "Reduce-scatter").
 
 A rank that dies is named (``RankDied``) on every rank of its host at once (its socket
 closes), and by the next call between hosts on every other host; every later call raises it.
@@ -67,7 +67,7 @@ from inagg.hostlib.native_build import _native
 from inagg.hostlib.wire import codec
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, RankDied, SharedBuffer, receive_all
 from inagg.hostlib.worker.call_protocol import (
-    CallError, CallRefused, CallSpec, Refusal, Shard, one_round_capacity, overflow_error,
+    CallError, CallRefused, CallSpec, Part, Refusal, Shard, check_part, one_round_capacity, overflow_error,
 )
 from inagg.hostlib.worker.stream_base import AllreduceError, Reduction
 
@@ -114,7 +114,7 @@ class _Call:
     divisor: float = 1.0
     next_area: str = ""   # the area of the next call between hosts ('': none is left)
     shard: Shard | None = None   # a reduce-scatter's: only this part of the result, into its output
-    host_part: tuple[int, int] | None = None   # a reduce-scatter's values this host's leader owns
+    host_part: Part | None = None   # a reduce-scatter's values this host's leader owns
     areas: dict[str, tuple[int, int, object, int]] = field(default_factory=dict)
 
     @property
@@ -604,24 +604,17 @@ def _into(x: np.ndarray, result: np.ndarray) -> None:
         codec.narrow(result, x)
 
 
-def _host_part(layout: HostLayout, shard: Shard | None) -> tuple[int, int] | None:
-    """The values of a reduce-scatter's sum that this host's leader marks its own: the shards of
-    its longest run of consecutive ranks (the first such), end to end; all its ranks' under
-    torchrun's numbering. None for an allreduce. A host's other shards (ranks 0 and 2 of a host:
-    rank 2's) are in no host's part, so their blocks come whole to every leader."""
+def _host_part(layout: HostLayout, shard: Shard | None) -> Part | None:
+    """The values of a reduce-scatter's sum that this host's leader marks its own: its ranks'
+    shards, one range per run of consecutive ranks (all of them in one under torchrun's
+    numbering; ranks 0 and 2 of a host under Slurm's cyclic one: two). None for an allreduce."""
     if shard is None:
         return None
-    runs, first = [], layout.local[0]
-    for previous, rank in zip(layout.local, layout.local[1:] + (-1,)):
-        if rank != previous + 1:
-            runs.append((first, previous + 1))
-            first = rank
-    begin, end = max(runs, key=lambda run: run[1] - run[0])
     per = shard.out.size
-    return begin * per, end * per
+    return check_part(((r * per, (r + 1) * per) for r in layout.local), layout.world_size * per)
 
 
-def _keep(c: _Call, area: str) -> tuple[int, int] | None:
+def _keep(c: _Call, area: str) -> Part | None:
     """What this host needs of the call between hosts on ``area`` (``Communicator.allreduce``'s
     ``keep``): of a reduce-scatter's data (the int32 sums: ``wire`` of an int32 call, ``sums``
     of a float one in blocks) its part (``_host_part``), after the hosts' words; else
@@ -630,7 +623,7 @@ def _keep(c: _Call, area: str) -> tuple[int, int] | None:
     if c.host_part is None or area != {_INT: "wire", _BLOCKS: "sums"}.get(c.mode):
         return None
     head = 2 * c.n_hosts
-    return head + c.host_part[0], head + c.host_part[1]
+    return tuple((head + first, head + end) for first, end in c.host_part)
 
 
 def _megabytes(nbytes: int) -> int:

@@ -34,7 +34,7 @@ from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import (
     HEADER_BYTES, MAX_SLOT, MSG_RESULT, RESULT_FLAGS, VERSION, round_tag, unpack_raw,
 )
-from inagg.hostlib.worker.call_protocol import ResultCheck
+from inagg.hostlib.worker.call_protocol import Part, ResultCheck, misses
 
 
 INITIAL_RTO = 0.05   # seconds, before the first RTT sample
@@ -89,22 +89,22 @@ class Round:
 
 class OutstandingRounds:
     """The rounds in flight, one per slot index, and the exact check of a received result.
-    ``shard``: a reduce-scatter's (first, end) values of this rank, whose blocks' results must
-    bring their values; another block's may come as the header alone (values elided)."""
+    ``part``: the values a reduce-scatter's rank keeps (``call_protocol.Part``); a block that
+    meets it must bring its values, one wholly outside it may come as the header alone (values
+    elided)."""
 
-    def __init__(self, grant: Grant, source: object, shard: tuple[int, int] | None = None) -> None:
+    def __init__(self, grant: Grant, source: object, part: Part | None = None) -> None:
         self.grant = grant
         self.source = source
-        self.shard = shard
+        self.part = part
         self.rounds: dict[int, Round] = {}
 
     def may_elide(self, rnd: Round) -> bool:
         """Whether ``rnd``'s result may come without its values: a data round of a block wholly
-        outside this rank's reduce-scatter shard (the C++ twin is ``Stream::may_elide``)."""
-        if self.shard is None or rnd.priming or not rnd.count:
+        outside this rank's reduce-scatter part (the C++ twin is ``Stream::may_elide``)."""
+        if self.part is None or rnd.priming or not rnd.count:
             return False
-        first, end = self.shard
-        return rnd.offset >= end or rnd.offset + rnd.count <= first
+        return misses(self.part, rnd.offset, rnd.offset + rnd.count)
 
     def __len__(self) -> int:
         return len(self.rounds)

@@ -105,12 +105,12 @@ class NativeSlotStream(StreamBase):
         window = call_window(self.grant.slot_count, exps.n_blocks, goal, exps.is_float)
         self.window = window
         self._lend_congestion()
-        first, end = self._shard or (0, 0)
+        part = list(self._part or ())
         if exps.is_float:
             ok = self._core.stream_float(codec.native_values(x), exps.local, exps.bad.view(np.uint8), exps.agreed[0],
-                                         window, self.grant.values_per_packet, divisor, first, end)
+                                         window, self.grant.values_per_packet, divisor, part)
         else:
-            ok = self._core.stream_int(x, window, first, end)
+            ok = self._core.stream_int(x, window, part)
         self._take_congestion()
         self._sync_stats()
         if not ok:

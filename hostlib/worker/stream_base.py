@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
@@ -24,7 +24,8 @@ from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.grant import Grant
 from inagg.hostlib.wire.protocol import EXP_NONE, FLAG_OVERFLOW, FLAG_RETRANSMIT
 from inagg.hostlib.worker.call_protocol import (
-    CallSpec, ControlVector, GOAL_BITS, Refusal, ResultCheck, check_array, one_round_capacity, overflow_error,
+    BadPart, CallSpec, ControlVector, GOAL_BITS, Part, Refusal, ResultCheck, check_array, check_part,
+    one_round_capacity, overflow_error,
 )
 from inagg.hostlib.worker.rounds import CongestionWindow, INITIAL_WINDOW, WindowControl
 
@@ -198,7 +199,7 @@ class StreamBase:
         self.window_control: WindowControl | None = None
         self.aborted = False
         self.reduction = Reduction()
-        self._shard: tuple[int, int] | None = None   # the running reduce-scatter's (allreduce)
+        self._part: Part | None = None   # the values the running call keeps (None: all, an allreduce)
         self.set_grant(grant)
 
     def abort(self) -> None:
@@ -220,7 +221,7 @@ class StreamBase:
 
     def allreduce(self, x: np.ndarray | None, pending_epoch: int = 0, *, average: bool = False,
                   refusal: Refusal | None = None, again: bool = False,
-                  shard: tuple[int, int] | None = None) -> np.ndarray | None:
+                  part: Iterable[tuple[int, int]] | None = None) -> np.ndarray | None:
         """Sum (``average``: mean) ``x`` (flat, int32 or one of ``codec.FLOAT_DTYPES``) over all
         workers, in place. A float16 or bfloat16 result is the float32 one (its mean for an
         average) rounded once to the tensor's format (``codec``).
@@ -237,14 +238,15 @@ class StreamBase:
         ``x`` as it was (the blocks' results are written in place: ``_restoring``);
         ``again``: run the call that stalled again, under its call number, from scratch.
 
-        ``shard``: a reduce-scatter, of which this rank keeps the values ``[first, end)`` of
-        ``x`` only: the blocks wholly in it go with FLAG_MINE, so an aggregator that honours
-        it sends their values to this rank alone and every other block's to its owner alone;
-        a block answered without its values (elided) is left in ``x`` as it was. Only the
-        shard's values of ``x`` are the sum afterwards (a small call rides whole, as ever)."""
-        if refusal is None:
-            refusal = check_array(x, average)
-        self._shard = shard if shard is not None and shard[0] < shard[1] else None
+        ``part``: a reduce-scatter, of which this rank keeps only the values of ``x`` in these
+        ``[first, end)`` ranges (its shard; a host's leader: its ranks' shards; bad ones refuse
+        the call on every rank, ``check_part``): the blocks wholly in one go with FLAG_MINE, so an
+        aggregator that honours it sends their values to this rank alone and every other block's
+        to its owner alone; a block wholly outside all of them answered without its values is left
+        in ``x`` as it was. Only the part's values are the sum afterwards (a small call rides
+        whole); no ranges (or None): an allreduce."""
+        self._part = None   # an allreduce, unless _take_part finds ranges
+        refusal = refusal or check_array(x, average) or self._take_part(x, part)
         started = time.perf_counter()
         self.agreed_epoch = 0
         call = self.stats.calls - 1 if again else self.stats.calls
@@ -277,6 +279,15 @@ class StreamBase:
         self.stats.elements += x.size
         self.stats.seconds += time.perf_counter() - started
         return x
+
+    def _take_part(self, x: np.ndarray, part: Iterable[tuple[int, int]] | None) -> Refusal | None:
+        """``part`` checked, as the running call's (left None when it holds no range), or the
+        call's refusal of it."""
+        try:
+            self._part = check_part(part or (), x.size) or None
+        except BadPart as e:
+            return e.refusal
+        return None
 
     @staticmethod
     def _restoring(x: np.ndarray, stream: Callable[[], list[int]]) -> list[int]:

@@ -19,9 +19,10 @@ the first W blocks (int32 tensors are summed as they are and prime no slot).
 
 Every call opens with the control round (``call_protocol``); a small call rides in it, a larger
 one then streams its blocks through its window, paced by the congestion window and recovered
-from loss as ``rounds`` describes. In a reduce-scatter (``StreamBase.allreduce``'s ``shard``)
-the blocks wholly in the rank's shard carry FLAG_MINE, and a result without its values is taken
-only for a block outside the shard (``OutstandingRounds.may_elide``) and writes nothing.
+from loss as ``rounds`` describes. In a reduce-scatter (``StreamBase.allreduce``'s ``part``,
+ranges of the tensor) the blocks wholly in one of the rank's ranges carry FLAG_MINE, and a
+result without its values is taken only for a block wholly outside all of them
+(``OutstandingRounds.may_elide``) and writes nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from inagg.hostlib.wire.protocol import (
     FLAG_CONGESTION, FLAG_FROM_HOST, FLAG_MINE, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, ROUND_CYCLE,
     build_contribution, round_fields, unpack_raw,
 )
-from inagg.hostlib.worker.call_protocol import ResultCheck
+from inagg.hostlib.worker.call_protocol import ResultCheck, holds
 from inagg.hostlib.worker.rounds import (
     BlockGate, Loss, LossDetector, OutstandingRounds, Round, RttEstimator, is_burst,
 )
@@ -94,8 +95,7 @@ class SlotStream(StreamBase):
         FLAG_OVERFLOW), carrying this rank's exponent of block ``chunk + window`` one round ahead."""
         k = self.grant.values_per_packet
         block = x[chunk * k: chunk * k + k]
-        first, end = self._shard or (0, 0)
-        flags = FLAG_MINE if first <= chunk * k and chunk * k + block.size <= end else 0
+        flags = FLAG_MINE if self._part and holds(self._part, chunk * k, chunk * k + block.size) else 0
         if exps.is_float:
             if exps.bad[chunk]:
                 flags, block = flags | FLAG_OVERFLOW, np.zeros(block.size, np.int32)
@@ -191,7 +191,7 @@ class SlotStream(StreamBase):
 
     def _header_fields(self) -> tuple[int, int, np.ndarray]:
         """(flags, exp, values) of the accepted result in the receive buffer (values None: elided,
-        a block of another rank's reduce-scatter shard)."""
+        a block wholly outside this rank's reduce-scatter part)."""
         _, flags, _, _, exp, _, _, count, _ = unpack_raw(self._buf)
         if count and self._got == HEADER_BYTES:
             return flags, exp, None
@@ -219,7 +219,7 @@ class SlotStream(StreamBase):
         window = call_window(g.slot_count, n_blocks, goal, exps.is_float)
         self.window = window
         congestion = self.window_control.congestion
-        rounds = OutstandingRounds(g, self._source, self._shard)
+        rounds = OutstandingRounds(g, self._source, self._part)
         gate = BlockGate(n_blocks)
         now = time.perf_counter()
         gate.defer(0, 0)
