@@ -371,3 +371,34 @@ def test_a_reduce_scatter_on_the_host_aggregator_sends_each_rank_its_shard_alone
     for r in range(n):
         assert np.array_equal(outs[r], summed[r][r * SIZE // n:(r + 1) * SIZE // n])
         assert stats[r]["elided_results"] == len(others(r, n, SIZE, k))
+
+
+def test_ranks_keeping_several_ranges_get_them_and_bad_ranges_fail_the_call_on_every_rank():
+    """Two ranks on the host aggregator, each keeping two ranges of the sum (``Communicator.allreduce``'s
+    ``keep``, as a host's leader of ranks not consecutive does), the other's complement: each
+    gets its ranges' sums, and takes exactly the blocks wholly in the other's ranges as headers
+    alone (two blocks straddle an edge and come whole to both). Then rank 1 passes ranges that
+    overlap: both ranks' call fails naming rank 1 and the problem, and the next call is exact."""
+    with LoopbackDeployment(2, with_switch=False) as dep:
+        comms = start_ranks(dep, 2)
+        try:
+            k = comms[0].grant.values_per_packet
+            size = 12 * k
+            keeps = [[(0, 3 * k + 5), (6 * k + 5, 9 * k)], [(3 * k + 5, 6 * k + 5), (9 * k, size)]]
+            xs = [np.arange(size, dtype=np.int32) * (r + 1) for r in range(2)]
+            on_ranks(lambda r: comms[r].allreduce(xs[r], keep=keeps[r]), 2)
+            elided = [c.stats()["elided_results"] for c in comms]
+            bad = [[(0, 8)], [(0, 10), (5, 20)]]
+            errors = on_ranks(lambda r: comms[r].allreduce(np.ones(size, np.int32), keep=bad[r]), 2,
+                              return_errors=True)
+            after = on_ranks(lambda r: comms[r].allreduce(np.ones(size, np.int32), keep=keeps[r]), 2)
+        finally:
+            for c in comms:
+                c.close()
+    for r in range(2):
+        for first, end in keeps[r]:
+            assert np.array_equal(xs[r][first:end], 3 * np.arange(first, end, dtype=np.int32))
+        assert isinstance(errors[r], CallRefused)
+        assert "rank 1 passed values to keep with ranges that overlap" in str(errors[r])
+        assert all((after[r][first:end] == 2).all() for first, end in keeps[r])
+    assert elided == [5, 5]      # blocks 4, 5, 9, 10, 11 / 0, 1, 2, 7, 8; blocks 3 and 6 straddle
