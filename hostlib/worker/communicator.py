@@ -111,9 +111,9 @@ class _Request:
     result: object  # what the future resolves to
     staged: StagedCall | None = None  # a CUDA tensor's call: its pinned host copy
     shard: Shard | None = None        # a reduce-scatter's: ``array`` is a copy, this its part to keep
-    keep: Iterable[tuple[int, int]] | None = None   # ``allreduce``'s: the ranges of ``array`` this rank needs
+    keep: tuple[tuple[int, int], ...] | None = None   # ``allreduce``'s: the ranges of ``array`` this rank needs
 
-    def part(self) -> Iterable[tuple[int, int]] | None:
+    def part(self) -> tuple[tuple[int, int], ...] | None:
         """The stream's ``part``: the ranges of this rank's values (None: an allreduce)."""
         return self.keep if self.shard is None else ((self.shard.first, self.shard.first + self.shard.out.size),)
 
@@ -604,6 +604,7 @@ class Communicator:
         ``call_protocol.check_part``): the blocks wholly in one carry FLAG_MINE, as
         ``reduce_scatter_async``'s shard, and a block wholly outside all of them may come back
         without its values and keep this rank's own; no copy of ``tensor`` is made."""
+        keep = None if keep is None else tuple(keep)   # a call run again (a stall) reads it again
         return self._queue_call(replace(self._request(tensor, op), keep=keep), inline_if_idle=True).wait()
 
     @property
