@@ -4,7 +4,8 @@ job ``ar`` allreducing each bucket, job ``rs`` reduce-scattering it (the profile
 ``collective``). BMv2's captures of the workers' ports show each ``rs`` worker marking its own
 shard's blocks FLAG_MINE (no ``ar`` worker marks any), getting the values of those only and the
 header alone of the other's, and about half the bytes an ``ar`` worker gets (docs/protocol.md, "Reduce-scatter"; the soft switch's twin of this test is
-tests/test_reduce_scatter.py's); the same with 2 ranks per host, for the hosts' leaders."""
+tests/test_reduce_scatter.py's); the same with 2 ranks per host, for the hosts' leaders, whose
+ranks are consecutive or not (0, 2 + 1, 3)."""
 
 from __future__ import annotations
 
@@ -96,19 +97,23 @@ def test_bmv2_sends_each_reduce_scatter_worker_its_shard_alone(tmp_path):
         assert got[port][2] <= bound
 
 
-def test_each_hosts_leader_receives_its_hosts_shards_alone(tmp_path):
+@pytest.mark.parametrize("placement", ["consecutive", "cyclic"])
+def test_each_hosts_leader_receives_its_hosts_shards_alone(tmp_path, placement):
     """Two jobs of 2 hosts x 2 ranks on BMv2 (each host a Mininet host, its ranks reducing in
     shared memory first, its leader the switch's worker): job ``ar`` (h1, h2) allreducing the
-    profile's bucket, ``rs`` (h3, h4) reduce-scattering it. Each ``rs`` leader gets the values of
-    its host's half of the sums (the blocks wholly in it) and the other host's blocks as the
-    header alone; the ``ar`` leaders get every block whole (docs/protocol.md, "Between hosts'
-    leaders")."""
+    profile's bucket, ``rs`` (h3, h4) reduce-scattering it; ranks 0, 1 on the first host and 2, 3
+    on the second (``consecutive``), or 0, 2 and 1, 3 (``cyclic``: each leader's part two
+    ranges). Each ``rs`` leader gets the values of its host's shards of the sums (the blocks
+    wholly in one of its ranges) and the other host's blocks as the header alone; the ``ar``
+    leaders get every block whole (docs/protocol.md, "Between hosts' leaders")."""
     if reason := mininet_missing() or bmv2_missing():
         pytest.skip(reason)
+    ranks = {"consecutive": ((0, 1), (2, 3)), "cyclic": ((0, 2), (1, 3))}[placement]
     links = [["h1", "s1-p1"], ["h2", "s1-p2"], ["h3", "s1-p3"], ["h4", "s1-p4"], ["agg", "s1-p5"]]
-    jobs = [{"name": name, "workers": [a, a, b, b], "iterations": ITERATIONS, "host_reduce": True,
+    jobs = [{"name": name, "workers": [hosts[0] if r in ranks[0] else hosts[1] for r in range(4)],
+             "iterations": ITERATIONS, "host_reduce": True,
              "profile": {"bucket_bytes": [BUCKET], "collective": collective}}
-            for name, (a, b), collective in (("ar", ("h1", "h2"), "allreduce"), ("rs", ("h3", "h4"), "reduce_scatter"))]
+            for name, hosts, collective in (("ar", ("h1", "h2"), "allreduce"), ("rs", ("h3", "h4"), "reduce_scatter"))]
     data = topo(links, jobs)
     del data["switches"]["s2"]
     path = tmp_path / "hosts_reduce_scatter.json"
@@ -118,16 +123,19 @@ def test_each_hosts_leader_receives_its_hosts_shards_alone(tmp_path):
     got = {port: results(capture(run, port, "out")) for port in range(1, 5)}
     n, head = BUCKET // 4, 4          # the sums call between the leaders: 2 hosts' 2 words, then n
 
-    def inside(part: int) -> set[int]:
-        """Offsets of the sums call's blocks wholly in host ``part``'s half (h3's ranks: 0)."""
-        lo, hi = head + part * n // 2, head + (part + 1) * n // 2
-        return {o for o in range(0, head + n, K) if lo <= o and min(o + K, head + n) <= hi}
+    def inside(host: int) -> set[int]:
+        """Offsets of the sums call's blocks whose values all lie in host ``host``'s ranks' shards
+        (h3's: 0), one or two of them (consecutive ranks' shards are one range)."""
+        per, end = n // 4, head + n
+        touched = {o: set(range((o - head) // per, (min(o + K, end) - 1 - head) // per + 1))
+                   for o in range(0, end, K) if o >= head}    # the ranks' shards block o touches
+        return {o for o, shards in touched.items() if shards <= set(ranks[host])}
 
     for port in (1, 2):                                        # ar: every block with its values
         assert got[port][1] == set() and marked(capture(run, port, "in")) == set()
-    for port, part in ((3, 0), (4, 1)):
-        assert marked(capture(run, port, "in")) == inside(part)   # the leader marks its host's blocks
-        assert got[port][1] == inside(1 - part)                # the other host's: the header alone
+    for port, host in ((3, 0), (4, 1)):
+        assert marked(capture(run, port, "in")) == inside(host)   # the leader marks its host's blocks
+        assert got[port][1] == inside(1 - host)                # the other host's: the header alone
         # half the allreduce's, plus a header per block of the other's (18 % of one at K = 64),
         # the block exponents and the control rounds
         assert 0.5 < got[port][2] / got[1][2] < 0.66, (port, got[port][2], got[1][2])
