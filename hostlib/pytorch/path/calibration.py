@@ -8,22 +8,22 @@ one untimed call, then ``timed`` timed ones), then the ranks agree, and the next
 follow from the agreed figures alone, so every rank plans the same calls.
 
 A path's next size is the largest power of 4 bytes from 4x its last size up to its next ladder
-target whose call is *predicted* to take at most ``sample_seconds``: the target itself where
-that is cheap (on fast links the ladder exactly), else a size between (its line gets a second
-point, at a size that is cheap); where not even 4x its last size is, the path is done. The
-prediction, from the path's agreed figures: with one size measured, that size's figure scaled
-by the bytes (``t0 * n / n0``, an upper bound for any call costing alpha + beta * n with alpha,
-beta >= 0); with two or more, the line fitted to them; never under the path's floor on the
-links where their rate is known (``inagg.hostlib.pytorch.path.links``). A size a path was not
-timed at is probed later on real calls of that size (``inagg.hostlib.pytorch.path.explore``),
-calls the job makes anyway.
+target whose call is *predicted* to take at most ``calibration_seconds`` (``PathChoiceOptions``,
+0.25 s): the target itself where that is cheap (on fast links the ladder exactly), else a size
+between (its line gets a second point, at a size that is cheap); where not even 4x its last
+size is, the path is done. The prediction, from the path's agreed figures: with one size
+measured, that size's figure scaled by the bytes (``t0 * n / n0``, an upper bound for any call
+costing alpha + beta * n with alpha, beta >= 0); with two or more, the line fitted to them;
+never under the path's floor on the links where their rate is known
+(``inagg.hostlib.pytorch.path.links``). A size a path was not timed at is probed later on real
+calls of that size (``inagg.hostlib.pytorch.path.explore``), calls the job makes anyway.
 
-So, machine and link aside: every calibration call after the first size's (64 B: one packet
-each way, a round trip) is predicted to take at most ``sample_seconds``; a path's size grows at
-least 4x a round, so it takes at most ``max_rounds`` rounds (8 from 64 B to 1 MiB); and each
-rank's payload per path is at most ``timed + 1`` calls of each size it was timed at
-(``payload_bytes``). On a 10 Mbit/s link the 1 MiB calls, minutes of an 8-worker start, are
-not made (docs/results/startup.md).
+So, machine and links aside: every calibration call past the first size (64 B: one packet
+each way, a round trip) is predicted to take at most ``calibration_seconds``; a path's size
+grows at least 4x a round, so it takes at most ``max_rounds`` rounds (8 from 64 B to 1 MiB);
+and each rank's payload per path is ``timed + 1`` calls of each size it was timed at
+(``payload_bytes``). At 8 workers on 10 Mbit/s links the ladder's 1 MiB calls, minutes of the
+start, are not made (docs/results/startup.md).
 """
 
 from __future__ import annotations
@@ -36,22 +36,21 @@ import numpy as np
 from inagg.hostlib.pytorch.path.choice import PathChooser
 
 LADDER = (64, 16 * 1024, 1 << 20)   # the sizes a calibration aims at: their figures pin each line
-SAMPLE_SECONDS = 0.25               # the most a calibration call is predicted to take (past 64 B)
 
 
 class CalibrationPlan:
     """The calibration of ``chooser``'s paths up ``ladder`` (module docstring): ``next_round``
     the sizes to time, ``ran`` what was run; ``record`` what it ran, for reports."""
 
-    def __init__(self, chooser: PathChooser, ladder: Sequence[int] = LADDER, timed: int = 3,
-                 sample_seconds: float = SAMPLE_SECONDS) -> None:
+    def __init__(self, chooser: PathChooser, ladder: Sequence[int] = LADDER, timed: int = 3) -> None:
         """Nothing run yet: the first round times every path at ``ladder[0]``."""
         if not ladder or list(ladder) != sorted(set(ladder)) or any(n <= 0 or n & (n - 1) or n.bit_length() % 2 != 1
                                                                       for n in ladder):
             raise ValueError(f"a calibration ladder is rising powers of 4 bytes, e.g. {LADDER}; got {tuple(ladder)}")
-        if not sample_seconds > 0 or timed < 1:
-            raise ValueError(f"need sample_seconds > 0 and timed >= 1; got {sample_seconds}, {timed}")
-        self._chooser, self.ladder, self.timed, self.sample_seconds = chooser, tuple(ladder), timed, sample_seconds
+        if timed < 1:
+            raise ValueError(f"a calibration times at least one call per path and size, got timed={timed}")
+        self._chooser, self.ladder, self.timed = chooser, tuple(ladder), timed
+        self.seconds = chooser.options.calibration_seconds
         self.sizes: dict[str, list[int]] = {p: [] for p in chooser.paths}   # each path's sizes, in order
         self.rounds = 0
 
@@ -80,7 +79,7 @@ class CalibrationPlan:
         if target is None:
             return None
         n, best = last * 4, None
-        while n <= target and self.predict(path, n) <= self.sample_seconds:
+        while n <= target and self.predict(path, n) <= self.seconds:
             best, n = n, n * 4
         return best
 
@@ -106,4 +105,4 @@ class CalibrationPlan:
         """What the calibration ran: rounds, calls and payload bytes per rank, each path's sizes."""
         calls = (self.timed + 1) * sum(len(sizes) for sizes in self.sizes.values())
         return {"rounds": self.rounds, "calls": calls, "payload_bytes": self.payload_bytes(),
-                "sizes": {p: list(sizes) for p, sizes in self.sizes.items()}, "sample_seconds": self.sample_seconds}
+                "sizes": {p: list(sizes) for p, sizes in self.sizes.items()}, "calibration_seconds": self.seconds}
