@@ -79,11 +79,20 @@ def test_ddp_trains_on_the_inagg_backend_with_nothing_started_by_hand(tmp_path, 
 
 def test_calls_take_the_host_lane_beside_the_switch(tmp_path, gloo_runs):
     """A job on the switch also has the host aggregator (its host lane): every call pinned to
-    it trains exactly as gloo does, while the job's grant stays on the switch."""
+    it trains exactly as gloo does, while the job's grant stays on the switch. Its calibration
+    timed every path from 64 B up, each size at least 4x the last (``CalibrationPlan``), and
+    says so: 3 + 1 calls of each."""
     run = torchrun(tmp_path, "lane", env={"INAGG_ALLREDUCE_PATH": "host", "INAGG_HOST_REDUCE": "off"})
     stats = run["stats"]
     assert stats["allreduce_paths"] == {"host": 40}
     assert stats["path_model"]["paths"] == ["inagg", "host", "gloo"]
+    calibration = stats["path_model"]["calibration"]
+    sizes = calibration["sizes"]
+    assert list(sizes) == ["inagg", "host", "gloo"] and all(s[0] == 64 for s in sizes.values())
+    assert all(b >= 4 * a for s in sizes.values() for a, b in zip(s, s[1:]))
+    assert calibration["calls"] == 4 * sum(map(len, sizes.values()))
+    assert calibration["payload_bytes"] == 4 * sum(map(sum, sizes.values()))
+    assert 1 <= calibration["rounds"] == max(map(len, sizes.values()))
     assert (stats["inagg"]["mode"], stats["host_lane"]["mode"]) == ("switch", "host")
     assert stats["host_lane"]["packets_received"] > 0
     assert_same_training(run, gloo_runs["none"], atol=1e-5)
