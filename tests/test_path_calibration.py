@@ -56,14 +56,15 @@ def test_on_fast_links_every_path_climbs_the_ladder_in_three_rounds():
     assert plan.payload_bytes() == 3 * 4 * sum(LADDER)
 
 
-def test_where_64_bytes_take_a_ms_a_size_between_gives_the_line_its_second_point():
+def test_where_64_bytes_take_a_ms_sizes_between_keep_each_call_within_the_bound():
     """1 GB/s links at 8 ranks, 1 ms round trips (gloo's ring: 7 ms): 16 KiB bounded from 64 B
-    alone (256 times its figure) could take over ``calibration_seconds``, so each path is timed at
-    a size between first, as large as that bound allows (inagg and the host lane 4 KiB, gloo
-    1 KiB), and its line, through two points, then allows 16 KiB and 1 MiB."""
+    (256 times its figure) could take over ``calibration_seconds``, so each path is timed at a
+    size between first, as large as the bound allows (inagg and the host lane 4 KiB, gloo
+    1 KiB); gloo's 1 MiB, 64 times its 16 KiB figure, needs 256 KiB before it."""
     plan = calibrate(PathChooser(lambda v: v, PATHS), shaped(8, 1e9))
     assert plan.sizes == {"inagg": [64, 4096, 16384, MIB], "host": [64, 4096, 16384, MIB],
-                          "gloo": [64, 1024, 16384, MIB]}
+                          "gloo": [64, 1024, 16384, 256 << 10, MIB]}
+    assert plan.rounds == 5
 
 
 def test_on_10_mbit_links_at_8_workers_no_call_takes_a_mib_and_the_payload_is_an_eighth():
@@ -92,8 +93,8 @@ def test_on_10_mbit_links_at_8_workers_no_call_takes_a_mib_and_the_payload_is_an
 def test_whatever_the_links_each_call_past_64_bytes_stays_within_the_bound(alphas, rates, cap):
     """Paths of any alpha-beta cost (a round trip of 10 us to 20 ms, 10 KB/s to 10 GB/s): every
     size past the first is one whose call takes at most ``calibration_seconds``, a path stops only
-    at the ladder's top or where 4x its last size would take longer (from its first size
-    alone: where 4x its time would), and the rounds stay within ``max_rounds``."""
+    at the ladder's top or where the bound of 4x its last size (4x that size's time) is over
+    it, and the rounds stay within ``max_rounds``."""
     cost = {p: (a, 1 / r) for p, a, r in zip(PATHS, alphas, rates)}
 
     def took(path: str, n: int) -> float:
@@ -104,9 +105,7 @@ def test_whatever_the_links_each_call_past_64_bytes_stays_within_the_bound(alpha
     for p, sizes in plan.sizes.items():
         assert sizes[0] == LADDER[0] and all(b >= 4 * a for a, b in zip(sizes, sizes[1:]))
         assert all(took(p, n) <= cap * (1 + 1e-6) for n in sizes[1:])
-        # past one size the line is the path's own; from one, 4x its time bounds 4x its size
-        beyond = took(p, 4 * sizes[-1]) if len(sizes) > 1 else 4 * took(p, sizes[-1])
-        assert sizes[-1] == LADDER[-1] or beyond > cap * (1 - 1e-6)
+        assert sizes[-1] == LADDER[-1] or 4 * took(p, sizes[-1]) > cap * (1 - 1e-6)   # 4x its size's bound
 
 
 def test_a_path_with_no_agreed_time_is_not_climbed_and_a_bad_ladder_is_refused():

@@ -8,22 +8,22 @@ one untimed call, then ``timed`` timed ones), then the ranks agree, and the next
 follow from the agreed figures alone, so every rank plans the same calls.
 
 A path's next size is the largest power of 4 bytes from 4x its last size up to its next ladder
-target whose call is *predicted* to take at most ``calibration_seconds`` (``PathChoiceOptions``,
-0.25 s): the target itself where that is cheap (on fast links the ladder exactly), else a size
-between (its line gets a second point, at a size that is cheap); where not even 4x its last
-size is, the path is done. The prediction, from the path's agreed figures: with one size
-measured, that size's figure scaled by the bytes (``t0 * n / n0``, an upper bound for any call
-costing alpha + beta * n with alpha, beta >= 0); with two or more, the line fitted to them;
-never under the path's floor on the links where their rate is known
-(``inagg.hostlib.pytorch.path.links``). A size a path was not timed at is probed later on real
-calls of that size (``inagg.hostlib.pytorch.path.explore``), calls the job makes anyway.
+target whose call is *bounded* by ``calibration_seconds`` (``PathChoiceOptions``, 0.25 s): the
+target itself where that is cheap (on fast links the ladder exactly), else a size between,
+else (not even 4x its last size is) the path is done. The bound, from the agreed figure of the
+path's last size: that figure scaled by the bytes (``t * n / last``), which no call costing
+alpha + beta * n with alpha, beta >= 0 exceeds; never under the path's floor on the links where
+their rate is known (``inagg.hostlib.pytorch.path.links``). Not the fitted line: on a loaded
+machine gloo's small calls are no line (16 ms at 64 B, 12 ms at 4 KiB), and a line through them
+put a 256 KiB call taking 0.41 s under 0.25 s. A size a path was not timed at is probed later
+on real calls of that size (``inagg.hostlib.pytorch.path.explore``), calls the job makes anyway.
 
 So, machine and links aside: every calibration call past the first size (64 B: one packet
-each way, a round trip) is predicted to take at most ``calibration_seconds``; a path's size
-grows at least 4x a round, so it takes at most ``max_rounds`` rounds (8 from 64 B to 1 MiB);
-and each rank's payload per path is ``timed + 1`` calls of each size it was timed at
-(``payload_bytes``). At 8 workers on 10 Mbit/s links the ladder's 1 MiB calls, minutes of the
-start, are not made (docs/results/startup.md).
+each way, a round trip) takes at most ``calibration_seconds`` where the path's cost is such a
+line and its figures hold; a path's size grows at least 4x a round, so it takes at most
+``max_rounds`` rounds (8 from 64 B to 1 MiB); and each rank's payload per path is ``timed + 1``
+calls of each size it was timed at (``payload_bytes``). At 8 workers on 10 Mbit/s links the
+ladder's 1 MiB calls, minutes of the start, are not made (docs/results/startup.md).
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import numpy as np
-
 from inagg.hostlib.pytorch.path.choice import PathChooser
+from inagg.hostlib.pytorch.path.timings import size_class
 
 LADDER = (64, 16 * 1024, 1 << 20)   # the sizes a calibration aims at: their figures pin each line
 
@@ -79,23 +78,21 @@ class CalibrationPlan:
         if target is None:
             return None
         n, best = last * 4, None
-        while n <= target and self.predict(path, n) <= self.seconds:
+        while n <= target and self.bound(path, last, n) <= self.seconds:
             best, n = n, n * 4
         return best
 
-    def predict(self, path: str, nbytes: int) -> float:
-        """Seconds of a calibration call of ``nbytes`` on ``path`` (module docstring): its one
-        measured size's figure scaled by the bytes, or its line; never under its floor. Infinite
-        where nothing was agreed on (no call of it was timed: nothing bounds it)."""
+    def bound(self, path: str, last: int, nbytes: int) -> float:
+        """The most a call of ``nbytes`` on ``path`` takes if its cost is alpha + beta * bytes
+        (alpha, beta >= 0) and a call of ``last`` bytes, its last size, took the agreed figure:
+        that figure scaled by the bytes, never under the path's floor on the links. Infinite
+        where no call of ``last`` bytes was agreed on (none was timed: nothing bounds it)."""
         chooser = self._chooser
-        model = chooser.models[path]
-        seen = np.flatnonzero(model.seen)
-        if len(seen) >= 2:
-            return chooser.predict(path, nbytes)
-        if not len(seen):
+        model, c = chooser.models[path], size_class(last)
+        if not model.seen[c]:
             return math.inf
         floor = chooser.links.floor(path, nbytes) if chooser.links is not None else 0.0
-        return max(float(model.seconds[seen[0]] * nbytes / model.nbytes[seen[0]]), floor)
+        return max(float(model.seconds[c] * nbytes / model.nbytes[c]), floor)
 
     def payload_bytes(self) -> int:
         """The payload bytes each rank sent and received in the calibration's calls."""
