@@ -9,21 +9,21 @@ follow from the agreed figures alone, so every rank plans the same calls.
 
 A path's next size is the largest power of 4 bytes from 4x its last size up to its next ladder
 target whose call is *bounded* by ``calibration_seconds`` (``PathChoiceOptions``, 0.25 s): the
-target itself where that is cheap (on fast links the ladder exactly), else a size between,
-else (not even 4x its last size is) the path is done. The bound, from the agreed figure of the
-path's last size: that figure scaled by the bytes (``t * n / last``), which no call costing
-alpha + beta * n with alpha, beta >= 0 exceeds; never under the path's floor on the links where
-their rate is known (``inagg.hostlib.pytorch.path.links``). Not the fitted line: on a loaded
-machine gloo's small calls are no line (16 ms at 64 B, 12 ms at 4 KiB), and a line through them
-put a 256 KiB call taking 0.41 s under 0.25 s. A size a path was not timed at is probed later
-on real calls of that size (``inagg.hostlib.pytorch.path.explore``), calls the job makes anyway.
+target itself where calls are cheap (so there, the ladder), else a size between, else (not even
+4x its last size is) the path is done. The bound, from the agreed figure of the path's last
+size: that figure scaled by the bytes (``t * n / last``), which no call costing alpha + beta * n
+with alpha, beta >= 0 exceeds; never under the path's floor on the links where their rate is
+known (``inagg.hostlib.pytorch.path.links``). Not the fitted line: on a loaded machine a path's
+small calls need be no line (gloo's), and a line through them can put a call well over the
+bound under it (docs/results/startup.md). A size a path was not timed at is probed later on
+real calls of that size (``inagg.hostlib.pytorch.path.explore``), calls the job makes anyway.
 
-So, machine and links aside: every calibration call past the first size (64 B: one packet
-each way, a round trip) takes at most ``calibration_seconds`` where the path's cost is such a
-line and its figures hold; a path's size grows at least 4x a round, so it takes at most
+So, machine and links aside: every calibration call past the first size (64 B: one packet each
+way, a round trip) takes at most ``calibration_seconds`` where the path's cost is alpha + beta *
+bytes and its agreed figures hold; a path's size grows at least 4x a round, so it takes at most
 ``max_rounds`` rounds (8 from 64 B to 1 MiB); and each rank's payload per path is ``timed + 1``
-calls of each size it was timed at (``payload_bytes``). At 8 workers on 10 Mbit/s links the
-ladder's 1 MiB calls, minutes of the start, are not made (docs/results/startup.md).
+calls of each size it was timed at (``payload_bytes``). A slow link's large calls, which held a
+job's start for minutes, are not made (docs/results/startup.md: before and after).
 """
 
 from __future__ import annotations
