@@ -24,7 +24,10 @@ of (its median step / gloo's median step in the same turn); the steps and the tr
 (the sum of its step times) until the test accuracy first reached ``--target`` ("not reached"
 when it never did); the final accuracy. ``--steps`` sizes the run (steps per configuration) and
 ``--until-target`` ends it after the first round of turns in which every configuration reached
-the target, so a long run to the target costs no more than it needs.
+the target, so a long run to the target costs no more than it needs. ``start_s``, in every row
+of a worker count: the job's start, the slowest rank's ``init_process_group`` until its paths
+are up and calibrated (``ready``); rank 0's result file keeps what the calibration ran and the
+figures it agreed on (``calibrated``).
 
 ``--bw-schedule 0:100,20:20,40:100`` (seconds:Mbit/s) changes every link's rate mid-run: the
 links start at the first rate and shaping.py's ``BandwidthSchedule`` (make run's ``bw_schedule``)
@@ -69,7 +72,7 @@ from wire_bench import topology  # noqa: E402
 CONFIGS = ("gloo", "inagg", "inagg+artopk", "powersgd")
 FIELDS = ("model", "rate", "workers", "config", "phase", "phase_start_s", "mbit_applied", "applied_at_s",
           "parameters", "steps", "step_s", "ratio", "target", "steps_to_target", "seconds_to_target",
-          "final_accuracy", "load1_start", "load1_end")
+          "final_accuracy", "start_s", "load1_start", "load1_end")
 NOT_REACHED = "not reached"
 
 
@@ -171,7 +174,11 @@ def rank_main(args: argparse.Namespace) -> int:
     when each began and the test accuracy after each turn to ``--out``."""
     import torch.distributed as dist
 
+    started = time.perf_counter()
     pg, barrier = join_job(args)
+    start_s = slowest_times([time.perf_counter() - started], barrier)[0]
+    model = pg.stats()["path_model"]
+    calibrated = {"agreed": model["agreed"], **model["calibration"]}   # the figures the job starts from
     gloo = dist.new_group(backend="gloo")
     made, (batches, test) = replicas(args, pg, gloo), shard(args, args.rank, args.world)
     steps, began, accuracy = ({c: [] for c in args.configs} for _ in range(3))
@@ -188,7 +195,8 @@ def rank_main(args: argparse.Namespace) -> int:
     if args.rank == 0:
         parameters = sum(p.numel() for p in made[args.configs[0]][0].parameters())
         Path(args.out).write_text(json.dumps({"steps": steps, "began": began, "accuracy": accuracy,
-                                              "parameters": parameters, "mode": pg.lifecycle.comm.grant.mode}))
+                                              "parameters": parameters, "mode": pg.lifecycle.comm.grant.mode,
+                                              "start_s": start_s, "calibrated": calibrated}))
     dist.barrier(group=barrier)
     dist.destroy_process_group()
     return 0
@@ -315,7 +323,7 @@ def summarize(result: dict, args, n: int, load: dict) -> list[dict]:
         return statistics.median(steps[config][t * args.turn:(t + 1) * args.turn])
 
     base = {config: {"model": args.model, "workers": n, "config": config, "parameters": result["parameters"],
-                     "target": args.target, **load} for config in args.configs}
+                     "target": args.target, "start_s": round(result["start_s"], 2), **load} for config in args.configs}
     rows = []
     for config in args.configs:
         ratio = statistics.median(turn_median(config, t) / turn_median("gloo", t) for t in turns) \

@@ -3,7 +3,7 @@ bandwidth schedule, 100 Mbit/s then 20 from 0.3 s after time zero, a target of 0
 ``--until-target`` ends the run after the first turn of each): every configuration trains
 from the same seed on the same batches, a row each with its step time (phase ``all``), the
 inagg replica on the switch; gloo's and inagg's replicas end at the same accuracy (one rounding
-of the sums apart). Each phase has a row per configuration with the rate tc showed on every
+of the sums apart); the job's start (to its paths calibrated) is in every row. Each phase has a row per configuration with the rate tc showed on every
 link end once the schedule had re-rated them, and no step counted in two phases. The run leaves
 nothing behind. Needs root and Mininet."""
 
@@ -18,7 +18,7 @@ from test_emulation import ROOT, assert_left_nothing, mininet_missing
 CONFIGS = ["gloo", "inagg", "inagg+artopk", "powersgd"]
 COLUMNS = ["model", "rate", "workers", "config", "phase", "phase_start_s", "mbit_applied", "applied_at_s",
            "parameters", "steps", "step_s", "ratio", "target", "steps_to_target", "seconds_to_target",
-           "final_accuracy", "load1_start", "load1_end"]
+           "final_accuracy", "start_s", "load1_start", "load1_end"]
 
 
 def test_train_bench_trains_every_configuration_alike_through_a_rate_change(tmp_path):
@@ -37,6 +37,7 @@ def test_train_bench_trains_every_configuration_alike_through_a_rate_change(tmp_
     assert all(int(r["steps"]) == 3 and float(r["step_s"]) > 0 for r in rows.values())   # one turn of 3
     assert all(r["steps_to_target"] == "3" and float(r["seconds_to_target"]) > 0 for r in rows.values())
     assert rows["gloo"]["ratio"] == "1.0"
+    assert len({r["start_s"] for r in table}) == 1 and float(table[0]["start_s"]) > 0   # the job's, once
     assert abs(float(rows["inagg"]["final_accuracy"]) - float(rows["gloo"]["final_accuracy"])) <= 0.02
     phases = [(r["config"], r["phase"], r["rate"], r["mbit_applied"]) for r in table if r["phase"] != "all"]
     assert phases == [(c, p, rate, applied) for p, rate, applied in (("0", "100mbit", "100"), ("1", "20mbit", "20"))

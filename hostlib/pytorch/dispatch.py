@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from inagg.hostlib.pytorch.path.calibration import LADDER, CalibrationPlan
 from inagg.hostlib.pytorch.path.choice import PATHS
 from inagg.hostlib.pytorch.path.options import TINY_BYTES
 from inagg.hostlib.pytorch.works import _CallWork, _DoneWork, _GlooWork, _resolve_to, _ShardWork, _TimedWork, failed_work
@@ -35,14 +36,11 @@ if TYPE_CHECKING:
     from inagg.hostlib.pytorch.backend import InaggProcessGroup
     from inagg.hostlib.pytorch.lifecycle import GroupLifecycle
 
-# three sizes pin alpha and beta of each path (the median of a few rounds each: the machine may
-# be shared), so the first real calls are already chosen from measurements
-_CALIBRATION_BYTES = (64, 16 * 1024, 1 << 20)
-# a job on one host (no deployment, nothing to wait for but the calibration) times only the two
-# sizes that are cheap to time: its 1 MiB calls took ~0.2 s of a ~0.25 s calibration on 2 ranks,
+# a job on one host (no deployment, nothing to wait for but the calibration) climbs only to the
+# size that is cheap to time: its 1 MiB calls took ~0.2 s of a ~0.25 s calibration on 2 ranks,
 # the whole of its first call's wait; a larger class is probed when first used, as any new one
-_ONE_HOST_CALIBRATION_BYTES = _CALIBRATION_BYTES[:2]
-_CALIBRATION_ROUNDS = 3
+_ONE_HOST_LADDER = LADDER[:2]
+_CALIBRATION_ROUNDS = 3   # timed calls per path and size (the median of a few: the machine may be shared)
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # each quantized from its own format
 _INAGG_DTYPES = _FLOAT_DTYPES + (torch.int32,)
 _NATIVE_TINY_DTYPES = (torch.float32, torch.int32)   # a tiny call of these runs in C++ (``_tiny``)
@@ -342,20 +340,27 @@ class AllreduceDispatch:
         return _CallWork(fut, lambda: _resolve_to(fut, [tensor], self._group.named), self._group)
 
     def calibrate(self) -> None:
-        """Time every path at a few sizes (the same calls on every rank; fewer where the job
-        runs on one host and joined no controller) and agree on the result, so the first real
-        calls are already chosen from measurements."""
+        """Time every path at a few sizes, round by round as ``CalibrationPlan`` says (the same
+        calls on every rank; each call predicted cheap whatever the links; a lower ladder where
+        the job runs on one host and joined no controller), the ranks agreeing after each
+        round, so the first real calls are already chosen from measurements."""
         paths = self._life.paths
-        for nbytes in _CALIBRATION_BYTES if self._life.endpoint is not None else _ONE_HOST_CALIBRATION_BYTES:
+        plan = CalibrationPlan(paths, LADDER if self._life.endpoint is not None else _ONE_HOST_LADDER,
+                               _CALIBRATION_ROUNDS)
+        last = paths.paths[-1]
+        while sizes := plan.next_round():
             # one path's calls after another's, each path's first untimed: a call right after
             # another path's is slow (that path's tail still holds the CPU), and a group's first
             # calls set up connections and buffers
-            for path in paths.paths:
+            for path, nbytes in sizes.items():
                 for timed in (False,) + (True,) * _CALIBRATION_ROUNDS:
                     self._start(path, torch.zeros(nbytes // 4, dtype=torch.float32), dist.AllreduceOptions(),
                                 measure=timed).wait()
-        paths.agree()
-        paths.ran_last(paths.paths[-1])   # a first size's probes start there, with no warm-up
+                last = path
+            paths.agree()
+            plan.ran(sizes)
+        paths.stats.calibration = plan.record()
+        paths.ran_last(last)   # a first size's probes start there, with no warm-up
 
     def history(self) -> list[dict]:
         """The recent eligible allreduces' paths, runs of calls in order

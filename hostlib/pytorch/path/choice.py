@@ -51,7 +51,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -85,6 +85,7 @@ class ChoiceStats:
     agreements: int = 0
     explorations: int = 0
     probes: int = 0
+    calibration: dict = field(default_factory=dict)   # what the backend's calibration ran (``CalibrationPlan.record``)
 
 
 def _check_paths(paths: Sequence[str], forced: str | None) -> None:
@@ -447,5 +448,5 @@ class PathChooser:
                            for p, m in self.models.items()},
                 "paths": list(self.paths), "calls": self.calls, "agreements": self.agreements,
                 "agreement_s": self.agreement_s,
-                "explorations": self.explorations, "probes": self.probed,
+                "explorations": self.explorations, "probes": self.probed, "calibration": self.stats.calibration,
                 "explore_credit_s": {1 << 2 * int(c): float(credit[c]) for c in np.flatnonzero(credit)}}

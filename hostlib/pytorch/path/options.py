@@ -81,6 +81,11 @@ class PathChoiceOptions:
     """A figure within this many times its path's least time on the links (its floor, where
     the links' rate is known) is link-bound (at least 1)."""
 
+    calibration_seconds: float = 0.25
+    """The most a calibration call past its first size may be predicted to take
+    (``inagg.hostlib.pytorch.path.calibration``): a dearer size is left to the probes of the
+    job's own calls (> 0)."""
+
     history: int = 4096
     """Runs of calls kept for ``PathChooser.history``."""
 
@@ -91,6 +96,8 @@ class PathChoiceOptions:
             raise ValueError(f"explore_budget must be in [0, 1), got {self.explore_budget}")
         if not 0 < self.agree_budget < 1:
             raise ValueError(f"agree_budget must be in (0, 1), got {self.agree_budget}")
+        if not 0 < self.calibration_seconds < float("inf"):
+            raise ValueError(f"calibration_seconds must be a positive number of seconds, got {self.calibration_seconds}")
         if not 0 < self.agree_seconds < float("inf"):
             raise ValueError(f"agree_seconds must be a positive number of seconds, got {self.agree_seconds}")
         if not 0 <= self.margin < 1:
