@@ -1,6 +1,6 @@
 """CUDA tensors through INA (``inagg.hostlib.worker.cuda_staging``): the GPU check, in this one file.
 Run ``pytest tests/test_cuda_path.py`` on a machine with a GPU and a CUDA build of torch; where
-there is none, every test here skips and says so."""
+there is none, every test here but the registration's skips and says so."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from inagg.hostlib.pytorch.backend import InaggProcessGroup
 from test_training import on_ranks
 
-pytestmark = pytest.mark.skipif(
+needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="no CUDA device here (torch.cuda.is_available() is False): run `pytest tests/test_cuda_path.py` "
            "on a machine with a GPU and a CUDA build of torch")
@@ -41,6 +41,15 @@ def calls(group: InaggProcessGroup, rank: int) -> list[tuple[torch.Tensor, torch
     return [(gpu.cpu(), cpu) for gpu, cpu in pairs]
 
 
+def test_the_backend_takes_cuda_tensors_as_well_as_cpu_ones():
+    """torch routes a group's CUDA tensors to ``inagg`` (not to NCCL, not refused as a device
+    with no backend): the plugin registers it for both device types."""
+    import inagg.hostlib.pytorch.plugin  # noqa: F401 - registers where entry points are off
+
+    assert dist.Backend.backend_capability["inagg"] == ["cpu", "cuda"]
+
+
+@needs_cuda
 def test_cuda_tensors_take_the_switch_path_and_give_their_cpu_twins_bits(tmp_path, monkeypatch):
     """Two ranks on the backend string, every call pinned to the switch: CUDA tensors (float32,
     bfloat16; a call riding in the control round and one of many packets) come back with the

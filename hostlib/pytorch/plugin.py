@@ -25,12 +25,13 @@ def _create_process_group(store, rank: int, world_size: int, timeout: timedelta)
 
 
 def register() -> None:
-    """Make ``"inagg"`` a torch.distributed backend name (CPU tensors; idempotent)."""
+    """Make ``"inagg"`` a torch.distributed backend name for CPU and CUDA tensors (idempotent; a
+    CUDA tensor is staged through pinned host memory, ``inagg.hostlib.worker.cuda_staging``)."""
     import torch.distributed as dist
 
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu", "cuda"])
 
 
 register()
