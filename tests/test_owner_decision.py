@@ -1,7 +1,10 @@
 """RoundOwner's decision: the const entries of the P4 table owner_decision
 (p4/include/round_owner.p4), their Python twin inagg.hostlib.wire.protocol.OWNER_DECISION, and the
 reference engine (hostlib/aggregator/engine_reference.py, and its C++ twin native/engine.cpp)
-deciding each row the same: who gets a reduce-scatter round's values (docs/protocol.md)."""
+deciding each row the same: who gets a reduce-scatter round's values (docs/protocol.md). The
+Tofino 2 program encodes the same rows in owner_input and round_owner's register actions
+(p4/tofino/slot_inputs.p4, slot_state.p4): the model of those (tna_slot_model) decides each row
+too."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import pytest
 
 from inagg.hostlib.aggregator.engine import NativeEngine
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
+from inagg.bmv2_env.softswitch.tna_compiled import p4_constants as tofino_constants
+from inagg.bmv2_env.softswitch.tna_slot_model import TofinoSlotModel
 from inagg.hostlib.wire.protocol import (
     FLAG_FROM_SWITCH, FLAG_MINE, HEADER_BYTES, OWNER_DECISION, OWNER_DECISION_KEYS, OwnerUpdate, build_contribution,
     round_fields,
@@ -48,6 +53,15 @@ def test_the_p4_constants_are_the_wires():
     consts = p4_constants()
     assert consts["FLAG_MINE"] == FLAG_MINE
     assert {u: consts[f"OWNER_{u.name}"] for u in OwnerUpdate} == {u: int(u) for u in OwnerUpdate}
+
+
+def test_tofino_2_keeps_the_owner_in_round_owner_p4s_values():
+    """p4/tofino/types.p4's owner values are round_owner.p4's; the bridged header's 7-bit
+    shared is OWNER_SHARED's low bits."""
+    consts, tofino = p4_constants(), tofino_constants("tofino2")
+    assert {n: tofino[n] for n in ("FLAG_MINE", "OWNER_NONE", "OWNER_SHARED")} == \
+        {n: consts[n] for n in ("FLAG_MINE", "OWNER_NONE", "OWNER_SHARED")}
+    assert tofino["BRIDGED_OWNER_SHARED"] == consts["OWNER_SHARED"] & 0x7F
 
 
 def test_every_key_takes_exactly_one_row():
@@ -97,9 +111,9 @@ def owner_after(update: OwnerUpdate, first: int, owned: int):
                          ids=["-".join("x" if v is None else str(v) for v in key) + f":{u.name.lower()}"
                               for key, u in OWNER_DECISION])
 def test_the_reference_decides_the_row(key, update):
-    """Every state the row covers, on the Python reference engine and its C++ twin: the round
-    completed without further marks, and with worker 2's mark after the row's packet, gives
-    each rank the bytes the updated owner implies."""
+    """Every state the row covers, on the Python reference engine, its C++ twin and the model of
+    Tofino 2's register actions: the round completed without further marks, and with worker 2's
+    mark after the row's packet, gives each rank the bytes the updated owner implies."""
     for values in (v for v in itertools.product((0, 1), repeat=4) if covers(key, v)):
         first, from_switch, marked, owned = values
         before, round_no = history(*values)
@@ -109,7 +123,7 @@ def test_the_reference_decides_the_row(key, update):
             rest = [packet(w, FLAG_MINE if marks_after and w == 2 else 0, round_no) for w in (2, 3)]
             if first:
                 rest.insert(0, packet(0, 0, round_no))
-            for eng in (AggregationEngine(4, K), NativeEngine(4, K)):
+            for eng in (AggregationEngine(4, K), NativeEngine(4, K), TofinoSlotModel(4, K, "tofino2")):
                 eng.replace_jobs({1: JobConfig(1, 1, 0, 4, MEMBERS)})
                 for data in before + [row] + rest[:-1]:
                     eng.process(data, MEMBERS[data[4]])
