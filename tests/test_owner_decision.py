@@ -18,7 +18,7 @@ import pytest
 from inagg.hostlib.aggregator.engine import NativeEngine
 from inagg.hostlib.aggregator.engine_reference import AggregationEngine, JobConfig
 from inagg.bmv2_env.softswitch.tna_compiled import p4_constants as tofino_constants
-from inagg.bmv2_env.softswitch.tna_slot_model import TofinoSlotModel
+from inagg.bmv2_env.softswitch.tna_slot_model import TofinoSlotModel, owner_input
 from inagg.hostlib.wire.protocol import (
     FLAG_FROM_SWITCH, FLAG_MINE, HEADER_BYTES, OWNER_DECISION, OWNER_DECISION_KEYS, OwnerUpdate, build_contribution,
     round_fields,
@@ -27,6 +27,7 @@ from inagg.hostlib.wire.protocol import (
 from test_slot_decision import const_table, covers   # the const-table reading both twins use
 
 ROUND_OWNER = Path(__file__).resolve().parents[1] / "p4" / "include" / "round_owner.p4"
+SLOT_INPUTS = ROUND_OWNER.parents[1] / "tofino" / "slot_inputs.p4"
 K = 4
 MEMBERS = tuple((f"10.0.0.{w + 1}", 5) for w in range(4))   # N = 4 workers
 FULL, HEADER = HEADER_BYTES + 4 * K, HEADER_BYTES
@@ -69,6 +70,21 @@ def test_every_key_takes_exactly_one_row():
     never matter."""
     for values in itertools.product((0, 1), repeat=len(OWNER_DECISION_KEYS)):
         assert sum(covers(key, values) for key, _ in OWNER_DECISION) == 1, values
+
+
+def test_tofino_2s_owner_input_rows_are_the_models():
+    """owner_input's const rows (p4/tofino/slot_inputs.p4), in their priority order, then its
+    default: for every combination of the two flags, the owner the first matching row brings is
+    the model's (worker 5: replica 6)."""
+    tofino = tofino_constants("tofino2")
+    body = re.search(r"table owner_input \{(.*?)\n    \}", SLOT_INPUTS.read_text(), re.S).group(1)
+    rows = re.findall(r"(\w+) &&& (\w+): (\w+)\((\w*)\);", body)
+    default = tofino[re.search(r"const default_action = bring_owner\((\w+)\);", body).group(1)]
+    assert len(rows) == 2
+    for flags in (0, FLAG_MINE, FLAG_FROM_SWITCH, FLAG_MINE | FLAG_FROM_SWITCH):
+        brings = next((6 if action == "bring_sender" else tofino[arg] for value, mask, action, arg in rows
+                       if flags & tofino[mask] == tofino[value]), default)
+        assert owner_input(flags, 5) == brings, hex(flags)
 
 
 def packet(worker: int, flags: int = 0, round_no: int = 0) -> bytes:
