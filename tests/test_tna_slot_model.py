@@ -5,7 +5,8 @@ docs/tofino.md, "Round identity"): the issue-25 replay, the conformance cases' o
 random differential fuzz (loss, duplication, reordering behind the next round and copies up to
 13 rounds late, forged and malformed frames) must give the same frames and counters, and the
 late copies never a wrong sum. Each test runs on the program built for each chip (``chip``:
-Tofino 1 and Tofino 2, p4/out/<chip>/).
+Tofino 1 and Tofino 2, p4/out/<chip>/). Tofino 2's reduce-scatter results (the round's owner
+alone gets the values) are held to the reference engine too; Tofino 1 sends every block whole.
 
 In process, no network namespace: both are SoftPipelines with the Tofino P4Info; only the slot
 logic differs (the reference engine, the BMv2 program's specification, vs the TNA model)."""

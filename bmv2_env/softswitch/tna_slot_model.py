@@ -12,7 +12,9 @@ passes are ``first_pass`` (every packet: claim, round record, round state, the l
 adding both values and returning the first, on Tofino 2 both) and ``second_pass`` (a
 recirculated packet: a result's harvest, where the other set retires and, on Tofino 1, the
 pairs return their second values, or a BAD_ROUND that takes its sender's bit out of the set's
-map again). On Tofino 2 a DUP_DONE answer of a harvested round leaves its first pass. It has
+map again). On Tofino 2 a DUP_DONE answer of a harvested round leaves its first pass, and a
+reduce-scatter round keeps its owner (round_owner), whose result egress sends with its values
+to the owner alone (docs/tofino.md, "Reduce-scatter results"). It has
 the slot engine's interface (``process``, ``last_outcome``, ``replace_jobs``), so
 ``TofinoModelPipeline`` is the
 software switch's pipeline with the TNA program's slot logic, and the conformance cases and the
@@ -42,8 +44,8 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 )
 from inagg.bmv2_env.softswitch.tna_compiled import CompiledProgram, header_bytes, pack, unpack
 from inagg.hostlib.wire.protocol import (
-    FLAG_CONGESTION, FLAG_FROM_SWITCH, FLAG_MINE, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, MAX_SLOT,
-    MSG_CONTRIBUTION, MSG_RESULT, ROUND_TAG_MASK, VERSION, Outcome, ipv4_checksum, unpack_raw,
+    FLAG_CONGESTION, FLAG_FROM_SWITCH, FLAG_MINE, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES,
+    HEADER_STRUCT, MAX_SLOT, MSG_CONTRIBUTION, MSG_RESULT, ROUND_TAG_MASK, VERSION, Outcome, ipv4_checksum, unpack_raw,
 )
 
 # P4Info architecture -> the chip (the P4's __TARGET_TOFINO__: 1, 2) the model runs

@@ -22,12 +22,13 @@
  *   sticky_flags |            |       |   counts / maxes / ORs, a repeat reads (seen: complete;
  *                |            |       |   the result's exponent and flags)
  *   lane pairs   | set ++ slot| 3-11  | value_lanes.p4, by the same keys
- *   round_owner  | set ++ slot| 4     | Tofino 2: a reduce-scatter round's owner, by the same
- *                |            |       |   keys (below)
+ *   round_owner  | set ++ slot| 3     | Tofino 2: a reduce-scatter round's owner, by the same
+ *                |            |       |   keys (below; pinned too)
  *
  * Stage 3 is pinned (@stage): 32 lane pairs and these three take 35 of the 36 stateful ALUs of
- * stages 3-11, and bf-p4c's greedy placement would otherwise give the lanes stage 3 and push
- * the decision past stage 11.
+ * stages 3-11 (Tofino 2: all 36, with round_owner), and bf-p4c's greedy placement would
+ * otherwise give the lanes stage 3 and push the decision (Tofino 2: the replication, which reads
+ * round_owner's answer) past stage 11.
  *
  * The decision for worker w (me = 1 << w), set s, o the other set, from the old maps, the
  * round record and seen ("moved" = w's bit in o = w went on to the next round, on o, after s's
@@ -246,13 +247,13 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
      * into meta.owner_in (OWNER_SHARED, the sender's replica, OWNER_NONE); first is the
      * action, owned the register's value:
      *
-     *   action (BY_ROUND) | owner_in     | value (owned)  | value after
-     *   ------------------+--------------+----------------+-------------------------------------
-     *   owner_first (FIRST) | any        | any            | owner_in (shared, the sender, none)
-     *   owner_add (ADD)   | OWNER_NONE   | any            | kept (unmarked)
-     *   owner_add (ADD)   | not NONE     | OWNER_NONE     | owner_in (the sender; shared)
-     *   owner_add (ADD)   | not NONE     | not NONE       | OWNER_SHARED (a second mark)
-     *   owner_read (a repeat: DUP_DONE) | - | -           | kept
+     *   action (BY_ROUND)   | owner_in   | value (owned) | value after
+     *   --------------------+------------+---------------+-----------------------------------
+     *   owner_first (FIRST) | any        | any           | owner_in (shared, the sender, none)
+     *   owner_add (ADD)     | OWNER_NONE | any           | kept (unmarked)
+     *   owner_add (ADD)     | not NONE   | OWNER_NONE    | owner_in (the sender; shared)
+     *   owner_add (ADD)     | not NONE   | not NONE      | OWNER_SHARED (a second mark)
+     *   owner_read (repeat) | -          | -             | kept (what a DUP_DONE answer carries)
      *
      * Each returns the value after it into meta.owner_result: the result of the packet that
      * completes the round (its FIRST or ADD is the round's last update) and a DUP_DONE answer
@@ -282,6 +283,8 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     action owner_store() { meta.owner_result = owner_first.execute(meta.idx); }
     action owner_mark() { meta.owner_result = owner_add.execute(meta.idx); }
     action owner_load() { meta.owner_result = owner_read.execute(meta.idx); }
+    /* Pinned beside the round state, in the place of a lane pair: unpinned, bf-p4c put it in
+     * stage 11, after the lanes, and the replication that reads its answer in a 13th stage. */
     @stage(3)
     table owner_update { BY_ROUND(owner_store, owner_mark, owner_load) }
 #endif
