@@ -5,7 +5,8 @@ docs/tofino.md, "Round identity"): the issue-25 replay, the conformance cases' o
 random differential fuzz (loss, duplication, reordering behind the next round and copies up to
 13 rounds late, forged and malformed frames) must give the same frames and counters, and the
 late copies never a wrong sum. Each test runs on the program built for each chip (``chip``:
-Tofino 1 and Tofino 2, p4/out/<chip>/).
+Tofino 1 and Tofino 2, p4/out/<chip>/). Tofino 2's reduce-scatter results (the round's owner
+alone gets the values) are held to the reference engine too; Tofino 1 sends every block whole.
 
 In process, no network namespace: both are SoftPipelines with the Tofino P4Info; only the slot
 logic differs (the reference engine, the BMv2 program's specification, vs the TNA model)."""
@@ -31,7 +32,8 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 from inagg.bmv2_env.softswitch.state import Action, Replica
 from inagg.bmv2_env.softswitch.tna_slot_model import TofinoModelPipeline, register_actions, register_stages
 from inagg.hostlib.wire.protocol import (
-    EXP_NONE, ROUND_CYCLE, ROUND_TAGS, UDP_PORT, Outcome, build_contribution,
+    EXP_NONE, FLAG_MINE, FLAG_RETRANSMIT, HEADER_BYTES, ROUND_CYCLE, ROUND_TAGS, UDP_PORT, Outcome,
+    build_contribution,
     ipv4_checksum, pack_header, round_fields, round_tag, unpack_header,
 )
 
@@ -380,10 +382,13 @@ class Workers:
     once round r is complete (every rank's round-r packet delivered); it resends its current
     round (a lost packet, a lost result) at will. Round r's offset is K * (r % 3), so a set sees
     one offset again. A worker's values are those of its round's identity: with ``by_tag`` its
-    set and round tag (what tells rounds apart when copies arrive rounds late), else its set."""
+    set and round tag (what tells rounds apart when copies arrive rounds late), else its set.
+    With ``marks`` a packet is now and then marked FLAG_MINE (a reduce-scatter's: one mark
+    makes its sender the round's owner, two a shared round)."""
 
-    def __init__(self, rng, bad_rounds, by_tag=False):
+    def __init__(self, rng, bad_rounds, by_tag=False, marks=False):
         self.rng, self.bad_rounds, self.by_tag = rng, bad_rounds, by_tag
+        self.flags = [0, 0, 1, 4, 8] + ([FLAG_MINE, FLAG_MINE, FLAG_MINE | 1] if marks else [])
         self.cur: dict = {}          # (job, slot, rank) -> round
         self.delivered: dict = {}    # (job, slot, round) -> ranks delivered
         self.complete: dict = {}     # (job, slot) -> the latest complete round
@@ -398,7 +403,7 @@ class Workers:
             r = self.cur[(job_id, slot, rank)] = r + 1          # result received: next round
         other = self.bad_rounds and rng.random() < 0.1
         kw = dict(slot=slot, round_no=r, offset=K * ((r + other) % 3),
-                  exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice([0, 0, 1, 4, 8]))
+                  exp=rng.choice([EXP_NONE, -2, 5]), flags=rng.choice(self.flags))
         values = None if r % 5 == 4 else contribution_values(job_id, rank, slot, r % (ROUND_CYCLE if self.by_tag else 2),
                                                                 kw["offset"])
         odd = _odd(rng, job_id, rank, values, kw)
@@ -413,13 +418,14 @@ class Workers:
         return (job_id, slot, r), frame(job_id, rank, values, **kw)
 
 
-def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False, late: int = 0):
+def fuzz_sequence(seed: int, steps: int, bad_rounds: bool = False, late: int = 0, marks: bool = False):
     """Frames as a network delivers the workers' packets: lost, duplicated, and late copies.
     ``late`` 0: a copy of round r only while round r + 1 is under way; else a copy of any round
     up to ``late`` rounds of its slot behind the slot's newest (one that arrives after round
-    r + 1 completed: every target drops it as stale, by its round tag)."""
+    r + 1 completed: every target drops it as stale, by its round tag). ``marks``: reduce-scatter
+    marks too (``Workers``)."""
     rng, out, rounds = random.Random(seed), [], []
-    workers = Workers(rng, bad_rounds, by_tag=bool(late))
+    workers = Workers(rng, bad_rounds, by_tag=bool(late), marks=marks)
     while len(out) < steps:
         if out and rng.random() < 0.2:
             candidates = [i for i in range(max(0, len(out) - 30), len(out)) if _late_ok(workers, rounds[i], late)]
@@ -459,6 +465,17 @@ def test_differential_fuzz_with_other_round_packets(chip, seed):
     steps = assert_same(sequence, chip)
     assert_never_a_wrong_result(sequence, chip)
     assert sum(bool(b) for _, b in steps) > 20
+
+
+@pytest.mark.parametrize("seed, bad_rounds, late", [(9, False, 0), (10, True, 0), (12, False, 2 * ROUND_TAGS - 3)])
+def test_tofino_2_elides_as_the_reference_engine_in_the_fuzz_with_marks(seed, bad_rounds, late):
+    """The fuzz with reduce-scatter marks (owned, shared and unmarked rounds, their resends and
+    DUP_DONE answers, other-round packets, copies up to 13 rounds late): the model of the
+    compiled Tofino 2 program sends the reference engine's frames, header-only results
+    included, and counts the same."""
+    steps = assert_same(fuzz_sequence(seed, 1500, bad_rounds, late, marks=True), "tofino2")
+    sizes = {len(d) for _, b in steps for _, d in b}
+    assert {RESULT_HEADER_FRAME, RESULT_HEADER_FRAME + 4 * K} <= sizes
 
 
 @pytest.mark.parametrize("seed, bad_rounds", [(6, False), (7, True), (8, False)])
@@ -657,3 +674,67 @@ def test_a_parser_branch_the_compiler_dropped_drops_the_result(chip):
     wire = b"".join(tna_compiled.pack(h, phv) for h in ("bridged", "ethernet", "ipv4", "udp", "inagg"))
     assert "inagg" in c.parse("egress", wire).headers
     assert "inagg" not in cut.parse(wire).headers
+
+
+# -- reduce-scatter: a round's values to its owner alone (Tofino 2's round_owner) ---------------
+
+RESULT_HEADER_FRAME = 42 + HEADER_BYTES   # Ethernet, IPv4, UDP and the inagg header
+
+
+def _reduce_scatter_round(marks, *, slot=1, round_no=0, flags=0):
+    """Job 1's round on ``slot``: rank r's contribution (r + 1 in every lane) marked FLAG_MINE
+    where r is in ``marks``."""
+    return [frame(1, r, [r + 1] * K, slot=slot, round_no=round_no,
+                  flags=flags | (FLAG_MINE if r in marks else 0)) for r in range(3)]
+
+
+def _assert_sent(out, owner):
+    """``out`` (port, frame) per rank, ranks 0-2: the owner's (every rank's when None) with the
+    sums, every other the result's header alone (its count kept) with IPv4 and UDP lengths and
+    checksum to match."""
+    for rank, (_, d) in enumerate(sorted(out)):
+        whole = owner is None or rank == owner
+        assert len(d) == RESULT_HEADER_FRAME + (4 * K if whole else 0), rank
+        assert struct.unpack_from("!H", d, 16)[0] == len(d) - 14       # IPv4 total length
+        assert struct.unpack_from("!H", d, 38)[0] == len(d) - 34       # UDP length
+        assert ipv4_checksum(d[14:34]) == 0 and unpack_header(d[42:58]).count == K
+        if whole:
+            assert _sums([(0, d)]) == [[6] * K]
+
+
+@pytest.mark.parametrize("marks, owner", [({1}, 1), ({0, 2}, None), (set(), None)],
+                         ids=["owned", "shared", "unmarked"])
+def test_tofino_2_sends_a_reduce_scatter_rounds_values_to_its_owner_alone(marks, owner):
+    """On the model of the compiled Tofino 2 program, as on the soft switch (the same frames):
+    a round marked by one rank gives it the sums and every other rank the header alone,
+    lengths shortened; a round marked twice (shared) or never goes whole to every rank."""
+    steps = assert_same(_reduce_scatter_round(marks), "tofino2")
+    assert [len(b) for _, b in steps] == [0, 0, 3]
+    _assert_sent(steps[-1][1], owner)
+
+
+def test_tofino_1_sends_every_block_to_every_rank():
+    """Tofino 1 keeps no owner (docs/tofino.md, "Reduce-scatter results"): every rank gets the
+    values of a round that one rank marked."""
+    model = make(TofinoModelPipeline, "tofino")
+    out = [model.process(port, data) for port, data in _reduce_scatter_round({1})][-1]
+    _assert_sent(out, None)
+
+
+def test_a_resend_of_an_owned_round_follows_the_owners_rule():
+    """DUP_DONE answers of an owned round, on Tofino 2: a resend of the harvested round
+    (answered from its first pass) gives the owner the sums and another rank the header alone,
+    as on the soft switch; so do the answers after a lost harvest, the first of which retires
+    through its second pass (HARVEST_ANSWER_RETIRE)."""
+    rnd = _reduce_scatter_round({1})
+    resends = _reduce_scatter_round({1}, flags=FLAG_RETRANSMIT)
+    steps = assert_same([*rnd, resends[1], resends[0]], "tofino2")
+    (owner_answer,), (other_answer,) = steps[3][1], steps[4][1]
+    assert len(owner_answer[1]) == RESULT_HEADER_FRAME + 4 * K and _sums([owner_answer]) == [[6] * K]
+    assert len(other_answer[1]) == RESULT_HEADER_FRAME
+    model = make(TofinoModelPipeline, "tofino2")
+    model.recirc_loss = lambda via, wire: model.counters.arrays[tna_slot_model.RECIRC_SENT].sum() == 1
+    assert [model.process(port, data) for port, data in rnd][-1] == []     # the harvest pass lost
+    answers = [model.process(port, data) for port, data in (resends[0], resends[1], resends[2])]
+    assert [len(a) for a in answers] == [1, 1, 1]
+    assert [len(a[0][1]) for a in answers] == [RESULT_HEADER_FRAME, RESULT_HEADER_FRAME + 4 * K, RESULT_HEADER_FRAME]

@@ -264,6 +264,8 @@ class Parsed:
 
     headers: dict[str, int]
     phv: dict[str, int]
+    extracted: dict[str, int]   # every field the walk extracted, of a header valid or not (egress
+                                # tests no validity of the bridged header: bf-p4c sets no bit)
 
     def end(self) -> int:
         """The first byte after the last valid header of LAYOUTS (0: none)."""
@@ -317,14 +319,15 @@ class CompiledParser:
 
     def parse(self, data: bytes, port_low: int = 0) -> Parsed:
         taken, valid = self._extracted(data, port_low)
-        headers, phv = {}, {}
+        headers, phv, extracted = {}, {}, {}
         for field, at in taken.items():     # a header starts where its first field taken says
             header = field.split(".")[1]
+            off, width = _field_layout(field)
+            extracted[field] = read_bits(data, at, width)
             if header in valid:
-                off, width = _field_layout(field)
                 headers.setdefault(header, (at - off) // 8)
-                phv[field] = read_bits(data, at, width)
-        return Parsed(headers, phv)
+                phv[field] = extracted[field]
+        return Parsed(headers, phv, extracted)
 
 
 class CompiledProgram:

@@ -12,7 +12,9 @@ passes are ``first_pass`` (every packet: claim, round record, round state, the l
 adding both values and returning the first, on Tofino 2 both) and ``second_pass`` (a
 recirculated packet: a result's harvest, where the other set retires and, on Tofino 1, the
 pairs return their second values, or a BAD_ROUND that takes its sender's bit out of the set's
-map again). On Tofino 2 a DUP_DONE answer of a harvested round leaves its first pass. It has
+map again). On Tofino 2 a DUP_DONE answer of a harvested round leaves its first pass, and a
+reduce-scatter round keeps its owner (round_owner), whose result egress sends with its values
+to the owner alone (docs/tofino.md, "Reduce-scatter results"). It has
 the slot engine's interface (``process``, ``last_outcome``, ``replace_jobs``), so
 ``TofinoModelPipeline`` is the
 software switch's pipeline with the TNA program's slot logic, and the conformance cases and the
@@ -34,7 +36,7 @@ from typing import Callable, Hashable
 
 import numpy as np
 
-from inagg.hostlib.aggregator.engine_reference import Emit, JobConfig
+from inagg.hostlib.aggregator.engine_reference import NO_OWNER, Emit, JobConfig
 from inagg.controller.p4info import P4Info, P4Type
 from inagg.bmv2_env.softswitch.pipeline_reference import (
     ETH, GUARD_TABLE, INAGG_AT, IP, JOB_TABLE, RECIRC_SPREAD, REPLICA_TABLE, SoftPipeline,
@@ -42,8 +44,8 @@ from inagg.bmv2_env.softswitch.pipeline_reference import (
 )
 from inagg.bmv2_env.softswitch.tna_compiled import CompiledProgram, header_bytes, pack, unpack
 from inagg.hostlib.wire.protocol import (
-    FLAG_CONGESTION, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES, HEADER_STRUCT, MAX_SLOT,
-    MSG_CONTRIBUTION, MSG_RESULT, ROUND_TAG_MASK, VERSION, Outcome, ipv4_checksum, unpack_raw,
+    FLAG_CONGESTION, FLAG_FROM_SWITCH, FLAG_MINE, FLAG_OVERFLOW, FLAG_RETRANSMIT, HEADER_BYTES,
+    HEADER_STRUCT, MAX_SLOT, MSG_CONTRIBUTION, MSG_RESULT, ROUND_TAG_MASK, VERSION, Outcome, ipv4_checksum, unpack_raw,
 )
 
 # P4Info architecture -> the chip (the P4's __TARGET_TOFINO__: 1, 2) the model runs
@@ -63,9 +65,11 @@ def check_chip(chip: str) -> str:
 def register_actions(chip: str) -> dict[str, tuple[str, ...]]:
     """Register -> the RegisterActions the P4 declares on it for ``chip`` (pair: every lane
     pair's register; Tofino 2's load returns both words, so it has no load_second; round_tag:
-    the round check, on both chips)."""
+    the round check, on both chips; round_owner: a reduce-scatter round's owner, Tofino 2
+    only)."""
     tofino2 = check_chip(chip) == "tofino2"
-    return {
+    owner = {"round_owner": ("owner_first", "owner_add", "owner_read")} if tofino2 else {}
+    return {**owner,
         "map0": tuple(f"map0_{a}" for a in _MAP_ACTIONS),
         "map1": tuple(f"map1_{a}" for a in _MAP_ACTIONS),
         "round_record": ("round_open", "round_check"),
@@ -77,21 +81,20 @@ def register_actions(chip: str) -> dict[str, tuple[str, ...]]:
     }
 
 
-ROUND_STATE_STAGE = 3   # seen, exp_max, sticky_flags: pinned (@stage) in slot_state.p4
+ROUND_STATE_STAGE = 3   # seen, exp_max, sticky_flags (Tofino 2: round_owner): pinned (@stage)
 PAIRS_PER_STAGE = 4     # stateful ALUs per stage
 
 
 def register_stages(k: int, chip: str) -> dict[str, int]:
     """Register (lane pairs as ``pair<i>``) -> the stage this model runs it in: bf-p4c put
-    one pair beside seen, exp_max and sticky_flags (pair 0 on Tofino 1, the last on Tofino 2)
-    and the others four per stage after them, the highest first."""
-    check_chip(chip)
+    seen, exp_max and sticky_flags in the pinned stage, beside them pair 0 on Tofino 1 and
+    round_owner on Tofino 2, and the pairs four per stage after them, the highest first."""
     stages = {"map0": 1, "map1": 1, "round_record": 2, "round_tag": 2, "seen": ROUND_STATE_STAGE,
               "exp_max": ROUND_STATE_STAGE, "sticky_flags": ROUND_STATE_STAGE}
     pairs = k // 2
-    beside = 0 if chip == "tofino" else pairs - 1
-    stages[f"pair{beside}"] = ROUND_STATE_STAGE
-    rest = [i for i in reversed(range(pairs)) if i != beside]
+    beside = "pair0" if check_chip(chip) == "tofino" else "round_owner"
+    stages[beside] = ROUND_STATE_STAGE
+    rest = [i for i in reversed(range(pairs)) if f"pair{i}" != beside]
     for n, i in enumerate(rest):
         stages[f"pair{i}"] = ROUND_STATE_STAGE + 1 + n // PAIRS_PER_STAGE
     return stages
@@ -122,6 +125,28 @@ TAG_SHIFT = 25   # round_tag_of: count32's tag in bits 29-31, (flags & ROUND_TAG
 TAG_STEP = 1 << 5   # types.p4: round_in is tag << 5, (flags & ROUND_TAG_MASK) << 1
 TAG_LAST = 7 << 5   # tag 7's round_in, the one before tag 0's (tag_open_zero)
 TAG_BEHIND = -TAG_STEP & 0xFF   # types.p4: round_diff of the set's next round (a byte)
+# round_owner's values (types.p4, as p4/include/round_owner.p4's), and OWNER_SHARED in the
+# bridged header's 7 bits
+OWNER_NONE, OWNER_SHARED, BRIDGED_OWNER_SHARED = 0, 0xFF, 0x7F
+
+
+def owner_input(flags: int, worker: int) -> int:
+    """SlotInputs' owner_input (Tofino 2), row for row: the owner a contribution brings."""
+    if flags & FLAG_FROM_SWITCH:
+        return OWNER_SHARED
+    return worker + 1 if flags & FLAG_MINE else OWNER_NONE
+
+
+def owner_add(value: int, owner_in: int) -> int:
+    """round_owner's owner_add (slot_state.p4): an ADD's update of the round's owner."""
+    if owner_in == OWNER_NONE:
+        return value
+    return owner_in if value == OWNER_NONE else OWNER_SHARED
+
+
+def owner_rank(owner: int) -> int:
+    """The rank a round's owner gives the values alone (NO_OWNER: none, or shared)."""
+    return owner - 1 if owner not in (OWNER_NONE, OWNER_SHARED) else NO_OWNER
 
 
 @dataclass
@@ -145,6 +170,8 @@ class _Meta:
     harvest: int = HARVEST_NONE
     exp_result: int = 0    # biased
     flags_result: int = 0
+    owner_in: int = OWNER_NONE       # Tofino 2: owner_input's
+    owner_result: int = OWNER_NONE   # Tofino 2: round_owner's answer
 
 
 @dataclass
@@ -179,6 +206,8 @@ class TofinoSlotModel:
         self.seen = [0] * (2 * n_slots)
         self.exp_max = [0] * (2 * n_slots)
         self.sticky_flags = [0] * (2 * n_slots)
+        self.keeps_owner = chip == "tofino2"   # round_owner: Tofino 2 only
+        self.round_owner = [OWNER_NONE] * (2 * n_slots)
         # pair i = (column i, column K/2 + i): the first and second value of its register word
         self.pairs = np.zeros((2 * n_slots, values_per_packet), np.int32)
 
@@ -280,6 +309,18 @@ class TofinoSlotModel:
         else:
             return
         m.exp_result, m.flags_result = self.exp_max[i], self.sticky_flags[i]
+        if self.keeps_owner:
+            self._stage3_round_owner(m)
+
+    def _stage3_round_owner(self, m: _Meta) -> None:
+        """owner_update (BY_ROUND, Tofino 2): owner_first stores owner_in, owner_add marks,
+        a repeat reads; each answers the owner after it."""
+        i = m.idx
+        if m.round_kind == OPEN:
+            self.round_owner[i] = m.owner_in
+        elif m.round_kind == NEW:
+            self.round_owner[i] = owner_add(self.round_owner[i], m.owner_in)
+        m.owner_result = self.round_owner[i]
 
     def _stage4_decision(self, m: _Meta) -> None:
         """The decision's const entries, row for row. A repeat of a complete round whose
@@ -334,6 +375,8 @@ class TofinoSlotModel:
         job = self.jobs[job_id]
         slot, s = ss & MAX_SLOT, ss >> 15
         m = _Meta(slot, s * self.n_slots + slot, s, 1 << worker, job.n_workers, (job_id << 16) | epoch)
+        if self.keeps_owner:
+            m.owner_in = owner_input(flags, worker)
         self._stage1_claim(m)
         self._stage2_round_record(m, offset, count, flags)
         self._stage3_round_state(m, (exp & 0xFF) ^ 0x80, flags & _STICKY)
@@ -394,7 +437,7 @@ class TofinoSlotModel:
         body = b"" if r.values is None else r.values.astype(">i4").tobytes()
         worker = m.me.bit_length() - 1
         to = tuple(range(r.job.n_workers)) if m.harvest == HARVEST_RESULT else (worker,)
-        return [Emit(r.job, to, r.header + body)]
+        return [Emit(r.job, to, r.header + body, owner=owner_rank(m.owner_result))]
 
     def process(self, data, sender: Hashable, framing_ok: bool = True) -> list[Emit]:
         r = self.first_pass(data, sender, framing_ok)
@@ -406,7 +449,8 @@ class TofinoSlotModel:
 _RR = "InaggIngress.result_replication."
 RECIRCULATE, ANSWER_AT_ONCE, ANSWER_SENDER, MULTICAST = (
     _RR + a for a in ("recirculate", "answer_at_once", "answer_sender", "multicast"))
-SET_WORKER_ADDRESS = "InaggEgress.replica_rewrite.set_worker_address"
+SET_WORKER_ADDRESS, ELIDE_VALUES = (f"InaggEgress.replica_rewrite.{a}" for a in ("set_worker_address", "elide_values"))
+TRUNC_LEN = "eg_intr_md_for_dprsr.mtu_trunc_len"   # the egress deparser's truncation (Tofino 2)
 
 
 class TofinoModelPipeline(SoftPipeline):
@@ -460,7 +504,8 @@ class TofinoModelPipeline(SoftPipeline):
         udp_end = ETH + IP + struct.unpack_from("!H", d, ETH + IP + 4)[0]
         phv = {**unpack("ethernet", d), **unpack("ipv4", d, ETH), **unpack("udp", d, ETH + IP),
                **unpack("inagg", r.header), "hdr.inagg.msg_type": d[INAGG_AT] & 0xF,
-               "hdr.bridged.ingress_port": port, "meta.harvest": r.meta.harvest}
+               "hdr.bridged.ingress_port": port, "meta.harvest": r.meta.harvest,
+               "meta.owner_result": r.meta.owner_result}
         body = (b"" if r.values is None else r.values.astype(">i4").tobytes()) + d[udp_end:]
         if not r.recirculate:
             self.compiled.run(ANSWER_AT_ONCE, phv)
@@ -508,7 +553,9 @@ class TofinoModelPipeline(SoftPipeline):
 
     def _egress(self, r: Recirculated, wire: bytes, targets) -> list[tuple[int, bytes]]:
         """Each copy through the compiled egress parser, ReplicaRewrite (replica_table and the
-        compiled set_worker_address) and the egress deparser (IPv4 checksum recomputed)."""
+        compiled set_worker_address; on Tofino 2 the compiled elide_values where the bridged
+        owner is another replica's) and the egress deparser (IPv4 checksum recomputed, the
+        frame truncated where elide_values set mtu_trunc_len)."""
         out = []
         for port, replica in targets:
             parsed = self.compiled.parse("egress", wire)
@@ -518,8 +565,16 @@ class TofinoModelPipeline(SoftPipeline):
                 if rewrite is None:
                     continue
                 self.compiled.run(SET_WORKER_ADDRESS, phv, dict(rewrite.params))
+                if self.engine.keeps_owner and _elided(phv, replica, parsed.extracted.get("hdr.bridged.owner", 0)):
+                    self.compiled.run(ELIDE_VALUES, phv)
             out.append((port, _egress_deparse(parsed, phv, wire)))
         return out
+
+
+def _elided(phv: dict, replica: int, owner: int) -> bool:
+    """ReplicaRewrite's test for elide_values (Tofino 2): a result with values whose round has
+    an owner, and this copy is another replica's."""
+    return phv["hdr.inagg.count"] != 0 and owner not in (OWNER_NONE, BRIDGED_OWNER_SHARED) and replica != owner
 
 
 def _unicast(phv: dict) -> tuple[int, int]:
@@ -534,7 +589,8 @@ def _emit(phv: dict, body: bytes) -> bytes:
 
 def _egress_deparse(parsed, phv: dict, wire: bytes) -> bytes:
     """The egress deparser: the valid headers of Ethernet, IPv4 (checksum recomputed), UDP and
-    inagg, then the packet after what the parser took (the bridged header is not emitted)."""
+    inagg, then the packet after what the parser took (the bridged header is not emitted); cut
+    to mtu_trunc_len bytes where an action set it."""
     out = b""
     for h in ("ethernet", "ipv4", "udp", "inagg"):
         if h in parsed.headers:
@@ -542,4 +598,5 @@ def _egress_deparse(parsed, phv: dict, wire: bytes) -> bytes:
                 phv["hdr.ipv4.hdr_checksum"] = 0
                 phv["hdr.ipv4.hdr_checksum"] = ipv4_checksum(pack("ipv4", phv))
             out += pack(h, phv)
-    return out + wire[max(parsed.end(), header_bytes("bridged")):]
+    out += wire[max(parsed.end(), header_bytes("bridged")):]
+    return out[:phv[TRUNC_LEN]] if TRUNC_LEN in phv else out

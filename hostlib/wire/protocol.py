@@ -40,8 +40,9 @@ FLAG_FROM_SWITCH = 0x80  # a switch's partial sum to its parent in an aggregatio
 # sender's shard of a reduce-scatter, so the aggregator records the sender as the round's owner
 # and sends the values only to it; the other ranks get the result's header alone ("values
 # elided": count kept, no payload), which frees their slot (docs/protocol.md, "Reduce-scatter").
-# The soft switch, the host aggregator and the BMv2 program honour it (its P4 constant is in
-# p4/include/round_owner.p4); the Tofino program ignores it (every rank gets the values).
+# The soft switch, the host aggregator, the BMv2 program and the Tofino 2 program honour it (its
+# P4 constants are in p4/include/round_owner.p4 and p4/tofino/types.p4); the Tofino 1 program
+# ignores it (every rank gets the values).
 FLAG_MINE = 0x02
 # The round tag in the flags byte (bits 4..6, not flags): round k of a slot (counted from 0 at each
 # grant) goes on set k % 2 with tag (k // 2) % ROUND_TAGS; a slot keeps each set's tag, so a copy

@@ -51,7 +51,7 @@ control InaggIngress(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta,
             hdr.bridged.harvest = HARVEST_NONE;
             hdr.bridged.flooded = 0;
 #if __TARGET_TOFINO__ == 2
-            hdr.bridged.pad0 = 0;              /* the parser's start read the frame's first */
+            hdr.bridged.owner = 0;             /* the parser's start read the frame's first */
             hdr.bridged.pad1 = 0;              /* bytes into them (parser.p4) */
 #endif
         }

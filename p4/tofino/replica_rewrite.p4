@@ -10,6 +10,20 @@
  *   inagg result, replica != 0       | miss                         | drop
  *   flooded frame, egress = ingress  | -                            | drop
  *   anything else                    | -                            | unchanged
+ *
+ * Tofino 2 also sends a reduce-scatter's result (docs/protocol.md) with its values to its owner
+ * alone, as p4/include/result_elision.p4 does on BMv2: where bridged.owner (SlotState's
+ * round_owner, bridged by the first pass) names a replica and this copy is another's, the
+ * header alone leaves: IPv4 and UDP lengths 4 K bytes less (the deparser recomputes the IPv4
+ * checksum) and the frame truncated after the inagg header by the deparser
+ * (mtu_trunc_len: egress parses no values, so it cannot invalidate them as BMv2 does). The
+ * header keeps its count: a worker takes such a result for a block outside its shard. Tofino 1
+ * has no owner (docs/tofino.md, "Reduce-scatter results") and no deparser truncation.
+ *
+ *   result copy (count != 0)                                | action
+ *   --------------------------------------------------------+----------------------------------
+ *   owner 0 or BRIDGED_OWNER_SHARED, or replica == owner    | unchanged: the values
+ *   otherwise                                               | elide_values: the header alone
  */
 #ifndef _INAGG_TOFINO_REPLICA_REWRITE_P4_
 #define _INAGG_TOFINO_REPLICA_REWRITE_P4_
@@ -36,6 +50,15 @@ control ReplicaRewrite(inout tofino_headers_t hdr, in egress_intrinsic_metadata_
         size = TOFINO_REPLICA_TABLE_SIZE;
     }
 
+#if __TARGET_TOFINO__ == 2
+    /* The frame's bytes up to the values: Ethernet, IPv4, UDP and the inagg header. */
+    action elide_values() {
+        hdr.ipv4.total_len = hdr.ipv4.total_len - 4 * TOFINO_VALUES_PER_PACKET;
+        hdr.udp.length = hdr.udp.length - 4 * TOFINO_VALUES_PER_PACKET;
+        eg_dprsr_md.mtu_trunc_len = 14 + 20 + 8 + (bit<14>) INAGG_HEADER_BYTES;
+    }
+#endif
+
     apply {
         replica = (bit<16>) hdr.bridged.replica;
         if (eg_intr_md.egress_rid != 0) {
@@ -45,6 +68,12 @@ control ReplicaRewrite(inout tofino_headers_t hdr, in egress_intrinsic_metadata_
             if (!replica_table.apply().hit) {
                 eg_dprsr_md.drop_ctl = 1;
             }
+#if __TARGET_TOFINO__ == 2
+            if (hdr.inagg.count != 0 && hdr.bridged.owner != 0 && hdr.bridged.owner != BRIDGED_OWNER_SHARED
+                && replica != (bit<16>) hdr.bridged.owner) {
+                elide_values();
+            }
+#endif
         } else if (hdr.bridged.flooded == 1 && eg_intr_md.egress_port == hdr.bridged.ingress_port) {
             eg_dprsr_md.drop_ctl = 1;
         }

@@ -64,6 +64,9 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
     action recirculate() {
         make_result();
         hdr.bridged.harvest = meta.harvest;
+#if __TARGET_TOFINO__ == 2
+        hdr.bridged.owner = meta.owner_result[6:0];   /* for egress (replica_rewrite.p4) */
+#endif
         ig_tm_md.ucast_egress_port = meta.recirc_port;
         ig_tm_md.bypass_egress = 1;
     }
@@ -79,6 +82,7 @@ control ResultReplication(inout tofino_headers_t hdr, in tofino_ingress_md_t met
     action answer_at_once() {
         make_result();
         hdr.bridged.harvest = meta.harvest;
+        hdr.bridged.owner = meta.owner_result[6:0];
         answer_sender();
     }
 #endif

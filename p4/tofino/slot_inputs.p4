@@ -10,6 +10,7 @@
  *   exp_biased | exponent ^ 0x80 (signed order as unsigned, for the max)
  *   flags_in   | the sticky flags the packet brings (overflow, congestion) and its round tag
  *   count_gap  | K - count (its borrow bit: count > K, for JobAdmission's checks)
+ *   owner_in   | Tofino 2, owner_input: the reduce-scatter owner the packet brings (below)
  */
 #ifndef _INAGG_TOFINO_SLOT_INPUTS_P4_
 #define _INAGG_TOFINO_SLOT_INPUTS_P4_
@@ -92,10 +93,39 @@ control SlotInputs(in tofino_headers_t hdr, inout tofino_ingress_md_t meta,
     }
 #undef TAG_ROW
 
+#if __TARGET_TOFINO__ == 2
+    /* The owner a contribution brings to its round (slot_state.p4's round_owner: FIRST stores
+     * it, ADD marks the round with it): a child switch's sum (FLAG_FROM_SWITCH) makes the round
+     * shared, FLAG_MINE its sender's replica, else none. The from_switch and marked columns of
+     * p4/include/round_owner.p4's owner_decision (inagg.hostlib.wire.protocol.OWNER_DECISION);
+     * its first and owned columns are the register's (owner_first, owner_add). */
+    action bring_owner(bit<8> owner) {
+        meta.owner_in = owner;
+    }
+    action bring_sender() {
+        meta.owner_in = hdr.inagg.worker_id + 1;
+    }
+    table owner_input {
+        key = {
+            hdr.inagg.flags: ternary;
+        }
+        actions = { bring_owner; bring_sender; }
+        const default_action = bring_owner(OWNER_NONE);
+        size = 2;
+        const entries = {
+            FLAG_FROM_SWITCH &&& FLAG_FROM_SWITCH: bring_owner(OWNER_SHARED);
+            FLAG_MINE &&& FLAG_MINE: bring_sender();
+        }
+    }
+#endif
+
     apply {
         worker_mask.apply();
         prepare();
         round_tag_of.apply();
+#if __TARGET_TOFINO__ == 2
+        owner_input.apply();
+#endif
     }
 }
 

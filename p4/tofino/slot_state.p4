@@ -22,10 +22,13 @@
  *   sticky_flags |            |       |   counts / maxes / ORs, a repeat reads (seen: complete;
  *                |            |       |   the result's exponent and flags)
  *   lane pairs   | set ++ slot| 3-11  | value_lanes.p4, by the same keys
+ *   round_owner  | set ++ slot| 3     | Tofino 2: a reduce-scatter round's owner, by the same
+ *                |            |       |   keys (below; pinned too)
  *
  * Stage 3 is pinned (@stage): 32 lane pairs and these three take 35 of the 36 stateful ALUs of
- * stages 3-11, and bf-p4c's greedy placement would otherwise give the lanes stage 3 and push
- * the decision past stage 11.
+ * stages 3-11 (Tofino 2: all 36, with round_owner), and bf-p4c's greedy placement would
+ * otherwise give the lanes stage 3 and push the decision (Tofino 2: the replication, which reads
+ * round_owner's answer) past stage 11.
  *
  * The decision for worker w (me = 1 << w), set s, o the other set, from the old maps, the
  * round record and seen ("moved" = w's bit in o = w went on to the next round, on o, after s's
@@ -235,6 +238,57 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
     @stage(3)
     table flags_update { BY_ROUND(flags_store, flags_or_in, flags_load) }
 
+#if __TARGET_TOFINO__ == 2
+    /* Reduce-scatter (docs/protocol.md): the round's owner, OWNER_NONE, OWNER_SHARED or the
+     * replica (rank + 1) alone that gets the result's values, as p4/include/round_owner.p4's
+     * slot_owner, by the same decision (owner_decision; its twin
+     * inagg.hostlib.wire.protocol.OWNER_DECISION, whose rows tests/test_owner_decision.py runs on
+     * the model of these actions too). SlotInputs' owner_input has folded from_switch and marked
+     * into meta.owner_in (OWNER_SHARED, the sender's replica, OWNER_NONE); first is the
+     * action, owned the register's value:
+     *
+     *   action (BY_ROUND)   | owner_in   | value (owned) | value after
+     *   --------------------+------------+---------------+-----------------------------------
+     *   owner_first (FIRST) | any        | any           | owner_in (shared, the sender, none)
+     *   owner_add (ADD)     | OWNER_NONE | any           | kept (unmarked)
+     *   owner_add (ADD)     | not NONE   | OWNER_NONE    | owner_in (the sender; shared)
+     *   owner_add (ADD)     | not NONE   | not NONE      | OWNER_SHARED (a second mark)
+     *   owner_read (repeat) | -          | -             | kept (what a DUP_DONE answer carries)
+     *
+     * Each returns the value after it into meta.owner_result: the result of the packet that
+     * completes the round (its FIRST or ADD is the round's last update) and a DUP_DONE answer
+     * carry it in bridged.owner (result_replication.p4), for the harvest pass and egress
+     * (replica_rewrite.p4), which sends every other replica the header alone. Tofino 1 keeps
+     * no owner (docs/tofino.md, "Reduce-scatter results"): every rank gets every block. */
+    Register<bit<8>, slot_index_t>(2 * TOFINO_SLOTS) round_owner;
+    RegisterAction<bit<8>, slot_index_t, bit<8>>(round_owner) owner_first = {
+        void apply(inout bit<8> value, out bit<8> result) { value = meta.owner_in; result = value; }
+    };
+    RegisterAction<bit<8>, slot_index_t, bit<8>>(round_owner) owner_add = {
+        void apply(inout bit<8> value, out bit<8> result) {
+            if (meta.owner_in != OWNER_NONE) {
+                if (value == OWNER_NONE) {
+                    value = meta.owner_in;
+                } else {
+                    value = OWNER_SHARED;
+                }
+            }
+            result = value;
+        }
+    };
+    RegisterAction<bit<8>, slot_index_t, bit<8>>(round_owner) owner_read = {
+        void apply(inout bit<8> value, out bit<8> result) { result = value; }
+    };
+
+    action owner_store() { meta.owner_result = owner_first.execute(meta.idx); }
+    action owner_mark() { meta.owner_result = owner_add.execute(meta.idx); }
+    action owner_load() { meta.owner_result = owner_read.execute(meta.idx); }
+    /* Pinned beside the round state, in the place of a lane pair: unpinned, bf-p4c put it in
+     * stage 11, after the lanes, and the replication that reads its answer in a 13th stage. */
+    @stage(3)
+    table owner_update { BY_ROUND(owner_store, owner_mark, owner_load) }
+#endif
+
     /* How far the packet's tag is from its set's, for the decision (round_record.p4): in place,
      * a byte (the wrap of ROUND_TAGS for free). */
     action tag_distance() { meta.round_diff = meta.round_diff - meta.round_in; }
@@ -243,6 +297,9 @@ control SlotState(inout tofino_headers_t hdr, inout tofino_ingress_md_t meta) {
         seen_update.apply();
         exp_update.apply();
         flags_update.apply();
+#if __TARGET_TOFINO__ == 2
+        owner_update.apply();
+#endif
         tag_distance();
         decision.apply();
     }

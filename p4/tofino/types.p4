@@ -18,7 +18,10 @@ typedef bit<TOFINO_SLOT_BITS>       slot_t;
  * and no view of ingress metadata on Tofino), and what the first pass of a result hands to
  * second pass (slot_claim.p4): the recirculated packet starts with this header. */
 header bridged_h {
-    bit<7>   pad0;
+    bit<7>   owner;          /* Tofino 2: a result's reduce-scatter owner, the replica (rank +
+                                1) alone that gets its values; 0 (none) or OWNER_SHARED's low 7
+                                bits: every replica does (slot_state.p4: round_owner). Tofino 1
+                                keeps no owner: never written there, a pad */
     PortId_t ingress_port;   /* the contribution's ingress port (kept by the harvest pass) */
     bit<8>   replica;        /* unicast DUP_DONE answer: the sender's rank + 1; else 0 */
     bit<4>   pad1;
@@ -65,6 +68,16 @@ const bit<7> RECIRC_PORT_LOCAL = 68;
 const bit<7> LOOPBACK_BASE = 56;
 #endif
 const bit<7> LOOPBACK_MASK = 0x78;
+
+/* Reduce-scatter (docs/protocol.md; Tofino 2 only, slot_state.p4's round_owner): the round's
+ * owner per (slot, set), as p4/include/round_owner.p4 keeps it: OWNER_NONE, OWNER_SHARED or the
+ * owner's replica (rank + 1), which a contribution marked FLAG_MINE (FROM_HOST's bit, which
+ * only results carry otherwise) brings. The same values as round_owner.p4's
+ * (tests/test_owner_decision.py). */
+const bit<8> FLAG_MINE    = 0x02;
+const bit<8> OWNER_NONE   = 0;
+const bit<8> OWNER_SHARED = 0xFF;
+const bit<7> BRIDGED_OWNER_SHARED = 0x7F;   /* OWNER_SHARED in bridged.owner's 7 bits */
 
 /* Pipes per chip (both chips as built here: 4), the index of JobCounters' recirculation
  * counters (ingress_port[8:7]). */
@@ -186,6 +199,12 @@ struct tofino_ingress_md_t {
     bit<8>       round_diff;     /* another packet: the set's tag (round_record.p4), less the
                                     packet's (slot_state.p4): 0 this round, TAG_BEHIND the next,
                                     else an older round's copy */
+#if __TARGET_TOFINO__ == 2
+    bit<8>       owner_in;       /* the owner this contribution brings (slot_inputs.p4:
+                                    owner_input): its replica when marked FLAG_MINE,
+                                    OWNER_SHARED from a child switch, else OWNER_NONE */
+    bit<8>       owner_result;   /* the round's owner after this packet (round_owner) */
+#endif
 }
 
 struct tofino_egress_md_t { }
