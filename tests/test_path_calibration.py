@@ -6,8 +6,10 @@ cost function; the chooser after it: tests/test_backend.py."""
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,3 +127,49 @@ def test_a_path_with_no_agreed_time_is_not_climbed_and_a_bad_ladder_is_refused()
             CalibrationPlan(c, ladder)
     with pytest.raises(ValueError, match="calibration_seconds must be a positive number of seconds"):
         PathChoiceOptions(calibration_seconds=0)
+
+
+class MinOfRanks:
+    """The agreement of ``n`` ranks on threads, as ``StoreMin`` is over a job's store: each
+    rank's vector in, their elementwise minimum out; a rank that ends breaks it (``end``), so a
+    rank still waiting for an agreement the others never make fails instead of hanging."""
+
+    def __init__(self, n: int) -> None:
+        self.barrier, self.vectors = threading.Barrier(n), [np.empty(0)] * n
+
+    def of(self, rank: int) -> Callable[[np.ndarray], np.ndarray]:
+        def agree(v: np.ndarray) -> np.ndarray:
+            self.vectors[rank] = v
+            self.barrier.wait()
+            out = np.minimum.reduce(self.vectors)
+            self.barrier.wait()
+            return out
+        return agree
+
+    def end(self) -> None:
+        self.barrier.abort()
+
+
+def test_ranks_whose_links_differ_plan_the_same_calls():
+    """Each rank reads its own links' rate (its interface's speed, or ``INAGG_LINK_RATE``): one
+    here reports 10 Mbit/s, the other none. Calls cost the same on both (fast links), so only
+    the floors differ; the ranks still plan the same calls, from the links they agree on (the
+    slowest rate any rank reports), not each its own: a plan of its own would leave one rank
+    waiting in a call the other never makes."""
+    ranks, took = MinOfRanks(2), shaped(2, 1e9, 1e-4)
+    slow = LinkShape.of_job(10e6, 2, SWITCH_GRANT, SWITCH_GRANT, 1500)
+    plans: dict[int, dict] = {}
+
+    def run(rank: int, links: LinkShape | None) -> None:
+        try:
+            plans[rank] = calibrate(PathChooser(ranks.of(rank), PATHS, links=links), took).sizes
+        finally:
+            ranks.end()
+
+    threads = [threading.Thread(target=run, args=a) for a in ((0, slow), (1, None))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert plans.keys() == {0, 1} and plans[0] == plans[1]
+    assert all(slow.floor(p, sizes[-1]) <= CAP for p, sizes in plans[0].items())   # the slow one's floors

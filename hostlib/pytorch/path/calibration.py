@@ -13,7 +13,7 @@ target itself where calls are cheap (so there, the ladder), else a size between,
 4x its last size is) the path is done. The bound, from the agreed figure of the path's last
 size: that figure scaled by the bytes (``t * n / last``), which no call costing alpha + beta * n
 with alpha, beta >= 0 exceeds; never under the path's floor on the links where their rate is
-known (``inagg.hostlib.pytorch.path.links``). Not the fitted line: on a loaded machine a path's
+known (``inagg.hostlib.pytorch.path.links``; the ranks' agreed links, the same on every rank). Not the fitted line: on a loaded machine a path's
 small calls need be no line (gloo's), and a line through them can put a call well over the
 bound under it (docs/results/startup.md). A size a path was not timed at is probed later on
 real calls of that size (``inagg.hostlib.pytorch.path.explore``), calls the job makes anyway.

@@ -13,7 +13,8 @@ The choice has three parts, each in a module of its own:
 * **Links** (``inagg.hostlib.pytorch.path.links``), where their rate is known: the bytes each path puts
   on a host link, flat in the number of ranks for inagg, 2(N-1)/N of the tensor for gloo's ring;
   no call is predicted faster than its path's floor there, and where two paths' figures are
-  both link-bound, ``link_margin`` replaces ``margin``.
+  both link-bound, ``link_margin`` replaces ``margin``. Each rank reads its own links, so the
+  floors are the ranks' agreed ones (``agreed_links``: the slowest rate any rank reports).
 * **The grant** (``inagg.hostlib.pytorch.path.links.GrantMove``): each agreement carries the newest
   inagg grant every rank has seen, offered or taken; a newer one drops inagg's figures and
   links, which were the old grant's, and probes it again (the probe's warm-up takes an offered
@@ -59,7 +60,7 @@ import numpy as np
 from inagg.hostlib.pytorch.path.confirm import Confirmations
 from inagg.hostlib.pytorch.path.cost import PathModel, fit_alpha_beta, row_medians
 from inagg.hostlib.pytorch.path.explore import ExplorationBudget, Probes
-from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape
+from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, agreed_links, link_vector
 from inagg.hostlib.pytorch.path.options import PathChoiceOptions
 from inagg.hostlib.pytorch.path.schedule import AgreementSchedule, Sampler
 from inagg.hostlib.pytorch.path.timings import SIZE_CLASSES, UNSEEN, PathTimings, size_class
@@ -99,8 +100,8 @@ def _check_paths(paths: Sequence[str], forced: str | None) -> None:
 class PathChooser:
     """Per-call path choice, identical on every rank (module docstring). ``agree`` combines
     every rank's vector by elementwise minimum (a collective); ``options`` (or keyword
-    overrides of its fields) tune the choice; ``links``: the job's links, where their rate is
-    known; ``move``: how it learns that the inagg path's grant is about to move (``GrantMove``);
+    overrides of its fields) tune the choice; ``links``: this rank's links, where their rate is
+    known (the ranks agree on the job's, ``agree``); ``move``: how it learns that the inagg path's grant is about to move (``GrantMove``);
     ``clock`` times the agreements' own work."""
 
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"),
@@ -110,7 +111,8 @@ class PathChooser:
         options = replace(options or PathChoiceOptions(), **overrides)
         _check_paths(paths, forced)
         self.options, self.paths, self.forced, self.shared_clock = options, tuple(paths), forced, shared_clock
-        self.links, self._move = links, move
+        self.links, self._move = links, move   # the agreed links (``agree``); this rank's until then
+        self._own_links = links   # this rank's, where no ``move`` says them (``agree``)
         self._grant_epoch = move.epoch() if move else 0   # the inagg grant the figures are of
         self.prefer = options.prefer if options.prefer in self.paths else None
         self._agree_fn, self._clock = agree, clock
@@ -176,18 +178,22 @@ class PathChooser:
 
     def agree(self) -> None:
         """Combine every rank's timings (each measured call's minimum over ranks) and fit every
-        path's model to the result; a collective, so every rank must call it at the same
-        point."""
+        path's model to the result, and its links (under the grant it takes next) into the
+        job's (``agreed_links``); a collective, so every rank must call it at the same point."""
         started = self._clock()
         grant = float(self._move.next_epoch()) if self._move else 0.0
+        links = link_vector(self._move.links() if self._move else self._own_links, self.paths)
         with self._lock:
-            local = np.concatenate([self.timings[p].summary() for p in self.paths] + [[grant, self._own_agreement_s]])
+            local = np.concatenate([self.timings[p].summary() for p in self.paths]
+                                   + [links, [grant, self._own_agreement_s]])
         sent = self._clock()
         agreed = self._agree_fn(local)
         received = self._clock()
         if np.isfinite(agreed[-1]):
             self.agreement_s = float(agreed[-1])
-        combined = agreed[:-2].reshape(len(self.paths), -1)
+        tail = len(links) + 2
+        self.links = agreed_links(agreed[-tail:-2], self.paths)
+        combined = agreed[:-tail].reshape(len(self.paths), -1)
         self.models = {p: self.models[p].refit(combined[i], self.shared_clock) for i, p in enumerate(self.paths)}
         if agreed[-2] > self._grant_epoch:   # every rank has seen a newer grant, offered or taken
             self._grant_epoch = int(agreed[-2])
@@ -382,13 +388,13 @@ class PathChooser:
 
     def _grant_moves(self, path: str) -> None:
         """``path``'s grant moves (every rank has seen a newer one, offered or already taken):
-        its figures are the old grant's, so they go, the links are the new grant's, and each
+        its figures are the old grant's, so they go (the links ``agree`` took are the new
+        grant's: each rank sent those of the grant it takes next), and each
         size class it was measured at probes it again. Where the grant is only offered, the
         probe's untimed warm-up is a call on ``path``, at whose end the ranks take it
         (``inagg.hostlib.worker.communicator``), so the timed probes measure the new grant."""
         if self.forced or path not in self.paths:
             return
-        self.links = self._move.links()
         measured = np.flatnonzero(self.models[path].seen)
         with self._lock:
             for c in measured:

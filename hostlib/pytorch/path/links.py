@@ -23,11 +23,12 @@ the choice is the measurements' alone.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from inagg.hostlib.wire.grant import Grant, IPV4_UDP_BYTES
 from inagg.hostlib.wire.protocol import HEADER_BYTES, ROCE_HEADER_BYTES, ROCE_ICRC_BYTES
@@ -109,6 +110,27 @@ class LinkShape:
     def floor(self, path: str, nbytes: float) -> float:
         """The least seconds a call of ``nbytes`` takes on ``path`` (0 for a path not shaped)."""
         return nbytes * self.bytes_per_byte.get(path, 0.0) * 8 / self.rate_bits
+
+
+def link_vector(links: LinkShape | None, paths: Sequence[str]) -> list[float]:
+    """A rank's ``links`` as the ranks agree on them by elementwise minimum (``agreed_links``):
+    the rate, then each path's bytes per byte negated; where the rate is unknown, an infinite
+    rate and no bytes, which any rank that knows its rate outweighs."""
+    if links is None:
+        return [math.inf] + [0.0] * len(paths)
+    return [links.rate_bits] + [-links.bytes_per_byte.get(p, 0.0) for p in paths]
+
+
+def agreed_links(agreed: Sequence[float], paths: Sequence[str]) -> LinkShape | None:
+    """The job's links from the ranks' ``link_vector``s' elementwise minimum: the slowest rate any
+    rank reports and, per path, the most bytes any rank's links carry, so every rank has the
+    same floors, none under any rank's own (None: no rank knows its rate). Each rank reads its
+    own links (its interface's speed and MTU), so floors of its own could make the ranks'
+    choices, and their calibration's calls, differ."""
+    rate = float(agreed[0])
+    if not math.isfinite(rate):
+        return None
+    return LinkShape(rate, {p: -float(b) for p, b in zip(paths, agreed[1:])})
 
 
 @dataclass(frozen=True)
