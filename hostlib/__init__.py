@@ -10,6 +10,7 @@ controller < bmv2_env). Its subpackages are layers; each imports only those belo
 
 __version__ = "0.1.0"
 BACKEND_NAME = "inagg"   # the torch.distributed backend string (inagg.hostlib.pytorch.plugin)
+BACKEND_DEVICES = ("cpu", "cuda")   # the device types it takes (a CUDA tensor staged through host memory)
 
 
 def add_version_flag(parser) -> None:

@@ -49,6 +49,20 @@ def test_the_backend_takes_cuda_tensors_as_well_as_cpu_ones():
     assert dist.Backend.backend_capability["inagg"] == ["cpu", "cuda"]
 
 
+def test_what_gloo_runs_for_the_backend_finds_gloo_on_each_device_it_is_registered_for():
+    """What inagg does not run itself (DDP's broadcasts of CUDA parameters, FSDP's all-gathers)
+    goes to the inner gloo group with the caller's tensors, so that group has gloo for every
+    device type the backend takes (without: "No backend type associated with device type
+    cuda" at DDP's first broadcast)."""
+    from inagg.hostlib.pytorch.inner_gloo import _gloo_group
+
+    store = dist.HashStore()
+    gloo = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=60))
+    group = _gloo_group(gloo, dist.PrefixStore("inner", store), 0, 1)
+    for device in dist.Backend.backend_capability["inagg"]:
+        assert isinstance(group._get_backend(torch.device(device)), dist.ProcessGroupGloo)
+
+
 @needs_cuda
 def test_cuda_tensors_take_the_switch_path_and_give_their_cpu_twins_bits(tmp_path, monkeypatch):
     """Two ranks on the backend string, every call pinned to the switch: CUDA tensors (float32,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from inagg.hostlib import BACKEND_DEVICES
 from inagg.hostlib.errors import InaggError
 from inagg.hostlib.pytorch.works import _GlooWork
 
@@ -29,12 +30,14 @@ log = logging.getLogger("inagg.fallbacks")
 
 
 def _gloo_group(gloo: dist.ProcessGroupGloo, store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
-    """A process group whose CPU backend is ``gloo``, as torch builds one for
-    ``init_process_group("gloo")``: torch's ``ProcessGroup`` methods (``all_gather_single``,
-    ``reduce_scatter_tensor_coalesced``...) dispatch to the backend's own collectives, which the
-    backend's Python binding does not all have."""
+    """A process group whose backend is ``gloo`` for every device type the inagg backend takes
+    (``BACKEND_DEVICES``: a CUDA tensor inagg does not run, as DDP's broadcasts, comes here as it
+    is), as torch builds one for ``init_process_group("gloo")``: torch's ``ProcessGroup`` methods
+    (``all_gather_single``, ``reduce_scatter_tensor_coalesced``...) dispatch to the backend's own
+    collectives, which the backend's Python binding does not all have."""
     group = dist.ProcessGroup(store, rank, world_size)
-    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    for device in BACKEND_DEVICES:
+        group._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO, gloo)
     group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     return group
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from inagg.hostlib import BACKEND_NAME
+from inagg.hostlib import BACKEND_DEVICES, BACKEND_NAME
 
 
 def _create_process_group(store, rank: int, world_size: int, timeout: timedelta):
@@ -31,7 +31,7 @@ def register() -> None:
 
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=list(BACKEND_DEVICES))
 
 
 register()
