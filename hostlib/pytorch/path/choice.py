@@ -112,8 +112,9 @@ class PathChooser:
         _check_paths(paths, forced)
         self.options, self.paths, self.forced, self.shared_clock = options, tuple(paths), forced, shared_clock
         self.links, self._move = links, move   # the agreed links (``agree``); this rank's until then
-        self._own_links = links   # this rank's, where no ``move`` says them (``agree``)
+        self._own_links = links   # this rank's, under the grant of epoch ``_own_epoch`` (``agree``)
         self._grant_epoch = move.epoch() if move else 0   # the inagg grant the figures are of
+        self._own_epoch = float(self._grant_epoch)
         self.prefer = options.prefer if options.prefer in self.paths else None
         self._agree_fn, self._clock = agree, clock
         self._lock = threading.Lock()   # ``observe`` may come from any thread
@@ -182,7 +183,7 @@ class PathChooser:
         job's (``agreed_links``); a collective, so every rank must call it at the same point."""
         started = self._clock()
         grant = float(self._move.next_epoch()) if self._move else 0.0
-        links = link_vector(self._move.links() if self._move else self._own_links, self.paths)
+        links = link_vector(self._links_under(grant), self.paths)
         with self._lock:
             local = np.concatenate([self.timings[p].summary() for p in self.paths]
                                    + [links, [grant, self._own_agreement_s]])
@@ -204,6 +205,13 @@ class PathChooser:
         # its own work only: the exchange crosses a link and costs what the link does, so
         # budgeting it would let a slow link push the agreements far apart
         self._own_agreement_s = (sent - started) + (self._clock() - received)
+
+    def _links_under(self, epoch: float) -> LinkShape | None:
+        """This rank's links under the grant of ``epoch`` (the one it takes next), read again
+        only when that grant changes: reading them asks the kernel about every interface."""
+        if self._move is not None and epoch != self._own_epoch:
+            self._own_links, self._own_epoch = self._move.links(), epoch
+        return self._own_links
 
     def ran_last(self, path: str) -> None:
         """The calls right before the next one ran on ``path`` without ``choose`` (the
