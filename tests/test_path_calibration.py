@@ -131,11 +131,12 @@ def test_a_path_with_no_agreed_time_is_not_climbed_and_a_bad_ladder_is_refused()
 
 class MinOfRanks:
     """The agreement of ``n`` ranks on threads, as ``StoreMin`` is over a job's store: each
-    rank's vector in, their elementwise minimum out; a rank that ends breaks it (``end``), so a
-    rank still waiting for an agreement the others never make fails instead of hanging."""
+    rank's vector in, their elementwise minimum out. A rank waiting for an agreement the others
+    never make fails after ``timeout`` seconds (a job would hang there), as every rank does
+    once one has failed (``end``)."""
 
-    def __init__(self, n: int) -> None:
-        self.barrier, self.vectors = threading.Barrier(n), [np.empty(0)] * n
+    def __init__(self, n: int, timeout: float = 120.0) -> None:
+        self.barrier, self.vectors = threading.Barrier(n, timeout=timeout), [np.empty(0)] * n
 
     def of(self, rank: int) -> Callable[[np.ndarray], np.ndarray]:
         def agree(v: np.ndarray) -> np.ndarray:
@@ -163,8 +164,9 @@ def test_ranks_whose_links_differ_plan_the_same_calls():
     def run(rank: int, links: LinkShape | None) -> None:
         try:
             plans[rank] = calibrate(PathChooser(ranks.of(rank), PATHS, links=links), took).sizes
-        finally:
+        except BaseException:
             ranks.end()
+            raise
 
     threads = [threading.Thread(target=run, args=a) for a in ((0, slow), (1, None))]
     for t in threads:
