@@ -215,6 +215,11 @@ def test_control_vector_gives_every_rank_the_same_agreement():
      r"allreduce call 7 refused: rank 1 passed a float64 tensor"),
     ([CallSpec(7, refusal=Refusal(CallError.REDUCE_OP, 3)), CallSpec(7, 100, True)],
      r"rank 0 passed reduce op MAX \(inagg supports SUM and AVG\)"),
+    ([CallSpec(7, 100, True), CallSpec(7, refusal=Refusal(9, 2))],   # a code another version sent
+     r"rank 1 passed a refusal this inagg does not know \(code 9, detail 2\): run the same inagg version"),
+    ([CallSpec(7, refusal=Refusal(CallError.BAD_PART, 9)), CallSpec(7, refusal=Refusal(CallError.DTYPE, 99))],
+     r"rank 0 passed a refusal this inagg does not know \(code 7, detail 9\).*; rank 1 passed a refusal "
+     r"this inagg does not know \(code 1, detail 99\)"),
     ([CallSpec(7, 100, True), CallSpec(7, 100, True, average=True)],
      r"differ across ranks \(rank 0: 100 x float, rank 1: 100 x float avg\)"),
     ([CallSpec(7, 0, True), CallSpec(7, 3, True)],

@@ -82,6 +82,18 @@ class Refusal:
     code: CallError
     detail: int = 0
 
+    @staticmethod
+    def describe_word(word: int) -> str:
+        """A refusal's control-vector word (negative) in words. Another rank wrote it, so a code or
+        detail this inagg does not know (another version, a corrupted rank) is named as such,
+        never an exception of its own."""
+        code, detail = -word & 0xF, -word >> 4
+        try:
+            return Refusal(CallError(code), detail).describe()
+        except (ValueError, IndexError, KeyError):
+            return (f"a refusal this inagg does not know (code {code}, detail {detail}): run the same "
+                    f"inagg version on every rank")
+
     def describe(self) -> str:
         """The refusal in words, as every rank's ``CallRefused`` says it."""
         if self.code is CallError.DTYPE:
@@ -273,8 +285,7 @@ class ControlVector:
             raise CallRefused(f"allreduce call numbers differ across ranks ({desc}, modulo "
                               f"{1 << CALL_BITS}): a rank skipped or repeated a call")
         if min(first) < 0:
-            refusals = [(r, Refusal(CallError(-w & 0xF), -w >> 4)) for r, w in enumerate(first) if w < 0]
-            desc = "; ".join(f"rank {r} passed {ref.describe()}" for r, ref in refusals)
+            desc = "; ".join(f"rank {r} passed {Refusal.describe_word(w)}" for r, w in enumerate(first) if w < 0)
             raise CallRefused(f"allreduce call {call} refused: {desc}")
         if first.count(first[0]) != n:   # the words of equal tensors are equal
             specs = [CallSpec(call, w >> 2, bool(w & 1), bool(w & 2)) for w in first]

@@ -67,7 +67,7 @@ from inagg.hostlib.native_build import _native
 from inagg.hostlib.wire import codec
 from inagg.hostlib.worker.host_group import HostLayout, Link, Message, RankDied, SharedBuffer, receive_all
 from inagg.hostlib.worker.call_protocol import (
-    CallError, CallRefused, CallSpec, Part, Refusal, Shard, check_part, one_round_capacity, overflow_error,
+    CallRefused, CallSpec, Part, Refusal, Shard, check_part, one_round_capacity, overflow_error,
 )
 from inagg.hostlib.worker.stream_base import AllreduceError, Reduction
 
@@ -490,7 +490,7 @@ class HostReduce:
                        + ", ".join(f"rank {r}: call {n}" for r, n in sorted(calls.items())) + ")")
         elif min(words.values()) < 0:
             problem = f"allreduce call {c.call} refused: " + "; ".join(
-                f"rank {r} passed {Refusal(CallError(-w & 0xF), -w >> 4).describe()}"
+                f"rank {r} passed {Refusal.describe_word(w)}"
                 for r, w in sorted(words.items()) if w < 0)
         elif len(set(words.values())) > 1:
             problem = "allreduce tensors differ across ranks (" + ", ".join(
