@@ -20,6 +20,7 @@ those whose body builds its model only for a backend named gloo or nccl
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import unittest
 
@@ -38,6 +39,7 @@ from inagg.hostlib import BACKEND_NAME  # noqa: E402
 for _feature in ("ddp", "subgroup", "plugin", "gpu"):
     DistTestCases.backend_feature[_feature].add(BACKEND_NAME)
 
+from torch.testing._internal.distributed import distributed_test  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     INIT_METHOD, DistributedTest, TestDistBackend)
 
@@ -61,12 +63,37 @@ OTHER_GATES = {
 }
 
 
+# Each test's ranks are forked from one server process that imported this module (torch,
+# torch's test module, inagg) and did nothing else: a rank starts as a spawned one would, from the same imports and this process's environment at its start (where
+# torch's setUp puts the test's temporary directories), with no group, deployment or calibrated
+# path of an earlier test, and without importing torch's suite again (3 s of CPU a rank).
+_RANKS = multiprocessing.get_context("forkserver")
+_RANKS.set_forkserver_preload([__name__])
+
+
+class _Rank(_RANKS.Process):
+    """A rank forked from the server with the environment this process had when it started it,
+    and what torch's test module read from it at its import (``INIT_METHOD``: torch's setUp
+    names a file of the test's own there)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.environ = dict(os.environ)
+
+    def run(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        distributed_test.INIT_METHOD = os.getenv("INIT_METHOD", "env://")   # as distributed_test.py reads it
+        super().run()
+
+
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
-    """Every test of torch's suite, each in WORLD_SIZE spawned processes on the backend."""
+    """Every test of torch's suite, each in WORLD_SIZE fresh processes on the backend (torch's
+    name for the class: its ranks are spawned; here forked from the module's server, above)."""
 
     def setUp(self) -> None:
         super().setUp()
-        self._spawn_processes()
+        self._start_processes(_Rank)
 
 
 def _run_anyway(name: str):
