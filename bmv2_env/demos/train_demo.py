@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NoReturn
 
 import numpy as np
 
@@ -341,7 +341,7 @@ def _bar(epoch: int, total: int, loss: float, acc: float, width: int = 24) -> st
     return f"  epoch {epoch + 1:>2}/{total} [{'#' * filled}{'.' * (width - filled)}] loss {loss:.4f}  test acc {100 * acc:5.1f}%"
 
 
-def worker_main(argv: list[str]) -> int:
+def worker_main(argv: list[str]) -> NoReturn:
     """One training process started by the Mininet launcher inside a host's namespace;
     reports are JSON lines on stdout."""
     import json
@@ -374,7 +374,20 @@ def worker_main(argv: list[str]) -> int:
 
     run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip,
                gate(args.join_after), gate(args.train_after))
-    return 0
+    _exit_at_once()
+
+
+def _exit_at_once() -> NoReturn:
+    """End a launcher's rank once it has reported and closed its groups, without the
+    interpreter's teardown: collecting torch's modules is seconds of CPU a rank on a loaded
+    machine, which the run's other ranks and its data plane need, and the launcher waits for
+    every rank to exit before its summary. Nothing is left to it: its reports are flushed here,
+    its communicator (shared memory included) and groups are closed, its sockets go with the
+    process; its stores' files (``jobs/<job>/dist``, ``rdv``), which the last rank's store would
+    delete at teardown, stay in the run directory beside its logs."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
