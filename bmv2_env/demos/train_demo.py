@@ -29,6 +29,7 @@ from typing import Callable, NoReturn
 import numpy as np
 
 from inagg.bmv2_env.demos import workloads
+from inagg.bmv2_env.emulation.forked import exit_now
 from inagg.hostlib import add_version_flag
 from inagg.hostlib.errors import InaggSetupError
 
@@ -343,7 +344,10 @@ def _bar(epoch: int, total: int, loss: float, acc: float, width: int = 24) -> st
 
 def worker_main(argv: list[str]) -> NoReturn:
     """One training process started by the Mininet launcher inside a host's namespace;
-    reports are JSON lines on stdout."""
+    reports are JSON lines on stdout. Once it has reported and closed its communicator and
+    groups it ends at once (``exit_now``): the launcher waits for every rank's exit before its
+    summary. Its stores' files (``jobs/<job>/dist``, ``rdv``), which the last rank's store
+    would delete at the interpreter's teardown, stay in the run directory beside its logs."""
     import json
 
     p = argparse.ArgumentParser(prog="inagg-train-worker")
@@ -374,20 +378,7 @@ def worker_main(argv: list[str]) -> NoReturn:
 
     run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip,
                gate(args.join_after), gate(args.train_after))
-    _exit_at_once()
-
-
-def _exit_at_once() -> NoReturn:
-    """End a launcher's rank once it has reported and closed its groups, without the
-    interpreter's teardown: collecting torch's modules is seconds of CPU a rank on a loaded
-    machine, which the run's other ranks and its data plane need, and the launcher waits for
-    every rank to exit before its summary. Nothing is left to it: its reports are flushed here,
-    its communicator (shared memory included) and groups are closed, its sockets go with the
-    process; its stores' files (``jobs/<job>/dist``, ``rdv``), which the last rank's store would
-    delete at teardown, stay in the run directory beside its logs."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now(0)
 
 
 def main(argv: list[str] | None = None) -> int:

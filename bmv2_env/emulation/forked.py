@@ -104,9 +104,18 @@ def _run(module: str, args: list[str], stdout_fd: int, stderr_fd: int, cwd: Path
     except BaseException:  # noqa: BLE001 - reported on its stderr, as an uncaught error would be
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):   # its reader is gone
-                pass
-        os._exit(code)
+        exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with status ``code`` at once: what it buffered for stdout and stderr
+    is written (unless their reader is gone), then ``os._exit``, skipping the interpreter's
+    teardown and exit handlers. For a forked child, nothing of its parent's runs; for a rank
+    that has reported and closed its groups, the teardown would only spend the machine's CPU
+    collecting torch's modules while whoever started it waits for it to exit."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # its reader is gone
+            pass
+    os._exit(code)
