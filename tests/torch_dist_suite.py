@@ -20,7 +20,6 @@ those whose body builds its model only for a backend named gloo or nccl
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import unittest
 
@@ -31,6 +30,7 @@ from torch.testing._internal.common_distributed import DistTestCases  # noqa: E4
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 
 import inagg.hostlib.pytorch.plugin  # noqa: E402,F401 - registers the backend where entry points are off
+from inagg.bmv2_env.emulation.forked import ForkedRank, rank_context  # noqa: E402
 from inagg.hostlib import BACKEND_NAME  # noqa: E402
 
 # before torch's suite is imported: its decorators read these sets as its methods are defined.
@@ -64,26 +64,19 @@ OTHER_GATES = {
 
 
 # Each test's ranks are forked from one server process that imported this module (torch,
-# torch's test module, inagg) and did nothing else: a rank starts as a spawned one would, from the same imports and this process's environment at its start (where
-# torch's setUp puts the test's temporary directories), with no group, deployment or calibrated
-# path of an earlier test, and without importing torch's suite again (3 s of CPU a rank).
-_RANKS = multiprocessing.get_context("forkserver")
-_RANKS.set_forkserver_preload([__name__])
+# torch's test module, inagg) and did nothing else (inagg.bmv2_env.emulation.forked.rank_context):
+# a rank starts as a spawned one would, from the same imports and this process's environment
+# (where torch's setUp puts the test's temporary directories), with no group, deployment or
+# calibrated path of an earlier test, and without importing torch's suite again.
+rank_context(__name__)
 
 
-class _Rank(_RANKS.Process):
-    """A rank forked from the server with the environment this process had when it started it,
-    and what torch's test module read from it at its import (``INIT_METHOD``: torch's setUp
-    names a file of the test's own there)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.environ = dict(os.environ)
+class _Rank(ForkedRank):
+    """A rank forked from the server, and what torch's test module read from the environment
+    at its import read again (``INIT_METHOD``: torch's setUp names a file of the test's own)."""
 
     def run(self) -> None:
-        os.environ.clear()
-        os.environ.update(self.environ)
-        distributed_test.INIT_METHOD = os.getenv("INIT_METHOD", "env://")   # as distributed_test.py reads it
+        distributed_test.INIT_METHOD = self.environ.get("INIT_METHOD", "env://")   # as distributed_test.py reads it
         super().run()
 
 

@@ -17,7 +17,6 @@ throughput.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import queue
 import sys
@@ -29,9 +28,15 @@ from typing import Callable, NoReturn
 import numpy as np
 
 from inagg.bmv2_env.demos import workloads
-from inagg.bmv2_env.emulation.forked import exit_now
+from inagg.bmv2_env.emulation.forked import ForkedRank, exit_now, rank_context
 from inagg.hostlib import add_version_flag
 from inagg.hostlib.errors import InaggSetupError
+
+# ``train``'s ranks: forked from a server that imported what a rank imports (DDP's first
+# construction imports torch._dynamo), and the main module, so a target defined there (this
+# module run as ``python -m``) is found.
+RANK_CONTEXT = rank_context("__main__", __name__, "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+                            "sklearn.datasets")
 
 
 @dataclass
@@ -286,14 +291,15 @@ def _profile_call(comm, tensor, workers: int, scatter: bool):
 def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str] | None = None,
           on_epoch=None, timeout: float = 600.0, bind_ips: list[str] | None = None) -> TrainResult:
     """Run one training job with ``cfg.workers`` processes; ``on_epoch(epoch, loss, acc)``;
-    rank r binds ``bind_ips[r]`` (a loopback deployment's worker addresses)."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    rank r binds ``bind_ips[r]`` (a loopback deployment's worker addresses). The ranks are
+    forked from a fork server that imported this module and torch once (``RANK_CONTEXT``), not
+    spawned: every ``train`` of a process starts its ranks from those imports."""
+    q = RANK_CONTEXT.Queue()
     result = TrainResult()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put,
-                                                       bind_ips[r] if bind_ips else None),
-                             daemon=True) for r in range(cfg.workers)]
+        procs = [ForkedRank(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put,
+                                                      bind_ips[r] if bind_ips else None),
+                            daemon=True) for r in range(cfg.workers)]
         for p in procs:
             p.start()
         done = 0

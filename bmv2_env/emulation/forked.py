@@ -8,12 +8,17 @@ that do not exist in it), and only before it has made any gRPC object (gRPC's co
 survive a fork): ``inagg.bmv2_env.emulation.services`` forks its deployment's services at its start.
 ``ForkedService`` answers as the ``subprocess.Popen`` of the same command would: ``stdout``
 (text), ``poll``, ``wait``, ``terminate``, ``kill``.
+
+A process that has threads or gRPC objects already starts its ranks from a fork server
+instead (``rank_context``, ``ForkedRank``): multiprocessing's, one process that imported the
+modules named and did nothing else, each rank a fork of it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib
+import multiprocessing
 import os
 import runpy
 import signal
@@ -22,9 +27,35 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from multiprocessing.context import ForkServerContext, ForkServerProcess
 from typing import NoReturn
 
 _POLL_SECONDS = 0.01
+
+
+def rank_context(*modules: str) -> ForkServerContext:
+    """multiprocessing's fork server context, its server importing ``modules`` once when it
+    starts (the first ``ForkedRank`` started): every rank forked from it starts from those
+    imports, not from a fresh interpreter importing them again, and ends with ``os._exit``
+    once its target has returned and multiprocessing has flushed its queues."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(modules))
+    return context
+
+
+class ForkedRank(ForkServerProcess):
+    """A process forked from the fork server (``rank_context``) with the environment this
+    process has when it creates it (the server has the one of its own start), as a spawned
+    process inherits it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.environ = dict(os.environ)
+
+    def run(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        super().run()
 
 
 def die_with_parent() -> None:
