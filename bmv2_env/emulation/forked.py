@@ -44,17 +44,18 @@ def rank_context(*modules: str) -> ForkServerContext:
 
 
 class ForkedRank(ForkServerProcess):
-    """A process forked from the fork server (``rank_context``) with the environment this
-    process has when it creates it (the server has the one of its own start), as a spawned
-    process inherits it."""
+    """A process forked from the fork server (``rank_context``) with the environment and the
+    working directory this process has when it creates it (the server has those of its own
+    start), as a spawned process inherits them."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.environ = dict(os.environ)
+        self.environ, self.cwd = dict(os.environ), os.getcwd()
 
     def run(self) -> None:
         os.environ.clear()
         os.environ.update(self.environ)
+        os.chdir(self.cwd)
         super().run()
 
 
