@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
-from emulation_ranks import (READY_SECONDS, STORE_PORT, launcher_can_run, node_sh,  # noqa: E402
+from emulation_ranks import (READY_SECONDS, STORE_PORT, exit_now, launcher_can_run, node_sh,  # noqa: E402
                              shape_link, start_rank, wait_line, write_csv, write_deployment)
 from plots import pyplot  # noqa: E402 - benchmarks/, the script's own folder
 
@@ -384,7 +384,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        return worker(args)
+        exit_now(worker(args))   # its groups destroyed: the launcher waits for its exit (exit_now)
     if not launcher_can_run("bandwidth_flip"):
         return 2
     rows, events, stats = run_experiment(args)

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
+from inagg.bmv2_env.emulation.forked import exit_now
 from inagg.bmv2_env.emulation.shaping import rate_bits, shape  # noqa: F401 - make run's tbf, for every benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,7 +292,7 @@ def run_benchmark(name: str, args, rank_main, launch, fields: tuple[str, ...], r
     short (``PartialResult``) still writes the rows it has, as CSV and one line each (no
     table, no plot: they are not the whole), and exits 1."""
     if args.rank_of:
-        return rank_main(args)
+        exit_now(rank_main(args))   # its groups destroyed: the launcher waits for its exit (exit_now)
     if not launcher_can_run(name):
         return 2
     started = time.time()

@@ -38,12 +38,16 @@ def run_forever(name: str, period: float, stopped: threading.Event,
                 step: Callable[[], object]) -> threading.Thread:
     """A daemon thread calling ``step()`` every ``period`` seconds until ``stopped``; an
     exception is logged and the thread goes on (a dead background thread would silently stop
-    leases from expiring or switches from being re-programmed)."""
+    leases from expiring or switches from being re-programmed). A step that fails once
+    ``stopped`` is set ends the thread with no error: the stopping controller closed what it
+    was using (a switch keeper's P4Runtime channel), which is no fault of the step."""
     def loop() -> None:
         while not stopped.wait(period):
             try:
                 step()
             except Exception:  # noqa: BLE001 - logged; the next period tries again
+                if stopped.is_set():
+                    return
                 log.exception("%s: step failed", name)
 
     thread = threading.Thread(target=loop, daemon=True, name=name)

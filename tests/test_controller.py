@@ -2,6 +2,8 @@
 
 
 import logging
+import threading
+
 import grpc
 import pytest
 
@@ -9,7 +11,7 @@ from inagg.bmv2_env.softswitch.p4runtime_server import SoftSwitchState, serve as
 from inagg.hostlib.jobservice.client import ControllerClient, ControllerError, to_grant
 from inagg.controller.config import default_program, parse_config
 from inagg.controller.controller import Controller
-from inagg.controller.service import serve as serve_controller
+from inagg.controller.service import run_forever, serve as serve_controller
 from inagg.controller.switch import PRIORITY, ResultReplication, SourceGuard, SwitchConnection
 
 ADMIN = "s3cret"
@@ -787,3 +789,20 @@ def test_ranks_stalled_in_different_calls_fail_the_job_at_once(env):
         c.report_stall(*j1, epoch, 6, 1, "no result")
     with pytest.raises(ControllerError, match="FAILED_PRECONDITION"):
         c.report_stall(*j1, epoch, 6, 0, "no result")
+
+
+def test_a_background_step_that_fails_once_the_controller_stopped_logs_no_error(caplog):
+    """A keeper's step in flight while the controller closes its switch sessions fails on the
+    closed channel: no error, the thread ends; a failure while running is logged and retried."""
+    stopped, calls = threading.Event(), []
+
+    def step() -> None:
+        calls.append(len(calls))
+        if len(calls) == 2:
+            stopped.set()       # as Controller.close does, then its channels close under the step
+        raise RuntimeError("CANCELLED: Channel closed!")
+
+    thread = run_forever("keeper-s1", 0.01, stopped, step)
+    thread.join(30)
+    assert not thread.is_alive() and calls == [0, 1]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == ["keeper-s1: step failed"]

@@ -30,6 +30,7 @@ from torch.testing._internal.common_distributed import DistTestCases  # noqa: E4
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 
 import inagg.hostlib.pytorch.plugin  # noqa: E402,F401 - registers the backend where entry points are off
+from inagg.bmv2_env.emulation.forked import ForkedRank, rank_context  # noqa: E402
 from inagg.hostlib import BACKEND_NAME  # noqa: E402
 
 # before torch's suite is imported: its decorators read these sets as its methods are defined.
@@ -38,6 +39,7 @@ from inagg.hostlib import BACKEND_NAME  # noqa: E402
 for _feature in ("ddp", "subgroup", "plugin", "gpu"):
     DistTestCases.backend_feature[_feature].add(BACKEND_NAME)
 
+from torch.testing._internal.distributed import distributed_test  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     INIT_METHOD, DistributedTest, TestDistBackend)
 
@@ -61,12 +63,30 @@ OTHER_GATES = {
 }
 
 
+# Each test's ranks are forked from one server process that imported this module (torch,
+# torch's test module, inagg) and did nothing else (inagg.bmv2_env.emulation.forked.rank_context):
+# a rank starts as a spawned one would, from the same imports and this process's environment
+# (where torch's setUp puts the test's temporary directories), with no group, deployment or
+# calibrated path of an earlier test, and without importing torch's suite again.
+rank_context(__name__)
+
+
+class _Rank(ForkedRank):
+    """A rank forked from the server, and what torch's test module read from the environment
+    at its import read again (``INIT_METHOD``: torch's setUp names a file of the test's own)."""
+
+    def run(self) -> None:
+        distributed_test.INIT_METHOD = self.environ.get("INIT_METHOD", "env://")   # as distributed_test.py reads it
+        super().run()
+
+
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
-    """Every test of torch's suite, each in WORLD_SIZE spawned processes on the backend."""
+    """Every test of torch's suite, each in WORLD_SIZE fresh processes on the backend (torch's
+    name for the class: its ranks are spawned; here forked from the module's server, above)."""
 
     def setUp(self) -> None:
         super().setUp()
-        self._spawn_processes()
+        self._start_processes(_Rank)
 
 
 def _run_anyway(name: str):

@@ -17,20 +17,26 @@ throughput.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import queue
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NoReturn
 
 import numpy as np
 
 from inagg.bmv2_env.demos import workloads
+from inagg.bmv2_env.emulation.forked import ForkedRank, exit_now, rank_context
 from inagg.hostlib import add_version_flag
 from inagg.hostlib.errors import InaggSetupError
+
+# ``train``'s ranks: forked from a server that imported what a rank imports (DDP's first
+# construction imports torch._dynamo), and the main module, so a target defined there (this
+# module run as ``python -m``) is found.
+RANK_CONTEXT = rank_context("__main__", __name__, "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+                            "sklearn.datasets")
 
 
 @dataclass
@@ -285,14 +291,15 @@ def _profile_call(comm, tensor, workers: int, scatter: bool):
 def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str] | None = None,
           on_epoch=None, timeout: float = 600.0, bind_ips: list[str] | None = None) -> TrainResult:
     """Run one training job with ``cfg.workers`` processes; ``on_epoch(epoch, loss, acc)``;
-    rank r binds ``bind_ips[r]`` (a loopback deployment's worker addresses)."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    rank r binds ``bind_ips[r]`` (a loopback deployment's worker addresses). The ranks are
+    forked from a fork server that imported this module and torch once (``RANK_CONTEXT``), not
+    spawned: every ``train`` of a process starts its ranks from those imports."""
+    q = RANK_CONTEXT.Queue()
     result = TrainResult()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put,
-                                                       bind_ips[r] if bind_ips else None),
-                             daemon=True) for r in range(cfg.workers)]
+        procs = [ForkedRank(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put,
+                                                      bind_ips[r] if bind_ips else None),
+                            daemon=True) for r in range(cfg.workers)]
         for p in procs:
             p.start()
         done = 0
@@ -341,9 +348,12 @@ def _bar(epoch: int, total: int, loss: float, acc: float, width: int = 24) -> st
     return f"  epoch {epoch + 1:>2}/{total} [{'#' * filled}{'.' * (width - filled)}] loss {loss:.4f}  test acc {100 * acc:5.1f}%"
 
 
-def worker_main(argv: list[str]) -> int:
+def worker_main(argv: list[str]) -> NoReturn:
     """One training process started by the Mininet launcher inside a host's namespace;
-    reports are JSON lines on stdout."""
+    reports are JSON lines on stdout. Once it has reported and closed its communicator and
+    groups it ends at once (``exit_now``): the launcher waits for every rank's exit before its
+    summary. Its stores' files (``jobs/<job>/dist``, ``rdv``), which the last rank's store
+    would delete at the interpreter's teardown, stay in the run directory beside its logs."""
     import json
 
     p = argparse.ArgumentParser(prog="inagg-train-worker")
@@ -374,7 +384,7 @@ def worker_main(argv: list[str]) -> int:
 
     run_worker(args.rank, cfg, args.dist_file, args.rdv_file, args.controller, None, report, args.bind_ip,
                gate(args.join_after), gate(args.train_after))
-    return 0
+    exit_now(0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,12 +8,17 @@ that do not exist in it), and only before it has made any gRPC object (gRPC's co
 survive a fork): ``inagg.bmv2_env.emulation.services`` forks its deployment's services at its start.
 ``ForkedService`` answers as the ``subprocess.Popen`` of the same command would: ``stdout``
 (text), ``poll``, ``wait``, ``terminate``, ``kill``.
+
+A process that has threads or gRPC objects already starts its ranks from a fork server
+instead (``rank_context``, ``ForkedRank``): multiprocessing's, one process that imported the
+modules named and did nothing else, each rank a fork of it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib
+import multiprocessing
 import os
 import runpy
 import signal
@@ -22,9 +27,36 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from multiprocessing.context import ForkServerContext, ForkServerProcess
 from typing import NoReturn
 
 _POLL_SECONDS = 0.01
+
+
+def rank_context(*modules: str) -> ForkServerContext:
+    """multiprocessing's fork server context, its server importing ``modules`` once when it
+    starts (the first ``ForkedRank`` started): every rank forked from it starts from those
+    imports, not from a fresh interpreter importing them again, and ends with ``os._exit``
+    once its target has returned and multiprocessing has flushed its queues."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(modules))
+    return context
+
+
+class ForkedRank(ForkServerProcess):
+    """A process forked from the fork server (``rank_context``) with the environment and the
+    working directory this process has when it creates it (the server has those of its own
+    start), as a spawned process inherits them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.environ, self.cwd = dict(os.environ), os.getcwd()
+
+    def run(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        os.chdir(self.cwd)
+        super().run()
 
 
 def die_with_parent() -> None:
@@ -104,9 +136,18 @@ def _run(module: str, args: list[str], stdout_fd: int, stderr_fd: int, cwd: Path
     except BaseException:  # noqa: BLE001 - reported on its stderr, as an uncaught error would be
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):   # its reader is gone
-                pass
-        os._exit(code)
+        exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End this process with status ``code`` at once: what it buffered for stdout and stderr
+    is written (unless their reader is gone), then ``os._exit``, skipping the interpreter's
+    teardown and exit handlers. For a forked child, nothing of its parent's runs; for a rank
+    that has reported and closed its groups, the teardown would only spend the machine's CPU
+    collecting torch's modules while whoever started it waits for it to exit."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # its reader is gone
+            pass
+    os._exit(code)
