@@ -27,6 +27,7 @@ from torch._jit_internal import _extract_tensors
 
 from inagg.hostlib.pytorch import interrupts
 from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
+from inagg.hostlib.pytorch.roll_call import RollCall
 from inagg.hostlib.worker.host_group import RankDied
 from test_training import on_ranks
 
@@ -310,10 +311,20 @@ def _end(procs: list[subprocess.Popen]) -> None:
 # -- the peer watch on its own -------------------------------------------------------------------
 
 def _watches(tmp_path: Path, n: int) -> tuple[list[PeerWatch], list[list[RankDied]]]:
+    """``n`` ranks' peer watches, each rank a thread that meets the others as a start does (its
+    roll call's one round)."""
     store = dist.FileStore(str(tmp_path / "store"), n)
     told: list[list[RankDied]] = [[] for _ in range(n)]
-    watches = on_ranks(lambda r: PeerWatch(store, r, n, "127.0.0.1", timedelta(seconds=30), told[r].append), n)
-    return watches, told
+
+    def watch(rank: int) -> PeerWatch:
+        call = RollCall(store, rank, n, "127.0.0.1")
+        try:
+            call.read()
+            return call.peer_watch(timedelta(seconds=30), told[rank].append)
+        finally:
+            call.close()
+
+    return on_ranks(watch, n), told
 
 
 def _end_without_a_word(watch: PeerWatch) -> None:

@@ -23,7 +23,6 @@ import signal
 import sys
 import threading
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -36,13 +35,14 @@ from inagg.hostlib.pytorch.inner_gloo import InnerGloo
 from inagg.hostlib.pytorch.path.choice import PATHS, PathChooser
 from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, job_links
 from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
+from inagg.hostlib.pytorch.roll_call import RollCall
 from inagg.hostlib.pytorch.reproducible import FixedPointGloo
 from inagg.hostlib.pytorch.works import _FAILURE_CHECK_SECONDS
 from inagg.hostlib.wire.grant import Grant
-from inagg.hostlib.worker.abortable_store import AbortableStore
+from inagg.hostlib.worker.abortable_store import AbortableStore, wait_keys
 from inagg.hostlib.worker.call_protocol import one_round_capacity
 from inagg.hostlib.worker.host_communicator import (ONE_HOST_VALUES_PER_PACKET, HostCommunicator, HostGroup,
-                                                    host_reduce_setting, open_host_group)
+                                                    host_reduce_setting, host_reduce_wanted)
 from inagg.hostlib.worker.host_group import RankDied
 from inagg.hostlib.worker.local import Endpoint, PendingEndpoint, start_endpoint
 from inagg.hostlib.worker.stream_base import Reduction
@@ -64,9 +64,11 @@ _GIVE_UP_SECONDS = 1.0
 # at interpreter exit, rank 0 waits this long for the other ranks to end before it stops the
 # local deployment (they were told it is going: their calls fail and they end at once)
 _EXIT_WAIT_SECONDS = 5.0
+# a gloo group's wait for every rank before its rendezvous (``_gloo_group``) polls the store
+# from this pause, doubling to the longest: the ranks come within a call of each other
+_GLOO_POLL_SECONDS = (1e-4, 2e-3)
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
 REPRODUCIBLE_ENV = "INAGG_REPRODUCIBLE"   # 1 (default): the same bits on every path | 0
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 def _reproducible_requested() -> bool:
@@ -88,16 +90,11 @@ def _forced_path() -> str | None:
     return value
 
 
-def _ranks_share_a_clock(store: dist.Store, rank: int, world_size: int) -> bool:
-    """Whether every rank's ``time.perf_counter`` reads one clock (CLOCK_MONOTONIC is the
-    kernel's: one boot id on every rank), so the path chooser can time a call from the last
-    rank's start to the last rank's end (``inagg.hostlib.pytorch.path.choice``). A collective."""
-    try:
-        mine = _BOOT_ID.read_text().strip()
-    except OSError:   # not Linux: no boot id to compare
-        mine = ""
-    store.set(str(rank), mine)
-    return bool(mine) and all(store.get(str(r)).decode() == mine for r in range(world_size))
+def _on_one_host(pending: PendingEndpoint, call: RollCall) -> bool:
+    """Whether a job's paths wait for nothing beyond its host: no controller named, and its
+    ranks all on one host, reducing there (the host-local reduce carries its calls)."""
+    layout = call.layout()
+    return pending.local and len(layout.hosts) == 1 and host_reduce_wanted(layout)
 
 
 class GroupLifecycle:
@@ -108,11 +105,13 @@ class GroupLifecycle:
     stats)."""
 
     def __init__(self, group: InaggProcessGroup, store: dist.Store, timeout: timedelta) -> None:
-        """The inner gloo group and the peer watch (a collective: every rank is here after it);
-        rank 0's local deployment starts now, in the background, where every rank is a worker
-        (``INAGG_HOST_REDUCE=off``). ``start`` starts the rest."""
+        """The inner gloo group and the peer watch (a collective: every rank is here after it),
+        in one round of the store that tells every rank what it needs of the others
+        (``inagg.hostlib.pytorch.roll_call``); rank 0's local deployment starts now, in the
+        background, where every rank is a worker (``INAGG_HOST_REDUCE=off``). ``start`` starts
+        the rest."""
         rank, world_size = group.rank(), group.size()
-        forced, same_bits = _forced_path(), _reproducible_requested()
+        forced, self._same_bits = _forced_path(), _reproducible_requested()
         self._group, self.timeout, self.forced = group, timeout, forced
         self.closed = False
         self.endpoint: Endpoint | None = None
@@ -131,20 +130,19 @@ class GroupLifecycle:
         # (INAGG_HOST_REDUCE=off); otherwise once the start knows the job spans hosts (``_open_paths``)
         pending = start_endpoint(dist.PrefixStore("local", store), rank, world_size,
                                  now=host_reduce_setting() == "off")
+        call: RollCall | None = None
         try:
-            gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
-            # the fixed-point path's own gloo group, here: its rendezvous waits in C++ for every
-            # rank, which the start could not give up on should one die (``_start_stop``)
-            fixed_gloo = (dist.ProcessGroupGloo(dist.PrefixStore("gloo-fixed", store), rank, world_size, timeout)
-                          if same_bits else None)
-            # every rank is here (the gloo group is a collective): from now on a rank that ends is named
-            self.peers = PeerWatch(dist.PrefixStore("peers", store), rank, world_size, pending.watch_ip, timeout,
-                                   self._rank_gone)
+            call = RollCall(dist.PrefixStore("hello", store), rank, world_size, pending.watch_ip)
+            call.read()   # waits for every rank's answer: the start's one rendezvous
+            # every rank is here: from now on a rank that ends is named
+            self.peers = call.peer_watch(timeout, self._rank_gone)
         except BaseException:
             pending.cancel()
+            if call is not None:
+                call.close()
             raise
-        self.gloo = InnerGloo(gloo, store, group)
-        self._start_args: tuple | None = (pending, store, fixed_gloo, forced)   # for ``start``
+        self.gloo = InnerGloo(lambda: self._gloo_group(store, "gloo"), store, group)
+        self._start_args: tuple | None = (pending, store, call, forced)   # for ``start``
         self._start_error: BaseException | None = None
         self.is_ready = False   # the paths started (``_start_paths``) and calibrated (``ready``)
         self._calibrated = False
@@ -155,46 +153,51 @@ class GroupLifecycle:
         self._dispatch: AllreduceDispatch | None = None
 
     def start(self, dispatch: AllreduceDispatch) -> None:
-        """Start the paths in the background (``_start_paths``); ``dispatch`` calibrates them and
+        """Start the paths (``_start_paths``): in the background, or here where nothing in them
+        waits for anything beyond this host (``_on_one_host``); ``dispatch`` calibrates them and
         holds the gloo run's latest Work (let go at shutdown). Installs the Ctrl-C handling and
         the close at exit (after the local deployment's own: runs before it)."""
         self._dispatch = dispatch
-        # handed over, not kept: the fixed-point path's gloo group must go with the path at shutdown
         args, self._start_args = self._start_args, None
-        threading.Thread(target=self._start_paths, args=args, daemon=True, name="inagg-start").start()
+        pending, _, call, _ = args
+        if _on_one_host(pending, call):
+            self._start_paths(*args)
+        else:
+            threading.Thread(target=self._start_paths, args=args, daemon=True, name="inagg-start").start()
         interrupts.install()
         atexit.register(self._close_at_exit)
 
-    def _start_paths(self, pending: PendingEndpoint, store: dist.Store,
-                     fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
-        """The inagg paths, in the background from ``init_process_group`` on (thread
-        ``inagg-start``): the endpoint (rank 0's local deployment coming up), the
-        communicators' joins and the path chooser. ``init_process_group`` returns once the
-        inner gloo group is up, as gloo's does; what the program does next (its model, its
-        data, DDP's broadcasts on gloo) overlaps this, and the first call that needs the paths
-        waits for the rest (``ready``). With the same bits on every path the paths are
-        calibrated here too (the gloo path's calls then run on a gloo group of their own,
-        ``fixed_gloo``, not the inner one the program's collectives use meanwhile). A failure
-        leaves what was joined and is kept for that call to raise; a rank gone meanwhile ends
-        the start at its next wait (``_start_stop``)."""
+    def _start_paths(self, pending: PendingEndpoint, store: dist.Store, call: RollCall, forced: str | None) -> None:
+        """The inagg paths, from ``init_process_group`` on: the host group, the endpoint (rank
+        0's local deployment coming up), the communicators' joins and the path chooser. A job
+        whose ranks all share one host and that names no controller opens them before
+        ``init_process_group`` returns (nothing in them waits beyond the host: a few
+        milliseconds); any other in the background (thread ``inagg-start``), as gloo's
+        ``init_process_group`` returns once the inner gloo group is up: what the program does
+        next (its model, its data, DDP's broadcasts on gloo) overlaps this, and the first call
+        that needs the paths waits for the rest (``ready``). With the same bits on every path the
+        paths are calibrated here too (the gloo path's calls then run on a gloo group of their
+        own, made at its first call, ``_gloo_group``, not the inner one the program's collectives
+        use meanwhile). A failure leaves what was joined and is kept for that call to raise; a
+        rank gone meanwhile ends the start at its next wait (``_start_stop``)."""
         try:
-            self._open_paths(pending, store, fixed_gloo, forced)
+            self._open_paths(pending, store, call, forced)
         except BaseException as e:  # noqa: BLE001 - raised by ``ready``
             pending.cancel()
             self._leave_paths()
             self._start_error = e
         finally:
+            call.close()
             self._started.set()
 
-    def _open_paths(self, pending: PendingEndpoint, store: dist.Store,
-                    fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
+    def _open_paths(self, pending: PendingEndpoint, store: dist.Store, call: RollCall, forced: str | None) -> None:
         """The host group, then the endpoint and the joins (``_join_paths``), and the path
         chooser over the paths this job has; with the same bits on every path, their
         calibration too. A job with no controller named whose ranks all share one host starts
         no local deployment and joins no job: the host-local reduce carries its calls, and a
         switch would carry nothing (``HostCommunicator`` without a job)."""
         rank, world_size = self._group.rank(), self._group.size()
-        self.host = open_host_group(self._start_store(store, "host"), rank, world_size, self.timeout)
+        self.host = call.host_group(self.timeout, self._start_stop)
         if self.host is not None and (gone := self.failure()) is not None:   # named before ``_rank_gone`` saw it
             self.host.fail(gone)
         if pending.local and self.host is not None and self.host.n_hosts == 1:
@@ -205,7 +208,7 @@ class GroupLifecycle:
                 self._join_paths(store)
             except Exception as e:
                 raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
-        self.fixed = self._reproducible(fixed_gloo) if fixed_gloo is not None else None
+        self.fixed = self._reproducible(store) if self._same_bits else None
         self.tiny_on_host = self.endpoint is None and forced is None
         paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
         if forced is not None and forced not in paths:
@@ -213,19 +216,24 @@ class GroupLifecycle:
                    if self.host is not None else "its grant is on the host aggregator already")
             raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
         self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size, self.failure), paths,
-                                 forced=forced,
-                                 shared_clock=self._shared_clock(store),
+                                 forced=forced, shared_clock=call.one_clock(),
                                  links=self._links(self.comm.grant), move=self._grant_move())
         if self.fixed is not None and not self.tiny_on_host:
             self._dispatch.calibrate()
             self._calibrated = True
 
-    def _shared_clock(self, store: dist.Store) -> bool:
-        """Whether every rank reads one clock (``_ranks_share_a_clock``): without asking where
-        the ranks are one host (they share memory: one kernel), the same answer on every rank."""
-        if self.host is not None and self.host.n_hosts == 1:
-            return True
-        return _ranks_share_a_clock(self._start_store(store, "clock"), self._group.rank(), self._group.size())
+    def _gloo_group(self, store: dist.Store, prefix: str) -> dist.ProcessGroupGloo:
+        """A gloo group of this process group's ranks under ``prefix``: the inner one
+        (``InnerGloo``) or the fixed-point path's (``FixedPointGloo``), each made at its first
+        call (the same call on every rank). Every rank says it is here first, in the store, waited
+        for as the start's waits are (a rank gone ends it, named); gloo's rendezvous after it
+        waits in C++, which nothing could end, for ranks that are all there."""
+        rank, world_size = self._group.rank(), self._group.size()
+        if world_size > 1:
+            here = dist.PrefixStore(f"{prefix}-here", store)
+            here.set(str(rank), "")
+            wait_keys(here, [str(r) for r in range(world_size)], self.failure, poll=_GLOO_POLL_SECONDS)
+        return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, self.timeout)
 
     def _grant_move(self) -> GrantMove | None:
         """How the path choice sees the job's grant move; None where this rank's host reduces
@@ -346,7 +354,7 @@ class GroupLifecycle:
 
         return join(self._group.rank(), self._group.size()) if self.host is None else HostCommunicator(self.host, join)
 
-    def _reproducible(self, gloo: dist.ProcessGroupGloo) -> FixedPointGloo:
+    def _reproducible(self, store: dist.Store) -> FixedPointGloo:
         """For ``INAGG_REPRODUCIBLE`` (on by default): one ``Reduction`` for every path, so a float call
         gives the same bits whichever it takes (``inagg.hostlib.pytorch.reproducible``). The
         communicators' streams share its exponent block (a multiple of each one's K: its first
@@ -362,7 +370,7 @@ class GroupLifecycle:
                 comm.stream.reduction = reduction
         if self.host is not None:   # its leader's calls between hosts are int32 sums
             self.host.reduce.reduction = reduction
-        return FixedPointGloo(gloo, reduction)
+        return FixedPointGloo(lambda: self._gloo_group(store, "gloo-fixed"), size, reduction)
 
     def shutdown(self) -> None:
         """Leave the inagg job; rank 0 stops the local deployment it started once every rank
