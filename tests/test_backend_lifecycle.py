@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch._jit_internal import _extract_tensors
 
 from inagg.hostlib.pytorch import interrupts
+from inagg.hostlib.pytorch.backend import InaggProcessGroup
 from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
 from inagg.hostlib.pytorch.roll_call import RollCall
 from inagg.hostlib.worker.host_group import RankDied
@@ -190,6 +191,55 @@ def test_a_rank_killed_right_after_init_is_named_and_no_survivor_is_left_startin
             assert rank == victim or p.returncode == 1, (rank, p.returncode)   # loop's own exit status
     finally:
         _end(procs)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "allreduce"])
+def test_a_rank_dead_before_a_gloo_groups_first_call_is_named_by_that_call(collective):
+    """The inner gloo group (a broadcast) and the fixed-point path's (a 64 KiB allreduce: the
+    chooser's calibration) are made at their first call; a rank that died before it is named by
+    that call on every survivor, within 10 s, as any call names it: the ranks meet in the store
+    first, in a wait that ends with the peer watch's word, not in gloo's rendezvous, which would
+    wait for the dead rank until the store's timeout."""
+    port, victim = _free_port(), 1
+    procs = [subprocess.Popen([sys.executable, str(RANK), "inagg", "after", collective], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=_env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="3",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+             for r in range(3)]
+    try:
+        for p in procs:
+            line = p.stdout.readline().strip()
+            assert line == "init", p.stderr.read()[-4000:] if p.poll() is not None else line
+        procs[victim].kill()
+        procs[victim].wait()
+        killed = time.time()
+        for rank, p in enumerate(procs):
+            if rank != victim:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+        _assert_named_and_destroyed(procs, victim, killed)
+    finally:
+        _end(procs)
+
+
+def test_a_one_host_start_is_one_store_round_and_makes_a_gloo_group_only_for_a_call_that_needs_one():
+    """A job on one host writes one key per rank in its start, beside the launch's claim (the
+    roll call: ``inagg.hostlib.pytorch.roll_call``), and its tiny allreduces write none: no
+    gloo group is made (each is a rendezvous of its own in the store) until a call needs one,
+    a broadcast here, which then runs."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    groups = on_ranks(lambda r: InaggProcessGroup(store, r, 2, timedelta(seconds=60)), 2)
+    try:
+        assert store.num_keys() == 2 + 1
+        tensors = [torch.full((4,), float(r + 1)) for r in range(2)]
+        on_ranks(lambda r: groups[r].allreduce([tensors[r]]).wait(), 2)
+        assert [t.tolist() for t in tensors] == [[3.0] * 4] * 2
+        assert store.num_keys() == 2 + 1
+        on_ranks(lambda r: groups[r].broadcast([tensors[r].fill_(r + 5)], dist.BroadcastOptions()).wait(), 2)
+        assert [t.tolist() for t in tensors] == [[5.0] * 4] * 2
+        assert store.num_keys() > 2 + 1
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2)
 
 
 # -- a rank stopped during a call ----------------------------------------------------------------

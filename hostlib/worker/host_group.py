@@ -333,11 +333,15 @@ class SharedBuffer:
         return np.frombuffer(self.map, dtype, count, offset)
 
     def close(self) -> None:
-        """Unmap and close. A view still held keeps the mapping (numpy holds a buffer export);
-        it is then freed with the view."""
+        """Unmap and close (idempotent: a failed start's group is closed again at exit, and the
+        descriptor's number may be another file's by then). A view still held keeps the mapping
+        (numpy holds a buffer export); it is then freed with the view."""
+        if self.fd < 0:
+            return
         if self.map is not None:
             try:
                 self.map.close()
             except BufferError:
                 pass
         os.close(self.fd)
+        self.fd = -1
