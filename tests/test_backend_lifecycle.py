@@ -228,7 +228,9 @@ def test_a_one_host_start_is_one_store_round_and_makes_a_gloo_group_only_for_a_c
     gloo group is made (each is a rendezvous of its own in the store) until a call needs one,
     a broadcast here, which then runs."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    groups = on_ranks(lambda r: InaggProcessGroup(store, r, 2, timedelta(seconds=60)), 2)
+    # a client each, as each rank's process has (one client serves one call at a time)
+    clients = [dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60)) for _ in range(2)]
+    groups = on_ranks(lambda r: InaggProcessGroup(clients[r], r, 2, timedelta(seconds=60)), 2)
     try:
         assert store.num_keys() == 2 + 1
         tensors = [torch.full((4,), float(r + 1)) for r in range(2)]

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch.distributed as dist
 
@@ -120,7 +120,10 @@ class GroupLifecycle:
         self.host: HostGroup | None = None   # this host's ranks reduce together first (worker.host_reduce)
         self.fixed: FixedPointGloo | None = None
         self.peers: PeerWatch | None = None
-        self.paths: PathChooser | None = None
+        self.path_names: tuple[str, ...] = ()   # the paths this job's eligible allreduces may take
+        self._paths: PathChooser | None = None   # made at its first use (``paths``)
+        self._new_chooser: Callable[[], PathChooser] | None = None
+        self._chooser_lock = threading.Lock()
         # a job on one host with no controller named and no path forced: its tiny calls skip the
         # chooser (``AllreduceDispatch._tiny``)
         self.tiny_on_host = False
@@ -215,9 +218,10 @@ class GroupLifecycle:
             why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
                    if self.host is not None else "its grant is on the host aggregator already")
             raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
-        self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size, self.failure), paths,
-                                 forced=forced, shared_clock=call.one_clock(),
-                                 links=self._links(self.comm.grant), move=self._grant_move())
+        self.path_names, one_clock = paths, call.one_clock()
+        self._new_chooser = lambda: PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size,
+                                                         self.failure), paths, forced=forced, shared_clock=one_clock,
+                                                links=self._links(self.comm.grant), move=self._grant_move())
         if self.fixed is not None and not self.tiny_on_host:
             self._dispatch.calibrate()
             self._calibrated = True
@@ -234,6 +238,17 @@ class GroupLifecycle:
             here.set(str(rank), "")
             wait_keys(here, [str(r) for r in range(world_size)], self.failure, poll=_GLOO_POLL_SECONDS)
         return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, self.timeout)
+
+    @property
+    def paths(self) -> PathChooser | None:
+        """The path chooser (None until the paths are open), made at its first use: a job on one
+        host whose calls are all tiny (``tiny_on_host``) makes none, so its start does not pay
+        for one."""
+        if self._paths is None and self._new_chooser is not None:
+            with self._chooser_lock:
+                if self._paths is None:
+                    self._paths = self._new_chooser()
+        return self._paths
 
     def _grant_move(self) -> GrantMove | None:
         """How the path choice sees the job's grant move; None where this rank's host reduces
@@ -273,7 +288,7 @@ class GroupLifecycle:
                 self._dispatch.calibrate()
                 self._calibrated = True
             self.is_ready = True
-            if self._group.rank() == 0:
+            if self._group.rank() == 0 and paths_log.isEnabledFor(logging.INFO):
                 paths_log.info("%s", summary(self, self._group.size()))
 
     def chooser(self) -> PathChooser:
