@@ -1,10 +1,14 @@
 """Start and stop of an ``inagg`` process group (``inagg.hostlib.pytorch.backend``): what it opens,
 joins and leaves, and what it does when a rank goes.
 
-Design: the group is up as soon as its inner gloo group is (``GroupLifecycle.__init__``, a
-collective); the inagg paths (the host-local reduce, rank 0's local deployment where the job
-needs one, the joins at the controller, the path chooser) start in the background (``start``, thread ``inagg-start``) and the first call that
-needs them waits for them (``ready``). Every rank watches the others
+Design: the group is up once its ranks have met, in one round of the store that tells each what
+it needs of the others (``GroupLifecycle.__init__``, a collective; ``roll_call``), and its peer
+watch is up; its two gloo groups (the inner one, the fixed-point path's) are made at their
+first call (``_gloo_group``). The inagg paths (the host-local reduce, rank 0's local deployment
+where the job needs one, the joins at the controller, the path chooser) start in the background
+(``start``, thread ``inagg-start``; a job on one host with no controller named, on the caller's
+thread: nothing there waits beyond the host) and the first call that needs them waits for them
+(``ready``). Every rank watches the others
 (``inagg.hostlib.pytorch.peer_watch``): a rank that ends fails every call of the others at once,
 on every path, with an error naming it (``_rank_gone``, ``named``), and a start still under way
 gives up at its next wait (``_start_stop``) instead of waiting for that rank. ``shutdown``
@@ -98,7 +102,7 @@ def _on_one_host(pending: PendingEndpoint, call: RollCall) -> bool:
 
 
 class GroupLifecycle:
-    """One rank's inagg paths, from the inner gloo group's rendezvous to ``shutdown`` (module
+    """One rank's inagg paths, from the ranks' meeting to ``shutdown`` (module
     docstring): the endpoint, the communicators (``comm``, the host lane ``lane``, the host's
     ``host`` group), the fixed-point gloo path ``fixed``, the peer watch ``peers`` and the path
     chooser ``paths``. ``group`` is the inagg process group it belongs to (its rank, size and
@@ -176,7 +180,7 @@ class GroupLifecycle:
         whose ranks all share one host and that names no controller opens them before
         ``init_process_group`` returns (nothing in them waits beyond the host: a few
         milliseconds); any other in the background (thread ``inagg-start``), as gloo's
-        ``init_process_group`` returns once the inner gloo group is up: what the program does
+        ``init_process_group`` returns once its ranks have met: what the program does
         next (its model, its data, DDP's broadcasts on gloo) overlaps this, and the first call
         that needs the paths waits for the rest (``ready``). With the same bits on every path the
         paths are calibrated here too (the gloo path's calls then run on a gloo group of their
