@@ -244,6 +244,23 @@ def test_a_one_host_start_is_one_store_round_and_makes_a_gloo_group_only_for_a_c
         on_ranks(lambda r: groups[r].shutdown(), 2)
 
 
+def test_a_collective_only_one_rank_calls_times_out_as_gloos_would():
+    """Rank 0 alone calls a barrier (torch's test_barrier_timeout_global): its gloo group is made
+    at that call, and its wait for the other rank ends by the group's timeout with an error that
+    says "Timed out", as gloo's barrier's would, not at the store's own timeout."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    clients = [dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60)) for _ in range(2)]
+    groups = on_ranks(lambda r: InaggProcessGroup(clients[r], r, 2, timedelta(seconds=1)), 2)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=" Timed out ") as raised:
+            groups[0].barrier(dist.BarrierOptions()).wait()
+        assert 1.0 <= time.monotonic() - started < 1.0 + 10.0 * _load_factor()
+        assert "ranks [1]" in str(raised.value)
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2)
+
+
 # -- a rank stopped during a call ----------------------------------------------------------------
 
 # the peer watch's lease is 8 s (peer_watch.LEASE_SECONDS: named within 10 s on a quiet machine);

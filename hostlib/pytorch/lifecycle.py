@@ -234,13 +234,22 @@ class GroupLifecycle:
         """A gloo group of this process group's ranks under ``prefix``: the inner one
         (``InnerGloo``) or the fixed-point path's (``FixedPointGloo``), each made at its first
         call (the same call on every rank). Every rank says it is here first, in the store, waited
-        for as the start's waits are (a rank gone ends it, named); gloo's rendezvous after it
+        for as the start's waits are (a rank gone ends it, named) up to the process group's
+        timeout, as gloo's own call would wait for a rank that does not come (a collective only
+        some ranks call: its error says "Timed out", as gloo's); gloo's rendezvous after it
         waits in C++, which nothing could end, for ranks that are all there."""
         rank, world_size = self._group.rank(), self._group.size()
         if world_size > 1:
             here = dist.PrefixStore(f"{prefix}-here", store)
             here.set(str(rank), "")
-            wait_keys(here, [str(r) for r in range(world_size)], self.failure, poll=_GLOO_POLL_SECONDS)
+            keys = [str(r) for r in range(world_size)]
+            try:
+                wait_keys(here, keys, self.failure, self.timeout, poll=_GLOO_POLL_SECONDS)
+            except TimeoutError:
+                missing = [r for r in range(world_size) if not here.check([str(r)])]
+                raise RuntimeError(f"inagg: Timed out waiting {self.timeout.total_seconds() * 1e3:.0f}ms for ranks "
+                                   f"{missing} to come to this collective (the process group's timeout; no rank is "
+                                   f"known gone): do all ranks call it?") from None
         return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, self.timeout)
 
     @property
