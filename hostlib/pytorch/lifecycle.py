@@ -109,11 +109,11 @@ class GroupLifecycle:
     stats)."""
 
     def __init__(self, group: InaggProcessGroup, store: dist.Store, timeout: timedelta) -> None:
-        """The inner gloo group and the peer watch (a collective: every rank is here after it),
-        in one round of the store that tells every rank what it needs of the others
-        (``inagg.hostlib.pytorch.roll_call``); rank 0's local deployment starts now, in the
-        background, where every rank is a worker (``INAGG_HOST_REDUCE=off``). ``start`` starts
-        the rest."""
+        """The ranks' meeting, one round of the store that tells every rank what it needs of the
+        others (``inagg.hostlib.pytorch.roll_call``), and the peer watch (a collective: every
+        rank is here after it); the inner gloo group is made at its first call. Rank 0's local
+        deployment starts now, in the background, where every rank is a worker
+        (``INAGG_HOST_REDUCE=off``). ``start`` starts the rest."""
         rank, world_size = group.rank(), group.size()
         forced, self._same_bits = _forced_path(), _reproducible_requested()
         self._group, self.timeout, self.forced = group, timeout, forced
