@@ -40,8 +40,8 @@ def measure(rank: int, store_path: str, rounds: int, out: dict) -> None:
     plain = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), rank, 2, timeout)
     barrier = dist.ProcessGroupGloo(dist.PrefixStore("barrier", store), rank, 2, timeout)
     # the local deployment's K on both paths; 2 ranks ride up to (K - 4) / 10 values
-    fixed = FixedPointGloo(dist.ProcessGroupGloo(dist.PrefixStore("fixed", store), rank, 2, timeout),
-                           Reduction(HOST_VALUES_PER_PACKET, (HOST_VALUES_PER_PACKET - 4) // 10))
+    fixed_gloo = dist.ProcessGroupGloo(dist.PrefixStore("fixed", store), rank, 2, timeout)
+    fixed = FixedPointGloo(lambda: fixed_gloo, 2, Reduction(HOST_VALUES_PER_PACKET, (HOST_VALUES_PER_PACKET - 4) // 10))
     for dtype in DTYPES:
         for nbytes in SIZES:
             x = torch.randn(nbytes // torch.tensor([], dtype=dtype).element_size()).to(dtype)

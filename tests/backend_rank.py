@@ -11,6 +11,11 @@ names), printing ``ready`` after the first call, until one fails;
 then prints ``error TIME TYPE: MESSAGE`` (TIME: time.time() when it was raised), times
 ``destroy_process_group`` and prints ``destroyed SECONDS``.
 
+``python tests/backend_rank.py BACKEND after COLLECTIVE``: prints ``init`` once
+``init_process_group`` returned, waits for a line on stdin (the test ends a rank meanwhile), then
+runs COLLECTIVE (``broadcast`` of 4 float32, or ``allreduce`` of 64 KiB: a gloo group's first
+call) until one fails; reports as ``loop`` does.
+
 ``python tests/backend_rank.py BACKEND ddp VICTIM STEP [kill|stop]``: DDP steps of a model whose
 gradients fill several buckets; rank VICTIM SIGKILLs (``stop``: SIGSTOPs) itself inside its
 backward pass of step STEP (a hook on its first layer's gradient: the buckets of the later
@@ -62,6 +67,19 @@ def loop(backend: str, elements: int) -> int:
         while True:
             x.fill_(1.0)
             dist.all_reduce(x)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return report_and_destroy(e)
+
+
+def after(backend: str, collective: str) -> int:
+    dist.init_process_group(backend)
+    print("init", flush=True)
+    sys.stdin.readline()
+    x = torch.ones(4 if collective == "broadcast" else 16384)
+    call = (lambda: dist.broadcast(x, 0)) if collective == "broadcast" else (lambda: dist.all_reduce(x))
+    try:
+        while True:
+            call()
     except Exception as e:  # noqa: BLE001 - reported to the test
         return report_and_destroy(e)
 
@@ -160,6 +178,8 @@ def main() -> int:
         startup(backend)
     elif mode == "loop":
         return loop(backend, int(sys.argv[3]))
+    elif mode == "after":
+        return after(backend, sys.argv[3])
     elif mode == "ddp":
         return ddp_killed_in_backward(backend, int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])
     elif mode == "train":
@@ -167,7 +187,7 @@ def main() -> int:
     elif mode == "report":
         report(backend)
     else:
-        raise SystemExit(f"unknown mode {mode!r}: startup, loop, ddp, train or report")
+        raise SystemExit(f"unknown mode {mode!r}: startup, loop, after, ddp, train or report")
     return 0
 
 

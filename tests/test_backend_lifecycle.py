@@ -26,7 +26,9 @@ import torch.distributed as dist
 from torch._jit_internal import _extract_tensors
 
 from inagg.hostlib.pytorch import interrupts
+from inagg.hostlib.pytorch.backend import InaggProcessGroup
 from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
+from inagg.hostlib.pytorch.roll_call import RollCall
 from inagg.hostlib.worker.host_group import RankDied
 from test_training import on_ranks
 
@@ -191,6 +193,74 @@ def test_a_rank_killed_right_after_init_is_named_and_no_survivor_is_left_startin
         _end(procs)
 
 
+@pytest.mark.parametrize("collective", ["broadcast", "allreduce"])
+def test_a_rank_dead_before_a_gloo_groups_first_call_is_named_by_that_call(collective):
+    """The inner gloo group (a broadcast) and the fixed-point path's (a 64 KiB allreduce: the
+    chooser's calibration) are made at their first call; a rank that died before it is named by
+    that call on every survivor, within 10 s, as any call names it: the ranks meet in the store
+    first, in a wait that ends with the peer watch's word, not in gloo's rendezvous, which would
+    wait for the dead rank until the store's timeout."""
+    port, victim = _free_port(), 1
+    procs = [subprocess.Popen([sys.executable, str(RANK), "inagg", "after", collective], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=_env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="3",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+             for r in range(3)]
+    try:
+        for p in procs:
+            line = p.stdout.readline().strip()
+            assert line == "init", p.stderr.read()[-4000:] if p.poll() is not None else line
+        procs[victim].kill()
+        procs[victim].wait()
+        killed = time.time()
+        for rank, p in enumerate(procs):
+            if rank != victim:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+        _assert_named_and_destroyed(procs, victim, killed)
+    finally:
+        _end(procs)
+
+
+def test_a_one_host_start_is_one_store_round_and_makes_a_gloo_group_only_for_a_call_that_needs_one():
+    """A job on one host writes one key per rank in its start, beside the launch's claim (the
+    roll call: ``inagg.hostlib.pytorch.roll_call``), and its tiny allreduces write none: no
+    gloo group is made (each is a rendezvous of its own in the store) until a call needs one,
+    a broadcast here, which then runs."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    # a client each, as each rank's process has (one client serves one call at a time)
+    clients = [dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60)) for _ in range(2)]
+    groups = on_ranks(lambda r: InaggProcessGroup(clients[r], r, 2, timedelta(seconds=60)), 2)
+    try:
+        assert store.num_keys() == 2 + 1
+        tensors = [torch.full((4,), float(r + 1)) for r in range(2)]
+        on_ranks(lambda r: groups[r].allreduce([tensors[r]]).wait(), 2)
+        assert [t.tolist() for t in tensors] == [[3.0] * 4] * 2
+        assert store.num_keys() == 2 + 1
+        on_ranks(lambda r: groups[r].broadcast([tensors[r].fill_(r + 5)], dist.BroadcastOptions()).wait(), 2)
+        assert [t.tolist() for t in tensors] == [[5.0] * 4] * 2
+        assert store.num_keys() > 2 + 1
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2)
+
+
+def test_a_collective_only_one_rank_calls_times_out_as_gloos_would():
+    """Rank 0 alone calls a barrier (torch's test_barrier_timeout_global): its gloo group is made
+    at that call, and its wait for the other rank ends by the group's timeout with an error that
+    says "Timed out", as gloo's barrier's would, not at the store's own timeout."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    clients = [dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60)) for _ in range(2)]
+    groups = on_ranks(lambda r: InaggProcessGroup(clients[r], r, 2, timedelta(seconds=1)), 2)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=" Timed out ") as raised:
+            groups[0].barrier(dist.BarrierOptions()).wait()
+        assert 1.0 <= time.monotonic() - started < 1.0 + 10.0 * _load_factor()
+        assert "ranks [1]" in str(raised.value)
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2)
+
+
 # -- a rank stopped during a call ----------------------------------------------------------------
 
 # the peer watch's lease is 8 s (peer_watch.LEASE_SECONDS: named within 10 s on a quiet machine);
@@ -310,10 +380,20 @@ def _end(procs: list[subprocess.Popen]) -> None:
 # -- the peer watch on its own -------------------------------------------------------------------
 
 def _watches(tmp_path: Path, n: int) -> tuple[list[PeerWatch], list[list[RankDied]]]:
+    """``n`` ranks' peer watches, each rank a thread that meets the others as a start does (its
+    roll call's one round)."""
     store = dist.FileStore(str(tmp_path / "store"), n)
     told: list[list[RankDied]] = [[] for _ in range(n)]
-    watches = on_ranks(lambda r: PeerWatch(store, r, n, "127.0.0.1", timedelta(seconds=30), told[r].append), n)
-    return watches, told
+
+    def watch(rank: int) -> PeerWatch:
+        call = RollCall(store, rank, n, "127.0.0.1")
+        try:
+            call.read()
+            return call.peer_watch(timedelta(seconds=30), told[rank].append)
+        finally:
+            call.close()
+
+    return on_ranks(watch, n), told
 
 
 def _end_without_a_word(watch: PeerWatch) -> None:

@@ -35,9 +35,10 @@ the creator that ``inagg.hostlib.pytorch.plugin`` registers with ``dist.Backend.
 
 So DDP (its broadcasts, allgathers and bucket allreduces), ``dist.all_reduce`` of metrics and
 
-The group is up as soon as its inner gloo group is: the inagg paths (rank 0's local deployment,
-the joins at the controller) start in the background and the first call that needs them waits
-for them (``InaggProcessGroup.ready``). Every rank watches the others (``inagg.hostlib.pytorch.peer_watch``):
+The group is up once its ranks have met, in one round of the store
+(``inagg.hostlib.pytorch.roll_call``); its gloo groups are made at their first call. The inagg
+paths (rank 0's local deployment, the joins at the controller) start in the background and the
+first call that needs them waits for them (``InaggProcessGroup.ready``). Every rank watches the others (``inagg.hostlib.pytorch.peer_watch``):
 a rank that ends fails every call of the others at once, on every path, with an error naming
 it (a rank that stops without ending: once its lease at the peer watch runs out), and a start
 still under way gives up at its next wait instead of waiting for that rank. Every wait ends by
@@ -94,7 +95,8 @@ class InaggProcessGroup(dist.ProcessGroup):
     inner gloo group) everything else."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
-        """Up once the inner gloo group is (a collective); the paths start in the background."""
+        """Up once the ranks have met (a collective: ``GroupLifecycle``); the paths start in the
+        background."""
         super().__init__(rank, world_size)
         mark_if_dynamo_loaded()
         # the launch claims the store before anything uses it: a rank of another launch given

@@ -62,7 +62,7 @@ def summary(life: GroupLifecycle, size: int) -> str:
     names = route_names(life)
     route_of = {"gloo": "gloo:fixed" if life.fixed is not None else "gloo"}
     forced = life.forced
-    paths = [forced] if forced is not None else list(life.paths.paths)
+    paths = [forced] if forced is not None else list(life.path_names)
     carriers = " or ".join(names[route_of.get(p, p)] for p in paths)
     how = f"pinned by INAGG_ALLREDUCE_PATH={forced}" if forced is not None else "the faster per call"
     if life.tiny_on_host:

@@ -4,7 +4,10 @@ and every allreduce it cannot take, runs here unchanged (``inagg.hostlib.pytorch
 Design: one object owns the gloo backend (whose ``allreduce`` the allreduce dispatch's gloo path
 uses) and the ``dist.ProcessGroup`` around it (whose methods torch's collectives dispatch to),
 counts what it runs under the reason inagg could not, and lets both go at shutdown (``release``)
-while the interpreter still runs. Each reason is logged once, through logger ``inagg.fallbacks``:
+while the interpreter still runs. Both are made at the first call that needs them (``connect``:
+gloo's rendezvous, a collective; every rank runs the collectives of a group in one order, so
+its first is the same call everywhere): a job whose calls all take inagg's paths (a job on one
+host's tiny calls, a re-init's first allreduce) makes none. Each reason is logged once, through logger ``inagg.fallbacks``:
 at INFO on rank 0 (every rank makes the same calls, so one line says it for the job) and at
 DEBUG on the others. A fallback is normal use (an int64 or MAX allreduce, a broadcast: gloo
 runs it as it would without inagg), not a warning; ``stats()['fallbacks']`` counts each.
@@ -13,8 +16,9 @@ runs it as it would without inagg), not a warning; ``stats()['fallbacks']`` coun
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -53,15 +57,37 @@ class _ShutDownGloo:
 
 class InnerGloo:
     """The inner gloo group: ``backend`` (the ``ProcessGroupGloo``, whose allreduce the gloo path
-    calls) and ``group`` (the process group around it, for every other collective); its Works
-    are ``_GlooWork``s of ``owner`` (the inagg group, which names a rank gone)."""
+    calls) and ``group`` (the process group around it, for every other collective), made by
+    ``connect`` when first used; its Works are ``_GlooWork``s of ``owner`` (the inagg group,
+    which names a rank gone)."""
 
-    def __init__(self, backend: dist.ProcessGroupGloo, store: dist.Store, owner: InaggProcessGroup) -> None:
-        """``backend`` and a process group around it on ``store``; nothing run yet."""
-        self.backend: dist.ProcessGroupGloo | _ShutDownGloo = backend
-        self.group: dist.ProcessGroup | _ShutDownGloo = _gloo_group(backend, store, owner.rank(), owner.size())
+    def __init__(self, connect: Callable[[], dist.ProcessGroupGloo], store: dist.Store,
+                 owner: InaggProcessGroup) -> None:
+        """Nothing made yet: ``connect`` makes the backend at the first use, on ``store``."""
+        self._connect, self._store, self._owner = connect, store, owner
+        self._made: tuple[dist.ProcessGroupGloo, dist.ProcessGroup] | tuple[_ShutDownGloo, _ShutDownGloo] | None = None
+        self._lock = threading.Lock()   # one thread makes it
         self.fallbacks: Counter[str] = Counter()    # "<collective>: <reason>" -> calls sent to gloo
-        self._owner = owner
+
+    @property
+    def backend(self) -> dist.ProcessGroupGloo | _ShutDownGloo:
+        """The gloo backend (made now if this is its first use)."""
+        return self._parts()[0]
+
+    @property
+    def group(self) -> dist.ProcessGroup | _ShutDownGloo:
+        """The process group around the backend (made now if this is its first use)."""
+        return self._parts()[1]
+
+    def _parts(self) -> tuple:
+        made = self._made
+        if made is None:
+            with self._lock:
+                if self._made is None:
+                    backend = self._connect()
+                    self._made = (backend, _gloo_group(backend, self._store, self._owner.rank(), self._owner.size()))
+                made = self._made
+        return made
 
     def run(self, collective: str, reason: str, *args: Any, **kwargs: Any) -> dist.Work:
         """Run ``collective`` on the inner gloo group, counted under ``reason`` (logged once)."""
@@ -72,8 +98,8 @@ class InnerGloo:
             log.log(logging.INFO if self._owner.rank() == 0 else logging.DEBUG,
                     "rank %d: %s goes to gloo (%s); counted in stats()['fallbacks']", self._owner.rank(), collective,
                     reason)
-        gloo = self.backend if collective == "allreduce" else self.group
         try:
+            gloo = self.backend if collective == "allreduce" else self.group
             work = getattr(gloo, collective)(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - re-raised, naming the rank gone that caused it
             raise self._owner.named(e)
@@ -83,4 +109,5 @@ class InnerGloo:
         """Let the backend and its process group go (``GroupLifecycle._release_gloo`` says why
         now): nothing else holds them, so they are destroyed here; every later use says the
         group was shut down."""
-        self.backend = self.group = _ShutDownGloo()
+        with self._lock:
+            self._made = (_ShutDownGloo(), _ShutDownGloo())

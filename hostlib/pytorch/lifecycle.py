@@ -1,10 +1,14 @@
 """Start and stop of an ``inagg`` process group (``inagg.hostlib.pytorch.backend``): what it opens,
 joins and leaves, and what it does when a rank goes.
 
-Design: the group is up as soon as its inner gloo group is (``GroupLifecycle.__init__``, a
-collective); the inagg paths (the host-local reduce, rank 0's local deployment where the job
-needs one, the joins at the controller, the path chooser) start in the background (``start``, thread ``inagg-start``) and the first call that
-needs them waits for them (``ready``). Every rank watches the others
+Design: the group is up once its ranks have met, in one round of the store that tells each what
+it needs of the others (``GroupLifecycle.__init__``, a collective; ``roll_call``), and its peer
+watch is up; its two gloo groups (the inner one, the fixed-point path's) are made at their
+first call (``_gloo_group``). The inagg paths (the host-local reduce, rank 0's local deployment
+where the job needs one, the joins at the controller, the path chooser) start in the background
+(``start``, thread ``inagg-start``; a job on one host with no controller named, on the caller's
+thread: nothing there waits beyond the host) and the first call that needs them waits for them
+(``ready``). Every rank watches the others
 (``inagg.hostlib.pytorch.peer_watch``): a rank that ends fails every call of the others at once,
 on every path, with an error naming it (``_rank_gone``, ``named``), and a start still under way
 gives up at its next wait (``_start_stop``) instead of waiting for that rank. ``shutdown``
@@ -23,8 +27,7 @@ import signal
 import sys
 import threading
 from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch.distributed as dist
 
@@ -36,13 +39,14 @@ from inagg.hostlib.pytorch.inner_gloo import InnerGloo
 from inagg.hostlib.pytorch.path.choice import PATHS, PathChooser
 from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, job_links
 from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
+from inagg.hostlib.pytorch.roll_call import RollCall
 from inagg.hostlib.pytorch.reproducible import FixedPointGloo
 from inagg.hostlib.pytorch.works import _FAILURE_CHECK_SECONDS
 from inagg.hostlib.wire.grant import Grant
-from inagg.hostlib.worker.abortable_store import AbortableStore
+from inagg.hostlib.worker.abortable_store import AbortableStore, wait_keys
 from inagg.hostlib.worker.call_protocol import one_round_capacity
 from inagg.hostlib.worker.host_communicator import (ONE_HOST_VALUES_PER_PACKET, HostCommunicator, HostGroup,
-                                                    host_reduce_setting, open_host_group)
+                                                    host_reduce_setting, host_reduce_wanted)
 from inagg.hostlib.worker.host_group import RankDied
 from inagg.hostlib.worker.local import Endpoint, PendingEndpoint, start_endpoint
 from inagg.hostlib.worker.stream_base import Reduction
@@ -64,9 +68,11 @@ _GIVE_UP_SECONDS = 1.0
 # at interpreter exit, rank 0 waits this long for the other ranks to end before it stops the
 # local deployment (they were told it is going: their calls fail and they end at once)
 _EXIT_WAIT_SECONDS = 5.0
+# a gloo group's wait for every rank before its rendezvous (``_gloo_group``) polls the store
+# from this pause, doubling to the longest: the ranks come within a call of each other
+_GLOO_POLL_SECONDS = (1e-4, 2e-3)
 PATH_ENV = "INAGG_ALLREDUCE_PATH"   # auto (default) | inagg | host | gloo
 REPRODUCIBLE_ENV = "INAGG_REPRODUCIBLE"   # 1 (default): the same bits on every path | 0
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 def _reproducible_requested() -> bool:
@@ -88,31 +94,28 @@ def _forced_path() -> str | None:
     return value
 
 
-def _ranks_share_a_clock(store: dist.Store, rank: int, world_size: int) -> bool:
-    """Whether every rank's ``time.perf_counter`` reads one clock (CLOCK_MONOTONIC is the
-    kernel's: one boot id on every rank), so the path chooser can time a call from the last
-    rank's start to the last rank's end (``inagg.hostlib.pytorch.path.choice``). A collective."""
-    try:
-        mine = _BOOT_ID.read_text().strip()
-    except OSError:   # not Linux: no boot id to compare
-        mine = ""
-    store.set(str(rank), mine)
-    return bool(mine) and all(store.get(str(r)).decode() == mine for r in range(world_size))
+def _on_one_host(pending: PendingEndpoint, call: RollCall) -> bool:
+    """Whether a job's paths wait for nothing beyond its host: no controller named, and its
+    ranks all on one host, reducing there (the host-local reduce carries its calls)."""
+    layout = call.layout()
+    return pending.local and len(layout.hosts) == 1 and host_reduce_wanted(layout)
 
 
 class GroupLifecycle:
-    """One rank's inagg paths, from the inner gloo group's rendezvous to ``shutdown`` (module
+    """One rank's inagg paths, from the ranks' meeting to ``shutdown`` (module
     docstring): the endpoint, the communicators (``comm``, the host lane ``lane``, the host's
     ``host`` group), the fixed-point gloo path ``fixed``, the peer watch ``peers`` and the path
     chooser ``paths``. ``group`` is the inagg process group it belongs to (its rank, size and
     stats)."""
 
     def __init__(self, group: InaggProcessGroup, store: dist.Store, timeout: timedelta) -> None:
-        """The inner gloo group and the peer watch (a collective: every rank is here after it);
-        rank 0's local deployment starts now, in the background, where every rank is a worker
+        """The ranks' meeting, one round of the store that tells every rank what it needs of the
+        others (``inagg.hostlib.pytorch.roll_call``), and the peer watch (a collective: every
+        rank is here after it); the inner gloo group is made at its first call. Rank 0's local
+        deployment starts now, in the background, where every rank is a worker
         (``INAGG_HOST_REDUCE=off``). ``start`` starts the rest."""
         rank, world_size = group.rank(), group.size()
-        forced, same_bits = _forced_path(), _reproducible_requested()
+        forced, self._same_bits = _forced_path(), _reproducible_requested()
         self._group, self.timeout, self.forced = group, timeout, forced
         self.closed = False
         self.endpoint: Endpoint | None = None
@@ -121,7 +124,10 @@ class GroupLifecycle:
         self.host: HostGroup | None = None   # this host's ranks reduce together first (worker.host_reduce)
         self.fixed: FixedPointGloo | None = None
         self.peers: PeerWatch | None = None
-        self.paths: PathChooser | None = None
+        self.path_names: tuple[str, ...] = ()   # the paths this job's eligible allreduces may take
+        self._paths: PathChooser | None = None   # made at its first use (``paths``)
+        self._new_chooser: Callable[[], PathChooser] | None = None
+        self._chooser_lock = threading.Lock()
         # a job on one host with no controller named and no path forced: its tiny calls skip the
         # chooser (``AllreduceDispatch._tiny``)
         self.tiny_on_host = False
@@ -131,20 +137,19 @@ class GroupLifecycle:
         # (INAGG_HOST_REDUCE=off); otherwise once the start knows the job spans hosts (``_open_paths``)
         pending = start_endpoint(dist.PrefixStore("local", store), rank, world_size,
                                  now=host_reduce_setting() == "off")
+        call: RollCall | None = None
         try:
-            gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
-            # the fixed-point path's own gloo group, here: its rendezvous waits in C++ for every
-            # rank, which the start could not give up on should one die (``_start_stop``)
-            fixed_gloo = (dist.ProcessGroupGloo(dist.PrefixStore("gloo-fixed", store), rank, world_size, timeout)
-                          if same_bits else None)
-            # every rank is here (the gloo group is a collective): from now on a rank that ends is named
-            self.peers = PeerWatch(dist.PrefixStore("peers", store), rank, world_size, pending.watch_ip, timeout,
-                                   self._rank_gone)
+            call = RollCall(dist.PrefixStore("hello", store), rank, world_size, pending.watch_ip)
+            call.read()   # waits for every rank's answer: the start's one rendezvous
+            # every rank is here: from now on a rank that ends is named
+            self.peers = call.peer_watch(timeout, self._rank_gone)
         except BaseException:
             pending.cancel()
+            if call is not None:
+                call.close()
             raise
-        self.gloo = InnerGloo(gloo, store, group)
-        self._start_args: tuple | None = (pending, store, fixed_gloo, forced)   # for ``start``
+        self.gloo = InnerGloo(lambda: self._gloo_group(store, "gloo"), store, group)
+        self._start_args: tuple | None = (pending, store, call, forced)   # for ``start``
         self._start_error: BaseException | None = None
         self.is_ready = False   # the paths started (``_start_paths``) and calibrated (``ready``)
         self._calibrated = False
@@ -155,46 +160,51 @@ class GroupLifecycle:
         self._dispatch: AllreduceDispatch | None = None
 
     def start(self, dispatch: AllreduceDispatch) -> None:
-        """Start the paths in the background (``_start_paths``); ``dispatch`` calibrates them and
+        """Start the paths (``_start_paths``): in the background, or here where nothing in them
+        waits for anything beyond this host (``_on_one_host``); ``dispatch`` calibrates them and
         holds the gloo run's latest Work (let go at shutdown). Installs the Ctrl-C handling and
         the close at exit (after the local deployment's own: runs before it)."""
         self._dispatch = dispatch
-        # handed over, not kept: the fixed-point path's gloo group must go with the path at shutdown
         args, self._start_args = self._start_args, None
-        threading.Thread(target=self._start_paths, args=args, daemon=True, name="inagg-start").start()
+        pending, _, call, _ = args
+        if _on_one_host(pending, call):
+            self._start_paths(*args)
+        else:
+            threading.Thread(target=self._start_paths, args=args, daemon=True, name="inagg-start").start()
         interrupts.install()
         atexit.register(self._close_at_exit)
 
-    def _start_paths(self, pending: PendingEndpoint, store: dist.Store,
-                     fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
-        """The inagg paths, in the background from ``init_process_group`` on (thread
-        ``inagg-start``): the endpoint (rank 0's local deployment coming up), the
-        communicators' joins and the path chooser. ``init_process_group`` returns once the
-        inner gloo group is up, as gloo's does; what the program does next (its model, its
-        data, DDP's broadcasts on gloo) overlaps this, and the first call that needs the paths
-        waits for the rest (``ready``). With the same bits on every path the paths are
-        calibrated here too (the gloo path's calls then run on a gloo group of their own,
-        ``fixed_gloo``, not the inner one the program's collectives use meanwhile). A failure
-        leaves what was joined and is kept for that call to raise; a rank gone meanwhile ends
-        the start at its next wait (``_start_stop``)."""
+    def _start_paths(self, pending: PendingEndpoint, store: dist.Store, call: RollCall, forced: str | None) -> None:
+        """The inagg paths, from ``init_process_group`` on: the host group, the endpoint (rank
+        0's local deployment coming up), the communicators' joins and the path chooser. A job
+        whose ranks all share one host and that names no controller opens them before
+        ``init_process_group`` returns (nothing in them waits beyond the host: a few
+        milliseconds); any other in the background (thread ``inagg-start``), as gloo's
+        ``init_process_group`` returns once its ranks have met: what the program does
+        next (its model, its data, DDP's broadcasts on gloo) overlaps this, and the first call
+        that needs the paths waits for the rest (``ready``). With the same bits on every path the
+        paths are calibrated here too (the gloo path's calls then run on a gloo group of their
+        own, made at its first call, ``_gloo_group``, not the inner one the program's collectives
+        use meanwhile). A failure leaves what was joined and is kept for that call to raise; a
+        rank gone meanwhile ends the start at its next wait (``_start_stop``)."""
         try:
-            self._open_paths(pending, store, fixed_gloo, forced)
+            self._open_paths(pending, store, call, forced)
         except BaseException as e:  # noqa: BLE001 - raised by ``ready``
             pending.cancel()
             self._leave_paths()
             self._start_error = e
         finally:
+            call.close()
             self._started.set()
 
-    def _open_paths(self, pending: PendingEndpoint, store: dist.Store,
-                    fixed_gloo: dist.ProcessGroupGloo | None, forced: str | None) -> None:
+    def _open_paths(self, pending: PendingEndpoint, store: dist.Store, call: RollCall, forced: str | None) -> None:
         """The host group, then the endpoint and the joins (``_join_paths``), and the path
         chooser over the paths this job has; with the same bits on every path, their
         calibration too. A job with no controller named whose ranks all share one host starts
         no local deployment and joins no job: the host-local reduce carries its calls, and a
         switch would carry nothing (``HostCommunicator`` without a job)."""
         rank, world_size = self._group.rank(), self._group.size()
-        self.host = open_host_group(self._start_store(store, "host"), rank, world_size, self.timeout)
+        self.host = call.host_group(self.timeout, self._start_stop)
         if self.host is not None and (gone := self.failure()) is not None:   # named before ``_rank_gone`` saw it
             self.host.fail(gone)
         if pending.local and self.host is not None and self.host.n_hosts == 1:
@@ -205,27 +215,53 @@ class GroupLifecycle:
                 self._join_paths(store)
             except Exception as e:
                 raise InaggSetupError(f"rank {rank}: cannot join an inagg job at {self.endpoint.controller}: {e}") from e
-        self.fixed = self._reproducible(fixed_gloo) if fixed_gloo is not None else None
+        self.fixed = self._reproducible(store) if self._same_bits else None
         self.tiny_on_host = self.endpoint is None and forced is None
         paths = tuple(p for p in PATHS if p != "host" or self.lane is not None)
         if forced is not None and forced not in paths:
             why = ("its ranks reduce on their one host; INAGG_HOST_REDUCE=off makes each rank a worker"
                    if self.host is not None else "its grant is on the host aggregator already")
             raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
-        self.paths = PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size, self.failure), paths,
-                                 forced=forced,
-                                 shared_clock=self._shared_clock(store),
-                                 links=self._links(self.comm.grant), move=self._grant_move())
+        self.path_names, one_clock = paths, call.one_clock()
+        self._new_chooser = lambda: PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size,
+                                                         self.failure), paths, forced=forced, shared_clock=one_clock,
+                                                links=self._links(self.comm.grant), move=self._grant_move())
         if self.fixed is not None and not self.tiny_on_host:
             self._dispatch.calibrate()
             self._calibrated = True
 
-    def _shared_clock(self, store: dist.Store) -> bool:
-        """Whether every rank reads one clock (``_ranks_share_a_clock``): without asking where
-        the ranks are one host (they share memory: one kernel), the same answer on every rank."""
-        if self.host is not None and self.host.n_hosts == 1:
-            return True
-        return _ranks_share_a_clock(self._start_store(store, "clock"), self._group.rank(), self._group.size())
+    def _gloo_group(self, store: dist.Store, prefix: str) -> dist.ProcessGroupGloo:
+        """A gloo group of this process group's ranks under ``prefix``: the inner one
+        (``InnerGloo``) or the fixed-point path's (``FixedPointGloo``), each made at its first
+        call (the same call on every rank). Every rank says it is here first, in the store, waited
+        for as the start's waits are (a rank gone ends it, named) up to the process group's
+        timeout, as gloo's own call would wait for a rank that does not come (a collective only
+        some ranks call: its error says "Timed out", as gloo's); gloo's rendezvous after it
+        waits in C++, which nothing could end, for ranks that are all there."""
+        rank, world_size = self._group.rank(), self._group.size()
+        if world_size > 1:
+            here = dist.PrefixStore(f"{prefix}-here", store)
+            here.set(str(rank), "")
+            keys = [str(r) for r in range(world_size)]
+            try:
+                wait_keys(here, keys, self.failure, self.timeout, poll=_GLOO_POLL_SECONDS)
+            except TimeoutError:
+                missing = [r for r in range(world_size) if not here.check([str(r)])]
+                raise RuntimeError(f"inagg: Timed out waiting {self.timeout.total_seconds() * 1e3:.0f}ms for ranks "
+                                   f"{missing} to come to this collective (the process group's timeout; no rank is "
+                                   f"known gone): do all ranks call it?") from None
+        return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, self.timeout)
+
+    @property
+    def paths(self) -> PathChooser | None:
+        """The path chooser (None until the paths are open), made at its first use: a job on one
+        host whose calls are all tiny (``tiny_on_host``) makes none, so its start does not pay
+        for one."""
+        if self._paths is None and self._new_chooser is not None:
+            with self._chooser_lock:
+                if self._paths is None:
+                    self._paths = self._new_chooser()
+        return self._paths
 
     def _grant_move(self) -> GrantMove | None:
         """How the path choice sees the job's grant move; None where this rank's host reduces
@@ -265,7 +301,7 @@ class GroupLifecycle:
                 self._dispatch.calibrate()
                 self._calibrated = True
             self.is_ready = True
-            if self._group.rank() == 0:
+            if self._group.rank() == 0 and paths_log.isEnabledFor(logging.INFO):
                 paths_log.info("%s", summary(self, self._group.size()))
 
     def chooser(self) -> PathChooser:
@@ -346,7 +382,7 @@ class GroupLifecycle:
 
         return join(self._group.rank(), self._group.size()) if self.host is None else HostCommunicator(self.host, join)
 
-    def _reproducible(self, gloo: dist.ProcessGroupGloo) -> FixedPointGloo:
+    def _reproducible(self, store: dist.Store) -> FixedPointGloo:
         """For ``INAGG_REPRODUCIBLE`` (on by default): one ``Reduction`` for every path, so a float call
         gives the same bits whichever it takes (``inagg.hostlib.pytorch.reproducible``). The
         communicators' streams share its exponent block (a multiple of each one's K: its first
@@ -362,7 +398,7 @@ class GroupLifecycle:
                 comm.stream.reduction = reduction
         if self.host is not None:   # its leader's calls between hosts are int32 sums
             self.host.reduce.reduction = reduction
-        return FixedPointGloo(gloo, reduction)
+        return FixedPointGloo(lambda: self._gloo_group(store, "gloo-fixed"), size, reduction)
 
     def shutdown(self) -> None:
         """Leave the inagg job; rank 0 stops the local deployment it started once every rank

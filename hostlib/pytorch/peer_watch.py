@@ -2,8 +2,9 @@
 the moment its process ends, and one that stops answering once its lease runs out, whatever
 path its calls were on and however it ended.
 
-* **The star.** Rank 0 listens on its address and publishes it, with a random token, in the
-  group's store; every other rank connects and says hello (the token, its rank and pid). A
+* **The star.** Rank 0 listens on its address (``Hub``) and publishes it, with a random token,
+  in the start's one round of the store (``inagg.hostlib.pytorch.roll_call``); every other rank
+  connects and says hello (the token, its rank and pid). A
   process that ends closes its sockets, so the other end reads end-of-file at once: a SIGKILLed
   rank is seen as soon as the kernel closes its socket, rank 0 included (every rank holds a
   socket to it), on any machine the ranks reach each other from.
@@ -51,7 +52,6 @@ _HELLO = struct.Struct("<16sqq")   # token, rank, pid
 _PID = struct.Struct("<q")
 _GONE = struct.Struct("<qqc")      # rank, pid, how (LEAVE, EXIT, STOPPED or b"D": died)
 _DIED = b"D"
-_KEY = "star"
 _WAIT_SLICE = 0.2   # seconds a gloo wait stays in C++ at a time (``wait_gloo``)
 
 
@@ -78,11 +78,31 @@ def lease_seconds() -> float:
     return lease
 
 
-class PeerWatch:
-    """One rank's side of the star (module docstring). ``ip``: the address rank 0 listens on
-    (every rank passes its own; rank 0's is used)."""
+class Hub:
+    """Rank 0's end of the star before the ranks meet: a TCP socket listening on ``ip`` and
+    ``address``, what the others connect to (``ip:port:token``, the token random)."""
 
-    def __init__(self, store, rank: int, world_size: int, ip: str, timeout: timedelta,
+    def __init__(self, ip: str, backlog: int) -> None:
+        self.token = secrets.token_bytes(16)
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.listener.bind((ip, 0))
+            self.listener.listen(backlog)
+        except OSError:
+            self.listener.close()
+            raise
+        self.address = f"{ip}:{self.listener.getsockname()[1]}:{self.token.hex()}"
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+class PeerWatch:
+    """One rank's side of the star (module docstring): rank 0 accepts the others on its ``hub``,
+    every other rank connects to the ``hub`` address rank 0 published (a collective: it returns
+    once this rank's connections are made)."""
+
+    def __init__(self, rank: int, world_size: int, hub: Hub | str, timeout: timedelta,
                  on_gone: Callable[[RankDied], None]) -> None:
         self.rank, self.world_size, self._on_gone = rank, world_size, on_gone
         self.failure: RankDied | None = None
@@ -99,10 +119,10 @@ class PeerWatch:
             self._thread = None
             return
         seconds = max(timeout.total_seconds(), 30.0)   # every rank is on its way: init is a collective
-        if rank == 0:
-            self._accept_all(store, ip, seconds)
+        if isinstance(hub, Hub):
+            self._accept_all(hub, seconds)
         else:
-            self._connect(store, seconds)
+            self._connect(hub, seconds)
         self._open = set(self._socks)   # ranks whose sockets have not ended
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="inagg-peers")
@@ -110,33 +130,33 @@ class PeerWatch:
 
     # -- set-up ----------------------------------------------------------------------------
 
-    def _accept_all(self, store, ip: str, seconds: float) -> None:
-        token = secrets.token_bytes(16)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-            listener.bind((ip, 0))
-            listener.listen(self.world_size)
-            listener.settimeout(seconds)
-            store.set(_KEY, f"{ip}:{listener.getsockname()[1]}:{token.hex()}")
-            while len(self._socks) < self.world_size - 1:
-                try:
-                    sock, _ = listener.accept()
-                except socket.timeout:
-                    missing = sorted(set(range(1, self.world_size)) - set(self._socks))
-                    raise InaggSetupError(f"ranks {missing} did not connect to rank 0's peer watch at {ip} within "
-                                          f"{seconds:.0f}s: can they reach that address?") from None
-                sock.settimeout(seconds)
-                hello = _read(sock, _HELLO.size)
-                their_token, rank, pid = _HELLO.unpack(hello) if hello else (b"", -1, 0)
-                if their_token != token or not 0 < rank < self.world_size or rank in self._socks:
-                    sock.close()   # not one of this group's ranks
-                    continue
-                sock.sendall(_PID.pack(os.getpid()))
-                sock.settimeout(None)
-                self._socks[rank], self._pids[rank] = sock, pid
+    def _accept_all(self, hub: Hub, seconds: float) -> None:
+        """Rank 0: every other rank's connection, whose hello carries ``hub``'s token."""
+        hub.listener.settimeout(seconds)
+        while len(self._socks) < self.world_size - 1:
+            try:
+                sock, _ = hub.listener.accept()
+            except socket.timeout:
+                missing = sorted(set(range(1, self.world_size)) - set(self._socks))
+                raise InaggSetupError(f"ranks {missing} did not connect to rank 0's peer watch at {hub.address} "
+                                      f"within {seconds:.0f}s: can they reach that address?") from None
+            sock.settimeout(seconds)
+            hello = _read(sock, _HELLO.size)
+            their_token, rank, pid = _HELLO.unpack(hello) if hello else (b"", -1, 0)
+            if their_token != hub.token or not 0 < rank < self.world_size or rank in self._socks:
+                sock.close()   # not one of this group's ranks
+                continue
+            sock.sendall(_PID.pack(os.getpid()))
+            sock.settimeout(None)
+            self._socks[rank], self._pids[rank] = sock, pid
 
-    def _connect(self, store, seconds: float) -> None:
-        store.wait([_KEY], timedelta(seconds=seconds))
-        ip, port, token = store.get(_KEY).decode().split(":")
+    def _connect(self, address: str, seconds: float) -> None:
+        """Any other rank: its connection to rank 0's hub at ``address`` (``Hub.address``)."""
+        try:
+            ip, port, token = address.rsplit(":", 2)
+        except ValueError:
+            raise InaggSetupError(f"rank 0's peer watch address {address!r} is not ip:port:token: do all ranks "
+                                  f"run the same version of inagg?") from None
         sock = socket.create_connection((ip, int(port)), timeout=seconds)
         sock.sendall(_HELLO.pack(bytes.fromhex(token), self.rank, os.getpid()))
         answer = _read(sock, _PID.size)

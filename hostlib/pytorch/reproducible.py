@@ -22,7 +22,9 @@ same bits (``InaggProcessGroup``; ``INAGG_REPRODUCIBLE=0`` turns this off).
 
 Calls run in submission order on one thread with a gloo group of their own (its two allreduces
 per call must meet the other ranks' in the same order, whatever else the caller's thread runs
-on the backend's main gloo group); a call with nothing queued runs on the caller's thread.
+on the backend's main gloo group); a call with nothing queued runs on the caller's thread. The
+group is made at the path's first call (``connect``: the same call on every rank, as every call
+here), so a job whose calls never take this path (a job on one host's tiny calls) makes none.
 ``fail`` (a rank gone) ends the calls submitted and every later one with its error: gloo's own
 waits end with it too (``wait_gloo``), so no call waits for a rank that will not come.
 """
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from inagg.hostlib.errors import InaggError
 from inagg.hostlib.native_build import _native
 from inagg.hostlib.pytorch.peer_watch import wait_gloo
 from inagg.hostlib.wire import codec
@@ -51,14 +54,16 @@ _BAD_BLOCK = 127 + 1   # above every exponent: a block with inf/NaN on some rank
 class FixedPointGloo:
     """One rank's fixed-point float allreduces over a gloo group of their own (module docstring)."""
 
-    def __init__(self, gloo: dist.ProcessGroupGloo, reduction: Reduction) -> None:
-        """``gloo``: a group of this path's own (module docstring)."""
+    def __init__(self, connect: Callable[[], dist.ProcessGroupGloo], world_size: int, reduction: Reduction) -> None:
+        """``connect``: makes a gloo group of this path's own of ``world_size`` ranks, at the
+        first call (a collective: module docstring)."""
         if reduction.block is None or reduction.exact_limit is None:
             raise ValueError(f"a fixed-point gloo path needs a block and an exact limit, got {reduction}")
         self.reduction = reduction
-        self.n = gloo.size()
+        self.n = world_size
         self.shift = codec.shift_for(self.n)
-        self._gloo = gloo
+        self._connect: Callable[[], dist.ProcessGroupGloo] | None = connect
+        self._gloo: dist.ProcessGroupGloo | None = None
         self._queue: queue.Queue = queue.Queue()
         self._running = threading.Lock()   # one call at a time, in submission order
         self._queued = 0                   # submitted to the thread and not done (under _running)
@@ -108,7 +113,7 @@ class FixedPointGloo:
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(1.0 if self._failure is not None else 10.0)
-        self._gloo = None
+        self._gloo = self._connect = None
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -135,6 +140,14 @@ class FixedPointGloo:
         else:   # without this thread's frames: they hold the call's gloo Work (and so the group's
             # connections), and a future keeps its error in C++, beyond the reach of the collector
             fut.set_exception(error.with_traceback(None))
+
+    def _group(self) -> dist.ProcessGroupGloo:
+        """The path's gloo group, made at its first call (``connect``; module docstring)."""
+        if self._gloo is None:
+            if self._connect is None:
+                raise InaggError("inagg's fixed-point gloo path was closed (destroy_process_group): no call runs on it")
+            self._gloo, self._connect = self._connect(), None
+        return self._gloo
 
     def _reduce(self, tensor: torch.Tensor, divisor: int) -> None:
         x = numpy_view(tensor)
@@ -169,7 +182,7 @@ class FixedPointGloo:
         exps[bad] = _BAD_BLOCK
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
-        self._wait(self._gloo.allreduce([torch.from_numpy(exps)], opts))   # in place: the agreed exponents
+        self._wait(self._group().allreduce([torch.from_numpy(exps)], opts))   # in place: the agreed exponents
         if exps.max(initial=EXP_NONE) == _BAD_BLOCK:
             return False
         exps8 = exps.astype(np.int8)
@@ -180,7 +193,7 @@ class FixedPointGloo:
         return True
 
     def _sum(self, tensor: torch.Tensor) -> None:
-        self._wait(self._gloo.allreduce([tensor]))
+        self._wait(self._group().allreduce([tensor]))
 
     def _wait(self, work: dist.Work) -> None:
         wait_gloo(work, lambda: self._failure() if self._failure is not None else None)

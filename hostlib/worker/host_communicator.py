@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable
@@ -25,7 +26,8 @@ import numpy as np
 from inagg.hostlib.errors import InaggSetupError
 from inagg.hostlib.wire.grant import HOST_VALUES_PER_PACKET, Grant
 from inagg.hostlib.worker.cuda_staging import CudaStaging
-from inagg.hostlib.worker.host_group import HostLayout, Link, Message, connect_star, discover_layout, listen
+from inagg.hostlib.worker.host_group import (HostLayout, Link, Message, Stop, connect_star, discover_layout, listen,
+                                             never)
 from inagg.hostlib.worker.host_reduce import HostReduce
 from inagg.hostlib.worker.host_tiny import TinyCalls
 from inagg.hostlib.worker.call_protocol import check_array
@@ -131,22 +133,33 @@ class HostGroup:
 
 def open_host_group(store, rank: int, world_size: int, timeout: timedelta) -> HostGroup | None:
     """This rank's ``HostGroup``, or None when the job does not reduce on its hosts first. A
-    collective (``store``: the job's, prefixed)."""
+    collective (``store``: the job's, prefixed): a round of the store (``discover_layout``),
+    then ``join_host_group``."""
     listener, name = listen(world_size)   # any rank may be its host's leader
     try:
         layout, names = discover_layout(store, rank, world_size, name)
-        if not host_reduce_wanted(layout):
-            return None
-        links = connect_star(layout, listener, names, timeout)
+        return join_host_group(layout, listener, names, timeout)
     finally:
         listener.close()
+
+
+def join_host_group(layout: HostLayout, listener: socket.socket, names: list[str], timeout: timedelta,
+                    stop: Stop = never) -> HostGroup | None:
+    """This rank's ``HostGroup`` once every rank's host and listening socket's name are known
+    (``names``; ``listener``: this rank's, ``listen``), or None when the job does not reduce on
+    its hosts first. A collective of the host's ranks; a wait for one of them ends with
+    ``stop()``'s error (``connect_star``)."""
+    if not host_reduce_wanted(layout):
+        return None
+    links = connect_star(layout, listener, names, timeout, stop)
     group = HostGroup(layout, links, timeout.total_seconds())
     try:
-        group.reduce.share_buffer()
+        group.reduce.share_buffer(stop)
     except BaseException:
         group.close()
         raise
-    log.debug("rank %d: reducing on this host first (%s; leader rank %d)", rank, layout.describe(), layout.local[0])
+    log.debug("rank %d: reducing on this host first (%s; leader rank %d)", layout.rank, layout.describe(),
+              layout.local[0])
     return group
 
 

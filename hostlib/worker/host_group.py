@@ -114,18 +114,24 @@ def _span(ranks: tuple[int, ...]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ",".join(map(str, ranks))
 
 
+def layout_of(rank: int, identities: list[str]) -> HostLayout:
+    """The layout of ranks whose hosts are ``identities`` (``host_identity``, by rank)."""
+    hosts: dict[str, list[int]] = {}
+    for r, host in enumerate(identities):
+        hosts.setdefault(host, []).append(r)
+    return HostLayout(rank, tuple(tuple(ranks) for ranks in hosts.values()))
+
+
 def discover_layout(store, rank: int, world_size: int, listening: str = "") -> tuple[HostLayout, list[str]]:
     """Every rank's host, through the job's (prefixed) store, and the name every rank's
     ``listening`` socket has (``listen``): one round of the store, which hands a host's ranks
-    their leader's name with the layout (``connect_star``). A collective."""
+    their leader's name with the layout (``connect_star``). A collective. (The backend's start
+    carries the same in its one round, ``inagg.hostlib.pytorch.roll_call``.)"""
     store.set(f"id/{rank}", json.dumps([host_identity(), listening]))
     keys = [f"id/{r}" for r in range(world_size)]
     store.wait(keys)   # then one round trip for all of them
     ids = [json.loads(value) for value in store.multi_get(keys)]
-    hosts: dict[str, list[int]] = {}
-    for r, (host, _) in enumerate(ids):
-        hosts.setdefault(host, []).append(r)
-    return HostLayout(rank, tuple(tuple(ranks) for ranks in hosts.values())), [name for _, name in ids]
+    return layout_of(rank, [host for host, _ in ids]), [name for _, name in ids]
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -256,14 +262,16 @@ def listen(backlog: int) -> tuple[socket.socket, str]:
     return listener, name[1:]
 
 
-def connect_star(layout: HostLayout, listener: socket.socket, names: list[str], timeout: timedelta) -> dict[int, Link]:
+def connect_star(layout: HostLayout, listener: socket.socket, names: list[str], timeout: timedelta,
+                 stop: Stop = never) -> dict[int, Link]:
     """The leader's links to the other ranks of its host (by local index), accepted on its
     ``listener``, or another rank's one link to its leader (index 0), at the leader's name in
-    ``names`` (``discover_layout``'s). A collective of the host's ranks."""
+    ``names`` (``discover_layout``'s). A collective of the host's ranks; the leader's wait for
+    them ends with ``stop()``'s error (a rank gone before it connected) or after ``timeout``."""
     seconds = timeout.total_seconds()
     if layout.leader:
-        listener.settimeout(seconds)
-        return _accept_all(listener, layout)
+        listener.settimeout(SLICE_SECONDS)
+        return _accept_all(listener, layout, stop, time.monotonic() + seconds)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(seconds)
     sock.connect("\0" + names[layout.local[0]])
@@ -273,12 +281,17 @@ def connect_star(layout: HostLayout, listener: socket.socket, names: list[str], 
     return {0: Link(sock, rank, pid, True)}
 
 
-def _accept_all(listener: socket.socket, layout: HostLayout) -> dict[int, Link]:
+def _accept_all(listener: socket.socket, layout: HostLayout, stop: Stop, deadline: float) -> dict[int, Link]:
+    """The leader's accepts (``connect_star``), in slices of ``SLICE_SECONDS`` that ask ``stop``."""
     links: dict[int, Link] = {}
     while len(links) < len(layout.local) - 1:
         try:
             sock, _ = listener.accept()
         except socket.timeout:
+            if (error := stop()) is not None:
+                raise error from None
+            if time.monotonic() < deadline:
+                continue
             missing = [r for r in layout.local[1:] if layout.local.index(r) not in links]
             raise InaggSetupError(f"host {layout.host}: ranks {missing} did not connect to their leader, "
                                   f"rank {layout.rank}") from None
@@ -320,11 +333,15 @@ class SharedBuffer:
         return np.frombuffer(self.map, dtype, count, offset)
 
     def close(self) -> None:
-        """Unmap and close. A view still held keeps the mapping (numpy holds a buffer export);
-        it is then freed with the view."""
+        """Unmap and close (idempotent: a failed start's group is closed again at exit, and the
+        descriptor's number may be another file's by then). A view still held keeps the mapping
+        (numpy holds a buffer export); it is then freed with the view."""
+        if self.fd < 0:
+            return
         if self.map is not None:
             try:
                 self.map.close()
             except BufferError:
                 pass
         os.close(self.fd)
+        self.fd = -1

@@ -65,7 +65,8 @@ import numpy as np
 from inagg.hostlib.errors import InaggError, JobFailed
 from inagg.hostlib.native_build import _native
 from inagg.hostlib.wire import codec
-from inagg.hostlib.worker.host_group import HostLayout, Link, Message, RankDied, SharedBuffer, receive_all
+from inagg.hostlib.worker.host_group import (HostLayout, Link, Message, RankDied, SharedBuffer, Stop, never,
+                                             receive_all)
 from inagg.hostlib.worker.call_protocol import (
     CallRefused, CallSpec, Part, Refusal, Shard, check_part, one_round_capacity, overflow_error,
 )
@@ -274,17 +275,18 @@ class HostReduce:
         sent_ready = status != _native.TINY_NOT_SENT
         return self._done(c, started, lambda: self._follow(c, sent_ready, got.get(0)))
 
-    def share_buffer(self) -> None:
+    def share_buffer(self, stop: Stop = never) -> None:
         """The host's first shared buffer, made at the start (a collective of the host's ranks):
         the leader's, handed to every rank as a GROW, so the job's first call needs no GROW round
-        (a start's time: two messages and a wake-up each fewer)."""
+        (a start's time: two messages and a wake-up each fewer). The others' wait for it ends
+        with ``stop()``'s error (the start's: a rank named gone) or this group's failure."""
         if self.layout.leader:
             self._use(SharedBuffer.create(2 * _megabytes(0), _megabytes(0)))
             for link in self.links.values():
                 link.send(Message(_GROW, 0, self.buffer.nbytes, self.buffer.split, fd=self.buffer.fd))
             return
         link = self.links[0]
-        link.wait_readable(self._stop, self.timeout)
+        link.wait_readable(lambda: stop() or self._stop(), self.timeout)
         m = link.recv()
         if m.kind != _GROW or m.fd is None:
             raise InaggError(f"rank {self.layout.rank}: expected the host's shared buffer from {link.peer}, "

@@ -127,6 +127,7 @@ class PathChooser:
         self._budget = ExplorationBudget(self.paths, options.explore_budget)
         self._confirm = Confirmations(self.prefer, options.per_class, options.probe_ratio)
         self._best: dict[int, _Best] = {}   # per call size, until the next agreement
+        self._prefer_probes: dict[int, int] = {}   # size class -> the call of ``prefer``'s last probe there
         # runs of calls: [wall-clock time, first call, calls, payload bytes, path, explored]
         self._history: deque[list] = deque(maxlen=options.history)
         self._last_path: str | None = None   # the last call's path (a probe run's warm-up)
@@ -373,6 +374,8 @@ class PathChooser:
         path, warm_up = self._probes.take(self.models, nbytes, self._last_path)
         if path is not None and not warm_up:
             self.stats.probes += 1
+            if path == self.prefer:
+                self._prefer_probes[c] = self.calls
             if not self._probes.pending(c):
                 self._schedule.agree_at_next_call(self.calls)
         return path, warm_up
@@ -420,10 +423,27 @@ class PathChooser:
         done = self._confirm.count(c, path)
         if done is None:
             return
-        if done.left_prefer and self.prefer is not None:
+        if done.left_prefer and self.prefer is not None and not self._prefer_probes_trusted(c):
             self._recheck_prefer(c, done.path)
-        else:
-            self._schedule.agree_at_next_call(self.calls)
+            return
+        if done.left_prefer and self.prefer is not None:   # its probes were the recheck: counted as one
+            self._confirm.start_recheck(c)
+        self._schedule.agree_at_next_call(self.calls)
+
+    def _prefer_probes_trusted(self, c: int) -> bool:
+        """Whether ``prefer``'s figure at size class ``c`` can stand for the recheck that
+        leaving ``prefer`` takes: it is its own probes' (taken within the class's probe round
+        and confirmation: both paths' probes, their warm-ups and ``per_class`` calls), so it is
+        fresh, and within ``probe_ratio`` of what ``prefer``'s other sizes' line says (a
+        path's first calls at a new size may be slow: gloo's slow mode on a shared machine).
+        Then a new class's calls do not go back to ``prefer`` for a recheck after its
+        confirmation (four calls on the slower path after the 8th: issue 36)."""
+        window = 2 * (self.options.probes + 1) + self.options.per_class
+        if self.calls - self._prefer_probes.get(c, -window - 1) > window:
+            return False
+        model = self.models[self.prefer]
+        expected = model.line_elsewhere(c)
+        return expected is not None and model.seconds[c] <= self.options.probe_ratio * expected
 
     def _recheck_prefer(self, c: int, path: str) -> None:
         """Probe ``prefer`` and ``path`` again at size class ``c``, ``trusted`` calls each in a

@@ -88,6 +88,17 @@ class PathModel:
         """The fitted line's seconds for ``nbytes``."""
         return self.alpha + self.beta * nbytes
 
+    def line_elsewhere(self, c: int) -> float | None:
+        """The seconds that a line fitted to the other size classes' figures gives for class
+        ``c``'s size: what the path's other sizes say a call there should take (None where
+        fewer than two other classes, or ``c`` itself, were measured)."""
+        others = self.seen.copy()
+        others[c] = False
+        if not self.seen[c] or others.sum() < 2:
+            return None
+        alpha, beta = fit_alpha_beta(self.seconds[others], self.nbytes[others], PRIOR)
+        return alpha + beta * float(self.nbytes[c])
+
     def newest_lags(self) -> np.ndarray:
         """Per size class, how much slower its newest call was than the median of its other
         recent calls (0 with fewer than two calls)."""
