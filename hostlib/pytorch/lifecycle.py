@@ -356,13 +356,23 @@ class GroupLifecycle:
         """``error``, or one naming the rank whose end caused it: a rank's end fails its peers'
         calls in the words of whatever noticed first (gloo's "Connection closed by peer", a
         store that is gone with rank 0...: a RuntimeError); the peer watch names it. Any other
-        error (a refused input: ValueError, FloatingPointError), one naming a rank already and a
-        use after shutdown stay as they are."""
-        if not isinstance(error, RuntimeError) or isinstance(error, JobFailed) or self.peers is None or self.closed:
+        error (a refused input: ValueError, FloatingPointError) and a use after shutdown stay as
+        they are. One naming a rank stays unless the peer watch names another: a host's ranks
+        see their leader's socket close when it ends after a call that failed (another rank's
+        death), and the peer watch's relay of that death came first."""
+        if self.peers is None or self.closed:
+            return error
+        if isinstance(error, RankDied):
+            gone = self.peers.wait_for_failure(_NAMING_SECONDS)
+            return error if gone is None or gone.rank == error.rank else self._blame(gone, error)
+        if not isinstance(error, RuntimeError) or isinstance(error, JobFailed):
             return error
         gone = self.peers.wait_for_failure(_NAMING_SECONDS)
-        if gone is None:
-            return error
+        return error if gone is None else self._blame(gone, error)
+
+    @staticmethod
+    def _blame(gone: RankDied, error: BaseException) -> RankDied:
+        """A ``RankDied`` naming ``gone``, caused by ``error`` (what this rank's call saw)."""
         named = RankDied(gone.rank, f"{gone} (this rank's call failed: {error})")
         named.__cause__ = error
         return named
