@@ -93,6 +93,7 @@ class SwitchRuntime:
         self.restarts = 0                            # times it was found restarted and re-programmed
         self.known: SwitchState | None = None        # what it holds, as last written or read (None: unknown)
         self.known_mastership = 0                    # the session's mastership when ``known`` was taken
+        self._job_updates: dict[SwitchJob, list] = {}   # each wanted job's updates (``desired``)
         self.audited = time.monotonic()              # when it was last read back in full
         self.full_reads = 0                          # times it was read back in full
         self.updates_written = 0                     # updates written to it (counter resets included)
@@ -153,15 +154,18 @@ class SwitchRuntime:
         updates += RecircSpread(self.sw).updates(INSERT, self.cfg.loopback_device_ports)
         if self.atp_pool is not None:   # before the jobs that use it
             updates.append(JobAdmission(self.sw).atp_pool_update(INSERT, self.atp_pool))
-        for job in jobs:
-            if job.atp:
-                updates += JobAdmission(self.sw).atp_updates(INSERT, job)
-                continue
-            updates.append(ResultReplication(self.sw).job_update(INSERT, job))
-            updates += ReplicaRewrite(self.sw).updates(INSERT, job)
-            updates += TreeUplink(self.sw).updates(INSERT, job)
-            updates += JobAdmission(self.sw).updates(INSERT, job)
-        return updates
+        # a job's updates are built once while it stays the same (protobuf in pure Python is
+        # most of a placement's CPU): kept for the jobs wanted now, the others dropped
+        self._job_updates = {job: self._job_updates.get(job) or self.job_updates(job) for job in jobs}
+        return updates + [u for job in jobs for u in self._job_updates[job]]
+
+    def job_updates(self, job: SwitchJob) -> list:
+        """One job's entries: its multicast group, replica rows, uplink and admission rows (an
+        ATP job: its ``admit_atp`` rows)."""
+        if job.atp:
+            return JobAdmission(self.sw).atp_updates(INSERT, job)
+        return [ResultReplication(self.sw).job_update(INSERT, job), *ReplicaRewrite(self.sw).updates(INSERT, job),
+                *TreeUplink(self.sw).updates(INSERT, job), *JobAdmission(self.sw).updates(INSERT, job)]
 
     def guard_updates(self) -> list:
         """SourceGuard's entries: every port a configured host is on is guarded against

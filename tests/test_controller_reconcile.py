@@ -12,6 +12,7 @@ import pytest
 from inagg.bmv2_env.softswitch.p4runtime_server import P4RuntimeService, SoftSwitchState, serve as serve_switch
 from inagg.controller.config import default_program, parse_config
 from inagg.controller.controller import Controller
+from inagg.controller.metrics import ControllerCollector
 from inagg.controller.service import serve as serve_controller
 from inagg.controller.switch import DELETE, INSERT, MODIFY, SwitchConnection
 from inagg.controller.switch_state import SwitchState
@@ -150,6 +151,9 @@ def test_drift_behind_the_controllers_back_is_repaired_at_the_next_audit(tmp_pat
         line = next(r.getMessage() for r in caplog.records if "behind the controller's back" in r.getMessage())
         assert line.startswith("switch s1: 2 entries changed behind the controller's back (l2_table")
         assert "replica_table" in line and "deleted" in line and "added" in line
+        samples = {s.labels["kind"]: s.value for family in ControllerCollector(env.ctl).collect()
+                   for s in family.samples if s.name == "inagg_switch_programming_total"}
+        assert samples["drift_repairs"] == 2 and samples["full_reads"] >= 2 and samples["updates_written"] > 0
     finally:
         env.close()
 
