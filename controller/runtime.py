@@ -30,7 +30,7 @@ from inagg.controller.switch import (
     RecircSpread, ResultReplication, SourceGuard, SwitchConnection, SwitchError, SwitchJob, TreeUplink,
     check_no_traffic_on_reserved_ports, recirculation_rows,
 )
-from inagg.controller.switch_state import NAMED_DRIFT, SwitchState, plan
+from inagg.controller.switch_state import NAMED_DRIFT, SwitchState, Wanted, plan, wanted
 from inagg.hostlib.wire.grant import parse_address
 from inagg.controller.p4info import P4Type
 
@@ -93,7 +93,7 @@ class SwitchRuntime:
         self.restarts = 0                            # times it was found restarted and re-programmed
         self.known: SwitchState | None = None        # what it holds, as last written or read (None: unknown)
         self.known_mastership = 0                    # the session's mastership when ``known`` was taken
-        self._job_updates: dict[SwitchJob, list] = {}   # each wanted job's updates (``desired``)
+        self._job_wanted: dict[SwitchJob, list[Wanted]] = {}   # each wanted job's updates (``desired``)
         self.audited = time.monotonic()              # when it was last read back in full
         self.full_reads = 0                          # times it was read back in full
         self.updates_written = 0                     # updates written to it (counter resets included)
@@ -141,9 +141,9 @@ class SwitchRuntime:
         """Whether the last full read back is ``period`` seconds old."""
         return time.monotonic() - self.audited >= period
 
-    def desired(self, jobs: list[SwitchJob]):
+    def desired(self, jobs: list[SwitchJob]) -> list[Wanted]:
         """Entries (by table and key) and multicast groups the switch should hold, the job-id
-        mark among them (``JobAdmission.mark_update``)."""
+        mark among them (``JobAdmission.mark_update``), decoded (``switch_state.wanted``)."""
         fwd = Forwarding(self.sw)
         ports = {**self.routes, **{h.mac: h.port for h in self.cfg.hosts.values()}}
         updates = [fwd.host_update(INSERT, m, self.cfg.device_port(p)) for m, p in ports.items()]
@@ -154,10 +154,11 @@ class SwitchRuntime:
         updates += RecircSpread(self.sw).updates(INSERT, self.cfg.loopback_device_ports)
         if self.atp_pool is not None:   # before the jobs that use it
             updates.append(JobAdmission(self.sw).atp_pool_update(INSERT, self.atp_pool))
-        # a job's updates are built once while it stays the same (protobuf in pure Python is
-        # most of a placement's CPU): kept for the jobs wanted now, the others dropped
-        self._job_updates = {job: self._job_updates.get(job) or self.job_updates(job) for job in jobs}
-        return updates + [u for job in jobs for u in self._job_updates[job]]
+        # a job's updates are built and decoded once while it stays the same (protobuf in pure
+        # Python is most of a placement's CPU): kept for the jobs wanted now, the others dropped
+        self._job_wanted = {job: self._job_wanted.get(job) or wanted(self.sw, self.job_updates(job))
+                            for job in jobs}
+        return wanted(self.sw, updates) + [w for job in jobs for w in self._job_wanted[job]]
 
     def job_updates(self, job: SwitchJob) -> list:
         """One job's entries: its multicast group, replica rows, uplink and admission rows (an
@@ -194,7 +195,7 @@ class SwitchRuntime:
         holds (``switch_state.plan``): from ``known`` when that can stand (``knows``) and this is
         no ``audit``, else from a full read back. A write that fails leaves the switch unknown."""
         want = self.desired(jobs)
-        target = SwitchState.of_updates(self.sw, want)
+        target = SwitchState.of(want)
         have = self.known if self.knows() and not audit else self.read_back()
         writes = plan(self.sw, want, target, have, jobs)
         try:

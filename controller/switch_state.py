@@ -2,8 +2,7 @@
 
 A ``SwitchState`` is every table entry (by table and key: action and parameters) and multicast
 group (by id: its replicas) of the tables the controller programs. ``SwitchRuntime`` keeps the
-state it last made the switch hold (``of_updates`` of what it wrote, after the write
-succeeded), so a placement diffs against memory and writes only its difference, reading
+state it last made the switch hold (``of`` what it wrote, after the write succeeded), so a placement diffs against memory and writes only its difference, reading
 nothing; it reads the switch back in full (``read``) only where that memory may be wrong: a new
 session or a switch restart, a new primary election, after a write error, and at the keeper's
 periodic audit, where ``drift`` names what changed behind the controller's back.
@@ -34,16 +33,28 @@ DELETE_ORDER = {"job_table": 0, "uplink_table": 1, "replica_table": 1, "worker_t
 NAMED_DRIFT = 3
 
 
-def entry_of(sw: SwitchConnection, update: p4runtime_pb2.Update) -> tuple[EntryKey, Entry]:
-    """The (table, key) and (action, params) of a table-entry update."""
-    table, key, action, params = sw.decode_entry(update.entity.table_entry)
-    return (table, tuple(sorted(key.items()))), (action, params)
+@dataclass(frozen=True)
+class Wanted:
+    """One update the switch should hold, decoded: a table entry (``table`` True: key (table,
+    key items), value (action, params)) or a multicast group (key its id, value its replicas)."""
+
+    update: p4runtime_pb2.Update
+    table: bool
+    key: EntryKey | int
+    value: Entry | Group
 
 
-def group_of(update: p4runtime_pb2.Update) -> tuple[int, Group]:
-    """The id and sorted replicas of a multicast-group update."""
-    g = update.entity.packet_replication_engine_entry.multicast_group_entry
-    return g.multicast_group_id, sorted((r.egress_port, r.instance) for r in g.replicas)
+def wanted(sw: SwitchConnection, updates: Iterable[p4runtime_pb2.Update]) -> list[Wanted]:
+    """``updates`` (inserts) decoded, each once."""
+    out = []
+    for u in updates:
+        if u.entity.HasField("table_entry"):
+            table, key, action, params = sw.decode_entry(u.entity.table_entry)
+            out.append(Wanted(u, True, (table, tuple(sorted(key.items()))), (action, params)))
+        else:
+            g = u.entity.packet_replication_engine_entry.multicast_group_entry
+            out.append(Wanted(u, False, g.multicast_group_id, sorted((r.egress_port, r.instance) for r in g.replicas)))
+    return out
 
 
 @dataclass
@@ -74,16 +85,11 @@ class SwitchState:
         return state
 
     @classmethod
-    def of_updates(cls, sw: SwitchConnection, updates: Iterable[p4runtime_pb2.Update]) -> "SwitchState":
-        """The state that holds exactly the entries and groups of ``updates`` (inserts)."""
+    def of(cls, want: Iterable[Wanted]) -> "SwitchState":
+        """The state that holds exactly the entries and groups of ``want``."""
         state = cls()
-        for u in updates:
-            if u.entity.HasField("table_entry"):
-                key, entry = entry_of(sw, u)
-                state.tables[key] = entry
-            else:
-                gid, replicas = group_of(u)
-                state.groups[gid] = replicas
+        for w in want:
+            (state.tables if w.table else state.groups)[w.key] = w.value
         return state
 
     def has_job(self, job_id: int) -> bool:
@@ -99,21 +105,16 @@ class SwitchState:
         return [f"{name} {'added' if mine is None else 'deleted' if theirs is None else 'changed'}"
                 for name, mine, theirs in tables + groups if mine != theirs]
 
-def plan(sw: SwitchConnection, want: list[p4runtime_pb2.Update], target: SwitchState, have: SwitchState,
+def plan(sw: SwitchConnection, want: list[Wanted], target: SwitchState, have: SwitchState,
          jobs: list[SwitchJob]) -> list[p4runtime_pb2.Update]:
-    """The writes that turn ``have`` into ``target`` (= ``of_updates(want)``), in P4Runtime's
-    order (module docstring); each update of ``want`` that is written gets its type."""
+    """The writes that turn ``have`` into ``target`` (= ``of(want)``), in P4Runtime's order
+    (module docstring); each update of ``want`` that is written gets its type."""
     writes = [u for j in jobs if not have.has_job(j.job_id) for u in JobCounters(sw).reset_updates(j.job_index)]
-    for u in want:
-        if u.entity.HasField("table_entry"):
-            key, value = entry_of(sw, u)
-            now = have.tables.get(key)
-        else:
-            key, value = group_of(u)
-            now = have.groups.get(key)
-        if now != value:
-            u.type = MODIFY if now is not None else INSERT
-            writes.append(u)
+    for w in want:
+        now = (have.tables if w.table else have.groups).get(w.key)
+        if now != w.value:
+            w.update.type = MODIFY if now is not None else INSERT
+            writes.append(w.update)
     stale = sorted((k for k in have.tables if k not in target.tables), key=lambda k: DELETE_ORDER[k[0]])
     writes += [sw.table_update(DELETE, table, dict(key)) for table, key in stale]
     writes += [ResultReplication(sw).update(DELETE, gid, []) for gid in have.groups if gid not in target.groups]
