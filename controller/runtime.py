@@ -36,6 +36,7 @@ from inagg.controller.p4info import P4Type
 
 log = logging.getLogger("inagg.controller")
 
+
 def _ipv4_host(address: str) -> str | None:
     """The IPv4 of ``"ip:port"``; None for "" or a host name."""
     if not address:
