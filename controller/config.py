@@ -138,6 +138,7 @@ class ControllerConfig:
     lease_seconds: float = 30.0       # a job no rank renews for this long ends
     rank_lease_seconds: float = 8.0   # a placed job one of whose ranks is silent this long fails
     switch_check_seconds: float = 1.0 # how often each switch is checked for a restart
+    switch_audit_seconds: float = 30.0   # how often each switch is read back in full, drift repaired
     max_jobs: int = 4096              # jobs the controller holds at once (CreateJob is open)
     min_window: int = 8
     sharing: str = DYNAMIC            # the switch pool among its jobs: dynamic, static or atp (allocator.py)
@@ -339,6 +340,11 @@ def parse_config(data: dict, base: Path | None = None) -> ControllerConfig:
                          f"(how the switch's slots are shared among its jobs; default {DYNAMIC})")
     if kwargs.get("sharing") == ATP:
         check_atp(switches, host_aggregator)
+    for key in ("switch_check_seconds", "switch_audit_seconds"):
+        value = kwargs.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"config: {key} {value!r}: write a number of seconds above 0 "
+                             f"(how often the keeper looks at each switch)")
     if bool(kwargs.get("tls_cert")) != bool(kwargs.get("tls_key")):
         raise ValueError("config: tls_cert and tls_key go together")
     if not kwargs.get("admin_token"):

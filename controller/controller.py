@@ -7,9 +7,12 @@ re-synced, so one job's failure never half-applies and never blocks another job.
 end or fail a job are not undone by a database that cannot be written (a full disk): they hold in
 memory, reach the ranks, and are saved once the database takes writes again (``_save_if_behind``). A switch is *reconciled* whenever its desired
 entries change: the desired table entries and multicast groups are computed from the allocator's
-active grants and diffed against what the switch reports by Read, so a restarted controller
-converges to the same state from the SQLite store, and a restarted switch (its stream channel
-breaks, or its pipeline is gone) is re-programmed by the keeper thread (``keep_switch``).
+active grants and diffed against what the controller last made the switch hold, or against what
+the switch reports by Read where that is not known (a new session: so a restarted controller
+converges to the same state from the SQLite store; a failed write; another primary elected); a
+restarted switch (its stream channel breaks, or its pipeline is gone) is re-programmed by the
+keeper thread (``keep_switch``), which also reads each switch back in full every
+``switch_audit_seconds`` and repairs what was changed behind the controller's back.
 
 At start, before anything is programmed, the switches' jobs and job-id marks are read over
 P4Runtime and reconciled with the database (``_check_switches``): ids never repeat, and jobs a
@@ -494,11 +497,12 @@ class Controller:
     # -- switch keeper -----------------------------------------------------------------------
 
     def keep_switch(self, name: str) -> None:
-        """Re-program switch ``name`` when its session broke (restart) or its pipeline is not
-        ours any more; called by the keeper thread."""
+        """Re-program switch ``name`` when its session broke (restart), its pipeline is not
+        ours any more or another primary was elected, and audit it every
+        ``switch_audit_seconds``; called by the keeper thread."""
         self.fabric.reconnect(name, self.lock)
         with self.lock:
-            if self.fabric.reprogram(name, self.jobs):
+            if self.fabric.reprogram(name, self.jobs, self.config.switch_audit_seconds):
                 self._announce()
 
     def close(self) -> None:

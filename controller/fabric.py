@@ -214,15 +214,22 @@ class Fabric:
             with lock:
                 sw.adopt(None)
 
-    def reprogram(self, name: str, jobs: dict[int, Job]) -> bool:
-        """Program switch ``name`` if its entries are unknown (it restarted, or a failed sync left
-        them so); True when it was."""
+    def reprogram(self, name: str, jobs: dict[int, Job], audit_seconds: float) -> bool:
+        """Program switch ``name`` where what it holds is not known (it restarted, a failed sync
+        left it so, another primary was elected since: it is read back in full), else audit it
+        (read back in full, drift repaired) when its last full read is ``audit_seconds`` old;
+        True when it was re-programmed. A switch whose primary this session is not is left
+        alone (its writes would be refused) until it is again: a new election, so re-programmed."""
         sw = self.switches[name]
-        if sw.applied is not None:
+        if not sw.sw.primary:
             return False
-        sw.program(self.switch_jobs(name, jobs))
-        log.warning("switch %s re-programmed (%d job(s))", name, len(sw.applied))
-        return True
+        if sw.applied is None or not sw.knows():
+            sw.program(self.switch_jobs(name, jobs))
+            log.warning("switch %s re-programmed (%d job(s))", name, len(sw.applied))
+            return True
+        if sw.audit_due(audit_seconds):
+            sw.reconcile(sw.applied, audit=True)
+        return False
 
     def installed_jobs(self) -> tuple[dict[str, dict[int, int]], int]:
         """What the switches hold now, read over P4Runtime before anything is programmed:

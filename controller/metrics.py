@@ -19,8 +19,10 @@ aggregator: the ATP switch's, ``inagg_switch_job_collisions_total`` among them);
 row could count), ``inagg_switch_guard_drops_total{reason}`` (SourceGuard: frames from a host port
 claiming an aggregator's address or a result) and, where the program recirculates (TNA),
 ``inagg_switch_recirculation_passes_total{pipe, kind}`` (kind: sent, arrived, lost; the
-listing's ``recirculation``, as ``inaggctl jobs`` prints it). A switch that does not answer is
-left out of the scrape.
+listing's ``recirculation``, as ``inaggctl jobs`` prints it); and the controller's own work on it,
+``inagg_switch_programming_total{kind}`` (kind: full_reads, updates_written, drift_repairs: what
+its audits found changed behind the controller's back and rewrote). A switch that does not
+answer has its counters left out of the scrape.
 """
 
 from __future__ import annotations
@@ -108,7 +110,13 @@ class ControllerCollector:
                                     "by reason", labels=["switch", "reason"])
         recirc = CounterMetricFamily("inagg_switch_recirculation_passes", "recirculation passes by pipe: "
                                      "sent, arrived, lost (sent - arrived)", labels=["switch", "pipe", "kind"])
+        programming = CounterMetricFamily(
+            "inagg_switch_programming", "the controller's work on each switch: full read backs, updates "
+            "written, entries and groups an audit found changed behind its back (drift, repaired)",
+            labels=["switch", "kind"])
         for name, sw in self.ctl.fabric.switches.items():
+            for kind in ("full_reads", "updates_written", "drift_repairs"):
+                programming.add_metric([name, kind], getattr(sw, kind))
             try:
                 read = (JobCounters(sw.sw).global_drops(), SourceGuard(sw.sw).drops() if sw.capacity.guard else {})
             except SwitchError as e:
@@ -120,7 +128,7 @@ class ControllerCollector:
         for r in listing.recirculation:
             for kind in ("sent", "arrived", "lost"):
                 recirc.add_metric([r.switch, str(r.pipe), kind], getattr(r, kind))
-        return [global_drops, guard, recirc]
+        return [global_drops, guard, recirc, programming]
 
     def _counting_switch(self, job_id: int, active) -> str | None:
         """The switch whose per-job counters the listing holds for a job: the switch its grant

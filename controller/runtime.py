@@ -2,12 +2,22 @@
 session (replaced when the switch restarts), and the reconciliation that makes its tables and
 multicast groups hold exactly what the controller's state says: forwarding to its own hosts and,
 along the links, to the other switches' hosts and aggregator addresses; its jobs and its parts
-of aggregation trees (their uplinks included)."""
+of aggregation trees (their uplinks included).
+
+Reconciling diffs against what the controller knows the switch holds (``known``: what its last
+successful write made it hold, ``switch_state.py``), so a placement writes only its own entries
+and reads nothing. The switch is read back in full where that knowledge may be wrong: nothing
+known yet (a new session, a switch found restarted, a write that failed), a primary election
+since it was known (another controller may have written), and the keeper's audit every
+``switch_audit_seconds``; what an audit finds changed behind the controller's back is logged,
+counted (``drift_repairs``) and rewritten."""
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
+import time
 from dataclasses import dataclass
 
 from inagg.hostlib.wire.protocol import MAX_WORKERS
@@ -16,12 +26,15 @@ from inagg.controller.allocator import SlotAllocator
 from inagg.controller.config import SwitchConfig
 from inagg.controller.p4info import P4Info
 from inagg.controller.switch import (
-    DELETE, INSERT, MODIFY, AtpPoolBinding, Forwarding, JobAdmission, JobCounters, ReplicaRewrite,
-    RecircSpread, ResultReplication, SourceGuard, SwitchConnection, SwitchJob, TreeUplink,
+    INSERT, AtpPoolBinding, Forwarding, JobAdmission, ReplicaRewrite,
+    RecircSpread, ResultReplication, SourceGuard, SwitchConnection, SwitchError, SwitchJob, TreeUplink,
     check_no_traffic_on_reserved_ports, recirculation_rows,
 )
+from inagg.controller.switch_state import NAMED_DRIFT, SwitchState, Wanted, plan, wanted
 from inagg.hostlib.wire.grant import parse_address
 from inagg.controller.p4info import P4Type
+
+log = logging.getLogger("inagg.controller")
 
 
 def _ipv4_host(address: str) -> str | None:
@@ -79,6 +92,13 @@ class SwitchRuntime:
         self.wanted: list[SwitchJob] | None = None   # what the switch should hold
         self.applied: list[SwitchJob] | None = None  # ... and what it was last made to hold
         self.restarts = 0                            # times it was found restarted and re-programmed
+        self.known: SwitchState | None = None        # what it holds, as last written or read (None: unknown)
+        self.known_mastership = 0                    # the session's mastership when ``known`` was taken
+        self._job_wanted: dict[SwitchJob, list[Wanted]] = {}   # each wanted job's updates (``desired``)
+        self.audited = time.monotonic()              # when it was last read back in full
+        self.full_reads = 0                          # times it was read back in full
+        self.updates_written = 0                     # updates written to it (counter resets included)
+        self.drift_repairs = 0                       # entries and groups found changed behind our back
         self.id_mark = 0   # the next job id, kept on the switch with its entries (JobAdmission.mark_update)
         self.atp_pool: AtpPoolBinding | None = None   # sharing = "atp": its pool (Fabric)
         self.sw = SwitchConnection(cfg.grpc, cfg.device_id, program=cfg.program,
@@ -109,12 +129,22 @@ class SwitchRuntime:
             with contextlib.suppress(Exception):
                 self.sw.close()
             self.sw = sw
-        self.applied = None
+        self.applied = self.known = None
         self.restarts += 1
 
-    def desired(self, jobs: list[SwitchJob]):
+    def knows(self) -> bool:
+        """Whether ``known`` can stand for the switch: taken in this session, under the same
+        primary election, with the stream still up."""
+        return (self.known is not None and self.known_mastership == self.sw.mastership
+                and not self.sw.lost.is_set())
+
+    def audit_due(self, period: float) -> bool:
+        """Whether the last full read back is ``period`` seconds old."""
+        return time.monotonic() - self.audited >= period
+
+    def desired(self, jobs: list[SwitchJob]) -> list[Wanted]:
         """Entries (by table and key) and multicast groups the switch should hold, the job-id
-        mark among them (``JobAdmission.mark_update``)."""
+        mark among them (``JobAdmission.mark_update``), decoded (``switch_state.wanted``)."""
         fwd = Forwarding(self.sw)
         ports = {**self.routes, **{h.mac: h.port for h in self.cfg.hosts.values()}}
         updates = [fwd.host_update(INSERT, m, self.cfg.device_port(p)) for m, p in ports.items()]
@@ -125,15 +155,19 @@ class SwitchRuntime:
         updates += RecircSpread(self.sw).updates(INSERT, self.cfg.loopback_device_ports)
         if self.atp_pool is not None:   # before the jobs that use it
             updates.append(JobAdmission(self.sw).atp_pool_update(INSERT, self.atp_pool))
-        for job in jobs:
-            if job.atp:
-                updates += JobAdmission(self.sw).atp_updates(INSERT, job)
-                continue
-            updates.append(ResultReplication(self.sw).job_update(INSERT, job))
-            updates += ReplicaRewrite(self.sw).updates(INSERT, job)
-            updates += TreeUplink(self.sw).updates(INSERT, job)
-            updates += JobAdmission(self.sw).updates(INSERT, job)
-        return updates
+        # a job's updates are built and decoded once while it stays the same (protobuf in pure
+        # Python is most of a placement's CPU): kept for the jobs wanted now, the others dropped
+        self._job_wanted = {job: self._job_wanted.get(job) or wanted(self.sw, self.job_updates(job))
+                            for job in jobs}
+        return wanted(self.sw, updates) + [w for job in jobs for w in self._job_wanted[job]]
+
+    def job_updates(self, job: SwitchJob) -> list:
+        """One job's entries: its multicast group, replica rows, uplink and admission rows (an
+        ATP job: its ``admit_atp`` rows)."""
+        if job.atp:
+            return JobAdmission(self.sw).atp_updates(INSERT, job)
+        return [ResultReplication(self.sw).job_update(INSERT, job), *ReplicaRewrite(self.sw).updates(INSERT, job),
+                *TreeUplink(self.sw).updates(INSERT, job), *JobAdmission(self.sw).updates(INSERT, job)]
 
     def guard_updates(self) -> list:
         """SourceGuard's entries: every port a configured host is on is guarded against
@@ -157,50 +191,45 @@ class SwitchRuntime:
         self.wanted, self.applied = list(jobs), None
         self.reconcile(jobs)
 
-    def reconcile(self, jobs: list[SwitchJob]) -> None:
-        """Make the switch hold exactly ``desired(jobs)``: insert/modify first (groups, then
-        per-worker entries, then job_table), deletions last in reverse order."""
+    def reconcile(self, jobs: list[SwitchJob], *, audit: bool = False) -> None:
+        """Make the switch hold exactly ``desired(jobs)``, writing the difference from what it
+        holds (``switch_state.plan``): from ``known`` when that can stand (``knows``) and this is
+        no ``audit``, else from a full read back. A write that fails leaves the switch unknown."""
         want = self.desired(jobs)
-        have_tables: dict[tuple, tuple] = {}
-        tables = ("l2_table", "worker_table", "replica_table", "job_table") + \
+        target = SwitchState.of(want)
+        have = self.known if self.knows() and not audit else self.read_back()
+        writes = plan(self.sw, want, target, have, jobs)
+        try:
+            self.sw.write(writes)
+        except SwitchError:
+            self.known = None
+            raise
+        self.updates_written += len(writes)
+        self.known, self.known_mastership = target, self.sw.mastership
+        self.applied = list(jobs)
+
+    def tables(self) -> tuple[str, ...]:
+        """The tables the controller programs on this switch's program."""
+        return ("l2_table", "worker_table", "replica_table", "job_table") + \
             (("uplink_table",) if self.capacity.trees else ()) + \
             (("host_port_table",) if self.capacity.guard else ()) + \
             (("recirc_spread",) if self.capacity.recirc_spread else ()) + \
             (("atp_table",) if self.capacity.atp else ())
-        for table in tables:
-            for key, action, params in self.sw.table_entries(table):
-                have_tables[(table, tuple(sorted(key.items())))] = (action, params)
-        have_groups = ResultReplication(self.sw).groups()
-        writes, seen_tables, seen_groups = [], set(), set()
-        for u in want:
-            ent = u.entity
-            if ent.HasField("table_entry"):
-                table, key_dict, action, params = self.sw.decode_entry(ent.table_entry)
-                key, value = tuple(sorted(key_dict.items())), (action, params)
-                seen_tables.add((table, key))
-                have = have_tables.get((table, key))
-                if have != value:
-                    u.type = MODIFY if have is not None else INSERT
-                    writes.append(u)
-            else:
-                g = ent.packet_replication_engine_entry.multicast_group_entry
-                seen_groups.add(g.multicast_group_id)
-                replicas = [(r.egress_port, r.instance) for r in g.replicas]
-                have = have_groups.get(g.multicast_group_id)
-                if have is None or sorted(have) != sorted(replicas):
-                    u.type = MODIFY if have is not None else INSERT
-                    writes.append(u)
-        # a job new on the switch starts from zeroed counters (its row may have had another job,
-        # or the switch restarted); they go before its job_table row makes it visible
-        fresh = [j for j in jobs if ("job_table", (("job_id", j.job_id),)) not in have_tables]
-        writes[:0] = [u for j in fresh for u in JobCounters(self.sw).reset_updates(j.job_index)]
-        order = {"job_table": 0, "uplink_table": 1, "replica_table": 1, "worker_table": 1, "l2_table": 2,
-                 "host_port_table": 2, "recirc_spread": 2, "atp_table": 3}   # the pool after the jobs using it
-        stale = sorted((k for k in have_tables if k not in seen_tables), key=lambda k: order[k[0]])
-        for table, key in stale:
-            writes.append(self.sw.table_update(DELETE, table, dict(key)))
-        for gid in have_groups:
-            if gid not in seen_groups:
-                writes.append(ResultReplication(self.sw).update(DELETE, gid, []))
-        self.sw.write(writes)
-        self.applied = list(jobs)
+
+    def read_back(self) -> SwitchState:
+        """Everything the switch holds, read over P4Runtime. Where the controller believed it
+        knew (an audit, or a primary election since), each difference is drift from outside:
+        logged and counted; the reconcile that asked rewrites it."""
+        actual = SwitchState.read(self.sw, self.tables())
+        self.full_reads += 1
+        self.audited = time.monotonic()
+        if self.known is not None:
+            drift = self.known.drift(actual)
+            if drift:
+                self.drift_repairs += len(drift)
+                more = f" and {len(drift) - NAMED_DRIFT} more" if len(drift) > NAMED_DRIFT else ""
+                log.warning("switch %s: %d entr%s changed behind the controller's back (%s%s)%s; repairing",
+                            self.cfg.name, len(drift), "y" if len(drift) == 1 else "ies",
+                            ", ".join(drift[:NAMED_DRIFT]), more,
+                            "" if self.sw.mastership == self.known_mastership else " under another primary")
+        return actual

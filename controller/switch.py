@@ -5,9 +5,10 @@ P4Runtime gRPC stub itself, every call with a deadline: p4runtime-shell's client
 on some write errors (its ``P4RuntimeErrorIterator``), which would wedge the controller while it
 holds its lock. Write errors are decoded here from the status details (one ``p4.v1.Error`` per
 update). The stream channel is watched: ``lost`` is set when it ends, so the controller can
-notice a restarted switch and program it again. The classes after it mirror the P4 controls they
-program, with the same names: JobAdmission, TreeUplink, ResultReplication, ReplicaRewrite,
-Forwarding, JobCounters.
+notice a restarted switch and program it again, and ``mastership`` counts the times the session
+became primary, so the controller knows when another primary may have written meanwhile. The
+classes after it mirror the P4 controls they program, with the same names: JobAdmission,
+TreeUplink, ResultReplication, ReplicaRewrite, Forwarding, JobCounters.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class SwitchConnection:
         self.p4info: P4Info = self.program.p4info
         self.lost = threading.Event()   # the stream channel ended: the switch went away
         self.primary = False
+        # times this session became primary: another controller may have written in between
+        self.mastership = 0
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
         self._requests: queue.Queue = queue.Queue()
@@ -109,7 +112,9 @@ class SwitchConnection:
         try:
             for msg in self._stream:
                 if msg.HasField("arbitration"):
-                    self.primary = msg.arbitration.status.code == code_pb2.OK
+                    primary = msg.arbitration.status.code == code_pb2.OK
+                    self.mastership += primary and not self.primary
+                    self.primary = primary
                     self._arbitrated.put(True)
         except grpc.RpcError as e:
             self._arbitrated.put(f"{e.code().name}: {e.details()}")

@@ -44,7 +44,7 @@ SCHEMA: dict[str, dict[str, bool]] = {
     "profile": {"bucket_bytes": True, "compute_ms": False, "collective": False},
     # the controller's settings a topology may change; the launcher sets the rest (LAUNCHER_SETS)
     "controller": {"min_window": False, "lease_seconds": False, "rank_lease_seconds": False,
-                   "switch_check_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False,
+                   "switch_check_seconds": False, "switch_audit_seconds": False, "max_jobs": False, "host_slots": False, "host_window": False,
                    "sharing": False, "atp_pool": False},
 }
 NETEM_OPTIONS = ("delay", "jitter", "loss", "max_queue_size")   # link options Mininet applies with netem
@@ -213,7 +213,7 @@ def check_controller(section: dict, file: str) -> None:
         if key in section and not _number(section[key], True, 1):
             raise TopologyError(f"{file}: controller: {key} {section[key]!r} must be a whole number >= 1 "
                                 f"(slots or jobs); remove it for the default or write e.g. 8")
-    for key in ("lease_seconds", "rank_lease_seconds", "switch_check_seconds"):
+    for key in ("lease_seconds", "rank_lease_seconds", "switch_check_seconds", "switch_audit_seconds"):
         if key in section and not (_number(section[key], False, 0) and section[key] > 0):
             raise TopologyError(f"{file}: controller: {key} {section[key]!r} must be a number of seconds > 0")
     if section.get("sharing", DYNAMIC) not in SHARING:
