@@ -17,6 +17,7 @@ throughput.
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import queue
 import sys
@@ -28,15 +29,9 @@ from typing import Callable, NoReturn
 import numpy as np
 
 from inagg.bmv2_env.demos import workloads
-from inagg.bmv2_env.emulation.forked import ForkedRank, exit_now, rank_context
+from inagg.bmv2_env.emulation.forked import exit_now
 from inagg.hostlib import add_version_flag
 from inagg.hostlib.errors import InaggSetupError
-
-# ``train``'s ranks: forked from a server that imported what a rank imports (DDP's first
-# construction imports torch._dynamo), and the main module, so a target defined there (this
-# module run as ``python -m``) is found.
-RANK_CONTEXT = rank_context("__main__", __name__, "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-                            "sklearn.datasets")
 
 
 @dataclass
@@ -292,14 +287,15 @@ def train(cfg: TrainConfig, controller: str | None = None, admin: tuple[str, str
           on_epoch=None, timeout: float = 600.0, bind_ips: list[str] | None = None) -> TrainResult:
     """Run one training job with ``cfg.workers`` processes; ``on_epoch(epoch, loss, acc)``;
     rank r binds ``bind_ips[r]`` (a loopback deployment's worker addresses). The ranks are
-    forked from a fork server that imported this module and torch once (``RANK_CONTEXT``), not
-    spawned: every ``train`` of a process starts its ranks from those imports."""
-    q = RANK_CONTEXT.Queue()
+    spawned, not forked from a fork server: that server is one per process, and its imports are
+    whichever caller set them last (the torch suite's, in a test process)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
     result = TrainResult()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ForkedRank(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put,
-                                                      bind_ips[r] if bind_ips else None),
-                            daemon=True) for r in range(cfg.workers)]
+        procs = [ctx.Process(target=run_worker, args=(r, cfg, f"{d}/dist", f"{d}/rdv", controller, admin, q.put,
+                                                       bind_ips[r] if bind_ips else None),
+                             daemon=True) for r in range(cfg.workers)]
         for p in procs:
             p.start()
         done = 0
