@@ -360,15 +360,14 @@ class GroupLifecycle:
         they are. One naming a rank stays unless the peer watch names another: a host's ranks
         see their leader's socket close when it ends after a call that failed (another rank's
         death), and the peer watch's relay of that death came first."""
-        if self.peers is None or self.closed:
-            return error
-        if isinstance(error, RankDied):
-            gone = self.peers.wait_for_failure(_NAMING_SECONDS)
-            return error if gone is None or gone.rank == error.rank else self._blame(gone, error)
-        if not isinstance(error, RuntimeError) or isinstance(error, JobFailed):
+        named = isinstance(error, RankDied)
+        if self.peers is None or self.closed or not (named or isinstance(error, RuntimeError)) \
+                or (isinstance(error, JobFailed) and not named):
             return error
         gone = self.peers.wait_for_failure(_NAMING_SECONDS)
-        return error if gone is None else self._blame(gone, error)
+        if gone is None or (named and gone.rank == error.rank):
+            return error
+        return self._blame(gone, error)
 
     @staticmethod
     def _blame(gone: RankDied, error: BaseException) -> RankDied:
