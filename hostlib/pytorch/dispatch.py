@@ -9,7 +9,8 @@ skips the chooser (``allreduce``'s fast path: a few attribute reads instead of t
 per-call Python), its samples timed here (``_sample``) and its calls counted when it ends
 (``_end_run``). A small call on a communicator with nothing queued runs on the caller's thread
 (``_run``); with the same bits on every path, a float call on the gloo path sums inagg's fixed
-point (``_fixed_call``, ``inagg.hostlib.pytorch.reproducible``). A reduce-scatter takes the path
+point (``_fixed_call``, ``inagg.hostlib.pytorch.reproducible``), carrying the news of a grant move
+(``_ticket``). A reduce-scatter takes the path
 the chooser picks for an allreduce of its input, and its time feeds that path's model as one
 (``reduce_scatter``: only the rank's shard where the path can deliver just that). A
 non-contiguous tensor is staged through a contiguous copy (``_staged``), on every path alike.
@@ -28,6 +29,7 @@ import torch.distributed as dist
 
 from inagg.hostlib.pytorch.path.calibration import LADDER, CalibrationPlan
 from inagg.hostlib.pytorch.path.choice import PATHS
+from inagg.hostlib.pytorch.path.news import Ticket
 from inagg.hostlib.pytorch.path.options import TINY_BYTES
 from inagg.hostlib.pytorch.works import _CallWork, _DoneWork, _GlooWork, _resolve_to, _ShardWork, _TimedWork, failed_work
 from inagg.hostlib.worker.tensors import ReduceOp
@@ -335,9 +337,25 @@ class AllreduceDispatch:
 
     def _fixed_call(self, tensor: torch.Tensor, divisor: int) -> dist.Work:
         """A float call on the gloo path in inagg's fixed point; a small one with nothing queued
-        runs on the caller's thread (as ``_run``'s), and a future is delivered as ``_run``'s."""
-        fut = self._life.fixed.allreduce(tensor, divisor, inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES)
+        runs on the caller's thread (as ``_run``'s), and a future is delivered as ``_run``'s. It
+        carries this rank's news of a newer grant (``_ticket``)."""
+        fut = self._life.fixed.allreduce(tensor, divisor, inline_if_idle=tensor.nbytes < _INLINE_BELOW_BYTES,
+                                         ticket=self._ticket())
         return _CallWork(fut, lambda: _resolve_to(fut, [tensor], self._group.named), self._group)
+
+    def _ticket(self) -> Ticket | None:
+        """This gloo call's ticket where this rank has seen a grant newer than the one agreed
+        (``inagg.hostlib.pytorch.path.news``), numbered as the chooser's call it is (a run's
+        calls counted); a run it is in ends with it, so the next calls ask the chooser, which
+        hears the news at the same call on every rank."""
+        paths = self._life.paths
+        news = paths.news if paths is not None else None
+        if news is None:
+            return None
+        ticket = news.ticket(paths.calls + self.run_taken())
+        if ticket is not None and self._run_left:
+            self._run_length, self._run_left = self._run_length - self._run_left, 0
+        return ticket
 
     def calibrate(self) -> None:
         """Time every path at a few sizes, round by round as ``CalibrationPlan`` says (the same

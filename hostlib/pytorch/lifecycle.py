@@ -38,6 +38,7 @@ from inagg.hostlib.pytorch.carriers import summary
 from inagg.hostlib.pytorch.inner_gloo import InnerGloo
 from inagg.hostlib.pytorch.path.choice import PATHS, PathChooser
 from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, job_links
+from inagg.hostlib.pytorch.path.news import GrantNews
 from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
 from inagg.hostlib.pytorch.roll_call import RollCall
 from inagg.hostlib.pytorch.reproducible import FixedPointGloo
@@ -223,9 +224,8 @@ class GroupLifecycle:
                    if self.host is not None else "its grant is on the host aggregator already")
             raise InaggSetupError(f"{PATH_ENV}={forced}: this job has no host lane ({why}); use inagg")
         self.path_names, one_clock = paths, call.one_clock()
-        self._new_chooser = lambda: PathChooser(StoreMin(dist.PrefixStore("agree", store), rank, world_size,
-                                                         self.failure), paths, forced=forced, shared_clock=one_clock,
-                                                links=self._links(self.comm.grant), move=self._grant_move())
+        self._new_chooser = lambda: self._chooser_of(StoreMin(dist.PrefixStore("agree", store), rank, world_size,
+                                                              self.failure), paths, forced, one_clock)
         if self.fixed is not None and not self.tiny_on_host:
             self._dispatch.calibrate()
             self._calibrated = True
@@ -262,6 +262,15 @@ class GroupLifecycle:
                 if self._paths is None:
                     self._paths = self._new_chooser()
         return self._paths
+
+    def _chooser_of(self, agree: StoreMin, paths: tuple[str, ...], forced: str | None, one_clock: bool) -> PathChooser:
+        """The path chooser over ``paths``, agreeing through ``agree``, following the job's grant
+        (``_grant_move``), with the gloo path's news of its moves where that path is the fixed
+        point's (``GrantNews``: it carries the news)."""
+        move = self._grant_move()
+        news = GrantNews(move, self.failure) if move is not None and self.fixed is not None else None
+        return PathChooser(agree, paths, forced=forced, shared_clock=one_clock, links=self._links(self.comm.grant),
+                           move=move, news=news)
 
     def _grant_move(self) -> GrantMove | None:
         """How the path choice sees the job's grant move; None where this rank's host reduces

@@ -14,6 +14,10 @@ transport of the integers:
   (the agreement a stream makes one round ahead), each value quantized under its block's agreed
   exponent, an int32 SUM allreduce (|q| <= 2**S, so N of them never overflow), dequantized.
 
+Each call's control vector (the exponents' MAX, the exact sum's lanes) carries one lane more: the
+news that this rank has seen a newer grant of the job (``inagg.hostlib.pytorch.path.news``, a
+``Ticket`` where it has), settled with whether every rank had.
+
 AVG divides the float32 result before its one rounding to the tensor's dtype, as the streams
 do. A call holding inf or NaN (which inagg's paths refuse as a bad block) is summed as floats,
 as plain gloo sums it. The backend makes every path share one ``Reduction`` (the block a
@@ -41,6 +45,7 @@ import torch.distributed as dist
 
 from inagg.hostlib.errors import InaggError
 from inagg.hostlib.native_build import _native
+from inagg.hostlib.pytorch.path.news import Ticket
 from inagg.hostlib.pytorch.peer_watch import wait_gloo
 from inagg.hostlib.wire import codec
 from inagg.hostlib.wire.protocol import EXP_NONE
@@ -74,27 +79,31 @@ class FixedPointGloo:
         # (a job on one host: its tiny calls) never waits for a thread to start (a re-init's time)
         self._thread: threading.Thread | None = None
 
-    def allreduce(self, tensor: torch.Tensor, divisor: int, inline_if_idle: bool) -> torch.futures.Future:
+    def allreduce(self, tensor: torch.Tensor, divisor: int, inline_if_idle: bool,
+                  ticket: Ticket | None = None) -> torch.futures.Future:
         """Sum (``divisor`` = N: average) the contiguous float tensor in place; the future
         resolves to ``[tensor]``. ``inline_if_idle``: run it here when nothing is queued (a
         small call's latency), else it is queued (the caller overlaps it with its own work). A
-        CUDA tensor is reduced in a host copy, taken here (after the caller's stream's work)."""
+        CUDA tensor is reduced in a host copy, taken here (after the caller's stream's work).
+        ``ticket``: this rank has seen a newer grant (module docstring), settled by the call."""
         fut = torch.futures.Future()
         with self._lock:
             if self._failure is not None:
                 fut.set_exception(self._failure())
+                if ticket is not None:
+                    ticket.settle(False)
                 return fut
             self._pending.add(fut)
         host = tensor.cpu() if tensor.is_cuda else tensor
         with self._running:
             if inline_if_idle and not self._queued:
-                self._settle(fut, tensor, host, divisor)
+                self._settle(fut, tensor, host, divisor, ticket)
                 return fut
             self._queued += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, daemon=True, name="inagg-fixed-gloo")
                 self._thread.start()
-        self._queue.put((fut, tensor, host, divisor))
+        self._queue.put((fut, tensor, host, divisor, ticket))
         return fut
 
     def fail(self, failure: Callable[[], BaseException]) -> None:
@@ -121,16 +130,21 @@ class FixedPointGloo:
                 self._settle(*item)
                 self._queued -= 1
 
-    def _settle(self, fut: torch.futures.Future, tensor: torch.Tensor, host: torch.Tensor, divisor: int) -> None:
+    def _settle(self, fut: torch.futures.Future, tensor: torch.Tensor, host: torch.Tensor, divisor: int,
+                ticket: Ticket | None) -> None:
         """Reduce ``host`` (``tensor`` or its host copy), copy a CUDA tensor's result back, and
-        complete ``fut``."""
+        complete ``fut``; ``ticket`` is settled by the call's control vector (False if it failed
+        before)."""
         try:
-            self._reduce(host, divisor)
+            self._reduce(host, divisor, ticket)
             if host is not tensor:
                 tensor.copy_(host)
             outcome, error = [tensor], None
         except Exception as e:  # noqa: BLE001 - delivered to the caller through the future
             outcome, error = None, e
+        finally:
+            if ticket is not None:
+                ticket.settle(False)   # no-op where the control vector settled it
         with self._lock:
             if fut not in self._pending:   # ``fail`` ended it already
                 return
@@ -149,21 +163,26 @@ class FixedPointGloo:
             self._gloo, self._connect = self._connect(), None
         return self._gloo
 
-    def _reduce(self, tensor: torch.Tensor, divisor: int) -> None:
+    def _reduce(self, tensor: torch.Tensor, divisor: int, ticket: Ticket | None) -> None:
         x = numpy_view(tensor)
-        done = self._exact(x, divisor) if x.size <= self.reduction.exact_limit else self._blocks(x, divisor)
+        exact = x.size <= self.reduction.exact_limit
+        done = self._exact(x, divisor, ticket) if exact else self._blocks(x, divisor, ticket)
         if not done:   # inf/NaN on some rank: as plain gloo
             self._sum(tensor)
             if divisor != 1:
                 tensor.div_(divisor)
 
-    def _exact(self, x: np.ndarray, divisor: int) -> bool:
+    def _exact(self, x: np.ndarray, divisor: int, ticket: Ticket | None) -> bool:
         """The exact fixed-point sum, rounded once; False (``x`` unchanged) when some rank's
         values are not representable."""
         n_limbs = codec.fixed_limbs(self.n)
-        lanes = np.zeros(x.size * n_limbs + 1, np.int32)   # the last lane counts ranks with bad values
+        # the last lane counts ranks with bad values, the one before the ranks with news (a ticket)
+        lanes = np.zeros(x.size * n_limbs + 2, np.int32)
         lanes[-1] = not _native.fixed_encode(codec.widen(x), self.n, lanes)
+        lanes[-2] = ticket is not None
         self._sum(torch.from_numpy(lanes))
+        if ticket is not None:
+            ticket.settle(lanes[-2] == self.n)
         if lanes[-1]:
             return False
         y = np.empty(x.size, np.float32)
@@ -173,16 +192,21 @@ class FixedPointGloo:
         codec.narrow(y, x)
         return True
 
-    def _blocks(self, x: np.ndarray, divisor: int) -> bool:
+    def _blocks(self, x: np.ndarray, divisor: int, ticket: Ticket | None) -> bool:
         """Block floating point under agreed exponents; False (``x`` unchanged) when some rank
         has a bad block."""
         block = self.reduction.block
         local, bad = native_block_exponents(x, block)
-        exps = local.astype(np.int32)
+        lanes = np.empty(local.size + 1, np.int32)   # the last lane: 0 where this rank has news (a ticket)
+        exps = lanes[:-1]
+        exps[:] = local
         exps[bad] = _BAD_BLOCK
+        lanes[-1] = ticket is None
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
-        self._wait(self._group().allreduce([torch.from_numpy(exps)], opts))   # in place: the agreed exponents
+        self._wait(self._group().allreduce([torch.from_numpy(lanes)], opts))   # in place: the agreed exponents
+        if ticket is not None:
+            ticket.settle(lanes[-1] == 0)   # the MAX is 0 only where every rank had news
         if exps.max(initial=EXP_NONE) == _BAD_BLOCK:
             return False
         exps8 = exps.astype(np.int8)

@@ -61,6 +61,7 @@ from inagg.hostlib.pytorch.path.confirm import Confirmations
 from inagg.hostlib.pytorch.path.cost import PathModel, fit_alpha_beta, row_medians
 from inagg.hostlib.pytorch.path.explore import ExplorationBudget, Probes
 from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, agreed_links, link_vector
+from inagg.hostlib.pytorch.path.news import GrantNews
 from inagg.hostlib.pytorch.path.options import PathChoiceOptions
 from inagg.hostlib.pytorch.path.schedule import AgreementSchedule, Sampler
 from inagg.hostlib.pytorch.path.timings import SIZE_CLASSES, UNSEEN, PathTimings, size_class
@@ -84,6 +85,7 @@ class _Best(NamedTuple):
 class ChoiceStats:
     """What the chooser did, for reports (no decision reads it)."""
     agreements: int = 0
+    news: int = 0          # agreements the gloo calls' news of a newer grant brought (``GrantNews``)
     explorations: int = 0
     probes: int = 0
     calibration: dict = field(default_factory=dict)   # what the backend's calibration ran (``CalibrationPlan.record``)
@@ -102,11 +104,11 @@ class PathChooser:
     every rank's vector by elementwise minimum (a collective); ``options`` (or keyword
     overrides of its fields) tune the choice; ``links``: this rank's links, where their rate is
     known (the ranks agree on the job's, ``agree``); ``move``: how it learns that the inagg path's grant is about to move (``GrantMove``);
-    ``clock`` times the agreements' own work."""
+    ``news``: the gloo calls' news of a move (``GrantNews``, over ``move``); ``clock`` times the agreements' own work."""
 
     def __init__(self, agree: Callable[[np.ndarray], np.ndarray], paths: Sequence[str] = ("inagg", "gloo"),
                  options: PathChoiceOptions | None = None, *, forced: str | None = None, shared_clock: bool = False,
-                 links: LinkShape | None = None, move: GrantMove | None = None,
+                 links: LinkShape | None = None, move: GrantMove | None = None, news: GrantNews | None = None,
                  clock: Callable[[], float] = time.perf_counter, **overrides: Any) -> None:
         options = replace(options or PathChoiceOptions(), **overrides)
         _check_paths(paths, forced)
@@ -115,6 +117,9 @@ class PathChooser:
         self._own_links = links   # this rank's, under the grant of epoch ``_own_epoch`` (``agree``)
         self._grant_epoch = move.epoch() if move else 0   # the inagg grant the figures are of
         self._own_epoch = float(self._grant_epoch)
+        self.news = news
+        if news is not None:
+            news.agreed = self._grant_epoch
         self.prefer = options.prefer if options.prefer in self.paths else None
         self._agree_fn, self._clock = agree, clock
         self._lock = threading.Lock()   # ``observe`` may come from any thread
@@ -200,6 +205,8 @@ class PathChooser:
         if agreed[-2] > self._grant_epoch:   # every rank has seen a newer grant, offered or taken
             self._grant_epoch = int(agreed[-2])
             self._grant_moves("inagg")
+            if self.news is not None:
+                self.news.agreed = self._grant_epoch
         self._best.clear()
         self.stats.agreements += 1
         self._retime_slowed_classes()
@@ -227,6 +234,9 @@ class PathChooser:
         """The path of the next call, and whether to time it (every rank calls this once per
         eligible allreduce, in the same order)."""
         self.calls += 1
+        if self.news is not None and self.news.owed and self.news.heard(self.calls):
+            self._schedule.agree_at_next_call(self.calls - 1)   # every rank saw a newer grant: agree now
+            self.stats.news += 1
         entry = self._best.get(nbytes)
         if entry is None or entry.probing or self.calls >= self._schedule.next_agreement:
             return self._decide(nbytes)
@@ -243,10 +253,10 @@ class PathChooser:
         (timed; the others are not): the ``first``-th from now and every ``period``-th after it
         (``first`` 0: none). A caller may take them without asking, then report them with
         ``skip`` before its next ``choose``: this spares a hot loop of small calls the
-        chooser's per-call Python."""
+        chooser's per-call Python. None while this rank holds news to hear (``GrantNews.owed``)."""
         c = size_class(nbytes)
         entry = self._best.get(nbytes)
-        if (entry is None or entry.probing or self._sampler.timed_by_time(entry.seconds)
+        if (entry is None or (self.news is not None and self.news.owed) or entry.probing or self._sampler.timed_by_time(entry.seconds)
                 or (self.forced or entry.path) != path or self.timings[path].filling(c) or c in self._confirm.waiting):
             return 0, 0, 0
         calls = self._schedule.calls_before_next(self.calls)

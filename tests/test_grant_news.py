@@ -1,0 +1,126 @@
+"""The news of a grant move on the gloo path's calls (``inagg.hostlib.pytorch.path.news``): the
+fixed-point gloo call's extra control lane, the chooser hearing it at the same call on every
+rank, and a job whose grant the controller moves from the host aggregator to the switch
+leaving gloo within 8 calls, counted on the real backend (issue 36)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from inagg.hostlib.pytorch.path.choice import PathChooser
+from inagg.hostlib.pytorch.path.links import GrantMove
+from inagg.hostlib.pytorch.path.news import LAG, GrantNews
+from inagg.hostlib.pytorch.reproducible import FixedPointGloo
+from inagg.hostlib.worker.stream_base import Reduction
+from test_training import on_ranks
+
+BLOCK, EXACT = 256, 64   # the fixed path's block and exact limit here (values)
+
+
+def fixed_paths(n: int) -> list[FixedPointGloo]:
+    """``n`` ranks' fixed-point gloo paths over real gloo groups on one store (a thread each)."""
+    store = dist.HashStore()
+    return [FixedPointGloo(lambda r=r: dist.ProcessGroupGloo(dist.PrefixStore("fixed", store), r, n,
+                                                             timedelta(seconds=60)),
+                           n, Reduction(BLOCK, EXACT)) for r in range(n)]
+
+
+def offer(epoch: int = 1) -> dict:
+    """A rank's view of its job's grant: ``epoch`` in use, ``offered`` the one offered (None: none)."""
+    return {"epoch": epoch, "offered": None}
+
+
+def move_of(grant: dict) -> GrantMove:
+    return GrantMove(lambda: grant["epoch"], lambda: grant["offered"] or grant["epoch"], lambda: None)
+
+
+@pytest.mark.parametrize("values", [EXACT, 4 * BLOCK + 3])   # the exact sum's lanes; the exponents' MAX
+@pytest.mark.parametrize("seen", [(True, True, True), (True, False, True), (False, False, False)])
+def test_a_gloo_calls_control_lane_says_whether_every_rank_saw_a_newer_grant(values, seen):
+    """Each rank that has seen a newer grant sends its call with a ticket; every ticket settles
+    with whether all ranks had one, and the sum is the same bits as without the lane."""
+    n = len(seen)
+    paths = fixed_paths(n)
+    grants = [offer() for _ in range(n)]
+    news = [GrantNews(move_of(g)) for g in grants]
+    for g, s in zip(grants, seen):
+        g["offered"] = 2 if s else None
+    rng = np.random.default_rng(values)
+    inputs = [torch.from_numpy(rng.standard_normal(values).astype(np.float32)) for _ in range(n)]
+
+    def call(r: int, ticket) -> torch.Tensor:
+        x = inputs[r].clone()
+        paths[r].allreduce(x, 1, inline_if_idle=True, ticket=ticket).wait()
+        return x
+
+    plain = on_ranks(lambda r: call(r, None), n, 120)
+    tickets = [nw.ticket(1) for nw in news]
+    with_news = on_ranks(lambda r: call(r, tickets[r]), n, 120)
+    for a, b in zip(plain, with_news):
+        assert torch.equal(a, b)
+    assert [t is not None for t in tickets] == list(seen)
+    assert all(t.wait(lambda: None) == all(seen) for t in tickets if t is not None)
+    for p in paths:
+        p.close()
+
+
+def test_every_rank_hears_the_news_at_the_same_call_and_takes_the_same_paths():
+    """Two ranks on gloo see the grant offered at different calls (rank 0 at its 20th, rank 1
+    at its 26th): their gloo calls' lanes say "every rank" from call 26 on, both hear it at
+    call 26 + LAG + 1 and agree there, then take the same paths, probing inagg on the new
+    grant; the scheduled agreements (16, 32, 64) are the same on both."""
+    n, offered_at = 2, (20, 26)
+    paths = fixed_paths(n)
+    barrier, shared = threading.Barrier(n, timeout=30), {}
+
+    def agree(r: int):
+        def exchange(values: np.ndarray) -> np.ndarray:
+            shared[r] = values
+            barrier.wait()
+            out = np.minimum.reduce([shared[q] for q in range(n)])
+            barrier.wait()
+            return out
+        return exchange
+
+    grants = [offer() for _ in range(n)]
+    choosers = [PathChooser(agree(r), ("inagg", "gloo"), move=move_of(grants[r]), news=GrantNews(move_of(grants[r])))
+                for r in range(n)]
+    for c in choosers:   # gloo twice as fast as inagg on the grant in use
+        for _ in range(5):
+            c.observe("inagg", 4096, 2e-3)
+            c.observe("gloo", 4096, 1e-3)
+    on_ranks(lambda r: choosers[r].agree(), n, 60)
+
+    def calls(r: int) -> list[tuple[int, str, int]]:
+        c, out = choosers[r], []
+        for i in range(1, 41):
+            if i == offered_at[r]:
+                grants[r]["offered"] = 2
+            path, measure = c.choose(4096)
+            if path == "gloo":
+                ticket = c.news.ticket(c.calls)
+                paths[r].allreduce(torch.ones(1024), 1, inline_if_idle=True, ticket=ticket).wait()
+            elif grants[r]["offered"]:   # an inagg call takes the grant offered
+                grants[r]["epoch"], grants[r]["offered"] = grants[r]["offered"], None
+            if measure:
+                c.observe(path, 4096, 1e-3 if path == "gloo" else 0.2e-3)
+            out.append((i, path, c.agreements))
+        return out
+
+    runs = on_ranks(calls, n, 120)
+    print("".join(p[0] for _, p, _ in runs[0]))
+    assert runs[0] == runs[1]
+    heard = max(offered_at) + LAG + 1
+    assert [c.stats.news for c in choosers] == [1, 1]
+    first_inagg = next(i for i, path, _ in runs[0] if path == "inagg")
+    assert first_inagg == heard   # the probe's warm-up, at the agreement the news brought
+    assert [p for i, p, _ in runs[0] if i < heard] == ["gloo"] * (heard - 1)
+    for p in paths:
+        p.close()
