@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -115,7 +116,6 @@ def test_every_rank_hears_the_news_at_the_same_call_and_takes_the_same_paths():
         return out
 
     runs = on_ranks(calls, n, 120)
-    print("".join(p[0] for _, p, _ in runs[0]))
     assert runs[0] == runs[1]
     heard = max(offered_at) + LAG + 1
     assert [c.stats.news for c in choosers] == [1, 1]
@@ -124,3 +124,64 @@ def test_every_rank_hears_the_news_at_the_same_call_and_takes_the_same_paths():
     assert [p for i, p, _ in runs[0] if i < heard] == ["gloo"] * (heard - 1)
     for p in paths:
         p.close()
+
+
+def _paths_by_call(group) -> dict[int, str]:
+    """Each chosen call's path, by the chooser's call number (``path_history``'s runs)."""
+    return {run["call"] + i: run["path"] for run in group.path_history() for i in range(run["calls"])}
+
+
+def test_a_class_on_gloo_leaves_it_within_8_calls_of_its_grant_moving_to_the_switch(tmp_path, monkeypatch):
+    """Issue 36, counted in calls on the real backend: a 4-rank job at a controller whose switch
+    pool another job holds runs on the host aggregator, where its 16 KiB calls take gloo (on
+    2 Mbit/s links the aggregator's link carries every worker's frames: 4x the switch's bytes,
+    2.7x gloo's ring). The other job leaves, the controller offers the switch; once every rank
+    has seen the offer, at most 8 of the class's calls take gloo (its calls before the ranks
+    hear the news, gloo's recheck once the class left it, an exploration), the class moves to
+    the switch, and every rank took the same path at every call. (Without the news: 12 calls
+    on gloo before the next scheduled agreement, 16 in all.)"""
+    from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
+    from inagg.hostlib.pytorch.backend import InaggProcessGroup
+    from inagg.hostlib.worker.communicator import Communicator
+    from inagg.hostlib.worker.local import CONTROLLER_ENV, DEPLOYMENT_FILE
+
+    n = 4
+    with LoopbackDeployment(2 + n, min_window=1024) as dep:   # the soft switch's 1024 slots: one job's
+        blocker_store = dist.HashStore()
+        blockers = on_ranks(lambda r: Communicator(blocker_store, r, 2, dep.controller, bind_ip=dep.worker_ip(r)),
+                            2, 120)
+        (dep.dir / DEPLOYMENT_FILE).write_text(json.dumps({"controller": dep.controller,
+                                                           "worker_ips": dep.worker_ips[2:]}))
+        for name, value in ((CONTROLLER_ENV, dep.controller), ("INAGG_HOST_REDUCE", "off"),
+                            ("INAGG_LINK_RATE", "2mbit"), ("INAGG_ALLREDUCE_PATH", "auto")):
+            monkeypatch.setenv(name, value)
+        store = dist.HashStore()
+        groups = on_ranks(lambda r: InaggProcessGroup(store, r, n, timedelta(seconds=60)), n, 180)
+
+        def calls(r: int, count: int) -> None:
+            for _ in range(count):
+                groups[r].allreduce([torch.ones(4096)], dist.AllreduceOptions()).wait()
+
+        try:
+            on_ranks(lambda r: calls(r, 40), n, 300)
+            assert all(g.lifecycle.comm.grant.mode == "host" for g in groups)
+            before = [_paths_by_call(g) for g in groups]
+            moved_at = max(before[0]) + 1   # the first call after every rank saw the offer
+            for c in blockers:
+                c.close()
+            deadline = time.monotonic() + 60
+            while not all((p := g.lifecycle.comm.pending_grant) is not None and p.mode == "switch" for g in groups):
+                assert time.monotonic() < deadline, "the controller offered no switch grant in 60 s"
+                time.sleep(0.05)
+            on_ranks(lambda r: calls(r, 30), n, 300)
+            after = [_paths_by_call(g) for g in groups]
+            chosen = [g.lifecycle.paths.best(4096 * 4) for g in groups]
+        finally:
+            on_ranks(lambda r: groups[r].shutdown(), n, 120)
+    assert all(a == after[0] for a in after)
+    before_paths = [p for call, p in sorted(after[0].items()) if call < moved_at]
+    after_paths = [p for call, p in sorted(after[0].items()) if call >= moved_at]
+    assert before_paths[-20:] == ["gloo"] * 20, "".join(p[0] for p in before_paths)
+    assert after_paths.count("gloo") <= 8, "".join(p[0] for p in after_paths)   # an exploration of gloo counted
+    assert chosen == ["inagg"] * n and after_paths[-10:].count("inagg") >= 9, "".join(p[0] for p in after_paths)
+    assert all(g.lifecycle.comm.grant.mode == "switch" for g in groups)
