@@ -29,7 +29,10 @@ everywhere alike (the grant agreed at a call is the same on every rank).
 **What it costs.** One int32 lane per gloo call and nothing else while no grant is offered; a
 rank that has seen an offer waits, at most, for the call ``LAG + 1`` before the one it chooses,
 for as long as it holds tickets (until every rank has seen it and the ranks agree, or the offer
-goes). Calls on gloo that do not go through the fixed point (``INAGG_REPRODUCIBLE=0``, int32
+goes). Any newer epoch is news, a resize of the switch window too, as it is at an agreement
+(``PathChooser._grant_moves``): each brings its agreement within a few calls of every rank
+seeing it, where several moves between two scheduled agreements brought one. Calls on gloo that
+do not go through the fixed point (``INAGG_REPRODUCIBLE=0``, int32
 tensors) carry no lane: there the schedule alone finds the grant.
 """
 
