@@ -256,7 +256,8 @@ class PathChooser:
         chooser's per-call Python. None while this rank holds news to hear (``GrantNews.owed``)."""
         c = size_class(nbytes)
         entry = self._best.get(nbytes)
-        if (entry is None or (self.news is not None and self.news.owed) or entry.probing or self._sampler.timed_by_time(entry.seconds)
+        owed = self.news is not None and self.news.owed
+        if (entry is None or owed or entry.probing or self._sampler.timed_by_time(entry.seconds)
                 or (self.forced or entry.path) != path or self.timings[path].filling(c) or c in self._confirm.waiting):
             return 0, 0, 0
         calls = self._schedule.calls_before_next(self.calls)
