@@ -71,7 +71,7 @@ def rank_main(args: argparse.Namespace) -> int:
         paths.append(taken(auto, AUTO))
     if args.rank == 0:
         Path(args.out).write_text(json.dumps({"paths": paths, "offer_seen_at": seen_at,
-                                              "news": auto.lifecycle.paths.stats.news,
+                                              "news": auto.stats()["path_model"]["news"],
                                               "grants": auto.stats()["inagg"].get("grants")}, default=str))
     dist.barrier(group=barrier)
     dist.destroy_process_group()

@@ -176,9 +176,10 @@ def test_a_class_on_gloo_leaves_it_within_8_calls_of_its_grant_moving_to_the_swi
             on_ranks(lambda r: calls(r, 30), n, 300)
             after = [_paths_by_call(g) for g in groups]
             chosen = [g.lifecycle.paths.best(4096 * 4) for g in groups]
+            news = [g.stats()["path_model"]["news"] for g in groups]
         finally:
             on_ranks(lambda r: groups[r].shutdown(), n, 120)
-    assert all(a == after[0] for a in after)
+    assert all(a == after[0] for a in after) and len(set(news)) == 1
     before_paths = [p for call, p in sorted(after[0].items()) if call < moved_at]
     after_paths = [p for call, p in sorted(after[0].items()) if call >= moved_at]
     assert before_paths[-20:] == ["gloo"] * 20, "".join(p[0] for p in before_paths)

@@ -493,5 +493,6 @@ class PathChooser:
                            for p, m in self.models.items()},
                 "paths": list(self.paths), "calls": self.calls, "agreements": self.agreements,
                 "agreement_s": self.agreement_s,
-                "explorations": self.explorations, "probes": self.probed, "calibration": self.stats.calibration,
+                "explorations": self.explorations, "probes": self.probed, "news": self.stats.news,
+                "calibration": self.stats.calibration,
                 "explore_credit_s": {1 << 2 * int(c): float(credit[c]) for c in np.flatnonzero(credit)}}
