@@ -105,7 +105,7 @@ demo: setup
 	$(BIN)/inagg-demo $(DEMO_ARGS)
 
 test: setup-emulation
-	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/backend_sweep.py $(if $(QUICK),--quick)

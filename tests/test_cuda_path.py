@@ -84,3 +84,38 @@ def test_cuda_tensors_take_the_switch_path_and_give_their_cpu_twins_bits(tmp_pat
         assert not [k for k in stats["fallbacks"] if k.startswith("allreduce")]
     finally:
         on_ranks(lambda r: groups[r].shutdown(), 2, 120)
+
+
+def scatters(group: InaggProcessGroup, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every case's reduce-scatter of a CUDA tensor and of its CPU twin on this rank: the
+    outputs, CUDA's copied to the host."""
+    pairs = []
+    for dtype, size in CASES:
+        cpu = values(rank, 2 * size, dtype)
+        outputs = (torch.empty((size,), dtype=dtype, device="cuda"), torch.empty((size,), dtype=dtype))
+        for output, input_ in zip(outputs, (cpu.cuda(), cpu)):
+            group._reduce_scatter_base(output, input_).wait()
+        pairs.append((outputs[0].cpu(), outputs[1]))
+    return pairs
+
+
+@needs_cuda
+def test_a_cuda_reduce_scatter_takes_inaggs_path_and_gives_its_cpu_twins_shard(tmp_path, monkeypatch):
+    """Two ranks, every call pinned to the switch: a reduce-scatter of CUDA tensors (staged whole
+    through pinned memory, module ``inagg.hostlib.pytorch.reduce_scatter``) gives each rank the
+    bits of its CPU twin's shard, and runs on inagg's path, not the inner gloo group's."""
+    for name in ("INAGG_CONTROLLER", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("INAGG_ALLREDUCE_PATH", "inagg")
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    groups = on_ranks(lambda r: InaggProcessGroup(store, r, 2, timedelta(seconds=60)), 2, 120)
+    try:
+        for rank, pairs in enumerate(on_ranks(lambda r: scatters(groups[r], r), 2, 120)):
+            for (gpu, cpu), case in zip(pairs, CASES):
+                bits = torch.int16 if cpu.element_size() == 2 else torch.int32
+                assert torch.equal(gpu.view(bits), cpu.view(bits)), (rank, case)
+        stats = groups[0].stats()
+        assert stats["allreduce_paths"] == {"inagg": 2 * len(CASES)}   # the CUDA calls and their twins
+        assert stats["via_allreduce"] == {"_reduce_scatter_base": 2 * len(CASES)}   # none on gloo's
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2, 120)

@@ -208,7 +208,7 @@ class AllreduceDispatch:
         with a communicator (``reduce_scatter_async``: the host-local reduce, the switch's and
         the host lane's, which get only their shard's values from the aggregator) and contiguous
         tensors, the shard goes into ``output`` and ``input_`` is only read: returns (None, its
-        Work). Else (gloo, a non-contiguous tensor) a copy of ``input_`` is allreduced: returns
+        Work). Else (gloo, a CUDA or non-contiguous tensor) a copy of ``input_`` is allreduced: returns
         (the copy, its Work), and the caller keeps the copy's shard once the Work is done."""
         previous = self._end_run()   # the chooser is asked: every rank's call numbers stay aligned  # noqa: F841
         path, measure = self._choose(input_.nbytes, input_.dtype)

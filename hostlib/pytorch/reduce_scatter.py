@@ -9,8 +9,10 @@ rank whose shard holds it (``Communicator.reduce_scatter_async``: ~S/N down per 
 S), or with several ranks per host to the leader of the host whose ranks' shards hold it
 (``inagg.hostlib.worker.host_reduce``, "Between hosts"). The gloo path allreduces a copy of the
 input (the input stays as it was), and the rank's shard of the sum is copied to its output once
-every call is done (``_ShardWork``). Where an allreduce of the input could not use inagg (``_unshardable``), the
-inner gloo group's reduce-scatter runs instead.
+every call is done (``_ShardWork``). A CUDA input takes that way on every path: its copy's
+allreduce is staged through pinned host memory (``inagg.hostlib.worker.cuda_staging``), so its
+ranks receive the whole sum, not their shard. Where an allreduce of the input could not use inagg
+(``_unshardable``), the inner gloo group's reduce-scatter runs instead.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class ReduceScatter:
             reason = _ineligible([input_], op)
             if reason:
                 return reason
-            if output.dtype != input_.dtype or not output.is_cpu:
-                return "output not a CPU tensor of the input's dtype"
+            if output.dtype != input_.dtype or output.device != input_.device:
+                return "output not a tensor of the input's dtype on its device"
             if input_.numel() != output.numel() * self._size:
                 return "input not the ranks' outputs end to end"
         return ""
