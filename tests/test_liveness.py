@@ -1,6 +1,6 @@
 """Per-rank liveness and switch restarts, against the real processes on loopback: ranks run as
-their own processes (tests/rank_process.py), one is SIGKILLed, or the soft switch is restarted
-under a running job."""
+their own processes (tests/rank_process.py), one is SIGKILLed, the soft switch is restarted, or
+the controller is stopped (restarted on its database, or SIGSTOPped and continued) under a running job."""
 
 import os
 import signal
