@@ -19,8 +19,9 @@ P4Runtime and reconciled with the database (``_check_switches``): ids never repe
 lost or emptied database forgot are named and refused with why, never silently forgotten.
 
 Liveness: every rank renews its own lease (Heartbeat with its rank). When one rank of a placed job
-is silent for ``rank_lease_seconds`` the job fails: its slots return to the pool and its
-surviving ranks get a grant whose ``failure`` names the silent rank(s).
+is silent for ``rank_lease_seconds`` of the controller's own running time (its stalls pause the
+lease clocks: ``expire_leases``) the job fails: its slots return to the pool and its surviving
+ranks get a grant whose ``failure`` names the silent rank(s).
 
 The parts: ``jobs`` (the job records and the checks on requests), ``fabric`` (switches, slot
 pools, placement, programming), ``grants`` (what is told about jobs) and ``service`` (the gRPC
@@ -46,7 +47,8 @@ from inagg.controller.allocator import SWITCH, Demand, Placement
 from inagg.controller.config import ControllerConfig
 from inagg.controller.fabric import Fabric
 from inagg.controller.jobs import (Job, Member, Refused, authenticated, check_member, check_nonce,
-                                   check_rank, job_from_row, running, silence, stall_record)
+                                   check_rank, job_from_row, pause_leases, running, silence,
+                                   stall_record)
 from inagg.controller.store import Store, StoreError, state_from_json
 from inagg.controller.switch import SwitchError
 from inagg.controller.tree_place import restore_tree, tree_record
@@ -426,10 +428,19 @@ class Controller:
                 self.fabric.remove(job)
             log.warning("job %d failed: %s", job_id, why)
 
-    def expire_leases(self) -> list[int]:
-        """End jobs whose lease ran out; fail jobs one of whose ranks stopped. Each job on its
-        own: one that cannot be handled is logged and never stops the others. First, what the
-        database refused before is saved if it takes writes again."""
+    @property
+    def lease_check_seconds(self) -> float:
+        """How often the lease thread looks: an eighth of the shorter lease (50 ms at least)."""
+        return max(min(self.config.lease_seconds, self.config.rank_lease_seconds) / 8, 0.05)
+
+    def expire_leases(self, stall: float = 0.0) -> list[int]:
+        """End jobs whose lease ran out; fail jobs one of whose ranks stopped. ``stall``: how
+        much later than its period the lease thread looks (the controller was not scheduled):
+        every lease clock stops for that long first (``pause_leases``), so a controller that was
+        stopped or starved never fails a rank whose beats wait in its queue; a dead rank is still
+        named after a lease of the controller's own running time. Each job on its own: one that
+        cannot be handled is logged and never stops the others. First, what the database
+        refused before is saved if it takes writes again."""
         self._save_if_behind()
         now = time.monotonic()
         with self.lock:
@@ -437,6 +448,8 @@ class Controller:
         gone = []
         for job in jobs:
             try:
+                if stall > 0:
+                    pause_leases(job, stall, now)
                 if now - job.last_seen > self.config.lease_seconds:
                     log.warning("job %d lease expired", job.job_id)
                     self.leave(job.job_id)

@@ -164,6 +164,16 @@ def silent_ranks(job: Job, now: float, rank_lease_seconds: float) -> list[int]:
                   if r not in job.left and now - seen > rank_lease_seconds)
 
 
+def pause_leases(job: Job, stall: float, now: float) -> None:
+    """Stop ``job``'s lease clocks for ``stall`` seconds in which the controller itself was not
+    scheduled (stopped, starved of CPU): the beats its ranks sent meanwhile wait in its server's
+    queue and are read only after its lease thread looks, so that time is no rank's silence.
+    A time already ahead of ``now`` (a restored job's grace) stays; none moves past ``now``."""
+    job.last_seen = max(job.last_seen, min(job.last_seen + stall, now))
+    for rank, seen in list(job.rank_seen.items()):   # a beat only assigns existing ranks
+        job.rank_seen[rank] = max(seen, min(seen + stall, now))
+
+
 def silence(job: Job, now: float, rank_lease_seconds: float) -> str:
     """Why ``job`` fails for its silent ranks, naming each; "" while every rank is heard."""
     silent = silent_ranks(job, now, rank_lease_seconds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent import futures
 from typing import Callable
 
@@ -53,6 +54,24 @@ def run_forever(name: str, period: float, stopped: threading.Event,
     thread = threading.Thread(target=loop, daemon=True, name=name)
     thread.start()
     return thread
+
+
+class LeaseLooks:
+    """The lease thread's step: ``Controller.expire_leases`` told how late this look wakes, the
+    time since the last look ended beyond the period, which is the controller's own stall (a
+    SIGSTOP, a starved CPU), not its ranks' silence. Measured from the last look's end, so a look
+    that waited for the lock (a placement, during which beats go on) pauses no lease."""
+
+    def __init__(self, ctl: Controller) -> None:
+        self.ctl = ctl
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        stall = max(time.monotonic() - self.last - self.ctl.lease_check_seconds, 0.0)
+        try:
+            self.ctl.expire_leases(stall)
+        finally:
+            self.last = time.monotonic()
 
 
 class JobServicer(pb_grpc.JobServiceServicer):
@@ -170,8 +189,7 @@ def serve(ctl: Controller, address: str) -> grpc.Server:
     pb_grpc.add_JobServiceServicer_to_server(JobServicer(ctl), server)
     add_port(server, address, ctl.config)
     server.start()
-    run_forever("leases", max(min(ctl.config.lease_seconds, ctl.config.rank_lease_seconds) / 8, 0.05),
-                ctl.stopped, ctl.expire_leases)
+    run_forever("leases", ctl.lease_check_seconds, ctl.stopped, LeaseLooks(ctl))
     for name in ctl.fabric.switches:
         run_forever(f"keeper-{name}", ctl.config.switch_check_seconds, ctl.stopped,
                     lambda name=name: ctl.keep_switch(name))

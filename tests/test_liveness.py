@@ -1,8 +1,9 @@
 """Per-rank liveness and switch restarts, against the real processes on loopback: ranks run as
-their own processes (tests/rank_process.py), one is SIGKILLed, or the soft switch is restarted
-under a running job."""
+their own processes (tests/rank_process.py), one is SIGKILLed, the soft switch is restarted, or
+the controller is stopped (restarted on its database, or SIGSTOPped and continued) under a running job."""
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -198,3 +199,31 @@ def test_only_the_admin_or_every_rank_ends_a_job_and_its_ranks_are_told_who():
             client.close()
             for c in comms:
                 c.close()
+
+
+def test_a_controller_stalled_longer_than_a_rank_lease_fails_no_healthy_rank():
+    """The controller process is SIGSTOPped for 9 s (over the 4 s rank lease) under a running
+    job of rank processes, then continued: its own stall is not the ranks' silence (the beats
+    queued meanwhile arrive after its lease thread first looks), so no rank is failed and the
+    calls go on exact. Counted, not timed: the job's failures and the ranks' errors are 0."""
+    with LoopbackDeployment(2, rank_lease_seconds=4.0) as dep:
+        ranks = start_job(dep, 2, [0, 1])
+        try:
+            for r in ranks:
+                r.wait_for("ok 10", 60)
+            os.kill(dep.controller_proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(9.0)
+            finally:
+                os.kill(dep.controller_proc.pid, signal.SIGCONT)
+            calls_before = len(ranks[0].lines)
+            time.sleep(4.0 + 3.0)       # a rank lease and a few lease checks after the stall
+            assert not [line for r in ranks for line in r.lines if line.startswith("error")]
+            assert len(ranks[0].lines) > calls_before         # calls went on, each one exact
+            admin = ControllerClient(dep.controller)
+            jobs = admin.list_jobs(dep.admin_token).jobs
+            admin.close()
+            assert [j.failure for j in jobs] == [""]
+        finally:
+            for r in ranks:
+                r.stop()

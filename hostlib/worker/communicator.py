@@ -356,25 +356,24 @@ class Communicator:
 
     def _heartbeat(self) -> None:
         """Renew this rank's lease, four times per lease so one lost beat never expires it; a
-        beat waits at most half a lease for a controller that is down (then the next one goes),
-        so the first beat after a controller restart arrives within a beat period. A beat
-        refused as ``GONE`` (the controller knows no such job any more, or it failed) fails the
-        job at once with the controller's reason; any other failed beat (the controller is down)
-        is logged and retried, as an error once a whole lease passed without one."""
+        beat waits at most half a lease for a controller that is down or slow. Beats are paced
+        from each one's start, so one that took its deadline (or any beat period) is followed at
+        once, not a whole period later (the controller last heard this rank before it), and the
+        store is checked for a shared launch only after the beat, so a slow store never delays
+        it. A beat refused as ``GONE`` (the controller knows no such job any more, or it failed)
+        fails the job at once with the controller's reason; any other failed beat (the controller
+        is down) is logged and retried, as an error once a whole lease passed without one."""
         lease = min(self.lease_seconds, self.rank_lease_seconds)
-        last_ok = time.monotonic()
-        while not self._closed.wait(max(lease / 4, 0.1)):
+        period = max(lease / 4, 0.1)
+        last_ok = started = time.monotonic()
+        while not self._closed.wait(max(started + period - time.monotonic(), 0.0)):
             if self.failure:
                 return
-            try:
-                self._check_store()
-            except SharedStore as e:
-                self._fail(str(e))
-                return
+            started = time.monotonic()
             try:
                 self.client.heartbeat(self.job_id, self.token, self.rank, timeout=max(lease / 2, 0.2))
                 last_ok = time.monotonic()
-            except Exception as e:  # noqa: BLE001 - any failure: logged, retried next beat
+            except Exception as e:  # noqa: BLE001 - any failure: logged, retried
                 if self._closed.is_set():   # close() cancelled it
                     return
                 if getattr(getattr(e, "code", None), "name", "") in GONE:   # the job is gone or failed: say so now
@@ -384,6 +383,11 @@ class Communicator:
                 level = logging.ERROR if silent > lease else logging.WARNING
                 log.log(level, "job %d rank %d: heartbeat failed (%s); no renewal for %.0fs of a %.0fs lease",
                         self.job_id, self.rank, e, silent, lease)
+            try:
+                self._check_store()
+            except SharedStore as e:
+                self._fail(str(e))
+                return
 
     def _switch_if_agreed(self) -> None:
         agreed = self.stream.agreed_epoch
