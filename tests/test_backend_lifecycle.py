@@ -379,9 +379,16 @@ def _end(procs: list[subprocess.Popen]) -> None:
 
 # -- the peer watch on its own -------------------------------------------------------------------
 
-def _watches(tmp_path: Path, n: int) -> tuple[list[PeerWatch], list[list[RankDied]]]:
+# the two ways the peer watch's star is connected (``RollCall.peer_watch``): the host group's
+# star (one host, reducing there) or rank 0's TCP hub (each rank a worker: as across hosts)
+STARS = pytest.mark.parametrize("host_reduce", ["auto", "off"])
+
+
+def _watches(tmp_path: Path, n: int, host_reduce: str, monkeypatch) -> tuple[list[PeerWatch], list[list[RankDied]]]:
     """``n`` ranks' peer watches, each rank a thread that meets the others as a start does (its
-    roll call's one round)."""
+    roll call's one round); ``host_reduce``: ``INAGG_HOST_REDUCE`` (auto: the host group's star
+    carries the watch's connections, off: the TCP hub)."""
+    monkeypatch.setenv("INAGG_HOST_REDUCE", host_reduce)
     store = dist.FileStore(str(tmp_path / "store"), n)
     told: list[list[RankDied]] = [[] for _ in range(n)]
 
@@ -402,8 +409,9 @@ def _end_without_a_word(watch: PeerWatch) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-def test_a_rank_that_leaves_fails_no_one_and_one_that_ends_is_named_everywhere(tmp_path):
-    watches, told = _watches(tmp_path, 4)
+@STARS
+def test_a_rank_that_leaves_fails_no_one_and_one_that_ends_is_named_everywhere(tmp_path, host_reduce, monkeypatch):
+    watches, told = _watches(tmp_path, 4, host_reduce, monkeypatch)
     watches[3].close(LEAVE)
     time.sleep(0.3)
     assert told == [[], [], [], []] and watches[0].failure is None
@@ -419,8 +427,9 @@ def test_a_rank_that_leaves_fails_no_one_and_one_that_ends_is_named_everywhere(t
     watches[2].close()
 
 
-def test_rank_0_exiting_is_named_on_every_other_rank(tmp_path):
-    watches, told = _watches(tmp_path, 3)
+@STARS
+def test_rank_0_exiting_is_named_on_every_other_rank(tmp_path, host_reduce, monkeypatch):
+    watches, told = _watches(tmp_path, 3, host_reduce, monkeypatch)
     watches[0].close(EXIT, wait=0.0)
     for r in (1, 2):
         gone = watches[r].wait_for_failure(10.0)
