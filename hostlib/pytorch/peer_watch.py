@@ -20,7 +20,8 @@ path its calls were on and however it ended.
   each rank learns of every other's end with one socket of its own.
 * **The watch thread.** Each rank's watch runs on a thread of its own, started without
   waiting for it to run (``_thread.start_new_thread``: ``threading.Thread.start`` waits, which
-  on a loaded machine is a wait for a CPU on the start's path); ``close`` waits for its end.
+  on a loaded machine is a wait for a CPU on the start's path); ``close`` tells it to end and
+  does not wait either: it closes the connections itself as it ends.
 * **The lease.** A rank that stops without ending (SIGSTOP, a debugger, a process frozen by its
   cgroup) keeps its sockets open, so end-of-file never comes. Every rank's watch thread sends a
   ``BEAT`` to the other end of each of its sockets every eighth of the lease and counts anything
@@ -166,23 +167,27 @@ class PeerWatch:
         self._socks = socks
         self._pids = {r: pids[r] for r in socks}
         self._lease = lease_seconds()
-        self._ended = threading.Event()   # the watch thread ended
-        self._watcher: int | None = None   # the watch thread's id, until ``close``
+        self._watching = False   # the watch thread runs, until ``close``
         if world_size == 1:
             self._all_gone.set()
             return
         self._open = set(self._socks)   # ranks whose sockets have not ended
         self._wake_r, self._wake_w = socket.socketpair()
-        self._watcher = _thread.start_new_thread(self._run, ())
+        _thread.start_new_thread(self._run, ())
+        self._watching = True
 
     # -- watching ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        """The watch thread (``_watch``), saying when it ends (``close`` waits for that)."""
+        """The watch thread (``_watch``); it closes the connections as it ends (after ``close``),
+        so no other thread closes a socket it may be reading."""
         try:
             self._watch()
         finally:
-            self._ended.set()
+            for sock in self._socks.values():
+                sock.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
     def _watch(self) -> None:
         """The watch thread: what each socket says, this rank's beats and the others' lease."""
@@ -276,22 +281,19 @@ class PeerWatch:
 
     def close(self, how: bytes = LEAVE, wait: float = 30.0) -> None:
         """Leave the star: say ``how`` (``LEAVE`` or ``EXIT``) to every peer first, then rank 0
-        waits up to ``wait`` seconds for every other rank to leave or end (what it tears down
-        after, the local deployment, serves them until then). Idempotent."""
-        if self._watcher is None:
+        waits up to ``wait`` seconds for every other rank to leave or end (where what it tears
+        down after, a local deployment, serves them until then), then the watch thread is told to
+        end; it closes the connections (``_run``), and nothing waits for it: on a loaded machine
+        that would be a wait for a CPU, on the way to the next ``init_process_group``.
+        Idempotent."""
+        if not self._watching:
             return
+        self._watching = False
         for sock in self._socks.values():
             self._tell(sock, how)
         if self.rank == 0:
             self._all_gone.wait(wait)
         _send(self._wake_w, b"\0")
-        if self._watcher != threading.get_ident():
-            self._ended.wait(5.0)
-        self._watcher = None
-        for sock in self._socks.values():
-            sock.close()
-        self._wake_r.close()
-        self._wake_w.close()
 
 
 def _read(sock: socket.socket, n: int) -> bytes:
