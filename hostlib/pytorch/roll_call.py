@@ -18,7 +18,8 @@ One set of connections where one does: where the ranks all share one host and re
 the host group's star (around rank 0, the host's leader) is connected as the peer watch starts,
 each rank's one hello carrying the peer watch's connection too (``connect_star``'s ``watch``),
 and the host group later takes the star's links; rank 0's TCP socket is then never connected to.
-The pids in the answers spare both stars an answer to their hellos.
+No hello on either star waits for an answer: the TCP one's rank 0 pid is in the answers,
+and each end of a Unix link reads the other's pid from the kernel.
 
 The launch's claim of the store stays a round trip of its own before this one
 (``InaggProcessGroup``): a rank of another launch must be refused before it writes, and alone
