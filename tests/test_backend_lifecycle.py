@@ -244,6 +244,46 @@ def test_a_one_host_start_is_one_store_round_and_makes_a_gloo_group_only_for_a_c
         on_ranks(lambda r: groups[r].shutdown(), 2)
 
 
+def _tcp_sockets() -> set[str]:
+    """This process's TCP sockets (/proc: the inodes of its sockets in this network namespace's
+    TCP tables)."""
+    inodes = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    tcp = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            tcp |= {line.split()[9] for line in f.read().splitlines()[1:]}
+    return inodes & tcp
+
+
+def test_a_one_host_starts_peer_watch_rides_its_host_star_with_no_tcp_connection():
+    """Counted, not timed: a job on one host connects its host group's star once (one link per
+    rank beside rank 0, the host's leader) and its peer watch rides it (each hello passed the
+    watch's connection: ``RollCall.peer_watch``), so its start leaves no TCP socket open, where
+    the peer watch's TCP star held one on each end of each rank's connection to rank 0; a rank's
+    end is still named on the others (``test_a_killed_rank_is_named...``, the ``_watches`` tests)."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    clients = [dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=60)) for _ in range(3)]
+    before = _tcp_sockets()
+    groups = on_ranks(lambda r: InaggProcessGroup(clients[r], r, 3, timedelta(seconds=60)), 3)
+    try:
+        assert not _tcp_sockets() - before   # (an earlier test's may have closed meanwhile)
+        assert [len(g.lifecycle.host.links) for g in groups] == [2, 1, 1]
+        assert [sorted(g.lifecycle.peers._socks) for g in groups] == [[1, 2], [0], [0]]
+        assert {s.family for g in groups for s in g.lifecycle.peers._socks.values()} == {socket.AF_UNIX}
+        tensors = [torch.full((4,), float(r + 1)) for r in range(3)]
+        on_ranks(lambda r: groups[r].allreduce([tensors[r]]).wait(), 3)
+        assert [t.tolist() for t in tensors] == [[6.0] * 4] * 3
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 3)
+
+
 def test_a_collective_only_one_rank_calls_times_out_as_gloos_would():
     """Rank 0 alone calls a barrier (torch's test_barrier_timeout_global): its gloo group is made
     at that call, and its wait for the other rank ends by the group's timeout with an error that
@@ -379,9 +419,16 @@ def _end(procs: list[subprocess.Popen]) -> None:
 
 # -- the peer watch on its own -------------------------------------------------------------------
 
-def _watches(tmp_path: Path, n: int) -> tuple[list[PeerWatch], list[list[RankDied]]]:
+# the two ways the peer watch's star is connected (``RollCall.peer_watch``): the host group's
+# star (one host, reducing there) or rank 0's TCP hub (each rank a worker: as across hosts)
+STARS = pytest.mark.parametrize("host_reduce", ["auto", "off"])
+
+
+def _watches(tmp_path: Path, n: int, host_reduce: str, monkeypatch) -> tuple[list[PeerWatch], list[list[RankDied]]]:
     """``n`` ranks' peer watches, each rank a thread that meets the others as a start does (its
-    roll call's one round)."""
+    roll call's one round); ``host_reduce``: ``INAGG_HOST_REDUCE`` (auto: the host group's star
+    carries the watch's connections, off: the TCP hub)."""
+    monkeypatch.setenv("INAGG_HOST_REDUCE", host_reduce)
     store = dist.FileStore(str(tmp_path / "store"), n)
     told: list[list[RankDied]] = [[] for _ in range(n)]
 
@@ -402,8 +449,9 @@ def _end_without_a_word(watch: PeerWatch) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-def test_a_rank_that_leaves_fails_no_one_and_one_that_ends_is_named_everywhere(tmp_path):
-    watches, told = _watches(tmp_path, 4)
+@STARS
+def test_a_rank_that_leaves_fails_no_one_and_one_that_ends_is_named_everywhere(tmp_path, host_reduce, monkeypatch):
+    watches, told = _watches(tmp_path, 4, host_reduce, monkeypatch)
     watches[3].close(LEAVE)
     time.sleep(0.3)
     assert told == [[], [], [], []] and watches[0].failure is None
@@ -419,8 +467,9 @@ def test_a_rank_that_leaves_fails_no_one_and_one_that_ends_is_named_everywhere(t
     watches[2].close()
 
 
-def test_rank_0_exiting_is_named_on_every_other_rank(tmp_path):
-    watches, told = _watches(tmp_path, 3)
+@STARS
+def test_rank_0_exiting_is_named_on_every_other_rank(tmp_path, host_reduce, monkeypatch):
+    watches, told = _watches(tmp_path, 3, host_reduce, monkeypatch)
     watches[0].close(EXIT, wait=0.0)
     for r in (1, 2):
         gone = watches[r].wait_for_failure(10.0)

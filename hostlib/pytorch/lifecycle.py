@@ -34,7 +34,7 @@ import torch.distributed as dist
 from inagg.hostlib.errors import InaggError, InaggSetupError, JobFailed
 from inagg.hostlib.pytorch import interrupts
 from inagg.hostlib.pytorch.agreement import StoreMin
-from inagg.hostlib.pytorch.carriers import summary
+from inagg.hostlib.pytorch.carriers import by_carrier, route_names, summary
 from inagg.hostlib.pytorch.inner_gloo import InnerGloo
 from inagg.hostlib.pytorch.path.choice import PATHS, PathChooser
 from inagg.hostlib.pytorch.path.links import GrantMove, LinkShape, job_links
@@ -429,11 +429,16 @@ class GroupLifecycle:
         # gave up (at its next wait, ``_start_stop``): it leaves what it joins later itself
         self._started.wait(_GIVE_UP_SECONDS if self.failure() is not None else None)
         self._leave()
-        if self.is_ready:   # what carried the calls on rank 0 (the same on every rank); every rank's stats in DEBUG
-            stats = self._group.stats()
-            if self._group.rank() == 0:
-                paths_log.info("inagg: process group closed; allreduces by carrier: %s", stats["carriers"])
-            log.debug("rank %d: inagg process group closed: %s", self._group.rank(), stats)
+        if not self.is_ready:
+            return
+        # what carried the calls on rank 0 (the same on every rank); every rank's stats in DEBUG:
+        # each worked out only where it is logged (the stats make a path chooser a job on one
+        # host's tiny calls never made, milliseconds on the way to the next init_process_group)
+        if self._group.rank() == 0 and paths_log.isEnabledFor(logging.INFO):
+            paths_log.info("inagg: process group closed; allreduces by carrier: %s",
+                           by_carrier(self._dispatch.volume(), route_names(self)))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("rank %d: inagg process group closed: %s", self._group.rank(), self._group.stats())
 
     def _close_at_exit(self) -> None:
         """At interpreter exit, a group still open (the script ended without
@@ -462,9 +467,9 @@ class GroupLifecycle:
     def _leave(self, timeout: float = 30.0, how: bytes = LEAVE) -> None:
         """Leave the jobs joined so far, let the inner gloo group go (its connections close, so
         a peer's gloo call stuck on this rank after a failure ends), leave the peer watch
-        (``how``; rank 0 waits up to ``timeout`` for the other ranks to leave or end, unless
-        the group failed: a failed job's ranks call its controller no more) and stop the local
-        deployment this rank started."""
+        (``how``; rank 0, where it stops a local deployment after, waits up to ``timeout`` for
+        the other ranks to leave or end, unless the group failed: a failed job's ranks call its
+        controller no more) and stop the local deployment this rank started."""
         with self._leave_lock:
             self._close_communicators()
             self._release_gloo()
@@ -488,9 +493,12 @@ class GroupLifecycle:
             self.host.close()
 
     def _close_watch(self, timeout: float, how: bytes) -> None:
-        """Leave the peer watch, then stop the local deployment this rank started (``_leave``)."""
+        """Leave the peer watch, then stop the local deployment this rank started (``_leave``):
+        only then does rank 0 wait for the others (nothing else of it serves them: a job on one
+        host's ranks go on to their next ``init_process_group`` at once, as gloo's do)."""
         if self.peers is not None:
-            self.peers.close(how, wait=0 if self.failure() is not None else timeout)
+            serving = self.endpoint is not None and self.endpoint.services is not None
+            self.peers.close(how, wait=timeout if serving and self.failure() is None else 0)
         if self.endpoint is not None:
             self.endpoint.close()
 

@@ -2,18 +2,26 @@
 the moment its process ends, and one that stops answering once its lease runs out, whatever
 path its calls were on and however it ended.
 
-* **The star.** Rank 0 listens on its address (``Hub``) and publishes it, with a random token,
-  in the start's one round of the store (``inagg.hostlib.pytorch.roll_call``); every other rank
-  connects and says hello (the token, its rank and pid). A
-  process that ends closes its sockets, so the other end reads end-of-file at once: a SIGKILLed
-  rank is seen as soon as the kernel closes its socket, rank 0 included (every rank holds a
-  socket to it), on any machine the ranks reach each other from.
+* **The star.** Every other rank holds one connection to rank 0, made as the ranks meet (the
+  start's one round of the store, ``inagg.hostlib.pytorch.roll_call``, which also gives every
+  rank's pid). Where the ranks all share one host and reduce there, the host group's star
+  brings it (``host_group.connect_star``'s ``watch``: each rank's hello to rank 0, its host's
+  leader, carries one end of a socket pair), so nothing more is connected. Elsewhere rank 0
+  listens on a TCP address (``Hub``) it publishes, with a random token, in that round; every
+  other rank connects and says hello (the token and its rank), and goes on without an answer.
+  A process that ends closes its sockets, so the other end reads end-of-file at once: a
+  SIGKILLed rank is seen as soon as the kernel closes its socket, rank 0 included (every rank
+  holds a socket to it), on any machine the ranks reach each other from.
 * **Leaving.** A rank that leaves says so first: ``LEAVE`` (``destroy_process_group``: it takes
   part in no call any more, which fails no one) or ``EXIT`` (its interpreter ends without
   leaving: the calls the others wait for will not come). End-of-file without either means the
   process died (killed or crashed).
 * **The relay.** Rank 0 tells every other rank of a rank gone (``GONE``: rank, pid, how), so
   each rank learns of every other's end with one socket of its own.
+* **The watch thread.** Each rank's watch runs on a thread of its own, started without
+  waiting for it to run (``_thread.start_new_thread``: ``threading.Thread.start`` waits, which
+  on a loaded machine is a wait for a CPU on the start's path); ``close`` tells it to end and
+  does not wait either: it closes the connections itself as it ends.
 * **The lease.** A rank that stops without ending (SIGSTOP, a debugger, a process frozen by its
   cgroup) keeps its sockets open, so end-of-file never comes. Every rank's watch thread sends a
   ``BEAT`` to the other end of each of its sockets every eighth of the lease and counts anything
@@ -31,6 +39,7 @@ thread) with a ``RankDied`` naming it, once, for the first such rank; ``failure`
 
 from __future__ import annotations
 
+import _thread
 import os
 import secrets
 import selectors
@@ -48,8 +57,7 @@ LEAVE, EXIT, GONE, BEAT = b"L", b"X", b"G", b"H"
 STOPPED = b"S"   # how a rank silent for the lease is gone
 LEASE_ENV = "INAGG_PEER_LEASE"
 LEASE_SECONDS = 8.0   # a stopped rank is named within this (and a beat) of its last beat
-_HELLO = struct.Struct("<16sqq")   # token, rank, pid
-_PID = struct.Struct("<q")
+_HELLO = struct.Struct("<16sq")   # token, rank
 _GONE = struct.Struct("<qqc")      # rank, pid, how (LEAVE, EXIT, STOPPED or b"D": died)
 _DIED = b"D"
 _WAIT_SLICE = 0.2   # seconds a gloo wait stays in C++ at a time (``wait_gloo``)
@@ -79,7 +87,7 @@ def lease_seconds() -> float:
 
 
 class Hub:
-    """Rank 0's end of the star before the ranks meet: a TCP socket listening on ``ip`` and
+    """Rank 0's end of the TCP star before the ranks meet: a TCP socket listening on ``ip`` and
     ``address``, what the others connect to (``ip:port:token``, the token random)."""
 
     def __init__(self, ip: str, backlog: int) -> None:
@@ -93,16 +101,61 @@ class Hub:
             raise
         self.address = f"{ip}:{self.listener.getsockname()[1]}:{self.token.hex()}"
 
+    def accept_all(self, world_size: int, seconds: float) -> dict[int, socket.socket]:
+        """Every other rank's connection (by rank), whose hello carries this hub's token; a
+        stranger's is closed. Raises naming the ranks missing after ``seconds``."""
+        socks: dict[int, socket.socket] = {}
+        self.listener.settimeout(seconds)
+        try:
+            while len(socks) < world_size - 1:
+                try:
+                    sock, _ = self.listener.accept()
+                except socket.timeout:
+                    missing = sorted(set(range(1, world_size)) - set(socks))
+                    raise InaggSetupError(f"ranks {missing} did not connect to rank 0's peer watch at {self.address} "
+                                          f"within {seconds:.0f}s: can they reach that address?") from None
+                sock.settimeout(seconds)
+                hello = _read(sock, _HELLO.size)
+                their_token, rank = _HELLO.unpack(hello) if hello else (b"", -1)
+                if their_token != self.token or not 0 < rank < world_size or rank in socks:
+                    sock.close()   # not one of this group's ranks
+                    continue
+                sock.settimeout(None)
+                socks[rank] = sock
+        except BaseException:
+            for sock in socks.values():
+                sock.close()
+            raise
+        return socks
+
     def close(self) -> None:
         self.listener.close()
 
 
-class PeerWatch:
-    """One rank's side of the star (module docstring): rank 0 accepts the others on its ``hub``,
-    every other rank connects to the ``hub`` address rank 0 published (a collective: it returns
-    once this rank's connections are made)."""
+def connect_hub(address: str, rank: int, seconds: float) -> socket.socket:
+    """Rank ``rank``'s connection to rank 0's hub at ``address`` (``Hub.address``), its hello
+    sent (no answer comes: rank 0's pid is in the roll call)."""
+    try:
+        ip, port, token = address.rsplit(":", 2)
+    except ValueError:
+        raise InaggSetupError(f"rank 0's peer watch address {address!r} is not ip:port:token: do all ranks "
+                              f"run the same version of inagg?") from None
+    sock = socket.create_connection((ip, int(port)), timeout=seconds)
+    try:
+        sock.sendall(_HELLO.pack(bytes.fromhex(token), rank))
+    except BaseException:
+        sock.close()
+        raise
+    sock.settimeout(None)
+    return sock
 
-    def __init__(self, rank: int, world_size: int, hub: Hub | str, timeout: timedelta,
+
+class PeerWatch:
+    """One rank's side of the star (module docstring) over its connections ``socks`` (rank 0: one
+    to every other rank; any other rank: one to rank 0), made as the ranks met; ``pids``: every
+    rank's process id. Takes the connections (``close`` closes them)."""
+
+    def __init__(self, rank: int, world_size: int, socks: dict[int, socket.socket], pids: list[int],
                  on_gone: Callable[[RankDied], None]) -> None:
         self.rank, self.world_size, self._on_gone = rank, world_size, on_gone
         self.failure: RankDied | None = None
@@ -111,61 +164,30 @@ class PeerWatch:
         self._gone: set[int] = set()
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()   # one message at a time on a socket: the relay and close both send
-        self._socks: dict[int, socket.socket] = {}
-        self._pids: dict[int, int] = {}
+        self._socks = socks
+        self._pids = {r: pids[r] for r in socks}
         self._lease = lease_seconds()
+        self._watching = False   # the watch thread runs, until ``close``
         if world_size == 1:
             self._all_gone.set()
-            self._thread = None
             return
-        seconds = max(timeout.total_seconds(), 30.0)   # every rank is on its way: init is a collective
-        if isinstance(hub, Hub):
-            self._accept_all(hub, seconds)
-        else:
-            self._connect(hub, seconds)
         self._open = set(self._socks)   # ranks whose sockets have not ended
         self._wake_r, self._wake_w = socket.socketpair()
-        self._thread = threading.Thread(target=self._watch, daemon=True, name="inagg-peers")
-        self._thread.start()
-
-    # -- set-up ----------------------------------------------------------------------------
-
-    def _accept_all(self, hub: Hub, seconds: float) -> None:
-        """Rank 0: every other rank's connection, whose hello carries ``hub``'s token."""
-        hub.listener.settimeout(seconds)
-        while len(self._socks) < self.world_size - 1:
-            try:
-                sock, _ = hub.listener.accept()
-            except socket.timeout:
-                missing = sorted(set(range(1, self.world_size)) - set(self._socks))
-                raise InaggSetupError(f"ranks {missing} did not connect to rank 0's peer watch at {hub.address} "
-                                      f"within {seconds:.0f}s: can they reach that address?") from None
-            sock.settimeout(seconds)
-            hello = _read(sock, _HELLO.size)
-            their_token, rank, pid = _HELLO.unpack(hello) if hello else (b"", -1, 0)
-            if their_token != hub.token or not 0 < rank < self.world_size or rank in self._socks:
-                sock.close()   # not one of this group's ranks
-                continue
-            sock.sendall(_PID.pack(os.getpid()))
-            sock.settimeout(None)
-            self._socks[rank], self._pids[rank] = sock, pid
-
-    def _connect(self, address: str, seconds: float) -> None:
-        """Any other rank: its connection to rank 0's hub at ``address`` (``Hub.address``)."""
-        try:
-            ip, port, token = address.rsplit(":", 2)
-        except ValueError:
-            raise InaggSetupError(f"rank 0's peer watch address {address!r} is not ip:port:token: do all ranks "
-                                  f"run the same version of inagg?") from None
-        sock = socket.create_connection((ip, int(port)), timeout=seconds)
-        sock.sendall(_HELLO.pack(bytes.fromhex(token), self.rank, os.getpid()))
-        answer = _read(sock, _PID.size)
-        if not answer:
-            raise InaggSetupError(f"rank 0's peer watch at {ip}:{port} closed the connection of rank {self.rank}")
-        sock.settimeout(None)
-        self._socks[0], self._pids[0] = sock, _PID.unpack(answer)[0]
+        _thread.start_new_thread(self._run, ())
+        self._watching = True
 
     # -- watching ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        """The watch thread (``_watch``); it closes the connections as it ends (after ``close``),
+        so no other thread closes a socket it may be reading."""
+        try:
+            self._watch()
+        finally:
+            for sock in self._socks.values():
+                sock.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
     def _watch(self) -> None:
         """The watch thread: what each socket says, this rank's beats and the others' lease."""
@@ -175,7 +197,10 @@ class PeerWatch:
             selector.register(self._wake_r, selectors.EVENT_READ, None)
             for rank, sock in self._socks.items():
                 selector.register(sock, selectors.EVENT_READ, rank)
-            last = next_beat = time.monotonic()
+            # the first beat after one interval: each lease counts from its watcher's start
+            # (``heard``), and a beat now would only wake the other ranks while they start
+            last = time.monotonic()
+            next_beat = last + beat
             while True:
                 for key, _ in selector.select(max(0.0, next_beat - time.monotonic())):
                     if key.data is None:
@@ -256,22 +281,19 @@ class PeerWatch:
 
     def close(self, how: bytes = LEAVE, wait: float = 30.0) -> None:
         """Leave the star: say ``how`` (``LEAVE`` or ``EXIT``) to every peer first, then rank 0
-        waits up to ``wait`` seconds for every other rank to leave or end (what it tears down
-        after, the local deployment, serves them until then). Idempotent."""
-        if self._thread is None:
+        waits up to ``wait`` seconds for every other rank to leave or end (where what it tears
+        down after, a local deployment, serves them until then), then the watch thread is told to
+        end; it closes the connections (``_run``), and nothing waits for it: on a loaded machine
+        that would be a wait for a CPU, on the way to the next ``init_process_group``.
+        Idempotent."""
+        if not self._watching:
             return
+        self._watching = False
         for sock in self._socks.values():
             self._tell(sock, how)
         if self.rank == 0:
             self._all_gone.wait(wait)
         _send(self._wake_w, b"\0")
-        if self._thread is not threading.current_thread():
-            self._thread.join(5.0)
-        self._thread = None
-        for sock in self._socks.values():
-            sock.close()
-        self._wake_r.close()
-        self._wake_w.close()
 
 
 def _read(sock: socket.socket, n: int) -> bytes:

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import queue
-import socket
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable
@@ -134,24 +133,21 @@ class HostGroup:
 def open_host_group(store, rank: int, world_size: int, timeout: timedelta) -> HostGroup | None:
     """This rank's ``HostGroup``, or None when the job does not reduce on its hosts first. A
     collective (``store``: the job's, prefixed): a round of the store (``discover_layout``),
-    then ``join_host_group``."""
+    then the star (``connect_star``) and ``join_host_group``."""
     listener, name = listen(world_size)   # any rank may be its host's leader
     try:
         layout, names = discover_layout(store, rank, world_size, name)
-        return join_host_group(layout, listener, names, timeout)
+        if not host_reduce_wanted(layout):
+            return None
+        return join_host_group(layout, connect_star(layout, listener, names, timeout), timeout)
     finally:
         listener.close()
 
 
-def join_host_group(layout: HostLayout, listener: socket.socket, names: list[str], timeout: timedelta,
-                    stop: Stop = never) -> HostGroup | None:
-    """This rank's ``HostGroup`` once every rank's host and listening socket's name are known
-    (``names``; ``listener``: this rank's, ``listen``), or None when the job does not reduce on
-    its hosts first. A collective of the host's ranks; a wait for one of them ends with
-    ``stop()``'s error (``connect_star``)."""
-    if not host_reduce_wanted(layout):
-        return None
-    links = connect_star(layout, listener, names, timeout, stop)
+def join_host_group(layout: HostLayout, links: dict[int, Link], timeout: timedelta, stop: Stop = never) -> HostGroup:
+    """This rank's ``HostGroup`` over its host's star (``links``, ``connect_star``'s; the group
+    closes them), with its first shared buffer. A collective of the host's ranks; a wait for one
+    of them ends with ``stop()``'s error (``HostReduce.share_buffer``)."""
     group = HostGroup(layout, links, timeout.total_seconds())
     try:
         group.reduce.share_buffer(stop)

@@ -9,9 +9,12 @@
   under a random name the leader publishes in the job's store: nothing in the file system, and
   the name goes with the socket. Every rank publishes a listening socket's name with its host
   identity (one round of the store, before any rank knows whether it leads: ``listen``,
-  ``discover_layout``); only the leader's is connected to. The leader accepts only its own user's processes
-  (SO_PEERCRED). A process that dies closes its socket, so its peer reads end-of-file at once:
-  a dead rank is named, never waited for.
+  ``discover_layout``); only the leader's is connected to, each link made by one message (the
+  connecting rank's hello: each end learns the other's pid from the kernel, SO_PEERCRED). The
+  leader accepts only its own user's processes. A process that dies closes its socket, so its
+  peer reads end-of-file at once: a dead rank is named, never waited for. A hello may carry a
+  second connection for a watcher of the ranks' ends (``connect_star``'s ``watch``: the
+  backend's peer watch, on a job whose ranks all share one host).
 * **How long they wait.** A rank that stops without ending (SIGSTOP, a debugger) keeps its socket
   open: every wait for a rank of the host (``receive_all``, ``Link.wait_readable``) looks every
   ``SLICE_SECONDS`` whether the process group has failed (``stop``: the backend's peer watch
@@ -34,7 +37,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
@@ -68,12 +71,17 @@ def host_identity() -> str:
     """This process's host (module docstring); a process-unique value where there is no boot
     id (not Linux): every rank is then a host of its own."""
     override = os.environ.get(HOST_ID_ENV, "").strip()
-    if override:
-        return override
+    return override or _kernel_identity() or f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+
+
+@cache
+def _kernel_identity() -> str:
+    """This kernel's boot id and this process's network namespace ("" where either cannot be
+    read), read once per process: a re-init's start reads no file for them."""
     try:
         return f"{_BOOT_ID.read_text().strip()}/{os.stat(_NET_NAMESPACE).st_ino}"
     except OSError:
-        return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -150,12 +158,27 @@ class Message:
     fd: int | None = None   # a memfd passed with the message (SCM_RIGHTS)
 
 
-class Link:
-    """One connected Unix stream socket to a rank of this host, in ``Message`` frames."""
+def _peer_name(rank: int, pid: int, leader: bool) -> str:
+    """How errors name a rank of this host."""
+    return f"rank {rank} (pid {pid}{', its host' + chr(39) + 's leader' if leader else ''})"
 
-    def __init__(self, sock: socket.socket, rank: int, pid: int, leader: bool) -> None:
-        self.sock, self.rank = sock, rank
-        self.peer = f"rank {rank} (pid {pid}{', its host' + chr(39) + 's leader' if leader else ''})"
+
+class Link:
+    """One connected Unix stream socket to a rank of this host, in ``Message`` frames; ``watch``:
+    the second connection to the same process that ``connect_star`` made for a watcher of its
+    end, until that watcher takes it (``take_watch``)."""
+
+    def __init__(self, sock: socket.socket, rank: int, pid: int, leader: bool,
+                 watch: socket.socket | None = None) -> None:
+        self.sock, self.rank, self.pid, self.watch = sock, rank, pid, watch
+        self.peer = _peer_name(rank, pid, leader)
+
+    def take_watch(self) -> socket.socket:
+        """The watch connection (``connect_star(watch=True)``), now the caller's to close."""
+        watch, self.watch = self.watch, None
+        if watch is None:
+            raise InaggError(f"no watch connection to {self.peer}: the star was connected without one")
+        return watch
 
     def send(self, m: Message) -> None:
         text = m.text.encode()
@@ -203,7 +226,10 @@ class Link:
         return RankDied(self.rank, f"{self.peer} died (its socket to this host's ranks closed: {cause})")
 
     def close(self) -> None:
+        """Close the connection (and the watch connection, unless a watcher took it)."""
         self.sock.close()
+        if self.watch is not None:
+            self.watch.close()
 
 
 def receive_all(links: dict[int, Link], stop: Stop = never, timeout: float | None = None,
@@ -244,7 +270,14 @@ def _give_up(stop: Stop, deadline: float | None, timeout: float | None, waited_f
 
 # -- the star ---------------------------------------------------------------------------------
 
-_HELLO = struct.Struct("<qq")   # rank, pid
+_HELLO = struct.Struct("<q")   # the connecting rank (its pid: SO_PEERCRED, ``_peer_pid``)
+
+
+def _peer_pid(sock: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end of a connected Unix socket (SO_PEERCRED:
+    the connecting process for the leader, the listening one for the others)."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid
 
 
 def listen(backlog: int) -> tuple[socket.socket, str]:
@@ -263,52 +296,105 @@ def listen(backlog: int) -> tuple[socket.socket, str]:
 
 
 def connect_star(layout: HostLayout, listener: socket.socket, names: list[str], timeout: timedelta,
-                 stop: Stop = never) -> dict[int, Link]:
+                 stop: Stop = never, watch: bool = False) -> dict[int, Link]:
     """The leader's links to the other ranks of its host (by local index), accepted on its
     ``listener``, or another rank's one link to its leader (index 0), at the leader's name in
     ``names`` (``discover_layout``'s). A collective of the host's ranks; the leader's wait for
-    them ends with ``stop()``'s error (a rank gone before it connected) or after ``timeout``."""
+    them ends with ``stop()``'s error (a rank gone before it connected) or after ``timeout``.
+
+    One message makes a link: the connecting rank's hello (its rank). Each end learns the
+    other's pid from the kernel (``_peer_pid``), so no answer comes back: a rank that is not
+    the leader goes on at once, and the first message it waits for is the leader's first
+    shared buffer (``HostReduce.share_buffer``). With ``watch``, the hello also carries one end
+    of a socket pair whose other end the connecting rank keeps (SCM_RIGHTS), left on each
+    ``Link`` as ``watch``: a second connection between the same two processes, made without a
+    handshake of its own, whose end-of-file says the other process ended (the backend's peer
+    watch reads it, never the reduce's messages)."""
     seconds = timeout.total_seconds()
     if layout.leader:
         listener.settimeout(SLICE_SECONDS)
-        return _accept_all(listener, layout, stop, time.monotonic() + seconds)
+        return _accept_all(listener, layout, stop, time.monotonic() + seconds, watch)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(seconds)
-    sock.connect("\0" + names[layout.local[0]])
-    sock.sendall(_HELLO.pack(layout.rank, os.getpid()))
-    rank, pid = _HELLO.unpack(Link(sock, layout.local[0], 0, True).read_exactly(_HELLO.size))
+    leader = layout.local[0]
+    try:
+        sock.connect("\0" + names[leader])
+        pid, _ = _peer_pid(sock)
+        kept = _say_hello(sock, layout.rank, watch)
+    except BaseException:
+        sock.close()
+        raise
     sock.settimeout(None)
-    return {0: Link(sock, rank, pid, True)}
+    return {0: Link(sock, leader, pid, True, kept)}
 
 
-def _accept_all(listener: socket.socket, layout: HostLayout, stop: Stop, deadline: float) -> dict[int, Link]:
+def _say_hello(sock: socket.socket, rank: int, watch: bool) -> socket.socket | None:
+    """Send this rank's hello on ``sock``; with ``watch``, with one end of a new socket pair,
+    whose other end is returned (``connect_star``)."""
+    if not watch:
+        sock.sendall(_HELLO.pack(rank))
+        return None
+    kept, given = socket.socketpair()
+    try:
+        socket.send_fds(sock, [_HELLO.pack(rank)], [given.fileno()])
+    except BaseException:
+        kept.close()
+        raise
+    finally:
+        given.close()
+    return kept
+
+
+def _accept_all(listener: socket.socket, layout: HostLayout, stop: Stop, deadline: float,
+                watch: bool) -> dict[int, Link]:
     """The leader's accepts (``connect_star``), in slices of ``SLICE_SECONDS`` that ask ``stop``."""
     links: dict[int, Link] = {}
-    while len(links) < len(layout.local) - 1:
-        try:
-            sock, _ = listener.accept()
-        except socket.timeout:
-            if (error := stop()) is not None:
-                raise error from None
-            if time.monotonic() < deadline:
-                continue
-            missing = [r for r in layout.local[1:] if layout.local.index(r) not in links]
-            raise InaggSetupError(f"host {layout.host}: ranks {missing} did not connect to their leader, "
-                                  f"rank {layout.rank}") from None
-        uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[2]
-        if uid != os.getuid():
-            sock.close()   # another user's process found the name: not one of our ranks
-            continue
-        rank, pid = _HELLO.unpack(Link(sock, -1, 0, False).read_exactly(_HELLO.size))
-        if rank not in layout.local[1:]:
-            raise InaggSetupError(f"host {layout.host}: rank {rank} connected, but this host runs ranks {layout.local}")
-        sock.sendall(_HELLO.pack(layout.rank, os.getpid()))
-        sock.settimeout(None)
-        links[layout.local.index(rank)] = Link(sock, rank, pid, False)
+    try:
+        while len(links) < len(layout.local) - 1:
+            try:
+                sock, _ = listener.accept()
+            except socket.timeout:
+                if (error := stop()) is not None:
+                    raise error from None
+                if time.monotonic() < deadline:
+                    continue
+                missing = [r for r in layout.local[1:] if layout.local.index(r) not in links]
+                raise InaggSetupError(f"host {layout.host}: ranks {missing} did not connect to their leader, "
+                                      f"rank {layout.rank}") from None
+            link = _hello_of(sock, layout, watch)
+            if link is not None:
+                links[layout.local.index(link.rank)] = link
+    except BaseException:
+        for link in links.values():
+            link.close()
+        raise
     return links
 
 
-# -- the shared memory ----------------------------------------------------------------------------
+def _hello_of(sock: socket.socket, layout: HostLayout, watch: bool) -> Link | None:
+    """The link a rank of this host opened with ``sock`` (its hello read, and with ``watch`` the
+    socket it passed); None for another user's process, which found the name (closed)."""
+    pid, uid = _peer_pid(sock)
+    if uid != os.getuid():
+        sock.close()   # not one of our ranks
+        return None
+    sock.settimeout(None)
+    link = Link(sock, -1, pid, False)
+    try:
+        head, fds, _, _ = socket.recv_fds(sock, _HELLO.size, 1)
+        link.watch = socket.socket(fileno=fds[0]) if fds else None
+        (rank,) = _HELLO.unpack(head + link.read_exactly(_HELLO.size - len(head)))
+        if rank not in layout.local[1:]:
+            raise InaggSetupError(f"host {layout.host}: rank {rank} connected, but this host runs ranks {layout.local}")
+        if watch and link.watch is None:
+            raise InaggSetupError(f"host {layout.host}: rank {rank} connected without the peer watch's socket: "
+                                  f"do all ranks run the same version of inagg?")
+    except BaseException:
+        link.close()
+        raise
+    link.rank, link.peer = rank, _peer_name(rank, pid, False)
+    return link
+
 
 class SharedBuffer:
     """A memfd mapped read-write (module docstring), in two regions: ``[0, split)`` and
