@@ -29,6 +29,7 @@ import ctypes
 import functools
 import importlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import runpy
 import signal
@@ -52,6 +53,14 @@ def rank_context(*modules: str) -> ForkServerContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(modules))
     return context
+
+
+def start_fork_server(*modules: str) -> None:
+    """Start this process's fork server now, importing ``modules`` (``rank_context``), so that
+    its imports overlap what this process does before its first ``ForkedRank`` (once running, it
+    keeps the imports it started with)."""
+    rank_context(*modules)
+    multiprocessing.forkserver.ensure_running()
 
 
 class ForkedRank(ForkServerProcess):

@@ -50,7 +50,7 @@ from inagg.hostlib.wire.protocol import UDP_PORT
 from inagg.hostlib.worker.host_communicator import HOST_REDUCE_ENV
 
 from inagg.bmv2_env.softswitch import switch as soft_switch
-from inagg.bmv2_env.emulation.forked import ForkedCommand, PopenSurface, rank_context
+from inagg.bmv2_env.emulation.forked import ForkedCommand, PopenSurface, start_fork_server
 from inagg.bmv2_env.emulation.run_dir import (KEEP_ENV, RUNS_DIR, RunDir, all_runs, current_user, delete_runs,
                                               keep_runs, runs_of, stop_run, unfinished_runs)
 from inagg.bmv2_env.emulation.summary import job_record, summary, write_summary
@@ -65,10 +65,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # tests/test_layers.py's LAUNCHES_UP, which checks that it names a real module)
 TRAIN_DEMO_MODULE = "inagg.bmv2_env.demos.train_demo"
 # What a training rank imports before its first step, imported once by the fork server every
-# rank is forked from (forked.rank_context): torch's import, and torch._dynamo's at the first DDP
-# construction, were most of a spawned rank's start.
+# rank is forked from (forked.rank_context): torch's import, torch._dynamo's at the first DDP
+# construction and scikit-learn's for the digits were most of a spawned rank's start.
 RANK_IMPORTS = (TRAIN_DEMO_MODULE, "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-                "inagg.hostlib.pytorch.hooks", "inagg.hostlib.worker.host_communicator",
+                "sklearn.datasets", "inagg.hostlib.pytorch.hooks", "inagg.hostlib.worker.host_communicator",
                 "inagg.hostlib.jobservice.client")
 
 
@@ -76,16 +76,26 @@ class Terminated(Exception):
     """SIGTERM (``make stop``): not a KeyboardInterrupt, which the mininet> prompt swallows."""
 
 
+SYSTEM_PACKAGES = "/usr/lib/python3/dist-packages"
+
+
 def import_mininet():
-    """Debian's Mininet lives in the system dist-packages; make it importable from a venv."""
+    """Debian's Mininet lives in the system dist-packages: from a venv, it is imported from
+    there with that folder on sys.path only meanwhile. The ranks forked from this process's fork
+    server get its sys.path; with the system's packages on it they would import what the venv's
+    interpreter finds nowhere (scapy loads the system's cryptography)."""
     try:
         import mininet  # noqa: F401
     except ImportError:
-        sys.path.append("/usr/lib/python3/dist-packages")
-    from mininet.link import TCLink
-    from mininet.log import lg
-    from mininet.net import Mininet
-    from mininet.node import Switch
+        sys.path.append(SYSTEM_PACKAGES)
+    try:
+        from mininet.link import TCLink
+        from mininet.log import lg
+        from mininet.net import Mininet
+        from mininet.node import Switch
+    finally:
+        if SYSTEM_PACKAGES in sys.path:
+            sys.path.remove(SYSTEM_PACKAGES)
     lg.propagate = False     # Mininet prints its own lines; the root logger would repeat them
     return Mininet, Switch, TCLink
 
@@ -485,7 +495,7 @@ class Run:
 
         # the jobs that arrive at a time (``start``) last, each released at its time after time zero
         order = sorted(self.topo.jobs, key=lambda j: ("start" in j, j.get("start", 0), j.get("start_delay", 0)))
-        rank_context(*RANK_IMPORTS)
+        start_fork_server(*RANK_IMPORTS)   # a no-op where launch started it
         jobs = [self._start_job(spec) for spec in order]
         fixed = [j for j in jobs if "start" not in j["spec"]]
         arriving = [j for j in jobs if "start" in j["spec"]]
@@ -804,6 +814,7 @@ def launch(args: argparse.Namespace, topo: Topology) -> int:
     signal.signal(signal.SIGTERM, terminated)
     rows = []
     try:
+        start_fork_server(*RANK_IMPORTS)   # the ranks' imports, while the network comes up
         run.build()
         run.start_services()
         if args.cli == "during":
