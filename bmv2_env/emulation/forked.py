@@ -11,15 +11,16 @@ survive a fork): ``inagg.bmv2_env.emulation.services`` forks its deployment's se
 
 A process that has threads or gRPC objects already starts its ranks from a fork server
 instead (``rank_context``, ``ForkedRank``): multiprocessing's, one process that imported the
-modules named and did nothing else, each rank a fork of it. ``ForkedCommand`` runs ``python -m
-MODULE ARGS`` so, with the same ``subprocess.Popen`` surface, in a session of its own and, for
-Mininet's hosts, inside another process's network and mount namespaces (what ``mnexec -da PID``,
-Mininet's ``host.popen``, does); its stdout pipe and stderr reach the fork server's child as
-multiprocessing passes a child its file descriptors (``multiprocessing.reduction.DupFd``).
+modules named and did nothing else, each rank a fork of it. ``ForkedCommand`` is ``python -m
+MODULE ARGS`` forked so, answering as its ``subprocess.Popen``, in a session of its own and, for
+a Mininet host, inside another process's network and mount namespaces (what Mininet's
+``host.popen``, ``mnexec -da PID``, does); its stdout pipe and stderr reach the server's child
+the way multiprocessing passes a child file descriptors (``multiprocessing.reduction.DupFd``).
 
-A process has one fork server, started by its first ``ForkedRank`` with the imports named by
-the last ``rank_context`` before it: a process that starts ranks of two kinds this way gets one
-kind's imports in both (each rank still imports what it lacks, paying for it).
+A process has one fork server, started by its first ``ForkedRank`` (or ``start_fork_server``)
+with the imports named by the last ``rank_context`` before it: a process that starts ranks of
+two kinds this way gets one kind's imports for both (a rank still imports what it lacks, paying
+for it as a spawned one would).
 """
 
 from __future__ import annotations
