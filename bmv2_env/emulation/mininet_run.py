@@ -50,6 +50,7 @@ from inagg.hostlib.wire.protocol import UDP_PORT
 from inagg.hostlib.worker.host_communicator import HOST_REDUCE_ENV
 
 from inagg.bmv2_env.softswitch import switch as soft_switch
+from inagg.bmv2_env.emulation.forked import ForkedCommand, PopenSurface, start_fork_server
 from inagg.bmv2_env.emulation.run_dir import (KEEP_ENV, RUNS_DIR, RunDir, all_runs, current_user, delete_runs,
                                               keep_runs, runs_of, stop_run, unfinished_runs)
 from inagg.bmv2_env.emulation.summary import job_record, summary, write_summary
@@ -63,22 +64,38 @@ ROOT = Path(__file__).resolve().parents[2]
 # the training demo's ranks: a launch up the layers (emulation < demos), so by name (declared in
 # tests/test_layers.py's LAUNCHES_UP, which checks that it names a real module)
 TRAIN_DEMO_MODULE = "inagg.bmv2_env.demos.train_demo"
+# What a training rank imports before its first step, imported once by the fork server every
+# rank is forked from (forked.rank_context): torch's import, torch._dynamo's at the first DDP
+# construction and scikit-learn's for the digits were most of a spawned rank's start.
+RANK_IMPORTS = (TRAIN_DEMO_MODULE, "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+                "sklearn.datasets", "inagg.hostlib.pytorch.hooks", "inagg.hostlib.worker.host_communicator",
+                "inagg.hostlib.jobservice.client")
 
 
 class Terminated(Exception):
     """SIGTERM (``make stop``): not a KeyboardInterrupt, which the mininet> prompt swallows."""
 
 
+SYSTEM_PACKAGES = "/usr/lib/python3/dist-packages"
+
+
 def import_mininet():
-    """Debian's Mininet lives in the system dist-packages; make it importable from a venv."""
+    """Debian's Mininet lives in the system dist-packages: from a venv, it is imported from
+    there with that folder on sys.path only meanwhile. The ranks forked from this process's fork
+    server get its sys.path; with the system's packages on it they would import what the venv's
+    interpreter finds nowhere (scapy loads the system's cryptography)."""
     try:
         import mininet  # noqa: F401
     except ImportError:
-        sys.path.append("/usr/lib/python3/dist-packages")
-    from mininet.link import TCLink
-    from mininet.log import lg
-    from mininet.net import Mininet
-    from mininet.node import Switch
+        sys.path.append(SYSTEM_PACKAGES)
+    try:
+        from mininet.link import TCLink
+        from mininet.log import lg
+        from mininet.net import Mininet
+        from mininet.node import Switch
+    finally:
+        if SYSTEM_PACKAGES in sys.path:
+            sys.path.remove(SYSTEM_PACKAGES)
     lg.propagate = False     # Mininet prints its own lines; the root logger would repeat them
     return Mininet, Switch, TCLink
 
@@ -293,7 +310,7 @@ class Run:
         self.epochs = job_epochs(topo, epochs)
         self.program_files = program_files or {}   # p4info/bmv2_json for every switch; {}: p4/
         self.net = None
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | PopenSurface] = []
         self.watched: list[Watched] = []   # what must stay up (services) or not fail (ranks): watch.py
         self.admin_file = run.path / "admin-token"
         self.controller_addr = f"unix:{run.path / 'controller.sock'}"
@@ -478,6 +495,7 @@ class Run:
 
         # the jobs that arrive at a time (``start``) last, each released at its time after time zero
         order = sorted(self.topo.jobs, key=lambda j: ("start" in j, j.get("start", 0), j.get("start_delay", 0)))
+        start_fork_server(*RANK_IMPORTS)   # a no-op where launch started it
         jobs = [self._start_job(spec) for spec in order]
         fixed = [j for j in jobs if "start" not in j["spec"]]
         arriving = [j for j in jobs if "start" in j["spec"]]
@@ -540,8 +558,10 @@ class Run:
 
     def _start_job(self, spec: dict) -> dict:
         """Start one job's ranks as training-demo processes (``inagg.bmv2_env.demos.train_demo --worker``: a
-        process boundary, so the emulation imports nothing of the demos above it); ``cfg`` holds
-        the demo's options this job sets, the rest keep the demo's defaults."""
+        process boundary, so the emulation imports nothing of the demos above it), each forked
+        from the fork server (``RANK_IMPORTS``) into its host's namespaces, in a session of its
+        own, as ``host.popen`` (``mnexec -da``) would start it; ``cfg`` holds the demo's options
+        this job sets, the rest keep the demo's defaults."""
         name = spec["name"]
         workdir = self.run.path / "jobs" / name
         workdir.mkdir(parents=True)
@@ -558,10 +578,11 @@ class Run:
                            "--controller", self.controller_addr, "--bind-ip", host.IP(),
                            "--config", json.dumps(cfg), "--train-after", str(self.train_gate),
                            *(["--join-after", str(gate)] if gate else []))
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": host.defaultIntf().name,
+            env = {"GLOO_SOCKET_IFNAME": host.defaultIntf().name,
                    HOST_REDUCE_ENV: "auto" if spec.get("host_reduce") else "off"}
             log = f"{name}-{host_name}-r{rank}.log"
-            proc = host.popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log(log), text=True)
+            with self.log(log) as stderr:
+                proc = ForkedCommand(cmd, stderr.fileno(), ROOT, env, namespaces_of=host.pid)
             self.run.add_process(proc.pid, f"job {name} rank {rank}")
             self.watched.append(Watched(f"job {name} rank {rank} on {host_name}", proc, self.run.path / "logs" / log))
             procs.append(proc)
@@ -793,6 +814,7 @@ def launch(args: argparse.Namespace, topo: Topology) -> int:
     signal.signal(signal.SIGTERM, terminated)
     rows = []
     try:
+        start_fork_server(*RANK_IMPORTS)   # the ranks' imports, while the network comes up
         run.build()
         run.start_services()
         if args.cli == "during":
