@@ -2,8 +2,8 @@
 ``RankProcess([sys.executable, SCRIPT, *ARGS], env=..., cwd=..., stdout=PIPE, ...)`` answers as
 ``subprocess.Popen`` of the same command would (``pid``, ``stdin``/``stdout``/``stderr``,
 ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill``, ``terminate``, ``returncode``),
-without the interpreter's start and torch's import (about 2.5 CPU-s a rank on this machine's
-cores), which were most of what a rank-killing test spent.
+without the interpreter's start and torch's import, which were most of what a rank-killing
+test spent (docs/testing.md, "Rank processes forked in the tests").
 
 The server is this file run as a process of its own (``python tests/rank_fork.py FD``), one per
 test process, started at the first rank and ended when that process ends (its end of the
@@ -64,7 +64,7 @@ def serve(control: socket.socket) -> None:
                 pid, status = children.pop(fd)
                 os.close(fd)
                 _, code = os.waitpid(pid, 0)
-                status.sendall(f"exit {os.waitstatus_to_exitcode(code)}\n".encode())
+                _tell(status, f"exit {os.waitstatus_to_exitcode(code)}")
                 status.close()
 
 
@@ -85,8 +85,17 @@ def _start_child(control: socket.socket, children: dict) -> bool:
     for fd in fds[:3]:
         os.close(fd)
     children[os.pidfd_open(pid)] = (pid, status)
-    status.sendall(f"pid {pid}\n".encode())
+    _tell(status, f"pid {pid}")
     return True
+
+
+def _tell(status: socket.socket, line: str) -> None:
+    """Send ``line`` to the test's ``RankProcess``, unless it is gone (its object collected
+    before its rank ended): the server serves the other ranks on."""
+    try:
+        status.sendall(f"{line}\n".encode())
+    except OSError:
+        pass
 
 
 def _run(request: dict, stdio: list[int]) -> NoReturn:

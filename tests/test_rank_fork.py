@@ -93,3 +93,16 @@ def test_sigint_is_a_keyboard_interrupt_in_the_rank_and_communicate_times_out_as
 def test_anything_but_a_python_script_is_refused_naming_what_to_use():
     with pytest.raises(ValueError, match="start anything else with subprocess"):
         RankProcess(["torchrun", "x.py"])
+
+
+def test_a_rank_dropped_before_it_ended_leaves_the_server_serving_the_next(script):
+    proc = _rank(script, "sleep")
+    proc.stdout.readline()
+    pid = proc.pid
+    del proc   # its socket to the server closes: the server's word of its end finds no reader
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:   # until the server reaped it
+        time.sleep(0.05)
+    nxt = _rank(script, "raise", stderr=subprocess.DEVNULL)
+    assert nxt.communicate(timeout=60)[0].startswith("raise") and nxt.returncode == 1
