@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 
+from rank_fork import RankProcess
 from test_backend_lifecycle import ROOT, RANK, _env, _free_port
 
 _FALLBACK_REASONS = ("dtype torch.int64", "op MAX", "dtype torch.float64", "inagg runs allreduce and reduce-scatter only")
@@ -20,12 +21,13 @@ _NEVER = ("waitForInput", "WARNING", "switch mode", "aggregating on the switch",
 
 
 def _report(**env: str) -> list[tuple[dict, list[str]]]:
-    """Each rank's stats (``stats`` line) and stderr lines for a 2-rank report run."""
+    """Each rank's stats (``stats`` line) and stderr lines for a 2-rank report run, its ranks
+    forked (tests/rank_fork.py)."""
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(RANK), "inagg", "report"], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env))
+    procs = [RankProcess([sys.executable, str(RANK), "inagg", "report"], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env))
              for r in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (out, err) in zip(procs, outs):

@@ -30,6 +30,7 @@ from inagg.hostlib.pytorch.backend import InaggProcessGroup
 from inagg.hostlib.pytorch.peer_watch import EXIT, LEAVE, PeerWatch
 from inagg.hostlib.pytorch.roll_call import RollCall
 from inagg.hostlib.worker.host_group import RankDied
+from rank_fork import RankProcess
 from test_training import on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,15 +148,16 @@ def test_ctrl_c_stops_everything_within_2_s_of_gloos_stop_with_one_line(tmp_path
 
 # -- a rank killed during a call -----------------------------------------------------------------
 
-def _ranks(n: int, path: str, host_reduce: str = "off") -> list[subprocess.Popen]:
+def _ranks(n: int, path: str, host_reduce: str = "off") -> list[RankProcess]:
     """``n`` rank processes allreducing on ``path`` (env:// rendezvous, rank 0 holding the store);
-    ``host_reduce``: ``INAGG_HOST_REDUCE`` (auto, the default, reduces on the host first)."""
+    ``host_reduce``: ``INAGG_HOST_REDUCE`` (auto, the default, reduces on the host first).
+    Forked (tests/rank_fork.py): what these tests assert starts after the ranks' imports."""
     port = _free_port()
-    return [subprocess.Popen([sys.executable, str(RANK), "inagg", "loop", "2000"], cwd=ROOT, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), INAGG_ALLREDUCE_PATH=path,
-                                      INAGG_HOST_REDUCE=host_reduce))
+    return [RankProcess([sys.executable, str(RANK), "inagg", "loop", "2000"], cwd=ROOT, text=True,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        env=_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), INAGG_ALLREDUCE_PATH=path,
+                                 INAGG_HOST_REDUCE=host_reduce))
             for r in range(n)]
 
 
@@ -201,10 +203,10 @@ def test_a_rank_dead_before_a_gloo_groups_first_call_is_named_by_that_call(colle
     first, in a wait that ends with the peer watch's word, not in gloo's rendezvous, which would
     wait for the dead rank until the store's timeout."""
     port, victim = _free_port(), 1
-    procs = [subprocess.Popen([sys.executable, str(RANK), "inagg", "after", collective], cwd=ROOT, text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=_env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="3",
-                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    procs = [RankProcess([sys.executable, str(RANK), "inagg", "after", collective], cwd=ROOT, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=_env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="3",
+                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
              for r in range(3)]
     try:
         for p in procs:
@@ -340,15 +342,15 @@ def test_a_stopped_rank_is_named_on_the_default_paths(path, victim):
 _KILL_TRIALS = int(os.environ.get("INAGG_KILL_TRIALS", "3"))
 
 
-def _ddp_ranks(n: int, victim: int, step: int, how: str = "kill") -> list[subprocess.Popen]:
+def _ddp_ranks(n: int, victim: int, step: int, how: str = "kill") -> list[RankProcess]:
     """``n`` DDP ranks (defaults: the host-local reduce, the path chosen), ``victim`` SIGKILLing
     (``how``: stop, SIGSTOPping) itself in its backward pass of ``step`` (tests/backend_rank.py
-    ``ddp``); env:// as torchrun's."""
+    ``ddp``); env:// as torchrun's; forked (tests/rank_fork.py)."""
     port = _free_port()
-    return [subprocess.Popen([sys.executable, str(RANK), "inagg", "ddp", str(victim), str(step), how], cwd=ROOT,
-                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    return [RankProcess([sys.executable, str(RANK), "inagg", "ddp", str(victim), str(step), how], cwd=ROOT,
+                        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        env=_env(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
             for r in range(n)]
 
 
@@ -394,7 +396,7 @@ def test_a_rank_stopped_in_ddp_backward_is_an_error_naming_it_on_every_survivor(
         _end(procs)
 
 
-def _assert_named_and_destroyed(procs: list[subprocess.Popen], victim: int, killed: float) -> None:
+def _assert_named_and_destroyed(procs: list[RankProcess], victim: int, killed: float) -> None:
     """Every survivor's call raised naming ``victim`` within 10 s of ``killed`` (time.time()), its
     ``destroy_process_group`` took under 2 s, and it ended without an abort."""
     for rank, p in enumerate(procs):
@@ -410,7 +412,7 @@ def _assert_named_and_destroyed(procs: list[subprocess.Popen], victim: int, kill
         assert "terminate called" not in err, (rank, err[-3000:])
 
 
-def _end(procs: list[subprocess.Popen]) -> None:
+def _end(procs: list[RankProcess]) -> None:
     for p in procs:
         if p.poll() is None:
             p.kill()

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK = ROOT / "tests" / "host_reduce_rank.py"
 sys.path.insert(0, str(ROOT / "tests"))
 from host_reduce_rank import inputs, saved  # noqa: E402
+from rank_fork import RankProcess  # noqa: E402
 
 
 def _clean_env(**extra: str) -> dict:
@@ -57,17 +58,17 @@ def _results(out: Path, rank: int) -> dict:
     return arrays | {"stats": json.loads((out / f"rank{rank}.json").read_text())}
 
 
-def _spawn(out: Path, what: str, hosts: list[int], *args: str, path: str = "inagg") -> list[subprocess.Popen]:
+def _spawn(out: Path, what: str, hosts: list[int], *args: str, path: str = "inagg") -> list[RankProcess]:
     """One rank process per entry of ``hosts`` (its host: INAGG_HOST_ID), env:// rendezvous, every
-    eligible allreduce on ``path`` (INAGG_ALLREDUCE_PATH)."""
+    eligible allreduce on ``path`` (INAGG_ALLREDUCE_PATH); forked (tests/rank_fork.py)."""
     port, world = _free_port(), len(hosts)
     procs = []
     for rank, host in enumerate(hosts):
         env = _clean_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(hosts[:rank].count(host)),
                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), INAGG_HOST_ID=f"test-host-{host}",
                          INAGG_ALLREDUCE_PATH=path)
-        procs.append(subprocess.Popen([sys.executable, str(RANK), str(out), what, *args], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(RankProcess([sys.executable, str(RANK), str(out), what, *args], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
 
 

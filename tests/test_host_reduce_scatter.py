@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from inagg.hostlib.wire.protocol import ENCAP_BYTES, HEADER_BYTES
+from rank_fork import RankProcess
 from test_host_reduce import ROOT, _free_port, _results, _same_bits, forked_ranks, host_communicator, switch_sum
 
 VALUES_PER_RANK = 100_000   # each call streams its blocks (4 ranks x 100,000 values)
@@ -177,16 +178,16 @@ def test_each_leader_receives_its_hosts_part_alone(tmp_path, hosts, host_only):
 def _fsdp(tmp_path: Path, backend: str, hosts: list[int]) -> dict:
     """examples/train_fsdp.py (FSDP2) with one process per entry of ``hosts`` (its host), the
     inagg backend's calls on its own path (the leaders on the job's local deployment's switch):
-    rank 0's full parameters, losses and stats."""
+    rank 0's full parameters, losses and stats. Its ranks are forked (tests/rank_fork.py)."""
     out, port = tmp_path / f"{backend}.json", _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INAGG_")} | {
         "INAGG_ALLREDUCE_PATH": "inagg", "WORLD_SIZE": str(len(hosts)), "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port)}
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_fsdp.py"), "--backend", backend,
-                               "--fsdp", "2", "--out", str(out)], cwd=ROOT,
-                              env=env | {"RANK": str(r), "LOCAL_RANK": str(hosts[:r].count(host)),
-                                         "INAGG_HOST_ID": f"fsdp-host-{host}"},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = [RankProcess([sys.executable, str(ROOT / "examples" / "train_fsdp.py"), "--backend", backend,
+                          "--fsdp", "2", "--out", str(out)], cwd=ROOT,
+                         env=env | {"RANK": str(r), "LOCAL_RANK": str(hosts[:r].count(host)),
+                                    "INAGG_HOST_ID": f"fsdp-host-{host}"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r, host in enumerate(hosts)]
     try:
         logs = [p.communicate(timeout=240)[0] for p in procs]

@@ -18,23 +18,24 @@ from inagg.bmv2_env.emulation.loopback import LoopbackDeployment
 from inagg.hostlib.jobservice.client import ControllerClient, ControllerError
 from inagg.hostlib.worker.communicator import Communicator, JobFailed
 from inagg.hostlib.errors import InaggError
+from rank_fork import RankProcess
 from test_training import on_ranks
 
 RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")
 
 
 class Rank:
-    """A rank process and the lines it printed (read by a thread)."""
+    """A rank process and the lines it printed (read by a thread); forked (tests/rank_fork.py):
+    what these tests assert starts after the rank's imports."""
 
     def __init__(self, store: str, rank: int, n: int, dep: LoopbackDeployment, host: int, calls: int = 0,
                  launch: str = "", value: float = 1.0, declared: int = 0):
         """``launch``: its launch id (``$INAGG_LAUNCH_ID``); ``value``: what it contributes;
         ``declared``: the bytes per iteration its job declares."""
         env = {**os.environ, "INAGG_LAUNCH_ID": launch} if launch else None
-        self.proc = subprocess.Popen([sys.executable, RANK, store, str(rank), str(n), dep.controller,
-                                      dep.worker_ip(host), str(calls), str(value), str(declared)],
-                                     stdout=subprocess.PIPE,
-                                     text=True, env=env)
+        self.proc = RankProcess([sys.executable, RANK, store, str(rank), str(n), dep.controller,
+                                 dep.worker_ip(host), str(calls), str(value), str(declared)],
+                                stdout=subprocess.PIPE, text=True, env=env)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
