@@ -4,7 +4,9 @@ there is none, every test here but the registration's skips and says so."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Iterator
 
 import pytest
 import torch
@@ -41,6 +43,29 @@ def calls(group: InaggProcessGroup, rank: int) -> list[tuple[torch.Tensor, torch
     return [(gpu.cpu(), cpu) for gpu, cpu in pairs]
 
 
+def assert_same_bits(results: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+    """Each rank's (CUDA result on the host, CPU twin's result) pairs, one per case, bit for bit."""
+    for rank, pairs in enumerate(results):
+        for (gpu, cpu), case in zip(pairs, CASES):
+            bits = torch.int16 if cpu.element_size() == 2 else torch.int32
+            assert torch.equal(gpu.view(bits), cpu.view(bits)), (rank, case)
+
+
+@contextmanager
+def switch_path_groups(tmp_path, monkeypatch) -> Iterator[list[InaggProcessGroup]]:
+    """Two ranks' groups on the backend string (threads of this process), every call pinned to
+    the switch; shut down on the way out."""
+    for name in ("INAGG_CONTROLLER", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("INAGG_ALLREDUCE_PATH", "inagg")
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    groups = on_ranks(lambda r: InaggProcessGroup(store, r, 2, timedelta(seconds=60)), 2, 120)
+    try:
+        yield groups
+    finally:
+        on_ranks(lambda r: groups[r].shutdown(), 2, 120)
+
+
 def test_the_backend_takes_cuda_tensors_as_well_as_cpu_ones():
     """torch routes a group's CUDA tensors to ``inagg`` (not to NCCL, not refused as a device
     with no backend): the plugin registers it for both device types."""
@@ -68,22 +93,11 @@ def test_cuda_tensors_take_the_switch_path_and_give_their_cpu_twins_bits(tmp_pat
     """Two ranks on the backend string, every call pinned to the switch: CUDA tensors (float32,
     bfloat16; a call riding in the control round and one of many packets) come back with the
     bits of the same values reduced from CPU memory, and count as the switch's calls."""
-    for name in ("INAGG_CONTROLLER", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("INAGG_ALLREDUCE_PATH", "inagg")
-    store = dist.FileStore(str(tmp_path / "store"), 2)
-    groups = on_ranks(lambda r: InaggProcessGroup(store, r, 2, timedelta(seconds=60)), 2, 120)
-    try:
-        results = on_ranks(lambda r: calls(groups[r], r), 2, 120)
-        for rank, pairs in enumerate(results):
-            for (gpu, cpu), case in zip(pairs, CASES):
-                bits = torch.int16 if cpu.element_size() == 2 else torch.int32
-                assert torch.equal(gpu.view(bits), cpu.view(bits)), (rank, case)
+    with switch_path_groups(tmp_path, monkeypatch) as groups:
+        assert_same_bits(on_ranks(lambda r: calls(groups[r], r), 2, 120))
         stats = groups[0].stats()
         assert stats["allreduce_paths"] == {"inagg": 2 * len(CASES)}   # the CUDA calls and their twins
         assert not [k for k in stats["fallbacks"] if k.startswith("allreduce")]
-    finally:
-        on_ranks(lambda r: groups[r].shutdown(), 2, 120)
 
 
 def scatters(group: InaggProcessGroup, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -104,18 +118,8 @@ def test_a_cuda_reduce_scatter_takes_inaggs_path_and_gives_its_cpu_twins_shard(t
     """Two ranks, every call pinned to the switch: a reduce-scatter of CUDA tensors (staged whole
     through pinned memory, module ``inagg.hostlib.pytorch.reduce_scatter``) gives each rank the
     bits of its CPU twin's shard, and runs on inagg's path, not the inner gloo group's."""
-    for name in ("INAGG_CONTROLLER", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("INAGG_ALLREDUCE_PATH", "inagg")
-    store = dist.FileStore(str(tmp_path / "store"), 2)
-    groups = on_ranks(lambda r: InaggProcessGroup(store, r, 2, timedelta(seconds=60)), 2, 120)
-    try:
-        for rank, pairs in enumerate(on_ranks(lambda r: scatters(groups[r], r), 2, 120)):
-            for (gpu, cpu), case in zip(pairs, CASES):
-                bits = torch.int16 if cpu.element_size() == 2 else torch.int32
-                assert torch.equal(gpu.view(bits), cpu.view(bits)), (rank, case)
+    with switch_path_groups(tmp_path, monkeypatch) as groups:
+        assert_same_bits(on_ranks(lambda r: scatters(groups[r], r), 2, 120))
         stats = groups[0].stats()
         assert stats["allreduce_paths"] == {"inagg": 2 * len(CASES)}   # the CUDA calls and their twins
         assert stats["via_allreduce"] == {"_reduce_scatter_base": 2 * len(CASES)}   # none on gloo's
-    finally:
-        on_ranks(lambda r: groups[r].shutdown(), 2, 120)

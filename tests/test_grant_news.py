@@ -6,7 +6,6 @@ leaving gloo within 8 calls, counted on the real backend (issue 36)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from datetime import timedelta
 
@@ -20,6 +19,7 @@ from inagg.hostlib.pytorch.path.links import GrantMove
 from inagg.hostlib.pytorch.path.news import LAG, GrantNews
 from inagg.hostlib.pytorch.reproducible import FixedPointGloo
 from inagg.hostlib.worker.stream_base import Reduction
+from test_backend import _agree_min_over
 from test_training import on_ranks
 
 BLOCK, EXACT = 256, 64   # the fixed path's block and exact limit here (values)
@@ -79,17 +79,7 @@ def test_every_rank_hears_the_news_at_the_same_call_and_takes_the_same_paths():
     grant; the scheduled agreements (16, 32, 64) are the same on both."""
     n, offered_at = 2, (20, 26)
     paths = fixed_paths(n)
-    barrier, shared = threading.Barrier(n, timeout=30), {}
-
-    def agree(r: int):
-        def exchange(values: np.ndarray) -> np.ndarray:
-            shared[r] = values
-            barrier.wait()
-            out = np.minimum.reduce([shared[q] for q in range(n)])
-            barrier.wait()
-            return out
-        return exchange
-
+    agree = _agree_min_over(n)
     grants = [offer() for _ in range(n)]
     choosers = [PathChooser(agree(r), ("inagg", "gloo"), move=move_of(grants[r]), news=GrantNews(move_of(grants[r])))
                 for r in range(n)]

@@ -154,6 +154,19 @@ def test_close_fails_the_call_in_flight_and_ends_every_thread():
     assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("inagg-")]
 
 
+def went_on_exact(dep: LoopbackDeployment, ranks: list, seconds: float) -> None:
+    """After ``seconds`` more, no rank said an error, rank 0 made more calls (each one exact),
+    and the controller failed no job."""
+    calls_before = len(ranks[0].lines)
+    time.sleep(seconds)
+    assert not [line for r in ranks for line in r.lines if line.startswith("error")]
+    assert len(ranks[0].lines) > calls_before
+    admin = ControllerClient(dep.controller)
+    jobs = admin.list_jobs(dep.admin_token).jobs
+    admin.close()
+    assert [j.failure for j in jobs] == [""]
+
+
 def test_a_controller_down_longer_than_a_rank_lease_fails_no_healthy_job():
     """The controller is stopped for 15 s (far over the 4 s rank lease and over a heartbeat's
     10 s deadline) under a running job and restarted on its SQLite: the restored controller
@@ -166,14 +179,7 @@ def test_a_controller_down_longer_than_a_rank_lease_fails_no_healthy_job():
             dep.stop_controller()
             time.sleep(15.0)
             dep.start_controller()
-            calls_before = len(ranks[0].lines)
-            time.sleep(4.0 + 10.0 + 3.0)       # rank lease + heartbeat deadline + the lease check
-            assert not [line for r in ranks for line in r.lines if line.startswith("error")]
-            assert len(ranks[0].lines) > calls_before         # calls went on, each one exact
-            admin = ControllerClient(dep.controller)
-            jobs = admin.list_jobs(dep.admin_token).jobs
-            admin.close()
-            assert [j.failure for j in jobs] == [""]
+            went_on_exact(dep, ranks, 4.0 + 10.0 + 3.0)   # rank lease + heartbeat deadline + the lease check
         finally:
             for r in ranks:
                 r.stop()
@@ -217,14 +223,7 @@ def test_a_controller_stalled_longer_than_a_rank_lease_fails_no_healthy_rank():
                 time.sleep(9.0)
             finally:
                 os.kill(dep.controller_proc.pid, signal.SIGCONT)
-            calls_before = len(ranks[0].lines)
-            time.sleep(4.0 + 3.0)       # a rank lease and a few lease checks after the stall
-            assert not [line for r in ranks for line in r.lines if line.startswith("error")]
-            assert len(ranks[0].lines) > calls_before         # calls went on, each one exact
-            admin = ControllerClient(dep.controller)
-            jobs = admin.list_jobs(dep.admin_token).jobs
-            admin.close()
-            assert [j.failure for j in jobs] == [""]
+            went_on_exact(dep, ranks, 4.0 + 3.0)   # a rank lease and a few lease checks after the stall
         finally:
             for r in ranks:
                 r.stop()
