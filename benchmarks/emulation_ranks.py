@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-from inagg.bmv2_env.emulation.forked import ForkedCommand, exit_now, start_fork_server
+from inagg.bmv2_env.emulation.forked import exit_now
 from inagg.bmv2_env.emulation.shaping import rate_bits, shape  # noqa: F401 - make run's tbf, for every benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def shaped_network(topo, rate: str, title: str, switch_nice: int, cpu_busy: int 
     ``rank_lease_seconds`` when given) and the host aggregator started, ``cpu_busy`` busy loops
     beside it; torn down on leaving, the ranks with it (``run.procs``). Prints ``title`` and the
     run's directory first."""
-    from inagg.bmv2_env.emulation.mininet_run import RANK_IMPORTS, Run, program_files_for
+    from inagg.bmv2_env.emulation.mininet_run import Run, program_files_for
     from inagg.bmv2_env.emulation.run_dir import RunDir
 
     if rank_lease_seconds is not None:
@@ -139,7 +139,6 @@ def shaped_network(topo, rate: str, title: str, switch_nice: int, cpu_busy: int 
     print(f"{title}, soft data plane at nice {switch_nice}, {cpu_busy} busy processes beside, "
           f"run {run_dir.run_id} in {run_dir.path}", flush=True)
     run = Run(topo, "soft", run_dir, program_files=program_files_for("soft"), pcaps=False, switch_nice=switch_nice)
-    start_fork_server(*RANK_IMPORTS)   # the ranks' imports (``start_rank``), while the network comes up
     try:
         run.build()
         for link in run.net.links:
@@ -167,23 +166,22 @@ def write_deployment(run, worker_ips: list[str], directory: Path | None = None) 
     return f"unix:{socket_path}"
 
 
-def start_rank(run, host_name: str, argv: list[str], env: dict[str, str], label: str) -> ForkedCommand:
-    """One rank process (this Python, ``argv``: a script and its flags) in ``host_name``'s
-    namespaces, forked from the fork server as the emulation's own ranks are
-    (``mininet_run.RANK_IMPORTS``, started by ``shaped_network``), its stdout piped to the
-    launcher, its stderr in the run's logs (``<label>.log``); recorded in the run directory and
-    stopped by the run's teardown."""
+def start_rank(run, host_name: str, argv: list[str], env: dict[str, str], label: str) -> subprocess.Popen:
+    """One rank process (this Python, ``argv``) in ``host_name``'s namespace, its stdout piped
+    to the launcher, its stderr in the run's logs (``<label>.log``); recorded in the run
+    directory and stopped by the run's teardown."""
     host = run.net.get(host_name)
-    env = {"INAGG_CONTROLLER": run.controller_addr, **env}
+    env = {**os.environ, "INAGG_CONTROLLER": run.controller_addr, **env}
     with run.log(f"{label}.log") as log:
-        proc = ForkedCommand([sys.executable, *argv], log.fileno(), ROOT, env, namespaces_of=host.pid)
+        proc = host.popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=log, text=True)
     run.run.add_process(proc.pid, label)
     run.procs.append(proc)
     return proc
 
 
 def start_ranks(run, script: Path, job: str, hosts: list[str], port: int, extra: list[str],
-                env: dict[str, str]) -> list[ForkedCommand]:
+                env: dict[str, str]) -> list[subprocess.Popen]:
     """One rank of ``job`` per host (rank order) running ``script`` in rank mode (``--rank-of``
     and the flags ``add_rank_arguments`` declares, then ``extra``), its store on the first
     host's ``port``, its default group forced to the switch path (``env`` may say otherwise);

@@ -12,7 +12,7 @@ survive a fork): ``inagg.bmv2_env.emulation.services`` forks its deployment's se
 A process that has threads or gRPC objects already starts its ranks from a fork server
 instead (``rank_context``, ``ForkedRank``): multiprocessing's, one process that imported the
 modules named and did nothing else, each rank a fork of it. ``ForkedCommand`` is ``python -m
-MODULE ARGS`` (or ``python SCRIPT.py ARGS``, a benchmark's ranks) forked so, answering as its ``subprocess.Popen``, in a session of its own and, for
+MODULE ARGS`` forked so, answering as its ``subprocess.Popen``, in a session of its own and, for
 a Mininet host, inside another process's network and mount namespaces (what Mininet's
 ``host.popen``, ``mnexec -da PID``, does); its stdout pipe and stderr reach the server's child
 the way multiprocessing passes a child file descriptors (``multiprocessing.reduction.DupFd``).
@@ -87,14 +87,9 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _check_command(cmd: list[str], scripts: bool = False) -> None:
-    """``cmd`` is ``[python, "-m", MODULE, *args]`` or, where ``scripts``, ``[python, SCRIPT.py, *args]``."""
-    if len(cmd) >= 3 and cmd[1] == "-m":
-        return
-    if scripts and len(cmd) >= 2 and cmd[1].endswith(".py"):
-        return
-    forms = "`python -m MODULE ...` or `python SCRIPT.py ...`" if scripts else "`python -m MODULE ...`"
-    raise ValueError(f"a forked process runs {forms}, not {cmd}")
+def _check_command(cmd: list[str]) -> None:
+    if len(cmd) < 3 or cmd[1] != "-m":
+        raise ValueError(f"a forked process runs `python -m MODULE ...`, not {cmd}")
 
 
 class PopenSurface(abc.ABC):
@@ -146,7 +141,7 @@ class ForkedService(PopenSurface):
         self.pid = os.fork()
         if self.pid == 0:
             os.close(read)
-            _run(cmd[1:], write, stderr_fd, cwd, env or {}, die_with_parent if with_parent else None)
+            _run(cmd[2], cmd[3:], write, stderr_fd, cwd, env or {}, die_with_parent if with_parent else None)
         os.close(write)
         self.stdout = os.fdopen(read, "r")
 
@@ -159,9 +154,8 @@ class ForkedService(PopenSurface):
 
 
 class ForkedCommand(PopenSurface):
-    """``cmd`` (``[python, "-m", MODULE, *args]`` or ``[python, SCRIPT.py, *args]``) run in a
-    process forked from the fork server (``rank_context``: whoever creates one has set the
-    server's imports), in a session of its
+    """``cmd`` (``[python, "-m", MODULE, *args]``) run in a process forked from the fork server
+    (``rank_context``: whoever creates one has set the server's imports), in a session of its
     own and, with ``namespaces_of``, in that process's network and mount namespaces (a Mininet
     host's shell: ``enter_namespaces``); its stdout a pipe to this process (text), its stderr
     ``stderr_fd``, in directory ``cwd``, with this process's environment and ``env`` over it.
@@ -169,12 +163,12 @@ class ForkedCommand(PopenSurface):
 
     def __init__(self, cmd: list[str], stderr_fd: int, cwd: Path, env: dict | None = None,
                  namespaces_of: int | None = None) -> None:
-        _check_command(cmd, scripts=True)
+        _check_command(cmd)
         self.args = cmd
         read, write = os.pipe()
         setup = functools.partial(_own_session, namespaces_of)
-        self._process = ForkedRank(target=_run, args=(cmd[1:], ChildFd(write), ChildFd(stderr_fd),
-                                                      cwd, env or {}, setup), name=" ".join(cmd[1:3]))
+        self._process = ForkedRank(target=_run, args=(cmd[2], cmd[3:], ChildFd(write), ChildFd(stderr_fd),
+                                                      cwd, env or {}, setup), name=f"python -m {cmd[2]}")
         try:
             self._process.start()   # the server's child holds its own copies of both ends now
         finally:
@@ -235,23 +229,27 @@ def _own_session(namespaces_of: int | None) -> None:
         enter_namespaces(namespaces_of)
 
 
-def _run(target: list[str], stdout_fd: int, stderr_fd: int, cwd: Path, env: dict,
+def _run(module: str, args: list[str], stdout_fd: int, stderr_fd: int, cwd: Path, env: dict,
          setup: Callable[[], None] | None) -> NoReturn:
-    """The child: ``python *target`` as its own process would run it (``_run_as_main``), then
-    exit with its status (``os._exit``: nothing of the parent's, its exit handlers included,
-    runs here). ``setup`` runs first, once stderr is ``stderr_fd`` (its error is reported there)."""
+    """The child: ``python -m module args`` as its own process would run it, then exit with its
+    status (``os._exit``: nothing of the parent's, its exit handlers included, runs here).
+    ``setup`` runs first, once stderr is ``stderr_fd`` (its error is reported there). The
+    module runs as ``__main__`` beside what was imported before the fork, its own import not
+    among them (as under ``python -m``, where an import of it is a second module)."""
     code = 1
     try:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
-        for fd, to in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):
-            os.dup2(fd, to)
+        for fd, target in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):
+            os.dup2(fd, target)
         if setup is not None:
             setup()
         os.chdir(cwd)
         os.environ.update(env)
-        _run_as_main(target)
+        sys.argv = [module, *args]
+        sys.modules.pop(module, None)   # imported before the fork: runpy would warn that it was
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
@@ -259,22 +257,6 @@ def _run(target: list[str], stdout_fd: int, stderr_fd: int, cwd: Path, env: dict
         traceback.print_exc()
     finally:
         exit_now(code)
-
-
-def _run_as_main(target: list[str]) -> None:
-    """``["-m", MODULE, *args]`` or ``[SCRIPT, *args]`` run as ``__main__`` with its argv, as
-    ``python`` would: a module beside what was imported before the fork, its own import not
-    among them (under ``python -m`` an import of it is a second module); a script with its
-    folder first on ``sys.path``."""
-    if target[0] == "-m":
-        module = target[1]
-        sys.argv = [module, *target[2:]]
-        sys.modules.pop(module, None)   # imported before the fork: runpy would warn that it was
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-        return
-    sys.argv = list(target)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(target[0])))
-    runpy.run_path(target[0], run_name="__main__")
 
 
 def exit_now(code: int) -> NoReturn:
