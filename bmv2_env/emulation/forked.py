@@ -121,8 +121,14 @@ class PopenSurface(abc.ABC):
         self._signal(signal.SIGKILL)
 
     def _signal(self, sig: int) -> None:
+        """``sig`` to the process unless it is known to have exited; one that exited before its
+        status reached this process (a fork server's child: the server reports it) is skipped,
+        as ``Popen.send_signal`` skips a process already gone."""
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 class ForkedService(PopenSurface):
