@@ -38,6 +38,8 @@ import time
 import traceback
 from typing import IO, NoReturn
 
+from inagg.bmv2_env.emulation.forked import flush_std_streams
+
 # what every forked rank finds imported: torch, c10d, DDP and inagg's backend (a one-host job's
 # imports; not the switch's communicator nor gRPC, whose core does not survive a fork once used)
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "inagg.hostlib.pytorch.backend",
@@ -129,11 +131,7 @@ def _run(request: dict, stdio: list[int]) -> NoReturn:
 
 def _exit(code: int) -> NoReturn:
     """End the child with ``code`` once what it buffered is written: ``-N`` by signal N."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):   # its reader is gone
-            pass
+    flush_std_streams()
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
@@ -245,8 +243,13 @@ class RankProcess:
         return self._read.get(0), self._read.get(1)
 
     def send_signal(self, sig: int) -> None:
+        """``sig`` to the rank unless it is known to have exited; one that exited before the
+        server said so is skipped, as ``Popen.send_signal`` skips a process already gone."""
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

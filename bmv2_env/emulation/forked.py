@@ -271,9 +271,14 @@ def exit_now(code: int) -> NoReturn:
     teardown and exit handlers. For a forked child, nothing of its parent's runs; for a rank
     that has reported and closed its groups, the teardown would only spend the machine's CPU
     collecting torch's modules while whoever started it waits for it to exit."""
+    flush_std_streams()
+    os._exit(code)
+
+
+def flush_std_streams() -> None:
+    """Write what this process buffered for stdout and stderr (unless their reader is gone)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):   # its reader is gone
             pass
-    os._exit(code)
